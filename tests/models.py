@@ -32,16 +32,36 @@ class Model:
     input_kind: str    # "features", "image" or "ids"
 
 
+def model_dtype(name: str) -> tf.DType:
+    """float64 for models trained by an optimizer that divides by sqrt(v).
+
+    Splitting the global batch over workers changes the order in which
+    per-example gradients are summed, so the averaged gradient differs from
+    one device's in its last bits: ~1e-7 relative in float32, but *absolute*
+    to the size of the summed terms. Where those terms cancel to a gradient
+    near that noise, Adam/RMSProp's m/sqrt(v) turns the last-bit difference
+    into an update difference of order the learning rate, however correct the
+    aggregation (seen: 1.3e-6 on one embedding element after 6 Adam steps,
+    on one CPU and not another). In float64 the same noise is ~1e-16 relative,
+    so even amplified it stays orders of magnitude under the comparison's
+    rtol 1e-5 / atol 1e-6, on any CPU: the tolerance then tests the
+    algorithm, not the summation order. SGD, momentum and Adagrad (whose
+    accumulator starts at 0.1) scale a gradient difference by at most a small
+    constant and stay float32, so the float32 path is covered too."""
+    return tf.float64 if name.split("_")[1] in ("adam", "rmsprop") else tf.float32
+
+
 def _dense(x, units, name, activation=None):
-    w = tf1.get_variable(f"{name}/kernel", [x.shape[-1], units],
+    w = tf1.get_variable(f"{name}/kernel", [x.shape[-1], units], dtype=x.dtype,
                          initializer=tf1.glorot_uniform_initializer(seed=7))
-    b = tf1.get_variable(f"{name}/bias", [units], initializer=tf1.constant_initializer(0.01))
+    b = tf1.get_variable(f"{name}/bias", [units], dtype=x.dtype,
+                         initializer=tf1.constant_initializer(0.01))
     out = tf.matmul(x, w) + b
     return activation(out) if activation else out
 
 
 def _conv(x, filters, name, stride=1):
-    k = tf1.get_variable(f"{name}/kernel", [3, 3, x.shape[-1], filters],
+    k = tf1.get_variable(f"{name}/kernel", [3, 3, x.shape[-1], filters], dtype=x.dtype,
                          initializer=tf1.glorot_uniform_initializer(seed=11))
     return tf.nn.relu(tf.nn.conv2d(x, k, strides=stride, padding="SAME"))
 
@@ -52,12 +72,13 @@ def _xent(logits, y):
 
 def build(name: str) -> Model:
     graph = tf.Graph()
+    dtype = model_dtype(name)
     with graph.as_default():
         tf1.set_random_seed(1)
         gs = tf1.train.get_or_create_global_step()
         y = tf1.placeholder(tf.int32, [None], name="y")
         if name.startswith("cnn"):
-            x = tf1.placeholder(tf.float32, [None, *IMAGE], name="x")
+            x = tf1.placeholder(dtype, [None, *IMAGE], name="x")
             h = _conv(x, 8, "conv1")
             h = h + _conv(h, 8, "res1")                 # residual block
             h = _conv(h, 16, "conv2", stride=2)
@@ -69,13 +90,14 @@ def build(name: str) -> Model:
             # a sparse embedding, dense LSTM and softmax weights.
             x = tf1.placeholder(tf.int32, [None, LM_WINDOW + 1], name="x")
             y = tf1.placeholder_with_default(tf.zeros([0], tf.int32), [None], name="y")  # unused
-            emb = tf1.get_variable("embedding", [VOCAB, 6],
+            emb = tf1.get_variable("embedding", [VOCAB, 6], dtype=dtype,
                                    initializer=tf1.random_uniform_initializer(-0.5, 0.5, seed=3))
             inputs = tf.nn.embedding_lookup(emb, x[:, :LM_WINDOW])
-            kernel = tf1.get_variable("lstm/kernel", [6 + 8, 32],
+            kernel = tf1.get_variable("lstm/kernel", [6 + 8, 32], dtype=dtype,
                                       initializer=tf1.glorot_uniform_initializer(seed=5))
-            bias = tf1.get_variable("lstm/bias", [32], initializer=tf1.zeros_initializer())
-            h = c = tf.zeros([tf.shape(x)[0], 8])
+            bias = tf1.get_variable("lstm/bias", [32], dtype=dtype,
+                                    initializer=tf1.zeros_initializer())
+            h = c = tf.zeros([tf.shape(x)[0], 8], dtype)
             outputs = []
             for t in range(LM_WINDOW):
                 i, j, f, o = tf.split(tf.matmul(tf.concat([inputs[:, t], h], 1), kernel) + bias, 4, 1)
@@ -88,13 +110,13 @@ def build(name: str) -> Model:
             return Model(graph, x, y, loss, train_op, gs, "tokens")
         elif name.startswith("emb"):
             x = tf1.placeholder(tf.int32, [None, 3], name="x")
-            emb = tf1.get_variable("embedding", [VOCAB, 6],
+            emb = tf1.get_variable("embedding", [VOCAB, 6], dtype=dtype,
                                    initializer=tf1.random_uniform_initializer(-0.5, 0.5, seed=3))
             h = tf.reduce_mean(tf.nn.embedding_lookup(emb, x), axis=1)
             logits = _dense(h, CLASSES, "head")
             kind = "ids"
         else:
-            x = tf1.placeholder(tf.float32, [None, FEATURES], name="x")
+            x = tf1.placeholder(dtype, [None, FEATURES], name="x")
             h = _dense(x, 16, "hidden", tf.nn.relu)
             logits = _dense(h, CLASSES, "out")
             kind = "features"
