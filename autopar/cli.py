@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import subprocess
 import sys
 
-from autopar.console import debug_errors, report_error, setup_logging
+from autopar.console import StdoutHandler, debug_errors, report_error
 from autopar.errors import AutoparError
 from runtime import env
 
@@ -32,7 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not command:
         parser.error("give the training command after '--', e.g. -- python train.py")
-    setup_logging()
+    # This process is only the launcher: its log lines go to stdout, through a
+    # handler that survives a reader closing the pipe (`| head`).
+    logging.basicConfig(level=logging.INFO, handlers=[StdoutHandler()])
     from runtime.spec import load_spec
     try:
         spec = load_spec(args.spec)

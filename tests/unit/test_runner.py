@@ -27,6 +27,13 @@ def _no_job(monkeypatch):
     # These tests are the script run outside any job.
     for var in ("AUTOPAR_ROLE", "TF_CONFIG", "AUTOPAR_DEBUG"):
         monkeypatch.delenv(var, raising=False)
+    # get_runner gives the "autopar" logger its own stdout handler; leave the
+    # logger as found so other tests' log capture still sees its records.
+    logger = logging.getLogger("autopar")
+    state = (list(logger.handlers), logger.propagate, logger.level)
+    yield
+    logger.handlers[:] = state[0]
+    logger.propagate, logger.level = state[1], state[2]
 
 
 @pytest.fixture
