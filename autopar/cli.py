@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 
+from autopar.console import StdoutHandler, debug_errors, report_error
 from autopar.errors import AutoparError
 from runtime import env
 
@@ -32,13 +33,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not command:
         parser.error("give the training command after '--', e.g. -- python train.py")
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    # This process is only the launcher: its log lines go to stdout, through a
+    # handler that survives a reader closing the pipe (`| head`).
+    logging.basicConfig(level=logging.INFO, handlers=[StdoutHandler()])
     from runtime.spec import load_spec
     try:
         spec = load_spec(args.spec)
     except AutoparError as e:
-        print(f"autopar: {e}", file=sys.stderr)
-        return 2
+        if debug_errors():
+            raise
+        return report_error(e)
     if args.action == "report":
         child_env = dict(os.environ, **{env.ROLE: "report", env.SPEC: json.dumps(spec.to_dict())})
         return subprocess.run(command, env=child_env).returncode
@@ -46,8 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return launch(spec, command)
     except AutoparError as e:
-        print(f"autopar: {e}", file=sys.stderr)
-        return 2
+        if debug_errors():
+            raise
+        return report_error(e)
 
 
 if __name__ == "__main__":

@@ -212,6 +212,23 @@ class _Child:
             return "\n".join(self.tail)
 
 
+def discard_stdout() -> None:
+    """Point this process's stdout at /dev/null, after its reader went away
+    (`... | head`). As the Python docs recommend for BrokenPipeError: every
+    later write, and the flush at exit of what is still buffered, then
+    succeeds silently instead of raising (or printing "Exception ignored ...
+    BrokenPipeError" at exit). The job itself goes on and ends normally."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return                      # not a real file (replaced in tests): nothing to redirect
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
 def _write_line(text: str) -> None:
     with _OUTPUT_LOCK:
         out: IO[str] | None = sys.stdout
@@ -220,10 +237,12 @@ def _write_line(text: str) -> None:
         try:
             out.write(text)
             out.flush()
+        except BrokenPipeError:
+            # Our reader closed its end: stop writing to it, and keep draining
+            # the children anyway so they never block on a full pipe.
+            discard_stdout()
         except (OSError, ValueError):
-            # Our own stdout went away (closed pipe): keep draining the child
-            # anyway so it never blocks on a full pipe.
-            pass
+            pass  # stdout closed under us: as above, keep draining
 
 
 def _pump(child: _Child) -> None:

@@ -7,6 +7,7 @@ import logging
 
 import tensorflow as tf
 
+from autopar.errors import UnsupportedGraphError
 from runtime.checkpoint import Checkpointer
 from runtime.progress import Progress
 from runtime.runner import Runner
@@ -65,8 +66,15 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
 
 def single_device_runner(graph: tf.Graph, config, analysis: Analysis | None = None) -> Runner:
     """The same Runner over a plain session on the unmodified graph: the script
-    behaves as before autopar when no cluster is asked for."""
-    analysis = analysis or analyze_graph(graph)
+    behaves as before autopar when no cluster is asked for. Any graph a plain
+    Session runs is accepted: nothing is distributed, so a graph the analysis
+    rejects (hand-written updates, gradient accumulation, no optimizer) runs
+    as is, and the Runner counts steps without an Analysis."""
+    if analysis is None:
+        try:
+            analysis = analyze_graph(graph)
+        except UnsupportedGraphError as e:
+            log.debug("single device, graph not analysed (%s); running it unchanged", e)
     with graph.as_default():
         init = tf.group(tf1.global_variables_initializer(), tf1.local_variables_initializer(),
                         tf1.tables_initializer())
