@@ -158,7 +158,9 @@ def build_ssh_command(host: HostSpec, command: Sequence[str], env: Mapping[str, 
         # Passed as written: OpenSSH expands "~" in identity files itself.
         argv += ["-i", key_file]
     destination = f"{user}@{host.address}" if user else host.address
-    argv += [destination, remote_cmd]
+    # "--" ends ssh's options: even a destination that slipped past spec
+    # validation cannot be read as one ("-oProxyCommand=...").
+    argv += ["--", destination, remote_cmd]
     return argv
 
 
