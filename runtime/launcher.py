@@ -377,16 +377,18 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
     """
     if not argv:
         raise LaunchError("nothing to launch: the worker command is empty")
+    taken: set[str] = set()   # endpoints that failed to bind, avoided from then on
     for attempt in range(1, PORT_ATTEMPTS + 1):
-        with reserve_cluster(spec) as reservation:
+        with reserve_cluster(spec, avoid=taken) as reservation:
             status, clash = _launch_once(spec, reservation.cluster, argv, extra_env=extra_env,
                                          grace_seconds=grace_seconds, log_tail_lines=log_tail_lines)
         if not clash:
             return status
+        taken.update(plan.address for plan in clash)
         if attempt < PORT_ATTEMPTS:
             logger.warning("attempt %d of %d: %s could not bind its port (another program took it "
                            "after allocation); restarting every process on fresh ports",
-                           attempt, PORT_ATTEMPTS, ", ".join(clash))
+                           attempt, PORT_ATTEMPTS, ", ".join(f"{p.name} ({p.address})" for p in clash))
     logger.error("%d attempts in a row failed because ports were taken during startup; give the "
                  "hosts a 'ports' range that other programs do not use", PORT_ATTEMPTS)
     return status
@@ -394,9 +396,9 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
 
 def _launch_once(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: list[str], *,
                  extra_env: dict[str, str] | None, grace_seconds: float,
-                 log_tail_lines: int) -> tuple[int, list[str]]:
-    """One start of the job on ``cluster``: (status as for ``launch``, names
-    of the processes whose port was taken if the job may start again)."""
+                 log_tail_lines: int) -> tuple[int, list[ChildPlan]]:
+    """One start of the job on ``cluster``: (status as for ``launch``, the
+    processes whose port was taken if the job may start again)."""
     plans = plan_children(spec, cluster, argv, extra_env=extra_env, tty=_stdout_is_tty())
     interrupted = False
 
@@ -435,4 +437,4 @@ def _launch_once(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: lis
         logger.info("all %d workers finished", sum(c.plan.role == WORKER_ROLE for c in children))
     if status == 0 or interrupted or state.signum is not None or any(c.past_startup for c in children):
         return status, []
-    return status, [c.name for c in children if c.bind_failed]
+    return status, [c.plan for c in children if c.bind_failed]

@@ -37,6 +37,7 @@ import re
 import socket
 import stat
 import tempfile
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from autopar.errors import LaunchError
@@ -102,11 +103,13 @@ class PortReservation:
         self.release()
 
 
-def reserve_cluster(spec: ResourceSpec) -> PortReservation:
+def reserve_cluster(spec: ResourceSpec, avoid: Collection[str] = ()) -> PortReservation:
     """{"worker": [...num_workers], "ps": [...num_servers]} as "addr:port"
     strings, numbered like spec.worker_hosts() / spec.server_hosts(), with
-    every port reserved until the reservation is released."""
-    alloc = _Allocator(spec)
+    every port reserved until the reservation is released. Ports chosen by
+    autopar are never one of the ``avoid`` endpoints (that failed to bind
+    before: on a remote host nothing else would tell)."""
+    alloc = _Allocator(spec, avoid)
     try:
         alloc.reserve_explicit()
         workers: list[str] = []
@@ -125,10 +128,10 @@ def reserve_cluster(spec: ResourceSpec) -> PortReservation:
     return alloc.reservation
 
 
-def allocate_cluster(spec: ResourceSpec) -> dict[str, list[str]]:
+def allocate_cluster(spec: ResourceSpec, avoid: Collection[str] = ()) -> dict[str, list[str]]:
     """The cluster ``reserve_cluster`` would give, released at once: for
     callers that only need the addresses (a launcher keeps the reservation)."""
-    with reserve_cluster(spec) as reservation:
+    with reserve_cluster(spec, avoid) as reservation:
         return reservation.cluster
 
 
@@ -221,8 +224,9 @@ def _lock_holder(pool: str, port: int) -> str:
 
 
 class _Allocator:
-    def __init__(self, spec: ResourceSpec) -> None:
+    def __init__(self, spec: ResourceSpec, avoid: Collection[str] = ()) -> None:
         self.spec = spec
+        self.avoid = set(avoid)
         self.reservation = PortReservation(cluster={})
         self.used: set[tuple[str, int]] = set()
         self.local: dict[str, bool] = {}
@@ -281,7 +285,8 @@ class _Allocator:
             return self.os_port(i, host)
         start, end = host.ports or DEFAULT_REMOTE_RANGE
         for port in range(start, end + 1):
-            if (pool, port) in self.used or not self.lock(pool, port):
+            if ((pool, port) in self.used or _endpoint(host.address, port) in self.avoid
+                    or not self.lock(pool, port)):
                 continue
             # SO_REUSEADDR off: with a whole range to choose from, prefer
             # ports nothing (not even a TIME_WAIT connection) is using.
@@ -302,7 +307,8 @@ class _Allocator:
                 break
             port = sock.getsockname()[1]
             sock.close()
-            if (_LOCAL_POOL, port) in self.used or not self.lock(_LOCAL_POOL, port):
+            if ((_LOCAL_POOL, port) in self.used or _endpoint(host.address, port) in self.avoid
+                    or not self.lock(_LOCAL_POOL, port)):
                 continue
             if not port_is_free(host.address, port, reuse=False):
                 self.unlock_last()

@@ -65,8 +65,10 @@ def test_bind_failure_during_startup_restarts_on_fresh_ports(tmp_path, caplog, c
     caplog.set_level(logging.INFO, logger="autopar.launcher")
     assert _fake_launch(tmp_path, "once") == 0
     messages = _messages(caplog)
-    assert sum(m.startswith("started worker 1 at ") for m in messages) == 2
-    assert any(m.startswith(f"attempt 1 of {PORT_ATTEMPTS}: worker 1 could not bind its port") for m in messages)
+    started = [m.split()[4].rstrip(",") for m in messages if m.startswith("started worker 1 at ")]
+    assert len(started) == 2 and started[0] != started[1]   # the failed endpoint is avoided
+    assert any(m.startswith(f"attempt 1 of {PORT_ATTEMPTS}: worker 1 ({started[0]}) could not bind its port")
+               for m in messages)
     assert "[worker 1] worker 1 ok" in capsys.readouterr().out
 
 
@@ -97,8 +99,8 @@ def test_port_taken_after_allocation_is_retried_with_real_servers(tmp_path, monk
     foreign = socket.socket()
     clusters = []
 
-    def reserve_then_steal(spec):
-        reservation = ports.reserve_cluster(spec)
+    def reserve_then_steal(spec, avoid=()):
+        reservation = ports.reserve_cluster(spec, avoid)
         clusters.append(reservation.cluster)
         if len(clusters) == 1:
             port = int(reservation.cluster["worker"][1].rsplit(":", 1)[1])
@@ -116,7 +118,7 @@ def test_port_taken_after_allocation_is_retried_with_real_servers(tmp_path, monk
     text = capsys.readouterr().out
     assert status == 0, text[-3000:]
     assert len(clusters) == 2 and clusters[1]["worker"][1] != clusters[0]["worker"][1]
-    assert any(m.startswith(f"attempt 1 of {PORT_ATTEMPTS}: worker 1 could not bind") for m in _messages(caplog))
+    assert any(m.startswith(f"attempt 1 of {PORT_ATTEMPTS}: worker 1 (") for m in _messages(caplog))
     for i in (0, 1):
         assert int(load_worker(out, i)["global_step"]) == STEPS
 

@@ -213,6 +213,14 @@ TF_BIND_FAILURE = [
 ]
 
 
+def test_avoided_endpoints_are_not_chosen_again():
+    """After a bind failure the launcher avoids that endpoint: on a remote host
+    nothing else would stop the same port from being handed out again."""
+    lo = DEFAULT_REMOTE_RANGE[0]
+    cluster = allocate_cluster(spec(HostSpec(REMOTE, workers=2)), avoid={f"{REMOTE}:{lo + 1}"})
+    assert cluster["worker"] == [f"{REMOTE}:{lo}", f"{REMOTE}:{lo + 2}"]
+
+
 def test_tf_bind_failure_is_recognised():
     assert all(is_bind_failure(line) for line in TF_BIND_FAILURE)
     assert not is_bind_failure("worker 1: initial state received from the chief")
