@@ -162,13 +162,15 @@ def lock_dir() -> str:
     path = os.path.join(base, "ports")
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
-        info = os.lstat(path)
+        # Both levels must be ours: whoever owns a directory can swap what is in it.
+        infos = [(d, os.lstat(d)) for d in (base, path)]
     except OSError as exc:
         raise LaunchError(f"cannot create the port reservation directory {path} ({exc}); "
                           f"set {RUNTIME_DIR_ENV} to a writable directory of yours") from exc
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-        raise LaunchError(f"the port reservation directory {path} is not a directory owned by you; "
-                          f"remove it or set {RUNTIME_DIR_ENV} to a directory of yours")
+    for d, info in infos:
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            raise LaunchError(f"the port reservation directory {d} is not a directory owned by you; "
+                              f"remove it or set {RUNTIME_DIR_ENV} to a directory of yours")
     return path
 
 

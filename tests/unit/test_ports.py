@@ -225,3 +225,15 @@ def test_tf_bind_failure_is_recognised():
     assert all(is_bind_failure(line) for line in TF_BIND_FAILURE)
     assert not is_bind_failure("worker 1: initial state received from the chief")
     assert not is_bind_failure("UnavailableError: Socket closed")
+
+
+def test_reservation_directory_must_be_the_users(tmp_path, monkeypatch):
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (tmp_path / "link").symlink_to(target)   # not a directory of its own: could be swapped
+    monkeypatch.setenv("AUTOPAR_RUNTIME_DIR", str(tmp_path / "link"))
+    with pytest.raises(LaunchError, match="is not a directory owned by you"):
+        allocate_cluster(spec(HostSpec("127.0.0.1", workers=1)))
+    monkeypatch.setenv("AUTOPAR_RUNTIME_DIR", str(tmp_path / "mine"))
+    allocate_cluster(spec(HostSpec("127.0.0.1", workers=1)))
+    assert (tmp_path / "mine" / "ports").is_dir()
