@@ -30,7 +30,7 @@ from typing import IO, Any, Callable
 from autopar.errors import LaunchError
 from runtime import env as envvars
 from runtime import procs
-from runtime.ports import allocate_cluster, is_local_address
+from runtime.ports import is_bind_failure, is_local_address, reserve_cluster
 from runtime.spec import HostSpec, ResourceSpec
 
 logger = logging.getLogger("autopar.launcher")
@@ -45,6 +45,13 @@ _POLL_SECONDS = 0.1
 # How long to wait for a dead process's last output to arrive before
 # reporting its log tail (the pipe normally reaches EOF at once).
 _DRAIN_SECONDS = 1.0
+
+# A process that could not bind its port before training started makes the
+# launcher restart the job on fresh ports, this many attempts in all.
+PORT_ATTEMPTS = 4
+# Logged by each worker once the chief's initial state reached it
+# (runtime/worker.py): from then on training may run, and nothing restarts.
+_TRAINING_STARTED = re.compile(r"initial state received from the chief")
 
 # One lock for everything written to sys.stdout, so lines from different
 # children never interleave.
@@ -158,7 +165,9 @@ def build_ssh_command(host: HostSpec, command: Sequence[str], env: Mapping[str, 
         # Passed as written: OpenSSH expands "~" in identity files itself.
         argv += ["-i", key_file]
     destination = f"{user}@{host.address}" if user else host.address
-    argv += [destination, remote_cmd]
+    # "--" ends ssh's options: even a destination that slipped past spec
+    # validation cannot be read as one ("-oProxyCommand=...").
+    argv += ["--", destination, remote_cmd]
     return argv
 
 
@@ -202,6 +211,8 @@ class _Child:
     tail: deque[str]
     tail_lock: threading.Lock = field(default_factory=threading.Lock)
     reader: threading.Thread | None = None
+    bind_failed: bool = False      # said its server could not bind its port
+    past_startup: bool = False     # said it received the initial state
 
     @property
     def name(self) -> str:
@@ -256,6 +267,10 @@ def _pump(child: _Child) -> None:
             line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
             with child.tail_lock:
                 child.tail.append(line)
+            if is_bind_failure(line):
+                child.bind_failed = True
+            elif _TRAINING_STARTED.search(line):
+                child.past_startup = True
             if not _TF_NOISE.search(line):
                 _write_line(prefix + line + "\n")
     except (OSError, ValueError):
@@ -372,11 +387,39 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
     Ctrl-C, 143 after SIGTERM. Every child is stopped and reaped before this
     returns, whatever the path. Raises LaunchError if a process cannot be
     started (after stopping those that were).
+
+    Ports stay reserved against other autopar launchers until the job ends
+    (runtime/ports.py). If a process reports that its port was taken anyway
+    (by another program, after allocation) before any worker received the
+    initial state, every process is stopped and the job starts again on
+    fresh ports, at most PORT_ATTEMPTS times in all.
     """
     if not argv:
         raise LaunchError("nothing to launch: the worker command is empty")
-    cluster = allocate_cluster(spec)
+    taken: set[str] = set()   # endpoints that failed to bind, avoided from then on
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        with reserve_cluster(spec, avoid=taken) as reservation:
+            status, clash = _launch_once(spec, reservation.cluster, argv, extra_env=extra_env,
+                                         grace_seconds=grace_seconds, log_tail_lines=log_tail_lines)
+        if not clash:
+            return status
+        taken.update(plan.address for plan in clash)
+        if attempt < PORT_ATTEMPTS:
+            logger.warning("attempt %d of %d: %s could not bind its port (another program took it "
+                           "after allocation); restarting every process on fresh ports",
+                           attempt, PORT_ATTEMPTS, ", ".join(f"{p.name} ({p.address})" for p in clash))
+    logger.error("%d attempts in a row failed because ports were taken during startup; give the "
+                 "hosts a 'ports' range that other programs do not use", PORT_ATTEMPTS)
+    return status
+
+
+def _launch_once(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: list[str], *,
+                 extra_env: dict[str, str] | None, grace_seconds: float,
+                 log_tail_lines: int) -> tuple[int, list[ChildPlan]]:
+    """One start of the job on ``cluster``: (status as for ``launch``, the
+    processes whose port was taken if the job may start again)."""
     plans = plan_children(spec, cluster, argv, extra_env=extra_env, tty=_stdout_is_tty())
+    interrupted = False
 
     state = _SignalState()
     previous_handlers = _install_handlers(state)
@@ -398,6 +441,7 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
             # KeyboardInterrupt from anywhere must still tear the job down.
             logger.warning("interrupted; stopping all processes")
             status = 128 + signal.SIGINT
+            interrupted = True
     finally:
         if children:
             logger.debug("stopping %d processes", len(children))
@@ -410,4 +454,6 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
         _restore_handlers(previous_handlers)
     if status == 0:
         logger.info("all %d workers finished", sum(c.plan.role == WORKER_ROLE for c in children))
-    return status
+    if status == 0 or interrupted or state.signum is not None or any(c.past_startup for c in children):
+        return status, []
+    return status, [c.plan for c in children if c.bind_failed]
