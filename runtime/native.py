@@ -4,6 +4,11 @@ bind shim ``cpp_ops/bind_shim.c``. Standard library only, so setup.py can
 load this file before anything is installed.
 
     python -m runtime.native [--dest DIR]    build both into DIR (default runtime/)
+
+The _pb2 modules are generated, not committed: generated code names the
+grpcio-tools release that made it and refuses to run on an older grpcio, so
+making it from the pinned grpcio-tools at install keeps it matched to the
+pinned grpcio/protobuf, and the .proto stays the one source to edit.
 """
 from __future__ import annotations
 
