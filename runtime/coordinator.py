@@ -152,7 +152,10 @@ class Coordinator:
                              interceptors=[_TokenInterceptor(self.token)])
         pb2_grpc.add_CoordinatorServicer_to_server(_Servicer(self, pb2), server)
         bind_host = f"[{self.host}]" if ":" in self.host else self.host
-        self.port = server.add_insecure_port(f"{bind_host}:0")
+        try:
+            self.port = server.add_insecure_port(f"{bind_host}:0")
+        except RuntimeError:   # grpc's way of saying the bind failed
+            self.port = 0
         if not self.port:
             from autopar.errors import LaunchError
             raise LaunchError(f"the job coordinator could not listen on {self.host}: is that "
@@ -501,14 +504,26 @@ def host_address(address: str) -> str:
 
 def launcher_host(addresses: Sequence[str], is_local: Callable[[str], bool]) -> str:
     """The address the coordinator listens on: the spec's address of this
-    machine if it is one of the spec's hosts, else the local address that
-    routes to the first host."""
+    machine if it is one of the spec's hosts (loopback for a wildcard one),
+    else the local address that routes to the first host."""
+    import ipaddress
+    import socket
     for address in addresses:
         if is_local(address):
-            return host_address(address)
-    import socket
+            ip = host_address(address)
+            try:
+                if ipaddress.ip_address(ip).is_unspecified:
+                    return "::1" if ":" in ip else "127.0.0.1"
+            except ValueError:
+                pass
+            return ip
     target = host_address(addresses[0])
     family = socket.AF_INET6 if ":" in target else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as probe:
-        probe.connect((target, 9))   # UDP connect sends nothing; it picks the route
-        return str(probe.getsockname()[0])
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((target, 9))   # UDP connect sends nothing; it picks the route
+            return str(probe.getsockname()[0])
+    except OSError as exc:
+        from autopar.errors import LaunchError
+        raise LaunchError(f"no route from this machine to {addresses[0]} for the job "
+                          f"coordinator ({exc}); check the host's address in the spec") from exc

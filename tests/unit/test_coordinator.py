@@ -218,3 +218,19 @@ def test_missing_compiler_names_what_to_install(monkeypatch, tmp_path):
     monkeypatch.setattr(native.shutil, "which", lambda name: None)
     with pytest.raises(native.BuildError, match="needs a C compiler: install one.*apt-get install gcc"):
         native.build_shim(tmp_path)
+
+
+def test_coordinator_address_is_this_hosts_spec_address_never_the_wildcard():
+    from runtime.coordinator import launcher_host
+    local = {"127.0.0.2", "0.0.0.0", "localhost"}.__contains__
+    assert launcher_host(["192.0.2.10", "127.0.0.2"], local) == "127.0.0.2"
+    assert launcher_host(["localhost"], local) == "127.0.0.1"
+    assert launcher_host(["0.0.0.0"], local) == "127.0.0.1"
+    # No local host in the spec: the address this machine reaches the first one from.
+    assert launcher_host(["127.0.0.3"], lambda a: False) == "127.0.0.1"
+
+
+def test_coordinator_on_an_address_not_of_this_machine_is_a_launch_error():
+    from autopar.errors import LaunchError
+    with pytest.raises(LaunchError, match="could not listen on 192.0.2.10"):
+        Coordinator("192.0.2.10", 1, 0).start()
