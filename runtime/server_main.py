@@ -90,13 +90,15 @@ def serve(cluster: dict[str, list[str]], task_index: int) -> None:
 def _register(task_index: int, address: str) -> None:
     """Tell the launcher's job coordinator this server is up (nothing to do
     outside a launched job)."""
+    import grpc
+
     from runtime.coordinator import CoordinatorClient
     client = CoordinatorClient.from_env("server", task_index)
     if client is None:
         return
     try:
         client.register(address)
-    except Exception as exc:   # grpc.RpcError; the server works without it
+    except grpc.RpcError as exc:   # the server works without it
         logger.warning("server %d could not register with the job coordinator: %s",
                        task_index, exc)
 

@@ -10,9 +10,8 @@ import grpc
 import tensorflow as tf
 
 from autopar.errors import LaunchError
-from runtime.coordinator import CoordinatorClient, ProgressHook
-
 from runtime.checkpoint import Checkpointer
+from runtime.coordinator import CoordinatorClient, ProgressHook
 from runtime.progress import Progress
 from runtime.runner import Runner
 from runtime.session import session_config, start_worker_server, wait_for_peers
