@@ -69,7 +69,8 @@ def _get_runner(graph: tf.Graph, resource_info, config: Config):
         return worker.single_device_runner(graph, config)
     spec = specs.load_spec(resource_info)
     log.info("\n%s", analyze(graph, spec, config).table())
-    code = launcher.launch(spec, [sys.executable, *sys.argv], extra_env={REPORT_PRINTED: "1"})
+    code = launcher.launch(spec, [sys.executable, *sys.argv], extra_env={REPORT_PRINTED: "1"},
+                           stall_timeout_s=config.stall_timeout_s)
     sys.exit(code)
 
 

@@ -37,6 +37,10 @@ class Config:
     opsw: bool = True                # move light boundary ops to the side that saves bytes
     # Partition count per PS variable name, overriding the automatic rule.
     partitions: dict = field(default_factory=dict)
+    # The launcher ends the job when some workers have waited this long inside
+    # a step for others that have not started it (Horovod's stall inspector,
+    # but ending the job instead of warning); 0 disables.
+    stall_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.fusion_bytes <= 0:
@@ -52,5 +56,8 @@ class Config:
         for name, n in self.partitions.items():
             if not isinstance(n, int) or n < 1:
                 raise AutoparError(f"Config.partitions[{name!r}] must be an integer >= 1, got {n!r}")
+        if self.stall_timeout_s < 0:
+            raise AutoparError(f"Config.stall_timeout_s must be >= 0 (0 disables), "
+                               f"got {self.stall_timeout_s}")
         if self.log_every_steps < 0:
             raise AutoparError(f"Config.log_every_steps must be >= 0, got {self.log_every_steps}")

@@ -28,7 +28,8 @@ log = logging.getLogger("autopar.runner")
 class Runner:
     def __init__(self, session, graph: tf.Graph, analysis: Analysis | None, *, worker_index: int = 0,
                  num_workers: int = 1, progress=None, checkpointer=None,
-                 batch_size_tensor: tf.Tensor | None = None, step_barrier=None, on_close=()):
+                 batch_size_tensor: tf.Tensor | None = None, step_barrier=None, on_close=(),
+                 monitor=None):
         self.session = session
         self.graph = graph
         self.analysis = analysis
@@ -39,6 +40,8 @@ class Runner:
         self._batch_size = batch_size_tensor
         self._step_barrier = step_barrier
         self._on_close = list(on_close)
+        # Told before and after every run (runtime.coordinator.ProgressHook).
+        self._monitor = monitor
         self._variables = {v.name: v for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
                            + graph.get_collection(tf1.GraphKeys.LOCAL_VARIABLES)}
         self._init_ops = _initializer_ops(graph)
@@ -80,6 +83,14 @@ class Runner:
         mapped = tf.nest.map_structure(self._map_fetch, fetches)
         feeds, batch = self._map_feeds(feed_dict or {})
         is_step = any(self._is_step(leaf) for leaf in tf.nest.flatten(mapped) if leaf is not None)
+        if self._monitor is None:
+            return self._run(mapped, feeds, options, run_metadata, is_step)
+        self._monitor.before_run(is_step)
+        result = self._run(mapped, feeds, options, run_metadata, is_step)
+        self._monitor.after_run(is_step, self._first_step + self._steps)
+        return result
+
+    def _run(self, mapped, feeds, options, run_metadata, is_step: bool):
         if not is_step:
             return self._run_plain(mapped, feeds, options, run_metadata)
         extra = {}
