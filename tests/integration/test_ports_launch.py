@@ -123,23 +123,39 @@ def test_port_taken_after_allocation_is_retried_with_real_servers(tmp_path, monk
         assert int(load_worker(out, i)["global_step"]) == STEPS
 
 
-def test_two_jobs_started_together_on_one_range_both_finish(tmp_path):
+@pytest.fixture(scope="module")
+def single_device(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("single")
+    run_training("mlp_sgd", out, "--steps", str(STEPS))
+    return load_worker(out, 0)
+
+
+@pytest.fixture(scope="module")
+def shared_spec(tmp_path_factory) -> Path:
+    return _spec_file(tmp_path_factory.mktemp("spec"), _free_range(11))
+
+
+@pytest.mark.parametrize("round_", range(5))
+def test_two_jobs_started_together_on_one_range_both_finish(round_, tmp_path, single_device, shared_spec):
     """Two `autopar launch` processes on the same 'ports' range, started at
-    the same moment, five times in a row: both jobs train to the end, with
-    the same parameters as one device."""
-    run_training("mlp_sgd", tmp_path / "single", "--steps", str(STEPS))
-    expected = load_worker(tmp_path / "single", 0)
-    spec = _spec_file(tmp_path, _free_range(11))
-    for round_ in range(5):
-        outs = [tmp_path / f"round{round_}" / f"job{j}" for j in (0, 1)]
-        jobs = [subprocess.Popen([sys.executable, "-m", "autopar.cli", "launch", "--spec", str(spec), "--",
-                                  *train_command("mlp_sgd", o, "--steps", str(STEPS))],
-                                 cwd=REPO, env=child_env(), stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True)
-                for o in outs]
-        results = [job.communicate(timeout=300) for job in jobs]
-        for j, (job, (text, _)) in enumerate(zip(jobs, results)):
-            assert job.returncode == 0, f"round {round_}, job {j}:\n{text[-3000:]}"
-            assert "could not bind" not in text   # reservations, not restarts, kept them apart
-            for i in (0, 1):
-                assert_same_parameters(expected, load_worker(outs[j], i), what=f"round {round_} job {j} worker {i}")
+    the same moment; five rounds in a row (one test each, so each has the
+    whole per-test time limit): both jobs train to the end, with the same
+    parameters as one device."""
+    outs = [tmp_path / f"job{j}" for j in (0, 1)]
+    jobs = [subprocess.Popen([sys.executable, "-m", "autopar.cli", "launch", "--spec", str(shared_spec), "--",
+                              *train_command("mlp_sgd", o, "--steps", str(STEPS))],
+                             cwd=REPO, env=child_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+            for o in outs]
+    try:
+        results = [job.communicate(timeout=280) for job in jobs]
+    finally:
+        for job in jobs:
+            if job.poll() is None:
+                job.kill()   # the launcher's children die with it (PR_SET_PDEATHSIG)
+                job.wait()
+    for j, (job, (text, _)) in enumerate(zip(jobs, results)):
+        assert job.returncode == 0, f"job {j}:\n{text[-3000:]}"
+        assert "could not bind" not in text   # reservations, not restarts, kept them apart
+        for i in (0, 1):
+            assert_same_parameters(single_device, load_worker(outs[j], i), what=f"job {j} worker {i}")
