@@ -84,13 +84,13 @@ class Runner:
         feeds, batch = self._map_feeds(feed_dict or {})
         is_step = any(self._is_step(leaf) for leaf in tf.nest.flatten(mapped) if leaf is not None)
         if self._monitor is None:
-            return self._run(mapped, feeds, options, run_metadata, is_step)
+            return self._run(mapped, feeds, batch, options, run_metadata, is_step)
         self._monitor.before_run(is_step)
-        result = self._run(mapped, feeds, options, run_metadata, is_step)
+        result = self._run(mapped, feeds, batch, options, run_metadata, is_step)
         self._monitor.after_run(is_step, self._first_step + self._steps)
         return result
 
-    def _run(self, mapped, feeds, options, run_metadata, is_step: bool):
+    def _run(self, mapped, feeds, batch: int | None, options, run_metadata, is_step: bool):
         if not is_step:
             return self._run_plain(mapped, feeds, options, run_metadata)
         extra = {}
