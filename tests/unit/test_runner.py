@@ -253,3 +253,23 @@ def test_autopar_debug_raises_the_error_itself(tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOPAR_DEBUG", "1")
     with pytest.raises(UnsupportedGraphError):
         autopar.get_runner(_hand_written_update()[0], _spec(tmp_path))
+
+
+def test_launch_failure_exits_2_with_the_message(tmp_path, capsys):
+    """Every port of the spec's range is taken: the launcher cannot start the
+    job, and says so without a traceback."""
+    import socket
+    graph = _sparse_model()[0]
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        spec = tmp_path / "spec.yaml"
+        spec.write_text(f"hosts:\n  - address: 127.0.0.1\n    workers: 1\n"
+                        f"    ports: [{port}, {port}]\n")
+        with pytest.raises(SystemExit) as info:
+            autopar.get_runner(graph, str(spec))
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("autopar: ") and str(port) in err
+    assert "Traceback" not in err
