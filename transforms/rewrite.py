@@ -141,6 +141,7 @@ def _average_gradients(graph, analysis: Analysis, plan: Plan, backend) -> dict[s
             info = analysis.variable(vp.name)
             values = graph.get_tensor_by_name(info.grad_values)
             indices = graph.get_tensor_by_name(info.grad_indices)
+            # Row counts differ by worker and step: see CollectiveOpsBackend.allgather_rows.
             all_values, all_indices = backend.allgather_rows(
                 values, indices, (vp.keys["count"], vp.keys["values"], vp.keys["indices"]))
             # The single-device gradient of a mean loss over the global batch.
