@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean native
+.PHONY: demo test install clean native stress
 
 $(STAMP): setup.py pyproject.toml runtime/coordinator.proto cpp_ops/bind_shim.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+# Ten fresh parameter-server jobs per run option (the start-up race soak).
+stress: $(STAMP)
+	AUTOPAR_STRESS_REPEATS=10 $(PY) -m pytest -q tests/integration/test_ps_stress.py
 
 clean:
 	rm -rf $(VENV) *.egg-info
