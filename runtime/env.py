@@ -12,6 +12,10 @@ CLUSTER = "AUTOPAR_CLUSTER"      # JSON {"worker": ["host:port", ...], "ps": [..
 SPEC = "AUTOPAR_SPEC"            # JSON of ResourceSpec.to_dict()
 TTY = "AUTOPAR_TTY"              # "1" when the launcher's output is a terminal
 
+# The chief's last line after a requested stop (Ctrl-C); the launcher reports
+# what follows it (where the final checkpoint is).
+STOPPED_LINE = "stopped at global step "
+
 WORKER_JOB = "worker"
 SERVER_JOB = "ps"
 

@@ -263,12 +263,14 @@ def _start(plan: ChildPlan, log_tail_lines: int) -> _Child:
 @dataclass
 class _SignalState:
     signum: int | None = None
+    count: int = 0
 
     def handler(self, signum: int, frame: FrameType | None) -> None:
         # Only record: teardown happens in the main loop, and a second Ctrl-C
         # must not interrupt it half-way.
         if self.signum is None:
             self.signum = signum
+        self.count += 1
 
 
 _Handler = Callable[[int, FrameType | None], Any] | int | None
@@ -304,15 +306,56 @@ def _report_failure(child: _Child, returncode: int) -> None:
                  tail or "(no output)")
 
 
-def _supervise(children: list[_Child], state: _SignalState) -> int:
+def _stop_with_checkpoint(chief: _Child, state: _SignalState, timeout: float) -> int:
+    """After the launcher's first SIGINT/SIGTERM: ask the chief (SIGINT, see
+    runtime/runner.py) to finish its step, save a checkpoint and exit, while
+    every other process stays up (a ps-mode save reads the servers); give up
+    after ``timeout`` s or a second signal. The caller then stops everything.
+
+    Children run in their own sessions, so a Ctrl-C typed at the terminal
+    reaches only the launcher and the chief is asked exactly once. A chief on
+    a remote host cannot be signalled through ssh: the job stops at once."""
+    assert state.signum is not None
+    status = 128 + state.signum
+    name = signal.Signals(state.signum).name
+    if chief.plan.remote or chief.popen.poll() is not None:
+        logger.warning("received %s; stopping all processes%s", name,
+                       " (the chief is remote: no final checkpoint)" if chief.plan.remote else "")
+        return status
+    logger.warning("received %s: the chief stops after its current step, saving a checkpoint if "
+                   "checkpoint_dir is set (at most %.0f s; interrupt again to stop at once)",
+                   name, timeout)
+    os.kill(chief.popen.pid, signal.SIGINT)
+    deadline, said_stopped = time.monotonic() + timeout, None
+    while chief.popen.poll() is None and state.count == 1 and time.monotonic() < deadline:
+        # Once it said it stopped, its exit is only teardown: do not wait long.
+        if said_stopped is None and envvars.STOPPED_LINE in chief.tail_text():
+            said_stopped = time.monotonic()
+        if said_stopped is not None and time.monotonic() - said_stopped > _DRAIN_SECONDS * 5:
+            break
+        time.sleep(_POLL_SECONDS)
+    if chief.reader is not None and chief.popen.poll() is not None:
+        chief.reader.join(timeout=_DRAIN_SECONDS)
+    lines = [line for line in chief.tail_text().splitlines() if envvars.STOPPED_LINE in line]
+    if lines:
+        logger.warning("job stopped on %s: the chief %s", name,
+                       lines[-1][lines[-1].index(envvars.STOPPED_LINE):])
+    elif state.count > 1:
+        logger.warning("interrupted again: stopping all processes now, without a final checkpoint")
+    else:
+        logger.warning("job stopped on %s; the chief did not save a final checkpoint (%s)", name,
+                       "it did not stop within %.0f s" % timeout if chief.popen.poll() is None
+                       else f"it exited with {procs.describe_returncode(chief.popen.returncode)}")
+    return status
+
+
+def _supervise(children: list[_Child], state: _SignalState, stop_timeout: float) -> int:
     """Wait until the job ends; return the launcher's exit status."""
     workers = [c for c in children if c.plan.role == WORKER_ROLE]
     servers = [c for c in children if c.plan.role == SERVER_ROLE]
     while True:
         if state.signum is not None:
-            logger.warning("received %s; stopping all processes",
-                           signal.Signals(state.signum).name)
-            return 128 + state.signum
+            return _stop_with_checkpoint(workers[0], state, stop_timeout)
 
         all_done = True
         for child in workers:
@@ -344,13 +387,15 @@ def _stdout_is_tty() -> bool:
 
 
 def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | None = None,
-           grace_seconds: float = 3.0, log_tail_lines: int = 30) -> int:
+           grace_seconds: float = 3.0, log_tail_lines: int = 30,
+           stop_timeout_s: float = 60.0) -> int:
     """Run ``argv`` once per worker of ``spec`` (plus one server process per
     server) and wait for the job to end.
 
     Returns 0 when every worker exited 0; otherwise the exit status of the
     first process that failed (a signal death N becomes 128+N), 130 after
-    Ctrl-C, 143 after SIGTERM. Every child is stopped and reaped before this
+    Ctrl-C, 143 after SIGTERM (the chief first gets up to ``stop_timeout_s``
+    to save a final checkpoint; a second signal stops everything at once). Every child is stopped and reaped before this
     returns, whatever the path. Raises LaunchError if a process cannot be
     started (after stopping those that were).
     """
@@ -373,7 +418,7 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
                 child.reader = threading.Thread(target=_pump, args=(child,),
                                                 name=f"autopar-log-{child.name}", daemon=True)
                 child.reader.start()
-            status = _supervise(children, state)
+            status = _supervise(children, state, stop_timeout_s)
         except KeyboardInterrupt:
             # Defensive: our SIGINT handler normally prevents this, but a
             # KeyboardInterrupt from anywhere must still tear the job down.

@@ -7,6 +7,7 @@ it is at, so the N workers together see exactly the single-device batch.
 import argparse
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -30,6 +31,10 @@ def main() -> None:
     p.add_argument("--save-every", type=int, default=2)
     p.add_argument("--stall-at", type=int, default=-1,
                    help="worker 1 sleeps forever at this global step (for kill tests)")
+    p.add_argument("--keep", type=int, default=5, help="checkpoints to keep")
+    p.add_argument("--pause-at", type=int, default=-1,
+                   help="the chief waits at this global step until a stop is requested "
+                        "(for Ctrl-C tests)")
     p.add_argument("--fusion-bytes", type=int, default=64 << 20)
     p.add_argument("--run-option", default="hybrid")
     p.add_argument("--no-la", action="store_true", help="turn local aggregation off")
@@ -40,6 +45,7 @@ def main() -> None:
 
     model = models.build(args.model)
     config = autopar.Config(checkpoint_dir=args.checkpoint_dir, save_every_steps=args.save_every,
+                            keep_checkpoints=args.keep,
                             log_every_steps=1, fusion_bytes=args.fusion_bytes,
                             run_option=args.run_option, local_aggregation=not args.no_la,
                             partitions={k: int(n) for k, n in
@@ -52,9 +58,13 @@ def main() -> None:
             step = int(runner.run(model.global_step))
             if step >= args.steps:
                 break
+            if step == args.pause_at and i == 0:
+                print(f"worker {i} pausing at step {step}", flush=True)
+                deadline = time.monotonic() + 120
+                while not runner.stop_requested and time.monotonic() < deadline:
+                    time.sleep(0.05)
             if step == args.stall_at and i == 1:
                 print(f"worker {i} stalling at step {step}", flush=True)
-                import time
                 time.sleep(3600)
             x, y = models.global_batch(args.model, step, args.batch)
             runner.run(model.train_op, {model.x: x[i * per:(i + 1) * per],

@@ -1,0 +1,124 @@
+"""Ctrl-C loses no work, and a damaged checkpoint costs only the steps since
+the previous one.
+
+- Ctrl-C (SIGINT to the launcher's process group, as a terminal sends it) at
+  global step 22 with save_every_steps=100: the chief saves step 22, the
+  launcher exits 130 naming the checkpoint, nothing is left running, and a
+  restart ends where an uninterrupted run ends.
+- A second Ctrl-C while the chief cannot finish its step stops the job at once.
+- Truncated, bit-flipped and missing-.data checkpoints are reported by name
+  and skipped; training resumes from the newest intact one; temporary files
+  of killed saves are removed; only keep_checkpoints are kept.
+"""
+import os
+import re
+import signal
+from pathlib import Path
+
+from tests.integration.cluster import (assert_same_parameters, load_worker, pid_alive,
+                                       run_training, train_command, write_spec)
+from tests.integration.test_failures import LineReader, _start
+
+MODEL = "mlp_adam_clip_ema"   # float64: Adam, clipping and EMA slots all checkpointed
+
+
+def _pids(text: str) -> set[int]:
+    return {int(p) for p in re.findall(r"worker \d pid (\d+)", text)}
+
+
+def _checkpoint_steps(directory: Path) -> set[int]:
+    return {int(m.group(1)) for f in os.listdir(directory)
+            if (m := re.fullmatch(r"model\.ckpt-(\d+)\.index", f))}
+
+
+def _no_temporaries(directory: Path) -> None:
+    left = [f for f in os.listdir(directory) if "tempstate" in f or f.startswith(".autopar-saving")]
+    assert not left, left
+
+
+def test_ctrl_c_saves_the_current_step_and_resumes(tmp_path):
+    spec = str(write_spec(tmp_path, workers=2))
+    ckpt = tmp_path / "ckpt"
+    proc = _start(train_command(MODEL, tmp_path / "first", "--steps", "30", "--spec", spec,
+                                "--checkpoint-dir", str(ckpt), "--save-every", "100",
+                                "--pause-at", "22"))
+    reader = LineReader(proc)
+    try:
+        reader.wait_for([r"\] step 22 ", r"worker 0 pausing at step 22"], 240)
+        pids = _pids(reader.text)
+        os.killpg(proc.pid, signal.SIGINT)   # what a Ctrl-C at the terminal does
+        reader.rest(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = reader.text
+    assert proc.returncode == 130, text[-3000:]
+    assert re.search(r"job stopped on SIGINT: the chief stopped at global step 22; "
+                     r"checkpoint \S*model\.ckpt-22", text), text[-3000:]
+    assert len(pids) == 2 and not any(pid_alive(p) for p in pids), text[-3000:]
+    assert _checkpoint_steps(ckpt) == {22}
+    _no_temporaries(ckpt)
+    assert not (tmp_path / "first").exists()   # it never finished
+
+    log = run_training(MODEL, tmp_path / "resumed", "--steps", "30", "--spec", spec,
+                       "--checkpoint-dir", str(ckpt), "--save-every", "100")
+    assert re.search(r"restored \S*model\.ckpt-22 \(global step 22\)", log), log[-3000:]
+    run_training(MODEL, tmp_path / "full", "--steps", "30")
+    expected = load_worker(tmp_path / "full", 0)
+    for i in range(2):
+        assert_same_parameters(expected, load_worker(tmp_path / "resumed", i),
+                               what=f"resumed worker {i}")
+
+
+def test_second_ctrl_c_stops_at_once(tmp_path):
+    # Worker 1 hangs before step 4, so the chief can never finish that step.
+    proc = _start(train_command(MODEL, tmp_path / "out", "--steps", "30", "--stall-at", "3",
+                                "--spec", str(write_spec(tmp_path, workers=2)),
+                                "--checkpoint-dir", str(tmp_path / "ckpt")))
+    reader = LineReader(proc)
+    try:
+        reader.wait_for(r"worker 1 stalling at step 3", 240)
+        pids = _pids(reader.text)
+        os.killpg(proc.pid, signal.SIGINT)
+        reader.wait_for(r"the chief stops after its current step", 30)
+        os.killpg(proc.pid, signal.SIGINT)
+        reader.rest(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = reader.text
+    assert proc.returncode == 130, text[-3000:]
+    assert "interrupted again: stopping all processes now" in text, text[-3000:]
+    assert len(pids) == 2 and not any(pid_alive(p) for p in pids), text[-3000:]
+
+
+def test_damaged_checkpoints_are_named_and_skipped(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    run_training(MODEL, tmp_path / "a", "--steps", "5", "--save-every", "1", "--keep", "4",
+                 "--checkpoint-dir", str(ckpt))
+    assert _checkpoint_steps(ckpt) == {2, 3, 4, 5}   # keep_checkpoints=4
+
+    data = "model.ckpt-{}.data-00000-of-00001"
+    flipped = bytearray((ckpt / data.format(5)).read_bytes())
+    flipped[len(flipped) // 2] ^= 0x04
+    (ckpt / data.format(5)).write_bytes(bytes(flipped))
+    with open(ckpt / data.format(4), "r+b") as f:
+        f.truncate(os.path.getsize(ckpt / data.format(4)) // 2)
+    (ckpt / data.format(3)).unlink()
+    # What a save killed half-way leaves behind.
+    (ckpt / (data.format(6) + ".tempstate8812345")).write_bytes(b"\0" * 1000)
+    (ckpt / ".autopar-saving-x1y2").mkdir()
+    (ckpt / ".autopar-saving-x1y2" / "model.ckpt-6.index").write_bytes(b"\0")
+
+    log = run_training(MODEL, tmp_path / "b", "--steps", "6", "--save-every", "1", "--keep", "4",
+                       "--checkpoint-dir", str(ckpt))
+    for step, error in ((5, "DataLossError"), (4, "OutOfRangeError"), (3, "NotFoundError")):
+        assert re.search(rf"checkpoint \S*model\.ckpt-{step} is corrupt or incomplete \({error}",
+                         log), log[-3000:]
+    assert re.search(r"restored \S*model\.ckpt-2 \(global step 2\)", log), log[-3000:]
+    _no_temporaries(ckpt)
+    assert _checkpoint_steps(ckpt) == {3, 4, 5, 6}   # saved again, intact, by the resumed run
+
+    run_training(MODEL, tmp_path / "full", "--steps", "6")
+    assert_same_parameters(load_worker(tmp_path / "full", 0), load_worker(tmp_path / "b", 0),
+                           what="resumed from step 2")
