@@ -102,7 +102,14 @@ class Checkpointer:
             try:
                 session.run(self._restore, {self._path: path})
             except _DAMAGED as exc:
-                reason = exc.message.strip().splitlines()[0] if exc.message else type(exc).__name__
+                reason = _reason(exc)
+                if isinstance(exc, tf.errors.NotFoundError) and not _files_missing(path):
+                    # Intact files without this graph's variables: another model's
+                    # checkpoint, not damage. Never delete it.
+                    raise AutoparError(
+                        f"checkpoint {path} does not hold this graph's variables ({reason}). "
+                        "Point checkpoint_dir at a directory of this model's checkpoints "
+                        "or an empty one.") from exc
                 log.warning("checkpoint %s is corrupt or incomplete (%s: %s); deleting it and "
                             "restoring the previous one", path, type(exc).__name__, reason)
                 damaged.append(path)
@@ -181,6 +188,26 @@ class Checkpointer:
 def _step_of(path: str) -> int:
     tail = os.path.basename(path).rsplit("-", 1)
     return int(tail[1]) if len(tail) == 2 and tail[1].isdigit() else 0
+
+
+def _reason(exc: tf.errors.OpError) -> str:
+    """The kernel's own words from a graph-mode error, without TensorFlow's
+    "Graph execution error / Detected at node" framing and traceback."""
+    lines = [line.strip() for line in (exc.message or "").splitlines()
+             if line.strip() and not line[0].isspace()
+             and not line.startswith(("Graph execution error", "Detected at node", "Node:"))]
+    return lines[0] if lines else type(exc).__name__
+
+
+def _files_missing(path: str) -> bool:
+    """Whether the index or any data shard of checkpoint ``path`` is missing."""
+    if not os.path.exists(path + ".index"):
+        return True
+    shards = glob.glob(glob.escape(path) + ".data-*-of-*")
+    if not shards:
+        return True
+    total = int(shards[0].rsplit("-of-", 1)[1])
+    return any(not os.path.exists(f"{path}.data-{i:05d}-of-{total:05d}") for i in range(total))
 
 
 def _delete(path: str) -> None:

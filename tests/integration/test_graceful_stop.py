@@ -10,10 +10,20 @@ the previous one.
   and skipped; training resumes from the newest intact one; temporary files
   of killed saves are removed; only keep_checkpoints are kept.
 """
+import logging
 import os
 import re
 import signal
 from pathlib import Path
+
+import pytest
+import tensorflow as tf
+
+import autopar
+from autopar.errors import AutoparError
+from runtime.checkpoint import Checkpointer
+from runtime.worker import single_device_runner
+from tests import models
 
 from tests.integration.cluster import (assert_same_parameters, load_worker, pid_alive,
                                        run_training, train_command, write_spec)
@@ -63,8 +73,7 @@ def test_ctrl_c_saves_the_current_step_and_resumes(tmp_path):
     log = run_training(MODEL, tmp_path / "resumed", "--steps", "30", "--spec", spec,
                        "--checkpoint-dir", str(ckpt), "--save-every", "100")
     assert re.search(r"restored \S*model\.ckpt-22 \(global step 22\)", log), log[-3000:]
-    run_training(MODEL, tmp_path / "full", "--steps", "30")
-    expected = load_worker(tmp_path / "full", 0)
+    expected = _train(None, 30)   # single-device, in this process
     for i in range(2):
         assert_same_parameters(expected, load_worker(tmp_path / "resumed", i),
                                what=f"resumed worker {i}")
@@ -92,10 +101,30 @@ def test_second_ctrl_c_stops_at_once(tmp_path):
     assert len(pids) == 2 and not any(pid_alive(p) for p in pids), text[-3000:]
 
 
-def test_damaged_checkpoints_are_named_and_skipped(tmp_path):
+def _train(ckpt: Path | None, steps: int, caplog=None) -> dict:
+    """Single-device training in this process (the checkpoint logic is the
+    same Checkpointer the chief uses); every variable after ``steps``."""
+    model = models.build(MODEL)
+    config = autopar.Config(checkpoint_dir=str(ckpt) if ckpt else None, save_every_steps=1,
+                            keep_checkpoints=4, log_every_steps=0)
+    logger = logging.getLogger("autopar.checkpoint")
+    if caplog is not None:
+        logger.addHandler(caplog.handler)
+    try:
+        with single_device_runner(model.graph, config) as runner:
+            while (step := int(runner.run(model.global_step))) < steps:
+                x, y = models.global_batch(MODEL, step, 12)
+                runner.run(model.train_op, {model.x: x, model.y: y})
+            with model.graph.as_default():
+                return runner.run({v.op.name: v for v in tf.compat.v1.global_variables()})
+    finally:
+        if caplog is not None:
+            logger.removeHandler(caplog.handler)
+
+
+def test_damaged_checkpoints_are_named_and_skipped(tmp_path, caplog):
     ckpt = tmp_path / "ckpt"
-    run_training(MODEL, tmp_path / "a", "--steps", "5", "--save-every", "1", "--keep", "4",
-                 "--checkpoint-dir", str(ckpt))
+    _train(ckpt, 5)
     assert _checkpoint_steps(ckpt) == {2, 3, 4, 5}   # keep_checkpoints=4
 
     data = "model.ckpt-{}.data-00000-of-00001"
@@ -110,15 +139,26 @@ def test_damaged_checkpoints_are_named_and_skipped(tmp_path):
     (ckpt / ".autopar-saving-x1y2").mkdir()
     (ckpt / ".autopar-saving-x1y2" / "model.ckpt-6.index").write_bytes(b"\0")
 
-    log = run_training(MODEL, tmp_path / "b", "--steps", "6", "--save-every", "1", "--keep", "4",
-                       "--checkpoint-dir", str(ckpt))
+    with caplog.at_level(logging.INFO, logger="autopar.checkpoint"):
+        resumed = _train(ckpt, 6, caplog)
+    log = caplog.text
     for step, error in ((5, "DataLossError"), (4, "OutOfRangeError"), (3, "NotFoundError")):
         assert re.search(rf"checkpoint \S*model\.ckpt-{step} is corrupt or incomplete \({error}",
-                         log), log[-3000:]
-    assert re.search(r"restored \S*model\.ckpt-2 \(global step 2\)", log), log[-3000:]
+                         log), log
+    assert re.search(r"restored \S*model\.ckpt-2 \(global step 2\)", log), log
     _no_temporaries(ckpt)
     assert _checkpoint_steps(ckpt) == {3, 4, 5, 6}   # saved again, intact, by the resumed run
+    assert_same_parameters(_train(None, 6), resumed, what="resumed from step 2")
 
-    run_training(MODEL, tmp_path / "full", "--steps", "6")
-    assert_same_parameters(load_worker(tmp_path / "full", 0), load_worker(tmp_path / "b", 0),
-                           what="resumed from step 2")
+
+def test_checkpoint_of_another_model_is_refused_not_deleted(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    _train(ckpt, 1)
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.get_variable("not_in_that_checkpoint", [3])
+        checkpointer = Checkpointer(graph, str(ckpt), 1)
+    with tf.compat.v1.Session(graph=graph) as session:
+        with pytest.raises(AutoparError, match=r"model\.ckpt-1 does not hold this graph's variables"):
+            checkpointer.restore(session)
+    assert _checkpoint_steps(ckpt) == {1}
