@@ -226,9 +226,14 @@ def _write_line(text: str) -> None:
             pass
 
 
-def _pump(child: _Child) -> None:
-    """Forward a child's output line by line, prefixed with its name."""
+def _pump(child: _Child, chief_stopped: threading.Event | None = None) -> None:
+    """Forward a child's output line by line, prefixed with its name.
+
+    Once the chief has said it stopped on request (``chief_stopped``), the
+    others' lines only go to their tail: they are the errors of peers whose
+    chief went away (a collective aborted), not news for the user."""
     prefix = f"[{child.name}] "
+    is_chief = child.plan.role == WORKER_ROLE and child.plan.index == 0
     stream = child.popen.stdout
     assert stream is not None
     try:
@@ -237,6 +242,11 @@ def _pump(child: _Child) -> None:
             line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
             with child.tail_lock:
                 child.tail.append(line)
+            if chief_stopped is not None:
+                if is_chief and envvars.STOPPED_LINE in line:
+                    chief_stopped.set()
+                elif not is_chief and chief_stopped.is_set():
+                    continue
             if not _TF_NOISE.search(line):
                 _write_line(prefix + line + "\n")
     except (OSError, ValueError):
@@ -395,8 +405,8 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
     Returns 0 when every worker exited 0; otherwise the exit status of the
     first process that failed (a signal death N becomes 128+N), 130 after
     Ctrl-C, 143 after SIGTERM (the chief first gets up to ``stop_timeout_s``
-    to save a final checkpoint; a second signal stops everything at once). Every child is stopped and reaped before this
-    returns, whatever the path. Raises LaunchError if a process cannot be
+    to save a final checkpoint; a second signal stops everything at once).
+    Every child is stopped and reaped before this returns, whatever the path. Raises LaunchError if a process cannot be
     started (after stopping those that were).
     """
     if not argv:
@@ -414,8 +424,9 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
                 children.append(_start(plan, log_tail_lines))
             # Readers start only once every process is forked: preexec_fn runs
             # between fork and exec, best done while this is the only thread.
+            chief_stopped = threading.Event()
             for child in children:
-                child.reader = threading.Thread(target=_pump, args=(child,),
+                child.reader = threading.Thread(target=_pump, args=(child, chief_stopped),
                                                 name=f"autopar-log-{child.name}", daemon=True)
                 child.reader.start()
             status = _supervise(children, state, stop_timeout_s)

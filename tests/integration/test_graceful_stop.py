@@ -33,7 +33,9 @@ MODEL = "mlp_adam_clip_ema"   # float64: Adam, clipping and EMA slots all checkp
 
 
 def _pids(text: str) -> set[int]:
-    return {int(p) for p in re.findall(r"worker \d pid (\d+)", text)}
+    """Workers' pids (they print them) and servers' (the launcher logs them)."""
+    return ({int(p) for p in re.findall(r"worker \d pid (\d+)", text)}
+            | {int(p) for p in re.findall(r"started server \d.*pid (\d+)", text)})
 
 
 def _checkpoint_steps(directory: Path) -> set[int]:
@@ -47,11 +49,13 @@ def _no_temporaries(directory: Path) -> None:
 
 
 def test_ctrl_c_saves_the_current_step_and_resumes(tmp_path):
-    spec = str(write_spec(tmp_path, workers=2))
+    # Every variable on the server: the chief's final save reads it from there,
+    # so the server must outlive the save.
+    spec = str(write_spec(tmp_path, workers=2, servers=1))
     ckpt = tmp_path / "ckpt"
     proc = _start(train_command(MODEL, tmp_path / "first", "--steps", "30", "--spec", spec,
-                                "--checkpoint-dir", str(ckpt), "--save-every", "100",
-                                "--pause-at", "22"))
+                                "--run-option", "ps", "--checkpoint-dir", str(ckpt),
+                                "--save-every", "100", "--pause-at", "22"))
     reader = LineReader(proc)
     try:
         reader.wait_for([r"\] step 22 ", r"worker 0 pausing at step 22"], 240)
@@ -65,13 +69,13 @@ def test_ctrl_c_saves_the_current_step_and_resumes(tmp_path):
     assert proc.returncode == 130, text[-3000:]
     assert re.search(r"job stopped on SIGINT: the chief stopped at global step 22; "
                      r"checkpoint \S*model\.ckpt-22", text), text[-3000:]
-    assert len(pids) == 2 and not any(pid_alive(p) for p in pids), text[-3000:]
+    assert len(pids) == 3 and not any(pid_alive(p) for p in pids), text[-3000:]
     assert _checkpoint_steps(ckpt) == {22}
     _no_temporaries(ckpt)
     assert not (tmp_path / "first").exists()   # it never finished
 
     log = run_training(MODEL, tmp_path / "resumed", "--steps", "30", "--spec", spec,
-                       "--checkpoint-dir", str(ckpt), "--save-every", "100")
+                       "--run-option", "ps", "--checkpoint-dir", str(ckpt), "--save-every", "100")
     assert re.search(r"restored \S*model\.ckpt-22 \(global step 22\)", log), log[-3000:]
     expected = _train(None, 30)   # single-device, in this process
     for i in range(2):
