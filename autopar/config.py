@@ -16,6 +16,8 @@ class Config:
     # Chief-only checkpointing; None disables it.
     checkpoint_dir: str | None = None
     save_every_steps: int = 100
+    # How many of the newest checkpoints to keep (older ones are deleted).
+    keep_checkpoints: int = 5
     # Progress on the chief: one line every this many steps (0 disables).
     log_every_steps: int = 10
     # Optional, only used to draw a progress bar when the output is a terminal.
@@ -50,6 +52,8 @@ class Config:
                 f"Config.communication_hint must be 'ring' or 'auto', got {self.communication_hint!r}")
         if self.save_every_steps <= 0:
             raise AutoparError(f"Config.save_every_steps must be > 0, got {self.save_every_steps}")
+        if self.keep_checkpoints < 1:
+            raise AutoparError(f"Config.keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
         if self.run_option not in ("hybrid", "ps", "allreduce"):
             raise AutoparError(f"Config.run_option must be 'hybrid', 'ps' or 'allreduce', "
                                f"got {self.run_option!r}")

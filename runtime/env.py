@@ -15,6 +15,10 @@ COORDINATOR = "AUTOPAR_COORDINATOR"   # "host:port" of the job coordinator
 COORD_TOKEN = "AUTOPAR_COORD_TOKEN"   # the job's secret token for the coordinator
 BIND = "AUTOPAR_BIND"            # "addr/port,..." for the bind shim (cpp_ops/bind_shim.c)
 
+# The chief's last line after a requested stop (Ctrl-C); the launcher reports
+# what follows it (where the final checkpoint is).
+STOPPED_LINE = "stopped at global step "
+
 WORKER_JOB = "worker"
 SERVER_JOB = "ps"
 

@@ -257,9 +257,14 @@ def _write_line(text: str) -> None:
             pass  # stdout closed under us: as above, keep draining
 
 
-def _pump(child: _Child) -> None:
-    """Forward a child's output line by line, prefixed with its name."""
+def _pump(child: _Child, chief_stopped: threading.Event | None = None) -> None:
+    """Forward a child's output line by line, prefixed with its name.
+
+    Once the chief has said it stopped on request (``chief_stopped``), the
+    others' lines only go to their tail: they are the errors of peers whose
+    chief went away (a collective aborted), not news for the user."""
     prefix = f"[{child.name}] "
+    is_chief = child.plan.role == WORKER_ROLE and child.plan.index == 0
     stream = child.popen.stdout
     assert stream is not None
     try:
@@ -272,6 +277,11 @@ def _pump(child: _Child) -> None:
                 child.bind_failed = True
             elif _TRAINING_STARTED.search(line):
                 child.past_startup = True
+            if chief_stopped is not None:
+                if is_chief and envvars.STOPPED_LINE in line:
+                    chief_stopped.set()
+                elif not is_chief and chief_stopped.is_set():
+                    continue
             if not _TF_NOISE.search(line):
                 _write_line(prefix + line + "\n")
     except (OSError, ValueError):
@@ -298,12 +308,14 @@ def _start(plan: ChildPlan, log_tail_lines: int) -> _Child:
 @dataclass
 class _SignalState:
     signum: int | None = None
+    count: int = 0
 
     def handler(self, signum: int, frame: FrameType | None) -> None:
         # Only record: teardown happens in the main loop, and a second Ctrl-C
         # must not interrupt it half-way.
         if self.signum is None:
             self.signum = signum
+        self.count += 1
 
 
 _Handler = Callable[[int, FrameType | None], Any] | int | None
@@ -339,7 +351,51 @@ def _report_failure(child: _Child, returncode: int) -> None:
                  tail or "(no output)")
 
 
-def _supervise(children: list[_Child], state: _SignalState, monitor: JobMonitor | None = None) -> int:
+def _stop_with_checkpoint(chief: _Child, state: _SignalState, timeout: float) -> int:
+    """After the launcher's first SIGINT/SIGTERM: ask the chief (SIGINT, see
+    runtime/runner.py) to finish its step, save a checkpoint and exit, while
+    every other process stays up (a ps-mode save reads the servers); give up
+    after ``timeout`` s or a second signal. The caller then stops everything.
+
+    Children run in their own sessions, so a Ctrl-C typed at the terminal
+    reaches only the launcher and the chief is asked exactly once. A chief on
+    a remote host cannot be signalled through ssh: the job stops at once."""
+    assert state.signum is not None
+    status = 128 + state.signum
+    name = signal.Signals(state.signum).name
+    if chief.plan.remote or chief.popen.poll() is not None:
+        logger.warning("received %s; stopping all processes%s", name,
+                       " (the chief is remote: no final checkpoint)" if chief.plan.remote else "")
+        return status
+    logger.warning("received %s: the chief stops after its current step, saving a checkpoint if "
+                   "checkpoint_dir is set (at most %.0f s; interrupt again to stop at once)",
+                   name, timeout)
+    os.kill(chief.popen.pid, signal.SIGINT)
+    deadline, said_stopped = time.monotonic() + timeout, None
+    while chief.popen.poll() is None and state.count == 1 and time.monotonic() < deadline:
+        # Once it said it stopped, its exit is only teardown: do not wait long.
+        if said_stopped is None and envvars.STOPPED_LINE in chief.tail_text():
+            said_stopped = time.monotonic()
+        if said_stopped is not None and time.monotonic() - said_stopped > _DRAIN_SECONDS * 5:
+            break
+        time.sleep(_POLL_SECONDS)
+    if chief.reader is not None and chief.popen.poll() is not None:
+        chief.reader.join(timeout=_DRAIN_SECONDS)
+    lines = [line for line in chief.tail_text().splitlines() if envvars.STOPPED_LINE in line]
+    if lines:
+        logger.warning("job stopped on %s: the chief %s", name,
+                       lines[-1][lines[-1].index(envvars.STOPPED_LINE):])
+    elif state.count > 1:
+        logger.warning("interrupted again: stopping all processes now, without a final checkpoint")
+    else:
+        logger.warning("job stopped on %s; the chief did not save a final checkpoint (%s)", name,
+                       "it did not stop within %.0f s" % timeout if chief.popen.poll() is None
+                       else f"it exited with {procs.describe_returncode(chief.popen.returncode)}")
+    return status
+
+
+def _supervise(children: list[_Child], state: _SignalState, stop_timeout: float,
+               monitor: JobMonitor | None = None) -> int:
     """Wait until the job ends; return the launcher's exit status."""
     workers = [c for c in children if c.plan.role == WORKER_ROLE]
     servers = [c for c in children if c.plan.role == SERVER_ROLE]
@@ -348,9 +404,7 @@ def _supervise(children: list[_Child], state: _SignalState, monitor: JobMonitor 
         if monitor is not None and (status := _check_health(monitor, workers)) is not None:
             return status
         if state.signum is not None:
-            logger.warning("received %s; stopping all processes",
-                           signal.Signals(state.signum).name)
-            return 128 + state.signum
+            return _stop_with_checkpoint(workers[0], state, stop_timeout)
 
         all_done = True
         for child in workers:
@@ -383,13 +437,15 @@ def _stdout_is_tty() -> bool:
 
 def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | None = None,
            grace_seconds: float = 3.0, log_tail_lines: int = 30,
-           stall_timeout_s: float = 60.0) -> int:
+           stall_timeout_s: float = 60.0, stop_timeout_s: float = 60.0) -> int:
     """Run ``argv`` once per worker of ``spec`` (plus one server process per
     server) and wait for the job to end.
 
     Returns 0 when every worker exited 0; otherwise the exit status of the
     first process that failed (a signal death N becomes 128+N), 130 after
-    Ctrl-C, 143 after SIGTERM. Every child is stopped and reaped before this
+    Ctrl-C, 143 after SIGTERM (the chief first gets up to ``stop_timeout_s``
+    to save a final checkpoint; a second signal stops everything at once).
+    Every child is stopped and reaped before this
     returns, whatever the path. Raises LaunchError if a process cannot be
     started (after stopping those that were). A job in which some workers
     wait in a step for ``stall_timeout_s`` for others (0: never), or whose
@@ -408,7 +464,8 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
         with reserve_cluster(spec, avoid=taken) as reservation:
             status, clash = _launch_once(spec, reservation.cluster, argv, extra_env=extra_env,
                                          grace_seconds=grace_seconds, log_tail_lines=log_tail_lines,
-                                         stall_timeout_s=stall_timeout_s)
+                                         stall_timeout_s=stall_timeout_s,
+                                         stop_timeout_s=stop_timeout_s)
         if not clash:
             return status
         taken.update(plan.address for plan in clash)
@@ -423,7 +480,8 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
 
 def _launch_once(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: list[str], *,
                  extra_env: dict[str, str] | None, grace_seconds: float,
-                 log_tail_lines: int, stall_timeout_s: float) -> tuple[int, list[ChildPlan]]:
+                 log_tail_lines: int, stall_timeout_s: float,
+                 stop_timeout_s: float) -> tuple[int, list[ChildPlan]]:
     """One start of the job on ``cluster``, with its own coordinator: (status
     as for ``launch``, the processes whose port was taken if the job may start
     again)."""
@@ -433,13 +491,14 @@ def _launch_once(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: lis
                               extra_env={**(extra_env or {}), **_job_env(coordinator, cluster)})
         _give_token(plans, coordinator)
         return _launch_plans(plans, grace_seconds, log_tail_lines,
-                             _job_monitor(plans, coordinator, stall_timeout_s))
+                             _job_monitor(plans, coordinator, stall_timeout_s), stop_timeout_s)
     finally:
         coordinator.stop()
 
 
 def _launch_plans(plans: list[ChildPlan], grace_seconds: float, log_tail_lines: int,
-                  monitor: JobMonitor | None) -> tuple[int, list[ChildPlan]]:
+                  monitor: JobMonitor | None,
+                  stop_timeout_s: float) -> tuple[int, list[ChildPlan]]:
     interrupted = False
     state = _SignalState()
     previous_handlers = _install_handlers(state)
@@ -451,11 +510,12 @@ def _launch_plans(plans: list[ChildPlan], grace_seconds: float, log_tail_lines: 
                 children.append(_start(plan, log_tail_lines))
             # Readers start only once every process is forked: preexec_fn runs
             # between fork and exec, best done while this is the only thread.
+            chief_stopped = threading.Event()
             for child in children:
-                child.reader = threading.Thread(target=_pump, args=(child,),
+                child.reader = threading.Thread(target=_pump, args=(child, chief_stopped),
                                                 name=f"autopar-log-{child.name}", daemon=True)
                 child.reader.start()
-            status = _supervise(children, state, monitor)
+            status = _supervise(children, state, stop_timeout_s, monitor)
         except KeyboardInterrupt:
             # Defensive: our SIGINT handler normally prevents this, but a
             # KeyboardInterrupt from anywhere must still tear the job down.

@@ -8,21 +8,39 @@ SparseTensorValue / IndexedSlicesValue or a plain tuple); nested fetches
 (lists, tuples, namedtuples, dicts); nested feed keys (a tuple of tensors fed a
 tuple of values). A fetch that reaches a variable update counts as one
 training step: the chief then logs progress and saves checkpoints.
+
+A stop request (SIGINT to the chief: Ctrl-C on a single-device run, or the
+launcher passing on its own SIGINT/SIGTERM) is acted on at the next step
+boundary: the chief saves a final checkpoint (when checkpointing is on) and
+leaves by raising TrainingStopped, a SystemExit, so the script's ``with`` and
+``finally`` blocks run and no traceback is printed. A second SIGINT raises
+KeyboardInterrupt at once.
 """
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 from collections.abc import Iterator
 
 import networkx as nx
 import numpy as np
 import tensorflow as tf
 
+from runtime.env import STOPPED_LINE
 from transforms.analysis import Analysis, _from_checkpoint
 from transforms.graph_utils import op_digraph
 
 tf1 = tf.compat.v1
 log = logging.getLogger("autopar.runner")
+
+
+class TrainingStopped(SystemExit):
+    """Raised by Runner.run once a requested stop has been carried out; exits
+    the script with status 130 (the shell's code for Ctrl-C)."""
+
+    def __init__(self) -> None:
+        super().__init__(128 + signal.SIGINT)
 
 
 class Runner:
@@ -58,6 +76,8 @@ class Runner:
         self._steps = 0
         self._closed = False
         self._warned_init = False
+        self._stop_requested = False
+        self._previous_sigint = self._install_stop_handler() if self.is_chief else None
 
     def start(self, init_op, broadcast_op=None) -> None:
         """Initialise, restore the latest checkpoint (chief), make every replica
@@ -76,6 +96,38 @@ class Runner:
     def is_chief(self) -> bool:
         return self.worker_index == 0
 
+    @property
+    def stop_requested(self) -> bool:
+        """True once a stop was requested: the next training step will not run."""
+        return self._stop_requested
+
+    def _install_stop_handler(self):
+        # Only where Python lets us (main thread) and the script has not set
+        # its own SIGINT handling.
+        if (threading.current_thread() is not threading.main_thread()
+                or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+            return None
+        return signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self, signum, frame) -> None:
+        if self._stop_requested:
+            raise KeyboardInterrupt
+        self._stop_requested = True
+        log.warning("stop requested: stopping after the current training step%s "
+                    "(interrupt again to stop at once)",
+                    " with a final checkpoint" if self._checkpointer is not None else "")
+
+    def _stop(self) -> None:
+        step = self._first_step + self._steps
+        if self._checkpointer is None:
+            where = "no checkpoint_dir is set, nothing was saved"
+        else:
+            if step != self._checkpointer.last_saved:
+                self._checkpointer.save(self.session, step)
+            where = f"checkpoint {self._checkpointer.prefix}-{step}"
+        log.warning("%s%d; %s", STOPPED_LINE, step, where)
+        raise TrainingStopped()
+
     # -- running -------------------------------------------------------------
     def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
         if self._closed:
@@ -93,6 +145,8 @@ class Runner:
     def _run(self, mapped, feeds, batch: int | None, options, run_metadata, is_step: bool):
         if not is_step:
             return self._run_plain(mapped, feeds, options, run_metadata)
+        if self._stop_requested:
+            self._stop()
         extra = {}
         if self._loss is not None:
             extra["loss"] = self._loss
@@ -102,6 +156,8 @@ class Runner:
             extra["barrier"] = self._step_barrier
         result, got = self._run_plain((mapped, extra), feeds, options, run_metadata)
         self._after_step(got, batch)
+        if self._stop_requested:
+            self._stop()
         return result
 
     def _run_plain(self, mapped, feeds, options, run_metadata):
@@ -205,6 +261,8 @@ class Runner:
                 if step != self._checkpointer.last_saved:
                     self._checkpointer.save(self.session, step)
         finally:
+            if self._previous_sigint is not None:
+                signal.signal(signal.SIGINT, self._previous_sigint)
             self.session.close()
             for fn in self._on_close:
                 fn()

@@ -48,7 +48,7 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
         init = tf.group(*init)
         batch_size = _batch_size_tensor(worker_graph)
         checkpointer = (Checkpointer(worker_graph, config.checkpoint_dir, config.save_every_steps,
-                                     rewritten.partitions)
+                                     rewritten.partitions, keep=config.keep_checkpoints)
                         if is_chief and config.checkpoint_dir else None)
     server = start_worker_server(cluster, worker_index)
     log.info("worker %d/%d serving on %s; %d variables: %d in %d fused all-reduce buckets, "
@@ -100,7 +100,8 @@ def single_device_runner(graph: tf.Graph, config, analysis: Analysis | None = No
         init = tf.group(tf1.global_variables_initializer(), tf1.local_variables_initializer(),
                         tf1.tables_initializer())
         batch_size = _batch_size_tensor(graph)
-        checkpointer = (Checkpointer(graph, config.checkpoint_dir, config.save_every_steps)
+        checkpointer = (Checkpointer(graph, config.checkpoint_dir, config.save_every_steps,
+                                     keep=config.keep_checkpoints)
                         if config.checkpoint_dir else None)
     session = tf1.Session(graph=graph)
     runner = Runner(session, graph, analysis,

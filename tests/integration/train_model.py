@@ -7,6 +7,7 @@ it is at, so the N workers together see exactly the single-device batch.
 import argparse
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -34,6 +35,10 @@ def main() -> None:
                    help="worker 1 runs one step fewer, then exits 0, or closes its Runner and "
                         "sleeps (for step-count mismatch tests)")
     p.add_argument("--stall-timeout", type=float, default=60.0, help="Config.stall_timeout_s")
+    p.add_argument("--keep", type=int, default=5, help="checkpoints to keep")
+    p.add_argument("--pause-at", type=int, default=-1,
+                   help="the chief waits at this global step until a stop is requested "
+                        "(for Ctrl-C tests)")
     p.add_argument("--fusion-bytes", type=int, default=64 << 20)
     p.add_argument("--run-option", default="hybrid")
     p.add_argument("--no-la", action="store_true", help="turn local aggregation off")
@@ -44,6 +49,7 @@ def main() -> None:
 
     model = models.build(args.model)
     config = autopar.Config(checkpoint_dir=args.checkpoint_dir, save_every_steps=args.save_every,
+                            keep_checkpoints=args.keep,
                             log_every_steps=1, fusion_bytes=args.fusion_bytes,
                             stall_timeout_s=args.stall_timeout,
                             run_option=args.run_option, local_aggregation=not args.no_la,
@@ -61,12 +67,15 @@ def main() -> None:
                 print(f"worker {i} stops after {step} steps", flush=True)
                 runner.close()
                 if args.fewer_steps == "sleep":
-                    import time
                     time.sleep(3600)
                 return
+            if step == args.pause_at and i == 0:
+                print(f"worker {i} pausing at step {step}", flush=True)
+                deadline = time.monotonic() + 120
+                while not runner.stop_requested and time.monotonic() < deadline:
+                    time.sleep(0.05)
             if step == args.stall_at and i == 1:
                 print(f"worker {i} stalling at step {step}", flush=True)
-                import time
                 time.sleep(3600)
             x, y = models.global_batch(args.model, step, args.batch)
             mine = slice(i * per, (i + 1) * per)

@@ -1,0 +1,168 @@
+"""Ctrl-C loses no work, and a damaged checkpoint costs only the steps since
+the previous one.
+
+- Ctrl-C (SIGINT to the launcher's process group, as a terminal sends it) at
+  global step 22 with save_every_steps=100: the chief saves step 22, the
+  launcher exits 130 naming the checkpoint, nothing is left running, and a
+  restart ends where an uninterrupted run ends.
+- A second Ctrl-C while the chief cannot finish its step stops the job at once.
+- Truncated, bit-flipped and missing-.data checkpoints are reported by name
+  and skipped; training resumes from the newest intact one; temporary files
+  of killed saves are removed; only keep_checkpoints are kept.
+"""
+import logging
+import os
+import re
+import signal
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+
+import autopar
+from autopar.errors import AutoparError
+from runtime.checkpoint import Checkpointer
+from runtime.worker import single_device_runner
+from tests import models
+
+from tests.integration.cluster import (assert_same_parameters, load_worker, pid_alive,
+                                       run_training, train_command, write_spec)
+from tests.integration.test_failures import LineReader, _start
+
+MODEL = "mlp_adam_clip_ema"   # float64: Adam, clipping and EMA slots all checkpointed
+
+
+def _pids(text: str) -> set[int]:
+    """Workers' pids (they print them) and servers' (the launcher logs them)."""
+    return ({int(p) for p in re.findall(r"worker \d pid (\d+)", text)}
+            | {int(p) for p in re.findall(r"started server \d.*pid (\d+)", text)})
+
+
+def _checkpoint_steps(directory: Path) -> set[int]:
+    return {int(m.group(1)) for f in os.listdir(directory)
+            if (m := re.fullmatch(r"model\.ckpt-(\d+)\.index", f))}
+
+
+def _no_temporaries(directory: Path) -> None:
+    left = [f for f in os.listdir(directory) if "tempstate" in f or f.startswith(".autopar-saving")]
+    assert not left, left
+
+
+def test_ctrl_c_saves_the_current_step_and_resumes(tmp_path):
+    # Every variable on the server: the chief's final save reads it from there,
+    # so the server must outlive the save.
+    spec = str(write_spec(tmp_path, workers=2, servers=1))
+    ckpt = tmp_path / "ckpt"
+    proc = _start(train_command(MODEL, tmp_path / "first", "--steps", "30", "--spec", spec,
+                                "--run-option", "ps", "--checkpoint-dir", str(ckpt),
+                                "--save-every", "100", "--pause-at", "22"))
+    reader = LineReader(proc)
+    try:
+        reader.wait_for([r"\] step 22 ", r"worker 0 pausing at step 22"], 240)
+        pids = _pids(reader.text)
+        os.killpg(proc.pid, signal.SIGINT)   # what a Ctrl-C at the terminal does
+        reader.rest(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = reader.text
+    assert proc.returncode == 130, text[-3000:]
+    assert re.search(r"job stopped on SIGINT: the chief stopped at global step 22; "
+                     r"checkpoint \S*model\.ckpt-22", text), text[-3000:]
+    assert len(pids) == 3 and not any(pid_alive(p) for p in pids), text[-3000:]
+    assert _checkpoint_steps(ckpt) == {22}
+    _no_temporaries(ckpt)
+    assert not (tmp_path / "first").exists()   # it never finished
+
+    log = run_training(MODEL, tmp_path / "resumed", "--steps", "30", "--spec", spec,
+                       "--run-option", "ps", "--checkpoint-dir", str(ckpt), "--save-every", "100")
+    assert re.search(r"restored \S*model\.ckpt-22 \(global step 22\)", log), log[-3000:]
+    expected = _train(None, 30)   # single-device, in this process
+    for i in range(2):
+        assert_same_parameters(expected, load_worker(tmp_path / "resumed", i),
+                               what=f"resumed worker {i}")
+
+
+def test_second_ctrl_c_stops_at_once(tmp_path):
+    # Worker 1 hangs before step 4, so the chief can never finish that step.
+    proc = _start(train_command(MODEL, tmp_path / "out", "--steps", "30", "--stall-at", "3",
+                                "--spec", str(write_spec(tmp_path, workers=2)),
+                                "--checkpoint-dir", str(tmp_path / "ckpt")))
+    reader = LineReader(proc)
+    try:
+        reader.wait_for(r"worker 1 stalling at step 3", 240)
+        pids = _pids(reader.text)
+        os.killpg(proc.pid, signal.SIGINT)
+        reader.wait_for(r"the chief stops after its current step", 30)
+        os.killpg(proc.pid, signal.SIGINT)
+        reader.rest(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = reader.text
+    assert proc.returncode == 130, text[-3000:]
+    assert "interrupted again: stopping all processes now" in text, text[-3000:]
+    assert len(pids) == 2 and not any(pid_alive(p) for p in pids), text[-3000:]
+
+
+def _train(ckpt: Path | None, steps: int, caplog=None) -> dict:
+    """Single-device training in this process (the checkpoint logic is the
+    same Checkpointer the chief uses); every variable after ``steps``."""
+    model = models.build(MODEL)
+    config = autopar.Config(checkpoint_dir=str(ckpt) if ckpt else None, save_every_steps=1,
+                            keep_checkpoints=4, log_every_steps=0)
+    logger = logging.getLogger("autopar.checkpoint")
+    if caplog is not None:
+        logger.addHandler(caplog.handler)
+    try:
+        with single_device_runner(model.graph, config) as runner:
+            while (step := int(runner.run(model.global_step))) < steps:
+                x, y = models.global_batch(MODEL, step, 12)
+                runner.run(model.train_op, {model.x: x, model.y: y})
+            with model.graph.as_default():
+                return runner.run({v.op.name: v for v in tf.compat.v1.global_variables()})
+    finally:
+        if caplog is not None:
+            logger.removeHandler(caplog.handler)
+
+
+def test_damaged_checkpoints_are_named_and_skipped(tmp_path, caplog):
+    ckpt = tmp_path / "ckpt"
+    _train(ckpt, 5)
+    assert _checkpoint_steps(ckpt) == {2, 3, 4, 5}   # keep_checkpoints=4
+
+    data = "model.ckpt-{}.data-00000-of-00001"
+    flipped = bytearray((ckpt / data.format(5)).read_bytes())
+    flipped[len(flipped) // 2] ^= 0x04
+    (ckpt / data.format(5)).write_bytes(bytes(flipped))
+    with open(ckpt / data.format(4), "r+b") as f:
+        f.truncate(os.path.getsize(ckpt / data.format(4)) // 2)
+    (ckpt / data.format(3)).unlink()
+    # What a save killed half-way leaves behind.
+    (ckpt / (data.format(6) + ".tempstate8812345")).write_bytes(b"\0" * 1000)
+    (ckpt / ".autopar-saving-x1y2").mkdir()
+    (ckpt / ".autopar-saving-x1y2" / "model.ckpt-6.index").write_bytes(b"\0")
+
+    with caplog.at_level(logging.INFO, logger="autopar.checkpoint"):
+        resumed = _train(ckpt, 6, caplog)
+    log = caplog.text
+    for step, error in ((5, "DataLossError"), (4, "OutOfRangeError"), (3, "NotFoundError")):
+        assert re.search(rf"checkpoint \S*model\.ckpt-{step} is corrupt or incomplete \({error}",
+                         log), log
+    assert re.search(r"restored \S*model\.ckpt-2 \(global step 2\)", log), log
+    _no_temporaries(ckpt)
+    assert _checkpoint_steps(ckpt) == {3, 4, 5, 6}   # saved again, intact, by the resumed run
+    assert_same_parameters(_train(None, 6), resumed, what="resumed from step 2")
+
+
+def test_checkpoint_of_another_model_is_refused_not_deleted(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    _train(ckpt, 1)
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.get_variable("not_in_that_checkpoint", [3])
+        checkpointer = Checkpointer(graph, str(ckpt), 1)
+    with tf.compat.v1.Session(graph=graph) as session:
+        with pytest.raises(AutoparError, match=r"model\.ckpt-1 does not hold this graph's variables"):
+            checkpointer.restore(session)
+    assert _checkpoint_steps(ckpt) == {1}
