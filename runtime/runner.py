@@ -21,7 +21,8 @@ log = logging.getLogger("autopar.runner")
 class Runner:
     def __init__(self, session, graph: tf.Graph, analysis: Analysis, *, worker_index: int = 0,
                  num_workers: int = 1, progress=None, checkpointer=None,
-                 batch_size_tensor: tf.Tensor | None = None, step_barrier=None, on_close=()):
+                 batch_size_tensor: tf.Tensor | None = None, step_barrier=None, on_close=(),
+                 after_step=None):
         self.session = session
         self.graph = graph
         self.analysis = analysis
@@ -31,6 +32,7 @@ class Runner:
         self._checkpointer = checkpointer
         self._batch_size = batch_size_tensor
         self._step_barrier = step_barrier
+        self._after_step_op = after_step   # e.g. averaging batch-local state
         self._on_close = list(on_close)
         self._variables = {v.name: v for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
                            + graph.get_collection(tf1.GraphKeys.LOCAL_VARIABLES)}
@@ -88,6 +90,8 @@ class Runner:
         return tf.nest.pack_sequence_as(mapped, [None if x is None else next(values) for x in flat])
 
     def _after_step(self, got: dict, feeds) -> None:
+        if self._after_step_op is not None:
+            self.session.run(self._after_step_op)
         self._steps += 1
         step = self._first_step + self._steps
         if self._progress is not None:

@@ -57,7 +57,9 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
                     num_workers=num_workers, progress=progress, checkpointer=checkpointer,
                     batch_size_tensor=batch_size,
                     step_barrier=(worker_graph.get_operation_by_name(rewritten.step_barrier)
-                                  if rewritten.step_barrier else None))
+                                  if rewritten.step_barrier else None),
+                    after_step=(worker_graph.get_operation_by_name(rewritten.after_step)
+                                if rewritten.after_step else None))
     runner.start(init, worker_graph.get_operation_by_name(rewritten.broadcast_op))
     log.info("worker %d: initial state received from the chief", worker_index)
     return runner
