@@ -19,6 +19,7 @@ CLASSES = 5
 VOCAB = 40
 IMAGE = (8, 8, 3)
 LM_WINDOW = 3
+BAG_MAX = 4    # ids per example of the "bag" models: 0 to BAG_MAX
 
 
 @dataclass
@@ -29,7 +30,8 @@ class Model:
     loss: tf.Tensor
     train_op: tf.Operation
     global_step: tf.Variable | None
-    input_kind: str    # "features", "image" or "ids"
+    input_kind: str    # "features", "image", "ids", "tokens" or "bag"
+    segments: tf.Tensor | None = None   # "bag": the example each fed id belongs to
 
 
 def model_dtype(name: str) -> tf.DType:
@@ -140,6 +142,20 @@ def build(name: str) -> Model:
             h = tf.nn.relu(tf.nn.batch_normalization(h, mean, var, None, None, 1e-3))
             logits = _dense(h, CLASSES, "out")
             kind = "features"
+        elif name.startswith("bag"):
+            # A bag of a variable number of ids per example (summed embeddings),
+            # fed flat: each worker's id count differs from step to step and
+            # from worker to worker, and is 0 on some worker in some steps.
+            x = tf1.placeholder(tf.int32, [None], name="ids")
+            segments = tf1.placeholder(tf.int32, [None], name="segments")
+            emb = tf1.get_variable("embedding", [VOCAB, 6], dtype=dtype,
+                                   initializer=tf1.random_uniform_initializer(-0.5, 0.5, seed=3))
+            h = tf.math.unsorted_segment_sum(tf.nn.embedding_lookup(emb, x), segments,
+                                             tf.shape(y)[0])
+            logits = _dense(h, CLASSES, "head")
+            loss = _xent(logits, y)
+            train_op = _optimize(name, loss, gs)
+            return Model(graph, x, y, loss, train_op, gs, "bag", segments)
         else:
             x = tf1.placeholder(dtype, [None, FEATURES], name="x")
             h = _dense(x, 16, "hidden", tf.nn.relu)
@@ -187,10 +203,29 @@ def global_batch(model_name: str, step: int, batch: int) -> tuple[np.ndarray, np
     elif model_name.startswith("emb"):
         # Zipf-like ids: some rows touched by several workers, many untouched.
         x = np.minimum(rng.zipf(1.5, size=(batch, 3)) - 1, VOCAB - 1).astype(np.int32)
+    elif model_name.startswith("bag"):
+        # Rows padded with -1 to BAG_MAX ids (feed() drops the padding).
+        lengths = rng.integers(0, BAG_MAX + 1, size=batch)
+        if step > 0:
+            # A run of batch/3 examples without ids: on 3 workers, worker
+            # step % 3 feeds no id at all in this step.
+            third = batch // 3
+            lengths[third * (step % 3):third * (step % 3 + 1)] = 0
+        ids = np.minimum(rng.zipf(1.5, size=(batch, BAG_MAX)) - 1, VOCAB - 1)
+        x = np.where(np.arange(BAG_MAX) < lengths[:, None], ids, -1).astype(np.int32)
     else:
         x = rng.normal(size=(batch, FEATURES)).astype(np.float32)
     y = rng.integers(0, CLASSES, size=batch).astype(np.int32)
     return x, y
+
+
+def feed(model: Model, x: np.ndarray, y: np.ndarray) -> dict:
+    """The feed dict for examples x, y (rows of global_batch): for "bag"
+    models, the ids without padding and each id's example index."""
+    if model.segments is None:
+        return {model.x: x, model.y: y}
+    rows, cols = np.nonzero(x >= 0)
+    return {model.x: x[rows, cols], model.segments: rows.astype(np.int32), model.y: y}
 
 
 # --------------------------------------------------------------------------

@@ -7,6 +7,24 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+MAX_GATHERED_ROWS = 1 << 40
+
+
+def _row_ladder(limit: int = MAX_GATHERED_ROWS) -> tuple[int, ...]:
+    """Padded row counts a variable-size gather may use: 1, 2, ..., 8, 10, 12,
+    15, 18, 22, ... (each rung the previous plus a quarter, at least 1) up to
+    `limit`. Integer arithmetic, so every process on every machine derives the
+    same rungs. Padding the longest member's rows up to the next rung costs
+    at most 25% more bytes than gathering exactly that many, and the ladder
+    stays short (124 rungs up to 2^40), i.e. few instance keys."""
+    rungs = [1]
+    while rungs[-1] < limit:
+        rungs.append(rungs[-1] + max(1, rungs[-1] // 4))
+    return tuple(rungs)
+
+
+ROW_LADDER = _row_ladder()
+
 
 class CollectiveOpsBackend:
     """TensorFlow's own collective ops (CollectiveReduceV2 & co.), always available.
@@ -32,7 +50,7 @@ class CollectiveOpsBackend:
             instance_key=instance_key, ordering_token=[], merge_op="Add", final_op="Id",
             communication_hint=self.hint)
 
-    def allgather(self, tensor: tf.Tensor, instance_key: int) -> tf.Tensor:
+    def allgather(self, tensor: tf.Tensor, instance_key: int | tf.Tensor) -> tf.Tensor:
         """Concatenate along dim 0; every worker must pass the same shape."""
         return tf.raw_ops.CollectiveGatherV2(
             input=tensor, group_size=self.group_size, group_key=self.group_key,
@@ -50,16 +68,28 @@ class CollectiveOpsBackend:
 
     def allgather_rows(self, values: tf.Tensor, indices: tf.Tensor,
                        keys: tuple[int, int, int]) -> tuple[tf.Tensor, tf.Tensor]:
-        """Every member's IndexedSlices rows, concatenated. Members may hold
-        different numbers of rows but CollectiveGather needs equal shapes:
-        gather the counts first (keys[0]), pad to the largest, gather values
-        and indices (keys[1], keys[2]), then drop the padding."""
+        """Every member's IndexedSlices rows, concatenated in member order.
+
+        Members may hold different numbers of rows, and a different number at
+        every step, down to none. CollectiveGather needs equal shapes on all
+        members, and TensorFlow pins an instance key's shape at its first use
+        (a later step with another shape fails "Shape mismatch in the
+        collective instance"). So: gather the counts (fixed shape [1], key
+        keys[0]); pad every member's rows to the ladder rung at or above
+        the largest count, which all members compute alike; gather values and
+        indices with the instance keys of that rung (instance keys of the V2
+        ops are run-time tensors), so each key only ever sees one shape; drop
+        the padding. The keys [first_key, first_key + ROW_GATHER_KEYS) belong
+        to this gather (transforms.plan reserves them)."""
         count = tf.shape(indices, out_type=tf.int32)[:1]
         counts = self.allgather(count, keys[0])
-        longest = tf.reduce_max(counts)
-        pad = longest - count[0]
+        rung = tf.searchsorted(tf.constant(ROW_LADDER, tf.int64),
+                               tf.cast(tf.reduce_max(counts, keepdims=True), tf.int64),
+                               side="left", out_type=tf.int32)[0]
+        padded = tf.cast(tf.gather(tf.constant(ROW_LADDER, tf.int64), rung), tf.int32)
+        pad = padded - count[0]
         padded_values = tf.pad(values, [[0, pad]] + [[0, 0]] * (values.shape.rank - 1))
         padded_indices = tf.pad(indices, [[0, pad]])
-        keep = tf.reshape(tf.sequence_mask(counts, longest), [-1])
-        return (tf.boolean_mask(self.allgather(padded_values, keys[1]), keep),
-                tf.boolean_mask(self.allgather(padded_indices, keys[2]), keep))
+        keep = tf.reshape(tf.sequence_mask(counts, padded), [-1])
+        return (tf.boolean_mask(self.allgather(padded_values, keys[1] + rung), keep),
+                tf.boolean_mask(self.allgather(padded_indices, keys[2] + rung), keep))

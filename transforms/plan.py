@@ -15,6 +15,14 @@ Methods (Parallax §5):
 - "ps": the variable (split into row partitions) lives on server processes;
   workers read the rows they need, push their gradient, the chief applies
   the update once per step on the servers.
+
+Collective instance keys: one per bucket; a sparse gather (all-gather of an
+"allgather" variable's rows, local aggregation of a sparse "ps" variable's
+rows) owns its count key plus two blocks of len(comm.ROW_LADDER) keys, from
+keys["values"] and keys["indices"] on: the number of rows changes from step
+to step, TensorFlow pins each instance key to one shape, and the gather uses
+the block's key of the padded size it needs (transforms.comm.allgather_rows).
+The blocks cover every row count up to comm.MAX_GATHERED_ROWS (2^40).
 """
 from __future__ import annotations
 
@@ -23,6 +31,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from transforms.analysis import Analysis
+from transforms.comm import ROW_LADDER
 
 GROUP_KEY = 1              # all workers form one collective group
 _HOST_GROUP_BASE = 1000    # host-local groups for local aggregation: base + host index
@@ -195,18 +204,24 @@ def make_plan(analysis: Analysis, topology: Topology | int, fusion_bytes: int = 
             plans.append(VariablePlan(v.name, method, "replicated on every worker", reason,
                                       bucket=bucket_of[v.name]))
         elif method == "allgather":
+            keys, key = _row_gather_keys(key, "")
             plans.append(VariablePlan(v.name, method, "replicated on every worker", reason,
-                                      keys={"count": key, "values": key + 1, "indices": key + 2}))
-            key += 3
+                                      keys=keys))
         else:
             parts, servers = ps_layout[v.name]
-            # norm: all-reduce of this gradient's L2 terms; la_*: host-local gathers
-            keys = {"norm": key, "la_count": key + 1, "la_values": key + 2, "la_indices": key + 3}
-            key += 4
+            # norm: all-reduce of this gradient's L2 terms; la_*: host-local
+            # aggregation (a reduce of a dense gradient, a row gather of a
+            # sparse one)
+            norm = key
+            if v.gradient == "sparse":
+                keys, key = _row_gather_keys(key + 1, "la_")
+            else:
+                keys, key = {"la_values": key + 1}, key + 2
+            keys["norm"] = norm
             if v.dedup and v.norm_ops:
                 # the global-norm term of deduplicated rows needs every worker's rows
-                keys.update(norm_count=key, norm_values=key + 1, norm_indices=key + 2)
-                key += 3
+                norm_keys, key = _row_gather_keys(key, "norm_")
+                keys.update(norm_keys)
             where = ", ".join(f"server {s}" for s in sorted(set(servers)))
             placement = (f"{len(parts)} partitions on {where}" if len(parts) > 1 else where)
             plans.append(VariablePlan(v.name, method, placement, reason, keys=keys,
@@ -232,6 +247,14 @@ def resolve_loss_reduction(analysis: Analysis, option: str) -> tuple[str, str]:
         return analysis.loss_reduction, analysis.loss_reduction_why
     return "mean", (f"not determined from the graph ({analysis.loss_reduction_why}); assuming a "
                     "mean over the batch: set Config(loss_reduction='sum') if the loss is summed")
+
+
+def _row_gather_keys(first: int, prefix: str) -> tuple[dict[str, int], int]:
+    """Keys of one variable-size row gather from `first` on, and the next free key."""
+    rungs = len(ROW_LADDER)
+    keys = {f"{prefix}count": first, f"{prefix}values": first + 1,
+            f"{prefix}indices": first + 1 + rungs}
+    return keys, first + 1 + 2 * rungs
 
 
 def _method(v, topology: Topology, options: PlanOptions) -> tuple[str, str]:

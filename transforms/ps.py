@@ -140,10 +140,11 @@ class PsBuilder:
         the other workers, so every worker's server-side partitions of a step
         carry the same id; a worker that finished early would clean that id up
         on the server under a peer still using it. Nobody finishes a step
-        before everyone's server work for it is done."""
-        server_ops = [self.g.get_operation_by_name(n) for n, d in self.edits.devices.items()
-                      if d.startswith("/job:ps") and n in self.analysis.step_ops]
-        with tf.control_dependencies([done] + server_ops + self.pushes):
+        before everyone's server work for it is done: the barrier waits for
+        this worker's pushes and token here, and for every other op of the
+        step that touches a server once the final devices are known
+        (cover_server_work)."""
+        with tf.control_dependencies([done] + self.pushes):
             token = tf.raw_ops.CollectiveReduceV2(
                 input=tf.constant(0.0), group_size=self.plan.num_workers,
                 group_key=self.plan.group_key, instance_key=self.plan.barrier_key,
@@ -371,3 +372,54 @@ class PsBuilder:
                 continue   # only the chief runs post-aggregation ops
             devices[move.op] = (server_device(int(move.place.split()[1]))
                                 if move.place.startswith("server") else self.worker_device)
+
+
+def cover_server_work(graph_def, barrier: str, step_ops) -> list[str]:
+    """Make the step barrier wait for every op of a training step that
+    touches a server; return the ops added as its control inputs.
+
+    Why: TensorFlow gives all workers' runs of a graph with collectives the
+    same step id (the collective executor's step-id sequence is shared by
+    the group), and a server keeps one rendezvous per step id for every
+    worker's partitions. When a worker's run ends, its master cleans that
+    step id up on every task the run used, servers included, which aborts the
+    rendezvous there ("Aborted: Cleanup <step id>") under any peer still
+    moving a tensor to or from that server in the same step. A peer's run can
+    only still be doing so if some of its server traffic is not ordered before
+    its barrier contribution, e.g. a worker op after the update reading a
+    server variable (an ExponentialMovingAverage of it) whose value is still
+    in flight when the barrier completes.
+
+    So, on the final GraphDef (devices settled, OPAU/OPSW moves and partition
+    copies included), every op that may run in a step (the step ops and their
+    ancestors) and either runs on a server or reads an output of a server op
+    (data or control) becomes a control input of the barrier. Every transfer
+    between a server and a worker ends at such an op (a server op receiving,
+    or a worker op consuming), so when the barrier's all-reduce completes no
+    worker has server traffic of that step left, and cleanup aborts nothing.
+    The barrier is only ever fetched, never consumed, so no cycle can form.
+    Like the update ops the barrier already waits for, these ops then run in
+    every training step."""
+    nodes = {n.name: n for n in graph_def.node}
+    producers = {name: [i.lstrip("^").split(":")[0] for i in node.input]
+                 for name, node in nodes.items()}
+
+    def on_server(name: str) -> bool:
+        return nodes[name].device.startswith("/job:ps")
+
+    def ancestors(roots) -> set[str]:
+        seen, stack = set(), [r for r in roots if r in nodes]
+        while stack:
+            name = stack.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            stack.extend(p for p in producers[name] if p in nodes)
+        return seen
+
+    covered = ancestors([barrier])
+    step = ancestors(step_ops)
+    touching = sorted(n for n in step - covered
+                      if on_server(n) or any(on_server(p) for p in producers[n] if p in nodes))
+    nodes[barrier].input.extend("^" + n for n in touching)
+    return touching

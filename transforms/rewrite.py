@@ -22,7 +22,7 @@ from transforms.comm import CollectiveOpsBackend
 from transforms.graph_utils import graph_of, in_gradient_scope, meta_graph_of, node_input_name
 from transforms.partition import copy_region
 from transforms.plan import Plan
-from transforms.ps import PsBuilder, combine_rows
+from transforms.ps import PsBuilder, combine_rows, cover_server_work
 
 tf1 = tf.compat.v1
 
@@ -95,6 +95,8 @@ def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan,
                 node.input[i] = rename[inp]
         node.input.extend("^" + c for c in ps.extra_control.get(node.name, []))
     graph_def.node.extend(copies)
+    if ps.step_barrier is not None:
+        cover_server_work(graph_def, ps.step_barrier, analysis.step_ops)
     out = meta_graph_of(scratch)
     out.graph_def.CopyFrom(graph_def)
     return WorkerGraph(meta_graph=out, broadcast_op=BROADCAST_OP, replaced=replaced,
@@ -150,6 +152,7 @@ def _average_gradients(graph, analysis: Analysis, plan: Plan, backend) -> dict[s
             info = analysis.variable(vp.name)
             values = graph.get_tensor_by_name(info.grad_values)
             indices = graph.get_tensor_by_name(info.grad_indices)
+            # Row counts differ by worker and step: see CollectiveOpsBackend.allgather_rows.
             all_values, all_indices = backend.allgather_rows(
                 values, indices, (vp.keys["count"], vp.keys["values"], vp.keys["indices"]))
             # The single-device gradient over the global batch (mean or sum).

@@ -59,15 +59,15 @@ def main() -> None:
                 import time
                 time.sleep(3600)
             x, y = models.global_batch(args.model, step, args.batch)
-            runner.run(model.train_op, {model.x: x[i * per:(i + 1) * per],
-                                        model.y: y[i * per:(i + 1) * per]})
+            mine = slice(i * per, (i + 1) * per)
+            runner.run(model.train_op, models.feed(model, x[mine], y[mine]))
         with model.graph.as_default():
             variables = tf1.global_variables()
         values = runner.run({v.op.name: v for v in variables})
         if runner.is_chief:
             # Predictions of the trained model on a fixed batch, for comparisons.
             x, y = models.global_batch(args.model, 99, args.batch)
-            print(f"eval loss: {float(runner.run(model.loss, {model.x: x, model.y: y})):.9g}",
+            print(f"eval loss: {float(runner.run(model.loss, models.feed(model, x, y))):.9g}",
                   flush=True)
         if runner.is_chief and "autopar/contributions" in {op.name for op in runner.graph.get_operations()}:
             counts = runner.run("autopar/contributions:0")

@@ -30,6 +30,19 @@ def test_methods_per_run_option(lm, run_option, expected):
         assert plan.variable(name).method == method
 
 
+@pytest.mark.parametrize("run_option", ["hybrid", "ps"])
+def test_collective_keys_never_overlap(lm, run_option):
+    """The sparse variable's local-aggregation gather owns two blocks of
+    ladder keys (one key per padded size); no other collective may use any."""
+    from tests.unit.test_plan_report import all_keys
+    plan = make_plan(lm, TWO_HOSTS, options=PlanOptions(run_option=run_option))
+    emb = plan.variable("embedding").keys
+    assert set(emb) == {"norm", "la_count", "la_values", "la_indices"}
+    keys = all_keys(plan) + [plan.barrier_key, plan.broadcast_key_base]
+    assert len(keys) == len(set(keys))
+    assert max(all_keys(plan)) < plan.barrier_key < plan.broadcast_key_base
+
+
 def test_no_servers_keeps_everything_replicated_and_says_why(lm):
     plan = make_plan(lm, Topology(("a", "b"), num_servers=0), options=PlanOptions(run_option="ps"))
     emb = plan.variable("embedding")

@@ -11,6 +11,7 @@ import pytest
 
 from tests.models import build_case
 from transforms.analysis import Analysis, StateInfo, VariableInfo, analyze_graph
+from transforms.comm import ROW_LADDER
 from transforms.plan import Bucket, Plan, VariablePlan, make_plan
 from transforms.report import build_report
 
@@ -28,9 +29,14 @@ def analysis_of(*variables, state=()) -> Analysis:
 
 
 def all_keys(plan: Plan) -> list[int]:
+    """Every instance key the plan hands out; a row gather's values and indices
+    keys each start a block of one key per ladder rung."""
     keys = [b.instance_key for b in plan.buckets]
     for vp in plan.variables:
-        keys += list(vp.keys.values())
+        row_gather = "count" in vp.keys or "la_count" in vp.keys
+        for name, k in vp.keys.items():
+            block = row_gather and name.endswith(("values", "indices"))
+            keys += list(range(k, k + len(ROW_LADDER))) if block else [k]
     return keys
 
 
@@ -69,7 +75,7 @@ def check_plan_invariants(plan: Plan, analysis: Analysis):
         assert vp.placement and vp.reason
     keys = all_keys(plan)
     assert len(keys) == len(set(keys))
-    assert len(keys) == len(plan.buckets) + 3 * len(sparse)
+    assert len(keys) == len(plan.buckets) + (1 + 2 * len(ROW_LADDER)) * len(sparse)
     # the broadcast uses keys base, base+1, ...: all above every other key
     assert all(k < plan.broadcast_key_base for k in keys)
     assert plan.group_key not in keys
@@ -150,6 +156,7 @@ def test_sparse_variables_use_allgather_with_distinct_keys():
     e1, e2 = plan.variable("e1"), plan.variable("e2")
     assert e1.method == e2.method == "allgather"
     assert len(set(e1.keys.values()) | set(e2.keys.values())) == 6
+    assert len(set(all_keys(plan))) == 1 + 2 * (1 + 2 * len(ROW_LADDER))   # blocks disjoint
     assert [b.variables for b in plan.buckets] == [["b", "w"]]
     check_plan_invariants(plan, a)
 

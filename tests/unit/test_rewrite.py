@@ -54,6 +54,19 @@ def const_input(op: tf.Operation, arg: str) -> int:
     return int(tf.make_ndarray(producer.get_attr("value")))
 
 
+def gather_key(op: tf.Operation) -> int:
+    """The planned key of a gather: its constant instance key, or for a
+    variable-size row gather (key = block start + ladder rung, computed at run
+    time) the block start."""
+    producer = input_by_arg(op, "instance_key").op
+    if producer.type == "Const":
+        return const_input(op, "instance_key")
+    assert producer.type == "AddV2", (op.name, producer.type)
+    consts = [t.op for t in producer.inputs if t.op.type == "Const"]
+    assert len(consts) == 1, op.name
+    return int(tf.make_ndarray(consts[0].get_attr("value")))
+
+
 def data_ancestors(tensor: tf.Tensor) -> set:
     seen, stack = set(), [tensor.op]
     while stack:
@@ -164,8 +177,7 @@ def test_averaged_tensor_comes_from_the_planned_collective(rw):
         g = rw.imported[i]
         reduce_key = {op.name: const_input(op, "instance_key")
                       for op in collectives(g, "CollectiveReduceV2")}
-        gather_key = {op.name: const_input(op, "instance_key")
-                      for op in collectives(g, "CollectiveGatherV2")}
+        gather_keys = {op.name: gather_key(op) for op in collectives(g, "CollectiveGatherV2")}
         for v in rw.analysis.variables:
             vp = rw.plan.variable(v.name)
             if v.gradient == "dense":
@@ -173,14 +185,14 @@ def test_averaged_tensor_comes_from_the_planned_collective(rw):
                 up = data_ancestors(new)
                 assert {reduce_key[n] for n in up if n in reduce_key} == \
                     {rw.plan.buckets[vp.bucket].instance_key}
-                assert not up & set(gather_key)
+                assert not up & set(gather_keys)
                 assert v.grad_tensor.split(":")[0] in up
                 assert tuple(new.shape.as_list()) == v.shape
             else:
                 values = g.get_tensor_by_name(rw.workers[i].replaced[v.grad_values])
                 indices = g.get_tensor_by_name(rw.workers[i].replaced[v.grad_indices])
-                vk = {gather_key[n] for n in data_ancestors(values) if n in gather_key}
-                ik = {gather_key[n] for n in data_ancestors(indices) if n in gather_key}
+                vk = {gather_keys[n] for n in data_ancestors(values) if n in gather_keys}
+                ik = {gather_keys[n] for n in data_ancestors(indices) if n in gather_keys}
                 assert vk == {vp.keys["count"], vp.keys["values"]}
                 assert ik == {vp.keys["count"], vp.keys["indices"]}
                 assert values.shape.is_compatible_with([None, *v.shape[1:]])
@@ -200,7 +212,7 @@ def test_collective_counts_and_keys(rw):
         assert len(gathers) == 3 * len(sparse)
         assert sorted(const_input(op, "instance_key") for op in reduces) == \
             sorted(b.instance_key for b in rw.plan.buckets)
-        assert sorted(const_input(op, "instance_key") for op in gathers) == \
+        assert sorted(gather_key(op) for op in gathers) == \
             sorted(k for vp in sparse for k in vp.keys.values())
         sends = collectives(g, "CollectiveBcastSendV2")
         recvs = collectives(g, "CollectiveBcastRecvV2")
