@@ -29,12 +29,12 @@ CASES = [(model, option) for model in ("embsparse_rmsprop_clip_centered", "embsu
 def single_device(tmp_path_factory):
     cache = {}
 
-    def get(model, steps=STEPS):
-        if (model, steps) not in cache:
+    def get(model):
+        if model not in cache:
             out = tmp_path_factory.mktemp(f"single_{model}")
-            run_training(model, out, "--steps", str(steps), "--batch", str(BATCH))
-            cache[model, steps] = load_worker(out, 0)
-        return cache[model, steps]
+            run_training(model, out, "--steps", str(STEPS), "--batch", str(BATCH))
+            cache[model] = load_worker(out, 0)
+        return cache[model]
     return get
 
 
@@ -54,25 +54,23 @@ def test_matches_single_device(model, option, tmp_path, single_device):
         assert_same_parameters(expected, actual, what=f"{model} {option} worker {i}")
 
 
-def test_batch_norm_state_averaged(tmp_path, single_device):
+def test_batch_norm_state_averaged(tmp_path):
     """Moving statistics are per-worker state: the report says so, and with
     sync_local_state="average" every replica holds the same values after 5
-    steps. Trainable variables (normalised by batch moments, not the moving
-    ones) still equal one device's."""
+    steps. (Workers normalise by their own batch's moments, so the model is
+    not one device's: batch norm over 4 examples is another function than over
+    12. What must hold is that replicas agree.)"""
     steps = 5
-    expected = single_device("bn_sgd", steps)
     out = tmp_path / "dist"
     log = run_training("bn_sgd", out, "--steps", str(steps), "--batch", str(BATCH),
                        "--spec", str(write_spec(tmp_path, 3)), "--run-option", "allreduce",
                        "--sync-local-state", "average")
     assert "state bn/moving_mean (local): per worker (from the local batch), then averaged" in log
+    assert "state bn/moving_variance (local): per worker (from the local batch)" in log
     workers = [load_worker(out, i) for i in range(3)]
-    for name in ("bn/moving_mean", "bn/moving_variance"):
-        # Workers saw different batches: without the averaging they would differ.
-        assert np.abs(workers[0][name]).max() > 0
+    for name in workers[0]:
+        # Workers saw different batches: unaveraged, their moving statistics
+        # would differ; every other variable is replicated anyway.
         for w in workers[1:]:
             np.testing.assert_array_equal(w[name], workers[0][name], err_msg=name)
-    trainable = {k: v for k, v in expected.items() if not k.startswith("bn/")}
-    for i, w in enumerate(workers):
-        assert_same_parameters(trainable, {k: v for k, v in w.items() if not k.startswith("bn/")},
-                               what=f"bn worker {i}")
+    assert np.abs(workers[0]["bn/moving_variance"]).min() > 0
