@@ -5,13 +5,20 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean native stress
 
-$(STAMP): setup.py
+$(STAMP): setup.py pyproject.toml runtime/coordinator.proto cpp_ops/bind_shim.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[test]"
+	$(MAKE) native
 	touch $(STAMP)
+
+# The coordinator's gRPC modules (from runtime/coordinator.proto) and the bind
+# shim (cpp_ops/bind_shim.c, needs a C compiler) into runtime/. setup.py's
+# build does the same for `pip install .`.
+native:
+	$(PY) -m runtime.native
 
 install: $(STAMP)
 
@@ -21,6 +28,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+# Ten fresh parameter-server jobs per run option (the start-up race soak).
+stress: $(STAMP)
+	AUTOPAR_STRESS_REPEATS=10 $(PY) -m pytest -q tests/integration/test_ps_stress.py
 
 clean:
 	rm -rf $(VENV) *.egg-info

@@ -1,4 +1,36 @@
+import importlib.util
+from pathlib import Path
+
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+
+HERE = Path(__file__).resolve().parent
+
+
+def _native():
+    """runtime/native.py, loaded by path: nothing is installed yet."""
+    spec = importlib.util.spec_from_file_location("_autopar_native", HERE / "runtime" / "native.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class BuildWithNative(build_py):
+    """Also generate the coordinator's gRPC modules (grpcio-tools, a build
+    requirement in pyproject.toml) and compile the bind shim (the system C
+    compiler). An editable install builds them in the source tree."""
+
+    def run(self):
+        super().run()
+        native = _native()
+        dest = HERE / "runtime" if getattr(self, "editable_mode", False) \
+            else Path(self.build_lib) / "runtime"
+        try:
+            native.build_protos(dest)
+            native.build_shim(dest)
+        except native.BuildError as exc:
+            raise SystemExit(f"autopar build: {exc}") from exc
+
 
 setup(
     name="autopar",
@@ -7,16 +39,21 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["autopar", "autopar.*", "transforms", "transforms.*",
                                     "runtime", "runtime.*"]),
+    package_data={"runtime": ["coordinator.proto"]},
     install_requires=[
         "tensorflow-cpu==2.21.0",
         "networkx==3.6.1",
         "PyYAML==6.0.3",
         "protobuf==7.36.2",
         "grpcio==1.85.1",
+        # The release of grpcio's own version; its generated code requires
+        # grpcio >= its version and runs on protobuf 7.36.
+        "grpcio-tools==1.85.1",
         "numpy==2.4.6",
     ],
     extras_require={
         "test": ["pytest==9.2.0", "pytest-timeout==2.4.0", "scikit-learn==1.9.1", "matplotlib==3.11.2"],
     },
     entry_points={"console_scripts": ["autopar=autopar.cli:main"]},
+    cmdclass={"build_py": BuildWithNative},
 )

@@ -10,6 +10,8 @@ import sys
 import tensorflow as tf
 
 from autopar.config import Config
+from autopar.console import debug_errors, report_error, setup_logging
+from autopar.errors import AutoparError
 from runtime import env
 from transforms.analysis import analyze_graph
 from transforms.plan import PlanOptions, Topology, make_plan
@@ -29,11 +31,25 @@ def get_runner(graph: tf.Graph, resource_info=None, config: Config | None = None
     the report, starts every server and worker (re-running this script) and
     exits with the job's status; it never returns. In a worker it returns a
     Runner. With `resource_info=None` (and no launcher around) it returns a
-    Runner over one plain session: the script runs single-device.
+    Runner over one plain session: the script runs single-device, whatever
+    the graph (nothing needs to be distributed).
+
+    An autopar error (bad spec, unsupported graph, launch failure) ends the
+    process like `autopar launch` does: its message on stderr, no traceback,
+    exit status 2 (a worker's message reaches the launcher's output). With
+    AUTOPAR_DEBUG=1 in the environment it is raised instead.
     """
+    setup_logging()
+    try:
+        return _get_runner(graph, resource_info, config or Config())
+    except AutoparError as e:
+        if debug_errors():
+            raise
+        sys.exit(report_error(e))
+
+
+def _get_runner(graph: tf.Graph, resource_info, config: Config):
     from runtime import launcher, spec as specs, worker   # runtime is heavy; import on use
-    config = config or Config()
-    _setup_logging()
     role = env.current_role()
     if role == "worker":
         cluster = env.current_cluster()
@@ -53,7 +69,8 @@ def get_runner(graph: tf.Graph, resource_info=None, config: Config | None = None
         return worker.single_device_runner(graph, config)
     spec = specs.load_spec(resource_info)
     log.info("\n%s", analyze(graph, spec, config).table())
-    code = launcher.launch(spec, [sys.executable, *sys.argv], extra_env={REPORT_PRINTED: "1"})
+    code = launcher.launch(spec, [sys.executable, *sys.argv], extra_env={REPORT_PRINTED: "1"},
+                           stall_timeout_s=config.stall_timeout_s)
     sys.exit(code)
 
 
@@ -89,15 +106,3 @@ def analyze(graph, resource_info, config: Config | None = None) -> Report:
     plan = make_plan(analysis, topology, config.fusion_bytes, config.communication_hint,
                      PlanOptions.from_config(config))
     return build_report(analysis, plan, moves=place_ops(graph_of(graph), analysis, plan))
-
-
-def _setup_logging() -> None:
-    """autopar's own lines go to stdout so the launcher streams them with the
-    worker's prefix; the user's logging configuration is left alone."""
-    logger = logging.getLogger("autopar")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stdout)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 
+from autopar.console import StdoutHandler, debug_errors, report_error
 from autopar.errors import AutoparError
 from runtime import env
 
@@ -29,25 +30,35 @@ def main(argv: list[str] | None = None) -> int:
                          ("report", "print the plan for the command's graph on SPEC, train nothing")):
         p = sub.add_parser(action, help=text)
         p.add_argument("--spec", required=True, help="resource spec (YAML or Parallax text)")
+        if action == "launch":
+            p.add_argument("--stall-timeout", type=float, default=60.0, metavar="SECONDS",
+                           help="end the job when workers wait this long in a step for others "
+                                "(default 60; 0 disables)")
     args = parser.parse_args(argv)
     if not command:
         parser.error("give the training command after '--', e.g. -- python train.py")
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    if getattr(args, "stall_timeout", 0) < 0:
+        parser.error("--stall-timeout must be >= 0 (0 disables the stall check)")
+    # This process is only the launcher: its log lines go to stdout, through a
+    # handler that survives a reader closing the pipe (`| head`).
+    logging.basicConfig(level=logging.INFO, handlers=[StdoutHandler()])
     from runtime.spec import load_spec
     try:
         spec = load_spec(args.spec)
     except AutoparError as e:
-        print(f"autopar: {e}", file=sys.stderr)
-        return 2
+        if debug_errors():
+            raise
+        return report_error(e)
     if args.action == "report":
         child_env = dict(os.environ, **{env.ROLE: "report", env.SPEC: json.dumps(spec.to_dict())})
         return subprocess.run(command, env=child_env).returncode
     from runtime.launcher import launch
     try:
-        return launch(spec, command)
+        return launch(spec, command, stall_timeout_s=args.stall_timeout)
     except AutoparError as e:
-        print(f"autopar: {e}", file=sys.stderr)
-        return 2
+        if debug_errors():
+            raise
+        return report_error(e)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,10 @@ class Config:
     opsw: bool = True                # move light boundary ops to the side that saves bytes
     # Partition count per PS variable name, overriding the automatic rule.
     partitions: dict = field(default_factory=dict)
+    # The launcher ends the job when some workers have waited this long inside
+    # a step for others that have not started it (Horovod's stall inspector,
+    # but ending the job instead of warning); 0 disables.
+    stall_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.fusion_bytes <= 0:
@@ -76,5 +80,8 @@ class Config:
         if self.sync_local_state not in ("none", "average"):
             raise AutoparError(f"Config.sync_local_state must be 'none' or 'average', "
                                f"got {self.sync_local_state!r}")
+        if self.stall_timeout_s < 0:
+            raise AutoparError(f"Config.stall_timeout_s must be >= 0 (0 disables), "
+                               f"got {self.stall_timeout_s}")
         if self.log_every_steps < 0:
             raise AutoparError(f"Config.log_every_steps must be >= 0, got {self.log_every_steps}")

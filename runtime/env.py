@@ -11,6 +11,9 @@ TASK_INDEX = "AUTOPAR_TASK_INDEX"  # index within the role's job
 CLUSTER = "AUTOPAR_CLUSTER"      # JSON {"worker": ["host:port", ...], "ps": [...]}
 SPEC = "AUTOPAR_SPEC"            # JSON of ResourceSpec.to_dict()
 TTY = "AUTOPAR_TTY"              # "1" when the launcher's output is a terminal
+COORDINATOR = "AUTOPAR_COORDINATOR"   # "host:port" of the job coordinator
+COORD_TOKEN = "AUTOPAR_COORD_TOKEN"   # the job's secret token for the coordinator
+BIND = "AUTOPAR_BIND"            # "addr/port,..." for the bind shim (cpp_ops/bind_shim.c)
 
 WORKER_JOB = "worker"
 SERVER_JOB = "ps"

@@ -30,7 +30,8 @@ from typing import IO, Any, Callable
 from autopar.errors import LaunchError
 from runtime import env as envvars
 from runtime import procs
-from runtime.ports import allocate_cluster, is_local_address
+from runtime.coordinator import Coordinator, JobMonitor, host_address, launcher_host
+from runtime.ports import is_bind_failure, is_local_address, reserve_cluster
 from runtime.spec import HostSpec, ResourceSpec
 
 logger = logging.getLogger("autopar.launcher")
@@ -45,6 +46,13 @@ _POLL_SECONDS = 0.1
 # How long to wait for a dead process's last output to arrive before
 # reporting its log tail (the pipe normally reaches EOF at once).
 _DRAIN_SECONDS = 1.0
+
+# A process that could not bind its port before training started makes the
+# launcher restart the job on fresh ports, this many attempts in all.
+PORT_ATTEMPTS = 4
+# Logged by each worker once the chief's initial state reached it
+# (runtime/worker.py): from then on training may run, and nothing restarts.
+_TRAINING_STARTED = re.compile(r"initial state received from the chief")
 
 # One lock for everything written to sys.stdout, so lines from different
 # children never interleave.
@@ -158,7 +166,9 @@ def build_ssh_command(host: HostSpec, command: Sequence[str], env: Mapping[str, 
         # Passed as written: OpenSSH expands "~" in identity files itself.
         argv += ["-i", key_file]
     destination = f"{user}@{host.address}" if user else host.address
-    argv += [destination, remote_cmd]
+    # "--" ends ssh's options: even a destination that slipped past spec
+    # validation cannot be read as one ("-oProxyCommand=...").
+    argv += ["--", destination, remote_cmd]
     return argv
 
 
@@ -202,6 +212,8 @@ class _Child:
     tail: deque[str]
     tail_lock: threading.Lock = field(default_factory=threading.Lock)
     reader: threading.Thread | None = None
+    bind_failed: bool = False      # said its server could not bind its port
+    past_startup: bool = False     # said it received the initial state
 
     @property
     def name(self) -> str:
@@ -212,6 +224,23 @@ class _Child:
             return "\n".join(self.tail)
 
 
+def discard_stdout() -> None:
+    """Point this process's stdout at /dev/null, after its reader went away
+    (`... | head`). As the Python docs recommend for BrokenPipeError: every
+    later write, and the flush at exit of what is still buffered, then
+    succeeds silently instead of raising (or printing "Exception ignored ...
+    BrokenPipeError" at exit). The job itself goes on and ends normally."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return                      # not a real file (replaced in tests): nothing to redirect
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
 def _write_line(text: str) -> None:
     with _OUTPUT_LOCK:
         out: IO[str] | None = sys.stdout
@@ -220,10 +249,12 @@ def _write_line(text: str) -> None:
         try:
             out.write(text)
             out.flush()
+        except BrokenPipeError:
+            # Our reader closed its end: stop writing to it, and keep draining
+            # the children anyway so they never block on a full pipe.
+            discard_stdout()
         except (OSError, ValueError):
-            # Our own stdout went away (closed pipe): keep draining the child
-            # anyway so it never blocks on a full pipe.
-            pass
+            pass  # stdout closed under us: as above, keep draining
 
 
 def _pump(child: _Child) -> None:
@@ -237,6 +268,10 @@ def _pump(child: _Child) -> None:
             line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
             with child.tail_lock:
                 child.tail.append(line)
+            if is_bind_failure(line):
+                child.bind_failed = True
+            elif _TRAINING_STARTED.search(line):
+                child.past_startup = True
             if not _TF_NOISE.search(line):
                 _write_line(prefix + line + "\n")
     except (OSError, ValueError):
@@ -304,11 +339,14 @@ def _report_failure(child: _Child, returncode: int) -> None:
                  tail or "(no output)")
 
 
-def _supervise(children: list[_Child], state: _SignalState) -> int:
+def _supervise(children: list[_Child], state: _SignalState, monitor: JobMonitor | None = None) -> int:
     """Wait until the job ends; return the launcher's exit status."""
     workers = [c for c in children if c.plan.role == WORKER_ROLE]
     servers = [c for c in children if c.plan.role == SERVER_ROLE]
     while True:
+        # First, so a worker that died of a step-count mismatch is reported as one.
+        if monitor is not None and (status := _check_health(monitor, workers)) is not None:
+            return status
         if state.signum is not None:
             logger.warning("received %s; stopping all processes",
                            signal.Signals(state.signum).name)
@@ -344,7 +382,8 @@ def _stdout_is_tty() -> bool:
 
 
 def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | None = None,
-           grace_seconds: float = 3.0, log_tail_lines: int = 30) -> int:
+           grace_seconds: float = 3.0, log_tail_lines: int = 30,
+           stall_timeout_s: float = 60.0) -> int:
     """Run ``argv`` once per worker of ``spec`` (plus one server process per
     server) and wait for the job to end.
 
@@ -352,13 +391,56 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
     first process that failed (a signal death N becomes 128+N), 130 after
     Ctrl-C, 143 after SIGTERM. Every child is stopped and reaped before this
     returns, whatever the path. Raises LaunchError if a process cannot be
-    started (after stopping those that were).
+    started (after stopping those that were). A job in which some workers
+    wait in a step for ``stall_timeout_s`` for others (0: never), or whose
+    workers run different numbers of steps, is ended with status 1.
+
+    Ports stay reserved against other autopar launchers until the job ends
+    (runtime/ports.py). If a process reports that its port was taken anyway
+    (by another program, after allocation) before any worker received the
+    initial state, every process is stopped and the job starts again on
+    fresh ports, at most PORT_ATTEMPTS times in all.
     """
     if not argv:
         raise LaunchError("nothing to launch: the worker command is empty")
-    cluster = allocate_cluster(spec)
-    plans = plan_children(spec, cluster, argv, extra_env=extra_env, tty=_stdout_is_tty())
+    taken: set[str] = set()   # endpoints that failed to bind, avoided from then on
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        with reserve_cluster(spec, avoid=taken) as reservation:
+            status, clash = _launch_once(spec, reservation.cluster, argv, extra_env=extra_env,
+                                         grace_seconds=grace_seconds, log_tail_lines=log_tail_lines,
+                                         stall_timeout_s=stall_timeout_s)
+        if not clash:
+            return status
+        taken.update(plan.address for plan in clash)
+        if attempt < PORT_ATTEMPTS:
+            logger.warning("attempt %d of %d: %s could not bind its port (another program took it "
+                           "after allocation); restarting every process on fresh ports",
+                           attempt, PORT_ATTEMPTS, ", ".join(f"{p.name} ({p.address})" for p in clash))
+    logger.error("%d attempts in a row failed because ports were taken during startup; give the "
+                 "hosts a 'ports' range that other programs do not use", PORT_ATTEMPTS)
+    return status
 
+
+def _launch_once(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: list[str], *,
+                 extra_env: dict[str, str] | None, grace_seconds: float,
+                 log_tail_lines: int, stall_timeout_s: float) -> tuple[int, list[ChildPlan]]:
+    """One start of the job on ``cluster``, with its own coordinator: (status
+    as for ``launch``, the processes whose port was taken if the job may start
+    again)."""
+    coordinator = _start_coordinator(spec, cluster)
+    try:
+        plans = plan_children(spec, cluster, argv, tty=_stdout_is_tty(),
+                              extra_env={**(extra_env or {}), **_job_env(coordinator, cluster)})
+        _give_token(plans, coordinator)
+        return _launch_plans(plans, grace_seconds, log_tail_lines,
+                             _job_monitor(plans, coordinator, stall_timeout_s))
+    finally:
+        coordinator.stop()
+
+
+def _launch_plans(plans: list[ChildPlan], grace_seconds: float, log_tail_lines: int,
+                  monitor: JobMonitor | None) -> tuple[int, list[ChildPlan]]:
+    interrupted = False
     state = _SignalState()
     previous_handlers = _install_handlers(state)
     children: list[_Child] = []
@@ -373,12 +455,13 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
                 child.reader = threading.Thread(target=_pump, args=(child,),
                                                 name=f"autopar-log-{child.name}", daemon=True)
                 child.reader.start()
-            status = _supervise(children, state)
+            status = _supervise(children, state, monitor)
         except KeyboardInterrupt:
             # Defensive: our SIGINT handler normally prevents this, but a
             # KeyboardInterrupt from anywhere must still tear the job down.
             logger.warning("interrupted; stopping all processes")
             status = 128 + signal.SIGINT
+            interrupted = True
     finally:
         if children:
             logger.debug("stopping %d processes", len(children))
@@ -391,4 +474,77 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
         _restore_handlers(previous_handlers)
     if status == 0:
         logger.info("all %d workers finished", sum(c.plan.role == WORKER_ROLE for c in children))
-    return status
+    if status == 0 or interrupted or state.signum is not None or any(c.past_startup for c in children):
+        return status, []
+    return status, [c.plan for c in children if c.bind_failed]
+
+
+# ---------------------------------------------------------------------------
+# Job coordinator and bind shim (runtime/coordinator.py, cpp_ops/bind_shim.c)
+# ---------------------------------------------------------------------------
+
+def _start_coordinator(spec: ResourceSpec, cluster: Mapping[str, list[str]]) -> Coordinator:
+    """The job's coordinator, listening on this machine's address in the spec
+    (loopback for a local job)."""
+    host = launcher_host([h.address for h in spec.hosts], is_local_address)
+    coordinator = Coordinator(host, len(cluster[envvars.WORKER_JOB]),
+                              len(cluster.get(envvars.SERVER_JOB, [])))
+    coordinator.start()
+    return coordinator
+
+
+def bind_env_value(cluster: Mapping[str, list[str]]) -> str:
+    """AUTOPAR_BIND for the shim: "ADDR/PORT" for every endpoint of the job."""
+    entries = []
+    for addresses in cluster.values():
+        for endpoint in addresses:
+            host, _, port = endpoint.rpartition(":")
+            entries.append(f"{host_address(host)}/{port}")
+    return ",".join(dict.fromkeys(entries))
+
+
+def bind_shim_path() -> str:
+    """runtime/libautopar_bind.so, built at install time (built now if missing)."""
+    from runtime import native
+    path = native.RUNTIME_DIR / native.SHIM_NAME
+    if not path.exists():
+        try:
+            native.build_shim()
+        except native.BuildError as exc:
+            raise LaunchError(str(exc)) from exc
+    return str(path)
+
+
+def _job_env(coordinator: Coordinator, cluster: Mapping[str, list[str]]) -> dict[str, str]:
+    """Variables every child gets, the token excepted (see _give_token): where
+    the coordinator is, and the bind shim that keeps TensorFlow's servers off
+    the wildcard address."""
+    preload = " ".join(p for p in (bind_shim_path(), os.environ.get("LD_PRELOAD", "")) if p)
+    return {envvars.COORDINATOR: coordinator.address, envvars.BIND: bind_env_value(cluster),
+            "LD_PRELOAD": preload}
+
+
+def _give_token(plans: list[ChildPlan], coordinator: Coordinator) -> None:
+    """Put the coordinator token in local children's environment only: a
+    remote child's environment is part of its ssh command line."""
+    for plan in plans:
+        if not plan.remote:
+            plan.env[envvars.COORD_TOKEN] = coordinator.token
+
+
+def _job_monitor(plans: Sequence[ChildPlan], coordinator: Coordinator,
+                 stall_timeout_s: float) -> JobMonitor | None:
+    """Stall and step-count checks, for jobs whose every process reports to
+    the coordinator: remote children do not, as the token would have to be on
+    their ssh command line."""
+    remote = [p.name for p in plans if p.remote]
+    if remote:
+        logger.info("stall and step-count checks are off: %s run on other hosts, which do "
+                    "not report to the job coordinator yet", ", ".join(remote))
+        return None
+    return JobMonitor(coordinator, stall_timeout_s)
+
+
+def _check_health(monitor: JobMonitor, workers: Sequence[_Child]) -> int | None:
+    exited = {c.name: rc for c in workers if (rc := c.popen.poll()) is not None}
+    return monitor.check(exited)

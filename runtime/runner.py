@@ -1,28 +1,35 @@
 """The session-like object a training script drives (Parallax's runner).
 
 `run()` takes the user's *original* tensors, ops, variables or names and runs
-their counterparts in this worker's rewritten graph. A fetch that reaches a
-variable update counts as one training step: the chief then logs progress and
-saves checkpoints.
+their counterparts in this worker's rewritten graph. It accepts every fetch and
+feed a plain `tf.compat.v1.Session.run` accepts: tensors, ops, variables and
+names; SparseTensor and IndexedSlices fetches and feed keys (fed a
+SparseTensorValue / IndexedSlicesValue or a plain tuple); nested fetches
+(lists, tuples, namedtuples, dicts); nested feed keys (a tuple of tensors fed a
+tuple of values). A fetch that reaches a variable update counts as one
+training step: the chief then logs progress and saves checkpoints.
 """
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
+import networkx as nx
 import numpy as np
 import tensorflow as tf
 
-from transforms.analysis import Analysis
+from transforms.analysis import Analysis, _from_checkpoint
+from transforms.graph_utils import op_digraph
 
 tf1 = tf.compat.v1
 log = logging.getLogger("autopar.runner")
 
 
 class Runner:
-    def __init__(self, session, graph: tf.Graph, analysis: Analysis, *, worker_index: int = 0,
+    def __init__(self, session, graph: tf.Graph, analysis: Analysis | None, *, worker_index: int = 0,
                  num_workers: int = 1, progress=None, checkpointer=None,
                  batch_size_tensor: tf.Tensor | None = None, step_barrier=None, on_close=(),
-                 after_step=None):
+                 after_step=None, monitor=None):
         self.session = session
         self.graph = graph
         self.analysis = analysis
@@ -34,10 +41,19 @@ class Runner:
         self._step_barrier = step_barrier
         self._after_step_op = after_step   # e.g. averaging batch-local state
         self._on_close = list(on_close)
+        # Told before and after every run (runtime.coordinator.ProgressHook).
+        self._monitor = monitor
         self._variables = {v.name: v for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
                            + graph.get_collection(tf1.GraphKeys.LOCAL_VARIABLES)}
         self._init_ops = _initializer_ops(graph)
-        self._loss = graph.get_tensor_by_name(analysis.loss) if analysis.loss else None
+        self._loss = (graph.get_tensor_by_name(analysis.loss)
+                      if analysis is not None and analysis.loss else None)
+        # Without an Analysis (single device, a graph autopar cannot
+        # distribute) a step is any run that writes a trainable variable: a
+        # hand-written update is one step, a gradient-accumulation run that only
+        # adds into non-trainable accumulators is not, the run applying them is.
+        self._step_ops = (analysis.step_ops if analysis is not None
+                          else _trainable_writer_step_ops(graph, self._init_ops))
         self._global_step = tf1.train.get_global_step(graph)
         self._first_step = 0
         self._steps = 0
@@ -66,8 +82,16 @@ class Runner:
         if self._closed:
             raise RuntimeError("this Runner is closed")
         mapped = tf.nest.map_structure(self._map_fetch, fetches)
-        feeds = {self._map_feed_key(k): v for k, v in (feed_dict or {}).items()}
+        feeds, batch = self._map_feeds(feed_dict or {})
         is_step = any(self._is_step(leaf) for leaf in tf.nest.flatten(mapped) if leaf is not None)
+        if self._monitor is None:
+            return self._run(mapped, feeds, batch, options, run_metadata, is_step)
+        self._monitor.before_run(is_step)
+        result = self._run(mapped, feeds, batch, options, run_metadata, is_step)
+        self._monitor.after_run(is_step, self._first_step + self._steps)
+        return result
+
+    def _run(self, mapped, feeds, batch: int | None, options, run_metadata, is_step: bool):
         if not is_step:
             return self._run_plain(mapped, feeds, options, run_metadata)
         extra = {}
@@ -78,7 +102,7 @@ class Runner:
         if self._step_barrier is not None:
             extra["barrier"] = self._step_barrier
         result, got = self._run_plain((mapped, extra), feeds, options, run_metadata)
-        self._after_step(got, feeds)
+        self._after_step(got, batch)
         return result
 
     def _run_plain(self, mapped, feeds, options, run_metadata):
@@ -89,13 +113,13 @@ class Runner:
                                        run_metadata=run_metadata)) if real else iter(())
         return tf.nest.pack_sequence_as(mapped, [None if x is None else next(values) for x in flat])
 
-    def _after_step(self, got: dict, feeds) -> None:
+    def _after_step(self, got: dict, fed_batch: int | None) -> None:
         if self._after_step_op is not None:
             self.session.run(self._after_step_op)
         self._steps += 1
         step = self._first_step + self._steps
         if self._progress is not None:
-            examples = int(got["batch"]) if "batch" in got else _feed_batch(feeds)
+            examples = int(got["batch"]) if "batch" in got else fed_batch
             loss = float(np.mean(got["loss"])) if "loss" in got else None
             self._progress.step(step, loss, examples)
         if self._checkpointer is not None:
@@ -103,12 +127,21 @@ class Runner:
 
     def _is_step(self, element) -> bool:
         op = element if isinstance(element, tf.Operation) else getattr(element, "op", None)
-        return op is not None and op.name in self.analysis.step_ops
+        return op is not None and op.name in self._step_ops
 
     # -- mapping user objects to the rewritten graph ----------------------------
     def _map_fetch(self, fetch):
         if fetch is None:
             return None
+        if isinstance(fetch, tf.SparseTensor):
+            # Session fetches it as a SparseTensorValue of its three parts.
+            with self.graph.as_default():
+                return tf.SparseTensor(*(self._map_tensor(t) for t in
+                                         (fetch.indices, fetch.values, fetch.dense_shape)))
+        if isinstance(fetch, tf.IndexedSlices):
+            return tf.IndexedSlices(self._map_tensor(fetch.values), self._map_tensor(fetch.indices),
+                                    None if fetch.dense_shape is None
+                                    else self._map_tensor(fetch.dense_shape))
         if isinstance(fetch, tf.Variable):
             # Its snapshot tensor, by name: for a variable split into partitions
             # that node computes the whole value (a Variable object would read
@@ -130,9 +163,39 @@ class Runner:
             return None
         return element
 
-    def _map_feed_key(self, key):
-        name = key if isinstance(key, str) else key.name
-        return self.graph.as_graph_element(name)
+    def _map_tensor(self, tensor) -> tf.Tensor:
+        """This graph's tensor of the same name (a tensor, or its name)."""
+        name = tensor if isinstance(tensor, str) else getattr(tensor, "name", None)
+        if name is None:
+            raise TypeError(f"cannot interpret feed_dict key {tensor!r} as a tensor: pass a "
+                            "tensor, a SparseTensor, a tensor name or a tuple of them")
+        try:
+            return self.graph.as_graph_element(name, allow_tensor=True, allow_operation=False)
+        except (KeyError, ValueError) as e:
+            raise TypeError(f"cannot interpret feed_dict key {name!r} as a tensor: {e}") from e
+
+    def _map_feeds(self, feed_dict) -> tuple[dict, int | None]:
+        """The feed for this graph's tensors, and the batch size it holds (the
+        first fed leading dimension, for examples/s)."""
+        feeds: dict = {}
+        batch = None
+        for key, value in feed_dict.items():
+            for leaf, leaf_value in _flatten_feed(key, value):
+                if batch is None:
+                    batch = _leading_dim(leaf, leaf_value)
+                if isinstance(leaf, tf.SparseTensor):
+                    parts = [leaf.indices, leaf.values, leaf.dense_shape]
+                elif isinstance(leaf, tf.IndexedSlices):
+                    parts = [leaf.values, leaf.indices] + (
+                        [] if leaf.dense_shape is None else [leaf.dense_shape])
+                else:
+                    feeds[self._map_tensor(leaf)] = leaf_value
+                    continue
+                # As Session: a SparseTensorValue / IndexedSlicesValue or a
+                # plain tuple, zipped with the component tensors.
+                for part, part_value in zip(parts, leaf_value):
+                    feeds[self._map_tensor(part)] = part_value
+        return feeds, batch
 
     # -- lifecycle -----------------------------------------------------------
     def close(self) -> None:
@@ -169,9 +232,45 @@ def _initializer_ops(graph: tf.Graph) -> frozenset[str]:
     return frozenset(names)
 
 
-def _feed_batch(feeds) -> int | None:
-    for value in feeds.values():
+def _flatten_feed(key, value) -> Iterator[tuple]:
+    """(key, value) pairs of a feed whose key may be a nested list/tuple of
+    tensors fed the same structure of values (Session.run's feed_dict
+    flattening); a SparseTensor or IndexedSlices key stays one leaf."""
+    if isinstance(key, (list, tuple)):
+        if not isinstance(value, (list, tuple)) or len(value) != len(key):
+            raise ValueError(f"feed_dict key {key!r} is a structure of {len(key)} tensors, "
+                             f"so its value must be a list or tuple of {len(key)} values, "
+                             f"got {type(value).__name__}")
+        for k, v in zip(key, value):
+            yield from _flatten_feed(k, v)
+    else:
+        yield key, value
+
+
+def _leading_dim(key, value) -> int | None:
+    try:
+        if isinstance(key, tf.SparseTensor):
+            return int(np.asarray(value[2])[0])      # dense_shape[0]
         shape = np.shape(value)
-        if shape:
-            return int(shape[0])
-    return None
+    except (ValueError, IndexError, TypeError):
+        return None                                  # ragged lists, scalar shapes
+    return int(shape[0]) if shape else None
+
+
+_UPDATE_PREFIXES = ("Assign", "Apply", "ResourceApply", "SparseApply", "ResourceSparseApply",
+                    "Scatter", "ResourceScatter")
+
+
+def _trainable_writer_step_ops(graph: tf.Graph, init_ops: frozenset[str]) -> frozenset[str]:
+    """Ops whose run writes a trainable variable (the writers and everything
+    depending on them by data or control edges), initialisers and checkpoint
+    restores excluded."""
+    trainable = {v.op.name for v in graph.get_collection(tf1.GraphKeys.TRAINABLE_VARIABLES)}
+    writers = [op.name for op in graph.get_operations()
+               if op.type.startswith(_UPDATE_PREFIXES) and op.inputs
+               and op.inputs[0].op.name in trainable and op.name not in init_ops
+               and not _from_checkpoint(op)]
+    if not writers:
+        return frozenset()
+    full = op_digraph(graph, control=True)
+    return frozenset(writers).union(*(nx.descendants(full, w) for w in writers))

@@ -71,6 +71,7 @@ def serve(cluster: dict[str, list[str]], task_index: int) -> None:
         tf.train.ClusterSpec(cluster), job_name=envvars.SERVER_JOB, task_index=task_index,
         protocol="grpc", config=config, start=True)
     logger.info("server %d listening on %s", task_index, servers[task_index])
+    _register(task_index, servers[task_index])
 
     # server.join() blocks in native code, where Python signal handlers cannot
     # run; join in a daemon thread and keep the main thread waiting in Python.
@@ -84,6 +85,22 @@ def serve(cluster: dict[str, list[str]], task_index: int) -> None:
     while not finished.wait(timeout=1.0):
         pass
     logger.warning("server %d stopped on its own", task_index)
+
+
+def _register(task_index: int, address: str) -> None:
+    """Tell the launcher's job coordinator this server is up (nothing to do
+    outside a launched job)."""
+    import grpc
+
+    from runtime.coordinator import CoordinatorClient
+    client = CoordinatorClient.from_env("server", task_index)
+    if client is None:
+        return
+    try:
+        client.register(address)
+    except grpc.RpcError as exc:   # the server works without it
+        logger.warning("server %d could not register with the job coordinator: %s",
+                       task_index, exc)
 
 
 def main() -> int:

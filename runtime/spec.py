@@ -13,6 +13,7 @@ import ipaddress
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -29,6 +30,13 @@ _HOST_KEYS = ("address", "workers", "servers", "ports", "worker_ports", "server_
 _SSH_KEYS = ("user", "port", "key_file", "python", "workdir")
 _NETWORK_KEYS = ("bandwidth_gbps",)
 _DICT_KEYS = ("hosts", "bandwidth_gbps", "source")
+
+# RFC 1123 host name label: letters, digits, '-', not at either end, 1-63 chars.
+_LABEL_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+# POSIX portable user name (portable filename characters, no leading '-'),
+# at most 32 characters as on Linux.
+_USER_RE = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._-]{0,31}")
+_ZONE_RE = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 @dataclass(frozen=True)
@@ -251,9 +259,11 @@ def parse_parallax_spec(text: str, source: str) -> ResourceSpec:
             address, colon, ids_text = line.partition(":")
             has_ids = bool(colon)
         address = address.strip()
-        if not address or any(c.isspace() for c in address):
-            _fail(source, where, f"bad host name in {line!r}",
-                  "write one host per line as 'host' or 'host: 0,1' (IPv6 as '[addr]: 0,1')")
+        problem = address_problem(address)
+        if problem is not None:
+            _fail(source, where, f"bad host name in {line!r}: {problem}",
+                  "write one host per line as 'host' or 'host: 0,1' (IPv6 as '[addr]: 0,1'), "
+                  "the host being a host name or an IP address")
         workers = 1
         if has_ids:
             ids = [part.strip() for part in ids_text.split(",")]
@@ -363,6 +373,10 @@ def _split_endpoint(entry: Any, where: str) -> tuple[str, int]:
         host, sep, port = entry.rpartition(":")
         host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
         if sep and host and port.isdigit():
+            problem = address_problem(host)
+            if problem is not None:
+                _fail("TF_CONFIG", where, f"bad host in {entry!r}: {problem}",
+                      "write entries like \"10.0.0.1:2222\" or \"node1:2222\"")
             return host, int(port)
     _fail("TF_CONFIG", where, f"expected \"host:port\", got {entry!r}", "write entries like \"10.0.0.1:2222\"")
 
@@ -407,14 +421,7 @@ def _validate(spec: ResourceSpec) -> None:
 
 
 def _validate_host(h: HostSpec, src: str, where: str) -> None:
-    if not isinstance(h.address, str) or not h.address.strip():
-        _fail(src, f"{where}.address", f"must be a non-empty host name or IP, got {h.address!r}",
-              "write e.g. 'address: 10.0.0.1'")
-    if any(c.isspace() for c in h.address):
-        _fail(src, f"{where}.address", f"contains whitespace: {h.address!r}", "remove the spaces")
-    if ":" in h.address and not _is_ip(h.address):
-        _fail(src, f"{where}.address", f"{h.address!r} looks like host:port",
-              "give only the host here and ports in 'ports' or 'worker_ports'/'server_ports'")
+    _check_address(h.address, src, f"{where}.address")
     for field in ("workers", "servers"):
         n = getattr(h, field)
         if not _is_int(n):
@@ -457,6 +464,22 @@ def _validate_ssh(s: SSHSettings, src: str, where: str) -> None:
         v = getattr(s, field)
         if v is not None and (not isinstance(v, str) or not v.strip()):
             _fail(src, f"{where}.{field}", f"must be a non-empty string, got {v!r}", "fix or remove it")
+    if s.user is not None and not _USER_RE.fullmatch(s.user):
+        _fail(src, f"{where}.user", f"{s.user!r} is not a valid user name",
+              "use a portable user name: at most 32 letters, digits, '.', '_' or '-', "
+              "not starting with '-'")
+    for field in ("key_file", "python", "workdir"):
+        v = getattr(s, field)
+        if v is None:
+            continue
+        # These reach ssh's argv (key_file, as the value of -i) or the remote
+        # shell (quoted): a leading '-' could still be read as an option by
+        # ssh or env, and control characters have no place in a path.
+        if v.startswith("-"):
+            _fail(src, f"{where}.{field}", f"{v!r} starts with '-'",
+                  "give a path (prefix a relative one with './')")
+        if any(ord(c) < 32 or ord(c) == 127 for c in v):
+            _fail(src, f"{where}.{field}", f"{v!r} contains a control character", "remove it")
 
 
 def _check_port(p: Any, src: str, where: str) -> None:
@@ -468,11 +491,58 @@ def _check_port(p: Any, src: str, where: str) -> None:
 
 
 def _is_ip(address: str) -> bool:
+    # An IPv6 literal may carry a zone ("fe80::1%eth0"), which ipaddress
+    # accepts only for IPv6; the zone must be an interface name.
+    base, sep, zone = address.partition("%")
+    if sep and not _ZONE_RE.fullmatch(zone):
+        return False
     try:
-        ipaddress.ip_address(address.split("%", 1)[0])
+        ip = ipaddress.ip_address(base)
     except ValueError:
         return False
-    return True
+    return not sep or ip.version == 6
+
+
+def address_problem(address: Any) -> str | None:
+    """Why ``address`` is not a host name (RFC 1123), an IPv4 address or an
+    IPv6 literal, or None if it is one.
+
+    The address reaches ssh's command line and TensorFlow's cluster
+    definition, so only these forms are accepted: in particular nothing that
+    starts with '-' (ssh would read it as an option), and no whitespace or
+    shell metacharacters.
+    """
+    if not isinstance(address, str) or not address.strip():
+        return f"must be a non-empty host name or IP, got {address!r}"
+    if _is_ip(address):
+        return None
+    if address.startswith("-"):
+        return f"{address!r} starts with '-'"
+    if any(c.isspace() for c in address):
+        return f"contains whitespace: {address!r}"
+    if address.startswith("[") and _is_ip(address.strip("[]")):
+        return f"{address!r} is an IPv6 literal in brackets; write it without the brackets"
+    if ":" in address:
+        return f"{address!r} looks like host:port"
+    if len(address.rstrip(".")) > 253 or not all(_LABEL_RE.fullmatch(label)
+                                                for label in address.removesuffix(".").split(".")):
+        return f"{address!r} is not a valid host name"
+    if all(c.isdigit() or c == "." for c in address):
+        # RFC 1123 2.1: a name never has the dotted-decimal form.
+        return f"{address!r} is neither a valid IPv4 address nor a host name"
+    return None
+
+
+def _check_address(address: Any, src: str, where: str) -> None:
+    problem = address_problem(address)
+    if problem is None:
+        return
+    if "host:port" in problem:
+        todo = "give only the host here and ports in 'ports' or 'worker_ports'/'server_ports'"
+    else:
+        todo = ("write a host name (letters, digits and '-' in dot-separated labels), "
+                "an IPv4 address or an IPv6 literal, e.g. 'address: 10.0.0.1'")
+    _fail(src, where, problem, todo)
 
 
 def _check_port_clashes(spec: ResourceSpec) -> None:

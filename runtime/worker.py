@@ -3,11 +3,15 @@ server, open the session, initialise/restore, broadcast the chief's state and
 hand back a Runner."""
 from __future__ import annotations
 
+import atexit
 import logging
 
+import grpc
 import tensorflow as tf
 
+from autopar.errors import LaunchError, UnsupportedGraphError
 from runtime.checkpoint import Checkpointer
+from runtime.coordinator import CoordinatorClient, ProgressHook
 from runtime.progress import Progress
 from runtime.runner import Runner
 from runtime.session import session_config, start_worker_server, wait_for_peers
@@ -23,6 +27,7 @@ log = logging.getLogger("autopar.worker")
 def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, config,
                        tty: bool = False) -> Runner:
     num_workers = len(cluster["worker"])
+    hook = _register(cluster, worker_index)
     analysis = analyze_graph(graph)
     plan = make_plan(analysis, Topology.from_cluster(cluster), config.fusion_bytes,
                      config.communication_hint, PlanOptions.from_config(config))
@@ -59,16 +64,40 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
                     step_barrier=(worker_graph.get_operation_by_name(rewritten.step_barrier)
                                   if rewritten.step_barrier else None),
                     after_step=(worker_graph.get_operation_by_name(rewritten.after_step)
-                                if rewritten.after_step else None))
+                                if rewritten.after_step else None),
+                    monitor=hook, on_close=(hook.closed,) if hook else ())
     runner.start(init, worker_graph.get_operation_by_name(rewritten.broadcast_op))
     log.info("worker %d: initial state received from the chief", worker_index)
     return runner
 
 
+def _register(cluster: dict[str, list[str]], worker_index: int) -> ProgressHook | None:
+    """Register with the launcher's job coordinator (none outside a launched
+    job) and return the hook that reports this worker's progress to it."""
+    client = CoordinatorClient.from_env("worker", worker_index)
+    if client is None:
+        return None
+    try:
+        client.register(cluster["worker"][worker_index])
+    except grpc.RpcError as exc:
+        raise LaunchError(f"worker {worker_index} could not register with the job coordinator: "
+                          f"{exc.code().name} {exc.details()}") from exc
+    # A script that ends without closing its Runner still reports its last state.
+    atexit.register(client.flush)
+    return ProgressHook(client)
+
+
 def single_device_runner(graph: tf.Graph, config, analysis: Analysis | None = None) -> Runner:
     """The same Runner over a plain session on the unmodified graph: the script
-    behaves as before autopar when no cluster is asked for."""
-    analysis = analysis or analyze_graph(graph)
+    behaves as before autopar when no cluster is asked for. Any graph a plain
+    Session runs is accepted: nothing is distributed, so a graph the analysis
+    rejects (hand-written updates, gradient accumulation, no optimizer) runs
+    as is, and the Runner counts steps without an Analysis."""
+    if analysis is None:
+        try:
+            analysis = analyze_graph(graph)
+        except UnsupportedGraphError as e:
+            log.debug("single device, graph not analysed (%s); running it unchanged", e)
     with graph.as_default():
         init = tf.group(tf1.global_variables_initializer(), tf1.local_variables_initializer(),
                         tf1.tables_initializer())

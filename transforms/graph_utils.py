@@ -42,9 +42,14 @@ def meta_graph_of(graph_or_meta) -> tf1.MetaGraphDef:
     if isinstance(graph_or_meta, tf1.MetaGraphDef):
         return graph_or_meta
     # Inside the graph's context export works even when the script left eager
-    # execution on (TF2's default), as a graph-mode script may.
+    # execution on (TF2's default), as a graph-mode script may. The GraphDef
+    # is passed in: left to serialise the graph itself, TensorFlow 2.21's
+    # export rebuilds Graph._nodes_by_id on every node access, quadratic in
+    # the op count (minutes for a BERT-large training graph).
     with graph_or_meta.as_default():
-        return tf1.train.export_meta_graph(graph=graph_or_meta, clear_devices=True)
+        return tf1.train.export_meta_graph(
+            graph=graph_or_meta, graph_def=graph_or_meta.as_graph_def(add_shapes=True),
+            clear_devices=True)
 
 
 def op_digraph(graph: tf.Graph, control: bool = False) -> nx.DiGraph:

@@ -309,7 +309,7 @@ def test_ssh_command_for_remote_host():
                              default_workdir="/home/alice")
     assert argv == [
         "ssh", "-tt", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=10",
-        "-o", "ServerAliveCountMax=3", "-p", "2222", "-i", "~/.ssh/id_job", "alice@10.0.0.2",
+        "-o", "ServerAliveCountMax=3", "-p", "2222", "-i", "~/.ssh/id_job", "--", "alice@10.0.0.2",
         "cd '/srv/my job' && exec env AUTOPAR_ROLE=worker "
         "'AUTOPAR_CLUSTER={\"worker\": [\"x:1\"]}' /opt/py/bin/python train.py --name 'a b'",
     ]
@@ -326,8 +326,8 @@ def test_ssh_command_defaults():
                              default_workdir="/work/dir")
     assert argv[:10] == ["ssh", "-tt", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=10",
                          "-o", "ServerAliveCountMax=3", "-p", "22"]
-    assert argv[10] == "node7" and "-i" not in argv
-    assert argv[11] == f"cd /work/dir && exec env A=1 {shlex.quote(sys.executable)} -m runtime.server_main"
+    assert argv[10:12] == ["--", "node7"] and "-i" not in argv
+    assert argv[12] == f"cd /work/dir && exec env A=1 {shlex.quote(sys.executable)} -m runtime.server_main"
 
 
 def test_plan_mixes_local_and_remote_children():

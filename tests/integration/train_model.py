@@ -30,6 +30,10 @@ def main() -> None:
     p.add_argument("--save-every", type=int, default=2)
     p.add_argument("--stall-at", type=int, default=-1,
                    help="worker 1 sleeps forever at this global step (for kill tests)")
+    p.add_argument("--fewer-steps", choices=("exit", "sleep"),
+                   help="worker 1 runs one step fewer, then exits 0, or closes its Runner and "
+                        "sleeps (for step-count mismatch tests)")
+    p.add_argument("--stall-timeout", type=float, default=60.0, help="Config.stall_timeout_s")
     p.add_argument("--fusion-bytes", type=int, default=64 << 20)
     p.add_argument("--run-option", default="hybrid")
     p.add_argument("--no-la", action="store_true", help="turn local aggregation off")
@@ -42,6 +46,7 @@ def main() -> None:
     model = models.build(args.model)
     config = autopar.Config(checkpoint_dir=args.checkpoint_dir, save_every_steps=args.save_every,
                             log_every_steps=1, fusion_bytes=args.fusion_bytes,
+                            stall_timeout_s=args.stall_timeout,
                             run_option=args.run_option, local_aggregation=not args.no_la,
                             sync_local_state=args.sync_local_state,
                             partitions={k: int(n) for k, n in
@@ -54,6 +59,13 @@ def main() -> None:
             step = int(runner.run(model.global_step))
             if step >= args.steps:
                 break
+            if args.fewer_steps and i == 1 and step >= args.steps - 1:
+                print(f"worker {i} stops after {step} steps", flush=True)
+                runner.close()
+                if args.fewer_steps == "sleep":
+                    import time
+                    time.sleep(3600)
+                return
             if step == args.stall_at and i == 1:
                 print(f"worker {i} stalling at step {step}", flush=True)
                 import time

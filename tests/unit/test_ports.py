@@ -1,12 +1,18 @@
 """Port allocation: distinct, bindable local ports; ranges; taken ports."""
+import os
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from autopar.errors import LaunchError
-from runtime.ports import DEFAULT_REMOTE_RANGE, allocate_cluster, is_local_address
+from runtime.ports import (DEFAULT_REMOTE_RANGE, allocate_cluster, is_bind_failure, is_local_address,
+                           lock_dir, port_is_free, reserve_cluster)
 from runtime.spec import HostSpec, ResourceSpec
 
+REPO = Path(__file__).resolve().parents[2]
 REMOTE = "192.0.2.1"  # TEST-NET-1: documentation-only, never assigned to this machine
 
 
@@ -118,3 +124,116 @@ def test_remote_same_address_twice_never_repeats():
 def test_ipv6_endpoints_are_bracketed():
     cluster = allocate_cluster(spec(HostSpec("2001:db8::1", workers=1)))
     assert cluster["worker"] == ["[2001:db8::1]:23000"]
+
+
+# ----------------------------------------------------------------- probing the bind address(es)
+
+def _range_after(sock_port: int, size: int = 20) -> tuple[int, int]:
+    return sock_port, min(sock_port + size, 65535)
+
+
+@pytest.mark.parametrize("holder", ["127.0.0.2", "0.0.0.0", "::1", "::"])
+def test_port_held_on_another_address_is_not_handed_out(holder):
+    """TensorFlow's server binds the wildcard: a port some process holds on
+    any address (another loopback address, the wildcard, IPv6) would make it
+    fail, so it is skipped although 127.0.0.1:port itself could be bound."""
+    family = socket.AF_INET6 if ":" in holder else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as foreign:
+        foreign.bind((holder, 0))
+        foreign.listen()
+        port = foreign.getsockname()[1]
+        if holder == "127.0.0.2":
+            with socket.socket() as probe:   # the old, address-only probe would pass
+                probe.bind(("127.0.0.1", port))
+        assert not port_is_free("127.0.0.1", port, reuse=False)
+        cluster = allocate_cluster(spec(HostSpec("127.0.0.1", workers=2, ports=_range_after(port))))
+    ports = [port_of(e) for e in cluster["worker"]]
+    assert port not in ports and len(set(ports)) == 2
+
+
+def test_explicit_port_held_on_wildcard_is_refused():
+    with socket.socket() as foreign:
+        foreign.bind(("0.0.0.0", 0))
+        foreign.listen()
+        port = foreign.getsockname()[1]
+        with pytest.raises(LaunchError, match=f"127.0.0.1:{port} .*already in use"):
+            allocate_cluster(spec(HostSpec("127.0.0.1", workers=1, worker_ports=(port,))))
+
+
+# ----------------------------------------------------------------- reservations between launchers
+
+def test_reservation_keeps_ports_from_a_second_allocation_until_released():
+    start, end = free_range(20)
+    host = HostSpec("127.0.0.1", workers=2, servers=1, ports=(start, end))
+    with reserve_cluster(spec(host)) as first:
+        held = {port_of(e) for e in first.cluster["worker"] + first.cluster["ps"]}
+        second = allocate_cluster(spec(host))
+        assert held.isdisjoint(port_of(e) for e in second["worker"] + second["ps"])
+        with pytest.raises(LaunchError, match="reserved by another autopar job"):
+            allocate_cluster(spec(HostSpec("127.0.0.1", workers=1, worker_ports=(min(held),))))
+    # Released: the same ports are free again, and no lock file is left behind.
+    again = allocate_cluster(spec(host))
+    assert {port_of(e) for e in again["worker"] + again["ps"]} == held
+    assert not list(Path(lock_dir()).glob(f"local-{min(held)}.lock"))
+
+
+def test_reservation_of_another_launcher_process_is_respected(tmp_path):
+    """A separate process holding a reservation (as a running launcher does)
+    is never handed the same ports, although they are not bound yet."""
+    start, end = free_range(20)
+    code = ("import sys\n"
+            "from runtime.ports import reserve_cluster\n"
+            "from runtime.spec import HostSpec, ResourceSpec\n"
+            f"r = reserve_cluster(ResourceSpec(hosts=(HostSpec('127.0.0.1', workers=3, ports=({start}, {end})),)))\n"
+            "print(' '.join(e.rsplit(':', 1)[1] for e in r.cluster['worker']), flush=True)\n"
+            "sys.stdin.readline()\n")
+    other = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        theirs = {int(p) for p in other.stdout.readline().split()}
+        assert len(theirs) == 3
+        mine = allocate_cluster(spec(HostSpec("127.0.0.1", workers=3, ports=(start, end))))
+        assert theirs.isdisjoint(port_of(e) for e in mine["worker"])
+    finally:
+        other.stdin.close()
+        other.wait(timeout=30)
+    # Its reservation ended with it.
+    after = allocate_cluster(spec(HostSpec("127.0.0.1", workers=3, ports=(start, end))))
+    assert {port_of(e) for e in after["worker"]} == theirs
+
+
+# What TensorFlow 2.21 prints when its gRPC server cannot bind (copied from a
+# worker whose port was held on 127.0.0.2).
+TF_BIND_FAILURE = [
+    "E0000 00:00:1795423531.156533    2819 add_port.cc:83] Failed to add port to server: "
+    "No address added out of total 1 resolved for '0.0.0.0:43543'",
+    "E0000 00:00:1795423531.160212    2819 grpc_server_lib.cc:618] UNKNOWN: Could not start gRPC server",
+    "tensorflow.python.framework.errors_impl.UnknownError: Could not start gRPC server",
+]
+
+
+def test_avoided_endpoints_are_not_chosen_again():
+    """After a bind failure the launcher avoids that endpoint: on a remote host
+    nothing else would stop the same port from being handed out again."""
+    lo = DEFAULT_REMOTE_RANGE[0]
+    cluster = allocate_cluster(spec(HostSpec(REMOTE, workers=2)), avoid={f"{REMOTE}:{lo + 1}"})
+    assert cluster["worker"] == [f"{REMOTE}:{lo}", f"{REMOTE}:{lo + 2}"]
+
+
+def test_tf_bind_failure_is_recognised():
+    assert all(is_bind_failure(line) for line in TF_BIND_FAILURE)
+    assert not is_bind_failure("worker 1: initial state received from the chief")
+    assert not is_bind_failure("UnavailableError: Socket closed")
+
+
+def test_reservation_directory_must_be_the_users(tmp_path, monkeypatch):
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (tmp_path / "link").symlink_to(target)   # not a directory of its own: could be swapped
+    monkeypatch.setenv("AUTOPAR_RUNTIME_DIR", str(tmp_path / "link"))
+    with pytest.raises(LaunchError, match="is not a directory owned by you"):
+        allocate_cluster(spec(HostSpec("127.0.0.1", workers=1)))
+    monkeypatch.setenv("AUTOPAR_RUNTIME_DIR", str(tmp_path / "mine"))
+    allocate_cluster(spec(HostSpec("127.0.0.1", workers=1)))
+    assert (tmp_path / "mine" / "ports").is_dir()

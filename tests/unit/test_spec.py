@@ -312,3 +312,61 @@ def test_in_memory_lists_become_tuples():
     spec = ResourceSpec(hosts=[HostSpec(address="a", workers=1, ports=[2000, 2001])])
     assert spec.hosts[0].ports == (2000, 2001) and isinstance(spec.hosts, tuple)
     hash(spec)
+
+
+# ----------------------------------------------------------------- fields that reach ssh
+
+INJECTIONS = ["-V", "-oProxyCommand=x", "a;b", "$(x)", "`x`", "a|b", "a&b", "a b", "a>b", "a\nb"]
+
+
+@pytest.mark.parametrize("address", INJECTIONS + ["-a.example", "a..b", "a-.b", "_a", "a@b", "1.2.3.999",
+                                                  "x" * 64 + ".com", "[::1]", "fe80::1%eth 0"])
+def test_bad_address_rejected(tmp_path, address):
+    message = yaml_error(tmp_path, f"hosts: [{{address: {json.dumps(address)}, workers: 1}}]\n")
+    assert "hosts[0].address: " in message and repr(address) in message
+    assert any(why in message for why in ("not a valid host name", "starts with '-'", "whitespace",
+                                          "IPv4 address nor a host name", "without the brackets",
+                                          "looks like host:port"))
+
+
+@pytest.mark.parametrize("user", INJECTIONS + ["a@b", "a:b", "x" * 33, "a/b"])
+def test_bad_ssh_user_rejected(tmp_path, user):
+    message = yaml_error(tmp_path, f"hosts: [{{address: node1, workers: 1, ssh: {{user: {json.dumps(user)}}}}}]\n")
+    assert f"hosts[0].ssh.user: {user!r} is not a valid user name" in message
+    assert "portable user name" in message
+
+
+@pytest.mark.parametrize("field", ["key_file", "python", "workdir"])
+@pytest.mark.parametrize("value", ["-oProxyCommand=x", "-V", "/a\nb"])
+def test_bad_ssh_paths_rejected(tmp_path, field, value):
+    message = yaml_error(tmp_path, f"hosts: [{{address: node1, workers: 1, ssh: {{{field}: {json.dumps(value)}}}}}]\n")
+    assert f"hosts[0].ssh.{field}: " in message and ("starts with '-'" in message or "control character" in message)
+
+
+@pytest.mark.parametrize("address", ["node-1", "Node1.example.com", "example.com.", "10.0.0.1", "::1",
+                                     "2001:db8::5", "fe80::1%eth0", "1a", "x" * 63])
+def test_good_addresses_accepted(address):
+    spec = load_spec({"hosts": [{"address": address, "workers": 1,
+                                 "ssh": {"user": "alice.b_c-1", "workdir": "/srv/my job", "python": "python3"}}]})
+    assert spec.hosts[0].address == address and spec.hosts[0].ssh.user == "alice.b_c-1"
+
+
+def test_in_memory_spec_address_validated():
+    with pytest.raises(SpecError, match=r"<memory>: hosts\[0\]\.address: '-V' starts with '-'"):
+        ResourceSpec(hosts=(HostSpec(address="-V", workers=1),))
+    with pytest.raises(SpecError, match=r"hosts\[0\]\.ssh\.user: '-oX=y' is not a valid user name"):
+        ResourceSpec(hosts=(HostSpec(address="node1", workers=1, ssh=SSHSettings(user="-oX=y")),))
+
+
+@pytest.mark.parametrize("address", ["-V", "-oProxyCommand=x", "a;b", "$(x)"])
+def test_bad_address_in_parallax_file(tmp_path, address):
+    message = yaml_error(tmp_path, f"host-a: 0\n{address}: 0,1\n", name="cluster.txt")
+    assert "line 2: bad host name" in message and repr(address) in message
+
+
+@pytest.mark.parametrize("address", ["-V", "-oProxyCommand=x", "a;b", "$(x)"])
+def test_bad_address_in_tf_config(address):
+    tf_config = {"cluster": {"worker": ["a:1", f"{address}:2"]}, "task": {"type": "worker", "index": 0}}
+    with pytest.raises(SpecError, match=r"TF_CONFIG: cluster\.worker\[1\]: bad host") as info:
+        spec_from_tf_config(tf_config)
+    assert repr(address) in str(info.value)

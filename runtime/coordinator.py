@@ -1,0 +1,529 @@
+"""The job coordinator: a small gRPC service in the launcher that every worker
+and server process of a job registers with (runtime/coordinator.proto).
+
+It is the one place that knows the job's health: workers report their
+progress (steps done, phase) whenever it changes, from a background thread so
+the training loop never waits on it, and the launcher's ``JobMonitor`` turns
+that into stall and step-count-mismatch diagnoses. ``Exchange`` (post a value
+under a key, get everybody's once ``expect`` have posted) is the generic
+barrier / agreement call later control messages build on.
+
+Every call carries the job's random token (``AUTOPAR_COORD_TOKEN``, given to
+children in their environment, never on a command line or in a log) as the
+``autopar-token`` metadata entry; the server refuses calls without it with
+UNAUTHENTICATED. The server listens on the launcher's address from the spec
+(loopback for a local job), never on the wildcard address.
+"""
+from __future__ import annotations
+
+import hmac
+import importlib
+import logging
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent import futures
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+# The launcher forks its children while the coordinator's gRPC threads run;
+# gRPC's fork handlers then only print "skipping fork() handlers". Children
+# exec at once and never use the parent's gRPC state, so they are not needed.
+# (Read when grpc is first imported.)
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+
+import grpc  # noqa: E402
+
+from runtime import env as envvars  # noqa: E402
+
+logger = logging.getLogger("autopar.coordinator")
+
+TOKEN_METADATA = "autopar-token"
+
+# Phases a worker reports (ProgressReport.phase).
+PHASE_INIT = "init"        # registered; building the graph, starting, initialising
+PHASE_STEP = "step"        # inside a training step (its collectives wait for every worker)
+PHASE_SCRIPT = "script"    # between steps, in the training script
+PHASE_OTHER = "other"      # running ops that are not a training step (e.g. evaluation)
+PHASE_CLOSED = "closed"    # the Runner was closed: this worker trains no more
+
+_RPC_TIMEOUT_S = 5.0
+# At most one progress report per this many seconds per process: states that
+# change faster are coalesced (the stall check works on a scale of seconds).
+_REPORT_INTERVAL_S = 0.1
+_REGISTER_TIMEOUT_S = 60.0
+
+
+def _grpc_modules() -> tuple[ModuleType, ModuleType]:
+    """runtime.coordinator_pb2 and _pb2_grpc, generated at install time; built
+    here if missing (a source checkout used without ``make install``)."""
+    try:
+        return (importlib.import_module("runtime.coordinator_pb2"),
+                importlib.import_module("runtime.coordinator_pb2_grpc"))
+    except ImportError:
+        from runtime import native
+        native.build_protos()
+        importlib.invalidate_caches()
+        return (importlib.import_module("runtime.coordinator_pb2"),
+                importlib.import_module("runtime.coordinator_pb2_grpc"))
+
+
+def new_token() -> str:
+    return secrets.token_hex(32)
+
+
+def process_name(role: str, index: int) -> str:
+    return f"{role} {index}"
+
+
+# ---------------------------------------------------------------------------
+# Server (in the launcher)
+# ---------------------------------------------------------------------------
+
+@dataclass
+class ProcessState:
+    role: str
+    index: int
+    pid: int = 0
+    address: str = ""
+    registered: bool = False
+    steps_done: int = 0
+    phase: str = PHASE_INIT
+    global_step: int = -1
+    seq: int = -1
+    phase_since: float = 0.0     # monotonic time the current (steps_done, phase) began
+
+    @property
+    def name(self) -> str:
+        return process_name(self.role, self.index)
+
+
+class _TokenInterceptor(grpc.ServerInterceptor):
+    """Refuse every call whose metadata lacks the job's token."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token.encode()
+
+        def refuse(request: Any, context: grpc.ServicerContext) -> None:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                          "missing or wrong autopar job token")
+
+        self._refuse = grpc.unary_unary_rpc_method_handler(refuse)
+
+    def intercept_service(self, continuation, handler_call_details):
+        given = dict(handler_call_details.invocation_metadata or ()).get(TOKEN_METADATA, "")
+        if isinstance(given, str):
+            given = given.encode()
+        if not hmac.compare_digest(given, self._token):
+            return self._refuse
+        return continuation(handler_call_details)
+
+
+class Coordinator:
+    """The coordinator service and the job state it holds. Thread-safe."""
+
+    def __init__(self, host: str, num_workers: int, num_servers: int,
+                 token: str | None = None) -> None:
+        self.host = host
+        self.num_workers = num_workers
+        self.num_servers = num_servers
+        self.token = token or new_token()
+        self._lock = threading.Condition()
+        now = time.monotonic()
+        self._states: dict[str, ProcessState] = {}
+        for role, count in ((envvars.WORKER_JOB, num_workers), ("server", num_servers)):
+            for i in range(count):
+                self._states[process_name(role, i)] = ProcessState(role, i, phase_since=now)
+        self._exchanges: dict[str, dict[str, bytes]] = {}
+        self._server: grpc.Server | None = None
+        self.port = 0
+
+    # -- lifecycle -----------------------------------------------------------
+    def start(self) -> str:
+        """Serve on ``host`` (an ephemeral port); returns "host:port"."""
+        pb2, pb2_grpc = _grpc_modules()
+        # Exchange calls block a thread each until everybody has posted.
+        threads = 2 * (self.num_workers + self.num_servers) + 4
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads,
+                                                        thread_name_prefix="autopar-coord"),
+                             interceptors=[_TokenInterceptor(self.token)])
+        pb2_grpc.add_CoordinatorServicer_to_server(_Servicer(self, pb2), server)
+        bind_host = f"[{self.host}]" if ":" in self.host else self.host
+        try:
+            self.port = server.add_insecure_port(f"{bind_host}:0")
+        except RuntimeError:   # grpc's way of saying the bind failed
+            self.port = 0
+        if not self.port:
+            from autopar.errors import LaunchError
+            raise LaunchError(f"the job coordinator could not listen on {self.host}: is that "
+                              "address assigned to this machine?")
+        server.start()
+        self._server = server
+        logger.debug("coordinator listening on %s:%d", bind_host, self.port)
+        return self.address
+
+    @property
+    def address(self) -> str:
+        bind_host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{bind_host}:{self.port}"
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop(grace=None)
+            self._server = None
+        with self._lock:
+            self._lock.notify_all()
+
+    def child_env(self) -> dict[str, str]:
+        """What a child needs to reach the coordinator (the token included)."""
+        return {envvars.COORDINATOR: self.address, envvars.COORD_TOKEN: self.token}
+
+    # -- state ---------------------------------------------------------------
+    def snapshot(self) -> dict[str, ProcessState]:
+        with self._lock:
+            return {k: ProcessState(**vars(v)) for k, v in self._states.items()}
+
+    def _state(self, role: str, index: int) -> ProcessState:
+        key = process_name(role, index)
+        state = self._states.get(key)
+        if state is None:
+            raise KeyError(key)
+        return state
+
+    def register(self, role: str, index: int, pid: int, address: str) -> None:
+        with self._lock:
+            state = self._state(role, index)
+            state.registered, state.pid, state.address = True, pid, address
+            state.phase_since = time.monotonic()
+        logger.debug("%s registered (pid %d, %s)", process_name(role, index), pid, address)
+
+    def report(self, role: str, index: int, steps_done: int, phase: str, global_step: int,
+               seq: int) -> None:
+        with self._lock:
+            state = self._state(role, index)
+            if seq <= state.seq:
+                return   # reordered or repeated: keep the newest
+            if (steps_done, phase) != (state.steps_done, state.phase):
+                state.phase_since = time.monotonic()
+            state.steps_done, state.phase, state.global_step, state.seq = (
+                steps_done, phase, global_step, seq)
+
+    def exchange(self, role: str, index: int, key: str, value: bytes, expect: int,
+                 timeout_s: float) -> dict[str, bytes] | None:
+        """Post ``value`` under ``key``; every posted value once ``expect`` have
+        posted, or None after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            posted = self._exchanges.setdefault(key, {})
+            posted[process_name(role, index)] = value
+            self._lock.notify_all()
+            while len(posted) < expect:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._server is None:
+                    return None
+                self._lock.wait(remaining)
+            return dict(posted)
+
+
+class _Servicer:
+    """The generated servicer's methods, on a Coordinator."""
+
+    def __init__(self, coordinator: Coordinator, pb2: ModuleType) -> None:
+        self._c = coordinator
+        self._pb2 = pb2
+
+    def _check(self, process: Any, context: grpc.ServicerContext) -> None:
+        try:
+            self._c._state(process.role, process.index)
+        except KeyError:
+            context.abort(grpc.StatusCode.NOT_FOUND,
+                          f"no {process.role} {process.index} in this job")
+
+    def Register(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self._check(request.process, context)
+        self._c.register(request.process.role, request.process.index, request.pid,
+                         request.address)
+        return self._pb2.RegisterReply(num_workers=self._c.num_workers,
+                                       num_servers=self._c.num_servers)
+
+    def Report(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self._check(request.process, context)
+        self._c.report(request.process.role, request.process.index, request.steps_done,
+                       request.phase, request.global_step, request.seq)
+        return self._pb2.ReportReply()
+
+    def Exchange(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self._check(request.process, context)
+        timeout = request.timeout_s if request.timeout_s > 0 else 60.0
+        values = self._c.exchange(request.process.role, request.process.index, request.key,
+                                  request.value, request.expect, timeout)
+        if values is None:
+            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                          f"fewer than {request.expect} processes posted {request.key!r} "
+                          f"within {timeout:.0f} s")
+        return self._pb2.ExchangeReply(values=values)
+
+
+# ---------------------------------------------------------------------------
+# Stall and step-count diagnosis (in the launcher)
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: str       # "mismatch" or "stall"
+    message: str
+
+
+def _ran(state: ProcessState) -> int:
+    """Steps a worker has run, the one it is inside counted."""
+    return state.steps_done + (1 if state.phase == PHASE_STEP else 0)
+
+
+def diagnose(states: Mapping[str, ProcessState], exited: Mapping[str, int],
+             stall_timeout_s: float, now: float) -> Verdict | None:
+    """Why the job cannot go on, or None if nothing is known to be wrong.
+
+    ``exited`` maps the name of each worker that has exited to its return
+    code. Pure, so it is unit-testable.
+
+    - Mismatch: a worker that finished training (closed its Runner or exited
+      0) after N steps while another has started step N+1, which can never
+      complete without it (or died in it).
+    - Stall: a worker has waited inside a step for ``stall_timeout_s`` while
+      another has not started that step.
+    """
+    workers = sorted((s for s in states.values() if s.role == envvars.WORKER_JOB),
+                     key=lambda s: s.index)
+    finished = [s for s in workers
+                if s.registered and (s.phase == PHASE_CLOSED or exited.get(s.name) == 0)]
+    for done in finished:
+        ahead = [s for s in workers if s is not done and _ran(s) > done.steps_done
+                 and (s.phase == PHASE_STEP or exited.get(s.name, 0) != 0)]
+        if ahead:
+            others = ", ".join(f"{s.name} ran {_ran(s)}" for s in ahead)
+            how = "has exited" if done.name in exited else "has closed its Runner"
+            return Verdict("mismatch", (
+                f"mismatched step counts: {done.name} stopped after {done.steps_done} steps, "
+                f"{others}. Every worker must run the same number of training steps (a step's "
+                f"collectives need all of them); {done.name} {how}."))
+
+    if stall_timeout_s <= 0:
+        return None
+    waiting = [s for s in workers if s.name not in exited and s.phase == PHASE_STEP
+               and now - s.phase_since >= stall_timeout_s]
+    if not waiting:
+        return None
+    step = max(_ran(s) for s in waiting)
+    stuck = [s for s in workers if s.name not in exited
+             and not (s.phase == PHASE_STEP and _ran(s) >= step)]
+    if not stuck:
+        return None
+    lines = []
+    for s in stuck:
+        if not s.registered:
+            where = "it never registered with the coordinator (still starting, or hung before)"
+        elif s.phase == PHASE_INIT:
+            where = "it is still initialising"
+        elif s.phase == PHASE_STEP:
+            where = f"it is inside step {_ran(s)}"
+        else:
+            place = {PHASE_SCRIPT: "in the training script, outside autopar",
+                     PHASE_OTHER: "running ops that are not a training step",
+                     PHASE_CLOSED: "its Runner is closed"}.get(s.phase, s.phase)
+            where = f"it finished step {s.steps_done} and is {place}"
+        pid = f", pid {s.pid}" if s.pid else ""
+        lines.append(f"  {s.name}{pid}: has not started step {step} for "
+                     f"{now - s.phase_since:.0f} s; {where}")
+    waits = ", ".join(f"{s.name} (in step {_ran(s)} for {now - s.phase_since:.0f} s)"
+                      for s in waiting)
+    names = ", ".join(s.name for s in stuck)
+    return Verdict("stall", (
+        f"job stalled: {waits} waits for {names} to join step {step} "
+        f"(a step's collectives need every worker):\n" + "\n".join(lines) +
+        f"\nEnding the job after {stall_timeout_s:g} s without progress "
+        f"(Config(stall_timeout_s=...); 0 disables)."))
+
+
+class JobMonitor:
+    """Checked by the launcher's supervision loop: ends the job (returns an
+    exit status) on a stall or a step-count mismatch."""
+
+    def __init__(self, coordinator: Coordinator, stall_timeout_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.coordinator = coordinator
+        self.stall_timeout_s = stall_timeout_s
+        self._clock = clock
+
+    def check(self, exited: Mapping[str, int]) -> int | None:
+        verdict = diagnose(self.coordinator.snapshot(), exited, self.stall_timeout_s,
+                           self._clock())
+        if verdict is None:
+            return None
+        logger.error("%s", verdict.message)
+        return 1
+
+
+# ---------------------------------------------------------------------------
+# Client (in workers and servers)
+# ---------------------------------------------------------------------------
+
+class CoordinatorClient:
+    """A process's connection to its job's coordinator.
+
+    ``report`` only records the newest state and wakes a background thread
+    that sends it, so a training step never waits on the network; states
+    newer than the last report are coalesced into one at most every
+    _REPORT_INTERVAL_S, and reports that fail are dropped (the next one
+    carries the newest state anyway).
+    """
+
+    def __init__(self, address: str, token: str, role: str, index: int) -> None:
+        self._pb2, pb2_grpc = _grpc_modules()
+        self.role, self.index = role, index
+        self._metadata = ((TOKEN_METADATA, token),)
+        self._channel = grpc.insecure_channel(address)
+        self._stub = pb2_grpc.CoordinatorStub(self._channel)
+        self._process = self._pb2.ProcessId(role=role, index=index)
+        self._cond = threading.Condition()
+        self._latest: tuple[int, str, int] | None = None
+        self._seq = 0
+        self._sent_seq = 0
+        self._closed = False
+        self._warned = False
+        self._thread = threading.Thread(target=self._send_loop, name="autopar-coord-report",
+                                        daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_env(cls, role: str, index: int,
+                 environ: Mapping[str, str] | None = None) -> "CoordinatorClient | None":
+        """The client for this process, or None when not started by the launcher."""
+        environ = os.environ if environ is None else environ
+        address, token = environ.get(envvars.COORDINATOR), environ.get(envvars.COORD_TOKEN)
+        if not address or not token:
+            return None
+        return cls(address, token, role, index)
+
+    def register(self, address: str, timeout_s: float = _REGISTER_TIMEOUT_S) -> Any:
+        return self._stub.Register(
+            self._pb2.RegisterRequest(process=self._process, pid=os.getpid(), address=address),
+            metadata=self._metadata, timeout=timeout_s, wait_for_ready=True)
+
+    def report(self, steps_done: int, phase: str, global_step: int = -1) -> None:
+        with self._cond:
+            self._seq += 1
+            self._latest = (steps_done, phase, global_step)
+            self._cond.notify_all()
+
+    def flush(self, timeout_s: float = _RPC_TIMEOUT_S) -> bool:
+        """Wait until the newest state has been sent (True) or ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._sent_seq < self._seq:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._closed:
+                    return False
+                self._cond.wait(remaining)
+        return True
+
+    def exchange(self, key: str, value: bytes, expect: int,
+                 timeout_s: float = 60.0) -> dict[str, bytes]:
+        reply = self._stub.Exchange(
+            self._pb2.ExchangeRequest(process=self._process, key=key, value=value, expect=expect,
+                                      timeout_s=timeout_s),
+            metadata=self._metadata, timeout=timeout_s + _RPC_TIMEOUT_S)
+        return dict(reply.values)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._channel.close()
+
+    def _send_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and self._sent_seq >= self._seq:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                seq, (steps_done, phase, global_step) = self._seq, self._latest
+            try:
+                self._stub.Report(
+                    self._pb2.ProgressReport(process=self._process, steps_done=steps_done,
+                                             phase=phase, global_step=global_step, seq=seq),
+                    metadata=self._metadata, timeout=_RPC_TIMEOUT_S)
+            except grpc.RpcError as exc:
+                if not self._warned:
+                    logger.debug("progress report to the coordinator failed: %s", exc.code())
+                    self._warned = True
+            with self._cond:
+                self._sent_seq = max(self._sent_seq, seq)
+                self._cond.notify_all()
+                self._cond.wait_for(lambda: self._closed, timeout=_REPORT_INTERVAL_S)
+
+
+class ProgressHook:
+    """What the Runner calls around each session.run: turns runs into
+    (steps_done, phase) reports."""
+
+    def __init__(self, client: CoordinatorClient) -> None:
+        self.client = client
+        self.steps_done = 0
+        self.global_step = -1
+
+    def before_run(self, is_step: bool) -> None:
+        self.client.report(self.steps_done, PHASE_STEP if is_step else PHASE_OTHER,
+                           self.global_step)
+
+    def after_run(self, is_step: bool, global_step: int = -1) -> None:
+        if is_step:
+            self.steps_done += 1
+            self.global_step = global_step
+        self.client.report(self.steps_done, PHASE_SCRIPT, self.global_step)
+
+    def closed(self) -> None:
+        self.client.report(self.steps_done, PHASE_CLOSED, self.global_step)
+        self.client.flush()
+
+
+def host_address(address: str) -> str:
+    """The IP literal of a spec address ("localhost" → "127.0.0.1")."""
+    import socket
+    bare = address.strip().strip("[]")
+    try:
+        infos = socket.getaddrinfo(bare, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return bare
+    families = sorted(infos, key=lambda i: i[0] != socket.AF_INET)   # IPv4 first
+    return str(families[0][4][0]) if families else bare
+
+
+def launcher_host(addresses: Sequence[str], is_local: Callable[[str], bool]) -> str:
+    """The address the coordinator listens on: the spec's address of this
+    machine if it is one of the spec's hosts (loopback for a wildcard one),
+    else the local address that routes to the first host."""
+    import ipaddress
+    import socket
+    for address in addresses:
+        if is_local(address):
+            ip = host_address(address)
+            try:
+                if ipaddress.ip_address(ip).is_unspecified:
+                    return "::1" if ":" in ip else "127.0.0.1"
+            except ValueError:
+                pass
+            return ip
+    target = host_address(addresses[0])
+    family = socket.AF_INET6 if ":" in target else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((target, 9))   # UDP connect sends nothing; it picks the route
+            return str(probe.getsockname()[0])
+    except OSError as exc:
+        from autopar.errors import LaunchError
+        raise LaunchError(f"no route from this machine to {addresses[0]} for the job "
+                          f"coordinator ({exc}); check the host's address in the spec") from exc

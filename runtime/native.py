@@ -1,0 +1,97 @@
+"""Build steps run at install time (``make install`` and setup.py's build):
+the coordinator's gRPC modules from ``runtime/coordinator.proto`` and the
+bind shim ``cpp_ops/bind_shim.c``. Standard library only, so setup.py can
+load this file before anything is installed.
+
+    python -m runtime.native [--dest DIR]    build both into DIR (default runtime/)
+
+The _pb2 modules are generated, not committed: generated code names the
+grpcio-tools release that made it and refuses to run on an older grpcio, so
+making it from the pinned grpcio-tools at install keeps it matched to the
+pinned grpcio/protobuf, and the .proto stays the one source to edit.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+RUNTIME_DIR = Path(__file__).resolve().parent
+REPO_ROOT = RUNTIME_DIR.parent
+PROTO = RUNTIME_DIR / "coordinator.proto"
+SHIM_SOURCE = REPO_ROOT / "cpp_ops" / "bind_shim.c"
+SHIM_NAME = "libautopar_bind.so"
+PROTO_MODULES = ("coordinator_pb2.py", "coordinator_pb2_grpc.py")
+
+
+class BuildError(RuntimeError):
+    """A build step could not run; the message says what to install."""
+
+
+def build_protos(dest: Path = RUNTIME_DIR) -> None:
+    """Generate runtime/coordinator_pb2{,_grpc}.py into ``dest`` with grpcio-tools."""
+    try:
+        from grpc_tools import protoc  # type: ignore[import-untyped]
+    except ImportError as exc:
+        raise BuildError("generating the coordinator's gRPC code needs grpcio-tools "
+                         "(pip install grpcio-tools==1.85.1, or `make install`)") from exc
+    import importlib.resources
+    well_known = str(importlib.resources.files("grpc_tools") / "_proto")
+    # Generated with -I <repo root> so the modules import each other as
+    # "from runtime import coordinator_pb2"; written to a temporary directory
+    # first so a concurrent import never sees a half-written module.
+    with tempfile.TemporaryDirectory() as tmp:
+        code = protoc.main(["grpc_tools.protoc", f"-I{REPO_ROOT}", f"-I{well_known}",
+                            f"--python_out={tmp}", f"--grpc_python_out={tmp}",
+                            str(PROTO.relative_to(REPO_ROOT))])
+        if code != 0:
+            raise BuildError(f"protoc failed on {PROTO} (status {code})")
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in PROTO_MODULES:
+            os.replace(shutil.copy(Path(tmp) / "runtime" / name, dest / f".{name}.tmp"), dest / name)
+
+
+def compiler() -> str:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return name
+    raise BuildError("building autopar's bind shim (cpp_ops/bind_shim.c) needs a C compiler: "
+                     "install one (Debian/Ubuntu: apt-get install gcc; Fedora/RHEL: dnf install gcc; "
+                     "Alpine: apk add build-base) or set CC")
+
+
+def build_shim(dest: Path = RUNTIME_DIR) -> Path:
+    """Compile the bind shim into ``dest``/libautopar_bind.so; returns its path."""
+    dest.mkdir(parents=True, exist_ok=True)
+    out = dest / SHIM_NAME
+    tmp = dest / f".{SHIM_NAME}.{os.getpid()}.tmp"
+    cmd = [compiler(), "-O2", "-Wall", "-Werror", "-shared", "-fPIC", "-o", str(tmp),
+           str(SHIM_SOURCE), "-ldl"]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise BuildError(f"compiling {SHIM_SOURCE} failed ({' '.join(cmd)}):\n{proc.stdout}")
+    os.replace(tmp, out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dest", type=Path, default=RUNTIME_DIR)
+    args = parser.parse_args(argv)
+    try:
+        build_protos(args.dest)
+        build_shim(args.dest)
+    except BuildError as exc:
+        print(f"autopar build: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""The job coordinator in real jobs: nothing of a loopback job is reachable
+from another network (a network namespace of the test's own, joined to this
+one by a veth pair), the coordinator refuses calls without the job's token,
+and stalls and step-count mismatches end the job with a message naming the
+workers, leaving nothing running."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from runtime.coordinator import _grpc_modules
+from tests.integration.cluster import pid_alive, train_command, write_spec
+from tests.integration.test_failures import LineReader, _start
+
+_CONNECT = ("import socket, sys\n"
+            "for port in sys.argv[2:]:\n"
+            "    try:\n"
+            "        socket.create_connection((sys.argv[1], int(port)), timeout=3).close()\n"
+            "        print(port, 'open')\n"
+            "    except OSError as e:\n"
+            "        print(port, 'closed', e.errno)\n")
+
+
+def _run(*cmd: str) -> None:
+    subprocess.run(cmd, check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+class _OutsideNetwork:
+    """A network namespace "apt<pid>" with a veth pair: this side 10.214.X.1,
+    the namespace's side 10.214.X.2 (/30). Connecting from the namespace to
+    10.214.X.1 is reaching this machine through a non-loopback address."""
+
+    def __init__(self) -> None:
+        pid = os.getpid()
+        self.ns = f"apt{pid}"
+        self.host_if, self.ns_if = f"apt{pid}h", f"apt{pid}n"
+        x = pid % 250
+        self.host_ip, self.ns_ip = f"10.214.{x}.1", f"10.214.{x}.2"
+
+    def __enter__(self) -> "_OutsideNetwork":
+        try:
+            _run("ip", "netns", "add", self.ns)
+            _run("ip", "link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if)
+            _run("ip", "link", "set", self.ns_if, "netns", self.ns)
+            _run("ip", "addr", "add", f"{self.host_ip}/30", "dev", self.host_if)
+            _run("ip", "link", "set", self.host_if, "up")
+            _run("ip", "netns", "exec", self.ns, "ip", "addr", "add", f"{self.ns_ip}/30",
+                 "dev", self.ns_if)
+            _run("ip", "netns", "exec", self.ns, "ip", "link", "set", self.ns_if, "up")
+            _run("ip", "netns", "exec", self.ns, "ip", "link", "set", "lo", "up")
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        subprocess.run(["ip", "link", "del", self.host_if], capture_output=True)
+        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
+
+    def probe(self, ports: list[int]) -> dict[int, str]:
+        """Connect from inside the namespace to this machine's veth address."""
+        out = subprocess.run(["ip", "netns", "exec", self.ns, sys.executable, "-c", _CONNECT,
+                              self.host_ip, *map(str, ports)],
+                             capture_output=True, text=True, timeout=120, check=True).stdout
+        return {int(p): state for p, state, *_ in (line.split() for line in out.splitlines())}
+
+
+def _listening(pids: set[int]) -> dict[int, str]:
+    """port -> local address of every TCP socket the processes listen on."""
+    out = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True, check=True).stdout
+    found = {}
+    for line in out.splitlines():
+        owners = {int(p) for p in re.findall(r"pid=(\d+)", line)}
+        if owners & pids:
+            local = line.split()[3]
+            address, _, port = local.rpartition(":")
+            found[int(port)] = address
+    return found
+
+
+def _job_pids(text: str, launcher: int) -> set[int]:
+    return {launcher} | {int(p) for p in re.findall(r"started \w+ \d+ at \S+, pid (\d+)", text)}
+
+
+def _stop(proc: subprocess.Popen, pids: set[int]) -> None:
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)   # the launcher stops its children
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if pid_alive(p)]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="creating a network namespace and a veth pair "
+                    "needs root (CAP_NET_ADMIN)")
+def test_loopback_job_unreachable_from_outside_and_coordinator_needs_token(tmp_path):
+    spec = write_spec(tmp_path, workers=2, servers=1)
+    proc = _start(train_command("mlp_sgd", tmp_path / "out", "--steps", "1000",
+                                "--stall-at", "3", "--stall-timeout", "0", "--spec", str(spec)))
+    reader = LineReader(proc)
+    pids: set[int] = {proc.pid}
+    try:
+        reader.wait_for(r"worker 1 stalling at step 3", 180)
+        text = reader.text
+        pids = _job_pids(text, proc.pid)
+        assert len(pids) == 4, text   # launcher, 2 workers, 1 server
+        listening = _listening(pids)
+        # 2 workers' and 1 server's TensorFlow servers, and the coordinator.
+        assert len(listening) >= 4, listening
+        assert set(listening.values()) <= {"127.0.0.1", "[::ffff:127.0.0.1]"}, listening
+
+        with _OutsideNetwork() as outside:
+            # Control: a wildcard listener of this machine is reachable from the
+            # namespace, so "closed" below is the job's doing.
+            with socket.socket() as control:
+                control.bind(("0.0.0.0", 0))
+                control.listen()
+                control_port = control.getsockname()[1]
+                probed = outside.probe([control_port, *listening])
+            assert probed.pop(control_port) == "open"
+            assert probed == {port: "closed" for port in listening}, probed
+
+        # The coordinator: the launcher's own listening port.
+        coordinator_ports = [p for p in _listening({proc.pid})]
+        assert len(coordinator_ports) == 1, coordinator_ports
+        address = f"127.0.0.1:{coordinator_ports[0]}"
+        child = min(pids - {proc.pid})   # every child has the token
+        environ = dict(kv.split("=", 1) for kv in
+                       Path(f"/proc/{child}/environ").read_text().split("\0") if "=" in kv)
+        token = environ["AUTOPAR_COORD_TOKEN"]
+        assert len(token) >= 32
+        pb2, pb2_grpc = _grpc_modules()
+        with grpc.insecure_channel(address) as channel:
+            stub = pb2_grpc.CoordinatorStub(channel)
+            request = pb2.ExchangeRequest(process=pb2.ProcessId(role="worker", index=0),
+                                          key="probe", value=b"x", expect=1, timeout_s=5)
+            for metadata in (None, (("autopar-token", "0" * len(token)),)):
+                with pytest.raises(grpc.RpcError) as info:
+                    stub.Exchange(request, metadata=metadata, timeout=10)
+                assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            # Control: the same call with the job's token is answered.
+            reply = stub.Exchange(request, metadata=(("autopar-token", token),), timeout=10)
+            assert reply.values["worker 0"] == b"x"
+        # The token is in no command line and no log line.
+        for pid in pids:
+            assert token not in Path(f"/proc/{pid}/cmdline").read_text()
+        assert token not in reader.text
+    finally:
+        _stop(proc, pids)
+
+
+def _run_until_end(tmp_path, *extra: str, ready: str) -> tuple[subprocess.Popen, LineReader,
+                                                               str, float, set[int]]:
+    spec = write_spec(tmp_path, workers=2, servers=1)
+    proc = _start(train_command("mlp_sgd", tmp_path / "out", "--stall-timeout", "5",
+                                "--spec", str(spec), *extra))
+    reader = LineReader(proc)
+    try:
+        reader.wait_for(ready, 180)
+        seen = time.monotonic()
+        pids = _job_pids(reader.text, proc.pid)
+        rest = reader.rest(timeout=60)
+        elapsed = time.monotonic() - seen
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if pid_alive(p)], reader.text[-3000:]
+    return proc, reader, rest, elapsed, pids
+
+
+def test_stalled_worker_ends_job_naming_it(tmp_path):
+    proc, reader, rest, elapsed, pids = _run_until_end(
+        tmp_path, "--steps", "1000", "--stall-at", "3", ready=r"worker 1 stalling at step 3")
+    assert proc.returncode == 1, reader.text[-3000:]
+    assert len(pids) == 4
+    assert elapsed < 5 + 10, f"the job ended {elapsed:.1f} s after worker 1 stalled"
+    assert re.search(r"job stalled: worker 0 \(in step 4 .*\) waits for worker 1", rest), rest
+    assert re.search(r"worker 1, pid \d+: has not started step 4 .* finished step 3", rest), rest
+
+
+@pytest.mark.parametrize("after", ["exit", "sleep"])
+def test_mismatched_step_counts_end_job(tmp_path, after):
+    proc, reader, rest, elapsed, pids = _run_until_end(
+        tmp_path, "--steps", "6", "--fewer-steps", after, ready=r"worker 1 stops after 5 steps")
+    assert proc.returncode == 1, reader.text[-3000:]
+    assert "mismatched step counts: worker 1 stopped after 5 steps, worker 0 ran 6" in rest, rest
+    assert "UnavailableError" not in reader.text

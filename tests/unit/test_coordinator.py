@@ -1,0 +1,236 @@
+"""The job coordinator (real gRPC on loopback), its stall/mismatch diagnosis,
+and the bind shim (real sockets in a child process with LD_PRELOAD)."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+
+import grpc
+import pytest
+
+from runtime import env as envvars
+from runtime.coordinator import (PHASE_CLOSED, PHASE_SCRIPT, PHASE_STEP, Coordinator,
+                                 CoordinatorClient, ProcessState, _grpc_modules, diagnose)
+from runtime.launcher import bind_env_value, bind_shim_path
+
+
+@pytest.fixture
+def coordinator():
+    c = Coordinator("127.0.0.1", num_workers=2, num_servers=1)
+    c.start()
+    yield c
+    c.stop()
+
+
+def _stub(address: str):
+    pb2, pb2_grpc = _grpc_modules()
+    channel = grpc.insecure_channel(address)
+    return pb2, pb2_grpc.CoordinatorStub(channel), channel
+
+
+def test_listens_on_the_given_address_only(coordinator):
+    assert coordinator.address.startswith("127.0.0.1:")
+    # The kernel's view: the listening socket is 127.0.0.1:port (gRPC may use
+    # an IPv6 socket bound to the v4-mapped form of it), not *:port.
+    out = subprocess.run(["ss", "-Hltn", f"sport = :{coordinator.port}"], capture_output=True,
+                         text=True).stdout.split()
+    assert out[0] == "LISTEN", out
+    assert out[3] in (f"127.0.0.1:{coordinator.port}", f"[::ffff:127.0.0.1]:{coordinator.port}"), out
+
+
+@pytest.mark.parametrize("token", [None, "", "wrong"])
+def test_calls_without_the_token_are_refused(coordinator, token):
+    pb2, stub, channel = _stub(coordinator.address)
+    metadata = None if token is None else (("autopar-token", token),)
+    with channel, pytest.raises(grpc.RpcError) as info:
+        stub.Register(pb2.RegisterRequest(process=pb2.ProcessId(role="worker", index=0), pid=1),
+                      metadata=metadata, timeout=10)
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert not coordinator.snapshot()["worker 0"].registered
+
+
+def test_register_report_and_exchange(coordinator):
+    clients = [CoordinatorClient(coordinator.address, coordinator.token, "worker", i)
+               for i in range(2)]
+    try:
+        reply = clients[0].register("127.0.0.1:1")
+        assert (reply.num_workers, reply.num_servers) == (2, 1)
+        clients[0].report(3, PHASE_STEP, 3)
+        assert clients[0].flush(10)
+        state = coordinator.snapshot()["worker 0"]
+        assert (state.registered, state.steps_done, state.phase, state.global_step) == (
+            True, 3, PHASE_STEP, 3)
+        # Exchange is a barrier: both calls return both values.
+        results = {}
+        threads = [threading.Thread(target=lambda i=i: results.__setitem__(
+            i, clients[i].exchange("seed", str(i).encode(), expect=2, timeout_s=20)))
+            for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert results[0] == results[1] == {"worker 0": b"0", "worker 1": b"1"}
+        with pytest.raises(grpc.RpcError) as info:
+            clients[0].exchange("alone", b"x", expect=2, timeout_s=0.5)
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    finally:
+        for c in clients:
+            c.close()
+
+
+def test_unknown_process_is_refused(coordinator):
+    client = CoordinatorClient(coordinator.address, coordinator.token, "worker", 7)
+    try:
+        with pytest.raises(grpc.RpcError) as info:
+            client.register("x")
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    finally:
+        client.close()
+
+
+def test_client_from_env_needs_address_and_token():
+    assert CoordinatorClient.from_env("worker", 0, {}) is None
+    assert CoordinatorClient.from_env("worker", 0, {envvars.COORDINATOR: "127.0.0.1:1"}) is None
+
+
+# -- diagnosis ---------------------------------------------------------------
+
+def _workers(*specs, now=100.0):
+    """specs: (steps_done, phase, seconds in that state)."""
+    return {f"worker {i}": ProcessState("worker", i, pid=1000 + i, registered=True,
+                                         steps_done=d, phase=p, phase_since=now - age)
+            for i, (d, p, age) in enumerate(specs)}
+
+
+def test_stall_names_the_stuck_worker_and_its_step():
+    states = _workers((3, PHASE_STEP, 6), (3, PHASE_SCRIPT, 6))
+    verdict = diagnose(states, {}, stall_timeout_s=5, now=100.0)
+    assert verdict is not None and verdict.kind == "stall"
+    assert "worker 0 (in step 4" in verdict.message
+    assert "worker 1, pid 1001: has not started step 4" in verdict.message
+    assert "finished step 3 and is in the training script" in verdict.message
+
+
+def test_no_stall_before_the_timeout_or_when_disabled_or_all_in_the_step():
+    assert diagnose(_workers((3, PHASE_STEP, 4), (3, PHASE_SCRIPT, 4)), {}, 5, 100.0) is None
+    assert diagnose(_workers((3, PHASE_STEP, 60), (3, PHASE_SCRIPT, 60)), {}, 0, 100.0) is None
+    # Everybody inside the same step: a slow step, not a stall.
+    assert diagnose(_workers((3, PHASE_STEP, 60), (3, PHASE_STEP, 60)), {}, 5, 100.0) is None
+
+
+@pytest.mark.parametrize("exited", [{}, {"worker 1": 0}])
+def test_mismatch_when_a_finished_worker_ran_fewer_steps(exited):
+    states = _workers((9, PHASE_STEP, 0), (9, PHASE_CLOSED if not exited else PHASE_SCRIPT, 0))
+    verdict = diagnose(states, exited, stall_timeout_s=0, now=100.0)
+    assert verdict is not None and verdict.kind == "mismatch"
+    assert "worker 1 stopped after 9 steps, worker 0 ran 10" in verdict.message
+
+
+def test_mismatch_reported_when_the_waiting_worker_dies():
+    # Worker 1 exited 0 after 9 steps; worker 0 then died in step 10
+    # (UnavailableError in its all-reduce).
+    states = _workers((9, PHASE_STEP, 0), (9, PHASE_CLOSED, 0))
+    verdict = diagnose(states, {"worker 1": 0, "worker 0": 1}, 60, 100.0)
+    assert verdict is not None and "worker 1 stopped after 9 steps, worker 0 ran 10" in verdict.message
+
+
+def test_equal_step_counts_finishing_is_not_a_mismatch():
+    # Worker 1 finished its 10 steps; worker 0 is still completing step 10.
+    states = _workers((9, PHASE_STEP, 0), (10, PHASE_CLOSED, 0))
+    assert diagnose(states, {"worker 1": 0}, 60, 100.0) is None
+
+
+# -- bind shim ---------------------------------------------------------------
+
+_BIND_PROBE = r"""
+import errno, json, socket, sys
+port, other = int(sys.argv[1]), int(sys.argv[2])
+out = {}
+for name, family, wildcard in (("v4", socket.AF_INET, "0.0.0.0"), ("v6", socket.AF_INET6, "::")):
+    s = socket.socket(family)
+    try:
+        s.bind((wildcard, port)); out[name] = s.getsockname()[0]
+    except OSError as e:
+        out[name] = errno.errorcode[e.errno]
+o = socket.socket(socket.AF_INET); o.bind(("0.0.0.0", other)); out["other"] = o.getsockname()[0]
+print(json.dumps(out))
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("address, elsewhere, expected", [
+    ("127.0.0.1", "10.214.255.254", {"v4": "127.0.0.1", "v6": "EAFNOSUPPORT"}),
+    ("::1", "fd00:214::1", {"v4": "EAFNOSUPPORT", "v6": "::1"}),
+])
+def test_bind_shim_rewrites_wildcard_binds_of_job_ports_only(address, elsewhere, expected):
+    port, other = _free_port(), _free_port()
+    # Another host's address on the same port is tried first and skipped.
+    bind = f"{elsewhere}/{port},{address}/{port}"
+    env = dict(os.environ, LD_PRELOAD=bind_shim_path(), **{envvars.BIND: bind})
+    out = subprocess.run([sys.executable, "-c", _BIND_PROBE, str(port), str(other)], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {**expected, "other": "0.0.0.0"}
+
+
+def test_bind_env_value_lists_every_endpoint():
+    cluster = {"worker": ["127.0.0.1:5000", "localhost:5001"], "ps": ["[::1]:5002"]}
+    assert bind_env_value(cluster) == "127.0.0.1/5000,127.0.0.1/5001,::1/5002"
+
+
+def test_children_get_the_token_in_their_environment_only_when_local():
+    from runtime.launcher import _give_token, _job_env, _job_monitor, plan_children
+    from runtime.spec import HostSpec, ResourceSpec, SSHSettings
+    spec = ResourceSpec(hosts=(
+        HostSpec(address="127.0.0.1", workers=1, servers=0),
+        HostSpec(address="192.0.2.10", workers=1, servers=0,  # TEST-NET-1: never local
+                 ssh=SSHSettings(user="bob")),
+    ))
+    cluster = {"worker": ["127.0.0.1:5000", "192.0.2.10:5000"]}
+    coordinator = Coordinator("127.0.0.1", num_workers=2, num_servers=0)
+    plans = plan_children(spec, cluster, [sys.executable, "train.py"],
+                          extra_env=_job_env(coordinator, cluster), cwd="/here")
+    _give_token(plans, coordinator)
+    local, remote = plans
+    assert local.env[envvars.COORD_TOKEN] == coordinator.token
+    assert local.env[envvars.COORDINATOR] == coordinator.address
+    assert local.env[envvars.BIND] == "127.0.0.1/5000,192.0.2.10/5000"
+    assert local.env["LD_PRELOAD"].split()[0] == bind_shim_path()
+    assert coordinator.token not in " ".join(local.command + remote.command)
+    assert envvars.COORD_TOKEN not in remote.env
+    # Without the remote worker's reports a stall cannot be judged.
+    assert _job_monitor(plans, coordinator, 60) is None
+    assert _job_monitor([local], coordinator, 60) is not None
+
+
+def test_missing_compiler_names_what_to_install(monkeypatch, tmp_path):
+    from runtime import native
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    with pytest.raises(native.BuildError, match="needs a C compiler: install one.*apt-get install gcc"):
+        native.build_shim(tmp_path)
+
+
+def test_coordinator_address_is_this_hosts_spec_address_never_the_wildcard():
+    from runtime.coordinator import launcher_host
+    local = {"127.0.0.2", "0.0.0.0", "localhost"}.__contains__
+    assert launcher_host(["192.0.2.10", "127.0.0.2"], local) == "127.0.0.2"
+    assert launcher_host(["localhost"], local) == "127.0.0.1"
+    assert launcher_host(["0.0.0.0"], local) == "127.0.0.1"
+    # No local host in the spec: the address this machine reaches the first one from.
+    assert launcher_host(["127.0.0.3"], lambda a: False) == "127.0.0.1"
+
+
+def test_coordinator_on_an_address_not_of_this_machine_is_a_launch_error():
+    from autopar.errors import LaunchError
+    with pytest.raises(LaunchError, match="could not listen on 192.0.2.10"):
+        Coordinator("192.0.2.10", 1, 0).start()

@@ -1,0 +1,275 @@
+"""The single-device Runner (`get_runner(graph, None)`) accepts every feed and
+fetch a plain tf.compat.v1.Session accepts, runs graphs autopar cannot
+distribute, and counts training steps; autopar errors from get_runner end the
+process cleanly. Each case is checked against a plain Session on an identical
+graph."""
+from __future__ import annotations
+
+import collections
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import autopar
+from autopar.errors import UnsupportedGraphError
+
+tf1 = tf.compat.v1
+
+SPARSE = tf1.SparseTensorValue(indices=[[0, 1], [0, 4], [1, 0], [2, 5]],
+                               values=[1.0, -2.0, 0.5, 3.0], dense_shape=[3, 6])
+Pair = collections.namedtuple("Pair", "loss weights")
+
+
+@pytest.fixture(autouse=True)
+def _no_job(monkeypatch):
+    # These tests are the script run outside any job.
+    for var in ("AUTOPAR_ROLE", "TF_CONFIG", "AUTOPAR_DEBUG"):
+        monkeypatch.delenv(var, raising=False)
+    # get_runner gives the "autopar" logger its own stdout handler; leave the
+    # logger as found so other tests' log capture still sees its records.
+    logger = logging.getLogger("autopar")
+    state = (list(logger.handlers), logger.propagate, logger.level)
+    yield
+    logger.handlers[:] = state[0]
+    logger.propagate, logger.level = state[1], state[2]
+
+
+@pytest.fixture
+def steps_logged():
+    """The step numbers the Runner's progress reports (every step)."""
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    handler = Collect()
+    logger = logging.getLogger("autopar.progress")
+    logger.addHandler(handler)
+    yield lambda: [int(line.split()[1]) for line in lines if line.startswith("step ")]
+    logger.removeHandler(handler)
+
+
+def _sparse_model():
+    """A sparse input whose gradient flows into `w` through sparse_dense_matmul,
+    a placeholder with a default, and a dense input fed by name."""
+    graph = tf.Graph()
+    with graph.as_default():
+        sp = tf1.sparse_placeholder(tf.float32, [None, 6], name="sp")
+        x = tf1.placeholder(tf.float32, [None, 2], name="x")
+        scale = tf1.placeholder_with_default(tf.constant(1.0), [], name="scale")
+        w = tf1.get_variable("w", [6, 2], initializer=tf1.glorot_uniform_initializer(seed=3))
+        h = tf.sparse.sparse_dense_matmul(sp, w) * scale + x
+        loss = tf.reduce_mean(tf.square(h), name="loss")
+        train = tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    return graph, sp, x, scale, w, loss, train
+
+
+def _plain_session(graph):
+    with graph.as_default():
+        init = tf1.global_variables_initializer()
+    sess = tf1.Session(graph=graph)
+    sess.run(init)
+    return sess
+
+
+def test_sparse_feed_and_fetch_match_a_plain_session(steps_logged):
+    graph, sp, x, scale, w, loss, train = _sparse_model()
+    ref_graph, r_sp, r_x, r_scale, r_w, r_loss, r_train = _sparse_model()
+    ref = _plain_session(ref_graph)
+    xs = np.arange(6, dtype=np.float32).reshape(3, 2) / 10
+    with autopar.get_runner(graph, None, autopar.Config(log_every_steps=1)) as runner:
+        # SparseTensorValue, then a plain (indices, values, shape) tuple, a
+        # tensor fed by name, the default of `scale` and then a fed `scale`.
+        feeds = [{sp: SPARSE, "x:0": xs},
+                 {sp: tuple(SPARSE), x: xs},
+                 {sp: SPARSE, x: xs, scale: 0.5}]
+        ref_feeds = [{r_sp: SPARSE, "x:0": xs},
+                     {r_sp: tuple(SPARSE), r_x: xs},
+                     {r_sp: SPARSE, r_x: xs, r_scale: 0.5}]
+        for feed, ref_feed in zip(feeds, ref_feeds):
+            got_loss, _ = runner.run([loss, train], feed)
+            want_loss, _ = ref.run([r_loss, r_train], ref_feed)
+            assert got_loss == pytest.approx(want_loss, rel=1e-6)
+        np.testing.assert_allclose(runner.run(w), ref.run(r_w), rtol=1e-6)
+        # A SparseTensor fetch comes back as a SparseTensorValue, as from Session.
+        fetched = runner.run(sp, {sp: SPARSE})
+        assert isinstance(fetched, tf1.SparseTensorValue)
+        np.testing.assert_array_equal(fetched.indices, SPARSE.indices)
+        np.testing.assert_array_equal(fetched.values, SPARSE.values)
+        np.testing.assert_array_equal(fetched.dense_shape, SPARSE.dense_shape)
+    # Three training runs, three steps; the fetch-only runs are not steps.
+    assert steps_logged() == [1, 2, 3]
+
+
+def test_nested_feed_keys_and_fetches_match_a_plain_session():
+    graph, sp, x, scale, w, loss, train = _sparse_model()
+    ref_graph, r_sp, r_x, r_scale, r_w, r_loss, r_train = _sparse_model()
+    ref = _plain_session(ref_graph)
+    xs = np.ones([3, 2], np.float32)
+    with autopar.get_runner(graph, None) as runner:
+        # A tuple of tensors as one key, fed a tuple of values (Session flattens
+        # both), fetching a dict holding a namedtuple and a list.
+        got = runner.run({"pair": Pair(loss, w), "list": [loss, "loss:0"]},
+                         {(sp, x): (SPARSE, xs), (scale,): (2.0,)})
+        want = ref.run({"pair": Pair(r_loss, r_w), "list": [r_loss, "loss:0"]},
+                       {r_sp: SPARSE, r_x: xs, r_scale: 2.0})
+        assert isinstance(got["pair"], Pair) and isinstance(got["list"], list)
+        assert got["pair"].loss == pytest.approx(want["pair"].loss, rel=1e-6)
+        np.testing.assert_allclose(got["pair"].weights, want["pair"].weights, rtol=1e-6)
+        assert got["list"] == pytest.approx(want["list"], rel=1e-6)
+        with pytest.raises(ValueError, match="structure of 2 tensors"):
+            runner.run(loss, {(sp, x): SPARSE})
+
+
+def test_indexed_slices_feed_and_fetch():
+    graph = tf.Graph()
+    with graph.as_default():
+        values = tf1.placeholder(tf.float32, [None, 3], name="values")
+        indices = tf1.placeholder(tf.int64, [None], name="indices")
+        dense_shape = tf1.placeholder(tf.int64, [2], name="dense_shape")
+        slices = tf.IndexedSlices(values, indices, dense_shape)
+        total = tf.reduce_sum(tf.convert_to_tensor(slices), axis=1)
+    # Fed as a plain (values, indices, dense_shape) tuple, as Session allows.
+    value = (np.ones([2, 3], np.float32), [0, 2], [4, 3])
+    with autopar.get_runner(graph, None) as runner:
+        got_total, got_slices = runner.run([total, slices], {slices: value})
+    np.testing.assert_array_equal(got_total, [3, 0, 3, 0])
+    # Fetched as an IndexedSlicesValue, as from Session.
+    np.testing.assert_array_equal(got_slices.indices, [0, 2])
+    np.testing.assert_array_equal(got_slices.values, np.ones([2, 3]))
+    np.testing.assert_array_equal(got_slices.dense_shape, [4, 3])
+
+
+def test_feeding_an_unknown_name_is_a_clear_type_error():
+    graph, sp, *_, loss, _train = _sparse_model()
+    with autopar.get_runner(graph, None) as runner:
+        with pytest.raises(TypeError, match="no_such_tensor"):
+            runner.run(loss, {sp: SPARSE, "no_such_tensor:0": 1.0})
+
+
+# ------------------------------------------------ graphs autopar cannot distribute
+def _hand_written_update():
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 4], name="x")
+        w = tf1.get_variable("w", [4, 3], initializer=tf1.glorot_uniform_initializer(seed=5))
+        loss = tf.reduce_mean(tf.square(tf.matmul(x, w)), name="loss")
+        gw, = tf.gradients(loss, [w])
+        train = w.assign_sub(0.1 * gw, name="manual_update").op
+    return graph, x, w, loss, train
+
+
+def _gradient_accumulation():
+    """Two micro-batches summed into a non-trainable accumulator, then applied
+    by an optimizer through a hand-made gradient: the analysis rejects it."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 4], name="x")
+        w = tf1.get_variable("w", [4, 3], initializer=tf1.glorot_uniform_initializer(seed=5))
+        acc = tf1.get_variable("acc", [4, 3], initializer=tf1.zeros_initializer(),
+                               trainable=False)
+        loss = tf.reduce_mean(tf.square(tf.matmul(x, w)), name="loss")
+        gw, = tf.gradients(loss, [w])
+        accumulate = acc.assign_add(gw).op
+        with tf.control_dependencies([tf1.train.GradientDescentOptimizer(0.1).apply_gradients(
+                [(acc / 2.0, w)])]):
+            apply = acc.assign(tf.zeros_like(acc)).op
+    return graph, x, w, loss, accumulate, apply
+
+
+def test_unsupported_graphs_are_really_unsupported_for_distribution():
+    # The premise of the fallback tests below.
+    from transforms.analysis import analyze_graph
+    for graph in (_hand_written_update()[0], _gradient_accumulation()[0]):
+        with pytest.raises(UnsupportedGraphError):
+            analyze_graph(graph)
+
+
+def test_hand_written_update_runs_single_device(steps_logged):
+    graph, x, w, loss, train = _hand_written_update()
+    ref_graph, r_x, r_w, r_loss, r_train = _hand_written_update()
+    ref = _plain_session(ref_graph)
+    data = np.linspace(-1, 1, 24, dtype=np.float32).reshape(6, 4)
+    with autopar.get_runner(graph, None, autopar.Config(log_every_steps=1)) as runner:
+        for _ in range(3):
+            runner.run(train, {x: data})
+            ref.run(r_train, {r_x: data})
+        assert runner.run(loss, {x: data}) == pytest.approx(ref.run(r_loss, {r_x: data}),
+                                                            rel=1e-6)
+        np.testing.assert_allclose(runner.run(w), ref.run(r_w), rtol=1e-6)
+    assert steps_logged() == [1, 2, 3]
+
+
+def test_gradient_accumulation_runs_single_device_and_counts_applies(steps_logged):
+    graph, x, w, loss, accumulate, apply = _gradient_accumulation()
+    ref_graph, r_x, r_w, r_loss, r_accumulate, r_apply = _gradient_accumulation()
+    ref = _plain_session(ref_graph)
+    data = np.linspace(-1, 1, 24, dtype=np.float32).reshape(6, 4)
+    with autopar.get_runner(graph, None, autopar.Config(log_every_steps=1)) as runner:
+        for _ in range(2):
+            for half in (data[:3], data[3:]):
+                runner.run(accumulate, {x: half})
+                ref.run(r_accumulate, {r_x: half})
+            runner.run(apply)
+            ref.run(r_apply)
+        np.testing.assert_allclose(runner.run(w), ref.run(r_w), rtol=1e-6)
+        assert not np.allclose(runner.run(w), _plain_session(ref_graph).run(r_w))  # it trained
+    # Accumulating writes no trainable variable; each apply is one step.
+    assert steps_logged() == [1, 2]
+
+
+def test_graph_without_optimizer_runs_single_device(steps_logged):
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 4], name="x")
+        w = tf1.get_variable("w", [4, 3], initializer=tf1.ones_initializer())
+        y = tf.matmul(x, w)
+    with autopar.get_runner(graph, None, autopar.Config(log_every_steps=1)) as runner:
+        np.testing.assert_array_equal(runner.run(y, {x: np.ones([2, 4])}), np.full([2, 3], 4.0))
+    assert steps_logged() == []
+
+
+# ------------------------------------------------ errors through get_runner
+def _spec(tmp_path):
+    path = tmp_path / "spec.yaml"
+    path.write_text("hosts:\n  - address: 127.0.0.1\n    workers: 2\n")
+    return str(path)
+
+
+def test_distributing_an_unsupported_graph_exits_2_with_the_message(tmp_path, capsys):
+    graph = _hand_written_update()[0]
+    with pytest.raises(SystemExit) as info:
+        autopar.get_runner(graph, _spec(tmp_path))
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("autopar: ") and "update_" in err   # the analysis's message
+    assert "Traceback" not in err
+
+
+def test_autopar_debug_raises_the_error_itself(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOPAR_DEBUG", "1")
+    with pytest.raises(UnsupportedGraphError):
+        autopar.get_runner(_hand_written_update()[0], _spec(tmp_path))
+
+
+def test_launch_failure_exits_2_with_the_message(tmp_path, capsys):
+    """Every port of the spec's range is taken: the launcher cannot start the
+    job, and says so without a traceback."""
+    import socket
+    graph = _sparse_model()[0]
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        spec = tmp_path / "spec.yaml"
+        spec.write_text(f"hosts:\n  - address: 127.0.0.1\n    workers: 1\n"
+                        f"    ports: [{port}, {port}]\n")
+        with pytest.raises(SystemExit) as info:
+            autopar.get_runner(graph, str(spec))
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("autopar: ") and str(port) in err
+    assert "Traceback" not in err
