@@ -44,6 +44,19 @@ def _graph(lookup="plain", loss="mean", batch=BATCH, state=None, clip=False):
                                       initializer=tf1.zeros_initializer())
             updates.append(moving.assign_sub((moving - mean) * 0.1))
             h = tf.nn.batch_normalization(h, mean, var, None, None, 1e-3)
+        if state == "fused_batch_norm":
+            # What tf.compat.v1.layers.batch_normalization builds (that API
+            # needs Keras 2): the fused kernel's batch moments feed the moving
+            # statistics through assign_sub((moving - batch) * (1 - momentum)).
+            scale = tf1.get_variable("bn/gamma", [DIM], initializer=tf1.ones_initializer())
+            offset = tf1.get_variable("bn/beta", [DIM], initializer=tf1.zeros_initializer())
+            out, mean, var = tf1.nn.fused_batch_norm(tf.reshape(h, [-1, 1, 1, DIM]), scale, offset,
+                                                     is_training=True)
+            for stat, value in (("moving_mean", mean), ("moving_variance", var)):
+                moving = tf1.get_variable(f"bn/{stat}", [DIM], trainable=False,
+                                          initializer=tf1.zeros_initializer())
+                updates.append(moving.assign_sub((moving - value) * 0.01))
+            h = tf.reshape(out, [-1, DIM])
         w = tf1.get_variable("w", [DIM, 3])
         logits = tf.matmul(h, w)
         per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)
@@ -203,6 +216,7 @@ def test_config_loss_reduction_and_deprecated_average_sparse():
 # ------------------------------------------------------- batch-local state
 @pytest.mark.parametrize("state,name,kind", [
     ("batch_norm", "bn/moving_mean", "local"),
+    ("fused_batch_norm", "bn/moving_variance", "local"),
     ("ema_of_loss", None, "local"),                # a moving average of this worker's loss
     ("separate_gradients", "grad_stat", "local"),
     ("ema_of_weights", "w/ExponentialMovingAverage", "ema"),
@@ -214,7 +228,9 @@ def test_state_kind(state, name, kind):
         [name] = [n for n in kinds if n.endswith("/ExponentialMovingAverage")]
     assert kinds[name] == kind
     assert kinds["global_step"] == "global_step"
-    assert all(k != "local" for n, k in kinds.items() if n != name)
+    others = {n for n in kinds if n != name and not (state == "fused_batch_norm"
+                                                      and n.startswith("bn/moving_"))}
+    assert all(kinds[n] != "local" for n in others)
 
 
 @pytest.mark.parametrize("sync", ["none", "average"])
