@@ -1,6 +1,7 @@
 """User-facing options. Every field has a default that works on one machine."""
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 from autopar.errors import AutoparError
@@ -29,10 +30,21 @@ class Config:
     # servers (sparse by all-gather). Hybrid with no sparse variables is
     # all-reduce; PS methods need servers in the spec.
     run_option: str = "hybrid"
-    # Sparse aggregate = mean of the workers' gradients (what one device with
-    # the global batch computes for a mean loss); False sums them (Parallax's
-    # default, for losses summed over the batch).
-    average_sparse: bool = True
+    # How workers' gradients combine, dense and sparse alike: "mean" (the loss
+    # is a mean over the batch: one device's gradient is the mean over the
+    # global batch), "sum" (the loss is summed over the batch), or "auto":
+    # what the analysis reads from the graph (reduce_mean / reduce_sum, the
+    # tf.compat.v1.losses reductions, a division by the batch size), "mean"
+    # where the graph does not show it (the report says so).
+    loss_reduction: str = "auto"
+    # State each worker updates from its own batch (batch-norm moving
+    # statistics...): "none" leaves every replica with its own values;
+    # "average" replaces them by their mean over workers after every step
+    # (identical replicas; not equal to one device's statistics of the
+    # global batch).
+    sync_local_state: str = "none"
+    # Deprecated alias of loss_reduction: True = "mean", False = "sum".
+    average_sparse: bool | None = None
     # Optimisations, each can be turned off for ablation (Parallax §7.4):
     local_aggregation: bool = True   # LA: workers of a host send one contribution
     opau: bool = True                # place post-aggregation ops next to their inputs
@@ -60,6 +72,18 @@ class Config:
         for name, n in self.partitions.items():
             if not isinstance(n, int) or n < 1:
                 raise AutoparError(f"Config.partitions[{name!r}] must be an integer >= 1, got {n!r}")
+        if self.average_sparse is not None:
+            warnings.warn("Config.average_sparse is deprecated: use loss_reduction='mean' or 'sum' "
+                          "(it now applies to dense and sparse gradients alike)",
+                          DeprecationWarning, stacklevel=3)
+            if self.loss_reduction == "auto":
+                object.__setattr__(self, "loss_reduction", "mean" if self.average_sparse else "sum")
+        if self.loss_reduction not in ("auto", "mean", "sum"):
+            raise AutoparError(f"Config.loss_reduction must be 'auto', 'mean' or 'sum', "
+                               f"got {self.loss_reduction!r}")
+        if self.sync_local_state not in ("none", "average"):
+            raise AutoparError(f"Config.sync_local_state must be 'none' or 'average', "
+                               f"got {self.sync_local_state!r}")
         if self.stall_timeout_s < 0:
             raise AutoparError(f"Config.stall_timeout_s must be >= 0 (0 disables), "
                                f"got {self.stall_timeout_s}")

@@ -47,7 +47,7 @@ class Runner:
     def __init__(self, session, graph: tf.Graph, analysis: Analysis | None, *, worker_index: int = 0,
                  num_workers: int = 1, progress=None, checkpointer=None,
                  batch_size_tensor: tf.Tensor | None = None, step_barrier=None, on_close=(),
-                 monitor=None):
+                 after_step=None, monitor=None):
         self.session = session
         self.graph = graph
         self.analysis = analysis
@@ -57,6 +57,7 @@ class Runner:
         self._checkpointer = checkpointer
         self._batch_size = batch_size_tensor
         self._step_barrier = step_barrier
+        self._after_step_op = after_step   # e.g. averaging batch-local state
         self._on_close = list(on_close)
         # Told before and after every run (runtime.coordinator.ProgressHook).
         self._monitor = monitor
@@ -169,6 +170,8 @@ class Runner:
         return tf.nest.pack_sequence_as(mapped, [None if x is None else next(values) for x in flat])
 
     def _after_step(self, got: dict, fed_batch: int | None) -> None:
+        if self._after_step_op is not None:
+            self.session.run(self._after_step_op)
         self._steps += 1
         step = self._first_step + self._steps
         if self._progress is not None:

@@ -63,6 +63,8 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
                     batch_size_tensor=batch_size,
                     step_barrier=(worker_graph.get_operation_by_name(rewritten.step_barrier)
                                   if rewritten.step_barrier else None),
+                    after_step=(worker_graph.get_operation_by_name(rewritten.after_step)
+                                if rewritten.after_step else None),
                     monitor=hook, on_close=(hook.closed,) if hook else ())
     runner.start(init, worker_graph.get_operation_by_name(rewritten.broadcast_op))
     log.info("worker %d: initial state received from the chief", worker_index)

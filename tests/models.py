@@ -110,6 +110,17 @@ def build(name: str) -> Model:
             loss = _xent(logits, tf.reshape(x[:, 1:], [-1]))
             train_op = _optimize(name, loss, gs)
             return Model(graph, x, y, loss, train_op, gs, "tokens")
+        elif name.startswith("embsparse"):
+            # embedding_lookup_sparse applies tf.unique: one gradient row per
+            # distinct id of the batch (a deduplicated sparse gradient).
+            x = tf1.placeholder(tf.int32, [None, 3], name="x")
+            emb = tf1.get_variable("embedding", [VOCAB, 6], dtype=dtype,
+                                   initializer=tf1.random_uniform_initializer(-0.5, 0.5, seed=3))
+            ids = tf.SparseTensor(tf.where(tf.ones_like(x, dtype=tf.bool)), tf.reshape(x, [-1]),
+                                  tf.shape(x, out_type=tf.int64))
+            h = tf.nn.embedding_lookup_sparse(emb, ids, None, combiner="mean")
+            logits = _dense(h, CLASSES, "head")
+            kind = "ids"
         elif name.startswith("emb"):
             x = tf1.placeholder(tf.int32, [None, 3], name="x")
             emb = tf1.get_variable("embedding", [VOCAB, 6], dtype=dtype,
@@ -117,6 +128,20 @@ def build(name: str) -> Model:
             h = tf.reduce_mean(tf.nn.embedding_lookup(emb, x), axis=1)
             logits = _dense(h, CLASSES, "head")
             kind = "ids"
+        elif name.startswith("bn"):
+            # Batch normalisation written as tf.compat.v1.layers does it: batch
+            # moments normalise, moving statistics (non-trainable) follow them.
+            x = tf1.placeholder(dtype, [None, FEATURES], name="x")
+            h = _dense(x, 16, "hidden")
+            mean, var = tf.nn.moments(h, [0])
+            for stat, value in (("moving_mean", mean), ("moving_variance", var)):
+                moving = tf1.get_variable(f"bn/{stat}", [16], dtype=dtype, trainable=False,
+                                          initializer=tf1.zeros_initializer())
+                tf1.add_to_collection(tf1.GraphKeys.UPDATE_OPS,
+                                      moving.assign_sub((moving - value) * 0.1))
+            h = tf.nn.relu(tf.nn.batch_normalization(h, mean, var, None, None, 1e-3))
+            logits = _dense(h, CLASSES, "out")
+            kind = "features"
         elif name.startswith("bag"):
             # A bag of a variable number of ids per example (summed embeddings),
             # fed flat: each worker's id count differs from step to step and
@@ -136,7 +161,12 @@ def build(name: str) -> Model:
             h = _dense(x, 16, "hidden", tf.nn.relu)
             logits = _dense(h, CLASSES, "out")
             kind = "features"
-        loss = _xent(logits, y)
+        if name.startswith("embsum"):
+            # Per-example losses summed over the batch: one device's gradient
+            # is the sum over the global batch.
+            loss = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+        else:
+            loss = _xent(logits, y)
         train_op = _optimize(name, loss, gs)
     return Model(graph, x, y, loss, train_op, gs, kind)
 
@@ -147,10 +177,12 @@ def _optimize(name: str, loss, gs):
         "momentum": lambda: tf1.train.MomentumOptimizer(0.05, 0.9),
         "adam": lambda: tf1.train.AdamOptimizer(0.01),
         "adagrad": lambda: tf1.train.AdagradOptimizer(0.2),
-        "rmsprop": lambda: tf1.train.RMSPropOptimizer(0.01, momentum=0.5),
+        "rmsprop": lambda: tf1.train.RMSPropOptimizer(0.01, momentum=0.5,
+                                                      centered="centered" in name),
     }[name.split("_")[1]]()
     if "clip" not in name:
-        train = opt.minimize(loss, global_step=gs)
+        with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
+            train = opt.minimize(loss, global_step=gs)
     else:
         grads, variables = zip(*opt.compute_gradients(loss))
         clipped, _ = tf.clip_by_global_norm(grads, 0.5)

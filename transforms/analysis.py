@@ -58,12 +58,21 @@ class VariableInfo:
     norm_ops: list[str] = field(default_factory=list)
     # Why this variable's update cannot move to a server ("" when it can).
     ps_blocker: str = ""
+    # sparse: the gradient has one row per *distinct* id of the batch (the
+    # lookup applied tf.unique before gathering, as embedding_lookup_sparse
+    # does). On one device the distinct ids are those of the global batch, so
+    # workers' rows for the same id must be combined before anything uses them.
+    dedup: bool = False
 
 
 @dataclass
 class StateInfo:
     name: str
-    kind: str        # "global_step", "ema", "optimizer", "other"
+    # "global_step", "ema", "optimizer", "other", or "local": written from the
+    # worker's own input batch (batch-norm moving statistics, an assignment
+    # from activations or from a separate tf.gradients call), not from the
+    # averaged gradients, so each replica computes its own value.
+    kind: str
     update_ops: list[str] = field(default_factory=list)
 
 
@@ -74,6 +83,12 @@ class Analysis:
     loss: str | None
     step_ops: frozenset[str]       # ops whose run means one training step
     untrained: list[str] = field(default_factory=list)  # trainable but never updated
+    # How the loss reduces over the batch: "mean" (one device's gradient is the
+    # mean over the global batch: workers' gradients are averaged), "sum" (it
+    # is the sum: workers' gradients are added) or "unknown" (Config decides);
+    # loss_reduction_why says what in the graph showed it.
+    loss_reduction: str = "unknown"
+    loss_reduction_why: str = ""
 
     def variable(self, name: str) -> VariableInfo:
         for v in self.variables:
@@ -119,12 +134,17 @@ def analyze_graph(graph_or_meta) -> Analysis:
             variables.append(_variable_info(graph, data_graph, var_op, updates[var_op.name], boundary))
     slot_names = {s for v in variables for s in v.slots}
     all_update_ops = {u for v in variables for u in v.update_ops}
+    loss = _loss_tensor(graph)
+    reduction, why = loss_reduction(graph, loss)
+    averaged = {t for v in variables for t in (v.grad_tensor, v.grad_values, v.grad_indices) if t}
     return Analysis(
         variables=variables,
-        state=_step_state(graph, trainable, slot_names, all_update_ops),
-        loss=_loss_tensor(graph),
+        state=_step_state(graph, trainable, slot_names, all_update_ops, averaged),
+        loss=loss,
         step_ops=_step_ops(graph, all_update_ops),
         untrained=[v.name for v in trainable if v.name not in updates],
+        loss_reduction=reduction,
+        loss_reduction_why=why,
     )
 
 
@@ -212,6 +232,7 @@ def _variable_info(graph, data_graph, var_op, update_ops, boundary) -> VariableI
             raise UnsupportedGraphError(
                 f"variable '{var_op.name}' is updated sparsely by '{update_ops[0]}' but its "
                 "IndexedSlices gradient (values and indices) could not be traced to the backward pass")
+        info.dedup = _deduplicated(graph.get_tensor_by_name(info.grad_indices))
         rows = static_shape(graph.get_tensor_by_name(info.grad_values))
         if rows and rows[0] is not None and shape and shape[0]:
             info.alpha = min(1.0, rows[0] / shape[0])
@@ -336,12 +357,13 @@ def _boundary_ops(graph, var_op) -> list[str]:
     return sorted(out)
 
 
-def _step_state(graph, trainable, slot_names, update_ops) -> list[StateInfo]:
+def _step_state(graph, trainable, slot_names, update_ops, averaged: set[str]) -> list[StateInfo]:
     trainable_names = {v.name for v in trainable}
     gs = tf1.train.get_global_step(graph)
     gs_name = gs.op.name if gs is not None else None
     writers = _writers_by_variable(graph)
     update_inputs = {t.op.name for u in update_ops for t in graph.get_operation_by_name(u).inputs}
+    local_ops = _batch_local_ops(graph, averaged)
     state = []
     for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES):
         name = v.op.name
@@ -349,6 +371,8 @@ def _step_state(graph, trainable, slot_names, update_ops) -> list[StateInfo]:
             continue
         if name == gs_name:
             kind = "global_step"
+        elif any(w in local_ops for w in writers.get(name, [])):
+            kind = "local"
         elif name.endswith("/ExponentialMovingAverage"):
             kind = "ema"
         elif name in update_inputs or any(w.split("/")[0] in _optimizer_scopes(update_ops)
@@ -358,6 +382,171 @@ def _step_state(graph, trainable, slot_names, update_ops) -> list[StateInfo]:
             kind = "other"
         state.append(StateInfo(name=name, kind=kind, update_ops=sorted(writers.get(name, []))))
     return state
+
+
+# Ops through which a training step's input batch enters the graph.
+_INPUT_OP_TYPES = frozenset({
+    "Placeholder", "PlaceholderWithDefault", "PlaceholderV2", "IteratorGetNext",
+    "IteratorGetNextSync", "OptionalGetValue", "QueueDequeueV2", "QueueDequeueManyV2",
+    "QueueDequeueUpToV2", "QueueDequeue", "QueueDequeueMany", "QueueDequeueUpTo"})
+
+
+def _batch_local_ops(graph, averaged: set[str]) -> set[str]:
+    """Ops whose inputs depend on this worker's own input batch other than
+    through the averaged gradients (`averaged`: the gradient tensors the
+    rewrite replaces by their aggregate). Forward from the input ops along
+    data edges, never crossing an averaged gradient."""
+    frontier = [op for op in graph.get_operations() if op.type in _INPUT_OP_TYPES]
+    seen = {op.name for op in frontier}
+    while frontier:
+        op = frontier.pop()
+        for t in op.outputs:
+            if t.name in averaged:
+                continue
+            for c in t.consumers():
+                if c.name not in seen:
+                    seen.add(c.name)
+                    frontier.append(c)
+    return seen
+
+
+# Ops that only reshape or retype an index tensor on its way to the gradient.
+_INDEX_PASS_THROUGH = frozenset({"Reshape", "Identity", "Cast", "Squeeze", "ExpandDims",
+                                 "StopGradient", "Snapshot"})
+# (op type, output index) producing a set of distinct ids.
+_DISTINCT_IDS = {("Unique", 0), ("UniqueV2", 0), ("UniqueWithCounts", 0),
+                 ("UniqueWithCountsV2", 0), ("SparseSegmentSumGradV2", 1),
+                 ("SparseSegmentMeanGradV2", 1), ("SparseSegmentSqrtNGradV2", 1)}
+
+
+def _deduplicated(indices: tf.Tensor) -> bool:
+    """True when the IndexedSlices indices are distinct ids of the batch: the
+    gather's gradient reuses the gather's indices, so walking back through
+    reshapes/casts reaches a tf.unique output (embedding_lookup_sparse,
+    unique+gather lookups). A plain embedding_lookup reaches the raw ids.
+    Indices concatenated from several lookups are not one distinct set."""
+    t = indices
+    for _ in range(64):
+        if (t.op.type, t.value_index) in _DISTINCT_IDS:
+            return True
+        if t.op.type not in _INDEX_PASS_THROUGH or not t.op.inputs:
+            return False
+        t = t.op.inputs[0]
+    return False
+
+
+def loss_reduction(graph, loss: str | None) -> tuple[str, str]:
+    """("mean" | "sum" | "unknown", why) for how the loss reduces over the
+    batch: walks back from the loss through scaling, casts and added
+    batch-independent terms to the first reduction of a batch-dependent
+    tensor (reduce_mean / reduce_sum, and what tf.compat.v1.losses builds for
+    its reductions: SUM is a Sum; MEAN, SUM_BY_NONZERO_WEIGHTS and
+    SUM_OVER_BATCH_SIZE divide that Sum by a count of the batch)."""
+    if loss is None:
+        return "unknown", "no loss tensor found"
+    batch_ops = _batch_local_ops(graph, set())
+    kind, why = _reduction_of(graph.get_tensor_by_name(loss), batch_ops, 0)
+    if kind == "const":
+        return "unknown", f"the loss '{loss}' does not depend on any input placeholder or iterator"
+    return kind, why
+
+
+def _reduction_of(t: tf.Tensor, batch_ops: set[str], depth: int) -> tuple[str, str]:
+    op = t.op
+    if op.name not in batch_ops:
+        return "const", ""
+    if depth > 50:
+        return "unknown", f"'{op.name}' is too far from a recognised batch reduction"
+    if op.type in ("Identity", "Cast", "Reshape", "Squeeze", "Neg", "Snapshot"):
+        return _reduction_of(op.inputs[0], batch_ops, depth + 1)
+    if op.type in ("Mean", "Sum"):
+        if not _reduces_batch_axis(op):
+            return _reduction_of(op.inputs[0], batch_ops, depth + 1)
+        kind = "mean" if op.type == "Mean" else "sum"
+        return kind, f"'{op.name}' is a reduce_{kind} over the batch"
+    if op.type in ("Mul",):
+        kinds = [_reduction_of(x, batch_ops, depth + 1) for x in op.inputs]
+        batch = [k for k in kinds if k[0] != "const"]
+        if len(batch) == 1:
+            return batch[0]
+        return "unknown", f"'{op.name}' multiplies two batch-dependent tensors"
+    if op.type in ("RealDiv", "Div", "DivNoNan", "TrueDiv"):
+        num, why = _reduction_of(op.inputs[0], batch_ops, depth + 1)
+        den = op.inputs[1]
+        static = _constant_value(den, batch_ops)
+        if num != "sum":
+            if static is not None or den.op.name not in batch_ops:
+                return num, why
+            return "unknown", f"'{op.name}' divides a {num} by a batch-dependent tensor"
+        if static is not None:
+            summed = _summed_elements(op.inputs[0])
+            if summed is not None and static.size == 1 and float(static) == float(summed):
+                return "mean", (f"'{op.name}' divides the sum by {summed:g}, the number of "
+                                "elements summed (the per-worker batch)")
+            return "unknown", (f"'{op.name}' divides a sum over the batch by the constant "
+                               f"{static!r}: whether that is the per-worker or the global batch "
+                               "size cannot be told from the graph")
+        if den.op.name in batch_ops:
+            return "mean", f"'{op.name}' divides a sum over the batch by the batch-derived count '{den.name}'"
+        return "unknown", f"'{op.name}' divides a sum over the batch by '{den.name}'"
+    if op.type in ("Add", "AddV2", "AddN", "Sub"):
+        kinds = [_reduction_of(x, batch_ops, depth + 1) for x in op.inputs]
+        batch = [k for k in kinds if k[0] != "const"]
+        names = {k[0] for k in batch}
+        if names == {"mean"}:
+            return batch[0][0], batch[0][1] + " (other terms are averaged alike)"
+        if names == {"sum"} and len(batch) == len(kinds):
+            return batch[0]
+        if names == {"sum"}:
+            return "unknown", (f"'{op.name}' adds a batch-independent term (e.g. a regularizer) "
+                               "to a loss summed over the batch: neither summing nor averaging "
+                               "the workers' gradients gives one device's")
+        return "unknown", f"'{op.name}' combines terms reduced differently over the batch"
+    return "unknown", (f"'{op.name}' ({op.type}) does not show how the loss reduces over the "
+                       "batch")
+
+
+def _constant_value(t: tf.Tensor, batch_ops: set[str]):
+    """The value of `t` if it is computed from constants alone (a count taken
+    from static shapes: tf.shape of a fully defined shape, ones_like...), else
+    None. Beyond what tf.get_static_value folds, such a small stateless
+    subgraph is evaluated once in a throwaway session: it reads no variable,
+    input or state, so the value is the same in every run."""
+    value = tf.get_static_value(t)
+    if value is not None:
+        return value
+    frontier, seen = [t.op], {t.op.name}
+    while frontier:
+        op = frontier.pop()
+        if (op.name in batch_ops or op.type in VARIABLE_OP_TYPES or op.op_def.is_stateful
+                or in_gradient_scope(op.name) or len(seen) > 200):
+            return None
+        for x in [*op.inputs, *op.control_inputs]:
+            x_op = x if isinstance(x, tf.Operation) else x.op
+            if x_op.name not in seen:
+                seen.add(x_op.name)
+                frontier.append(x_op)
+    with tf1.Session(graph=t.graph) as session:
+        return session.run(t)
+
+
+def _reduces_batch_axis(op: tf.Operation) -> bool:
+    axes = tf.get_static_value(op.inputs[1])
+    rank = op.inputs[0].shape.rank
+    if axes is None:
+        return True    # a computed axis list: reduce_mean(x) of unknown rank reduces all
+    axes = [int(a) for a in (axes.reshape(-1) if hasattr(axes, "reshape") else [axes])]
+    return any(a == 0 or (rank is not None and a + rank == 0) for a in axes)
+
+
+def _summed_elements(t: tf.Tensor) -> int | None:
+    """Elements a full reduce_sum producing `t` adds (static shapes only)."""
+    # (a Sum of a scalar, as tf.compat.v1.losses builds, passes it through)
+    while t.op.type in ("Identity", "Cast") or (t.op.type == "Sum" and t.op.inputs[0].shape.rank == 0):
+        t = t.op.inputs[0]
+    if t.op.type != "Sum":
+        return None
+    return t.op.inputs[0].shape.num_elements()
 
 
 def _optimizer_scopes(update_ops) -> set[str]:

@@ -44,6 +44,12 @@ class CollectiveOpsBackend:
             instance_key=instance_key, ordering_token=[], merge_op="Add", final_op="Div",
             communication_hint=self.hint)
 
+    def allreduce_sum(self, tensor: tf.Tensor, instance_key: int) -> tf.Tensor:
+        return tf.raw_ops.CollectiveReduceV2(
+            input=tensor, group_size=self.group_size, group_key=self.group_key,
+            instance_key=instance_key, ordering_token=[], merge_op="Add", final_op="Id",
+            communication_hint=self.hint)
+
     def allgather(self, tensor: tf.Tensor, instance_key: int | tf.Tensor) -> tf.Tensor:
         """Concatenate along dim 0; every worker must pass the same shape."""
         return tf.raw_ops.CollectiveGatherV2(

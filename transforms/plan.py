@@ -37,6 +37,9 @@ GROUP_KEY = 1              # all workers form one collective group
 _HOST_GROUP_BASE = 1000    # host-local groups for local aggregation: base + host index
 _FIRST_INSTANCE_KEY = 100  # keys below are left free for future groups/uses
 RUN_OPTIONS = ("hybrid", "ps", "allreduce")
+# Averaging of batch-local state after each step (sync_local_state="average"):
+# one all-reduce per dtype from this key, far from the per-variable keys.
+LOCAL_STATE_KEY_BASE = 1 << 20
 # Parallax's cost model for a variable of b bytes in n partitions: b/n + a(n-1) + c.
 # `a` is the fixed per-partition cost (one more RPC and update launch per step),
 # written as the bytes the link could have moved meanwhile. Minimising gives
@@ -73,7 +76,8 @@ class Topology:
 @dataclass(frozen=True)
 class PlanOptions:
     run_option: str = "hybrid"
-    average_sparse: bool = True        # sparse aggregate = mean over workers (else sum)
+    loss_reduction: str = "auto"       # "auto" (from the analysis), "mean" or "sum"
+    sync_local_state: str = "none"     # "none" or "average" (batch-local state)
     local_aggregation: bool = True     # LA: one contribution per host to the servers
     opau: bool = True                  # place post-aggregation ops by Parallax's rule
     opsw: bool = True                  # move light boundary ops across the worker/server line
@@ -82,7 +86,8 @@ class PlanOptions:
     @classmethod
     def from_config(cls, config) -> "PlanOptions":
         """From an autopar.Config (read by attribute: transforms do not import it)."""
-        return cls(run_option=config.run_option, average_sparse=config.average_sparse,
+        return cls(run_option=config.run_option, loss_reduction=config.loss_reduction,
+                   sync_local_state=config.sync_local_state,
                    local_aggregation=config.local_aggregation, opau=config.opau,
                    opsw=config.opsw, partitions=tuple(sorted(config.partitions.items())))
 
@@ -122,10 +127,20 @@ class Plan:
     run_option: str = "hybrid"
     worker_hosts: list[str] = field(default_factory=list)
     num_servers: int = 0
-    average_sparse: bool = True
+    # One decision for every gradient, dense and sparse: "mean" averages the
+    # workers' gradients, "sum" adds them (see resolve_loss_reduction).
+    loss_reduction: str = "mean"
+    loss_reduction_why: str = ""
+    sync_local_state: str = "none"
+    local_state_key: int = LOCAL_STATE_KEY_BASE
     local_aggregation: bool = True
     opau: bool = True
     opsw: bool = True
+
+    @property
+    def gradient_scale(self) -> float:
+        """Factor on each worker's gradient so their sum is one device's."""
+        return 1.0 / self.num_workers if self.loss_reduction == "mean" else 1.0
 
     def variable(self, name: str) -> VariablePlan:
         for v in self.variables:
@@ -171,6 +186,7 @@ def make_plan(analysis: Analysis, topology: Topology | int, fusion_bytes: int = 
     if options.run_option not in RUN_OPTIONS:
         raise ValueError(f"run_option must be one of {RUN_OPTIONS}, got {options.run_option!r}")
     methods = {v.name: _method(v, topology, options) for v in analysis.variables}
+    reduction, why = resolve_loss_reduction(analysis, options.loss_reduction)
     key = _FIRST_INSTANCE_KEY
     buckets = _fusion_buckets(analysis, {n for n, (m, _) in methods.items() if m == "allreduce"},
                               fusion_bytes)
@@ -202,6 +218,10 @@ def make_plan(analysis: Analysis, topology: Topology | int, fusion_bytes: int = 
             else:
                 keys, key = {"la_values": key + 1}, key + 2
             keys["norm"] = norm
+            if v.dedup and v.norm_ops:
+                # the global-norm term of deduplicated rows needs every worker's rows
+                norm_keys, key = _row_gather_keys(key, "norm_")
+                keys.update(norm_keys)
             where = ", ".join(f"server {s}" for s in sorted(set(servers)))
             placement = (f"{len(parts)} partitions on {where}" if len(parts) > 1 else where)
             plans.append(VariablePlan(v.name, method, placement, reason, keys=keys,
@@ -210,8 +230,23 @@ def make_plan(analysis: Analysis, topology: Topology | int, fusion_bytes: int = 
                 communication_hint=communication_hint, variables=plans, buckets=buckets,
                 barrier_key=key, broadcast_key_base=key + 1, run_option=options.run_option,
                 worker_hosts=list(topology.worker_hosts), num_servers=topology.num_servers,
-                average_sparse=options.average_sparse,
+                loss_reduction=reduction, loss_reduction_why=why,
+                sync_local_state=options.sync_local_state,
                 local_aggregation=options.local_aggregation, opau=options.opau, opsw=options.opsw)
+
+
+def resolve_loss_reduction(analysis: Analysis, option: str) -> tuple[str, str]:
+    """The aggregation every gradient gets: what Config asks for, else what the
+    analysis read from the graph, else "mean" (the common case: a loss
+    averaged over the batch)."""
+    if option in ("mean", "sum"):
+        note = (f" (the graph shows {analysis.loss_reduction}: {analysis.loss_reduction_why})"
+                if analysis.loss_reduction not in ("unknown", option) else "")
+        return option, f"Config(loss_reduction={option!r}){note}"
+    if analysis.loss_reduction in ("mean", "sum"):
+        return analysis.loss_reduction, analysis.loss_reduction_why
+    return "mean", (f"not determined from the graph ({analysis.loss_reduction_why}); assuming a "
+                    "mean over the batch: set Config(loss_reduction='sum') if the loss is summed")
 
 
 def _row_gather_keys(first: int, prefix: str) -> tuple[dict[str, int], int]:

@@ -45,6 +45,13 @@ COUNTERS_INIT = "autopar/init_contribution_counters"
 CONTRIBUTIONS_OP = "autopar/contributions"
 
 
+def combine_rows(values: tf.Tensor, indices: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """IndexedSlices rows with duplicate indices summed: one row per distinct
+    index (in order of first occurrence)."""
+    unique, position = tf.unique(indices)
+    return tf.math.unsorted_segment_sum(values, position, tf.shape(unique)[0]), unique
+
+
 def server_device(server: int) -> str:
     return f"/job:ps/replica:0/task:{server}/device:CPU:0"
 
@@ -167,22 +174,35 @@ class PsBuilder:
 
     # -- worker side ---------------------------------------------------------
     def _scale(self, info: VariableInfo) -> float:
-        if info.gradient == "dense" or self.plan.average_sparse:
-            return 1.0 / self.plan.num_workers
-        return 1.0
+        """The plan's one decision (mean or summed loss), dense and sparse alike."""
+        return self.plan.gradient_scale
 
     def _norm_terms(self, vp: VariablePlan, info: VariableInfo) -> None:
-        """A global-norm L2 term of a sparse gradient: the single-device value is
-        the sum over workers of the term on each worker's scaled rows."""
+        """A global-norm L2 term of a sparse gradient. Rows of a plain lookup are
+        one per occurrence, on one device as here: the single-device term is the
+        sum over workers of the term on each worker's scaled rows, one scalar
+        all-reduce. Deduplicated rows (one per distinct id) are combined on one
+        device across the whole batch, and the square of a sum is not the sum of
+        squares: the term needs the combined rows, so every worker gathers all
+        rows, combines duplicates and takes the term itself (exact; costs an
+        all-gather of the touched rows, as run_option="allreduce" does)."""
         if info.gradient != "sparse" or not info.norm_ops:
             return
         values = self.g.get_tensor_by_name(info.grad_values)
-        local = tf.nn.l2_loss(values * tf.constant(self._scale(info), values.dtype))
-        total = tf.raw_ops.CollectiveReduceV2(
-            input=local, group_size=self.plan.num_workers, group_key=self.plan.group_key,
-            instance_key=vp.keys["norm"], ordering_token=[], merge_op="Add", final_op="Id",
-            communication_hint=self.plan.communication_hint)
-        self.collectives.append(total.op)
+        scaled = values * tf.constant(self._scale(info), values.dtype)
+        if info.dedup:
+            indices = tf.cast(self.g.get_tensor_by_name(info.grad_indices), tf.int64)
+            rows, ids = self.backend.allgather_rows(
+                scaled, indices, (vp.keys["norm_count"], vp.keys["norm_values"],
+                                  vp.keys["norm_indices"]))
+            self.collectives += [rows.op, ids.op]
+            total = tf.nn.l2_loss(combine_rows(rows, ids)[0])
+        else:
+            total = tf.raw_ops.CollectiveReduceV2(
+                input=tf.nn.l2_loss(scaled), group_size=self.plan.num_workers,
+                group_key=self.plan.group_key, instance_key=vp.keys["norm"], ordering_token=[],
+                merge_op="Add", final_op="Id", communication_hint=self.plan.communication_hint)
+            self.collectives.append(total.op)
         for op_name in info.norm_ops:
             self.edits.replaced[f"{op_name}:0"] = total.name
 
@@ -209,9 +229,7 @@ class PsBuilder:
             self.collectives += [values.op, indices.op]
             # Sum rows touched on several workers of the host before they cross
             # the network: one row per distinct index.
-            unique, position = tf.unique(indices)
-            values = tf.math.unsorted_segment_sum(values, position, tf.shape(unique)[0])
-            indices = unique
+            values, indices = combine_rows(values, indices)
         return values, indices
 
     def _push(self, vp, info, accumulators, contribution) -> None:

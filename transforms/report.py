@@ -28,6 +28,7 @@ class VariableReport:
     sent_per_worker: float    # bytes per step
     received_per_worker: float
     bucket: int | None = None
+    dedup: bool = False       # sparse rows are one per distinct id of the batch
 
 
 @dataclass
@@ -42,6 +43,9 @@ class Report:
     servers: list[dict] = field(default_factory=list)   # per server: bytes sent/received per step
     moved_ops: list[dict] = field(default_factory=list)  # OPAU/OPSW placements
     run_option: str = "allreduce"
+    loss_reduction: str = "mean"      # how workers' gradients combine: "mean" or "sum"
+    loss_reduction_why: str = ""
+    sync_local_state: str = "none"
 
     @property
     def sent_per_worker(self) -> float:
@@ -77,9 +81,16 @@ class Report:
         for b in self.buckets:
             lines.append(f"bucket #{b['index']}: {b['dtype']}, {_human(b['bytes'])}, "
                          f"{len(b['variables'])} gradients fused into one all-reduce")
+        combine = "averaged" if self.loss_reduction == "mean" else "summed"
+        lines.append(f"gradients: {combine} over workers, dense and sparse "
+                     f"(loss_reduction={self.loss_reduction}: {self.loss_reduction_why})")
+        for v in self.variables:
+            if v.dedup:
+                lines.append(f"{v.name}: deduplicated lookup (one row per distinct id): rows of "
+                             "ids several workers touched are combined before clipping and the "
+                             "update")
         for s in self.state:
-            lines.append(f"state {s['name']} ({s['kind']}): replicated, updated once per step "
-                         "on every worker from the averaged gradients")
+            lines.append(f"state {s['name']} ({s['kind']}): {_state_line(s, combine, self.sync_local_state)}")
         for m in self.moved_ops:
             lines.append(f"{m['rule']}: {m['op']} -> {m['place']} ({m['why']}; "
                          f"saves ~{_human(m['bytes_saved'])}/step)")
@@ -119,7 +130,7 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
         variables.append(VariableReport(
             name=v.name, kind=v.gradient, shape=list(v.shape), dtype=v.dtype, bytes=v.bytes,
             method=vp.method, placement=vp.placement, reason=vp.reason, alpha=v.alpha,
-            sent_per_worker=sent, received_per_worker=recv, bucket=vp.bucket))
+            sent_per_worker=sent, received_per_worker=recv, bucket=vp.bucket, dedup=v.dedup))
     if num_servers and not plan.ps_variables:
         notes.append(f"{num_servers} server process(es) are started but hold no variables "
                      "with every gradient all-reduced")
@@ -130,9 +141,21 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
                   servers=[{"server": i, "sent": s, "received": r}
                            for i, (s, r) in enumerate(server_bytes)], run_option=plan.run_option,
                   moved_ops=[asdict(m) for m in moves or []],
+                  loss_reduction=plan.loss_reduction, loss_reduction_why=plan.loss_reduction_why,
+                  sync_local_state=plan.sync_local_state,
                   buckets=[asdict(b) for b in plan.buckets],
                   state=[asdict(s) for s in analysis.state], untrained=analysis.untrained,
                   notes=notes)
+
+
+def _state_line(state: dict, combine: str, sync: str) -> str:
+    if state["kind"] != "local":
+        return f"replicated, updated once per step on every worker from the {combine} gradients"
+    if sync == "average":
+        return ("per worker (from the local batch), then averaged over workers after every step "
+                "(sync_local_state='average'): replicas equal, not one device's statistics")
+    return ("per worker (from the local batch): replicas hold different values "
+            "(sync_local_state='none'; 'average' makes them equal)")
 
 
 def _human(n: float) -> str:

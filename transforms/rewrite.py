@@ -22,11 +22,12 @@ from transforms.comm import CollectiveOpsBackend
 from transforms.graph_utils import graph_of, in_gradient_scope, meta_graph_of, node_input_name
 from transforms.partition import copy_region
 from transforms.plan import Plan
-from transforms.ps import PsBuilder, cover_server_work
+from transforms.ps import PsBuilder, combine_rows, cover_server_work
 
 tf1 = tf.compat.v1
 
 BROADCAST_OP = "autopar/broadcast_from_chief"
+SYNC_LOCAL_STATE_OP = "autopar/sync_local_state"
 
 
 @dataclass
@@ -38,6 +39,9 @@ class WorkerGraph:
     step_barrier: str | None = None   # fetched with every training step (see transforms.ps)
     # partitioned variable -> [(partition variable, first row, end row)]
     partitions: dict[str, list] = field(default_factory=dict)
+    # Run after every training step, in its own session.run, by every worker
+    # (Config(sync_local_state="average")): batch-local state := its mean.
+    after_step: str | None = None
 
 
 def worker_device(worker_index: int) -> str:
@@ -56,6 +60,7 @@ def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan,
         ps = PsBuilder(scratch, analysis, plan, worker_index, backend, device).build()
         replaced.update(ps.replaced)
         _broadcast_state(scratch, plan, backend, worker_index == 0, ps.server_variables)
+        after_step = _sync_local_state(scratch, analysis, plan, backend)
     new_nodes = {op.name for op in scratch.get_operations()[n_original:]}
     graph_def = scratch.as_graph_def()
     copies = [node for region, p, remap, device_of in ps.copies     # from the unedited nodes
@@ -96,7 +101,7 @@ def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan,
     out.graph_def.CopyFrom(graph_def)
     return WorkerGraph(meta_graph=out, broadcast_op=BROADCAST_OP, replaced=replaced,
                        server_variables=ps.server_variables, step_barrier=ps.step_barrier,
-                       partitions=ps.partitions)
+                       partitions=ps.partitions, after_step=after_step)
 
 
 def _make_identity(node, tensor: str) -> None:
@@ -132,7 +137,11 @@ def _average_gradients(graph, analysis: Analysis, plan: Plan, backend) -> dict[s
             # in, so concurrent collectives can never wait on each other.
             with tf.control_dependencies([previous] if previous is not None else []):
                 flat = tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0)
-                reduced = backend.allreduce_mean(flat, bucket.instance_key)
+                # A mean loss: one device's gradient is the workers' mean; a
+                # summed loss: their sum (Plan.loss_reduction).
+                reduced = (backend.allreduce_mean(flat, bucket.instance_key)
+                           if plan.loss_reduction == "mean"
+                           else backend.allreduce_sum(flat, bucket.instance_key))
             previous = reduced
             sizes = [int(g.shape.num_elements()) for g in grads]
             for g, piece in zip(grads, tf.split(reduced, sizes)):
@@ -146,11 +155,46 @@ def _average_gradients(graph, analysis: Analysis, plan: Plan, backend) -> dict[s
             # Row counts differ by worker and step: see CollectiveOpsBackend.allgather_rows.
             all_values, all_indices = backend.allgather_rows(
                 values, indices, (vp.keys["count"], vp.keys["values"], vp.keys["indices"]))
-            # The single-device gradient of a mean loss over the global batch.
-            scale = tf.constant(1.0 / plan.num_workers, dtype=values.dtype)
-            replaced[values.name] = (all_values * scale).name
-            replaced[indices.name] = all_indices.name
+            # The single-device gradient over the global batch (mean or sum).
+            all_values = all_values * tf.constant(plan.gradient_scale, dtype=values.dtype)
+            if info.dedup:
+                # One device has one row per distinct id of the global batch:
+                # rows of an id several workers touched become one, so the
+                # global norm and the optimizer see what one device sees.
+                all_values, all_indices = combine_rows(all_values, all_indices)
+            replaced[values.name] = all_values.name
+            replaced[indices.name] = tf.cast(all_indices, indices.dtype).name
     return replaced
+
+
+def _sync_local_state(graph, analysis: Analysis, plan: Plan, backend) -> str | None:
+    """With sync_local_state="average": an op replacing every batch-local
+    state variable (kind "local", e.g. batch-norm moving statistics) by its
+    mean over workers, one all-reduce per dtype. It has no feed and does not
+    run the state's own updates: the runner runs it after each step, so every
+    replica then holds the same values (the mean of the workers' values, not
+    the statistics one device would compute on the global batch)."""
+    if plan.sync_local_state != "average":
+        return None
+    local = {s.name for s in analysis.state if s.kind == "local"}
+    by_dtype: dict[str, list] = {}
+    for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES):
+        if v.op.name in local:
+            by_dtype.setdefault(v.dtype.base_dtype.name, []).append(v)
+    if not by_dtype:
+        return None
+    assigns, previous = [], []
+    with tf.name_scope("autopar/sync_local"):
+        for i, dtype in enumerate(sorted(by_dtype)):
+            variables = by_dtype[dtype]
+            with tf.control_dependencies(previous):   # one launch order on every worker
+                flat = tf.concat([tf.reshape(v.value(), [-1]) for v in variables], axis=0)
+                mean = backend.allreduce_mean(flat, plan.local_state_key + i)
+            previous = [mean]
+            sizes = [int(v.shape.num_elements()) for v in variables]
+            for v, piece in zip(variables, tf.split(mean, sizes)):
+                assigns.append(v.assign(tf.reshape(piece, v.shape)).op)
+    return tf.group(*assigns, name=SYNC_LOCAL_STATE_OP).name
 
 
 def _broadcast_state(graph, plan: Plan, backend, is_chief: bool, skip: set[str]) -> None:

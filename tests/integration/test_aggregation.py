@@ -1,0 +1,76 @@
+"""How workers' gradients and batch-local state combine, against one device.
+
+- Deduplicated lookups (embedding_lookup_sparse applies tf.unique): one
+  device has one gradient row per distinct id of the *global* batch, so rows
+  of an id several workers touched must be combined before the global norm
+  and the optimizer see them. Centered RMSProp clipped by global norm (0.5,
+  below the measured norms ~2, so the clip is active every step).
+- A loss summed over the batch: one device's gradient is the sum over the
+  global batch, so workers' gradients (dense and sparse) are added.
+- Batch-norm moving statistics are computed by each worker from its own
+  batch; with sync_local_state="average" they are averaged after every step.
+
+Each run option, 3 workers on 2 hosts with 2 servers; every variable and
+optimizer slot compared with a single-device run of the same global batch.
+"""
+import numpy as np
+import pytest
+
+from tests.integration.cluster import (assert_same_parameters, load_worker, run_training,
+                                       write_spec, write_two_host_spec)
+
+STEPS = 6
+BATCH = 12   # divisible by 2 and 3
+CASES = [(model, option) for model in ("embsparse_rmsprop_clip_centered", "embsum_adagrad")
+         for option in ("hybrid", "ps", "allreduce")]
+
+
+@pytest.fixture(scope="module")
+def single_device(tmp_path_factory):
+    cache = {}
+
+    def get(model):
+        if model not in cache:
+            out = tmp_path_factory.mktemp(f"single_{model}")
+            run_training(model, out, "--steps", str(STEPS), "--batch", str(BATCH))
+            cache[model] = load_worker(out, 0)
+        return cache[model]
+    return get
+
+
+@pytest.mark.parametrize("model,option", CASES, ids=[f"{m}-{o}" for m, o in CASES])
+def test_matches_single_device(model, option, tmp_path, single_device):
+    expected = single_device(model)
+    out = tmp_path / "dist"
+    log = run_training(model, out, "--steps", str(STEPS), "--batch", str(BATCH),
+                       "--spec", str(write_two_host_spec(tmp_path)), "--run-option", option)
+    if model.startswith("embsparse"):
+        assert "embedding: deduplicated lookup" in log
+    else:
+        assert "gradients: summed over workers" in log
+    for i in range(3):
+        actual = load_worker(out, i)
+        assert int(actual["global_step"]) == STEPS
+        assert_same_parameters(expected, actual, what=f"{model} {option} worker {i}")
+
+
+def test_batch_norm_state_averaged(tmp_path):
+    """Moving statistics are per-worker state: the report says so, and with
+    sync_local_state="average" every replica holds the same values after 5
+    steps. (Workers normalise by their own batch's moments, so the model is
+    not one device's: batch norm over 4 examples is another function than over
+    12. What must hold is that replicas agree.)"""
+    steps = 5
+    out = tmp_path / "dist"
+    log = run_training("bn_sgd", out, "--steps", str(steps), "--batch", str(BATCH),
+                       "--spec", str(write_spec(tmp_path, 3)), "--run-option", "allreduce",
+                       "--sync-local-state", "average")
+    assert "state bn/moving_mean (local): per worker (from the local batch), then averaged" in log
+    assert "state bn/moving_variance (local): per worker (from the local batch)" in log
+    workers = [load_worker(out, i) for i in range(3)]
+    for name in workers[0]:
+        # Workers saw different batches: unaveraged, their moving statistics
+        # would differ; every other variable is replicated anyway.
+        for w in workers[1:]:
+            np.testing.assert_array_equal(w[name], workers[0][name], err_msg=name)
+    assert np.abs(workers[0]["bn/moving_variance"]).min() > 0

@@ -1,0 +1,258 @@
+"""The analysis decisions that say how gradients and state combine across
+workers, each on a small graph built here: deduplicated vs plain lookups,
+how the loss reduces over the batch (and the Plan/Config decision that
+follows), and state updated from the local batch (report and rewrite)."""
+import warnings
+
+# autopar must be imported before any transforms module (see test_analysis.py).
+import autopar  # noqa: F401  isort: skip
+import pytest
+import tensorflow as tf
+
+from autopar.config import Config
+from autopar.errors import AutoparError
+from transforms.analysis import analyze_graph
+from transforms.plan import PlanOptions, Topology, make_plan
+from transforms.report import build_report
+from transforms.rewrite import SYNC_LOCAL_STATE_OP, rewrite_for_worker
+
+tf1 = tf.compat.v1
+BATCH, IDS, VOCAB, DIM = 8, 3, 20, 4
+
+
+def _graph(lookup="plain", loss="mean", batch=BATCH, state=None, clip=False):
+    """ids[batch, 3] -> embedding[20, 4] -> mean over ids -> (state) -> w[4, 3] -> loss."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.int32, [batch, IDS], name="x")
+        y = tf1.placeholder(tf.int32, [batch], name="y")
+        emb = tf1.get_variable("embedding", [VOCAB, DIM])
+        if lookup == "plain":
+            h = tf.reduce_mean(tf.nn.embedding_lookup(emb, x), 1)
+        elif lookup == "sparse":
+            ids = tf.SparseTensor(tf.where(tf.ones_like(x, dtype=tf.bool)), tf.reshape(x, [-1]),
+                                  tf.shape(x, out_type=tf.int64))
+            h = tf.nn.embedding_lookup_sparse(emb, ids, None, combiner="mean")
+        else:   # tf.unique, then gather the distinct rows once
+            distinct, position = tf.unique(tf.reshape(x, [-1]))
+            rows = tf.gather(tf.gather(emb, distinct), position)
+            h = tf.reduce_mean(tf.reshape(rows, [-1, IDS, DIM]), 1)
+        updates = []
+        if state == "batch_norm":
+            mean, var = tf.nn.moments(h, [0])
+            moving = tf1.get_variable("bn/moving_mean", [DIM], trainable=False,
+                                      initializer=tf1.zeros_initializer())
+            updates.append(moving.assign_sub((moving - mean) * 0.1))
+            h = tf.nn.batch_normalization(h, mean, var, None, None, 1e-3)
+        if state == "fused_batch_norm":
+            # What tf.compat.v1.layers.batch_normalization builds (that API
+            # needs Keras 2): the fused kernel's batch moments feed the moving
+            # statistics through assign_sub((moving - batch) * (1 - momentum)).
+            scale = tf1.get_variable("bn/gamma", [DIM], initializer=tf1.ones_initializer())
+            offset = tf1.get_variable("bn/beta", [DIM], initializer=tf1.zeros_initializer())
+            out, mean, var = tf1.nn.fused_batch_norm(tf.reshape(h, [-1, 1, 1, DIM]), scale, offset,
+                                                     is_training=True)
+            for stat, value in (("moving_mean", mean), ("moving_variance", var)):
+                moving = tf1.get_variable(f"bn/{stat}", [DIM], trainable=False,
+                                          initializer=tf1.zeros_initializer())
+                updates.append(moving.assign_sub((moving - value) * 0.01))
+            h = tf.reshape(out, [-1, DIM])
+        w = tf1.get_variable("w", [DIM, 3])
+        logits = tf.matmul(h, w)
+        per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)
+        reduction = tf1.losses.Reduction
+        value = {
+            "mean": lambda: tf.reduce_mean(per_example),
+            "sum": lambda: tf.reduce_sum(per_example),
+            "sum/size": lambda: tf.reduce_sum(per_example) / tf.cast(tf.size(per_example), tf.float32),
+            "sum/8": lambda: tf.reduce_sum(per_example) / 8.0,
+            "sum/24": lambda: tf.reduce_sum(per_example) / 24.0,
+            "sum+reg": lambda: tf.reduce_sum(per_example) + 1e-3 * tf.nn.l2_loss(w),
+            "mean+reg": lambda: tf.reduce_mean(per_example) + 1e-3 * tf.nn.l2_loss(w),
+            "0.5*sum": lambda: 0.5 * tf.reduce_sum(per_example),
+            "losses.SUM": lambda: tf1.losses.sparse_softmax_cross_entropy(
+                y, logits, reduction=reduction.SUM),
+            "losses.MEAN": lambda: tf1.losses.sparse_softmax_cross_entropy(
+                y, logits, reduction=reduction.MEAN),
+            "losses.SUM_BY_NONZERO_WEIGHTS": lambda: tf1.losses.sparse_softmax_cross_entropy(
+                y, logits, reduction=reduction.SUM_BY_NONZERO_WEIGHTS),
+            "losses.SUM_OVER_BATCH_SIZE": lambda: tf1.losses.sparse_softmax_cross_entropy(
+                y, logits, reduction=reduction.SUM_OVER_BATCH_SIZE),
+        }[loss]()
+        gs = tf1.train.get_or_create_global_step()
+        opt = tf1.train.GradientDescentOptimizer(0.1)
+        with tf.control_dependencies(updates):
+            if clip:
+                grads, variables = zip(*opt.compute_gradients(value))
+                grads, _ = tf.clip_by_global_norm(grads, 1.0)
+                train = opt.apply_gradients(zip(grads, variables), global_step=gs)
+            else:
+                train = opt.minimize(value, global_step=gs)
+        if state == "ema_of_loss":
+            ema = tf1.train.ExponentialMovingAverage(0.9)
+            with tf.control_dependencies([train]):
+                ema.apply([value])
+        if state == "ema_of_weights":
+            ema = tf1.train.ExponentialMovingAverage(0.9)
+            with tf.control_dependencies([train]):
+                ema.apply([w])
+        if state == "separate_gradients":
+            # A statistic assigned from a second tf.gradients call: the
+            # activations' gradient of this worker's batch, never averaged.
+            stat = tf1.get_variable("grad_stat", [], trainable=False,
+                                    initializer=tf1.zeros_initializer())
+            stat.assign(tf.reduce_mean(tf.abs(tf.gradients(value, h)[0])))
+    return graph
+
+
+# ------------------------------------------------------------- dedup vs plain
+@pytest.mark.parametrize("lookup,dedup", [("plain", False), ("sparse", True), ("unique", True)])
+def test_sparse_gradient_kind(lookup, dedup):
+    analysis = analyze_graph(_graph(lookup))
+    assert [v.name for v in analysis.sparse] == ["embedding"]
+    assert analysis.variable("embedding").dedup is dedup
+    assert analysis.variable("w").dedup is False
+
+
+def test_dedup_ps_norm_gets_a_row_gather():
+    """With a global-norm consumer, a deduplicated PS variable's norm term needs
+    every worker's rows (its own gather keys); a plain one a scalar all-reduce."""
+    topology = Topology(("a", "a", "b"), 2)
+    for lookup, gathers in (("sparse", True), ("plain", False)):
+        plan = make_plan(analyze_graph(_graph(lookup, clip=True)), topology,
+                         options=PlanOptions(run_option="hybrid"))
+        keys = plan.variable("embedding").keys
+        assert ("norm_count" in keys) is gathers
+        assert "norm" in keys
+        used = sorted(k for vp in plan.variables for k in vp.keys.values())
+        assert len(used) == len(set(used))
+
+
+def test_dedup_rows_are_combined_in_allgather_rewrite():
+    """allreduce: the gathered rows of a deduplicated gradient go through
+    unique + unsorted_segment_sum before the optimizer; a plain one's do not."""
+    for lookup, combined in (("sparse", True), ("plain", False)):
+        graph = _graph(lookup, clip=True)
+        analysis = analyze_graph(graph)
+        plan = make_plan(analysis, 2, options=PlanOptions(run_option="allreduce"))
+        worker = rewrite_for_worker(graph, analysis, plan, 0)
+        values = worker.replaced[analysis.variable("embedding").grad_values]
+        nodes = {n.name: n for n in worker.meta_graph.graph_def.node}
+        assert (nodes[values.split(":")[0]].op == "UnsortedSegmentSum") is combined
+
+
+# ---------------------------------------------------------- loss reduction
+@pytest.mark.parametrize("loss,batch,expected", [
+    ("mean", BATCH, "mean"),
+    ("sum", BATCH, "sum"),
+    ("sum", None, "sum"),
+    ("0.5*sum", BATCH, "sum"),
+    ("sum/size", BATCH, "mean"),
+    ("sum/size", None, "mean"),     # tf.size of a dynamic batch: a batch-derived tensor
+    ("sum/8", BATCH, "mean"),       # the per-worker batch size of a static graph
+    ("sum/24", BATCH, "unknown"),   # not the elements summed: global batch? cannot tell
+    ("sum/8", None, "unknown"),
+    ("mean+reg", BATCH, "mean"),
+    ("sum+reg", BATCH, "unknown"),  # a regularizer added N times if summed
+    ("losses.SUM", BATCH, "sum"),
+    ("losses.SUM", None, "sum"),
+    ("losses.MEAN", BATCH, "mean"),
+    ("losses.MEAN", None, "mean"),
+    ("losses.SUM_BY_NONZERO_WEIGHTS", BATCH, "mean"),
+    ("losses.SUM_BY_NONZERO_WEIGHTS", None, "mean"),
+    ("losses.SUM_OVER_BATCH_SIZE", BATCH, "mean"),
+    ("losses.SUM_OVER_BATCH_SIZE", None, "mean"),
+])
+def test_loss_reduction(loss, batch, expected):
+    analysis = analyze_graph(_graph(loss=loss, batch=batch))
+    assert analysis.loss_reduction == expected, analysis.loss_reduction_why
+    assert analysis.loss_reduction_why
+
+
+@pytest.mark.parametrize("loss,option,decided", [
+    ("sum", "auto", "sum"), ("mean", "auto", "mean"), ("sum/24", "auto", "mean"),
+    ("sum/24", "sum", "sum"), ("mean", "sum", "sum"), ("sum", "mean", "mean"),
+])
+def test_plan_decision_and_report(loss, option, decided):
+    analysis = analyze_graph(_graph(loss=loss))
+    plan = make_plan(analysis, 4, options=PlanOptions(run_option="allreduce", loss_reduction=option))
+    assert plan.loss_reduction == decided
+    assert plan.gradient_scale == (0.25 if decided == "mean" else 1.0)
+    table = build_report(analysis, plan).table()
+    combine = "averaged" if decided == "mean" else "summed"
+    assert f"gradients: {combine} over workers, dense and sparse (loss_reduction={decided}" in table
+    if analysis.loss_reduction == "unknown" and option == "auto":
+        assert "not determined from the graph" in table
+
+
+@pytest.mark.parametrize("loss,final_op,scale", [("sum", "Id", 1.0), ("mean", "Div", 0.5)])
+def test_rewrite_sums_or_averages_dense_and_sparse(loss, final_op, scale):
+    graph = _graph(loss=loss)
+    analysis = analyze_graph(graph)
+    plan = make_plan(analysis, 2, options=PlanOptions(run_option="allreduce"))
+    nodes = rewrite_for_worker(graph, analysis, plan, 0).meta_graph.graph_def.node
+    reduces = [n for n in nodes if n.op == "CollectiveReduceV2" and n.name.startswith("autopar/average")]
+    assert reduces and {n.attr["final_op"].s.decode() for n in reduces} == {final_op}
+    scales = [n for n in nodes if n.name.startswith("autopar/average") and n.op == "Const"
+              and n.attr["dtype"].type == tf.float32.as_datatype_enum
+              and tf.make_ndarray(n.attr["value"].tensor).shape == ()]
+    assert [float(tf.make_ndarray(n.attr["value"].tensor)) for n in scales] == [scale]
+
+
+def test_config_loss_reduction_and_deprecated_average_sparse():
+    assert Config().loss_reduction == "auto"
+    with pytest.raises(AutoparError, match="loss_reduction"):
+        Config(loss_reduction="median")
+    with pytest.raises(AutoparError, match="sync_local_state"):
+        Config(sync_local_state="sum")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert Config(average_sparse=False).loss_reduction == "sum"
+        assert Config(average_sparse=True).loss_reduction == "mean"
+    assert any(issubclass(w.category, DeprecationWarning) for w in caught)
+    assert PlanOptions.from_config(Config(loss_reduction="sum")).loss_reduction == "sum"
+
+
+# ------------------------------------------------------- batch-local state
+@pytest.mark.parametrize("state,name,kind", [
+    ("batch_norm", "bn/moving_mean", "local"),
+    ("fused_batch_norm", "bn/moving_variance", "local"),
+    ("ema_of_loss", None, "local"),                # a moving average of this worker's loss
+    ("separate_gradients", "grad_stat", "local"),
+    ("ema_of_weights", "w/ExponentialMovingAverage", "ema"),
+])
+def test_state_kind(state, name, kind):
+    analysis = analyze_graph(_graph(state=state))
+    kinds = {s.name: s.kind for s in analysis.state}
+    if name is None:
+        [name] = [n for n in kinds if n.endswith("/ExponentialMovingAverage")]
+    assert kinds[name] == kind
+    assert kinds["global_step"] == "global_step"
+    others = {n for n in kinds if n != name and not (state == "fused_batch_norm"
+                                                      and n.startswith("bn/moving_"))}
+    assert all(kinds[n] != "local" for n in others)
+
+
+@pytest.mark.parametrize("sync", ["none", "average"])
+def test_local_state_report_and_sync_op(sync):
+    graph = _graph(state="batch_norm")
+    analysis = analyze_graph(graph)
+    plan = make_plan(analysis, 2, options=PlanOptions(run_option="allreduce", sync_local_state=sync))
+    table = build_report(analysis, plan).table()
+    line = [ln for ln in table.splitlines() if ln.startswith("state bn/moving_mean (local)")]
+    assert line and "per worker (from the local batch)" in line[0]
+    assert ("averaged over workers after every step" in line[0]) is (sync == "average")
+    assert "replicated" not in line[0]
+    worker = rewrite_for_worker(graph, analysis, plan, 1)
+    nodes = {n.name: n for n in worker.meta_graph.graph_def.node}
+    if sync == "none":
+        assert worker.after_step is None and SYNC_LOCAL_STATE_OP not in nodes
+        return
+    assert worker.after_step == SYNC_LOCAL_STATE_OP
+    # One mean all-reduce over the local state, assigned back to it.
+    reduces = [n for n in nodes.values() if n.name.startswith("autopar/sync_local")
+               and n.op == "CollectiveReduceV2"]
+    assert len(reduces) == 1 and reduces[0].attr["final_op"].s == b"Div"
+    assigns = [n for n in nodes.values() if n.name.startswith("autopar/sync_local")
+               and n.op in ("AssignVariableOp", "Assign")]
+    assert [n.input[0] for n in assigns] == ["bn/moving_mean"]
