@@ -286,17 +286,20 @@ class _Allocator:
         if host.ports is None and local:
             return self.os_port(i, host)
         start, end = host.ports or DEFAULT_REMOTE_RANGE
-        for port in range(start, end + 1):
-            if ((pool, port) in self.used or _endpoint(host.address, port) in self.avoid
-                    or not self.lock(pool, port)):
-                continue
-            # SO_REUSEADDR off: with a whole range to choose from, prefer
-            # ports nothing (not even a TIME_WAIT connection) is using.
-            if local and not port_is_free(host.address, port, reuse=False):
-                self.unlock_last()
-                continue
-            self.used.add((pool, port))
-            return port
+        # First pass with SO_REUSEADDR off: with a whole range to choose from,
+        # prefer ports nothing (not even a TIME_WAIT connection) is using. A
+        # range whose ports earlier jobs left in TIME_WAIT is still usable:
+        # the second pass probes as gRPC binds, with SO_REUSEADDR on.
+        for reuse in ((False, True) if local else (False,)):
+            for port in range(start, end + 1):
+                if ((pool, port) in self.used or _endpoint(host.address, port) in self.avoid
+                        or not self.lock(pool, port)):
+                    continue
+                if local and not port_is_free(host.address, port, reuse=reuse):
+                    self.unlock_last()
+                    continue
+                self.used.add((pool, port))
+                return port
         raise LaunchError(
             f"no free port left in {start}-{end} on {host.address} (hosts[{i}] in {self.spec.source}); "
             f"widen hosts[{i}].ports or free ports in that range (other autopar jobs on this "

@@ -104,7 +104,9 @@ def test_port_taken_after_allocation_is_retried_with_real_servers(tmp_path, monk
         clusters.append(reservation.cluster)
         if len(clusters) == 1:
             port = int(reservation.cluster["worker"][1].rsplit(":", 1)[1])
-            foreign.bind(("127.0.0.2", port))   # not even the job's own address
+            # The job's own address: TensorFlow's servers bind only that one
+            # (runtime/libautopar_bind.so), so this is the bind that clashes.
+            foreign.bind(("127.0.0.1", port))
             foreign.listen()
         return reservation
 
