@@ -30,7 +30,8 @@ def main() -> None:
     p.add_argument("--checkpoint-dir")
     p.add_argument("--save-every", type=int, default=2)
     p.add_argument("--stall-at", type=int, default=-1,
-                   help="worker 1 sleeps forever at this global step (for kill tests)")
+                   help="a worker sleeps forever at this global step (for kill tests)")
+    p.add_argument("--stall-worker", type=int, default=1, help="which worker --stall-at stalls")
     p.add_argument("--keep", type=int, default=5, help="checkpoints to keep")
     p.add_argument("--pause-at", type=int, default=-1,
                    help="the chief waits at this global step until a stop is requested "
@@ -63,7 +64,7 @@ def main() -> None:
                 deadline = time.monotonic() + 120
                 while not runner.stop_requested and time.monotonic() < deadline:
                     time.sleep(0.05)
-            if step == args.stall_at and i == 1:
+            if step == args.stall_at and i == args.stall_worker:
                 print(f"worker {i} stalling at step {step}", flush=True)
                 time.sleep(3600)
             x, y = models.global_batch(args.model, step, args.batch)
