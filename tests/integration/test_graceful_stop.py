@@ -5,7 +5,8 @@ the previous one.
   global step 22 with save_every_steps=100: the chief saves step 22, the
   launcher exits 130 naming the checkpoint, nothing is left running, and a
   restart ends where an uninterrupted run ends.
-- A second Ctrl-C while the chief cannot finish its step stops the job at once.
+- A second Ctrl-C while the chief cannot reach a step boundary stops the job
+  at once.
 - Truncated, bit-flipped and missing-.data checkpoints are reported by name
   and skipped; training resumes from the newest intact one; temporary files
   of killed saves are removed; only keep_checkpoints are kept.
@@ -84,13 +85,15 @@ def test_ctrl_c_saves_the_current_step_and_resumes(tmp_path):
 
 
 def test_second_ctrl_c_stops_at_once(tmp_path):
-    # Worker 1 hangs before step 4, so the chief can never finish that step.
+    # The chief's own code hangs between steps 3 and 4, so it never reaches
+    # the step boundary where it would stop.
     proc = _start(train_command(MODEL, tmp_path / "out", "--steps", "30", "--stall-at", "3",
+                                "--stall-worker", "0",
                                 "--spec", str(write_spec(tmp_path, workers=2)),
                                 "--checkpoint-dir", str(tmp_path / "ckpt")))
     reader = LineReader(proc)
     try:
-        reader.wait_for(r"worker 1 stalling at step 3", 240)
+        reader.wait_for(r"worker 0 stalling at step 3", 240)
         pids = _pids(reader.text)
         os.killpg(proc.pid, signal.SIGINT)
         reader.wait_for(r"the chief stops after its current step", 30)

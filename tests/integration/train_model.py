@@ -30,7 +30,8 @@ def main() -> None:
     p.add_argument("--checkpoint-dir")
     p.add_argument("--save-every", type=int, default=2)
     p.add_argument("--stall-at", type=int, default=-1,
-                   help="worker 1 sleeps forever at this global step (for kill tests)")
+                   help="a worker sleeps forever at this global step (for kill tests)")
+    p.add_argument("--stall-worker", type=int, default=1, help="which worker --stall-at stalls")
     p.add_argument("--fewer-steps", choices=("exit", "sleep"),
                    help="worker 1 runs one step fewer, then exits 0, or closes its Runner and "
                         "sleeps (for step-count mismatch tests)")
@@ -76,7 +77,7 @@ def main() -> None:
                 deadline = time.monotonic() + 120
                 while not runner.stop_requested and time.monotonic() < deadline:
                     time.sleep(0.05)
-            if step == args.stall_at and i == 1:
+            if step == args.stall_at and i == args.stall_worker:
                 print(f"worker {i} stalling at step {step}", flush=True)
                 time.sleep(3600)
             x, y = models.global_batch(args.model, step, args.batch)
