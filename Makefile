@@ -29,9 +29,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 
-# Ten fresh parameter-server jobs per run option (the start-up race soak).
+# Soaks: ten fresh parameter-server jobs per run option (the start-up race),
+# five rounds of two jobs launched together on one port range.
 stress: $(STAMP)
-	AUTOPAR_STRESS_REPEATS=10 $(PY) -m pytest -q tests/integration/test_ps_stress.py
+	AUTOPAR_STRESS_REPEATS=10 AUTOPAR_PORT_ROUNDS=5 $(PY) -m pytest -q \
+		tests/integration/test_ps_stress.py tests/integration/test_ports_launch.py
 
 clean:
 	rm -rf $(VENV) *.egg-info
