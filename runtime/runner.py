@@ -28,8 +28,8 @@ import numpy as np
 import tensorflow as tf
 
 from runtime.env import STOPPED_LINE
-from transforms.analysis import Analysis, _from_checkpoint
-from transforms.graph_utils import op_digraph
+from transforms.analysis import Analysis
+from transforms.graph_utils import is_restore_assignment, op_digraph
 
 tf1 = tf.compat.v1
 log = logging.getLogger("autopar.runner")
@@ -327,7 +327,7 @@ def _trainable_writer_step_ops(graph: tf.Graph, init_ops: frozenset[str]) -> fro
     writers = [op.name for op in graph.get_operations()
                if op.type.startswith(_UPDATE_PREFIXES) and op.inputs
                and op.inputs[0].op.name in trainable and op.name not in init_ops
-               and not _from_checkpoint(op)]
+               and not is_restore_assignment(op)]
     if not writers:
         return frozenset()
     full = op_digraph(graph, control=True)

@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from autopar.errors import UnsupportedGraphError
 from transforms.graph_utils import (VARIABLE_OP_TYPES, graph_of, in_gradient_scope,
-                                    op_digraph, static_shape)
+                                    is_restore_assignment, op_digraph, static_shape)
 
 tf1 = tf.compat.v1
 
@@ -565,18 +565,10 @@ def _writers_by_variable(graph) -> dict[str, list[str]]:
             var = op.inputs[0].op.name
             if "/Initializer/" in "/" + op.name + "/" or op.name in (f"{var}/Assign", f"{var}/Assign:0"):
                 continue
-            if _from_checkpoint(op):
+            if is_restore_assignment(op):
                 continue
             out[var].append(op.name)
     return out
-
-
-def _from_checkpoint(op) -> bool:
-    """A Saver's restore assignment: its value comes (through Identity) from RestoreV2."""
-    value = op.inputs[-1].op
-    while value.type == "Identity" and value.inputs:
-        value = value.inputs[0].op
-    return value.type in ("RestoreV2", "Restore", "RestoreSlice")
 
 
 def _loss_tensor(graph) -> str | None:

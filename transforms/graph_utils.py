@@ -65,6 +65,14 @@ def op_digraph(graph: tf.Graph, control: bool = False) -> nx.DiGraph:
     return dg
 
 
+def is_restore_assignment(op: tf.Operation) -> bool:
+    """A Saver's restore assignment: its value comes (through Identity) from RestoreV2."""
+    value = op.inputs[-1].op
+    while value.type == "Identity" and value.inputs:
+        value = value.inputs[0].op
+    return value.type in ("RestoreV2", "Restore", "RestoreSlice")
+
+
 def static_shape(tensor: tf.Tensor) -> tuple[int | None, ...] | None:
     shape = tensor.shape
     if shape.rank is None:
