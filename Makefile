@@ -18,7 +18,7 @@ $(STAMP): setup.py pyproject.toml runtime/coordinator.proto cpp_ops/bind_shim.c
 # shim (cpp_ops/bind_shim.c, needs a C compiler) into runtime/. setup.py's
 # build does the same for `pip install .`.
 native:
-	$(PY) -m runtime.native
+	$(PY) -m autopar.runtime.native
 
 install: $(STAMP)
 

@@ -24,7 +24,7 @@ class BuildWithNative(build_py):
         super().run()
         native = _native()
         dest = HERE / "runtime" if getattr(self, "editable_mode", False) \
-            else Path(self.build_lib) / "runtime"
+            else Path(self.build_lib) / "autopar" / "runtime"
         try:
             native.build_protos(dest)
             native.build_shim(dest)
@@ -37,9 +37,12 @@ setup(
     version="0.1.0",
     description="Single-device TensorFlow training as synchronous data-parallel training",
     python_requires=">=3.11",
-    packages=find_packages(include=["autopar", "autopar.*", "transforms", "transforms.*",
-                                    "runtime", "runtime.*"]),
-    package_data={"runtime": ["coordinator.proto"]},
+    # The repository keeps transforms/ and runtime/ at its top level; they are
+    # installed inside autopar, so only `autopar` lands in site-packages.
+    packages=["autopar"] + [f"autopar.{p}" for p in find_packages(include=[
+        "transforms", "transforms.*", "runtime", "runtime.*"])],
+    package_dir={"autopar.transforms": "transforms", "autopar.runtime": "runtime"},
+    package_data={"autopar.runtime": ["coordinator.proto"]},
     install_requires=[
         "tensorflow-cpu==2.21.0",
         "networkx==3.6.1",

@@ -4,8 +4,19 @@ training on many processes and machines.
     ds = autopar.shard(ds)
     runner = autopar.get_runner(graph, "resource_specs/localhost_2workers.yaml")
 """
-from autopar.config import Config
-from autopar.errors import (AutoparError, LaunchError, SpecError, UnsupportedGraphError,
+import os as _os
+
+# setup.py installs the repository's transforms/ and runtime/ folders as
+# autopar.transforms and autopar.runtime. Imported from a source checkout (the
+# tests, the launcher's children with the checkout on PYTHONPATH), take them
+# from that same checkout, not from wherever an editable install points.
+_checkout = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+if not _os.path.isdir(_os.path.join(__path__[0], "runtime")) and all(
+        _os.path.isfile(_os.path.join(_checkout, sub, "__init__.py")) for sub in ("runtime", "transforms")):
+    __path__.append(_checkout)
+
+from autopar.config import Config  # noqa: E402
+from autopar.errors import (AutoparError, LaunchError, SpecError, UnsupportedGraphError,  # noqa: E402
                             WorkerFailedError)
 
 __all__ = ["get_runner", "shard", "analyze", "Config", "Report", "AutoparError", "SpecError",
@@ -20,6 +31,6 @@ def __getattr__(name):
         from autopar import api
         return getattr(api, name)
     if name == "Report":
-        from transforms.report import Report
+        from autopar.transforms.report import Report
         return Report
     raise AttributeError(f"module 'autopar' has no attribute {name!r}")

@@ -12,12 +12,12 @@ import tensorflow as tf
 from autopar.config import Config
 from autopar.console import debug_errors, report_error, setup_logging
 from autopar.errors import AutoparError
-from runtime import env
-from transforms.analysis import analyze_graph
-from transforms.plan import PlanOptions, Topology, make_plan
-from transforms.graph_utils import graph_of
-from transforms.placement import place_ops
-from transforms.report import Report, build_report
+from autopar.runtime import env
+from autopar.transforms.analysis import analyze_graph
+from autopar.transforms.plan import PlanOptions, Topology, make_plan
+from autopar.transforms.graph_utils import graph_of
+from autopar.transforms.placement import place_ops
+from autopar.transforms.report import Report, build_report
 
 log = logging.getLogger("autopar")
 
@@ -49,7 +49,7 @@ def get_runner(graph: tf.Graph, resource_info=None, config: Config | None = None
 
 
 def _get_runner(graph: tf.Graph, resource_info, config: Config):
-    from runtime import launcher, spec as specs, worker   # runtime is heavy; import on use
+    from autopar.runtime import launcher, spec as specs, worker   # runtime is heavy; import on use
     role = env.current_role()
     if role == "worker":
         cluster = env.current_cluster()
@@ -76,7 +76,7 @@ def _get_runner(graph: tf.Graph, resource_info, config: Config):
 
 def _join_external(graph, config):
     """A process started by an external launcher (TF_CONFIG): join, spawn nothing."""
-    from runtime import ports, server_main, spec as specs, worker
+    from autopar.runtime import ports, server_main, spec as specs, worker
     spec, task_type, index = specs.spec_from_tf_config(os.environ["TF_CONFIG"])
     cluster = ports.explicit_cluster(spec)
     if task_type == "server":
@@ -98,7 +98,7 @@ def shard(dataset: tf.data.Dataset) -> tf.data.Dataset:
 
 def analyze(graph, resource_info, config: Config | None = None) -> Report:
     """The Report for training `graph` on `resource_info`, without running anything."""
-    from runtime import spec as specs
+    from autopar.runtime import spec as specs
     config = config or Config()
     spec = specs.load_spec(resource_info)
     analysis = analyze_graph(graph)

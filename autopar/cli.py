@@ -14,7 +14,7 @@ import sys
 
 from autopar.console import StdoutHandler, debug_errors, report_error
 from autopar.errors import AutoparError
-from runtime import env
+from autopar.runtime import env
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     # This process is only the launcher: its log lines go to stdout, through a
     # handler that survives a reader closing the pipe (`| head`).
     logging.basicConfig(level=logging.INFO, handlers=[StdoutHandler()])
-    from runtime.spec import load_spec
+    from autopar.runtime.spec import load_spec
     try:
         spec = load_spec(args.spec)
     except AutoparError as e:
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.action == "report":
         child_env = dict(os.environ, **{env.ROLE: "report", env.SPEC: json.dumps(spec.to_dict())})
         return subprocess.run(command, env=child_env).returncode
-    from runtime.launcher import launch
+    from autopar.runtime.launcher import launch
     try:
         return launch(spec, command, stall_timeout_s=args.stall_timeout)
     except AutoparError as e:

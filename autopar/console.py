@@ -49,7 +49,7 @@ class StdoutHandler(logging.StreamHandler):
 
     def handleError(self, record: logging.LogRecord) -> None:
         if isinstance(sys.exc_info()[1], BrokenPipeError):
-            from runtime.launcher import discard_stdout
+            from autopar.runtime.launcher import discard_stdout
             discard_stdout()
             return
         super().handleError(record)

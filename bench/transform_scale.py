@@ -31,11 +31,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from bench.bert_graph import build  # noqa: E402
-from transforms.analysis import analyze_graph  # noqa: E402
-from transforms.graph_utils import graph_of  # noqa: E402
-from transforms.placement import place_ops  # noqa: E402
-from transforms.plan import PlanOptions, Topology, make_plan  # noqa: E402
-from transforms.rewrite import rewrite_for_worker  # noqa: E402
+from autopar.transforms.analysis import analyze_graph  # noqa: E402
+from autopar.transforms.graph_utils import graph_of  # noqa: E402
+from autopar.transforms.placement import place_ops  # noqa: E402
+from autopar.transforms.plan import PlanOptions, Topology, make_plan  # noqa: E402
+from autopar.transforms.rewrite import rewrite_for_worker  # noqa: E402
 
 OPTIONS = ("allreduce", "hybrid", "ps")
 TOPOLOGY = Topology(("10.0.0.1",) * 4 + ("10.0.0.2",) * 4, num_servers=2)

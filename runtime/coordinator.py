@@ -37,7 +37,7 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
 import grpc  # noqa: E402
 
-from runtime import env as envvars  # noqa: E402
+from autopar.runtime import env as envvars  # noqa: E402
 
 logger = logging.getLogger("autopar.coordinator")
 
@@ -61,14 +61,14 @@ def _grpc_modules() -> tuple[ModuleType, ModuleType]:
     """runtime.coordinator_pb2 and _pb2_grpc, generated at install time; built
     here if missing (a source checkout used without ``make install``)."""
     try:
-        return (importlib.import_module("runtime.coordinator_pb2"),
-                importlib.import_module("runtime.coordinator_pb2_grpc"))
+        return (importlib.import_module("autopar.runtime.coordinator_pb2"),
+                importlib.import_module("autopar.runtime.coordinator_pb2_grpc"))
     except ImportError:
-        from runtime import native
+        from autopar.runtime import native
         native.build_protos()
         importlib.invalidate_caches()
-        return (importlib.import_module("runtime.coordinator_pb2"),
-                importlib.import_module("runtime.coordinator_pb2_grpc"))
+        return (importlib.import_module("autopar.runtime.coordinator_pb2"),
+                importlib.import_module("autopar.runtime.coordinator_pb2_grpc"))
 
 
 def new_token() -> str:

@@ -27,20 +27,22 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any, Callable
 
+import autopar
 from autopar.errors import LaunchError
-from runtime import env as envvars
-from runtime import procs
-from runtime.coordinator import Coordinator, JobMonitor, host_address, launcher_host
-from runtime.ports import is_bind_failure, is_local_address, reserve_cluster
-from runtime.spec import HostSpec, ResourceSpec
+from autopar.runtime import env as envvars
+from autopar.runtime import procs
+from autopar.runtime.coordinator import Coordinator, JobMonitor, host_address, launcher_host
+from autopar.runtime.ports import is_bind_failure, is_local_address, reserve_cluster
+from autopar.runtime.spec import HostSpec, ResourceSpec
 
 logger = logging.getLogger("autopar.launcher")
 
 WORKER_ROLE = "worker"
 SERVER_ROLE = "server"
 
-# The directory holding the runtime/, autopar/ and transforms/ packages.
-REPO_ROOT = str(Path(__file__).resolve().parent.parent)
+# The directory holding the autopar package (a source checkout's root, or
+# site-packages): put first on every child's PYTHONPATH.
+REPO_ROOT = str(Path(autopar.__file__).resolve().parent.parent)
 
 _POLL_SECONDS = 0.1
 # How long to wait for a dead process's last output to arrive before
@@ -177,7 +179,7 @@ def plan_children(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: Se
                   cwd: str | None = None) -> list[ChildPlan]:
     """One ChildPlan per server, then per worker, in task-index order."""
     cwd = cwd or os.getcwd()
-    server_cmd = [sys.executable, "-m", "runtime.server_main"]
+    server_cmd = [sys.executable, "-m", "autopar.runtime.server_main"]
     jobs: list[tuple[str, list[str], list[HostSpec], list[str]]] = [
         (SERVER_ROLE, list(cluster.get(envvars.SERVER_JOB, [])), spec.server_hosts(), server_cmd),
         (WORKER_ROLE, list(cluster[envvars.WORKER_JOB]), spec.worker_hosts(), list(argv)),
@@ -565,7 +567,7 @@ def bind_env_value(cluster: Mapping[str, list[str]]) -> str:
 
 def bind_shim_path() -> str:
     """runtime/libautopar_bind.so, built at install time (built now if missing)."""
-    from runtime import native
+    from autopar.runtime import native
     path = native.RUNTIME_DIR / native.SHIM_NAME
     if not path.exists():
         try:

@@ -3,7 +3,7 @@ the coordinator's gRPC modules from ``runtime/coordinator.proto`` and the
 bind shim ``cpp_ops/bind_shim.c``. Standard library only, so setup.py can
 load this file before anything is installed.
 
-    python -m runtime.native [--dest DIR]    build both into DIR (default runtime/)
+    python -m autopar.runtime.native [--dest DIR]    build both into DIR (default runtime/)
 
 The _pb2 modules are generated, not committed: generated code names the
 grpcio-tools release that made it and refuses to run on an older grpcio, so
@@ -26,6 +26,8 @@ PROTO = RUNTIME_DIR / "coordinator.proto"
 SHIM_SOURCE = REPO_ROOT / "cpp_ops" / "bind_shim.c"
 SHIM_NAME = "libautopar_bind.so"
 PROTO_MODULES = ("coordinator_pb2.py", "coordinator_pb2_grpc.py")
+# Where the runtime package sits once installed (setup.py's package_dir).
+PROTO_PACKAGE = "autopar/runtime"
 
 
 class BuildError(RuntimeError):
@@ -41,18 +43,24 @@ def build_protos(dest: Path = RUNTIME_DIR) -> None:
                          "(pip install grpcio-tools==1.85.1, or `make install`)") from exc
     import importlib.resources
     well_known = str(importlib.resources.files("grpc_tools") / "_proto")
-    # Generated with -I <repo root> so the modules import each other as
-    # "from runtime import coordinator_pb2"; written to a temporary directory
-    # first so a concurrent import never sees a half-written module.
+    # The package installs as autopar.runtime, so the .proto is compiled from
+    # autopar/runtime/ in a scratch tree: the generated modules then import
+    # each other as "from autopar.runtime import coordinator_pb2". Written
+    # there first so a concurrent import never sees a half-written module.
     with tempfile.TemporaryDirectory() as tmp:
-        code = protoc.main(["grpc_tools.protoc", f"-I{REPO_ROOT}", f"-I{well_known}",
-                            f"--python_out={tmp}", f"--grpc_python_out={tmp}",
-                            str(PROTO.relative_to(REPO_ROOT))])
+        src = Path(tmp) / "src"
+        (src / PROTO_PACKAGE).mkdir(parents=True)
+        shutil.copy(PROTO, src / PROTO_PACKAGE / PROTO.name)
+        out = Path(tmp) / "out"
+        out.mkdir()
+        code = protoc.main(["grpc_tools.protoc", f"-I{src}", f"-I{well_known}",
+                            f"--python_out={out}", f"--grpc_python_out={out}",
+                            f"{PROTO_PACKAGE}/{PROTO.name}"])
         if code != 0:
             raise BuildError(f"protoc failed on {PROTO} (status {code})")
         dest.mkdir(parents=True, exist_ok=True)
         for name in PROTO_MODULES:
-            os.replace(shutil.copy(Path(tmp) / "runtime" / name, dest / f".{name}.tmp"), dest / name)
+            os.replace(shutil.copy(out / PROTO_PACKAGE / name, dest / f".{name}.tmp"), dest / name)
 
 
 def compiler() -> str:

@@ -41,7 +41,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from autopar.errors import LaunchError
-from runtime.spec import HostSpec, ResourceSpec
+from autopar.runtime.spec import HostSpec, ResourceSpec
 
 logger = logging.getLogger(__name__)
 

@@ -27,9 +27,9 @@ import networkx as nx
 import numpy as np
 import tensorflow as tf
 
-from runtime.env import STOPPED_LINE
-from transforms.analysis import Analysis
-from transforms.graph_utils import is_restore_assignment, op_digraph
+from autopar.runtime.env import STOPPED_LINE
+from autopar.transforms.analysis import Analysis
+from autopar.transforms.graph_utils import is_restore_assignment, op_digraph
 
 tf1 = tf.compat.v1
 log = logging.getLogger("autopar.runner")

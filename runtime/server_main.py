@@ -1,4 +1,4 @@
-"""A parameter-server process: ``python -m runtime.server_main``.
+"""A parameter-server process: ``python -m autopar.runtime.server_main``.
 
 Started by the launcher with AUTOPAR_CLUSTER and AUTOPAR_TASK_INDEX in its
 environment; it hosts task ``ps:<index>`` of the cluster (the workers place
@@ -13,7 +13,7 @@ import sys
 import threading
 from types import FrameType
 
-from runtime import env as envvars
+from autopar.runtime import env as envvars
 
 logger = logging.getLogger("autopar.server")
 
@@ -92,7 +92,7 @@ def _register(task_index: int, address: str) -> None:
     outside a launched job)."""
     import grpc
 
-    from runtime.coordinator import CoordinatorClient
+    from autopar.runtime.coordinator import CoordinatorClient
     client = CoordinatorClient.from_env("server", task_index)
     if client is None:
         return
@@ -104,7 +104,7 @@ def _register(task_index: int, address: str) -> None:
 
 
 def main() -> int:
-    """Entry point of ``python -m runtime.server_main``: role from the environment."""
+    """Entry point of ``python -m autopar.runtime.server_main``: role from the environment."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     index = envvars.current_task_index()

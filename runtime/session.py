@@ -8,7 +8,7 @@ import time
 import tensorflow as tf
 
 from autopar.errors import LaunchError
-from runtime.env import SERVER_JOB, WORKER_JOB
+from autopar.runtime.env import SERVER_JOB, WORKER_JOB
 
 tf1 = tf.compat.v1
 log = logging.getLogger("autopar.session")

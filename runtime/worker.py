@@ -10,15 +10,15 @@ import grpc
 import tensorflow as tf
 
 from autopar.errors import LaunchError, UnsupportedGraphError
-from runtime.checkpoint import Checkpointer
-from runtime.coordinator import CoordinatorClient, ProgressHook
-from runtime.progress import Progress
-from runtime.runner import Runner
-from runtime.session import session_config, start_worker_server, wait_for_peers
-from transforms.analysis import Analysis, analyze_graph
-from transforms.plan import PlanOptions, Topology, make_plan
-from transforms.ps import COUNTERS_INIT
-from transforms.rewrite import rewrite_for_worker, worker_device
+from autopar.runtime.checkpoint import Checkpointer
+from autopar.runtime.coordinator import CoordinatorClient, ProgressHook
+from autopar.runtime.progress import Progress
+from autopar.runtime.runner import Runner
+from autopar.runtime.session import session_config, start_worker_server, wait_for_peers
+from autopar.transforms.analysis import Analysis, analyze_graph
+from autopar.transforms.plan import PlanOptions, Topology, make_plan
+from autopar.transforms.ps import COUNTERS_INIT
+from autopar.transforms.rewrite import rewrite_for_worker, worker_device
 
 tf1 = tf.compat.v1
 log = logging.getLogger("autopar.worker")

@@ -23,7 +23,7 @@ import networkx as nx
 import tensorflow as tf
 
 from autopar.errors import UnsupportedGraphError
-from transforms.graph_utils import (VARIABLE_OP_TYPES, graph_of, in_gradient_scope,
+from autopar.transforms.graph_utils import (VARIABLE_OP_TYPES, graph_of, in_gradient_scope,
                                     is_restore_assignment, op_digraph, static_shape)
 
 tf1 = tf.compat.v1

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from transforms.graph_utils import VARIABLE_OP_TYPES
+from autopar.transforms.graph_utils import VARIABLE_OP_TYPES
 
 tf1 = tf.compat.v1
 

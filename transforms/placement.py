@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from transforms.analysis import Analysis
-from transforms.plan import Plan
+from autopar.transforms.analysis import Analysis
+from autopar.transforms.plan import Plan
 
 WORKER = "worker"
 _LIGHT = frozenset({"Slice", "StridedSlice", "Cast", "Gather", "GatherV2", "ResourceGather",

@@ -30,8 +30,8 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 
-from transforms.analysis import Analysis
-from transforms.comm import ROW_LADDER
+from autopar.transforms.analysis import Analysis
+from autopar.transforms.comm import ROW_LADDER
 
 GROUP_KEY = 1              # all workers form one collective group
 _HOST_GROUP_BASE = 1000    # host-local groups for local aggregation: base + host index

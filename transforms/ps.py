@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
-from transforms.analysis import Analysis, VariableInfo
-from transforms.comm import CollectiveOpsBackend
-from transforms.graph_utils import node_input_name
-from transforms.partition import Partitioner, copy_prefix
-from transforms.placement import place_ops
-from transforms.plan import Plan, VariablePlan
+from autopar.transforms.analysis import Analysis, VariableInfo
+from autopar.transforms.comm import CollectiveOpsBackend
+from autopar.transforms.graph_utils import node_input_name
+from autopar.transforms.partition import Partitioner, copy_prefix
+from autopar.transforms.placement import place_ops
+from autopar.transforms.plan import Plan, VariablePlan
 
 tf1 = tf.compat.v1
 

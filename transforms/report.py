@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from transforms.analysis import Analysis
-from transforms.plan import Plan
+from autopar.transforms.analysis import Analysis
+from autopar.transforms.plan import Plan
 
 
 @dataclass

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
-from transforms.analysis import Analysis
-from transforms.comm import CollectiveOpsBackend
-from transforms.graph_utils import graph_of, in_gradient_scope, meta_graph_of, node_input_name
-from transforms.partition import copy_region
-from transforms.plan import Plan
-from transforms.ps import PsBuilder, combine_rows, cover_server_work
+from autopar.transforms.analysis import Analysis
+from autopar.transforms.comm import CollectiveOpsBackend
+from autopar.transforms.graph_utils import graph_of, in_gradient_scope, meta_graph_of, node_input_name
+from autopar.transforms.partition import copy_region
+from autopar.transforms.plan import Plan
+from autopar.transforms.ps import PsBuilder, combine_rows, cover_server_work
 
 tf1 = tf.compat.v1
 

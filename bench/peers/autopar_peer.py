@@ -44,7 +44,7 @@ def run(job: common.Job) -> None:
     import tensorflow as tf
     import autopar
     from bench.peers import graph_model
-    from runtime.spec import spec_from_tf_config
+    from autopar.runtime.spec import spec_from_tf_config
 
     tf.compat.v1.disable_eager_execution()
     tf_config = {"cluster": job.cluster, "task": {"type": "ps" if job.role == "ps" else "worker",

@@ -47,8 +47,8 @@ def preload(kind: str) -> None:
     if kind == "main":
         import autopar  # noqa: F401
         from autopar import api  # noqa: F401
-        from runtime import launcher, server_main, session, spec, worker  # noqa: F401
-        from transforms import analysis, plan, report, rewrite  # noqa: F401
+        from autopar.runtime import launcher, server_main, session, spec, worker  # noqa: F401
+        from autopar.transforms import analysis, plan, report, rewrite  # noqa: F401
     elif kind == "horovod":
         import horovod.tensorflow  # noqa: F401
         from horovod.runner.http import http_server  # noqa: F401

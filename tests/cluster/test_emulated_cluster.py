@@ -120,7 +120,7 @@ def test_allreduce_across_two_hosts_moves_the_expected_bytes_and_leaves_nothing(
     script = tmp_path / "allreduce.py"
     script.write_text(ALLREDUCE)
     with EmulatedCluster(2, prefix=PREFIX) as cluster:
-        from runtime.spec import load_spec
+        from autopar.runtime.spec import load_spec
         spec = load_spec(cluster.write_spec(tmp_path / "spec.yaml", workers_per_host=1))
         assert [h.address for h in spec.hosts] == cluster.addresses
         assert spec.bandwidth_gbps == pytest.approx(1.0)

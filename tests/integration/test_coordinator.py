@@ -17,7 +17,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from runtime.coordinator import _grpc_modules
+from autopar.runtime.coordinator import _grpc_modules
 from tests.integration.cluster import pid_alive, train_command, write_spec
 from tests.integration.test_failures import LineReader, _start
 

@@ -22,8 +22,8 @@ import tensorflow as tf
 
 import autopar
 from autopar.errors import AutoparError
-from runtime.checkpoint import Checkpointer
-from runtime.worker import single_device_runner
+from autopar.runtime.checkpoint import Checkpointer
+from autopar.runtime.worker import single_device_runner
 from tests import models
 
 from tests.integration.cluster import (assert_same_parameters, load_worker, pid_alive,

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from runtime import env as envvars
-from runtime.launcher import REPO_ROOT, build_ssh_command, launch, plan_children
-from runtime.spec import HostSpec, ResourceSpec, SSHSettings, load_spec
+from autopar.runtime import env as envvars
+from autopar.runtime.launcher import REPO_ROOT, build_ssh_command, launch, plan_children
+from autopar.runtime.spec import HostSpec, ResourceSpec, SSHSettings, load_spec
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="uses /proc and PR_SET_PDEATHSIG")
@@ -205,13 +205,14 @@ def test_server_exiting_early_fails_the_job(capsys, caplog, tag, pid_dir, monkey
     # A server given a task index outside the cluster exits 2 at once; the
     # launcher must treat that as a failure even though workers are healthy.
     # AUTOPAR_CLUSTER from the launcher overrides the environment, so break the
-    # server through PYTHONPATH instead: a runtime/server_main that exits 2.
+    # server through PYTHONPATH instead: an autopar/runtime/server_main that exits 2.
     fake_root = pid_dir.parent / "fake_root"
-    (fake_root / "runtime").mkdir(parents=True)
-    (fake_root / "runtime" / "__init__.py").write_text("")
-    (fake_root / "runtime" / "server_main.py").write_text(
+    (fake_root / "autopar" / "runtime").mkdir(parents=True)
+    (fake_root / "autopar" / "__init__.py").write_text("")
+    (fake_root / "autopar" / "runtime" / "__init__.py").write_text("")
+    (fake_root / "autopar" / "runtime" / "server_main.py").write_text(
         "print('server failing on purpose'); raise SystemExit(2)\n")
-    monkeypatch.setattr("runtime.launcher.REPO_ROOT", str(fake_root))
+    monkeypatch.setattr("autopar.runtime.launcher.REPO_ROOT", str(fake_root))
     # `python -m` puts the working directory first on sys.path: leave the repo.
     monkeypatch.chdir(pid_dir.parent)
     caplog.set_level(logging.INFO, logger="autopar.launcher")
@@ -232,8 +233,8 @@ def test_server_exiting_early_fails_the_job(capsys, caplog, tag, pid_dir, monkey
 LAUNCHER_CODE = """
 import json, logging, sys
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-from runtime.launcher import launch
-from runtime.spec import load_spec
+from autopar.runtime.launcher import launch
+from autopar.runtime.spec import load_spec
 spec = load_spec(json.loads(sys.argv[1]))
 sys.exit(launch(spec, [sys.executable, sys.argv[2]], extra_env=json.loads(sys.argv[3])))
 """
@@ -322,12 +323,12 @@ def test_ssh_command_for_remote_host():
 
 def test_ssh_command_defaults():
     host = HostSpec(address="node7", workers=1)  # no ssh settings at all
-    argv = build_ssh_command(host, [sys.executable, "-m", "runtime.server_main"], {"A": "1"},
+    argv = build_ssh_command(host, [sys.executable, "-m", "autopar.runtime.server_main"], {"A": "1"},
                              default_workdir="/work/dir")
     assert argv[:10] == ["ssh", "-tt", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=10",
                          "-o", "ServerAliveCountMax=3", "-p", "22"]
     assert argv[10:12] == ["--", "node7"] and "-i" not in argv
-    assert argv[12] == f"cd /work/dir && exec env A=1 {shlex.quote(sys.executable)} -m runtime.server_main"
+    assert argv[12] == f"cd /work/dir && exec env A=1 {shlex.quote(sys.executable)} -m autopar.runtime.server_main"
 
 
 def test_plan_mixes_local_and_remote_children():
@@ -354,7 +355,7 @@ def test_plan_mixes_local_and_remote_children():
     assert env["MY_FLAG"] == "1" and env["PYTHONUNBUFFERED"] == "1"
     assert env["PYTHONPATH"].split(os.pathsep)[0] == REPO_ROOT
     assert env["PATH"] == os.environ["PATH"]  # local children inherit the launcher's env
-    assert plans[0].command == [sys.executable, "-m", "runtime.server_main"]
+    assert plans[0].command == [sys.executable, "-m", "autopar.runtime.server_main"]
     assert plans[0].env[envvars.ROLE] == "server"
 
     assert remote_worker.command[:1] == ["ssh"] and "bob@192.0.2.10" in remote_worker.command

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from runtime import launcher, ports
-from runtime.launcher import PORT_ATTEMPTS, launch
-from runtime.spec import load_spec
+from autopar.runtime import launcher, ports
+from autopar.runtime.launcher import PORT_ATTEMPTS, launch
+from autopar.runtime.spec import load_spec
 from tests.integration.cluster import (REPO, assert_same_parameters, child_env, load_worker,
                                        run_training, train_command)
 

@@ -11,10 +11,10 @@ import tensorflow as tf
 
 from autopar.config import Config
 from autopar.errors import AutoparError
-from transforms.analysis import analyze_graph
-from transforms.plan import PlanOptions, Topology, make_plan
-from transforms.report import build_report
-from transforms.rewrite import SYNC_LOCAL_STATE_OP, rewrite_for_worker
+from autopar.transforms.analysis import analyze_graph
+from autopar.transforms.plan import PlanOptions, Topology, make_plan
+from autopar.transforms.report import build_report
+from autopar.transforms.rewrite import SYNC_LOCAL_STATE_OP, rewrite_for_worker
 
 tf1 = tf.compat.v1
 BATCH, IDS, VOCAB, DIM = 8, 3, 20, 4

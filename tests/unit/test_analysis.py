@@ -18,7 +18,7 @@ import tensorflow as tf
 from autopar.errors import UnsupportedGraphError
 from tests.models import (CASE_BATCH, CASE_IDS_PER_EXAMPLE, CASE_VOCAB, SLOT_SUFFIXES,
                           build_case)
-from transforms.analysis import analyze_graph
+from autopar.transforms.analysis import analyze_graph
 
 tf1 = tf.compat.v1
 REPO = Path(__file__).resolve().parents[2]
@@ -464,12 +464,12 @@ def test_not_a_graph_is_a_type_error():
 # ------------------------------------------------------------------ imports
 def test_transforms_modules_import_on_their_own():
     """Each transforms module must be importable first in a fresh interpreter
-    (as `python -c "import transforms.analysis"` or a tool importing only the
+    (as `python -c "import autopar.transforms.analysis"` or a tool importing only the
     transforms layer would)."""
     env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3")
     failures = {}
-    for module in ("transforms.analysis", "transforms.plan", "transforms.rewrite",
-                   "transforms.report"):
+    for module in ("autopar.transforms.analysis", "autopar.transforms.plan", "autopar.transforms.rewrite",
+                   "autopar.transforms.report"):
         proc = subprocess.run([sys.executable, "-c", f"import {module}"], cwd=REPO, env=env,
                               capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:

@@ -12,10 +12,10 @@ import threading
 import grpc
 import pytest
 
-from runtime import env as envvars
-from runtime.coordinator import (PHASE_CLOSED, PHASE_SCRIPT, PHASE_STEP, Coordinator,
+from autopar.runtime import env as envvars
+from autopar.runtime.coordinator import (PHASE_CLOSED, PHASE_SCRIPT, PHASE_STEP, Coordinator,
                                  CoordinatorClient, ProcessState, _grpc_modules, diagnose)
-from runtime.launcher import bind_env_value, bind_shim_path
+from autopar.runtime.launcher import bind_env_value, bind_shim_path
 
 
 @pytest.fixture
@@ -188,8 +188,8 @@ def test_bind_env_value_lists_every_endpoint():
 
 
 def test_children_get_the_token_in_their_environment_only_when_local():
-    from runtime.launcher import _give_token, _job_env, _job_monitor, plan_children
-    from runtime.spec import HostSpec, ResourceSpec, SSHSettings
+    from autopar.runtime.launcher import _give_token, _job_env, _job_monitor, plan_children
+    from autopar.runtime.spec import HostSpec, ResourceSpec, SSHSettings
     spec = ResourceSpec(hosts=(
         HostSpec(address="127.0.0.1", workers=1, servers=0),
         HostSpec(address="192.0.2.10", workers=1, servers=0,  # TEST-NET-1: never local
@@ -213,7 +213,7 @@ def test_children_get_the_token_in_their_environment_only_when_local():
 
 
 def test_missing_compiler_names_what_to_install(monkeypatch, tmp_path):
-    from runtime import native
+    from autopar.runtime import native
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.setattr(native.shutil, "which", lambda name: None)
     with pytest.raises(native.BuildError, match="needs a C compiler: install one.*apt-get install gcc"):
@@ -221,7 +221,7 @@ def test_missing_compiler_names_what_to_install(monkeypatch, tmp_path):
 
 
 def test_coordinator_address_is_this_hosts_spec_address_never_the_wildcard():
-    from runtime.coordinator import launcher_host
+    from autopar.runtime.coordinator import launcher_host
     local = {"127.0.0.2", "0.0.0.0", "localhost"}.__contains__
     assert launcher_host(["192.0.2.10", "127.0.0.2"], local) == "127.0.0.2"
     assert launcher_host(["localhost"], local) == "127.0.0.1"

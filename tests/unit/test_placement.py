@@ -3,11 +3,11 @@ placement is checked in the plan-level result and in the chief's rewritten
 graph, where it takes effect."""
 import tensorflow as tf
 
-from transforms.analysis import analyze_graph
-from transforms.placement import place_ops
-from transforms.plan import PlanOptions, Topology, make_plan
-from transforms.ps import server_device
-from transforms.rewrite import rewrite_for_worker, worker_device
+from autopar.transforms.analysis import analyze_graph
+from autopar.transforms.placement import place_ops
+from autopar.transforms.plan import PlanOptions, Topology, make_plan
+from autopar.transforms.ps import server_device
+from autopar.transforms.rewrite import rewrite_for_worker, worker_device
 
 tf1 = tf.compat.v1
 TOPOLOGY = Topology(("127.0.0.1", "127.0.0.1", "127.0.0.2"), num_servers=2)

@@ -10,10 +10,10 @@ import autopar.errors  # noqa: F401  isort: skip  (autopar before transforms)
 import pytest
 
 from tests.models import build_case
-from transforms.analysis import Analysis, StateInfo, VariableInfo, analyze_graph
-from transforms.comm import ROW_LADDER
-from transforms.plan import Bucket, Plan, VariablePlan, make_plan
-from transforms.report import build_report
+from autopar.transforms.analysis import Analysis, StateInfo, VariableInfo, analyze_graph
+from autopar.transforms.comm import ROW_LADDER
+from autopar.transforms.plan import Bucket, Plan, VariablePlan, make_plan
+from autopar.transforms.report import build_report
 
 ITEMSIZE = {"float16": 2, "float32": 4, "float64": 8}
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from autopar.errors import LaunchError
-from runtime.ports import (DEFAULT_REMOTE_RANGE, allocate_cluster, is_bind_failure, is_local_address,
+from autopar.runtime.ports import (DEFAULT_REMOTE_RANGE, allocate_cluster, is_bind_failure, is_local_address,
                            lock_dir, port_is_free, reserve_cluster)
-from runtime.spec import HostSpec, ResourceSpec
+from autopar.runtime.spec import HostSpec, ResourceSpec
 
 REPO = Path(__file__).resolve().parents[2]
 REMOTE = "192.0.2.1"  # TEST-NET-1: documentation-only, never assigned to this machine
@@ -182,8 +182,8 @@ def test_reservation_of_another_launcher_process_is_respected(tmp_path):
     is never handed the same ports, although they are not bound yet."""
     start, end = free_range(20)
     code = ("import sys\n"
-            "from runtime.ports import reserve_cluster\n"
-            "from runtime.spec import HostSpec, ResourceSpec\n"
+            "from autopar.runtime.ports import reserve_cluster\n"
+            "from autopar.runtime.spec import HostSpec, ResourceSpec\n"
             f"r = reserve_cluster(ResourceSpec(hosts=(HostSpec('127.0.0.1', workers=3, ports=({start}, {end})),)))\n"
             "print(' '.join(e.rsplit(':', 1)[1] for e in r.cluster['worker']), flush=True)\n"
             "sys.stdin.readline()\n")

@@ -8,9 +8,9 @@ import autopar.errors  # noqa: F401  isort: skip  (autopar before transforms)
 import pytest
 
 from tests import models
-from transforms.analysis import analyze_graph
-from transforms.plan import PlanOptions, Topology, make_plan
-from transforms.rewrite import rewrite_for_worker
+from autopar.transforms.analysis import analyze_graph
+from autopar.transforms.plan import PlanOptions, Topology, make_plan
+from autopar.transforms.rewrite import rewrite_for_worker
 
 TWO_HOSTS = Topology(("127.0.0.1", "127.0.0.1", "127.0.0.2"), num_servers=2)
 

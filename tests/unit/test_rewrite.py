@@ -8,9 +8,9 @@ import pytest
 import tensorflow as tf
 
 from tests.models import build_case, build_shared_gradient_case
-from transforms.analysis import analyze_graph
-from transforms.plan import make_plan
-from transforms.rewrite import rewrite_for_worker
+from autopar.transforms.analysis import analyze_graph
+from autopar.transforms.plan import make_plan
+from autopar.transforms.rewrite import rewrite_for_worker
 
 tf1 = tf.compat.v1
 

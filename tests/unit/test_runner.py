@@ -182,7 +182,7 @@ def _gradient_accumulation():
 
 def test_unsupported_graphs_are_really_unsupported_for_distribution():
     # The premise of the fallback tests below.
-    from transforms.analysis import analyze_graph
+    from autopar.transforms.analysis import analyze_graph
     for graph in (_hand_written_update()[0], _gradient_accumulation()[0]):
         with pytest.raises(UnsupportedGraphError):
             analyze_graph(graph)

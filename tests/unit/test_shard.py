@@ -4,7 +4,7 @@ import json
 import tensorflow as tf
 
 import autopar
-from runtime import env
+from autopar.runtime import env
 
 
 def _worker_elements(monkeypatch, n, i, dataset):

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from autopar.errors import SpecError
-from runtime.spec import (HostSpec, ResourceSpec, SSHSettings, load_spec, parse_parallax_spec,
+from autopar.runtime.spec import (HostSpec, ResourceSpec, SSHSettings, load_spec, parse_parallax_spec,
                           parse_yaml_spec, spec_from_tf_config)
 
 SPECS = Path(__file__).resolve().parents[2] / "resource_specs"
