@@ -37,11 +37,12 @@ setup(
     version="0.1.0",
     description="Single-device TensorFlow training as synchronous data-parallel training",
     python_requires=">=3.11",
-    # The repository keeps transforms/ and runtime/ at its top level; they are
-    # installed inside autopar, so only `autopar` lands in site-packages.
+    # The repository keeps common/, transforms/ and runtime/ at its top level;
+    # they are installed inside autopar, so only `autopar` lands in site-packages.
     packages=["autopar"] + [f"autopar.{p}" for p in find_packages(include=[
-        "transforms", "transforms.*", "runtime", "runtime.*"])],
-    package_dir={"autopar.transforms": "transforms", "autopar.runtime": "runtime"},
+        "common", "common.*", "transforms", "transforms.*", "runtime", "runtime.*"])],
+    package_dir={"autopar.common": "common", "autopar.transforms": "transforms",
+                 "autopar.runtime": "runtime"},
     package_data={"autopar.runtime": ["coordinator.proto"]},
     install_requires=[
         "tensorflow-cpu==2.21.0",

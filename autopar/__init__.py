@@ -6,18 +6,19 @@ training on many processes and machines.
 """
 import os as _os
 
-# setup.py installs the repository's transforms/ and runtime/ folders as
-# autopar.transforms and autopar.runtime. Imported from a source checkout (the
+# setup.py installs the repository's common/, transforms/ and runtime/ folders
+# as autopar.common, autopar.transforms and autopar.runtime. Imported from a source checkout (the
 # tests, the launcher's children with the checkout on PYTHONPATH), take them
 # from that same checkout, not from wherever an editable install points.
 _checkout = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+_LAYERS = ("common", "transforms", "runtime")
 if not _os.path.isdir(_os.path.join(__path__[0], "runtime")) and all(
-        _os.path.isfile(_os.path.join(_checkout, sub, "__init__.py")) for sub in ("runtime", "transforms")):
+        _os.path.isfile(_os.path.join(_checkout, layer, "__init__.py")) for layer in _LAYERS):
     __path__.append(_checkout)
 
 from autopar.config import Config  # noqa: E402
-from autopar.errors import (AutoparError, LaunchError, SpecError, UnsupportedGraphError,  # noqa: E402
-                            WorkerFailedError)
+from autopar.common.errors import (AutoparError, LaunchError, SpecError,  # noqa: E402
+                                   UnsupportedGraphError, WorkerFailedError)
 
 __all__ = ["get_runner", "shard", "analyze", "Config", "Report", "AutoparError", "SpecError",
            "UnsupportedGraphError", "LaunchError", "WorkerFailedError"]

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from autopar.config import Config
 from autopar.console import debug_errors, report_error, setup_logging
-from autopar.errors import AutoparError
+from autopar.common.errors import AutoparError
 from autopar.runtime import env
 from autopar.transforms.analysis import analyze_graph
 from autopar.transforms.plan import PlanOptions, Topology, make_plan

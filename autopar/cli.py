@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 from autopar.console import StdoutHandler, debug_errors, report_error
-from autopar.errors import AutoparError
+from autopar.common.errors import AutoparError
 from autopar.runtime import env
 
 

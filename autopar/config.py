@@ -4,7 +4,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 
-from autopar.errors import AutoparError
+from autopar.common.errors import AutoparError
 
 
 @dataclass(frozen=True)

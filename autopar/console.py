@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from autopar.errors import AutoparError
+from autopar.common.errors import AutoparError
 
 DEBUG = "AUTOPAR_DEBUG"     # "1": autopar errors keep their traceback
 ERROR_STATUS = 2            # exit status of an autopar error, as for a command-line usage error

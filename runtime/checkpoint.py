@@ -32,7 +32,7 @@ import tempfile
 
 import tensorflow as tf
 
-from autopar.errors import AutoparError
+from autopar.common.errors import AutoparError
 
 tf1 = tf.compat.v1
 log = logging.getLogger("autopar.checkpoint")

@@ -157,7 +157,7 @@ class Coordinator:
         except RuntimeError:   # grpc's way of saying the bind failed
             self.port = 0
         if not self.port:
-            from autopar.errors import LaunchError
+            from autopar.common.errors import LaunchError
             raise LaunchError(f"the job coordinator could not listen on {self.host}: is that "
                               "address assigned to this machine?")
         server.start()
@@ -524,6 +524,6 @@ def launcher_host(addresses: Sequence[str], is_local: Callable[[str], bool]) -> 
             probe.connect((target, 9))   # UDP connect sends nothing; it picks the route
             return str(probe.getsockname()[0])
     except OSError as exc:
-        from autopar.errors import LaunchError
+        from autopar.common.errors import LaunchError
         raise LaunchError(f"no route from this machine to {addresses[0]} for the job "
                           f"coordinator ({exc}); check the host's address in the spec") from exc

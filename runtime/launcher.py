@@ -28,7 +28,7 @@ from types import FrameType
 from typing import IO, Any, Callable
 
 import autopar
-from autopar.errors import LaunchError
+from autopar.common.errors import LaunchError
 from autopar.runtime import env as envvars
 from autopar.runtime import procs
 from autopar.runtime.coordinator import Coordinator, JobMonitor, host_address, launcher_host

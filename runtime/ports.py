@@ -40,7 +40,7 @@ import tempfile
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from autopar.errors import LaunchError
+from autopar.common.errors import LaunchError
 from autopar.runtime.spec import HostSpec, ResourceSpec
 
 logger = logging.getLogger(__name__)

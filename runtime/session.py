@@ -7,7 +7,7 @@ import time
 
 import tensorflow as tf
 
-from autopar.errors import LaunchError
+from autopar.common.errors import LaunchError
 from autopar.runtime.env import SERVER_JOB, WORKER_JOB
 
 tf1 = tf.compat.v1

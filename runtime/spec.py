@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 
 import yaml
 
-from autopar.errors import SpecError
+from autopar.common.errors import SpecError
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import logging
 import grpc
 import tensorflow as tf
 
-from autopar.errors import LaunchError, UnsupportedGraphError
+from autopar.common.errors import LaunchError, UnsupportedGraphError
 from autopar.runtime.checkpoint import Checkpointer
 from autopar.runtime.coordinator import CoordinatorClient, ProgressHook
 from autopar.runtime.progress import Progress

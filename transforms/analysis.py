@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 import networkx as nx
 import tensorflow as tf
 
-from autopar.errors import UnsupportedGraphError
+from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms.graph_utils import (VARIABLE_OP_TYPES, graph_of, in_gradient_scope,
                                     is_restore_assignment, op_digraph, static_shape)
 

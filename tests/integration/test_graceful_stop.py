@@ -21,7 +21,7 @@ import pytest
 import tensorflow as tf
 
 import autopar
-from autopar.errors import AutoparError
+from autopar.common.errors import AutoparError
 from autopar.runtime.checkpoint import Checkpointer
 from autopar.runtime.worker import single_device_runner
 from tests import models

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from autopar.config import Config
-from autopar.errors import AutoparError
+from autopar.common.errors import AutoparError
 from autopar.transforms.analysis import analyze_graph
 from autopar.transforms.plan import PlanOptions, Topology, make_plan
 from autopar.transforms.report import build_report

@@ -9,13 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-# autopar must be imported before any transforms module: importing
-# transforms.analysis first fails (see test_transforms_modules_import_on_their_own).
-import autopar.errors  # noqa: F401  isort: skip
 import pytest
 import tensorflow as tf
 
-from autopar.errors import UnsupportedGraphError
+from autopar.common.errors import UnsupportedGraphError
 from tests.models import (CASE_BATCH, CASE_IDS_PER_EXAMPLE, CASE_VOCAB, SLOT_SUFFIXES,
                           build_case)
 from autopar.transforms.analysis import analyze_graph

@@ -231,6 +231,6 @@ def test_coordinator_address_is_this_hosts_spec_address_never_the_wildcard():
 
 
 def test_coordinator_on_an_address_not_of_this_machine_is_a_launch_error():
-    from autopar.errors import LaunchError
+    from autopar.common.errors import LaunchError
     with pytest.raises(LaunchError, match="could not listen on 192.0.2.10"):
         Coordinator("192.0.2.10", 1, 0).start()

@@ -1,6 +1,7 @@
 """The installed package: only `autopar` lands at the top of site-packages,
 with the repository's transforms/ and runtime/ folders inside it."""
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -11,9 +12,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_wheel_installs_only_the_autopar_namespace(tmp_path):
     # The same build `pip install .` runs (setup.py, including the generated
-    # coordinator modules), without fetching build requirements again.
+    # coordinator modules), without fetching build requirements again; from a
+    # copy of the sources, so no build/ directory is left in the repository.
+    src = tmp_path / "src"
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", "build", "*.egg-info", "__pycache__", "results", "*.so", "*_pb2*.py"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(tmp_path / "dist"), str(REPO)],
+                    "-w", str(tmp_path / "dist"), str(src)],
                    check=True, capture_output=True, text=True, timeout=240, cwd=tmp_path)
     wheel, = (tmp_path / "dist").glob("autopar-*.whl")
     with zipfile.ZipFile(wheel) as zf:

@@ -6,7 +6,6 @@ arithmetic, and from analyses of real graphs (tests.models.build_case)."""
 import json
 import math
 
-import autopar.errors  # noqa: F401  isort: skip  (autopar before transforms)
 import pytest
 
 from tests.models import build_case

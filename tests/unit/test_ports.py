@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from autopar.errors import LaunchError
+from autopar.common.errors import LaunchError
 from autopar.runtime.ports import (DEFAULT_REMOTE_RANGE, allocate_cluster, is_bind_failure, is_local_address,
                            lock_dir, port_is_free, reserve_cluster)
 from autopar.runtime.spec import HostSpec, ResourceSpec

@@ -4,7 +4,6 @@ worker ops reading a server op's output. Workers' runs share a step id, and a
 worker whose run ends cleans that id up on the servers, so server traffic of
 a peer not ordered before the barrier could be aborted ("Cleanup <step id>").
 """
-import autopar.errors  # noqa: F401  isort: skip  (autopar before transforms)
 import pytest
 
 from tests import models

@@ -2,7 +2,6 @@
 training. Pure graph checks, no processes, no sessions."""
 import collections
 
-import autopar.errors  # noqa: F401  isort: skip  (autopar before transforms)
 import numpy as np
 import pytest
 import tensorflow as tf

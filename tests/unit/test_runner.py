@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import autopar
-from autopar.errors import UnsupportedGraphError
+from autopar.common.errors import UnsupportedGraphError
 
 tf1 = tf.compat.v1
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from autopar.errors import SpecError
+from autopar.common.errors import SpecError
 from autopar.runtime.spec import (HostSpec, ResourceSpec, SSHSettings, load_spec, parse_parallax_spec,
                           parse_yaml_spec, spec_from_tf_config)
 
