@@ -6,10 +6,15 @@ progress (steps done, phase) whenever it changes, from a background thread so
 the training loop never waits on it, and the launcher's ``JobMonitor`` turns
 that into stall and step-count-mismatch diagnoses. ``Exchange`` (post a value
 under a key, get everybody's once ``expect`` have posted) is the generic
-barrier / agreement call later control messages build on.
+barrier / agreement call later control messages build on. The reply to a
+report carries control messages for the process: ``stop_requested`` is how
+the launcher asks a chief on another host for a graceful stop (a local one
+gets SIGINT); clients send a heartbeat report when they have nothing new, so
+a process that is not stepping still hears it within a second.
 
 Every call carries the job's random token (``AUTOPAR_COORD_TOKEN``, given to
-children in their environment, never on a command line or in a log) as the
+local children in their environment and to remote ones on ssh's stdin, never
+on a command line or in a log) as the
 ``autopar-token`` metadata entry; the server refuses calls without it with
 UNAUTHENTICATED. The server listens on the launcher's address from the spec
 (loopback for a local job), never on the wildcard address.
@@ -21,6 +26,7 @@ import importlib
 import logging
 import os
 import secrets
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -54,6 +60,10 @@ _RPC_TIMEOUT_S = 5.0
 # At most one progress report per this many seconds per process: states that
 # change faster are coalesced (the stall check works on a scale of seconds).
 _REPORT_INTERVAL_S = 0.1
+# A client with nothing new to report sends its last state again this often,
+# so control messages in the reply (a stop request) reach a process that is
+# paused or blocked between steps.
+_HEARTBEAT_S = 0.5
 _REGISTER_TIMEOUT_S = 60.0
 
 
@@ -138,6 +148,7 @@ class Coordinator:
             for i in range(count):
                 self._states[process_name(role, i)] = ProcessState(role, i, phase_since=now)
         self._exchanges: dict[str, dict[str, bytes]] = {}
+        self._stop_requested: set[str] = set()
         self._server: grpc.Server | None = None
         self.port = 0
 
@@ -211,6 +222,16 @@ class Coordinator:
             state.steps_done, state.phase, state.global_step, state.seq = (
                 steps_done, phase, global_step, seq)
 
+    def request_stop(self, role: str, index: int) -> None:
+        """Ask a process to stop after its current step: the reply to its next
+        report (or heartbeat) says so."""
+        with self._lock:
+            self._stop_requested.add(process_name(role, index))
+
+    def stop_requested(self, role: str, index: int) -> bool:
+        with self._lock:
+            return process_name(role, index) in self._stop_requested
+
     def exchange(self, role: str, index: int, key: str, value: bytes, expect: int,
                  timeout_s: float) -> dict[str, bytes] | None:
         """Post ``value`` under ``key``; every posted value once ``expect`` have
@@ -253,7 +274,8 @@ class _Servicer:
         self._check(request.process, context)
         self._c.report(request.process.role, request.process.index, request.steps_done,
                        request.phase, request.global_step, request.seq)
-        return self._pb2.ReportReply()
+        return self._pb2.ReportReply(
+            stop_requested=self._c.stop_requested(request.process.role, request.process.index))
 
     def Exchange(self, request: Any, context: grpc.ServicerContext) -> Any:
         self._check(request.process, context)
@@ -377,7 +399,9 @@ class CoordinatorClient:
     that sends it, so a training step never waits on the network; states
     newer than the last report are coalesced into one at most every
     _REPORT_INTERVAL_S, and reports that fail are dropped (the next one
-    carries the newest state anyway).
+    carries the newest state anyway). With nothing new for _HEARTBEAT_S, the
+    last state is sent again; ``on_stop`` is called (once, from that thread)
+    when a reply says the launcher asked this process to stop.
     """
 
     def __init__(self, address: str, token: str, role: str, index: int) -> None:
@@ -393,6 +417,8 @@ class CoordinatorClient:
         self._sent_seq = 0
         self._closed = False
         self._warned = False
+        self.on_stop: Callable[[], None] | None = None
+        self._stop_seen = False
         self._thread = threading.Thread(target=self._send_loop, name="autopar-coord-report",
                                         daemon=True)
         self._thread.start()
@@ -446,13 +472,16 @@ class CoordinatorClient:
     def _send_loop(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and self._sent_seq >= self._seq:
-                    self._cond.wait()
+                # Nothing new within _HEARTBEAT_S: send the last state again
+                # (the coordinator keeps it; the reply may carry a request).
+                self._cond.wait_for(lambda: self._closed or self._sent_seq < self._seq,
+                                    timeout=_HEARTBEAT_S)
                 if self._closed:
                     return
-                seq, (steps_done, phase, global_step) = self._seq, self._latest
+                seq = self._seq
+                steps_done, phase, global_step = self._latest or (0, PHASE_INIT, -1)
             try:
-                self._stub.Report(
+                reply = self._stub.Report(
                     self._pb2.ProgressReport(process=self._process, steps_done=steps_done,
                                              phase=phase, global_step=global_step, seq=seq),
                     metadata=self._metadata, timeout=_RPC_TIMEOUT_S)
@@ -460,6 +489,11 @@ class CoordinatorClient:
                 if not self._warned:
                     logger.debug("progress report to the coordinator failed: %s", exc.code())
                     self._warned = True
+            else:
+                if reply.stop_requested and not self._stop_seen:
+                    self._stop_seen = True
+                    if self.on_stop is not None:
+                        self.on_stop()
             with self._cond:
                 self._sent_seq = max(self._sent_seq, seq)
                 self._cond.notify_all()
@@ -474,6 +508,7 @@ class ProgressHook:
         self.client = client
         self.steps_done = 0
         self.global_step = -1
+        client.on_stop = _interrupt_self
 
     def before_run(self, is_step: bool) -> None:
         self.client.report(self.steps_done, PHASE_STEP if is_step else PHASE_OTHER,
@@ -488,6 +523,14 @@ class ProgressHook:
     def closed(self) -> None:
         self.client.report(self.steps_done, PHASE_CLOSED, self.global_step)
         self.client.flush()
+
+
+def _interrupt_self() -> None:
+    """A stop request from the launcher becomes the SIGINT a local chief
+    gets: the Runner's handler then stops after the current step, saving a
+    checkpoint (runtime/runner.py), exactly as on the local path."""
+    logger.info("the launcher asked this process to stop")
+    os.kill(os.getpid(), signal.SIGINT)
 
 
 def host_address(address: str) -> str:

@@ -22,7 +22,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any, Callable
@@ -76,6 +76,9 @@ class ChildPlan:
     command: list[str]        # final argv run locally (ssh ... for remote)
     env: dict[str, str]       # environment of the local process
     cwd: str | None
+    # Written to a remote child's ssh stdin once it asks for it (see
+    # build_ssh_command): the coordinator token. Never printed.
+    stdin_secret: str | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -133,6 +136,11 @@ def remote_env(role_env: Mapping[str, str], extra_env: Mapping[str, str] | None)
     return env
 
 
+# A remote child prints this line when it is ready to read the coordinator
+# token from its stdin (terminal echo off); the launcher then writes it.
+TOKEN_PROMPT = "autopar: ready for the job token"
+
+
 def build_ssh_command(host: HostSpec, command: Sequence[str], env: Mapping[str, str], *,
                       default_workdir: str) -> list[str]:
     """The local argv that runs ``command`` with ``env`` on ``host`` over ssh.
@@ -140,9 +148,17 @@ def build_ssh_command(host: HostSpec, command: Sequence[str], env: Mapping[str, 
     ``-tt`` gives the remote command a terminal, so that when the local ssh
     process is stopped (or killed with the launcher) the remote side gets
     SIGHUP instead of running on orphaned. BatchMode makes a missing key fail
-    at once instead of prompting on a stdin that is /dev/null; the keep-alive
-    options turn a dead host into an ssh exit (255) within half a minute.
-    If ``ssh.python`` is set it replaces a leading ``sys.executable``.
+    at once instead of prompting; the keep-alive options turn a dead host into
+    an ssh exit (255) within half a minute. If ``ssh.python`` is set it
+    replaces a leading ``sys.executable``.
+
+    The coordinator token is secret, so it is not in ``env`` (that is on the
+    command line, visible in ``ps`` on both hosts): a POSIX ``sh`` on the
+    remote host turns terminal echo off (the token must not come back through
+    the terminal into the log), prints TOKEN_PROMPT, reads one line from its
+    stdin into AUTOPAR_COORD_TOKEN and then runs ``command`` with stdin from
+    /dev/null, as a local child has. The launcher answers the prompt on ssh's
+    stdin and closes it. Without a token line (stdin closed) nothing runs.
     """
     ssh = host.ssh
     user = getattr(ssh, "user", None)
@@ -155,9 +171,18 @@ def build_ssh_command(host: HostSpec, command: Sequence[str], env: Mapping[str, 
     if python and remote_argv and remote_argv[0] == sys.executable:
         remote_argv[0] = python
     assignments = [f"{key}={value}" for key, value in env.items()]
-    # `exec` so the remote shell is replaced and signals reach the process.
-    remote_cmd = (f"cd {shlex.quote(workdir)} && exec env "
-                  f"{shlex.join(assignments)} {shlex.join(remote_argv)}")
+    token = envvars.COORD_TOKEN
+    script = "; ".join([
+        f"cd {shlex.quote(workdir)} || exit 1",
+        "stty -echo 2>/dev/null",
+        f"echo {shlex.quote(TOKEN_PROMPT)}",
+        f"IFS= read -r {token} || exit 1",
+        f"export {token}",
+        # `exec` so the shell is replaced and signals reach the process.
+        f"exec env {shlex.join(assignments)} {shlex.join(remote_argv)} </dev/null",
+    ])
+    # `sh` whatever the user's login shell is (read/export are POSIX sh).
+    remote_cmd = f"exec sh -c {shlex.quote(script)}"
 
     argv = ["ssh", "-tt",
             "-o", "BatchMode=yes",
@@ -221,6 +246,22 @@ class _Child:
     def name(self) -> str:
         return self.plan.name
 
+    def answer_token_prompt(self) -> None:
+        """Write the secret to the child's stdin and close it (once)."""
+        stdin, self.popen.stdin = self.popen.stdin, None
+        if stdin is None or self.plan.stdin_secret is None:
+            return
+        try:
+            stdin.write(self.plan.stdin_secret.encode() + b"\n")
+            stdin.flush()
+        except (OSError, ValueError):
+            pass   # it died, or teardown closed the pipe: its exit is reported as usual
+        finally:
+            try:
+                stdin.close()
+            except (OSError, ValueError):
+                pass
+
     def tail_text(self) -> str:
         with self.tail_lock:
             return "\n".join(self.tail)
@@ -269,10 +310,17 @@ def _pump(child: _Child, chief_stopped: threading.Event | None = None) -> None:
     is_chief = child.plan.role == WORKER_ROLE and child.plan.index == 0
     stream = child.popen.stdout
     assert stream is not None
+    secret = child.plan.stdin_secret
     try:
         for raw in iter(stream.readline, b""):
             # rstrip "\r" too: remote children write through a pty (ssh -tt).
             line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            if secret is not None:
+                if line.strip() == TOKEN_PROMPT:
+                    child.answer_token_prompt()
+                    continue
+                # Should a remote terminal echo it after all, it still goes nowhere.
+                line = line.replace(secret, "<token>")
             with child.tail_lock:
                 child.tail.append(line)
             if is_bind_failure(line):
@@ -294,7 +342,8 @@ def _pump(child: _Child, chief_stopped: threading.Event | None = None) -> None:
 
 def _start(plan: ChildPlan, log_tail_lines: int) -> _Child:
     try:
-        popen = procs.start_process(plan.command, plan.env, cwd=plan.cwd)
+        popen = procs.start_process(plan.command, plan.env, cwd=plan.cwd,
+                                    stdin_pipe=plan.stdin_secret is not None)
     except OSError as exc:
         what = "ssh" if plan.remote else plan.command[0]
         raise LaunchError(
@@ -353,26 +402,32 @@ def _report_failure(child: _Child, returncode: int) -> None:
                  tail or "(no output)")
 
 
-def _stop_with_checkpoint(chief: _Child, state: _SignalState, timeout: float) -> int:
-    """After the launcher's first SIGINT/SIGTERM: ask the chief (SIGINT, see
-    runtime/runner.py) to finish its step, save a checkpoint and exit, while
-    every other process stays up (a ps-mode save reads the servers); give up
-    after ``timeout`` s or a second signal. The caller then stops everything.
+def _stop_with_checkpoint(chief: _Child, state: _SignalState, timeout: float,
+                          coordinator: Coordinator | None = None) -> int:
+    """After the launcher's first SIGINT/SIGTERM: ask the chief to finish its
+    step, save a checkpoint and exit, while every other process stays up (a
+    ps-mode save reads the servers); give up after ``timeout`` s or a second
+    signal. The caller then stops everything.
 
+    A local chief gets SIGINT (runtime/runner.py). A signal cannot be sent
+    through ssh, so a remote chief is asked through the job coordinator: the
+    reply to its next report or heartbeat makes it send itself that SIGINT.
     Children run in their own sessions, so a Ctrl-C typed at the terminal
-    reaches only the launcher and the chief is asked exactly once. A chief on
-    a remote host cannot be signalled through ssh: the job stops at once."""
+    reaches only the launcher and the chief is asked exactly once."""
     assert state.signum is not None
     status = 128 + state.signum
     name = signal.Signals(state.signum).name
-    if chief.plan.remote or chief.popen.poll() is not None:
-        logger.warning("received %s; stopping all processes%s", name,
-                       " (the chief is remote: no final checkpoint)" if chief.plan.remote else "")
+    if chief.popen.poll() is not None or (chief.plan.remote and coordinator is None):
+        logger.warning("received %s; stopping all processes", name)
         return status
     logger.warning("received %s: the chief stops after its current step, saving a checkpoint if "
                    "checkpoint_dir is set (at most %.0f s; interrupt again to stop at once)",
                    name, timeout)
-    os.kill(chief.popen.pid, signal.SIGINT)
+    if chief.plan.remote:
+        assert coordinator is not None
+        coordinator.request_stop(WORKER_ROLE, chief.plan.index)
+    else:
+        os.kill(chief.popen.pid, signal.SIGINT)
     deadline, said_stopped = time.monotonic() + timeout, None
     while chief.popen.poll() is None and state.count == 1 and time.monotonic() < deadline:
         # Once it said it stopped, its exit is only teardown: do not wait long.
@@ -406,7 +461,8 @@ def _supervise(children: list[_Child], state: _SignalState, stop_timeout: float,
         if monitor is not None and (status := _check_health(monitor, workers)) is not None:
             return status
         if state.signum is not None:
-            return _stop_with_checkpoint(workers[0], state, stop_timeout)
+            return _stop_with_checkpoint(workers[0], state, stop_timeout,
+                                         monitor.coordinator if monitor is not None else None)
 
         all_done = True
         for child in workers:
@@ -491,9 +547,9 @@ def _launch_once(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: lis
     try:
         plans = plan_children(spec, cluster, argv, tty=_stdout_is_tty(),
                               extra_env={**(extra_env or {}), **_job_env(coordinator, cluster)})
-        _give_token(plans, coordinator)
+        plans = _give_token(plans, coordinator)
         return _launch_plans(plans, grace_seconds, log_tail_lines,
-                             _job_monitor(plans, coordinator, stall_timeout_s), stop_timeout_s)
+                             JobMonitor(coordinator, stall_timeout_s), stop_timeout_s)
     finally:
         coordinator.stop()
 
@@ -529,6 +585,8 @@ def _launch_plans(plans: list[ChildPlan], grace_seconds: float, log_tail_lines: 
             logger.debug("stopping %d processes", len(children))
             procs.stop_processes([c.popen for c in children], grace_seconds)
             for child in children:
+                if child.popen.stdin is not None:   # a token prompt never came
+                    child.popen.stdin.close()
                 if child.reader is not None:
                     child.reader.join(timeout=_DRAIN_SECONDS)
                 elif child.popen.stdout is not None:
@@ -586,25 +644,18 @@ def _job_env(coordinator: Coordinator, cluster: Mapping[str, list[str]]) -> dict
             "LD_PRELOAD": preload}
 
 
-def _give_token(plans: list[ChildPlan], coordinator: Coordinator) -> None:
-    """Put the coordinator token in local children's environment only: a
-    remote child's environment is part of its ssh command line."""
+def _give_token(plans: list[ChildPlan], coordinator: Coordinator) -> list[ChildPlan]:
+    """The plans with the coordinator token: in a local child's environment,
+    on a remote child's ssh stdin (its environment is part of the ssh command
+    line, see build_ssh_command)."""
+    given = []
     for plan in plans:
-        if not plan.remote:
+        if plan.remote:
+            plan = replace(plan, stdin_secret=coordinator.token)
+        else:
             plan.env[envvars.COORD_TOKEN] = coordinator.token
-
-
-def _job_monitor(plans: Sequence[ChildPlan], coordinator: Coordinator,
-                 stall_timeout_s: float) -> JobMonitor | None:
-    """Stall and step-count checks, for jobs whose every process reports to
-    the coordinator: remote children do not, as the token would have to be on
-    their ssh command line."""
-    remote = [p.name for p in plans if p.remote]
-    if remote:
-        logger.info("stall and step-count checks are off: %s run on other hosts, which do "
-                    "not report to the job coordinator yet", ", ".join(remote))
-        return None
-    return JobMonitor(coordinator, stall_timeout_s)
+        given.append(plan)
+    return given
 
 
 def _check_health(monitor: JobMonitor, workers: Sequence[_Child]) -> int | None:

@@ -73,14 +73,15 @@ def make_preexec(death_signal: int = signal.SIGKILL) -> Callable[[], None] | Non
 
 
 def start_process(command: Sequence[str], env: Mapping[str, str],
-                  cwd: str | None = None) -> subprocess.Popen[bytes]:
-    """Start ``command`` in a new session with stdin closed and stdout+stderr
-    merged into one pipe, dying with its parent on Linux."""
+                  cwd: str | None = None, *, stdin_pipe: bool = False) -> subprocess.Popen[bytes]:
+    """Start ``command`` in a new session with stdin closed (a pipe from us
+    with ``stdin_pipe``) and stdout+stderr merged into one pipe, dying with
+    its parent on Linux."""
     return subprocess.Popen(
         list(command),
         env=dict(env),
         cwd=cwd,
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,

@@ -308,17 +308,44 @@ def test_ssh_command_for_remote_host():
     argv = build_ssh_command(host, [sys.executable, "train.py", "--name", "a b"],
                              {"AUTOPAR_ROLE": "worker", "AUTOPAR_CLUSTER": '{"worker": ["x:1"]}'},
                              default_workdir="/home/alice")
-    assert argv == [
+    assert argv[:-1] == [
         "ssh", "-tt", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=10",
-        "-o", "ServerAliveCountMax=3", "-p", "2222", "-i", "~/.ssh/id_job", "--", "alice@10.0.0.2",
-        "cd '/srv/my job' && exec env AUTOPAR_ROLE=worker "
-        "'AUTOPAR_CLUSTER={\"worker\": [\"x:1\"]}' /opt/py/bin/python train.py --name 'a b'",
-    ]
-    # The remote shell splits it back into exactly the intended words.
+        "-o", "ServerAliveCountMax=3", "-p", "2222", "-i", "~/.ssh/id_job", "--", "alice@10.0.0.2"]
+    # The remote login shell runs `sh -c SCRIPT`; sh splits SCRIPT back into
+    # exactly the intended commands and words.
     words = shlex.split(argv[-1])
-    assert words[:6] == ["cd", "/srv/my job", "&&", "exec", "env", "AUTOPAR_ROLE=worker"]
-    assert words[6] == 'AUTOPAR_CLUSTER={"worker": ["x:1"]}'
-    assert words[7:] == ["/opt/py/bin/python", "train.py", "--name", "a b"]
+    assert words[:3] == ["exec", "sh", "-c"] and len(words) == 4
+    commands = [shlex.split(c) for c in words[3].split("; ")]
+    assert commands == [
+        ["cd", "/srv/my job", "||", "exit", "1"],
+        ["stty", "-echo", "2>/dev/null"],
+        ["echo", "autopar: ready for the job token"],
+        ["IFS=", "read", "-r", "AUTOPAR_COORD_TOKEN", "||", "exit", "1"],
+        ["export", "AUTOPAR_COORD_TOKEN"],
+        ["exec", "env", "AUTOPAR_ROLE=worker", 'AUTOPAR_CLUSTER={"worker": ["x:1"]}',
+         "/opt/py/bin/python", "train.py", "--name", "a b", "</dev/null"],
+    ]
+
+
+def test_ssh_remote_command_reads_the_token_from_stdin_only(tmp_path):
+    # Run the remote command as the remote login shell would, fed the token
+    # line on stdin: the command gets it in its environment and an empty
+    # stdin; without a token line nothing runs.
+    host = HostSpec(address="node7", workers=1)
+    probe = ("import os, sys; print('token=' + os.environ['AUTOPAR_COORD_TOKEN'], "
+             "'A=' + os.environ['A'], 'stdin=' + repr(sys.stdin.read()), 'cwd=' + os.getcwd())")
+    argv = build_ssh_command(host, [sys.executable, "-c", probe], {"A": "1 2"},
+                             default_workdir=str(tmp_path))
+    remote = argv[-1]
+    run = subprocess.run(["sh", "-c", remote], input="s3cret\nmore input\n",
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == ["autopar: ready for the job token",
+                                       f"token=s3cret A=1 2 stdin='' cwd={tmp_path}"]
+    assert "s3cret" not in remote
+    none = subprocess.run(["sh", "-c", remote], input="", capture_output=True, text=True,
+                          timeout=60)
+    assert none.returncode == 1 and "token=" not in none.stdout
 
 
 def test_ssh_command_defaults():
@@ -328,7 +355,9 @@ def test_ssh_command_defaults():
     assert argv[:10] == ["ssh", "-tt", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=10",
                          "-o", "ServerAliveCountMax=3", "-p", "22"]
     assert argv[10:12] == ["--", "node7"] and "-i" not in argv
-    assert argv[12] == f"cd /work/dir && exec env A=1 {shlex.quote(sys.executable)} -m autopar.runtime.server_main"
+    assert argv[12].startswith("exec sh -c 'cd /work/dir || exit 1; ")
+    assert argv[12].endswith(f"; exec env A=1 {sys.executable} -m autopar.runtime.server_main "
+                             "</dev/null'")
 
 
 def test_plan_mixes_local_and_remote_children():
@@ -359,8 +388,11 @@ def test_plan_mixes_local_and_remote_children():
     assert plans[0].env[envvars.ROLE] == "server"
 
     assert remote_worker.command[:1] == ["ssh"] and "bob@192.0.2.10" in remote_worker.command
-    remote = shlex.split(remote_worker.command[-1])
-    assert remote[:5] == ["cd", "/jobs", "&&", "exec", "env"]
+    script = shlex.split(remote_worker.command[-1])[-1]   # exec sh -c SCRIPT
+    assert script.startswith("cd /jobs || exit 1; ")
+    remote = shlex.split(script.rsplit("; ", 1)[-1])
+    assert remote[:2] == ["exec", "env"] and remote[-1] == "</dev/null"
+    remote = remote[:-1]
     assignments = dict(w.split("=", 1) for w in remote if "=" in w and w.split("=", 1)[0].isupper())
     assert assignments[envvars.ROLE] == "worker" and assignments[envvars.TASK_INDEX] == "1"
     assert assignments["MY_FLAG"] == "1"

@@ -92,6 +92,30 @@ def test_unknown_process_is_refused(coordinator):
         client.close()
 
 
+def test_stop_request_reaches_only_the_asked_process_without_new_reports(coordinator):
+    # Neither client reports after registering: the heartbeat carries the
+    # request to worker 0, paused between steps; worker 1 is not asked.
+    clients = [CoordinatorClient(coordinator.address, coordinator.token, "worker", i)
+               for i in range(2)]
+    stopped = [threading.Event(), threading.Event()]
+    try:
+        for i, client in enumerate(clients):
+            client.on_stop = stopped[i].set
+            client.register(f"127.0.0.1:{i + 1}")
+            client.report(2, PHASE_SCRIPT, 2)
+            assert client.flush(10)
+        assert not stopped[0].wait(1.5)   # nothing asked yet: heartbeats say so
+        coordinator.request_stop("worker", 0)
+        assert stopped[0].wait(20)
+        assert not stopped[1].wait(1.5)
+        # Heartbeats resend the last state without changing it.
+        state = coordinator.snapshot()["worker 0"]
+        assert (state.steps_done, state.phase, state.global_step) == (2, PHASE_SCRIPT, 2)
+    finally:
+        for c in clients:
+            c.close()
+
+
 def test_client_from_env_needs_address_and_token():
     assert CoordinatorClient.from_env("worker", 0, {}) is None
     assert CoordinatorClient.from_env("worker", 0, {envvars.COORDINATOR: "127.0.0.1:1"}) is None
@@ -187,8 +211,8 @@ def test_bind_env_value_lists_every_endpoint():
     assert bind_env_value(cluster) == "127.0.0.1/5000,127.0.0.1/5001,::1/5002"
 
 
-def test_children_get_the_token_in_their_environment_only_when_local():
-    from autopar.runtime.launcher import _give_token, _job_env, _job_monitor, plan_children
+def test_children_get_the_token_in_their_environment_or_on_ssh_stdin():
+    from autopar.runtime.launcher import _give_token, _job_env, plan_children
     from autopar.runtime.spec import HostSpec, ResourceSpec, SSHSettings
     spec = ResourceSpec(hosts=(
         HostSpec(address="127.0.0.1", workers=1, servers=0),
@@ -199,17 +223,19 @@ def test_children_get_the_token_in_their_environment_only_when_local():
     coordinator = Coordinator("127.0.0.1", num_workers=2, num_servers=0)
     plans = plan_children(spec, cluster, [sys.executable, "train.py"],
                           extra_env=_job_env(coordinator, cluster), cwd="/here")
-    _give_token(plans, coordinator)
-    local, remote = plans
+    local, remote = _give_token(plans, coordinator)
     assert local.env[envvars.COORD_TOKEN] == coordinator.token
     assert local.env[envvars.COORDINATOR] == coordinator.address
     assert local.env[envvars.BIND] == "127.0.0.1/5000,192.0.2.10/5000"
     assert local.env["LD_PRELOAD"].split()[0] == bind_shim_path()
+    assert local.stdin_secret is None
+    # The remote child reads it from ssh's stdin: it is on no command line,
+    # in no environment of a local process, in no repr of a plan.
+    assert remote.remote and remote.stdin_secret == coordinator.token
     assert coordinator.token not in " ".join(local.command + remote.command)
     assert envvars.COORD_TOKEN not in remote.env
-    # Without the remote worker's reports a stall cannot be judged.
-    assert _job_monitor(plans, coordinator, 60) is None
-    assert _job_monitor([local], coordinator, 60) is not None
+    assert coordinator.token not in repr(remote)
+    assert f"IFS= read -r {envvars.COORD_TOKEN}" in remote.command[-1]
 
 
 def test_missing_compiler_names_what_to_install(monkeypatch, tmp_path):
