@@ -348,6 +348,46 @@ def test_ssh_remote_command_reads_the_token_from_stdin_only(tmp_path):
     assert none.returncode == 1 and "token=" not in none.stdout
 
 
+def test_ssh_remote_command_on_a_terminal_does_not_echo_the_token(tmp_path):
+    # ssh -tt gives the remote command a terminal, whose echo would send the
+    # token back into the launcher's output: run the remote command on a pty
+    # as sshd does and answer the prompt as the launcher does.
+    import hashlib
+    import pty
+    host = HostSpec(address="node7", workers=1)
+    probe = ("import hashlib, os; print('digest', hashlib.sha256("
+             "os.environ['AUTOPAR_COORD_TOKEN'].encode()).hexdigest())")
+    remote = build_ssh_command(host, [sys.executable, "-c", probe], {},
+                               default_workdir=str(tmp_path))[-1]
+    token = uuid.uuid4().hex
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(["sh", "-c", remote], stdin=slave, stdout=slave, stderr=slave,
+                            start_new_session=True)
+    os.close(slave)
+    out = b""
+    try:
+        while b"ready for the job token" not in out:
+            out += os.read(master, 4096)
+        os.write(master, token.encode() + b"\n")
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:   # EIO: the terminal's last user is gone
+                break
+            if not chunk:
+                break
+            out += chunk
+        assert proc.wait(timeout=60) == 0
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = out.decode(errors="replace")
+    assert f"digest {hashlib.sha256(token.encode()).hexdigest()}" in text, text
+    assert token not in text, text
+
+
 def test_ssh_command_defaults():
     host = HostSpec(address="node7", workers=1)  # no ssh settings at all
     argv = build_ssh_command(host, [sys.executable, "-m", "autopar.runtime.server_main"], {"A": "1"},
