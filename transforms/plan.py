@@ -26,10 +26,10 @@ The blocks cover every row count up to comm.MAX_GATHERED_ROWS (2^40).
 """
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
+from autopar.transforms import serial
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.comm import ROW_LADDER
 
@@ -168,14 +168,12 @@ class Plan:
         return len(self.topology.hosts) if self.local_aggregation else self.num_workers
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, sort_keys=True)
+        return serial.dumps(self, indent=1)
 
     @classmethod
-    def from_json(cls, text: str) -> "Plan":
-        d = json.loads(text)
-        d["variables"] = [VariablePlan(**v) for v in d["variables"]]
-        d["buckets"] = [Bucket(**b) for b in d["buckets"]]
-        return cls(**d)
+    def from_json(cls, text: str | bytes) -> "Plan":
+        """The Plan `to_json` wrote (equal to it, field types included)."""
+        return serial.loads(cls, text)
 
 
 def make_plan(analysis: Analysis, topology: Topology | int, fusion_bytes: int = 64 << 20,
