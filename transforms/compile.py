@@ -10,6 +10,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass, field
 
+from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms import serial
 from autopar.transforms.analysis import Analysis, analyze_graph
 from autopar.transforms.graph_utils import graph_of
@@ -29,6 +30,27 @@ class CompiledPlan:
 
     def report(self) -> Report:
         return build_report(self.analysis, self.plan, moves=self.moves)
+
+    def check_graph(self, graph_or_meta) -> None:
+        """Raise UnsupportedGraphError unless every op the plan names is in
+        `graph_or_meta`: a process whose script built another graph than the
+        one compiled would otherwise fail deep in the rewrite, or hang."""
+        a = self.analysis
+        names: list[str] = [a.loss] if a.loss else []
+        for v in a.variables:
+            names += [v.name, *v.update_ops, *v.slots, *v.path_ops, *v.boundary_ops,
+                      *(t for t in (v.grad_tensor, v.grad_values, v.grad_indices) if t)]
+        for s in a.state:
+            names += [s.name, *s.update_ops]
+        names += sorted(a.step_ops) + [m.op for m in self.moves]
+        ops = {op.name for op in graph_of(graph_or_meta).get_operations()}
+        missing = [n for n in dict.fromkeys(names) if n.split(":")[0] not in ops]
+        if missing:
+            raise UnsupportedGraphError(
+                f"this process built another graph than the one the job's plan was compiled "
+                f"from: {len(missing)} op(s) the plan names are missing, e.g. "
+                f"{', '.join(repr(n) for n in missing[:3])}. Every process must build the same "
+                "graph (nothing in it may depend on the process's role or index).")
 
     def to_json(self) -> str:
         return serial.dumps(self)
