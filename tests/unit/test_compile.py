@@ -132,3 +132,15 @@ def test_codec_rejects_what_it_cannot_rebuild():
         serial.encode({("tuple", "key"): 1})
     with pytest.raises(TypeError):
         serial.encode(tf.constant(1))
+
+
+def test_a_graph_other_than_the_compiled_one_is_refused():
+    """A process that built another graph (here: its own hand-written update
+    instead of the optimizer the plan was compiled from) is told so, naming
+    an op the plan needs."""
+    from autopar.common.errors import UnsupportedGraphError
+    c = compile_plan(models.build("mlp_sgd").graph, 2)
+    c.check_graph(models.build("mlp_sgd").graph)     # the same script again: accepted
+    other = models.build_case("mlp", "sgd", minimize=True)
+    with pytest.raises(UnsupportedGraphError, match="another graph.*update_"):
+        c.check_graph(other.graph)
