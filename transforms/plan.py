@@ -1,11 +1,10 @@
 """The Plan: how each variable's gradient travels, decided once, identically
 everywhere.
 
-Every process derives the same Plan from the same graph and spec (no
-negotiation): methods, partitions, server placement, bucket layout and
-collective instance keys depend only on the Analysis order, the topology and
-the options. It is JSON-serialisable so a launcher can ship it and a test can
-compare it.
+Methods, partitions, server placement, bucket layout and collective instance
+keys depend only on the Analysis order, the topology and the options. A job
+computes it once (transforms/compile.py) and ships it as JSON to every
+process; a process joined through TF_CONFIG derives the same Plan itself.
 
 Methods (Parallax §5):
 - "allreduce": dense gradient averaged by ring all-reduce in fused buckets;
