@@ -13,11 +13,9 @@ from autopar.config import Config
 from autopar.console import debug_errors, report_error, setup_logging
 from autopar.common.errors import AutoparError
 from autopar.runtime import env
-from autopar.transforms.analysis import analyze_graph
-from autopar.transforms.plan import PlanOptions, Topology, make_plan
-from autopar.transforms.graph_utils import graph_of
-from autopar.transforms.placement import place_ops
-from autopar.transforms.report import Report, build_report
+from autopar.transforms.compile import CompiledPlan, compile_for_config
+from autopar.transforms.plan import Topology
+from autopar.transforms.report import Report
 
 log = logging.getLogger("autopar")
 
@@ -52,25 +50,29 @@ def _get_runner(graph: tf.Graph, resource_info, config: Config):
     from autopar.runtime import launcher, spec as specs, worker   # runtime is heavy; import on use
     role = env.current_role()
     if role == "worker":
-        cluster = env.current_cluster()
+        # The plan comes from the launcher (or the chief) through the job
+        # coordinator; the chief prints the report when the launcher did not.
         index = env.current_task_index()
-        if index == 0 and not os.environ.get(REPORT_PRINTED):
-            spec = specs.ResourceSpec.from_dict(json.loads(os.environ[env.SPEC]))
-            log.info("\n%s", analyze(graph, spec, config).table())
-        return worker.distributed_runner(graph, cluster, index, config,
-                                         tty=os.environ.get(env.TTY) == "1")
+        return worker.distributed_runner(
+            graph, env.current_cluster(), index, config, tty=os.environ.get(env.TTY) == "1",
+            print_report=index == 0 and not os.environ.get(REPORT_PRINTED))
     if role == "report":
         spec = specs.ResourceSpec.from_dict(json.loads(os.environ[env.SPEC]))
-        sys.stdout.write(analyze(graph, spec, config).table() + "\n")
+        sys.stdout.write(_compile(graph, spec, config).report().table() + "\n")
         sys.exit(0)
     if os.environ.get("TF_CONFIG"):
         return _join_external(graph, config)
     if resource_info is None:
         return worker.single_device_runner(graph, config)
+    # The launcher: compile once, print the report from it, serve it to
+    # every process of the job from the coordinator.
     spec = specs.load_spec(resource_info)
-    log.info("\n%s", analyze(graph, spec, config).table())
-    code = launcher.launch(spec, [sys.executable, *sys.argv], extra_env={REPORT_PRINTED: "1"},
-                           stall_timeout_s=config.stall_timeout_s)
+    compiled = _compile(graph, spec, config)
+    log.info("\n%s", compiled.report().table())
+    code = launcher.launch(spec, [sys.executable, *sys.argv],
+                           extra_env={REPORT_PRINTED: "1", env.PLAN: env.PLAN_KEY},
+                           stall_timeout_s=config.stall_timeout_s,
+                           published={env.PLAN_KEY: compiled.to_bytes()})
     sys.exit(code)
 
 
@@ -82,7 +84,10 @@ def _join_external(graph, config):
     if task_type == "server":
         server_main.serve(cluster, index)
         sys.exit(0)
-    return worker.distributed_runner(graph, cluster, index, config)
+    # No launcher to compile for everyone: each process compiles the same
+    # plan by the same deterministic function.
+    compiled = compile_for_config(graph, Topology.from_cluster(cluster), config)
+    return worker.distributed_runner(graph, cluster, index, config, compiled=compiled)
 
 
 def shard(dataset: tf.data.Dataset) -> tf.data.Dataset:
@@ -99,10 +104,9 @@ def shard(dataset: tf.data.Dataset) -> tf.data.Dataset:
 def analyze(graph, resource_info, config: Config | None = None) -> Report:
     """The Report for training `graph` on `resource_info`, without running anything."""
     from autopar.runtime import spec as specs
-    config = config or Config()
-    spec = specs.load_spec(resource_info)
-    analysis = analyze_graph(graph)
+    return _compile(graph, specs.load_spec(resource_info), config or Config()).report()
+
+
+def _compile(graph, spec, config: Config) -> CompiledPlan:
     topology = Topology(tuple(h.address for h in spec.worker_hosts()), spec.num_servers)
-    plan = make_plan(analysis, topology, config.fusion_bytes, config.communication_hint,
-                     PlanOptions.from_config(config))
-    return build_report(analysis, plan, moves=place_ops(graph_of(graph), analysis, plan))
+    return compile_for_config(graph, topology, config)

@@ -10,7 +10,10 @@ barrier / agreement call later control messages build on. The reply to a
 report carries control messages for the process: ``stop_requested`` is how
 the launcher asks a chief on another host for a graceful stop (a local one
 gets SIGINT); clients send a heartbeat report when they have nothing new, so
-a process that is not stepping still hears it within a second.
+a process that is not stepping still hears it within a second. ``Publish`` and
+``Fetch`` carry data written once for the whole job (the compiled plan,
+transforms/compile.py): the launcher publishes it before any process starts,
+every process fetches it.
 
 Every call carries the job's random token (``AUTOPAR_COORD_TOKEN``, given to
 local children in their environment and to remote ones on ssh's stdin, never
@@ -149,6 +152,7 @@ class Coordinator:
                 self._states[process_name(role, i)] = ProcessState(role, i, phase_since=now)
         self._exchanges: dict[str, dict[str, bytes]] = {}
         self._stop_requested: set[str] = set()
+        self._published: dict[str, bytes] = {}
         self._server: grpc.Server | None = None
         self.port = 0
 
@@ -249,6 +253,27 @@ class Coordinator:
             return dict(posted)
 
 
+    def publish(self, key: str, value: bytes) -> bool:
+        """Make ``value`` what ``fetch(key)`` returns; False (nothing changed)
+        if ``key`` already holds a different value: a key is written once."""
+        with self._lock:
+            if self._published.setdefault(key, value) != value:
+                return False
+            self._lock.notify_all()
+            return True
+
+    def fetch(self, key: str, timeout_s: float) -> bytes | None:
+        """The value published under ``key``, or None if none is within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while key not in self._published:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._server is None:
+                    return None
+                self._lock.wait(remaining)
+            return self._published[key]
+
+
 class _Servicer:
     """The generated servicer's methods, on a Coordinator."""
 
@@ -287,6 +312,22 @@ class _Servicer:
                           f"fewer than {request.expect} processes posted {request.key!r} "
                           f"within {timeout:.0f} s")
         return self._pb2.ExchangeReply(values=values)
+
+    def Publish(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self._check(request.process, context)
+        if not self._c.publish(request.key, request.value):
+            context.abort(grpc.StatusCode.ALREADY_EXISTS,
+                          f"{request.key!r} was already published with another value")
+        return self._pb2.PublishReply()
+
+    def Fetch(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self._check(request.process, context)
+        timeout = request.timeout_s if request.timeout_s > 0 else 60.0
+        value = self._c.fetch(request.key, timeout)
+        if value is None:
+            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                          f"nothing was published under {request.key!r} within {timeout:.0f} s")
+        return self._pb2.FetchReply(value=value)
 
 
 # ---------------------------------------------------------------------------
@@ -462,6 +503,17 @@ class CoordinatorClient:
                                       timeout_s=timeout_s),
             metadata=self._metadata, timeout=timeout_s + _RPC_TIMEOUT_S)
         return dict(reply.values)
+
+    def publish(self, key: str, value: bytes) -> None:
+        self._stub.Publish(self._pb2.PublishRequest(process=self._process, key=key, value=value),
+                           metadata=self._metadata, timeout=_RPC_TIMEOUT_S)
+
+    def fetch(self, key: str, timeout_s: float = 60.0) -> bytes:
+        """The value published under ``key``, waiting up to ``timeout_s`` for it."""
+        reply = self._stub.Fetch(
+            self._pb2.FetchRequest(process=self._process, key=key, timeout_s=timeout_s),
+            metadata=self._metadata, timeout=timeout_s + _RPC_TIMEOUT_S)
+        return reply.value
 
     def close(self) -> None:
         with self._cond:

@@ -14,6 +14,12 @@ TTY = "AUTOPAR_TTY"              # "1" when the launcher's output is a terminal
 COORDINATOR = "AUTOPAR_COORDINATOR"   # "host:port" of the job coordinator
 COORD_TOKEN = "AUTOPAR_COORD_TOKEN"   # the job's secret token for the coordinator
 BIND = "AUTOPAR_BIND"            # "addr/port,..." for the bind shim (cpp_ops/bind_shim.c)
+# The coordinator key under which the launcher published the job's compiled
+# plan (transforms.compile.CompiledPlan.to_bytes) before starting any process.
+# Unset (`autopar launch` runs no graph): the chief compiles and publishes it
+# under PLAN_KEY, the other workers fetch it.
+PLAN = "AUTOPAR_PLAN"
+PLAN_KEY = "compiled-plan"
 
 # The chief's last line after a requested stop (Ctrl-C); the launcher reports
 # what follows it (where the final checkpoint is).

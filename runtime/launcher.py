@@ -495,9 +495,12 @@ def _stdout_is_tty() -> bool:
 
 def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | None = None,
            grace_seconds: float = 3.0, log_tail_lines: int = 30,
-           stall_timeout_s: float = 60.0, stop_timeout_s: float = 60.0) -> int:
+           stall_timeout_s: float = 60.0, stop_timeout_s: float = 60.0,
+           published: Mapping[str, bytes] | None = None) -> int:
     """Run ``argv`` once per worker of ``spec`` (plus one server process per
-    server) and wait for the job to end.
+    server) and wait for the job to end. ``published``: values the job
+    coordinator serves to every process (Coordinator.publish), e.g. the
+    compiled plan.
 
     Returns 0 when every worker exited 0; otherwise the exit status of the
     first process that failed (a signal death N becomes 128+N), 130 after
@@ -523,7 +526,7 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
             status, clash = _launch_once(spec, reservation.cluster, argv, extra_env=extra_env,
                                          grace_seconds=grace_seconds, log_tail_lines=log_tail_lines,
                                          stall_timeout_s=stall_timeout_s,
-                                         stop_timeout_s=stop_timeout_s)
+                                         stop_timeout_s=stop_timeout_s, published=published)
         if not clash:
             return status
         taken.update(plan.address for plan in clash)
@@ -539,11 +542,14 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
 def _launch_once(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: list[str], *,
                  extra_env: dict[str, str] | None, grace_seconds: float,
                  log_tail_lines: int, stall_timeout_s: float,
-                 stop_timeout_s: float) -> tuple[int, list[ChildPlan]]:
+                 stop_timeout_s: float,
+                 published: Mapping[str, bytes] | None = None) -> tuple[int, list[ChildPlan]]:
     """One start of the job on ``cluster``, with its own coordinator: (status
     as for ``launch``, the processes whose port was taken if the job may start
     again)."""
     coordinator = _start_coordinator(spec, cluster)
+    for key, value in (published or {}).items():
+        coordinator.publish(key, value)
     try:
         plans = plan_children(spec, cluster, argv, tty=_stdout_is_tty(),
                               extra_env={**(extra_env or {}), **_job_env(coordinator, cluster)})

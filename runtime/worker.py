@@ -1,22 +1,32 @@
-"""Inside a worker process: rewrite the graph for this worker, start its
-server, open the session, initialise/restore, broadcast the chief's state and
-hand back a Runner."""
+"""Inside a worker process: receive the job's compiled plan, rewrite the
+graph for this worker with it, start its server, open the session,
+initialise/restore, broadcast the chief's state and hand back a Runner.
+
+A worker never analyses or plans by itself when the job has one plan to
+give: the launcher compiles it once (transforms/compile.py) and serves it
+from the job coordinator. Under `autopar launch` the launcher runs no graph:
+the chief compiles and publishes, the others fetch. Only a process with no
+coordinator to ask (joined through TF_CONFIG, or a remote worker without the
+job's token) compiles for itself, by the same deterministic function."""
 from __future__ import annotations
 
 import atexit
 import logging
+import os
 
 import grpc
 import tensorflow as tf
 
 from autopar.common.errors import LaunchError, UnsupportedGraphError
+from autopar.runtime import env
 from autopar.runtime.checkpoint import Checkpointer
 from autopar.runtime.coordinator import CoordinatorClient, ProgressHook
 from autopar.runtime.progress import Progress
 from autopar.runtime.runner import Runner
 from autopar.runtime.session import session_config, start_worker_server, wait_for_peers
 from autopar.transforms.analysis import Analysis, analyze_graph
-from autopar.transforms.plan import PlanOptions, Topology, make_plan
+from autopar.transforms.compile import CompiledPlan, compile_for_config
+from autopar.transforms.plan import Topology
 from autopar.transforms.ps import COUNTERS_INIT
 from autopar.transforms.rewrite import rewrite_for_worker, worker_device
 
@@ -25,13 +35,22 @@ log = logging.getLogger("autopar.worker")
 
 
 def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, config,
-                       tty: bool = False) -> Runner:
+                       tty: bool = False, *, compiled: CompiledPlan | None = None,
+                       print_report: bool = False) -> Runner:
+    """`compiled`: the job's plan when the caller has it; otherwise it comes
+    from the job coordinator (module docstring). `print_report`: log the
+    Report (the chief, when no launcher printed it)."""
     num_workers = len(cluster["worker"])
-    hook = _register(cluster, worker_index)
-    analysis = analyze_graph(graph)
-    plan = make_plan(analysis, Topology.from_cluster(cluster), config.fusion_bytes,
-                     config.communication_hint, PlanOptions.from_config(config))
-    rewritten = rewrite_for_worker(graph, analysis, plan, worker_index)
+    client = CoordinatorClient.from_env("worker", worker_index)
+    hook = _register(client, cluster, worker_index)
+    if compiled is None:
+        compiled = _receive_plan(graph, cluster, worker_index, config, client)
+    _check_fits(compiled.plan, cluster)
+    compiled.check_graph(graph)
+    if print_report:
+        log.info("\n%s", compiled.report().table())
+    analysis, plan = compiled.analysis, compiled.plan
+    rewritten = rewrite_for_worker(graph, analysis, plan, worker_index, moves=compiled.moves)
     is_chief = worker_index == 0
 
     worker_graph = tf.Graph()
@@ -71,17 +90,52 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
     return runner
 
 
-def _register(cluster: dict[str, list[str]], worker_index: int) -> ProgressHook | None:
+def _receive_plan(graph, cluster: dict[str, list[str]], worker_index: int, config,
+                  client: CoordinatorClient | None) -> CompiledPlan:
+    """The job's one compiled plan (module docstring says who computes it)."""
+    if client is None:
+        log.info("worker %d: no job coordinator to receive the plan from; compiling it here",
+                 worker_index)
+        return compile_for_config(graph, Topology.from_cluster(cluster), config)
+    key = os.environ.get(env.PLAN)
+    if not key and worker_index == 0:
+        compiled = compile_for_config(graph, Topology.from_cluster(cluster), config)
+        _rpc(lambda: client.publish(env.PLAN_KEY, compiled.to_bytes()), worker_index,
+             "publish the plan to the job coordinator")
+        log.debug("worker 0: compiled and published the plan")
+        return compiled
+    source = "the launcher" if key else "the chief (worker 0)"
+    data = _rpc(lambda: client.fetch(key or env.PLAN_KEY, config.startup_timeout_s),
+                worker_index, f"receive the plan from {source}")
+    log.info("worker %d: plan received from %s (%d bytes)", worker_index, source, len(data))
+    return CompiledPlan.from_bytes(data)
+
+
+def _rpc(call, worker_index: int, what: str):
+    try:
+        return call()
+    except grpc.RpcError as exc:
+        raise LaunchError(f"worker {worker_index} could not {what}: "
+                          f"{exc.code().name} {exc.details()}") from exc
+
+
+def _check_fits(plan, cluster: dict[str, list[str]]) -> None:
+    """A plan made for another cluster shape would hang in its collectives."""
+    workers, servers = len(cluster[env.WORKER_JOB]), len(cluster.get(env.SERVER_JOB, []))
+    if (plan.num_workers, plan.num_servers) != (workers, servers):
+        raise LaunchError(f"the job's plan is for {plan.num_workers} workers and "
+                          f"{plan.num_servers} servers, but the cluster has {workers} and "
+                          f"{servers}: every process of a job must be started from one spec")
+
+
+def _register(client: CoordinatorClient | None, cluster: dict[str, list[str]],
+              worker_index: int) -> ProgressHook | None:
     """Register with the launcher's job coordinator (none outside a launched
     job) and return the hook that reports this worker's progress to it."""
-    client = CoordinatorClient.from_env("worker", worker_index)
     if client is None:
         return None
-    try:
-        client.register(cluster["worker"][worker_index])
-    except grpc.RpcError as exc:
-        raise LaunchError(f"worker {worker_index} could not register with the job coordinator: "
-                          f"{exc.code().name} {exc.details()}") from exc
+    _rpc(lambda: client.register(cluster["worker"][worker_index]), worker_index,
+         "register with the job coordinator")
     # A script that ends without closing its Runner still reports its last state.
     atexit.register(client.flush)
     return ProgressHook(client)

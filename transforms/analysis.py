@@ -17,12 +17,13 @@ reach it only through the global norm.
 from __future__ import annotations
 
 import collections
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import networkx as nx
 import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
+from autopar.transforms import serial
 from autopar.transforms.graph_utils import (VARIABLE_OP_TYPES, graph_of, in_gradient_scope,
                                     is_restore_assignment, op_digraph, static_shape)
 
@@ -105,9 +106,15 @@ class Analysis:
         return [v for v in self.variables if v.gradient == "sparse"]
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["step_ops"] = sorted(self.step_ops)
-        return d
+        return serial.encode(self)
+
+    def to_json(self) -> str:
+        return serial.dumps(self, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "Analysis":
+        """The Analysis `to_json` wrote (equal to it, field types included)."""
+        return serial.loads(cls, text)
 
 
 def analyze_graph(graph_or_meta) -> Analysis:

@@ -1,11 +1,10 @@
 """The Plan: how each variable's gradient travels, decided once, identically
 everywhere.
 
-Every process derives the same Plan from the same graph and spec (no
-negotiation): methods, partitions, server placement, bucket layout and
-collective instance keys depend only on the Analysis order, the topology and
-the options. It is JSON-serialisable so a launcher can ship it and a test can
-compare it.
+Methods, partitions, server placement, bucket layout and collective instance
+keys depend only on the Analysis order, the topology and the options. A job
+computes it once (transforms/compile.py) and ships it as JSON to every
+process; a process joined through TF_CONFIG derives the same Plan itself.
 
 Methods (Parallax §5):
 - "allreduce": dense gradient averaged by ring all-reduce in fused buckets;
@@ -26,10 +25,10 @@ The blocks cover every row count up to comm.MAX_GATHERED_ROWS (2^40).
 """
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
+from autopar.transforms import serial
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.comm import ROW_LADDER
 
@@ -168,14 +167,12 @@ class Plan:
         return len(self.topology.hosts) if self.local_aggregation else self.num_workers
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, sort_keys=True)
+        return serial.dumps(self, indent=1)
 
     @classmethod
-    def from_json(cls, text: str) -> "Plan":
-        d = json.loads(text)
-        d["variables"] = [VariablePlan(**v) for v in d["variables"]]
-        d["buckets"] = [Bucket(**b) for b in d["buckets"]]
-        return cls(**d)
+    def from_json(cls, text: str | bytes) -> "Plan":
+        """The Plan `to_json` wrote (equal to it, field types included)."""
+        return serial.loads(cls, text)
 
 
 def make_plan(analysis: Analysis, topology: Topology | int, fusion_bytes: int = 64 << 20,

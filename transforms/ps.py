@@ -74,8 +74,9 @@ class PsEdits:
 
 class PsBuilder:
     def __init__(self, graph: tf.Graph, analysis: Analysis, plan: Plan, worker_index: int,
-                 backend, worker_device: str):
+                 backend, worker_device: str, moves: list | None = None):
         self.g = graph
+        self.moves = moves   # the compiled plan's OPAU/OPSW moves; None: computed in _place
         self.analysis = analysis
         self.plan = plan
         self.index = worker_index
@@ -367,7 +368,8 @@ class PsBuilder:
             if self.is_chief:
                 for name in info.update_ops:
                     devices.setdefault(name, device)
-        for move in place_ops(self.g, self.analysis, self.plan):
+        moves = self.moves if self.moves is not None else place_ops(self.g, self.analysis, self.plan)
+        for move in moves:
             if move.rule == "OPAU" and not self.is_chief:
                 continue   # only the chief runs post-aggregation ops
             devices[move.op] = (server_device(int(move.place.split()[1]))

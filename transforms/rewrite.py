@@ -49,7 +49,9 @@ def worker_device(worker_index: int) -> str:
 
 
 def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan,
-                       worker_index: int) -> WorkerGraph:
+                       worker_index: int, *, moves: list | None = None) -> WorkerGraph:
+    """`moves`: the OPAU/OPSW placement of the compiled plan
+    (transforms.compile); None computes it here (transforms.placement)."""
     meta = meta_graph_of(graph_or_meta)
     scratch = graph_of(meta)  # a fresh import: never mutate the user's graph
     n_original = len(scratch.get_operations())
@@ -57,7 +59,8 @@ def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan,
     device = worker_device(worker_index)
     with scratch.as_default(), tf.device(device):
         replaced = _average_gradients(scratch, analysis, plan, backend)
-        ps = PsBuilder(scratch, analysis, plan, worker_index, backend, device).build()
+        ps = PsBuilder(scratch, analysis, plan, worker_index, backend, device,
+                       moves=moves).build()
         replaced.update(ps.replaced)
         _broadcast_state(scratch, plan, backend, worker_index == 0, ps.server_variables)
         after_step = _sync_local_state(scratch, analysis, plan, backend)

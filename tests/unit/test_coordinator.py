@@ -82,6 +82,34 @@ def test_register_report_and_exchange(coordinator):
             c.close()
 
 
+def test_publish_once_fetch_waits_for_it(coordinator):
+    """What the launcher publishes every process fetches; a value published
+    by a process reaches one already waiting for it; a key is written once."""
+    coordinator.publish("plan", b"from the launcher")
+    clients = [CoordinatorClient(coordinator.address, coordinator.token, "worker", i)
+               for i in range(2)]
+    try:
+        assert clients[1].fetch("plan", timeout_s=5) == b"from the launcher"
+        got = {}
+        waiting = threading.Thread(target=lambda: got.__setitem__(
+            "v", clients[1].fetch("other", timeout_s=20)))
+        waiting.start()
+        clients[0].publish("other", b"from the chief")
+        waiting.join(30)
+        assert got == {"v": b"from the chief"}
+        clients[0].publish("other", b"from the chief")          # the same value: fine
+        with pytest.raises(grpc.RpcError) as info:
+            clients[0].publish("other", b"changed")
+        assert info.value.code() == grpc.StatusCode.ALREADY_EXISTS
+        assert clients[1].fetch("other", timeout_s=5) == b"from the chief"
+        with pytest.raises(grpc.RpcError) as info:
+            clients[1].fetch("never", timeout_s=0.5)
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    finally:
+        for c in clients:
+            c.close()
+
+
 def test_unknown_process_is_refused(coordinator):
     client = CoordinatorClient(coordinator.address, coordinator.token, "worker", 7)
     try:

@@ -1,0 +1,88 @@
+"""Compile: the one step from a single-device graph to what every process
+applies. Analysis, planning and OPAU/OPSW placement run here, once per job
+(in the launcher, or in each process of a job joined through TF_CONFIG); the
+result travels as JSON and a worker only rewrites its graph with it
+(transforms.rewrite.rewrite_for_worker(graph, c.analysis, c.plan, i,
+moves=c.moves)). The Report is a view of it (`CompiledPlan.report`).
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+
+from autopar.common.errors import UnsupportedGraphError
+from autopar.transforms import serial
+from autopar.transforms.analysis import Analysis, analyze_graph
+from autopar.transforms.graph_utils import graph_of
+from autopar.transforms.placement import Move, place_ops
+from autopar.transforms.plan import Plan, PlanOptions, Topology, make_plan
+from autopar.transforms.report import Report, build_report
+
+
+@dataclass
+class CompiledPlan:
+    """Everything a worker needs besides the graph itself: the Analysis (names
+    of gradients, update ops, step ops the rewrite and the Runner use), the
+    Plan and the placement moves the ps rewrite applies."""
+    analysis: Analysis
+    plan: Plan
+    moves: list[Move] = field(default_factory=list)
+
+    def report(self) -> Report:
+        return build_report(self.analysis, self.plan, moves=self.moves)
+
+    def check_graph(self, graph_or_meta) -> None:
+        """Raise UnsupportedGraphError unless every op the plan names is in
+        `graph_or_meta`: a process whose script built another graph than the
+        one compiled would otherwise fail deep in the rewrite, or hang."""
+        a = self.analysis
+        names: list[str] = [a.loss] if a.loss else []
+        for v in a.variables:
+            names += [v.name, *v.update_ops, *v.slots, *v.path_ops, *v.boundary_ops,
+                      *(t for t in (v.grad_tensor, v.grad_values, v.grad_indices) if t)]
+        for s in a.state:
+            names += [s.name, *s.update_ops]
+        names += sorted(a.step_ops) + [m.op for m in self.moves]
+        ops = {op.name for op in graph_of(graph_or_meta).get_operations()}
+        missing = [n for n in dict.fromkeys(names) if n.split(":")[0] not in ops]
+        if missing:
+            raise UnsupportedGraphError(
+                f"this process built another graph than the one the job's plan was compiled "
+                f"from: {len(missing)} op(s) the plan names are missing, e.g. "
+                f"{', '.join(repr(n) for n in missing[:3])}. Every process must build the same "
+                "graph (nothing in it may depend on the process's role or index).")
+
+    def to_json(self) -> str:
+        return serial.dumps(self)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "CompiledPlan":
+        return serial.loads(cls, text)
+
+    def to_bytes(self) -> bytes:
+        """The JSON, zlib-compressed: what travels to the processes of a job
+        (op names repeat a lot; a large model's plan shrinks ~10x)."""
+        return zlib.compress(self.to_json().encode("utf-8"))
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "CompiledPlan":
+        return cls.from_json(zlib.decompress(data).decode("utf-8"))
+
+
+def compile_plan(graph_or_meta, topology: Topology | int, options: PlanOptions | None = None, *,
+                 fusion_bytes: int = 64 << 20, communication_hint: str = "ring") -> CompiledPlan:
+    """Analyse `graph_or_meta`, plan it for `topology` and place its ops.
+    Pure and deterministic: the same inputs give an equal CompiledPlan."""
+    graph = graph_of(graph_or_meta)   # a MetaGraphDef is imported once
+    analysis = analyze_graph(graph)
+    plan = make_plan(analysis, topology, fusion_bytes, communication_hint, options)
+    moves = place_ops(graph, analysis, plan)
+    return CompiledPlan(analysis=analysis, plan=plan, moves=moves)
+
+
+def compile_for_config(graph_or_meta, topology: Topology | int, config) -> CompiledPlan:
+    """`compile_plan` with the options of an autopar.Config (read by attribute:
+    transforms do not import the API layer)."""
+    return compile_plan(graph_or_meta, topology, PlanOptions.from_config(config),
+                        fusion_bytes=config.fusion_bytes,
+                        communication_hint=config.communication_hint)
