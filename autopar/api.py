@@ -12,7 +12,8 @@ import tensorflow as tf
 from autopar.config import Config
 from autopar.console import debug_errors, report_error, setup_logging
 from autopar.common.errors import AutoparError
-from autopar.runtime import env
+from autopar.common import env
+from autopar.common.roles import REPORT_ROLE, SERVER_ROLE, WORKER_JOB, WORKER_ROLE
 from autopar.transforms.analysis import analyze_graph
 from autopar.transforms.plan import PlanOptions, Topology, make_plan
 from autopar.transforms.graph_utils import graph_of
@@ -51,7 +52,7 @@ def get_runner(graph: tf.Graph, resource_info=None, config: Config | None = None
 def _get_runner(graph: tf.Graph, resource_info, config: Config):
     from autopar.runtime import launcher, spec as specs, worker   # runtime is heavy; import on use
     role = env.current_role()
-    if role == "worker":
+    if role == WORKER_ROLE:
         cluster = env.current_cluster()
         index = env.current_task_index()
         if index == 0 and not os.environ.get(REPORT_PRINTED):
@@ -59,7 +60,7 @@ def _get_runner(graph: tf.Graph, resource_info, config: Config):
             log.info("\n%s", analyze(graph, spec, config).table())
         return worker.distributed_runner(graph, cluster, index, config,
                                          tty=os.environ.get(env.TTY) == "1")
-    if role == "report":
+    if role == REPORT_ROLE:
         spec = specs.ResourceSpec.from_dict(json.loads(os.environ[env.SPEC]))
         sys.stdout.write(analyze(graph, spec, config).table() + "\n")
         sys.exit(0)
@@ -79,7 +80,7 @@ def _join_external(graph, config):
     from autopar.runtime import ports, server_main, spec as specs, worker
     spec, task_type, index = specs.spec_from_tf_config(os.environ["TF_CONFIG"])
     cluster = ports.explicit_cluster(spec)
-    if task_type == "server":
+    if task_type == SERVER_ROLE:
         server_main.serve(cluster, index)
         sys.exit(0)
     return worker.distributed_runner(graph, cluster, index, config)
@@ -90,9 +91,9 @@ def shard(dataset: tf.data.Dataset) -> tf.data.Dataset:
     to worker i mod N). Call it before .batch(): each worker then batches its
     own elements, and the N per-worker batches of a step together are the
     single-device batch N times as large. Outside a job: the dataset itself."""
-    if env.current_role() != "worker":
+    if env.current_role() != WORKER_ROLE:
         return dataset
-    num_workers = len(env.current_cluster()[env.WORKER_JOB])
+    num_workers = len(env.current_cluster()[WORKER_JOB])
     return dataset.shard(num_workers, env.current_task_index())
 
 

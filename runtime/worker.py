@@ -10,6 +10,7 @@ import grpc
 import tensorflow as tf
 
 from autopar.common.errors import LaunchError, UnsupportedGraphError
+from autopar.common.roles import SERVER_JOB, WORKER_JOB, WORKER_ROLE
 from autopar.runtime.checkpoint import Checkpointer
 from autopar.runtime.coordinator import CoordinatorClient, ProgressHook
 from autopar.runtime.progress import Progress
@@ -26,7 +27,7 @@ log = logging.getLogger("autopar.worker")
 
 def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, config,
                        tty: bool = False) -> Runner:
-    num_workers = len(cluster["worker"])
+    num_workers = len(cluster[WORKER_JOB])
     hook = _register(cluster, worker_index)
     analysis = analyze_graph(graph)
     plan = make_plan(analysis, Topology.from_cluster(cluster), config.fusion_bytes,
@@ -52,11 +53,11 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
                         if is_chief and config.checkpoint_dir else None)
     server = start_worker_server(cluster, worker_index)
     log.info("worker %d/%d serving on %s; %d variables: %d in %d fused all-reduce buckets, "
-             "%d on servers (%s)", worker_index, num_workers, cluster["worker"][worker_index],
+             "%d on servers (%s)", worker_index, num_workers, cluster[WORKER_JOB][worker_index],
              len(analysis.variables), sum(len(b.variables) for b in plan.buckets),
              len(plan.buckets), len(plan.ps_variables), plan.run_option)
-    wait_for_peers(cluster["worker"] + cluster.get("ps", []), config.startup_timeout_s)
-    session = tf1.Session(server.target, graph=worker_graph, config=session_config(worker_index, "ps" in cluster))
+    wait_for_peers(cluster[WORKER_JOB] + cluster.get(SERVER_JOB, []), config.startup_timeout_s)
+    session = tf1.Session(server.target, graph=worker_graph, config=session_config(worker_index, SERVER_JOB in cluster))
     progress = Progress(config.log_every_steps, num_workers, config.total_steps, tty) if is_chief else None
     runner = Runner(session, worker_graph, analysis, worker_index=worker_index,
                     num_workers=num_workers, progress=progress, checkpointer=checkpointer,
@@ -74,11 +75,11 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
 def _register(cluster: dict[str, list[str]], worker_index: int) -> ProgressHook | None:
     """Register with the launcher's job coordinator (none outside a launched
     job) and return the hook that reports this worker's progress to it."""
-    client = CoordinatorClient.from_env("worker", worker_index)
+    client = CoordinatorClient.from_env(WORKER_ROLE, worker_index)
     if client is None:
         return None
     try:
-        client.register(cluster["worker"][worker_index])
+        client.register(cluster[WORKER_JOB][worker_index])
     except grpc.RpcError as exc:
         raise LaunchError(f"worker {worker_index} could not register with the job coordinator: "
                           f"{exc.code().name} {exc.details()}") from exc
