@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +52,21 @@ def run_training(model: str, out: Path, *extra: str, timeout: float = 240) -> st
     return proc.stdout
 
 
+def single_device_runs(tmp_path_factory, *extra: str) -> Callable[[str], dict[str, np.ndarray]]:
+    """model -> its parameters after a single-device run with ``extra``
+    arguments; each model runs once per fixture (a module-scoped one shares
+    the reference run among a module's cases)."""
+    cache: dict[str, dict[str, np.ndarray]] = {}
+
+    def get(model: str) -> dict[str, np.ndarray]:
+        if model not in cache:
+            out = tmp_path_factory.mktemp(f"single_{model}")
+            run_training(model, out, *extra)
+            cache[model] = load_worker(out, 0)
+        return cache[model]
+    return get
+
+
 def load_worker(out: Path, index: int) -> dict[str, np.ndarray]:
     with np.load(out / f"worker{index}.npz") as data:
         return {k: data[k] for k in data.files}
@@ -68,13 +84,10 @@ def assert_same_parameters(expected: dict, actual: dict, rtol=1e-5, atol=1e-6, w
 
 
 def pid_alive(pid: int) -> bool:
+    """True if pid runs (zombies count as gone: they have exited, and in a
+    container without an init reaper they may linger unreaped)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is dead for our purpose: it runs nothing.
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        state = Path(f"/proc/{pid}/stat").read_text(errors="replace").rsplit(")", 1)[1].split()[0]
     except OSError:
         return False
-    return state != "Z"
+    return state not in ("Z", "X")

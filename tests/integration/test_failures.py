@@ -85,9 +85,10 @@ def test_killed_worker_stops_job(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     output = reader.text
     assert proc.returncode != 0
+    # The one timing bound here is the requirement itself: a dead worker ends the job within 10 s.
     assert elapsed < 10, f"launcher took {elapsed:.1f}s to stop the job"
     assert "worker 1" in rest and "stalling at step 3" in rest, rest[-2000:]
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30   # the launcher has reaped them; a bound on waiting only
     while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in pids if pid_alive(p)], output[-2000:]
