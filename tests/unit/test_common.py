@@ -1,5 +1,6 @@
 """common/: the leaf every layer (and the benchmark harness) shares."""
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,20 @@ def test_common_imports_no_other_layer():
                           env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_transforms_take_only_errors_and_roles_from_common():
+    """transforms/ are pure graph functions: of common/ they use the errors and
+    the job names, never the environment contract or process handling."""
+    imported = {}
+    for path in sorted((REPO / "transforms").glob("*.py")):
+        text = path.read_text()
+        for module in re.findall(r"autopar\.common\.(\w+)", text) + re.findall(
+                r"from autopar\.common import ([\w, ]+)", text):
+            imported.setdefault(path.name, set()).update(m.strip() for m in module.split(","))
+        assert not re.search(r"\bos\.environ\b|\bgetenv\b|\bsubprocess\b", text), path.name
+    assert imported   # the scan sees the imports that exist
+    assert set().union(*imported.values()) <= {"errors", "roles"}, imported
 
 
 class _Polled:
