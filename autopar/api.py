@@ -12,7 +12,8 @@ import tensorflow as tf
 from autopar.config import Config
 from autopar.console import debug_errors, report_error, setup_logging
 from autopar.common.errors import AutoparError
-from autopar.runtime import env
+from autopar.common import env
+from autopar.common.roles import REPORT_ROLE, SERVER_ROLE, WORKER_JOB, WORKER_ROLE
 from autopar.transforms.compile import CompiledPlan, compile_for_config
 from autopar.transforms.plan import Topology
 from autopar.transforms.report import Report
@@ -49,14 +50,14 @@ def get_runner(graph: tf.Graph, resource_info=None, config: Config | None = None
 def _get_runner(graph: tf.Graph, resource_info, config: Config):
     from autopar.runtime import launcher, spec as specs, worker   # runtime is heavy; import on use
     role = env.current_role()
-    if role == "worker":
+    if role == WORKER_ROLE:
         # The plan comes from the launcher (or the chief) through the job
         # coordinator; the chief prints the report when the launcher did not.
         index = env.current_task_index()
         return worker.distributed_runner(
             graph, env.current_cluster(), index, config, tty=os.environ.get(env.TTY) == "1",
             print_report=index == 0 and not os.environ.get(REPORT_PRINTED))
-    if role == "report":
+    if role == REPORT_ROLE:
         spec = specs.ResourceSpec.from_dict(json.loads(os.environ[env.SPEC]))
         sys.stdout.write(_compile(graph, spec, config).report().table() + "\n")
         sys.exit(0)
@@ -81,7 +82,7 @@ def _join_external(graph, config):
     from autopar.runtime import ports, server_main, spec as specs, worker
     spec, task_type, index = specs.spec_from_tf_config(os.environ["TF_CONFIG"])
     cluster = ports.explicit_cluster(spec)
-    if task_type == "server":
+    if task_type == SERVER_ROLE:
         server_main.serve(cluster, index)
         sys.exit(0)
     # No launcher to compile for everyone: each process compiles the same
@@ -95,9 +96,9 @@ def shard(dataset: tf.data.Dataset) -> tf.data.Dataset:
     to worker i mod N). Call it before .batch(): each worker then batches its
     own elements, and the N per-worker batches of a step together are the
     single-device batch N times as large. Outside a job: the dataset itself."""
-    if env.current_role() != "worker":
+    if env.current_role() != WORKER_ROLE:
         return dataset
-    num_workers = len(env.current_cluster()[env.WORKER_JOB])
+    num_workers = len(env.current_cluster()[WORKER_JOB])
     return dataset.shard(num_workers, env.current_task_index())
 
 

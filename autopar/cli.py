@@ -14,7 +14,8 @@ import sys
 
 from autopar.console import StdoutHandler, debug_errors, report_error
 from autopar.common.errors import AutoparError
-from autopar.runtime import env
+from autopar.common import env
+from autopar.common.roles import REPORT_ROLE
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         return report_error(e)
     if args.action == "report":
-        child_env = dict(os.environ, **{env.ROLE: "report", env.SPEC: json.dumps(spec.to_dict())})
+        child_env = dict(os.environ, **{env.ROLE: REPORT_ROLE, env.SPEC: json.dumps(spec.to_dict())})
         return subprocess.run(command, env=child_env).returncode
     from autopar.runtime.launcher import launch
     try:

@@ -48,6 +48,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from autopar.common.procs import stop_processes
+
 log = logging.getLogger("autopar.bench.cluster")
 
 SUBNET = "10.213.0"            # host i gets SUBNET.(i+1)/24; only ever exists inside our namespaces
@@ -369,10 +371,12 @@ class EmulatedCluster:
         if main:   # a second Ctrl-C must not interrupt the cleanup half-way
             old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
         try:
-            self._stop_processes()
+            # Only groups whose leader is not reaped yet: its pid (= the group id) cannot have been
+            # reused. Anything else still inside a namespace (a child that left the group) dies in
+            # cleanup_leftovers.
+            stop_processes([p for p in self._procs if p.poll() is None], _TERM_GRACE_S, _KILL_WAIT_S)
             removed = cleanup_leftovers(self.prefix)
             log.debug("removed %s", ", ".join(removed))
-            self._reap(_KILL_WAIT_S)
         finally:
             self._active = False
             atexit.unregister(self._atexit)
@@ -383,30 +387,6 @@ class EmulatedCluster:
                 self._restore_signal_handlers()
                 signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         log.info("emulated cluster %r removed", self.prefix)
-
-    def _stop_processes(self) -> None:
-        # Only groups whose leader is not reaped yet: its pid (= the group id) cannot have been reused.
-        live = [p for p in self._procs if p.poll() is None]
-        for p in live:
-            _killpg(p.pid, signal.SIGTERM)
-        deadline = time.monotonic() + _TERM_GRACE_S
-        for p in live:
-            try:
-                p.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for p in live:
-            if p.poll() is None:
-                _killpg(p.pid, signal.SIGKILL)
-        # Anything else still inside a namespace (a child that left the group) dies in cleanup_leftovers.
-
-    def _reap(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        for p in self._procs:
-            try:
-                p.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.warning("process %d did not exit after SIGKILL", p.pid)
 
     # ------------------------------------------------------------------ use
 
@@ -451,13 +431,6 @@ class EmulatedCluster:
                   f"{self.delay_ms:g} ms (written by bench/cluster.py)\n")
         Path(path).write_text(header + yaml.safe_dump(data, sort_keys=False))
         return str(path)
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 # --------------------------------------------------------------------------- throughput check
@@ -548,9 +521,8 @@ def measure_throughput(cluster: EmulatedCluster, src: int = 0, dst: int = 1, nby
         try:
             out, err = proc.communicate(timeout=timeout_s + 10.0)
         except subprocess.TimeoutExpired:
+            stop_processes([p for p in (send, recv) if p.poll() is None], grace_seconds=0.0)
             for p in (send, recv):
-                if p.poll() is None:
-                    _killpg(p.pid, signal.SIGKILL)
                 p.communicate()
             raise ClusterError(f"throughput check {src}->{dst}: the {name} did not finish in {timeout_s:.0f} s")
         if proc.returncode != 0:

@@ -23,12 +23,13 @@ import json
 import os
 import platform
 import re
-import signal
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from autopar.common.procs import stop_processes
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SPEC = "resource_specs/loopback_2hosts_4workers.yaml"
@@ -82,12 +83,8 @@ def run_once(args, option: str) -> dict:
         stdout, stderr = proc.communicate(timeout=args.timeout)
         code = proc.returncode
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            stdout, stderr = proc.communicate(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            stdout, stderr = proc.communicate()
+        stop_processes([proc], grace_seconds=15.0)
+        stdout, stderr = proc.communicate()
         code = f"timeout after {args.timeout} s"
     wall = time.perf_counter() - start
     load_after = os.getloadavg()[0]

@@ -109,10 +109,6 @@ class Workload:
     def sparse_bytes(self) -> int:
         return sum(v.bytes for v in self.variables() if v.sparse)
 
-    @property
-    def model_bytes(self) -> int:
-        return self.dense_bytes + self.sparse_bytes
-
     def sparse_rows_per_step(self) -> int:
         """Embedding rows in one worker's gradient per step: one per looked-up
         id, duplicates included (tf.gather's gradient does not deduplicate)."""

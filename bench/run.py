@@ -35,6 +35,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autopar.common.procs import stop_processes
+from autopar.common.roles import SERVER_JOB, WORKER_JOB
 from bench import metrics, models
 from bench.peers import common
 
@@ -319,8 +321,7 @@ class ForkServer:
             try:
                 self.popen.wait(8)
             except subprocess.TimeoutExpired:
-                _killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait(5)
+                stop_processes([self.popen], grace_seconds=0.0)
 
 
 class ForkSpawner:
@@ -369,33 +370,6 @@ def _tail_file(path: Path, n: int = 1500) -> str:
     return "\n".join(ln for ln in text.splitlines() if ln.strip() and not _noise(ln))[-n:]
 
 
-def stop_processes(procs: list[Proc], grace_s: float = 3.0) -> None:
-    """SIGTERM each process group we started (each peer leads its own), SIGKILL
-    what is left after grace_s, and wait until they are gone."""
-    live = [p for p in procs if p.poll() is None]
-    for p in live:
-        _killpg(p.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while any(p.poll() is None for p in live) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for p in live:
-        if p.poll() is None:
-            _killpg(p.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5.0
-    while any(p.poll() is None for p in live) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for p in live:
-        if p.poll() is None:
-            log.warning("%s (pid %d) survived SIGKILL", p.label, p.pid)
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 class RunFailed(Exception):
     pass
 
@@ -429,9 +403,9 @@ def run_point(cluster, spawner, settings: Settings, point: Point, run_dir: Path)
     run_dir.mkdir(parents=True)
     w, peer = point.workload, point.peer
     addr = cluster.addresses
-    job_cluster = {"worker": [f"{addr[h]}:{point.port}" for h in point.worker_hosts]}
+    job_cluster = {WORKER_JOB: [f"{addr[h]}:{point.port}" for h in point.worker_hosts]}
     if point.num_servers:
-        job_cluster["ps"] = [f"{addr[h]}:{point.port + 1}" for h in point.server_hosts]
+        job_cluster[SERVER_JOB] = [f"{addr[h]}:{point.port + 1}" for h in point.server_hosts]
     options = dict(peer.options)
     if peer.rendezvous:
         options["rendezvous"] = f"{addr[0]}:{point.port + 2}"
@@ -493,8 +467,8 @@ def run_point(cluster, spawner, settings: Settings, point: Point, run_dir: Path)
         if peer.rendezvous:
             rdv = start(0, "rendezvous", 0)
             wait_for("serving", [rdv], settings.startup_timeout_s, "the Horovod rendezvous server")
-        servers = [start(h, "ps", i) for i, h in enumerate(point.server_hosts)]
-        workers = [start(h, "worker", i) for i, h in enumerate(point.worker_hosts)]
+        servers = [start(h, SERVER_JOB, i) for i, h in enumerate(point.server_hosts)]
+        workers = [start(h, WORKER_JOB, i) for i, h in enumerate(point.worker_hosts)]
         wait_for(common.START, workers, settings.startup_timeout_s, "every worker to start")
         record["startup_s"] = time.monotonic() - t_start
         (run_dir / f"go_{common.START}").touch()
@@ -515,7 +489,9 @@ def run_point(cluster, spawner, settings: Settings, point: Point, run_dir: Path)
         log.exception("point %s/%s/N=%d", w.name, peer.name, point.num_workers)
         record["error"] = f"harness error: {type(exc).__name__}: {exc}"
     finally:
-        stop_processes(procs)
+        # Each peer leads its own process group; the fork server reaps exited
+        # ones (their pids may be reused), so only the running ones are stopped.
+        stop_processes([p for p in procs if p.poll() is None], grace_seconds=3.0)
         record["wall_s"] = time.monotonic() - t_start
         for p in procs:
             p.join(timeout=2)

@@ -46,7 +46,8 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
 import grpc  # noqa: E402
 
-from autopar.runtime import env as envvars  # noqa: E402
+from autopar.common import env as envvars  # noqa: E402
+from autopar.common.roles import SERVER_ROLE, WORKER_ROLE  # noqa: E402
 
 logger = logging.getLogger("autopar.coordinator")
 
@@ -147,7 +148,7 @@ class Coordinator:
         self._lock = threading.Condition()
         now = time.monotonic()
         self._states: dict[str, ProcessState] = {}
-        for role, count in ((envvars.WORKER_JOB, num_workers), ("server", num_servers)):
+        for role, count in ((WORKER_ROLE, num_workers), (SERVER_ROLE, num_servers)):
             for i in range(count):
                 self._states[process_name(role, i)] = ProcessState(role, i, phase_since=now)
         self._exchanges: dict[str, dict[str, bytes]] = {}
@@ -358,7 +359,7 @@ def diagnose(states: Mapping[str, ProcessState], exited: Mapping[str, int],
     - Stall: a worker has waited inside a step for ``stall_timeout_s`` while
       another has not started that step.
     """
-    workers = sorted((s for s in states.values() if s.role == envvars.WORKER_JOB),
+    workers = sorted((s for s in states.values() if s.role == WORKER_ROLE),
                      key=lambda s: s.index)
     finished = [s for s in workers
                 if s.registered and (s.phase == PHASE_CLOSED or exited.get(s.name) == 0)]

@@ -29,16 +29,14 @@ from typing import IO, Any, Callable
 
 import autopar
 from autopar.common.errors import LaunchError
-from autopar.runtime import env as envvars
-from autopar.runtime import procs
+from autopar.common import env as envvars
+from autopar.common import procs
+from autopar.common.roles import SERVER_JOB, SERVER_ROLE, WORKER_JOB, WORKER_ROLE
 from autopar.runtime.coordinator import Coordinator, JobMonitor, host_address, launcher_host
 from autopar.runtime.ports import is_bind_failure, is_local_address, reserve_cluster
 from autopar.runtime.spec import HostSpec, ResourceSpec
 
 logger = logging.getLogger("autopar.launcher")
-
-WORKER_ROLE = "worker"
-SERVER_ROLE = "server"
 
 # The directory holding the autopar package (a source checkout's root, or
 # site-packages): put first on every child's PYTHONPATH.
@@ -87,7 +85,7 @@ class ChildPlan:
 
 def autopar_env(role: str, index: int, cluster: Mapping[str, list[str]],
                 spec: ResourceSpec, *, tty: bool) -> dict[str, str]:
-    """The variables telling a child which role it plays (runtime/env.py)."""
+    """The variables telling a child which role it plays (common/env.py)."""
     return {
         envvars.ROLE: role,
         envvars.TASK_INDEX: str(index),
@@ -206,8 +204,8 @@ def plan_children(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: Se
     cwd = cwd or os.getcwd()
     server_cmd = [sys.executable, "-m", "autopar.runtime.server_main"]
     jobs: list[tuple[str, list[str], list[HostSpec], list[str]]] = [
-        (SERVER_ROLE, list(cluster.get(envvars.SERVER_JOB, [])), spec.server_hosts(), server_cmd),
-        (WORKER_ROLE, list(cluster[envvars.WORKER_JOB]), spec.worker_hosts(), list(argv)),
+        (SERVER_ROLE, list(cluster.get(SERVER_JOB, [])), spec.server_hosts(), server_cmd),
+        (WORKER_ROLE, list(cluster[WORKER_JOB]), spec.worker_hosts(), list(argv)),
     ]
     plans: list[ChildPlan] = []
     for role, addresses, hosts, command in jobs:
@@ -613,8 +611,8 @@ def _start_coordinator(spec: ResourceSpec, cluster: Mapping[str, list[str]]) -> 
     """The job's coordinator, listening on this machine's address in the spec
     (loopback for a local job)."""
     host = launcher_host([h.address for h in spec.hosts], is_local_address)
-    coordinator = Coordinator(host, len(cluster[envvars.WORKER_JOB]),
-                              len(cluster.get(envvars.SERVER_JOB, [])))
+    coordinator = Coordinator(host, len(cluster[WORKER_JOB]),
+                              len(cluster.get(SERVER_JOB, [])))
     coordinator.start()
     return coordinator
 

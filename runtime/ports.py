@@ -41,6 +41,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from autopar.common.errors import LaunchError
+from autopar.common.roles import SERVER_JOB, WORKER_JOB
 from autopar.runtime.spec import HostSpec, ResourceSpec
 
 logger = logging.getLogger(__name__)
@@ -104,7 +105,7 @@ class PortReservation:
 
 
 def reserve_cluster(spec: ResourceSpec, avoid: Collection[str] = ()) -> PortReservation:
-    """{"worker": [...num_workers], "ps": [...num_servers]} as "addr:port"
+    """{WORKER_JOB: [...num_workers], SERVER_JOB: [...num_servers]} as "addr:port"
     strings, numbered like spec.worker_hosts() / spec.server_hosts(), with
     every port reserved until the reservation is released. Ports chosen by
     autopar are never one of the ``avoid`` endpoints (that failed to bind
@@ -120,9 +121,7 @@ def reserve_cluster(spec: ResourceSpec, avoid: Collection[str] = ()) -> PortRese
     except BaseException:
         alloc.reservation.release()
         raise
-    cluster = {"worker": workers}
-    if servers:
-        cluster["ps"] = servers
+    cluster = _cluster(workers, servers)
     alloc.reservation.cluster = cluster
     logger.info("allocated ports for %s: %s", spec.source, cluster)
     return alloc.reservation
@@ -144,9 +143,14 @@ def explicit_cluster(spec: ResourceSpec) -> dict[str, list[str]]:
     for host in spec.hosts:
         workers += [_endpoint(host.address, p) for p in host.worker_ports or ()]
         servers += [_endpoint(host.address, p) for p in host.server_ports or ()]
-    cluster = {"worker": workers}
+    return _cluster(workers, servers)
+
+
+def _cluster(workers: list[str], servers: list[str]) -> dict[str, list[str]]:
+    """The ClusterSpec dict: the server job only when there are servers."""
+    cluster = {WORKER_JOB: workers}
     if servers:
-        cluster["ps"] = servers
+        cluster[SERVER_JOB] = servers
     return cluster
 
 

@@ -27,7 +27,7 @@ import networkx as nx
 import numpy as np
 import tensorflow as tf
 
-from autopar.runtime.env import STOPPED_LINE
+from autopar.common.env import STOPPED_LINE
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.graph_utils import is_restore_assignment, op_digraph
 

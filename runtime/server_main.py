@@ -13,11 +13,10 @@ import sys
 import threading
 from types import FrameType
 
-from autopar.runtime import env as envvars
+from autopar.common import env as envvars
+from autopar.common.roles import SERVER_JOB, SERVER_ROLE
 
 logger = logging.getLogger("autopar.server")
-
-COLLECTIVE_GROUP_LEADER = f"/job:{envvars.WORKER_JOB}/replica:0/task:0"
 
 
 def _exit_now(code: int) -> None:
@@ -58,17 +57,19 @@ def serve(cluster: dict[str, list[str]], task_index: int) -> None:
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     _install_stop_handlers(task_index)
-    servers = cluster.get(envvars.SERVER_JOB, [])
+    servers = cluster.get(SERVER_JOB, [])
     if not 0 <= task_index < len(servers):
         raise ValueError(f"server task index {task_index} is out of range for the "
                          f"{len(servers)} servers of the cluster {cluster}")
 
     import tensorflow as tf  # late: heavy, and not needed for the checks above
 
+    from autopar.runtime.session import COLLECTIVE_GROUP_LEADER
+
     config = tf.compat.v1.ConfigProto()
     config.experimental.collective_group_leader = COLLECTIVE_GROUP_LEADER
     server = tf.distribute.Server(
-        tf.train.ClusterSpec(cluster), job_name=envvars.SERVER_JOB, task_index=task_index,
+        tf.train.ClusterSpec(cluster), job_name=SERVER_JOB, task_index=task_index,
         protocol="grpc", config=config, start=True)
     logger.info("server %d listening on %s", task_index, servers[task_index])
     _register(task_index, servers[task_index])
@@ -93,7 +94,7 @@ def _register(task_index: int, address: str) -> None:
     import grpc
 
     from autopar.runtime.coordinator import CoordinatorClient
-    client = CoordinatorClient.from_env("server", task_index)
+    client = CoordinatorClient.from_env(SERVER_ROLE, task_index)
     if client is None:
         return
     try:

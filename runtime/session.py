@@ -8,16 +8,19 @@ import time
 import tensorflow as tf
 
 from autopar.common.errors import LaunchError
-from autopar.runtime.env import SERVER_JOB, WORKER_JOB
+from autopar.common.roles import SERVER_JOB, WORKER_JOB
 
 tf1 = tf.compat.v1
 log = logging.getLogger("autopar.session")
 
+# Collective groups are formed by asking one leader: worker 0 by convention
+# (servers are told too, since they share the cluster).
+COLLECTIVE_GROUP_LEADER = f"/job:{WORKER_JOB}/replica:0/task:0"
+
 
 def session_config(worker_index: int, with_servers: bool = False) -> tf1.ConfigProto:
     config = tf1.ConfigProto()
-    # Collective groups are formed by asking one leader; worker 0 by convention.
-    config.experimental.collective_group_leader = f"/job:{WORKER_JOB}/replica:0/task:0"
+    config.experimental.collective_group_leader = COLLECTIVE_GROUP_LEADER
     # This worker's session only places ops on itself; peers are reached by the
     # collective ops, not by the session, so it need not wait for servers.
     config.device_filters.append(f"/job:{WORKER_JOB}/task:{worker_index}")
@@ -30,7 +33,7 @@ def start_worker_server(cluster: dict[str, list[str]], worker_index: int) -> tf.
     try:
         return tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name=WORKER_JOB,
                                     task_index=worker_index, protocol="grpc",
-                                    config=session_config(worker_index, "ps" in cluster),
+                                    config=session_config(worker_index, SERVER_JOB in cluster),
                                     start=True)
     except (tf.errors.UnknownError, tf.errors.InternalError, tf.errors.AlreadyExistsError) as e:
         address = cluster[WORKER_JOB][worker_index]

@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 import yaml
 
 from autopar.common.errors import SpecError
+from autopar.common.roles import CHIEF_JOB, SERVER_JOB, SERVER_ROLE, WORKER_JOB, WORKER_ROLE
 
 logger = logging.getLogger(__name__)
 
@@ -337,14 +338,14 @@ def spec_from_tf_config(tf_config: str | dict) -> tuple[ResourceSpec, str, int]:
     cluster = tf_config.get("cluster")
     if not isinstance(cluster, dict):
         _fail(src, "cluster", "is missing or not an object", "add \"cluster\": {\"worker\": [\"host:port\", ...]}")
-    _check_keys(cluster, ("chief", "worker", "ps"), src, "cluster")
+    _check_keys(cluster, (CHIEF_JOB, WORKER_JOB, SERVER_JOB), src, "cluster")
     jobs: dict[str, list[tuple[str, int]]] = {}
-    for job in ("chief", "worker", "ps"):
+    for job in (CHIEF_JOB, WORKER_JOB, SERVER_JOB):
         entries = cluster.get(job) or []
         if not isinstance(entries, list):
             _fail(src, f"cluster.{job}", "must be a list of \"host:port\" strings", "fix the cluster definition")
         jobs[job] = [_split_endpoint(e, f"cluster.{job}[{i}]") for i, e in enumerate(entries)]
-    if len(jobs["chief"]) > 1:
+    if len(jobs[CHIEF_JOB]) > 1:
         _fail(src, "cluster.chief", "lists more than one task", "keep a single chief; put the others under 'worker'")
 
     task = tf_config.get("task")
@@ -358,10 +359,10 @@ def spec_from_tf_config(tf_config: str | dict) -> tuple[ResourceSpec, str, int]:
     if tindex >= len(jobs[ttype]):
         _fail(src, "task.index", f"{tindex} but cluster.{ttype} has {len(jobs[ttype])} entries",
               "make task.index point into the cluster list")
-    role, index = {"chief": ("worker", tindex), "worker": ("worker", tindex + len(jobs["chief"])),
-                   "ps": ("server", tindex)}[ttype]
+    role, index = {CHIEF_JOB: (WORKER_ROLE, tindex), WORKER_JOB: (WORKER_ROLE, tindex + len(jobs[CHIEF_JOB])),
+                   SERVER_JOB: (SERVER_ROLE, tindex)}[ttype]
 
-    groups = _group_endpoints(jobs["chief"] + jobs["worker"], jobs["ps"])
+    groups = _group_endpoints(jobs[CHIEF_JOB] + jobs[WORKER_JOB], jobs[SERVER_JOB])
     hosts = tuple(HostSpec(address=g["address"], workers=len(g["w"]), servers=len(g["s"]),
                            worker_ports=tuple(g["w"]) or None, server_ports=tuple(g["s"]) or None)
                   for g in groups)

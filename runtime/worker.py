@@ -18,7 +18,8 @@ import grpc
 import tensorflow as tf
 
 from autopar.common.errors import LaunchError, UnsupportedGraphError
-from autopar.runtime import env
+from autopar.common import env
+from autopar.common.roles import SERVER_JOB, WORKER_JOB, WORKER_ROLE
 from autopar.runtime.checkpoint import Checkpointer
 from autopar.runtime.coordinator import CoordinatorClient, ProgressHook
 from autopar.runtime.progress import Progress
@@ -40,8 +41,8 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
     """`compiled`: the job's plan when the caller has it; otherwise it comes
     from the job coordinator (module docstring). `print_report`: log the
     Report (the chief, when no launcher printed it)."""
-    num_workers = len(cluster["worker"])
-    client = CoordinatorClient.from_env("worker", worker_index)
+    num_workers = len(cluster[WORKER_JOB])
+    client = CoordinatorClient.from_env(WORKER_ROLE, worker_index)
     hook = _register(client, cluster, worker_index)
     if compiled is None:
         compiled = _receive_plan(graph, cluster, worker_index, config, client)
@@ -71,11 +72,11 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
                         if is_chief and config.checkpoint_dir else None)
     server = start_worker_server(cluster, worker_index)
     log.info("worker %d/%d serving on %s; %d variables: %d in %d fused all-reduce buckets, "
-             "%d on servers (%s)", worker_index, num_workers, cluster["worker"][worker_index],
+             "%d on servers (%s)", worker_index, num_workers, cluster[WORKER_JOB][worker_index],
              len(analysis.variables), sum(len(b.variables) for b in plan.buckets),
              len(plan.buckets), len(plan.ps_variables), plan.run_option)
-    wait_for_peers(cluster["worker"] + cluster.get("ps", []), config.startup_timeout_s)
-    session = tf1.Session(server.target, graph=worker_graph, config=session_config(worker_index, "ps" in cluster))
+    wait_for_peers(cluster[WORKER_JOB] + cluster.get(SERVER_JOB, []), config.startup_timeout_s)
+    session = tf1.Session(server.target, graph=worker_graph, config=session_config(worker_index, SERVER_JOB in cluster))
     progress = Progress(config.log_every_steps, num_workers, config.total_steps, tty) if is_chief else None
     runner = Runner(session, worker_graph, analysis, worker_index=worker_index,
                     num_workers=num_workers, progress=progress, checkpointer=checkpointer,
@@ -134,7 +135,7 @@ def _register(client: CoordinatorClient | None, cluster: dict[str, list[str]],
     job) and return the hook that reports this worker's progress to it."""
     if client is None:
         return None
-    _rpc(lambda: client.register(cluster["worker"][worker_index]), worker_index,
+    _rpc(lambda: client.register(cluster[WORKER_JOB][worker_index]), worker_index,
          "register with the job coordinator")
     # A script that ends without closing its Runner still reports its last state.
     atexit.register(client.flush)

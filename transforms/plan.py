@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass, field
 
 from autopar.transforms import serial
+from autopar.common.roles import SERVER_JOB, WORKER_JOB
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.comm import ROW_LADDER
 
@@ -57,8 +58,8 @@ class Topology:
 
     @classmethod
     def from_cluster(cls, cluster: dict[str, list[str]]) -> "Topology":
-        """From {"worker": ["host:port", ...], "ps": [...]}."""
-        return cls(tuple(a.rsplit(":", 1)[0] for a in cluster["worker"]), len(cluster.get("ps", [])))
+        """From {WORKER_JOB: ["host:port", ...], SERVER_JOB: [...]}."""
+        return cls(tuple(a.rsplit(":", 1)[0] for a in cluster[WORKER_JOB]), len(cluster.get(SERVER_JOB, [])))
 
     @property
     def num_workers(self) -> int:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
+from autopar.common.roles import SERVER_JOB
 from autopar.transforms.analysis import Analysis, VariableInfo
 from autopar.transforms.comm import CollectiveOpsBackend
 from autopar.transforms.graph_utils import node_input_name
@@ -53,7 +54,7 @@ def combine_rows(values: tf.Tensor, indices: tf.Tensor) -> tuple[tf.Tensor, tf.T
 
 
 def server_device(server: int) -> str:
-    return f"/job:ps/replica:0/task:{server}/device:CPU:0"
+    return f"/job:{SERVER_JOB}/replica:0/task:{server}/device:CPU:0"
 
 
 @dataclass
@@ -407,7 +408,7 @@ def cover_server_work(graph_def, barrier: str, step_ops) -> list[str]:
                  for name, node in nodes.items()}
 
     def on_server(name: str) -> bool:
-        return nodes[name].device.startswith("/job:ps")
+        return nodes[name].device.startswith(f"/job:{SERVER_JOB}")
 
     def ancestors(roots) -> set[str]:
         seen, stack = set(), [r for r in roots if r in nodes]

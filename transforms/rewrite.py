@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
+from autopar.common.roles import WORKER_JOB
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.comm import CollectiveOpsBackend
 from autopar.transforms.graph_utils import graph_of, in_gradient_scope, meta_graph_of, node_input_name
@@ -45,7 +46,7 @@ class WorkerGraph:
 
 
 def worker_device(worker_index: int) -> str:
-    return f"/job:worker/replica:0/task:{worker_index}/device:CPU:0"
+    return f"/job:{WORKER_JOB}/replica:0/task:{worker_index}/device:CPU:0"
 
 
 def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan,

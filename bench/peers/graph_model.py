@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import tensorflow as tf
 
 from bench import models
@@ -61,11 +60,3 @@ def build(workload: models.Workload, *, wrap_optimizer=None, partitioner=None,
             opt = wrap_optimizer(opt)
         train_op = opt.minimize(loss, global_step=global_step)
     return GraphModel(graph, inputs, eval_inputs, loss, eval_loss, train_op, variables, global_step, opt)
-
-
-def numpy_params(session, model: GraphModel) -> dict[str, np.ndarray]:
-    out = {}
-    for name, v in model.variables.items():
-        parts = list(v) if type(v).__name__ == "PartitionedVariable" else [v]
-        out[name] = np.concatenate([session.run(p) for p in parts]) if len(parts) > 1 else session.run(parts[0])
-    return out

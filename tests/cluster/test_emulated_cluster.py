@@ -18,6 +18,8 @@ import pytest
 
 from bench.cluster import (ClusterError, ClusterPermissionError, EmulatedCluster, cleanup_leftovers, measure_throughput,
                            namespace_name, require_root)
+from tests.integration.cluster import child_env
+from tests.integration.cluster import pid_alive as alive
 
 REPO = Path(__file__).resolve().parents[2]
 PREFIX = "apbt"
@@ -78,25 +80,9 @@ def leftovers() -> list[str]:
         _ours([d["ifname"] for d in links])
 
 
-def alive(pid: int) -> bool:
-    """A zombie counts as dead: it runs nothing."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
 def netns_pids(ns: str) -> list[int]:
     out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout
     return [int(t) for t in out.split()]
-
-
-def child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    return env
 
 
 def read_line(proc: subprocess.Popen, timeout: float) -> str:

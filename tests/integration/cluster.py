@@ -3,8 +3,14 @@ train_model.py single-device or under the real launcher, load what it saved."""
 from __future__ import annotations
 
 import os
+import queue
+import re
+import signal
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +57,21 @@ def run_training(model: str, out: Path, *extra: str, timeout: float = 240) -> st
     return proc.stdout
 
 
+def single_device_runs(tmp_path_factory, *extra: str) -> Callable[[str], dict[str, np.ndarray]]:
+    """model -> its parameters after a single-device run with ``extra``
+    arguments; each model runs once per fixture (a module-scoped one shares
+    the reference run among a module's cases)."""
+    cache: dict[str, dict[str, np.ndarray]] = {}
+
+    def get(model: str) -> dict[str, np.ndarray]:
+        if model not in cache:
+            out = tmp_path_factory.mktemp(f"single_{model}")
+            run_training(model, out, *extra)
+            cache[model] = load_worker(out, 0)
+        return cache[model]
+    return get
+
+
 def load_worker(out: Path, index: int) -> dict[str, np.ndarray]:
     with np.load(out / f"worker{index}.npz") as data:
         return {k: data[k] for k in data.files}
@@ -67,14 +88,85 @@ def assert_same_parameters(expected: dict, actual: dict, rtol=1e-5, atol=1e-6, w
                                    err_msg=f"{what}: variable {name}")
 
 
+def start_job(cmd: list[str]) -> subprocess.Popen:
+    """Start a job in its own session (so it can be stopped as a group), output
+    merged into one text pipe for a LineReader."""
+    return subprocess.Popen(cmd, cwd=REPO, env=child_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+class LineReader:
+    """Reads a process's output on a thread, so waiting for a line can time
+    out and no line is lost to buffering. As a context manager, it kills the
+    process's group on the way out if the process still runs (a failed test
+    leaves nothing behind)."""
+
+    def __init__(self, proc):
+        self.proc = proc
+        self.lines: list[str] = []
+        self._queue: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._pump, daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> "LineReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def _pump(self):
+        for line in self.proc.stdout:
+            self._queue.put(line)
+        self._queue.put(None)
+
+    def wait_for(self, patterns, timeout):
+        """Until every regex in `patterns` (in any order) matched a line."""
+        pending = [re.compile(p) for p in ([patterns] if isinstance(patterns, str) else patterns)]
+        deadline = time.monotonic() + timeout
+        while pending:
+            try:
+                line = self._queue.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                line = None
+            if line is None:
+                raise AssertionError(f"no line matching {[p.pattern for p in pending]} within "
+                                     f"{timeout}s:\n{self.text[-3000:]}")
+            self.lines.append(line)
+            pending = [p for p in pending if not p.search(line)]
+
+    def rest(self, timeout) -> str:
+        """Wait for the process to exit; the output not read yet."""
+        self.proc.wait(timeout=timeout)
+        self._thread.join(timeout=10)
+        tail = []
+        while not self._queue.empty():
+            line = self._queue.get()
+            if line is not None:
+                tail.append(line)
+        self.lines += tail
+        return "".join(tail)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+
 def pid_alive(pid: int) -> bool:
+    """True if pid runs (zombies count as gone: they have exited, and in a
+    container without an init reaper they may linger unreaped)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is dead for our purpose: it runs nothing.
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        state = Path(f"/proc/{pid}/stat").read_text(errors="replace").rsplit(")", 1)[1].split()[0]
     except OSError:
         return False
-    return state != "Z"
+    return state not in ("Z", "X")
+
+
+def survivors(pids, timeout: float = 30) -> list[int]:
+    """The pids still running after waiting up to ``timeout`` s for all of them
+    to exit (a bound on waiting, not a claim about speed)."""
+    deadline = time.monotonic() + timeout
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [p for p in pids if pid_alive(p)]

@@ -4,10 +4,8 @@ import os
 import re
 import signal
 
-from tests.integration.cluster import (assert_same_parameters, load_worker, run_training,
-                                       write_spec)
-from tests.integration.test_failures import LineReader, _start
-from tests.integration.cluster import train_command
+from tests.integration.cluster import (LineReader, assert_same_parameters, load_worker, run_training,
+                                       start_job, train_command, write_spec)
 
 
 def test_restart_resumes_from_checkpoint(tmp_path):
@@ -20,18 +18,14 @@ def test_restart_resumes_from_checkpoint(tmp_path):
 
     # First attempt: worker 1 hangs at global step 6, after the chief saved
     # step 6; then it is killed and the launcher tears the job down.
-    first = _start(train_command("mlp_adam_clip_ema", tmp_path / "first", "--steps", "10",
-                                 "--stall-at", "6", "--checkpoint-dir", str(ckpt),
-                                 "--save-every", "3", *common))
-    reader = LineReader(first)
-    try:
+    first = start_job(train_command("mlp_adam_clip_ema", tmp_path / "first", "--steps", "10",
+                                    "--stall-at", "6", "--checkpoint-dir", str(ckpt),
+                                    "--save-every", "3", *common))
+    with LineReader(first) as reader:
         reader.wait_for([r"saved checkpoint .*model\.ckpt-6", r"worker 1 stalling at step 6"], 180)
         pid = int(re.search(r"worker 1 pid (\d+)", reader.text).group(1))
         os.kill(pid, signal.SIGKILL)
         reader.rest(timeout=30)
-    finally:
-        if first.poll() is None:
-            os.killpg(first.pid, signal.SIGKILL)
     assert first.returncode != 0
     assert not (tmp_path / "first").exists()   # it never finished
 

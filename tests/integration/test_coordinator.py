@@ -18,8 +18,7 @@ import grpc
 import pytest
 
 from autopar.runtime.coordinator import _grpc_modules
-from tests.integration.cluster import pid_alive, train_command, write_spec
-from tests.integration.test_failures import LineReader, _start
+from tests.integration.cluster import LineReader, start_job, survivors, train_command, write_spec
 
 _CONNECT = ("import socket, sys\n"
             "for port in sys.argv[2:]:\n"
@@ -98,18 +97,15 @@ def _stop(proc: subprocess.Popen, pids: set[int]) -> None:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not [p for p in pids if pid_alive(p)]
+    assert not survivors(pids)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="creating a network namespace and a veth pair "
                     "needs root (CAP_NET_ADMIN)")
 def test_loopback_job_unreachable_from_outside_and_coordinator_needs_token(tmp_path):
     spec = write_spec(tmp_path, workers=2, servers=1)
-    proc = _start(train_command("mlp_sgd", tmp_path / "out", "--steps", "1000",
-                                "--stall-at", "3", "--stall-timeout", "0", "--spec", str(spec)))
+    proc = start_job(train_command("mlp_sgd", tmp_path / "out", "--steps", "1000",
+                                   "--stall-at", "3", "--stall-timeout", "0", "--spec", str(spec)))
     reader = LineReader(proc)
     pids: set[int] = {proc.pid}
     try:
@@ -165,22 +161,15 @@ def test_loopback_job_unreachable_from_outside_and_coordinator_needs_token(tmp_p
 def _run_until_end(tmp_path, *extra: str, ready: str) -> tuple[subprocess.Popen, LineReader,
                                                                str, float, set[int]]:
     spec = write_spec(tmp_path, workers=2, servers=1)
-    proc = _start(train_command("mlp_sgd", tmp_path / "out", "--stall-timeout", "5",
-                                "--spec", str(spec), *extra))
-    reader = LineReader(proc)
-    try:
+    proc = start_job(train_command("mlp_sgd", tmp_path / "out", "--stall-timeout", "5",
+                                   "--spec", str(spec), *extra))
+    with LineReader(proc) as reader:
         reader.wait_for(ready, 180)
         seen = time.monotonic()
         pids = _job_pids(reader.text, proc.pid)
         rest = reader.rest(timeout=60)
         elapsed = time.monotonic() - seen
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not [p for p in pids if pid_alive(p)], reader.text[-3000:]
+    assert not survivors(pids), reader.text[-3000:]
     return proc, reader, rest, elapsed, pids
 
 

@@ -7,7 +7,7 @@ worker, each with its own TensorFlow server, talking over loopback.
 import pytest
 
 from tests.integration.cluster import (assert_same_parameters, load_worker, run_training,
-                                       write_spec)
+                                       single_device_runs, write_spec)
 
 STEPS = 6
 BATCH = 12   # divisible by 2 and 3
@@ -23,15 +23,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def single_device(tmp_path_factory):
-    cache = {}
-
-    def get(model):
-        if model not in cache:
-            out = tmp_path_factory.mktemp(f"single_{model}")
-            run_training(model, out, "--steps", str(STEPS), "--batch", str(BATCH))
-            cache[model] = load_worker(out, 0)
-        return cache[model]
-    return get
+    return single_device_runs(tmp_path_factory, "--steps", str(STEPS), "--batch", str(BATCH))
 
 
 @pytest.mark.parametrize("model,workers", CASES, ids=[f"{m}-{n}w" for m, n in CASES])

@@ -3,7 +3,6 @@ autopar errors from get_runner end a script with a message and status 2; a
 job whose output reader goes away ends cleanly."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path

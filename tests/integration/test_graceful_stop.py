@@ -26,9 +26,8 @@ from autopar.runtime.checkpoint import Checkpointer
 from autopar.runtime.worker import single_device_runner
 from tests import models
 
-from tests.integration.cluster import (assert_same_parameters, load_worker, pid_alive,
-                                       run_training, train_command, write_spec)
-from tests.integration.test_failures import LineReader, _start
+from tests.integration.cluster import (LineReader, assert_same_parameters, load_worker,
+                                       run_training, start_job, survivors, train_command, write_spec)
 
 MODEL = "mlp_adam_clip_ema"   # float64: Adam, clipping and EMA slots all checkpointed
 
@@ -54,23 +53,19 @@ def test_ctrl_c_saves_the_current_step_and_resumes(tmp_path):
     # so the server must outlive the save.
     spec = str(write_spec(tmp_path, workers=2, servers=1))
     ckpt = tmp_path / "ckpt"
-    proc = _start(train_command(MODEL, tmp_path / "first", "--steps", "30", "--spec", spec,
-                                "--run-option", "ps", "--checkpoint-dir", str(ckpt),
-                                "--save-every", "100", "--pause-at", "22"))
-    reader = LineReader(proc)
-    try:
+    proc = start_job(train_command(MODEL, tmp_path / "first", "--steps", "30", "--spec", spec,
+                                   "--run-option", "ps", "--checkpoint-dir", str(ckpt),
+                                   "--save-every", "100", "--pause-at", "22"))
+    with LineReader(proc) as reader:
         reader.wait_for([r"\] step 22 ", r"worker 0 pausing at step 22"], 240)
         pids = _pids(reader.text)
         os.killpg(proc.pid, signal.SIGINT)   # what a Ctrl-C at the terminal does
         reader.rest(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
     text = reader.text
     assert proc.returncode == 130, text[-3000:]
     assert re.search(r"job stopped on SIGINT: the chief stopped at global step 22; "
                      r"checkpoint \S*model\.ckpt-22", text), text[-3000:]
-    assert len(pids) == 3 and not any(pid_alive(p) for p in pids), text[-3000:]
+    assert len(pids) == 3 and not survivors(pids), text[-3000:]
     assert _checkpoint_steps(ckpt) == {22}
     _no_temporaries(ckpt)
     assert not (tmp_path / "first").exists()   # it never finished
@@ -87,25 +82,21 @@ def test_ctrl_c_saves_the_current_step_and_resumes(tmp_path):
 def test_second_ctrl_c_stops_at_once(tmp_path):
     # The chief's own code hangs between steps 3 and 4, so it never reaches
     # the step boundary where it would stop.
-    proc = _start(train_command(MODEL, tmp_path / "out", "--steps", "30", "--stall-at", "3",
-                                "--stall-worker", "0",
-                                "--spec", str(write_spec(tmp_path, workers=2)),
-                                "--checkpoint-dir", str(tmp_path / "ckpt")))
-    reader = LineReader(proc)
-    try:
+    proc = start_job(train_command(MODEL, tmp_path / "out", "--steps", "30", "--stall-at", "3",
+                                   "--stall-worker", "0",
+                                   "--spec", str(write_spec(tmp_path, workers=2)),
+                                   "--checkpoint-dir", str(tmp_path / "ckpt")))
+    with LineReader(proc) as reader:
         reader.wait_for(r"worker 0 stalling at step 3", 240)
         pids = _pids(reader.text)
         os.killpg(proc.pid, signal.SIGINT)
         reader.wait_for(r"the chief stops after its current step", 30)
         os.killpg(proc.pid, signal.SIGINT)
         reader.rest(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
     text = reader.text
     assert proc.returncode == 130, text[-3000:]
     assert "interrupted again: stopping all processes now" in text, text[-3000:]
-    assert len(pids) == 2 and not any(pid_alive(p) for p in pids), text[-3000:]
+    assert len(pids) == 2 and not survivors(pids), text[-3000:]
 
 
 def _train(ckpt: Path | None, steps: int, caplog=None) -> dict:

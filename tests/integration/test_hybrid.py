@@ -8,7 +8,7 @@ local aggregation really combines two workers' rows before they go out.
 import pytest
 
 from tests.integration.cluster import (assert_same_parameters, load_worker, run_training,
-                                       write_two_host_spec)
+                                       single_device_runs, write_two_host_spec)
 
 STEPS = 6
 BATCH = 12
@@ -25,15 +25,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def single_device(tmp_path_factory):
-    cache = {}
-
-    def get(model):
-        if model not in cache:
-            out = tmp_path_factory.mktemp("single")
-            run_training(model, out, "--steps", str(STEPS), "--batch", str(BATCH))
-            cache[model] = load_worker(out, 0)
-        return cache[model]
-    return get
+    return single_device_runs(tmp_path_factory, "--steps", str(STEPS), "--batch", str(BATCH))
 
 
 @pytest.mark.parametrize("model,run_option,partitions", CASES,

@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from autopar.runtime import env as envvars
+from autopar.common import env as envvars
 from autopar.runtime.launcher import REPO_ROOT, build_ssh_command, launch, plan_children
 from autopar.runtime.spec import HostSpec, ResourceSpec, SSHSettings, load_spec
+from tests.integration.cluster import pid_alive
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="uses /proc and PR_SET_PDEATHSIG")
@@ -33,18 +34,6 @@ TAG_VAR = "AUTOPAR_TEST_TAG"
 
 
 # --------------------------------------------------------------------------- helpers
-
-def _alive(pid: int) -> bool:
-    """True if pid runs (zombies count as gone: they have exited, and in a
-    container without an init reaper they may linger unreaped)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            stat = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    state = stat.rsplit(")", 1)[1].split()[0]
-    return state not in ("Z", "X")
-
 
 def _tagged_pids(tag: str) -> list[int]:
     """Live processes whose environment holds AUTOPAR_TEST_TAG=tag."""
@@ -58,7 +47,7 @@ def _tagged_pids(tag: str) -> list[int]:
                 environ = f.read().split(b"\0")
         except OSError:
             continue
-        if needle in environ and _alive(int(entry)):
+        if needle in environ and pid_alive(int(entry)):
             found.append(int(entry))
     return found
 
@@ -138,17 +127,15 @@ def test_success_streams_prefixed_output_and_returns_0(capsys, caplog, tag):
 
 def test_failing_worker_stops_everyone_and_returns_its_status(capsys, caplog, tag, pid_dir):
     caplog.set_level(logging.INFO, logger="autopar.launcher")
-    t0 = time.monotonic()
     status = launch(_spec(2, servers=1), [sys.executable, str(SCRIPTS / "fail_worker1.py")],
                     extra_env=_env(tag, pid_dir), grace_seconds=3.0, log_tail_lines=5)
-    elapsed = time.monotonic() - t0
     out = capsys.readouterr().out
 
     assert status == 3
-    # A bound, not a benchmark: worker 0 sleeps 300 s, so only teardown ends this early.
-    assert elapsed < 10, f"launch took {elapsed:.1f} s"
     assert "[worker 1] worker 1 giving up" in out
     assert "[worker 0] worker 0 sleeping" in out
+    # Worker 0 sleeps as long as the test's timeout: the launcher stopped it, it did not finish.
+    assert "woke up" not in out
 
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1
@@ -161,7 +148,7 @@ def test_failing_worker_stops_everyone_and_returns_its_status(capsys, caplog, ta
 
     assert set(pids) == {"worker-0", "worker-1"}
     for name, pid in pids.items():
-        assert not _alive(pid), f"{name} (pid {pid}) still running"
+        assert not pid_alive(pid), f"{name} (pid {pid}) still running"
     started_server = [r.getMessage() for r in caplog.records
                       if r.getMessage().startswith("started server 0 at 127.0.0.1:")]
     assert len(started_server) == 1
@@ -182,7 +169,7 @@ def test_signal_death_and_sigterm_ignoring_worker(capsys, caplog, tag, pid_dir):
                for m in messages)
     assert any("did not stop within 0.5 s of SIGTERM" in m for m in messages)
     for name, pid in _read_pids(pid_dir).items():
-        assert not _alive(pid), f"{name} (pid {pid}) still running"
+        assert not pid_alive(pid), f"{name} (pid {pid}) still running"
     assert _tagged_pids(tag) == []
 
 
@@ -197,7 +184,7 @@ def test_server_listens_and_is_stopped_after_success(capsys, caplog, tag):
     assert "[server 0] " in out and "server 0 listening on 127.0.0.1:" in out
     server_pid = next(int(m.rsplit("pid ", 1)[1]) for m in (r.getMessage() for r in caplog.records)
                       if m.startswith("started server 0"))
-    assert not _alive(server_pid)
+    assert not pid_alive(server_pid)
     assert _tagged_pids(tag) == []
 
 
@@ -269,17 +256,17 @@ def test_signal_to_launcher_stops_everything(tmp_path, tag, pid_dir, sig, expect
     proc, log = _start_launcher(tmp_path, SPEC_2W_1S, "sleep_forever.py", _env(tag, pid_dir))
     try:
         _wait_until(lambda: len(_read_pids(pid_dir)) == 2, STARTUP_TIMEOUT, "both workers to start")
-        _wait_until(lambda: b"[worker 1] worker 1 ready" in log.read_bytes(), 10, "worker output")
+        _wait_until(lambda: b"[worker 1] worker 1 ready" in log.read_bytes(), 30, "worker output")
         assert len(_tagged_pids(tag)) == 3  # two workers and the server
         proc.send_signal(sig)
-        status = proc.wait(timeout=10)
+        status = proc.wait(timeout=60)   # a bound on waiting, not a claim about speed
     finally:
         _stop_launcher(proc)
     text = log.read_text()
     assert status == expected, text
     assert f"received {signal.Signals(sig).name}" in text
     for name, pid in _read_pids(pid_dir).items():
-        assert not _alive(pid), f"{name} (pid {pid}) still running"
+        assert not pid_alive(pid), f"{name} (pid {pid}) still running"
     assert _tagged_pids(tag) == []
 
 
@@ -292,8 +279,8 @@ def test_sigkilled_launcher_takes_children_down(tmp_path, tag, pid_dir):
         # Only the launcher: its children live in sessions of their own, so
         # nothing but PR_SET_PDEATHSIG can stop them now.
         os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-        _wait_until(lambda: not any(_alive(p) for p in children), 5, "children to die with the launcher")
+        proc.wait(timeout=30)
+        _wait_until(lambda: not any(pid_alive(p) for p in children), 30, "children to die with the launcher")
     finally:
         _stop_launcher(proc)
     assert _tagged_pids(tag) == []

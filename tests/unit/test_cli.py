@@ -22,6 +22,9 @@ BAD_PARALLAX = {
     "malformed_line": ("127.0.0.1: 0,1\n127.0.0.2: a,b\n", "line 2"),
     "negative_device": ("127.0.0.1: -1\n", "line 1"),
 }
+# (file name, text, what the message must name): YAML specs, then Parallax host files.
+CASES = {f"yaml-{k}": ("spec.yaml", *v) for k, v in BAD_SPECS.items()} | \
+        {f"parallax-{k}": ("hosts.txt", *v) for k, v in BAD_PARALLAX.items()}
 
 
 def _launch(spec_path, marker):
@@ -30,27 +33,15 @@ def _launch(spec_path, marker):
                      f"open({str(marker)!r}, 'w').close()"])
 
 
-@pytest.mark.parametrize("case", sorted(BAD_SPECS))
-def test_bad_yaml_spec_starts_nothing(case, tmp_path, capsys):
-    text, fragment = BAD_SPECS[case]
-    spec = tmp_path / "spec.yaml"
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_spec_starts_nothing(case, tmp_path, capsys):
+    name, text, fragment = CASES[case]
+    spec = tmp_path / name
     spec.write_text(text)
     marker = tmp_path / "started"
     assert _launch(spec, marker) == 2
     err = capsys.readouterr().err
-    assert fragment in err and "spec.yaml" in err, err
-    assert not marker.exists()
-
-
-@pytest.mark.parametrize("case", sorted(BAD_PARALLAX))
-def test_bad_parallax_spec_starts_nothing(case, tmp_path, capsys):
-    text, fragment = BAD_PARALLAX[case]
-    spec = tmp_path / "hosts.txt"
-    spec.write_text(text)
-    marker = tmp_path / "started"
-    assert _launch(spec, marker) == 2
-    err = capsys.readouterr().err
-    assert fragment in err and "hosts.txt" in err, err
+    assert fragment in err and name in err, err
     assert not marker.exists()
 
 

@@ -12,7 +12,7 @@ import threading
 import grpc
 import pytest
 
-from autopar.runtime import env as envvars
+from autopar.common import env as envvars
 from autopar.runtime.coordinator import (PHASE_CLOSED, PHASE_SCRIPT, PHASE_STEP, Coordinator,
                                  CoordinatorClient, ProcessState, _grpc_modules, diagnose)
 from autopar.runtime.launcher import bind_env_value, bind_shim_path

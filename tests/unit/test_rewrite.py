@@ -66,18 +66,9 @@ def gather_key(op: tf.Operation) -> int:
     return int(tf.make_ndarray(consts[0].get_attr("value")))
 
 
-def data_ancestors(tensor: tf.Tensor) -> set:
-    seen, stack = set(), [tensor.op]
-    while stack:
-        op = stack.pop()
-        if op.name in seen:
-            continue
-        seen.add(op.name)
-        stack.extend(t.op for t in op.inputs)
-    return seen
-
-
-def all_ancestors(op: tf.Operation) -> set:
+def ancestors(op: tf.Operation, control: bool) -> set:
+    """Names of op and every op it depends on, through data inputs and, with
+    ``control``, control inputs too."""
     seen, stack = set(), [op]
     while stack:
         o = stack.pop()
@@ -85,8 +76,17 @@ def all_ancestors(op: tf.Operation) -> set:
             continue
         seen.add(o.name)
         stack.extend(t.op for t in o.inputs)
-        stack.extend(o.control_inputs)
+        if control:
+            stack.extend(o.control_inputs)
     return seen
+
+
+def data_ancestors(tensor: tf.Tensor) -> set:
+    return ancestors(tensor.op, control=False)
+
+
+def all_ancestors(op: tf.Operation) -> set:
+    return ancestors(op, control=True)
 
 
 def collectives(graph: tf.Graph, op_type: str) -> list:

@@ -4,7 +4,7 @@ import json
 import tensorflow as tf
 
 import autopar
-from autopar.runtime import env
+from autopar.common import env
 
 
 def _worker_elements(monkeypatch, n, i, dataset):

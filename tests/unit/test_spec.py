@@ -162,62 +162,53 @@ def test_unknown_key_suggests_closest(tmp_path):
     assert "did you mean 'workers'" in yaml_error(tmp_path, "hosts: [{address: a, worker: 1}]\n")
 
 
-# ----------------------------------------------------------------- host fields
+# ----------------------------------------------------------- host fields, ports
 
-def test_missing_address(tmp_path):
-    assert "hosts[0].address: is missing" in yaml_error(tmp_path, "hosts: [{workers: 1}]\n")
+# (id, spec text, what the message must say)
+FIELD_ERRORS = [
+    ("missing_address", "hosts: [{workers: 1}]\n", ["hosts[0].address: is missing"]),
+    ("empty_address", "hosts: [{address: a, workers: 1}, {address: '', workers: 1}]\n",
+     ["hosts[1].address: must be a non-empty host name"]),
+    ("address_with_port", "hosts: [{address: 'a:2222', workers: 1}]\n", ["looks like host:port"]),
+    ("zero_workers_in_total", "hosts: [{address: a, workers: 0, servers: 1}]\n", ["zero workers in total"]),
+    ("negative_count", "hosts: [{address: a, workers: 1}, {address: b, workers: 1, servers: -1}]\n",
+     ["hosts[1].servers: must not be negative, got -1"]),
+    ("host_without_processes", "hosts: [{address: a, workers: 1}, {address: b, workers: 0}]\n",
+     ["hosts[1]: host b runs no process"]),
+    ("duplicate_explicit_ports_same_address",
+     "hosts:\n  - {address: a, workers: 2, worker_ports: [2000, 2001]}\n"
+     "  - {address: a, workers: 1, worker_ports: [2001]}\n",
+     ["hosts[1].worker_ports[0]: duplicate address:port a:2001"]),
+    ("duplicate_explicit_ports_within_host",
+     "hosts: [{address: a, workers: 1, servers: 1, worker_ports: [2000], server_ports: [2000]}]\n",
+     ["duplicate address:port a:2000"]),
+    ("overlapping_ranges_same_address",
+     "hosts:\n  - {address: a, workers: 1, ports: [2000, 2010]}\n"
+     "  - {address: a, workers: 1, ports: [2010, 2020]}\n",
+     ["hosts[1].ports: duplicate address:port", "overlaps hosts[0].ports"]),
+    ("ssh_port_out_of_range", "hosts: [{address: a, workers: 1, ssh: {port: 0}}]\n",
+     ["hosts[0].ssh.port: must be a port number 1..65535"]),
+    ("range_start_after_end", "hosts: [{address: a, workers: 1, ports: [3000, 2000]}]\n",
+     ["hosts[0].ports: range start 3000 is greater than end 2000"]),
+    ("range_too_small", "hosts: [{address: a, workers: 2, servers: 2, ports: [2000, 2002]}]\n",
+     ["hosts[0].ports: range 2000-2002 has 3 ports but the host needs 4"]),
+    ("range_not_a_pair", "hosts: [{address: a, workers: 1, ports: [1, 2, 3]}]\n", ["must be [start, end]"]),
+    ("explicit_ports_count_mismatch", "hosts: [{address: a, workers: 2, worker_ports: [2000]}]\n",
+     ["hosts[0].worker_ports: has 1 ports for 2 workers"]),
+]
 
 
-def test_empty_address(tmp_path):
-    message = yaml_error(tmp_path, "hosts: [{address: a, workers: 1}, {address: '', workers: 1}]\n")
-    assert "hosts[1].address: must be a non-empty host name" in message
-
-
-def test_address_with_port(tmp_path):
-    assert "looks like host:port" in yaml_error(tmp_path, "hosts: [{address: 'a:2222', workers: 1}]\n")
-
-
-def test_zero_workers_in_total(tmp_path):
-    message = yaml_error(tmp_path, "hosts: [{address: a, workers: 0, servers: 1}]\n")
-    assert "zero workers in total" in message
-
-
-def test_negative_count(tmp_path):
-    message = yaml_error(tmp_path, "hosts: [{address: a, workers: 1}, {address: b, workers: 1, servers: -1}]\n")
-    assert "hosts[1].servers: must not be negative, got -1" in message
+@pytest.mark.parametrize("text, fragments", [pytest.param(t, f, id=i) for i, t, f in FIELD_ERRORS])
+def test_field_errors(tmp_path, text, fragments):
+    message = yaml_error(tmp_path, text)
+    for fragment in fragments:
+        assert fragment in message, message
 
 
 @pytest.mark.parametrize("value", ["two", "1.5", "true"])
 def test_non_integer_count(tmp_path, value):
     message = yaml_error(tmp_path, f"hosts: [{{address: a, workers: {value}}}]\n")
     assert "hosts[0].workers: must be an integer count" in message
-
-
-def test_host_without_processes(tmp_path):
-    message = yaml_error(tmp_path, "hosts: [{address: a, workers: 1}, {address: b, workers: 0}]\n")
-    assert "hosts[1]: host b runs no process" in message
-
-
-# ----------------------------------------------------------------- ports
-
-def test_duplicate_explicit_ports_same_address(tmp_path):
-    message = yaml_error(tmp_path, "hosts:\n"
-                         "  - {address: a, workers: 2, worker_ports: [2000, 2001]}\n"
-                         "  - {address: a, workers: 1, worker_ports: [2001]}\n")
-    assert "hosts[1].worker_ports[0]: duplicate address:port a:2001" in message
-
-
-def test_duplicate_explicit_ports_within_host(tmp_path):
-    message = yaml_error(tmp_path, "hosts: [{address: a, workers: 1, servers: 1, "
-                         "worker_ports: [2000], server_ports: [2000]}]\n")
-    assert "duplicate address:port a:2000" in message
-
-
-def test_overlapping_ranges_same_address(tmp_path):
-    message = yaml_error(tmp_path, "hosts:\n"
-                         "  - {address: a, workers: 1, ports: [2000, 2010]}\n"
-                         "  - {address: a, workers: 1, ports: [2010, 2020]}\n")
-    assert "hosts[1].ports: duplicate address:port" in message and "overlaps hosts[0].ports" in message
 
 
 def test_same_ranges_on_different_addresses_are_fine():
@@ -234,30 +225,6 @@ def test_same_ranges_on_different_addresses_are_fine():
 def test_port_out_of_range(tmp_path, field, value, where):
     message = yaml_error(tmp_path, f"hosts: [{{address: a, workers: 1, {field}: {value}}}]\n")
     assert f"{where}: port" in message and "out of range 1..65535" in message
-
-
-def test_ssh_port_out_of_range(tmp_path):
-    message = yaml_error(tmp_path, "hosts: [{address: a, workers: 1, ssh: {port: 0}}]\n")
-    assert "hosts[0].ssh.port: must be a port number 1..65535" in message
-
-
-def test_range_start_after_end(tmp_path):
-    message = yaml_error(tmp_path, "hosts: [{address: a, workers: 1, ports: [3000, 2000]}]\n")
-    assert "hosts[0].ports: range start 3000 is greater than end 2000" in message
-
-
-def test_range_too_small(tmp_path):
-    message = yaml_error(tmp_path, "hosts: [{address: a, workers: 2, servers: 2, ports: [2000, 2002]}]\n")
-    assert "hosts[0].ports: range 2000-2002 has 3 ports but the host needs 4" in message
-
-
-def test_range_not_a_pair(tmp_path):
-    assert "must be [start, end]" in yaml_error(tmp_path, "hosts: [{address: a, workers: 1, ports: [1, 2, 3]}]\n")
-
-
-def test_explicit_ports_count_mismatch(tmp_path):
-    message = yaml_error(tmp_path, "hosts: [{address: a, workers: 2, worker_ports: [2000]}]\n")
-    assert "hosts[0].worker_ports: has 1 ports for 2 workers" in message
 
 
 # ----------------------------------------------------------------- bandwidth

@@ -1,4 +1,5 @@
-"""Worker 1 prints a numbered log, then exits 3; every other worker sleeps."""
+"""Worker 1 prints a numbered log, then exits 3; every other worker sleeps
+(longer than the test may take) and says so if it ever wakes up."""
 import sys
 import time
 
@@ -13,3 +14,4 @@ if INDEX == 1:
     sys.exit(3)
 print(f"worker {INDEX} sleeping")
 time.sleep(300)
+print(f"worker {INDEX} woke up")

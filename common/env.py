@@ -6,9 +6,9 @@ tell a process which role it plays. One place, so launcher and worker agree.
 import json
 import os
 
-ROLE = "AUTOPAR_ROLE"            # "worker" or "server"
+ROLE = "AUTOPAR_ROLE"            # a role name (common/roles.py)
 TASK_INDEX = "AUTOPAR_TASK_INDEX"  # index within the role's job
-CLUSTER = "AUTOPAR_CLUSTER"      # JSON {"worker": ["host:port", ...], "ps": [...]}
+CLUSTER = "AUTOPAR_CLUSTER"      # JSON {job name (common/roles.py): ["host:port", ...]}
 SPEC = "AUTOPAR_SPEC"            # JSON of ResourceSpec.to_dict()
 TTY = "AUTOPAR_TTY"              # "1" when the launcher's output is a terminal
 COORDINATOR = "AUTOPAR_COORDINATOR"   # "host:port" of the job coordinator
@@ -24,9 +24,6 @@ PLAN_KEY = "compiled-plan"
 # The chief's last line after a requested stop (Ctrl-C); the launcher reports
 # what follows it (where the final checkpoint is).
 STOPPED_LINE = "stopped at global step "
-
-WORKER_JOB = "worker"
-SERVER_JOB = "ps"
 
 
 def current_role() -> str | None:

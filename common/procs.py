@@ -1,4 +1,5 @@
-"""Starting and stopping child processes so that none outlives the launcher.
+"""Starting and stopping child processes so that none outlives the launcher
+(the benchmark harness tears its processes down with the same code).
 
 Every child runs in its own session (hence its own process group), so that
 
@@ -22,8 +23,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
 
-logger = logging.getLogger("autopar.launcher")
+logger = logging.getLogger("autopar.procs")
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
@@ -122,24 +124,37 @@ def group_exists(pgid: int) -> bool:
     return _signal_group(pgid, 0)
 
 
-def stop_processes(procs: Sequence[subprocess.Popen[bytes]], grace_seconds: float,
+class Stoppable(Protocol):
+    """What stop_processes needs of a process: its pid, which is also its
+    process group id (it leads its own group), and a non-blocking poll that
+    returns its exit status once it has exited (subprocess.Popen is one)."""
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+
+def _wait_all(procs: Sequence[Stoppable], seconds: float) -> None:
+    """Poll until every process has exited or ``seconds`` have passed."""
+    deadline = time.monotonic() + max(0.0, seconds)
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def stop_processes(procs: Sequence[Stoppable], grace_seconds: float,
                    reap_timeout: float = 5.0) -> None:
     """Stop every process (and its process group): SIGTERM, up to
-    ``grace_seconds`` to exit, then SIGKILL; reap them all.
+    ``grace_seconds`` to exit, then SIGKILL; wait up to ``reap_timeout`` for
+    them all (a Popen is reaped by its poll).
 
     Groups whose leader has already exited are signalled too, since something
-    the leader started may still be in them. Each child leads its own group,
-    so the group id is the child's pid.
+    the leader started may still be in them; a caller that keeps processes
+    long after they exited (their pids may have been reused) passes only the
+    running ones.
     """
     for proc in procs:
         _signal_group(proc.pid, signal.SIGTERM)
 
-    deadline = time.monotonic() + max(0.0, grace_seconds)
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
+    _wait_all(procs, grace_seconds)
 
     for proc in procs:
         if proc.poll() is None or group_exists(proc.pid):
@@ -148,10 +163,9 @@ def stop_processes(procs: Sequence[subprocess.Popen[bytes]], grace_seconds: floa
                                proc.pid, grace_seconds)
             _signal_group(proc.pid, signal.SIGKILL)
 
+    _wait_all(procs, reap_timeout)
     for proc in procs:
-        try:
-            proc.wait(timeout=reap_timeout)
-        except subprocess.TimeoutExpired:
+        if proc.poll() is None:
             # SIGKILL cannot be ignored; this means the process is stuck in
             # the kernel (e.g. uninterruptible I/O). Nothing more we can do.
             logger.error("pid %d survived SIGKILL for %.1f s", proc.pid, reap_timeout)

@@ -1,0 +1,24 @@
+"""The names of jobs and roles, which every layer and the benchmarks share.
+
+Two vocabularies, kept apart on purpose:
+
+- *jobs* are TensorFlow's: the keys of a ClusterSpec / TF_CONFIG cluster and
+  the ``/job:NAME`` part of device strings;
+- *roles* are what the launcher calls a process (``AUTOPAR_ROLE``, the
+  coordinator's process ids, log labels).
+
+A worker is job "worker" and role "worker"; a parameter server is job "ps"
+(TensorFlow's convention) but role "server".
+"""
+
+WORKER_JOB = "worker"
+SERVER_JOB = "ps"
+# TF_CONFIG may name worker 0 separately as the single "chief" task; autopar
+# folds it into the workers (runtime/spec.py).
+CHIEF_JOB = "chief"
+
+WORKER_ROLE = "worker"
+SERVER_ROLE = "server"
+# `autopar report` runs the user's script in this role: it prints the report
+# and exits instead of training.
+REPORT_ROLE = "report"

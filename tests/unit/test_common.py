@@ -1,0 +1,67 @@
+"""common/: the leaf every layer (and the benchmark harness) shares."""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from autopar.common import procs
+from tests.integration.cluster import pid_alive
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_common_imports_no_other_layer():
+    """A leaf: importing every common module pulls in neither TensorFlow nor
+    the transforms, runtime or API layers (so bench and launch-only processes
+    can use it cheaply)."""
+    probe = ("import sys\n"
+             "import autopar.common.env, autopar.common.errors, autopar.common.procs, "
+             "autopar.common.roles\n"
+             "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'tensorflow' or "
+             "m.startswith(('autopar.runtime', 'autopar.transforms', 'autopar.api')))\n"
+             "print(bad)\n")
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_transforms_take_only_errors_and_roles_from_common():
+    """transforms/ are pure graph functions: of common/ they use the errors and
+    the job names, never the environment contract or process handling."""
+    imported = {}
+    for path in sorted((REPO / "transforms").glob("*.py")):
+        text = path.read_text()
+        for module in re.findall(r"autopar\.common\.(\w+)", text) + re.findall(
+                r"from autopar\.common import ([\w, ]+)", text):
+            imported.setdefault(path.name, set()).update(m.strip() for m in module.split(","))
+        assert not re.search(r"\bos\.environ\b|\bgetenv\b|\bsubprocess\b", text), path.name
+    assert imported   # the scan sees the imports that exist
+    assert set().union(*imported.values()) <= {"errors", "roles"}, imported
+
+
+class _Polled:
+    """A process known only by pid and poll(), like the benchmark harness's
+    processes started by a fork server (no wait())."""
+
+    def __init__(self, popen: subprocess.Popen):
+        self.pid = popen.pid
+        self.poll = popen.poll
+
+
+def test_stop_processes_kills_a_group_that_ignores_sigterm():
+    # The shell and the sleep it starts both ignore SIGTERM (an ignored signal
+    # stays ignored across exec): only the escalation to SIGKILL, sent to the
+    # whole group, ends both.
+    popen = procs.start_process(["sh", "-c", "trap '' TERM; sleep 60 & echo $!; wait"], os.environ)
+    try:
+        grandchild = int(popen.stdout.readline())
+        procs.stop_processes([_Polled(popen)], grace_seconds=0.5)
+        assert popen.poll() == -9
+        assert not pid_alive(grandchild)
+    finally:
+        if popen.poll() is None:
+            popen.kill()
+            popen.wait()
+        popen.stdout.close()
