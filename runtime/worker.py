@@ -122,7 +122,7 @@ def _rpc(call, worker_index: int, what: str):
 
 def _check_fits(plan, cluster: dict[str, list[str]]) -> None:
     """A plan made for another cluster shape would hang in its collectives."""
-    workers, servers = len(cluster[env.WORKER_JOB]), len(cluster.get(env.SERVER_JOB, []))
+    workers, servers = len(cluster[WORKER_JOB]), len(cluster.get(SERVER_JOB, []))
     if (plan.num_workers, plan.num_servers) != (workers, servers):
         raise LaunchError(f"the job's plan is for {plan.num_workers} workers and "
                           f"{plan.num_servers} servers, but the cluster has {workers} and "

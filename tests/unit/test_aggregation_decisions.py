@@ -4,8 +4,6 @@ how the loss reduces over the batch (and the Plan/Config decision that
 follows), and state updated from the local batch (report and rewrite)."""
 import warnings
 
-# autopar must be imported before any transforms module (see test_analysis.py).
-import autopar  # noqa: F401  isort: skip
 import pytest
 import tensorflow as tf
 

@@ -2,7 +2,6 @@
 training. Pure graph checks, no processes, no sessions."""
 import collections
 
-import numpy as np
 import pytest
 import tensorflow as tf
 
