@@ -113,6 +113,7 @@ class _PhaseTimes:
 
     def __init__(self):
         self.phases: dict[str, float] = {"import tensorflow": _TF_IMPORTED - _STARTED}
+        self.stack: list[str] = []   # a call inside another is recorded as "outer > inner"
 
     def add(self, name: str, seconds: float) -> None:
         self.phases[name] = self.phases.get(name, 0.0) + seconds
@@ -124,15 +125,28 @@ class _PhaseTimes:
 
         @functools.wraps(fn)
         def timed(*args, **kwargs):
+            self.stack.append(name or attribute)
+            key = " > ".join(self.stack)
             start = time.time()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.add(name or attribute, time.time() - start)
+                self.add(key, time.time() - start)
+                self.stack.pop()
         setattr(owner, attribute, timed)
 
     def install(self) -> None:
-        from autopar.runtime import runner, worker
+        import autopar.api
+        from autopar.runtime import launcher, runner, worker
+        self.wrap(autopar.api, "analyze", "autopar.analyze (report)")
+        launch = launcher.launch
+
+        def launch_reported(*args, **kwargs):
+            # The launcher's part ends where the workers' begins.
+            print("LAUNCHER " + json.dumps({"since_process_start_s": time.time() - _STARTED,
+                                            "phases_s": self.phases}), flush=True)
+            return launch(*args, **kwargs)
+        launcher.launch = launch_reported
         for attribute in self.WORKER_FUNCTIONS:
             self.wrap(worker, attribute)
         self.wrap(tf.compat.v1.train, "import_meta_graph")

@@ -121,23 +121,26 @@ def measure(layers: int, hidden: int, options, profile_dir: str | None,
 
 
 def plot(rows: list[dict], path: Path) -> None:
+    """CPU seconds (the machine may be shared: wall time there measures the
+    other jobs too) of analyze_graph and of worker 0's rewrite vs ops."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     ops = [r["ops"] for r in rows]
-    for option in rows[0]["analyze_s"]:
-        ax.plot(ops, [r["analyze_s"][option] for r in rows], "o--", label=f"analyze ({option})")
-        if all(option in r["rewrite_s"] for r in rows):
-            ax.plot(ops, [r["rewrite_s"][option] for r in rows], "s-",
+    for option in rows[0]["analyze_graph_cpu_s"]:
+        ax.plot(ops, [r["analyze_graph_cpu_s"][option] for r in rows], "o--",
+                label=f"analyze ({option})")
+        if all(option in r["rewrite_cpu_s"] for r in rows):
+            ax.plot(ops, [r["rewrite_cpu_s"][option] for r in rows], "s-",
                     label=f"rewrite worker 0 ({option})")
     # A line of slope 1 through the first analysis point: linear growth.
-    first = rows[0]["analyze_s"][next(iter(rows[0]["analyze_s"]))]
+    first = rows[0]["analyze_graph_cpu_s"][next(iter(rows[0]["analyze_graph_cpu_s"]))]
     ax.plot(ops, [first * n / ops[0] for n in ops], ":", color="grey", label="linear in ops")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("ops in the training graph")
-    ax.set_ylabel("seconds")
+    ax.set_ylabel("CPU seconds")
     ax.set_title("analysis and rewrite time vs graph size (BERT-style encoder)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
@@ -150,6 +153,7 @@ def plot(rows: list[dict], path: Path) -> None:
 # End to end: launch to two finished steps on 2 local workers.
 
 _PHASES = re.compile(r"PHASES (\{.*\})")
+_LAUNCHER = re.compile(r"LAUNCHER (\{.*\})")
 
 
 def end_to_end(layers: int, hidden: int, steps: int, run_option: str) -> dict:
@@ -170,10 +174,15 @@ def end_to_end(layers: int, hidden: int, steps: int, run_option: str) -> dict:
         raise SystemExit(f"end-to-end run failed (exit {proc.returncode}, "
                          f"{len(workers)} of 2 workers reported)")
     workers.sort(key=lambda w: w["worker"])
+    launcher = next((json.loads(m.group(1)) for m in _LAUNCHER.finditer(output)), None)
     result = {"layers": layers, "hidden": hidden, "steps": steps, "run_option": run_option,
-              "launch_to_done_s": total, "workers": workers}
+              "launch_to_done_s": total, "launcher": launcher, "workers": workers}
     print(f"end to end, {layers} layers, hidden {hidden}, {run_option}, 2 local workers: "
           f"{total:.1f} s from launch to {steps} finished steps (launcher exit)")
+    if launcher:
+        phases = "  ".join(f"{k} {v:.2f}" for k, v in launcher["phases_s"].items())
+        print(f"  launcher: {launcher['since_process_start_s']:.1f} s before starting the "
+              f"workers: {phases}")
     for w in workers:
         phases = "  ".join(f"{k} {v:.2f}" for k, v in w["phases_s"].items())
         print(f"  worker {w['worker']}: process start to done {w['since_process_start_s']:.1f} s: "
@@ -194,13 +203,20 @@ def main() -> None:
     p.add_argument("--out", help="JSON path (default bench/results/transform_scale.json, "
                                  "or transform_scale_e2e.json with --end-to-end)")
     p.add_argument("--profile", metavar="DIR", help="write a cProfile per phase here")
+    p.add_argument("--plot-only", metavar="JSON", help="redraw the plot of an earlier run's JSON")
     args = p.parse_args()
+    if args.plot_only:
+        plot(json.loads(Path(args.plot_only).read_text())["rows"],
+             Path(args.plot_only).with_suffix(".png"))
+        return
     machine = {"cores": os.cpu_count(), "platform": platform.platform(),
                "load_avg_1min_before": os.getloadavg()[0]}
     if args.end_to_end:
         layers = args.layers[-1] if args.layers != p.get_default("layers") else 24
         hidden = args.hidden if args.hidden != p.get_default("hidden") else 64
-        results = [end_to_end(layers, hidden, args.steps, option) for option in args.options]
+        # localhost_2workers.yaml has no servers: one run option is enough
+        options = args.options if args.options != p.get_default("options") else ["allreduce"]
+        results = [end_to_end(layers, hidden, args.steps, option) for option in options]
         out = Path(args.out or RESULTS / "transform_scale_e2e.json")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"machine": machine, "runs": results}, indent=1))
