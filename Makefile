@@ -58,3 +58,15 @@ bench-quick: $(STAMP)
 bench: $(STAMP)
 	$(BENCH_ROOT_CHECK)
 	$(PY) -m bench.run
+
+# Analysis and rewrite time vs graph size: a BERT-style encoder at 3, 6, 12
+# and 24 layers (no root needed; minutes, most of it the rewrite). Results:
+# bench/results/transform_scale.{json,png}. TRANSFORM_ARGS passes options, e.g.
+# TRANSFORM_ARGS="--layers 12 24 --skip-rewrite". transform-scale-e2e: the
+# 24-layer graph on 2 local workers, launch to two finished steps, by phase.
+.PHONY: transform-scale transform-scale-e2e
+transform-scale: $(STAMP)
+	$(PY) -m bench.transform_scale $(TRANSFORM_ARGS)
+
+transform-scale-e2e: $(STAMP)
+	$(PY) -m bench.transform_scale --end-to-end $(TRANSFORM_ARGS)

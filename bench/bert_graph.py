@@ -9,15 +9,30 @@ runnable as a training script under autopar:
 
     .venv/bin/python bench/bert_graph.py --layers 24 --hidden 64 --steps 2 \\
         --spec resource_specs/localhost_2workers.yaml
+
+With --phase-times each worker prints one line "PHASES {json}": seconds spent
+importing TensorFlow, building the graph, in autopar's analysis, plan,
+rewrite, TensorFlow's import_meta_graph, server start, waiting for peers,
+runner start (session creation, initialisation and the chief's broadcast:
+the first session runs) and each step (bench/transform_scale.py
+--end-to-end collects them).
 """
 from __future__ import annotations
 
-import argparse
-import math
 import time
 
-import numpy as np
-import tensorflow as tf
+_STARTED = time.time()   # before TensorFlow's import, which the phases include
+
+import argparse  # noqa: E402
+import functools  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+_TF_IMPORTED = time.time()
 
 tf1 = tf.compat.v1
 
@@ -88,6 +103,61 @@ def build(layers: int, hidden: int = 1024, heads: int = 16, batch: int = 8, seq:
     return graph, ids, labels, loss, train_op
 
 
+class _PhaseTimes:
+    """Wall seconds per phase of a worker's start, by wrapping the functions
+    autopar's worker calls (those it has: the library may add or rename
+    steps) and TensorFlow's import_meta_graph. Measurement only."""
+
+    WORKER_FUNCTIONS = ("analyze_graph", "make_plan", "rewrite_for_worker", "compile_worker",
+                        "compile_for_worker", "start_worker_server", "wait_for_peers")
+
+    def __init__(self):
+        self.phases: dict[str, float] = {"import tensorflow": _TF_IMPORTED - _STARTED}
+        self.stack: list[str] = []   # a call inside another is recorded as "outer > inner"
+
+    def add(self, name: str, seconds: float) -> None:
+        self.phases[name] = self.phases.get(name, 0.0) + seconds
+
+    def wrap(self, owner, attribute: str, name: str | None = None) -> None:
+        fn = getattr(owner, attribute, None)
+        if fn is None:
+            return
+
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            self.stack.append(name or attribute)
+            key = " > ".join(self.stack)
+            start = time.time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.add(key, time.time() - start)
+                self.stack.pop()
+        setattr(owner, attribute, timed)
+
+    def install(self) -> None:
+        import autopar.api
+        from autopar.runtime import launcher, runner, worker
+        self.wrap(autopar.api, "analyze", "autopar.analyze (report)")
+        launch = launcher.launch
+
+        def launch_reported(*args, **kwargs):
+            # The launcher's part ends where the workers' begins.
+            print("LAUNCHER " + json.dumps({"since_process_start_s": time.time() - _STARTED,
+                                            "phases_s": self.phases}), flush=True)
+            return launch(*args, **kwargs)
+        launcher.launch = launch_reported
+        for attribute in self.WORKER_FUNCTIONS:
+            self.wrap(worker, attribute)
+        self.wrap(tf.compat.v1.train, "import_meta_graph")
+        self.wrap(runner.Runner, "start", "runner start (session, init, broadcast)")
+
+    def report(self, worker_index: int) -> None:
+        print("PHASES " + json.dumps({"worker": worker_index, "pid": os.getpid(),
+                                      "since_process_start_s": time.time() - _STARTED,
+                                      "phases_s": self.phases}), flush=True)
+
+
 def main() -> None:
     import autopar
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -100,18 +170,29 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--spec")
     p.add_argument("--run-option", default="hybrid")
+    p.add_argument("--phase-times", action="store_true", help="print where a worker's start-up goes")
     args = p.parse_args()
+    phases = _PhaseTimes() if args.phase_times else None
+    built = time.time()
     graph, ids, labels, loss, train_op = build(args.layers, args.hidden, args.heads, args.batch,
                                                args.seq, vocab=args.vocab)
+    if phases:
+        phases.add("build graph", time.time() - built)
+        phases.install()
     started = time.time()
     with autopar.get_runner(graph, args.spec, autopar.Config(run_option=args.run_option)) as runner:
         ready = time.time()
         rng = np.random.default_rng(runner.worker_index)
-        for _ in range(args.steps):
+        for step in range(args.steps):
             batch = rng.integers(0, args.vocab, size=(args.batch, args.seq)).astype(np.int32)
+            step_start = time.time()
             runner.run(train_op, {ids: batch, labels: batch})
+            if phases:
+                phases.add(f"step {step + 1}", time.time() - step_start)
         print(f"worker {runner.worker_index}: runner ready after {ready - started:.1f} s, "
               f"{args.steps} steps done after {time.time() - started:.1f} s", flush=True)
+        if phases:
+            phases.report(runner.worker_index)
 
 
 if __name__ == "__main__":

@@ -17,15 +17,16 @@ reach it only through the global norm.
 from __future__ import annotations
 
 import collections
+import contextlib
+import gc
 from dataclasses import dataclass, field
 
-import networkx as nx
 import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms import serial
 from autopar.transforms.graph_utils import (VARIABLE_OP_TYPES, graph_of, in_gradient_scope,
-                                    is_restore_assignment, op_digraph, static_shape)
+                                    is_restore_assignment, static_shape)
 
 tf1 = tf.compat.v1
 
@@ -118,7 +119,32 @@ class Analysis:
 
 
 def analyze_graph(graph_or_meta) -> Analysis:
+    """Linear in the graph's size (plus the size of the answer): the op
+    adjacency is indexed once (_OpIndex), reachability questions asked for
+    every variable are answered together by one pass in each direction, and
+    per-variable walks stay in the variable's own neighbourhood."""
     graph = graph_of(graph_or_meta)
+    with _collector_paused():
+        return _analyze(graph)
+
+
+@contextlib.contextmanager
+def _collector_paused():
+    """The analysis allocates tens of thousands of small lists and sets and
+    makes no reference cycles; each of the cyclic collector's full passes it
+    would trigger walks every object of the TensorFlow graph (hundreds of
+    thousands for a BERT-large graph), which made the time grow faster than
+    the op count. Collection resumes, as it was, afterwards."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _analyze(graph: tf.Graph) -> Analysis:
     boundary = _gradient_boundary(graph)
     if not boundary:
         raise UnsupportedGraphError(
@@ -133,12 +159,17 @@ def analyze_graph(graph_or_meta) -> Analysis:
             f"gradients are computed but no optimizer update was recognised: op '{consumer}' "
             "consumes a gradient, but no op lives under an '<optimizer>/update_<variable>' "
             "scope. Use an unmodified tf.compat.v1.train optimizer's apply_gradients/minimize.")
-    data_graph = op_digraph(graph)
-    _reject_hand_written_updates(graph, data_graph, trainable, updates, boundary)
-    variables = []
-    for var_op in trainable:
-        if var_op.name in updates:
-            variables.append(_variable_info(graph, data_graph, var_op, updates[var_op.name], boundary))
+    index = _OpIndex(graph)
+    writers = _writers_by_variable(graph)
+    _reject_hand_written_updates(graph, index, trainable, updates, boundary, writers)
+    variables = [_variable_info(graph, var_op, updates[var_op.name], boundary)
+                 for var_op in trainable if var_op.name in updates]
+    paths = _path_ops(index, [([t for t in (v.grad_tensor, v.grad_values, v.grad_indices) if t],
+                               set(v.update_ops)) for v in variables])
+    for info, path in zip(variables, paths):
+        grads = [t for t in (info.grad_tensor, info.grad_values, info.grad_indices) if t]
+        info.path_ops = path
+        _own_region(graph, info, set(grads), set(info.update_ops))
     slot_names = {s for v in variables for s in v.slots}
     all_update_ops = {u for v in variables for u in v.update_ops}
     loss = _loss_tensor(graph)
@@ -146,33 +177,108 @@ def analyze_graph(graph_or_meta) -> Analysis:
     averaged = {t for v in variables for t in (v.grad_tensor, v.grad_values, v.grad_indices) if t}
     return Analysis(
         variables=variables,
-        state=_step_state(graph, trainable, slot_names, all_update_ops, averaged),
+        state=_step_state(graph, trainable, slot_names, all_update_ops, averaged, writers),
         loss=loss,
-        step_ops=_step_ops(graph, all_update_ops),
+        step_ops=_step_ops(index, all_update_ops),
         untrained=[v.name for v in trainable if v.name not in updates],
         loss_reduction=reduction,
         loss_reduction_why=why,
     )
 
 
-def _reject_hand_written_updates(graph, data_graph, trainable, updates, boundary) -> None:
+class _OpIndex:
+    """The graph's op adjacency by op position, built in one pass: data edges
+    both ways and control edges forward. Positions follow
+    graph.get_operations(), i.e. creation order, which is a topological order
+    of the data edges except for a while loop's back edges."""
+
+    def __init__(self, graph: tf.Graph):
+        self.ops = graph.get_operations()
+        self.names = [op.name for op in self.ops]
+        self.position = {name: i for i, name in enumerate(self.names)}
+        n = len(self.ops)
+        self.preds: list[list[int]] = [[] for _ in range(n)]
+        self.succs: list[list[int]] = [[] for _ in range(n)]
+        self.control_succs: list[list[int]] = [[] for _ in range(n)]
+        position = self.position
+        for i, op in enumerate(self.ops):
+            for t in op.inputs:
+                p = position[t.op.name]
+                self.preds[i].append(p)
+                self.succs[p].append(i)
+            for c in op.control_inputs:
+                self.control_succs[position[c.name]].append(i)
+
+    def reachable(self, starts, edges=None, extra=None) -> set[int]:
+        """Positions reachable from `starts` (included) along `edges` (data
+        successors by default) and `extra` (more successor lists)."""
+        edges = edges or self.succs
+        seen = set(starts)
+        frontier = list(seen)
+        while frontier:
+            i = frontier.pop()
+            for j in edges[i]:
+                if j not in seen:
+                    seen.add(j)
+                    frontier.append(j)
+            if extra is not None:
+                for j in extra[i]:
+                    if j not in seen:
+                        seen.add(j)
+                        frontier.append(j)
+        return seen
+
+    def propagate(self, seeds: dict[int, int], forward: bool) -> list[int]:
+        """reach[i]: OR of the seed bits of every op with a path of one or
+        more data edges to i (forward) or from i (backward). A worklist in
+        (reverse) creation order: each op is visited once on an acyclic
+        graph; a loop's back edge re-queues only what it changes."""
+        n = len(self.ops)
+        edges = self.succs if forward else self.preds
+        reach = [0] * n
+        order = range(n) if forward else range(n - 1, -1, -1)
+        queue = collections.deque(i for i in order)
+        queued = [True] * n
+        while queue:
+            i = queue.popleft()
+            queued[i] = False
+            out = reach[i] | seeds.get(i, 0)
+            if not out:
+                continue
+            for j in edges[i]:
+                new = reach[j] | out
+                if new != reach[j]:
+                    reach[j] = new
+                    if not queued[j]:
+                        queued[j] = True
+                        queue.append(j)
+        return reach
+
+
+def _reject_hand_written_updates(graph, index: _OpIndex, trainable, updates, boundary,
+                                 writers) -> None:
     """A trainable variable written from a gradient outside any optimizer
     would be updated from this worker's gradient alone: replicas would drift
     apart silently, so refuse it."""
-    writers = _writers_by_variable(graph)
     consumers = {c.name for t in boundary for c in graph.get_tensor_by_name(t).consumers()
                  if not in_gradient_scope(c.name)}
-    for var in trainable:
-        if var.name in updates:
+    suspects = [(var, writer) for var in trainable if var.name not in updates
+                for writer in writers.get(var.name, [])]
+    if not suspects:
+        return
+    # One walk from every consumer answers "fed by some gradient"; only a
+    # writer found there needs the per-consumer walk that names the culprit.
+    fed = index.reachable(index.position[c] for c in consumers)
+    for var, writer in suspects:
+        if index.position[writer] not in fed:
             continue
-        for writer in writers.get(var.name, []):
-            feeding = sorted(c for c in consumers
-                             if c == writer or nx.has_path(data_graph, c, writer))
-            if feeding:
-                raise UnsupportedGraphError(
-                    f"variable '{var.name}' is updated by '{writer}' from a gradient through "
-                    f"'{feeding[0]}', outside any tf.compat.v1 optimizer: its replicas would "
-                    "diverge. Apply that gradient with an optimizer's apply_gradients.")
+        target = index.position[writer]
+        feeding = sorted(c for c in consumers if target in index.reachable([index.position[c]]))
+        if feeding:
+            raise UnsupportedGraphError(
+                f"variable '{var.name}' is updated by '{writer}' from a gradient through "
+                f"'{feeding[0]}', outside any tf.compat.v1 optimizer: its replicas would "
+                "diverge. Apply that gradient with an optimizer's apply_gradients.")
 
 
 def _gradient_boundary(graph: tf.Graph) -> set[str]:
@@ -206,18 +312,36 @@ def _trainable_variable_ops(graph: tf.Graph) -> list[tf.Operation]:
 def _update_ops_by_variable(graph: tf.Graph, var_ops: list[tf.Operation]) -> dict[str, list[str]]:
     """Ops under "<opt>/update_<var>/", assigned to the longest matching var name
     (so "update_a/b/..." belongs to variable "a/b", not "a")."""
+    # Rank of each name: longest first, then creation order (the order a
+    # stable sort by length would try them in).
     names = sorted((v.name for v in var_ops), key=len, reverse=True)
+    rank = {name: i for i, name in reversed(list(enumerate(names)))}
     out: dict[str, list[str]] = collections.defaultdict(list)
     for op in graph.get_operations():
         padded = "/" + op.name
-        for name in names:
-            if f"/update_{name}/" in padded:
-                out[name].append(op.name)
-                break
+        start = padded.find("/update_")
+        if start < 0:
+            continue
+        # Every "/update_<candidate>/" in the name, <candidate> ending at a
+        # "/": a set lookup each instead of a substring test per variable.
+        best = None
+        while start >= 0:
+            begin = start + len("/update_")
+            end = padded.find("/", begin)
+            while end >= 0:
+                candidate = padded[begin:end]
+                if candidate in rank and (best is None or rank[candidate] < rank[best]):
+                    best = candidate
+                end = padded.find("/", end + 1)
+            start = padded.find("/update_", start + 1)
+        if best is not None:
+            out[best].append(op.name)
     return dict(out)
 
 
-def _variable_info(graph, data_graph, var_op, update_ops, boundary) -> VariableInfo:
+def _variable_info(graph, var_op, update_ops, boundary) -> VariableInfo:
+    """Everything about one variable but its path ops and own region, which
+    analyze_graph finds for all variables together."""
     var_tensor = var_op.outputs[0]
     if var_op.type == "VarHandleOp":
         shape = tuple(tf.TensorShape(var_op.get_attr("shape")).as_list())
@@ -229,12 +353,13 @@ def _variable_info(graph, data_graph, var_op, update_ops, boundary) -> VariableI
     update_set = set(update_ops)
     sparse = any(m in graph.get_operation_by_name(u).type
                  for u in update_ops for m in _SPARSE_UPDATE_MARKERS)
-    distances = _boundary_distances(graph, update_set, boundary)
     info = VariableInfo(name=var_op.name, shape=shape, dtype=dtype.name, bytes=nbytes,
                         gradient="sparse" if sparse else "dense", update_ops=sorted(update_ops))
     if sparse:
-        info.grad_values = _nearest(graph, distances, lambda t: t.dtype.is_floating and _rows_of(t, shape))
-        info.grad_indices = _nearest(graph, distances, lambda t: t.dtype.is_integer and t.shape.rank == 1)
+        info.grad_values, info.grad_indices = _nearest_boundary(
+            graph, update_set, boundary,
+            [lambda t: t.dtype.is_floating and _rows_of(t, shape),
+             lambda t: t.dtype.is_integer and t.shape.rank == 1])
         if info.grad_values is None or info.grad_indices is None:
             raise UnsupportedGraphError(
                 f"variable '{var_op.name}' is updated sparsely by '{update_ops[0]}' but its "
@@ -244,51 +369,51 @@ def _variable_info(graph, data_graph, var_op, update_ops, boundary) -> VariableI
         if rows and rows[0] is not None and shape and shape[0]:
             info.alpha = min(1.0, rows[0] / shape[0])
     else:
-        info.grad_tensor = _nearest(graph, distances,
-                                    lambda t: t.dtype.is_floating and static_shape(t) == shape)
+        [info.grad_tensor] = _nearest_boundary(
+            graph, update_set, boundary,
+            [lambda t: t.dtype.is_floating and static_shape(t) == shape])
         if info.grad_tensor is None:
             raise UnsupportedGraphError(
                 f"variable '{var_op.name}' is updated by '{update_ops[0]}' but no gradient of "
                 f"shape {list(shape)} reaching it was found. autopar understands gradients from "
                 "tf.gradients passed (optionally through clipping/scaling) to a tf.compat.v1 optimizer")
-    grads = [t for t in (info.grad_tensor, info.grad_values, info.grad_indices) if t]
-    info.path_ops = _path_ops(data_graph, grads, update_set)
-    _own_region(graph, info, set(grads), update_set)
     info.slots = _slots(graph, var_op, update_ops)
     info.boundary_ops = _boundary_ops(graph, var_op)
     return info
 
 
-def _boundary_distances(graph, update_set: set[str], boundary: set[str]) -> dict[str, int]:
-    """BFS backward from the update ops' outside inputs to boundary tensors."""
-    dist: dict[str, int] = {}
-    queue = collections.deque()
-    seen = set()
+def _nearest_boundary(graph, update_set: set[str], boundary: set[str], accepts) -> list[str | None]:
+    """For each predicate in `accepts`, the boundary tensor nearest to the
+    update ops' outside inputs (BFS backward, not crossing the gradients
+    scope or a variable) that it accepts; ties go to the smaller name.
+
+    Level by level, stopping after the first level where every predicate has
+    its answer: a clipped gradient is a step or two away, while the other
+    gradients (reached through the global norm) are farther, so the walk
+    does not visit every variable's gradient for each variable."""
+    found: list[str | None] = [None] * len(accepts)
+    seen: set[str] = set()
+    level: list[tf.Tensor] = []
     for name in sorted(update_set):
         for t in graph.get_operation_by_name(name).inputs:
             if t.op.name not in update_set and t.name not in seen:
                 seen.add(t.name)
-                queue.append((t, 0))
-    while queue:
-        t, d = queue.popleft()
-        if t.name in boundary:
-            dist.setdefault(t.name, d)
-            continue
-        if in_gradient_scope(t.op.name) or t.op.type in VARIABLE_OP_TYPES:
-            continue
-        for inp in t.op.inputs:
-            if inp.name not in seen:
-                seen.add(inp.name)
-                queue.append((inp, d + 1))
-    return dist
-
-
-def _nearest(graph, distances: dict[str, int], accept) -> str | None:
-    ranked = sorted(distances.items(), key=lambda kv: (kv[1], kv[0]))
-    for name, _ in ranked:
-        if accept(graph.get_tensor_by_name(name)):
-            return name
-    return None
+                level.append(t)
+    while level and None in found:
+        hits = sorted((t for t in level if t.name in boundary), key=lambda t: t.name)
+        for k, accept in enumerate(accepts):
+            if found[k] is None:
+                found[k] = next((t.name for t in hits if accept(t)), None)
+        following = []
+        for t in level:
+            if t.name in boundary or in_gradient_scope(t.op.name) or t.op.type in VARIABLE_OP_TYPES:
+                continue
+            for inp in t.op.inputs:
+                if inp.name not in seen:
+                    seen.add(inp.name)
+                    following.append(inp)
+        level = following
+    return found
 
 
 def _rows_of(t: tf.Tensor, var_shape) -> bool:
@@ -296,11 +421,50 @@ def _rows_of(t: tf.Tensor, var_shape) -> bool:
     return s is not None and len(s) == len(var_shape) and tuple(s[1:]) == tuple(var_shape[1:])
 
 
-def _path_ops(data_graph, grads: list[str], update_set: set[str]) -> list[str]:
-    starts = {g.split(":")[0] for g in grads}
-    down = set().union(*(nx.descendants(data_graph, s) for s in starts))
-    up = set().union(*(nx.ancestors(data_graph, u) for u in update_set))
-    return sorted(n for n in (down & up) - update_set if not in_gradient_scope(n))
+def _path_ops(index: _OpIndex, variables: list[tuple[list[str], set[str]]]) -> list[list[str]]:
+    """For each (gradient tensors, update ops) pair: the ops outside the
+    gradients scope that lie on a data path from a gradient's op to an update
+    op (a descendant of the one and an ancestor of the other), update ops
+    excluded. All pairs at once: one forward pass carries a bitset of the
+    variables whose gradient reaches each op, one backward pass a bitset of
+    the variables whose update each op reaches."""
+    position = index.position
+    down_seeds: dict[int, int] = collections.defaultdict(int)
+    up_seeds: dict[int, int] = collections.defaultdict(int)
+    starts_of = []
+    for k, (grads, updates) in enumerate(variables):
+        starts = {position[g.split(":")[0]] for g in grads}
+        starts_of.append(starts)
+        for i in starts:
+            down_seeds[i] |= 1 << k
+        for u in updates:
+            up_seeds[position[u]] |= 1 << k
+    down = index.propagate(down_seeds, forward=True)
+    up = index.propagate(up_seeds, forward=False)
+    out: list[list[str]] = [[] for _ in variables]
+    for i, name in enumerate(index.names):
+        both = down[i] & up[i]
+        if not both or in_gradient_scope(name):
+            continue
+        while both:
+            low = both & -both
+            k = low.bit_length() - 1
+            both ^= low
+            if name in variables[k][1]:
+                continue
+            if i in starts_of[k] and not _reached_from_other(index, i, starts_of[k]):
+                continue   # a gradient's own op counts only if another one feeds it
+            out[k].append(name)
+    return [sorted(names) for names in out]
+
+
+def _reached_from_other(index: _OpIndex, target: int, starts: set[int]) -> bool:
+    """Whether `target` is a descendant of a start other than itself (the
+    forward pass also reports a start on a loop as its own descendant)."""
+    others = [s for s in starts if s != target]
+    if not others:
+        return False
+    return target in index.reachable(j for s in others for j in index.succs[s])
 
 
 def _own_region(graph, info: VariableInfo, grads: set[str], update_set: set[str]) -> None:
@@ -364,13 +528,14 @@ def _boundary_ops(graph, var_op) -> list[str]:
     return sorted(out)
 
 
-def _step_state(graph, trainable, slot_names, update_ops, averaged: set[str]) -> list[StateInfo]:
+def _step_state(graph, trainable, slot_names, update_ops, averaged: set[str],
+                writers: dict[str, list[str]]) -> list[StateInfo]:
     trainable_names = {v.name for v in trainable}
     gs = tf1.train.get_global_step(graph)
     gs_name = gs.op.name if gs is not None else None
-    writers = _writers_by_variable(graph)
     update_inputs = {t.op.name for u in update_ops for t in graph.get_operation_by_name(u).inputs}
     local_ops = _batch_local_ops(graph, averaged)
+    optimizer_scopes = _optimizer_scopes(update_ops)
     state = []
     for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES):
         name = v.op.name
@@ -382,7 +547,7 @@ def _step_state(graph, trainable, slot_names, update_ops, averaged: set[str]) ->
             kind = "local"
         elif name.endswith("/ExponentialMovingAverage"):
             kind = "ema"
-        elif name in update_inputs or any(w.split("/")[0] in _optimizer_scopes(update_ops)
+        elif name in update_inputs or any(w.split("/")[0] in optimizer_scopes
                                           for w in writers.get(name, [])):
             kind = "optimizer"
         else:
@@ -607,10 +772,11 @@ def _named_alias(t: tf.Tensor) -> tf.Tensor:
         t = forward[0].outputs[0]
 
 
-def _step_ops(graph, update_ops: set[str]) -> frozenset[str]:
-    full = op_digraph(graph, control=True)
-    full.add_edges_from(("__updates__", u) for u in update_ops)  # one BFS for all sources
-    return frozenset(nx.descendants(full, "__updates__"))
+def _step_ops(index: _OpIndex, update_ops: set[str]) -> frozenset[str]:
+    """The update ops and everything after them along data and control edges."""
+    reached = index.reachable((index.position[u] for u in update_ops),
+                              extra=index.control_succs)
+    return frozenset(index.names[i] for i in reached)
 
 
 def _prod(shape) -> int:

@@ -23,6 +23,8 @@ VARIABLE_OP_TYPES = frozenset({"VarHandleOp", "VariableV2", "Variable"})
 
 
 def in_gradient_scope(op_name: str) -> bool:
+    if "gradients" not in op_name:   # the common case, without splitting the name
+        return False
     return any(_GRAD_SCOPE.match(part) for part in op_name.split("/")[:-1])
 
 

@@ -472,3 +472,70 @@ def test_transforms_modules_import_on_their_own():
         if proc.returncode != 0:
             failures[module] = proc.stderr.strip().splitlines()[-1]
     assert failures == {}
+
+
+# ------------------------------------------- reachability, against its definition
+# The analysis answers its reachability questions for all variables at once
+# (bitsets over a one-pass op index); networkx answers them here per variable,
+# straight from the definitions, on graphs where the answer is not trivial.
+
+def _reachability_expectations(graph, analysis):
+    import networkx as nx
+    from autopar.transforms.graph_utils import in_gradient_scope, op_digraph
+    data = op_digraph(graph)
+    path_ops = {}
+    for v in analysis.variables:
+        starts = {t.split(":")[0] for t in (v.grad_tensor, v.grad_values, v.grad_indices) if t}
+        down = set().union(*(nx.descendants(data, s) for s in starts))
+        up = set().union(*(nx.ancestors(data, u) for u in v.update_ops))
+        path_ops[v.name] = sorted(n for n in (down & up) - set(v.update_ops)
+                                  if not in_gradient_scope(n))
+    full = op_digraph(graph, control=True)
+    updates = {u for v in analysis.variables for u in v.update_ops}
+    step_ops = updates.union(*(nx.descendants(full, u) for u in updates))
+    return path_ops, step_ops
+
+
+@pytest.mark.parametrize("name", ["mlp_adam_clip_ema", "emb_adam_clip", "lm_adagrad_clip",
+                                  "embsparse_rmsprop_clip_centered"])
+def test_path_and_step_ops_match_their_definition(name):
+    """path_ops: ops outside the gradients scope on a data path from a
+    gradient's op to one of the variable's update ops; step_ops: the update
+    ops and everything after them along data and control edges."""
+    from tests.models import build
+    graph = build(name).graph
+    a = analyze_graph(graph)
+    path_ops, step_ops = _reachability_expectations(graph, a)
+    assert {v.name: v.path_ops for v in a.variables} == path_ops
+    assert sum(len(p) for p in path_ops.values()) > len(a.variables)   # clipping is in there
+    assert a.step_ops == step_ops
+
+
+def test_path_ops_through_a_loop_between_gradient_and_update():
+    """A gradient scaled inside a tf.compat.v1 while loop (control flow v1:
+    the loop is a cycle in the graph, NextIteration -> Merge) before the
+    update: the loop's ops are on the path, found as networkx finds them."""
+    from tensorflow.python.ops import control_flow_util
+    was_v2 = control_flow_util.ENABLE_CONTROL_FLOW_V2
+    tf1.disable_control_flow_v2()
+    try:
+        graph = tf.Graph()
+        with graph.as_default():
+            x = tf1.placeholder(tf.float32, [CASE_BATCH, 3], name="x")
+            w = tf1.get_variable("w", [3, 2], initializer=tf1.ones_initializer())
+            b = tf1.get_variable("b", [2], initializer=tf1.zeros_initializer())
+            loss = tf.reduce_mean(tf.square(tf.matmul(x, w) + b), name="loss")
+            opt = tf1.train.GradientDescentOptimizer(0.1)
+            pairs = opt.compute_gradients(loss)
+            halved = [tf1.while_loop(lambda i, g: i < 2, lambda i, g: (i + 1, g * 0.5),
+                                     [tf.constant(0), g])[1] for g, _ in pairs]
+            opt.apply_gradients(zip(halved, [v for _, v in pairs]))
+    finally:
+        if was_v2:
+            tf1.enable_control_flow_v2()
+    assert any(op.type == "NextIteration" for op in graph.get_operations())
+    a = analyze_graph(graph)
+    path_ops, step_ops = _reachability_expectations(graph, a)
+    assert {v.name: v.path_ops for v in a.variables} == path_ops
+    assert any("while" in n for n in path_ops["w"])
+    assert a.step_ops == step_ops
