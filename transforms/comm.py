@@ -38,6 +38,14 @@ class CollectiveOpsBackend:
         self.group_key = group_key
         self.hint = communication_hint
 
+    def subgroup(self, group_size: int, group_key: int) -> "CollectiveOpsBackend":
+        """The same transport over another group (e.g. the workers of one host)."""
+        return CollectiveOpsBackend(group_size, group_key, self.hint)
+
+    def barrier(self, instance_key: int) -> tf.Tensor:
+        """A scalar all-reduce: completes once every member reached it."""
+        return self.allreduce_sum(tf.constant(0.0), instance_key)
+
     def allreduce_mean(self, tensor: tf.Tensor, instance_key: int) -> tf.Tensor:
         return tf.raw_ops.CollectiveReduceV2(
             input=tensor, group_size=self.group_size, group_key=self.group_key,

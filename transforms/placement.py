@@ -23,22 +23,46 @@ import tensorflow as tf
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.plan import Plan
 
-WORKER = "worker"
 _LIGHT = frozenset({"Slice", "StridedSlice", "Cast", "Gather", "GatherV2", "ResourceGather",
                     "Size", "L2Loss", "Shape"})
+
+
+def server_device(server: int) -> str:
+    return f"/job:ps/replica:0/task:{server}/device:CPU:0"
+
+
+@dataclass(frozen=True)
+class Place:
+    """A process an op runs in: server `server`, or (server None) the worker
+    whose graph is being rewritten."""
+    server: int | None = None
+
+    def device(self, worker_device: str) -> str:
+        return worker_device if self.server is None else server_device(self.server)
+
+    def __str__(self) -> str:
+        return "worker" if self.server is None else f"server {self.server}"
+
+
+WORKER = Place()
+
+
+def server_place(index: int) -> Place:
+    return Place(index)
 
 
 @dataclass
 class Move:
     op: str
     rule: str           # "OPAU" or "OPSW"
-    place: str          # "server N" or "worker"
+    place: Place
     bytes_saved: int    # per step, for the process that would otherwise send it
     why: str
 
-
-def server_place(index: int) -> str:
-    return f"server {index}"
+    def as_dict(self) -> dict:
+        """For the Report: the place in words."""
+        return {"op": self.op, "rule": self.rule, "place": str(self.place),
+                "bytes_saved": self.bytes_saved, "why": self.why}
 
 
 def place_ops(graph: tf.Graph, analysis: Analysis, plan: Plan) -> list[Move]:
@@ -54,8 +78,8 @@ def _opau(graph, analysis, plan) -> list[Move]:
     ps = {vp.name: vp for vp in plan.ps_variables}
     if not ps:
         return []
-    where: dict[str, str] = {}    # tensor -> place, for aggregated gradients and placed ops
-    own: dict[str, str] = {}
+    where: dict[str, Place] = {}    # tensor -> place, for aggregated gradients and placed ops
+    own: dict[str, Place] = {}
     norm_terms: set[str] = set()
     path: set[str] = set()
     for v in analysis.variables:
@@ -89,7 +113,7 @@ def _opau(graph, analysis, plan) -> list[Move]:
     return moves
 
 
-def _rule(op, where: dict[str, str]) -> tuple[str, str]:
+def _rule(op, where: dict[str, Place]) -> tuple[Place, str]:
     """Local ops go where their (non-scalar, else any) placed inputs are;
     shared ops, fed from several processes, go to the first server."""
     places = {where[t.name] for t in op.inputs if t.name in where and t.shape.rank != 0}

@@ -26,10 +26,9 @@ from dataclasses import dataclass, field
 import tensorflow as tf
 
 from autopar.transforms.analysis import Analysis, VariableInfo
-from autopar.transforms.comm import CollectiveOpsBackend
 from autopar.transforms.graph_utils import node_input_name
 from autopar.transforms.partition import Partitioner, copy_prefix
-from autopar.transforms.placement import place_ops
+from autopar.transforms.placement import Move, place_ops, server_device
 from autopar.transforms.plan import Plan, VariablePlan
 
 tf1 = tf.compat.v1
@@ -52,8 +51,10 @@ def combine_rows(values: tf.Tensor, indices: tf.Tensor) -> tuple[tf.Tensor, tf.T
     return tf.math.unsorted_segment_sum(values, position, tf.shape(unique)[0]), unique
 
 
-def server_device(server: int) -> str:
-    return f"/job:ps/replica:0/task:{server}/device:CPU:0"
+def _joined(ops: list[tf.Operation], name: str) -> tf.Operation:
+    """A NoOp that runs after all `ops`: one control edge for dependants."""
+    with tf.control_dependencies(None), tf.device(None):
+        return tf.group(*ops, name=name)
 
 
 @dataclass
@@ -74,7 +75,7 @@ class PsEdits:
 
 class PsBuilder:
     def __init__(self, graph: tf.Graph, analysis: Analysis, plan: Plan, worker_index: int,
-                 backend, worker_device: str):
+                 backend, worker_device: str, moves: list[Move] | None = None):
         self.g = graph
         self.analysis = analysis
         self.plan = plan
@@ -83,8 +84,10 @@ class PsBuilder:
         self.backend = backend
         self.worker_device = worker_device
         self.edits = PsEdits()
+        self.moves = moves   # OPAU/OPSW placement computed beforehand (None: compute it here)
         self.collectives: list[tf.Operation] = []
         self.pushes: list[tf.Operation] = []
+        self._pushed: tf.Operation | None = None
 
     def build(self) -> PsEdits:
         ps_vars = self.plan.ps_variables
@@ -144,13 +147,21 @@ class PsBuilder:
         this worker's pushes and token here, and for every other op of the
         step that touches a server once the final devices are known
         (cover_server_work)."""
-        with tf.control_dependencies([done] + self.pushes):
-            token = tf.raw_ops.CollectiveReduceV2(
-                input=tf.constant(0.0), group_size=self.plan.num_workers,
-                group_key=self.plan.group_key, instance_key=self.plan.barrier_key,
-                ordering_token=[], merge_op="Add", final_op="Id",
-                communication_hint=self.plan.communication_hint)
+        with tf.control_dependencies([done] + self._after_pushes()):
+            token = self.backend.barrier(self.plan.barrier_key)
         self.edits.step_barrier = token.op.name
+
+    def _after_pushes(self) -> list[tf.Operation]:
+        """One op standing for all of this worker's pushes (none when it pushes
+        nothing). Ops waiting on the pushes depend on it, not on each push: a
+        control edge per push on every such op (and on each constant created
+        under the dependency) grew the graph with variables squared."""
+        if self.pushes and self._pushed is None:
+            self._pushed = _joined(self.pushes, "pushed")
+        return [self._pushed] if self.pushes else []
+
+    def _after_collectives(self) -> list[tf.Operation]:
+        return [_joined(self.collectives, "collectives_done")] if self.collectives else []
 
     # -- shared objects ------------------------------------------------------
     def _accumulators(self, vp: VariablePlan, info: VariableInfo) -> list[tf.Tensor]:
@@ -198,10 +209,7 @@ class PsBuilder:
             self.collectives += [rows.op, ids.op]
             total = tf.nn.l2_loss(combine_rows(rows, ids)[0])
         else:
-            total = tf.raw_ops.CollectiveReduceV2(
-                input=tf.nn.l2_loss(scaled), group_size=self.plan.num_workers,
-                group_key=self.plan.group_key, instance_key=vp.keys["norm"], ordering_token=[],
-                merge_op="Add", final_op="Id", communication_hint=self.plan.communication_hint)
+            total = self.backend.allreduce_sum(tf.nn.l2_loss(scaled), vp.keys["norm"])
             self.collectives.append(total.op)
         for op_name in info.norm_ops:
             self.edits.replaced[f"{op_name}:0"] = total.name
@@ -213,17 +221,15 @@ class PsBuilder:
             grad = self.g.get_tensor_by_name(info.grad_tensor)
             grad = grad * tf.constant(scale, grad.dtype)
             if la:
-                grad = tf.raw_ops.CollectiveReduceV2(
-                    input=grad, group_size=len(members), group_key=host_key,
-                    instance_key=vp.keys["la_values"], ordering_token=[], merge_op="Add",
-                    final_op="Id", communication_hint=self.plan.communication_hint)
+                host = self.backend.subgroup(len(members), host_key)
+                grad = host.allreduce_sum(grad, vp.keys["la_values"])
                 self.collectives.append(grad.op)
             return grad
         values = self.g.get_tensor_by_name(info.grad_values)
         indices = tf.cast(self.g.get_tensor_by_name(info.grad_indices), tf.int64)
         values = values * tf.constant(scale, values.dtype)
         if la:
-            host = CollectiveOpsBackend(len(members), host_key, self.plan.communication_hint)
+            host = self.backend.subgroup(len(members), host_key)
             values, indices = host.allgather_rows(
                 values, indices, (vp.keys["la_count"], vp.keys["la_values"], vp.keys["la_indices"]))
             self.collectives += [values.op, indices.op]
@@ -275,9 +281,10 @@ class PsBuilder:
     # -- chief ---------------------------------------------------------------
     def _take(self, vp, info, accumulators) -> None:
         if len(vp.partitions) > 1:
-            return self._take_partitioned(vp, info, accumulators)
+            self._take_partitioned(vp, info, accumulators)
+            return
         need = self.plan.contributions_per_step()
-        with tf.control_dependencies(self.pushes), tf.device(server_device(vp.servers[0])):
+        with tf.control_dependencies(self._after_pushes()), tf.device(server_device(vp.servers[0])):
             if info.gradient == "dense":
                 grad = self.g.get_tensor_by_name(info.grad_tensor)
                 total = tf.raw_ops.AccumulatorTakeGradient(handle=accumulators[0],
@@ -298,7 +305,7 @@ class PsBuilder:
         region = set(info.update_ops) | set(info.own_path_ops)
         for p, server in enumerate(vp.servers):
             remap = {name: self.part_handles[name][p].op.name for name in [info.name, *info.slots]}
-            with tf.control_dependencies(self.pushes), tf.device(server_device(server)):
+            with tf.control_dependencies(self._after_pushes()), tf.device(server_device(server)):
                 if info.gradient == "dense":
                     total = tf.raw_ops.AccumulatorTakeGradient(
                         handle=accumulators[p], num_required=need, dtype=info.dtype)
@@ -317,10 +324,10 @@ class PsBuilder:
         for name in region:
             self.edits.noop_deps[name] = [copy_prefix(p) + name for p in range(len(vp.servers))]
 
-    def _release(self, ps_vars) -> None:
+    def _release(self, ps_vars) -> tf.Operation:
         updates = [self.g.get_operation_by_name(u)
                    for vp in ps_vars for u in self.analysis.variable(vp.name).update_ops]
-        with tf.control_dependencies(updates + self.collectives):
+        with tf.control_dependencies([_joined(updates + self.collectives, "updated")]):
             tokens = [tf.raw_ops.QueueEnqueueV2(handle=self._token_queue(w),
                                                 components=[tf.constant(0)])
                       for w in range(1, self.plan.num_workers)]
@@ -334,8 +341,8 @@ class PsBuilder:
                 self.edits.extra_control.setdefault(op.name, []).append(release.name)
         return release
 
-    def _wait(self, ps_vars) -> None:
-        with tf.control_dependencies(self.pushes + self.collectives):
+    def _wait(self, ps_vars) -> tf.Operation:
+        with tf.control_dependencies(self._after_pushes() + self._after_collectives()):
             wait = tf.raw_ops.QueueDequeueV2(handle=self._token_queue(self.index),
                                              component_types=[tf.int32])
         self.edits.noops = self._regions(ps_vars)
@@ -367,11 +374,11 @@ class PsBuilder:
             if self.is_chief:
                 for name in info.update_ops:
                     devices.setdefault(name, device)
-        for move in place_ops(self.g, self.analysis, self.plan):
+        moves = self.moves if self.moves is not None else place_ops(self.g, self.analysis, self.plan)
+        for move in moves:
             if move.rule == "OPAU" and not self.is_chief:
                 continue   # only the chief runs post-aggregation ops
-            devices[move.op] = (server_device(int(move.place.split()[1]))
-                                if move.place.startswith("server") else self.worker_device)
+            devices[move.op] = move.place.device(self.worker_device)
 
 
 def cover_server_work(graph_def, barrier: str, step_ops) -> list[str]:

@@ -140,7 +140,7 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
     return Report(num_workers=n, num_servers=num_servers, variables=variables,
                   servers=[{"server": i, "sent": s, "received": r}
                            for i, (s, r) in enumerate(server_bytes)], run_option=plan.run_option,
-                  moved_ops=[asdict(m) for m in moves or []],
+                  moved_ops=[m.as_dict() for m in moves or []],
                   loss_reduction=plan.loss_reduction, loss_reduction_why=plan.loss_reduction_why,
                   sync_local_state=plan.sync_local_state,
                   buckets=[asdict(b) for b in plan.buckets],

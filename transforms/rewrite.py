@@ -19,8 +19,9 @@ import tensorflow as tf
 
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.comm import CollectiveOpsBackend
-from autopar.transforms.graph_utils import graph_of, in_gradient_scope, meta_graph_of, node_input_name
+from autopar.transforms.graph_utils import in_gradient_scope, meta_graph_of, node_input_name
 from autopar.transforms.partition import copy_region
+from autopar.transforms.placement import Move
 from autopar.transforms.plan import Plan
 from autopar.transforms.ps import PsBuilder, combine_rows, cover_server_work
 
@@ -48,23 +49,29 @@ def worker_device(worker_index: int) -> str:
     return f"/job:worker/replica:0/task:{worker_index}/device:CPU:0"
 
 
-def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan,
-                       worker_index: int) -> WorkerGraph:
-    meta = meta_graph_of(graph_or_meta)
-    scratch = graph_of(meta)  # a fresh import: never mutate the user's graph
+def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
+                       moves: list[Move] | None = None, backend=None) -> WorkerGraph:
+    """Worker `worker_index`'s graph. `moves`: the plan's OPAU/OPSW placement
+    when already computed (placement.place_ops), else computed here.
+    `backend`: the communication backend building every collective
+    (transforms.comm; TensorFlow's collective ops by default)."""
+    meta = _meta_graph(graph_or_meta)
+    scratch = _scratch_copy(meta)  # a fresh import: never mutate the user's graph
     n_original = len(scratch.get_operations())
-    backend = CollectiveOpsBackend(plan.num_workers, plan.group_key, plan.communication_hint)
+    if backend is None:
+        backend = CollectiveOpsBackend(plan.num_workers, plan.group_key, plan.communication_hint)
     device = worker_device(worker_index)
     with scratch.as_default(), tf.device(device):
         replaced = _average_gradients(scratch, analysis, plan, backend)
-        ps = PsBuilder(scratch, analysis, plan, worker_index, backend, device).build()
+        ps = PsBuilder(scratch, analysis, plan, worker_index, backend, device, moves).build()
         replaced.update(ps.replaced)
         _broadcast_state(scratch, plan, backend, worker_index == 0, ps.server_variables)
         after_step = _sync_local_state(scratch, analysis, plan, backend)
     new_nodes = {op.name for op in scratch.get_operations()[n_original:]}
     graph_def = scratch.as_graph_def()
+    by_name = {node.name: node for node in graph_def.node}
     copies = [node for region, p, remap, device_of in ps.copies     # from the unedited nodes
-              for node in copy_region(graph_def, region, p, remap, device_of)]
+              for node in copy_region(by_name, region, p, remap, device_of)]
     rename = {node_input_name(k): node_input_name(v) for k, v in replaced.items()}
     for node in graph_def.node:
         # Devices are explicit everywhere; colocation hints from the
@@ -97,11 +104,50 @@ def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan,
     graph_def.node.extend(copies)
     if ps.step_barrier is not None:
         cover_server_work(graph_def, ps.step_barrier, analysis.step_ops)
-    out = meta_graph_of(scratch)
-    out.graph_def.CopyFrom(graph_def)
+    out = _with_graph_def(meta, graph_def)
     return WorkerGraph(meta_graph=out, broadcast_op=BROADCAST_OP, replaced=replaced,
                        server_variables=ps.server_variables, step_barrier=ps.step_barrier,
                        partitions=ps.partitions, after_step=after_step)
+
+
+def _meta_graph(graph_or_meta) -> tf1.MetaGraphDef:
+    """The input as a MetaGraphDef. A tf.Graph is exported with its devices:
+    clearing them costs a copy of every node, and _scratch_copy's import
+    clears them anyway."""
+    if not isinstance(graph_or_meta, tf.Graph):
+        return meta_graph_of(graph_or_meta)
+    with graph_or_meta.as_default():   # see graph_utils.meta_graph_of
+        return tf1.train.export_meta_graph(
+            graph=graph_or_meta, graph_def=graph_or_meta.as_graph_def(add_shapes=True),
+            clear_devices=False)
+
+
+def _scratch_copy(meta: tf1.MetaGraphDef) -> tf.Graph:
+    """The graph and collections of `meta` in a fresh tf.Graph.
+
+    TensorFlow's public import (tf1.train.import_meta_graph) also builds a
+    default Saver when the MetaGraphDef has none: a second import's worth of
+    time and ~2 save/restore ops per variable that nobody runs (autopar
+    checkpoints with its own ops, runtime.checkpoint). The scoped import it
+    wraps does the same minus the Saver; it is private API, used here only."""
+    from tensorflow.python.framework import meta_graph as tf_meta_graph
+    graph = tf.Graph()
+    with graph.as_default():
+        tf_meta_graph.import_scoped_meta_graph(meta, clear_devices=True)
+    return graph
+
+
+def _with_graph_def(meta: tf1.MetaGraphDef, graph_def) -> tf1.MetaGraphDef:
+    """`meta` with its GraphDef replaced. The collections stay valid: the
+    rewrite adds no tf.Variable (partitions and counters are raw resource ops)
+    and keeps every original node's name. Exporting the scratch graph instead
+    would serialise every op once more for the same result."""
+    from tensorflow.python.framework import meta_graph as tf_meta_graph
+    out = tf1.MetaGraphDef()
+    out.CopyFrom(meta)
+    out.graph_def.CopyFrom(graph_def)
+    out.meta_info_def.stripped_op_list.CopyFrom(tf_meta_graph.stripped_op_list_for_graph(graph_def))
+    return out
 
 
 def _make_identity(node, tensor: str) -> None:
