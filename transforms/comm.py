@@ -26,6 +26,15 @@ def _row_ladder(limit: int = MAX_GATHERED_ROWS) -> tuple[int, ...]:
 ROW_LADDER = _row_ladder()
 
 
+def row_gather_keys(first: int, prefix: str) -> tuple[dict[str, int], int]:
+    """Instance keys of one variable-size row gather (allgather_rows) from
+    `first` on, named prefix + count/values/indices, and the next free key."""
+    rungs = len(ROW_LADDER)
+    keys = {f"{prefix}count": first, f"{prefix}values": first + 1,
+            f"{prefix}indices": first + 1 + rungs}
+    return keys, first + 1 + 2 * rungs
+
+
 class CollectiveOpsBackend:
     """TensorFlow's own collective ops (CollectiveReduceV2 & co.), always available.
 

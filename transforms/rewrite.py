@@ -23,7 +23,9 @@ from autopar.transforms.graph_utils import in_gradient_scope, meta_graph_of, nod
 from autopar.transforms.partition import copy_region
 from autopar.transforms.placement import Move
 from autopar.transforms.plan import Plan
-from autopar.transforms.ps import PsBuilder, combine_rows, cover_server_work
+from autopar.transforms.methods import METHODS
+from autopar.transforms.ps_rewrite import cover_server_work
+from autopar.transforms.sync_method import Edits, RewriteContext
 
 tf1 = tf.compat.v1
 
@@ -61,16 +63,18 @@ def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan, worker_ind
     if backend is None:
         backend = CollectiveOpsBackend(plan.num_workers, plan.group_key, plan.communication_hint)
     device = worker_device(worker_index)
+    ctx = RewriteContext(scratch, analysis, plan, worker_index, backend, device, moves)
+    edits = Edits()   # all methods' edits
     with scratch.as_default(), tf.device(device):
-        replaced = _average_gradients(scratch, analysis, plan, backend)
-        ps = PsBuilder(scratch, analysis, plan, worker_index, backend, device, moves).build()
-        replaced.update(ps.replaced)
-        _broadcast_state(scratch, plan, backend, worker_index == 0, ps.server_variables)
+        for method in METHODS.values():
+            edits.merge(method.rewrite(ctx))
+        replaced = edits.replaced
+        _broadcast_state(scratch, plan, backend, worker_index == 0, edits.server_variables)
         after_step = _sync_local_state(scratch, analysis, plan, backend)
     new_nodes = {op.name for op in scratch.get_operations()[n_original:]}
     graph_def = scratch.as_graph_def()
     by_name = {node.name: node for node in graph_def.node}
-    copies = [node for region, p, remap, device_of in ps.copies     # from the unedited nodes
+    copies = [node for region, p, remap, device_of in edits.copies     # from the unedited nodes
               for node in copy_region(by_name, region, p, remap, device_of)]
     rename = {node_input_name(k): node_input_name(v) for k, v in replaced.items()}
     for node in graph_def.node:
@@ -83,31 +87,31 @@ def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan, worker_ind
             # device of their own once the colocation hint is gone.
             node.device = node.device or device
             continue
-        node.device = ps.devices.get(node.name, device)
+        node.device = edits.devices.get(node.name, device)
         if in_gradient_scope(node.name):
             continue   # the backward pass itself keeps using local gradients
-        if node.name in ps.noops:
-            _make_noop(node, ps.noop_control)
+        if node.name in edits.noops:
+            _make_noop(node, edits.noop_control)
             continue
-        if node.name in ps.noop_deps:
+        if node.name in edits.noop_deps:
             _make_noop(node, None)
-            node.input.extend("^" + d for d in ps.noop_deps[node.name])
+            node.input.extend("^" + d for d in edits.noop_deps[node.name])
             continue
-        if node.name in ps.identities:
-            _make_identity(node, ps.identities[node.name])
+        if node.name in edits.identities:
+            _make_identity(node, edits.identities[node.name])
             node.device = device
             continue
         for i, inp in enumerate(node.input):
             if inp in rename:
                 node.input[i] = rename[inp]
-        node.input.extend("^" + c for c in ps.extra_control.get(node.name, []))
+        node.input.extend("^" + c for c in edits.extra_control.get(node.name, []))
     graph_def.node.extend(copies)
-    if ps.step_barrier is not None:
-        cover_server_work(graph_def, ps.step_barrier, analysis.step_ops)
+    if edits.step_barrier is not None:
+        cover_server_work(graph_def, edits.step_barrier, analysis.step_ops)
     out = _with_graph_def(meta, graph_def)
     return WorkerGraph(meta_graph=out, broadcast_op=BROADCAST_OP, replaced=replaced,
-                       server_variables=ps.server_variables, step_barrier=ps.step_barrier,
-                       partitions=ps.partitions, after_step=after_step)
+                       server_variables=edits.server_variables, step_barrier=edits.step_barrier,
+                       partitions=edits.partitions, after_step=after_step)
 
 
 def _meta_graph(graph_or_meta) -> tf1.MetaGraphDef:
@@ -170,47 +174,6 @@ def _make_noop(node, control: str | None) -> None:
     node.attr.clear()
     if control:
         node.input.append("^" + control)
-
-
-def _average_gradients(graph, analysis: Analysis, plan: Plan, backend) -> dict[str, str]:
-    replaced: dict[str, str] = {}
-    previous = None
-    with tf.name_scope("autopar/average"):
-        for bucket in plan.buckets:
-            grads = [graph.get_tensor_by_name(analysis.variable(n).grad_tensor)
-                     for n in bucket.variables]
-            # Chaining buckets fixes the order every worker launches collectives
-            # in, so concurrent collectives can never wait on each other.
-            with tf.control_dependencies([previous] if previous is not None else []):
-                flat = tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0)
-                # A mean loss: one device's gradient is the workers' mean; a
-                # summed loss: their sum (Plan.loss_reduction).
-                reduced = (backend.allreduce_mean(flat, bucket.instance_key)
-                           if plan.loss_reduction == "mean"
-                           else backend.allreduce_sum(flat, bucket.instance_key))
-            previous = reduced
-            sizes = [int(g.shape.num_elements()) for g in grads]
-            for g, piece in zip(grads, tf.split(reduced, sizes)):
-                replaced[g.name] = tf.reshape(piece, tf.shape(g)).name
-        for vp in plan.variables:
-            if vp.method != "allgather":
-                continue
-            info = analysis.variable(vp.name)
-            values = graph.get_tensor_by_name(info.grad_values)
-            indices = graph.get_tensor_by_name(info.grad_indices)
-            # Row counts differ by worker and step: see CollectiveOpsBackend.allgather_rows.
-            all_values, all_indices = backend.allgather_rows(
-                values, indices, (vp.keys["count"], vp.keys["values"], vp.keys["indices"]))
-            # The single-device gradient over the global batch (mean or sum).
-            all_values = all_values * tf.constant(plan.gradient_scale, dtype=values.dtype)
-            if info.dedup:
-                # One device has one row per distinct id of the global batch:
-                # rows of an id several workers touched become one, so the
-                # global norm and the optimizer see what one device sees.
-                all_values, all_indices = combine_rows(all_values, all_indices)
-            replaced[values.name] = all_values.name
-            replaced[indices.name] = tf.cast(all_indices, indices.dtype).name
-    return replaced
 
 
 def _sync_local_state(graph, analysis: Analysis, plan: Plan, backend) -> str | None:
