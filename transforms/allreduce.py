@@ -45,7 +45,8 @@ class AllReduce(SyncMethod):
                 # Chaining buckets fixes the order every worker launches collectives
                 # in, so concurrent collectives can never wait on each other.
                 with tf.control_dependencies([previous] if previous is not None else []):
-                    flat = tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0)
+                    flat = tf.concat([tf.reshape(g, ctx.constants.get([-1])) for g in grads],
+                                     axis=0)
                     # A mean loss: one device's gradient is the workers' mean; a
                     # summed loss: their sum (Plan.loss_reduction).
                     reduced = (backend.allreduce_mean(flat, bucket.instance_key)

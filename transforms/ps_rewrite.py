@@ -30,7 +30,7 @@ from autopar.transforms.graph_utils import node_input_name
 from autopar.transforms.partition import Partitioner, copy_prefix
 from autopar.transforms.placement import Move, place_ops, server_device
 from autopar.transforms.plan import Plan, VariablePlan
-from autopar.transforms.sync_method import Edits
+from autopar.transforms.sync_method import ConstantPool, Edits
 
 tf1 = tf.compat.v1
 
@@ -53,7 +53,8 @@ def _joined(ops: list[tf.Operation], name: str) -> tf.Operation:
 
 class PsBuilder:
     def __init__(self, graph: tf.Graph, analysis: Analysis, plan: Plan, worker_index: int,
-                 backend, worker_device: str, moves: list[Move] | None = None):
+                 backend, worker_device: str, moves: list[Move] | None = None,
+                 constants: ConstantPool | None = None):
         self.g = graph
         self.analysis = analysis
         self.plan = plan
@@ -66,6 +67,7 @@ class PsBuilder:
         self.collectives: list[tf.Operation] = []
         self.pushes: list[tf.Operation] = []
         self._pushed: tf.Operation | None = None
+        self.constants = constants or ConstantPool(worker_device)
 
     def build(self) -> Edits:
         ps_vars = self.plan.ps_variables
@@ -110,7 +112,7 @@ class PsBuilder:
                         dtype=tf.int64, shape=[],
                         shared_name=f"autopar/contributions/{vp.name}/part_{p}")
                     inits.append(tf.raw_ops.AssignVariableOp(resource=counter,
-                                                             value=tf.constant(0, tf.int64)))
+                                                             value=self._const(0, tf.int64, server_device(server))))
                     reads.append(tf.raw_ops.ReadVariableOp(resource=counter, dtype=tf.int64))
         tf.group(*inits, name=COUNTERS_INIT)
         tf.stack(reads, name=CONTRIBUTIONS_OP)
@@ -128,6 +130,9 @@ class PsBuilder:
         with tf.control_dependencies([done] + self._after_pushes()):
             token = self.backend.barrier(self.plan.barrier_key)
         self.edits.step_barrier = token.op.name
+
+    def _const(self, value, dtype: tf.DType, device: str | None = None) -> tf.Tensor:
+        return self.constants.get(value, dtype, device)
 
     def _after_pushes(self) -> list[tf.Operation]:
         """One op standing for all of this worker's pushes (none when it pushes
@@ -178,7 +183,7 @@ class PsBuilder:
         if info.gradient != "sparse" or not info.norm_ops:
             return
         values = self.g.get_tensor_by_name(info.grad_values)
-        scaled = values * tf.constant(self._scale(info), values.dtype)
+        scaled = values * self._const(self._scale(info), values.dtype)
         if info.dedup:
             indices = tf.cast(self.g.get_tensor_by_name(info.grad_indices), tf.int64)
             rows, ids = self.backend.allgather_rows(
@@ -197,7 +202,7 @@ class PsBuilder:
         scale = self._scale(info)
         if info.gradient == "dense":
             grad = self.g.get_tensor_by_name(info.grad_tensor)
-            grad = grad * tf.constant(scale, grad.dtype)
+            grad = grad * self._const(scale, grad.dtype)
             if la:
                 host = self.backend.subgroup(len(members), host_key)
                 grad = host.allreduce_sum(grad, vp.keys["la_values"])
@@ -205,7 +210,7 @@ class PsBuilder:
             return grad
         values = self.g.get_tensor_by_name(info.grad_values)
         indices = tf.cast(self.g.get_tensor_by_name(info.grad_indices), tf.int64)
-        values = values * tf.constant(scale, values.dtype)
+        values = values * self._const(scale, values.dtype)
         if la:
             host = self.backend.subgroup(len(members), host_key)
             values, indices = host.allgather_rows(
@@ -222,7 +227,8 @@ class PsBuilder:
                 piece = contribution if len(vp.partitions) == 1 else contribution[start:end]
                 with tf.device(server_device(server)):
                     push = tf.raw_ops.AccumulatorApplyGradient(
-                        handle=accumulators[p], local_step=_ALWAYS_FRESH, gradient=piece)
+                        handle=accumulators[p], local_step=self._const(_ALWAYS_FRESH, tf.int64, server_device(server)),
+                        gradient=piece)
             else:
                 values, indices = contribution
                 if len(vp.partitions) > 1:
@@ -232,7 +238,8 @@ class PsBuilder:
                 shape = tf.constant([end - start, *info.shape[1:]], tf.int64)
                 with tf.device(server_device(server)):
                     push = tf.raw_ops.SparseAccumulatorApplyGradient(
-                        handle=accumulators[p], local_step=_ALWAYS_FRESH, gradient_indices=indices,
+                        handle=accumulators[p], gradient_indices=indices,
+                        local_step=self._const(_ALWAYS_FRESH, tf.int64, server_device(server)),
                         gradient_values=values, gradient_shape=shape, has_known_shape=True)
             self.pushes.append(push)
             self._count(vp, p, server, push)
@@ -245,7 +252,7 @@ class PsBuilder:
             counter = tf.raw_ops.VarHandleOp(dtype=tf.int64, shape=[],
                                              shared_name=f"autopar/contributions/{vp.name}/part_{p}")
             self.pushes.append(tf.raw_ops.AssignAddVariableOp(resource=counter,
-                                                             value=tf.constant(1, tf.int64)))
+                                                             value=self._const(1, tf.int64, server_device(server))))
 
     def _split(self, vp: VariablePlan) -> None:
         info = self.analysis.variable(vp.name)
@@ -262,17 +269,19 @@ class PsBuilder:
             self._take_partitioned(vp, info, accumulators)
             return
         need = self.plan.contributions_per_step()
-        with tf.control_dependencies(self._after_pushes()), tf.device(server_device(vp.servers[0])):
+        device = server_device(vp.servers[0])
+        required = self._const(need, tf.int32, device)
+        with tf.control_dependencies(self._after_pushes()), tf.device(device):
             if info.gradient == "dense":
                 grad = self.g.get_tensor_by_name(info.grad_tensor)
-                total = tf.raw_ops.AccumulatorTakeGradient(handle=accumulators[0],
-                                                           num_required=need, dtype=grad.dtype)
+                total = tf.raw_ops.AccumulatorTakeGradient(
+                    handle=accumulators[0], num_required=required, dtype=grad.dtype)
                 self.edits.replaced[grad.name] = tf.reshape(total, tf.shape(grad)).name
             else:
                 values = self.g.get_tensor_by_name(info.grad_values)
                 indices = self.g.get_tensor_by_name(info.grad_indices)
                 idx, vals, _ = tf.raw_ops.SparseAccumulatorTakeGradient(
-                    handle=accumulators[0], num_required=need, dtype=values.dtype)
+                    handle=accumulators[0], num_required=required, dtype=values.dtype)
                 self.edits.replaced[values.name] = vals.name
                 self.edits.replaced[indices.name] = tf.cast(idx, indices.dtype).name
 
@@ -283,18 +292,20 @@ class PsBuilder:
         region = set(info.update_ops) | set(info.own_path_ops)
         for p, server in enumerate(vp.servers):
             remap = {name: self.part_handles[name][p].op.name for name in [info.name, *info.slots]}
-            with tf.control_dependencies(self._after_pushes()), tf.device(server_device(server)):
+            device = server_device(server)
+            required = self._const(need, tf.int32, device)
+            with tf.control_dependencies(self._after_pushes()), tf.device(device):
                 if info.gradient == "dense":
                     total = tf.raw_ops.AccumulatorTakeGradient(
-                        handle=accumulators[p], num_required=need, dtype=info.dtype)
+                        handle=accumulators[p], num_required=required, dtype=info.dtype)
                     remap[node_input_name(info.grad_tensor)] = node_input_name(total.name)
                 else:
                     indices = self.g.get_tensor_by_name(info.grad_indices)
                     idx, vals, _ = tf.raw_ops.SparseAccumulatorTakeGradient(
-                        handle=accumulators[p], num_required=need, dtype=info.dtype)
+                        handle=accumulators[p], num_required=required, dtype=info.dtype)
                     remap[node_input_name(info.grad_values)] = node_input_name(vals.name)
-                    remap[node_input_name(info.grad_indices)] = node_input_name(tf.cast(idx, indices.dtype).name)
-            device = server_device(server)
+                    local = tf.cast(idx, indices.dtype)
+                    remap[node_input_name(info.grad_indices)] = node_input_name(local.name)
             own = set(info.own_path_ops)
             self.edits.copies.append((region, p, remap,
                                       lambda n, d=device: d if (self.plan.opau or n not in own)
@@ -307,7 +318,7 @@ class PsBuilder:
                    for vp in ps_vars for u in self.analysis.variable(vp.name).update_ops]
         with tf.control_dependencies([_joined(updates + self.collectives, "updated")]):
             tokens = [tf.raw_ops.QueueEnqueueV2(handle=self._token_queue(w),
-                                                components=[tf.constant(0)])
+                                                components=[self._const(0, tf.int32)])
                       for w in range(1, self.plan.num_workers)]
             release = tf.group(*tokens, name="release")
         region = self._regions(ps_vars)

@@ -25,7 +25,7 @@ from autopar.transforms.placement import Move
 from autopar.transforms.plan import Plan
 from autopar.transforms.methods import METHODS
 from autopar.transforms.ps_rewrite import cover_server_work
-from autopar.transforms.sync_method import Edits, RewriteContext
+from autopar.transforms.sync_method import ConstantPool, Edits, RewriteContext
 
 tf1 = tf.compat.v1
 
@@ -69,8 +69,9 @@ def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan, worker_ind
         for method in METHODS.values():
             edits.merge(method.rewrite(ctx))
         replaced = edits.replaced
-        _broadcast_state(scratch, plan, backend, worker_index == 0, edits.server_variables)
-        after_step = _sync_local_state(scratch, analysis, plan, backend)
+        _broadcast_state(scratch, plan, backend, worker_index == 0, edits.server_variables,
+                         ctx.constants)
+        after_step = _sync_local_state(scratch, analysis, plan, backend, ctx.constants)
     new_nodes = {op.name for op in scratch.get_operations()[n_original:]}
     graph_def = scratch.as_graph_def()
     by_name = {node.name: node for node in graph_def.node}
@@ -176,7 +177,8 @@ def _make_noop(node, control: str | None) -> None:
         node.input.append("^" + control)
 
 
-def _sync_local_state(graph, analysis: Analysis, plan: Plan, backend) -> str | None:
+def _sync_local_state(graph, analysis: Analysis, plan: Plan, backend,
+                      constants: ConstantPool) -> str | None:
     """With sync_local_state="average": an op replacing every batch-local
     state variable (kind "local", e.g. batch-norm moving statistics) by its
     mean over workers, one all-reduce per dtype. It has no feed and does not
@@ -197,16 +199,19 @@ def _sync_local_state(graph, analysis: Analysis, plan: Plan, backend) -> str | N
         for i, dtype in enumerate(sorted(by_dtype)):
             variables = by_dtype[dtype]
             with tf.control_dependencies(previous):   # one launch order on every worker
-                flat = tf.concat([tf.reshape(v.value(), [-1]) for v in variables], axis=0)
+                flat = tf.concat([tf.reshape(v.value(), constants.get([-1])) for v in variables],
+                                 axis=0)
                 mean = backend.allreduce_mean(flat, plan.local_state_key + i)
             previous = [mean]
             sizes = [int(v.shape.num_elements()) for v in variables]
             for v, piece in zip(variables, tf.split(mean, sizes)):
-                assigns.append(v.assign(tf.reshape(piece, v.shape)).op)
+                shape = constants.get(v.shape.as_list(), tf.int32)
+                assigns.append(v.assign(tf.reshape(piece, shape)).op)
     return tf.group(*assigns, name=SYNC_LOCAL_STATE_OP).name
 
 
-def _broadcast_state(graph, plan: Plan, backend, is_chief: bool, skip: set[str]) -> None:
+def _broadcast_state(graph, plan: Plan, backend, is_chief: bool, skip: set[str],
+                     constants: ConstantPool) -> None:
     """An op that overwrites every replicated global variable with the chief's
     value, so replicas start identical however they were initialised (or
     restored). Variables on servers exist once and are skipped."""
@@ -215,18 +220,22 @@ def _broadcast_state(graph, plan: Plan, backend, is_chief: bool, skip: set[str])
         if v.op.name in skip:
             continue
         by_dtype.setdefault(v.dtype.base_dtype.name, []).append(v)
-    assigns = []
+    assigns, shapes = [], None
     with tf.name_scope("autopar/broadcast"):
         previous = []
         for i, dtype in enumerate(sorted(by_dtype)):
             variables = by_dtype[dtype]
             with tf.control_dependencies(previous):
-                flat = tf.concat([tf.reshape(v.value(), [-1]) for v in variables], axis=0)
+                flat = tf.concat([tf.reshape(v.value(), constants.get([-1])) for v in variables],
+                                 axis=0)
                 received = backend.broadcast(flat, plan.broadcast_key_base + i, is_source=is_chief)
             previous = [received]
             if is_chief:
                 continue  # the chief's values are the source
+            # shapes only receivers use, named apart from the shared constants
+            shapes = shapes or ConstantPool(constants.default_device, "autopar/broadcast/shape/")
             sizes = [int(v.shape.num_elements()) for v in variables]
             for v, piece in zip(variables, tf.split(received, sizes)):
-                assigns.append(v.assign(tf.reshape(piece, v.shape)).op)
+                shape = shapes.get(v.shape.as_list(), tf.int32)
+                assigns.append(v.assign(tf.reshape(piece, shape)).op)
     tf.group(*assigns, *previous, name=BROADCAST_OP)

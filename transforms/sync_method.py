@@ -57,6 +57,27 @@ class Edits:
         self.partitions.update(other.partitions)
 
 
+class ConstantPool:
+    """One constant per value, dtype and device in a graph, shared by every op
+    that needs it: a constant per use (a reshape's [-1], a gradient scale, an
+    accumulator's step) made up a third of a rewritten graph's nodes. Created
+    outside any control dependency, so sharing adds no ordering."""
+
+    def __init__(self, default_device: str, scope: str = "autopar/const/"):
+        self.default_device = default_device
+        self.scope = scope
+        self._pool: dict[tuple, Any] = {}
+
+    def get(self, value, dtype=None, device: str | None = None) -> "tf.Tensor":
+        import tensorflow as tf
+        device = device or self.default_device
+        key = (repr(value), dtype, device)
+        if key not in self._pool:
+            with tf.control_dependencies(None), tf.device(device), tf.name_scope(self.scope):
+                self._pool[key] = tf.constant(value, dtype)
+        return self._pool[key]
+
+
 @dataclass
 class RewriteContext:
     """What a method's rewrite hook builds in: the scratch graph (a copy of the
@@ -68,6 +89,11 @@ class RewriteContext:
     backend: Any
     worker_device: str
     moves: "list[Move] | None" = None    # OPAU/OPSW placement, if computed beforehand
+    constants: ConstantPool | None = None
+
+    def __post_init__(self) -> None:
+        if self.constants is None:
+            self.constants = ConstantPool(self.worker_device)
 
 
 class SyncMethod:
