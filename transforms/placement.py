@@ -65,6 +65,37 @@ class Move:
                 "bytes_saved": self.bytes_saved, "why": self.why}
 
 
+def ps_devices(graph: tf.Graph, analysis: Analysis, plan: Plan, is_chief: bool,
+               worker_device: str, moves: list[Move] | None = None
+               ) -> tuple[dict[str, str], set[str]]:
+    """(device of every op that leaves the worker, the variables and slots on
+    servers) for one worker's graph: server variables with the ops on their
+    handles, the chief's updates of them, and the OPAU/OPSW moves (`moves`
+    if computed beforehand, else place_ops)."""
+    devices: dict[str, str] = {}
+    on_servers: set[str] = set()
+    for vp in plan.ps_variables:
+        info = analysis.variable(vp.name)
+        device = server_device(vp.servers[0])
+        variables = [info.name, *info.slots]
+        on_servers.update(variables)
+        if len(vp.partitions) > 1:
+            continue   # its uses were redirected to the partitions (transforms.partition)
+        for name in variables:
+            devices[name] = device
+            handle = graph.get_operation_by_name(name).outputs[0]
+            for consumer in handle.consumers():
+                devices[consumer.name] = device   # resource ops live with the resource
+        if is_chief:
+            for name in info.update_ops:
+                devices.setdefault(name, device)
+    for move in place_ops(graph, analysis, plan) if moves is None else moves:
+        if move.rule == "OPAU" and not is_chief:
+            continue   # only the chief runs post-aggregation ops
+        devices[move.op] = move.place.device(worker_device)
+    return devices, on_servers
+
+
 def place_ops(graph: tf.Graph, analysis: Analysis, plan: Plan) -> list[Move]:
     moves: list[Move] = []
     if plan.opau:

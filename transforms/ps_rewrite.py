@@ -28,7 +28,7 @@ from autopar.transforms.allgather import combine_rows
 from autopar.transforms.analysis import Analysis, VariableInfo
 from autopar.transforms.graph_utils import node_input_name
 from autopar.transforms.partition import Partitioner, copy_prefix
-from autopar.transforms.placement import Move, place_ops, server_device
+from autopar.transforms.placement import Move, ps_devices, server_device
 from autopar.transforms.plan import Plan, VariablePlan
 from autopar.transforms.sync_method import ConstantPool, Edits
 
@@ -96,7 +96,9 @@ class PsBuilder:
                 done = self._release(ps_vars)
             else:
                 done = self._wait(ps_vars)
-        self._place(ps_vars)
+        devices, self.edits.server_variables = ps_devices(
+            self.g, self.analysis, self.plan, self.is_chief, self.worker_device, self.moves)
+        self.edits.devices.update(devices)
         self._barrier(done)
         self._counter_ops(ps_vars)
         return self.edits
@@ -344,30 +346,6 @@ class PsBuilder:
             info = self.analysis.variable(vp.name)
             out |= set(info.update_ops) | set(info.own_path_ops)
         return out
-
-    # -- placement -----------------------------------------------------------
-    def _place(self, ps_vars) -> None:
-        devices = self.edits.devices
-        for vp in ps_vars:
-            info = self.analysis.variable(vp.name)
-            device = server_device(vp.servers[0])
-            variables = [info.name, *info.slots]
-            self.edits.server_variables.update(variables)
-            if len(vp.partitions) > 1:
-                continue   # its uses were redirected to the partitions (transforms.partition)
-            for name in variables:
-                devices[name] = device
-                handle = self.g.get_operation_by_name(name).outputs[0]
-                for consumer in handle.consumers():
-                    devices[consumer.name] = device   # resource ops live with the resource
-            if self.is_chief:
-                for name in info.update_ops:
-                    devices.setdefault(name, device)
-        moves = self.moves if self.moves is not None else place_ops(self.g, self.analysis, self.plan)
-        for move in moves:
-            if move.rule == "OPAU" and not self.is_chief:
-                continue   # only the chief runs post-aggregation ops
-            devices[move.op] = move.place.device(self.worker_device)
 
 
 def cover_server_work(graph_def, barrier: str, step_ops) -> list[str]:

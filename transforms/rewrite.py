@@ -68,7 +68,6 @@ def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan, worker_ind
     with scratch.as_default(), tf.device(device):
         for method in METHODS.values():
             edits.merge(method.rewrite(ctx))
-        replaced = edits.replaced
         _broadcast_state(scratch, plan, backend, worker_index == 0, edits.server_variables,
                          ctx.constants)
         after_step = _sync_local_state(scratch, analysis, plan, backend, ctx.constants)
@@ -77,42 +76,64 @@ def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan, worker_ind
     by_name = {node.name: node for node in graph_def.node}
     copies = [node for region, p, remap, device_of in edits.copies     # from the unedited nodes
               for node in copy_region(by_name, region, p, remap, device_of)]
-    rename = {node_input_name(k): node_input_name(v) for k, v in replaced.items()}
+    _set_devices(graph_def, new_nodes, edits, device)
+    _edit_original_nodes(graph_def, new_nodes, edits)
+    graph_def.node.extend(copies)
+    if edits.step_barrier is not None:
+        cover_server_work(graph_def, edits.step_barrier, analysis.step_ops)
+    out = _with_graph_def(meta, graph_def)
+    return WorkerGraph(meta_graph=out, broadcast_op=BROADCAST_OP, replaced=edits.replaced,
+                       server_variables=edits.server_variables, step_barrier=edits.step_barrier,
+                       partitions=edits.partitions, after_step=after_step)
+
+
+# The GraphDef passes, in the order rewrite_for_worker applies them. Each
+# edits the nodes in place and can be run (and tested) on its own.
+
+def _set_devices(graph_def, new_nodes: set[str], edits: Edits, device: str) -> None:
+    """Explicit devices everywhere: new ops where they were built (else the
+    worker), original ops where the methods moved them (else the worker)."""
     for node in graph_def.node:
-        # Devices are explicit everywhere; colocation hints from the
-        # single-device graph (e.g. Adam's powers "with" the first variable)
-        # would contradict them once variables move to servers.
+        # Colocation hints from the single-device graph (e.g. Adam's powers
+        # "with" the first variable) would contradict the explicit devices
+        # once variables move to servers.
         node.attr.pop("_class", None)
         if node.name in new_nodes:
             # Ops pinned to a variable by colocation (its reads) carry no
             # device of their own once the colocation hint is gone.
             node.device = node.device or device
-            continue
-        node.device = edits.devices.get(node.name, device)
-        if in_gradient_scope(node.name):
+        elif _is_identity(node.name, edits):
+            node.device = device   # recomputes a value on the worker
+        else:
+            node.device = edits.devices.get(node.name, device)
+
+
+def _is_identity(name: str, edits: Edits) -> bool:
+    """Whether _edit_original_nodes turns this node into an Identity."""
+    return (name in edits.identities and not in_gradient_scope(name)
+            and name not in edits.noops and name not in edits.noop_deps)
+
+
+def _edit_original_nodes(graph_def, new_nodes: set[str], edits: Edits) -> None:
+    """Original ops outside the backward pass: the methods' NoOps and
+    Identities replace theirs, every other one reads the replaced tensors
+    (averaged or aggregated gradients) and waits for the extra controls."""
+    rename = {node_input_name(k): node_input_name(v) for k, v in edits.replaced.items()}
+    for node in graph_def.node:
+        if node.name in new_nodes or in_gradient_scope(node.name):
             continue   # the backward pass itself keeps using local gradients
         if node.name in edits.noops:
             _make_noop(node, edits.noop_control)
-            continue
-        if node.name in edits.noop_deps:
+        elif node.name in edits.noop_deps:
             _make_noop(node, None)
             node.input.extend("^" + d for d in edits.noop_deps[node.name])
-            continue
-        if node.name in edits.identities:
+        elif _is_identity(node.name, edits):
             _make_identity(node, edits.identities[node.name])
-            node.device = device
-            continue
-        for i, inp in enumerate(node.input):
-            if inp in rename:
-                node.input[i] = rename[inp]
-        node.input.extend("^" + c for c in edits.extra_control.get(node.name, []))
-    graph_def.node.extend(copies)
-    if edits.step_barrier is not None:
-        cover_server_work(graph_def, edits.step_barrier, analysis.step_ops)
-    out = _with_graph_def(meta, graph_def)
-    return WorkerGraph(meta_graph=out, broadcast_op=BROADCAST_OP, replaced=replaced,
-                       server_variables=edits.server_variables, step_barrier=edits.step_barrier,
-                       partitions=edits.partitions, after_step=after_step)
+        else:
+            for i, inp in enumerate(node.input):
+                if inp in rename:
+                    node.input[i] = rename[inp]
+            node.input.extend("^" + c for c in edits.extra_control.get(node.name, []))
 
 
 def _meta_graph(graph_or_meta) -> tf1.MetaGraphDef:
