@@ -137,15 +137,23 @@ def _edit_original_nodes(graph_def, new_nodes: set[str], edits: Edits) -> None:
 
 
 def _meta_graph(graph_or_meta) -> tf1.MetaGraphDef:
-    """The input as a MetaGraphDef. A tf.Graph is exported with its devices:
-    clearing them costs a copy of every node, and _scratch_copy's import
-    clears them anyway."""
-    if not isinstance(graph_or_meta, tf.Graph):
-        return meta_graph_of(graph_or_meta)
-    with graph_or_meta.as_default():   # see graph_utils.meta_graph_of
-        return tf1.train.export_meta_graph(
-            graph=graph_or_meta, graph_def=graph_or_meta.as_graph_def(add_shapes=True),
-            clear_devices=False)
+    """The input as a MetaGraphDef of our own (never the caller's object),
+    without colocation hints: _set_devices drops them from every node anyway,
+    and importing them costs an attribute lookup per op. A tf.Graph is
+    exported with its devices: clearing them costs a copy of every node, and
+    _scratch_copy's import clears them anyway."""
+    if isinstance(graph_or_meta, tf.Graph):
+        with graph_or_meta.as_default():   # see graph_utils.meta_graph_of
+            meta = tf1.train.export_meta_graph(
+                graph=graph_or_meta, graph_def=graph_or_meta.as_graph_def(add_shapes=True),
+                clear_devices=False)
+    else:
+        meta = tf1.MetaGraphDef()
+        meta.CopyFrom(meta_graph_of(graph_or_meta))
+    for node in meta.graph_def.node:
+        if "_class" in node.attr:
+            del node.attr["_class"]
+    return meta
 
 
 def _scratch_copy(meta: tf1.MetaGraphDef) -> tf.Graph:
