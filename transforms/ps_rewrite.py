@@ -113,8 +113,8 @@ class PsBuilder:
                     counter = tf.raw_ops.VarHandleOp(
                         dtype=tf.int64, shape=[],
                         shared_name=f"autopar/contributions/{vp.name}/part_{p}")
-                    inits.append(tf.raw_ops.AssignVariableOp(resource=counter,
-                                                             value=self._const(0, tf.int64, server_device(server))))
+                    zero = self._const(0, tf.int64, server_device(server))
+                    inits.append(tf.raw_ops.AssignVariableOp(resource=counter, value=zero))
                     reads.append(tf.raw_ops.ReadVariableOp(resource=counter, dtype=tf.int64))
         tf.group(*inits, name=COUNTERS_INIT)
         tf.stack(reads, name=CONTRIBUTIONS_OP)
@@ -229,8 +229,8 @@ class PsBuilder:
                 piece = contribution if len(vp.partitions) == 1 else contribution[start:end]
                 with tf.device(server_device(server)):
                     push = tf.raw_ops.AccumulatorApplyGradient(
-                        handle=accumulators[p], local_step=self._const(_ALWAYS_FRESH, tf.int64, server_device(server)),
-                        gradient=piece)
+                        handle=accumulators[p], gradient=piece,
+                        local_step=self._const(_ALWAYS_FRESH, tf.int64, server_device(server)))
             else:
                 values, indices = contribution
                 if len(vp.partitions) > 1:
@@ -253,8 +253,8 @@ class PsBuilder:
         with tf.device(server_device(server)), tf.control_dependencies([push]):
             counter = tf.raw_ops.VarHandleOp(dtype=tf.int64, shape=[],
                                              shared_name=f"autopar/contributions/{vp.name}/part_{p}")
-            self.pushes.append(tf.raw_ops.AssignAddVariableOp(resource=counter,
-                                                             value=self._const(1, tf.int64, server_device(server))))
+            one = self._const(1, tf.int64, server_device(server))
+            self.pushes.append(tf.raw_ops.AssignAddVariableOp(resource=counter, value=one))
 
     def _split(self, vp: VariablePlan) -> None:
         info = self.analysis.variable(vp.name)
