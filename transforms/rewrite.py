@@ -39,7 +39,7 @@ class WorkerGraph:
     broadcast_op: str          # run once after init/restore: chief's state to all
     replaced: dict[str, str]   # original tensor -> its replacement (averaged, aggregated)
     server_variables: set[str] = field(default_factory=set)   # live on servers, not replicated
-    step_barrier: str | None = None   # fetched with every training step (see transforms.ps)
+    step_barrier: str | None = None   # fetched with every training step (see transforms.ps_rewrite)
     # partitioned variable -> [(partition variable, first row, end row)]
     partitions: dict[str, list] = field(default_factory=dict)
     # Run after every training step, in its own session.run, by every worker
