@@ -28,7 +28,7 @@ from autopar.runtime.session import session_config, start_worker_server, wait_fo
 from autopar.transforms.analysis import Analysis, analyze_graph
 from autopar.transforms.compile import CompiledPlan, compile_for_config
 from autopar.transforms.plan import Topology
-from autopar.transforms.ps import COUNTERS_INIT
+from autopar.transforms.ps_rewrite import COUNTERS_INIT
 from autopar.transforms.rewrite import rewrite_for_worker, worker_device
 
 tf1 = tf.compat.v1

@@ -26,6 +26,15 @@ def _row_ladder(limit: int = MAX_GATHERED_ROWS) -> tuple[int, ...]:
 ROW_LADDER = _row_ladder()
 
 
+def row_gather_keys(first: int, prefix: str) -> tuple[dict[str, int], int]:
+    """Instance keys of one variable-size row gather (allgather_rows) from
+    `first` on, named prefix + count/values/indices, and the next free key."""
+    rungs = len(ROW_LADDER)
+    keys = {f"{prefix}count": first, f"{prefix}values": first + 1,
+            f"{prefix}indices": first + 1 + rungs}
+    return keys, first + 1 + 2 * rungs
+
+
 class CollectiveOpsBackend:
     """TensorFlow's own collective ops (CollectiveReduceV2 & co.), always available.
 
@@ -33,37 +42,61 @@ class CollectiveOpsBackend:
     derives them deterministically, so nothing is negotiated at run time.
     """
 
-    def __init__(self, group_size: int, group_key: int, communication_hint: str = "ring"):
+    def __init__(self, group_size: int, group_key: int, communication_hint: str = "ring",
+                 _constants: dict | None = None):
         self.group_size = group_size
         self.group_key = group_key
         self.hint = communication_hint
+        self._constants = {} if _constants is None else _constants
+
+    def subgroup(self, group_size: int, group_key: int) -> "CollectiveOpsBackend":
+        """The same transport over another group (e.g. the workers of one host)."""
+        return CollectiveOpsBackend(group_size, group_key, self.hint, self._constants)
+
+    def _group(self) -> dict:
+        return {"group_size": self._int(self.group_size), "group_key": self._int(self.group_key)}
+
+    def _int(self, value: int) -> tf.Tensor:
+        """Group sizes and keys as one constant each per graph, shared by every
+        collective (a constant per collective and argument was a large part
+        of a rewritten graph), created outside any control dependency."""
+        graph = tf.compat.v1.get_default_graph()
+        key = (id(graph), value)
+        if key not in self._constants:
+            with tf.control_dependencies(None):
+                self._constants[key] = tf.constant(value, tf.int32, name="collective_param")
+        return self._constants[key]
+
+    def barrier(self, instance_key: int) -> tf.Tensor:
+        """A scalar all-reduce: completes once every member reached it."""
+        return self.allreduce_sum(tf.constant(0.0), instance_key)
 
     def allreduce_mean(self, tensor: tf.Tensor, instance_key: int) -> tf.Tensor:
         return tf.raw_ops.CollectiveReduceV2(
-            input=tensor, group_size=self.group_size, group_key=self.group_key,
+            input=tensor, **self._group(),
             instance_key=instance_key, ordering_token=[], merge_op="Add", final_op="Div",
             communication_hint=self.hint)
 
     def allreduce_sum(self, tensor: tf.Tensor, instance_key: int) -> tf.Tensor:
         return tf.raw_ops.CollectiveReduceV2(
-            input=tensor, group_size=self.group_size, group_key=self.group_key,
+            input=tensor, **self._group(),
             instance_key=instance_key, ordering_token=[], merge_op="Add", final_op="Id",
             communication_hint=self.hint)
 
     def allgather(self, tensor: tf.Tensor, instance_key: int | tf.Tensor) -> tf.Tensor:
         """Concatenate along dim 0; every worker must pass the same shape."""
         return tf.raw_ops.CollectiveGatherV2(
-            input=tensor, group_size=self.group_size, group_key=self.group_key,
+            input=tensor, **self._group(),
             instance_key=instance_key, ordering_token=[], communication_hint=self.hint)
 
     def broadcast(self, tensor: tf.Tensor, instance_key: int, is_source: bool) -> tf.Tensor:
         """The source's value of `tensor` on every worker."""
         if is_source:
             return tf.raw_ops.CollectiveBcastSendV2(
-                input=tensor, group_size=self.group_size, group_key=self.group_key,
+                input=tensor, **self._group(),
                 instance_key=instance_key, communication_hint=self.hint)
         return tf.raw_ops.CollectiveBcastRecvV2(
-            group_size=self.group_size, group_key=self.group_key, instance_key=instance_key,
+            **self._group(), instance_key=instance_key,
             shape=tf.shape(tensor), T=tensor.dtype, communication_hint=self.hint)
 
     def allgather_rows(self, values: tf.Tensor, indices: tf.Tensor,

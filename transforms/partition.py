@@ -16,23 +16,11 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from autopar.transforms.graph_utils import VARIABLE_OP_TYPES
-
 tf1 = tf.compat.v1
 
 # Ops on a variable handle this module knows how to redirect to partitions.
 _READS = {"ReadVariableOp"}
 _GATHERS = {"ResourceGather"}
-_SUPPORTED = _READS | _GATHERS | {"VarIsInitializedOp", "AssignVariableOp", "VariableShape"}
-
-
-def unsupported_handle_use(graph: tf.Graph, names: list[str], region: set[str]) -> str:
-    """Why these variables cannot be split ("" when they can)."""
-    for name in names:
-        for c in graph.get_operation_by_name(name).outputs[0].consumers():
-            if c.name not in region and c.type not in _SUPPORTED:
-                return f"'{c.name}' ({c.type}) uses the whole variable"
-    return ""
 
 
 def part_name(var: str, p: int) -> str:
@@ -109,10 +97,10 @@ class Partitioner:
         return tf.reshape(stitched, tf.concat([tf.shape(ids), tf.shape(stitched)[1:]], axis=0))
 
 
-def copy_region(graph_def, region: set[str], p: int, remap: dict[str, str], device_of) -> list:
+def copy_region(by_name: dict, region: set[str], p: int, remap: dict[str, str], device_of) -> list:
     """NodeDefs of `region` copied for partition p: names prefixed, inputs from
-    inside the region renamed, inputs in `remap` (node-input spelling) replaced."""
-    by_name = {n.name: n for n in graph_def.node if n.name in region}
+    inside the region renamed, inputs in `remap` (node-input spelling) replaced.
+    `by_name` indexes the GraphDef's nodes (built once for all copies)."""
     prefix = copy_prefix(p)
     out = []
     for name in sorted(region):
@@ -134,6 +122,3 @@ def copy_region(graph_def, region: set[str], p: int, remap: dict[str, str], devi
         out.append(node)
     return out
 
-
-def variable_ops(graph: tf.Graph, names: list[str]) -> list[str]:
-    return [n for n in names if graph.get_operation_by_name(n).type in VARIABLE_OP_TYPES]

@@ -20,25 +20,81 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
+from autopar.common.roles import SERVER_JOB
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.plan import Plan
 
-WORKER = "worker"
 _LIGHT = frozenset({"Slice", "StridedSlice", "Cast", "Gather", "GatherV2", "ResourceGather",
                     "Size", "L2Loss", "Shape"})
+
+
+def server_device(server: int) -> str:
+    return f"/job:{SERVER_JOB}/replica:0/task:{server}/device:CPU:0"
+
+
+@dataclass(frozen=True)
+class Place:
+    """A process an op runs in: server `server`, or (server None) the worker
+    whose graph is being rewritten."""
+    server: int | None = None
+
+    def device(self, worker_device: str) -> str:
+        return worker_device if self.server is None else server_device(self.server)
+
+    def __str__(self) -> str:
+        return "worker" if self.server is None else f"server {self.server}"
+
+
+WORKER = Place()
+
+
+def server_place(index: int) -> Place:
+    return Place(index)
 
 
 @dataclass
 class Move:
     op: str
     rule: str           # "OPAU" or "OPSW"
-    place: str          # "server N" or "worker"
+    place: Place
     bytes_saved: int    # per step, for the process that would otherwise send it
     why: str
 
+    def as_dict(self) -> dict:
+        """For the Report: the place in words."""
+        return {"op": self.op, "rule": self.rule, "place": str(self.place),
+                "bytes_saved": self.bytes_saved, "why": self.why}
 
-def server_place(index: int) -> str:
-    return f"server {index}"
+
+def ps_devices(graph: tf.Graph, analysis: Analysis, plan: Plan, is_chief: bool,
+               worker_device: str, moves: list[Move] | None = None
+               ) -> tuple[dict[str, str], set[str]]:
+    """(device of every op that leaves the worker, the variables and slots on
+    servers) for one worker's graph: server variables with the ops on their
+    handles, the chief's updates of them, and the OPAU/OPSW moves (`moves`
+    if computed beforehand, else place_ops)."""
+    devices: dict[str, str] = {}
+    on_servers: set[str] = set()
+    for vp in plan.ps_variables:
+        info = analysis.variable(vp.name)
+        device = server_device(vp.servers[0])
+        variables = [info.name, *info.slots]
+        on_servers.update(variables)
+        if len(vp.partitions) > 1:
+            continue   # its uses were redirected to the partitions (transforms.partition)
+        for name in variables:
+            devices[name] = device
+            handle = graph.get_operation_by_name(name).outputs[0]
+            for consumer in handle.consumers():
+                devices[consumer.name] = device   # resource ops live with the resource
+        if is_chief:
+            for name in info.update_ops:
+                devices.setdefault(name, device)
+    for move in place_ops(graph, analysis, plan) if moves is None else moves:
+        if move.rule == "OPAU" and not is_chief:
+            continue   # only the chief runs post-aggregation ops
+        devices[move.op] = move.place.device(worker_device)
+    return devices, on_servers
 
 
 def place_ops(graph: tf.Graph, analysis: Analysis, plan: Plan) -> list[Move]:
@@ -54,8 +110,8 @@ def _opau(graph, analysis, plan) -> list[Move]:
     ps = {vp.name: vp for vp in plan.ps_variables}
     if not ps:
         return []
-    where: dict[str, str] = {}    # tensor -> place, for aggregated gradients and placed ops
-    own: dict[str, str] = {}
+    where: dict[str, Place] = {}    # tensor -> place, for aggregated gradients and placed ops
+    own: dict[str, Place] = {}
     norm_terms: set[str] = set()
     path: set[str] = set()
     for v in analysis.variables:
@@ -89,7 +145,7 @@ def _opau(graph, analysis, plan) -> list[Move]:
     return moves
 
 
-def _rule(op, where: dict[str, str]) -> tuple[str, str]:
+def _rule(op, where: dict[str, Place]) -> tuple[Place, str]:
     """Local ops go where their (non-scalar, else any) placed inputs are;
     shared ops, fed from several processes, go to the first server."""
     places = {where[t.name] for t in op.inputs if t.name in where and t.shape.rank != 0}

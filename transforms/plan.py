@@ -25,13 +25,11 @@ The blocks cover every row count up to comm.MAX_GATHERED_ROWS (2^40).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
-from autopar.transforms import serial
 from autopar.common.roles import SERVER_JOB, WORKER_JOB
+from autopar.transforms import serial
 from autopar.transforms.analysis import Analysis
-from autopar.transforms.comm import ROW_LADDER
 
 GROUP_KEY = 1              # all workers form one collective group
 _HOST_GROUP_BASE = 1000    # host-local groups for local aggregation: base + host index
@@ -40,11 +38,6 @@ RUN_OPTIONS = ("hybrid", "ps", "allreduce")
 # Averaging of batch-local state after each step (sync_local_state="average"):
 # one all-reduce per dtype from this key, far from the per-variable keys.
 LOCAL_STATE_KEY_BASE = 1 << 20
-# Parallax's cost model for a variable of b bytes in n partitions: b/n + a(n-1) + c.
-# `a` is the fixed per-partition cost (one more RPC and update launch per step),
-# written as the bytes the link could have moved meanwhile. Minimising gives
-# n = sqrt(b/a).
-PARTITION_OVERHEAD_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -143,10 +136,11 @@ class Plan:
         return 1.0 / self.num_workers if self.loss_reduction == "mean" else 1.0
 
     def variable(self, name: str) -> VariablePlan:
-        for v in self.variables:
-            if v.name == name:
-                return v
-        raise KeyError(name)
+        # An index, not a scan: callers look up every variable (linear, not quadratic).
+        index = self.__dict__.get("_by_name")
+        if index is None or len(index) != len(self.variables):
+            index = self.__dict__["_by_name"] = {v.name: v for v in self.variables}
+        return index[name]
 
     @property
     def ps_variables(self) -> list[VariablePlan]:
@@ -183,49 +177,23 @@ def make_plan(analysis: Analysis, topology: Topology | int, fusion_bytes: int = 
     options = options or PlanOptions()
     if options.run_option not in RUN_OPTIONS:
         raise ValueError(f"run_option must be one of {RUN_OPTIONS}, got {options.run_option!r}")
+    from autopar.transforms.methods import METHODS   # its modules import this one
     methods = {v.name: _method(v, topology, options) for v in analysis.variables}
     reduction, why = resolve_loss_reduction(analysis, options.loss_reduction)
+    # Each method lays out its variables and takes its instance keys, in table order.
     key = _FIRST_INSTANCE_KEY
-    buckets = _fusion_buckets(analysis, {n for n, (m, _) in methods.items() if m == "allreduce"},
-                              fusion_bytes)
-    bucket_of = {}
-    for b in buckets:
-        b.instance_key = key
-        key += 1
-        for name in b.variables:
-            bucket_of[name] = b.index
-    ps_layout = _place_partitions(analysis, methods, topology, options)
+    states, fields = {}, {"buckets": []}
+    for name, sync in METHODS.items():
+        mine = {v for v, (m, _) in methods.items() if m == name}
+        states[name], key = sync.prepare(analysis, mine, topology, options, fusion_bytes, key)
+        fields.update(sync.plan_fields(states[name]))
     plans = []
     for v in analysis.variables:
         method, reason = methods[v.name]
-        if method == "allreduce":
-            plans.append(VariablePlan(v.name, method, "replicated on every worker", reason,
-                                      bucket=bucket_of[v.name]))
-        elif method == "allgather":
-            keys, key = _row_gather_keys(key, "")
-            plans.append(VariablePlan(v.name, method, "replicated on every worker", reason,
-                                      keys=keys))
-        else:
-            parts, servers = ps_layout[v.name]
-            # norm: all-reduce of this gradient's L2 terms; la_*: host-local
-            # aggregation (a reduce of a dense gradient, a row gather of a
-            # sparse one)
-            norm = key
-            if v.gradient == "sparse":
-                keys, key = _row_gather_keys(key + 1, "la_")
-            else:
-                keys, key = {"la_values": key + 1}, key + 2
-            keys["norm"] = norm
-            if v.dedup and v.norm_ops:
-                # the global-norm term of deduplicated rows needs every worker's rows
-                norm_keys, key = _row_gather_keys(key, "norm_")
-                keys.update(norm_keys)
-            where = ", ".join(f"server {s}" for s in sorted(set(servers)))
-            placement = (f"{len(parts)} partitions on {where}" if len(parts) > 1 else where)
-            plans.append(VariablePlan(v.name, method, placement, reason, keys=keys,
-                                      partitions=parts, servers=servers))
+        vp, key = METHODS[method].variable_plan(v, reason, states[method], key)
+        plans.append(vp)
     return Plan(num_workers=topology.num_workers, fusion_bytes=fusion_bytes,
-                communication_hint=communication_hint, variables=plans, buckets=buckets,
+                communication_hint=communication_hint, variables=plans, **fields,
                 barrier_key=key, broadcast_key_base=key + 1, run_option=options.run_option,
                 worker_hosts=list(topology.worker_hosts), num_servers=topology.num_servers,
                 loss_reduction=reduction, loss_reduction_why=why,
@@ -247,14 +215,6 @@ def resolve_loss_reduction(analysis: Analysis, option: str) -> tuple[str, str]:
                     "mean over the batch: set Config(loss_reduction='sum') if the loss is summed")
 
 
-def _row_gather_keys(first: int, prefix: str) -> tuple[dict[str, int], int]:
-    """Keys of one variable-size row gather from `first` on, and the next free key."""
-    rungs = len(ROW_LADDER)
-    keys = {f"{prefix}count": first, f"{prefix}values": first + 1,
-            f"{prefix}indices": first + 1 + rungs}
-    return keys, first + 1 + 2 * rungs
-
-
 def _method(v, topology: Topology, options: PlanOptions) -> tuple[str, str]:
     replicated = ("allreduce" if v.gradient == "dense" else "allgather")
     default_reason = ("dense gradient: ring all-reduce moves 2(N-1)/N of its bytes per worker"
@@ -270,59 +230,3 @@ def _method(v, topology: Topology, options: PlanOptions) -> tuple[str, str]:
     if v.gradient == "sparse":
         return "ps", "sparse gradient: servers send/receive only touched rows, 2ab per worker"
     return "ps", "run_option='ps': dense variable on servers, 2b per worker"
-
-
-def partition_count(nbytes: int, rows: int, num_servers: int) -> int:
-    """Parallax's b/n + a(n-1) + c minimised: n = sqrt(b/a), then rounded up to
-    a multiple of the server count (so every server holds as many) when there
-    is more than one, and never more partitions than rows."""
-    n = max(1, round(math.sqrt(nbytes / PARTITION_OVERHEAD_BYTES)))
-    if n > 1 and num_servers > 1:
-        n = math.ceil(n / num_servers) * num_servers
-    return max(1, min(n, rows))
-
-
-def _place_partitions(analysis, methods, topology, options) -> dict[str, tuple[list, list]]:
-    """Row partitions of every PS variable, spread over servers greedily by
-    bytes (largest first onto the least-loaded server) so every server carries
-    about the same load."""
-    overrides = dict(options.partitions)
-    pieces = []   # (bytes, var name, partition index)
-    layout: dict[str, tuple[list, list]] = {}
-    for v in analysis.variables:
-        if methods[v.name][0] != "ps":
-            continue
-        rows = v.shape[0] if v.shape else 1
-        n = overrides.get(v.name) or partition_count(v.bytes, rows, topology.num_servers)
-        n = max(1, min(int(n), rows))
-        bounds = [rows * p // n for p in range(n + 1)]
-        parts = [[bounds[p], bounds[p + 1]] for p in range(n)]
-        row_bytes = v.bytes // max(rows, 1)
-        layout[v.name] = (parts, [0] * n)
-        pieces += [(row_bytes * (e - s), v.name, p) for p, (s, e) in enumerate(parts)]
-    load = [0] * max(topology.num_servers, 1)
-    for nbytes, name, p in sorted(pieces, key=lambda x: (-x[0], x[1], x[2])):
-        server = min(range(len(load)), key=lambda s: (load[s], s))
-        load[server] += nbytes
-        layout[name][1][p] = server
-    return layout
-
-
-def _fusion_buckets(analysis: Analysis, names: set[str], fusion_bytes: int) -> list[Bucket]:
-    """Greedy buckets of one dtype, at most fusion_bytes each (a larger variable
-    gets a bucket of its own). Variables are taken last-created first, the order
-    in which backpropagation produces their gradients, so early buckets can be
-    reduced while later layers are still being differentiated."""
-    buckets: list[Bucket] = []
-    open_by_dtype: dict[str, Bucket] = {}
-    for v in reversed(analysis.variables):
-        if v.name not in names:
-            continue
-        b = open_by_dtype.get(v.dtype)
-        if b is None or (b.bytes + v.bytes > fusion_bytes and b.variables):
-            b = Bucket(index=len(buckets), dtype=v.dtype, variables=[], bytes=0, instance_key=0)
-            buckets.append(b)
-            open_by_dtype[v.dtype] = b
-        b.variables.append(v.name)
-        b.bytes += v.bytes
-    return buckets

@@ -1,428 +1,102 @@
-"""The parameter-server path (Parallax §5.1, §5.3): variables on servers,
-gradients pushed into accumulators, the update applied once per step.
-
-Per step, for a PS variable v:
-  every worker   pushes its gradient (sparse: touched rows and their indices;
-                 scaled for averaging) into v's accumulator on v's server —
-                 with local aggregation only one worker per host pushes the
-                 host's combined rows;
-  the chief      takes the aggregate once every contribution is in, runs v's
-                 own post-aggregation ops (clipping by the shared scale) and
-                 v's optimizer update on the server, then releases one token
-                 to each other worker;
-  other workers  wait for their token before finishing the step, so nobody
-                 reads v for step k+1 before step k's update is applied.
-A global-norm term of a sparse gradient is additive over workers, so every
-worker gets it from one scalar all-reduce and can clip its replicated dense
-variables without waiting for the servers.
-
-Accumulators and token queues are shared by name on the servers, so each
-worker's own graph refers to the same objects.
-"""
+"""The parameter-server method (Parallax §5.1, §5.3): the variable, split into
+row partitions, lives on server processes; workers read the rows they need and
+push their gradient; the chief applies the update once per step on the
+servers. Planning (partitions and their servers) and cost are here; the
+graph protocol (push/take/token) is in transforms.ps_rewrite."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
 
-import tensorflow as tf
+from autopar.transforms.comm import row_gather_keys
+from autopar.transforms.plan import VariablePlan
+from autopar.transforms.ps_rewrite import PsBuilder
+from autopar.transforms.sync_method import Edits, RewriteContext, SyncMethod
 
-from autopar.common.roles import SERVER_JOB
-from autopar.transforms.analysis import Analysis, VariableInfo
-from autopar.transforms.comm import CollectiveOpsBackend
-from autopar.transforms.graph_utils import node_input_name
-from autopar.transforms.partition import Partitioner, copy_prefix
-from autopar.transforms.placement import place_ops
-from autopar.transforms.plan import Plan, VariablePlan
-
-tf1 = tf.compat.v1
-
-# Accumulators drop a gradient whose step is older than theirs; the token
-# protocol already keeps workers in step, so every push claims a step no
-# accumulator can have reached.
-_ALWAYS_FRESH = 1 << 62
+# Parallax's cost model for a variable of b bytes in n partitions: b/n + a(n-1) + c.
+# `a` is the fixed per-partition cost (one more RPC and update launch per step),
+# written as the bytes the link could have moved meanwhile. Minimising gives
+# n = sqrt(b/a).
+PARTITION_OVERHEAD_BYTES = 4 << 20
 
 
-# Names (under the "autopar" scope) of the contribution counters' ops.
-COUNTERS_INIT = "autopar/init_contribution_counters"
-CONTRIBUTIONS_OP = "autopar/contributions"
+class ParameterServer(SyncMethod):
+    name = "ps"
+    replicated = False
 
+    def prepare(self, analysis, names, topology, options, fusion_bytes, key):
+        return place_partitions(analysis, names, topology, dict(options.partitions)), key
 
-def combine_rows(values: tf.Tensor, indices: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """IndexedSlices rows with duplicate indices summed: one row per distinct
-    index (in order of first occurrence)."""
-    unique, position = tf.unique(indices)
-    return tf.math.unsorted_segment_sum(values, position, tf.shape(unique)[0]), unique
-
-
-def server_device(server: int) -> str:
-    return f"/job:{SERVER_JOB}/replica:0/task:{server}/device:CPU:0"
-
-
-@dataclass
-class PsEdits:
-    """What the GraphDef pass must do to the original nodes."""
-    replaced: dict[str, str] = field(default_factory=dict)     # tensor -> tensor
-    noops: set[str] = field(default_factory=set)                # nodes to turn into NoOps
-    noop_control: str | None = None                             # ...depending on this op
-    extra_control: dict[str, list[str]] = field(default_factory=dict)
-    devices: dict[str, str] = field(default_factory=dict)       # node -> device
-    server_variables: set[str] = field(default_factory=set)     # variables (with slots) on servers
-    step_barrier: str | None = None                             # op every step run must include
-    identities: dict[str, str] = field(default_factory=dict)    # node -> Identity(tensor)
-    noop_deps: dict[str, list[str]] = field(default_factory=dict)  # node -> NoOp(^deps)
-    copies: list[tuple] = field(default_factory=list)           # (region, p, remap, device_of)
-    partitions: dict[str, list[tuple[str, int, int]]] = field(default_factory=dict)
-
-
-class PsBuilder:
-    def __init__(self, graph: tf.Graph, analysis: Analysis, plan: Plan, worker_index: int,
-                 backend, worker_device: str, moves: list | None = None):
-        self.g = graph
-        self.moves = moves   # the compiled plan's OPAU/OPSW moves; None: computed in _place
-        self.analysis = analysis
-        self.plan = plan
-        self.index = worker_index
-        self.is_chief = worker_index == 0
-        self.backend = backend
-        self.worker_device = worker_device
-        self.edits = PsEdits()
-        self.collectives: list[tf.Operation] = []
-        self.pushes: list[tf.Operation] = []
-
-    def build(self) -> PsEdits:
-        ps_vars = self.plan.ps_variables
-        if not ps_vars:
-            return self.edits
-        host_key, members = self.plan.host_group(self.index)
-        la = self.plan.local_aggregation and len(members) > 1
-        self.is_host_leader = not la or members[0] == self.index
-        accumulators = {}
-        self.part_handles: dict[str, list[tf.Tensor]] = {}
-        with tf.name_scope("autopar/partition"):
-            for vp in ps_vars:
-                if len(vp.partitions) > 1:
-                    self._split(vp)
-        with tf.name_scope("autopar/ps"):
-            for vp in ps_vars:
-                info = self.analysis.variable(vp.name)
-                accumulators[vp.name] = self._accumulators(vp, info)
-                self._norm_terms(vp, info)
-                contribution = self._contribution(vp, info, la, host_key, members)
-                if self.is_host_leader:
-                    self._push(vp, info, accumulators[vp.name], contribution)
-            if self.is_chief:
-                for vp in ps_vars:
-                    self._take(vp, self.analysis.variable(vp.name), accumulators[vp.name])
-                done = self._release(ps_vars)
-            else:
-                done = self._wait(ps_vars)
-        self._place(ps_vars)
-        self._barrier(done)
-        self._counter_ops(ps_vars)
-        return self.edits
-
-    def _counter_ops(self, ps_vars) -> None:
-        """COUNTERS_INIT (run once by the chief) and CONTRIBUTIONS_OP: every
-        accumulator's count, in plan order of variables and partitions."""
-        inits, reads = [], []
-        for vp in ps_vars:
-            for p, server in enumerate(vp.servers):
-                with tf.device(server_device(server)):
-                    counter = tf.raw_ops.VarHandleOp(
-                        dtype=tf.int64, shape=[],
-                        shared_name=f"autopar/contributions/{vp.name}/part_{p}")
-                    inits.append(tf.raw_ops.AssignVariableOp(resource=counter,
-                                                             value=tf.constant(0, tf.int64)))
-                    reads.append(tf.raw_ops.ReadVariableOp(resource=counter, dtype=tf.int64))
-        tf.group(*inits, name=COUNTERS_INIT)
-        tf.stack(reads, name=CONTRIBUTIONS_OP)
-
-    def _barrier(self, done: tf.Operation) -> None:
-        """A scalar all-reduce ending every training step, after all of this
-        worker's server work. A graph with collectives shares its step id with
-        the other workers, so every worker's server-side partitions of a step
-        carry the same id; a worker that finished early would clean that id up
-        on the server under a peer still using it. Nobody finishes a step
-        before everyone's server work for it is done: the barrier waits for
-        this worker's pushes and token here, and for every other op of the
-        step that touches a server once the final devices are known
-        (cover_server_work)."""
-        with tf.control_dependencies([done] + self.pushes):
-            token = tf.raw_ops.CollectiveReduceV2(
-                input=tf.constant(0.0), group_size=self.plan.num_workers,
-                group_key=self.plan.group_key, instance_key=self.plan.barrier_key,
-                ordering_token=[], merge_op="Add", final_op="Id",
-                communication_hint=self.plan.communication_hint)
-        self.edits.step_barrier = token.op.name
-
-    # -- shared objects ------------------------------------------------------
-    def _accumulators(self, vp: VariablePlan, info: VariableInfo) -> list[tf.Tensor]:
-        out = []
-        for p, ((start, end), server) in enumerate(zip(vp.partitions, vp.servers)):
-            shape = [end - start, *info.shape[1:]]
-            with tf.device(server_device(server)):
-                name = f"autopar/acc/{vp.name}/part_{p}"
-                if info.gradient == "sparse":
-                    out.append(tf.raw_ops.SparseConditionalAccumulator(
-                        dtype=info.dtype, shape=shape, shared_name=name, reduction_type="SUM"))
-                else:
-                    out.append(tf.raw_ops.ConditionalAccumulator(
-                        dtype=info.dtype, shape=shape, shared_name=name, reduction_type="SUM"))
-        return out
-
-    def _token_queue(self, worker: int) -> tf.Tensor:
-        with tf.device(server_device(0)):
-            return tf.raw_ops.FIFOQueueV2(component_types=[tf.int32], shapes=[[]], capacity=4,
-                                          shared_name=f"autopar/token/worker_{worker}")
-
-    # -- worker side ---------------------------------------------------------
-    def _scale(self, info: VariableInfo) -> float:
-        """The plan's one decision (mean or summed loss), dense and sparse alike."""
-        return self.plan.gradient_scale
-
-    def _norm_terms(self, vp: VariablePlan, info: VariableInfo) -> None:
-        """A global-norm L2 term of a sparse gradient. Rows of a plain lookup are
-        one per occurrence, on one device as here: the single-device term is the
-        sum over workers of the term on each worker's scaled rows, one scalar
-        all-reduce. Deduplicated rows (one per distinct id) are combined on one
-        device across the whole batch, and the square of a sum is not the sum of
-        squares: the term needs the combined rows, so every worker gathers all
-        rows, combines duplicates and takes the term itself (exact; costs an
-        all-gather of the touched rows, as run_option="allreduce" does)."""
-        if info.gradient != "sparse" or not info.norm_ops:
-            return
-        values = self.g.get_tensor_by_name(info.grad_values)
-        scaled = values * tf.constant(self._scale(info), values.dtype)
-        if info.dedup:
-            indices = tf.cast(self.g.get_tensor_by_name(info.grad_indices), tf.int64)
-            rows, ids = self.backend.allgather_rows(
-                scaled, indices, (vp.keys["norm_count"], vp.keys["norm_values"],
-                                  vp.keys["norm_indices"]))
-            self.collectives += [rows.op, ids.op]
-            total = tf.nn.l2_loss(combine_rows(rows, ids)[0])
+    def variable_plan(self, v, reason, state, key):
+        parts, servers = state[v.name]
+        # norm: all-reduce of this gradient's L2 terms; la_*: host-local
+        # aggregation (a reduce of a dense gradient, a row gather of a
+        # sparse one)
+        norm = key
+        if v.gradient == "sparse":
+            keys, key = row_gather_keys(key + 1, "la_")
         else:
-            total = tf.raw_ops.CollectiveReduceV2(
-                input=tf.nn.l2_loss(scaled), group_size=self.plan.num_workers,
-                group_key=self.plan.group_key, instance_key=vp.keys["norm"], ordering_token=[],
-                merge_op="Add", final_op="Id", communication_hint=self.plan.communication_hint)
-            self.collectives.append(total.op)
-        for op_name in info.norm_ops:
-            self.edits.replaced[f"{op_name}:0"] = total.name
+            keys, key = {"la_values": key + 1}, key + 2
+        keys["norm"] = norm
+        if v.dedup and v.norm_ops:
+            # the global-norm term of deduplicated rows needs every worker's rows
+            norm_keys, key = row_gather_keys(key, "norm_")
+            keys.update(norm_keys)
+        where = ", ".join(f"server {s}" for s in sorted(set(servers)))
+        placement = f"{len(parts)} partitions on {where}" if len(parts) > 1 else where
+        return VariablePlan(v.name, self.name, placement, reason, keys=keys,
+                            partitions=parts, servers=servers), key
 
-    def _contribution(self, vp, info, la: bool, host_key: int, members: list[int]):
-        """This worker's (or, with local aggregation, this host's) gradient."""
-        scale = self._scale(info)
-        if info.gradient == "dense":
-            grad = self.g.get_tensor_by_name(info.grad_tensor)
-            grad = grad * tf.constant(scale, grad.dtype)
-            if la:
-                grad = tf.raw_ops.CollectiveReduceV2(
-                    input=grad, group_size=len(members), group_key=host_key,
-                    instance_key=vp.keys["la_values"], ordering_token=[], merge_op="Add",
-                    final_op="Id", communication_hint=self.plan.communication_hint)
-                self.collectives.append(grad.op)
-            return grad
-        values = self.g.get_tensor_by_name(info.grad_values)
-        indices = tf.cast(self.g.get_tensor_by_name(info.grad_indices), tf.int64)
-        values = values * tf.constant(scale, values.dtype)
-        if la:
-            host = CollectiveOpsBackend(len(members), host_key, self.plan.communication_hint)
-            values, indices = host.allgather_rows(
-                values, indices, (vp.keys["la_count"], vp.keys["la_values"], vp.keys["la_indices"]))
-            self.collectives += [values.op, indices.op]
-            # Sum rows touched on several workers of the host before they cross
-            # the network: one row per distinct index.
-            values, indices = combine_rows(values, indices)
-        return values, indices
+    def wire_bytes(self, v, vp, num_workers, alpha):
+        # Parallax Table 3, 2ab in all: push the touched rows' gradient, read
+        # the touched rows.
+        return alpha * v.bytes, alpha * v.bytes
 
-    def _push(self, vp, info, accumulators, contribution) -> None:
-        for p, ((start, end), server) in enumerate(zip(vp.partitions, vp.servers)):
-            if info.gradient == "dense":
-                piece = contribution if len(vp.partitions) == 1 else contribution[start:end]
-                with tf.device(server_device(server)):
-                    push = tf.raw_ops.AccumulatorApplyGradient(
-                        handle=accumulators[p], local_step=_ALWAYS_FRESH, gradient=piece)
-            else:
-                values, indices = contribution
-                if len(vp.partitions) > 1:
-                    mine = tf.logical_and(indices >= start, indices < end)
-                    values = tf.boolean_mask(values, mine)
-                    indices = tf.boolean_mask(indices, mine) - start
-                shape = tf.constant([end - start, *info.shape[1:]], tf.int64)
-                with tf.device(server_device(server)):
-                    push = tf.raw_ops.SparseAccumulatorApplyGradient(
-                        handle=accumulators[p], local_step=_ALWAYS_FRESH, gradient_indices=indices,
-                        gradient_values=values, gradient_shape=shape, has_known_shape=True)
-            self.pushes.append(push)
-            self._count(vp, p, server, push)
-
-    def _count(self, vp, p: int, server: int, push) -> None:
-        """Server-side count of the contributions this accumulator received:
-        what local aggregation is meant to cut from one per worker to one per
-        host (read as CONTRIBUTIONS_OP)."""
-        with tf.device(server_device(server)), tf.control_dependencies([push]):
-            counter = tf.raw_ops.VarHandleOp(dtype=tf.int64, shape=[],
-                                             shared_name=f"autopar/contributions/{vp.name}/part_{p}")
-            self.pushes.append(tf.raw_ops.AssignAddVariableOp(resource=counter,
-                                                             value=tf.constant(1, tf.int64)))
-
-    def _split(self, vp: VariablePlan) -> None:
-        info = self.analysis.variable(vp.name)
-        region = set(info.update_ops) | set(info.own_path_ops)
-        partitioner = Partitioner(self.g, self.edits, lambda p: server_device(vp.servers[p]))
-        for name in [info.name, *info.slots]:
-            self.part_handles[name] = partitioner.split(name, vp.partitions, region)
-            self.edits.partitions[name] = [(h.op.name, start, end) for h, (start, end)
-                                           in zip(self.part_handles[name], vp.partitions)]
-
-    # -- chief ---------------------------------------------------------------
-    def _take(self, vp, info, accumulators) -> None:
-        if len(vp.partitions) > 1:
-            return self._take_partitioned(vp, info, accumulators)
-        need = self.plan.contributions_per_step()
-        with tf.control_dependencies(self.pushes), tf.device(server_device(vp.servers[0])):
-            if info.gradient == "dense":
-                grad = self.g.get_tensor_by_name(info.grad_tensor)
-                total = tf.raw_ops.AccumulatorTakeGradient(handle=accumulators[0],
-                                                           num_required=need, dtype=grad.dtype)
-                self.edits.replaced[grad.name] = tf.reshape(total, tf.shape(grad)).name
-            else:
-                values = self.g.get_tensor_by_name(info.grad_values)
-                indices = self.g.get_tensor_by_name(info.grad_indices)
-                idx, vals, _ = tf.raw_ops.SparseAccumulatorTakeGradient(
-                    handle=accumulators[0], num_required=need, dtype=values.dtype)
-                self.edits.replaced[values.name] = vals.name
-                self.edits.replaced[indices.name] = tf.cast(idx, indices.dtype).name
-
-    def _take_partitioned(self, vp, info, accumulators) -> None:
-        """Each partition's aggregate feeds its own copy of the variable's update
-        region; the original region becomes NoOps waiting for the copies."""
-        need = self.plan.contributions_per_step()
-        region = set(info.update_ops) | set(info.own_path_ops)
-        for p, server in enumerate(vp.servers):
-            remap = {name: self.part_handles[name][p].op.name for name in [info.name, *info.slots]}
-            with tf.control_dependencies(self.pushes), tf.device(server_device(server)):
-                if info.gradient == "dense":
-                    total = tf.raw_ops.AccumulatorTakeGradient(
-                        handle=accumulators[p], num_required=need, dtype=info.dtype)
-                    remap[node_input_name(info.grad_tensor)] = node_input_name(total.name)
-                else:
-                    indices = self.g.get_tensor_by_name(info.grad_indices)
-                    idx, vals, _ = tf.raw_ops.SparseAccumulatorTakeGradient(
-                        handle=accumulators[p], num_required=need, dtype=info.dtype)
-                    remap[node_input_name(info.grad_values)] = node_input_name(vals.name)
-                    remap[node_input_name(info.grad_indices)] = node_input_name(tf.cast(idx, indices.dtype).name)
-            device = server_device(server)
-            own = set(info.own_path_ops)
-            self.edits.copies.append((region, p, remap,
-                                      lambda n, d=device: d if (self.plan.opau or n not in own)
-                                      else self.worker_device))
-        for name in region:
-            self.edits.noop_deps[name] = [copy_prefix(p) + name for p in range(len(vp.servers))]
-
-    def _release(self, ps_vars) -> None:
-        updates = [self.g.get_operation_by_name(u)
-                   for vp in ps_vars for u in self.analysis.variable(vp.name).update_ops]
-        with tf.control_dependencies(updates + self.collectives):
-            tokens = [tf.raw_ops.QueueEnqueueV2(handle=self._token_queue(w),
-                                                components=[tf.constant(0)])
-                      for w in range(1, self.plan.num_workers)]
-            release = tf.group(*tokens, name="release")
-        region = self._regions(ps_vars)
-        for op in self.g.get_operations():
-            if op.name in region:
-                continue
-            if any(t.op.name in region for t in op.inputs) or any(
-                    c.name in region for c in op.control_inputs):
-                self.edits.extra_control.setdefault(op.name, []).append(release.name)
-        return release
-
-    def _wait(self, ps_vars) -> None:
-        with tf.control_dependencies(self.pushes + self.collectives):
-            wait = tf.raw_ops.QueueDequeueV2(handle=self._token_queue(self.index),
-                                             component_types=[tf.int32])
-        self.edits.noops = self._regions(ps_vars)
-        self.edits.noop_control = wait[0].op.name
-        return wait[0].op
-
-    def _regions(self, ps_vars) -> set[str]:
-        out = set()
-        for vp in ps_vars:
-            info = self.analysis.variable(vp.name)
-            out |= set(info.update_ops) | set(info.own_path_ops)
+    def server_bytes(self, v, vp, num_workers, contributors, alpha):
+        """Each server sends a partition's rows to every reader and receives
+        every contribution."""
+        rows = v.shape[0] if v.shape else 1
+        out = []
+        for (start, end), server in zip(vp.partitions, vp.servers):
+            part = alpha * v.bytes * (end - start) / max(rows, 1)
+            out.append((server, num_workers * part, contributors * part))
         return out
 
-    # -- placement -----------------------------------------------------------
-    def _place(self, ps_vars) -> None:
-        devices = self.edits.devices
-        for vp in ps_vars:
-            info = self.analysis.variable(vp.name)
-            device = server_device(vp.servers[0])
-            variables = [info.name, *info.slots]
-            self.edits.server_variables.update(variables)
-            if len(vp.partitions) > 1:
-                continue   # its uses were redirected to the partitions (transforms.partition)
-            for name in variables:
-                devices[name] = device
-                handle = self.g.get_operation_by_name(name).outputs[0]
-                for consumer in handle.consumers():
-                    devices[consumer.name] = device   # resource ops live with the resource
-            if self.is_chief:
-                for name in info.update_ops:
-                    devices.setdefault(name, device)
-        moves = self.moves if self.moves is not None else place_ops(self.g, self.analysis, self.plan)
-        for move in moves:
-            if move.rule == "OPAU" and not self.is_chief:
-                continue   # only the chief runs post-aggregation ops
-            devices[move.op] = (server_device(int(move.place.split()[1]))
-                                if move.place.startswith("server") else self.worker_device)
+    def rewrite(self, ctx: RewriteContext) -> Edits:
+        return PsBuilder(ctx.graph, ctx.analysis, ctx.plan, ctx.worker_index, ctx.backend,
+                         ctx.worker_device, ctx.moves, ctx.constants).build()
 
 
-def cover_server_work(graph_def, barrier: str, step_ops) -> list[str]:
-    """Make the step barrier wait for every op of a training step that
-    touches a server; return the ops added as its control inputs.
+def partition_count(nbytes: int, rows: int, num_servers: int) -> int:
+    """Parallax's b/n + a(n-1) + c minimised: n = sqrt(b/a), then rounded up to
+    a multiple of the server count (so every server holds as many) when there
+    is more than one, and never more partitions than rows."""
+    n = max(1, round(math.sqrt(nbytes / PARTITION_OVERHEAD_BYTES)))
+    if n > 1 and num_servers > 1:
+        n = math.ceil(n / num_servers) * num_servers
+    return max(1, min(n, rows))
 
-    Why: TensorFlow gives all workers' runs of a graph with collectives the
-    same step id (the collective executor's step-id sequence is shared by
-    the group), and a server keeps one rendezvous per step id for every
-    worker's partitions. When a worker's run ends, its master cleans that
-    step id up on every task the run used, servers included, which aborts the
-    rendezvous there ("Aborted: Cleanup <step id>") under any peer still
-    moving a tensor to or from that server in the same step. A peer's run can
-    only still be doing so if some of its server traffic is not ordered before
-    its barrier contribution, e.g. a worker op after the update reading a
-    server variable (an ExponentialMovingAverage of it) whose value is still
-    in flight when the barrier completes.
 
-    So, on the final GraphDef (devices settled, OPAU/OPSW moves and partition
-    copies included), every op that may run in a step (the step ops and their
-    ancestors) and either runs on a server or reads an output of a server op
-    (data or control) becomes a control input of the barrier. Every transfer
-    between a server and a worker ends at such an op (a server op receiving,
-    or a worker op consuming), so when the barrier's all-reduce completes no
-    worker has server traffic of that step left, and cleanup aborts nothing.
-    The barrier is only ever fetched, never consumed, so no cycle can form.
-    Like the update ops the barrier already waits for, these ops then run in
-    every training step."""
-    nodes = {n.name: n for n in graph_def.node}
-    producers = {name: [i.lstrip("^").split(":")[0] for i in node.input]
-                 for name, node in nodes.items()}
-
-    def on_server(name: str) -> bool:
-        return nodes[name].device.startswith(f"/job:{SERVER_JOB}")
-
-    def ancestors(roots) -> set[str]:
-        seen, stack = set(), [r for r in roots if r in nodes]
-        while stack:
-            name = stack.pop()
-            if name in seen:
-                continue
-            seen.add(name)
-            stack.extend(p for p in producers[name] if p in nodes)
-        return seen
-
-    covered = ancestors([barrier])
-    step = ancestors(step_ops)
-    touching = sorted(n for n in step - covered
-                      if on_server(n) or any(on_server(p) for p in producers[n] if p in nodes))
-    nodes[barrier].input.extend("^" + n for n in touching)
-    return touching
+def place_partitions(analysis, names: set[str], topology,
+                     overrides: dict[str, int]) -> dict[str, tuple[list, list]]:
+    """Row partitions of every PS variable, spread over servers greedily by
+    bytes (largest first onto the least-loaded server) so every server carries
+    about the same load."""
+    pieces = []   # (bytes, var name, partition index)
+    layout: dict[str, tuple[list, list]] = {}
+    for v in analysis.variables:
+        if v.name not in names:
+            continue
+        rows = v.shape[0] if v.shape else 1
+        n = overrides.get(v.name) or partition_count(v.bytes, rows, topology.num_servers)
+        n = max(1, min(int(n), rows))
+        bounds = [rows * p // n for p in range(n + 1)]
+        parts = [[bounds[p], bounds[p + 1]] for p in range(n)]
+        row_bytes = v.bytes // max(rows, 1)
+        layout[v.name] = (parts, [0] * n)
+        pieces += [(row_bytes * (e - s), v.name, p) for p, (s, e) in enumerate(parts)]
+    load = [0] * max(topology.num_servers, 1)
+    for nbytes, name, p in sorted(pieces, key=lambda x: (-x[0], x[1], x[2])):
+        server = min(range(len(load)), key=lambda s: (load[s], s))
+        load[server] += nbytes
+        layout[name][1][p] = server
+    return layout

@@ -11,6 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from autopar.transforms.analysis import Analysis
+from autopar.transforms.methods import METHODS
 from autopar.transforms.plan import Plan
 
 
@@ -114,19 +115,11 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
         if v.gradient == "sparse" and v.alpha is None:
             notes.append(f"{v.name}: rows touched per step unknown before running; "
                          "bytes shown for the worst case a=1")
-        if vp.method == "allreduce":
-            sent = recv = 2 * (n - 1) * v.bytes / n
-        elif vp.method == "allgather":
-            sent = recv = (n - 1) * alpha * v.bytes
-        else:
-            # PS (Parallax Table 3, 2ab in all): push the touched rows' gradient,
-            # read the touched rows. Each server sees every reader and contributor.
-            sent = recv = alpha * v.bytes
-            rows = v.shape[0] if v.shape else 1
-            for (start, end), server in zip(vp.partitions, vp.servers):
-                part = alpha * v.bytes * (end - start) / max(rows, 1)
-                server_bytes[server][0] += n * part
-                server_bytes[server][1] += contributors * part
+        method = METHODS[vp.method]
+        sent, recv = method.wire_bytes(v, vp, n, alpha)
+        for server, s_sent, s_received in method.server_bytes(v, vp, n, contributors, alpha):
+            server_bytes[server][0] += s_sent
+            server_bytes[server][1] += s_received
         variables.append(VariableReport(
             name=v.name, kind=v.gradient, shape=list(v.shape), dtype=v.dtype, bytes=v.bytes,
             method=vp.method, placement=vp.placement, reason=vp.reason, alpha=v.alpha,
@@ -140,7 +133,7 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
     return Report(num_workers=n, num_servers=num_servers, variables=variables,
                   servers=[{"server": i, "sent": s, "received": r}
                            for i, (s, r) in enumerate(server_bytes)], run_option=plan.run_option,
-                  moved_ops=[asdict(m) for m in moves or []],
+                  moved_ops=[m.as_dict() for m in moves or []],
                   loss_reduction=plan.loss_reduction, loss_reduction_why=plan.loss_reduction_why,
                   sync_local_state=plan.sync_local_state,
                   buckets=[asdict(b) for b in plan.buckets],

@@ -20,10 +20,13 @@ import tensorflow as tf
 from autopar.common.roles import WORKER_JOB
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.comm import CollectiveOpsBackend
-from autopar.transforms.graph_utils import graph_of, in_gradient_scope, meta_graph_of, node_input_name
+from autopar.transforms.graph_utils import in_gradient_scope, meta_graph_of, node_input_name
 from autopar.transforms.partition import copy_region
+from autopar.transforms.placement import Move
 from autopar.transforms.plan import Plan
-from autopar.transforms.ps import PsBuilder, combine_rows, cover_server_work
+from autopar.transforms.methods import METHODS
+from autopar.transforms.ps_rewrite import cover_server_work
+from autopar.transforms.sync_method import ConstantPool, Edits, RewriteContext
 
 tf1 = tf.compat.v1
 
@@ -37,7 +40,7 @@ class WorkerGraph:
     broadcast_op: str          # run once after init/restore: chief's state to all
     replaced: dict[str, str]   # original tensor -> its replacement (averaged, aggregated)
     server_variables: set[str] = field(default_factory=set)   # live on servers, not replicated
-    step_barrier: str | None = None   # fetched with every training step (see transforms.ps)
+    step_barrier: str | None = None   # fetched with every training step (see transforms.ps_rewrite)
     # partitioned variable -> [(partition variable, first row, end row)]
     partitions: dict[str, list] = field(default_factory=dict)
     # Run after every training step, in its own session.run, by every worker
@@ -49,63 +52,137 @@ def worker_device(worker_index: int) -> str:
     return f"/job:{WORKER_JOB}/replica:0/task:{worker_index}/device:CPU:0"
 
 
-def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan,
-                       worker_index: int, *, moves: list | None = None) -> WorkerGraph:
-    """`moves`: the OPAU/OPSW placement of the compiled plan
-    (transforms.compile); None computes it here (transforms.placement)."""
-    meta = meta_graph_of(graph_or_meta)
-    scratch = graph_of(meta)  # a fresh import: never mutate the user's graph
+def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
+                       moves: list[Move] | None = None, backend=None) -> WorkerGraph:
+    """Worker `worker_index`'s graph. `moves`: the plan's OPAU/OPSW placement
+    when already computed (placement.place_ops), else computed here.
+    `backend`: the communication backend building every collective
+    (transforms.comm; TensorFlow's collective ops by default)."""
+    meta = _meta_graph(graph_or_meta)
+    scratch = _scratch_copy(meta)  # a fresh import: never mutate the user's graph
     n_original = len(scratch.get_operations())
-    backend = CollectiveOpsBackend(plan.num_workers, plan.group_key, plan.communication_hint)
+    if backend is None:
+        backend = CollectiveOpsBackend(plan.num_workers, plan.group_key, plan.communication_hint)
     device = worker_device(worker_index)
+    ctx = RewriteContext(scratch, analysis, plan, worker_index, backend, device, moves)
+    edits = Edits()   # all methods' edits
     with scratch.as_default(), tf.device(device):
-        replaced = _average_gradients(scratch, analysis, plan, backend)
-        ps = PsBuilder(scratch, analysis, plan, worker_index, backend, device,
-                       moves=moves).build()
-        replaced.update(ps.replaced)
-        _broadcast_state(scratch, plan, backend, worker_index == 0, ps.server_variables)
-        after_step = _sync_local_state(scratch, analysis, plan, backend)
+        for method in METHODS.values():
+            edits.merge(method.rewrite(ctx))
+        _broadcast_state(scratch, plan, backend, worker_index == 0, edits.server_variables,
+                         ctx.constants)
+        after_step = _sync_local_state(scratch, analysis, plan, backend, ctx.constants)
     new_nodes = {op.name for op in scratch.get_operations()[n_original:]}
     graph_def = scratch.as_graph_def()
-    copies = [node for region, p, remap, device_of in ps.copies     # from the unedited nodes
-              for node in copy_region(graph_def, region, p, remap, device_of)]
-    rename = {node_input_name(k): node_input_name(v) for k, v in replaced.items()}
+    by_name = {node.name: node for node in graph_def.node}
+    copies = [node for region, p, remap, device_of in edits.copies     # from the unedited nodes
+              for node in copy_region(by_name, region, p, remap, device_of)]
+    _set_devices(graph_def, new_nodes, edits, device)
+    _edit_original_nodes(graph_def, new_nodes, edits)
+    graph_def.node.extend(copies)
+    if edits.step_barrier is not None:
+        cover_server_work(graph_def, edits.step_barrier, analysis.step_ops)
+    out = _with_graph_def(meta, graph_def)
+    return WorkerGraph(meta_graph=out, broadcast_op=BROADCAST_OP, replaced=edits.replaced,
+                       server_variables=edits.server_variables, step_barrier=edits.step_barrier,
+                       partitions=edits.partitions, after_step=after_step)
+
+
+# The GraphDef passes, in the order rewrite_for_worker applies them. Each
+# edits the nodes in place and can be run (and tested) on its own.
+
+def _set_devices(graph_def, new_nodes: set[str], edits: Edits, device: str) -> None:
+    """Explicit devices everywhere: new ops where they were built (else the
+    worker), original ops where the methods moved them (else the worker)."""
     for node in graph_def.node:
-        # Devices are explicit everywhere; colocation hints from the
-        # single-device graph (e.g. Adam's powers "with" the first variable)
-        # would contradict them once variables move to servers.
+        # Colocation hints from the single-device graph (e.g. Adam's powers
+        # "with" the first variable) would contradict the explicit devices
+        # once variables move to servers.
         node.attr.pop("_class", None)
         if node.name in new_nodes:
             # Ops pinned to a variable by colocation (its reads) carry no
             # device of their own once the colocation hint is gone.
             node.device = node.device or device
-            continue
-        node.device = ps.devices.get(node.name, device)
-        if in_gradient_scope(node.name):
+        elif _is_identity(node.name, edits):
+            node.device = device   # recomputes a value on the worker
+        else:
+            node.device = edits.devices.get(node.name, device)
+
+
+def _is_identity(name: str, edits: Edits) -> bool:
+    """Whether _edit_original_nodes turns this node into an Identity."""
+    return (name in edits.identities and not in_gradient_scope(name)
+            and name not in edits.noops and name not in edits.noop_deps)
+
+
+def _edit_original_nodes(graph_def, new_nodes: set[str], edits: Edits) -> None:
+    """Original ops outside the backward pass: the methods' NoOps and
+    Identities replace theirs, every other one reads the replaced tensors
+    (averaged or aggregated gradients) and waits for the extra controls."""
+    rename = {node_input_name(k): node_input_name(v) for k, v in edits.replaced.items()}
+    for node in graph_def.node:
+        if node.name in new_nodes or in_gradient_scope(node.name):
             continue   # the backward pass itself keeps using local gradients
-        if node.name in ps.noops:
-            _make_noop(node, ps.noop_control)
-            continue
-        if node.name in ps.noop_deps:
+        if node.name in edits.noops:
+            _make_noop(node, edits.noop_control)
+        elif node.name in edits.noop_deps:
             _make_noop(node, None)
-            node.input.extend("^" + d for d in ps.noop_deps[node.name])
-            continue
-        if node.name in ps.identities:
-            _make_identity(node, ps.identities[node.name])
-            node.device = device
-            continue
-        for i, inp in enumerate(node.input):
-            if inp in rename:
-                node.input[i] = rename[inp]
-        node.input.extend("^" + c for c in ps.extra_control.get(node.name, []))
-    graph_def.node.extend(copies)
-    if ps.step_barrier is not None:
-        cover_server_work(graph_def, ps.step_barrier, analysis.step_ops)
-    out = meta_graph_of(scratch)
+            node.input.extend("^" + d for d in edits.noop_deps[node.name])
+        elif _is_identity(node.name, edits):
+            _make_identity(node, edits.identities[node.name])
+        else:
+            for i, inp in enumerate(node.input):
+                if inp in rename:
+                    node.input[i] = rename[inp]
+            node.input.extend("^" + c for c in edits.extra_control.get(node.name, []))
+
+
+def _meta_graph(graph_or_meta) -> tf1.MetaGraphDef:
+    """The input as a MetaGraphDef of our own (never the caller's object),
+    without colocation hints: _set_devices drops them from every node anyway,
+    and importing them costs an attribute lookup per op. A tf.Graph is
+    exported with its devices: clearing them costs a copy of every node, and
+    _scratch_copy's import clears them anyway."""
+    if isinstance(graph_or_meta, tf.Graph):
+        with graph_or_meta.as_default():   # see graph_utils.meta_graph_of
+            meta = tf1.train.export_meta_graph(
+                graph=graph_or_meta, graph_def=graph_or_meta.as_graph_def(add_shapes=True),
+                clear_devices=False)
+    else:
+        meta = tf1.MetaGraphDef()
+        meta.CopyFrom(meta_graph_of(graph_or_meta))
+    for node in meta.graph_def.node:
+        if "_class" in node.attr:
+            del node.attr["_class"]
+    return meta
+
+
+def _scratch_copy(meta: tf1.MetaGraphDef) -> tf.Graph:
+    """The graph and collections of `meta` in a fresh tf.Graph.
+
+    TensorFlow's public import (tf1.train.import_meta_graph) also builds a
+    default Saver when the MetaGraphDef has none: a second import's worth of
+    time and ~2 save/restore ops per variable that nobody runs (autopar
+    checkpoints with its own ops, runtime.checkpoint). The scoped import it
+    wraps does the same minus the Saver; it is private API, used here only."""
+    from tensorflow.python.framework import meta_graph as tf_meta_graph
+    graph = tf.Graph()
+    with graph.as_default():
+        tf_meta_graph.import_scoped_meta_graph(meta, clear_devices=True)
+    return graph
+
+
+def _with_graph_def(meta: tf1.MetaGraphDef, graph_def) -> tf1.MetaGraphDef:
+    """`meta` with its GraphDef replaced. The collections stay valid: the
+    rewrite adds no tf.Variable (partitions and counters are raw resource ops)
+    and keeps every original node's name. Exporting the scratch graph instead
+    would serialise every op once more for the same result."""
+    from tensorflow.python.framework import meta_graph as tf_meta_graph
+    out = tf1.MetaGraphDef()
+    out.CopyFrom(meta)
     out.graph_def.CopyFrom(graph_def)
-    return WorkerGraph(meta_graph=out, broadcast_op=BROADCAST_OP, replaced=replaced,
-                       server_variables=ps.server_variables, step_barrier=ps.step_barrier,
-                       partitions=ps.partitions, after_step=after_step)
+    out.meta_info_def.stripped_op_list.CopyFrom(tf_meta_graph.stripped_op_list_for_graph(graph_def))
+    return out
 
 
 def _make_identity(node, tensor: str) -> None:
@@ -130,48 +207,8 @@ def _make_noop(node, control: str | None) -> None:
         node.input.append("^" + control)
 
 
-def _average_gradients(graph, analysis: Analysis, plan: Plan, backend) -> dict[str, str]:
-    replaced: dict[str, str] = {}
-    previous = None
-    with tf.name_scope("autopar/average"):
-        for bucket in plan.buckets:
-            grads = [graph.get_tensor_by_name(analysis.variable(n).grad_tensor)
-                     for n in bucket.variables]
-            # Chaining buckets fixes the order every worker launches collectives
-            # in, so concurrent collectives can never wait on each other.
-            with tf.control_dependencies([previous] if previous is not None else []):
-                flat = tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0)
-                # A mean loss: one device's gradient is the workers' mean; a
-                # summed loss: their sum (Plan.loss_reduction).
-                reduced = (backend.allreduce_mean(flat, bucket.instance_key)
-                           if plan.loss_reduction == "mean"
-                           else backend.allreduce_sum(flat, bucket.instance_key))
-            previous = reduced
-            sizes = [int(g.shape.num_elements()) for g in grads]
-            for g, piece in zip(grads, tf.split(reduced, sizes)):
-                replaced[g.name] = tf.reshape(piece, tf.shape(g)).name
-        for vp in plan.variables:
-            if vp.method != "allgather":
-                continue
-            info = analysis.variable(vp.name)
-            values = graph.get_tensor_by_name(info.grad_values)
-            indices = graph.get_tensor_by_name(info.grad_indices)
-            # Row counts differ by worker and step: see CollectiveOpsBackend.allgather_rows.
-            all_values, all_indices = backend.allgather_rows(
-                values, indices, (vp.keys["count"], vp.keys["values"], vp.keys["indices"]))
-            # The single-device gradient over the global batch (mean or sum).
-            all_values = all_values * tf.constant(plan.gradient_scale, dtype=values.dtype)
-            if info.dedup:
-                # One device has one row per distinct id of the global batch:
-                # rows of an id several workers touched become one, so the
-                # global norm and the optimizer see what one device sees.
-                all_values, all_indices = combine_rows(all_values, all_indices)
-            replaced[values.name] = all_values.name
-            replaced[indices.name] = tf.cast(all_indices, indices.dtype).name
-    return replaced
-
-
-def _sync_local_state(graph, analysis: Analysis, plan: Plan, backend) -> str | None:
+def _sync_local_state(graph, analysis: Analysis, plan: Plan, backend,
+                      constants: ConstantPool) -> str | None:
     """With sync_local_state="average": an op replacing every batch-local
     state variable (kind "local", e.g. batch-norm moving statistics) by its
     mean over workers, one all-reduce per dtype. It has no feed and does not
@@ -192,16 +229,19 @@ def _sync_local_state(graph, analysis: Analysis, plan: Plan, backend) -> str | N
         for i, dtype in enumerate(sorted(by_dtype)):
             variables = by_dtype[dtype]
             with tf.control_dependencies(previous):   # one launch order on every worker
-                flat = tf.concat([tf.reshape(v.value(), [-1]) for v in variables], axis=0)
+                flat = tf.concat([tf.reshape(v.value(), constants.get([-1])) for v in variables],
+                                 axis=0)
                 mean = backend.allreduce_mean(flat, plan.local_state_key + i)
             previous = [mean]
             sizes = [int(v.shape.num_elements()) for v in variables]
             for v, piece in zip(variables, tf.split(mean, sizes)):
-                assigns.append(v.assign(tf.reshape(piece, v.shape)).op)
+                shape = constants.get(v.shape.as_list(), tf.int32)
+                assigns.append(v.assign(tf.reshape(piece, shape)).op)
     return tf.group(*assigns, name=SYNC_LOCAL_STATE_OP).name
 
 
-def _broadcast_state(graph, plan: Plan, backend, is_chief: bool, skip: set[str]) -> None:
+def _broadcast_state(graph, plan: Plan, backend, is_chief: bool, skip: set[str],
+                     constants: ConstantPool) -> None:
     """An op that overwrites every replicated global variable with the chief's
     value, so replicas start identical however they were initialised (or
     restored). Variables on servers exist once and are skipped."""
@@ -210,18 +250,22 @@ def _broadcast_state(graph, plan: Plan, backend, is_chief: bool, skip: set[str])
         if v.op.name in skip:
             continue
         by_dtype.setdefault(v.dtype.base_dtype.name, []).append(v)
-    assigns = []
+    assigns, shapes = [], None
     with tf.name_scope("autopar/broadcast"):
         previous = []
         for i, dtype in enumerate(sorted(by_dtype)):
             variables = by_dtype[dtype]
             with tf.control_dependencies(previous):
-                flat = tf.concat([tf.reshape(v.value(), [-1]) for v in variables], axis=0)
+                flat = tf.concat([tf.reshape(v.value(), constants.get([-1])) for v in variables],
+                                 axis=0)
                 received = backend.broadcast(flat, plan.broadcast_key_base + i, is_source=is_chief)
             previous = [received]
             if is_chief:
                 continue  # the chief's values are the source
+            # shapes only receivers use, named apart from the shared constants
+            shapes = shapes or ConstantPool(constants.default_device, "autopar/broadcast/shape/")
             sizes = [int(v.shape.num_elements()) for v in variables]
             for v, piece in zip(variables, tf.split(received, sizes)):
-                assigns.append(v.assign(tf.reshape(piece, v.shape)).op)
+                shape = shapes.get(v.shape.as_list(), tf.int32)
+                assigns.append(v.assign(tf.reshape(piece, shape)).op)
     tf.group(*assigns, *previous, name=BROADCAST_OP)

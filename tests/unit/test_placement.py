@@ -4,9 +4,9 @@ graph, where it takes effect."""
 import tensorflow as tf
 
 from autopar.transforms.analysis import analyze_graph
-from autopar.transforms.placement import place_ops
+from autopar.transforms.placement import Place, place_ops
 from autopar.transforms.plan import PlanOptions, Topology, make_plan
-from autopar.transforms.ps import server_device
+from autopar.transforms.placement import server_device
 from autopar.transforms.rewrite import rewrite_for_worker, worker_device
 
 tf1 = tf.compat.v1
@@ -37,7 +37,7 @@ def _plan(g, **options):
 
 
 def _where(plan, var):
-    return f"server {plan.variable(var).servers[0]}"
+    return Place(plan.variable(var).servers[0])
 
 
 def test_opau_global_norm_clipping_in_ps_mode():
@@ -54,9 +54,9 @@ def test_opau_global_norm_clipping_in_ps_mode():
         assert moves[mul].place == _where(plan, var)
     # The global norm combines terms from several processes: first server.
     stack = g.get_operation_by_name(norm).inputs[0].op.inputs[0].op.inputs[0].op
-    assert stack.type == "Pack" and moves[stack.name].place == "server 0"
+    assert stack.type == "Pack" and moves[stack.name].place == Place(0)
     assert "shared" in moves[stack.name].why
-    assert moves[norm].place == "server 0"
+    assert moves[norm].place == Place(0)
     # The sparse gradient's L2 term is all-reduced among workers: not moved.
     (emb_term,) = analysis.variable("emb").norm_ops
     assert emb_term not in moves
@@ -114,7 +114,7 @@ def test_opsw_moves_narrowing_ops_to_the_server_and_keeps_a_growing_gather():
     assert moves["narrow"].bytes_saved == 100 * 8 * 4 - 100 * 8 * 2
     assert moves["first_rows"].place == server
     assert moves["first_rows"].bytes_saved == (100 - 10) * 8 * 4
-    assert moves["many_rows"].place == "worker" and moves["many_rows"].bytes_saved == 0
+    assert moves["many_rows"].place == Place() and moves["many_rows"].bytes_saved == 0
     nodes = {n.name: n for n in rewrite_for_worker(g, analysis, plan, 1).meta_graph.graph_def.node}
     sd = server_device(plan.variable("table").servers[0])
     assert nodes["narrow"].device == sd and nodes["first_rows"].device == sd

@@ -1,4 +1,4 @@
-"""The end-of-step barrier of the parameter-server path (transforms.ps) waits
+"""The end-of-step barrier of the parameter-server path (transforms.ps_rewrite) waits
 for every op of a training step that touches a server: ops on a server and
 worker ops reading a server op's output. Workers' runs share a step id, and a
 worker whose run ends cleans that id up on the servers, so server traffic of

@@ -1,0 +1,53 @@
+"""Sparse gradients (IndexedSlices) shared by all-gather of the touched rows;
+the variable is replicated on every worker (Parallax §5)."""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from autopar.transforms.comm import row_gather_keys
+from autopar.transforms.plan import VariablePlan
+from autopar.transforms.sync_method import Edits, RewriteContext, SyncMethod
+
+
+class AllGather(SyncMethod):
+    name = "allgather"
+
+    def variable_plan(self, v, reason, state, key):
+        keys, key = row_gather_keys(key, "")
+        return VariablePlan(v.name, self.name, "replicated on every worker", reason,
+                            keys=keys), key
+
+    def wire_bytes(self, v, vp, num_workers, alpha):
+        sent = (num_workers - 1) * alpha * v.bytes
+        return sent, sent
+
+    def rewrite(self, ctx: RewriteContext) -> Edits:
+        graph, analysis, plan, backend = ctx.graph, ctx.analysis, ctx.plan, ctx.backend
+        edits = Edits()
+        with tf.name_scope("autopar/average/"):
+            for vp in plan.variables:
+                if vp.method != self.name:
+                    continue
+                info = analysis.variable(vp.name)
+                values = graph.get_tensor_by_name(info.grad_values)
+                indices = graph.get_tensor_by_name(info.grad_indices)
+                # Row counts differ by worker and step: see CollectiveOpsBackend.allgather_rows.
+                all_values, all_indices = backend.allgather_rows(
+                    values, indices, (vp.keys["count"], vp.keys["values"], vp.keys["indices"]))
+                # The single-device gradient over the global batch (mean or sum).
+                all_values = all_values * tf.constant(plan.gradient_scale, dtype=values.dtype)
+                if info.dedup:
+                    # One device has one row per distinct id of the global batch:
+                    # rows of an id several workers touched become one, so the
+                    # global norm and the optimizer see what one device sees.
+                    all_values, all_indices = combine_rows(all_values, all_indices)
+                edits.replaced[values.name] = all_values.name
+                edits.replaced[indices.name] = tf.cast(all_indices, indices.dtype).name
+        return edits
+
+
+def combine_rows(values: tf.Tensor, indices: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """IndexedSlices rows with duplicate indices summed: one row per distinct
+    index (in order of first occurrence)."""
+    unique, position = tf.unique(indices)
+    return tf.math.unsorted_segment_sum(values, position, tf.shape(unique)[0]), unique

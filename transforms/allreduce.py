@@ -1,0 +1,79 @@
+"""Dense gradients averaged by ring all-reduce in fused buckets; the variable
+is replicated on every worker (Parallax §3.1)."""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from autopar.transforms.plan import Bucket, VariablePlan
+from autopar.transforms.sync_method import Edits, RewriteContext, SyncMethod
+
+
+class AllReduce(SyncMethod):
+    name = "allreduce"
+
+    def prepare(self, analysis, names, topology, options, fusion_bytes, key):
+        """Fusion buckets, one instance key each from `key` on."""
+        buckets = fusion_buckets(analysis, names, fusion_bytes)
+        for b in buckets:
+            b.instance_key = key
+            key += 1
+        return buckets, key
+
+    def plan_fields(self, state) -> dict:
+        return {"buckets": state}
+
+    def variable_plan(self, v, reason, state, key):
+        bucket = next(b.index for b in state if v.name in b.variables)
+        return VariablePlan(v.name, self.name, "replicated on every worker", reason,
+                            bucket=bucket), key
+
+    def wire_bytes(self, v, vp, num_workers, alpha):
+        n = num_workers
+        sent = 2 * (n - 1) * v.bytes / n
+        return sent, sent
+
+    def rewrite(self, ctx: RewriteContext) -> Edits:
+        """Each bucket's gradients concatenated, all-reduced, split back; every
+        consumer outside the backward pass reads the reduced piece."""
+        graph, analysis, plan, backend = ctx.graph, ctx.analysis, ctx.plan, ctx.backend
+        edits = Edits()
+        previous = None
+        with tf.name_scope("autopar/average/"):
+            for bucket in plan.buckets:
+                grads = [graph.get_tensor_by_name(analysis.variable(n).grad_tensor)
+                         for n in bucket.variables]
+                # Chaining buckets fixes the order every worker launches collectives
+                # in, so concurrent collectives can never wait on each other.
+                with tf.control_dependencies([previous] if previous is not None else []):
+                    flat = tf.concat([tf.reshape(g, ctx.constants.get([-1])) for g in grads],
+                                     axis=0)
+                    # A mean loss: one device's gradient is the workers' mean; a
+                    # summed loss: their sum (Plan.loss_reduction).
+                    reduced = (backend.allreduce_mean(flat, bucket.instance_key)
+                               if plan.loss_reduction == "mean"
+                               else backend.allreduce_sum(flat, bucket.instance_key))
+                previous = reduced
+                sizes = [int(g.shape.num_elements()) for g in grads]
+                for g, piece in zip(grads, tf.split(reduced, sizes)):
+                    edits.replaced[g.name] = tf.reshape(piece, tf.shape(g)).name
+        return edits
+
+
+def fusion_buckets(analysis, names: set[str], fusion_bytes: int) -> list:
+    """Greedy buckets of one dtype, at most fusion_bytes each (a larger variable
+    gets a bucket of its own). Variables are taken last-created first, the order
+    in which backpropagation produces their gradients, so early buckets can be
+    reduced while later layers are still being differentiated."""
+    buckets: list[Bucket] = []
+    open_by_dtype: dict[str, Bucket] = {}
+    for v in reversed(analysis.variables):
+        if v.name not in names:
+            continue
+        b = open_by_dtype.get(v.dtype)
+        if b is None or (b.bytes + v.bytes > fusion_bytes and b.variables):
+            b = Bucket(index=len(buckets), dtype=v.dtype, variables=[], bytes=0, instance_key=0)
+            buckets.append(b)
+            open_by_dtype[v.dtype] = b
+        b.variables.append(v.name)
+        b.bytes += v.bytes
+    return buckets
