@@ -14,7 +14,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 sys.path.insert(0, REPO)
 
 from autopar.runtime import worker  # noqa: E402
-from autopar.transforms import analysis, compile as compiler, placement, plan, ps  # noqa: E402
+from autopar.transforms import analysis, compile as compiler, placement, plan  # noqa: E402
 
 ROLE = os.environ.get("AUTOPAR_ROLE")
 INDEX = int(os.environ.get("AUTOPAR_TASK_INDEX", "-1"))
@@ -36,7 +36,7 @@ def watched(name, fn):
 for module, name in ((analysis, "analyze_graph"), (compiler, "analyze_graph"),
                      (worker, "analyze_graph"),
                      (plan, "make_plan"), (compiler, "make_plan"),
-                     (placement, "place_ops"), (compiler, "place_ops"), (ps, "place_ops")):
+                     (placement, "place_ops"), (compiler, "place_ops")):
     setattr(module, name, watched(name, getattr(module, name)))
 if ALLOWED:
     atexit.register(lambda: print(f"compile calls: {dict(sorted(calls.items()))}", flush=True))
