@@ -14,12 +14,11 @@ STEPS = 6
 BATCH = 12
 
 # Each run option's paths are covered elsewhere too (test_aggregation.py,
-# test_sparse_varlen.py, test_correctness.py); here the LM shapes: Adam with
-# sparse rows on servers and dense all-reduce, with and without row
-# partitions, and Adagrad's server-side update of sparse and dense variables
+# test_sparse_varlen.py, test_correctness.py, test_compile_once.py); here the
+# LM shapes: Adam with sparse rows partitioned over both servers and dense
+# all-reduce, and Adagrad's server-side update of sparse and dense variables
 # partitioned over both servers.
 CASES = [
-    ("lm_adam_clip", "hybrid", ""),
     ("lm_adam_clip", "hybrid", "embedding=3"),
     ("lm_adagrad_clip", "ps", "embedding=3,softmax/kernel=2"),
 ]
