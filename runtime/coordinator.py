@@ -241,16 +241,12 @@ class Coordinator:
                  timeout_s: float) -> dict[str, bytes] | None:
         """Post ``value`` under ``key``; every posted value once ``expect`` have
         posted, or None after ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
         with self._lock:
             posted = self._exchanges.setdefault(key, {})
             posted[process_name(role, index)] = value
             self._lock.notify_all()
-            while len(posted) < expect:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or self._server is None:
-                    return None
-                self._lock.wait(remaining)
+            if not self._wait_locked(lambda: len(posted) >= expect, timeout_s):
+                return None
             return dict(posted)
 
 
@@ -265,14 +261,21 @@ class Coordinator:
 
     def fetch(self, key: str, timeout_s: float) -> bytes | None:
         """The value published under ``key``, or None if none is within ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
         with self._lock:
-            while key not in self._published:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or self._server is None:
-                    return None
-                self._lock.wait(remaining)
+            if not self._wait_locked(lambda: key in self._published, timeout_s):
+                return None
             return self._published[key]
+
+    def _wait_locked(self, ready: Callable[[], bool], timeout_s: float) -> bool:
+        """With the lock held: wait until ``ready()``; False once ``timeout_s``
+        passed or the coordinator stopped first."""
+        deadline = time.monotonic() + timeout_s
+        while not ready():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._server is None:
+                return False
+            self._lock.wait(remaining)
+        return True
 
 
 class _Servicer:

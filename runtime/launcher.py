@@ -401,7 +401,7 @@ def _report_failure(child: _Child, returncode: int) -> None:
 
 
 def _stop_with_checkpoint(chief: _Child, state: _SignalState, timeout: float,
-                          coordinator: Coordinator | None = None) -> int:
+                          coordinator: Coordinator) -> int:
     """After the launcher's first SIGINT/SIGTERM: ask the chief to finish its
     step, save a checkpoint and exit, while every other process stays up (a
     ps-mode save reads the servers); give up after ``timeout`` s or a second
@@ -415,14 +415,13 @@ def _stop_with_checkpoint(chief: _Child, state: _SignalState, timeout: float,
     assert state.signum is not None
     status = 128 + state.signum
     name = signal.Signals(state.signum).name
-    if chief.popen.poll() is not None or (chief.plan.remote and coordinator is None):
+    if chief.popen.poll() is not None:
         logger.warning("received %s; stopping all processes", name)
         return status
     logger.warning("received %s: the chief stops after its current step, saving a checkpoint if "
                    "checkpoint_dir is set (at most %.0f s; interrupt again to stop at once)",
                    name, timeout)
     if chief.plan.remote:
-        assert coordinator is not None
         coordinator.request_stop(WORKER_ROLE, chief.plan.index)
     else:
         os.kill(chief.popen.pid, signal.SIGINT)
@@ -450,17 +449,16 @@ def _stop_with_checkpoint(chief: _Child, state: _SignalState, timeout: float,
 
 
 def _supervise(children: list[_Child], state: _SignalState, stop_timeout: float,
-               monitor: JobMonitor | None = None) -> int:
+               monitor: JobMonitor) -> int:
     """Wait until the job ends; return the launcher's exit status."""
     workers = [c for c in children if c.plan.role == WORKER_ROLE]
     servers = [c for c in children if c.plan.role == SERVER_ROLE]
     while True:
         # First, so a worker that died of a step-count mismatch is reported as one.
-        if monitor is not None and (status := _check_health(monitor, workers)) is not None:
+        if (status := _check_health(monitor, workers)) is not None:
             return status
         if state.signum is not None:
-            return _stop_with_checkpoint(workers[0], state, stop_timeout,
-                                         monitor.coordinator if monitor is not None else None)
+            return _stop_with_checkpoint(workers[0], state, stop_timeout, monitor.coordinator)
 
         all_done = True
         for child in workers:
@@ -559,7 +557,7 @@ def _launch_once(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: lis
 
 
 def _launch_plans(plans: list[ChildPlan], grace_seconds: float, log_tail_lines: int,
-                  monitor: JobMonitor | None,
+                  monitor: JobMonitor,
                   stop_timeout_s: float) -> tuple[int, list[ChildPlan]]:
     interrupted = False
     state = _SignalState()

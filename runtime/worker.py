@@ -6,8 +6,8 @@ A worker never analyses or plans by itself when the job has one plan to
 give: the launcher compiles it once (transforms/compile.py) and serves it
 from the job coordinator. Under `autopar launch` the launcher runs no graph:
 the chief compiles and publishes, the others fetch. Only a process with no
-coordinator to ask (joined through TF_CONFIG, or a remote worker without the
-job's token) compiles for itself, by the same deterministic function."""
+coordinator to ask (joined through TF_CONFIG) compiles for itself, by the
+same deterministic function."""
 from __future__ import annotations
 
 import atexit

@@ -218,26 +218,41 @@ def _sync_local_state(graph, analysis: Analysis, plan: Plan, backend,
     if plan.sync_local_state != "average":
         return None
     local = {s.name for s in analysis.state if s.kind == "local"}
-    by_dtype: dict[str, list] = {}
-    for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES):
-        if v.op.name in local:
-            by_dtype.setdefault(v.dtype.base_dtype.name, []).append(v)
-    if not by_dtype:
+    groups = _variables_by_dtype(graph, lambda name: name in local)
+    if not groups:
         return None
     assigns, previous = [], []
     with tf.name_scope("autopar/sync_local"):
-        for i, dtype in enumerate(sorted(by_dtype)):
-            variables = by_dtype[dtype]
+        for i, variables in enumerate(groups):
             with tf.control_dependencies(previous):   # one launch order on every worker
-                flat = tf.concat([tf.reshape(v.value(), constants.get([-1])) for v in variables],
-                                 axis=0)
-                mean = backend.allreduce_mean(flat, plan.local_state_key + i)
+                mean = backend.allreduce_mean(_flatten(variables, constants),
+                                              plan.local_state_key + i)
             previous = [mean]
-            sizes = [int(v.shape.num_elements()) for v in variables]
-            for v, piece in zip(variables, tf.split(mean, sizes)):
-                shape = constants.get(v.shape.as_list(), tf.int32)
-                assigns.append(v.assign(tf.reshape(piece, shape)).op)
+            assigns += _assign_pieces(variables, mean, constants)
     return tf.group(*assigns, name=SYNC_LOCAL_STATE_OP).name
+
+
+def _variables_by_dtype(graph, keep) -> list[list]:
+    """The global variables whose op name ``keep`` accepts, one list per
+    dtype, in dtype-name order: one flat collective per list, keyed by its
+    position, identically on every worker."""
+    by_dtype: dict[str, list] = {}
+    for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES):
+        if keep(v.op.name):
+            by_dtype.setdefault(v.dtype.base_dtype.name, []).append(v)
+    return [by_dtype[dtype] for dtype in sorted(by_dtype)]
+
+
+def _flatten(variables, constants: ConstantPool):
+    """The variables' values as one flat tensor, in list order."""
+    return tf.concat([tf.reshape(v.value(), constants.get([-1])) for v in variables], axis=0)
+
+
+def _assign_pieces(variables, flat, shapes: ConstantPool) -> list:
+    """Assign ops giving each variable its piece of ``flat`` (as _flatten laid it out)."""
+    sizes = [int(v.shape.num_elements()) for v in variables]
+    return [v.assign(tf.reshape(piece, shapes.get(v.shape.as_list(), tf.int32))).op
+            for v, piece in zip(variables, tf.split(flat, sizes))]
 
 
 def _broadcast_state(graph, plan: Plan, backend, is_chief: bool, skip: set[str],
@@ -245,27 +260,17 @@ def _broadcast_state(graph, plan: Plan, backend, is_chief: bool, skip: set[str],
     """An op that overwrites every replicated global variable with the chief's
     value, so replicas start identical however they were initialised (or
     restored). Variables on servers exist once and are skipped."""
-    by_dtype: dict[str, list] = {}
-    for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES):
-        if v.op.name in skip:
-            continue
-        by_dtype.setdefault(v.dtype.base_dtype.name, []).append(v)
     assigns, shapes = [], None
     with tf.name_scope("autopar/broadcast"):
         previous = []
-        for i, dtype in enumerate(sorted(by_dtype)):
-            variables = by_dtype[dtype]
+        for i, variables in enumerate(_variables_by_dtype(graph, lambda name: name not in skip)):
             with tf.control_dependencies(previous):
-                flat = tf.concat([tf.reshape(v.value(), constants.get([-1])) for v in variables],
-                                 axis=0)
-                received = backend.broadcast(flat, plan.broadcast_key_base + i, is_source=is_chief)
+                received = backend.broadcast(_flatten(variables, constants),
+                                             plan.broadcast_key_base + i, is_source=is_chief)
             previous = [received]
             if is_chief:
                 continue  # the chief's values are the source
             # shapes only receivers use, named apart from the shared constants
             shapes = shapes or ConstantPool(constants.default_device, "autopar/broadcast/shape/")
-            sizes = [int(v.shape.num_elements()) for v in variables]
-            for v, piece in zip(variables, tf.split(received, sizes)):
-                shape = shapes.get(v.shape.as_list(), tf.int32)
-                assigns.append(v.assign(tf.reshape(piece, shape)).op)
+            assigns += _assign_pieces(variables, received, shapes)
     tf.group(*assigns, *previous, name=BROADCAST_OP)
