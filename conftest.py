@@ -1,7 +1,18 @@
 """Puts the repository root on sys.path so tests import the in-tree packages
-(autopar, transforms, runtime, tests.models) whether or not it is installed."""
+(autopar, transforms, runtime, tests.models) whether or not it is installed.
+
+TF_USE_LEGACY_KERAS=1, for this process and every process a test starts:
+`import tensorflow` otherwise imports Keras 3 eagerly (and, through Keras,
+scikit-learn when it is installed), about 2.5 s of CPU per process, and the
+suite starts a few hundred TensorFlow processes on two cores. Nothing under
+test uses Keras; with the legacy switch on and tf_keras not installed,
+TensorFlow skips the import. Only when tf_keras is absent, since otherwise the
+switch would load tf_keras instead."""
+import importlib.util
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+if importlib.util.find_spec("tf_keras") is None:
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")

@@ -2,6 +2,8 @@
 train_model.py single-device or under the real launcher, load what it saved."""
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import queue
 import re
@@ -57,6 +59,18 @@ def run_training(model: str, out: Path, *extra: str, timeout: float = 240) -> st
     return proc.stdout
 
 
+def run_single_device(model: str, out: Path, *extra: str) -> str:
+    """A single-device run of train_model.py in this process (its output
+    returned): the same code as the subprocess, without another TensorFlow
+    start (a few seconds of CPU each; the reference runs are many)."""
+    assert "--spec" not in extra, "a distributed run needs its own processes: use run_training"
+    from tests.integration import train_model
+    captured = io.StringIO()
+    with contextlib.redirect_stdout(captured):
+        train_model.main(["--model", model, "--out", str(out), *extra])
+    return captured.getvalue()
+
+
 def single_device_runs(tmp_path_factory, *extra: str) -> Callable[[str], dict[str, np.ndarray]]:
     """model -> its parameters after a single-device run with ``extra``
     arguments; each model runs once per fixture (a module-scoped one shares
@@ -66,7 +80,7 @@ def single_device_runs(tmp_path_factory, *extra: str) -> Callable[[str], dict[st
     def get(model: str) -> dict[str, np.ndarray]:
         if model not in cache:
             out = tmp_path_factory.mktemp(f"single_{model}")
-            run_training(model, out, *extra)
+            run_single_device(model, out, *extra)
             cache[model] = load_worker(out, 0)
         return cache[model]
     return get

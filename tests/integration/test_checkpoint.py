@@ -4,8 +4,9 @@ import os
 import re
 import signal
 
-from tests.integration.cluster import (LineReader, assert_same_parameters, load_worker, run_training,
-                                       start_job, train_command, write_spec)
+from tests.integration.cluster import (LineReader, assert_same_parameters, load_worker,
+                                       run_single_device, run_training, start_job, train_command,
+                                       write_spec)
 
 
 def test_restart_resumes_from_checkpoint(tmp_path):
@@ -13,8 +14,10 @@ def test_restart_resumes_from_checkpoint(tmp_path):
     ckpt = tmp_path / "ckpt"
     common = ["--batch", "12", "--spec", spec]
 
+    # The uninterrupted run is one device's: 2 workers equal it (the
+    # correctness contract), so the resumed job must too.
     uninterrupted = tmp_path / "full"
-    run_training("mlp_adam_clip_ema", uninterrupted, "--steps", "10", *common)
+    run_single_device("mlp_adam_clip_ema", uninterrupted, "--steps", "10", "--batch", "12")
 
     # First attempt: worker 1 hangs at global step 6, after the chief saved
     # step 6; then it is killed and the launcher tears the job down.
@@ -45,10 +48,10 @@ def test_single_device_checkpoint_restores_into_distributed_job(tmp_path):
     """A checkpoint written by a single-device run loads into a 2-worker job
     (same variable names), and training continues to the same result."""
     ckpt = tmp_path / "ckpt"
-    run_training("mlp_sgd", tmp_path / "a", "--steps", "4", "--checkpoint-dir", str(ckpt))
+    run_single_device("mlp_sgd", tmp_path / "a", "--steps", "4", "--checkpoint-dir", str(ckpt))
     log = run_training("mlp_sgd", tmp_path / "b", "--steps", "7", "--checkpoint-dir", str(ckpt),
                        "--spec", str(write_spec(tmp_path, workers=2)))
     assert "global step 4)" in log
-    run_training("mlp_sgd", tmp_path / "c", "--steps", "7")
+    run_single_device("mlp_sgd", tmp_path / "c", "--steps", "7")
     assert_same_parameters(load_worker(tmp_path / "c", 0), load_worker(tmp_path / "b", 1),
                            what="single-device checkpoint continued on 2 workers")

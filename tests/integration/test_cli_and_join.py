@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from tests.integration.cluster import (REPO, assert_same_parameters, child_env, load_worker,
-                                       run_training, train_command, write_spec)
+                                       run_single_device, train_command, write_spec)
 
 
 def _autopar(*args, timeout=240):
@@ -66,7 +66,7 @@ def test_tf_config_processes_join_without_spawning(tmp_path):
                 p.kill()
     assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)[-3000:]
     assert not any("started worker" in log for log in logs)   # nothing was spawned
-    run_training("mlp_adam_clip_ema", tmp_path / "single", "--steps", "4")
+    run_single_device("mlp_adam_clip_ema", tmp_path / "single", "--steps", "4")
     expected = load_worker(tmp_path / "single", 0)
     for i in range(2):
         assert_same_parameters(expected, load_worker(out, i), what=f"TF_CONFIG worker {i}")

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from tests.integration.cluster import (REPO, assert_same_parameters, child_env, load_worker,
-                                       run_training, write_spec)
+                                       run_single_device, write_spec)
 
 SCRIPT = REPO / "tests" / "integration" / "scripts" / "compile_once.py"
 ONCE = "compile calls: {'analyze_graph': 1, 'make_plan': 1, 'place_ops': 1}"
@@ -23,7 +23,7 @@ def _run(command, compiler: str) -> str:
 def test_launcher_compiles_once_and_workers_train_with_the_shipped_plan(tmp_path):
     # A sparse variable on the server with clipping: the plan carries OPAU moves.
     model, steps = "emb_adam_clip", "4"
-    run_training(model, tmp_path / "single", "--steps", steps, "--batch", "12")
+    run_single_device(model, tmp_path / "single", "--steps", steps, "--batch", "12")
     log = _run([sys.executable, str(SCRIPT), "--model", model, "--out", str(tmp_path / "job"),
                 "--steps", steps, "--batch", "12", "--spec", str(write_spec(tmp_path, 2, 1))],
                "launcher")

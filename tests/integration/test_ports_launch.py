@@ -15,7 +15,7 @@ from autopar.runtime import launcher, ports
 from autopar.runtime.launcher import PORT_ATTEMPTS, launch
 from autopar.runtime.spec import load_spec
 from tests.integration.cluster import (REPO, assert_same_parameters, child_env, load_worker,
-                                       run_training, train_command)
+                                       run_single_device, train_command)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux sockets and flock")
 
@@ -129,7 +129,7 @@ def test_port_taken_after_allocation_is_retried_with_real_servers(tmp_path, monk
 @pytest.fixture(scope="module")
 def single_device(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("single")
-    run_training("mlp_sgd", out, "--steps", str(STEPS))
+    run_single_device("mlp_sgd", out, "--steps", str(STEPS))
     return load_worker(out, 0)
 
 

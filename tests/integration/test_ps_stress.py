@@ -14,8 +14,8 @@ import os
 
 import pytest
 
-from tests.integration.cluster import (assert_same_parameters, load_worker, run_training,
-                                       write_two_host_spec)
+from tests.integration.cluster import (assert_same_parameters, load_worker, run_single_device,
+                                       run_training, write_two_host_spec)
 
 MODEL = "emb_adam_clip_ema"
 STEPS = 2
@@ -30,7 +30,7 @@ REPEATS = int(os.environ.get("AUTOPAR_STRESS_REPEATS", "1"))
 @pytest.fixture(scope="module")
 def single_device(tmp_path_factory):
     out = tmp_path_factory.mktemp("single")
-    run_training(MODEL, out, "--steps", str(STEPS), "--batch", str(BATCH))
+    run_single_device(MODEL, out, "--steps", str(STEPS), "--batch", str(BATCH))
     return load_worker(out, 0)
 
 

@@ -11,8 +11,8 @@ instance key per size (transforms.comm.allgather_rows).
 import pytest
 
 from tests import models
-from tests.integration.cluster import (assert_same_parameters, load_worker, run_training,
-                                       write_two_host_spec)
+from tests.integration.cluster import (assert_same_parameters, load_worker, run_single_device,
+                                       run_training, write_two_host_spec)
 
 MODEL = "bag_adam_clip"
 STEPS = 6
@@ -31,7 +31,7 @@ def test_row_counts_vary_by_worker_and_step():
 @pytest.fixture(scope="module")
 def single_device(tmp_path_factory):
     out = tmp_path_factory.mktemp("single")
-    run_training(MODEL, out, "--steps", str(STEPS), "--batch", str(BATCH))
+    run_single_device(MODEL, out, "--steps", str(STEPS), "--batch", str(BATCH))
     return load_worker(out, 0)
 
 

@@ -20,7 +20,7 @@ from tests import models  # noqa: E402
 tf1 = tf.compat.v1
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
     p.add_argument("--steps", type=int, default=6)
@@ -45,7 +45,7 @@ def main() -> None:
     p.add_argument("--no-la", action="store_true", help="turn local aggregation off")
     p.add_argument("--partitions", default="", help="NAME=N,... partition overrides")
     p.add_argument("--sync-local-state", default="none")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     # Eager execution stays on (TF2 default): graphs are built in their own
     # tf.Graph context, as many graph-mode scripts do.
 
