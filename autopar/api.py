@@ -12,7 +12,7 @@ import tensorflow as tf
 from autopar.config import Config
 from autopar.console import debug_errors, report_error, setup_logging
 from autopar.common.errors import AutoparError
-from autopar.common import env
+from autopar.common import env, procs
 from autopar.common.roles import REPORT_ROLE, SERVER_ROLE, WORKER_JOB, WORKER_ROLE
 from autopar.transforms.compile import CompiledPlan, compile_for_config
 from autopar.transforms.plan import Topology
@@ -39,6 +39,7 @@ def get_runner(graph: tf.Graph, resource_info=None, config: Config | None = None
     AUTOPAR_DEBUG=1 in the environment it is raised instead.
     """
     setup_logging()
+    procs.skip_final_gc_at_exit()
     try:
         return _get_runner(graph, resource_info, config or Config())
     except AutoparError as e:
