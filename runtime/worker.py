@@ -27,6 +27,7 @@ from autopar.runtime.runner import Runner
 from autopar.runtime.session import session_config, start_worker_server, wait_for_peers
 from autopar.transforms.analysis import Analysis, analyze_graph
 from autopar.transforms.compile import CompiledPlan, compile_for_config
+from autopar.transforms.graph_utils import import_meta_graph
 from autopar.transforms.plan import Topology
 from autopar.transforms.ps_rewrite import COUNTERS_INIT
 from autopar.transforms.rewrite import rewrite_for_worker, worker_device
@@ -56,7 +57,7 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
 
     worker_graph = tf.Graph()
     with worker_graph.as_default(), tf.device(worker_device(worker_index)):
-        tf1.train.import_meta_graph(rewritten.meta_graph)
+        import_meta_graph(rewritten.meta_graph)   # devices as the rewrite set them
         # Server variables exist once: only the chief initialises them; the
         # broadcast below is the barrier the others pass only after that.
         mine = [v for v in tf1.global_variables()

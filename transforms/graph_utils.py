@@ -35,9 +35,22 @@ def graph_of(graph_or_meta) -> tf.Graph:
     if isinstance(graph_or_meta, tf1.MetaGraphDef):
         graph = tf.Graph()
         with graph.as_default():
-            tf1.train.import_meta_graph(graph_or_meta, clear_devices=True)
+            import_meta_graph(graph_or_meta, clear_devices=True)
         return graph
     raise TypeError(f"expected a tf.Graph or MetaGraphDef, got {type(graph_or_meta).__name__}")
+
+
+def import_meta_graph(meta: tf1.MetaGraphDef, clear_devices: bool = False) -> None:
+    """Import `meta`'s graph and collections into the default graph.
+
+    TensorFlow's public import (tf1.train.import_meta_graph) also builds a
+    default Saver when the MetaGraphDef has none: a second import's worth of
+    time (seconds for a BERT-large graph) and ~2 save/restore ops per variable
+    that nobody runs (autopar checkpoints with its own ops, runtime.checkpoint).
+    The scoped import it wraps does the same minus the Saver; it is private
+    API, used here only."""
+    from tensorflow.python.framework import meta_graph as tf_meta_graph
+    tf_meta_graph.import_scoped_meta_graph(meta, clear_devices=clear_devices)
 
 
 def meta_graph_of(graph_or_meta) -> tf1.MetaGraphDef:

@@ -20,7 +20,8 @@ import tensorflow as tf
 from autopar.common.roles import WORKER_JOB
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.comm import CollectiveOpsBackend
-from autopar.transforms.graph_utils import in_gradient_scope, meta_graph_of, node_input_name
+from autopar.transforms.graph_utils import (import_meta_graph, in_gradient_scope, meta_graph_of,
+                                             node_input_name)
 from autopar.transforms.partition import copy_region
 from autopar.transforms.placement import Move
 from autopar.transforms.plan import Plan
@@ -158,17 +159,10 @@ def _meta_graph(graph_or_meta) -> tf1.MetaGraphDef:
 
 
 def _scratch_copy(meta: tf1.MetaGraphDef) -> tf.Graph:
-    """The graph and collections of `meta` in a fresh tf.Graph.
-
-    TensorFlow's public import (tf1.train.import_meta_graph) also builds a
-    default Saver when the MetaGraphDef has none: a second import's worth of
-    time and ~2 save/restore ops per variable that nobody runs (autopar
-    checkpoints with its own ops, runtime.checkpoint). The scoped import it
-    wraps does the same minus the Saver; it is private API, used here only."""
-    from tensorflow.python.framework import meta_graph as tf_meta_graph
+    """The graph and collections of `meta` in a fresh tf.Graph."""
     graph = tf.Graph()
     with graph.as_default():
-        tf_meta_graph.import_scoped_meta_graph(meta, clear_devices=True)
+        import_meta_graph(meta, clear_devices=True)
     return graph
 
 
