@@ -337,6 +337,21 @@ class EmulatedCluster:
             log.warning("this kernel has no sch_netem: the configured delay of %g ms is not emulated "
                         "(links keep only the veth/bridge latency, ~0.03 ms RTT); the rate limit is applied", self.delay_ms)
 
+    def set_rate(self, rate_mbit: float) -> None:
+        """Change every link's rate (both directions) on the running cluster:
+        `tc qdisc change` of each tbf; a netem delay under it stays as it is.
+        The benchmark starts its jobs at a fast rate (the initial parameter
+        broadcast is not measured) and shapes the links before the warm-up."""
+        if not rate_mbit > 0:
+            raise ValueError(f"rate_mbit must be positive, got {rate_mbit}")
+        self.rate_mbit = float(rate_mbit)
+        tbf = self._tbf_args()
+        for i in range(self.num_hosts):
+            _run(["tc", "-n", self.namespace(i), "qdisc", "change", "dev", self.link(i), "root", "handle", "1:",
+                  *tbf])
+            if self.shape_downlink:
+                _run(["tc", "qdisc", "change", "dev", root_veth_name(self.prefix, i), "root", "handle", "1:", *tbf])
+
     def _tbf_args(self) -> list[str]:
         rate_bytes = self.rate_mbit * 1e6 / 8
         burst = max(int(rate_bytes * 0.001), 16 * 1024)     # 1 ms at the rate, >= 16 KiB

@@ -25,6 +25,18 @@ sequential hops:
 with beta = 8 / rate seconds per byte and alpha = the one-way link latency. A
 result is reported as the fraction of that limit it reaches:
 limit_time / measured_step_time (1.0 = the wire is the only cost).
+
+The wire is not the only cost: every process of the emulated cluster shares
+the machine's cores. The compute floor of a point is the step time of the
+same N worker processes, co-located as in the real run, each training the
+model on its own batch with the aggregation removed (the `floor` peer). A
+step can be no faster than either, so the limit a system is held to is
+
+    limit = max(compute floor, communication limit)
+
+and "of limit" = limit / measured step time. `binding` says which term is the
+larger ("compute" or "comm"): a benchmark whose points are all compute-bound
+says nothing about communication.
 """
 from __future__ import annotations
 
@@ -39,6 +51,7 @@ PEER_METHODS = {
     "tf_ps": "ps",
     "autopar-ps": "ps",
     "autopar-hybrid": "hybrid",
+    "floor": "none",          # no aggregation: the compute-only floor
 }
 
 # Losses after the measured steps must agree with the single-device reference
@@ -83,6 +96,8 @@ def required_traffic(method: str, dense_bytes: float, sparse_touched_bytes: floa
     """Parallax Table 3 for one worker (and one of S servers, load spread evenly)."""
     n, s = num_workers, num_servers
     b, ab = float(dense_bytes), float(sparse_touched_bytes)
+    if method == "none":
+        return Traffic(method, 0.0, 0.0)
     if method == "allreduce":
         w = ring_allreduce_bytes(b, n) + allgather_bytes(ab, n)
         hops = (2 * (n - 1) if b else 0) + ((n - 1) if ab else 0)
@@ -113,6 +128,79 @@ def fraction_of_limit(limit_s: float, step_s: float | None) -> float | None:
     if not step_s or step_s <= 0 or limit_s is None:
         return None
     return limit_s / step_s
+
+
+def limit_with_floor(comm_limit_s: float | None, floor_s: float | None) -> tuple[float | None, str | None]:
+    """(max(compute floor, communication limit), which of the two binds:
+    "compute" or "comm"). Without a floor, the communication limit alone."""
+    if comm_limit_s is None:
+        return None, None
+    if floor_s is None or not floor_s > 0:
+        return comm_limit_s, "comm"
+    return (floor_s, "compute") if floor_s >= comm_limit_s else (comm_limit_s, "comm")
+
+
+def floor_step_seconds(worker_step_s: list[float]) -> float | None:
+    """Compute floor of one step from the floor peer's workers' mean step
+    times: the slowest worker's (a synchronous step waits for the slowest)."""
+    times = [t for t in worker_step_s if t and t > 0]
+    return max(times) if times else None
+
+
+def apply_floor(point: dict, floor_s: float | None) -> dict:
+    """Fill a point's limit figures from its communication limit
+    (`comm_limit_s`) and the compute floor of its workload and N:
+    compute_floor_s, limit_s = max of the two, binding, fraction_of_limit
+    (limit / measured step time) and comm_to_compute. Returns the point."""
+    comm = point.get("comm_limit_s")
+    limit, binding = limit_with_floor(comm, floor_s)
+    point.update(compute_floor_s=floor_s, limit_s=limit, binding=binding,
+                 fraction_of_limit=fraction_of_limit(limit, point.get("step_s")),
+                 comm_to_compute=comm_to_compute_ratio(comm, floor_s))
+    return point
+
+
+def comm_to_compute_ratio(comm_limit_s: float | None, floor_s: float | None) -> float | None:
+    """How many times longer the bytes need on the wire than the step's
+    compute: > 1 means communication dominates the step."""
+    if comm_limit_s is None or not floor_s:
+        return None
+    return comm_limit_s / floor_s
+
+
+def touched_fraction(ids, vocab: int) -> dict:
+    """Per-step sparsity of an embedding lookup: `unique` = distinct rows the
+    ids touch / vocab (Parallax's alpha: the share of the table a step
+    updates), `sent` = ids / vocab (the rows a gradient carries, duplicates
+    included: what tf.gather's gradient sends)."""
+    import numpy as np
+    flat = np.asarray(ids).reshape(-1)
+    if vocab <= 0:
+        raise ValueError("vocab must be positive")
+    return {"unique": len(np.unique(flat)) / vocab, "sent": flat.size / vocab}
+
+
+def sparse_alpha(workload, first_step: int, steps: int, num_workers: int) -> dict | None:
+    """The touched fraction of the embedding in the measured steps
+    [first_step, first_step + steps) of `workload` (a bench.models.Workload)
+    with `num_workers` workers: per step, the mean over workers of one
+    worker's alpha, and the alpha of the N workers' batches together (what
+    the servers update); `sent` is ids per worker / vocab. None for a model
+    without an embedding."""
+    if workload.name != "sparse" or steps <= 0:
+        return None
+    vocab = workload.params["vocab"]
+    per_step = []
+    for k in range(first_step, first_step + steps):
+        ids = [workload.batch_for(k, w)["context"] for w in range(num_workers)]
+        worker = [touched_fraction(x, vocab) for x in ids]
+        per_step.append({"step": k,
+                         "worker_unique": sum(f["unique"] for f in worker) / len(worker),
+                         "global_unique": touched_fraction(ids, vocab)["unique"],
+                         "sent": worker[0]["sent"]})
+    mean = {key: sum(p[key] for p in per_step) / len(per_step)
+            for key in ("worker_unique", "global_unique", "sent")}
+    return {"vocab": vocab, "per_step": per_step, **mean}
 
 
 def bus_bandwidth(g_bytes: float, num_workers: int, seconds: float) -> float:

@@ -45,15 +45,48 @@ def _short(text: str | None, n: int = 140) -> str:
 
 def _order(points: list[dict], peers: list[str]) -> list[dict]:
     rank = {name: i for i, name in enumerate(peers)}
-    return sorted(points, key=lambda p: (p["workload"], p["num_workers"], rank.get(p["peer"], 99)))
+    return sorted(points, key=lambda p: (p["workload"], -_rate(p), p["num_workers"], rank.get(p["peer"], 99)))
+
+
+def _rate(p: dict) -> float:
+    return float(p.get("link_mbit") or 0.0)
+
+
+def _rates(results: dict) -> list[float]:
+    """The run's link rates (older results: the one rate_mbit)."""
+    s, c = results.get("settings", {}), results.get("cluster", {})
+    rates = s.get("link_mbit") or [c.get("rate_mbit", s.get("rate_mbit", 1000.0))]
+    return [float(r) for r in rates]
+
+
+def _rate_cell(p: dict) -> str:
+    return f"{_rate(p):g}" if p.get("link_mbit") else "–"
+
+
+def _comm_limit(p: dict):
+    """The communication limit of a point (older results only have limit_s)."""
+    return p.get("comm_limit_s", p.get("limit_s"))
+
+
+def _limit(p: dict) -> str:
+    """'of limit' with the binding term: '43% comm' / '90% compute'."""
+    frac = _pct(p.get("fraction_of_limit"))
+    return f"{frac} {p['binding']}" if p.get("binding") and frac != "–" else frac
+
+
+def _alpha(p: dict) -> str:
+    a = p.get("alpha")
+    if not a:
+        return "–"
+    return f"{100 * a['worker_unique']:.2f}% / {100 * a['global_unique']:.2f}%"
 
 
 def training_table(results: dict) -> str:
     peers = [p["name"] for p in results.get("peers", [])]
     rows = [p for p in results["points"] if p["workload"] in TRAINING]
-    head = ("workload", "N", "system", "status", "throughput", "step ms", "worker send / recv MB/step",
-            "Table 3 MB/step", "Δ send / recv", "server send / recv MB/step", "limit ms",
-            "of limit", "loss (reference)", "idle kB/s")
+    head = ("workload", "link Mbit/s", "N", "system", "status", "throughput", "step ms", "compute floor ms",
+            "worker send / recv MB/step", "Table 3 MB/step", "Δ send / recv", "server send / recv MB/step",
+            "comm limit ms", "of limit (bound)", "α worker / all", "loss (reference)", "idle kB/s")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for p in _order(rows, peers):
         if p.get("status") in ("ok", "wrong-loss"):
@@ -61,16 +94,18 @@ def training_table(results: dict) -> str:
             server = f"{_mb(sb['send'])} / {_mb(sb['recv'])}" if p["num_servers"] else "–"
             t3s = f"{_mb(t3['worker_send'])}" + (f" (srv {_mb(t3['server_send'])})" if p["num_servers"] else "")
             loss = f"{p['loss']:.5f} ({p.get('reference_loss', float('nan')):.5f})"
+            comm = _comm_limit(p)
             lines.append("| " + " | ".join([
-                p["workload"], str(p["num_workers"]), p["peer"], p["status"],
-                f"{p['throughput']:.0f} {p['unit']}/s", _ms(p["step_s"]),
+                p["workload"], _rate_cell(p), str(p["num_workers"]), p["peer"], p["status"],
+                f"{p['throughput']:.0f} {p['unit']}/s", _ms(p["step_s"]), _ms(p.get("compute_floor_s")),
                 f"{_mb(wb['send'])} / {_mb(wb['recv'])}", t3s,
                 f"{_signed_pct(p.get('worker_send_vs_table3'))} / {_signed_pct(p.get('worker_recv_vs_table3'))}",
-                server, f"{1e3 * p['limit_s']:.1f}", _pct(p.get("fraction_of_limit")), loss,
+                server, "–" if comm is None else f"{1e3 * comm:.1f}", _limit(p), _alpha(p), loss,
                 _kb(p.get("idle_bytes_per_s_per_host"))]) + " |")
         else:
-            lines.append("| " + " | ".join([p["workload"], str(p["num_workers"]), p["peer"], p.get("status", "?"),
-                                             _short(p.get("error"))] + [""] * (len(head) - 5)) + " |")
+            lines.append("| " + " | ".join([p["workload"], _rate_cell(p), str(p["num_workers"]), p["peer"],
+                                             p.get("status", "?"), _short(p.get("error"))]
+                                            + [""] * (len(head) - 6)) + " |")
     return "\n".join(lines)
 
 
@@ -79,17 +114,21 @@ def microbench_table(results: dict) -> str:
     rows = [p for p in results["points"] if p["workload"] == "avg"]
     if not rows:
         return ""
-    head = ("N", "system", "status", "ms per averaging", "bus bandwidth Gbit/s", "of link rate",
-            "worker send / recv MB", "Table 3 MB", "limit ms", "of limit", "loss ok")
+    head = ("N", "system", "status", "ms per averaging", "compute floor ms", "bus bandwidth Gbit/s",
+            "of link rate", "worker send / recv MB", "Table 3 MB", "comm limit ms", "of limit (bound)", "loss ok")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for p in _order(rows, peers):
         if p.get("status") in ("ok", "wrong-loss"):
             mb, wb = p["microbench"], p["bytes_per_step"]["worker"]
+            averages = p["peer"] != "floor"      # the floor averages nothing: no bandwidth
+            comm = _comm_limit(p)
             lines.append("| " + " | ".join([
                 str(p["num_workers"]), p["peer"], p["status"], f"{mb['ms_per_averaging']:.0f}",
-                f"{mb['bus_bandwidth_bytes_per_s'] * 8 / 1e9:.2f}", _pct(mb["bus_bandwidth_fraction_of_link"]),
+                _ms(p.get("compute_floor_s")),
+                f"{mb['bus_bandwidth_bytes_per_s'] * 8 / 1e9:.2f}" if averages else "–",
+                _pct(mb["bus_bandwidth_fraction_of_link"]) if averages else "–",
                 f"{_mb(wb['send'])} / {_mb(wb['recv'])}", _mb(p["table3"]["worker_send"]),
-                f"{1e3 * p['limit_s']:.0f}", _pct(p.get("fraction_of_limit")),
+                "–" if comm is None else f"{1e3 * comm:.0f}", _limit(p),
                 "yes" if p.get("loss_check", {}).get("ok") else "NO"]) + " |")
         else:
             lines.append("| " + " | ".join([str(p["num_workers"]), p["peer"], p.get("status", "?"),
@@ -143,15 +182,23 @@ def markdown(results: dict, plots: dict[str, str] | None = None) -> str:
              f"{' (uncommitted changes)' if g.get('dirty') else ''} · "
              f"{m.get('cpus')} CPUs ({m.get('cpu_model', '?')}), {m.get('memory_gib', '?')} GiB · "
              f"wall time {results.get('wall_s', 0):.0f} s", "",
-             f"Emulated cluster: one worker per host, {c.get('rate_mbit', s['rate_mbit']):g} Mbit/s full-duplex "
-             f"links, delay {s['delay_ms']:g} ms"
+             f"Emulated cluster: one worker per host, {' and '.join(f'{r:g}' for r in _rates(results))} Mbit/s "
+             f"full-duplex links (jobs start at {s.get('setup_mbit', _rates(results)[0]):g} Mbit/s; the links "
+             f"are shaped before the warm-up), delay {s['delay_ms']:g} ms"
              f"{'' if c.get('delay_emulated', True) else ' requested but not emulated (no sch_netem)'}; "
              f"parameter-server systems get S = {'N' if s['servers'] == 'equal' else s['servers']} "
              f"extra server hosts. "
              f"Steps (warm-up, measured): {s['steps']}. Bytes are counted on each host's link between the "
              f"'measure' and 'done' barriers and divided by the measured steps.", "",
              f"Losses after the measured steps are checked against a single-device run with the global "
-             f"batch: |loss − reference| ≤ {tol.get('loss_atol')} + {tol.get('loss_rtol')}·|reference|.", ""]
+             f"batch: |loss − reference| ≤ {tol.get('loss_atol')} + {tol.get('loss_rtol')}·|reference| "
+             f"(the `floor` row: against a worker that trains alone on its own batches).", "",
+             "`floor` is the compute-only floor: the same N worker processes, co-located as in every other "
+             "row, each training on its own batch with no aggregation. Every row is held to "
+             "limit = max(compute floor, comm limit), the comm limit being Parallax Table 3's bytes on the "
+             "most loaded link direction at the link rate; \"of limit\" = limit / step time, and the word "
+             "after it says which term binds. α = embedding rows a worker's step touches / vocabulary "
+             "(distinct rows, mean over the measured steps), and of the N workers' batches together.", ""]
     if any(p["workload"] in TRAINING for p in results["points"]):
         lines += ["## Training workloads", "", training_table(results), ""]
     micro = microbench_table(results)
@@ -211,20 +258,25 @@ def plot_all(results: dict, out_dir: Path) -> dict[str, str]:
     wls = [w for w in ("sparse", "dense", "avg") if any(p["workload"] == w for p in points)]
     if wls:
         fig, axes = plt.subplots(1, len(wls), figsize=(5.5 * len(wls), 4.2), squeeze=False)
+        rates = sorted({_rate(p) for p in points}, reverse=True)
+        styles = ["o-", "s--", "^-.", "v-"]
         for ax, w in zip(axes[0], wls):
             for peer in peers:
-                pts = sorted((p for p in points if p["workload"] == w and p["peer"] == peer),
-                             key=lambda p: p["num_workers"])
-                if not pts:
-                    continue
-                xs = [p["num_workers"] for p in pts]
-                ax.plot(xs, [p["throughput"] for p in pts], "o-", color=colors[peer], label=peer)
-                limit = [p["throughput"] / p["fraction_of_limit"] if p.get("fraction_of_limit") else None
-                         for p in pts]
-                if all(v is not None for v in limit):
-                    ax.plot(xs, limit, ":", color=colors[peer], alpha=0.6)
+                for r, rate in enumerate(rates):
+                    pts = sorted((p for p in points if p["workload"] == w and p["peer"] == peer
+                                  and _rate(p) == rate), key=lambda p: p["num_workers"])
+                    if not pts:
+                        continue
+                    xs = [p["num_workers"] for p in pts]
+                    label = peer if len(rates) == 1 else f"{peer} {rate:g} Mbit/s"
+                    ax.plot(xs, [p["throughput"] for p in pts], styles[r % len(styles)], color=colors[peer],
+                            label=label)
+                    limit = [p["throughput"] / p["fraction_of_limit"] if p.get("fraction_of_limit") else None
+                             for p in pts]
+                    if peer != "floor" and all(v is not None for v in limit):
+                        ax.plot(xs, limit, ":", color=colors[peer], alpha=0.6)
             unit = next(p["unit"] for p in points if p["workload"] == w)
-            ax.set_title(f"{w}: throughput (dotted: physical limit)")
+            ax.set_title(f"{w}: throughput (dotted: max(compute floor, comm limit))")
             ax.set_xlabel("workers (hosts)")
             ax.set_ylabel(f"{unit}/s")
             ax.set_yscale("log")
@@ -243,7 +295,10 @@ def plot_all(results: dict, out_dir: Path) -> dict[str, str]:
         for col, w in enumerate(wls):
             for row, role in enumerate(("worker", "server")):
                 ax = axes[row][col]
-                pts = [p for p in points if p["workload"] == w and (role == "worker" or p["num_servers"])]
+                # bytes do not depend on the link rate: one rate's points (the fastest)
+                top = max((_rate(p) for p in points if p["workload"] == w), default=0.0)
+                pts = [p for p in points if p["workload"] == w and _rate(p) == top and p["peer"] != "floor"
+                       and (role == "worker" or p["num_servers"])]
                 ns = sorted({p["num_workers"] for p in pts})
                 present = [peer for peer in peers if any(p["peer"] == peer for p in pts)]
                 width = 0.8 / max(1, len(present))

@@ -1,10 +1,12 @@
 """The benchmark harness: autopar and its peers on an emulated multi-host cluster.
 
-    sudo .venv/bin/python -m bench.run --quick     # 2 and 4 hosts, microbenchmark + sparse LM
-    sudo .venv/bin/python -m bench.run             # 2, 4, 8 hosts, every workload
+    sudo .venv/bin/python -m bench.run --quick     # 2, 4, 8 hosts, sparse LM, 100 Mbit/s
+    sudo .venv/bin/python -m bench.run             # 2, 4, 8 hosts, every workload, 1000 and 100 Mbit/s
 
-For every host count N, workload and peer (one after another, one worker per
-host; parameter-server peers get S = N extra server hosts), the harness starts
+For every link rate, host count N, workload and peer (one after another, one
+worker per host; parameter-server peers get S = N extra server hosts; the
+`floor` peer first: the same N workers training with no aggregation, the
+compute floor every other point is held to), the harness starts
 each process inside its host's network namespace (bench.cluster), lets it
 warm up, reads every host's rx/tx byte counters when all workers are at the
 "measure" barrier and again at the "done" barrier (so the counted window holds
@@ -81,6 +83,9 @@ KNOWN_LOSS_DIFFERENCES = {
 AUTOPAR_RUN_OPTIONS = ("allreduce", "ps", "hybrid")   # later ones: add here and to metrics.PEER_METHODS
 
 PEERS = [
+    PeerDef("floor", "floor.py",
+            about="compute-only floor: the same N worker processes, each training on its own batch, "
+                  "no aggregation (bench/peers/floor.py)"),
     PeerDef("tf_mwms", "tf_mwms.py",
             about="tf.distribute.MultiWorkerMirroredStrategy, RING collectives, custom loop in tf.function"),
     PeerDef("tf_ps", "tf_ps.py", servers=True,
@@ -99,7 +104,8 @@ class Settings:
     workloads: list[str]
     peers: list[str]
     steps: dict            # workload -> (warm-up steps, measured steps)
-    rate_mbit: float = 1000.0
+    link_mbit: list = field(default_factory=lambda: [1000.0])   # link rates, one pass over everything each
+    setup_mbit: float = 10000.0        # link rate while a job starts (initial broadcast; not measured)
     delay_ms: float = 0.1
     avg_mib: float = 100.0
     servers: str = "equal"       # parameter servers per PS run: "equal" (S = N) or a number
@@ -110,6 +116,11 @@ class Settings:
     update_readme: bool = False
     forkserver: bool = True            # import TensorFlow once per host (bench/peers/forkserver.py)
 
+    @property
+    def rate_mbit(self) -> float:
+        """The fastest link rate of the run (the microbenchmark runs at it)."""
+        return max(self.link_mbit)
+
     def num_servers(self, n: int) -> int:
         return n if self.servers == "equal" else int(self.servers)
 
@@ -119,10 +130,14 @@ class Settings:
         return models.get(name)
 
 
-QUICK = dict(name="quick", host_counts=[2, 4], workloads=["avg", "sparse"], avg_mib=32.0,
-             startup_timeout_s=90.0, phase_timeout_s=60.0,
-             steps={"avg": (1, 3), "sparse": (3, 10), "dense": (3, 8)})
+# The quick run: the sparse LM on 2, 4 and 8 hosts at 100 Mbit/s, where its
+# bytes per step take several times its compute floor at N >= 4 (the ratio a
+# GPU cluster has; see bench/README.md, "Why 100 Mbit/s").
+QUICK = dict(name="quick", host_counts=[2, 4, 8], workloads=["sparse"], avg_mib=32.0,
+             link_mbit=[100.0], startup_timeout_s=120.0, phase_timeout_s=60.0,
+             steps={"avg": (1, 3), "sparse": (2, 6), "dense": (2, 6)})
 FULL = dict(name="full", host_counts=[2, 4, 8], workloads=["avg", "sparse", "dense"],
+            link_mbit=[1000.0, 100.0],
             steps={"avg": (2, 5), "sparse": (5, 20), "dense": (3, 10)})
 
 
@@ -386,6 +401,7 @@ class Point:
     warmup: int
     steps: int
     port: int
+    link_mbit: float = 1000.0
 
     @property
     def worker_hosts(self) -> list[int]:
@@ -417,7 +433,7 @@ def run_point(cluster, spawner, settings: Settings, point: Point, run_dir: Path)
     job_path = run_dir / "job.json"
     job_path.write_text(json.dumps(job, indent=1))
     record = {"workload": w.name, "peer": peer.name, "method": peer.method,
-              "num_workers": point.num_workers, "num_servers": point.num_servers,
+              "num_workers": point.num_workers, "num_servers": point.num_servers, "link_mbit": point.link_mbit,
               "warmup_steps": point.warmup, "measured_steps": point.steps,
               "worker_hosts": point.worker_hosts, "server_hosts": point.server_hosts,
               "cluster": job_cluster, "status": "failed", "error": None, "run_dir": str(run_dir)}
@@ -471,6 +487,8 @@ def run_point(cluster, spawner, settings: Settings, point: Point, run_dir: Path)
         workers = [start(h, WORKER_JOB, i) for i, h in enumerate(point.worker_hosts)]
         wait_for(common.START, workers, settings.startup_timeout_s, "every worker to start")
         record["startup_s"] = time.monotonic() - t_start
+        if cluster.rate_mbit != point.link_mbit:
+            cluster.set_rate(point.link_mbit)    # every worker waits at "start": no traffic in flight
         (run_dir / f"go_{common.START}").touch()
         wait_for(common.MEASURE, workers, settings.phase_timeout_s, "the warm-up steps")
         before = cluster.counters()
@@ -492,6 +510,11 @@ def run_point(cluster, spawner, settings: Settings, point: Point, run_dir: Path)
         # Each peer leads its own process group; the fork server reaps exited
         # ones (their pids may be reused), so only the running ones are stopped.
         stop_processes([p for p in procs if p.poll() is None], grace_seconds=3.0)
+        if cluster.rate_mbit != settings.setup_mbit:
+            try:
+                cluster.set_rate(settings.setup_mbit)    # the next job starts fast again
+            except Exception as exc:   # noqa: BLE001 - keep this point's record; the next one will say
+                log.warning("could not restore the start-up link rate: %s", exc)
         record["wall_s"] = time.monotonic() - t_start
         for p in procs:
             p.join(timeout=2)
@@ -541,7 +564,7 @@ def _figures(settings: Settings, point: Point, workers: list[Proc], before, afte
     traffic = metrics.required_traffic(point.peer.method, w.dense_bytes, w.sparse_touched_bytes(),
                                        point.num_workers, point.num_servers)
     latency_s = settings.delay_ms / 1e3 if _delay_emulated else 0.0
-    limit_s = metrics.limit_seconds(traffic, settings.rate_mbit, latency_s)
+    comm_limit_s = metrics.limit_seconds(traffic, point.link_mbit, latency_s)
     step_s = chief["seconds"] / chief["steps"]
     out = {
         "steps_per_s": chief["steps_per_s"],
@@ -558,8 +581,8 @@ def _figures(settings: Settings, point: Point, workers: list[Proc], before, afte
         "table3": traffic.to_dict(),
         "worker_send_vs_table3": metrics.relative_difference(worker_bytes["send"], traffic.worker_send),
         "worker_recv_vs_table3": metrics.relative_difference(worker_bytes["recv"], traffic.worker_recv),
-        "limit_s": limit_s,
-        "fraction_of_limit": metrics.fraction_of_limit(limit_s, step_s),
+        "comm_limit_s": comm_limit_s,
+        "worker_step_s": [p.result["seconds"] / p.result["steps"] for p in workers],
         "peer_info": {k: v for k, v in chief.items()
                       if k in ("tensorflow", "horovod", "replicas_in_sync", "run_option", "placement",
                                "gloo_built")},
@@ -587,7 +610,7 @@ def _figures(settings: Settings, point: Point, workers: list[Proc], before, afte
                              "median_ms": chief["median_step_s"] * 1e3,
                              "bus_bandwidth_bytes_per_s": metrics.bus_bandwidth(g, point.num_workers, step_s),
                              "bus_bandwidth_fraction_of_link": metrics.bus_bandwidth(
-                                 g, point.num_workers, step_s) * 8 / (settings.rate_mbit * 1e6)}
+                                 g, point.num_workers, step_s) * 8 / (point.link_mbit * 1e6)}
     return out
 
 
@@ -695,6 +718,58 @@ def package_versions(horovod_python: str | None) -> dict:
     return out
 
 
+def _run_one(cluster, spawner, settings: Settings, peers, refs: dict, run_options: dict,
+             horovod_problem: str | None, out_dir: Path, w: models.Workload, peer: PeerDef, n: int,
+             rate: float, warmup: int, steps: int, port: int) -> dict:
+    """Run (or skip) one point and check its loss; returns its record."""
+    s = settings.num_servers(n) if peer.servers else 0
+    base = {"workload": w.name, "peer": peer.name, "method": peer.method,
+            "num_workers": n, "num_servers": s, "link_mbit": rate}
+    why_not = None
+    if peer.name == "horovod" and horovod_problem:
+        why_not = horovod_problem
+    if peer.name.startswith("autopar-"):
+        why_not = run_options.get(peer.options["run_option"])
+    if why_not:
+        rec = base | {"status": "failed" if peer.name == "horovod" else "skipped", "error": why_not}
+    else:
+        point = Point(w, peer, n, s, warmup, steps, port, link_mbit=rate)
+        log.info("run %-6s %-18s N=%d S=%d %g Mbit/s ...", w.name, peer.name, n, s, rate)
+        load = os.getloadavg()
+        rec = run_point(cluster, spawner, settings, point,
+                        out_dir / f"{w.name}-{peer.name}-n{n}-{rate:g}mbit")
+        rec["loadavg_before"] = load
+    ref = refs.get(w.name, {}).get(n)
+    if rec.get("status") != "ok":
+        return rec
+    if peer.name == "floor":
+        # Worker 0 of the floor trains alone on worker 0's batches: the
+        # reference run's local-only loss, not the synchronous one.
+        rec["compute_floor_s"] = metrics.floor_step_seconds(rec.get("worker_step_s", []))
+        check = metrics.check_loss(rec.get("loss"), ref["local_only_loss"] if ref else None)
+        if ref:
+            rec["reference_loss"] = ref["local_only_loss"]
+            rec["reference_kind"] = "local_only_loss"
+    else:
+        check = metrics.check_loss(rec.get("loss"), ref["loss"] if ref else None)
+        if ref:
+            rec["reference_loss"] = ref["loss"]
+            rec["local_only_loss"] = ref["local_only_loss"]
+    rec["loss_check"] = dataclasses.asdict(check)
+    if not check.ok:
+        rec["status"] = "wrong-loss"
+        rec["error"] = check.reason
+        known = KNOWN_LOSS_DIFFERENCES.get((peer.name, w.name))
+        if known and ref and ref.get(known[0]) is not None:
+            alt = metrics.check_loss(rec.get("loss"), ref[known[0]])
+            rec["alternative_loss_check"] = dataclasses.asdict(alt) | {
+                "reference": known[0], "explanation": known[1]}
+            rec["error"] += (f"; it {'matches' if alt.ok else 'does NOT match either'} "
+                             f"the reference with the workers' sparse gradients "
+                             f"summed ({ref[known[0]]:.6g}): {known[1]}")
+    return rec
+
+
 def run(settings: Settings) -> dict:
     from bench import cluster as cluster_mod
     from bench import horovod_env, report
@@ -725,10 +800,9 @@ def run(settings: Settings) -> dict:
 
     run_options = available_run_options()
     results["autopar_run_options"] = {k: v or "available" for k, v in run_options.items()}
-    peers = []
-    for name in settings.peers:
-        peer = next(p for p in PEERS if p.name == name)
-        peers.append(peer)
+    # The floor first: every other point of its workload and N is held to it.
+    peers = sorted((next(p for p in PEERS if p.name == name) for name in settings.peers),
+                   key=lambda p: p.name != "floor")
     results["peers"] = [dataclasses.asdict(p) | {"method": p.method} for p in peers]
     results["workloads"] = {name: models.to_dict(settings.workload(name)) for name in settings.workloads}
 
@@ -746,11 +820,15 @@ def run(settings: Settings) -> dict:
             if any(p.servers for p in peers) else 0
         num_hosts = max(settings.host_counts) + max_servers
         port = 24000
-        with cluster_mod.EmulatedCluster(num_hosts, rate_mbit=settings.rate_mbit, delay_ms=settings.delay_ms,
+        # Jobs start at the fast set-up rate (the initial parameter broadcast of a
+        # 200 MiB embedding would take ~17 s per copy at 100 Mbit/s and is not
+        # measured); run_point shapes the links to the point's rate at "start".
+        with cluster_mod.EmulatedCluster(num_hosts, rate_mbit=settings.setup_mbit, delay_ms=settings.delay_ms,
                                          prefix=settings.prefix) as cluster:
             _delay_emulated = cluster.delay_emulated
             results["cluster"] = {"hosts": num_hosts, "addresses": cluster.addresses,
-                                  "rate_mbit": cluster.rate_mbit, "delay_ms": cluster.delay_ms,
+                                  "link_mbit": list(settings.link_mbit), "setup_mbit": settings.setup_mbit,
+                                  "rate_mbit": settings.rate_mbit, "delay_ms": cluster.delay_ms,
                                   "delay_emulated": cluster.delay_emulated,
                                   "shape_downlink": cluster.shape_downlink}
             if not cluster.delay_emulated:
@@ -761,51 +839,31 @@ def run(settings: Settings) -> dict:
             spawner.wait()
             results["spawner"] = {"kind": "forkserver" if settings.forkserver else "direct",
                                   "wait_s": time.monotonic() - t0, "problems": spawner.problems}
-            for n in settings.host_counts:
-                for wname in settings.workloads:
-                    w = settings.workload(wname)
-                    warmup, steps = settings.steps[wname]
-                    for peer in peers:
-                        s = settings.num_servers(n) if peer.servers else 0
-                        base = {"workload": wname, "peer": peer.name, "method": peer.method,
-                                "num_workers": n, "num_servers": s}
-                        why_not = None
-                        if peer.name == "horovod" and horovod_problem:
-                            why_not = horovod_problem
-                        if peer.name.startswith("autopar-"):
-                            why_not = run_options.get(peer.options["run_option"])
-                        if why_not:
-                            rec = base | {"status": "failed" if peer.name == "horovod" else "skipped",
-                                          "error": why_not}
-                        else:
-                            point = Point(w, peer, n, s, warmup, steps, port)
+            floors: dict = {}          # (workload, N) -> compute floor, s per step (no network: any rate)
+            for rate in settings.link_mbit:
+                for n in settings.host_counts:
+                    for wname in settings.workloads:
+                        if wname == "avg" and rate != settings.rate_mbit:
+                            continue       # the microbenchmark measures bandwidth: fastest rate only
+                        w = settings.workload(wname)
+                        warmup, steps = settings.steps[wname]
+                        alpha = metrics.sparse_alpha(w, warmup, steps, n)
+                        for peer in peers:
+                            if peer.name == "floor" and (wname, n) in floors:
+                                continue   # measured at the first rate; it does not use the network
+                            rec = _run_one(cluster, spawner, settings, peers, refs, run_options,
+                                           horovod_problem, out_dir, w, peer, n, rate, warmup, steps, port)
                             port = 24000 + (port - 24000 + 10) % 900
-                            log.info("run %-6s %-18s N=%d S=%d ...", wname, peer.name, n, s)
-                            load = os.getloadavg()
-                            rec = run_point(cluster, spawner, settings, point,
-                                            out_dir / f"{wname}-{peer.name}-n{n}")
-                            rec["loadavg_before"] = load
-                        ref = refs.get(wname, {}).get(n)
-                        if rec.get("status") == "ok":
-                            check = metrics.check_loss(rec.get("loss"), ref["loss"] if ref else None)
-                            rec["loss_check"] = dataclasses.asdict(check)
-                            if ref:
-                                rec["reference_loss"] = ref["loss"]
-                                rec["local_only_loss"] = ref["local_only_loss"]
-                            if not check.ok:
-                                rec["status"] = "wrong-loss"
-                                rec["error"] = check.reason
-                                known = KNOWN_LOSS_DIFFERENCES.get((peer.name, wname))
-                                if known and ref and ref.get(known[0]) is not None:
-                                    alt = metrics.check_loss(rec.get("loss"), ref[known[0]])
-                                    rec["alternative_loss_check"] = dataclasses.asdict(alt) | {
-                                        "reference": known[0], "explanation": known[1]}
-                                    rec["error"] += (f"; it {'matches' if alt.ok else 'does NOT match either'} "
-                                                     f"the reference with the workers' sparse gradients "
-                                                     f"summed ({ref[known[0]]:.6g}): {known[1]}")
-                        results["points"].append(rec)
-                        log.info("    -> %s %s", rec["status"], _one_line(rec))
-                        _save(results, settings)      # partial results survive a crash
+                            if peer.name == "floor":
+                                floors[(wname, n)] = rec.get("compute_floor_s")
+                            if alpha:
+                                rec["alpha"] = alpha
+                            if "comm_limit_s" in rec:
+                                metrics.apply_floor(rec, floors.get((wname, n)) if peer.name != "floor"
+                                                    else rec.get("compute_floor_s"))
+                            results["points"].append(rec)
+                            log.info("    -> %s %s", rec["status"], _one_line(rec))
+                            _save(results, settings)      # partial results survive a crash
     finally:
         spawner.stop()
     results["wall_s"] = time.monotonic() - t_begin
@@ -821,7 +879,8 @@ def _one_line(rec: dict) -> str:
     b = rec["bytes_per_step"]["worker"]
     return (f"{rec['throughput']:.1f} {rec['unit']}/s, step {rec['step_s'] * 1e3:.0f} ms, "
             f"worker send {b['send'] / 1e6:.2f} MB/step (Table 3 {rec['table3']['worker_send'] / 1e6:.2f}), "
-            f"{(rec['fraction_of_limit'] or 0):.0%} of limit, loss {rec['loss']:.6f} "
+            f"{(rec.get('fraction_of_limit') or 0):.0%} of limit ({rec.get('binding')}-bound), "
+            f"loss {rec['loss']:.6f} "
             f"(ref {rec.get('reference_loss', float('nan')):.6f}), {rec['wall_s']:.1f} s")
 
 
@@ -844,12 +903,16 @@ def _json_default(o):
 def parse_args(argv=None) -> Settings:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="2 and 4 hosts, microbenchmark + sparse workload")
+    p.add_argument("--quick", action="store_true", help="2, 4 and 8 hosts, sparse LM at 100 Mbit/s")
     p.add_argument("--name", help="results name (default: quick / full)")
     p.add_argument("--hosts", help="comma-separated host counts, e.g. 2,4")
     p.add_argument("--workloads", help="comma-separated: avg,sparse,dense")
     p.add_argument("--peers", help="comma-separated subset of: " + ",".join(x.name for x in PEERS))
-    p.add_argument("--rate-mbit", type=float, default=1000.0, help="link rate of every host (default 1000)")
+    p.add_argument("--link-mbit", "--rate-mbit", dest="link_mbit",
+                   help="comma-separated link rates in Mbit/s; the whole run is repeated at each "
+                        "(default: 1000,100; --quick: 100)")
+    p.add_argument("--setup-mbit", type=float, default=10000.0,
+                   help="link rate while a job starts, before the warm-up (default 10000)")
     p.add_argument("--delay-ms", type=float, default=0.1, help="one-way link delay (default 0.1)")
     p.add_argument("--avg-mib", type=float, help="microbenchmark size G in MiB (default 100; --quick: 32)")
     p.add_argument("--servers", default="equal", help="parameter servers per PS run: 'equal' (S=N) or a number")
@@ -883,7 +946,14 @@ def parse_args(argv=None) -> Settings:
             a, _, b = spec.partition(":")
             steps[name] = (int(a), int(b))
         s.steps = steps
-    s.rate_mbit, s.delay_ms, s.servers = args.rate_mbit, args.delay_ms, args.servers
+    if args.link_mbit:
+        try:
+            s.link_mbit = [float(x) for x in args.link_mbit.split(",")]
+        except ValueError:
+            p.error(f"--link-mbit: not a list of numbers: {args.link_mbit!r}")
+        if not all(r > 0 for r in s.link_mbit):
+            p.error("--link-mbit: rates must be positive")
+    s.setup_mbit, s.delay_ms, s.servers = args.setup_mbit, args.delay_ms, args.servers
     if args.avg_mib:
         s.avg_mib = args.avg_mib
     s.forkserver = not args.no_forkserver

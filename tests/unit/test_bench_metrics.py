@@ -135,12 +135,96 @@ def test_relative_difference_and_median():
 def test_every_peer_has_a_method():
     from bench import run
     for peer in run.PEERS:
-        assert peer.method in ("allreduce", "ps", "hybrid")
+        assert peer.method in ("allreduce", "ps", "hybrid", "none")
+    floor = next(p for p in run.PEERS if p.name == "floor")
+    assert floor.method == "none" and not floor.servers
+
+
+def test_the_floor_moves_no_bytes():
+    t = metrics.required_traffic("none", dense_bytes=1000, sparse_touched_bytes=10, num_workers=8)
+    assert t.max_link_bytes() == 0 and t.hops == 0
+    assert metrics.limit_seconds(t, 100.0, latency_s=1e-3) == 0.0
+
+
+def test_limit_is_the_larger_of_compute_floor_and_communication():
+    assert metrics.limit_with_floor(0.2, 0.05) == (0.2, "comm")
+    assert metrics.limit_with_floor(0.02, 0.05) == (0.05, "compute")
+    assert metrics.limit_with_floor(0.02, None) == (0.02, "comm")     # no floor measured
+    assert metrics.limit_with_floor(0.02, 0.0) == (0.02, "comm")
+    assert metrics.limit_with_floor(None, 0.05) == (None, None)
+
+
+def test_apply_floor_fills_limit_binding_and_fraction():
+    p = metrics.apply_floor({"comm_limit_s": 0.1, "step_s": 0.4}, 0.3)
+    assert p["limit_s"] == pytest.approx(0.3) and p["binding"] == "compute"
+    assert p["compute_floor_s"] == 0.3
+    assert p["fraction_of_limit"] == pytest.approx(0.75)
+    assert p["comm_to_compute"] == pytest.approx(1 / 3)
+    q = metrics.apply_floor({"comm_limit_s": 0.5, "step_s": 1.0}, 0.1)
+    assert q["limit_s"] == pytest.approx(0.5) and q["binding"] == "comm"
+    assert q["fraction_of_limit"] == pytest.approx(0.5) and q["comm_to_compute"] == pytest.approx(5.0)
+    r = metrics.apply_floor({"comm_limit_s": 0.5, "step_s": 1.0}, None)
+    assert r["limit_s"] == pytest.approx(0.5) and r["comm_to_compute"] is None
+
+
+def test_floor_step_is_the_slowest_worker():
+    assert metrics.floor_step_seconds([0.04, 0.05, 0.045]) == pytest.approx(0.05)
+    assert metrics.floor_step_seconds([]) is None
+    assert metrics.floor_step_seconds([0.0]) is None
+
+
+def test_touched_fraction_counts_distinct_rows_and_sent_rows():
+    import numpy as np
+    f = metrics.touched_fraction(np.array([[1, 2, 2], [3, 1, 7]]), vocab=100)
+    assert f["unique"] == pytest.approx(4 / 100)     # rows 1, 2, 3, 7
+    assert f["sent"] == pytest.approx(6 / 100)       # every id's row is in the gradient
+    with pytest.raises(ValueError):
+        metrics.touched_fraction(np.array([1]), 0)
+
+
+def test_sparse_alpha_per_step_and_over_workers():
+    import numpy as np
+    w = models.get("sparse", vocab=5000)
+    a = metrics.sparse_alpha(w, first_step=2, steps=3, num_workers=4)
+    assert [p["step"] for p in a["per_step"]] == [2, 3, 4]
+    step = a["per_step"][1]
+    ids = [w.batch_for(3, k)["context"] for k in range(4)]
+    assert step["worker_unique"] == pytest.approx(np.mean([len(np.unique(x)) / 5000 for x in ids]))
+    assert step["global_unique"] == pytest.approx(len(np.unique(np.concatenate(ids))) / 5000)
+    # the union of 4 workers' rows is more than one worker's, less than 4x (Zipf: shared hot rows)
+    assert step["worker_unique"] < step["global_unique"] < 4 * step["worker_unique"]
+    assert a["sent"] == pytest.approx(w.sparse_rows_per_step() / 5000)
+    assert metrics.sparse_alpha(models.get("dense"), 0, 3, 2) is None
+
+
+def test_sparse_lm_is_sized_like_parallax():
+    """Parallax §7's LM: an 800K x 512 embedding of which a step touches a small
+    fraction; ours keeps >= 200k words, >= 256 wide, Zipf ids, alpha < 1 %."""
+    s = models.SPARSE
+    assert s.params["vocab"] >= 200_000 and s.params["dim"] >= 256 and s.params["zipf_a"] > 1.0
+    a = metrics.sparse_alpha(s, 0, 2, 8)
+    assert 0 < a["worker_unique"] < a["sent"] < 0.01
+    assert a["global_unique"] < 0.05
+
+
+def test_at_the_quick_rate_communication_dominates_the_sparse_lm():
+    """The quick benchmark's rate (bench/README.md, "Why 100 Mbit/s"): at N >= 4
+    every method's bytes need >= 150 ms per step on the wire, several times
+    the sparse LM's compute floor (tens of ms); at 1 Gbit/s they need < 80 ms."""
+    from bench import run
+    quick = run.parse_args(["--quick"])
+    s = models.SPARSE
+    for n in (4, 8):
+        for method in ("allreduce", "ps", "hybrid"):
+            t = metrics.required_traffic(method, s.dense_bytes, s.sparse_touched_bytes(), n,
+                                         0 if method == "allreduce" else n)
+            assert metrics.limit_seconds(t, quick.link_mbit[0]) >= 0.150, (method, n)
+            assert metrics.limit_seconds(t, 1000.0) < 0.080, (method, n)
 
 
 def test_workload_sizes_meet_the_spec():
     assert models.DENSE.dense_bytes >= 25 * models.MiB
-    assert models.SPARSE.sparse_bytes >= 100 * models.MiB
+    assert models.SPARSE.sparse_bytes >= 200 * models.MiB
     assert models.AVG.dense_bytes == 100 * models.MiB
     s = models.SPARSE
     assert s.sparse_touched_bytes() == s.batch * s.params["context"] * s.params["dim"] * 4

@@ -7,7 +7,7 @@ import pytest
 from bench import metrics, models, report, run
 
 
-def _point(workload, peer, n, s=0, status="ok", loss=5.0, ref=5.0):
+def _point(workload, peer, n, s=0, status="ok", loss=5.0, ref=5.0, floor_s=0.05, rate=1000.0):
     w = models.get(workload) if workload != "avg" else models.get("avg", floats=1024)
     method = metrics.PEER_METHODS[peer]
     t3 = metrics.required_traffic(method, w.dense_bytes, w.sparse_touched_bytes(), n, s)
@@ -15,16 +15,19 @@ def _point(workload, peer, n, s=0, status="ok", loss=5.0, ref=5.0):
         return {"workload": workload, "peer": peer, "method": method, "num_workers": n, "num_servers": s,
                 "status": "failed", "error": "worker1 exited with status 1 | while waiting"}
     step_s = 0.1
-    limit = metrics.limit_seconds(t3, 1000.0)
+    comm = metrics.limit_seconds(t3, rate)
     rec = {"workload": workload, "peer": peer, "method": method, "num_workers": n, "num_servers": s,
+           "link_mbit": rate, "comm_limit_s": comm,
            "status": status, "error": None if status == "ok" else "loss differs",
            "throughput": w.examples_per_step() * n / step_s, "unit": w.unit, "step_s": step_s,
            "median_step_s": step_s, "loss": loss, "reference_loss": ref,
            "loss_check": {"ok": status == "ok"},
            "bytes_per_step": {"worker": {"send": t3.worker_send * 1.01, "recv": t3.worker_recv * 1.01},
                               "server": {"send": t3.server_send * 1.01, "recv": t3.server_recv * 1.01}},
-           "table3": t3.to_dict(), "worker_send_vs_table3": 0.01, "worker_recv_vs_table3": 0.01,
-           "limit_s": limit, "fraction_of_limit": metrics.fraction_of_limit(limit, step_s)}
+           "table3": t3.to_dict(), "worker_send_vs_table3": 0.01, "worker_recv_vs_table3": 0.01}
+    metrics.apply_floor(rec, floor_s)
+    if workload == "sparse":
+        rec["alpha"] = metrics.sparse_alpha(w, 0, 2, n)
     if workload == "avg":
         rec["microbench"] = {"bytes": w.dense_bytes, "ms_per_averaging": 100.0, "median_ms": 100.0,
                              "bus_bandwidth_bytes_per_s": metrics.bus_bandwidth(w.dense_bytes, n, step_s),
@@ -43,7 +46,8 @@ def results():
     peers = [{"name": p.name, "method": p.method} for p in run.PEERS]
     return {
         "name": "unit", "started": "2026-01-01T00:00:00", "wall_s": 123.0,
-        "settings": {"rate_mbit": 1000.0, "delay_ms": 0.1, "servers": "equal", "steps": {"sparse": [3, 10]}},
+        "settings": {"link_mbit": [1000.0, 100.0], "setup_mbit": 10000.0, "delay_ms": 0.1, "servers": "equal",
+                     "steps": {"sparse": [3, 10]}},
         "cluster": {"rate_mbit": 1000.0, "delay_emulated": False},
         "machine": {"cpus": 2, "cpu_model": "test", "memory_gib": 24},
         "git": {"commit": "0123456789abcdef", "dirty": True},
@@ -52,10 +56,12 @@ def results():
         "workloads": {"avg": models.to_dict(models.get("avg", floats=1024)),
                       "sparse": models.to_dict(models.SPARSE)},
         "references": {"sparse": {"2": {"initial_loss": 6.9, "loss": 5.0, "local_only_loss": 5.1}}},
-        "points": [_point("sparse", "tf_mwms", 2), _point("sparse", "autopar-ps", 2, 2),
+        "points": [_point("sparse", "floor", 2), _point("sparse", "tf_mwms", 2),
+                   _point("sparse", "autopar-hybrid", 2, 2, rate=100.0),
+                   _point("sparse", "autopar-ps", 2, 2),
                    _point("sparse", "horovod", 2, status="failed"),
                    _point("sparse", "tf_ps", 2, 2, status="wrong-loss", loss=5.05),
-                   _point("avg", "autopar-allreduce", 2), _point("avg", "tf_ps", 2, 2)],
+                   _point("avg", "floor", 2), _point("avg", "autopar-allreduce", 2), _point("avg", "tf_ps", 2, 2)],
         "notes": ["a note"],
     }
 
@@ -70,6 +76,46 @@ def test_markdown_has_every_point_and_the_failures(results):
     assert "## autopar: measured bytes vs its report" in md
     assert "| yes |" in md                                # autopar within 10% of its report
     assert "a note" in md and "0123456789ab" in md
+
+
+def _rows(table: str, peer: str) -> list[dict]:
+    lines = [r for r in table.splitlines() if r.startswith("|")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = [dict(zip(head, (c.strip() for c in r.strip("|").split("|")))) for r in lines[2:]]
+    return [r for r in rows if r["system"] == peer]
+
+
+def test_training_table_shows_floor_rate_binding_and_alpha(results):
+    table = report.training_table(results)
+    floor = _rows(table, "floor")[0]
+    assert floor["compute floor ms"] == "50" and floor["link Mbit/s"] == "1000"
+    # 1000 Mbit/s, N = 2: the sparse LM's 2.36 MB need 19 ms on the wire < the 50 ms floor
+    mwms = _rows(table, "tf_mwms")[0]
+    assert mwms["compute floor ms"] == "50" and mwms["of limit (bound)"] == "50% compute"
+    assert float(mwms["comm limit ms"]) == pytest.approx(18.9, abs=0.1)
+    # 100 Mbit/s: the same bytes need ~190 ms, more than the floor and the 100 ms step can have
+    hybrid = _rows(table, "autopar-hybrid")[0]
+    assert hybrid["link Mbit/s"] == "100" and hybrid["of limit (bound)"].endswith("comm")
+    assert float(hybrid["comm limit ms"]) > 150
+    a = results["points"][0]["alpha"]
+    assert mwms["α worker / all"] == f"{100 * a['worker_unique']:.2f}% / {100 * a['global_unique']:.2f}%"
+    md = report.markdown(results)
+    assert "1000 and 100 Mbit/s" in md and "compute floor" in md
+
+
+def test_results_without_a_floor_still_render(results):
+    # results of an older harness: one rate, limit_s only, no floor, no alpha
+    old = dict(results, settings={"rate_mbit": 1000.0, "delay_ms": 0.1, "servers": "equal", "steps": {}})
+    old["points"] = []
+    for p in results["points"]:
+        q = {k: v for k, v in p.items()
+             if k not in ("comm_limit_s", "compute_floor_s", "binding", "link_mbit", "alpha")}
+        old["points"].append(q)
+    table = report.training_table(old)
+    row = _rows(table, "tf_mwms")[0]
+    assert row["compute floor ms"] == "–" and row["α worker / all"] == "–"
+    assert row["of limit (bound)"] == "50%"
+    assert "1000 Mbit/s" in report.markdown(old)
 
 
 def test_tables_have_consistent_columns(results):
@@ -96,7 +142,7 @@ def test_readme_section_is_replaced_between_markers(tmp_path, results):
     assert report.write_readme_section(readme, results, {"throughput vs workers": "unit-throughput.png"})
     text = readme.read_text()
     assert "old table" not in text and "keep me" in text and "tail stays" in text
-    assert "| sparse | 2 | tf_mwms | ok |" in text and "results/unit-throughput.png" in text
+    assert "| sparse | 1000 | 2 | tf_mwms | ok |" in text and "results/unit-throughput.png" in text
     other = tmp_path / "OTHER.md"
     other.write_text("no markers\n")
     assert not report.write_readme_section(other, results, {})
@@ -105,10 +151,18 @@ def test_readme_section_is_replaced_between_markers(tmp_path, results):
 
 def test_run_settings_quick_and_full():
     quick = run.parse_args(["--quick"])
-    assert quick.name == "quick" and quick.host_counts == [2, 4]
-    assert quick.workloads == ["avg", "sparse"] and set(quick.peers) == {p.name for p in run.PEERS}
+    assert quick.name == "quick" and quick.host_counts == [2, 4, 8] and quick.link_mbit == [100.0]
+    assert quick.workloads == ["sparse"] and set(quick.peers) == {p.name for p in run.PEERS}
+    assert "floor" in quick.peers
     full = run.parse_args([])
     assert full.host_counts == [2, 4, 8] and set(full.workloads) == {"avg", "sparse", "dense"}
+    assert full.link_mbit == [1000.0, 100.0] and full.rate_mbit == 1000.0 and full.setup_mbit == 10000.0
+    rates = run.parse_args(["--link-mbit", "250,50", "--setup-mbit", "2000"])
+    assert rates.link_mbit == [250.0, 50.0] and rates.rate_mbit == 250.0 and rates.setup_mbit == 2000.0
+    assert run.parse_args(["--rate-mbit", "300"]).link_mbit == [300.0]
+    for bad in ("fast", "0", "100,-1"):
+        with pytest.raises(SystemExit):
+            run.parse_args(["--link-mbit", bad])
     assert full.workload("avg").dense_bytes == 100 * models.MiB
     custom = run.parse_args(["--quick", "--hosts", "2", "--peers", "horovod", "--steps", "sparse=1:2",
                              "--avg-mib", "8", "--servers", "1"])
