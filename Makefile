@@ -48,13 +48,13 @@ BENCH_ROOT_CHECK = $(PY) -c 'from bench.cluster import require_root; require_roo
 bench-setup: $(STAMP)
 	$(PY) -m bench.horovod_env
 
-# 2 and 4 hosts, gradient-averaging microbenchmark + sparse LM, every peer (~5 min).
+# 2, 4 and 8 hosts, sparse LM at 100 Mbit/s, every peer and the compute floor (~5 min).
 # A Horovod venv that cannot be built is recorded as the Horovod peer's failure.
 bench-quick: $(STAMP)
 	$(BENCH_ROOT_CHECK)
 	$(PY) -m bench.run --quick --update-readme
 
-# 2, 4 and 8 hosts, every workload (microbenchmark at 100 MiB, sparse LM, dense CNN).
+# 2, 4 and 8 hosts at 1000 and 100 Mbit/s, every workload (microbenchmark at 100 MiB, sparse LM, dense CNN).
 bench: $(STAMP)
 	$(BENCH_ROOT_CHECK)
 	$(PY) -m bench.run

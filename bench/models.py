@@ -20,7 +20,7 @@ Workloads (sizes in float32 bytes; per-worker batch fixed):
   a mean-pooled context of 8 Zipf(1.1)-distributed token ids, a 256-unit tanh
   layer and a softmax over a 1024-word shortlist (the 1023 most frequent ids
   plus one out-of-shortlist class) — compute stays small, the embedding is
-  large and sparsely touched: a worker's step touches ~0.2 % of its rows.
+  large and sparsely touched: a worker's step touches ~0.25 % of its rows.
 - ``avg``    : the gradient-averaging microbenchmark: one float32 vector w of G
   bytes (100 MiB by default), loss = s/2 * sum(w^2) with s a per-worker
   scalar, so the gradient s*w is G dense bytes and a training step is exactly

@@ -219,6 +219,24 @@ def test_rate_limit_at_100_mbit(no_leftovers):
     assert leftovers() == []
 
 
+@needs_root
+def test_set_rate_reshapes_both_directions_of_every_link(no_leftovers):
+    # The harness starts jobs fast and shapes the links to the measured rate at the start barrier.
+    with EmulatedCluster(2, rate_mbit=10000, prefix=PREFIX) as cluster:
+        cluster.set_rate(100)
+        shown = [subprocess.run(["tc", "-n", cluster.namespace(i), "qdisc", "show", "dev", cluster.link(i)],
+                                capture_output=True, text=True, check=True).stdout for i in range(2)]
+        shown += [subprocess.run(["tc", "qdisc", "show", "dev", f"{PREFIX}-v{i}"],
+                                 capture_output=True, text=True, check=True).stdout for i in range(2)]
+        assert all("tbf" in out and "rate 100Mbit" in out for out in shown), shown
+        result = measure_throughput(cluster, 0, 1, seconds=1.0, timeout_s=30)
+        assert cluster.rate_mbit == 100.0
+        with pytest.raises(ValueError):
+            cluster.set_rate(0)
+    assert 0 < result.mbit_s < 2 * 100
+    assert leftovers() == []
+
+
 def test_without_root_it_says_so_and_exits_non_zero(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(SystemExit) as exc:
