@@ -59,8 +59,11 @@ def _rates(results: dict) -> list[float]:
     return [float(r) for r in rates]
 
 
-def _rate_cell(p: dict) -> str:
-    return f"{_rate(p):g}" if p.get("link_mbit") else "–"
+def _rate_cell(p: dict, rates: list[float]) -> str:
+    """A point's link rate; older results record one rate for the whole run."""
+    if p.get("link_mbit"):
+        return f"{_rate(p):g}"
+    return f"{rates[0]:g}" if len(rates) == 1 else "–"
 
 
 def _comm_limit(p: dict):
@@ -84,6 +87,7 @@ def _alpha(p: dict) -> str:
 def training_table(results: dict) -> str:
     peers = [p["name"] for p in results.get("peers", [])]
     rows = [p for p in results["points"] if p["workload"] in TRAINING]
+    rates = _rates(results)
     head = ("workload", "link Mbit/s", "N", "system", "status", "throughput", "step ms", "compute floor ms",
             "worker send / recv MB/step", "Table 3 MB/step", "Δ send / recv", "server send / recv MB/step",
             "comm limit ms", "of limit (bound)", "α worker / all", "loss (reference)", "idle kB/s")
@@ -96,14 +100,14 @@ def training_table(results: dict) -> str:
             loss = f"{p['loss']:.5f} ({p.get('reference_loss', float('nan')):.5f})"
             comm = _comm_limit(p)
             lines.append("| " + " | ".join([
-                p["workload"], _rate_cell(p), str(p["num_workers"]), p["peer"], p["status"],
+                p["workload"], _rate_cell(p, rates), str(p["num_workers"]), p["peer"], p["status"],
                 f"{p['throughput']:.0f} {p['unit']}/s", _ms(p["step_s"]), _ms(p.get("compute_floor_s")),
                 f"{_mb(wb['send'])} / {_mb(wb['recv'])}", t3s,
                 f"{_signed_pct(p.get('worker_send_vs_table3'))} / {_signed_pct(p.get('worker_recv_vs_table3'))}",
                 server, "–" if comm is None else f"{1e3 * comm:.1f}", _limit(p), _alpha(p), loss,
                 _kb(p.get("idle_bytes_per_s_per_host"))]) + " |")
         else:
-            lines.append("| " + " | ".join([p["workload"], _rate_cell(p), str(p["num_workers"]), p["peer"],
+            lines.append("| " + " | ".join([p["workload"], _rate_cell(p, rates), str(p["num_workers"]), p["peer"],
                                              p.get("status", "?"), _short(p.get("error"))]
                                             + [""] * (len(head) - 6)) + " |")
     return "\n".join(lines)
@@ -183,8 +187,10 @@ def markdown(results: dict, plots: dict[str, str] | None = None) -> str:
              f"{m.get('cpus')} CPUs ({m.get('cpu_model', '?')}), {m.get('memory_gib', '?')} GiB · "
              f"wall time {results.get('wall_s', 0):.0f} s", "",
              f"Emulated cluster: one worker per host, {' and '.join(f'{r:g}' for r in _rates(results))} Mbit/s "
-             f"full-duplex links (jobs start at {s.get('setup_mbit', _rates(results)[0]):g} Mbit/s; the links "
-             f"are shaped before the warm-up), delay {s['delay_ms']:g} ms"
+             f"full-duplex links"
+             + (f" (jobs start at {s['setup_mbit']:g} Mbit/s; the links are shaped before the warm-up)"
+                if s.get("setup_mbit") else "")
+             + f", delay {s['delay_ms']:g} ms"
              f"{'' if c.get('delay_emulated', True) else ' requested but not emulated (no sch_netem)'}; "
              f"parameter-server systems get S = {'N' if s['servers'] == 'equal' else s['servers']} "
              f"extra server hosts. "
