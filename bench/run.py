@@ -135,7 +135,7 @@ class Settings:
 # GPU cluster has; see bench/README.md, "Why 100 Mbit/s").
 QUICK = dict(name="quick", host_counts=[2, 4, 8], workloads=["sparse"], avg_mib=32.0,
              link_mbit=[100.0], startup_timeout_s=120.0, phase_timeout_s=60.0,
-             steps={"avg": (1, 3), "sparse": (2, 6), "dense": (2, 6)})
+             steps={"avg": (1, 3), "sparse": (2, 5), "dense": (2, 5)})
 FULL = dict(name="full", host_counts=[2, 4, 8], workloads=["avg", "sparse", "dense"],
             link_mbit=[1000.0, 100.0],
             steps={"avg": (2, 5), "sparse": (5, 20), "dense": (3, 10)})
