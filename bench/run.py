@@ -718,7 +718,7 @@ def package_versions(horovod_python: str | None) -> dict:
     return out
 
 
-def _run_one(cluster, spawner, settings: Settings, peers, refs: dict, run_options: dict,
+def _run_one(cluster, spawner, settings: Settings, refs: dict, run_options: dict,
              horovod_problem: str | None, out_dir: Path, w: models.Workload, peer: PeerDef, n: int,
              rate: float, warmup: int, steps: int, port: int) -> dict:
     """Run (or skip) one point and check its loss; returns its record."""
@@ -851,7 +851,7 @@ def run(settings: Settings) -> dict:
                         for peer in peers:
                             if peer.name == "floor" and (wname, n) in floors:
                                 continue   # measured at the first rate; it does not use the network
-                            rec = _run_one(cluster, spawner, settings, peers, refs, run_options,
+                            rec = _run_one(cluster, spawner, settings, refs, run_options,
                                            horovod_problem, out_dir, w, peer, n, rate, warmup, steps, port)
                             port = 24000 + (port - 24000 + 10) % 900
                             if peer.name == "floor":
