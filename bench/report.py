@@ -11,6 +11,8 @@ import math
 import sys
 from pathlib import Path
 
+from bench import metrics
+
 README_BEGIN = "<!-- bench:quick-results:begin -->"
 README_END = "<!-- bench:quick-results:end -->"
 TRAINING = ("sparse", "dense")
@@ -97,7 +99,7 @@ def training_table(results: dict) -> str:
             wb, sb, t3 = p["bytes_per_step"]["worker"], p["bytes_per_step"]["server"], p["table3"]
             server = f"{_mb(sb['send'])} / {_mb(sb['recv'])}" if p["num_servers"] else "–"
             t3s = f"{_mb(t3['worker_send'])}" + (f" (srv {_mb(t3['server_send'])})" if p["num_servers"] else "")
-            loss = f"{p['loss']:.5f} ({p.get('reference_loss', float('nan')):.5f})"
+            loss = f"{p['loss']:.6f} ({p.get('reference_loss', float('nan')):.6f})"
             comm = _comm_limit(p)
             lines.append("| " + " | ".join([
                 p["workload"], _rate_cell(p, rates), str(p["num_workers"]), p["peer"], p["status"],
@@ -221,16 +223,20 @@ def markdown(results: dict, plots: dict[str, str] | None = None) -> str:
     if refs:
         lines += ["## Single-device references", "",
                   "| workload | N | initial loss | reference loss | loss of a worker that never communicates "
-                  "| loss with the workers' sparse gradients summed |",
-                  "|---|---|---|---|---|---|"]
+                  "| its distance in tolerances | loss with the workers' sparse gradients summed |",
+                  "|---|---|---|---|---|---|---|"]
         for w, by_n in refs.items():
             for n, r in by_n.items():
                 if isinstance(r, dict):
                     summed = r.get("sparse_summed_loss")
-                    lines.append(f"| {w} | {n} | {r['initial_loss']:.5f} | {r['loss']:.5f} | "
-                                 f"{r['local_only_loss']:.5f} | {'–' if summed is None else f'{summed:.5f}'} |")
+                    margin = metrics.loss_check_margin(r["loss"], r["local_only_loss"],
+                                                       tol.get("loss_rtol", metrics.LOSS_RTOL),
+                                                       tol.get("loss_atol", metrics.LOSS_ATOL))
+                    lines.append(f"| {w} | {n} | {r['initial_loss']:.6f} | {r['loss']:.6f} | "
+                                 f"{r['local_only_loss']:.6f} | {'–' if margin is None else f'{margin:.1f}'} | "
+                                 f"{'–' if summed is None else f'{summed:.6f}'} |")
                 else:
-                    lines.append(f"| {w} | – | {_short(str(r))} | | | |")
+                    lines.append(f"| {w} | – | {_short(str(r))} | | | | |")
         lines.append("")
     bad = failures(results)
     if bad:

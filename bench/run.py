@@ -814,6 +814,17 @@ def run(settings: Settings) -> dict:
         t0 = time.monotonic()
         refs = run_references(settings, MAIN_PYTHON, out_dir)
         results["references"] = {name: {str(k): v for k, v in r.items()} for name, r in refs.items()}
+        for name, by_n in refs.items():
+            for n, ref in by_n.items():
+                if not isinstance(ref, dict):
+                    continue
+                margin = metrics.loss_check_margin(ref.get("loss"), ref.get("local_only_loss"))
+                ref["local_only_margin"] = margin
+                if margin is not None and margin <= 1.0:
+                    results["notes"].append(
+                        f"{name}, N={n}: a worker that never communicates ends within the loss tolerance of "
+                        f"the reference ({margin:.2f}× the tolerance), so the loss check cannot catch a peer "
+                        f"that does not aggregate at this step count")
         results["reference_s"] = time.monotonic() - t0
 
         max_servers = max((settings.num_servers(n) for n in settings.host_counts), default=0) \
