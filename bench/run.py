@@ -761,7 +761,11 @@ def _run_one(cluster, spawner, settings: Settings, refs: dict, run_options: dict
         rec["error"] = check.reason
         known = KNOWN_LOSS_DIFFERENCES.get((peer.name, w.name))
         if known and ref and ref.get(known[0]) is not None:
-            alt = metrics.check_loss(rec.get("loss"), ref[known[0]])
+            # 10x the tolerance: SyncReplicasOptimizer's accumulators sum in
+            # their own order (5.3e-6 relative seen at N = 8); this only
+            # explains the difference, the point stays wrong-loss.
+            alt = metrics.check_loss(rec.get("loss"), ref[known[0]], rtol=10 * metrics.LOSS_RTOL,
+                                     atol=10 * metrics.LOSS_ATOL)
             rec["alternative_loss_check"] = dataclasses.asdict(alt) | {
                 "reference": known[0], "explanation": known[1]}
             rec["error"] += (f"; it {'matches' if alt.ok else 'does NOT match either'} "
