@@ -745,7 +745,13 @@ def _run_one(cluster, spawner, settings: Settings, refs: dict, run_options: dict
     if peer.name == "floor":
         # Worker 0 of the floor trains alone on worker 0's batches: the
         # reference run's local-only loss, not the synchronous one.
-        rec["compute_floor_s"] = metrics.floor_step_seconds(rec.get("worker_step_s", []))
+        floor_s = metrics.floor_step_seconds(rec.get("worker_step_s", []))
+        rec["compute_floor_s"] = floor_s
+        if floor_s:
+            # Its workers do not wait for each other; a synchronous step would
+            # wait for the slowest, so that is the floor's step and throughput.
+            rec.update(chief_step_s=rec["step_s"], step_s=floor_s, steps_per_s=1.0 / floor_s,
+                       throughput=w.examples_per_step() * n / floor_s)
         check = metrics.check_loss(rec.get("loss"), ref["local_only_loss"] if ref else None)
         if ref:
             rec["reference_loss"] = ref["local_only_loss"]
