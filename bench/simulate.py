@@ -208,8 +208,8 @@ def union_rows(rows: int, touched: float, k: int, zipf_s: float | None = None) -
     lo, hi = touched, touched
     while expected_distinct(rows, hi, zipf_s) < touched * (1 - 1e-9) and hi < 1e15:
         hi *= 2
-    for _ in range(40):
-        mid = 0.5 * (lo + hi)
+    for _ in range(24):            # bisection on log(draws): relative precision (hi/lo)^(2^-24)
+        mid = math.sqrt(lo * hi)
         if expected_distinct(rows, mid, zipf_s) < touched:
             lo = mid
         else:
@@ -293,6 +293,11 @@ def phases(method: str, wl: Workload, cl: Cluster) -> list[Phase]:
 FEATURES_GLOBAL = ("alpha", "gamma", "wire")
 
 
+def _servers_used(method: str, wl: Workload, cl: Cluster) -> int:
+    uses = method in ("ps", "ps_la") or (method in ("hybrid", "hybrid_nola") and wl.touched_bytes > 0)
+    return cl.num_servers if uses else 0
+
+
 def _terms(method: str, wl: Workload, cl: Cluster) -> dict:
     """The quantities each constant multiplies (the model is linear in them)."""
     ph = phases(method, wl, cl)
@@ -302,7 +307,10 @@ def _terms(method: str, wl: Workload, cl: Cluster) -> dict:
     return {
         "wire": sum(p.link_bytes for p in ph) * cl.beta,
         "wire_by_phase": {p.name: p.link_bytes * cl.beta for p in ph},
-        "alpha": float(sum(p.hops for p in ph)),
+        # on oversubscribed shared cores a message waits for its receiver to be scheduled:
+        # the wait per hop grows with the runnable processes per core
+        "alpha": float(sum(p.hops for p in ph)) * (max(1.0, (n + _servers_used(method, wl, cl)) / c)
+                                                  if shared else 1.0),
         "gamma": (sum(p.total_reduce for p in ph) / c) if shared else sum(p.proc_reduce for p in ph),
         "kappa": (sum(p.total_bytes for p in ph) / c) if shared else sum(p.proc_bytes for p in ph),
         "overhead": (n / c) if shared else 1.0,

@@ -103,6 +103,12 @@ def test_shared_cores_divide_every_process_cpu_by_the_cores():
     assert r["parts"]["overhead"] == pytest.approx(4 * 0.005 / 2)
     ded = sim.step_time("allreduce", dense(0.0, examples=10), sim.Cluster(4, link_gbit=1.0), k, "p")
     assert ded["parts"]["compute"] == pytest.approx(0.1)
+    # a hop waits for its receiver to be scheduled: (processes / cores) times alpha
+    ka = sim.Constants(alpha=1e-3)
+    r = sim.step_time("allreduce", dense(MB), sim.Cluster(4, link_gbit=1.0, cores=2), ka)
+    assert r["parts"]["latency"] == pytest.approx(2 * 3 * 1e-3 * 4 / 2)
+    r = sim.step_time("ps", dense(MB), sim.Cluster(4, servers=4, link_gbit=1.0, cores=2), ka)
+    assert r["parts"]["latency"] == pytest.approx(2 * 1e-3 * 8 / 2)
 
 
 def test_nnls_matches_a_hand_solved_problem():
