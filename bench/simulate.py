@@ -690,8 +690,10 @@ def markdown(out: dict) -> str:
               f"Median |error| {100 * s['median_abs_error']:.1f} %, mean {100 * s['mean_abs_error']:.1f} %, "
               f"max {100 * s['max_abs_error']:.0f} %; {s['within_20pct']} of {s['points']} within 20 %.", ""]
     v = out["validation_fit_n2_n4_predict_n8"]["summary"]
-    lines += [f"Fitted on N = 2 and 4 only, predicting the N = 8 points: median |error| "
-              f"{100 * v['median_abs_error']:.1f} %, {v['within_20pct']} of {v['points']} within 20 %.", "",
+    if v:
+        lines += [f"Fitted on N = 2 and 4 only, predicting the N = 8 points: median |error| "
+                  f"{100 * v['median_abs_error']:.1f} %, {v['within_20pct']} of {v['points']} within 20 %.", ""]
+    lines += [
               "| run | workload | N | system | measured ms | predicted ms | error |", "|---|---|---|---|---|---|---|"]
     for r in out["points"]:
         flag = " (wrong-loss)" if r["status"] != "ok" else ""
@@ -763,19 +765,22 @@ def plot(out: dict, path: Path) -> None:
     # bench projections
     for ax, w in zip((axes[0][1], axes[0][2]), ("sparse", "dense")):
         proj = [r for r in out["bench_projection"] if r["workload"] == w]
-        meas = [r for r in rows if r["workload"] == w and r["source"] == "full"]
-        for i, peer in enumerate(PEER_METHODS):
+        meas = [r for r in rows if r["workload"] == w and r["source"] == out["sources_by_name"][0]]
+        for peer in PEER_METHODS:
             pr = sorted((r["N"], r["throughput"]) for r in proj if r["peer"] == peer)
+            if not pr:
+                continue
             line, = ax.plot(*zip(*pr), "-", label=peer)
-            mp = sorted((r["N"], r["N"] * WORKLOAD_EXAMPLES.get(w, 1) / r["measured_s"]) for r in meas
+            mp = sorted((r["N"], r["N"] * out["examples_per_worker_step"].get(w, 1) / r["measured_s"]) for r in meas
                         if r["peer"] == peer)
             if mp:
                 ax.plot(*zip(*mp), "o", color=line.get_color(), ms=4)
         ax.set(xscale="log", yscale="log", xlabel="workers", ylabel="examples/s",
-               title=f"bench {w}: projected (lines, own cores per process, "
-                     f"{out['bench_projection_link_gbit']:g} Gbit/s); measured on 2 shared cores (dots)")
+               title=f"bench {w}: projected (lines: own core per process, "
+                     f"{out['bench_projection_link_gbit']:g} Gbit/s)\nmeasured (dots: all on {out['cores']} shared cores)")
         ax.title.set_fontsize(8)
-        ax.legend(fontsize=7)
+        if proj:
+            ax.legend(fontsize=7)
     # Parallax setting
     var = out["parallax"]["slow-rows"]
     for ax, model in zip(axes[1], ("LM", "NMT", "ResNet-50")):
@@ -796,21 +801,18 @@ def plot(out: dict, path: Path) -> None:
     plt.close(fig)
 
 
-WORKLOAD_EXAMPLES: dict = {}
-
-
 def build(sources: list[Path]) -> dict:
-    points, workloads, cores = [], {}, 2
+    points, workloads, cores, names = [], {}, 2, []
     for src in sources:
         res = json.loads(Path(src).read_text())
         name = res.get("name", Path(src).stem)
+        names.append(name)
         points += points_from_results(res, name)
         cores = res.get("machine", {}).get("cpus") or cores
         for spec in res["workloads"].values():
             wl = workload_from_results(spec)
             if not wl.name.startswith("avg"):
                 workloads[wl.name] = wl
-                WORKLOAD_EXAMPLES[wl.name] = wl.examples
     k = fit(points)
     rows = errors(points, k)
     train = [p for p in points if p.cluster.workers < 8]
@@ -821,12 +823,13 @@ def build(sources: list[Path]) -> dict:
         vrows = errors(test, kv)
         val = {"summary": summarise(vrows), "points": vrows}
     link = points[0].cluster.link_gbit if points else 1.0
-    out = {"sources": [str(Path(s).name) for s in sources], "cores": cores,
+    out = {"sources": [str(Path(s).name) for s in sources], "cores": cores, "sources_by_name": names,
            "method": "non-negative least squares on the relative error of the median step time; "
                      "shared-cores model (sum of all processes' CPU seconds / cores + wire + hops*alpha)",
            "constants": k.to_dict(), "fit_summary": summarise(rows), "points": rows,
            "validation_fit_n2_n4_predict_n8": val, "run_to_run": run_to_run(points),
            "bench_projection_link_gbit": link,
+           "examples_per_worker_step": {name: wl.examples for name, wl in workloads.items()},
            "bench_projection": project_bench(workloads, k, link),
            "parallax": {}}
     for name in PARALLAX_VARIANTS:
