@@ -64,6 +64,13 @@ bench: $(STAMP)
 # bench/results/transform_scale.{json,png}. TRANSFORM_ARGS passes options, e.g.
 # TRANSFORM_ARGS="--layers 12 24 --skip-rewrite". transform-scale-e2e: the
 # 24-layer graph on 2 local workers, launch to two finished steps, by phase.
+# The alpha-beta-gamma simulator (bench/simulate.py): fits its constants to the
+# committed bench/results/{full,quick}.json and projects to 16-512 workers and to
+# Parallax's cluster; writes bench/results/simulate.{json,md,png}. Seconds, no root.
+.PHONY: simulate
+simulate: $(STAMP)
+	$(PY) -m bench.simulate
+
 .PHONY: transform-scale transform-scale-e2e
 transform-scale: $(STAMP)
 	$(PY) -m bench.transform_scale $(TRANSFORM_ARGS)

@@ -1,0 +1,864 @@
+"""An alpha-beta-gamma model of synchronous data-parallel training steps,
+calibrated on the emulated-cluster measurements and projected past them.
+
+    python -m bench.simulate            # or: make simulate (seconds, no root)
+
+writes bench/results/simulate.{json,md,png}.
+
+The model
+---------
+Costs (per step):
+
+- alpha: seconds per message on the critical path (one hop of an algorithm);
+- beta:  seconds per byte on a link, 8 / rate (full-duplex links: each
+  direction has the whole rate), times `wire_factor` (1 / the fraction of the
+  link rate a transport reaches);
+- gamma: seconds per byte summed or applied (aggregation and update);
+- kappa: CPU seconds per byte a process sends or receives (serialisation,
+  copies, the kernel's TCP stack), per implementation;
+- overhead: CPU seconds per worker and step that do not depend on bytes
+  (session run, RPC set-up, Python), per implementation;
+- compute: seconds per example of forward and backward pass.
+
+Each method is a sequence of phases; each phase has the bytes on the most
+loaded link direction, its hops, the bytes one process handles and sums, and
+the same summed over every process:
+
+    ring all-reduce of M bytes over N   link 2(N-1)/N*M   hops 2(N-1)   sums (N-1)/N*M per worker
+    ring all-gather of m bytes each     link (N-1)*m      hops N-1      applies N*m rows per worker
+    parameter server, g bytes pushed    push then pull (sequential: the pull waits for the
+    and pulled per worker, S servers    aggregate): link = max(host NIC, server NIC) per phase,
+                                        hops 2, servers sum N*g/S each
+    ... with local aggregation          the h workers of a host sum first, one push per host
+                                        of the union of their rows
+    hybrid                              ring all-reduce of the dense bytes, then the PS phases of
+                                        the sparse rows (with local aggregation): both use the
+                                        same NIC, so the step pays the sum of the two
+
+Methods: `allreduce` (ring for dense + all-gather of sparse rows: tf_mwms,
+Horovod, autopar-allreduce), `ps` (TF-PS, autopar-ps), `ps_la` (PS with local
+aggregation), `hybrid` (autopar-hybrid, Parallax) and `hybrid_nola` (Parallax
+Table 4's "+HYB" before "+LA").
+
+Two ways to run the processes:
+
+- shared cores (the emulated cluster: every process of every host on C cores):
+  step = wire + hops*alpha + (sum over all processes of CPU seconds) / C;
+- dedicated (a real cluster: every process has its own cores or GPU):
+  step = wire + hops*alpha + the busiest process's CPU seconds.
+
+Intra-host transfers (hosts = 1, or a server's own host's share when servers
+are colocated) are free of link time.
+
+Fitting: every term above is linear in the constants (alpha, wire_factor,
+gamma, kappa per peer, overhead per peer, compute per workload), so the fit
+is a non-negative least-squares problem on the relative error
+(each row divided by the measured step time): minimising
+sum((predicted - measured) / measured)^2, solved by Lawson-Hanson (numpy).
+The measured step time of a point is its median step (robust to one slow
+step on a loaded machine). Overheads are relative to the leanest peer (whose
+overhead is 0 by convention): a per-step cost common to all peers cannot be
+told apart from compute per example by these measurements.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import functools
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from bench.metrics import PEER_METHODS
+
+RESULTS = Path(__file__).resolve().parent / "results"
+METHODS = ("allreduce", "ps", "ps_la", "hybrid", "hybrid_nola")
+
+
+# --------------------------------------------------------------------------- inputs
+
+@dataclass
+class Workload:
+    """What one worker's step computes and moves."""
+    name: str
+    dense_bytes: float                 # b: dense variables (= their gradients)
+    sparse_rows: int = 0               # rows of the embedding variable(s)
+    row_bytes: float = 0.0             # bytes of one row
+    touched_rows: float = 0.0          # rows one worker's step touches (not deduplicated across workers)
+    examples: float = 1.0              # examples per worker and step
+    compute_s: float | None = None     # seconds of compute per worker step (None: from fitted constants)
+    zipf_s: float | None = None        # id skew for the union of several workers' rows (None: uniform)
+
+    @property
+    def touched_bytes(self) -> float:
+        """alpha*b of Parallax Table 3: bytes of the rows one worker touches."""
+        return self.touched_rows * self.row_bytes
+
+    @property
+    def alpha_sparse(self) -> float:
+        return self.touched_rows / self.sparse_rows if self.sparse_rows else 0.0
+
+
+@dataclass
+class Cluster:
+    workers: int
+    workers_per_host: int = 1
+    servers: int = 0                   # 0 with servers needed: one per worker host
+    colocated_servers: bool = False    # servers on the worker hosts (Parallax) or on extra hosts (the bench)
+    link_gbit: float = 1.0
+    cores: float | None = None         # shared cores for all processes (emulated cluster); None: dedicated
+    server_imbalance: float = 1.0      # most loaded server / even spread (measured: how variables were placed)
+
+    @property
+    def hosts(self) -> int:
+        return max(1, math.ceil(self.workers / self.workers_per_host))
+
+    @property
+    def num_servers(self) -> int:
+        return self.servers or self.hosts
+
+    @property
+    def beta(self) -> float:
+        """Seconds per byte at the link rate."""
+        return 8.0 / (self.link_gbit * 1e9)
+
+
+@dataclass
+class PeerConstants:
+    overhead_s: float = 0.0            # CPU s per worker step, independent of bytes
+    kappa: float = 0.0                 # CPU s per byte a process sends/receives
+    wire_factor: float = 1.0           # multiplies beta (1 / fraction of the link rate reached)
+
+
+@dataclass
+class Constants:
+    alpha: float = 0.0                 # s per hop
+    phase_wire_factor: dict = field(default_factory=dict)     # phase name -> factor on beta (transport)
+    gamma: float = 0.0                 # s per byte summed / applied
+    wire_factor: float = 1.0           # global multiplier of beta (per-peer factors multiply it)
+    compute_per_example: dict = field(default_factory=dict)   # workload name -> s
+    peers: dict = field(default_factory=dict)                 # peer name -> PeerConstants
+
+    def peer(self, name: str | None) -> PeerConstants:
+        return self.peers.get(name or "", PeerConstants())
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["peers"] = {k: asdict(v) for k, v in self.peers.items()}
+        return d
+
+
+# --------------------------------------------------------------------------- phases
+
+@dataclass
+class Phase:
+    """One communication phase of a step."""
+    name: str
+    link_bytes: float        # on the most loaded link direction
+    hops: int                # sequential messages on the critical path
+    proc_bytes: float        # (sent + received) / 2 by the busiest process
+    total_bytes: float       # (sent + received) / 2 summed over all processes
+    proc_reduce: float       # bytes summed/applied by the busiest process
+    total_reduce: float      # bytes summed/applied by all processes
+
+
+def ring_allreduce(m: float, n: int, hosts: int) -> Phase:
+    if n <= 1 or m <= 0:
+        return Phase("allreduce", 0.0, 0, 0.0, 0.0, 0.0, 0.0)
+    per = 2.0 * (n - 1) / n * m
+    # each worker sums (N-1)/N of the bytes in the reduce-scatter and applies all M to its replica
+    return Phase("allreduce", per if hosts > 1 else 0.0, 2 * (n - 1), per, n * per,
+                 (n - 1) / n * m + m, (n - 1) * m + n * m)
+
+
+def ring_allgather(m: float, n: int, hosts: int) -> Phase:
+    if n <= 1 or m <= 0:
+        return Phase("allgather", 0.0, 0, 0.0, 0.0, 0.0, 0.0)
+    per = (n - 1) * m
+    # every worker applies all N workers' rows to its replica
+    return Phase("allgather", per if hosts > 1 else 0.0, n - 1, per, n * per, n * m, n * n * m)
+
+
+def expected_distinct(rows: int, draws: float, zipf_s: float | None) -> float:
+    """Expected distinct rows among `draws` independent draws over `rows` rows
+    (uniform, or Zipf with exponent zipf_s)."""
+    if rows <= 0 or draws <= 0:
+        return 0.0
+    if zipf_s is None:
+        return rows * (1.0 - (1.0 - 1.0 / rows) ** draws)
+    return float(np.sum(-np.expm1(draws * _log1m_zipf(rows, zipf_s))))
+
+
+@functools.lru_cache(maxsize=8)
+def _log1m_zipf(rows: int, zipf_s: float) -> np.ndarray:
+    p = np.arange(1, rows + 1, dtype=float) ** -zipf_s
+    return np.log1p(-p / p.sum())
+
+
+@functools.lru_cache(maxsize=4096)
+def union_rows(rows: int, touched: float, k: int, zipf_s: float | None = None) -> float:
+    """Distinct rows touched by k workers that each touch `touched` distinct
+    rows (independent draws from the same distribution)."""
+    if k <= 1 or touched <= 0:
+        return touched * max(k, 0)
+    touched = min(touched, rows)
+    # find the number of draws that gives `touched` distinct rows (bisection), then k times as many
+    lo, hi = touched, touched
+    while expected_distinct(rows, hi, zipf_s) < touched * (1 - 1e-9) and hi < 1e15:
+        hi *= 2
+    for _ in range(24):            # bisection on log(draws): relative precision (hi/lo)^(2^-24)
+        mid = math.sqrt(lo * hi)
+        if expected_distinct(rows, mid, zipf_s) < touched:
+            lo = mid
+        else:
+            hi = mid
+    return min(float(rows), expected_distinct(rows, k * hi, zipf_s))
+
+
+def parameter_server(push: float, pull: float, cl: Cluster, local_aggregation: bool,
+                     host_push: float | None = None, tag: str = "ps") -> list[Phase]:
+    """Push `push` bytes per worker (or, with local aggregation, `host_push`
+    bytes per host: the union of its workers' rows), aggregate and update on
+    the servers, then pull `pull` bytes per worker (one pull per host with local
+    aggregation, shared in the host)."""
+    n, h, hosts, s = cl.workers, min(cl.workers_per_host, cl.workers), cl.hosts, cl.num_servers
+    if push <= 0 and pull <= 0:
+        return []
+    if local_aggregation:
+        senders, per_sender_push = hosts, (host_push if host_push is not None else push)
+        per_sender_pull = (host_push if host_push is not None else pull)
+        pushers_per_host = 1
+    else:
+        senders, per_sender_push, per_sender_pull, pushers_per_host = n, push, pull, h
+    total_push = senders * per_sender_push
+    total_pull = senders * per_sender_pull
+    srv_push = total_push / s * cl.server_imbalance
+    srv_pull = total_pull / s * cl.server_imbalance
+    host_out_push = pushers_per_host * per_sender_push
+    host_in_pull = pushers_per_host * per_sender_pull
+    if cl.colocated_servers:
+        # a host's share for its own server stays inside the host
+        remote = (hosts - 1) / hosts if hosts > 1 else 0.0
+        push_link = max(host_out_push * remote, srv_push * remote)
+        pull_link = max(host_in_pull * remote, srv_pull * remote)
+    else:
+        push_link = max(host_out_push, srv_push)
+        pull_link = max(host_in_pull, srv_pull)
+    proc = max(per_sender_push + per_sender_pull, srv_push + srv_pull) / 2.0
+    total = (total_push + total_pull)
+    local_sum = (h - 1) * push if local_aggregation and h > 1 else 0.0
+    # servers sum every push and apply the aggregate once (pull bytes = the variables' share)
+    update = pull * cl.server_imbalance / s
+    phases = [Phase(f"{tag}-push", push_link, 1, proc, total, srv_push + update + local_sum,
+                    total_push + pull + hosts * local_sum),
+              Phase(f"{tag}-pull", pull_link, 1, 0.0, 0.0, 0.0, 0.0)]
+    return phases
+
+
+def phases(method: str, wl: Workload, cl: Cluster) -> list[Phase]:
+    """The communication phases of one step of `method`."""
+    n, hosts = cl.workers, cl.hosts
+    b, ab = wl.dense_bytes, wl.touched_bytes
+    h = min(cl.workers_per_host, n)
+    host_rows = union_rows(wl.sparse_rows, wl.touched_rows, h, wl.zipf_s) if ab else 0.0
+    host_ab = host_rows * wl.row_bytes
+    if n <= 1:
+        return []
+    if method == "allreduce":
+        return [p for p in (ring_allreduce(b, n, hosts), ring_allgather(ab, n, hosts)) if p.hops]
+    if method in ("ps", "ps_la"):
+        # dense and sparse variables travel in the same push and pull; they are kept as
+        # separate phases (same link time: bytes add) so that a transport can treat rows apart
+        la = method == "ps_la"
+        out = parameter_server(b, b, cl, la, tag="ps-dense") if b else []
+        if ab:
+            out += parameter_server(ab, ab, cl, la, host_push=host_ab if la else None, tag="ps-sparse")
+        if b and ab:
+            for p in out[2:]:
+                p.hops = 0     # one push and one pull carry both
+        return out
+    if method in ("hybrid", "hybrid_nola"):
+        out = [p for p in (ring_allreduce(b, n, hosts),) if p.hops]
+        if ab:
+            la = method == "hybrid"
+            out += parameter_server(ab, ab, cl, la, host_push=host_ab if la else None, tag="ps-sparse")
+        return out
+    raise ValueError(f"unknown method {method!r} (one of {', '.join(METHODS)})")
+
+
+# --------------------------------------------------------------------------- step time
+
+FEATURES_GLOBAL = ("alpha", "gamma", "wire")
+
+
+def _servers_used(method: str, wl: Workload, cl: Cluster) -> int:
+    uses = method in ("ps", "ps_la") or (method in ("hybrid", "hybrid_nola") and wl.touched_bytes > 0)
+    return cl.num_servers if uses else 0
+
+
+def _terms(method: str, wl: Workload, cl: Cluster) -> dict:
+    """The quantities each constant multiplies (the model is linear in them)."""
+    ph = phases(method, wl, cl)
+    shared = cl.cores is not None
+    c = cl.cores or 1.0
+    n = cl.workers
+    return {
+        "wire": sum(p.link_bytes for p in ph) * cl.beta,
+        "wire_by_phase": {p.name: p.link_bytes * cl.beta for p in ph},
+        # on oversubscribed shared cores a message waits for its receiver to be scheduled:
+        # the wait per hop grows with the runnable processes per core
+        "alpha": float(sum(p.hops for p in ph)) * (max(1.0, (n + _servers_used(method, wl, cl)) / c)
+                                                  if shared else 1.0),
+        "gamma": (sum(p.total_reduce for p in ph) / c) if shared else sum(p.proc_reduce for p in ph),
+        "kappa": (sum(p.total_bytes for p in ph) / c) if shared else sum(p.proc_bytes for p in ph),
+        "overhead": (n / c) if shared else 1.0,
+        "compute": (n * wl.examples / c) if shared else wl.examples,
+        "phases": [asdict(p) for p in ph],
+    }
+
+
+def step_time(method: str, wl: Workload, cl: Cluster, k: Constants, peer: str | None = None) -> dict:
+    """Predicted seconds of one step, by term, and throughput (examples/s)."""
+    t = _terms(method, wl, cl)
+    pc = k.peer(peer)
+    if wl.compute_s is not None:
+        compute = wl.compute_s * (cl.workers / cl.cores if cl.cores else 1.0)
+    else:
+        compute = t["compute"] * k.compute_per_example.get(wl.name, 0.0)
+    parts = {
+        "compute": compute,
+        "overhead": t["overhead"] * pc.overhead_s,
+        "cpu_bytes": t["kappa"] * pc.kappa,
+        "reduce": t["gamma"] * k.gamma,
+        "wire": sum(w * k.phase_wire_factor.get(name, 1.0) for name, w in t["wire_by_phase"].items())
+        * k.wire_factor * pc.wire_factor,
+        "latency": t["alpha"] * k.alpha,
+    }
+    total = sum(parts.values())
+    return {"step_s": total, "parts": parts,
+            "throughput": cl.workers * wl.examples / total if total > 0 else math.inf,
+            "phases": t["phases"]}
+
+
+# --------------------------------------------------------------------------- fitting
+
+def nnls(a: np.ndarray, y: np.ndarray, tol: float = 1e-12, max_iter: int = 500) -> np.ndarray:
+    """min ||a x - y|| subject to x >= 0 (Lawson & Hanson's active-set method)."""
+    m, n = a.shape
+    x = np.zeros(n)
+    passive = np.zeros(n, dtype=bool)
+    w = a.T @ (y - a @ x)
+    it = 0
+    while (~passive).any() and (w[~passive] > tol).any() and it < max_iter:
+        it += 1
+        j = np.argmax(np.where(passive, -np.inf, w))
+        passive[j] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], y, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            neg = passive & (z <= 0)
+            step = np.min(x[neg] / (x[neg] - z[neg]))
+            x = x + step * (z - x)
+            passive &= x > tol
+            x[~passive] = 0.0
+        w = a.T @ (y - a @ x)
+    return x
+
+
+@dataclass
+class Point:
+    """One measured step: the inputs of the model and the measured time."""
+    source: str
+    workload: Workload
+    cluster: Cluster
+    peer: str
+    method: str
+    step_s: float
+    status: str = "ok"
+
+
+def design(points: list[Point], workloads: list[str], peers: list[str]) -> tuple[np.ndarray, list[str]]:
+    """Columns: alpha, gamma, wire, compute[w]..., overhead[p]..., kappa[p]..."""
+    names = ["alpha", "gamma", "wire_factor"] + [f"compute[{w}]" for w in workloads] + \
+            [f"overhead[{p}]" for p in peers] + [f"kappa[{p}]" for p in peers]
+    rows = []
+    for pt in points:
+        t = _terms(pt.method, pt.workload, pt.cluster)
+        r = np.zeros(len(names))
+        r[0], r[1], r[2] = t["alpha"], t["gamma"], t["wire"]
+        r[3 + workloads.index(pt.workload.name)] = t["compute"]
+        r[3 + len(workloads) + peers.index(pt.peer)] = t["overhead"]
+        r[3 + len(workloads) + len(peers) + peers.index(pt.peer)] = t["kappa"]
+        rows.append(r)
+    return np.array(rows), names
+
+
+def fit(points: list[Point]) -> Constants:
+    """Fit the constants to the points, minimising the squared relative error."""
+    workloads = sorted({p.workload.name for p in points})
+    peers = sorted({p.peer for p in points})
+    a, names = design(points, workloads, peers)
+    y = np.array([p.step_s for p in points])
+    scale = a.max(axis=0)
+    scale[scale == 0] = 1.0
+    x = nnls((a / y[:, None]) / scale, np.ones(len(points))) / scale
+    val = dict(zip(names, x))
+    # A per-step overhead shared by every peer and compute per example cannot be told
+    # apart (both scale with N, and every peer ran every workload): any d moved from
+    # all peers' overheads into compute (d / examples per workload) predicts the same
+    # times. Convention: the leanest peer's overhead is 0, the rest is compute.
+    examples = {p.workload.name: p.workload.examples for p in points}
+    d = min(val[f"overhead[{p}]"] for p in peers)
+    for p in peers:
+        val[f"overhead[{p}]"] -= d
+    for w in workloads:
+        val[f"compute[{w}]"] += d / examples[w]
+    return Constants(alpha=val["alpha"], gamma=val["gamma"], wire_factor=val["wire_factor"],
+                     compute_per_example={w: val[f"compute[{w}]"] for w in workloads},
+                     peers={p: PeerConstants(overhead_s=val[f"overhead[{p}]"], kappa=val[f"kappa[{p}]"])
+                            for p in peers})
+
+
+# --------------------------------------------------------------------------- measured points
+
+def workload_from_results(spec: dict) -> Workload:
+    params = spec.get("params", {})
+    rows = int(params.get("vocab", 0)) if spec.get("sparse_bytes") else 0
+    row_bytes = spec["sparse_bytes"] / rows if rows else 0.0
+    name = spec["name"]
+    if name == "avg":
+        # the microbenchmark's "compute" is elementwise work on its G bytes, and G differs by run
+        name = f"avg{spec['dense_bytes'] / 2**20:.0f}MiB"
+    return Workload(name, float(spec["dense_bytes"]), rows, row_bytes,
+                    float(spec.get("sparse_rows_per_step", 0)), float(spec.get("batch", 1)),
+                    zipf_s=params.get("zipf_a"))
+
+
+def points_from_results(results: dict, source: str) -> list[Point]:
+    """Every timed point of a bench/results/<name>.json (wrong-loss points
+    too: their timing is valid; they are flagged)."""
+    wls = {name: workload_from_results(spec) for name, spec in results["workloads"].items()}
+    rate = results["settings"]["rate_mbit"] / 1000.0
+    cores = results.get("machine", {}).get("cpus") or 2
+    out = []
+    for p in results["points"]:
+        if p.get("status") not in ("ok", "wrong-loss") or not p.get("median_step_s"):
+            continue
+        wl = wls[p["workload"]]
+        method = PEER_METHODS[p["peer"]]
+        cl = Cluster(p["num_workers"], 1, p["num_servers"], False, rate, cores)
+        if method in ("ps", "hybrid") and p["num_servers"]:
+            srv = p["bytes_per_step"]["server"]
+            mean_srv = srv["recv"]
+            if mean_srv > 0:
+                # the measured placement: most loaded server over the mean (1 = even spread)
+                cl.server_imbalance = max(1.0, srv["recv_max"] / mean_srv)
+        out.append(Point(source, wl, cl, p["peer"], method, float(p["median_step_s"]), p["status"]))
+    return out
+
+
+def errors(points: list[Point], k: Constants) -> list[dict]:
+    rows = []
+    for pt in points:
+        pred = step_time(pt.method, pt.workload, pt.cluster, k, pt.peer)
+        rows.append({"source": pt.source, "workload": pt.workload.name, "peer": pt.peer,
+                     "method": pt.method, "N": pt.cluster.workers, "status": pt.status,
+                     "server_imbalance": round(pt.cluster.server_imbalance, 3),
+                     "measured_s": pt.step_s, "predicted_s": pred["step_s"],
+                     "error": (pred["step_s"] - pt.step_s) / pt.step_s,
+                     "parts_s": pred["parts"]})
+    return rows
+
+
+def summarise(rows: list[dict]) -> dict:
+    e = np.abs([r["error"] for r in rows])
+    return {"points": len(rows), "median_abs_error": float(np.median(e)),
+            "mean_abs_error": float(np.mean(e)), "max_abs_error": float(np.max(e)),
+            "within_20pct": int(np.sum(e <= 0.2))}
+
+
+def run_to_run(points: list[Point]) -> list[dict]:
+    """The same configuration measured in two runs: how far apart the two
+    measurements are (the noise floor no model of the configuration can beat)."""
+    seen: dict = {}
+    for pt in points:
+        key = (pt.workload.name, pt.peer, pt.cluster.workers)
+        seen.setdefault(key, []).append(pt)
+    out = []
+    for (w, peer, n), pts in sorted(seen.items()):
+        if len(pts) > 1:
+            t = [p.step_s for p in pts]
+            out.append({"workload": w, "peer": peer, "N": n, "step_s": {p.source: p.step_s for p in pts},
+                        "max_over_min": max(t) / min(t)})
+    return out
+
+
+# --------------------------------------------------------------------------- projections
+
+PROJECT_N = (16, 32, 64, 128, 256, 512)
+
+
+def project_bench(wls: dict[str, Workload], k: Constants, link_gbit: float,
+                  ns=PROJECT_N, peers=tuple(PEER_METHODS)) -> list[dict]:
+    """The bench's workloads on a real cluster of N hosts (one worker each, S = N
+    server hosts for PS systems, servers evenly loaded, every process on its own
+    cores) with the fitted constants."""
+    out = []
+    for wl in wls.values():
+        for n in ns:
+            for peer in peers:
+                method = PEER_METHODS[peer]
+                cl = Cluster(n, 1, n, False, link_gbit, None)
+                r = step_time(method, wl, cl, k, peer)
+                out.append({"workload": wl.name, "N": n, "peer": peer, "method": method,
+                            "step_s": r["step_s"], "throughput": r["throughput"], "parts_s": r["parts"]})
+    return out
+
+
+# Parallax (§7.1): 8 machines x 6 TITAN Xp, 100 Gbit/s InfiniBand; Table 1 sizes
+# (millions of float32 parameters) and per-GPU batches; one-GPU throughput derived
+# from Table 1 / Table 4 throughput at 48 GPUs divided by Fig. 13's normalised
+# throughput (LM: 101.2k/3.4 = 29.8k, 39.0k/1.3 = 30.0k, 276k/9.4 = 29.4k words/s).
+PARALLAX_GPUS_PER_HOST = 6
+PARALLAX_LINK_GBIT = 100.0
+PARALLAX_MODELS = {
+    # name: (dense M params, sparse M params, sparse subset M params per GPU step, row width,
+    #        examples per GPU step, one-GPU examples/s, zipf exponent of the ids)
+    "ResNet-50": (26, 0, 0, 0, 64, 202.0, None),
+    "Inception-v3": (24, 0, 0, 0, 64, 135.0, None),
+    # 128 sequences x 20 unrolled steps (Jozefowicz et al.'s LM); 800K-word vocabulary, embedding and
+    # softmax rows 512 wide; ids Zipf(1) (word frequencies)
+    "LM": (9, 814, 6.5, 512, 128 * 20, 29.7e3, 1.0),
+    # 128 sentence pairs of ~25 words (an assumption: the paper gives no length); 1024-wide rows
+    "NMT": (94, 75, 7, 1024, 128 * 25, 11.2e3, 1.0),
+}
+# From the paper, at 48 GPUs: throughput (Table 1: PS, MPI; Table 4: BASE, +HYB, +LA, all)
+# and Fig. 13's normalised throughput (Parallax, TF-PS, Horovod).
+PARALLAX_PAPER = {
+    "ResNet-50": {"table1_ps": 6.0e3, "table1_mpi": 8.1e3, "fig13": {"hybrid": 39.8, "tf_ps": 30.2, "horovod": 39.5}},
+    "Inception-v3": {"table1_ps": 3.9e3, "table1_mpi": 5.8e3, "fig13": {"hybrid": 43.6, "tf_ps": 28.4, "horovod": 44.0}},
+    "LM": {"table1_ps": 101.2e3, "table1_mpi": 39.0e3, "fig13": {"hybrid": 9.4, "tf_ps": 3.4, "horovod": 1.3},
+           "table4": {"BASE": 101e3, "+HYB": 112e3, "+LA": 251e3, "+OPSW": 276e3}},
+    "NMT": {"table1_ps": 86.8e3, "table1_mpi": 67.2e3, "fig13": {"hybrid": 17.1, "tf_ps": 7.8, "horovod": 6.0},
+            "table4": {"BASE": 87e3, "+HYB": 117e3, "+LA": 188e3, "+OPSW": 191e3}},
+}
+# the systems of the Parallax comparison: TF-PS (no local aggregation), Horovod
+# (NCCL ring for dense, MPI all-gather for sparse), Parallax = hybrid (+LA), and +HYB alone
+PARALLAX_SYSTEMS = {"tf_ps": "ps", "horovod": "allreduce", "hybrid": "hybrid", "hybrid_nola": "hybrid_nola"}
+
+
+def parallax_workload(name: str) -> Workload:
+    dense, sparse, subset, width, examples, one_gpu, zipf = PARALLAX_MODELS[name]
+    rows = int(sparse * 1e6 / width) if sparse else 0
+    return Workload(name, dense * 4e6, rows, 4.0 * width, subset * 1e6 / width if sparse else 0.0,
+                    float(examples), compute_s=examples / one_gpu, zipf_s=zipf)
+
+
+def parallax_cluster(gpus: int) -> Cluster:
+    h = min(PARALLAX_GPUS_PER_HOST, gpus)
+    return Cluster(gpus, h, 0, True, PARALLAX_LINK_GBIT, None)
+
+
+SPARSE_PS_PHASES = ("ps-sparse-push", "ps-sparse-pull")
+ALL_PS_PHASES = SPARSE_PS_PHASES + ("ps-dense-push", "ps-dense-pull")
+
+
+def parallax_constants(grpc_factor: float = 1.0, allgather_factor: float = 1.0,
+                       alpha: float = 10e-6, gamma: float = 1e-10,
+                       grpc_phases: tuple = SPARSE_PS_PHASES) -> Constants:
+    """Transport model of the Parallax cluster: NCCL all-reduce and dense PS
+    traffic at the link rate, sparse rows through the PS (gRPC, IndexedSlices
+    gathered and scattered on CPU servers) and Horovod's MPI all-gather of rows
+    at 1/factor of it. alpha 10 us per hop, gamma 0.1 ns/byte (a summing pass
+    at ~10 GB/s)."""
+    factors = {name: grpc_factor for name in grpc_phases}
+    factors["allgather"] = allgather_factor
+    return Constants(alpha=alpha, gamma=gamma, phase_wire_factor=factors)
+
+
+def _solve_factor(method: str, wl: Workload, cl: Cluster, k: Constants, phase_names: tuple,
+                  target_step_s: float) -> float:
+    """The factor on `phase_names`' wire time that makes the step last target_step_s
+    (the step is linear in it)."""
+    base = step_time(method, wl, cl, k)
+    wire = {name: w for name, w in _terms(method, wl, cl)["wire_by_phase"].items() if name in phase_names}
+    w_sum = sum(wire.values())
+    others = base["step_s"] - sum(w * k.phase_wire_factor.get(n, 1.0) for n, w in wire.items())
+    if w_sum <= 0:
+        return 1.0
+    return max(1.0, (target_step_s - others) / w_sum)
+
+
+def calibrate_parallax_transports(gpus: int = 48, grpc_phases: tuple = SPARSE_PS_PHASES) -> dict:
+    """Effective rates of TF-PS's gRPC (on `grpc_phases`) and Horovod's MPI
+    all-gather on the Parallax cluster, from Table 1's LM row alone (PS 101.2k,
+    MPI 39.0k words/s at 48 GPUs)."""
+    wl, cl = parallax_workload("LM"), parallax_cluster(gpus)
+    paper = PARALLAX_PAPER["LM"]
+    k = parallax_constants(grpc_phases=grpc_phases)
+    grpc = _solve_factor("ps", wl, cl, k, grpc_phases, gpus * wl.examples / paper["table1_ps"])
+    mpi = _solve_factor("allreduce", wl, cl, k, ("allgather",), gpus * wl.examples / paper["table1_mpi"])
+    return {"grpc_factor": grpc, "allgather_factor": mpi,
+            "grpc_gbit": PARALLAX_LINK_GBIT / grpc, "allgather_gbit": PARALLAX_LINK_GBIT / mpi}
+
+
+def project_parallax(k: Constants, gpus_list=(6, 12, 24, 36, 48, 96, 192, 384, 512)) -> list[dict]:
+    out = []
+    for name in PARALLAX_MODELS:
+        wl = parallax_workload(name)
+        one = wl.examples / wl.compute_s
+        for g in gpus_list:
+            cl = parallax_cluster(g)
+            for system, method in PARALLAX_SYSTEMS.items():
+                r = step_time(method, wl, cl, k)
+                out.append({"model": name, "gpus": g, "system": system, "method": method,
+                            "step_s": r["step_s"], "throughput": r["throughput"],
+                            "normalised": r["throughput"] / one, "parts_s": r["parts"]})
+    return out
+
+
+def compare_with_paper(rows: list[dict], gpus: int = 48) -> list[dict]:
+    """Projected vs published ratios at `gpus` GPUs."""
+    out = []
+    for name, paper in PARALLAX_PAPER.items():
+        at = {r["system"]: r for r in rows if r["model"] == name and r["gpus"] == gpus}
+        f = paper["fig13"]
+        entry = {"model": name, "gpus": gpus,
+                 "hybrid_over_tf_ps": {"projected": at["hybrid"]["throughput"] / at["tf_ps"]["throughput"],
+                                       "paper_fig13": f["hybrid"] / f["tf_ps"]},
+                 "hybrid_over_horovod": {"projected": at["hybrid"]["throughput"] / at["horovod"]["throughput"],
+                                         "paper_fig13": f["hybrid"] / f["horovod"]},
+                 "normalised": {s: {"projected": at[s]["normalised"], "paper_fig13": f[s]}
+                                for s in ("hybrid", "tf_ps", "horovod")},
+                 "throughput": {s: at[s]["throughput"] for s in at}}
+        if "table4" in paper:
+            t4 = paper["table4"]
+            entry["table4"] = {
+                "+HYB/BASE": {"projected": at["hybrid_nola"]["throughput"] / at["tf_ps"]["throughput"],
+                              "paper": t4["+HYB"] / t4["BASE"]},
+                "+LA/+HYB": {"projected": at["hybrid"]["throughput"] / at["hybrid_nola"]["throughput"],
+                             "paper": t4["+LA"] / t4["+HYB"]},
+                "all/BASE": {"projected": at["hybrid"]["throughput"] / at["tf_ps"]["throughput"],
+                             "paper": t4["+OPSW"] / t4["BASE"]}}
+        out.append(entry)
+    return out
+
+
+PARALLAX_VARIANTS = {
+    "line-rate": "every transport at 100 Gbit/s (alpha 10 us, gamma 0.1 ns/B)",
+    "slow-rows": "sparse rows through the PS and Horovod's MPI all-gather at the effective rates that "
+                 "reproduce Table 1's LM row (PS 101.2k, MPI 39.0k words/s); dense traffic at the link rate",
+    "slow-ps": "all PS traffic (dense and sparse) and the MPI all-gather at the effective rates that "
+               "reproduce Table 1's LM row",
+}
+
+
+def parallax_variant(name: str) -> tuple[Constants, dict]:
+    if name == "line-rate":
+        return parallax_constants(), {}
+    phases_ = SPARSE_PS_PHASES if name == "slow-rows" else ALL_PS_PHASES
+    cal = calibrate_parallax_transports(grpc_phases=phases_)
+    return parallax_constants(cal["grpc_factor"], cal["allgather_factor"], grpc_phases=phases_), cal
+
+
+# --------------------------------------------------------------------------- report
+
+def _fmt(x: float, digits: int = 2) -> str:
+    return f"{x:.{digits}f}"
+
+
+def markdown(out: dict) -> str:
+    lines = ["# Simulator: alpha-beta-gamma model of the benchmark's systems", "",
+             "Generated by `python -m bench.simulate` from " + ", ".join(out["sources"]) + ".", "",
+             "## Fitted constants (emulated cluster, all processes on "
+             f"{out['cores']} cores)", ""]
+    k = out["constants"]
+    lines += [f"- alpha = {1e3 * k['alpha']:.3f} ms per hop; gamma = {1e9 * k['gamma']:.3f} ns per byte "
+              f"summed/applied; wire factor = {k['wire_factor']:.3f} (1 = TCP at the link rate)",
+              "- compute per example: " + ", ".join(f"{w} {1e3 * v:.3f} ms" for w, v in
+                                                    k["compute_per_example"].items()), "",
+              "| peer | overhead ms / worker step | kappa ns / byte |", "|---|---|---|"]
+    for p, c in k["peers"].items():
+        lines.append(f"| {p} | {1e3 * c['overhead_s']:.2f} | {1e9 * c['kappa']:.3f} |")
+    s = out["fit_summary"]
+    lines += ["", f"## Prediction error on the measured points ({s['points']} points)", "",
+              f"Median |error| {100 * s['median_abs_error']:.1f} %, mean {100 * s['mean_abs_error']:.1f} %, "
+              f"max {100 * s['max_abs_error']:.0f} %; {s['within_20pct']} of {s['points']} within 20 %.", ""]
+    v = out["validation_fit_n2_n4_predict_n8"]["summary"]
+    if v:
+        lines += [f"Fitted on N = 2 and 4 only, predicting the N = 8 points: median |error| "
+                  f"{100 * v['median_abs_error']:.1f} %, {v['within_20pct']} of {v['points']} within 20 %.", ""]
+    lines += [
+              "| run | workload | N | system | measured ms | predicted ms | error |", "|---|---|---|---|---|---|---|"]
+    for r in out["points"]:
+        flag = " (wrong-loss)" if r["status"] != "ok" else ""
+        lines.append(f"| {r['source']} | {r['workload']} | {r['N']} | {r['peer']}{flag} | "
+                     f"{1e3 * r['measured_s']:.0f} | {1e3 * r['predicted_s']:.0f} | {100 * r['error']:+.0f}% |")
+    lines += ["", "Same configuration measured in both runs (the noise no model can beat):", "",
+              "| workload | N | system | step ms by run | max/min |", "|---|---|---|---|---|"]
+    for r in out["run_to_run"]:
+        lines.append(f"| {r['workload']} | {r['N']} | {r['peer']} | " +
+                     ", ".join(f"{k_}: {1e3 * v_:.0f}" for k_, v_ in r["step_s"].items()) +
+                     f" | {r['max_over_min']:.2f} |")
+    lines += ["", f"## Projection: the bench workloads at {out['bench_projection_link_gbit']:g} Gbit/s, "
+              "one worker per host, S = N servers, each process on its own cores", "",
+              "| workload | system | " + " | ".join(f"N={n}" for n in PROJECT_N) + " |",
+              "|---|---|" + "---|" * len(PROJECT_N)]
+    proj = out["bench_projection"]
+    for w in sorted({r["workload"] for r in proj}):
+        for peer in PEER_METHODS:
+            vals = {r["N"]: r["throughput"] for r in proj if r["workload"] == w and r["peer"] == peer}
+            if vals:
+                lines.append(f"| {w} | {peer} | " + " | ".join(f"{vals[n]:.0f}" for n in PROJECT_N) + " |")
+    lines += ["", "(examples/s)", "", "## Parallax's setting (6 GPUs per machine, 100 Gbit/s, Table 1 sizes), "
+              "48 GPUs", ""]
+    for name, var in out["parallax"].items():
+        lines += [f"### {name}: {PARALLAX_VARIANTS[name]}", ""]
+        if var["calibration"]:
+            c = var["calibration"]
+            lines += [f"Effective rates: PS {c['grpc_gbit']:.2f} Gbit/s, MPI all-gather "
+                      f"{c['allgather_gbit']:.2f} Gbit/s.", ""]
+        lines += ["| model | hybrid/TF-PS projected (paper) | hybrid/Horovod projected (paper) | normalised "
+                  "hybrid, TF-PS, Horovod projected (paper) | Table 4 +HYB/BASE, +LA/+HYB projected (paper) |",
+                  "|---|---|---|---|---|"]
+        for c in var["comparison"]:
+            n = c["normalised"]
+            t4 = c.get("table4")
+            t4s = (f"{_fmt(t4['+HYB/BASE']['projected'])} ({_fmt(t4['+HYB/BASE']['paper'])}), "
+                   f"{_fmt(t4['+LA/+HYB']['projected'])} ({_fmt(t4['+LA/+HYB']['paper'])})") if t4 else "–"
+            lines.append(
+                f"| {c['model']} | {_fmt(c['hybrid_over_tf_ps']['projected'])} "
+                f"({_fmt(c['hybrid_over_tf_ps']['paper_fig13'])}) | {_fmt(c['hybrid_over_horovod']['projected'])} "
+                f"({_fmt(c['hybrid_over_horovod']['paper_fig13'])}) | " +
+                ", ".join(f"{n[s_]['projected']:.1f}" for s_ in ("hybrid", "tf_ps", "horovod")) +
+                " (" + ", ".join(f"{n[s_]['paper_fig13']:.1f}" for s_ in ("hybrid", "tf_ps", "horovod")) +
+                f") | {t4s} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def plot(out: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(17, 9.5))
+    # measured vs predicted
+    ax = axes[0][0]
+    rows = out["points"]
+    for peer in PEER_METHODS:
+        pts = [r for r in rows if r["peer"] == peer]
+        ax.scatter([1e3 * r["measured_s"] for r in pts], [1e3 * r["predicted_s"] for r in pts], s=14, label=peer)
+    lo, hi = 20, 5000
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+    ax.plot([lo, hi], [1.2 * lo, 1.2 * hi], "k:", lw=0.6)
+    ax.plot([lo, hi], [lo / 1.2, hi / 1.2], "k:", lw=0.6)
+    ax.set(xscale="log", yscale="log", xlabel="measured step ms", ylabel="predicted step ms",
+           title=f"fit: median |err| {100 * out['fit_summary']['median_abs_error']:.0f}%, "
+                 f"{out['fit_summary']['within_20pct']}/{out['fit_summary']['points']} within 20% (dotted)")
+    ax.legend(fontsize=7)
+    # bench projections
+    for ax, w in zip((axes[0][1], axes[0][2]), ("sparse", "dense")):
+        proj = [r for r in out["bench_projection"] if r["workload"] == w]
+        meas = [r for r in rows if r["workload"] == w and r["source"] == out["sources_by_name"][0]]
+        for peer in PEER_METHODS:
+            pr = sorted((r["N"], r["throughput"]) for r in proj if r["peer"] == peer)
+            if not pr:
+                continue
+            line, = ax.plot(*zip(*pr), "-", label=peer)
+            mp = sorted((r["N"], r["N"] * out["examples_per_worker_step"].get(w, 1) / r["measured_s"]) for r in meas
+                        if r["peer"] == peer)
+            if mp:
+                ax.plot(*zip(*mp), "o", color=line.get_color(), ms=4)
+        ax.set(xscale="log", yscale="log", xlabel="workers", ylabel="examples/s",
+               title=f"bench {w}: projected (lines: own core per process, "
+                     f"{out['bench_projection_link_gbit']:g} Gbit/s)\nmeasured (dots: all on {out['cores']} shared cores)")
+        ax.title.set_fontsize(8)
+        if proj:
+            ax.legend(fontsize=7)
+    # Parallax setting
+    var = out["parallax"]["slow-rows"]
+    for ax, model in zip(axes[1], ("LM", "NMT", "ResNet-50")):
+        pr = [r for r in var["projection"] if r["model"] == model]
+        for system in ("hybrid", "tf_ps", "horovod", "hybrid_nola"):
+            xy = sorted((r["gpus"], r["normalised"]) for r in pr if r["system"] == system)
+            line, = ax.plot(*zip(*xy), "-", label=system)
+            paper = PARALLAX_PAPER[model]["fig13"].get(system)
+            if paper:
+                ax.plot([48], [paper], "*", ms=11, color=line.get_color())
+        ax.set(xscale="log", yscale="log", xlabel="GPUs (6 per machine, 100 Gbit/s)",
+               ylabel="throughput / one GPU",
+               title=f"Parallax {model}: projected (lines, 'slow-rows'); Fig. 13 at 48 GPUs (stars)")
+        ax.title.set_fontsize(8)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def build(sources: list[Path]) -> dict:
+    points, workloads, cores, names = [], {}, 2, []
+    for src in sources:
+        res = json.loads(Path(src).read_text())
+        name = res.get("name", Path(src).stem)
+        names.append(name)
+        points += points_from_results(res, name)
+        cores = res.get("machine", {}).get("cpus") or cores
+        for spec in res["workloads"].values():
+            wl = workload_from_results(spec)
+            if not wl.name.startswith("avg"):
+                workloads[wl.name] = wl
+    k = fit(points)
+    rows = errors(points, k)
+    train = [p for p in points if p.cluster.workers < 8]
+    test = [p for p in points if p.cluster.workers >= 8]
+    val = {"summary": None, "points": []}
+    if train and test:
+        kv = fit(train)
+        vrows = errors(test, kv)
+        val = {"summary": summarise(vrows), "points": vrows}
+    link = points[0].cluster.link_gbit if points else 1.0
+    out = {"sources": [str(Path(s).name) for s in sources], "cores": cores, "sources_by_name": names,
+           "method": "non-negative least squares on the relative error of the median step time; "
+                     "shared-cores model (sum of all processes' CPU seconds / cores + wire + hops*alpha)",
+           "constants": k.to_dict(), "fit_summary": summarise(rows), "points": rows,
+           "validation_fit_n2_n4_predict_n8": val, "run_to_run": run_to_run(points),
+           "bench_projection_link_gbit": link,
+           "examples_per_worker_step": {name: wl.examples for name, wl in workloads.items()},
+           "bench_projection": project_bench(workloads, k, link),
+           "parallax": {}}
+    for name in PARALLAX_VARIANTS:
+        kp, cal = parallax_variant(name)
+        proj = project_parallax(kp)
+        out["parallax"][name] = {"about": PARALLAX_VARIANTS[name], "calibration": cal,
+                                 "constants": kp.to_dict(), "comparison": compare_with_paper(proj),
+                                 "projection": proj}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("results", nargs="*", type=Path,
+                    default=[RESULTS / "full.json", RESULTS / "quick.json"],
+                    help="bench results to fit (default: full.json and quick.json)")
+    ap.add_argument("--out", type=Path, default=RESULTS / "simulate",
+                    help="output prefix (writes .json, .md, .png)")
+    args = ap.parse_args(argv)
+    out = build(args.results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(out, indent=1, default=float) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(out))
+    plot(out, args.out.with_suffix(".png"))
+    s = out["fit_summary"]
+    print(f"{s['points']} points: median |error| {100 * s['median_abs_error']:.1f} %, "
+          f"{s['within_20pct']} within 20 %; wrote {args.out}.{{json,md,png}}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
