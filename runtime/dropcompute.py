@@ -232,7 +232,8 @@ class StepLog:
 
 
 def encode_warmup(records: list[StepRecord]) -> bytes:
-    return json.dumps([[r.latencies, r.apply_s] for r in records]).encode()
+    return json.dumps([[r.latencies, r.apply_s, r.computed / max(1, r.computed + r.dropped)]
+                       for r in records]).encode()
 
 
 def decode_warmups(blobs: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
@@ -241,6 +242,8 @@ def decode_warmups(blobs: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
     per_worker = [json.loads(b) for b in blobs]
     steps = min(len(w) for w in per_worker)
     m = min((len(rec[0]) for w in per_worker for rec in w[:steps]), default=0)
+    # Under a fixed tau warm-up steps may have dropped: only the micro-batch
+    # positions every record has are kept.
     lat = np.array([[w[s][0][:m] for w in per_worker] for s in range(steps)], dtype=np.float64)
     apply = np.array([[w[s][1] for w in per_worker] for s in range(steps)], dtype=np.float64)
     return lat.reshape(steps, len(per_worker), m), apply.reshape(steps, len(per_worker))
@@ -266,3 +269,183 @@ def describe_choice(est: SpeedupEstimate, latencies: np.ndarray, tc: float) -> s
 
 def now() -> float:
     return time.perf_counter()
+
+
+class Agreement:
+    """How workers agree on the threshold, through the job coordinator:
+    gather() posts this worker's bytes and returns every worker's (in worker
+    order) once all have posted; share() is the chief's value for everyone
+    (the chief publishes it, the others fetch it), so every worker holds the
+    very same tau."""
+
+    def __init__(self, client, worker_index: int, num_workers: int, timeout_s: float) -> None:
+        self._client = client
+        self._index = worker_index
+        self._n = num_workers
+        self._timeout = timeout_s
+
+    def gather(self, key: str, payload: bytes) -> list[bytes]:
+        values = self._client.exchange(key, payload, self._n, self._timeout)
+        by_index = {int(name.rsplit(" ", 1)[1]): v for name, v in values.items()}
+        return [by_index[i] for i in range(self._n)]
+
+    def share(self, key: str, payload: bytes | None) -> bytes:
+        if self._index == 0:
+            self._client.publish(key, payload)
+            return payload
+        return self._client.fetch(key, self._timeout)
+
+
+class DropCompute:
+    """One worker's DropCompute state across steps (used by runtime.runner):
+    the threshold in force, the maximum number of micro-batches, the
+    simulated delay, the warm-up records, the CSV and the summary.
+
+    At the end of the warm-up window (steps [first, last) of this run), when
+    the threshold is "auto" or a compensation needs the measured drop rate,
+    every worker posts its records, the chief decides, every worker adopts
+    the chief's decision at the same step boundary."""
+
+    AGREE_KEY = "autopar/dropcompute/warmup"
+    DECISION_KEY = "autopar/dropcompute/decision"
+
+    def __init__(self, config, worker_index: int, num_workers: int,
+                 agreement: Agreement | None = None) -> None:
+        self.worker_index = worker_index
+        self.num_workers = num_workers
+        self.micro_batches = config.micro_batches
+        self.base_micro_batches = config.micro_batches
+        threshold = config.compute_threshold
+        self.auto = threshold == "auto"
+        self.tau: float | None = None if threshold is None or self.auto else float(threshold)
+        self.warmup = tuple(config.dropcompute_warmup)
+        self.compensation = config.drop_compensation
+        self._agreement = agreement
+        self.needs_agreement = self.auto or self.compensation != "none"
+        if self.needs_agreement and agreement is None:
+            from autopar.common.errors import AutoparError
+            raise AutoparError("Config(compute_threshold='auto') and drop_compensation need the "
+                               "job coordinator to agree on tau: start the job with "
+                               "get_runner(graph, spec) or `autopar launch` (a process joined "
+                               "through TF_CONFIG has none); or give compute_threshold in seconds "
+                               "with drop_compensation='none'")
+        d = config.simulated_delay
+        self._delay = (DelaySampler(d.median_s, d.sigma, d.max_s, d.seed + worker_index)
+                       if d is not None and (d.workers is None or worker_index in d.workers)
+                       else None)
+        self._log = (StepLog(config.dropcompute_log_dir, worker_index)
+                     if config.dropcompute_log_dir else None)
+        self._warm: list[StepRecord] = []
+        self.decided = not self.needs_agreement
+        self.prediction: SpeedupEstimate | None = None
+        self._computed = 0
+        self._possible = 0
+        self._before: list[float] = []    # step times before the decision
+        self._after: list[float] = []     # ... and after, with their computed fractions
+        self._after_frac: list[float] = []
+
+    # -- per micro-batch -----------------------------------------------------
+    def may_compute(self, index: int, compute_s: float) -> bool:
+        """Whether micro-batch `index` (0-based) runs, compute_s seconds into
+        the step: before M, and while compute time is below tau (the first
+        one always runs)."""
+        if index >= self.micro_batches:
+            return False
+        return index == 0 or self.tau is None or compute_s < self.tau
+
+    def delay(self) -> float:
+        """Sleep the simulated delay (if this worker has one); its length."""
+        if self._delay is None:
+            return 0.0
+        seconds = self._delay.sample()
+        time.sleep(seconds)
+        return seconds
+
+    # -- per step ------------------------------------------------------------
+    def record(self, rec: StepRecord) -> None:
+        if self._log is not None:
+            self._log.write(rec, self.tau)
+        self._computed += rec.computed
+        self._possible += rec.computed + rec.dropped
+        first, last = self.warmup
+        if self.decided:
+            self._after.append(rec.step_s)
+            self._after_frac.append(rec.computed / max(1, rec.computed + rec.dropped))
+        elif first <= rec.step < last:
+            self._before.append(rec.step_s)
+            self._warm.append(rec)
+            if rec.step == last - 1:
+                self._decide()
+
+    @property
+    def computed_fraction(self) -> float:
+        """Micro-batches computed / possible, over every step so far."""
+        return self._computed / self._possible if self._possible else 1.0
+
+    def extra_steps(self, base_steps: int) -> int:
+        """drop_compensation="steps" (§4.5): how many steps to add to
+        base_steps to compute as many samples as base_steps without drops
+        (from the drop rate measured so far)."""
+        return extra_steps(base_steps, self.computed_fraction)
+
+    def _decide(self) -> None:
+        blobs = self._agreement.gather(self.AGREE_KEY, encode_warmup(self._warm))
+        decision = None
+        if self.worker_index == 0:
+            fractions = [r[2] for b in blobs for r in json.loads(b)]
+            decision = json.dumps(self._chief_decision(*decode_warmups(blobs), fractions)).encode()
+        decision = json.loads(self._agreement.share(self.DECISION_KEY, decision))
+        self.tau = decision["tau"]
+        self.micro_batches = decision["micro_batches"]
+        if decision.get("prediction"):
+            self.prediction = SpeedupEstimate(**decision["prediction"])
+        self.decided = True
+        log.info("worker %d: DropCompute threshold %s, up to %d micro-batches per step",
+                 self.worker_index, "none" if self.tau is None else f"{self.tau:.4f} s",
+                 self.micro_batches)
+
+    def _chief_decision(self, latencies: np.ndarray, apply_times: np.ndarray,
+                        computed_fractions: list[float]) -> dict:
+        tc = serial_latency(apply_times)
+        tau, prediction = self.tau, None
+        if self.auto:
+            est = choose_threshold(latencies, tc)
+            log.info("%s", describe_choice(est, latencies, tc))
+            tau, prediction = est.tau, est
+            fraction = est.computed_fraction
+        else:
+            # With a fixed tau the warm-up steps already dropped: the
+            # fraction every worker measured then.
+            fraction = float(np.mean(computed_fractions))
+        m = self.base_micro_batches
+        if self.compensation == "batch":
+            m = compensated_micro_batches(self.base_micro_batches, fraction)
+            log.info("DropCompute compensation: up to %d micro-batches per step (was %d) "
+                     "keeps the average computed batch at %d micro-batches (computed "
+                     "fraction %.3f)", m, self.base_micro_batches, self.base_micro_batches,
+                     fraction)
+        return {"tau": tau, "micro_batches": m,
+                "prediction": None if prediction is None else {
+                    "tau": prediction.tau, "speedup": prediction.speedup,
+                    "computed_fraction": prediction.computed_fraction,
+                    "step_time": prediction.step_time,
+                    "baseline_step_time": prediction.baseline_step_time}}
+
+    def summary(self) -> str:
+        parts = [f"worker {self.worker_index}: DropCompute computed {self._computed} of "
+                 f"{self._possible} micro-batches (drop rate {1 - self.computed_fraction:.1%})"]
+        if self._before and self._after and self.auto:
+            # Throughput in computed micro-batches/s after the decision over
+            # that before it (no threshold during the warm-up): eq. 6 measured.
+            measured = (float(np.mean(self._after_frac)) * float(np.mean(self._before))
+                        / float(np.mean(self._after)))
+            parts.append(f"measured effective speedup {measured:.3f}x")
+            if self.prediction is not None:
+                parts.append(f"predicted {self.prediction.speedup:.3f}x")
+        return "; ".join(parts)
+
+    def close(self) -> None:
+        if self._possible:
+            log.info("%s", self.summary())
+        if self._log is not None:
+            self._log.close()
