@@ -61,8 +61,8 @@ def build_accumulators(graph: tf.Graph, analysis: Analysis, weight: float) -> Ac
                 scaled = grad * tf.constant(weight, grad.dtype)
                 firsts.append(tf.raw_ops.AssignVariableOp(resource=handle, value=scaled))
                 adds.append(tf.raw_ops.AssignAddVariableOp(resource=handle, value=scaled))
-                reads[grad.name] = tf.raw_ops.ReadVariableOp(resource=handle,
-                                                             dtype=grad.dtype).name
+                reads[grad.name] = tf.raw_ops.ReadVariableOp(resource=handle, dtype=grad.dtype,
+                                                             name=f"sum_{i}").name
                 continue
             values = graph.get_tensor_by_name(info.grad_values)
             indices = graph.get_tensor_by_name(info.grad_indices)
@@ -79,8 +79,8 @@ def build_accumulators(graph: tf.Graph, analysis: Analysis, weight: float) -> Ac
                                                           validate_shape=False))
                 adds.append(tf.raw_ops.AssignVariableOp(
                     resource=handle, value=tf.concat([old, tensor], 0), validate_shape=False))
-                reads[original.name] = tf.raw_ops.ReadVariableOp(resource=handle,
-                                                                 dtype=tensor.dtype).name
+                reads[original.name] = tf.raw_ops.ReadVariableOp(
+                    resource=handle, dtype=tensor.dtype, name=f"sum_{i}_{part}").name
     first = tf.group(*firsts, name=ACCUMULATE_FIRST_OP)
     add = tf.group(*adds, name=ACCUMULATE_OP)
     nodes = {op.name for op in graph.get_operations()[n_before:]}
@@ -100,3 +100,45 @@ def redirect_gradients(graph_def, acc: Accumulation) -> int:
                 node.input[i] = rename[inp]
                 changed += 1
     return changed
+
+
+_INPUT_OP_TYPES = frozenset({"Placeholder", "IteratorGetNext", "IteratorGetNextSync"})
+
+
+def check_update_reads_no_input(graph_def, acc: Accumulation, step_ops) -> None:
+    """The update (the step ops) must not reach an input the gradients are
+    computed from: the apply run would pull one more tf.data element, or need
+    the micro-batch feed, and compute the forward pass once more. A graph
+    whose train op waits on ops of the forward pass (batch-norm moving
+    averages in UPDATE_OPS, a loss fetched through control dependencies) is
+    refused with the op that links them."""
+    producers = {n.name: [i.lstrip("^").split(":")[0] for i in n.input] for n in graph_def.node}
+    types = {n.name: n.op for n in graph_def.node}
+
+    def ancestors(roots, parent=None) -> dict[str, str | None]:
+        seen: dict[str, str | None] = {}
+        stack = [(r, None) for r in roots if r in producers]
+        while stack:
+            name, child = stack.pop()
+            if name in seen:
+                continue
+            seen[name] = child
+            stack.extend((p, name) for p in producers[name] if p in producers)
+        return seen
+
+    gradient_ops = {node_input_name(g).split(":")[0] for g in acc.reads}
+    inputs = {n for n in ancestors(gradient_ops) if types[n] in _INPUT_OP_TYPES}
+    step = ancestors(step_ops)
+    reached = sorted(inputs & set(step))
+    if reached:
+        # The path from the input up to a step op, for the message.
+        path, name = [], reached[0]
+        while name is not None and len(path) < 6:
+            path.append(name)
+            name = step[name]
+        from autopar.common.errors import UnsupportedGraphError
+        raise UnsupportedGraphError(
+            f"Config(micro_batches > 1) applies the accumulated gradients in a run of its own, "
+            f"but the training step also reads the input '{reached[0]}' (through "
+            f"{' -> '.join(path)} ...): e.g. batch-norm moving statistics updated with the train "
+            f"op (UPDATE_OPS). Update such state outside the train op, or use micro_batches=1")

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import tensorflow as tf
 
 from autopar.common.roles import WORKER_JOB
-from autopar.transforms.accumulate import build_accumulators, redirect_gradients
+from autopar.transforms.accumulate import (build_accumulators, check_update_reads_no_input,
+                                           redirect_gradients)
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.comm import CollectiveOpsBackend
 from autopar.transforms.graph_utils import in_gradient_scope, meta_graph_of, node_input_name
@@ -94,6 +95,7 @@ def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan, worker_ind
         # Before the barrier covers the step's server work: the step then no
         # longer reaches the forward pass (see transforms.accumulate).
         redirect_gradients(graph_def, accumulation)
+        check_update_reads_no_input(graph_def, accumulation, analysis.step_ops)
     if edits.step_barrier is not None:
         cover_server_work(graph_def, edits.step_barrier, analysis.step_ops)
     out = _with_graph_def(meta, graph_def)
