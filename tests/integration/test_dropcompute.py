@@ -118,3 +118,20 @@ def test_tf_data_micro_batches_match_single_device(tmp_path):
     expected = load_worker(single, 0)
     for i in range(n):
         assert_same_parameters(expected, load_worker(dist, i), what=f"tf.data worker {i}")
+
+
+def test_auto_threshold_is_agreed_by_every_worker(tmp_path):
+    """compute_threshold="auto": after the warm-up (steps 1-2) the chief picks
+    tau from both workers' micro-batch latencies (worker 1 has a log-normal
+    delay) and logs it with the expected drop rate and speedup; both workers
+    then hold that same tau."""
+    logs = tmp_path / "csv"
+    log = run_training("mlp_sgd", tmp_path / "dist", "--steps", "5", "--batch", str(BATCH),
+                       "--spec", str(write_spec(tmp_path, 2)), "--micro-batches", str(M),
+                       "--threshold", "auto", "--warmup", "1,3", "--delay-worker", "1",
+                       "--delay", "0.2", "--delay-sigma", "1.0", "--dropcompute-log", str(logs))
+    assert "[worker 0] DropCompute: " in log
+    assert "expected drop rate" in log or "not dropping" in log
+    taus = [{r["tau"] for r in _csv(logs / f"dropcompute_worker{i}.csv")[3:]} for i in range(2)]
+    assert taus[0] == taus[1] and len(taus[0]) == 1
+    assert all(f"worker {i}: DropCompute threshold" in log for i in range(2))

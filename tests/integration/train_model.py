@@ -46,9 +46,13 @@ def main() -> None:
     p.add_argument("--partitions", default="", help="NAME=N,... partition overrides")
     p.add_argument("--sync-local-state", default="none")
     p.add_argument("--micro-batches", type=int, default=1)
-    p.add_argument("--threshold", type=float, default=None, help="Config.compute_threshold (s)")
+    p.add_argument("--threshold", type=lambda v: v if v == "auto" else float(v), default=None,
+                   help="Config.compute_threshold (seconds or auto)")
+    p.add_argument("--warmup", default="5,50", help="Config.dropcompute_warmup FIRST,LAST")
+    p.add_argument("--delay-sigma", type=float, default=0.0,
+                   help="log-normal sigma of the simulated delay (0: fixed --delay)")
     p.add_argument("--delay-worker", type=int, default=-1,
-                   help="this worker sleeps --delay s after each micro-batch")
+                   help="this worker sleeps --delay s after each micro-batch (-1: every worker)")
     p.add_argument("--delay", type=float, default=0.0)
     p.add_argument("--dropcompute-log")
     args = p.parse_args()
@@ -64,9 +68,12 @@ def main() -> None:
                             sync_local_state=args.sync_local_state,
                             micro_batches=args.micro_batches, compute_threshold=args.threshold,
                             dropcompute_log_dir=args.dropcompute_log,
+                            dropcompute_warmup=tuple(int(s) for s in args.warmup.split(",")),
                             simulated_delay=(autopar.SimulatedDelay(
-                                median_s=args.delay, sigma=0.0, max_s=args.delay,
-                                workers=(args.delay_worker,)) if args.delay > 0 else None),
+                                median_s=args.delay, sigma=args.delay_sigma,
+                                max_s=args.delay * (1 + 10 * args.delay_sigma),
+                                workers=None if args.delay_worker < 0 else (args.delay_worker,))
+                                if args.delay > 0 else None),
                             partitions={k: int(n) for k, n in
                                         (kv.split("=") for kv in args.partitions.split(",") if kv)})
     with autopar.get_runner(model.graph, args.spec, config) as runner:
