@@ -88,7 +88,8 @@ class Config:
     # Steps [first, last) whose micro-batch latencies choose the "auto" threshold.
     dropcompute_warmup: tuple[int, int] = (5, 50)
     # Making up for dropped micro-batches (DropCompute §4.5): "none", "steps"
-    # (Runner.extra_steps: how many more steps keep the computed samples),
+    # (runner.dropcompute.extra_steps(base): how many more steps make up
+    # the dropped samples),
     # "batch" (micro_batches is raised once tau is chosen, so the average
     # computed batch stays that of micro_batches without drops).
     drop_compensation: str = "none"

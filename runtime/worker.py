@@ -164,6 +164,9 @@ def single_device_runner(graph: tf.Graph, config, analysis: Analysis | None = No
     Session runs is accepted: nothing is distributed, so a graph the analysis
     rejects (hand-written updates, gradient accumulation, no optimizer) runs
     as is, and the Runner counts steps without an Analysis."""
+    if config.micro_batches > 1:
+        log.info("micro_batches=%d applies to distributed jobs; one device runs the graph "
+                 "unchanged", config.micro_batches)
     if analysis is None:
         try:
             analysis = analyze_graph(graph)

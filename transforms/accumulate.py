@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
+from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.graph_utils import in_gradient_scope, node_input_name
 
@@ -115,7 +116,8 @@ def check_update_reads_no_input(graph_def, acc: Accumulation, step_ops) -> None:
     producers = {n.name: [i.lstrip("^").split(":")[0] for i in n.input] for n in graph_def.node}
     types = {n.name: n.op for n in graph_def.node}
 
-    def ancestors(roots, parent=None) -> dict[str, str | None]:
+    def ancestors(roots) -> dict[str, str | None]:
+        """Every op `roots` depend on, each mapped to a consumer it was reached from."""
         seen: dict[str, str | None] = {}
         stack = [(r, None) for r in roots if r in producers]
         while stack:
@@ -136,7 +138,6 @@ def check_update_reads_no_input(graph_def, acc: Accumulation, step_ops) -> None:
         while name is not None and len(path) < 6:
             path.append(name)
             name = step[name]
-        from autopar.common.errors import UnsupportedGraphError
         raise UnsupportedGraphError(
             f"Config(micro_batches > 1) applies the accumulated gradients in a run of its own, "
             f"but the training step also reads the input '{reached[0]}' (through "
