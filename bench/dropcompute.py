@@ -138,6 +138,7 @@ def plot(results: list[dict], path: Path) -> None:
                         note += f"\n(pred {r['predicted_speedup']:.2f}x)"
                     note += f"\ndrop {r['drop_rate']:.0%}"
                     ax.text(x, yv, note, ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(top=1.35 * max(r["computed_samples_per_s"] for r in results))
     ax.set_xticks(range(len(workers)), [f"{n} workers" for n in workers])
     ax.set_ylabel("computed samples/s")
     ax.set_title("DropCompute vs baseline, simulated log-normal delay")

@@ -338,6 +338,7 @@ class DropCompute:
         self._warm: list[StepRecord] = []
         self.decided = not self.needs_agreement
         self.prediction: SpeedupEstimate | None = None
+        self.agreed_fraction: float | None = None   # job-wide, decided after the warm-up
         self._computed = 0
         self._possible = 0
         self._before: list[float] = []    # step times before the decision
@@ -384,9 +385,11 @@ class DropCompute:
 
     def extra_steps(self, base_steps: int) -> int:
         """drop_compensation="steps" (§4.5): how many steps to add to
-        base_steps to compute as many samples as base_steps without drops
-        (from the drop rate measured so far)."""
-        return extra_steps(base_steps, self.computed_fraction)
+        base_steps to compute as many samples as base_steps without drops,
+        from the job-wide computed fraction the chief decided at the end of
+        the warm-up (every worker gets the same number: they must all run
+        the same steps). 0 before that decision."""
+        return extra_steps(base_steps, self.agreed_fraction) if self.agreed_fraction else 0
 
     def _decide(self) -> None:
         blobs = self._agreement.gather(self.AGREE_KEY, encode_warmup(self._warm))
@@ -397,6 +400,7 @@ class DropCompute:
         decision = json.loads(self._agreement.share(self.DECISION_KEY, decision))
         self.tau = decision["tau"]
         self.micro_batches = decision["micro_batches"]
+        self.agreed_fraction = decision["computed_fraction"]
         if decision.get("prediction"):
             self.prediction = SpeedupEstimate(**decision["prediction"])
         self.decided = True
@@ -424,7 +428,7 @@ class DropCompute:
                      "keeps the average computed batch at %d micro-batches (computed "
                      "fraction %.3f)", m, self.base_micro_batches, self.base_micro_batches,
                      fraction)
-        return {"tau": tau, "micro_batches": m,
+        return {"tau": tau, "micro_batches": m, "computed_fraction": fraction,
                 "prediction": None if prediction is None else {
                     "tau": prediction.tau, "speedup": prediction.speedup,
                     "computed_fraction": prediction.computed_fraction,
