@@ -105,8 +105,8 @@ def main():
         if runner.is_chief:
             print(f"training took {time.monotonic() - start:.1f} s ({extra} compensation steps)")
             acc = runner.run(accuracy, {x_eval: x_test, y_eval: y_test})
-            print(f"trained {args.steps} steps on {runner.num_workers} worker(s), "
-                  f"global batch {args.batch_size * runner.num_workers}")
+            print(f"trained {args.steps + extra} steps on {runner.num_workers} worker(s), "
+                  f"global batch {args.batch_size * runner.num_workers * runner.micro_batches}")
             print(f"test accuracy: {acc:.4f}", flush=True)
 
 
