@@ -284,8 +284,9 @@ class Agreement:
         self._n = num_workers
         self._timeout = timeout_s
 
-    def gather(self, key: str, payload: bytes) -> list[bytes]:
-        values = self._client.exchange(key, payload, self._n, self._timeout)
+    def gather(self, key: str, payload: bytes, timeout_s: float | None = None) -> list[bytes]:
+        values = self._client.exchange(key, payload, self._n,
+                                       self._timeout if timeout_s is None else timeout_s)
         by_index = {int(name.rsplit(" ", 1)[1]): v for name, v in values.items()}
         return [by_index[i] for i in range(self._n)]
 
@@ -308,6 +309,9 @@ class DropCompute:
 
     AGREE_KEY = "autopar/dropcompute/warmup"
     DECISION_KEY = "autopar/dropcompute/decision"
+    SUMMARY_KEY = "autopar/dropcompute/summary"
+    # How long a closing worker waits for the others' totals (job summary).
+    SUMMARY_TIMEOUT_S = 10.0
 
     def __init__(self, config, worker_index: int, num_workers: int,
                  agreement: Agreement | None = None) -> None:
@@ -451,5 +455,27 @@ class DropCompute:
     def close(self) -> None:
         if self._possible:
             log.info("%s", self.summary())
+            if self.needs_agreement:
+                self._job_summary()
         if self._log is not None:
             self._log.close()
+
+    def _job_summary(self) -> None:
+        """Every worker posts its totals; the chief logs the job's drop rate
+        beside its measured and predicted effective speedup. Best effort: a
+        worker that never closes its Runner only costs SUMMARY_TIMEOUT_S."""
+        import grpc
+        try:
+            blobs = self._agreement.gather(self.SUMMARY_KEY,
+                                           json.dumps([int(self._computed), int(self._possible)]).encode(),
+                                           self.SUMMARY_TIMEOUT_S)
+        except grpc.RpcError as e:
+            log.debug("no DropCompute job summary: %s", e)
+            return
+        if self.worker_index != 0:
+            return
+        totals = np.sum([json.loads(b) for b in blobs], axis=0)
+        log.info("DropCompute job: %d workers computed %d of %d micro-batches (drop rate %.1f%%)%s",
+                 self.num_workers, totals[0], totals[1], 100 * (1 - totals[0] / max(1, totals[1])),
+                 "" if self.prediction is None else
+                 f"; predicted drop rate {self.prediction.drop_rate:.1%}")

@@ -135,3 +135,4 @@ def test_auto_threshold_is_agreed_by_every_worker(tmp_path):
     taus = [{r["tau"] for r in _csv(logs / f"dropcompute_worker{i}.csv")[3:]} for i in range(2)]
     assert taus[0] == taus[1] and len(taus[0]) == 1
     assert all(f"worker {i}: DropCompute threshold" in log for i in range(2))
+    assert "[worker 0] DropCompute job: 2 workers computed" in log

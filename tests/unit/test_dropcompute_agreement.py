@@ -54,7 +54,8 @@ def _run_workers(config: Config, steps: int, tmp_path):
     return controllers
 
 
-def test_auto_threshold_is_the_chiefs_choice_on_everybodys_warmup(tmp_path):
+def test_auto_threshold_is_the_chiefs_choice_on_everybodys_warmup(tmp_path, caplog):
+    caplog.set_level("INFO", logger="autopar.dropcompute")
     config = Config(micro_batches=M, compute_threshold="auto", dropcompute_warmup=(1, 4),
                     drop_compensation="batch", dropcompute_log_dir=str(tmp_path))
     controllers = _run_workers(config, 6, tmp_path)
@@ -62,6 +63,11 @@ def test_auto_threshold_is_the_chiefs_choice_on_everybodys_warmup(tmp_path):
     expected = dc.choose_threshold(lat, dc.serial_latency([[0.005 + 0.001 * i for i in range(N)]] * 3))
     assert expected.tau is not None and expected.drop_rate > 0
     assert {c.tau for c in controllers.values()} == {expected.tau}
+    # The chief's job summary counts every worker's micro-batches.
+    computed = sum(c._computed for c in controllers.values())
+    possible = sum(c._possible for c in controllers.values())
+    assert f"DropCompute job: {N} workers computed {computed} of {possible} micro-batches" in caplog.text
+    assert computed < possible
     m = dc.compensated_micro_batches(M, expected.computed_fraction)
     assert m > M and {c.micro_batches for c in controllers.values()} == {m}
     for i in range(N):
