@@ -16,11 +16,11 @@ if not _os.path.isdir(_os.path.join(__path__[0], "runtime")) and all(
         _os.path.isfile(_os.path.join(_checkout, layer, "__init__.py")) for layer in _LAYERS):
     __path__.append(_checkout)
 
-from autopar.config import Config  # noqa: E402
+from autopar.config import Config, SimulatedDelay  # noqa: E402
 from autopar.common.errors import (AutoparError, LaunchError, SpecError,  # noqa: E402
                                    UnsupportedGraphError, WorkerFailedError)
 
-__all__ = ["get_runner", "shard", "analyze", "Config", "Report", "AutoparError", "SpecError",
+__all__ = ["get_runner", "shard", "analyze", "Config", "SimulatedDelay", "Report", "AutoparError", "SpecError",
            "UnsupportedGraphError", "LaunchError", "WorkerFailedError"]
 __version__ = "0.1.0"
 

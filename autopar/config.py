@@ -8,6 +8,28 @@ from autopar.common.errors import AutoparError
 
 
 @dataclass(frozen=True)
+class SimulatedDelay:
+    """A benchmarking aid (DropCompute appendix B.1): after every micro-batch a
+    worker sleeps for a bounded log-normal delay, min(max_s, exp(N(log(median_s),
+    sigma^2))), drawn from its own generator seeded with seed + worker index, so
+    compute variance can be reproduced on one machine. `workers`: the worker
+    indices that are delayed (None: all). sigma=0 gives a fixed delay."""
+    median_s: float = 0.05
+    sigma: float = 1.0
+    max_s: float = 1.0
+    seed: int = 0
+    workers: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.median_s <= 0 or self.sigma < 0 or self.max_s <= 0:
+            raise AutoparError(f"SimulatedDelay needs median_s > 0, sigma >= 0 and max_s > 0, "
+                               f"got median_s={self.median_s}, sigma={self.sigma}, "
+                               f"max_s={self.max_s}")
+        if self.workers is not None:
+            object.__setattr__(self, "workers", tuple(int(w) for w in self.workers))
+
+
+@dataclass(frozen=True)
 class Config:
     # Dense gradients are averaged in fused buckets of at most this many bytes
     # (Horovod-style tensor fusion): fewer, larger collectives.
@@ -55,8 +77,29 @@ class Config:
     # a step for others that have not started it (Horovod's stall inspector,
     # but ending the job instead of warning); 0 disables.
     stall_timeout_s: float = 60.0
+    # DropCompute (README "Gradient accumulation and DropCompute"): every
+    # training step computes up to micro_batches micro-batches per worker,
+    # accumulating their gradients, then aggregates and applies once.
+    micro_batches: int = 1
+    # Seconds of compute after which a worker stops taking micro-batches and
+    # joins the aggregation; "auto" picks it from the latencies measured in
+    # dropcompute_warmup; None never drops.
+    compute_threshold: float | str | None = None
+    # Steps [first, last) whose micro-batch latencies choose the "auto" threshold.
+    dropcompute_warmup: tuple[int, int] = (5, 50)
+    # Making up for dropped micro-batches (DropCompute §4.5): "none", "steps"
+    # (runner.dropcompute.extra_steps(base): how many more steps make up
+    # the dropped samples),
+    # "batch" (micro_batches is raised once tau is chosen, so the average
+    # computed batch stays that of micro_batches without drops).
+    drop_compensation: str = "none"
+    # A benchmarking aid only: see SimulatedDelay. None (default) adds nothing.
+    simulated_delay: SimulatedDelay | None = None
+    # Directory of the per-worker CSV of DropCompute steps (None: no CSV).
+    dropcompute_log_dir: str | None = None
 
     def __post_init__(self) -> None:
+        self._check_dropcompute()
         if self.fusion_bytes <= 0:
             raise AutoparError(f"Config.fusion_bytes must be > 0, got {self.fusion_bytes}")
         if self.communication_hint not in ("ring", "auto"):
@@ -89,3 +132,39 @@ class Config:
                                f"got {self.stall_timeout_s}")
         if self.log_every_steps < 0:
             raise AutoparError(f"Config.log_every_steps must be >= 0, got {self.log_every_steps}")
+
+    def _check_dropcompute(self) -> None:
+        if not isinstance(self.micro_batches, int) or self.micro_batches < 1:
+            raise AutoparError(f"Config.micro_batches must be an integer >= 1, "
+                               f"got {self.micro_batches!r}")
+        tau = self.compute_threshold
+        if isinstance(tau, str):
+            if tau != "auto":
+                raise AutoparError(f"Config.compute_threshold must be seconds > 0, 'auto' or "
+                                   f"None, got {tau!r}")
+        elif tau is not None and (isinstance(tau, bool) or not isinstance(tau, (int, float))
+                                  or tau <= 0):
+            raise AutoparError(f"Config.compute_threshold must be seconds > 0, 'auto' or None, "
+                               f"got {tau!r}")
+        if tau is not None and self.micro_batches < 2:
+            raise AutoparError("Config.compute_threshold drops micro-batches, so it needs "
+                               f"Config.micro_batches >= 2 (got {self.micro_batches})")
+        warm = tuple(self.dropcompute_warmup)
+        if (len(warm) != 2 or not all(isinstance(w, int) for w in warm)
+                or not 0 <= warm[0] < warm[1]):
+            raise AutoparError(f"Config.dropcompute_warmup must be (first, last) steps with "
+                               f"0 <= first < last, got {self.dropcompute_warmup!r}")
+        object.__setattr__(self, "dropcompute_warmup", warm)
+        if self.drop_compensation not in ("none", "steps", "batch"):
+            raise AutoparError(f"Config.drop_compensation must be 'none', 'steps' or 'batch', "
+                               f"got {self.drop_compensation!r}")
+        if self.drop_compensation != "none" and tau is None:
+            raise AutoparError("Config.drop_compensation makes up for dropped micro-batches: "
+                               "it needs a Config.compute_threshold")
+        if self.simulated_delay is not None:
+            if not isinstance(self.simulated_delay, SimulatedDelay):
+                raise AutoparError("Config.simulated_delay must be an autopar.SimulatedDelay "
+                                   f"or None, got {self.simulated_delay!r}")
+            if self.micro_batches < 2:
+                raise AutoparError("Config.simulated_delay is added after each micro-batch: "
+                                   "it needs Config.micro_batches >= 2")

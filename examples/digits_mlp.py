@@ -6,8 +6,18 @@ lines marked "autopar" that make it train on every worker of a cluster.
     python examples/digits_mlp.py --spec resource_specs/localhost_2workers.yaml
 
 --batch-size is per worker: N workers train with a global batch N times as large.
+
+DropCompute (README "Gradient accumulation and DropCompute"): --micro-batches M
+makes a step M batches of --batch-size per worker; --compute-threshold auto
+lets slow workers drop micro-batches; --compensation steps adds the steps that
+make up the dropped samples; --delay S adds the simulated log-normal delay
+(median S seconds) after every micro-batch, a benchmarking aid.
+
+    python examples/digits_mlp.py --spec resource_specs/localhost_2workers.yaml \
+        --micro-batches 4 --compute-threshold auto --compensation steps --delay 0.01
 """
 import argparse
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -46,6 +56,12 @@ def main():
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--batch-size", type=int, default=32, help="examples per worker per step")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--micro-batches", type=int, default=1, help="batches accumulated per step")
+    p.add_argument("--compute-threshold", default=None,
+                   help="seconds, or auto (DropCompute; needs --micro-batches >= 2)")
+    p.add_argument("--compensation", default="none", choices=("none", "steps", "batch"))
+    p.add_argument("--delay", type=float, default=0.0,
+                   help="median seconds of a simulated log-normal delay per micro-batch")
     args = p.parse_args()
     tf1.disable_eager_execution()  # a tf.compat.v1 graph-mode script
 
@@ -68,15 +84,29 @@ def main():
         y_eval = tf1.placeholder(tf.int64, [None], name="y_eval")
         accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(mlp(x_eval), 1), y_eval), tf.float32))
 
-    config = autopar.Config(total_steps=args.steps, log_every_steps=50)
+    threshold = args.compute_threshold
+    config = autopar.Config(
+        total_steps=args.steps, log_every_steps=50, micro_batches=args.micro_batches,
+        compute_threshold=None if threshold is None else threshold if threshold == "auto"
+        else float(threshold),
+        drop_compensation=args.compensation,
+        simulated_delay=(autopar.SimulatedDelay(median_s=args.delay, sigma=1.0,
+                                                max_s=20 * args.delay) if args.delay else None))
     # autopar: a session-like runner; single-device when --spec is omitted
     with autopar.get_runner(graph, args.spec, config) as runner:
+        start = time.monotonic()
         for _ in range(args.steps):
             runner.run(train_op)
+        # DropCompute's "steps" compensation: as many more steps as make up
+        # the samples dropped (the same number on every worker).
+        extra = runner.dropcompute.extra_steps(args.steps) if runner.dropcompute else 0
+        for _ in range(extra):
+            runner.run(train_op)
         if runner.is_chief:
+            print(f"training took {time.monotonic() - start:.1f} s ({extra} compensation steps)")
             acc = runner.run(accuracy, {x_eval: x_test, y_eval: y_test})
-            print(f"trained {args.steps} steps on {runner.num_workers} worker(s), "
-                  f"global batch {args.batch_size * runner.num_workers}")
+            print(f"trained {args.steps + extra} steps on {runner.num_workers} worker(s), "
+                  f"global batch {args.batch_size * runner.num_workers * runner.micro_batches}")
             print(f"test accuracy: {acc:.4f}", flush=True)
 
 

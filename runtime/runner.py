@@ -9,6 +9,17 @@ SparseTensorValue / IndexedSlicesValue or a plain tuple); nested fetches
 tuple of values). A fetch that reaches a variable update counts as one
 training step: the chief then logs progress and saves checkpoints.
 
+With Config(micro_batches=M) (transforms.accumulate, runtime.dropcompute) a
+training-step run is M accumulate runs, one per micro-batch, then one run of
+the step's fetches (the update). Micro-batches come from the input as the
+script wrote it: a graph reading a tf.data iterator pulls one element per
+micro-batch; a feed_dict is split along axis 0 into `micro_batches` equal
+parts (scalar feeds go to every run unchanged). Other fetches of that run
+(the loss, metrics) are evaluated on every computed micro-batch and returned
+as their mean when they are floating-point arrays of one shape, else the
+last micro-batch's value. Under a compute threshold a worker stops taking
+micro-batches once its compute time in the step reaches tau.
+
 A stop request (SIGINT to the chief: Ctrl-C on a single-device run, or the
 launcher passing on its own SIGINT/SIGTERM) is acted on at the next step
 boundary: the chief saves a final checkpoint (when checkpointing is on) and
@@ -21,6 +32,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from collections.abc import Iterator
 
 import networkx as nx
@@ -28,6 +40,8 @@ import numpy as np
 import tensorflow as tf
 
 from autopar.common.env import STOPPED_LINE
+from autopar.common.errors import AutoparError
+from autopar.runtime.dropcompute import StepRecord
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.graph_utils import is_restore_assignment, op_digraph
 
@@ -47,7 +61,7 @@ class Runner:
     def __init__(self, session, graph: tf.Graph, analysis: Analysis | None, *, worker_index: int = 0,
                  num_workers: int = 1, progress=None, checkpointer=None,
                  batch_size_tensor: tf.Tensor | None = None, step_barrier=None, on_close=(),
-                 after_step=None, monitor=None):
+                 after_step=None, monitor=None, accumulate=None, dropcompute=None):
         self.session = session
         self.graph = graph
         self.analysis = analysis
@@ -61,6 +75,11 @@ class Runner:
         self._on_close = list(on_close)
         # Told before and after every run (runtime.coordinator.ProgressHook).
         self._monitor = monitor
+        # (first micro-batch op, later micro-batches op) with micro_batches > 1.
+        self._accumulate = accumulate
+        self.dropcompute = dropcompute   # runtime.dropcompute.DropCompute
+        if dropcompute is not None:
+            self._on_close.insert(0, dropcompute.close)
         self._variables = {v.name: v for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
                            + graph.get_collection(tf1.GraphKeys.LOCAL_VARIABLES)}
         self._init_ops = _initializer_ops(graph)
@@ -96,6 +115,13 @@ class Runner:
     @property
     def is_chief(self) -> bool:
         return self.worker_index == 0
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches a training step computes at most (a fed batch is
+        split into this many parts; drop_compensation="batch" raises it once
+        the threshold is chosen)."""
+        return self.dropcompute.micro_batches if self.dropcompute is not None else 1
 
     @property
     def stop_requested(self) -> bool:
@@ -134,12 +160,19 @@ class Runner:
         if self._closed:
             raise RuntimeError("this Runner is closed")
         mapped = tf.nest.map_structure(self._map_fetch, fetches)
-        feeds, batch = self._map_feeds(feed_dict or {})
         is_step = any(self._is_step(leaf) for leaf in tf.nest.flatten(mapped) if leaf is not None)
+        if is_step and self._accumulate is not None:
+            return self._monitored(is_step, lambda: self._run_accumulated(
+                mapped, feed_dict or {}, options, run_metadata))
+        feeds, batch = self._map_feeds(feed_dict or {})
+        return self._monitored(is_step, lambda: self._run(mapped, feeds, batch, options,
+                                                          run_metadata, is_step))
+
+    def _monitored(self, is_step: bool, call):
         if self._monitor is None:
-            return self._run(mapped, feeds, batch, options, run_metadata, is_step)
+            return call()
         self._monitor.before_run(is_step)
-        result = self._run(mapped, feeds, batch, options, run_metadata, is_step)
+        result = call()
         self._monitor.after_run(is_step, self._first_step + self._steps)
         return result
 
@@ -160,6 +193,62 @@ class Runner:
         if self._stop_requested:
             self._stop()
         return result
+
+    def _run_accumulated(self, mapped, feed_dict, options, run_metadata):
+        """One training step of up to `micro_batches` accumulate runs, then the
+        update (module docstring)."""
+        if self._stop_requested:
+            self._stop()
+        dc = self.dropcompute
+        common, parts = _split_feed(feed_dict, dc.micro_batches)
+        flat = tf.nest.flatten(mapped)
+        step_at = [i for i, x in enumerate(flat) if x is not None and self._is_step(x)]
+        other_at = [i for i, x in enumerate(flat) if x is not None and not self._is_step(x)]
+        extra = {}
+        if self._loss is not None:
+            extra["loss"] = self._loss
+        if self._batch_size is not None and not feed_dict:
+            extra["batch"] = self._batch_size
+        start = time.perf_counter()
+        compute, latencies, outputs, examples = 0.0, [], [], 0
+        first, add = self._accumulate
+        while dc.may_compute(len(latencies), compute):
+            m = len(latencies)
+            feeds, batch = self._map_feeds({**common, **parts[m]} if parts else common)
+            t0 = time.perf_counter()
+            out = self.session.run((first if m == 0 else add, [flat[i] for i in other_at], extra),
+                                   feed_dict=feeds or None)
+            latency = time.perf_counter() - t0 + dc.delay()
+            compute += latency
+            latencies.append(latency)
+            outputs.append(out)
+            examples += int(out[2]["batch"]) if "batch" in out[2] else (batch or 0)
+        computed = len(latencies)
+        # The update reads the accumulators only: no batch feed, no input pulled.
+        feeds, _ = self._map_feeds(common)
+        step_fetches = [flat[i] for i in step_at]
+        if self._step_barrier is not None:
+            step_fetches.append(self._step_barrier)
+        t0 = time.perf_counter()
+        applied = self.session.run(step_fetches, feed_dict=feeds or None, options=options,
+                                   run_metadata=run_metadata)
+        end = time.perf_counter()
+        values: list = [None] * len(flat)
+        for i, v in zip(step_at, applied):
+            values[i] = v
+        for k, i in enumerate(other_at):
+            values[i] = _combine([out[1][k] for out in outputs])
+        got = {}
+        if "loss" in extra:
+            got["loss"] = _combine([out[2]["loss"] for out in outputs])
+        self._after_step(got, examples)
+        dc.record(StepRecord(step=self._steps - 1, computed=computed,
+                             dropped=dc.micro_batches - computed if dc.tau is not None else 0,
+                             compute_s=compute, step_s=end - start, apply_s=end - t0,
+                             latencies=latencies))
+        if self._stop_requested:
+            self._stop()
+        return tf.nest.pack_sequence_as(mapped, values)
 
     def _run_plain(self, mapped, feeds, options, run_metadata):
         # None leaves are skipped fetches (initializers autopar already ran).
@@ -275,6 +364,46 @@ class Runner:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _split_feed(feed_dict, parts: int) -> tuple[dict, list[dict]]:
+    """A step's feed as (what every run gets: scalars, [micro-batch i's
+    feed]): every other leaf split along axis 0 into `parts` equal parts."""
+    common: dict = {}
+    split: list[dict] = [{} for _ in range(parts)]
+    for key, value in feed_dict.items():
+        for leaf, leaf_value in _flatten_feed(key, value):
+            if isinstance(leaf, (tf.SparseTensor, tf.IndexedSlices)):
+                raise AutoparError(
+                    f"with Config(micro_batches={parts}) the step's feed is split into "
+                    f"micro-batches along axis 0, which a SparseTensor/IndexedSlices feed "
+                    f"({getattr(leaf, 'name', leaf)!r}) cannot be: feed dense arrays or read "
+                    "the input from a tf.data iterator (one element per micro-batch)")
+            array = np.asarray(leaf_value)
+            if array.ndim == 0:
+                common[leaf] = leaf_value
+                continue
+            if array.shape[0] % parts:
+                raise AutoparError(
+                    f"with Config(micro_batches={parts}) the step's feed is split into {parts} "
+                    f"equal micro-batches along axis 0, but the value fed to "
+                    f"{getattr(leaf, 'name', leaf)!r} has {array.shape[0]} rows: feed a "
+                    f"multiple of {parts} rows (Runner.micro_batches)")
+            for i, piece in enumerate(np.split(array, parts)):
+                split[i][leaf] = piece
+    return common, (split if any(split) else [])
+
+
+def _combine(values: list):
+    """Micro-batches' values of one fetch: the mean of floating-point arrays
+    of one shape, else the last value."""
+    arrays = [np.asarray(v) if isinstance(v, (np.ndarray, np.generic, float)) else None
+              for v in values]
+    if (all(a is not None and np.issubdtype(a.dtype, np.floating) for a in arrays)
+            and len({a.shape for a in arrays}) == 1):
+        mean = np.mean(np.stack(arrays), axis=0)
+        return mean.astype(arrays[0].dtype) if mean.shape else arrays[0].dtype.type(mean)
+    return values[-1]
 
 
 def _initializer_ops(graph: tf.Graph) -> frozenset[str]:

@@ -22,6 +22,7 @@ from autopar.common import env
 from autopar.common.roles import SERVER_JOB, WORKER_JOB, WORKER_ROLE
 from autopar.runtime.checkpoint import Checkpointer
 from autopar.runtime.coordinator import CoordinatorClient, ProgressHook
+from autopar.runtime.dropcompute import Agreement, DropCompute
 from autopar.runtime.progress import Progress
 from autopar.runtime.runner import Runner
 from autopar.runtime.session import session_config, start_worker_server, wait_for_peers
@@ -52,7 +53,8 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
     if print_report:
         log.info("\n%s", compiled.report().table())
     analysis, plan = compiled.analysis, compiled.plan
-    rewritten = rewrite_for_worker(graph, analysis, plan, worker_index, moves=compiled.moves)
+    rewritten = rewrite_for_worker(graph, analysis, plan, worker_index, moves=compiled.moves,
+                                   micro_batches=config.micro_batches)
     is_chief = worker_index == 0
 
     worker_graph = tf.Graph()
@@ -86,10 +88,24 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
                                   if rewritten.step_barrier else None),
                     after_step=(worker_graph.get_operation_by_name(rewritten.after_step)
                                 if rewritten.after_step else None),
-                    monitor=hook, on_close=(hook.closed,) if hook else ())
+                    monitor=hook, on_close=(hook.closed,) if hook else (),
+                    **_micro_batching(worker_graph, rewritten, config, worker_index, num_workers,
+                                      client))
     runner.start(init, worker_graph.get_operation_by_name(rewritten.broadcast_op))
     log.info("worker %d: initial state received from the chief", worker_index)
     return runner
+
+
+def _micro_batching(graph, rewritten, config, worker_index: int, num_workers: int,
+                    client: CoordinatorClient | None) -> dict:
+    """The Runner's accumulate ops and DropCompute state (micro_batches > 1)."""
+    if rewritten.accumulate is None:
+        return {}
+    agreement = (Agreement(client, worker_index, num_workers, config.startup_timeout_s
+                           + config.stall_timeout_s) if client is not None else None)
+    return {"accumulate": (graph.get_operation_by_name(rewritten.accumulate_first),
+                           graph.get_operation_by_name(rewritten.accumulate)),
+            "dropcompute": DropCompute(config, worker_index, num_workers, agreement)}
 
 
 def _receive_plan(graph, cluster: dict[str, list[str]], worker_index: int, config,
@@ -149,6 +165,9 @@ def single_device_runner(graph: tf.Graph, config, analysis: Analysis | None = No
     Session runs is accepted: nothing is distributed, so a graph the analysis
     rejects (hand-written updates, gradient accumulation, no optimizer) runs
     as is, and the Runner counts steps without an Analysis."""
+    if config.micro_batches > 1:
+        log.info("micro_batches=%d applies to distributed jobs; one device runs the graph "
+                 "unchanged", config.micro_batches)
     if analysis is None:
         try:
             analysis = analyze_graph(graph)

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 import tensorflow as tf
 
 from autopar.common.roles import WORKER_JOB
+from autopar.transforms.accumulate import (build_accumulators, check_update_reads_no_input,
+                                           redirect_gradients)
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.comm import CollectiveOpsBackend
 from autopar.transforms.graph_utils import (import_meta_graph, in_gradient_scope, meta_graph_of,
@@ -47,6 +49,10 @@ class WorkerGraph:
     # Run after every training step, in its own session.run, by every worker
     # (Config(sync_local_state="average")): batch-local state := its mean.
     after_step: str | None = None
+    # micro_batches > 1 (transforms.accumulate): the ops a step's first and
+    # later micro-batches run; the user's train op then applies their sum.
+    accumulate_first: str | None = None
+    accumulate: str | None = None
 
 
 def worker_device(worker_index: int) -> str:
@@ -54,11 +60,14 @@ def worker_device(worker_index: int) -> str:
 
 
 def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
-                       moves: list[Move] | None = None, backend=None) -> WorkerGraph:
+                       moves: list[Move] | None = None, backend=None,
+                       micro_batches: int = 1) -> WorkerGraph:
     """Worker `worker_index`'s graph. `moves`: the plan's OPAU/OPSW placement
     when already computed (placement.place_ops), else computed here.
     `backend`: the communication backend building every collective
-    (transforms.comm; TensorFlow's collective ops by default)."""
+    (transforms.comm; TensorFlow's collective ops by default).
+    `micro_batches` > 1: gradients go through worker-local accumulators
+    (transforms.accumulate) before any method aggregates them."""
     meta = _meta_graph(graph_or_meta)
     scratch = _scratch_copy(meta)  # a fresh import: never mutate the user's graph
     n_original = len(scratch.get_operations())
@@ -68,6 +77,8 @@ def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan, worker_ind
     ctx = RewriteContext(scratch, analysis, plan, worker_index, backend, device, moves)
     edits = Edits()   # all methods' edits
     with scratch.as_default(), tf.device(device):
+        accumulation = (build_accumulators(scratch, analysis, _micro_batch_weight(plan, micro_batches))
+                        if micro_batches > 1 else None)
         for method in METHODS.values():
             edits.merge(method.rewrite(ctx))
         _broadcast_state(scratch, plan, backend, worker_index == 0, edits.server_variables,
@@ -81,12 +92,26 @@ def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan, worker_ind
     _set_devices(graph_def, new_nodes, edits, device)
     _edit_original_nodes(graph_def, new_nodes, edits)
     graph_def.node.extend(copies)
+    if accumulation is not None:
+        # Before the barrier covers the step's server work: the step then no
+        # longer reaches the forward pass (see transforms.accumulate).
+        redirect_gradients(graph_def, accumulation)
+        check_update_reads_no_input(graph_def, accumulation, analysis.step_ops)
     if edits.step_barrier is not None:
         cover_server_work(graph_def, edits.step_barrier, analysis.step_ops)
     out = _with_graph_def(meta, graph_def)
     return WorkerGraph(meta_graph=out, broadcast_op=BROADCAST_OP, replaced=edits.replaced,
                        server_variables=edits.server_variables, step_barrier=edits.step_barrier,
-                       partitions=edits.partitions, after_step=after_step)
+                       partitions=edits.partitions, after_step=after_step,
+                       accumulate_first=accumulation and accumulation.first_op,
+                       accumulate=accumulation and accumulation.add_op)
+
+
+def _micro_batch_weight(plan: Plan, micro_batches: int) -> float:
+    """Algorithm 1's g <- g + g_m / M for a mean loss (the worker's gradient is
+    then the mean over its M micro-batches, which the methods average over
+    workers); a summed loss adds micro-batches as it adds workers."""
+    return 1.0 / micro_batches if plan.loss_reduction == "mean" else 1.0
 
 
 # The GraphDef passes, in the order rewrite_for_worker applies them. Each

@@ -45,6 +45,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-la", action="store_true", help="turn local aggregation off")
     p.add_argument("--partitions", default="", help="NAME=N,... partition overrides")
     p.add_argument("--sync-local-state", default="none")
+    p.add_argument("--micro-batches", type=int, default=1)
+    p.add_argument("--threshold", type=lambda v: v if v == "auto" else float(v), default=None,
+                   help="Config.compute_threshold (seconds or auto)")
+    p.add_argument("--warmup", default="5,50", help="Config.dropcompute_warmup FIRST,LAST")
+    p.add_argument("--delay-sigma", type=float, default=0.0,
+                   help="log-normal sigma of the simulated delay (0: fixed --delay)")
+    p.add_argument("--delay-worker", type=int, default=-1,
+                   help="this worker sleeps --delay s after each micro-batch (-1: every worker)")
+    p.add_argument("--delay", type=float, default=0.0)
+    p.add_argument("--dropcompute-log")
     args = p.parse_args(argv)
     # Eager execution stays on (TF2 default): graphs are built in their own
     # tf.Graph context, as many graph-mode scripts do.
@@ -56,6 +66,14 @@ def main(argv: list[str] | None = None) -> None:
                             stall_timeout_s=args.stall_timeout,
                             run_option=args.run_option, local_aggregation=not args.no_la,
                             sync_local_state=args.sync_local_state,
+                            micro_batches=args.micro_batches, compute_threshold=args.threshold,
+                            dropcompute_log_dir=args.dropcompute_log,
+                            dropcompute_warmup=tuple(int(s) for s in args.warmup.split(",")),
+                            simulated_delay=(autopar.SimulatedDelay(
+                                median_s=args.delay, sigma=args.delay_sigma,
+                                max_s=args.delay * (1 + 10 * args.delay_sigma),
+                                workers=None if args.delay_worker < 0 else (args.delay_worker,))
+                                if args.delay > 0 else None),
                             partitions={k: int(n) for k, n in
                                         (kv.split("=") for kv in args.partitions.split(",") if kv)})
     with autopar.get_runner(model.graph, args.spec, config) as runner:

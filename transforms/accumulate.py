@@ -1,0 +1,145 @@
+"""Gradient accumulation over micro-batches (DropCompute, Algorithm 1).
+
+With Config(micro_batches=M) a training step on a worker is M "accumulate"
+runs, each computing one micro-batch's gradients into worker-local
+accumulators, then one "apply" run (the user's train op) that aggregates the
+accumulators through whatever method the Plan chose for each variable
+(all-reduce, all-gather, parameter servers) and updates once.
+
+In the rewritten graph:
+  * every gradient the Analysis found gets a worker-local accumulator (a raw
+    resource variable, like the PS counters: the rewrite adds no tf.Variable
+    so the MetaGraphDef's collections stay valid). Dense: a tensor of the
+    variable's shape. Sparse (IndexedSlices): the values and indices of every
+    micro-batch concatenated, a variable with an unknown first dimension
+    (assigned with validate_shape=False): sparse gradients stay sparse.
+  * ACCUMULATE_FIRST assigns g * w, ACCUMULATE adds g * w (dense) or appends
+    the rows (sparse); w = 1/M when the plan averages (mean loss: Algorithm 1's
+    g <- g + g_m / M) and 1 when it sums. The Runner runs the first one for a
+    step's first micro-batch, so no separate reset run is needed.
+  * after the methods' rewrite, every node outside the backward pass and
+    outside the accumulate ops that read a gradient reads its accumulator
+    instead (redirect_gradients). The apply run then never reaches the
+    forward/backward pass: it does not pull an input element nor need a feed.
+
+Pure graph code, no processes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import tensorflow as tf
+
+from autopar.common.errors import UnsupportedGraphError
+from autopar.transforms.analysis import Analysis
+from autopar.transforms.graph_utils import in_gradient_scope, node_input_name
+
+ACCUMULATE_FIRST_OP = "autopar/accumulate/first"
+ACCUMULATE_OP = "autopar/accumulate/add"
+
+
+@dataclass
+class Accumulation:
+    first_op: str
+    add_op: str
+    reads: dict[str, str] = field(default_factory=dict)   # gradient tensor -> accumulator read
+    nodes: set[str] = field(default_factory=set)           # ops built here (not redirected)
+
+
+def build_accumulators(graph: tf.Graph, analysis: Analysis, weight: float) -> Accumulation:
+    """The accumulators and the two accumulate ops, in `graph` (the rewrite's
+    scratch graph, inside its worker device scope)."""
+    n_before = len(graph.get_operations())
+    firsts, adds = [], []
+    reads: dict[str, str] = {}
+    with tf.name_scope("autopar/accumulate/"):
+        for i, info in enumerate(analysis.variables):
+            if info.gradient == "dense":
+                grad = graph.get_tensor_by_name(info.grad_tensor)
+                handle = tf.raw_ops.VarHandleOp(dtype=grad.dtype, shape=grad.shape,
+                                                shared_name=f"autopar_accumulator_{i}",
+                                                name=f"acc_{i}")
+                scaled = grad * tf.constant(weight, grad.dtype)
+                firsts.append(tf.raw_ops.AssignVariableOp(resource=handle, value=scaled))
+                adds.append(tf.raw_ops.AssignAddVariableOp(resource=handle, value=scaled))
+                reads[grad.name] = tf.raw_ops.ReadVariableOp(resource=handle, dtype=grad.dtype,
+                                                             name=f"sum_{i}").name
+                continue
+            values = graph.get_tensor_by_name(info.grad_values)
+            indices = graph.get_tensor_by_name(info.grad_indices)
+            scaled = values * tf.constant(weight, values.dtype)
+            for tensor, part in ((scaled, "values"), (indices, "indices")):
+                original = values if part == "values" else indices
+                # Rows of every micro-batch appended: the first dimension grows.
+                shape = tf.TensorShape([None]).concatenate(tensor.shape[1:])
+                handle = tf.raw_ops.VarHandleOp(dtype=tensor.dtype, shape=shape,
+                                                shared_name=f"autopar_accumulator_{i}_{part}",
+                                                name=f"acc_{i}_{part}")
+                old = tf.raw_ops.ReadVariableOp(resource=handle, dtype=tensor.dtype)
+                firsts.append(tf.raw_ops.AssignVariableOp(resource=handle, value=tensor,
+                                                          validate_shape=False))
+                adds.append(tf.raw_ops.AssignVariableOp(
+                    resource=handle, value=tf.concat([old, tensor], 0), validate_shape=False))
+                reads[original.name] = tf.raw_ops.ReadVariableOp(
+                    resource=handle, dtype=tensor.dtype, name=f"sum_{i}_{part}").name
+    first = tf.group(*firsts, name=ACCUMULATE_FIRST_OP)
+    add = tf.group(*adds, name=ACCUMULATE_OP)
+    nodes = {op.name for op in graph.get_operations()[n_before:]}
+    return Accumulation(first.name, add.name, reads, nodes)
+
+
+def redirect_gradients(graph_def, acc: Accumulation) -> int:
+    """Every node outside the backward pass and the accumulate ops that reads
+    a gradient reads its accumulator instead. Returns how many inputs changed."""
+    rename = {node_input_name(k): node_input_name(v) for k, v in acc.reads.items()}
+    changed = 0
+    for node in graph_def.node:
+        if node.name in acc.nodes or in_gradient_scope(node.name):
+            continue
+        for i, inp in enumerate(node.input):
+            if inp in rename:
+                node.input[i] = rename[inp]
+                changed += 1
+    return changed
+
+
+_INPUT_OP_TYPES = frozenset({"Placeholder", "IteratorGetNext", "IteratorGetNextSync"})
+
+
+def check_update_reads_no_input(graph_def, acc: Accumulation, step_ops) -> None:
+    """The update (the step ops) must not reach an input the gradients are
+    computed from: the apply run would pull one more tf.data element, or need
+    the micro-batch feed, and compute the forward pass once more. A graph
+    whose train op waits on ops of the forward pass (batch-norm moving
+    averages in UPDATE_OPS, a loss fetched through control dependencies) is
+    refused with the op that links them."""
+    producers = {n.name: [i.lstrip("^").split(":")[0] for i in n.input] for n in graph_def.node}
+    types = {n.name: n.op for n in graph_def.node}
+
+    def ancestors(roots) -> dict[str, str | None]:
+        """Every op `roots` depend on, each mapped to a consumer it was reached from."""
+        seen: dict[str, str | None] = {}
+        stack = [(r, None) for r in roots if r in producers]
+        while stack:
+            name, child = stack.pop()
+            if name in seen:
+                continue
+            seen[name] = child
+            stack.extend((p, name) for p in producers[name] if p in producers)
+        return seen
+
+    gradient_ops = {node_input_name(g).split(":")[0] for g in acc.reads}
+    inputs = {n for n in ancestors(gradient_ops) if types[n] in _INPUT_OP_TYPES}
+    step = ancestors(step_ops)
+    reached = sorted(inputs & set(step))
+    if reached:
+        # The path from the input up to a step op, for the message.
+        path, name = [], reached[0]
+        while name is not None and len(path) < 6:
+            path.append(name)
+            name = step[name]
+        raise UnsupportedGraphError(
+            f"Config(micro_batches > 1) applies the accumulated gradients in a run of its own, "
+            f"but the training step also reads the input '{reached[0]}' (through "
+            f"{' -> '.join(path)} ...): e.g. batch-norm moving statistics updated with the train "
+            f"op (UPDATE_OPS). Update such state outside the train op, or use micro_batches=1")
