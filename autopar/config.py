@@ -43,6 +43,13 @@ class Config:
     # (identical replicas; not equal to one device's statistics of the
     # global batch).
     sync_local_state: str = "none"
+    # Distributed batch normalisation: training-mode batch-norm layers
+    # (tf.nn.moments / Keras BatchNormalization, FusedBatchNorm) take their
+    # batch statistics over a group of workers: "all" (one device's statistics
+    # of the global batch, moving statistics included), a group size k
+    # (workers [0,k), [k,2k)...; must divide the worker count), or None
+    # (each worker normalises by its own batch).
+    batch_norm_group: str | int | None = None
     # Deprecated alias of loss_reduction: True = "mean", False = "sum".
     average_sparse: bool | None = None
     # Optimisations, each can be turned off for ablation (Parallax §7.4):
@@ -84,6 +91,11 @@ class Config:
         if self.sync_local_state not in ("none", "average"):
             raise AutoparError(f"Config.sync_local_state must be 'none' or 'average', "
                                f"got {self.sync_local_state!r}")
+        if not (self.batch_norm_group is None or self.batch_norm_group == "all"
+                or (isinstance(self.batch_norm_group, int)
+                    and not isinstance(self.batch_norm_group, bool) and self.batch_norm_group >= 1)):
+            raise AutoparError(f"Config.batch_norm_group must be 'all', a group size >= 1 or None, "
+                               f"got {self.batch_norm_group!r}")
         if self.stall_timeout_s < 0:
             raise AutoparError(f"Config.stall_timeout_s must be >= 0 (0 disables), "
                                f"got {self.stall_timeout_s}")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from autopar.common.errors import AutoparError
 from autopar.common.roles import SERVER_JOB, WORKER_JOB
 from autopar.transforms import serial
 from autopar.transforms.analysis import Analysis
@@ -38,6 +39,10 @@ RUN_OPTIONS = ("hybrid", "ps", "allreduce")
 # Averaging of batch-local state after each step (sync_local_state="average"):
 # one all-reduce per dtype from this key, far from the per-variable keys.
 LOCAL_STATE_KEY_BASE = 1 << 20
+# Distributed batch normalisation: batchnorm.KEYS_PER_LAYER keys per layer
+# from this key on; groups smaller than the job are groups base + group index.
+BATCH_NORM_KEY_BASE = 1 << 21
+BATCH_NORM_GROUP_BASE = 2000
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,8 @@ class PlanOptions:
     opau: bool = True                  # place post-aggregation ops by Parallax's rule
     opsw: bool = True                  # move light boundary ops across the worker/server line
     partitions: tuple[tuple[str, int], ...] = ()   # per-variable partition-count overrides
+    # Distributed batch normalisation: "all", a group size, or None (off).
+    batch_norm_group: str | int | None = None
 
     @classmethod
     def from_config(cls, config) -> "PlanOptions":
@@ -82,7 +89,8 @@ class PlanOptions:
         return cls(run_option=config.run_option, loss_reduction=config.loss_reduction,
                    sync_local_state=config.sync_local_state,
                    local_aggregation=config.local_aggregation, opau=config.opau,
-                   opsw=config.opsw, partitions=tuple(sorted(config.partitions.items())))
+                   opsw=config.opsw, partitions=tuple(sorted(config.partitions.items())),
+                   batch_norm_group=config.batch_norm_group)
 
 
 @dataclass
@@ -129,6 +137,10 @@ class Plan:
     local_aggregation: bool = True
     opau: bool = True
     opsw: bool = True
+    # Workers per batch-norm group (0: each worker normalises by its own
+    # batch); batch-norm collectives use keys from batch_norm_key on.
+    batch_norm_group: int = 0
+    batch_norm_key: int = BATCH_NORM_KEY_BASE
 
     @property
     def gradient_scale(self) -> float:
@@ -198,7 +210,22 @@ def make_plan(analysis: Analysis, topology: Topology | int, fusion_bytes: int = 
                 worker_hosts=list(topology.worker_hosts), num_servers=topology.num_servers,
                 loss_reduction=reduction, loss_reduction_why=why,
                 sync_local_state=options.sync_local_state,
-                local_aggregation=options.local_aggregation, opau=options.opau, opsw=options.opsw)
+                local_aggregation=options.local_aggregation, opau=options.opau, opsw=options.opsw,
+                batch_norm_group=batch_norm_group_size(options.batch_norm_group,
+                                                       topology.num_workers))
+
+
+def batch_norm_group_size(option: str | int | None, num_workers: int) -> int:
+    """Workers per batch-norm group for Config(batch_norm_group=option); 0 =
+    off (None, or groups of one worker: each normalises by its own batch)."""
+    if option is None:
+        return 0
+    size = num_workers if option == "all" else option
+    if not isinstance(size, int) or size < 1 or num_workers % size:
+        raise AutoparError(
+            f"Config.batch_norm_group={option!r} does not split the job's {num_workers} workers "
+            "into equal groups: use 'all', None, or a group size dividing the worker count")
+    return 0 if size == 1 else size
 
 
 def resolve_loss_reduction(analysis: Analysis, option: str) -> tuple[str, str]:

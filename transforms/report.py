@@ -47,6 +47,8 @@ class Report:
     loss_reduction: str = "mean"      # how workers' gradients combine: "mean" or "sum"
     loss_reduction_why: str = ""
     sync_local_state: str = "none"
+    # Training-mode batch-norm layers: name, kind, group size (0: per worker), moving statistics.
+    batch_norms: list[dict] = field(default_factory=list)
 
     @property
     def sent_per_worker(self) -> float:
@@ -90,8 +92,14 @@ class Report:
                 lines.append(f"{v.name}: deduplicated lookup (one row per distinct id): rows of "
                              "ids several workers touched are combined before clipping and the "
                              "update")
+        grouped = {}
+        for b in self.batch_norms:
+            lines.append(f"batch norm {b['name']} ({b['kind']}): {_batch_norm_line(b, self.num_workers)}")
+            grouped.update({m: b["group"] for m in b["moving"] if b["group"]})
         for s in self.state:
-            lines.append(f"state {s['name']} ({s['kind']}): {_state_line(s, combine, self.sync_local_state)}")
+            line = (_grouped_state_line(grouped[s["name"]], self.num_workers)
+                    if s["name"] in grouped else _state_line(s, combine, self.sync_local_state))
+            lines.append(f"state {s['name']} ({s['kind']}): {line}")
         for m in self.moved_ops:
             lines.append(f"{m['rule']}: {m['op']} -> {m['place']} ({m['why']}; "
                          f"saves ~{_human(m['bytes_saved'])}/step)")
@@ -136,9 +144,31 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
                   moved_ops=[m.as_dict() for m in moves or []],
                   loss_reduction=plan.loss_reduction, loss_reduction_why=plan.loss_reduction_why,
                   sync_local_state=plan.sync_local_state,
+                  batch_norms=[{"name": b.name, "kind": b.kind, "ops": b.ops,
+                                "group": plan.batch_norm_group, "moving": b.moving}
+                               for b in analysis.batch_norms],
                   buckets=[asdict(b) for b in plan.buckets],
                   state=[asdict(s) for s in analysis.state], untrained=analysis.untrained,
                   notes=notes)
+
+
+def _batch_norm_line(layer: dict, num_workers: int) -> str:
+    if not layer["group"]:
+        return ("statistics of each worker's own batch (Config(batch_norm_group='all') takes "
+                "them over the global batch)")
+    if layer["group"] == num_workers:
+        return (f"statistics over all {num_workers} workers (sums, squared deviations and "
+                "counts all-reduced, forward and backward): one device's on the global batch")
+    return (f"statistics over groups of {layer['group']} workers (sums, squared deviations and "
+            "counts all-reduced within the group, forward and backward)")
+
+
+def _grouped_state_line(group: int, num_workers: int) -> str:
+    if group == num_workers:
+        return ("batch-norm moving statistic from the statistics of all workers: equal on every "
+                "worker and to one device's on the global batch")
+    return (f"batch-norm moving statistic from the statistics of groups of {group} workers: "
+            "equal within a group")
 
 
 def _state_line(state: dict, combine: str, sync: str) -> str:

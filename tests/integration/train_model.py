@@ -45,6 +45,7 @@ def main() -> None:
     p.add_argument("--no-la", action="store_true", help="turn local aggregation off")
     p.add_argument("--partitions", default="", help="NAME=N,... partition overrides")
     p.add_argument("--sync-local-state", default="none")
+    p.add_argument("--batch-norm-group", default="none", help="'all', a group size or 'none'")
     args = p.parse_args()
     # Eager execution stays on (TF2 default): graphs are built in their own
     # tf.Graph context, as many graph-mode scripts do.
@@ -56,6 +57,10 @@ def main() -> None:
                             stall_timeout_s=args.stall_timeout,
                             run_option=args.run_option, local_aggregation=not args.no_la,
                             sync_local_state=args.sync_local_state,
+                            batch_norm_group=(None if args.batch_norm_group == "none" else
+                                              args.batch_norm_group
+                                              if args.batch_norm_group == "all"
+                                              else int(args.batch_norm_group)),
                             partitions={k: int(n) for k, n in
                                         (kv.split("=") for kv in args.partitions.split(",") if kv)})
     with autopar.get_runner(model.graph, args.spec, config) as runner:
@@ -86,8 +91,10 @@ def main() -> None:
         with model.graph.as_default():
             variables = tf1.global_variables()
         values = runner.run({v.op.name: v for v in variables})
-        if runner.is_chief:
+        if runner.is_chief and args.batch_norm_group == "none":
             # Predictions of the trained model on a fixed batch, for comparisons.
+            # (With distributed batch norm the forward pass has collectives:
+            # the chief cannot run it alone.)
             x, y = models.global_batch(args.model, 99, args.batch)
             print(f"eval loss: {float(runner.run(model.loss, models.feed(model, x, y))):.9g}",
                   flush=True)
