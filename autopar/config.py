@@ -50,6 +50,10 @@ class Config:
     # (workers [0,k), [k,2k)...; must divide the worker count), or None
     # (each worker normalises by its own batch).
     batch_norm_group: str | int | None = None
+    # Weight-update sharding (TPU-pod scaling paper §3): each all-reduce
+    # variable is updated by one owner worker, which alone holds its
+    # optimizer slots; the new values are all-gathered from the owners.
+    shard_weight_update: bool = False
     # Deprecated alias of loss_reduction: True = "mean", False = "sum".
     average_sparse: bool | None = None
     # Optimisations, each can be turned off for ablation (Parallax §7.4):
@@ -96,6 +100,9 @@ class Config:
                     and not isinstance(self.batch_norm_group, bool) and self.batch_norm_group >= 1)):
             raise AutoparError(f"Config.batch_norm_group must be 'all', a group size >= 1 or None, "
                                f"got {self.batch_norm_group!r}")
+        if not isinstance(self.shard_weight_update, bool):
+            raise AutoparError(f"Config.shard_weight_update must be True or False, "
+                               f"got {self.shard_weight_update!r}")
         if self.stall_timeout_s < 0:
             raise AutoparError(f"Config.stall_timeout_s must be >= 0 (0 disables), "
                                f"got {self.stall_timeout_s}")

@@ -43,6 +43,8 @@ LOCAL_STATE_KEY_BASE = 1 << 20
 # from this key on; groups smaller than the job are groups base + group index.
 BATCH_NORM_KEY_BASE = 1 << 21
 BATCH_NORM_GROUP_BASE = 2000
+# Weight-update sharding: all-gather of the owners' new values, one key per dtype.
+WUS_KEY_BASE = 3 << 20
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,8 @@ class PlanOptions:
     partitions: tuple[tuple[str, int], ...] = ()   # per-variable partition-count overrides
     # Distributed batch normalisation: "all", a group size, or None (off).
     batch_norm_group: str | int | None = None
+    # Weight-update sharding of all-reduce variables (transforms.wus).
+    shard_weight_update: bool = False
 
     @classmethod
     def from_config(cls, config) -> "PlanOptions":
@@ -90,7 +94,8 @@ class PlanOptions:
                    sync_local_state=config.sync_local_state,
                    local_aggregation=config.local_aggregation, opau=config.opau,
                    opsw=config.opsw, partitions=tuple(sorted(config.partitions.items())),
-                   batch_norm_group=config.batch_norm_group)
+                   batch_norm_group=config.batch_norm_group,
+                   shard_weight_update=config.shard_weight_update)
 
 
 @dataclass
@@ -104,6 +109,9 @@ class VariablePlan:
     # ps: row ranges [start, end) and the server holding each partition
     partitions: list[list[int]] = field(default_factory=list)
     servers: list[int] = field(default_factory=list)
+    # Weight-update sharding: the worker that applies the optimizer update
+    # and holds the slots (None: every worker updates its replica).
+    owner: int | None = None
 
 
 @dataclass
@@ -141,6 +149,10 @@ class Plan:
     # batch); batch-norm collectives use keys from batch_norm_key on.
     batch_norm_group: int = 0
     batch_norm_key: int = BATCH_NORM_KEY_BASE
+    # Weight-update sharding (owners in VariablePlan.owner): the owners' new
+    # values are all-gathered with one key per dtype from this key on.
+    shard_weight_update: bool = False
+    wus_key: int = WUS_KEY_BASE
 
     @property
     def gradient_scale(self) -> float:
@@ -204,6 +216,8 @@ def make_plan(analysis: Analysis, topology: Topology | int, fusion_bytes: int = 
         method, reason = methods[v.name]
         vp, key = METHODS[method].variable_plan(v, reason, states[method], key)
         plans.append(vp)
+    if options.shard_weight_update:
+        assign_owners(analysis, plans, topology.num_workers)
     return Plan(num_workers=topology.num_workers, fusion_bytes=fusion_bytes,
                 communication_hint=communication_hint, variables=plans, **fields,
                 barrier_key=key, broadcast_key_base=key + 1, run_option=options.run_option,
@@ -212,7 +226,22 @@ def make_plan(analysis: Analysis, topology: Topology | int, fusion_bytes: int = 
                 sync_local_state=options.sync_local_state,
                 local_aggregation=options.local_aggregation, opau=options.opau, opsw=options.opsw,
                 batch_norm_group=batch_norm_group_size(options.batch_norm_group,
-                                                       topology.num_workers))
+                                                       topology.num_workers),
+                shard_weight_update=options.shard_weight_update)
+
+
+def assign_owners(analysis: Analysis, plans: list[VariablePlan], num_workers: int) -> None:
+    """Weight-update sharding: each all-reduce variable gets one owner,
+    whole variables balanced by bytes (largest first to the least loaded
+    worker, ties to the lower index: the same on every process)."""
+    load = [0] * num_workers
+    sharded = [(analysis.variable(vp.name).bytes, i, vp) for i, vp in enumerate(plans)
+               if vp.method == "allreduce"]
+    for size, _, vp in sorted(sharded, key=lambda t: (-t[0], t[1])):
+        owner = min(range(num_workers), key=lambda w: (load[w], w))
+        vp.owner = owner
+        load[owner] += size
+        vp.placement = f"replicated; updated by worker {owner} (weight-update sharding)"
 
 
 def batch_norm_group_size(option: str | int | None, num_workers: int) -> int:

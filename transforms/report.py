@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.methods import METHODS
 from autopar.transforms.plan import Plan
+from autopar.transforms.wus import slot_bytes_per_worker
 
 
 @dataclass
@@ -30,6 +31,7 @@ class VariableReport:
     received_per_worker: float
     bucket: int | None = None
     dedup: bool = False       # sparse rows are one per distinct id of the batch
+    owner: int | None = None  # weight-update sharding: the worker applying the update
 
 
 @dataclass
@@ -49,6 +51,11 @@ class Report:
     sync_local_state: str = "none"
     # Training-mode batch-norm layers: name, kind, group size (0: per worker), moving statistics.
     batch_norms: list[dict] = field(default_factory=list)
+    # Weight-update sharding: optimizer-slot bytes each worker holds (with
+    # and without sharding), per worker.
+    shard_weight_update: bool = False
+    slot_bytes: list[int] = field(default_factory=list)
+    slot_bytes_unsharded: list[int] = field(default_factory=list)
 
     @property
     def sent_per_worker(self) -> float:
@@ -100,6 +107,14 @@ class Report:
             line = (_grouped_state_line(grouped[s["name"]], self.num_workers)
                     if s["name"] in grouped else _state_line(s, combine, self.sync_local_state))
             lines.append(f"state {s['name']} ({s['kind']}): {line}")
+        if self.shard_weight_update:
+            lines.append("weight-update sharding: gradients all-reduced in full (global norms "
+                         "exact), each variable updated by its owner only, new values "
+                         "all-gathered from the owners")
+            for w, (b, full) in enumerate(zip(self.slot_bytes, self.slot_bytes_unsharded)):
+                lines.append(f"worker {w}: updates "
+                             f"{sum(1 for v in self.variables if v.owner == w)} variable(s), "
+                             f"holds {_human(b)} of optimizer slots ({_human(full)} unsharded)")
         for m in self.moved_ops:
             lines.append(f"{m['rule']}: {m['op']} -> {m['place']} ({m['why']}; "
                          f"saves ~{_human(m['bytes_saved'])}/step)")
@@ -125,13 +140,17 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
                          "bytes shown for the worst case a=1")
         method = METHODS[vp.method]
         sent, recv = method.wire_bytes(v, vp, n, alpha)
+        if vp.owner is not None:
+            # the all-gather of the new values: ring, (N-1)/N of the bytes each way
+            sent, recv = sent + (n - 1) * v.bytes / n, recv + (n - 1) * v.bytes / n
         for server, s_sent, s_received in method.server_bytes(v, vp, n, contributors, alpha):
             server_bytes[server][0] += s_sent
             server_bytes[server][1] += s_received
         variables.append(VariableReport(
             name=v.name, kind=v.gradient, shape=list(v.shape), dtype=v.dtype, bytes=v.bytes,
             method=vp.method, placement=vp.placement, reason=vp.reason, alpha=v.alpha,
-            sent_per_worker=sent, received_per_worker=recv, bucket=vp.bucket, dedup=v.dedup))
+            sent_per_worker=sent, received_per_worker=recv, bucket=vp.bucket, dedup=v.dedup,
+            owner=vp.owner))
     if num_servers and not plan.ps_variables:
         notes.append(f"{num_servers} server process(es) are started but hold no variables "
                      "with every gradient all-reduced")
@@ -144,12 +163,20 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
                   moved_ops=[m.as_dict() for m in moves or []],
                   loss_reduction=plan.loss_reduction, loss_reduction_why=plan.loss_reduction_why,
                   sync_local_state=plan.sync_local_state,
+                  shard_weight_update=plan.shard_weight_update,
+                  slot_bytes=slot_bytes_per_worker(analysis, plan),
+                  slot_bytes_unsharded=slot_bytes_per_worker(analysis, _unsharded(plan)),
                   batch_norms=[{"name": b.name, "kind": b.kind, "ops": b.ops,
                                 "group": plan.batch_norm_group, "moving": b.moving}
                                for b in analysis.batch_norms],
                   buckets=[asdict(b) for b in plan.buckets],
                   state=[asdict(s) for s in analysis.state], untrained=analysis.untrained,
                   notes=notes)
+
+
+def _unsharded(plan: Plan) -> Plan:
+    from dataclasses import replace
+    return replace(plan, variables=[replace(vp, owner=None) for vp in plan.variables])
 
 
 def _batch_norm_line(layer: dict, num_workers: int) -> str:

@@ -28,6 +28,7 @@ from autopar.transforms.plan import BATCH_NORM_GROUP_BASE, Plan
 from autopar.transforms.methods import METHODS
 from autopar.transforms.ps_rewrite import cover_server_work
 from autopar.transforms.sync_method import ConstantPool, Edits, RewriteContext
+from autopar.transforms.wus import shard_weight_updates
 
 tf1 = tf.compat.v1
 
@@ -70,6 +71,7 @@ def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan, worker_ind
     with scratch.as_default(), tf.device(device):
         for method in METHODS.values():
             edits.merge(method.rewrite(ctx))
+        edits.merge(shard_weight_updates(ctx, worker_device))
         rewire, rewire_exempt = _batch_norms(scratch, analysis, plan, backend, worker_index,
                                              ctx.constants)
         _broadcast_state(scratch, plan, backend, worker_index == 0, edits.server_variables,

@@ -46,6 +46,7 @@ def main() -> None:
     p.add_argument("--partitions", default="", help="NAME=N,... partition overrides")
     p.add_argument("--sync-local-state", default="none")
     p.add_argument("--batch-norm-group", default="none", help="'all', a group size or 'none'")
+    p.add_argument("--shard-weight-update", action="store_true")
     args = p.parse_args()
     # Eager execution stays on (TF2 default): graphs are built in their own
     # tf.Graph context, as many graph-mode scripts do.
@@ -57,6 +58,7 @@ def main() -> None:
                             stall_timeout_s=args.stall_timeout,
                             run_option=args.run_option, local_aggregation=not args.no_la,
                             sync_local_state=args.sync_local_state,
+                            shard_weight_update=args.shard_weight_update,
                             batch_norm_group=(None if args.batch_norm_group == "none" else
                                               args.batch_norm_group
                                               if args.batch_norm_group == "all"
