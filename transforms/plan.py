@@ -217,6 +217,12 @@ def make_plan(analysis: Analysis, topology: Topology | int, fusion_bytes: int = 
         vp, key = METHODS[method].variable_plan(v, reason, states[method], key)
         plans.append(vp)
     if options.shard_weight_update:
+        on_servers = [vp.name for vp in plans if vp.method == "ps"]
+        if on_servers:
+            raise AutoparError(
+                f"Config(shard_weight_update=True) with variables on parameter servers "
+                f"({', '.join(on_servers[:3])}) is not supported: use run_option='allreduce' "
+                "(sparse variables then use all-gather) or turn weight-update sharding off")
         assign_owners(analysis, plans, topology.num_workers)
     return Plan(num_workers=topology.num_workers, fusion_bytes=fusion_bytes,
                 communication_hint=communication_hint, variables=plans, **fields,

@@ -47,6 +47,8 @@ def main() -> None:
     p.add_argument("--sync-local-state", default="none")
     p.add_argument("--batch-norm-group", default="none", help="'all', a group size or 'none'")
     p.add_argument("--shard-weight-update", action="store_true")
+    p.add_argument("--resident", action="store_true",
+                   help="print the bytes of the variables allocated on this worker's device")
     args = p.parse_args()
     # Eager execution stays on (TF2 default): graphs are built in their own
     # tf.Graph context, as many graph-mode scripts do.
@@ -104,9 +106,28 @@ def main() -> None:
             counts = runner.run("autopar/contributions:0")
             print(f"contributions per accumulator per step: {[int(c) // args.steps for c in counts]}",
                   flush=True)
+        if args.resident:
+            print(f"worker {i} resident: {_resident(runner, variables, i)}", flush=True)
         os.makedirs(args.out, exist_ok=True)
         np.savez(os.path.join(args.out, f"worker{i}.npz"), **values)
         print(f"worker {i} done at global step {int(values['global_step'])}", flush=True)
+
+
+def _resident(runner, variables, index: int) -> str:
+    """NAME=BYTES,... of the resource variables that exist (are initialised)
+    on this worker's own device: a handle with the variable's shared name in
+    a separate session on the same server finds the resource only there."""
+    graph = tf.Graph()
+    device = f"/job:worker/replica:0/task:{index}/device:CPU:0"
+    with graph.as_default(), tf.device(device):
+        checks = {v.op.name: tf.raw_ops.VarIsInitializedOp(resource=tf.raw_ops.VarHandleOp(
+            dtype=v.dtype.base_dtype, shape=v.shape, shared_name=v.op.name))
+            for v in variables}
+    config = tf1.ConfigProto(device_filters=[f"/job:worker/task:{index}"])
+    with tf1.Session(runner.session.sess_str, graph=graph, config=config) as session:
+        found = session.run(checks)
+    return ",".join(f"{v.op.name}={v.shape.num_elements() * v.dtype.base_dtype.size}"
+                    for v in variables if found[v.op.name])
 
 
 if __name__ == "__main__":

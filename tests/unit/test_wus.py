@@ -7,7 +7,7 @@ import pytest
 from autopar.common.errors import AutoparError
 from autopar.config import Config
 from autopar.transforms.analysis import analyze_graph
-from autopar.transforms.plan import PlanOptions, make_plan
+from autopar.transforms.plan import PlanOptions, Topology, make_plan
 from autopar.transforms.report import build_report
 from autopar.transforms.rewrite import rewrite_for_worker, worker_device
 from autopar.transforms.wus import DONE_OP
@@ -76,6 +76,13 @@ def test_report_says_who_updates_what_and_slot_bytes_fall():
     text = report.table()
     assert "hidden/kernel" in text and "updated by worker 0 (weight-update sharding)" in text
     assert "worker 1: updates 1 variable(s), holds 1.2 KB of optimizer slots (4.6 KB unsharded)" in text
+
+
+def test_servers_are_refused():
+    m = models.build("emb_adam_clip")
+    with pytest.raises(AutoparError, match="parameter servers .*embedding"):
+        make_plan(analyze_graph(m.graph), Topology.local(3, num_servers=2),
+                  options=PlanOptions(run_option="hybrid", shard_weight_update=True))
 
 
 def test_config_validation():
