@@ -69,7 +69,9 @@ def find_batch_norms(graph: tf.Graph, batch_local: set[str],
             if variance is not None:
                 info = BatchNormInfo(_scope(op.name), "moments", [op.name, variance.name])
                 stats = [op.outputs[0], variance.outputs[0]]
-        elif op.type in _FUSED_TYPES and op.get_attr("is_training"):
+        elif (op.type in _FUSED_TYPES and op.get_attr("is_training")
+              and op.inputs[0].shape.rank is not None and op.inputs[0].shape[0] != 1):
+            # (a batch of one is the layer-normalisation trick: examples as channels)
             grads = sorted(c.name for c in op.outputs[3].consumers()
                            if c.type in _FUSED_GRAD_TYPES)
             info = BatchNormInfo(_scope(op.name), "fused", [op.name], grads)
@@ -91,7 +93,11 @@ def _moments_variance(mean: tf.Operation) -> tf.Operation | None:
     """The variance Mean of tf.nn.moments whose mean is `mean`, or None."""
     x = mean.inputs[0]
     axes = tf.get_static_value(mean.inputs[1])
-    if axes is None:
+    if axes is None or x.shape.rank is None:
+        return None
+    # Batch statistics reduce the batch axis; moments over features only
+    # (layer normalisation) are per example and stay local.
+    if not any(int(a) % x.shape.rank == 0 for a in axes.reshape(-1)):
         return None
     for stop in mean.outputs[0].consumers():
         if stop.type != "StopGradient":

@@ -44,6 +44,25 @@ def test_inference_mode_and_weight_moments_are_not_batch_norm():
     assert [b.name for b in analyze_graph(_keras_graph(weight_moments=True)).batch_norms] == ["kbn"]
 
 
+def test_layer_normalisation_is_not_batch_norm():
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 6], name="x")
+        y = tf1.placeholder(tf.int32, [None], name="y")
+        w = tf1.get_variable("w", [6, 3])
+        mean, var = tf.nn.moments(x, [1], keepdims=True)      # per example
+        h = tf.nn.batch_normalization(x, mean, var, None, None, 1e-3)
+        # the fused layer-norm trick: examples as the channels of a batch of one
+        flat = tf.reshape(h, [1, -1, 6, 1])
+        ones = tf.ones([tf.shape(flat)[1]])
+        h, _, _ = tf1.nn.fused_batch_norm(flat, ones, tf.zeros_like(ones), is_training=True,
+                                          data_format="NCHW")
+        logits = tf.matmul(tf.reshape(h, [-1, 6]), w)
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+        tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    assert analyze_graph(graph).batch_norms == []
+
+
 def test_both_forms_in_the_test_cnn():
     layers = analyze_graph(models.build("bncnn_momentum").graph).batch_norms
     assert [(b.name, b.kind, len(b.grad_ops)) for b in layers] == [
