@@ -151,6 +151,12 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
             method=vp.method, placement=vp.placement, reason=vp.reason, alpha=v.alpha,
             sent_per_worker=sent, received_per_worker=recv, bucket=vp.bucket, dedup=v.dedup,
             owner=vp.owner))
+    if plan.batch_norm_group and not analysis.batch_norms:
+        notes.append("Config(batch_norm_group) is set but the graph has no training-mode "
+                     "batch-norm layer on the input batch: nothing to synchronise")
+    if plan.shard_weight_update and all(vp.owner is None for vp in plan.variables):
+        notes.append("Config(shard_weight_update=True) is set but no variable is all-reduced: "
+                     "nothing to shard")
     if num_servers and not plan.ps_variables:
         notes.append(f"{num_servers} server process(es) are started but hold no variables "
                      "with every gradient all-reduced")

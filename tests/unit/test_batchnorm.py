@@ -134,3 +134,10 @@ def test_report_lists_layers_and_their_moving_statistics():
     off = build_report(analysis, make_plan(analysis, 3)).table()
     assert "batch norm bn1 (moments): statistics of each worker's own batch" in off
     assert "state bn1/moving_mean (local): per worker (from the local batch)" in off
+
+
+def test_report_notes_a_group_without_batch_norm_layers():
+    analysis = analyze_graph(models.build("mlp_sgd").graph)
+    text = build_report(analysis, make_plan(analysis, 3, options=PlanOptions(
+        batch_norm_group="all"))).table()
+    assert "Config(batch_norm_group) is set but the graph has no training-mode batch-norm" in text
