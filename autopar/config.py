@@ -65,6 +65,17 @@ class Config:
     # (identical replicas; not equal to one device's statistics of the
     # global batch).
     sync_local_state: str = "none"
+    # Distributed batch normalisation: training-mode batch-norm layers
+    # (tf.nn.moments / Keras BatchNormalization, FusedBatchNorm) take their
+    # batch statistics over a group of workers: "all" (one device's statistics
+    # of the global batch, moving statistics included), a group size k
+    # (workers [0,k), [k,2k)...; must divide the worker count), or None
+    # (each worker normalises by its own batch).
+    batch_norm_group: str | int | None = None
+    # Weight-update sharding (TPU-pod scaling paper §3): each all-reduce
+    # variable is updated by one owner worker, which alone holds its
+    # optimizer slots; the new values are all-gathered from the owners.
+    shard_weight_update: bool = False
     # Deprecated alias of loss_reduction: True = "mean", False = "sum".
     average_sparse: bool | None = None
     # Optimisations, each can be turned off for ablation (Parallax §7.4):
@@ -127,6 +138,14 @@ class Config:
         if self.sync_local_state not in ("none", "average"):
             raise AutoparError(f"Config.sync_local_state must be 'none' or 'average', "
                                f"got {self.sync_local_state!r}")
+        if not (self.batch_norm_group is None or self.batch_norm_group == "all"
+                or (isinstance(self.batch_norm_group, int)
+                    and not isinstance(self.batch_norm_group, bool) and self.batch_norm_group >= 1)):
+            raise AutoparError(f"Config.batch_norm_group must be 'all', a group size >= 1 or None, "
+                               f"got {self.batch_norm_group!r}")
+        if not isinstance(self.shard_weight_update, bool):
+            raise AutoparError(f"Config.shard_weight_update must be True or False, "
+                               f"got {self.shard_weight_update!r}")
         if self.stall_timeout_s < 0:
             raise AutoparError(f"Config.stall_timeout_s must be >= 0 (0 disables), "
                                f"got {self.stall_timeout_s}")
@@ -149,6 +168,13 @@ class Config:
         if tau is not None and self.micro_batches < 2:
             raise AutoparError("Config.compute_threshold drops micro-batches, so it needs "
                                f"Config.micro_batches >= 2 (got {self.micro_batches})")
+        if tau is not None and self.batch_norm_group not in (None, 1):
+            # Group statistics are all-reduced in the forward pass: a worker
+            # that drops micro-batches would leave its peers waiting there.
+            raise AutoparError("Config.batch_norm_group computes batch-norm statistics with "
+                               "collectives in every micro-batch, so every worker must compute "
+                               "the same number of them: it cannot be combined with "
+                               "Config.compute_threshold")
         warm = tuple(self.dropcompute_warmup)
         if (len(warm) != 2 or not all(isinstance(w, int) for w in warm)
                 or not 0 <= warm[0] < warm[1]):

@@ -18,22 +18,28 @@ log = logging.getLogger("autopar.session")
 COLLECTIVE_GROUP_LEADER = f"/job:{WORKER_JOB}/replica:0/task:0"
 
 
-def session_config(worker_index: int, with_servers: bool = False) -> tf1.ConfigProto:
+def session_config(worker_index: int, with_servers: bool = False,
+                   all_workers: bool = False) -> tf1.ConfigProto:
     config = tf1.ConfigProto()
     config.experimental.collective_group_leader = COLLECTIVE_GROUP_LEADER
     # This worker's session only places ops on itself; peers are reached by the
     # collective ops, not by the session, so it need not wait for servers.
-    config.device_filters.append(f"/job:{WORKER_JOB}/task:{worker_index}")
+    # With weight-update sharding, optimizer slots live on their owners:
+    # the chief initialises, saves and restores them there.
+    config.device_filters.append(f"/job:{WORKER_JOB}" if all_workers
+                                 else f"/job:{WORKER_JOB}/task:{worker_index}")
     if with_servers:
         config.device_filters.append(f"/job:{SERVER_JOB}")   # variables placed on servers
     return config
 
 
-def start_worker_server(cluster: dict[str, list[str]], worker_index: int) -> tf.distribute.Server:
+def start_worker_server(cluster: dict[str, list[str]], worker_index: int,
+                        all_workers: bool = False) -> tf.distribute.Server:
     try:
         return tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name=WORKER_JOB,
                                     task_index=worker_index, protocol="grpc",
-                                    config=session_config(worker_index, SERVER_JOB in cluster),
+                                    config=session_config(worker_index, SERVER_JOB in cluster,
+                                                          all_workers),
                                     start=True)
     except (tf.errors.UnknownError, tf.errors.InternalError, tf.errors.AlreadyExistsError) as e:
         address = cluster[WORKER_JOB][worker_index]

@@ -73,13 +73,15 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
         checkpointer = (Checkpointer(worker_graph, config.checkpoint_dir, config.save_every_steps,
                                      rewritten.partitions, keep=config.keep_checkpoints)
                         if is_chief and config.checkpoint_dir else None)
-    server = start_worker_server(cluster, worker_index)
+    server = start_worker_server(cluster, worker_index, plan.shard_weight_update)
     log.info("worker %d/%d serving on %s; %d variables: %d in %d fused all-reduce buckets, "
              "%d on servers (%s)", worker_index, num_workers, cluster[WORKER_JOB][worker_index],
              len(analysis.variables), sum(len(b.variables) for b in plan.buckets),
              len(plan.buckets), len(plan.ps_variables), plan.run_option)
     wait_for_peers(cluster[WORKER_JOB] + cluster.get(SERVER_JOB, []), config.startup_timeout_s)
-    session = tf1.Session(server.target, graph=worker_graph, config=session_config(worker_index, SERVER_JOB in cluster))
+    session = tf1.Session(server.target, graph=worker_graph,
+                          config=session_config(worker_index, SERVER_JOB in cluster,
+                                                plan.shard_weight_update))
     progress = Progress(config.log_every_steps, num_workers, config.total_steps, tty) if is_chief else None
     runner = Runner(session, worker_graph, analysis, worker_index=worker_index,
                     num_workers=num_workers, progress=progress, checkpointer=checkpointer,

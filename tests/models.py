@@ -62,10 +62,45 @@ def _dense(x, units, name, activation=None):
     return activation(out) if activation else out
 
 
-def _conv(x, filters, name, stride=1):
+def _conv(x, filters, name, stride=1, relu=True):
     k = tf1.get_variable(f"{name}/kernel", [3, 3, x.shape[-1], filters], dtype=x.dtype,
                          initializer=tf1.glorot_uniform_initializer(seed=11))
-    return tf.nn.relu(tf.nn.conv2d(x, k, strides=stride, padding="SAME"))
+    out = tf.nn.conv2d(x, k, strides=stride, padding="SAME")
+    return tf.nn.relu(out) if relu else out
+
+
+def _bn_params(x, name):
+    channels = int(x.shape[-1])
+    gamma = tf1.get_variable(f"{name}/gamma", [channels], dtype=x.dtype,
+                             initializer=tf1.random_uniform_initializer(0.5, 1.5, seed=13))
+    beta = tf1.get_variable(f"{name}/beta", [channels], dtype=x.dtype,
+                            initializer=tf1.constant_initializer(0.1))
+    moving = [tf1.get_variable(f"{name}/moving_{stat}", [channels], dtype=x.dtype,
+                               trainable=False, initializer=init)
+              for stat, init in (("mean", tf1.zeros_initializer()),
+                                 ("variance", tf1.ones_initializer()))]
+    return gamma, beta, moving
+
+
+def _bn_moments(x, name):
+    """Training-mode batch norm as tf.nn.moments + tf.nn.batch_normalization."""
+    gamma, beta, moving = _bn_params(x, name)
+    mean, var = tf.nn.moments(x, [0, 1, 2])
+    for variable, value in zip(moving, (mean, var)):
+        tf1.add_to_collection(tf1.GraphKeys.UPDATE_OPS,
+                              variable.assign_sub((variable - value) * 0.1))
+    return tf.nn.batch_normalization(x, mean, var, beta, gamma, 1e-3)
+
+
+def _bn_fused(x, name):
+    """Training-mode FusedBatchNormV3 whose outputs are the new moving averages."""
+    gamma, beta, moving = _bn_params(x, name)
+    y, new_mean, new_var = tf1.nn.fused_batch_norm(
+        x, gamma, beta, mean=moving[0].read_value(), variance=moving[1].read_value(),
+        epsilon=1e-3, is_training=True, exponential_avg_factor=0.1)
+    for variable, value in zip(moving, (new_mean, new_var)):
+        tf1.add_to_collection(tf1.GraphKeys.UPDATE_OPS, variable.assign(value))
+    return y
 
 
 def _xent(logits, y):
@@ -128,7 +163,7 @@ def build(name: str) -> Model:
             h = tf.reduce_mean(tf.nn.embedding_lookup(emb, x), axis=1)
             logits = _dense(h, CLASSES, "head")
             kind = "ids"
-        elif name.startswith("bn"):
+        elif name.startswith("bn_"):
             # Batch normalisation written as tf.compat.v1.layers does it: batch
             # moments normalise, moving statistics (non-trainable) follow them.
             x = tf1.placeholder(dtype, [None, FEATURES], name="x")
@@ -142,6 +177,16 @@ def build(name: str) -> Model:
             h = tf.nn.relu(tf.nn.batch_normalization(h, mean, var, None, None, 1e-3))
             logits = _dense(h, CLASSES, "out")
             kind = "features"
+        elif name.startswith("bncnn"):
+            # A residual CNN with both forms of training-mode batch norm:
+            # tf.nn.moments + tf.nn.batch_normalization (what Keras builds)
+            # and FusedBatchNormV3 keeping its own moving averages.
+            x = tf1.placeholder(dtype, [None, *IMAGE], name="x")
+            h = tf.nn.relu(_bn_moments(_conv(x, 8, "conv1", relu=False), "bn1"))
+            r = _bn_fused(_conv(h, 8, "res1", relu=False), "bn2")
+            h = _conv(tf.nn.relu(h + r), 16, "conv2", stride=2)
+            logits = _dense(tf.reduce_mean(h, axis=[1, 2]), CLASSES, "head")
+            kind = "image"
         elif name.startswith("bag"):
             # A bag of a variable number of ids per example (summed embeddings),
             # fed flat: each worker's id count differs from step to step and
@@ -197,7 +242,7 @@ def _optimize(name: str, loss, gs):
 
 def global_batch(model_name: str, step: int, batch: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(1000 + step)
-    if model_name.startswith("cnn"):
+    if model_name.startswith(("cnn", "bncnn")):
         x = rng.normal(size=(batch, *IMAGE)).astype(np.float32)
     elif model_name.startswith("lm"):
         x = np.minimum(rng.zipf(1.3, size=(batch, LM_WINDOW + 1)) - 1, VOCAB - 1).astype(np.int32)

@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms import serial
+from autopar.transforms.batchnorm import BatchNormInfo, find_batch_norms
 from autopar.transforms.graph_utils import (VARIABLE_OP_TYPES, graph_of, in_gradient_scope,
                                     is_restore_assignment, static_shape)
 
@@ -91,6 +92,8 @@ class Analysis:
     # loss_reduction_why says what in the graph showed it.
     loss_reduction: str = "unknown"
     loss_reduction_why: str = ""
+    # Training-mode batch-norm layers on the input batch (transforms.batchnorm).
+    batch_norms: list[BatchNormInfo] = field(default_factory=list)
 
     def variable(self, name: str) -> VariableInfo:
         for v in self.variables:
@@ -183,6 +186,7 @@ def _analyze(graph: tf.Graph) -> Analysis:
         untrained=[v.name for v in trainable if v.name not in updates],
         loss_reduction=reduction,
         loss_reduction_why=why,
+        batch_norms=find_batch_norms(graph, _batch_local_ops(graph, averaged), writers),
     )
 
 

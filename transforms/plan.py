@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from autopar.common.errors import AutoparError
 from autopar.common.roles import SERVER_JOB, WORKER_JOB
 from autopar.transforms import serial
 from autopar.transforms.analysis import Analysis
@@ -38,6 +39,12 @@ RUN_OPTIONS = ("hybrid", "ps", "allreduce")
 # Averaging of batch-local state after each step (sync_local_state="average"):
 # one all-reduce per dtype from this key, far from the per-variable keys.
 LOCAL_STATE_KEY_BASE = 1 << 20
+# Distributed batch normalisation: batchnorm.KEYS_PER_LAYER keys per layer
+# from this key on; groups smaller than the job are groups base + group index.
+BATCH_NORM_KEY_BASE = 1 << 21
+BATCH_NORM_GROUP_BASE = 2000
+# Weight-update sharding: all-gather of the owners' new values, one key per dtype.
+WUS_KEY_BASE = 3 << 20
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,10 @@ class PlanOptions:
     opau: bool = True                  # place post-aggregation ops by Parallax's rule
     opsw: bool = True                  # move light boundary ops across the worker/server line
     partitions: tuple[tuple[str, int], ...] = ()   # per-variable partition-count overrides
+    # Distributed batch normalisation: "all", a group size, or None (off).
+    batch_norm_group: str | int | None = None
+    # Weight-update sharding of all-reduce variables (transforms.wus).
+    shard_weight_update: bool = False
 
     @classmethod
     def from_config(cls, config) -> "PlanOptions":
@@ -82,7 +93,9 @@ class PlanOptions:
         return cls(run_option=config.run_option, loss_reduction=config.loss_reduction,
                    sync_local_state=config.sync_local_state,
                    local_aggregation=config.local_aggregation, opau=config.opau,
-                   opsw=config.opsw, partitions=tuple(sorted(config.partitions.items())))
+                   opsw=config.opsw, partitions=tuple(sorted(config.partitions.items())),
+                   batch_norm_group=config.batch_norm_group,
+                   shard_weight_update=config.shard_weight_update)
 
 
 @dataclass
@@ -96,6 +109,9 @@ class VariablePlan:
     # ps: row ranges [start, end) and the server holding each partition
     partitions: list[list[int]] = field(default_factory=list)
     servers: list[int] = field(default_factory=list)
+    # Weight-update sharding: the worker that applies the optimizer update
+    # and holds the slots (None: every worker updates its replica).
+    owner: int | None = None
 
 
 @dataclass
@@ -129,6 +145,14 @@ class Plan:
     local_aggregation: bool = True
     opau: bool = True
     opsw: bool = True
+    # Workers per batch-norm group (0: each worker normalises by its own
+    # batch); batch-norm collectives use keys from batch_norm_key on.
+    batch_norm_group: int = 0
+    batch_norm_key: int = BATCH_NORM_KEY_BASE
+    # Weight-update sharding (owners in VariablePlan.owner): the owners' new
+    # values are all-gathered with one key per dtype from this key on.
+    shard_weight_update: bool = False
+    wus_key: int = WUS_KEY_BASE
 
     @property
     def gradient_scale(self) -> float:
@@ -192,13 +216,51 @@ def make_plan(analysis: Analysis, topology: Topology | int, fusion_bytes: int = 
         method, reason = methods[v.name]
         vp, key = METHODS[method].variable_plan(v, reason, states[method], key)
         plans.append(vp)
+    if options.shard_weight_update:
+        on_servers = [vp.name for vp in plans if vp.method == "ps"]
+        if on_servers:
+            raise AutoparError(
+                f"Config(shard_weight_update=True) with variables on parameter servers "
+                f"({', '.join(on_servers[:3])}) is not supported: use run_option='allreduce' "
+                "(sparse variables then use all-gather) or turn weight-update sharding off")
+        assign_owners(analysis, plans, topology.num_workers)
     return Plan(num_workers=topology.num_workers, fusion_bytes=fusion_bytes,
                 communication_hint=communication_hint, variables=plans, **fields,
                 barrier_key=key, broadcast_key_base=key + 1, run_option=options.run_option,
                 worker_hosts=list(topology.worker_hosts), num_servers=topology.num_servers,
                 loss_reduction=reduction, loss_reduction_why=why,
                 sync_local_state=options.sync_local_state,
-                local_aggregation=options.local_aggregation, opau=options.opau, opsw=options.opsw)
+                local_aggregation=options.local_aggregation, opau=options.opau, opsw=options.opsw,
+                batch_norm_group=batch_norm_group_size(options.batch_norm_group,
+                                                       topology.num_workers),
+                shard_weight_update=options.shard_weight_update)
+
+
+def assign_owners(analysis: Analysis, plans: list[VariablePlan], num_workers: int) -> None:
+    """Weight-update sharding: each all-reduce variable gets one owner,
+    whole variables balanced by bytes (largest first to the least loaded
+    worker, ties to the lower index: the same on every process)."""
+    load = [0] * num_workers
+    sharded = [(analysis.variable(vp.name).bytes, i, vp) for i, vp in enumerate(plans)
+               if vp.method == "allreduce"]
+    for size, _, vp in sorted(sharded, key=lambda t: (-t[0], t[1])):
+        owner = min(range(num_workers), key=lambda w: (load[w], w))
+        vp.owner = owner
+        load[owner] += size
+        vp.placement = f"replicated; updated by worker {owner} (weight-update sharding)"
+
+
+def batch_norm_group_size(option: str | int | None, num_workers: int) -> int:
+    """Workers per batch-norm group for Config(batch_norm_group=option); 0 =
+    off (None, or groups of one worker: each normalises by its own batch)."""
+    if option is None:
+        return 0
+    size = num_workers if option == "all" else option
+    if not isinstance(size, int) or size < 1 or num_workers % size:
+        raise AutoparError(
+            f"Config.batch_norm_group={option!r} does not split the job's {num_workers} workers "
+            "into equal groups: use 'all', None, or a group size dividing the worker count")
+    return 0 if size == 1 else size
 
 
 def resolve_loss_reduction(analysis: Analysis, option: str) -> tuple[str, str]:

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.methods import METHODS
 from autopar.transforms.plan import Plan
+from autopar.transforms.wus import slot_bytes_per_worker
 
 
 @dataclass
@@ -30,6 +31,7 @@ class VariableReport:
     received_per_worker: float
     bucket: int | None = None
     dedup: bool = False       # sparse rows are one per distinct id of the batch
+    owner: int | None = None  # weight-update sharding: the worker applying the update
 
 
 @dataclass
@@ -47,6 +49,13 @@ class Report:
     loss_reduction: str = "mean"      # how workers' gradients combine: "mean" or "sum"
     loss_reduction_why: str = ""
     sync_local_state: str = "none"
+    # Training-mode batch-norm layers: name, kind, group size (0: per worker), moving statistics.
+    batch_norms: list[dict] = field(default_factory=list)
+    # Weight-update sharding: optimizer-slot bytes each worker holds (with
+    # and without sharding), per worker.
+    shard_weight_update: bool = False
+    slot_bytes: list[int] = field(default_factory=list)
+    slot_bytes_unsharded: list[int] = field(default_factory=list)
 
     @property
     def sent_per_worker(self) -> float:
@@ -90,8 +99,22 @@ class Report:
                 lines.append(f"{v.name}: deduplicated lookup (one row per distinct id): rows of "
                              "ids several workers touched are combined before clipping and the "
                              "update")
+        grouped = {}
+        for b in self.batch_norms:
+            lines.append(f"batch norm {b['name']} ({b['kind']}): {_batch_norm_line(b, self.num_workers)}")
+            grouped.update({m: b["group"] for m in b["moving"] if b["group"]})
         for s in self.state:
-            lines.append(f"state {s['name']} ({s['kind']}): {_state_line(s, combine, self.sync_local_state)}")
+            line = (_grouped_state_line(grouped[s["name"]], self.num_workers)
+                    if s["name"] in grouped else _state_line(s, combine, self.sync_local_state))
+            lines.append(f"state {s['name']} ({s['kind']}): {line}")
+        if self.shard_weight_update:
+            lines.append("weight-update sharding: gradients all-reduced in full (global norms "
+                         "exact), each variable updated by its owner only, new values "
+                         "all-gathered from the owners")
+            for w, (b, full) in enumerate(zip(self.slot_bytes, self.slot_bytes_unsharded)):
+                lines.append(f"worker {w}: updates "
+                             f"{sum(1 for v in self.variables if v.owner == w)} variable(s), "
+                             f"holds {_human(b)} of optimizer slots ({_human(full)} unsharded)")
         for m in self.moved_ops:
             lines.append(f"{m['rule']}: {m['op']} -> {m['place']} ({m['why']}; "
                          f"saves ~{_human(m['bytes_saved'])}/step)")
@@ -117,13 +140,23 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
                          "bytes shown for the worst case a=1")
         method = METHODS[vp.method]
         sent, recv = method.wire_bytes(v, vp, n, alpha)
+        if vp.owner is not None:
+            # the all-gather of the new values: ring, (N-1)/N of the bytes each way
+            sent, recv = sent + (n - 1) * v.bytes / n, recv + (n - 1) * v.bytes / n
         for server, s_sent, s_received in method.server_bytes(v, vp, n, contributors, alpha):
             server_bytes[server][0] += s_sent
             server_bytes[server][1] += s_received
         variables.append(VariableReport(
             name=v.name, kind=v.gradient, shape=list(v.shape), dtype=v.dtype, bytes=v.bytes,
             method=vp.method, placement=vp.placement, reason=vp.reason, alpha=v.alpha,
-            sent_per_worker=sent, received_per_worker=recv, bucket=vp.bucket, dedup=v.dedup))
+            sent_per_worker=sent, received_per_worker=recv, bucket=vp.bucket, dedup=v.dedup,
+            owner=vp.owner))
+    if plan.batch_norm_group and not analysis.batch_norms:
+        notes.append("Config(batch_norm_group) is set but the graph has no training-mode "
+                     "batch-norm layer on the input batch: nothing to synchronise")
+    if plan.shard_weight_update and all(vp.owner is None for vp in plan.variables):
+        notes.append("Config(shard_weight_update=True) is set but no variable is all-reduced: "
+                     "nothing to shard")
     if num_servers and not plan.ps_variables:
         notes.append(f"{num_servers} server process(es) are started but hold no variables "
                      "with every gradient all-reduced")
@@ -136,9 +169,39 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
                   moved_ops=[m.as_dict() for m in moves or []],
                   loss_reduction=plan.loss_reduction, loss_reduction_why=plan.loss_reduction_why,
                   sync_local_state=plan.sync_local_state,
+                  shard_weight_update=plan.shard_weight_update,
+                  slot_bytes=slot_bytes_per_worker(analysis, plan),
+                  slot_bytes_unsharded=slot_bytes_per_worker(analysis, _unsharded(plan)),
+                  batch_norms=[{"name": b.name, "kind": b.kind, "ops": b.ops,
+                                "group": plan.batch_norm_group, "moving": b.moving}
+                               for b in analysis.batch_norms],
                   buckets=[asdict(b) for b in plan.buckets],
                   state=[asdict(s) for s in analysis.state], untrained=analysis.untrained,
                   notes=notes)
+
+
+def _unsharded(plan: Plan) -> Plan:
+    from dataclasses import replace
+    return replace(plan, variables=[replace(vp, owner=None) for vp in plan.variables])
+
+
+def _batch_norm_line(layer: dict, num_workers: int) -> str:
+    if not layer["group"]:
+        return ("statistics of each worker's own batch (Config(batch_norm_group='all') takes "
+                "them over the global batch)")
+    if layer["group"] == num_workers:
+        return (f"statistics over all {num_workers} workers (sums, squared deviations and "
+                "counts all-reduced, forward and backward): one device's on the global batch")
+    return (f"statistics over groups of {layer['group']} workers (sums, squared deviations and "
+            "counts all-reduced within the group, forward and backward)")
+
+
+def _grouped_state_line(group: int, num_workers: int) -> str:
+    if group == num_workers:
+        return ("batch-norm moving statistic from the statistics of all workers: equal on every "
+                "worker and to one device's on the global batch")
+    return (f"batch-norm moving statistic from the statistics of groups of {group} workers: "
+            "equal within a group")
 
 
 def _state_line(state: dict, combine: str, sync: str) -> str:

@@ -21,15 +21,17 @@ from autopar.common.roles import WORKER_JOB
 from autopar.transforms.accumulate import (build_accumulators, check_update_reads_no_input,
                                            redirect_gradients)
 from autopar.transforms.analysis import Analysis
+from autopar.transforms.batchnorm import apply_rewire, group_of, rewrite_batch_norms
 from autopar.transforms.comm import CollectiveOpsBackend
 from autopar.transforms.graph_utils import (import_meta_graph, in_gradient_scope, meta_graph_of,
                                              node_input_name)
 from autopar.transforms.partition import copy_region
 from autopar.transforms.placement import Move
-from autopar.transforms.plan import Plan
+from autopar.transforms.plan import BATCH_NORM_GROUP_BASE, Plan
 from autopar.transforms.methods import METHODS
 from autopar.transforms.ps_rewrite import cover_server_work
 from autopar.transforms.sync_method import ConstantPool, Edits, RewriteContext
+from autopar.transforms.wus import shard_weight_updates
 
 tf1 = tf.compat.v1
 
@@ -81,6 +83,9 @@ def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan, worker_ind
                         if micro_batches > 1 else None)
         for method in METHODS.values():
             edits.merge(method.rewrite(ctx))
+        edits.merge(shard_weight_updates(ctx, worker_device))
+        rewire, rewire_exempt = _batch_norms(scratch, analysis, plan, backend, worker_index,
+                                             ctx.constants)
         _broadcast_state(scratch, plan, backend, worker_index == 0, edits.server_variables,
                          ctx.constants)
         after_step = _sync_local_state(scratch, analysis, plan, backend, ctx.constants)
@@ -91,6 +96,9 @@ def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan, worker_ind
               for node in copy_region(by_name, region, p, remap, device_of)]
     _set_devices(graph_def, new_nodes, edits, device)
     _edit_original_nodes(graph_def, new_nodes, edits)
+    # After the gradient renames: a renamed consumer reads the aggregate, an
+    # op reading a replaced batch-norm output (even a new one) the group's.
+    apply_rewire(graph_def, rewire, rewire_exempt)
     graph_def.node.extend(copies)
     if accumulation is not None:
         # Before the barrier covers the step's server work: the step then no
@@ -224,6 +232,18 @@ def _make_noop(node, control: str | None) -> None:
     node.attr.clear()
     if control:
         node.input.append("^" + control)
+
+
+def _batch_norms(graph, analysis: Analysis, plan: Plan, backend, worker_index: int,
+                 constants: ConstantPool) -> tuple[dict[str, str], set[str]]:
+    """Config(batch_norm_group=...): the batch-norm layers' group statistics
+    (transforms.batchnorm), as (tensor -> replacement, ops exempt)."""
+    if not plan.batch_norm_group or not analysis.batch_norms:
+        return {}, set()
+    size, group_key = group_of(worker_index, plan.batch_norm_group, plan.num_workers,
+                               plan.group_key, BATCH_NORM_GROUP_BASE)
+    group = backend if size == plan.num_workers else backend.subgroup(size, group_key)
+    return rewrite_batch_norms(graph, analysis.batch_norms, group, plan.batch_norm_key, constants)
 
 
 def _sync_local_state(graph, analysis: Analysis, plan: Plan, backend,

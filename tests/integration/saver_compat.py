@@ -1,8 +1,9 @@
 """The single-device side of the checkpoint tests, with TensorFlow's own
 tf.compat.v1.train.Saver in a plain graph-mode script (no autopar).
 
-    saver_compat.py save DIR OUT      train 3 steps, save DIR/model.ckpt-3, dump values to OUT
-    saver_compat.py restore DIR OUT   restore DIR's latest checkpoint, dump values and a loss
+    saver_compat.py save DIR OUT [MODEL]      train 3 steps, save DIR/model.ckpt-3, dump values to OUT
+    saver_compat.py restore DIR OUT [MODEL]   restore DIR's latest checkpoint, dump values and a loss
+(MODEL: a tests/models.py name, lm_adam_clip by default)
 """
 import os
 import sys
@@ -18,9 +19,9 @@ tf1 = tf.compat.v1
 MODEL = "lm_adam_clip"
 
 
-def main(mode: str, directory: str, out: str) -> None:
+def main(mode: str, directory: str, out: str, name: str = MODEL) -> None:
     tf1.disable_eager_execution()
-    model = models.build(MODEL)
+    model = models.build(name)
     with model.graph.as_default():
         saver = tf1.train.Saver()
         init = tf1.global_variables_initializer()
@@ -29,14 +30,14 @@ def main(mode: str, directory: str, out: str) -> None:
         if mode == "save":
             sess.run(init)
             for step in range(3):
-                x, _ = models.global_batch(MODEL, step, 12)
-                sess.run(model.train_op, {model.x: x})
+                x, y = models.global_batch(name, step, 12)
+                sess.run(model.train_op, models.feed(model, x, y))
             saver.save(sess, os.path.join(directory, "model.ckpt"), global_step=3)
         else:
             saver.restore(sess, tf1.train.latest_checkpoint(directory))
-        x, _ = models.global_batch(MODEL, 99, 12)
+        x, y = models.global_batch(name, 99, 12)
         values = {v.op.name: sess.run(v) for v in variables}
-        values["__loss__"] = np.array(sess.run(model.loss, {model.x: x}))
+        values["__loss__"] = np.array(sess.run(model.loss, models.feed(model, x, y)))
         np.savez(out, **values)
 
 

@@ -71,3 +71,21 @@ def test_batch_norm_state_averaged(tmp_path):
         for w in workers[1:]:
             np.testing.assert_array_equal(w[name], workers[0][name], err_msg=name)
     assert np.abs(workers[0]["bn/moving_variance"]).min() > 0
+
+
+def test_batch_norm_group_all_matches_single_device(tmp_path, single_device):
+    """Config(batch_norm_group="all"), 3 workers on 2 hosts: a residual CNN
+    with a tf.nn.moments batch norm and a FusedBatchNormV3 (its own moving
+    averages) equals one device on the global batch: weights, batch-norm
+    scales and offsets, momentum slots and moving statistics."""
+    model = "bncnn_momentum"
+    expected = single_device(model)
+    out = tmp_path / "dist"
+    log = run_training(model, out, "--steps", str(STEPS), "--batch", str(BATCH),
+                       "--spec", str(write_two_host_spec(tmp_path, servers=(0, 0))),
+                       "--run-option", "allreduce", "--batch-norm-group", "all")
+    assert "batch norm bn1 (moments): statistics over all 3 workers" in log
+    assert "batch norm bn2 (fused): statistics over all 3 workers" in log
+    for i in range(3):
+        actual = load_worker(out, i)
+        assert_same_parameters(expected, actual, what=f"{model} worker {i}")

@@ -55,6 +55,10 @@ def main(argv: list[str] | None = None) -> None:
                    help="this worker sleeps --delay s after each micro-batch (-1: every worker)")
     p.add_argument("--delay", type=float, default=0.0)
     p.add_argument("--dropcompute-log")
+    p.add_argument("--batch-norm-group", default="none", help="'all', a group size or 'none'")
+    p.add_argument("--shard-weight-update", action="store_true")
+    p.add_argument("--resident", action="store_true",
+                   help="print the bytes of the variables allocated on this worker's device")
     args = p.parse_args(argv)
     # Eager execution stays on (TF2 default): graphs are built in their own
     # tf.Graph context, as many graph-mode scripts do.
@@ -74,6 +78,11 @@ def main(argv: list[str] | None = None) -> None:
                                 max_s=args.delay * (1 + 10 * args.delay_sigma),
                                 workers=None if args.delay_worker < 0 else (args.delay_worker,))
                                 if args.delay > 0 else None),
+                            shard_weight_update=args.shard_weight_update,
+                            batch_norm_group=(None if args.batch_norm_group == "none" else
+                                              args.batch_norm_group
+                                              if args.batch_norm_group == "all"
+                                              else int(args.batch_norm_group)),
                             partitions={k: int(n) for k, n in
                                         (kv.split("=") for kv in args.partitions.split(",") if kv)})
     with autopar.get_runner(model.graph, args.spec, config) as runner:
@@ -104,8 +113,10 @@ def main(argv: list[str] | None = None) -> None:
         with model.graph.as_default():
             variables = tf1.global_variables()
         values = runner.run({v.op.name: v for v in variables})
-        if runner.is_chief:
+        if runner.is_chief and args.batch_norm_group == "none":
             # Predictions of the trained model on a fixed batch, for comparisons.
+            # (With distributed batch norm the forward pass has collectives:
+            # the chief cannot run it alone.)
             x, y = models.global_batch(args.model, 99, args.batch)
             print(f"eval loss: {float(runner.run(model.loss, models.feed(model, x, y))):.9g}",
                   flush=True)
@@ -113,9 +124,28 @@ def main(argv: list[str] | None = None) -> None:
             counts = runner.run("autopar/contributions:0")
             print(f"contributions per accumulator per step: {[int(c) // args.steps for c in counts]}",
                   flush=True)
+        if args.resident:
+            print(f"worker {i} resident: {_resident(runner, variables, i)}", flush=True)
         os.makedirs(args.out, exist_ok=True)
         np.savez(os.path.join(args.out, f"worker{i}.npz"), **values)
         print(f"worker {i} done at global step {int(values['global_step'])}", flush=True)
+
+
+def _resident(runner, variables, index: int) -> str:
+    """NAME=BYTES,... of the resource variables that exist (are initialised)
+    on this worker's own device: a handle with the variable's shared name in
+    a separate session on the same server finds the resource only there."""
+    graph = tf.Graph()
+    device = f"/job:worker/replica:0/task:{index}/device:CPU:0"
+    with graph.as_default(), tf.device(device):
+        checks = {v.op.name: tf.raw_ops.VarIsInitializedOp(resource=tf.raw_ops.VarHandleOp(
+            dtype=v.dtype.base_dtype, shape=v.shape, shared_name=v.op.name))
+            for v in variables}
+    config = tf1.ConfigProto(device_filters=[f"/job:worker/task:{index}"])
+    with tf1.Session(runner.session.sess_str, graph=graph, config=config) as session:
+        found = session.run(checks)
+    return ",".join(f"{v.op.name}={v.shape.num_elements() * v.dtype.base_dtype.size}"
+                    for v in variables if found[v.op.name])
 
 
 if __name__ == "__main__":

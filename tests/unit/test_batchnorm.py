@@ -1,0 +1,151 @@
+"""Distributed batch normalisation: which layers the analysis recognises, the
+group sizes the plan accepts, and what the rewrite reads (the numbers
+against one device: tests/integration/test_aggregation.py)."""
+import keras
+import pytest
+import tensorflow as tf
+
+from autopar.common.errors import AutoparError
+from autopar.config import Config
+from autopar.transforms.analysis import analyze_graph
+from autopar.transforms.plan import BATCH_NORM_GROUP_BASE, GROUP_KEY, PlanOptions, Topology, make_plan
+from autopar.transforms.report import build_report
+from autopar.transforms.rewrite import rewrite_for_worker
+from tests import models
+
+tf1 = tf.compat.v1
+
+
+def _keras_graph(training=True, weight_moments=False):
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 4, 4, 2], name="x")
+        y = tf1.placeholder(tf.int32, [None], name="y")
+        h = keras.layers.BatchNormalization(name="kbn")(x, training=training)
+        w = tf1.get_variable("w", [32, 3])
+        if weight_moments:   # weight standardisation: moments of a variable, not of the batch
+            mean, var = tf.nn.moments(w, [0])
+            w = (w - mean) * tf.math.rsqrt(var + 1e-3)
+        logits = tf.matmul(tf.reshape(h, [-1, 32]), w)
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+        tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    return graph
+
+
+def test_keras_layer_is_recognised_with_its_moving_statistics():
+    layers = analyze_graph(_keras_graph()).batch_norms
+    assert [(b.name, b.kind, b.moving) for b in layers] == [
+        ("kbn", "moments", ["kbn/moving_mean", "kbn/moving_variance"])]
+
+
+def test_inference_mode_and_weight_moments_are_not_batch_norm():
+    assert analyze_graph(_keras_graph(training=False)).batch_norms == []
+    # Only the Keras layer: the moments of w do not depend on the input batch.
+    assert [b.name for b in analyze_graph(_keras_graph(weight_moments=True)).batch_norms] == ["kbn"]
+
+
+def test_layer_normalisation_is_not_batch_norm():
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 6], name="x")
+        y = tf1.placeholder(tf.int32, [None], name="y")
+        w = tf1.get_variable("w", [6, 3])
+        mean, var = tf.nn.moments(x, [1], keepdims=True)      # per example
+        h = tf.nn.batch_normalization(x, mean, var, None, None, 1e-3)
+        # the fused layer-norm trick: examples as the channels of a batch of one
+        flat = tf.reshape(h, [1, -1, 6, 1])
+        ones = tf.ones([tf.shape(flat)[1]])
+        h, _, _ = tf1.nn.fused_batch_norm(flat, ones, tf.zeros_like(ones), is_training=True,
+                                          data_format="NCHW")
+        logits = tf.matmul(tf.reshape(h, [-1, 6]), w)
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+        tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    assert analyze_graph(graph).batch_norms == []
+
+
+def test_both_forms_in_the_test_cnn():
+    layers = analyze_graph(models.build("bncnn_momentum").graph).batch_norms
+    assert [(b.name, b.kind, len(b.grad_ops)) for b in layers] == [
+        ("bn1", "moments", 0), ("bn2", "fused", 1)]
+    assert layers[1].moving == ["bn2/moving_mean", "bn2/moving_variance"]
+
+
+@pytest.mark.parametrize("option,workers,size", [("all", 3, 3), (2, 4, 2), (1, 4, 0), (None, 4, 0)])
+def test_group_sizes(option, workers, size):
+    analysis = analyze_graph(models.build("bncnn_momentum").graph)
+    plan = make_plan(analysis, workers, options=PlanOptions(batch_norm_group=option))
+    assert plan.batch_norm_group == size
+
+
+def test_invalid_groups_raise():
+    analysis = analyze_graph(models.build("bncnn_momentum").graph)
+    with pytest.raises(AutoparError, match="does not split the job's 3 workers"):
+        make_plan(analysis, 3, options=PlanOptions(batch_norm_group=2))
+    for bad in ("some", 0, True, 1.5):
+        with pytest.raises(AutoparError, match="batch_norm_group"):
+            Config(batch_norm_group=bad)
+
+
+def _collective_groups(graph_def) -> set[tuple[int, int]]:
+    """(group size, group key) of the batch-norm collectives in a worker graph."""
+    consts = {n.name: n.attr["value"].tensor.int_val[0] for n in graph_def.node
+              if n.op == "Const" and n.attr["value"].tensor.int_val}
+    return {(consts[n.input[1]], consts[n.input[2]]) for n in graph_def.node
+            if n.op == "CollectiveReduceV2" and n.name.startswith("autopar/batch_norm/")}
+
+
+def test_rewrite_reads_group_statistics_forward_and_backward():
+    m = models.build("bncnn_momentum")
+    analysis = analyze_graph(m.graph)
+    plan = make_plan(analysis, 4, options=PlanOptions(run_option="allreduce", batch_norm_group=2))
+    graph_def = rewrite_for_worker(m.graph, analysis, plan, 3).meta_graph.graph_def
+    nodes = {n.name: n for n in graph_def.node}
+    # Consumers of the local moments, forward and backward, read the group's.
+    readers = [n for n in graph_def.node if not n.name.startswith("autopar/")
+               and any(i in ("moments/mean", "moments/variance") for i in n.input)]
+    assert readers == []
+    # The Mean gradients take the all-reduced upstream gradient.
+    mean_grad = [n for n in graph_def.node if n.name.startswith("gradients/moments/mean_grad/")]
+    assert any(i.startswith("autopar/batch_norm/") for n in mean_grad for i in n.input)
+    # The fused layer's outputs and its gradient op's are read from the
+    # replacement (only the gradient op reads the reserve outputs 3-5).
+    fused = [n.name for n in graph_def.node if n.op == "FusedBatchNormV3"][0]
+    grad = [n.name for n in graph_def.node if n.op == "FusedBatchNormGradV3"][0]
+    replaced = {f"{op}{suffix}" for op in (fused, grad) for suffix in ("", ":1", ":2")}
+    assert not [n.name for n in graph_def.node if not n.name.startswith("autopar/")
+                and any(i in replaced for i in n.input)]
+    readers = [c.name for c in m.graph.get_operation_by_name(fused).outputs[0].consumers()]
+    assert readers and all(any(i.startswith("autopar/batch_norm/") for i in nodes[r].input)
+                           for r in readers)
+    # Worker 3 of 4 in groups of 2: the second group.
+    assert _collective_groups(graph_def) == {(2, BATCH_NORM_GROUP_BASE + 1)}
+    whole = make_plan(analysis, 4, options=PlanOptions(run_option="allreduce", batch_norm_group="all"))
+    assert _collective_groups(rewrite_for_worker(m.graph, analysis, whole, 3)
+                              .meta_graph.graph_def) == {(4, GROUP_KEY)}
+
+
+def test_report_lists_layers_and_their_moving_statistics():
+    analysis = analyze_graph(models.build("bncnn_momentum").graph)
+    on = build_report(analysis, make_plan(analysis, 3, options=PlanOptions(batch_norm_group="all")))
+    text = on.table()
+    assert "batch norm bn2 (fused): statistics over all 3 workers" in text
+    assert ("state bn1/moving_variance (local): batch-norm moving statistic from the statistics "
+            "of all workers") in text
+    off = build_report(analysis, make_plan(analysis, 3)).table()
+    assert "batch norm bn1 (moments): statistics of each worker's own batch" in off
+    assert "state bn1/moving_mean (local): per worker (from the local batch)" in off
+
+
+def test_report_notes_a_group_without_batch_norm_layers():
+    analysis = analyze_graph(models.build("mlp_sgd").graph)
+    text = build_report(analysis, make_plan(analysis, 3, options=PlanOptions(
+        batch_norm_group="all"))).table()
+    assert "Config(batch_norm_group) is set but the graph has no training-mode batch-norm" in text
+
+
+def test_group_statistics_refuse_a_compute_threshold():
+    """Statistics all-reduced in the forward pass need every worker to compute
+    as many micro-batches as the others; a threshold lets them differ."""
+    with pytest.raises(AutoparError, match="cannot be combined with Config.compute_threshold"):
+        Config(batch_norm_group="all", micro_batches=4, compute_threshold=0.5)
+    assert Config(batch_norm_group="all", micro_batches=4).micro_batches == 4

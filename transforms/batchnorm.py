@@ -1,0 +1,284 @@
+"""Distributed batch normalisation (TPU-pod scaling paper §3): batch-norm
+layers in training mode take their batch statistics over the workers of a
+group, so with the group = all workers the forward pass, the gradients and
+the moving statistics are one device's on the global batch.
+
+Two forms of a training-mode batch-norm layer are recognised:
+
+- "moments": ``tf.nn.moments`` (what Keras BatchNormalization and the
+  unfused ``tf.nn.batch_normalization`` path build): ``mean = Mean(x)``,
+  ``variance = Mean(SquaredDifference(x, StopGradient(mean)))``.
+  The rewrite replaces the local mean by the group's (an all-reduce of
+  count-weighted means and of the counts), so the squared differences are
+  taken around the group mean, and the local variance by the group's (an
+  all-reduce of count-weighted variances). Every consumer, in the forward
+  and in the backward pass, reads the group statistics. The backward pass of
+  the two Mean ops then needs the gradient of the *group's* losses with
+  respect to the shared statistics: the upstream gradient entering each
+  Mean's gradient ops is all-reduced (summed) and scaled by this worker's
+  share of the count, after which TensorFlow's own Mean gradient divides by
+  the local count: d(sum of losses)/dx = sum of upstream / total count.
+- "fused": ``FusedBatchNorm{,V2,V3}`` with ``is_training=True``. Its
+  gradient op (FusedBatchNormGrad*) computes local batch means of the
+  incoming gradient internally, which no edit of its inputs can make global,
+  so both ops are replaced by an equivalent unfused computation with the
+  group moments (forward) and group sums of dy and dy*x_hat (backward). The
+  original ops stay in the graph unread.
+
+All collectives go through the communication backend (transforms.comm).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import tensorflow as tf
+
+from autopar.common.errors import UnsupportedGraphError
+from autopar.transforms.graph_utils import in_gradient_scope, node_input_name
+
+_FUSED_TYPES = frozenset({"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"})
+_FUSED_GRAD_TYPES = frozenset({"FusedBatchNormGrad", "FusedBatchNormGradV2",
+                               "FusedBatchNormGradV3"})
+KEYS_PER_LAYER = 3   # forward mean, forward variance, backward
+
+
+@dataclass
+class BatchNormInfo:
+    name: str                 # the layer's scope, e.g. "block1/bn"
+    kind: str                 # "moments" or "fused"
+    ops: list[str]            # moments: [mean op, variance op]; fused: [the fused op]
+    grad_ops: list[str] = field(default_factory=list)   # fused: its gradient op
+    # Non-trainable state the layer's batch statistics update (moving mean/variance).
+    moving: list[str] = field(default_factory=list)
+
+
+def find_batch_norms(graph: tf.Graph, batch_local: set[str],
+                     writers: dict[str, list[str]]) -> list[BatchNormInfo]:
+    """Training-mode batch-norm layers whose input depends on the input batch
+    (`batch_local`: ops fed by it), in graph order. `writers`: variable ->
+    the ops writing it (to name the moving statistics each layer updates)."""
+    written = {w: var for var, ws in writers.items() for w in ws}
+    out = []
+    for op in graph.get_operations():
+        if in_gradient_scope(op.name) or op.name not in batch_local:
+            continue
+        info = None
+        if op.type == "Mean":
+            variance = _moments_variance(op)
+            if variance is not None:
+                info = BatchNormInfo(_scope(op.name), "moments", [op.name, variance.name])
+                stats = [op.outputs[0], variance.outputs[0]]
+        elif (op.type in _FUSED_TYPES and op.get_attr("is_training")
+              and op.inputs[0].shape.rank is not None and op.inputs[0].shape[0] != 1):
+            # (a batch of one is the layer-normalisation trick: examples as channels)
+            grads = sorted(c.name for c in op.outputs[3].consumers()
+                           if c.type in _FUSED_GRAD_TYPES)
+            info = BatchNormInfo(_scope(op.name), "fused", [op.name], grads)
+            stats = [op.outputs[1], op.outputs[2]]
+        if info is not None:
+            info.moving = _moving_statistics(stats, written)
+            if info.moving:   # the layer's own scope reads better than the op's
+                info.name = info.moving[0].rsplit("/", 1)[0] if "/" in info.moving[0] else info.name
+            out.append(info)
+    return out
+
+
+def _scope(name: str) -> str:
+    scope = name.rsplit("/", 1)[0] if "/" in name else name
+    return scope[: -len("/moments")] if scope.endswith("/moments") else scope
+
+
+def _moments_variance(mean: tf.Operation) -> tf.Operation | None:
+    """The variance Mean of tf.nn.moments whose mean is `mean`, or None."""
+    x = mean.inputs[0]
+    axes = tf.get_static_value(mean.inputs[1])
+    if axes is None or x.shape.rank is None:
+        return None
+    # Batch statistics reduce the batch axis; moments over features only
+    # (layer normalisation) are per example and stay local.
+    if not any(int(a) % x.shape.rank == 0 for a in axes.reshape(-1)):
+        return None
+    for stop in mean.outputs[0].consumers():
+        if stop.type != "StopGradient":
+            continue
+        for diff in stop.outputs[0].consumers():
+            if (diff.type != "SquaredDifference" or diff.inputs[0] is not x
+                    or diff.inputs[1] is not stop.outputs[0]):
+                continue
+            for var in diff.outputs[0].consumers():
+                other = tf.get_static_value(var.inputs[1]) if var.type == "Mean" else None
+                if other is not None and sorted(other.reshape(-1).tolist()) == \
+                        sorted(axes.reshape(-1).tolist()):
+                    return var
+    return None
+
+
+def _moving_statistics(stats: list[tf.Tensor], written: dict[str, str]) -> list[str]:
+    """Variables written from the statistics within a few elementwise ops
+    (moving = moving * m + stat * (1 - m), or the fused op's own average)."""
+    found, frontier, seen = set(), [(t.op, 0) for t in stats], set()
+    while frontier:
+        op, depth = frontier.pop()
+        for t in op.outputs:
+            for c in t.consumers():
+                if c.name in seen or in_gradient_scope(c.name):
+                    continue
+                seen.add(c.name)
+                if c.name in written:
+                    found.add(written[c.name])
+                elif depth < 4 and c.type in ("Squeeze", "Identity", "Mul", "Sub", "AddV2",
+                                              "Add", "Cast", "Reshape"):
+                    frontier.append((c, depth + 1))
+    return sorted(found)
+
+
+# ---------------------------------------------------------------------------
+# The rewrite
+
+def group_of(worker_index: int, group_size: int, num_workers: int,
+             all_group_key: int, group_key_base: int) -> tuple[int, int]:
+    """(group size, collective group key) of worker_index's batch-norm group:
+    consecutive workers [g*k, (g+1)*k); the group of all workers is the job's
+    own collective group."""
+    if group_size == num_workers:
+        return num_workers, all_group_key
+    return group_size, group_key_base + worker_index // group_size
+
+
+def rewrite_batch_norms(graph: tf.Graph, layers: list[BatchNormInfo], backend,
+                        first_key: int, constants) -> tuple[dict[str, str], set[str]]:
+    """Build each layer's group statistics in `graph` (the worker's scratch
+    copy). Returns (tensor -> replacement every original node, forward and
+    backward, must read instead; the names of the ops built here, which keep
+    reading the originals)."""
+    before = {op.name for op in graph.get_operations()}
+    rewire: dict[str, str] = {}
+    with tf.name_scope("autopar/batch_norm/"):
+        for i, layer in enumerate(layers):
+            key = first_key + KEYS_PER_LAYER * i
+            if layer.kind == "moments":
+                _moments(graph, layer, backend, key, rewire, constants)
+            else:
+                _fused(graph, layer, backend, key, rewire)
+    built = {op.name for op in graph.get_operations()} - before
+    return {node_input_name(k): node_input_name(v) for k, v in rewire.items()}, built
+
+
+def _count(x: tf.Tensor, stat: tf.Tensor, dtype) -> tf.Tensor:
+    """Elements of x reduced into each element of stat, shape [1]."""
+    return tf.reshape(tf.cast(tf.size(x), dtype) / tf.cast(tf.size(stat), dtype), [1])
+
+
+def _moments(graph, layer: BatchNormInfo, backend, key: int, rewire: dict, constants) -> None:
+    mean_op = graph.get_operation_by_name(layer.ops[0])
+    var_op = graph.get_operation_by_name(layer.ops[1])
+    mean, var = mean_op.outputs[0], var_op.outputs[0]
+    flat = constants.get([-1])
+    count = _count(mean_op.inputs[0], mean, mean.dtype)
+    packed = backend.allreduce_sum(tf.concat([tf.reshape(mean * count, flat), count], 0), key)
+    total = packed[-1:]
+    group_mean = tf.reshape(packed[:-1] / total, tf.shape(mean))
+    # The local variance is taken around the group mean once its
+    # StopGradient input is rewired; weighted by count, summed, it is the
+    # group's sum of squared deviations.
+    summed = backend.allreduce_sum(tf.reshape(var * count, flat), key + 1)
+    group_var = tf.reshape(summed / total, tf.shape(var))
+    rewire[mean.name] = group_mean.name
+    rewire[var.name] = group_var.name
+    upstream = [(op, g) for op in (mean_op, var_op)
+                for g in [_upstream_gradient(graph, op)] if g is not None]
+    if not upstream:
+        return
+    grads = [g for _, g in upstream]
+    reduced = backend.allreduce_sum(tf.concat([tf.reshape(g, flat) for g in grads], 0), key + 2)
+    share = count / total      # d(group statistic) / d(local statistic)
+    for g, piece in zip(grads, tf.split(reduced, [int(g.shape.num_elements()) for g in grads])):
+        rewire[g.name] = tf.reshape(piece * share, tf.shape(g)).name
+
+
+def _grad_region(graph, op: tf.Operation) -> list[tf.Operation]:
+    """The ops tf.gradients built for `op`: <...>/gradients[_k]/<op>_grad/..."""
+    pattern = re.compile(r"(^|/)gradients(_\d+)?/" + re.escape(op.name) + "_grad/")
+    return [o for o in graph.get_operations() if pattern.search(o.name)]
+
+
+def _upstream_gradient(graph, op: tf.Operation) -> tf.Tensor | None:
+    """The gradient of op's output entering op's gradient ops (None when no
+    gradient reaches op)."""
+    region = _grad_region(graph, op)
+    names = {o.name for o in region}
+    upstream = {t.name: t for o in region for t in o.inputs
+                if t.op.name not in names and in_gradient_scope(t.op.name)
+                and t.dtype == op.outputs[0].dtype}
+    if not upstream:
+        return None
+    prefixes = {o.name.split(op.name + "_grad/")[0] for o in region}
+    if len(upstream) > 1 or len(prefixes) > 1:
+        raise UnsupportedGraphError(
+            f"batch-norm statistics '{op.name}' are differentiated more than once (several "
+            "tf.gradients calls): distributed batch normalisation supports one backward pass; "
+            "use Config(batch_norm_group=None) for this graph")
+    return next(iter(upstream.values()))
+
+
+def _fused(graph, layer: BatchNormInfo, backend, key: int, rewire: dict) -> None:
+    op = graph.get_operation_by_name(layer.ops[0])
+    if len(layer.grad_ops) > 1:
+        raise UnsupportedGraphError(
+            f"batch-norm layer '{op.name}' is differentiated more than once: distributed batch "
+            "normalisation supports one backward pass; use Config(batch_norm_group=None)")
+    x, scale, offset = op.inputs[0], op.inputs[1], op.inputs[2]
+    u = scale.dtype
+    eps = op.get_attr("epsilon")
+    nchw = op.get_attr("data_format") in (b"NCHW", "NCHW")
+    avg = op.get_attr("exponential_avg_factor") if "exponential_avg_factor" in op.node_def.attr else 1.0
+    axes = [0, 2, 3] if nchw else [0, 1, 2]
+
+    def per_channel(t):   # a [C] tensor broadcast along x's channel axis
+        return tf.reshape(t, [1, -1, 1, 1]) if nchw else t
+
+    xu = tf.cast(x, u)
+    count = _count(x, scale, u)
+    packed = backend.allreduce_sum(tf.concat([tf.reduce_sum(xu, axes), count], 0), key)
+    total = packed[-1:]
+    mean = packed[:-1] / total
+    centred = xu - per_channel(mean)
+    var = backend.allreduce_sum(tf.reduce_sum(tf.square(centred), axes), key + 1) / total
+    inv = tf.math.rsqrt(var + eps)
+    y = centred * per_channel(inv * scale) + per_channel(offset)
+    # The op's batch_variance output is Bessel-corrected (what moving
+    # averages take); normalisation uses the biased one.
+    unbiased = var * total / tf.maximum(total - 1, 1)
+    if avg != 1.0:
+        mean = (1 - avg) * op.inputs[3] + avg * mean
+        unbiased = (1 - avg) * op.inputs[4] + avg * unbiased
+    rewire[op.outputs[0].name] = tf.cast(y, x.dtype).name
+    rewire[op.outputs[1].name] = mean.name
+    rewire[op.outputs[2].name] = unbiased.name
+    for name in layer.grad_ops:
+        grad = graph.get_operation_by_name(name)
+        dy = tf.cast(grad.inputs[0], u)
+        x_hat = centred * per_channel(inv)
+        d_offset = tf.reduce_sum(dy, axes)          # this worker's share of the
+        d_scale = tf.reduce_sum(dy * x_hat, axes)   # parameter gradients
+        sums = backend.allreduce_sum(tf.concat([d_offset, d_scale], 0), key + 2)
+        group_dy, group_dy_xhat = tf.split(sums, 2)
+        dx = per_channel(inv * scale) * (dy - per_channel(group_dy / total)
+                                         - x_hat * per_channel(group_dy_xhat / total))
+        rewire[grad.outputs[0].name] = tf.cast(dx, x.dtype).name
+        rewire[grad.outputs[1].name] = d_scale.name
+        rewire[grad.outputs[2].name] = d_offset.name
+
+
+def apply_rewire(graph_def, rewire: dict[str, str], exempt: set[str]) -> None:
+    """Point every data input naming a key of `rewire` at its value, in every
+    node but `exempt` (the ops that compute the replacements from the originals)."""
+    if not rewire:
+        return
+    for node in graph_def.node:
+        if node.name in exempt:
+            continue
+        for i, inp in enumerate(node.input):
+            if inp in rewire:
+                node.input[i] = rewire[inp]
