@@ -11,9 +11,11 @@ parent; nothing is left running."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -244,3 +246,23 @@ def test_server_exits_with_its_parent():
     pid = int(parent.stdout.readline())
     parent.wait(timeout=30)
     assert survivors([pid], timeout=10) == []
+
+
+def test_launcher_starts_a_summation_server_per_server_and_stops_it(capsys, caplog):
+    from autopar.runtime.launcher import launch
+    from autopar.runtime.spec import load_spec
+    caplog.set_level(logging.INFO, logger="autopar.launcher")
+    spec = load_spec({"hosts": [{"address": "127.0.0.1", "workers": 2, "servers": 1}]})
+    status = launch(spec, [sys.executable, str(REPO / "tests/integration/scripts/herring_job.py")],
+                    sumservers=True)
+    out = capsys.readouterr().out
+    assert status == 0, out
+    for i in (0, 1):
+        assert f"[worker {i}] herring 1 servers: {[1.5] * 10}" in out, out
+    started = [re.match(r"started sumserver 0 at (\S+), pid (\d+)$", r.getMessage())
+               for r in caplog.records]
+    (match,) = [m for m in started if m]
+    assert survivors([int(match.group(2))], timeout=10) == []
+    host, _, port = match.group(1).rpartition(":")
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((host, int(port)), timeout=5)
