@@ -12,7 +12,8 @@
 // to every contributor.
 //
 // Failure: a contributor whose connection closes, or a shard still incomplete
-// `--timeout-s` seconds after its last segment arrived, makes the server send
+// `--timeout-s` seconds (default: $AUTOPAR_HERRING_TIMEOUT_S, else 60) after
+// its last segment arrived, makes the server send
 // an ERROR frame naming the missing contributors to those that did push. The
 // server exits when its parent process does (the launcher, or ssh on a remote
 // host), so it never outlives its job.
@@ -350,6 +351,9 @@ int main(int argc, char** argv) {
   std::string host = "127.0.0.1";
   long port = -1;
   pid_t parent = getppid();
+  // The job's setting (the launcher exports it), unless --timeout-s says otherwise.
+  if (const char* env = std::getenv("AUTOPAR_HERRING_TIMEOUT_S"); env && std::atof(env) > 0)
+    g_timeout_s = std::atof(env);
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (i + 1 >= argc) usage(("missing value after " + arg).c_str());

@@ -9,7 +9,8 @@ Commands:
       case: {"buffer_id", "size", "shards": [[server, offset, length], ...],
              "n": contributors, "wire", "average", "kind": "int"|"normal"|"wide",
              "segment": elements per segment}
-      This worker takes part in the cases with INDEX < n, builds them in an
+      This worker takes part in the cases with first <= INDEX < first + n
+      (as contributor INDEX - first; "first" defaults to 0), builds them in an
       order shuffled by INDEX, and runs them all in one session.run per step
       (so several buffers are in flight at once). Writes its inputs and
       outputs to DIR/worker{INDEX}.npz as in_{buffer}_{step}, out_{buffer}_{step}.
@@ -38,13 +39,13 @@ def answer(payload: dict) -> None:
 
 
 def reduce(session, command: dict) -> None:
-    cases = [c for c in command["cases"] if INDEX < c["n"]]
+    cases = [c for c in command["cases"] if 0 <= INDEX - c.get("first", 0) < c["n"]]
     np.random.default_rng(INDEX).shuffle(cases)
     feeds, outputs = [], []
     for case in cases:
         x = tf1.placeholder(tf.float32, [case["size"]])
         y = comm.push_pull(x, buffer_id=case["buffer_id"], shards=[tuple(s) for s in case["shards"]],
-                           num_contributors=case["n"], contributor_index=INDEX,
+                           num_contributors=case["n"], contributor_index=INDEX - case.get("first", 0),
                            wire_dtype=case["wire"], average=case["average"],
                            segment_elements=case["segment"])
         feeds.append(x)
