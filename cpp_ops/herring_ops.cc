@@ -27,6 +27,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -90,7 +91,14 @@ struct OpState {
   OpKernelContext* ctx = nullptr;
   AsyncOpKernel::DoneCallback done;
   float* output = nullptr;
-  Tensor input;  // kept alive until every segment is sent
+  // References to the input and output buffers, released only with the
+  // state itself: the sender reads the input and the receiver writes the
+  // output without holding `mu`, possibly after the op failed (the shards
+  // are fixed once the op is submitted; `remaining` changes under `mu`).
+  Tensor input, result;
+  // Undoes the registrations with connections (run when the op fails, so
+  // nothing keeps the state and its buffers alive).
+  std::vector<std::function<void()>> unregister;
   std::vector<Shard> shards;
   size_t shards_left = 0;
   Clock::time_point deadline;
@@ -102,14 +110,16 @@ struct OpState {
 // this call completed it.
 bool Finish(const std::shared_ptr<OpState>& op, const Status& status) {
   AsyncOpKernel::DoneCallback done;
+  std::vector<std::function<void()>> unregister;
   {
     std::lock_guard<std::mutex> lock(op->mu);
     if (op->finished) return false;
     op->finished = true;
     if (!status.ok()) op->ctx->SetStatus(status);
     done = std::move(op->done);
-    op->input = Tensor();
+    unregister.swap(op->unregister);
   }
+  for (auto& undo : unregister) undo();
   done();
   return true;
 }
@@ -144,9 +154,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Registers the shard's pending result and queues its segments; false if
   // the connection is already dead.
   bool Submit(Job job) {
+    const PendingKey key{job.header.buffer_id, job.header.generation, job.header.shard_offset};
+    {
+      std::lock_guard<std::mutex> l(job.op->mu);
+      if (job.op->finished) return true;  // failed meanwhile (its deadline): nothing to send
+      std::weak_ptr<Connection> self = shared_from_this();
+      job.op->unregister.push_back([self, key] {
+        if (auto conn = self.lock()) conn->Forget(key);
+      });
+    }
     std::lock_guard<std::mutex> lock(mu_);
     if (dead_) return false;
-    pending_[{job.header.buffer_id, job.header.generation, job.header.shard_offset}] = job.op;
+    pending_[key] = job.op;
     jobs_.push_back(std::move(job));
     cv_.notify_one();
     return true;
@@ -226,35 +245,50 @@ class Connection : public std::enable_shared_from_this<Connection> {
           h.payload_bytes > (uint64_t{1} << 32)) {
         return Fail("malformed frame from the server");
       }
-      raw.resize(h.payload_bytes);
-      if (!ah::recv_all(fd_, raw.data(), raw.size())) return Fail(ah::errno_text(errno));
       const PendingKey key{h.buffer_id, h.generation, h.shard_offset};
       std::shared_ptr<OpState> op;
       {
         std::lock_guard<std::mutex> lock(mu_);
         auto it = pending_.find(key);
-        if (it == pending_.end()) continue;  // an op that already failed
-        op = it->second;
-        if (h.type == ah::kError) pending_.erase(it);
+        if (it != pending_.end()) {
+          op = it->second;
+          if (h.type == ah::kError) pending_.erase(it);
+        }
       }
+      OpState::Shard* shard = nullptr;
+      if (op != nullptr && h.type == ah::kResult) {
+        for (auto& s : op->shards) {
+          if (static_cast<uint64_t>(s.offset) == h.shard_offset && s.server == index_) shard = &s;
+        }
+        if (shard != nullptr &&
+            (h.seg_offset + h.seg_len > static_cast<uint64_t>(shard->length) ||
+             h.payload_bytes != static_cast<uint64_t>(h.seg_len) * ah::wire_size(h.wire_dtype))) {
+          shard = nullptr;  // cannot happen with a well-behaved server
+        }
+      }
+      // A float32 segment goes straight into the output (segments are
+      // disjoint, and op->result keeps the buffer alive); the rest via `raw`.
+      float* dst = shard ? op->output + h.shard_offset + h.seg_offset : nullptr;
+      char* target = raw.data();
+      if (dst != nullptr && h.wire_dtype == ah::kFloat32) {
+        target = reinterpret_cast<char*>(dst);
+      } else {
+        raw.resize(h.payload_bytes);
+        target = raw.data();
+      }
+      if (!ah::recv_all(fd_, target, h.payload_bytes)) return Fail(ah::errno_text(errno));
+      if (op == nullptr) continue;  // an op that already failed
       if (h.type == ah::kError) {
         Finish(op, errors::Internal("herring push_pull of ", op->what, ": ", Where(),
                                     " reported: ", std::string(raw.begin(), raw.end())));
         continue;
       }
+      if (shard == nullptr) continue;
+      if (h.wire_dtype != ah::kFloat32) ah::decode(raw.data(), h.seg_len, h.wire_dtype, dst);
       bool complete = false, shard_done = false;
       {
         std::lock_guard<std::mutex> lock(op->mu);
         if (op->finished) continue;
-        OpState::Shard* shard = nullptr;
-        for (auto& s : op->shards) {
-          if (static_cast<uint64_t>(s.offset) == h.shard_offset && s.server == index_) shard = &s;
-        }
-        if (shard == nullptr || h.seg_offset + h.seg_len > static_cast<uint64_t>(shard->length) ||
-            h.payload_bytes != static_cast<uint64_t>(h.seg_len) * ah::wire_size(h.wire_dtype)) {
-          continue;  // cannot happen with a well-behaved server
-        }
-        ah::decode(raw.data(), h.seg_len, h.wire_dtype, op->output + h.shard_offset + h.seg_offset);
         shard->remaining -= h.seg_len;
         if (shard->remaining == 0) {
           shard_done = true;
@@ -505,6 +539,7 @@ class HerringPushPullOp : public AsyncOpKernel {
     op->done = std::move(done);
     op->output = output->flat<float>().data();
     op->input = input;
+    op->result = *output;
     op->timeout_s = timeout_s_;
     op->deadline = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(timeout_s_ * 1e6));
     op->what = "buffer " + std::to_string(buffer_id_) + " (push " + std::to_string(generation + 1) + ")";
