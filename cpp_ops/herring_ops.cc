@@ -18,7 +18,9 @@
 // that still owe segments. The next op reconnects.
 #include <netdb.h>
 #include <netinet/in.h>
+#include <fcntl.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -330,15 +332,30 @@ int ConnectTo(const std::string& address, Clock::time_point deadline, std::strin
       *error = std::string("cannot resolve: ") + gai_strerror(rc);
     } else {
       for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
-        int fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        // Non-blocking connect bounded by the deadline: a host that drops
+        // SYNs must not hold the op for the kernel's minutes-long retry.
+        int fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (fd < 0) continue;
-        if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+        int err = ::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 ? 0 : errno;
+        if (err == EINPROGRESS) {
+          auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+          pollfd pfd{fd, POLLOUT, 0};
+          int ready = ::poll(&pfd, 1, static_cast<int>(std::max<int64_t>(left.count(), 1000)));
+          socklen_t len = sizeof(err);
+          if (ready == 1) {
+            ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+          } else {
+            err = ETIMEDOUT;
+          }
+        }
+        if (err == 0) {
+          ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
           int one = 1;
           ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
           ::freeaddrinfo(res);
           return fd;
         }
-        *error = std::strerror(errno);
+        *error = std::strerror(err);
         ::close(fd);
       }
       ::freeaddrinfo(res);

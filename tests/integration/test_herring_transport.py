@@ -32,7 +32,7 @@ WORKER = REPO / "tests" / "integration" / "scripts" / "herring_worker.py"
 NUM_WORKERS = 5
 # Servers 0-2 carry the sums; 3 is killed, 4 stopped, 5 has a short
 # incomplete-shard timeout.
-KILLED, STALLED, IMPATIENT = 3, 4, 5
+KILLED, STALLED, IMPATIENT, ABSENT = 3, 4, 5, 6   # 6: a port nobody listens on
 STARTUP_S = 240   # five TensorFlow imports on a loaded machine
 # Generous bound on detecting a dead or stalled server (the issue's "bounded
 # time"); the mechanisms take well under a second plus the configured timeout.
@@ -70,6 +70,9 @@ class Cluster:
                                           env=scalar)
             self.servers.append(proc)
             self.addresses.append(address)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.addresses.append(f"127.0.0.1:{probe.getsockname()[1]}")
         env = dict(child_env(), AUTOPAR_SUMSERVERS=",".join(self.addresses))
         self.workers = [subprocess.Popen([sys.executable, str(WORKER), str(i)], cwd=REPO,
                                          env=dict(env, **SCALAR_F16) if i == 0 else env,
@@ -203,10 +206,12 @@ def test_sums_from_any_number_of_workers_in_any_order(cluster, tmp_path):
                 assert err.max() > 0
 
 
-def _fail_push(cluster, server: int, n: int, timeout_s: float, before_push=None) -> dict:
+def _fail_push(cluster, server: int, n: int, timeout_s: float, before_push=None,
+               warm: bool = True) -> dict:
     size = 100_000
     shards = [[server, 0, size]]
-    cluster.send(0, {"cmd": "push", "buffer_id": 100 + server, "warm_buffer_id": 200 + server,
+    cluster.send(0, {"cmd": "push", "buffer_id": 100 + server,
+                     "warm_buffer_id": 200 + server if warm else None,
                      "size": size, "shards": shards, "n": n, "timeout_s": timeout_s})
     cluster.readers[0].wait_for("^STARTED", 60)
     if before_push is not None:
@@ -247,6 +252,15 @@ def test_missing_contributor_is_named_by_the_server(cluster):
     assert cluster.addresses[IMPATIENT] in result["message"], result
     assert "contributors that never pushed it: 1" in result["message"], result
     assert result["wall"] < FAILURE_BOUND_S, result
+
+
+def test_unreachable_server_fails_the_op_after_its_timeout(cluster):
+    # Refused connections are retried (a server may still be starting) until
+    # the op's deadline.
+    result = _fail_push(cluster, ABSENT, n=1, timeout_s=2, warm=False)
+    assert result["error"] == "InternalError", result
+    assert f"cannot connect to summation server {cluster.addresses[ABSENT]}" in result["message"]
+    assert 2 <= result["seconds"] < FAILURE_BOUND_S, result
 
 
 def test_server_exits_with_its_parent():

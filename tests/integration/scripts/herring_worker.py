@@ -15,8 +15,8 @@ Commands:
       (so several buffers are in flight at once). Writes its inputs and
       outputs to DIR/worker{INDEX}.npz as in_{buffer}_{step}, out_{buffer}_{step}.
   {"cmd": "push", "buffer_id", "warm_buffer_id", "size", "shards", "n", "timeout_s"}
-      A push/pull of warm_buffer_id by this worker alone (it connects to the
-      servers and must succeed), "STARTED", then one push/pull expected to
+      A push/pull of warm_buffer_id (if not null) by this worker alone (it
+      connects to the servers and must succeed), "STARTED", then one push/pull expected to
       fail; RESULT {"error": class name, "message": ..., "seconds": its time}.
 """
 import json
@@ -76,9 +76,10 @@ def reduce(session, command: dict) -> None:
 def push(session, command: dict) -> None:
     x = tf.ones([command["size"]])
     shards = [tuple(s) for s in command["shards"]]
-    warm = comm.push_pull(x, buffer_id=command["warm_buffer_id"], shards=shards,
-                          num_contributors=1, contributor_index=0)
-    assert (session.run(warm) == 1).all()
+    if command.get("warm_buffer_id") is not None:
+        warm = comm.push_pull(x, buffer_id=command["warm_buffer_id"], shards=shards,
+                              num_contributors=1, contributor_index=0)
+        assert (session.run(warm) == 1).all()
     y = comm.push_pull(x, buffer_id=command["buffer_id"], shards=shards,
                        num_contributors=command["n"], contributor_index=INDEX,
                        timeout_s=command["timeout_s"])
