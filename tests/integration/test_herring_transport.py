@@ -2,9 +2,10 @@
 (runtime/autopar_sumserver) and five worker processes running
 comm.push_pull (tests/integration/scripts/herring_worker.py).
 
-Sums are checked against numpy: exactly for integer-valued float32 data,
-within a bound derived from float32/float16/bfloat16 rounding for random
-data; every worker must receive the same bytes. Failures: a killed server,
+Sums are checked against numpy bit for bit (the servers add in contributor
+order whatever the arrival order, so the result is a fixed left fold), and
+for random data also within a bound derived from float32/float16/bfloat16
+rounding; every worker must receive the same bytes. Failures: a killed server,
 a stopped (stalled) server and a contributor that never pushes each fail the
 op with an error naming the server, in bounded time; servers exit with their
 parent; nothing is left running."""
@@ -39,6 +40,7 @@ STARTUP_S = 240   # five TensorFlow imports on a loaded machine
 FAILURE_BOUND_S = 20
 # Forces the scalar float16 conversions (cpp_ops/herring_wire.h) in a process.
 SCALAR_F16 = {"AUTOPAR_HERRING_NO_F16C": "1"}
+WIRE = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 UNIT = {"float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
 
 
@@ -130,10 +132,10 @@ def _shards(size: int, servers=(0, 1, 2)) -> list[list[int]]:
 
 
 def _case(buffer_id, n, size, kind="int", wire="float32", average=True, segment=1 << 18,
-          shards=None, first=0):
+          shards=None, first=0, late=None):
     return {"buffer_id": buffer_id, "n": n, "size": size, "kind": kind, "wire": wire,
             "average": average, "segment": segment, "shards": shards or _shards(size),
-            "first": first}
+            "first": first, "late": late}
 
 
 CASES = [
@@ -153,6 +155,8 @@ CASES = [
     _case(10, 1, 5000, kind="wide", wire="float16", segment=1000),
     _case(11, 1, 5000, kind="wide", wire="bfloat16", segment=1000),
     _case(12, 1, 5000, kind="wide", wire="float16", segment=1000, first=1),
+    # Contributor 0 last: every other copy waits for it, still summed in order.
+    _case(13, 5, 8191, kind="normal", segment=1000, late=0),
 ]
 STEPS = 2
 
@@ -172,22 +176,25 @@ def test_sums_from_any_number_of_workers_in_any_order(cluster, tmp_path):
             what = f"buffer {b} step {step} ({n} workers, {case['kind']}, {case['wire']})"
             for out in outputs[1:]:
                 np.testing.assert_array_equal(out, outputs[0], err_msg=what + ": workers differ")
+            # Bit for bit: each input rounded to the wire dtype (round to
+            # nearest even, as numpy/ml_dtypes; subnormals, overflow to inf
+            # and NaN included), added in float32 in contributor order
+            # whatever the arrival order, divided once, rounded to the wire
+            # dtype again. (Integer data: the exact sum and mean.)
+            wire = WIRE[case["wire"]]
+            with np.errstate(over="ignore"):   # "wide" data overflows float16: the point
+                sent = inputs.astype(wire).astype(np.float32)
+                fold = sent[0].copy()
+                for row in sent[1:]:
+                    fold += row
+                if case["average"] and n > 1:
+                    fold /= np.float32(n)
+                np.testing.assert_array_equal(outputs[0], fold.astype(wire).astype(np.float32),
+                                              err_msg=what)
+            if case["kind"] != "normal":
+                continue
+            # And the accuracy this implies against the exact mean:
             got = outputs[0].astype(np.float64)
-            if case["kind"] == "wide":
-                # Conversions round to nearest even exactly as numpy/ml_dtypes
-                # do, subnormals, overflow to inf and NaN included.
-                wire = np.float16 if case["wire"] == "float16" else ml_dtypes.bfloat16
-                with np.errstate(over="ignore"):   # the overflow to inf is the point
-                    rounded = inputs[0].astype(wire).astype(np.float32)
-                np.testing.assert_array_equal(outputs[0], rounded, err_msg=what)
-                continue
-            if case["kind"] == "int":
-                # Integers below 2^24 add exactly in float32; the mean is the
-                # correctly rounded float32 quotient, as numpy's.
-                total = inputs.sum(axis=0, dtype=np.float32)
-                expected = total / np.float32(n) if case["average"] else total
-                np.testing.assert_array_equal(outputs[0], expected, err_msg=what)
-                continue
             exact = inputs.astype(np.float64).sum(axis=0) / (n if case["average"] else 1)
             scale = np.abs(inputs.astype(np.float64)).sum(axis=0) / (n if case["average"] else 1)
             u, u32 = UNIT[case["wire"]], UNIT["float32"]

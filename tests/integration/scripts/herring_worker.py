@@ -8,7 +8,8 @@ Commands:
   {"cmd": "reduce", "out": DIR, "steps": S, "cases": [case, ...]}
       case: {"buffer_id", "size", "shards": [[server, offset, length], ...],
              "n": contributors, "wire", "average", "kind": "int"|"normal"|"wide",
-             "segment": elements per segment}
+             "segment": elements per segment, "first", "late": a contributor
+             that pushes a second after the others}
       This worker takes part in the cases with first <= INDEX < first + n
       (as contributor INDEX - first; "first" defaults to 0), builds them in an
       order shuffled by INDEX, and runs them all in one session.run per step
@@ -44,7 +45,12 @@ def reduce(session, command: dict) -> None:
     feeds, outputs = [], []
     for case in cases:
         x = tf1.placeholder(tf.float32, [case["size"]])
-        y = comm.push_pull(x, buffer_id=case["buffer_id"], shards=[tuple(s) for s in case["shards"]],
+        pushed = x
+        if case.get("late") == INDEX - case.get("first", 0):
+            # This contributor pushes a second after the others.
+            pushed = tf1.numpy_function(lambda v: (time.sleep(1.0), v)[1], [x], tf.float32)
+            pushed.set_shape(x.shape)
+        y = comm.push_pull(pushed, buffer_id=case["buffer_id"], shards=[tuple(s) for s in case["shards"]],
                            num_contributors=case["n"], contributor_index=INDEX - case.get("first", 0),
                            wire_dtype=case["wire"], average=case["average"],
                            segment_elements=case["segment"])
