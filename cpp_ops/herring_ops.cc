@@ -570,7 +570,6 @@ class HerringPushPullOp : public AsyncOpKernel {
       Finish(op, OkStatus());
       return;
     }
-    transport.Watch(op);
     const float* data = input.flat<float>().data();
     for (const auto& shard : std::vector<OpState::Shard>(op->shards)) {
       Status status;
@@ -601,6 +600,9 @@ class HerringPushPullOp : public AsyncOpKernel {
         return;
       }
     }
+    // Watched from here: connecting above is bounded by the same deadline
+    // and reports its own error (which server could not be reached).
+    transport.Watch(op);
   }
 
  private:
