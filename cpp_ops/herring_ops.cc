@@ -38,6 +38,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "herring_wire.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -78,6 +79,12 @@ REGISTER_OP("AutoparHerringPushPull")
 Element-wise sum (or mean) of `buffer` over `num_contributors` processes,
 through autopar's summation servers (addresses from AUTOPAR_SUMSERVERS).
 )doc");
+
+// A status whose message is the concatenation of `args` (absl::StrCat).
+template <typename... Args>
+Status MakeError(absl::StatusCode code, const Args&... args) {
+  return Status(code, absl::StrCat(args...));
+}
 
 // One push/pull in flight.
 struct OpState {
@@ -197,7 +204,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       cv_.notify_all();
     }
     for (auto& entry : pending) {
-      Finish(entry.second, errors::Internal("herring push_pull of ", entry.second->what,
+      Finish(entry.second, MakeError(absl::StatusCode::kInternal, "herring push_pull of ", entry.second->what,
                                                ": lost the connection to ", Where(), ": ", why));
     }
   }
@@ -281,7 +288,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (!ah::recv_all(fd_, target, h.payload_bytes)) return Fail(ah::errno_text(errno));
       if (op == nullptr) continue;  // an op that already failed
       if (h.type == ah::kError) {
-        Finish(op, errors::Internal("herring push_pull of ", op->what, ": ", Where(),
+        Finish(op, MakeError(absl::StatusCode::kInternal, "herring push_pull of ", op->what, ": ", Where(),
                                     " reported: ", std::string(raw.begin(), raw.end())));
         continue;
       }
@@ -411,7 +418,7 @@ class Transport {
     std::string error;
     int fd = ConnectTo(address, lost ? Clock::now() : deadline, &error);
     if (fd < 0) {
-      *status = errors::Internal("herring push_pull: cannot connect to summation server ",
+      *status = MakeError(absl::StatusCode::kInternal, "herring push_pull: cannot connect to summation server ",
                                     address, " (server ", index, " in ", kServersEnv, ")",
                                     lost ? " again after losing the connection" : "", ": ", error);
       return nullptr;
@@ -471,7 +478,7 @@ class Transport {
         }
         char seconds[32];
         std::snprintf(seconds, sizeof(seconds), "%.0f", op->timeout_s);
-        Finish(op, errors::DeadlineExceeded(
+        Finish(op, MakeError(absl::StatusCode::kDeadlineExceeded, 
                        "herring push_pull of ", op->what, ": no complete result from summation server(s) ",
                        owing, " after ", seconds, " s (", kTimeoutEnv,
                        "): a stalled server, or a worker that did not push this buffer"));
@@ -510,19 +517,19 @@ class HerringPushPullOp : public AsyncOpKernel {
     }
     OP_REQUIRES_OK(ctx, ctx->GetAttr("segment_elements", &segment_elements_));
     OP_REQUIRES(ctx, segment_elements_ > 0 && segment_elements_ < (int64_t{1} << 30),
-                errors::InvalidArgument("segment_elements must be in [1, 2^30)"));
+                MakeError(absl::StatusCode::kInvalidArgument, "segment_elements must be in [1, 2^30)"));
     OP_REQUIRES(ctx, servers_.size() == offsets_.size() && offsets_.size() == lengths_.size() &&
                          !servers_.empty(),
-                errors::InvalidArgument("shard_servers, shard_offsets and shard_lengths must be "
+                MakeError(absl::StatusCode::kInvalidArgument, "shard_servers, shard_offsets and shard_lengths must be "
                                         "non-empty and of one length"));
     OP_REQUIRES(ctx, num_contributors_ >= 1 && contributor_index_ >= 0 &&
                          contributor_index_ < num_contributors_,
-                errors::InvalidArgument("contributor_index ", contributor_index_,
+                MakeError(absl::StatusCode::kInvalidArgument, "contributor_index ", contributor_index_,
                                         " not in [0, num_contributors=", num_contributors_, ")"));
     int64_t next = 0;
     for (size_t i = 0; i < offsets_.size(); ++i) {
       OP_REQUIRES(ctx, offsets_[i] == next && lengths_[i] >= 0 && servers_[i] >= 0,
-                  errors::InvalidArgument("shards must be contiguous from offset 0: shard ", i,
+                  MakeError(absl::StatusCode::kInvalidArgument, "shards must be contiguous from offset 0: shard ", i,
                                           " starts at ", offsets_[i], ", expected ", next));
       next += lengths_[i];
     }
@@ -532,7 +539,7 @@ class HerringPushPullOp : public AsyncOpKernel {
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     const Tensor& input = ctx->input(0);
     OP_REQUIRES_ASYNC(ctx, input.dims() == 1 && input.dim_size(0) == total_,
-                      errors::InvalidArgument("buffer ", buffer_id_, " must be 1-D of length ",
+                      MakeError(absl::StatusCode::kInvalidArgument, "buffer ", buffer_id_, " must be 1-D of length ",
                                               total_, " (the shards' total), got shape ",
                                               input.shape().DebugString()),
                       done);
@@ -543,7 +550,7 @@ class HerringPushPullOp : public AsyncOpKernel {
     OP_REQUIRES_OK_ASYNC(ctx, transport.Addresses(&addresses), done);
     for (int64_t server : servers_) {
       OP_REQUIRES_ASYNC(ctx, server < static_cast<int64_t>(addresses.size()),
-                        errors::FailedPrecondition(
+                        MakeError(absl::StatusCode::kFailedPrecondition, 
                             "herring push_pull of buffer ", buffer_id_, " uses summation server ",
                             server, " but ", kServersEnv, " names ", addresses.size(),
                             " server(s) (\"", std::getenv(kServersEnv) ? std::getenv(kServersEnv) : "",
@@ -595,7 +602,7 @@ class HerringPushPullOp : public AsyncOpKernel {
         return;
       }
       if (!conn->Submit(std::move(job))) {
-        Finish(op, errors::Internal("herring push_pull of ", op->what,
+        Finish(op, MakeError(absl::StatusCode::kInternal, "herring push_pull of ", op->what,
                                        ": lost the connection to summation server ", shard.address));
         return;
       }
