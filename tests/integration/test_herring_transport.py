@@ -297,3 +297,23 @@ def test_launcher_starts_a_summation_server_per_server_and_stops_it(capsys, capl
     host, _, port = match.group(1).rpartition(":")
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection((host, int(port)), timeout=5)
+
+
+def test_push_pull_arguments_are_checked_and_a_missing_library_says_what_to_do(monkeypatch,
+                                                                               tmp_path):
+    import tensorflow as tf
+    from autopar.common.errors import AutoparError
+    from autopar.transforms import comm
+    with tf.Graph().as_default():
+        x = tf.zeros([10])
+        for bad in ([(0, 0, 4), (1, 5, 5)], [(0, 0, 4), (1, 4, 5)]):   # a gap; too short
+            with pytest.raises(ValueError, match="shards"):
+                comm.push_pull(x, buffer_id=0, shards=bad, num_contributors=2, contributor_index=0)
+        with pytest.raises(ValueError, match="wire_dtype"):
+            comm.push_pull(x, buffer_id=0, shards=[(0, 0, 10)], num_contributors=2,
+                           contributor_index=0, wire_dtype="int8")
+        monkeypatch.setattr(comm, "_herring_module", None)
+        monkeypatch.setattr(comm, "HERRING_LIBRARY", tmp_path / "libautopar_herring.so")
+        with pytest.raises(AutoparError, match="not built.*run `make install`"):
+            comm.push_pull(x, buffer_id=0, shards=[(0, 0, 10)], num_contributors=2,
+                           contributor_index=0)
