@@ -402,7 +402,16 @@ class Transport {
 
   std::shared_ptr<Connection> Connect(int index, const std::string& address,
                                       Clock::time_point deadline, Status* status) {
-    std::lock_guard<std::mutex> lock(connect_mu_);
+    // One connect at a time per server (not for all: a server still starting
+    // must not hold up connecting to the others).
+    std::shared_ptr<std::mutex> server_mu;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      auto& slot = connect_mu_[index];
+      if (!slot) slot = std::make_shared<std::mutex>();
+      server_mu = slot;
+    }
+    std::lock_guard<std::mutex> lock(*server_mu);
     bool lost = false;
     {
       std::lock_guard<std::mutex> l(mu_);
@@ -486,7 +495,8 @@ class Transport {
     }
   }
 
-  std::mutex mu_, connect_mu_;
+  std::mutex mu_;
+  std::map<int, std::shared_ptr<std::mutex>> connect_mu_;
   bool loaded_ = false;
   bool watchdog_started_ = false;
   std::vector<std::string> addresses_;
