@@ -283,20 +283,27 @@ def test_launcher_starts_a_summation_server_per_server_and_stops_it(capsys, capl
     from autopar.runtime.launcher import launch
     from autopar.runtime.spec import load_spec
     caplog.set_level(logging.INFO, logger="autopar.launcher")
-    spec = load_spec({"hosts": [{"address": "127.0.0.1", "workers": 2, "servers": 1}]})
+    spec = load_spec({"hosts": [{"address": "127.0.0.1", "workers": 2, "servers": 1},
+                                {"address": "127.0.0.2", "workers": 0, "servers": 1}]})
     status = launch(spec, [sys.executable, str(REPO / "tests/integration/scripts/herring_job.py")],
                     sumservers=True)
     out = capsys.readouterr().out
     assert status == 0, out
+    started = dict(m.groups() for r in caplog.records
+                   if (m := re.match(r"started (sumserver \d) at (\S+), pid \d+$", r.getMessage())))
+    # One per server, on that server's host (bound to its address).
+    assert sorted(started) == ["sumserver 0", "sumserver 1"], started
+    assert [started[f"sumserver {i}"].rpartition(":")[0] for i in (0, 1)] == ["127.0.0.1", "127.0.0.2"]
     for i in (0, 1):
-        assert f"[worker {i}] herring 1 servers: {[1.5] * 10}" in out, out
-    started = [re.match(r"started sumserver 0 at (\S+), pid (\d+)$", r.getMessage())
-               for r in caplog.records]
-    (match,) = [m for m in started if m]
-    assert survivors([int(match.group(2))], timeout=10) == []
-    host, _, port = match.group(1).rpartition(":")
-    with pytest.raises(ConnectionRefusedError):
-        socket.create_connection((host, int(port)), timeout=5)
+        assert (f"[worker {i}] reached 2 summation servers: "
+                f"{started['sumserver 0']},{started['sumserver 1']}") in out, out
+    pids = [int(m.group(1)) for r in caplog.records
+            if (m := re.match(r"started sumserver \d at \S+, pid (\d+)$", r.getMessage()))]
+    assert survivors(pids, timeout=10) == []
+    for address in started.values():
+        host, _, port = address.rpartition(":")
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((host, int(port)), timeout=5)
 
 
 def test_push_pull_arguments_are_checked_and_a_missing_library_says_what_to_do(monkeypatch,
