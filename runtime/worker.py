@@ -27,6 +27,7 @@ from autopar.runtime.runner import Runner
 from autopar.runtime.session import session_config, start_worker_server, wait_for_peers
 from autopar.transforms.analysis import Analysis, analyze_graph
 from autopar.transforms.compile import CompiledPlan, compile_for_config
+from autopar.transforms.evaluate import totals_allreduce
 from autopar.transforms.plan import Topology
 from autopar.transforms.ps_rewrite import COUNTERS_INIT
 from autopar.transforms.rewrite import rewrite_for_worker, worker_device
@@ -85,10 +86,20 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
                                   if rewritten.step_barrier else None),
                     after_step=(worker_graph.get_operation_by_name(rewritten.after_step)
                                 if rewritten.after_step else None),
-                    monitor=hook, on_close=(hook.closed,) if hook else ())
+                    monitor=hook, on_close=(hook.closed,) if hook else (),
+                    totals_allreduce=_totals_allreduce(worker_graph, plan, worker_index))
     runner.start(init, worker_graph.get_operation_by_name(rewritten.broadcast_op))
     log.info("worker %d: initial state received from the chief", worker_index)
     return runner
+
+
+def _totals_allreduce(worker_graph: tf.Graph, plan, worker_index: int):
+    """Builds, in this worker's graph, the all-reduce Runner.evaluate sums
+    its totals with (one per vector length, on first use)."""
+    def build(length: int):
+        with worker_graph.as_default():
+            return totals_allreduce(plan, worker_device(worker_index), length)
+    return build
 
 
 def _receive_plan(graph, cluster: dict[str, list[str]], worker_index: int, config,
