@@ -64,20 +64,24 @@ def main():
         global_step = tf1.train.get_or_create_global_step()
         train_op = tf1.train.AdamOptimizer(args.lr).minimize(loss, global_step=global_step)
 
-        x_eval = tf1.placeholder(tf.float32, [None, x_train.shape[1]], name="x_eval")
-        y_eval = tf1.placeholder(tf.int64, [None], name="y_eval")
-        accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(mlp(x_eval), 1), y_eval), tf.float32))
+        # The test set, sharded too: each worker evaluates its slice and
+        # runner.evaluate adds up the correct predictions and the counts.
+        test_ds = autopar.shard(tf.data.Dataset.from_tensor_slices((x_test, y_test))).batch(64)
+        x_eval, y_eval = tf1.data.make_one_shot_iterator(test_ds).get_next()
+        correct = tf.cast(tf.equal(tf.argmax(mlp(x_eval), 1), y_eval), tf.float32)
+        accuracy = (tf.reduce_sum(correct), tf.size(correct))   # (sum, count) per batch
 
     config = autopar.Config(total_steps=args.steps, log_every_steps=50)
     # autopar: a session-like runner; single-device when --spec is omitted
     with autopar.get_runner(graph, args.spec, config) as runner:
         for _ in range(args.steps):
             runner.run(train_op)
+        # Every worker evaluates (its shard); all get the whole set's accuracy.
+        acc = runner.evaluate({"accuracy": accuracy})["accuracy"]
         if runner.is_chief:
-            acc = runner.run(accuracy, {x_eval: x_test, y_eval: y_test})
             print(f"trained {args.steps} steps on {runner.num_workers} worker(s), "
                   f"global batch {args.batch_size * runner.num_workers}")
-            print(f"test accuracy: {acc:.4f}", flush=True)
+            print(f"test accuracy: {acc:.4f} ({len(y_test)} test examples)", flush=True)
 
 
 if __name__ == "__main__":

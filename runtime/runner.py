@@ -408,9 +408,9 @@ def _leading_dim(key, value) -> int | None:
 _ITERATOR_OPS = frozenset({"IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional"})
 
 
-def _reads_iterator(tensors) -> bool:
-    """Whether any of `tensors` depends (by data or control edges) on a
-    tf.data iterator's next element."""
+def iterator_read_by(tensors) -> tf.Operation | None:
+    """A tf.data iterator's get-next op that `tensors` depend on (by data or
+    control edges), or None."""
     seen: set[str] = set()
     stack = [t.op for t in tensors]
     while stack:
@@ -419,10 +419,14 @@ def _reads_iterator(tensors) -> bool:
             continue
         seen.add(op.name)
         if op.type in _ITERATOR_OPS:
-            return True
+            return op
         stack.extend(t.op for t in op.inputs)
         stack.extend(op.control_inputs)
-    return False
+    return None
+
+
+def _reads_iterator(tensors) -> bool:
+    return iterator_read_by(tensors) is not None
 
 
 _UPDATE_PREFIXES = ("Assign", "Apply", "ResourceApply", "SparseApply", "ResourceSparseApply",

@@ -23,7 +23,7 @@ from autopar.common.roles import SERVER_JOB, WORKER_JOB, WORKER_ROLE
 from autopar.runtime.checkpoint import Checkpointer
 from autopar.runtime.coordinator import CoordinatorClient, ProgressHook
 from autopar.runtime.progress import Progress
-from autopar.runtime.runner import Runner
+from autopar.runtime.runner import Runner, iterator_read_by
 from autopar.runtime.session import session_config, start_worker_server, wait_for_peers
 from autopar.transforms.analysis import Analysis, analyze_graph
 from autopar.transforms.compile import CompiledPlan, compile_for_config
@@ -67,7 +67,7 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
         if is_chief and plan.ps_variables:
             init.append(worker_graph.get_operation_by_name(COUNTERS_INIT))
         init = tf.group(*init)
-        batch_size = _batch_size_tensor(worker_graph)
+        batch_size = _batch_size_tensor(worker_graph, analysis)
         checkpointer = (Checkpointer(worker_graph, config.checkpoint_dir, config.save_every_steps,
                                      rewritten.partitions, keep=config.keep_checkpoints)
                         if is_chief and config.checkpoint_dir else None)
@@ -167,7 +167,7 @@ def single_device_runner(graph: tf.Graph, config, analysis: Analysis | None = No
     with graph.as_default():
         init = tf.group(tf1.global_variables_initializer(), tf1.local_variables_initializer(),
                         tf1.tables_initializer())
-        batch_size = _batch_size_tensor(graph)
+        batch_size = _batch_size_tensor(graph, analysis)
         checkpointer = (Checkpointer(graph, config.checkpoint_dir, config.save_every_steps,
                                      keep=config.keep_checkpoints)
                         if config.checkpoint_dir else None)
@@ -179,11 +179,17 @@ def single_device_runner(graph: tf.Graph, config, analysis: Analysis | None = No
     return runner
 
 
-def _batch_size_tensor(graph: tf.Graph) -> tf.Tensor | None:
-    """Leading dimension of the first input-pipeline tensor, for examples/s."""
-    for op in graph.get_operations():
-        if op.type == "IteratorGetNext":
-            for t in op.outputs:
-                if t.shape.rank:
-                    return tf.shape(t)[0]
+def _batch_size_tensor(graph: tf.Graph, analysis: Analysis | None) -> tf.Tensor | None:
+    """Leading dimension of the training batch, for examples/s: of the
+    iterator the loss reads when the analysis found one, else of the first
+    iterator. Never another one: fetched with every step, it would draw a
+    batch from it (an eval set's iterator, Runner.evaluate)."""
+    ops = [op for op in graph.get_operations() if op.type == "IteratorGetNext"]
+    if analysis is not None and analysis.loss:
+        read = iterator_read_by([graph.get_tensor_by_name(analysis.loss)])
+        ops = [read] if read is not None else []
+    for op in ops[:1]:
+        for t in op.outputs:
+            if t.shape.rank:
+                return tf.shape(t)[0]
     return None
