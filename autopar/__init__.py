@@ -31,6 +31,9 @@ def __getattr__(name):
     if name in ("get_runner", "shard", "analyze"):
         from autopar import api
         return getattr(api, name)
+    if name == "optimizers":
+        import importlib
+        return importlib.import_module("autopar.optimizers")
     if name == "Report":
         from autopar.transforms.report import Report
         return Report

@@ -80,9 +80,12 @@ def main():
         global_step = tf1.train.get_or_create_global_step()
         train_op = tf1.train.AdamOptimizer(args.lr).minimize(loss, global_step=global_step)
 
-        x_eval = tf1.placeholder(tf.float32, [None, x_train.shape[1]], name="x_eval")
-        y_eval = tf1.placeholder(tf.int64, [None], name="y_eval")
-        accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(mlp(x_eval), 1), y_eval), tf.float32))
+        # The test set, sharded too: each worker evaluates its slice and
+        # runner.evaluate adds up the correct predictions and the counts.
+        test_ds = autopar.shard(tf.data.Dataset.from_tensor_slices((x_test, y_test))).batch(64)
+        x_eval, y_eval = tf1.data.make_one_shot_iterator(test_ds).get_next()
+        correct = tf.cast(tf.equal(tf.argmax(mlp(x_eval), 1), y_eval), tf.float32)
+        accuracy = (tf.reduce_sum(correct), tf.size(correct))   # (sum, count) per batch
 
     threshold = args.compute_threshold
     config = autopar.Config(
@@ -102,12 +105,14 @@ def main():
         extra = runner.dropcompute.extra_steps(args.steps) if runner.dropcompute else 0
         for _ in range(extra):
             runner.run(train_op)
+        trained_s = time.monotonic() - start
+        # Every worker evaluates (its shard); all get the whole set's accuracy.
+        acc = runner.evaluate({"accuracy": accuracy})["accuracy"]
         if runner.is_chief:
-            print(f"training took {time.monotonic() - start:.1f} s ({extra} compensation steps)")
-            acc = runner.run(accuracy, {x_eval: x_test, y_eval: y_test})
+            print(f"training took {trained_s:.1f} s ({extra} compensation steps)")
             print(f"trained {args.steps + extra} steps on {runner.num_workers} worker(s), "
                   f"global batch {args.batch_size * runner.num_workers * runner.micro_batches}")
-            print(f"test accuracy: {acc:.4f}", flush=True)
+            print(f"test accuracy: {acc:.4f} ({len(y_test)} test examples)", flush=True)
 
 
 if __name__ == "__main__":

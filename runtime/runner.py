@@ -61,7 +61,8 @@ class Runner:
     def __init__(self, session, graph: tf.Graph, analysis: Analysis | None, *, worker_index: int = 0,
                  num_workers: int = 1, progress=None, checkpointer=None,
                  batch_size_tensor: tf.Tensor | None = None, step_barrier=None, on_close=(),
-                 after_step=None, monitor=None, accumulate=None, dropcompute=None):
+                 after_step=None, monitor=None, accumulate=None, dropcompute=None,
+                 totals_allreduce=None):
         self.session = session
         self.graph = graph
         self.analysis = analysis
@@ -73,6 +74,10 @@ class Runner:
         self._step_barrier = step_barrier
         self._after_step_op = after_step   # e.g. averaging batch-local state
         self._on_close = list(on_close)
+        # length -> (placeholder, sum over workers) for evaluate(); built on
+        # first use by `totals_allreduce(length)`. None: one worker, no combining.
+        self._totals_allreduce = totals_allreduce
+        self._totals_ops: dict[int, tuple] = {}
         # Told before and after every run (runtime.coordinator.ProgressHook).
         self._monitor = monitor
         # (first micro-batch op, later micro-batches op) with micro_batches > 1.
@@ -270,6 +275,91 @@ class Runner:
         if self._checkpointer is not None:
             self._checkpointer.maybe_save(self.session, step)
 
+    # -- distributed evaluation -----------------------------------------------
+    def evaluate(self, metrics: dict, feed_dict=None, *, initializer=None,
+                 max_batches: int | None = None, totals: bool = False) -> dict:
+        """Evaluate `metrics` over this worker's shard of an eval set and
+        combine them over all workers: the result is that of one device
+        evaluating the whole set.
+
+        `metrics`: {name: (sum, count)}, two scalar tensors per metric computed
+        on one batch, e.g. ``(tf.reduce_sum(correct), tf.size(labels))`` for an
+        accuracy or ``(tf.reduce_sum(losses), tf.size(losses))`` for a mean
+        loss. Batches come from a tf.data iterator over a dataset sharded with
+        ``autopar.shard`` (before ``.batch``): batches are run until it ends
+        (OutOfRangeError), or for at most `max_batches`. `initializer`: run
+        first, e.g. an initializable iterator's initializer, so the set can
+        be evaluated again. `feed_dict`: fed with every batch.
+
+        Returns {name: total sum / total count} over every worker's batches
+        (sums and counts added in float64, then one all-reduce of the totals),
+        or {name: (total sum, total count)} with ``totals=True``. Every worker
+        must call evaluate at the same point with the same metrics (the
+        all-reduce waits for all of them); evaluation is not a training step."""
+        names, fetches = self._eval_fetches(metrics)
+        if max_batches is None and not _reads_iterator(fetches):
+            raise AutoparError(
+                "Runner.evaluate runs batches until the eval set's tf.data iterator ends, but "
+                f"the metrics {names} read no iterator: build them on an iterator over "
+                "autopar.shard(eval_dataset).batch(b), or pass max_batches")
+        if initializer is not None:
+            self._run_plain(self._map_fetch(initializer), {}, None, None)
+        feeds, _ = self._map_feeds(feed_dict or {})
+        local = np.zeros(2 * len(names), np.float64)
+        batches = 0
+        while max_batches is None or batches < max_batches:
+            try:
+                values = self.session.run(fetches, feed_dict=feeds or None)
+            except tf.errors.OutOfRangeError:
+                break
+            local += np.asarray(values, np.float64)
+            batches += 1
+        combined = self._sum_over_workers(local)
+        log.debug("worker %d evaluated %d batches: %s", self.worker_index, batches, local)
+        out = {}
+        for k, name in enumerate(names):
+            total, count = float(combined[2 * k]), float(combined[2 * k + 1])
+            if totals:
+                out[name] = (total, count)
+            elif count == 0:
+                log.warning("evaluate: metric %r counted no examples on any worker", name)
+                out[name] = float("nan")
+            else:
+                out[name] = total / count
+        return out
+
+    def _eval_fetches(self, metrics) -> tuple[list[str], list[tf.Tensor]]:
+        """Metric names and [sum0, count0, sum1, count1, ...] in this graph."""
+        if not isinstance(metrics, dict) or not metrics:
+            raise AutoparError("Runner.evaluate takes a non-empty dict {name: (sum, count)} of "
+                               f"scalar tensors, got {type(metrics).__name__}")
+        names, fetches = [], []
+        for name, pair in metrics.items():
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                raise AutoparError(f"Runner.evaluate: metric {name!r} must be a pair (sum, count) "
+                                   "of scalar tensors computed on one batch")
+            for t in pair:
+                mapped = self._map_fetch(t)
+                if not isinstance(mapped, tf.Tensor) or mapped.shape.rank not in (0, None):
+                    raise AutoparError(f"Runner.evaluate: metric {name!r}: {t!r} is not a scalar "
+                                       "tensor (sum or count over one batch)")
+                if self._is_step(mapped):
+                    raise AutoparError(f"Runner.evaluate: metric {name!r} runs a training step "
+                                       f"({mapped.name} depends on a variable update); evaluate "
+                                       "tensors that only read the model")
+                fetches.append(mapped)
+            names.append(str(name))
+        return names, fetches
+
+    def _sum_over_workers(self, local: np.ndarray) -> np.ndarray:
+        if self._totals_allreduce is None or self.num_workers == 1:
+            return local
+        n = len(local)
+        if n not in self._totals_ops:
+            self._totals_ops[n] = self._totals_allreduce(n)
+        placeholder, summed = self._totals_ops[n]
+        return np.asarray(self.session.run(summed, {placeholder: local}), np.float64)
+
     def _is_step(self, element) -> bool:
         op = element if isinstance(element, tf.Operation) else getattr(element, "op", None)
         return op is not None and op.name in self._step_ops
@@ -442,6 +532,30 @@ def _leading_dim(key, value) -> int | None:
     except (ValueError, IndexError, TypeError):
         return None                                  # ragged lists, scalar shapes
     return int(shape[0]) if shape else None
+
+
+_ITERATOR_OPS = frozenset({"IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional"})
+
+
+def iterator_read_by(tensors) -> tf.Operation | None:
+    """A tf.data iterator's get-next op that `tensors` depend on (by data or
+    control edges), or None."""
+    seen: set[str] = set()
+    stack = [t.op for t in tensors]
+    while stack:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        if op.type in _ITERATOR_OPS:
+            return op
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    return None
+
+
+def _reads_iterator(tensors) -> bool:
+    return iterator_read_by(tensors) is not None
 
 
 _UPDATE_PREFIXES = ("Assign", "Apply", "ResourceApply", "SparseApply", "ResourceSparseApply",

@@ -24,11 +24,12 @@ from autopar.runtime.checkpoint import Checkpointer
 from autopar.runtime.coordinator import CoordinatorClient, ProgressHook
 from autopar.runtime.dropcompute import Agreement, DropCompute
 from autopar.runtime.progress import Progress
-from autopar.runtime.runner import Runner
+from autopar.runtime.runner import Runner, iterator_read_by
 from autopar.runtime.session import session_config, start_worker_server, wait_for_peers
 from autopar.transforms.analysis import Analysis, analyze_graph
 from autopar.transforms.compile import CompiledPlan, compile_for_config
 from autopar.transforms.graph_utils import import_meta_graph
+from autopar.transforms.evaluate import totals_allreduce
 from autopar.transforms.plan import Topology
 from autopar.transforms.ps_rewrite import COUNTERS_INIT
 from autopar.transforms.rewrite import rewrite_for_worker, worker_device
@@ -69,7 +70,7 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
         if is_chief and plan.ps_variables:
             init.append(worker_graph.get_operation_by_name(COUNTERS_INIT))
         init = tf.group(*init)
-        batch_size = _batch_size_tensor(worker_graph)
+        batch_size = _batch_size_tensor(worker_graph, analysis)
         checkpointer = (Checkpointer(worker_graph, config.checkpoint_dir, config.save_every_steps,
                                      rewritten.partitions, keep=config.keep_checkpoints)
                         if is_chief and config.checkpoint_dir else None)
@@ -92,7 +93,8 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
                                 if rewritten.after_step else None),
                     monitor=hook, on_close=(hook.closed,) if hook else (),
                     **_micro_batching(worker_graph, rewritten, config, worker_index, num_workers,
-                                      client))
+                                      client),
+                    totals_allreduce=_totals_allreduce(worker_graph, plan, worker_index))
     runner.start(init, worker_graph.get_operation_by_name(rewritten.broadcast_op))
     log.info("worker %d: initial state received from the chief", worker_index)
     return runner
@@ -108,6 +110,15 @@ def _micro_batching(graph, rewritten, config, worker_index: int, num_workers: in
     return {"accumulate": (graph.get_operation_by_name(rewritten.accumulate_first),
                            graph.get_operation_by_name(rewritten.accumulate)),
             "dropcompute": DropCompute(config, worker_index, num_workers, agreement)}
+
+
+def _totals_allreduce(worker_graph: tf.Graph, plan, worker_index: int):
+    """Builds, in this worker's graph, the all-reduce Runner.evaluate sums
+    its totals with (one per vector length, on first use)."""
+    def build(length: int):
+        with worker_graph.as_default():
+            return totals_allreduce(plan, worker_device(worker_index), length)
+    return build
 
 
 def _receive_plan(graph, cluster: dict[str, list[str]], worker_index: int, config,
@@ -178,7 +189,7 @@ def single_device_runner(graph: tf.Graph, config, analysis: Analysis | None = No
     with graph.as_default():
         init = tf.group(tf1.global_variables_initializer(), tf1.local_variables_initializer(),
                         tf1.tables_initializer())
-        batch_size = _batch_size_tensor(graph)
+        batch_size = _batch_size_tensor(graph, analysis)
         checkpointer = (Checkpointer(graph, config.checkpoint_dir, config.save_every_steps,
                                      keep=config.keep_checkpoints)
                         if config.checkpoint_dir else None)
@@ -190,11 +201,17 @@ def single_device_runner(graph: tf.Graph, config, analysis: Analysis | None = No
     return runner
 
 
-def _batch_size_tensor(graph: tf.Graph) -> tf.Tensor | None:
-    """Leading dimension of the first input-pipeline tensor, for examples/s."""
-    for op in graph.get_operations():
-        if op.type == "IteratorGetNext":
-            for t in op.outputs:
-                if t.shape.rank:
-                    return tf.shape(t)[0]
+def _batch_size_tensor(graph: tf.Graph, analysis: Analysis | None) -> tf.Tensor | None:
+    """Leading dimension of the training batch, for examples/s: of the
+    iterator the loss reads when the analysis found one, else of the first
+    iterator. Never another one: fetched with every step, it would draw a
+    batch from it (an eval set's iterator, Runner.evaluate)."""
+    ops = [op for op in graph.get_operations() if op.type == "IteratorGetNext"]
+    if analysis is not None and analysis.loss:
+        read = iterator_read_by([graph.get_tensor_by_name(analysis.loss)])
+        ops = [read] if read is not None else []
+    for op in ops[:1]:
+        for t in op.outputs:
+            if t.shape.rank:
+                return tf.shape(t)[0]
     return None

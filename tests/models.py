@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
+from autopar.optimizers import LARSOptimizer
+
 tf1 = tf.compat.v1
 
 FEATURES = 12
@@ -32,6 +34,9 @@ class Model:
     global_step: tf.Variable | None
     input_kind: str    # "features", "image", "ids", "tokens" or "bag"
     segments: tf.Tensor | None = None   # "bag": the example each fed id belongs to
+    # The default MLP: its logits for other inputs (e.g. an eval set), with
+    # the trained variables.
+    forward: object = None
 
 
 def model_dtype(name: str) -> tf.DType:
@@ -114,6 +119,7 @@ def build(name: str) -> Model:
         tf1.set_random_seed(1)
         gs = tf1.train.get_or_create_global_step()
         y = tf1.placeholder(tf.int32, [None], name="y")
+        forward = None
         if name.startswith("cnn"):
             x = tf1.placeholder(dtype, [None, *IMAGE], name="x")
             h = _conv(x, 8, "conv1")
@@ -202,9 +208,11 @@ def build(name: str) -> Model:
             train_op = _optimize(name, loss, gs)
             return Model(graph, x, y, loss, train_op, gs, "bag", segments)
         else:
+            def forward(inputs):
+                with tf1.variable_scope(tf1.get_variable_scope(), reuse=tf1.AUTO_REUSE):
+                    return _dense(_dense(inputs, 16, "hidden", tf.nn.relu), CLASSES, "out")
             x = tf1.placeholder(dtype, [None, FEATURES], name="x")
-            h = _dense(x, 16, "hidden", tf.nn.relu)
-            logits = _dense(h, CLASSES, "out")
+            logits = forward(x)
             kind = "features"
         if name.startswith("embsum"):
             # Per-example losses summed over the batch: one device's gradient
@@ -213,7 +221,8 @@ def build(name: str) -> Model:
         else:
             loss = _xent(logits, y)
         train_op = _optimize(name, loss, gs)
-    return Model(graph, x, y, loss, train_op, gs, kind)
+    return Model(graph, x, y, loss, train_op, gs, kind,
+                 forward=forward)
 
 
 def _optimize(name: str, loss, gs):
@@ -224,6 +233,10 @@ def _optimize(name: str, loss, gs):
         "adagrad": lambda: tf1.train.AdagradOptimizer(0.2),
         "rmsprop": lambda: tf1.train.RMSPropOptimizer(0.01, momentum=0.5,
                                                       centered="centered" in name),
+        # Trust ratios ~0.1-1 here; biases take plain momentum.
+        "lars": lambda: LARSOptimizer(0.3, momentum=0.9, weight_decay=1e-3, eta=0.05,
+                                      scaled_momentum="unscaled" not in name,
+                                      exclude_from_adaptation=("bias",)),
     }[name.split("_")[1]]()
     if "clip" not in name:
         with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
@@ -297,6 +310,7 @@ OPTIMIZERS = {
     "adam": lambda: tf1.train.AdamOptimizer(0.01),
     "adagrad": lambda: tf1.train.AdagradOptimizer(0.1),
     "rmsprop": lambda: tf1.train.RMSPropOptimizer(0.01, momentum=0.5),
+    "lars": lambda: LARSOptimizer(0.1, momentum=0.9, weight_decay=1e-4, eta=0.01),
 }
 SLOT_SUFFIXES = {
     "sgd": [],
@@ -304,6 +318,7 @@ SLOT_SUFFIXES = {
     "adam": ["Adam", "Adam_1"],
     "adagrad": ["Adagrad"],
     "rmsprop": ["RMSProp", "RMSProp_1"],
+    "lars": ["LARS"],
 }
 
 

@@ -1,6 +1,17 @@
 """Dense gradients averaged by ring all-reduce in fused buckets; the variable
-is replicated on every worker (Parallax §3.1)."""
+is replicated on every worker (Parallax §3.1).
+
+Bytes over host links (`host_link_bytes`): TensorFlow's ring visits the
+group's workers in task order, so with workers placed host by host a flat
+ring crosses each host link once per direction, each crossing carrying
+2(N-1)b/N of a b-byte all-reduce; with interleaved placement every ring edge
+crosses a link. 2-D summation (TPU-pod scaling paper §2: sum within each
+host, all-reduce among one worker per host, broadcast within the host) would
+send 2(H-1)b/H per host link for H hosts; the report shows both.
+"""
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import tensorflow as tf
 
@@ -57,6 +68,24 @@ class AllReduce(SyncMethod):
                 for g, piece in zip(grads, tf.split(reduced, sizes)):
                     edits.replaced[g.name] = tf.reshape(piece, tf.shape(g)).name
         return edits
+
+
+def host_link_bytes(worker_hosts: Sequence[str], nbytes: float,
+                    two_dimensional: bool = False) -> dict[str, float]:
+    """Bytes each host sends over its link (and, by symmetry, receives) for
+    one all-reduce of `nbytes`: a ring over the workers in task order (each
+    edge to a worker on another host carries 2(N-1)b/N), or 2-D summation
+    (only the ring of one worker per host crosses links: 2(H-1)b/H each)."""
+    hosts = list(dict.fromkeys(worker_hosts))
+    if two_dimensional:
+        count = len(hosts)
+        return {h: 2 * (count - 1) * nbytes / count if count > 1 else 0.0 for h in hosts}
+    out = {h: 0.0 for h in hosts}
+    n = len(worker_hosts)
+    for i, h in enumerate(worker_hosts):
+        if worker_hosts[(i + 1) % n] != h:
+            out[h] += 2 * (n - 1) * nbytes / n
+    return out
 
 
 def fusion_buckets(analysis, names: set[str], fusion_bytes: int) -> list:

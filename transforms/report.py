@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from autopar.transforms.allreduce import host_link_bytes
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.methods import METHODS
 from autopar.transforms.plan import Plan
@@ -56,6 +57,10 @@ class Report:
     shard_weight_update: bool = False
     slot_bytes: list[int] = field(default_factory=list)
     slot_bytes_unsharded: list[int] = field(default_factory=list)
+    # Bytes each host sends over its link per step for the all-reduce
+    # buckets: {"ring": {host: bytes}, "2d": {host: bytes}} (2-D summation's
+    # figure for comparison; transforms.allreduce.host_link_bytes).
+    host_link_bytes: dict = field(default_factory=dict)
 
     @property
     def sent_per_worker(self) -> float:
@@ -91,6 +96,12 @@ class Report:
         for b in self.buckets:
             lines.append(f"bucket #{b['index']}: {b['dtype']}, {_human(b['bytes'])}, "
                          f"{len(b['variables'])} gradients fused into one all-reduce")
+        if self.buckets and len(self.host_link_bytes.get("ring", {})) > 1:
+            ring, two_d = self.host_link_bytes["ring"], self.host_link_bytes["2d"]
+            lines.append("host links: all-reduce bytes each host sends per step: "
+                         + ", ".join(f"{h} {_human(b)}" for h, b in ring.items())
+                         + " (ring in worker order); 2-D summation would send "
+                         + ", ".join(f"{h} {_human(b)}" for h, b in two_d.items()))
         combine = "averaged" if self.loss_reduction == "mean" else "summed"
         lines.append(f"gradients: {combine} over workers, dense and sparse "
                      f"(loss_reduction={self.loss_reduction}: {self.loss_reduction_why})")
@@ -163,7 +174,11 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
     if plan.ps_variables:
         notes.append(f"server accumulators receive {contributors} contribution(s) per step "
                      f"({'one per host: local aggregation' if plan.local_aggregation else 'one per worker'})")
+    bucket_bytes = sum(b.bytes for b in plan.buckets)
+    links = ({kind: host_link_bytes(plan.worker_hosts, bucket_bytes, kind == "2d")
+              for kind in ("ring", "2d")} if plan.worker_hosts else {})
     return Report(num_workers=n, num_servers=num_servers, variables=variables,
+                  host_link_bytes=links,
                   servers=[{"server": i, "sent": s, "received": r}
                            for i, (s, r) in enumerate(server_bytes)], run_option=plan.run_option,
                   moved_ops=[m.as_dict() for m in moves or []],

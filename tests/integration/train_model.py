@@ -5,6 +5,7 @@ Worker i of N feeds rows [i*B/N, (i+1)*B/N) of the global batch of the step
 it is at, so the N workers together see exactly the single-device batch.
 """
 import argparse
+import json
 import os
 import sys
 import time
@@ -59,11 +60,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--shard-weight-update", action="store_true")
     p.add_argument("--resident", action="store_true",
                    help="print the bytes of the variables allocated on this worker's device")
+    p.add_argument("--eval-size", type=int, default=0,
+                   help="evaluate the model (Runner.evaluate) on a sharded eval set of this "
+                        "many examples before and after training, and print the totals")
     args = p.parse_args(argv)
     # Eager execution stays on (TF2 default): graphs are built in their own
     # tf.Graph context, as many graph-mode scripts do.
 
     model = models.build(args.model)
+    evaluation = _eval_metrics(model, args.eval_size) if args.eval_size else None
     config = autopar.Config(checkpoint_dir=args.checkpoint_dir, save_every_steps=args.save_every,
                             keep_checkpoints=args.keep,
                             log_every_steps=1, fusion_bytes=args.fusion_bytes,
@@ -89,6 +94,8 @@ def main(argv: list[str] | None = None) -> None:
         n, i = runner.num_workers, runner.worker_index
         print(f"worker {i} pid {os.getpid()}", flush=True)
         per = args.batch // n
+        if evaluation is not None:
+            _print_eval(runner, evaluation, "start")
         while True:
             step = int(runner.run(model.global_step))
             if step >= args.steps:
@@ -110,6 +117,8 @@ def main(argv: list[str] | None = None) -> None:
             x, y = models.global_batch(args.model, step, args.batch)
             mine = slice(i * per, (i + 1) * per)
             runner.run(model.train_op, models.feed(model, x[mine], y[mine]))
+        if evaluation is not None:
+            _print_eval(runner, evaluation, "end")
         with model.graph.as_default():
             variables = tf1.global_variables()
         values = runner.run({v.op.name: v for v in variables})
@@ -146,6 +155,32 @@ def _resident(runner, variables, index: int) -> str:
         found = session.run(checks)
     return ",".join(f"{v.op.name}={v.shape.num_elements() * v.dtype.base_dtype.size}"
                     for v in variables if found[v.op.name])
+
+
+EVAL_BATCH = 3   # per worker
+
+
+def _eval_metrics(model, size: int):
+    """(iterator initializer, {name: (sum, count)}) over an eval set of
+    `size` examples sharded with autopar.shard."""
+    xs, ys = models.global_batch("mlp", 500, size)
+    with model.graph.as_default():
+        ds = autopar.shard(tf.data.Dataset.from_tensor_slices((xs, ys))).batch(EVAL_BATCH)
+        iterator = tf1.data.make_initializable_iterator(ds)
+        x, y = iterator.get_next()
+        logits = model.forward(tf.cast(x, model.x.dtype))
+        correct = tf.cast(tf.equal(tf.argmax(logits, 1, output_type=tf.int32), y), tf.float64)
+        losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)
+        return iterator.initializer, {"accuracy": (tf.reduce_sum(correct), tf.size(y)),
+                                      "loss": (tf.reduce_sum(losses), tf.size(y))}
+
+
+def _print_eval(runner, evaluation, when: str) -> None:
+    initializer, metrics = evaluation
+    totals = runner.evaluate(metrics, initializer=initializer, totals=True)
+    means = runner.evaluate(metrics, initializer=initializer)   # the set evaluated again
+    print(f"eval {when}: {json.dumps(totals, sort_keys=True)} "
+          f"{json.dumps(means, sort_keys=True)}", flush=True)
 
 
 if __name__ == "__main__":

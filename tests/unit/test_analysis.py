@@ -154,7 +154,7 @@ def test_minimize_with_each_optimizer(optimizer, use_resource):
 
 
 @pytest.mark.parametrize("use_resource", [True, False], ids=["resource", "ref"])
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adam", "lars"])
 def test_compute_apply_gradients_names_the_returned_gradients(optimizer, use_resource):
     case = build_case("mlp", optimizer, use_resource=use_resource)
     a = analyze_graph(case.graph)
@@ -167,7 +167,7 @@ def test_compute_apply_gradients_names_the_returned_gradients(optimizer, use_res
 
 # ----------------------------------------------------------------- clipping
 @pytest.mark.parametrize("use_resource", [True, False], ids=["resource", "ref"])
-@pytest.mark.parametrize("optimizer", ["momentum", "adam"])
+@pytest.mark.parametrize("optimizer", ["momentum", "adam", "lars"])
 def test_clip_by_global_norm_each_variable_gets_its_own_gradient(optimizer, use_resource):
     case = build_case("mlp", optimizer, clip=True, use_resource=use_resource)
     a = analyze_graph(case.graph)

@@ -273,3 +273,53 @@ def test_launch_failure_exits_2_with_the_message(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("autopar: ") and str(port) in err
     assert "Traceback" not in err
+
+
+# ------------------------------------------------------------- evaluate
+def _eval_graph(size: int, batch: int):
+    """A trainable graph and, on a dataset of `size` examples, per-batch
+    (sum, count) metrics: the values themselves and how many are > 2."""
+    graph = tf.Graph()
+    with graph.as_default():
+        w = tf1.get_variable("w", initializer=1.0)
+        loss = tf.square(w - 3.0)
+        train = tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
+        ds = autopar.shard(tf.data.Dataset.range(size)).batch(batch)
+        iterator = tf1.data.make_initializable_iterator(ds)
+        x = tf.cast(iterator.get_next(), tf.float32) * w
+        metrics = {"mean": (tf.reduce_sum(x), tf.size(x)),
+                   "above2": (tf.reduce_sum(tf.cast(x > 2.0, tf.float32)), tf.size(x))}
+    return graph, train, iterator.initializer, metrics, x
+
+
+def test_evaluate_covers_the_whole_set_once():
+    graph, train, init, metrics, _ = _eval_graph(7, 3)
+    with autopar.get_runner(graph, None) as runner:
+        assert runner.evaluate(metrics, initializer=init, totals=True) == {
+            "mean": (21.0, 7.0), "above2": (4.0, 7.0)}
+        assert runner.evaluate(metrics, initializer=init) == {"mean": 3.0, "above2": 4 / 7}
+        runner.run(train)                        # w: 1 -> 1.4
+        got = runner.evaluate(metrics, initializer=init)
+        assert got["mean"] == pytest.approx(3.0 * 1.4, rel=1e-6)
+        assert got["above2"] == 5 / 7            # 2*1.4 .. 6*1.4 > 2
+        assert runner.evaluate(metrics, initializer=init, max_batches=1, totals=True)[
+            "mean"][1] == 3.0
+
+
+def test_evaluate_rejects_what_it_cannot_evaluate():
+    graph, train, init, metrics, x = _eval_graph(4, 2)
+    with graph.as_default():
+        p = tf1.placeholder(tf.float32, [None])
+        fed = {"p": (tf.reduce_sum(p), tf.size(p))}
+        unpaired = {"x": tf.reduce_sum(x)}
+        vector = {"x": (x, tf.size(x))}
+    with autopar.get_runner(graph, None) as runner:
+        with pytest.raises(autopar.AutoparError, match="read no iterator"):
+            runner.evaluate(fed, {p: [1.0]})
+        assert runner.evaluate(fed, {p: [1.0, 2.0]}, max_batches=2) == {"p": 1.5}
+        with pytest.raises(autopar.AutoparError, match=r"pair \(sum, count\)"):
+            runner.evaluate(unpaired, initializer=init)
+        with pytest.raises(autopar.AutoparError, match="not a scalar"):
+            runner.evaluate(vector, initializer=init)
+        with pytest.raises(autopar.AutoparError, match="non-empty dict"):
+            runner.evaluate([], initializer=init)
