@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test install clean native stress
 
-$(STAMP): setup.py pyproject.toml runtime/coordinator.proto cpp_ops/bind_shim.c
+$(STAMP): setup.py pyproject.toml runtime/coordinator.proto transforms/fusion_layout.proto cpp_ops/bind_shim.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[test]"

@@ -11,6 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from autopar.transforms.analysis import Analysis
+from autopar.transforms.bfb import WIRE_BYTES
 from autopar.transforms.methods import METHODS
 from autopar.transforms.plan import Plan
 
@@ -47,6 +48,10 @@ class Report:
     loss_reduction: str = "mean"      # how workers' gradients combine: "mean" or "sum"
     loss_reduction_why: str = ""
     sync_local_state: str = "none"
+    # herring: its balanced fusion buffers (variables, offsets, shards per
+    # server) and why hybrid chose it or not
+    herring_buffers: list[dict] = field(default_factory=list)
+    herring_why: str = ""
 
     @property
     def sent_per_worker(self) -> float:
@@ -82,6 +87,16 @@ class Report:
         for b in self.buckets:
             lines.append(f"bucket #{b['index']}: {b['dtype']}, {_human(b['bytes'])}, "
                          f"{len(b['variables'])} gradients fused into one all-reduce")
+        if self.herring_why:
+            lines.append(f"herring: {self.herring_why}")
+        for b in self.herring_buffers:
+            pieces = ", ".join(f"{v}[{start}:{start + n}]@{offset}"
+                               for v, start, offset, n in b["segments"])
+            shards = ", ".join(f"server {srv} [{offset}:{offset + n}]"
+                               for srv, offset, n in b["shards"])
+            lines.append(f"herring buffer #{b['index']}: {b['elements']} elements "
+                         f"({_human(b['wire_bytes'])} on the wire as {b['wire_dtype']}): "
+                         f"{pieces}; shards: {shards}")
         combine = "averaged" if self.loss_reduction == "mean" else "summed"
         lines.append(f"gradients: {combine} over workers, dense and sparse "
                      f"(loss_reduction={self.loss_reduction}: {self.loss_reduction_why})")
@@ -124,10 +139,10 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
             name=v.name, kind=v.gradient, shape=list(v.shape), dtype=v.dtype, bytes=v.bytes,
             method=vp.method, placement=vp.placement, reason=vp.reason, alpha=v.alpha,
             sent_per_worker=sent, received_per_worker=recv, bucket=vp.bucket, dedup=v.dedup))
-    if num_servers and not plan.ps_variables:
+    if num_servers and not plan.ps_variables and plan.herring is None:
         notes.append(f"{num_servers} server process(es) are started but hold no variables "
                      "with every gradient all-reduced")
-    if plan.ps_variables:
+    if plan.ps_variables or plan.herring is not None:
         notes.append(f"server accumulators receive {contributors} contribution(s) per step "
                      f"({'one per host: local aggregation' if plan.local_aggregation else 'one per worker'})")
     return Report(num_workers=n, num_servers=num_servers, variables=variables,
@@ -138,7 +153,19 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
                   sync_local_state=plan.sync_local_state,
                   buckets=[asdict(b) for b in plan.buckets],
                   state=[asdict(s) for s in analysis.state], untrained=analysis.untrained,
-                  notes=notes)
+                  notes=notes, herring_buffers=_herring_buffers(plan), herring_why=plan.herring_why)
+
+
+def _herring_buffers(plan: Plan) -> list[dict]:
+    layout = plan.herring
+    if layout is None:
+        return []
+    wire = WIRE_BYTES[layout.wire_dtype]
+    return [{"index": b.index, "elements": b.elements, "wire_bytes": b.elements * wire,
+             "wire_dtype": layout.wire_dtype,
+             "segments": [[s.variable, s.start, s.offset, s.length] for s in b.segments],
+             "shards": [[s.server, s.offset, s.length] for s in b.shards]}
+            for b in layout.buffers]
 
 
 def _state_line(state: dict, combine: str, sync: str) -> str:
