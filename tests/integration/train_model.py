@@ -45,6 +45,7 @@ def main() -> None:
     p.add_argument("--no-la", action="store_true", help="turn local aggregation off")
     p.add_argument("--partitions", default="", help="NAME=N,... partition overrides")
     p.add_argument("--sync-local-state", default="none")
+    p.add_argument("--wire-dtype", default="float32", help="Config.wire_dtype (herring)")
     args = p.parse_args()
     # Eager execution stays on (TF2 default): graphs are built in their own
     # tf.Graph context, as many graph-mode scripts do.
@@ -55,7 +56,7 @@ def main() -> None:
                             log_every_steps=1, fusion_bytes=args.fusion_bytes,
                             stall_timeout_s=args.stall_timeout,
                             run_option=args.run_option, local_aggregation=not args.no_la,
-                            sync_local_state=args.sync_local_state,
+                            sync_local_state=args.sync_local_state, wire_dtype=args.wire_dtype,
                             partitions={k: int(n) for k, n in
                                         (kv.split("=") for kv in args.partitions.split(",") if kv)})
     with autopar.get_runner(model.graph, args.spec, config) as runner:
