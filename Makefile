@@ -7,15 +7,18 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test install clean native stress
 
-$(STAMP): setup.py pyproject.toml runtime/coordinator.proto transforms/fusion_layout.proto cpp_ops/bind_shim.c
+$(STAMP): setup.py pyproject.toml runtime/coordinator.proto transforms/fusion_layout.proto cpp_ops/bind_shim.c \
+		cpp_ops/herring_ops.cc cpp_ops/sum_server.cc cpp_ops/herring_wire.h
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[test]"
 	$(MAKE) native
 	touch $(STAMP)
 
-# The coordinator's gRPC modules (from runtime/coordinator.proto) and the bind
-# shim (cpp_ops/bind_shim.c, needs a C compiler) into runtime/. setup.py's
+# The coordinator's gRPC modules (from runtime/coordinator.proto), the bind
+# shim (cpp_ops/bind_shim.c, needs a C compiler) and the Herring transport
+# (cpp_ops/herring_ops.cc against the installed TensorFlow, cpp_ops/sum_server.cc;
+# needs a C++17 compiler) into runtime/. setup.py's
 # build does the same for `pip install .`.
 native:
 	$(PY) -m autopar.runtime.native

@@ -17,8 +17,9 @@ def _native():
 
 class BuildWithNative(build_py):
     """Also generate the coordinator's gRPC modules (grpcio-tools, a build
-    requirement in pyproject.toml) and compile the bind shim (the system C
-    compiler). An editable install builds them in the source tree."""
+    requirement in pyproject.toml), compile the bind shim (the system C
+    compiler) and the Herring transport (C++: the op library against the
+    installed TensorFlow, and the summation server). An editable install builds them in the source tree."""
 
     def run(self):
         super().run()
@@ -28,6 +29,8 @@ class BuildWithNative(build_py):
         try:
             native.build_protos(dest)
             native.build_shim(dest)
+            native.build_sumserver(dest)
+            native.build_herring_ops(dest)
         except native.BuildError as exc:
             raise SystemExit(f"autopar build: {exc}") from exc
 

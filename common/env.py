@@ -20,6 +20,12 @@ BIND = "AUTOPAR_BIND"            # "addr/port,..." for the bind shim (cpp_ops/bi
 # under PLAN_KEY, the other workers fetch it.
 PLAN = "AUTOPAR_PLAN"
 PLAN_KEY = "compiled-plan"
+# "host:port,..." of the job's summation servers (cpp_ops/sum_server.cc), in
+# server-index order, read by the Herring push/pull kernel at first use: the
+# graph itself names no host.
+SUMSERVERS = "AUTOPAR_SUMSERVERS"
+# Seconds a Herring push/pull waits for its result before failing (default 60).
+HERRING_TIMEOUT = "AUTOPAR_HERRING_TIMEOUT_S"
 
 # The chief's last line after a requested stop (Ctrl-C); the launcher reports
 # what follows it (where the final checkpoint is).

@@ -1,9 +1,13 @@
 """Build steps run at install time (``make install`` and setup.py's build):
-the coordinator's gRPC modules from ``runtime/coordinator.proto`` and the
-bind shim ``cpp_ops/bind_shim.c``. Standard library only, so setup.py can
-load this file before anything is installed.
+the coordinator's gRPC modules from ``runtime/coordinator.proto``, the bind
+shim ``cpp_ops/bind_shim.c``, and the Herring transport: the TensorFlow op
+library ``cpp_ops/herring_ops.cc`` (compiled against the installed
+TensorFlow with its own flags) and the summation server
+``cpp_ops/sum_server.cc`` (plain C++17). Standard library only, so setup.py
+can load this file before anything is installed (TensorFlow is asked for its
+flags in a subprocess).
 
-    python -m autopar.runtime.native [--dest DIR]    build both into DIR (default runtime/)
+    python -m autopar.runtime.native [--dest DIR]    build all into DIR (default runtime/)
 
 The _pb2 modules are generated, not committed: generated code names the
 grpcio-tools release that made it and refuses to run on an older grpcio, so
@@ -25,6 +29,11 @@ REPO_ROOT = RUNTIME_DIR.parent
 PROTO = RUNTIME_DIR / "coordinator.proto"
 SHIM_SOURCE = REPO_ROOT / "cpp_ops" / "bind_shim.c"
 SHIM_NAME = "libautopar_bind.so"
+CPP_OPS = REPO_ROOT / "cpp_ops"
+HERRING_OPS_SOURCE = CPP_OPS / "herring_ops.cc"
+HERRING_OPS_NAME = "libautopar_herring.so"
+SUMSERVER_SOURCE = CPP_OPS / "sum_server.cc"
+SUMSERVER_NAME = "autopar_sumserver"
 PROTO_MODULES = ("coordinator_pb2.py", "coordinator_pb2_grpc.py")
 # Where the runtime package sits once installed (setup.py's package_dir).
 PROTO_PACKAGE = "autopar/runtime"
@@ -88,6 +97,70 @@ def compiler() -> str:
                      "Alpine: apk add build-base) or set CC")
 
 
+def cxx_compiler() -> str:
+    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+        if name and shutil.which(name):
+            return name
+    raise BuildError("building autopar's Herring transport (cpp_ops/herring_ops.cc, "
+                     "cpp_ops/sum_server.cc) needs a C++17 compiler: install one (Debian/Ubuntu: "
+                     "apt-get install g++; Fedora/RHEL: dnf install gcc-c++; Alpine: apk add "
+                     "build-base) or set CXX")
+
+
+def tensorflow_flags(python: str = sys.executable) -> tuple[list[str], list[str]]:
+    """(compile flags, link flags) of the TensorFlow installed for ``python``.
+    Asked in a subprocess: this module must not import TensorFlow (setup.py
+    loads it before anything is installed, and the import is slow)."""
+    code = ("import json, tensorflow as tf; print(json.dumps([tf.sysconfig.get_compile_flags(), "
+            "tf.sysconfig.get_link_flags()]))")
+    proc = subprocess.run([python, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    if proc.returncode != 0:
+        raise BuildError("building cpp_ops/herring_ops.cc needs TensorFlow installed for "
+                         f"{python} (pip install tensorflow-cpu==2.21.0, or `make install`):\n"
+                         + proc.stderr[-2000:])
+    import json
+    compile_flags, link_flags = json.loads(proc.stdout.strip().splitlines()[-1])
+    return compile_flags, link_flags
+
+
+def _compile(cmd: list[str], source: Path, out: Path) -> Path:
+    """Runs ``cmd`` (which writes ``out``'s temporary name, its last-but-one
+    argument pair) and moves the result into place atomically."""
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    tmp = Path(cmd[cmd.index("-o") + 1])
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise BuildError(f"compiling {source} failed ({' '.join(cmd)}):\n{proc.stdout}")
+    os.replace(tmp, out)
+    return out
+
+
+def build_herring_ops(dest: Path = RUNTIME_DIR) -> Path:
+    """Compile the push/pull kernel into ``dest``/libautopar_herring.so."""
+    dest.mkdir(parents=True, exist_ok=True)
+    cxx = cxx_compiler()
+    compile_flags, link_flags = tensorflow_flags()
+    out = dest / HERRING_OPS_NAME
+    tmp = dest / f".{HERRING_OPS_NAME}.{os.getpid()}.tmp"
+    # TensorFlow's flags come after ours: its --std=c++17 and ABI define win.
+    cmd = [cxx, "-std=c++17", "-shared", "-fPIC", "-O2", "-Wall", f"-I{CPP_OPS}", "-o", str(tmp),
+           str(HERRING_OPS_SOURCE), *compile_flags, *link_flags, "-pthread"]
+    return _compile(cmd, HERRING_OPS_SOURCE, out)
+
+
+def build_sumserver(dest: Path = RUNTIME_DIR) -> Path:
+    """Compile the summation server into ``dest``/autopar_sumserver."""
+    dest.mkdir(parents=True, exist_ok=True)
+    out = dest / SUMSERVER_NAME
+    tmp = dest / f".{SUMSERVER_NAME}.{os.getpid()}.tmp"
+    # -O3: the accumulate/average loops are vectorised for the baseline ISA,
+    # so the binary runs on any x86-64.
+    cmd = [cxx_compiler(), "-std=c++17", "-O3", "-Wall", "-pthread", f"-I{CPP_OPS}", "-o", str(tmp),
+           str(SUMSERVER_SOURCE)]
+    return _compile(cmd, SUMSERVER_SOURCE, out)
+
+
 def build_shim(dest: Path = RUNTIME_DIR) -> Path:
     """Compile the bind shim into ``dest``/libautopar_bind.so; returns its path."""
     dest.mkdir(parents=True, exist_ok=True)
@@ -111,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         build_protos(args.dest)
         build_shim(args.dest)
+        build_sumserver(args.dest)
+        build_herring_ops(args.dest)
     except BuildError as exc:
         print(f"autopar build: {exc}", file=sys.stderr)
         return 1

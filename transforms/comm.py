@@ -5,7 +5,12 @@ Horovod) means adding a class here, never touching analysis or planning.
 """
 from __future__ import annotations
 
+import threading
+from pathlib import Path
+
 import tensorflow as tf
+
+from autopar.common.errors import AutoparError
 
 MAX_GATHERED_ROWS = 1 << 40
 
@@ -126,3 +131,70 @@ class CollectiveOpsBackend:
         keep = tf.reshape(tf.sequence_mask(counts, padded), [-1])
         return (tf.boolean_mask(self.allgather(padded_values, keys[1] + rung), keep),
                 tf.boolean_mask(self.allgather(padded_indices, keys[2] + rung), keep))
+
+
+# ---------------------------------------------------------------------------
+# Herring transport: push/pull of balanced fusion buffers to summation servers
+# (cpp_ops/herring_ops.cc, cpp_ops/sum_server.cc).
+# ---------------------------------------------------------------------------
+
+HERRING_LIBRARY = Path(__file__).resolve().parent.parent / "runtime" / "libautopar_herring.so"
+WIRE_DTYPES = ("float32", "float16", "bfloat16")
+# Elements per segment on the wire (1 MiB of float32): the server sums a
+# segment as soon as every contributor's copy is in, so sending, summing and
+# returning overlap segment by segment.
+SEGMENT_ELEMENTS = 1 << 18
+
+_herring_module = None
+_herring_lock = threading.Lock()
+
+
+def herring_ops():
+    """The loaded op library (tf.load_op_library, once per process)."""
+    global _herring_module
+    with _herring_lock:
+        if _herring_module is None:
+            if not HERRING_LIBRARY.exists():
+                raise AutoparError(
+                    f"autopar's Herring transport is not built ({HERRING_LIBRARY} is missing): "
+                    "run `make install` (or `python -m autopar.runtime.native`), which needs a "
+                    "C++17 compiler")
+            _herring_module = tf.load_op_library(str(HERRING_LIBRARY))
+        return _herring_module
+
+
+def push_pull(buffer: tf.Tensor, *, buffer_id: int, shards: list[tuple[int, int, int]],
+              num_contributors: int, contributor_index: int, wire_dtype: str = "float32",
+              average: bool = True, timeout_s: float = 0.0,
+              segment_elements: int = SEGMENT_ELEMENTS, name: str | None = None) -> tf.Tensor:
+    """The element-wise mean (sum if not ``average``) of the 1-D float32
+    ``buffer`` over ``num_contributors`` processes, each of which runs this op
+    with the same ``buffer_id``, ``shards`` and options and its own
+    ``contributor_index``.
+
+    ``shards``: (server index, offset, length), contiguous from offset 0 and
+    covering the buffer; shard k goes to the summation server at position
+    ``server index`` of AUTOPAR_SUMSERVERS (read by the kernel at run time, so
+    the graph names no host). ``wire_dtype`` float16/bfloat16 halves the bytes
+    sent (workers convert, servers accumulate in float32). ``timeout_s``
+    (0: AUTOPAR_HERRING_TIMEOUT_S, else 60 s) bounds the wait for a result;
+    a lost server connection fails the op at once. Every process must run its
+    pushes of one ``buffer_id`` in the same order (the n-th meets the n-th)."""
+    if wire_dtype not in WIRE_DTYPES:
+        raise ValueError(f"wire_dtype must be one of {WIRE_DTYPES}, not {wire_dtype!r}")
+    if not 0 <= contributor_index < num_contributors:
+        raise ValueError(f"contributor_index {contributor_index} not in [0, {num_contributors})")
+    offset = 0
+    for server, start, length in shards:
+        if start != offset or length < 0 or server < 0:
+            raise ValueError(f"shards must be contiguous from offset 0: {shards}")
+        offset += length
+    size = buffer.shape[0] if buffer.shape.rank == 1 else None
+    if size is not None and size != offset:
+        raise ValueError(f"shards cover {offset} elements but the buffer has {size}")
+    return herring_ops().autopar_herring_push_pull(
+        buffer=buffer, buffer_id=buffer_id,
+        shard_servers=[s for s, _, _ in shards], shard_offsets=[o for _, o, _ in shards],
+        shard_lengths=[n for _, _, n in shards], num_contributors=num_contributors,
+        contributor_index=contributor_index, wire_dtype=wire_dtype, average=average,
+        timeout_s=timeout_s, segment_elements=segment_elements, name=name)

@@ -16,7 +16,8 @@ def test_wheel_installs_only_the_autopar_namespace(tmp_path):
     # copy of the sources, so no build/ directory is left in the repository.
     src = tmp_path / "src"
     shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
-        ".git", ".venv*", "build", "*.egg-info", "__pycache__", "results", "*.so", "*_pb2*.py"))
+        ".git", ".venv*", "build", "*.egg-info", "__pycache__", "results", "*.so", "*_pb2*.py",
+        "autopar_sumserver"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                     "-w", str(tmp_path / "dist"), str(src)],
                    check=True, capture_output=True, text=True, timeout=240, cwd=tmp_path)
@@ -27,7 +28,8 @@ def test_wheel_installs_only_the_autopar_namespace(tmp_path):
     tops = {n.split("/", 1)[0] for n in names}
     assert {t for t in tops if not t.endswith(".dist-info")} == {"autopar"}
     for module in ("autopar/transforms/rewrite.py", "autopar/runtime/launcher.py",
-                   "autopar/runtime/coordinator_pb2_grpc.py", "autopar/runtime/libautopar_bind.so"):
+                   "autopar/runtime/coordinator_pb2_grpc.py", "autopar/runtime/libautopar_bind.so",
+                   "autopar/runtime/libautopar_herring.so", "autopar/runtime/autopar_sumserver"):
         assert module in names
 
     # Imported from the unpacked wheel, outside the repository: the autopar
