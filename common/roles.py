@@ -19,6 +19,9 @@ CHIEF_JOB = "chief"
 
 WORKER_ROLE = "worker"
 SERVER_ROLE = "server"
+# A summation server of the Herring transport (cpp_ops/sum_server.cc): not a
+# TensorFlow task, so it has no job; one per server of the spec.
+SUMSERVER_ROLE = "sumserver"
 # `autopar report` runs the user's script in this role: it prints the report
 # and exits instead of training.
 REPORT_ROLE = "report"

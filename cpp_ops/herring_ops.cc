@@ -13,7 +13,8 @@
 // has a sender thread (encodes to the wire dtype and writes, segment by
 // segment) and a receiver thread (decodes results into the ops' outputs).
 // A connection that fails fails every op waiting on it with an error naming
-// the server; an op with no result after its timeout fails naming the servers
+// the server (INTERNAL: TensorFlow turns an op's UNAVAILABLE into INTERNAL
+// anyway, keeping UNAVAILABLE for its own network layer); an op with no result after its timeout fails naming the servers
 // that still owe segments. The next op reconnects.
 #include <netdb.h>
 #include <netinet/in.h>
@@ -175,7 +176,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       cv_.notify_all();
     }
     for (auto& entry : pending) {
-      Finish(entry.second, errors::Unavailable("herring push_pull of ", entry.second->what,
+      Finish(entry.second, errors::Internal("herring push_pull of ", entry.second->what,
                                                ": lost the connection to ", Where(), ": ", why));
     }
   }
@@ -344,16 +345,24 @@ class Transport {
   std::shared_ptr<Connection> Connect(int index, const std::string& address,
                                       Clock::time_point deadline, Status* status) {
     std::lock_guard<std::mutex> lock(connect_mu_);
+    bool lost = false;
     {
       std::lock_guard<std::mutex> l(mu_);
       auto it = connections_.find(index);
-      if (it != connections_.end() && !it->second->dead()) return it->second;
+      if (it != connections_.end()) {
+        if (!it->second->dead()) return it->second;
+        lost = true;
+      }
     }
+    // A first connection retries while the server may still be starting; a
+    // server whose connection was lost gets one attempt, so a dead server
+    // fails the op at once instead of after the timeout.
     std::string error;
-    int fd = ConnectTo(address, deadline, &error);
+    int fd = ConnectTo(address, lost ? Clock::now() : deadline, &error);
     if (fd < 0) {
-      *status = errors::Unavailable("herring push_pull: cannot connect to summation server ",
-                                    address, " (server ", index, " in ", kServersEnv, "): ", error);
+      *status = errors::Internal("herring push_pull: cannot connect to summation server ",
+                                    address, " (server ", index, " in ", kServersEnv, ")",
+                                    lost ? " again after losing the connection" : "", ": ", error);
       return nullptr;
     }
     auto conn = std::make_shared<Connection>(index, address, fd);
@@ -535,7 +544,7 @@ class HerringPushPullOp : public AsyncOpKernel {
         return;
       }
       if (!conn->Submit(std::move(job))) {
-        Finish(op, errors::Unavailable("herring push_pull of ", op->what,
+        Finish(op, errors::Internal("herring push_pull of ", op->what,
                                        ": lost the connection to summation server ", shard.address));
         return;
       }

@@ -31,7 +31,7 @@ import autopar
 from autopar.common.errors import LaunchError
 from autopar.common import env as envvars
 from autopar.common import procs
-from autopar.common.roles import SERVER_JOB, SERVER_ROLE, WORKER_JOB, WORKER_ROLE
+from autopar.common.roles import SERVER_JOB, SERVER_ROLE, SUMSERVER_ROLE, WORKER_JOB, WORKER_ROLE
 from autopar.runtime.coordinator import Coordinator, JobMonitor, host_address, launcher_host
 from autopar.runtime.ports import is_bind_failure, is_local_address, reserve_cluster
 from autopar.runtime.spec import HostSpec, ResourceSpec
@@ -66,7 +66,7 @@ _OUTPUT_LOCK = threading.Lock()
 @dataclass(frozen=True)
 class ChildPlan:
     """Everything needed to start one server or worker process."""
-    role: str                 # WORKER_ROLE or SERVER_ROLE
+    role: str                 # WORKER_ROLE, SERVER_ROLE or SUMSERVER_ROLE
     index: int                # task index within the role's job
     address: str              # "host:port" from the cluster
     host: HostSpec
@@ -199,14 +199,19 @@ def build_ssh_command(host: HostSpec, command: Sequence[str], env: Mapping[str, 
 
 def plan_children(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: Sequence[str],
                   *, extra_env: Mapping[str, str] | None = None, tty: bool = False,
-                  cwd: str | None = None) -> list[ChildPlan]:
-    """One ChildPlan per server, then per worker, in task-index order."""
+                  cwd: str | None = None, sumservers: Sequence[str] = ()) -> list[ChildPlan]:
+    """One ChildPlan per server, then per summation server (``sumservers``,
+    one per server, or none), then per worker, in task-index order. With
+    summation servers every child gets AUTOPAR_SUMSERVERS."""
     cwd = cwd or os.getcwd()
     server_cmd = [sys.executable, "-m", "autopar.runtime.server_main"]
     jobs: list[tuple[str, list[str], list[HostSpec], list[str]]] = [
         (SERVER_ROLE, list(cluster.get(SERVER_JOB, [])), spec.server_hosts(), server_cmd),
+        (SUMSERVER_ROLE, list(sumservers), spec.server_hosts() if sumservers else [], []),
         (WORKER_ROLE, list(cluster[WORKER_JOB]), spec.worker_hosts(), list(argv)),
     ]
+    if sumservers:
+        extra_env = {**(extra_env or {}), envvars.SUMSERVERS: ",".join(sumservers)}
     plans: list[ChildPlan] = []
     for role, addresses, hosts, command in jobs:
         if len(addresses) != len(hosts):
@@ -214,6 +219,10 @@ def plan_children(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: Se
                 f"the cluster has {len(addresses)} {role} addresses but the spec places "
                 f"{len(hosts)} {role}s; this is a bug in port allocation, please report it")
         for index, (address, host) in enumerate(zip(addresses, hosts)):
+            if role == SUMSERVER_ROLE:
+                # Bound to the spec's address, like the other servers (bind shim).
+                command = [sumserver_path(), "--host", host_address(host.address),
+                           "--port", address.rpartition(":")[2]]
             role_env = autopar_env(role, index, cluster, spec, tty=tty)
             if is_local_address(host.address):
                 plans.append(ChildPlan(role, index, address, host, False, list(command),
@@ -452,7 +461,7 @@ def _supervise(children: list[_Child], state: _SignalState, stop_timeout: float,
                monitor: JobMonitor) -> int:
     """Wait until the job ends; return the launcher's exit status."""
     workers = [c for c in children if c.plan.role == WORKER_ROLE]
-    servers = [c for c in children if c.plan.role == SERVER_ROLE]
+    servers = [c for c in children if c.plan.role in (SERVER_ROLE, SUMSERVER_ROLE)]
     while True:
         # First, so a worker that died of a step-count mismatch is reported as one.
         if (status := _check_health(monitor, workers)) is not None:
@@ -492,11 +501,14 @@ def _stdout_is_tty() -> bool:
 def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | None = None,
            grace_seconds: float = 3.0, log_tail_lines: int = 30,
            stall_timeout_s: float = 60.0, stop_timeout_s: float = 60.0,
-           published: Mapping[str, bytes] | None = None) -> int:
+           published: Mapping[str, bytes] | None = None, sumservers: bool = False) -> int:
     """Run ``argv`` once per worker of ``spec`` (plus one server process per
     server) and wait for the job to end. ``published``: values the job
     coordinator serves to every process (Coordinator.publish), e.g. the
-    compiled plan.
+    compiled plan. ``sumservers``: also one summation server
+    (runtime/autopar_sumserver, the Herring transport) per server, on that
+    server's host, and AUTOPAR_SUMSERVERS for every process; like a server,
+    one that exits fails the job.
 
     Returns 0 when every worker exited 0; otherwise the exit status of the
     first process that failed (a signal death N becomes 128+N), 130 after
@@ -518,8 +530,9 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
         raise LaunchError("nothing to launch: the worker command is empty")
     taken: set[str] = set()   # endpoints that failed to bind, avoided from then on
     for attempt in range(1, PORT_ATTEMPTS + 1):
-        with reserve_cluster(spec, avoid=taken) as reservation:
+        with reserve_cluster(spec, avoid=taken, sumservers=sumservers) as reservation:
             status, clash = _launch_once(spec, reservation.cluster, argv, extra_env=extra_env,
+                                         sumservers=reservation.sumservers,
                                          grace_seconds=grace_seconds, log_tail_lines=log_tail_lines,
                                          stall_timeout_s=stall_timeout_s,
                                          stop_timeout_s=stop_timeout_s, published=published)
@@ -539,7 +552,8 @@ def _launch_once(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: lis
                  extra_env: dict[str, str] | None, grace_seconds: float,
                  log_tail_lines: int, stall_timeout_s: float,
                  stop_timeout_s: float,
-                 published: Mapping[str, bytes] | None = None) -> tuple[int, list[ChildPlan]]:
+                 published: Mapping[str, bytes] | None = None,
+                 sumservers: Sequence[str] = ()) -> tuple[int, list[ChildPlan]]:
     """One start of the job on ``cluster``, with its own coordinator: (status
     as for ``launch``, the processes whose port was taken if the job may start
     again)."""
@@ -547,7 +561,7 @@ def _launch_once(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: lis
     for key, value in (published or {}).items():
         coordinator.publish(key, value)
     try:
-        plans = plan_children(spec, cluster, argv, tty=_stdout_is_tty(),
+        plans = plan_children(spec, cluster, argv, tty=_stdout_is_tty(), sumservers=sumservers,
                               extra_env={**(extra_env or {}), **_job_env(coordinator, cluster)})
         plans = _give_token(plans, coordinator)
         return _launch_plans(plans, grace_seconds, log_tail_lines,
@@ -632,6 +646,18 @@ def bind_shim_path() -> str:
     if not path.exists():
         try:
             native.build_shim()
+        except native.BuildError as exc:
+            raise LaunchError(str(exc)) from exc
+    return str(path)
+
+
+def sumserver_path() -> str:
+    """runtime/autopar_sumserver, built at install time (built now if missing)."""
+    from autopar.runtime import native
+    path = native.RUNTIME_DIR / native.SUMSERVER_NAME
+    if not path.exists():
+        try:
+            native.build_sumserver()
         except native.BuildError as exc:
             raise LaunchError(str(exc)) from exc
     return str(path)

@@ -54,7 +54,9 @@ _WILDCARDS = ("0.0.0.0", "::")
 
 # What TensorFlow's gRPC server prints when it cannot bind its port (C++ log
 # line from grpc's add_port.cc, then the UnknownError it raises).
-_BIND_FAILURE = re.compile(r"Could not start gRPC server|Failed to add port to server")
+# autopar_sumserver (cpp_ops/sum_server.cc) says "cannot listen on ADDR: Address in use".
+_BIND_FAILURE = re.compile(r"Could not start gRPC server|Failed to add port to server"
+                           r"|autopar_sumserver: cannot listen on")
 
 
 def is_bind_failure(line: str) -> bool:
@@ -90,6 +92,9 @@ class PortReservation:
     machine off its ports until ``release`` (also on leaving a ``with``)."""
 
     cluster: dict[str, list[str]]
+    # "addr:port" of the summation servers (one per server, like cluster's
+    # SERVER_JOB): not TensorFlow tasks, so not in the cluster.
+    sumservers: list[str] = field(default_factory=list)
     _locks: list[tuple[int, str]] = field(default_factory=list, repr=False)
 
     def release(self) -> None:
@@ -104,12 +109,14 @@ class PortReservation:
         self.release()
 
 
-def reserve_cluster(spec: ResourceSpec, avoid: Collection[str] = ()) -> PortReservation:
+def reserve_cluster(spec: ResourceSpec, avoid: Collection[str] = (), *,
+                    sumservers: bool = False) -> PortReservation:
     """{WORKER_JOB: [...num_workers], SERVER_JOB: [...num_servers]} as "addr:port"
     strings, numbered like spec.worker_hosts() / spec.server_hosts(), with
     every port reserved until the reservation is released. Ports chosen by
     autopar are never one of the ``avoid`` endpoints (that failed to bind
-    before: on a remote host nothing else would tell)."""
+    before: on a remote host nothing else would tell). With ``sumservers``,
+    also one port per server for a summation server (``.sumservers``)."""
     alloc = _Allocator(spec, avoid)
     try:
         alloc.reserve_explicit()
@@ -118,12 +125,15 @@ def reserve_cluster(spec: ResourceSpec, avoid: Collection[str] = ()) -> PortRese
         for i, host in enumerate(spec.hosts):
             workers += alloc.endpoints(i, host, host.workers, host.worker_ports)
             servers += alloc.endpoints(i, host, host.servers, host.server_ports)
+        for i, host in enumerate(spec.hosts if sumservers else ()):
+            alloc.reservation.sumservers += alloc.endpoints(i, host, host.servers, None)
     except BaseException:
         alloc.reservation.release()
         raise
     cluster = _cluster(workers, servers)
     alloc.reservation.cluster = cluster
-    logger.info("allocated ports for %s: %s", spec.source, cluster)
+    logger.info("allocated ports for %s: %s%s", spec.source, cluster,
+                f", summation servers {alloc.reservation.sumservers}" if sumservers else "")
     return alloc.reservation
 
 
