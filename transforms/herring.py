@@ -135,7 +135,11 @@ class Herring(SyncMethod):
                                            wire_dtype=layout.wire_dtype, average=mean and not la)
                         previous_push = [summed]
                 if la:
-                    with tf.control_dependencies(previous_bcast):
+                    # The leader's result to the host. A receiver reads only
+                    # the static shape of its host sum: the control edge
+                    # keeps that sum (a collective its peers wait in) from
+                    # being pruned out of the step.
+                    with tf.control_dependencies(previous_bcast + [packed]):
                         summed = host.broadcast(summed, b.la_key + 1, is_source=leader)
                     previous_bcast = [summed]
                     if mean:   # the host sums add up to the global sum
