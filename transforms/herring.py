@@ -108,9 +108,10 @@ class Herring(SyncMethod):
         grads = {name: graph.get_tensor_by_name(analysis.variable(name).grad_tensor)
                  for name in layout.order}
         outputs = []
-        previous_host: list = []   # host reduces, host broadcasts, pushes: each chained
+        # Host collectives in one launch order on every worker: reduces
+        # chained, broadcasts chained.
+        previous_host: list = []
         previous_bcast: list = []
-        previous_push: list = []
         with tf.name_scope("autopar/herring/"):
             flat = {name: tf.reshape(g, minus_one) for name, g in grads.items()}
             for b in layout.buffers:
@@ -123,17 +124,15 @@ class Herring(SyncMethod):
                     with tf.control_dependencies(previous_host):
                         packed = host.allreduce_sum(packed, b.la_key)
                     previous_host = [packed]
-                # Pushes chained in buffer order: every worker asks the servers
-                # for buffers in the same order, so no buffer waits on one
-                # another worker has not pushed yet.
-                with tf.control_dependencies(previous_push):
-                    if la and not leader:
-                        summed = packed   # only the leader's result is used
-                    else:
-                        summed = push_pull(packed, buffer_id=b.index, shards=shards,
-                                           num_contributors=contributors, contributor_index=me,
-                                           wire_dtype=layout.wire_dtype, average=mean and not la)
-                        previous_push = [summed]
+                # Pushes are not chained: the op is asynchronous (it holds no
+                # thread while it waits) and servers match contributions by
+                # buffer id, so several buffers can be in flight at once.
+                if la and not leader:
+                    summed = packed   # only the leader's result is used
+                else:
+                    summed = push_pull(packed, buffer_id=b.index, shards=shards,
+                                       num_contributors=contributors, contributor_index=me,
+                                       wire_dtype=layout.wire_dtype, average=mean and not la)
                 if la:
                     # The leader's result to the host. A receiver reads only
                     # the static shape of its host sum: the control edge

@@ -3,7 +3,10 @@ lives, how its gradient travels and what that costs on the wire.
 
 Bytes per step follow Parallax Table 3, counted per direction for one worker:
 ring all-reduce of b bytes sends and receives 2(N-1)b/N each; a ring
-all-gather of αb bytes of touched rows sends and receives (N-1)αb each.
+all-gather of αb bytes of touched rows sends and receives (N-1)αb each;
+herring pushes and pulls its b bytes once per contributor (in the wire
+dtype), and each server receives and sends its shards' bytes once per
+contributor.
 """
 from __future__ import annotations
 

@@ -347,6 +347,11 @@ def test_hierarchy_one_contributor_per_host():
         recvs = [n for n in nodes if n.op == "CollectiveBcastRecvV2" and "herring" in n.name]
         assert len(reduces) == buffers
         assert (len(sends), len(recvs)) == ((buffers, 0) if contributor is not None else (0, buffers))
+        # A receiver reads only its host sum's static shape: without a control
+        # edge the sum is pruned from its step and the leader waits forever.
+        reduce_names = {n.name for n in reduces}
+        for recv in recvs:
+            assert {i.lstrip("^") for i in recv.input if i.startswith("^")} & reduce_names
 
 
 def test_no_local_aggregation_every_worker_contributes():
