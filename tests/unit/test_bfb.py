@@ -347,11 +347,22 @@ def test_hierarchy_one_contributor_per_host():
         recvs = [n for n in nodes if n.op == "CollectiveBcastRecvV2" and "herring" in n.name]
         assert len(reduces) == buffers
         assert (len(sends), len(recvs)) == ((buffers, 0) if contributor is not None else (0, buffers))
-        # A receiver reads only its host sum's static shape: without a control
-        # edge the sum is pruned from its step and the leader waits forever.
-        reduce_names = {n.name for n in reduces}
-        for recv in recvs:
-            assert {i.lstrip("^") for i in recv.input if i.startswith("^")} & reduce_names
+        # A receiver reads only its host sum's static shape (a constant): its
+        # host sum must still be among its inputs (data or control), else the
+        # sum is pruned from the step and the leader waits in it forever.
+        inputs = {n.name: [i.lstrip("^").split(":")[0] for i in n.input] for n in nodes}
+        for recv, reduce in zip(recvs, reduces):
+            assert reduce.name in _ancestors(inputs, recv.name)
+
+
+def _ancestors(inputs: dict, name: str) -> set:
+    seen, stack = set(), [name]
+    while stack:
+        for i in inputs[stack.pop()]:
+            if i not in seen:
+                seen.add(i)
+                stack.append(i)
+    return seen
 
 
 def test_no_local_aggregation_every_worker_contributes():
