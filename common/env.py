@@ -24,7 +24,9 @@ PLAN_KEY = "compiled-plan"
 # server-index order, read by the Herring push/pull kernel at first use: the
 # graph itself names no host.
 SUMSERVERS = "AUTOPAR_SUMSERVERS"
-# Seconds a Herring push/pull waits for its result before failing (default 60).
+# Seconds a Herring push/pull (and a summation server holding an incomplete
+# shard) waits before failing (default 60; the launcher sets max(60, 2 x the
+# stall timeout) unless the environment has it).
 HERRING_TIMEOUT = "AUTOPAR_HERRING_TIMEOUT_S"
 
 # The chief's last line after a requested stop (Ctrl-C); the launcher reports

@@ -18,7 +18,9 @@
 // that still owe segments. The next op reconnects.
 #include <netdb.h>
 #include <netinet/in.h>
+#include <fcntl.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -27,6 +29,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -35,6 +38,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "herring_wire.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -76,6 +80,12 @@ Element-wise sum (or mean) of `buffer` over `num_contributors` processes,
 through autopar's summation servers (addresses from AUTOPAR_SUMSERVERS).
 )doc");
 
+// A status whose message is the concatenation of `args` (absl::StrCat).
+template <typename... Args>
+Status MakeError(absl::StatusCode code, const Args&... args) {
+  return Status(code, absl::StrCat(args...));
+}
+
 // One push/pull in flight.
 struct OpState {
   struct Shard {
@@ -90,7 +100,14 @@ struct OpState {
   OpKernelContext* ctx = nullptr;
   AsyncOpKernel::DoneCallback done;
   float* output = nullptr;
-  Tensor input;  // kept alive until every segment is sent
+  // References to the input and output buffers, released only with the
+  // state itself: the sender reads the input and the receiver writes the
+  // output without holding `mu`, possibly after the op failed (the shards
+  // are fixed once the op is submitted; `remaining` changes under `mu`).
+  Tensor input, result;
+  // Undoes the registrations with connections (run when the op fails, so
+  // nothing keeps the state and its buffers alive).
+  std::vector<std::function<void()>> unregister;
   std::vector<Shard> shards;
   size_t shards_left = 0;
   Clock::time_point deadline;
@@ -102,14 +119,16 @@ struct OpState {
 // this call completed it.
 bool Finish(const std::shared_ptr<OpState>& op, const Status& status) {
   AsyncOpKernel::DoneCallback done;
+  std::vector<std::function<void()>> unregister;
   {
     std::lock_guard<std::mutex> lock(op->mu);
     if (op->finished) return false;
     op->finished = true;
     if (!status.ok()) op->ctx->SetStatus(status);
     done = std::move(op->done);
-    op->input = Tensor();
+    unregister.swap(op->unregister);
   }
+  for (auto& undo : unregister) undo();
   done();
   return true;
 }
@@ -144,9 +163,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Registers the shard's pending result and queues its segments; false if
   // the connection is already dead.
   bool Submit(Job job) {
+    const PendingKey key{job.header.buffer_id, job.header.generation, job.header.shard_offset};
+    {
+      std::lock_guard<std::mutex> l(job.op->mu);
+      if (job.op->finished) return true;  // failed meanwhile (its deadline): nothing to send
+      std::weak_ptr<Connection> self = shared_from_this();
+      job.op->unregister.push_back([self, key] {
+        if (auto conn = self.lock()) conn->Forget(key);
+      });
+    }
     std::lock_guard<std::mutex> lock(mu_);
     if (dead_) return false;
-    pending_[{job.header.buffer_id, job.header.generation, job.header.shard_offset}] = job.op;
+    pending_[key] = job.op;
     jobs_.push_back(std::move(job));
     cv_.notify_one();
     return true;
@@ -176,7 +204,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       cv_.notify_all();
     }
     for (auto& entry : pending) {
-      Finish(entry.second, errors::Internal("herring push_pull of ", entry.second->what,
+      Finish(entry.second, MakeError(absl::StatusCode::kInternal, "herring push_pull of ", entry.second->what,
                                                ": lost the connection to ", Where(), ": ", why));
     }
   }
@@ -226,35 +254,50 @@ class Connection : public std::enable_shared_from_this<Connection> {
           h.payload_bytes > (uint64_t{1} << 32)) {
         return Fail("malformed frame from the server");
       }
-      raw.resize(h.payload_bytes);
-      if (!ah::recv_all(fd_, raw.data(), raw.size())) return Fail(ah::errno_text(errno));
       const PendingKey key{h.buffer_id, h.generation, h.shard_offset};
       std::shared_ptr<OpState> op;
       {
         std::lock_guard<std::mutex> lock(mu_);
         auto it = pending_.find(key);
-        if (it == pending_.end()) continue;  // an op that already failed
-        op = it->second;
-        if (h.type == ah::kError) pending_.erase(it);
+        if (it != pending_.end()) {
+          op = it->second;
+          if (h.type == ah::kError) pending_.erase(it);
+        }
       }
+      OpState::Shard* shard = nullptr;
+      if (op != nullptr && h.type == ah::kResult) {
+        for (auto& s : op->shards) {
+          if (static_cast<uint64_t>(s.offset) == h.shard_offset && s.server == index_) shard = &s;
+        }
+        if (shard != nullptr &&
+            (h.seg_offset + h.seg_len > static_cast<uint64_t>(shard->length) ||
+             h.payload_bytes != static_cast<uint64_t>(h.seg_len) * ah::wire_size(h.wire_dtype))) {
+          shard = nullptr;  // cannot happen with a well-behaved server
+        }
+      }
+      // A float32 segment goes straight into the output (segments are
+      // disjoint, and op->result keeps the buffer alive); the rest via `raw`.
+      float* dst = shard ? op->output + h.shard_offset + h.seg_offset : nullptr;
+      char* target = raw.data();
+      if (dst != nullptr && h.wire_dtype == ah::kFloat32) {
+        target = reinterpret_cast<char*>(dst);
+      } else {
+        raw.resize(h.payload_bytes);
+        target = raw.data();
+      }
+      if (!ah::recv_all(fd_, target, h.payload_bytes)) return Fail(ah::errno_text(errno));
+      if (op == nullptr) continue;  // an op that already failed
       if (h.type == ah::kError) {
-        Finish(op, errors::Internal("herring push_pull of ", op->what, ": ", Where(),
+        Finish(op, MakeError(absl::StatusCode::kInternal, "herring push_pull of ", op->what, ": ", Where(),
                                     " reported: ", std::string(raw.begin(), raw.end())));
         continue;
       }
+      if (shard == nullptr) continue;
+      if (h.wire_dtype != ah::kFloat32) ah::decode(raw.data(), h.seg_len, h.wire_dtype, dst);
       bool complete = false, shard_done = false;
       {
         std::lock_guard<std::mutex> lock(op->mu);
         if (op->finished) continue;
-        OpState::Shard* shard = nullptr;
-        for (auto& s : op->shards) {
-          if (static_cast<uint64_t>(s.offset) == h.shard_offset && s.server == index_) shard = &s;
-        }
-        if (shard == nullptr || h.seg_offset + h.seg_len > static_cast<uint64_t>(shard->length) ||
-            h.payload_bytes != static_cast<uint64_t>(h.seg_len) * ah::wire_size(h.wire_dtype)) {
-          continue;  // cannot happen with a well-behaved server
-        }
-        ah::decode(raw.data(), h.seg_len, h.wire_dtype, op->output + h.shard_offset + h.seg_offset);
         shard->remaining -= h.seg_len;
         if (shard->remaining == 0) {
           shard_done = true;
@@ -296,15 +339,30 @@ int ConnectTo(const std::string& address, Clock::time_point deadline, std::strin
       *error = std::string("cannot resolve: ") + gai_strerror(rc);
     } else {
       for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
-        int fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        // Non-blocking connect bounded by the deadline: a host that drops
+        // SYNs must not hold the op for the kernel's minutes-long retry.
+        int fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (fd < 0) continue;
-        if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+        int err = ::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 ? 0 : errno;
+        if (err == EINPROGRESS) {
+          auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+          pollfd pfd{fd, POLLOUT, 0};
+          int ready = ::poll(&pfd, 1, static_cast<int>(std::max<int64_t>(left.count(), 1000)));
+          socklen_t len = sizeof(err);
+          if (ready == 1) {
+            ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+          } else {
+            err = ETIMEDOUT;
+          }
+        }
+        if (err == 0) {
+          ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
           int one = 1;
           ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
           ::freeaddrinfo(res);
           return fd;
         }
-        *error = std::strerror(errno);
+        *error = std::strerror(err);
         ::close(fd);
       }
       ::freeaddrinfo(res);
@@ -344,7 +402,16 @@ class Transport {
 
   std::shared_ptr<Connection> Connect(int index, const std::string& address,
                                       Clock::time_point deadline, Status* status) {
-    std::lock_guard<std::mutex> lock(connect_mu_);
+    // One connect at a time per server (not for all: a server still starting
+    // must not hold up connecting to the others).
+    std::shared_ptr<std::mutex> server_mu;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      auto& slot = connect_mu_[index];
+      if (!slot) slot = std::make_shared<std::mutex>();
+      server_mu = slot;
+    }
+    std::lock_guard<std::mutex> lock(*server_mu);
     bool lost = false;
     {
       std::lock_guard<std::mutex> l(mu_);
@@ -360,7 +427,7 @@ class Transport {
     std::string error;
     int fd = ConnectTo(address, lost ? Clock::now() : deadline, &error);
     if (fd < 0) {
-      *status = errors::Internal("herring push_pull: cannot connect to summation server ",
+      *status = MakeError(absl::StatusCode::kInternal, "herring push_pull: cannot connect to summation server ",
                                     address, " (server ", index, " in ", kServersEnv, ")",
                                     lost ? " again after losing the connection" : "", ": ", error);
       return nullptr;
@@ -420,7 +487,7 @@ class Transport {
         }
         char seconds[32];
         std::snprintf(seconds, sizeof(seconds), "%.0f", op->timeout_s);
-        Finish(op, errors::DeadlineExceeded(
+        Finish(op, MakeError(absl::StatusCode::kDeadlineExceeded, 
                        "herring push_pull of ", op->what, ": no complete result from summation server(s) ",
                        owing, " after ", seconds, " s (", kTimeoutEnv,
                        "): a stalled server, or a worker that did not push this buffer"));
@@ -428,7 +495,8 @@ class Transport {
     }
   }
 
-  std::mutex mu_, connect_mu_;
+  std::mutex mu_;
+  std::map<int, std::shared_ptr<std::mutex>> connect_mu_;
   bool loaded_ = false;
   bool watchdog_started_ = false;
   std::vector<std::string> addresses_;
@@ -459,19 +527,19 @@ class HerringPushPullOp : public AsyncOpKernel {
     }
     OP_REQUIRES_OK(ctx, ctx->GetAttr("segment_elements", &segment_elements_));
     OP_REQUIRES(ctx, segment_elements_ > 0 && segment_elements_ < (int64_t{1} << 30),
-                errors::InvalidArgument("segment_elements must be in [1, 2^30)"));
+                MakeError(absl::StatusCode::kInvalidArgument, "segment_elements must be in [1, 2^30)"));
     OP_REQUIRES(ctx, servers_.size() == offsets_.size() && offsets_.size() == lengths_.size() &&
                          !servers_.empty(),
-                errors::InvalidArgument("shard_servers, shard_offsets and shard_lengths must be "
+                MakeError(absl::StatusCode::kInvalidArgument, "shard_servers, shard_offsets and shard_lengths must be "
                                         "non-empty and of one length"));
     OP_REQUIRES(ctx, num_contributors_ >= 1 && contributor_index_ >= 0 &&
                          contributor_index_ < num_contributors_,
-                errors::InvalidArgument("contributor_index ", contributor_index_,
+                MakeError(absl::StatusCode::kInvalidArgument, "contributor_index ", contributor_index_,
                                         " not in [0, num_contributors=", num_contributors_, ")"));
     int64_t next = 0;
     for (size_t i = 0; i < offsets_.size(); ++i) {
       OP_REQUIRES(ctx, offsets_[i] == next && lengths_[i] >= 0 && servers_[i] >= 0,
-                  errors::InvalidArgument("shards must be contiguous from offset 0: shard ", i,
+                  MakeError(absl::StatusCode::kInvalidArgument, "shards must be contiguous from offset 0: shard ", i,
                                           " starts at ", offsets_[i], ", expected ", next));
       next += lengths_[i];
     }
@@ -481,7 +549,7 @@ class HerringPushPullOp : public AsyncOpKernel {
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     const Tensor& input = ctx->input(0);
     OP_REQUIRES_ASYNC(ctx, input.dims() == 1 && input.dim_size(0) == total_,
-                      errors::InvalidArgument("buffer ", buffer_id_, " must be 1-D of length ",
+                      MakeError(absl::StatusCode::kInvalidArgument, "buffer ", buffer_id_, " must be 1-D of length ",
                                               total_, " (the shards' total), got shape ",
                                               input.shape().DebugString()),
                       done);
@@ -492,7 +560,7 @@ class HerringPushPullOp : public AsyncOpKernel {
     OP_REQUIRES_OK_ASYNC(ctx, transport.Addresses(&addresses), done);
     for (int64_t server : servers_) {
       OP_REQUIRES_ASYNC(ctx, server < static_cast<int64_t>(addresses.size()),
-                        errors::FailedPrecondition(
+                        MakeError(absl::StatusCode::kFailedPrecondition, 
                             "herring push_pull of buffer ", buffer_id_, " uses summation server ",
                             server, " but ", kServersEnv, " names ", addresses.size(),
                             " server(s) (\"", std::getenv(kServersEnv) ? std::getenv(kServersEnv) : "",
@@ -505,6 +573,7 @@ class HerringPushPullOp : public AsyncOpKernel {
     op->done = std::move(done);
     op->output = output->flat<float>().data();
     op->input = input;
+    op->result = *output;
     op->timeout_s = timeout_s_;
     op->deadline = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(timeout_s_ * 1e6));
     op->what = "buffer " + std::to_string(buffer_id_) + " (push " + std::to_string(generation + 1) + ")";
@@ -518,7 +587,6 @@ class HerringPushPullOp : public AsyncOpKernel {
       Finish(op, OkStatus());
       return;
     }
-    transport.Watch(op);
     const float* data = input.flat<float>().data();
     for (const auto& shard : std::vector<OpState::Shard>(op->shards)) {
       Status status;
@@ -544,11 +612,14 @@ class HerringPushPullOp : public AsyncOpKernel {
         return;
       }
       if (!conn->Submit(std::move(job))) {
-        Finish(op, errors::Internal("herring push_pull of ", op->what,
+        Finish(op, MakeError(absl::StatusCode::kInternal, "herring push_pull of ", op->what,
                                        ": lost the connection to summation server ", shard.address));
         return;
       }
     }
+    // Watched from here: connecting above is bounded by the same deadline
+    // and reports its own error (which server could not be reached).
+    transport.Watch(op);
   }
 
  private:

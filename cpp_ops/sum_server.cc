@@ -6,13 +6,16 @@
 // shards of their fusion buffers to it in segments (herring_wire.h). Each
 // connection has a reader thread, which adds every arriving segment into the
 // shard's float32 accumulator at once (so summing overlaps with receiving,
-// and the adds of different workers' connections run on different cores),
-// and a writer thread, which sends results back. As soon as the last
+// and the adds of different workers' connections run on different cores; a
+// copy that arrives before a lower-numbered contributor's waits for it, so
+// the sum is the same bits in every run), and a writer thread, which sends
+// results back. As soon as the last
 // contributor's copy of a segment is in, the segment is averaged and queued
 // to every contributor.
 //
 // Failure: a contributor whose connection closes, or a shard still incomplete
-// `--timeout-s` seconds after its last segment arrived, makes the server send
+// `--timeout-s` seconds (default: $AUTOPAR_HERRING_TIMEOUT_S, else 60) after
+// its last segment arrived, makes the server send
 // an ERROR frame naming the missing contributors to those that did push. The
 // server exits when its parent process does (the launcher, or ssh on a remote
 // host), so it never outlives its job.
@@ -86,11 +89,20 @@ struct Conn {
   }
 };
 
+// One segment of a shard. Copies are added in contributor order, whatever
+// order they arrive in: ((x0 + x1) + x2) + ..., so the result is the same
+// bits in every run (float addition is not associative). A copy that
+// arrives before its predecessors waits in `parked` until they are in.
 struct Segment {
   std::mutex mu;
-  uint32_t count = 0;
-  std::vector<uint8_t> pushed;  // per contributor: its copy arrived
+  uint32_t folded = 0;                     // contributors 0..folded-1 are summed
+  std::vector<uint8_t> pushed;             // per contributor: its copy arrived
+  std::vector<std::vector<float>> parked;  // per contributor: early copies
 };
+
+inline void add_into(float* dst, const float* src, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] += src[i];  // auto-vectorised
+}
 
 // The float32 accumulator of one shard of one buffer (one generation).
 struct Accum {
@@ -165,7 +177,10 @@ void accumulate(const std::shared_ptr<Conn>& conn, const ah::FrameHeader& h, con
       acc->data.resize(h.shard_len);
       size_t nseg = (h.shard_len + h.seg_elems - 1) / h.seg_elems;
       acc->segments = std::vector<Segment>(nseg);
-      for (auto& s : acc->segments) s.pushed.assign(h.num_contributors, 0);
+      for (auto& s : acc->segments) {
+        s.pushed.assign(h.num_contributors, 0);
+        s.parked.resize(h.num_contributors);
+      }
       acc->contributors.resize(h.num_contributors);
       acc->last_activity = Clock::now();
       g_accums.emplace(key, acc);
@@ -205,12 +220,22 @@ void accumulate(const std::shared_ptr<Conn>& conn, const ah::FrameHeader& h, con
       return;
     }
     seg.pushed[h.contributor_index] = 1;
-    if (seg.count == 0) {
-      std::memcpy(dst, values, n * sizeof(float));
+    if (h.contributor_index != seg.folded) {
+      seg.parked[h.contributor_index].assign(values, values + n);
     } else {
-      for (size_t i = 0; i < n; ++i) dst[i] += values[i];  // auto-vectorised
+      if (seg.folded == 0) {
+        std::memcpy(dst, values, n * sizeof(float));
+      } else {
+        add_into(dst, values, n);
+      }
+      ++seg.folded;
+      while (seg.folded < h.num_contributors && !seg.parked[seg.folded].empty()) {
+        add_into(dst, seg.parked[seg.folded].data(), n);
+        std::vector<float>().swap(seg.parked[seg.folded]);  // free it now
+        ++seg.folded;
+      }
     }
-    complete = ++seg.count == h.num_contributors;
+    complete = seg.folded == h.num_contributors;
   }
   if (!complete) return;
 
@@ -350,6 +375,9 @@ int main(int argc, char** argv) {
   std::string host = "127.0.0.1";
   long port = -1;
   pid_t parent = getppid();
+  // The job's setting (the launcher exports it), unless --timeout-s says otherwise.
+  if (const char* env = std::getenv("AUTOPAR_HERRING_TIMEOUT_S"); env && std::atof(env) > 0)
+    g_timeout_s = std::atof(env);
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (i + 1 >= argc) usage(("missing value after " + arg).c_str());

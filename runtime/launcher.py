@@ -528,6 +528,12 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
     """
     if not argv:
         raise LaunchError("nothing to launch: the worker command is empty")
+    if sumservers and envvars.HERRING_TIMEOUT not in os.environ:
+        # A push/pull waiting for a slow peer is the coordinator's stall to
+        # report (it names the worker); the transport's own timeout is the
+        # backstop behind it, for a stalled server.
+        timeout = max(60.0, 2 * stall_timeout_s)
+        extra_env = {**(extra_env or {}), envvars.HERRING_TIMEOUT: f"{timeout:g}"}
     taken: set[str] = set()   # endpoints that failed to bind, avoided from then on
     for attempt in range(1, PORT_ATTEMPTS + 1):
         with reserve_cluster(spec, avoid=taken, sumservers=sumservers) as reservation:

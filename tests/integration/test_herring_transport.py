@@ -2,9 +2,10 @@
 (runtime/autopar_sumserver) and five worker processes running
 comm.push_pull (tests/integration/scripts/herring_worker.py).
 
-Sums are checked against numpy: exactly for integer-valued float32 data,
-within a bound derived from float32/float16/bfloat16 rounding for random
-data; every worker must receive the same bytes. Failures: a killed server,
+Sums are checked against numpy bit for bit (the servers add in contributor
+order whatever the arrival order, so the result is a fixed left fold), and
+for random data also within a bound derived from float32/float16/bfloat16
+rounding; every worker must receive the same bytes. Failures: a killed server,
 a stopped (stalled) server and a contributor that never pushes each fail the
 op with an error naming the server, in bounded time; servers exit with their
 parent; nothing is left running."""
@@ -32,11 +33,14 @@ WORKER = REPO / "tests" / "integration" / "scripts" / "herring_worker.py"
 NUM_WORKERS = 5
 # Servers 0-2 carry the sums; 3 is killed, 4 stopped, 5 has a short
 # incomplete-shard timeout.
-KILLED, STALLED, IMPATIENT = 3, 4, 5
+KILLED, STALLED, IMPATIENT, ABSENT = 3, 4, 5, 6   # 6: a port nobody listens on
 STARTUP_S = 240   # five TensorFlow imports on a loaded machine
 # Generous bound on detecting a dead or stalled server (the issue's "bounded
 # time"); the mechanisms take well under a second plus the configured timeout.
 FAILURE_BOUND_S = 20
+# Forces the scalar float16 conversions (cpp_ops/herring_wire.h) in a process.
+SCALAR_F16 = {"AUTOPAR_HERRING_NO_F16C": "1"}
+WIRE = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 UNIT = {"float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
 
 
@@ -48,9 +52,9 @@ def _server_binary() -> Path:
     return path
 
 
-def _start_server(*extra: str) -> tuple[subprocess.Popen, str]:
+def _start_server(*extra: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([str(_server_binary()), "--port", "0", "--host", "127.0.0.1", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     line = proc.stdout.readline()
     match = re.search(r"listening on (\S+)", line)
     assert match, f"autopar_sumserver did not start: {line!r}"
@@ -62,12 +66,18 @@ class Cluster:
         self.tmp = tmp
         self.servers: list[subprocess.Popen] = []
         self.addresses: list[str] = []
+        scalar = dict(os.environ, **SCALAR_F16)
         for i in range(6):
-            proc, address = _start_server(*(["--timeout-s", "2"] if i == IMPATIENT else []))
+            proc, address = _start_server(*(["--timeout-s", "2"] if i == IMPATIENT else []),
+                                          env=scalar)
             self.servers.append(proc)
             self.addresses.append(address)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.addresses.append(f"127.0.0.1:{probe.getsockname()[1]}")
         env = dict(child_env(), AUTOPAR_SUMSERVERS=",".join(self.addresses))
-        self.workers = [subprocess.Popen([sys.executable, str(WORKER), str(i)], cwd=REPO, env=env,
+        self.workers = [subprocess.Popen([sys.executable, str(WORKER), str(i)], cwd=REPO,
+                                         env=dict(env, **SCALAR_F16) if i == 0 else env,
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=subprocess.STDOUT, text=True,
                                          start_new_session=True)
@@ -122,9 +132,10 @@ def _shards(size: int, servers=(0, 1, 2)) -> list[list[int]]:
 
 
 def _case(buffer_id, n, size, kind="int", wire="float32", average=True, segment=1 << 18,
-          shards=None):
+          shards=None, first=0, late=None):
     return {"buffer_id": buffer_id, "n": n, "size": size, "kind": kind, "wire": wire,
-            "average": average, "segment": segment, "shards": shards or _shards(size)}
+            "average": average, "segment": segment, "shards": shards or _shards(size),
+            "first": first, "late": late}
 
 
 CASES = [
@@ -139,8 +150,13 @@ CASES = [
     _case(8, 4, 9, average=False, shards=[[0, 0, 4], [1, 4, 0], [2, 4, 5]]),
     _case(9, 5, 1001, shards=[[0, 0, 500], [0, 500, 501]]),
     # One contributor: the result is the input rounded to the wire dtype.
+    # Worker 0 converts with the scalar code, worker 1 with F16C where the
+    # CPU has it; the servers use the scalar code.
     _case(10, 1, 5000, kind="wide", wire="float16", segment=1000),
     _case(11, 1, 5000, kind="wide", wire="bfloat16", segment=1000),
+    _case(12, 1, 5000, kind="wide", wire="float16", segment=1000, first=1),
+    # Contributor 0 last: every other copy waits for it, still summed in order.
+    _case(13, 5, 8191, kind="normal", segment=1000, late=0),
 ]
 STEPS = 2
 
@@ -153,28 +169,32 @@ def test_sums_from_any_number_of_workers_in_any_order(cluster, tmp_path):
     saved = [dict(np.load(tmp_path / f"worker{i}.npz")) for i in range(NUM_WORKERS)]
     for case in CASES:
         b, n = case["buffer_id"], case["n"]
+        members = range(case["first"], case["first"] + n)
         for step in range(STEPS):
-            inputs = np.stack([saved[i][f"in_{b}_{step}"] for i in range(n)])
-            outputs = [saved[i][f"out_{b}_{step}"] for i in range(n)]
+            inputs = np.stack([saved[i][f"in_{b}_{step}"] for i in members])
+            outputs = [saved[i][f"out_{b}_{step}"] for i in members]
             what = f"buffer {b} step {step} ({n} workers, {case['kind']}, {case['wire']})"
             for out in outputs[1:]:
                 np.testing.assert_array_equal(out, outputs[0], err_msg=what + ": workers differ")
+            # Bit for bit: each input rounded to the wire dtype (round to
+            # nearest even, as numpy/ml_dtypes; subnormals, overflow to inf
+            # and NaN included), added in float32 in contributor order
+            # whatever the arrival order, divided once, rounded to the wire
+            # dtype again. (Integer data: the exact sum and mean.)
+            wire = WIRE[case["wire"]]
+            with np.errstate(over="ignore"):   # "wide" data overflows float16: the point
+                sent = inputs.astype(wire).astype(np.float32)
+                fold = sent[0].copy()
+                for row in sent[1:]:
+                    fold += row
+                if case["average"] and n > 1:
+                    fold /= np.float32(n)
+                np.testing.assert_array_equal(outputs[0], fold.astype(wire).astype(np.float32),
+                                              err_msg=what)
+            if case["kind"] != "normal":
+                continue
+            # And the accuracy this implies against the exact mean:
             got = outputs[0].astype(np.float64)
-            if case["kind"] == "wide":
-                # Conversions round to nearest even exactly as numpy/ml_dtypes
-                # do, subnormals, overflow to inf and NaN included.
-                wire = np.float16 if case["wire"] == "float16" else ml_dtypes.bfloat16
-                with np.errstate(over="ignore"):   # the overflow to inf is the point
-                    rounded = inputs[0].astype(wire).astype(np.float32)
-                np.testing.assert_array_equal(outputs[0], rounded, err_msg=what)
-                continue
-            if case["kind"] == "int":
-                # Integers below 2^24 add exactly in float32; the mean is the
-                # correctly rounded float32 quotient, as numpy's.
-                total = inputs.sum(axis=0, dtype=np.float32)
-                expected = total / np.float32(n) if case["average"] else total
-                np.testing.assert_array_equal(outputs[0], expected, err_msg=what)
-                continue
             exact = inputs.astype(np.float64).sum(axis=0) / (n if case["average"] else 1)
             scale = np.abs(inputs.astype(np.float64)).sum(axis=0) / (n if case["average"] else 1)
             u, u32 = UNIT[case["wire"]], UNIT["float32"]
@@ -193,10 +213,12 @@ def test_sums_from_any_number_of_workers_in_any_order(cluster, tmp_path):
                 assert err.max() > 0
 
 
-def _fail_push(cluster, server: int, n: int, timeout_s: float, before_push=None) -> dict:
+def _fail_push(cluster, server: int, n: int, timeout_s: float, before_push=None,
+               warm: bool = True) -> dict:
     size = 100_000
     shards = [[server, 0, size]]
-    cluster.send(0, {"cmd": "push", "buffer_id": 100 + server, "warm_buffer_id": 200 + server,
+    cluster.send(0, {"cmd": "push", "buffer_id": 100 + server,
+                     "warm_buffer_id": 200 + server if warm else None,
                      "size": size, "shards": shards, "n": n, "timeout_s": timeout_s})
     cluster.readers[0].wait_for("^STARTED", 60)
     if before_push is not None:
@@ -239,6 +261,15 @@ def test_missing_contributor_is_named_by_the_server(cluster):
     assert result["wall"] < FAILURE_BOUND_S, result
 
 
+def test_unreachable_server_fails_the_op_after_its_timeout(cluster):
+    # Refused connections are retried (a server may still be starting) until
+    # the op's deadline.
+    result = _fail_push(cluster, ABSENT, n=1, timeout_s=2, warm=False)
+    assert result["error"] == "InternalError", result
+    assert f"cannot connect to summation server {cluster.addresses[ABSENT]}" in result["message"]
+    assert 2 <= result["seconds"] < FAILURE_BOUND_S, result
+
+
 def test_server_exits_with_its_parent():
     binary = _server_binary()
     parent = subprocess.Popen(["sh", "-c", f'"{binary}" --port 0 >/dev/null & echo $!; sleep 1'],
@@ -252,17 +283,44 @@ def test_launcher_starts_a_summation_server_per_server_and_stops_it(capsys, capl
     from autopar.runtime.launcher import launch
     from autopar.runtime.spec import load_spec
     caplog.set_level(logging.INFO, logger="autopar.launcher")
-    spec = load_spec({"hosts": [{"address": "127.0.0.1", "workers": 2, "servers": 1}]})
+    spec = load_spec({"hosts": [{"address": "127.0.0.1", "workers": 2, "servers": 1},
+                                {"address": "127.0.0.2", "workers": 0, "servers": 1}]})
     status = launch(spec, [sys.executable, str(REPO / "tests/integration/scripts/herring_job.py")],
                     sumservers=True)
     out = capsys.readouterr().out
     assert status == 0, out
+    started = dict(m.groups() for r in caplog.records
+                   if (m := re.match(r"started (sumserver \d) at (\S+), pid \d+$", r.getMessage())))
+    # One per server, on that server's host (bound to its address).
+    assert sorted(started) == ["sumserver 0", "sumserver 1"], started
+    assert [started[f"sumserver {i}"].rpartition(":")[0] for i in (0, 1)] == ["127.0.0.1", "127.0.0.2"]
     for i in (0, 1):
-        assert f"[worker {i}] herring 1 servers: {[1.5] * 10}" in out, out
-    started = [re.match(r"started sumserver 0 at (\S+), pid (\d+)$", r.getMessage())
-               for r in caplog.records]
-    (match,) = [m for m in started if m]
-    assert survivors([int(match.group(2))], timeout=10) == []
-    host, _, port = match.group(1).rpartition(":")
-    with pytest.raises(ConnectionRefusedError):
-        socket.create_connection((host, int(port)), timeout=5)
+        assert (f"[worker {i}] reached 2 summation servers: "
+                f"{started['sumserver 0']},{started['sumserver 1']}") in out, out
+    pids = [int(m.group(1)) for r in caplog.records
+            if (m := re.match(r"started sumserver \d at \S+, pid (\d+)$", r.getMessage()))]
+    assert survivors(pids, timeout=10) == []
+    for address in started.values():
+        host, _, port = address.rpartition(":")
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((host, int(port)), timeout=5)
+
+
+def test_push_pull_arguments_are_checked_and_a_missing_library_says_what_to_do(monkeypatch,
+                                                                               tmp_path):
+    import tensorflow as tf
+    from autopar.common.errors import AutoparError
+    from autopar.transforms import comm
+    with tf.Graph().as_default():
+        x = tf.zeros([10])
+        for bad in ([(0, 0, 4), (1, 5, 5)], [(0, 0, 4), (1, 4, 5)]):   # a gap; too short
+            with pytest.raises(ValueError, match="shards"):
+                comm.push_pull(x, buffer_id=0, shards=bad, num_contributors=2, contributor_index=0)
+        with pytest.raises(ValueError, match="wire_dtype"):
+            comm.push_pull(x, buffer_id=0, shards=[(0, 0, 10)], num_contributors=2,
+                           contributor_index=0, wire_dtype="int8")
+        monkeypatch.setattr(comm, "_herring_module", None)
+        monkeypatch.setattr(comm, "HERRING_LIBRARY", tmp_path / "libautopar_herring.so")
+        with pytest.raises(AutoparError, match="not built.*run `make install`"):
+            comm.push_pull(x, buffer_id=0, shards=[(0, 0, 10)], num_contributors=2,
+                           contributor_index=0)

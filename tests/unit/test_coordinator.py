@@ -274,6 +274,16 @@ def test_missing_compiler_names_what_to_install(monkeypatch, tmp_path):
         native.build_shim(tmp_path)
 
 
+def test_missing_cxx_compiler_names_what_to_install(monkeypatch, tmp_path):
+    from autopar.runtime import native
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    for build in (native.build_sumserver, native.build_herring_ops):
+        with pytest.raises(native.BuildError, match="needs a C\\+\\+17 compiler: install one.*apt-get install g\\+\\+"):
+            build(tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
 def test_coordinator_address_is_this_hosts_spec_address_never_the_wildcard():
     from autopar.runtime.coordinator import launcher_host
     local = {"127.0.0.2", "0.0.0.0", "localhost"}.__contains__

@@ -237,3 +237,22 @@ def test_reservation_directory_must_be_the_users(tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOPAR_RUNTIME_DIR", str(tmp_path / "mine"))
     allocate_cluster(spec(HostSpec("127.0.0.1", workers=1)))
     assert (tmp_path / "mine" / "ports").is_dir()
+
+
+def test_summation_servers_get_their_own_reserved_ports_on_the_servers_hosts():
+    start, end = free_range(20)
+    hosts = (HostSpec("127.0.0.1", workers=1, servers=2, ports=(start, end)),
+             HostSpec("192.0.2.10", workers=1, servers=1))   # TEST-NET-1: never local
+    with reserve_cluster(spec(*hosts), sumservers=True) as reservation:
+        sums = reservation.sumservers
+        assert [e.rpartition(":")[0] for e in sums] == ["127.0.0.1", "127.0.0.1", "192.0.2.10"]
+        taken = reservation.cluster["worker"] + reservation.cluster["ps"]
+        assert len(set(sums + taken)) == len(sums + taken)
+        assert all(start <= port_of(e) <= end for e in sums[:2])
+        # Reserved like the others: a second allocation keeps off them.
+        again = allocate_cluster(spec(hosts[0]))
+        assert {port_of(e) for e in sums[:2]}.isdisjoint(
+            port_of(e) for e in again["worker"] + again["ps"])
+    with reserve_cluster(spec(*hosts)) as without:
+        assert without.sumservers == []
+    assert is_bind_failure("autopar_sumserver: cannot listen on 127.0.0.1:5000: Address in use")

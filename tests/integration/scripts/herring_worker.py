@@ -8,14 +8,16 @@ Commands:
   {"cmd": "reduce", "out": DIR, "steps": S, "cases": [case, ...]}
       case: {"buffer_id", "size", "shards": [[server, offset, length], ...],
              "n": contributors, "wire", "average", "kind": "int"|"normal"|"wide",
-             "segment": elements per segment}
-      This worker takes part in the cases with INDEX < n, builds them in an
+             "segment": elements per segment, "first", "late": a contributor
+             that pushes a second after the others}
+      This worker takes part in the cases with first <= INDEX < first + n
+      (as contributor INDEX - first; "first" defaults to 0), builds them in an
       order shuffled by INDEX, and runs them all in one session.run per step
       (so several buffers are in flight at once). Writes its inputs and
       outputs to DIR/worker{INDEX}.npz as in_{buffer}_{step}, out_{buffer}_{step}.
   {"cmd": "push", "buffer_id", "warm_buffer_id", "size", "shards", "n", "timeout_s"}
-      A push/pull of warm_buffer_id by this worker alone (it connects to the
-      servers and must succeed), "STARTED", then one push/pull expected to
+      A push/pull of warm_buffer_id (if not null) by this worker alone (it
+      connects to the servers and must succeed), "STARTED", then one push/pull expected to
       fail; RESULT {"error": class name, "message": ..., "seconds": its time}.
 """
 import json
@@ -38,13 +40,18 @@ def answer(payload: dict) -> None:
 
 
 def reduce(session, command: dict) -> None:
-    cases = [c for c in command["cases"] if INDEX < c["n"]]
+    cases = [c for c in command["cases"] if 0 <= INDEX - c.get("first", 0) < c["n"]]
     np.random.default_rng(INDEX).shuffle(cases)
     feeds, outputs = [], []
     for case in cases:
         x = tf1.placeholder(tf.float32, [case["size"]])
-        y = comm.push_pull(x, buffer_id=case["buffer_id"], shards=[tuple(s) for s in case["shards"]],
-                           num_contributors=case["n"], contributor_index=INDEX,
+        pushed = x
+        if case.get("late") == INDEX - case.get("first", 0):
+            # This contributor pushes a second after the others.
+            pushed = tf1.numpy_function(lambda v: (time.sleep(1.0), v)[1], [x], tf.float32)
+            pushed.set_shape(x.shape)
+        y = comm.push_pull(pushed, buffer_id=case["buffer_id"], shards=[tuple(s) for s in case["shards"]],
+                           num_contributors=case["n"], contributor_index=INDEX - case.get("first", 0),
                            wire_dtype=case["wire"], average=case["average"],
                            segment_elements=case["segment"])
         feeds.append(x)
@@ -75,9 +82,10 @@ def reduce(session, command: dict) -> None:
 def push(session, command: dict) -> None:
     x = tf.ones([command["size"]])
     shards = [tuple(s) for s in command["shards"]]
-    warm = comm.push_pull(x, buffer_id=command["warm_buffer_id"], shards=shards,
-                          num_contributors=1, contributor_index=0)
-    assert (session.run(warm) == 1).all()
+    if command.get("warm_buffer_id") is not None:
+        warm = comm.push_pull(x, buffer_id=command["warm_buffer_id"], shards=shards,
+                              num_contributors=1, contributor_index=0)
+        assert (session.run(warm) == 1).all()
     y = comm.push_pull(x, buffer_id=command["buffer_id"], shards=shards,
                        num_contributors=command["n"], contributor_index=INDEX,
                        timeout_s=command["timeout_s"])
