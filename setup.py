@@ -46,7 +46,7 @@ setup(
         "common", "common.*", "transforms", "transforms.*", "runtime", "runtime.*"])],
     package_dir={"autopar.common": "common", "autopar.transforms": "transforms",
                  "autopar.runtime": "runtime"},
-    package_data={"autopar.runtime": ["coordinator.proto"]},
+    package_data={"autopar.runtime": ["coordinator.proto"], "autopar.transforms": ["fusion_layout.proto"]},
     install_requires=[
         "tensorflow-cpu==2.21.0",
         "networkx==3.6.1",

@@ -74,7 +74,9 @@ def _get_runner(graph: tf.Graph, resource_info, config: Config):
     code = launcher.launch(spec, [sys.executable, *sys.argv],
                            extra_env={REPORT_PRINTED: "1", env.PLAN: env.PLAN_KEY},
                            stall_timeout_s=config.stall_timeout_s,
-                           published={env.PLAN_KEY: compiled.to_bytes()})
+                           published={env.PLAN_KEY: compiled.to_bytes()},
+                           # herring's summation servers, only when the plan uses them
+                           sumservers=compiled.plan.herring is not None)
     sys.exit(code)
 
 

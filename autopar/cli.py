@@ -55,7 +55,11 @@ def main(argv: list[str] | None = None) -> int:
         return subprocess.run(command, env=child_env).returncode
     from autopar.runtime.launcher import launch
     try:
-        return launch(spec, command, stall_timeout_s=args.stall_timeout)
+        # The plan is compiled in the job (by the chief): whether it uses
+        # herring is not known here, so a spec with servers gets summation
+        # servers too.
+        return launch(spec, command, stall_timeout_s=args.stall_timeout,
+                      sumservers=spec.num_servers > 0)
     except AutoparError as e:
         if debug_errors():
             raise

@@ -49,9 +49,17 @@ class Config:
     startup_timeout_s: float = 60.0
     # How gradients travel (Parallax): "hybrid" = dense by all-reduce, sparse on
     # parameter servers; "ps" = every variable on servers; "allreduce" = no
-    # servers (sparse by all-gather). Hybrid with no sparse variables is
-    # all-reduce; PS methods need servers in the spec.
+    # servers (sparse by all-gather); "herring" = dense float32 gradients in
+    # balanced fusion buffers summed by sharded summation servers (sparse as
+    # in hybrid). Hybrid with no sparse variables is all-reduce, or herring
+    # when the spec has servers and the cost model predicts it faster than
+    # the ring; PS methods and herring need servers in the spec.
     run_option: str = "hybrid"
+    # herring: the dtype gradients travel in ("float32", "float16",
+    # "bfloat16"; summed in float32 on the servers), and the fusion buffer
+    # size in bytes of float32 (None: chosen from model and cluster size).
+    wire_dtype: str = "float32"
+    herring_buffer_bytes: int | None = None
     # How workers' gradients combine, dense and sparse alike: "mean" (the loss
     # is a mean over the batch: one device's gradient is the mean over the
     # global batch), "sum" (the loss is summed over the batch), or "auto":
@@ -120,9 +128,17 @@ class Config:
             raise AutoparError(f"Config.save_every_steps must be > 0, got {self.save_every_steps}")
         if self.keep_checkpoints < 1:
             raise AutoparError(f"Config.keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
-        if self.run_option not in ("hybrid", "ps", "allreduce"):
-            raise AutoparError(f"Config.run_option must be 'hybrid', 'ps' or 'allreduce', "
-                               f"got {self.run_option!r}")
+        if self.run_option not in ("hybrid", "ps", "allreduce", "herring"):
+            raise AutoparError(f"Config.run_option must be 'hybrid', 'ps', 'allreduce' or "
+                               f"'herring', got {self.run_option!r}")
+        if self.wire_dtype not in ("float32", "float16", "bfloat16"):
+            raise AutoparError(f"Config.wire_dtype must be 'float32', 'float16' or 'bfloat16', "
+                               f"got {self.wire_dtype!r}")
+        if self.herring_buffer_bytes is not None and (
+                isinstance(self.herring_buffer_bytes, bool)
+                or not isinstance(self.herring_buffer_bytes, int) or self.herring_buffer_bytes <= 0):
+            raise AutoparError(f"Config.herring_buffer_bytes must be a positive integer or None, "
+                               f"got {self.herring_buffer_bytes!r}")
         for name, n in self.partitions.items():
             if not isinstance(n, int) or n < 1:
                 raise AutoparError(f"Config.partitions[{name!r}] must be an integer >= 1, got {n!r}")

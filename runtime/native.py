@@ -37,6 +37,10 @@ SUMSERVER_NAME = "autopar_sumserver"
 PROTO_MODULES = ("coordinator_pb2.py", "coordinator_pb2_grpc.py")
 # Where the runtime package sits once installed (setup.py's package_dir).
 PROTO_PACKAGE = "autopar/runtime"
+# The Plan's fusion-buffer table (transforms.bfb), a message only (no service).
+LAYOUT_PROTO = REPO_ROOT / "transforms" / "fusion_layout.proto"
+LAYOUT_MODULE = "fusion_layout_pb2.py"
+LAYOUT_PACKAGE = "autopar/transforms"
 
 
 class BuildError(RuntimeError):
@@ -44,7 +48,8 @@ class BuildError(RuntimeError):
 
 
 def build_protos(dest: Path = RUNTIME_DIR) -> None:
-    """Generate runtime/coordinator_pb2{,_grpc}.py into ``dest`` with grpcio-tools."""
+    """Generate runtime/coordinator_pb2{,_grpc}.py into ``dest`` and
+    transforms/fusion_layout_pb2.py into ``dest``/../transforms with grpcio-tools."""
     try:
         from grpc_tools import protoc  # type: ignore[import-untyped]
     except ImportError as exc:
@@ -70,6 +75,17 @@ def build_protos(dest: Path = RUNTIME_DIR) -> None:
         dest.mkdir(parents=True, exist_ok=True)
         for name in PROTO_MODULES:
             os.replace(shutil.copy(out / PROTO_PACKAGE / name, dest / f".{name}.tmp"), dest / name)
+        # transforms/ sits next to runtime/ in the source tree and once installed
+        (src / LAYOUT_PACKAGE).mkdir(parents=True)
+        shutil.copy(LAYOUT_PROTO, src / LAYOUT_PACKAGE / LAYOUT_PROTO.name)
+        code = protoc.main(["grpc_tools.protoc", f"-I{src}", f"--python_out={out}",
+                            f"{LAYOUT_PACKAGE}/{LAYOUT_PROTO.name}"])
+        if code != 0:
+            raise BuildError(f"protoc failed on {LAYOUT_PROTO} (status {code})")
+        layout_dest = dest.parent / "transforms"
+        layout_dest.mkdir(parents=True, exist_ok=True)
+        os.replace(shutil.copy(out / LAYOUT_PACKAGE / LAYOUT_MODULE,
+                               layout_dest / f".{LAYOUT_MODULE}.tmp"), layout_dest / LAYOUT_MODULE)
 
 
 def compiler() -> str:

@@ -46,6 +46,11 @@ class VariableInfo:
     bytes: int
     gradient: str                  # "dense" or "sparse"
     grad_tensor: str | None = None   # dense: boundary tensor carrying the gradient
+    # Position of the gradient's op in the graph's creation order (-1: none).
+    # tf.gradients creates each op's gradient once all its output gradients
+    # exist, so this is the order the backward pass produces gradients in:
+    # the same on every process that builds the graph (transforms.bfb).
+    grad_position: int = -1
     grad_values: str | None = None   # sparse: IndexedSlices values / indices
     grad_indices: str | None = None
     alpha: float | None = None     # sparse: estimated fraction of rows touched per step
@@ -172,6 +177,8 @@ def _analyze(graph: tf.Graph) -> Analysis:
     for info, path in zip(variables, paths):
         grads = [t for t in (info.grad_tensor, info.grad_values, info.grad_indices) if t]
         info.path_ops = path
+        first = info.grad_tensor or info.grad_values
+        info.grad_position = index.position.get(first.split(":")[0], -1) if first else -1
         _own_region(graph, info, set(grads), set(info.update_ops))
     slot_names = {s for v in variables for s in v.slots}
     all_update_ops = {u for v in variables for u in v.update_ops}

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from autopar.transforms.allgather import AllGather
 from autopar.transforms.allreduce import AllReduce
+from autopar.transforms.herring import Herring
 from autopar.transforms.ps import ParameterServer
 from autopar.transforms.sync_method import SyncMethod
 
 # Order matters: prepare() allocates collective instance keys and rewrite()
 # builds ops in this order, identically on every process.
-METHODS: dict[str, SyncMethod] = {m.name: m for m in (AllReduce(), AllGather(), ParameterServer())}
+METHODS: dict[str, SyncMethod] = {m.name: m for m in (AllReduce(), AllGather(), ParameterServer(),
+                                               Herring())}

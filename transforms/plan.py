@@ -27,15 +27,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from autopar.common.errors import AutoparError
+from autopar.common.errors import AutoparError, SpecError
 from autopar.common.roles import SERVER_JOB, WORKER_JOB
 from autopar.transforms import serial
 from autopar.transforms.analysis import Analysis
+from autopar.transforms.bfb import FusionLayout
 
 GROUP_KEY = 1              # all workers form one collective group
 _HOST_GROUP_BASE = 1000    # host-local groups for local aggregation: base + host index
 _FIRST_INSTANCE_KEY = 100  # keys below are left free for future groups/uses
-RUN_OPTIONS = ("hybrid", "ps", "allreduce")
+RUN_OPTIONS = ("hybrid", "ps", "allreduce", "herring")
+WIRE_DTYPES = ("float32", "float16", "bfloat16")
 # Averaging of batch-local state after each step (sync_local_state="average"):
 # one all-reduce per dtype from this key, far from the per-variable keys.
 LOCAL_STATE_KEY_BASE = 1 << 20
@@ -86,6 +88,8 @@ class PlanOptions:
     batch_norm_group: str | int | None = None
     # Weight-update sharding of all-reduce variables (transforms.wus).
     shard_weight_update: bool = False
+    wire_dtype: str = "float32"        # herring: dtype gradients travel in (summed in float32)
+    herring_buffer_bytes: int | None = None   # herring: fusion buffer size override
 
     @classmethod
     def from_config(cls, config) -> "PlanOptions":
@@ -95,23 +99,26 @@ class PlanOptions:
                    local_aggregation=config.local_aggregation, opau=config.opau,
                    opsw=config.opsw, partitions=tuple(sorted(config.partitions.items())),
                    batch_norm_group=config.batch_norm_group,
-                   shard_weight_update=config.shard_weight_update)
+                   shard_weight_update=config.shard_weight_update,
+                   wire_dtype=config.wire_dtype, herring_buffer_bytes=config.herring_buffer_bytes)
 
 
 @dataclass
 class VariablePlan:
     name: str
-    method: str              # "allreduce", "allgather" or "ps"
+    method: str              # "allreduce", "allgather", "ps" or "herring"
     placement: str           # where the variable lives, in words
     reason: str
     bucket: int | None = None
     keys: dict[str, int] = field(default_factory=dict)   # collective instance keys
-    # ps: row ranges [start, end) and the server holding each partition
+    # ps: row ranges [start, end) and the server holding each partition;
+    # herring: element ranges of the flattened gradient and the server summing each
     partitions: list[list[int]] = field(default_factory=list)
     servers: list[int] = field(default_factory=list)
     # Weight-update sharding: the worker that applies the optimizer update
     # and holds the slots (None: every worker updates its replica).
     owner: int | None = None
+    wire_dtype: str | None = None   # herring: the dtype the gradient travels in
 
 
 @dataclass
@@ -153,6 +160,10 @@ class Plan:
     # values are all-gathered with one key per dtype from this key on.
     shard_weight_update: bool = False
     wus_key: int = WUS_KEY_BASE
+    # herring: the balanced fusion buffers of its gradients (transforms.bfb),
+    # and why hybrid chose (or did not choose) it for dense gradients
+    herring: FusionLayout | None = None
+    herring_why: str = ""
 
     @property
     def gradient_scale(self) -> float:
@@ -202,7 +213,8 @@ def make_plan(analysis: Analysis, topology: Topology | int, fusion_bytes: int = 
     if options.run_option not in RUN_OPTIONS:
         raise ValueError(f"run_option must be one of {RUN_OPTIONS}, got {options.run_option!r}")
     from autopar.transforms.methods import METHODS   # its modules import this one
-    methods = {v.name: _method(v, topology, options) for v in analysis.variables}
+    herring, herring_why = _herring_choice(topology, options)
+    methods = {v.name: _method(v, topology, options, herring) for v in analysis.variables}
     reduction, why = resolve_loss_reduction(analysis, options.loss_reduction)
     # Each method lays out its variables and takes its instance keys, in table order.
     key = _FIRST_INSTANCE_KEY
@@ -233,7 +245,8 @@ def make_plan(analysis: Analysis, topology: Topology | int, fusion_bytes: int = 
                 local_aggregation=options.local_aggregation, opau=options.opau, opsw=options.opsw,
                 batch_norm_group=batch_norm_group_size(options.batch_norm_group,
                                                        topology.num_workers),
-                shard_weight_update=options.shard_weight_update)
+                shard_weight_update=options.shard_weight_update,
+                herring_why=herring_why)
 
 
 def assign_owners(analysis: Analysis, plans: list[VariablePlan], num_workers: int) -> None:
@@ -277,12 +290,37 @@ def resolve_loss_reduction(analysis: Analysis, option: str) -> tuple[str, str]:
                     "mean over the batch: set Config(loss_reduction='sum') if the loss is summed")
 
 
-def _method(v, topology: Topology, options: PlanOptions) -> tuple[str, str]:
+def _herring_choice(topology: Topology, options: PlanOptions) -> tuple[bool, str]:
+    """Whether dense float32 gradients go through herring, and why."""
+    if options.wire_dtype not in WIRE_DTYPES:
+        raise ValueError(f"wire_dtype must be one of {WIRE_DTYPES}, got {options.wire_dtype!r}")
+    if options.run_option == "herring":
+        if topology.num_servers == 0:
+            raise SpecError("run_option='herring' sums gradients on server processes, but the "
+                            "resource spec has none: give some hosts `servers: 1` (one per host "
+                            "is a good start), or use run_option='allreduce'")
+        return True, "run_option='herring'"
+    if options.run_option != "hybrid" or topology.num_servers == 0:
+        return False, ""
+    from autopar.transforms.herring import predicted_faster   # it imports this module
+    return predicted_faster(topology.num_workers, len(topology.hosts), topology.num_servers,
+                            options.local_aggregation, options.wire_dtype)
+
+
+def _method(v, topology: Topology, options: PlanOptions, herring: bool = False) -> tuple[str, str]:
     replicated = ("allreduce" if v.gradient == "dense" else "allgather")
+    if herring and v.gradient == "dense":
+        if v.dtype == "float32":
+            return "herring", ("dense gradient: balanced fusion buffers sharded over the "
+                               "summation servers, M bytes per contributor")
+        replicated_why = (f"dense {v.dtype} gradient: kept on ring all-reduce (the summation "
+                          "servers add float32, which would lose this gradient's precision)")
+        return "allreduce", replicated_why
     default_reason = ("dense gradient: ring all-reduce moves 2(N-1)/N of its bytes per worker"
                       if v.gradient == "dense" else
                       "sparse gradient (IndexedSlices): all-gather of the touched rows")
-    wants_ps = options.run_option == "ps" or (options.run_option == "hybrid" and v.gradient == "sparse")
+    wants_ps = options.run_option == "ps" or (options.run_option in ("hybrid", "herring")
+                                              and v.gradient == "sparse")
     if not wants_ps:
         return replicated, default_reason
     if topology.num_servers == 0:

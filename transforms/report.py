@@ -3,7 +3,10 @@ lives, how its gradient travels and what that costs on the wire.
 
 Bytes per step follow Parallax Table 3, counted per direction for one worker:
 ring all-reduce of b bytes sends and receives 2(N-1)b/N each; a ring
-all-gather of αb bytes of touched rows sends and receives (N-1)αb each.
+all-gather of αb bytes of touched rows sends and receives (N-1)αb each;
+herring pushes and pulls its b bytes once per contributor (in the wire
+dtype), and each server receives and sends its shards' bytes once per
+contributor.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 from autopar.transforms.allreduce import host_link_bytes
 from autopar.transforms.analysis import Analysis
+from autopar.transforms.bfb import WIRE_BYTES
 from autopar.transforms.methods import METHODS
 from autopar.transforms.plan import Plan
 from autopar.transforms.wus import slot_bytes_per_worker
@@ -61,6 +65,10 @@ class Report:
     # buckets: {"ring": {host: bytes}, "2d": {host: bytes}} (2-D summation's
     # figure for comparison; transforms.allreduce.host_link_bytes).
     host_link_bytes: dict = field(default_factory=dict)
+    # herring: its balanced fusion buffers (variables, offsets, shards per
+    # server) and why hybrid chose it or not
+    herring_buffers: list[dict] = field(default_factory=list)
+    herring_why: str = ""
 
     @property
     def sent_per_worker(self) -> float:
@@ -102,6 +110,16 @@ class Report:
                          + ", ".join(f"{h} {_human(b)}" for h, b in ring.items())
                          + " (ring in worker order); 2-D summation would send "
                          + ", ".join(f"{h} {_human(b)}" for h, b in two_d.items()))
+        if self.herring_why:
+            lines.append(f"herring: {self.herring_why}")
+        for b in self.herring_buffers:
+            pieces = ", ".join(f"{v}[{start}:{start + n}]@{offset}"
+                               for v, start, offset, n in b["segments"])
+            shards = ", ".join(f"server {srv} [{offset}:{offset + n}]"
+                               for srv, offset, n in b["shards"])
+            lines.append(f"herring buffer #{b['index']}: {b['elements']} elements "
+                         f"({_human(b['wire_bytes'])} on the wire as {b['wire_dtype']}): "
+                         f"{pieces}; shards: {shards}")
         combine = "averaged" if self.loss_reduction == "mean" else "summed"
         lines.append(f"gradients: {combine} over workers, dense and sparse "
                      f"(loss_reduction={self.loss_reduction}: {self.loss_reduction_why})")
@@ -168,10 +186,10 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
     if plan.shard_weight_update and all(vp.owner is None for vp in plan.variables):
         notes.append("Config(shard_weight_update=True) is set but no variable is all-reduced: "
                      "nothing to shard")
-    if num_servers and not plan.ps_variables:
+    if num_servers and not plan.ps_variables and plan.herring is None:
         notes.append(f"{num_servers} server process(es) are started but hold no variables "
                      "with every gradient all-reduced")
-    if plan.ps_variables:
+    if plan.ps_variables or plan.herring is not None:
         notes.append(f"server accumulators receive {contributors} contribution(s) per step "
                      f"({'one per host: local aggregation' if plan.local_aggregation else 'one per worker'})")
     bucket_bytes = sum(b.bytes for b in plan.buckets)
@@ -192,7 +210,19 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
                                for b in analysis.batch_norms],
                   buckets=[asdict(b) for b in plan.buckets],
                   state=[asdict(s) for s in analysis.state], untrained=analysis.untrained,
-                  notes=notes)
+                  notes=notes, herring_buffers=_herring_buffers(plan), herring_why=plan.herring_why)
+
+
+def _herring_buffers(plan: Plan) -> list[dict]:
+    layout = plan.herring
+    if layout is None:
+        return []
+    wire = WIRE_BYTES[layout.wire_dtype]
+    return [{"index": b.index, "elements": b.elements, "wire_bytes": b.elements * wire,
+             "wire_dtype": layout.wire_dtype,
+             "segments": [[s.variable, s.start, s.offset, s.length] for s in b.segments],
+             "shards": [[s.server, s.offset, s.length] for s in b.shards]}
+            for b in layout.buffers]
 
 
 def _unsharded(plan: Plan) -> Plan:

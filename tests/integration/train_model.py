@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--eval-size", type=int, default=0,
                    help="evaluate the model (Runner.evaluate) on a sharded eval set of this "
                         "many examples before and after training, and print the totals")
+    p.add_argument("--wire-dtype", default="float32", help="Config.wire_dtype (herring)")
     args = p.parse_args(argv)
     # Eager execution stays on (TF2 default): graphs are built in their own
     # tf.Graph context, as many graph-mode scripts do.
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
                             log_every_steps=1, fusion_bytes=args.fusion_bytes,
                             stall_timeout_s=args.stall_timeout,
                             run_option=args.run_option, local_aggregation=not args.no_la,
-                            sync_local_state=args.sync_local_state,
+                            sync_local_state=args.sync_local_state, wire_dtype=args.wire_dtype,
                             micro_batches=args.micro_batches, compute_threshold=args.threshold,
                             dropcompute_log_dir=args.dropcompute_log,
                             dropcompute_warmup=tuple(int(s) for s in args.warmup.split(",")),
