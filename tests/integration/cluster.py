@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import queue
 import re
@@ -65,9 +66,16 @@ def run_single_device(model: str, out: Path, *extra: str) -> str:
     start (a few seconds of CPU each; the reference runs are many)."""
     assert "--spec" not in extra, "a distributed run needs its own processes: use run_training"
     from tests.integration import train_model
+    # get_runner gives the "autopar" logger its stdout handler (and stops it
+    # propagating) in this process: put it back as it was for later tests.
+    logger = logging.getLogger("autopar")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
     captured = io.StringIO()
-    with contextlib.redirect_stdout(captured):
-        train_model.main(["--model", model, "--out", str(out), *extra])
+    try:
+        with contextlib.redirect_stdout(captured):
+            train_model.main(["--model", model, "--out", str(out), *extra])
+    finally:
+        logger.handlers[:], logger.level, logger.propagate = saved
     return captured.getvalue()
 
 
