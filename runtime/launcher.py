@@ -648,22 +648,23 @@ def bind_env_value(cluster: Mapping[str, list[str]]) -> str:
 def bind_shim_path() -> str:
     """runtime/libautopar_bind.so, built at install time (built now if missing)."""
     from autopar.runtime import native
-    path = native.RUNTIME_DIR / native.SHIM_NAME
-    if not path.exists():
-        try:
-            native.build_shim()
-        except native.BuildError as exc:
-            raise LaunchError(str(exc)) from exc
-    return str(path)
+    return _built(native.SHIM_NAME, native.build_shim)
 
 
 def sumserver_path() -> str:
     """runtime/autopar_sumserver, built at install time (built now if missing)."""
     from autopar.runtime import native
-    path = native.RUNTIME_DIR / native.SUMSERVER_NAME
+    return _built(native.SUMSERVER_NAME, native.build_sumserver)
+
+
+def _built(name: str, build) -> str:
+    """runtime/<name>, building it with ``build`` first if it is missing (a
+    checkout used without `make install`); a build failure is a LaunchError."""
+    from autopar.runtime import native
+    path = native.RUNTIME_DIR / name
     if not path.exists():
         try:
-            native.build_sumserver()
+            build()
         except native.BuildError as exc:
             raise LaunchError(str(exc)) from exc
     return str(path)
