@@ -278,6 +278,8 @@ class Agreement:
     (the chief publishes it, the others fetch it), so every worker holds the
     very same tau."""
 
+    has_timeout = True   # a worker that never posts costs its peers a timeout, not a hang
+
     def __init__(self, client, worker_index: int, num_workers: int, timeout_s: float) -> None:
         self._client = client
         self._index = worker_index
@@ -295,6 +297,45 @@ class Agreement:
             self._client.publish(key, payload)
             return payload
         return self._client.fetch(key, self._timeout)
+
+
+class CollectiveAgreement:
+    """The same agreement without a job coordinator (a process that joined
+    through TF_CONFIG): the payloads travel in all-reduces of float64 vectors
+    (Runner's `sum_over_workers`, the collective distributed evaluation uses),
+    each worker filling only its own slots with its bytes, 6 to a value
+    (exact in float64). First the lengths, then the payloads padded to the
+    longest. Every worker makes the same calls in the same order, which is
+    what the collectives need. share() is a gather of which only the chief's
+    payload is kept. No timeout: a collective waits for every worker (the job
+    summary at close, which a worker may never reach, is left out)."""
+
+    BYTES_PER_VALUE = 6
+    has_timeout = False
+
+    def __init__(self, worker_index: int, num_workers: int) -> None:
+        self._index = worker_index
+        self._n = num_workers
+        self.sum_over_workers = None   # set by the Runner once its session exists
+
+    def gather(self, key: str, payload: bytes, timeout_s: float | None = None) -> list[bytes]:
+        lengths = np.zeros(self._n)
+        lengths[self._index] = len(payload)
+        lengths = self.sum_over_workers(lengths).astype(np.int64)
+        k = self.BYTES_PER_VALUE
+        width = -(-int(lengths.max()) // k) or 1
+        mine = np.frombuffer(payload.ljust(width * k, b"\0"), np.uint8).reshape(width, k)
+        values = np.zeros((self._n, width))
+        values[self._index] = mine.astype(np.float64) @ (256.0 ** np.arange(k - 1, -1, -1))
+        summed = self.sum_over_workers(values.ravel()).reshape(self._n, width).astype(np.int64)
+        out = []
+        for i in range(self._n):
+            digits = (summed[i][:, None] // (256 ** np.arange(k - 1, -1, -1))) % 256
+            out.append(digits.astype(np.uint8).tobytes()[:lengths[i]])
+        return out
+
+    def share(self, key: str, payload: bytes | None) -> bytes:
+        return self.gather(key, payload if self._index == 0 else b"")[0]
 
 
 class DropCompute:
@@ -328,11 +369,10 @@ class DropCompute:
         self.needs_agreement = self.auto or self.compensation != "none"
         if self.needs_agreement and agreement is None:
             from autopar.common.errors import AutoparError
-            raise AutoparError("Config(compute_threshold='auto') and drop_compensation need the "
-                               "job coordinator to agree on tau: start the job with "
-                               "get_runner(graph, spec) or `autopar launch` (a process joined "
-                               "through TF_CONFIG has none); or give compute_threshold in seconds "
-                               "with drop_compensation='none'")
+            raise AutoparError("Config(compute_threshold='auto') and drop_compensation need "
+                               "the workers to agree on tau: this Runner has no way to (a "
+                               "single-device run); give compute_threshold in seconds with "
+                               "drop_compensation='none'")
         d = config.simulated_delay
         self._delay = (DelaySampler(d.median_s, d.sigma, d.max_s, d.seed + worker_index)
                        if d is not None and (d.workers is None or worker_index in d.workers)
@@ -455,7 +495,7 @@ class DropCompute:
     def close(self) -> None:
         if self._possible:
             log.info("%s", self.summary())
-            if self.needs_agreement:
+            if self.needs_agreement and self._agreement.has_timeout:
                 self._job_summary()
         if self._log is not None:
             self._log.close()

@@ -314,7 +314,7 @@ class Runner:
                 break
             local += np.asarray(values, np.float64)
             batches += 1
-        combined = self._sum_over_workers(local)
+        combined = self.sum_over_workers(local)
         log.debug("worker %d evaluated %d batches: %s", self.worker_index, batches, local)
         out = {}
         for k, name in enumerate(names):
@@ -351,7 +351,11 @@ class Runner:
             names.append(str(name))
         return names, fetches
 
-    def _sum_over_workers(self, local: np.ndarray) -> np.ndarray:
+    def sum_over_workers(self, local: np.ndarray) -> np.ndarray:
+        """The element-wise sum of a float64 vector over all workers (each
+        passes its own; every worker must call it with the same length, in
+        the same order). Distributed evaluation's collective; DropCompute's
+        agreement without a job coordinator uses it too."""
         if self._totals_allreduce is None or self.num_workers == 1:
             return local
         n = len(local)

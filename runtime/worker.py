@@ -22,7 +22,7 @@ from autopar.common import env
 from autopar.common.roles import SERVER_JOB, WORKER_JOB, WORKER_ROLE
 from autopar.runtime.checkpoint import Checkpointer
 from autopar.runtime.coordinator import CoordinatorClient, ProgressHook
-from autopar.runtime.dropcompute import Agreement, DropCompute
+from autopar.runtime.dropcompute import Agreement, CollectiveAgreement, DropCompute
 from autopar.runtime.progress import Progress
 from autopar.runtime.runner import Runner, iterator_read_by
 from autopar.runtime.session import session_config, start_worker_server, wait_for_peers
@@ -84,6 +84,8 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
                           config=session_config(worker_index, SERVER_JOB in cluster,
                                                 plan.shard_weight_update))
     progress = Progress(config.log_every_steps, num_workers, config.total_steps, tty) if is_chief else None
+    micro_batching, agreement = _micro_batching(worker_graph, rewritten, config, worker_index,
+                                                num_workers, client)
     runner = Runner(session, worker_graph, analysis, worker_index=worker_index,
                     num_workers=num_workers, progress=progress, checkpointer=checkpointer,
                     batch_size_tensor=batch_size,
@@ -92,24 +94,28 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
                     after_step=(worker_graph.get_operation_by_name(rewritten.after_step)
                                 if rewritten.after_step else None),
                     monitor=hook, on_close=(hook.closed,) if hook else (),
-                    **_micro_batching(worker_graph, rewritten, config, worker_index, num_workers,
-                                      client),
+                    **micro_batching,
                     totals_allreduce=_totals_allreduce(worker_graph, plan, worker_index))
+    if isinstance(agreement, CollectiveAgreement):
+        agreement.sum_over_workers = runner.sum_over_workers
     runner.start(init, worker_graph.get_operation_by_name(rewritten.broadcast_op))
     log.info("worker %d: initial state received from the chief", worker_index)
     return runner
 
 
 def _micro_batching(graph, rewritten, config, worker_index: int, num_workers: int,
-                    client: CoordinatorClient | None) -> dict:
-    """The Runner's accumulate ops and DropCompute state (micro_batches > 1)."""
+                    client: CoordinatorClient | None) -> tuple[dict, object]:
+    """(the Runner's accumulate ops and DropCompute state, how the workers
+    agree on tau) with micro_batches > 1: through the job coordinator, or,
+    for a process that joined through TF_CONFIG, through collectives."""
     if rewritten.accumulate is None:
-        return {}
+        return {}, None
     agreement = (Agreement(client, worker_index, num_workers, config.startup_timeout_s
-                           + config.stall_timeout_s) if client is not None else None)
-    return {"accumulate": (graph.get_operation_by_name(rewritten.accumulate_first),
-                           graph.get_operation_by_name(rewritten.accumulate)),
-            "dropcompute": DropCompute(config, worker_index, num_workers, agreement)}
+                           + config.stall_timeout_s) if client is not None
+                 else CollectiveAgreement(worker_index, num_workers))
+    return ({"accumulate": (graph.get_operation_by_name(rewritten.accumulate_first),
+                            graph.get_operation_by_name(rewritten.accumulate)),
+             "dropcompute": DropCompute(config, worker_index, num_workers, agreement)}, agreement)
 
 
 def _totals_allreduce(worker_graph: tf.Graph, plan, worker_index: int):

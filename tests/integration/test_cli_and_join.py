@@ -1,6 +1,7 @@
 """`autopar report` prints the plan without training; `autopar launch` trains;
 processes started by an external launcher (TF_CONFIG) join without spawning."""
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -70,3 +71,31 @@ def test_tf_config_processes_join_without_spawning(tmp_path):
     expected = load_worker(tmp_path / "single", 0)
     for i in range(2):
         assert_same_parameters(expected, load_worker(out, i), what=f"TF_CONFIG worker {i}")
+
+
+def test_tf_config_processes_agree_on_an_automatic_threshold_without_a_coordinator(tmp_path):
+    """No launcher, so no job coordinator: DropCompute's warm-up latencies and
+    the chief's decision travel through collectives, and both workers adopt
+    the same tau."""
+    ports = _free_ports(2)
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    procs = []
+    for i in range(2):
+        env = child_env()
+        env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
+        procs.append(subprocess.Popen(
+            train_command("mlp_sgd", tmp_path / "out", "--steps", "6", "--micro-batches", "2",
+                          "--threshold", "auto", "--warmup", "1,4", "--delay", "0.01",
+                          "--delay-sigma", "1"),
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        logs = [p.communicate(timeout=180)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)[-3000:]
+    held = [re.findall(r"worker \d: DropCompute threshold (\S+)", log) for log in logs]
+    assert all(len(h) == 1 for h in held), "\n".join(logs)[-3000:]
+    assert held[0] == held[1]
+    assert re.search(r"DropCompute: (tau = |no threshold)", logs[0]), logs[0][-3000:]

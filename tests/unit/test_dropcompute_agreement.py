@@ -101,6 +101,42 @@ def test_stopping_rule():
     assert not d.may_compute(3, 0.0)           # never more than micro_batches
 
 
-def test_auto_without_a_coordinator_is_refused():
-    with pytest.raises(AutoparError, match="job coordinator"):
+def test_auto_without_a_way_to_agree_is_refused():
+    with pytest.raises(AutoparError, match="need the workers to agree on tau"):
         dc.DropCompute(Config(micro_batches=2, compute_threshold="auto"), 0, 2, None)
+
+
+def test_collective_agreement_moves_every_workers_bytes_exactly():
+    """CollectiveAgreement over a stand-in for the all-reduce (threads adding
+    their vectors behind a barrier, round by round): payloads of different
+    lengths, an empty one, every byte value, and the chief's share arrive
+    unchanged on every worker."""
+    from autopar.runtime.dropcompute import CollectiveAgreement
+    n = 3
+    barrier = threading.Barrier(n, timeout=30)
+    parts: list = [None] * n
+
+    def sum_for(i):
+        def sum_over_workers(local):
+            parts[i] = local
+            barrier.wait()                     # every worker posted this round
+            total = np.sum(parts, axis=0)
+            barrier.wait()                     # every worker read it before the next round
+            return total
+        return sum_over_workers
+
+    payloads = [bytes(range(256)) * 3, b"", b"\x00\xff" * 7]
+    results: list = [None] * n
+
+    def run(i):
+        agreement = CollectiveAgreement(i, n)
+        agreement.sum_over_workers = sum_for(i)
+        results[i] = (agreement.gather("k", payloads[i]),
+                      agreement.share("d", b"chief's decision" if i == 0 else None))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert results == [(payloads, b"chief's decision")] * n
