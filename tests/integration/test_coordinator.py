@@ -91,8 +91,15 @@ def _job_pids(text: str, launcher: int) -> set[int]:
 
 
 def _stop(proc: subprocess.Popen, pids: set[int]) -> None:
+    """End a job whose worker is stalled: the first SIGTERM asks the chief
+    to finish its step (which it cannot, its peer being stalled), the second
+    makes the launcher stop every process at once."""
     if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)   # the launcher stops its children
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
