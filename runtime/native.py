@@ -88,23 +88,29 @@ def build_protos(dest: Path = RUNTIME_DIR) -> None:
                                layout_dest / f".{LAYOUT_MODULE}.tmp"), layout_dest / LAYOUT_MODULE)
 
 
-def compiler() -> str:
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+def _first_on_path(candidates: tuple[str | None, ...], missing: str) -> str:
+    """The first of `candidates` found on PATH; BuildError(`missing`) if none."""
+    for name in candidates:
         if name and shutil.which(name):
             return name
-    raise BuildError("building autopar's bind shim (cpp_ops/bind_shim.c) needs a C compiler: "
-                     "install one (Debian/Ubuntu: apt-get install gcc; Fedora/RHEL: dnf install gcc; "
-                     "Alpine: apk add build-base) or set CC")
+    raise BuildError(missing)
+
+
+def compiler() -> str:
+    return _first_on_path(
+        (os.environ.get("CC"), "cc", "gcc", "clang"),
+        "building autopar's bind shim (cpp_ops/bind_shim.c) needs a C compiler: "
+        "install one (Debian/Ubuntu: apt-get install gcc; Fedora/RHEL: dnf install gcc; "
+        "Alpine: apk add build-base) or set CC")
 
 
 def cxx_compiler() -> str:
-    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
-        if name and shutil.which(name):
-            return name
-    raise BuildError("building autopar's Herring transport (cpp_ops/herring_ops.cc, "
-                     "cpp_ops/sum_server.cc) needs a C++17 compiler: install one (Debian/Ubuntu: "
-                     "apt-get install g++; Fedora/RHEL: dnf install gcc-c++; Alpine: apk add "
-                     "build-base) or set CXX")
+    return _first_on_path(
+        (os.environ.get("CXX"), "c++", "g++", "clang++"),
+        "building autopar's Herring transport (cpp_ops/herring_ops.cc, "
+        "cpp_ops/sum_server.cc) needs a C++17 compiler: install one (Debian/Ubuntu: "
+        "apt-get install g++; Fedora/RHEL: dnf install gcc-c++; Alpine: apk add "
+        "build-base) or set CXX")
 
 
 def tensorflow_flags(python: str = sys.executable) -> tuple[list[str], list[str]]:

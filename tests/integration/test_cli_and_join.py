@@ -48,16 +48,17 @@ def _free_ports(n):
     return ports
 
 
-def test_tf_config_processes_join_without_spawning(tmp_path):
-    ports = _free_ports(2)
+def _run_tf_config_workers(command: list[str], workers: int = 2) -> list[str]:
+    """Start `command` once per worker with TF_CONFIG describing a loopback
+    cluster (as an external launcher would), wait for all, and return their
+    outputs; every one must exit 0."""
+    ports = _free_ports(workers)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    out = tmp_path / "dist"
     procs = []
-    for i in range(2):
+    for i in range(workers):
         env = child_env()
         env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
-        procs.append(subprocess.Popen(train_command("mlp_adam_clip_ema", out, "--steps", "4"),
-                                      cwd=REPO, env=env, stdout=subprocess.PIPE,
+        procs.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     try:
         logs = [p.communicate(timeout=180)[0] for p in procs]
@@ -65,7 +66,13 @@ def test_tf_config_processes_join_without_spawning(tmp_path):
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)[-3000:]
+    assert [p.returncode for p in procs] == [0] * workers, "\n".join(logs)[-3000:]
+    return logs
+
+
+def test_tf_config_processes_join_without_spawning(tmp_path):
+    out = tmp_path / "dist"
+    logs = _run_tf_config_workers(train_command("mlp_adam_clip_ema", out, "--steps", "4"))
     assert not any("started worker" in log for log in logs)   # nothing was spawned
     run_single_device("mlp_adam_clip_ema", tmp_path / "single", "--steps", "4")
     expected = load_worker(tmp_path / "single", 0)
@@ -77,24 +84,10 @@ def test_tf_config_processes_agree_on_an_automatic_threshold_without_a_coordinat
     """No launcher, so no job coordinator: DropCompute's warm-up latencies and
     the chief's decision travel through collectives, and both workers adopt
     the same tau."""
-    ports = _free_ports(2)
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    procs = []
-    for i in range(2):
-        env = child_env()
-        env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
-        procs.append(subprocess.Popen(
-            train_command("mlp_sgd", tmp_path / "out", "--steps", "6", "--micro-batches", "2",
-                          "--threshold", "auto", "--warmup", "1,4", "--delay", "0.01",
-                          "--delay-sigma", "1"),
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    try:
-        logs = [p.communicate(timeout=180)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)[-3000:]
+    logs = _run_tf_config_workers(
+        train_command("mlp_sgd", tmp_path / "out", "--steps", "6", "--micro-batches", "2",
+                      "--threshold", "auto", "--warmup", "1,4", "--delay", "0.01",
+                      "--delay-sigma", "1"))
     held = [re.findall(r"worker \d: DropCompute threshold (\S+)", log) for log in logs]
     assert all(len(h) == 1 for h in held), "\n".join(logs)[-3000:]
     assert held[0] == held[1]
