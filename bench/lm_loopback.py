@@ -68,11 +68,11 @@ def error_text(stdout: str, stderr: str) -> str:
     return "\n".join(hits[-12:] or lines[-12:])
 
 
-def run_once(args, option: str) -> dict:
+def run_once(args, option: str, extra: tuple[str, ...] = ()) -> dict:
     argv = [sys.executable, "examples/lm.py", "--spec", args.spec, "--run-option", option,
             "--vocab", str(args.vocab), "--dim", str(args.dim), "--hidden", str(args.hidden),
             "--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len),
-            "--steps", str(args.steps), "--warmup", str(args.warmup), "--log-every", "0"]
+            "--steps", str(args.steps), "--warmup", str(args.warmup), "--log-every", "0", *extra]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     load_before = os.getloadavg()[0]
     start = time.perf_counter()

@@ -135,6 +135,24 @@ OPTIMIZERS = {   # name -> (default learning rate, constructor)
 }
 
 
+def traced_step(runner, train_op, loss, trace_dir: str) -> float:
+    """One step under a full trace. The step stats hold every op's start and
+    end on every device of the step (this worker and the servers it used);
+    the wall time of the whole run call goes beside them
+    (bench/ps_profile.py reads both)."""
+    options = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE)
+    metadata = tf1.RunMetadata()
+    start = time.perf_counter()
+    _, value = runner.run([train_op, loss], options=options, run_metadata=metadata)
+    wall_us = int((time.perf_counter() - start) * 1e6)
+    out = Path(trace_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"worker{runner.worker_index}.step_stats.pb").write_bytes(
+        metadata.step_stats.SerializeToString())
+    (out / f"worker{runner.worker_index}.wall_us").write_text(str(wall_us))
+    return value
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--spec", help="resource spec (YAML); omit to train on this device only")
@@ -156,6 +174,11 @@ def main():
     p.add_argument("--sequences", type=int, default=20_000, help="--data zipf: corpus size in sequences")
     p.add_argument("--max-words", type=int, default=5_000_000, help="--data text: read at most this many")
     p.add_argument("--log-every", type=int, default=10, help="progress line every N steps (0: none)")
+    p.add_argument("--trace-step", type=int,
+                   help="run this step with a full TensorFlow trace and write its step stats "
+                        "(every device the step ran on, servers included) to --trace-dir")
+    p.add_argument("--trace-dir", default="lm_trace",
+                   help="with --trace-step: worker i writes worker<i>.step_stats.pb here")
     args = p.parse_args()
     if args.steps < 1 or not 0 <= args.warmup < args.steps:
         p.error("need --steps >= 1 and 0 <= --warmup < --steps")
@@ -201,7 +224,10 @@ def main():
         for step in range(args.steps):
             if step == args.warmup:
                 start = time.perf_counter()
-            _, value = runner.run([train_op, loss])
+            if step == args.trace_step:
+                value = traced_step(runner, train_op, loss, args.trace_dir)
+            else:
+                _, value = runner.run([train_op, loss])
             recent.append(value)
         elapsed = time.perf_counter() - start
         if runner.is_chief:
