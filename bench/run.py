@@ -118,6 +118,9 @@ class Settings:
     idle_window_s: float = 0.3         # background traffic measured with every worker idle
     prefix: str = "apb"
     update_readme: bool = False
+    # Per workload, a subset of host_counts / peers to run it with (default: all of them).
+    workload_hosts: dict = field(default_factory=dict)
+    workload_peers: dict = field(default_factory=dict)
     forkserver: bool = True            # import TensorFlow once per host (bench/peers/forkserver.py)
 
     @property
@@ -127,6 +130,12 @@ class Settings:
 
     def num_servers(self, n: int) -> int:
         return n if self.servers == "equal" else int(self.servers)
+
+    def hosts_for(self, workload: str) -> list[int]:
+        return list(self.workload_hosts.get(workload, self.host_counts))
+
+    def peers_for(self, workload: str) -> list[str]:
+        return list(self.workload_peers.get(workload, self.peers))
 
     def workload(self, name: str) -> models.Workload:
         if name == "avg":
@@ -691,7 +700,8 @@ def run_references(settings: Settings, python: str, out_dir: Path, timeout_s: fl
     """{workload: {N: reference record}} from one single-device process (no network)."""
     refs: dict = {name: {} for name in settings.workloads}
     job = {"workloads": [{"workload": models.to_dict(settings.workload(name)),
-                          "warmup": settings.steps[name][0], "steps": settings.steps[name][1]}
+                          "warmup": settings.steps[name][0], "steps": settings.steps[name][1],
+                          "num_workers": settings.hosts_for(name)}
                          for name in settings.workloads],
            "num_workers": settings.host_counts, "deadline_s": timeout_s + 30}
     path = out_dir / "reference-job.json"
@@ -934,10 +944,14 @@ def run(settings: Settings) -> dict:
                     for wname in settings.workloads:
                         if wname == "avg" and rate != settings.rate_mbit:
                             continue       # the microbenchmark measures bandwidth: fastest rate only
+                        if n not in settings.hosts_for(wname):
+                            continue
                         w = settings.workload(wname)
                         warmup, steps = settings.steps[wname]
                         alpha = metrics.sparse_alpha(w, warmup, steps, n)
                         for peer in peers:
+                            if peer.name not in settings.peers_for(wname):
+                                continue
                             if peer.name == "floor" and (wname, n) in floors:
                                 continue   # measured at the first rate; it does not use the network
                             rec = _run_one(cluster, spawner, settings, refs, run_options,
@@ -997,6 +1011,12 @@ def parse_args(argv=None) -> Settings:
     p.add_argument("--hosts", help="comma-separated host counts, e.g. 2,4")
     p.add_argument("--workloads", help="comma-separated: avg,sparse,dense")
     p.add_argument("--peers", help="comma-separated subset of: " + ",".join(x.name for x in PEERS))
+    p.add_argument("--workload-hosts", action="append", default=[], metavar="WORKLOAD=N,N",
+                   help="run WORKLOAD only at these host counts (a subset of --hosts), e.g. dense=4,8; "
+                        "repeat for several workloads")
+    p.add_argument("--workload-peers", action="append", default=[], metavar="WORKLOAD=PEER,PEER",
+                   help="run WORKLOAD only with these peers (a subset of --peers), e.g. "
+                        "dense=floor,horovod,autopar-herring; repeat for several workloads")
     p.add_argument("--link-mbit", "--rate-mbit", dest="link_mbit",
                    help="comma-separated link rates in Mbit/s; the whole run is repeated at each "
                         "(default: 1000,100; --quick: 100)")
@@ -1028,6 +1048,22 @@ def parse_args(argv=None) -> Settings:
         bad = set(s.peers) - {x.name for x in PEERS}
         if bad:
             p.error(f"unknown peers {sorted(bad)}")
+    for flag, items, universe, target, convert in (
+            ("--workload-hosts", args.workload_hosts, s.host_counts, s.workload_hosts, int),
+            ("--workload-peers", args.workload_peers, s.peers, s.workload_peers, str)):
+        for item in items:
+            name, sep, values = item.partition("=")
+            if not sep or name not in s.workloads:
+                p.error(f"{flag} {item!r}: expected WORKLOAD=LIST with WORKLOAD one of --workloads "
+                        f"({','.join(s.workloads)})")
+            try:
+                chosen = [convert(x) for x in values.split(",") if x]
+            except ValueError:
+                p.error(f"{flag} {item!r}: not a list of host counts")
+            bad = [x for x in chosen if x not in universe]
+            if bad or not chosen:
+                p.error(f"{flag} {item!r}: {bad or 'nothing'} not among {universe}")
+            target[name] = chosen
     if args.steps:
         steps = dict(s.steps)
         for item in args.steps.split(","):
