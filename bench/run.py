@@ -521,7 +521,7 @@ def run_point(cluster, spawner, settings: Settings, point: Point, run_dir: Path)
             sums = [_start_sumserver(cluster, h, i, sumservers[i], run_dir, events)
                     for i, h in enumerate(point.server_hosts)]
             procs.extend(sums)
-            _wait_listening(sums, procs, settings.startup_timeout_s)
+            _wait_listening(sums, settings.startup_timeout_s)
         if point.ps_tasks:
             for i, h in enumerate(point.server_hosts):
                 start(h, SERVER_JOB, i)
@@ -581,7 +581,7 @@ def _start_sumserver(cluster, host: int, index: int, address: str, run_dir: Path
     return Proc(label, popen.pid, popen.poll, stdout, events)
 
 
-def _wait_listening(sums: list[Proc], procs: list[Proc], timeout_s: float) -> None:
+def _wait_listening(sums: list[Proc], timeout_s: float) -> None:
     """Until every summation server said it listens (bounded; a server that
     exits, e.g. its port taken, fails the point with its message)."""
     end = time.monotonic() + timeout_s
