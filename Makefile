@@ -45,7 +45,7 @@ clean:
 # bench-setup builds the Horovod peer's own virtualenv once (bench/.venv-horovod,
 # TensorFlow 2.12 + Horovod 0.28.1, a few minutes); the bench targets build it
 # too when it is missing. Results: bench/results/<quick|full>.{json,md,png}.
-.PHONY: bench-setup bench-quick bench
+.PHONY: bench-setup bench-quick bench bench-herring
 BENCH_ROOT_CHECK = $(PY) -c 'from bench.cluster import require_root; require_root()'
 
 bench-setup: $(STAMP)
@@ -61,6 +61,18 @@ bench-quick: $(STAMP)
 bench: $(STAMP)
 	$(BENCH_ROOT_CHECK)
 	$(PY) -m bench.run
+
+# Herring against the rings (issue 10), one run at 1000 Mbit/s, S = N summation-server hosts:
+# the microbenchmark (G = 100 MiB float32) at 2, 4 and 8 hosts with the floor, Horovod/Gloo,
+# the TF collective (tf_mwms), autopar-allreduce and autopar-herring; the dense CNN at 4 and
+# 8 hosts with the floor, Horovod, autopar-allreduce and autopar-herring.
+# Results: bench/results/herring.{json,md,png}.
+bench-herring: $(STAMP)
+	$(BENCH_ROOT_CHECK)
+	$(PY) -m bench.run --name herring --link-mbit 1000 --hosts 2,4,8 --servers equal \
+		--workloads avg,dense --avg-mib 100 \
+		--peers floor,horovod,tf_mwms,autopar-allreduce,autopar-herring \
+		--workload-hosts dense=4,8 --workload-peers dense=floor,horovod,autopar-allreduce,autopar-herring
 
 # Analysis and rewrite time vs graph size: a BERT-style encoder at 3, 6, 12
 # and 24 layers (no root needed; minutes, most of it the rewrite). Results:

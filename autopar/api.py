@@ -90,7 +90,7 @@ def _join_external(graph, config):
         sys.exit(0)
     # No launcher to compile for everyone: each process compiles the same
     # plan by the same deterministic function.
-    compiled = compile_for_config(graph, Topology.from_cluster(cluster), config)
+    compiled = compile_for_config(graph, worker.job_topology(cluster), config)
     return worker.distributed_runner(graph, cluster, index, config, compiled=compiled)
 
 

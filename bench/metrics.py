@@ -8,6 +8,14 @@ rows one worker's step touches):
     allreduce   2(N-1)/N * b  +  (N-1) * ab         -
     ps          b + ab                              N * (b + ab) / S
     hybrid      2(N-1)/N * b  +  ab                 N * ab / S
+    herring     b  +  ab                            (C * b + N * ab) / S
+
+(herring, Herring Table III: every contributor pushes its b bytes once,
+sharded over the S summation servers, and pulls the sum once; a server
+receives its b/S shard from each of C contributors and sends the sum back
+to each. C = workers, or hosts when a host's workers sum among themselves
+first; one worker per host here, so C = N. Sparse gradients go to the
+parameter servers as with hybrid.)
 
 (Table 3 gives the sum of both directions for PS, 2b and 2ab: the worker pulls
 b and pushes b. For the all-gather of sparse rows it gives 2(N-1)ab counting
@@ -21,6 +29,8 @@ sequential hops:
     ring all-reduce (reduce-scatter + all-gather): 2(N-1) hops, 2(N-1)/N * n bytes * beta
     ring all-gather:                                (N-1) hops,  (N-1) * n bytes * beta
     parameter server (push, then pull):              2 hops,      n bytes * beta each way
+    herring (push to the summation servers, pull):   2 hops,      the busier of a worker's
+                                                                  b and a server's C*b/S
 
 with beta = 8 / rate seconds per byte and alpha = the one-way link latency. A
 result is reported as the fraction of that limit it reaches:
@@ -51,6 +61,7 @@ PEER_METHODS = {
     "tf_ps": "ps",
     "autopar-ps": "ps",
     "autopar-hybrid": "hybrid",
+    "autopar-herring": "herring",
     "floor": "none",          # no aggregation: the compute-only floor
 }
 
@@ -94,8 +105,10 @@ class Traffic:
 
 
 def required_traffic(method: str, dense_bytes: float, sparse_touched_bytes: float,
-                     num_workers: int, num_servers: int = 0) -> Traffic:
-    """Parallax Table 3 for one worker (and one of S servers, load spread evenly)."""
+                     num_workers: int, num_servers: int = 0, contributors: int | None = None) -> Traffic:
+    """Parallax Table 3 (Herring Table III for "herring") for one worker (and
+    one of S servers, load spread evenly). `contributors`: herring's pushes
+    per buffer (default: every worker, one worker per host)."""
     n, s = num_workers, num_servers
     b, ab = float(dense_bytes), float(sparse_touched_bytes)
     if method == "none":
@@ -114,6 +127,10 @@ def required_traffic(method: str, dense_bytes: float, sparse_touched_bytes: floa
         per_server = n * ab / s
         return Traffic(method, w, w, per_server, per_server,
                        hops=(2 * (n - 1) if b else 0) + (2 if ab else 0))
+    if method == "herring":
+        c = n if contributors is None else contributors
+        per_server = (c * b + n * ab) / s
+        return Traffic(method, b + ab, b + ab, per_server, per_server, hops=2)
     raise ValueError(f"unknown method {method!r}")
 
 

@@ -121,11 +121,12 @@ def microbench_table(results: dict) -> str:
     if not rows:
         return ""
     head = ("N", "system", "status", "ms per averaging", "compute floor ms", "bus bandwidth Gbit/s",
-            "of link rate", "worker send / recv MB", "Table 3 MB", "comm limit ms", "of limit (bound)", "loss ok")
+            "of link rate", "worker send / recv MB", "Table 3 MB", "server send / recv MB",
+            "comm limit ms", "of limit (bound)", "loss ok")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for p in _order(rows, peers):
         if p.get("status") in ("ok", "wrong-loss"):
-            mb, wb = p["microbench"], p["bytes_per_step"]["worker"]
+            mb, wb, sb = p["microbench"], p["bytes_per_step"]["worker"], p["bytes_per_step"]["server"]
             averages = p["peer"] != "floor"      # the floor averages nothing: no bandwidth
             comm = _comm_limit(p)
             lines.append("| " + " | ".join([
@@ -133,7 +134,10 @@ def microbench_table(results: dict) -> str:
                 _ms(p.get("compute_floor_s")),
                 f"{mb['bus_bandwidth_bytes_per_s'] * 8 / 1e9:.2f}" if averages else "–",
                 _pct(mb["bus_bandwidth_fraction_of_link"]) if averages else "–",
-                f"{_mb(wb['send'])} / {_mb(wb['recv'])}", _mb(p["table3"]["worker_send"]),
+                f"{_mb(wb['send'])} / {_mb(wb['recv'])}",
+                _mb(p["table3"]["worker_send"]) + (f" (srv {_mb(p['table3']['server_send'])})"
+                                                    if p["num_servers"] else ""),
+                f"{_mb(sb['send'])} / {_mb(sb['recv'])}" if p["num_servers"] else "–",
                 "–" if comm is None else f"{1e3 * comm:.0f}", _limit(p),
                 "yes" if p.get("loss_check", {}).get("ok") else "NO"]) + " |")
         else:

@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autopar.common import env as envvars
 from autopar.common.procs import stop_processes
 from autopar.common.roles import SERVER_JOB, WORKER_JOB
 from bench import metrics, models
@@ -58,7 +59,8 @@ class PeerDef:
     name: str                 # as shown in tables: "tf_mwms", "autopar-ps", ...
     script: str               # file in bench/peers
     venv: str = "main"        # "main" (.venv, TF 2.21) or "horovod" (bench/.venv-horovod, TF 2.12)
-    servers: bool = False     # needs parameter-server tasks
+    servers: bool = False     # needs server hosts (S of them)
+    sumservers: bool = False  # herring: one summation server (runtime/autopar_sumserver) per server host
     rendezvous: bool = False  # Horovod: a rendezvous server on host 0
     options: dict = field(default_factory=dict)
     about: str = ""
@@ -80,7 +82,7 @@ KNOWN_LOSS_DIFFERENCES = {
         "workers' sparse gradients end up summed, not averaged"),
 }
 
-AUTOPAR_RUN_OPTIONS = ("allreduce", "ps", "hybrid")   # later ones: add here and to metrics.PEER_METHODS
+AUTOPAR_RUN_OPTIONS = ("allreduce", "ps", "hybrid", "herring")   # later ones: add here and to metrics.PEER_METHODS
 
 PEERS = [
     PeerDef("floor", "floor.py",
@@ -92,8 +94,10 @@ PEERS = [
             about="tf.compat.v1 replica_device_setter + SyncReplicasOptimizer (between-graph, graph mode)"),
     PeerDef("horovod", "horovod_peer.py", venv="horovod", rendezvous=True,
             about="Horovod 0.28.1 + Gloo, hvd.DistributedOptimizer (sparse: allgather), TF 2.12"),
-] + [PeerDef(f"autopar-{opt}", "autopar_peer.py", servers=opt != "allreduce",
-             options={"run_option": opt}, about=f"autopar via TF_CONFIG join, Config(run_option={opt!r})")
+] + [PeerDef(f"autopar-{opt}", "autopar_peer.py", servers=opt != "allreduce", sumservers=opt == "herring",
+             options={"run_option": opt}, about=f"autopar via TF_CONFIG join, Config(run_option={opt!r})"
+             + (": one summation server per server host, TensorFlow ps tasks only for sparse variables"
+                if opt == "herring" else ""))
      for opt in AUTOPAR_RUN_OPTIONS]
 
 
@@ -114,6 +118,9 @@ class Settings:
     idle_window_s: float = 0.3         # background traffic measured with every worker idle
     prefix: str = "apb"
     update_readme: bool = False
+    # Per workload, a subset of host_counts / peers to run it with (default: all of them).
+    workload_hosts: dict = field(default_factory=dict)
+    workload_peers: dict = field(default_factory=dict)
     forkserver: bool = True            # import TensorFlow once per host (bench/peers/forkserver.py)
 
     @property
@@ -123,6 +130,12 @@ class Settings:
 
     def num_servers(self, n: int) -> int:
         return n if self.servers == "equal" else int(self.servers)
+
+    def hosts_for(self, workload: str) -> list[int]:
+        return list(self.workload_hosts.get(workload, self.host_counts))
+
+    def peers_for(self, workload: str) -> list[str]:
+        return list(self.workload_peers.get(workload, self.peers))
 
     def workload(self, name: str) -> models.Workload:
         if name == "avg":
@@ -411,6 +424,16 @@ class Point:
     def server_hosts(self) -> list[int]:
         return list(range(self.num_workers, self.num_workers + self.num_servers))
 
+    @property
+    def ps_tasks(self) -> bool:
+        """Whether the server hosts run TensorFlow ps tasks. Herring's dense
+        gradients need only the summation servers; its sparse variables
+        (hybrid's placement) live on ps tasks."""
+        return bool(self.num_servers) and (not self.peer.sumservers or self.workload.sparse_touched_bytes() > 0)
+
+    def sumserver_port(self) -> int:
+        return self.port + 3          # port + 1: ps tasks, + 2: Horovod's rendezvous
+
 
 def run_point(cluster, spawner, settings: Settings, point: Point, run_dir: Path) -> dict:
     """Run one peer on one workload and host count; return its record (never raises)."""
@@ -420,9 +443,13 @@ def run_point(cluster, spawner, settings: Settings, point: Point, run_dir: Path)
     w, peer = point.workload, point.peer
     addr = cluster.addresses
     job_cluster = {WORKER_JOB: [f"{addr[h]}:{point.port}" for h in point.worker_hosts]}
-    if point.num_servers:
+    if point.ps_tasks:
         job_cluster[SERVER_JOB] = [f"{addr[h]}:{point.port + 1}" for h in point.server_hosts]
+    sumservers = ([f"{addr[h]}:{point.sumserver_port()}" for h in point.server_hosts]
+                  if peer.sumservers else [])
     options = dict(peer.options)
+    if sumservers:
+        options["sumservers"] = sumservers
     if peer.rendezvous:
         options["rendezvous"] = f"{addr[0]}:{point.port + 2}"
     deadline_s = settings.startup_timeout_s + 4 * settings.phase_timeout_s + 60
@@ -437,7 +464,14 @@ def run_point(cluster, spawner, settings: Settings, point: Point, run_dir: Path)
               "warmup_steps": point.warmup, "measured_steps": point.steps,
               "worker_hosts": point.worker_hosts, "server_hosts": point.server_hosts,
               "cluster": job_cluster, "status": "failed", "error": None, "run_dir": str(run_dir)}
+    if sumservers:
+        record["sumservers"] = sumservers
     env = _peer_env()
+    if sumservers:
+        # What the launcher gives every process of a herring job; the
+        # push/pull timeout stays inside the harness's phase timeout.
+        env.update({envvars.SUMSERVERS: ",".join(sumservers),
+                    envvars.HERRING_TIMEOUT: f"{max(10.0, settings.phase_timeout_s / 2):g}"})
     events: queue.Queue = queue.Queue()
     procs: list[Proc] = []
     workers: list[Proc] = []
@@ -483,7 +517,14 @@ def run_point(cluster, spawner, settings: Settings, point: Point, run_dir: Path)
         if peer.rendezvous:
             rdv = start(0, "rendezvous", 0)
             wait_for("serving", [rdv], settings.startup_timeout_s, "the Horovod rendezvous server")
-        servers = [start(h, SERVER_JOB, i) for i, h in enumerate(point.server_hosts)]
+        if sumservers:
+            sums = [_start_sumserver(cluster, h, i, sumservers[i], run_dir, events)
+                    for i, h in enumerate(point.server_hosts)]
+            procs.extend(sums)
+            _wait_listening(sums, settings.startup_timeout_s)
+        if point.ps_tasks:
+            for i, h in enumerate(point.server_hosts):
+                start(h, SERVER_JOB, i)
         workers = [start(h, WORKER_JOB, i) for i, h in enumerate(point.worker_hosts)]
         wait_for(common.START, workers, settings.startup_timeout_s, "every worker to start")
         record["startup_s"] = time.monotonic() - t_start
@@ -521,6 +562,42 @@ def run_point(cluster, spawner, settings: Settings, point: Point, run_dir: Path)
         if record["status"] != "ok":
             record["logs"] = {p.label: p.stderr_tail(1500) for p in procs if p.stderr_tail(1500)}
     return record
+
+
+def _start_sumserver(cluster, host: int, index: int, address: str, run_dir: Path,
+                     events: queue.Queue) -> Proc:
+    """Summation server `index` (runtime/autopar_sumserver, found or built by
+    the launcher's helper) in `host`'s namespace, listening on the host's own
+    link address. Like every process of a point it leads its own process
+    group; it also exits with the harness (--parent-pid, PR_SET_PDEATHSIG)."""
+    from autopar.runtime.launcher import sumserver_path
+    host_addr, _, port = address.rpartition(":")
+    label = f"sumserver{index}"
+    stdout = run_dir / f"{label}.log"
+    with open(stdout, "w") as out, open(stdout.with_suffix(".err"), "w") as err:
+        popen = cluster.popen(host, [sumserver_path(), "--host", host_addr, "--port", port,
+                                     "--parent-pid", str(os.getpid())],
+                              env=_peer_env(), stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+    return Proc(label, popen.pid, popen.poll, stdout, events)
+
+
+def _wait_listening(sums: list[Proc], timeout_s: float) -> None:
+    """Until every summation server said it listens (bounded; a server that
+    exits, e.g. its port taken, fails the point with its message)."""
+    end = time.monotonic() + timeout_s
+    while True:
+        missing = [p for p in sums if not any("listening on" in ln for ln in p.lines)]
+        if not missing:
+            return
+        for p in missing:
+            rc = p.poll()
+            if rc is not None:
+                p.join(timeout=2.0)
+                raise RunFailed(f"{p.label} exited with status {rc} before listening: {_describe_error(p)}")
+        if time.monotonic() > end:
+            raise RunFailed(f"timed out after {timeout_s:.0f} s waiting for the summation servers "
+                            f"({', '.join(p.label for p in missing)}) to listen")
+        time.sleep(0.05)
 
 
 def _describe_error(p: Proc) -> str:
@@ -623,7 +700,8 @@ def run_references(settings: Settings, python: str, out_dir: Path, timeout_s: fl
     """{workload: {N: reference record}} from one single-device process (no network)."""
     refs: dict = {name: {} for name in settings.workloads}
     job = {"workloads": [{"workload": models.to_dict(settings.workload(name)),
-                          "warmup": settings.steps[name][0], "steps": settings.steps[name][1]}
+                          "warmup": settings.steps[name][0], "steps": settings.steps[name][1],
+                          "num_workers": settings.hosts_for(name)}
                          for name in settings.workloads],
            "num_workers": settings.host_counts, "deadline_s": timeout_s + 30}
     path = out_dir / "reference-job.json"
@@ -866,10 +944,14 @@ def run(settings: Settings) -> dict:
                     for wname in settings.workloads:
                         if wname == "avg" and rate != settings.rate_mbit:
                             continue       # the microbenchmark measures bandwidth: fastest rate only
+                        if n not in settings.hosts_for(wname):
+                            continue
                         w = settings.workload(wname)
                         warmup, steps = settings.steps[wname]
                         alpha = metrics.sparse_alpha(w, warmup, steps, n)
                         for peer in peers:
+                            if peer.name not in settings.peers_for(wname):
+                                continue
                             if peer.name == "floor" and (wname, n) in floors:
                                 continue   # measured at the first rate; it does not use the network
                             rec = _run_one(cluster, spawner, settings, refs, run_options,
@@ -929,6 +1011,12 @@ def parse_args(argv=None) -> Settings:
     p.add_argument("--hosts", help="comma-separated host counts, e.g. 2,4")
     p.add_argument("--workloads", help="comma-separated: avg,sparse,dense")
     p.add_argument("--peers", help="comma-separated subset of: " + ",".join(x.name for x in PEERS))
+    p.add_argument("--workload-hosts", action="append", default=[], metavar="WORKLOAD=N,N",
+                   help="run WORKLOAD only at these host counts (a subset of --hosts), e.g. dense=4,8; "
+                        "repeat for several workloads")
+    p.add_argument("--workload-peers", action="append", default=[], metavar="WORKLOAD=PEER,PEER",
+                   help="run WORKLOAD only with these peers (a subset of --peers), e.g. "
+                        "dense=floor,horovod,autopar-herring; repeat for several workloads")
     p.add_argument("--link-mbit", "--rate-mbit", dest="link_mbit",
                    help="comma-separated link rates in Mbit/s; the whole run is repeated at each "
                         "(default: 1000,100; --quick: 100)")
@@ -960,6 +1048,22 @@ def parse_args(argv=None) -> Settings:
         bad = set(s.peers) - {x.name for x in PEERS}
         if bad:
             p.error(f"unknown peers {sorted(bad)}")
+    for flag, items, universe, target, convert in (
+            ("--workload-hosts", args.workload_hosts, s.host_counts, s.workload_hosts, int),
+            ("--workload-peers", args.workload_peers, s.peers, s.workload_peers, str)):
+        for item in items:
+            name, sep, values = item.partition("=")
+            if not sep or name not in s.workloads:
+                p.error(f"{flag} {item!r}: expected WORKLOAD=LIST with WORKLOAD one of --workloads "
+                        f"({','.join(s.workloads)})")
+            try:
+                chosen = [convert(x) for x in values.split(",") if x]
+            except ValueError:
+                p.error(f"{flag} {item!r}: not a list of host counts")
+            bad = [x for x in chosen if x not in universe]
+            if bad or not chosen:
+                p.error(f"{flag} {item!r}: {bad or 'nothing'} not among {universe}")
+            target[name] = chosen
     if args.steps:
         steps = dict(s.steps)
         for item in args.steps.split(","):

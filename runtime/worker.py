@@ -17,7 +17,7 @@ import os
 import grpc
 import tensorflow as tf
 
-from autopar.common.errors import LaunchError, UnsupportedGraphError
+from autopar.common.errors import LaunchError, SpecError, UnsupportedGraphError
 from autopar.common import env
 from autopar.common.roles import SERVER_JOB, WORKER_JOB, WORKER_ROLE
 from autopar.runtime.checkpoint import Checkpointer
@@ -156,13 +156,30 @@ def _rpc(call, worker_index: int, what: str):
                           f"{exc.code().name} {exc.details()}") from exc
 
 
+def job_topology(cluster: dict[str, list[str]]) -> Topology:
+    """The Topology a plan for `cluster` is made for. A job with no server
+    tasks but summation servers (AUTOPAR_SUMSERVERS, set by whoever started
+    them: a TF_CONFIG job running herring on dense variables needs no
+    TensorFlow server process) has one server per summation server."""
+    topology = Topology.from_cluster(cluster)
+    sumservers = [a for a in os.environ.get(env.SUMSERVERS, "").split(",") if a.strip()]
+    if not topology.num_servers and sumservers:
+        return Topology(topology.worker_hosts, len(sumservers))
+    return topology
+
+
 def _check_fits(plan, cluster: dict[str, list[str]]) -> None:
     """A plan made for another cluster shape would hang in its collectives."""
-    workers, servers = len(cluster[WORKER_JOB]), len(cluster.get(SERVER_JOB, []))
+    workers, servers = len(cluster[WORKER_JOB]), job_topology(cluster).num_servers
     if (plan.num_workers, plan.num_servers) != (workers, servers):
         raise LaunchError(f"the job's plan is for {plan.num_workers} workers and "
                           f"{plan.num_servers} servers, but the cluster has {workers} and "
                           f"{servers}: every process of a job must be started from one spec")
+    if plan.ps_variables and SERVER_JOB not in cluster:
+        names = ", ".join(v.name for v in plan.ps_variables[:3])
+        raise SpecError(f"the plan places {len(plan.ps_variables)} variable(s) ({names}) on parameter "
+                        f"servers, but the cluster has only summation servers ({env.SUMSERVERS}) and "
+                        f"no server tasks: add one 'ps' task per summation server to TF_CONFIG")
 
 
 def _register(client: CoordinatorClient | None, cluster: dict[str, list[str]],

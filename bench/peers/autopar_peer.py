@@ -4,8 +4,10 @@ The harness starts every process itself inside its host's namespace with
 TF_CONFIG describing the cluster; `autopar.get_runner(graph, None, config)`
 joins it: workers get a Runner, "ps" tasks serve and never return. The graph
 is the plain single-device graph of bench/peers/graph_model.py; the run option
-(`allreduce`, `ps`, `hybrid`, ...) comes from the job's options and is passed
-as `autopar.Config(run_option=...)` when this autopar's Config has that field.
+(`allreduce`, `ps`, `hybrid`, `herring`, ...) comes from the job's options and
+is passed as `autopar.Config(run_option=...)` when this autopar's Config has
+that field. For `herring` the harness starts the summation servers and sets
+AUTOPAR_SUMSERVERS (and ps tasks only when the model has sparse variables).
 
 The chief also prints the plan report's prediction of bytes per worker per
 step (Parallax Table 3) with its result, for the harness to compare with the
@@ -54,7 +56,12 @@ def run(job: common.Job) -> None:
     model = graph_model.build(job.workload)
     report = None
     if job.is_chief:
-        spec, _, _ = spec_from_tf_config(tf_config)
+        analysed = dict(tf_config, cluster=dict(job.cluster))
+        if "ps" not in job.cluster and job.options.get("sumservers"):
+            # herring with no ps task: the plan's servers are the summation
+            # servers (AUTOPAR_SUMSERVERS), one per server host.
+            analysed["cluster"]["ps"] = list(job.options["sumservers"])
+        spec, _, _ = spec_from_tf_config(analysed)
         report = json.loads(autopar.analyze(model.graph, spec, config).to_json())
         report = {"totals": report.get("totals"), "num_workers": report.get("num_workers"),
                   "num_servers": report.get("num_servers"),

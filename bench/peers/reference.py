@@ -85,7 +85,7 @@ def main() -> None:
         for item in job["workloads"]:
             workload = models.from_dict(item["workload"])
             total = int(item["warmup"]) + int(item["steps"])
-            for n in job["num_workers"]:
+            for n in item.get("num_workers", job["num_workers"]):
                 t0 = time.perf_counter()
                 initial, loss = train(workload, n, total)
                 _, local = train(workload, n, total, only_worker=0)

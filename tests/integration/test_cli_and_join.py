@@ -48,7 +48,8 @@ def _free_ports(n):
     return ports
 
 
-def _run_tf_config_workers(command: list[str], workers: int = 2) -> list[str]:
+def _run_tf_config_workers(command: list[str], workers: int = 2,
+                           extra_env: dict[str, str] | None = None) -> list[str]:
     """Start `command` once per worker with TF_CONFIG describing a loopback
     cluster (as an external launcher would), wait for all, and return their
     outputs; every one must exit 0."""
@@ -57,6 +58,7 @@ def _run_tf_config_workers(command: list[str], workers: int = 2) -> list[str]:
     procs = []
     for i in range(workers):
         env = child_env()
+        env.update(extra_env or {})
         env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
         procs.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
@@ -92,3 +94,25 @@ def test_tf_config_processes_agree_on_an_automatic_threshold_without_a_coordinat
     assert all(len(h) == 1 for h in held), "\n".join(logs)[-3000:]
     assert held[0] == held[1]
     assert re.search(r"DropCompute: (tau = |no threshold)", logs[0]), logs[0][-3000:]
+
+
+def test_tf_config_herring_needs_no_ps_task(tmp_path):
+    """Herring on a dense model joined through TF_CONFIG: no ps entry, two
+    summation servers the "external launcher" started and named in
+    AUTOPAR_SUMSERVERS; the plan's servers are those, and training matches
+    one device."""
+    from tests.integration.test_herring_transport import _start_server
+    servers = [_start_server() for _ in range(2)]
+    try:
+        out = tmp_path / "dist"
+        _run_tf_config_workers(train_command("mlp_sgd", out, "--steps", "4", "--run-option", "herring"),
+                               extra_env={"AUTOPAR_SUMSERVERS": ",".join(a for _, a in servers)})
+        assert all(proc.poll() is None for proc, _ in servers)   # they served the whole job
+    finally:
+        for proc, _ in servers:
+            proc.kill()
+            proc.wait()
+    run_single_device("mlp_sgd", tmp_path / "single", "--steps", "4")
+    expected = load_worker(tmp_path / "single", 0)
+    for i in range(2):
+        assert_same_parameters(expected, load_worker(out, i), what=f"TF_CONFIG herring worker {i}")

@@ -65,6 +65,46 @@ def test_herring_allreduce_limit_for_100mb():
     assert metrics.limit_seconds(t, 1000.0) == pytest.approx(1.2)
 
 
+def test_required_traffic_herring_is_table_iii():
+    # Herring Table III: a worker pushes b and pulls b; each of S servers
+    # receives a b/S shard from each of C contributors and returns the sum to each.
+    t = metrics.required_traffic("herring", dense_bytes=1000, sparse_touched_bytes=0, num_workers=4,
+                                 num_servers=4)
+    assert (t.worker_send, t.worker_recv) == (1000, 1000)
+    assert (t.server_send, t.server_recv) == (1000, 1000)
+    assert t.hops == 2
+    # Fewer servers than contributors: the servers' links carry more than a worker's.
+    t = metrics.required_traffic("herring", 1000, 0, num_workers=8, num_servers=2)
+    assert (t.worker_send, t.server_recv, t.server_send) == (1000, 4000, 4000)
+    # Contributors are hosts when a host's workers sum first.
+    t = metrics.required_traffic("herring", 1000, 0, num_workers=8, num_servers=2, contributors=4)
+    assert (t.worker_send, t.server_recv) == (1000, 2000)
+    # Sparse rows go to the parameter servers as with hybrid: ab per worker, N*ab/S per server.
+    t = metrics.required_traffic("herring", 1000, 10, num_workers=4, num_servers=2)
+    assert (t.worker_send, t.server_send) == (1010, (4 * 1000 + 4 * 10) / 2)
+    with pytest.raises(ValueError):
+        metrics.required_traffic("herring", 1000, 0, 4, 0)
+
+
+def test_herring_bytes_per_server_do_not_grow_with_n_at_servers_equal_hosts():
+    # Issue 10's acceptance: fixed servers per worker (S = N) keeps a server's bytes constant.
+    g = 100 * 2**20
+    per_server = [metrics.required_traffic("herring", g, 0, n, n).server_recv for n in (2, 4, 8)]
+    assert per_server == [g, g, g]
+
+
+def test_herring_limit_is_half_the_ring_limit_for_large_n():
+    # 100 MB at 1 Gbit/s: the ring's busiest link carries 2(N-1)/N * b, herring's b (S = N).
+    for n, ring_s in ((2, 0.8), (4, 1.2), (8, 1.4)):
+        ring = metrics.limit_seconds(metrics.required_traffic("allreduce", 100e6, 0, n), 1000.0)
+        herring = metrics.limit_seconds(metrics.required_traffic("herring", 100e6, 0, n, n), 1000.0)
+        assert ring == pytest.approx(ring_s)
+        assert herring == pytest.approx(0.8)
+    # S < N: the server links bind (8 contributors on 2 servers: 4b each).
+    t = metrics.required_traffic("herring", 100e6, 0, 8, 2)
+    assert metrics.limit_seconds(t, 1000.0, latency_s=1e-3) == pytest.approx(3.2 + 2e-3)
+
+
 def test_fraction_of_limit():
     assert metrics.fraction_of_limit(0.5, 1.0) == pytest.approx(0.5)
     assert metrics.fraction_of_limit(0.5, 0) is None
@@ -156,7 +196,7 @@ def test_relative_difference_and_median():
 def test_every_peer_has_a_method():
     from bench import run
     for peer in run.PEERS:
-        assert peer.method in ("allreduce", "ps", "hybrid", "none")
+        assert peer.method in ("allreduce", "ps", "hybrid", "herring", "none")
     floor = next(p for p in run.PEERS if p.name == "floor")
     assert floor.method == "none" and not floor.servers
 

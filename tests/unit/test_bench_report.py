@@ -7,8 +7,8 @@ import pytest
 from bench import metrics, models, report, run
 
 
-def _point(workload, peer, n, s=0, status="ok", loss=5.0, ref=5.0, floor_s=0.05, rate=1000.0):
-    w = models.get(workload) if workload != "avg" else models.get("avg", floats=1024)
+def _point(workload, peer, n, s=0, status="ok", loss=5.0, ref=5.0, floor_s=0.05, rate=1000.0, floats=1024):
+    w = models.get(workload) if workload != "avg" else models.get("avg", floats=floats)
     method = metrics.PEER_METHODS[peer]
     t3 = metrics.required_traffic(method, w.dense_bytes, w.sparse_touched_bytes(), n, s)
     if status == "failed":
@@ -61,7 +61,8 @@ def results():
                    _point("sparse", "autopar-ps", 2, 2),
                    _point("sparse", "horovod", 2, status="failed"),
                    _point("sparse", "tf_ps", 2, 2, status="wrong-loss", loss=5.05),
-                   _point("avg", "floor", 2), _point("avg", "autopar-allreduce", 2), _point("avg", "tf_ps", 2, 2)],
+                   _point("avg", "floor", 2), _point("avg", "autopar-allreduce", 2), _point("avg", "tf_ps", 2, 2),
+                   _point("avg", "autopar-herring", 4, 2, floats=1 << 20)],
         "notes": ["a note"],
     }
 
@@ -179,3 +180,52 @@ def test_peer_environment_drops_cluster_variables(monkeypatch):
     env = run._peer_env()
     assert "TF_CONFIG" not in env and "HOROVOD_RANK" not in env
     assert env["PYTHONPATH"] == str(run.REPO)
+
+
+def test_microbench_table_shows_herring_server_bytes(results):
+    # Herring Table III at N = 4, S = 2, G = 4 MiB: a worker moves G, a server 4G/2 each way;
+    # the synthetic point measured 1 % more.
+    rows = [ln for ln in report.microbench_table(results).splitlines() if "autopar-herring" in ln]
+    assert len(rows) == 1
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    head = [c.strip() for c in report.microbench_table(results).splitlines()[0].strip("|").split("|")]
+    row = dict(zip(head, cells))
+    assert row["Table 3 MB"] == "4.19 (srv 8.39)"
+    assert row["server send / recv MB"] == "8.47 / 8.47"
+    assert row["worker send / recv MB"] == "4.24 / 4.24"
+
+
+def test_per_workload_hosts_and_peers():
+    # The bench-herring selection (Makefile): avg at 2, 4, 8 with every peer, dense at 4 and 8
+    # without the TF collective.
+    s = run.parse_args(["--hosts", "2,4,8", "--workloads", "avg,dense",
+                        "--peers", "floor,horovod,tf_mwms,autopar-allreduce,autopar-herring",
+                        "--workload-hosts", "dense=4,8",
+                        "--workload-peers", "dense=floor,horovod,autopar-allreduce,autopar-herring"])
+    assert s.hosts_for("avg") == [2, 4, 8] and s.hosts_for("dense") == [4, 8]
+    assert "tf_mwms" in s.peers_for("avg") and "tf_mwms" not in s.peers_for("dense")
+    for bad in (["--workload-hosts", "dense=16"],            # not among --hosts
+                ["--workload-hosts", "sparse=2"],            # not among --workloads
+                ["--workload-hosts", "dense"],               # no list
+                ["--workload-peers", "dense=tf_ps"]):        # not among --peers
+        with pytest.raises(SystemExit):
+            run.parse_args(["--hosts", "2,4,8", "--workloads", "avg,dense", "--peers", "floor,horovod", *bad])
+
+
+def test_herring_peer_starts_summation_servers_and_ps_tasks_only_for_sparse_variables():
+    herring = next(p for p in run.PEERS if p.name == "autopar-herring")
+    assert herring.sumservers and herring.servers and herring.method == "herring"
+    assert herring.options == {"run_option": "herring"}
+    assert "herring" in run.AUTOPAR_RUN_OPTIONS
+    ps = next(p for p in run.PEERS if p.name == "autopar-ps")
+
+    def point(peer, workload, n, s):
+        return run.Point(models.get(workload), peer, n, s, warmup=1, steps=1, port=24000)
+    assert not point(herring, "avg", 4, 4).ps_tasks           # dense only: summation servers alone
+    assert not point(herring, "dense", 4, 4).ps_tasks
+    assert point(herring, "sparse", 4, 4).ps_tasks            # the embedding lives on ps tasks
+    assert point(ps, "dense", 4, 4).ps_tasks
+    p = point(herring, "dense", 4, 4)
+    assert p.server_hosts == [4, 5, 6, 7]
+    # Its own port: ps tasks use port + 1, Horovod's rendezvous port + 2.
+    assert p.sumserver_port() not in (p.port, p.port + 1, p.port + 2)

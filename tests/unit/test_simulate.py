@@ -163,6 +163,22 @@ def test_points_from_the_committed_full_run():
     assert hot and hot[0].cluster.server_imbalance > 3
 
 
+def test_unmodelled_peers_are_left_out_of_fits_and_projections():
+    # The floor moves nothing and herring has no phases here: points of theirs in a
+    # results file are skipped, and the default projection covers the modelled peers only.
+    res = json.loads((Path(sim.RESULTS) / "full.json").read_text())
+    timed = [p for p in res["points"] if p["status"] in ("ok", "wrong-loss")]
+    extra = [dict(timed[0], peer=peer) for peer in ("floor", "autopar-herring")]
+    pts = sim.points_from_results(dict(res, points=timed + extra), "full")
+    assert len(pts) == len(timed)
+    assert "autopar-herring" not in sim.MODELLED_PEERS and "floor" not in sim.MODELLED_PEERS
+    assert "autopar-hybrid" in sim.MODELLED_PEERS
+    wls = {"d": dense(100 * MB)}
+    rows = sim.project_bench(wls, sim.Constants(alpha=1e-4), 1.0, ns=(16,))
+    assert {r["peer"] for r in rows} == set(sim.MODELLED_PEERS)
+    assert all(r["step_s"] > 0 for r in rows)
+
+
 def test_parallax_transport_calibration_reproduces_table1_lm():
     kp, cal = sim.parallax_variant("slow-rows")
     wl, cl = sim.parallax_workload("LM"), sim.parallax_cluster(48)

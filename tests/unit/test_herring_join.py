@@ -1,0 +1,48 @@
+"""A TF_CONFIG job running herring needs TensorFlow ps tasks only for
+variables that live on servers: with no ps task and AUTOPAR_SUMSERVERS set,
+the plan's servers are the summation servers (runtime/worker.job_topology),
+and a plan that would still put a variable on a server is refused."""
+import pytest
+
+from autopar.common import env
+from autopar.common.errors import LaunchError, SpecError
+from autopar.common.roles import SERVER_JOB, WORKER_JOB
+from autopar.runtime import worker
+from autopar.transforms.compile import compile_plan
+from autopar.transforms.plan import PlanOptions
+from tests import models
+
+WORKERS = {WORKER_JOB: ["10.0.0.1:2222", "10.0.0.2:2222"]}
+SUMSERVERS = "10.0.0.3:2300,10.0.0.4:2300,10.0.0.5:2300"
+
+
+def test_without_ps_tasks_the_summation_servers_are_the_servers(monkeypatch):
+    monkeypatch.delenv(env.SUMSERVERS, raising=False)
+    assert worker.job_topology(WORKERS).num_servers == 0
+    monkeypatch.setenv(env.SUMSERVERS, SUMSERVERS)
+    t = worker.job_topology(WORKERS)
+    assert t.num_servers == 3 and t.worker_hosts == ("10.0.0.1", "10.0.0.2")
+    # With ps tasks they count (the launcher starts one summation server per ps task).
+    with_ps = dict(WORKERS, **{SERVER_JOB: ["10.0.0.3:2223"]})
+    assert worker.job_topology(with_ps).num_servers == 1
+
+
+def test_a_dense_herring_plan_fits_a_cluster_without_ps_tasks(monkeypatch):
+    monkeypatch.setenv(env.SUMSERVERS, SUMSERVERS)
+    model = models.build("cnn_momentum")
+    c = compile_plan(model.graph, worker.job_topology(WORKERS), PlanOptions(run_option="herring"))
+    assert c.plan.herring is not None and not c.plan.ps_variables
+    assert c.plan.herring.num_servers == 3
+    worker._check_fits(c.plan, WORKERS)          # accepted: nothing lives on a ps task
+    monkeypatch.setenv(env.SUMSERVERS, "10.0.0.3:2300")
+    with pytest.raises(LaunchError, match="3 servers, but the cluster has 2 and 1"):
+        worker._check_fits(c.plan, WORKERS)      # another number of summation servers
+
+
+def test_a_plan_with_server_variables_needs_ps_tasks(monkeypatch):
+    monkeypatch.setenv(env.SUMSERVERS, SUMSERVERS)
+    model = models.build("lm_adam_clip")         # sparse embedding: on the servers under herring
+    c = compile_plan(model.graph, worker.job_topology(WORKERS), PlanOptions(run_option="herring"))
+    assert c.plan.ps_variables
+    with pytest.raises(SpecError, match="add one 'ps' task per summation server"):
+        worker._check_fits(c.plan, WORKERS)
