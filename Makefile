@@ -8,7 +8,8 @@ STAMP := $(VENV)/.installed
 .PHONY: demo test install clean native stress
 
 $(STAMP): setup.py pyproject.toml runtime/coordinator.proto transforms/fusion_layout.proto cpp_ops/bind_shim.c \
-		cpp_ops/herring_ops.cc cpp_ops/sum_server.cc cpp_ops/herring_wire.h
+		cpp_ops/herring_ops.cc cpp_ops/sum_server.cc cpp_ops/herring_wire.h \
+		cpp_ops/fusion_buffer_reader.h
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[test]"

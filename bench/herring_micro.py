@@ -30,14 +30,13 @@ def _worker(args: argparse.Namespace) -> None:
     import numpy as np
     import tensorflow as tf
     from autopar.transforms import comm
+    from autopar.transforms.bfb import FusionBuffer, shards
     tf1 = tf.compat.v1
     tf1.disable_eager_execution()
     size = args.mib * (1 << 20) // 4
     servers = len(os.environ["AUTOPAR_SUMSERVERS"].split(","))
-    bounds = [size * k // servers for k in range(servers + 1)]
-    shards = [(k, bounds[k], bounds[k + 1] - bounds[k]) for k in range(servers)]
     buffer = tf1.Variable(tf.fill([size], float(args.worker + 1)), name="buffer")
-    reduced = comm.push_pull(buffer.value(), buffer_id=0, shards=shards,
+    reduced = comm.push_pull(buffer.value(), FusionBuffer(0, size, [], shards(size, servers)),
                              num_contributors=args.workers, contributor_index=args.worker,
                              wire_dtype=args.wire)
     # Fetch one element only: the benchmark times the transport, not a copy

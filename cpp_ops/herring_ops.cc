@@ -1,7 +1,8 @@
 // AutoparHerringPushPull: the worker side of autopar's Herring transport.
 //
 // An asynchronous kernel: it cuts its 1-D float32 input (one balanced fusion
-// buffer) into the shards its attrs name, pushes every shard to its
+// buffer) into the shards of its fusion_buffer attr (the buffer's entry of
+// the Plan's fusion layout, fusion_buffer_reader.h), pushes every shard to its
 // summation server (sum_server.cc) in segments, and completes once every
 // segment of every shard came back summed over all contributors. Wire format:
 // herring_wire.h.
@@ -39,6 +40,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "fusion_buffer_reader.h"
 #include "herring_wire.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -58,10 +60,7 @@ constexpr double kDefaultTimeoutS = 60.0;
 REGISTER_OP("AutoparHerringPushPull")
     .Input("buffer: float")
     .Output("reduced: float")
-    .Attr("buffer_id: int")
-    .Attr("shard_servers: list(int)")
-    .Attr("shard_offsets: list(int)")
-    .Attr("shard_lengths: list(int)")
+    .Attr("fusion_buffer: string")
     .Attr("num_contributors: int")
     .Attr("contributor_index: int")
     .Attr("wire_dtype: {'float32', 'float16', 'bfloat16'} = 'float32'")
@@ -78,6 +77,10 @@ REGISTER_OP("AutoparHerringPushPull")
     .Doc(R"doc(
 Element-wise sum (or mean) of `buffer` over `num_contributors` processes,
 through autopar's summation servers (addresses from AUTOPAR_SUMSERVERS).
+`fusion_buffer` is the buffer's entry of the Plan's fusion layout, a
+serialized autopar.transforms.FusionBuffer (transforms/fusion_layout.proto):
+its index (matches the contributions of every process), element count and
+shard table (server, offset, length).
 )doc");
 
 // A status whose message is the concatenation of `args` (absl::StrCat).
@@ -508,10 +511,19 @@ class Transport {
 class HerringPushPullOp : public AsyncOpKernel {
  public:
   explicit HerringPushPullOp(OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("buffer_id", &buffer_id_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("shard_servers", &servers_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("shard_offsets", &offsets_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("shard_lengths", &lengths_));
+    std::string serialized;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("fusion_buffer", &serialized));
+    ah::FusionBufferEntry entry;
+    OP_REQUIRES(ctx, ah::ParseFusionBuffer(serialized, &entry),
+                MakeError(absl::StatusCode::kInvalidArgument,
+                          "fusion_buffer is not a serialized autopar.transforms.FusionBuffer"));
+    buffer_id_ = entry.index;
+    for (const auto& shard : entry.shards) {
+      servers_.push_back(shard.server);
+      offsets_.push_back(shard.offset);
+      lengths_.push_back(shard.length);
+    }
+    variables_ = entry.variables;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_contributors", &num_contributors_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("contributor_index", &contributor_index_));
     std::string wire;
@@ -528,10 +540,9 @@ class HerringPushPullOp : public AsyncOpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("segment_elements", &segment_elements_));
     OP_REQUIRES(ctx, segment_elements_ > 0 && segment_elements_ < (int64_t{1} << 30),
                 MakeError(absl::StatusCode::kInvalidArgument, "segment_elements must be in [1, 2^30)"));
-    OP_REQUIRES(ctx, servers_.size() == offsets_.size() && offsets_.size() == lengths_.size() &&
-                         !servers_.empty(),
-                MakeError(absl::StatusCode::kInvalidArgument, "shard_servers, shard_offsets and shard_lengths must be "
-                                        "non-empty and of one length"));
+    OP_REQUIRES(ctx, !servers_.empty(),
+                MakeError(absl::StatusCode::kInvalidArgument, "fusion buffer ", buffer_id_,
+                          " has no shards"));
     OP_REQUIRES(ctx, num_contributors_ >= 1 && contributor_index_ >= 0 &&
                          contributor_index_ < num_contributors_,
                 MakeError(absl::StatusCode::kInvalidArgument, "contributor_index ", contributor_index_,
@@ -543,15 +554,18 @@ class HerringPushPullOp : public AsyncOpKernel {
                                           " starts at ", offsets_[i], ", expected ", next));
       next += lengths_[i];
     }
+    OP_REQUIRES(ctx, entry.elements == next,
+                MakeError(absl::StatusCode::kInvalidArgument, "fusion buffer ", buffer_id_, " has ",
+                          entry.elements, " elements but its shards cover ", next));
     total_ = next;
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     const Tensor& input = ctx->input(0);
     OP_REQUIRES_ASYNC(ctx, input.dims() == 1 && input.dim_size(0) == total_,
-                      MakeError(absl::StatusCode::kInvalidArgument, "buffer ", buffer_id_, " must be 1-D of length ",
-                                              total_, " (the shards' total), got shape ",
-                                              input.shape().DebugString()),
+                      MakeError(absl::StatusCode::kInvalidArgument, "buffer ", buffer_id_,
+                                Packs(), " must be 1-D of length ", total_,
+                                " (the fusion layout's), got shape ", input.shape().DebugString()),
                       done);
     Tensor* output = nullptr;
     OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, input.shape(), &output), done);
@@ -576,7 +590,8 @@ class HerringPushPullOp : public AsyncOpKernel {
     op->result = *output;
     op->timeout_s = timeout_s_;
     op->deadline = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(timeout_s_ * 1e6));
-    op->what = "buffer " + std::to_string(buffer_id_) + " (push " + std::to_string(generation + 1) + ")";
+    op->what = "buffer " + std::to_string(buffer_id_) + Packs() + " (push " +
+               std::to_string(generation + 1) + ")";
     for (size_t i = 0; i < servers_.size(); ++i) {
       if (lengths_[i] == 0) continue;
       op->shards.push_back({static_cast<int>(servers_[i]), addresses[servers_[i]], offsets_[i],
@@ -623,8 +638,20 @@ class HerringPushPullOp : public AsyncOpKernel {
   }
 
  private:
+  // " [a, b, +3 more]": the variables this buffer packs, for error messages.
+  std::string Packs() const {
+    if (variables_.empty()) return "";
+    std::string out = " [";
+    for (size_t i = 0; i < variables_.size() && i < 2; ++i) {
+      absl::StrAppend(&out, i ? ", " : "", variables_[i]);
+    }
+    if (variables_.size() > 2) absl::StrAppend(&out, ", +", variables_.size() - 2, " more");
+    return out + "]";
+  }
+
   int64_t buffer_id_ = 0;
   std::vector<int64_t> servers_, offsets_, lengths_;
+  std::vector<std::string> variables_;
   int64_t num_contributors_ = 1, contributor_index_ = 0, segment_elements_ = 0;
   uint8_t wire_ = ah::kFloat32;
   bool average_ = true;

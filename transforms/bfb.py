@@ -74,6 +74,24 @@ class FusionBuffer:
     def variables(self) -> list[str]:
         return [s.variable for s in self.segments]
 
+    @classmethod
+    def of_shards(cls, index: int, shards) -> "FusionBuffer":
+        """A buffer given only its (server, offset, length) shards and no
+        gradients (the transport's own tests and benchmark)."""
+        shards = [Shard(*s) for s in shards]
+        return cls(index=index, elements=sum(s.length for s in shards), segments=[], shards=shards)
+
+    def to_proto(self, pb=None):
+        """This buffer as a transforms/fusion_layout.proto FusionBuffer
+        message (what the push/pull kernel reads its shard table from)."""
+        msg = (pb or _proto_module()).FusionBuffer(index=self.index, elements=self.elements,
+                                                   la_key=self.la_key)
+        for s in self.segments:
+            msg.segments.add(variable=s.variable, start=s.start, offset=s.offset, length=s.length)
+        for s in self.shards:
+            msg.shards.add(server=s.server, offset=s.offset, length=s.length)
+        return msg
+
 
 @dataclass
 class FusionLayout:
@@ -99,12 +117,7 @@ class FusionLayout:
                               wire_dtype=self.wire_dtype, size_why=self.size_why)
         for name, size in zip(self.order, self.sizes):
             msg.gradients.add(variable=name, elements=size)
-        for b in self.buffers:
-            mb = msg.buffers.add(index=b.index, elements=b.elements, la_key=b.la_key)
-            for s in b.segments:
-                mb.segments.add(variable=s.variable, start=s.start, offset=s.offset, length=s.length)
-            for s in b.shards:
-                mb.shards.add(server=s.server, offset=s.offset, length=s.length)
+        msg.buffers.extend(b.to_proto(pb) for b in self.buffers)
         return msg
 
     @classmethod

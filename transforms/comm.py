@@ -11,6 +11,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from autopar.common.errors import AutoparError
+from autopar.transforms.bfb import FusionBuffer
 
 MAX_GATHERED_ROWS = 1 << 40
 
@@ -163,38 +164,44 @@ def herring_ops():
         return _herring_module
 
 
-def push_pull(buffer: tf.Tensor, *, buffer_id: int, shards: list[tuple[int, int, int]],
-              num_contributors: int, contributor_index: int, wire_dtype: str = "float32",
-              average: bool = True, timeout_s: float = 0.0,
-              segment_elements: int = SEGMENT_ELEMENTS, name: str | None = None) -> tf.Tensor:
+def push_pull(buffer: tf.Tensor, fusion_buffer: FusionBuffer, *, num_contributors: int,
+              contributor_index: int, wire_dtype: str = "float32", average: bool = True,
+              timeout_s: float = 0.0, segment_elements: int = SEGMENT_ELEMENTS,
+              name: str | None = None) -> tf.Tensor:
     """The element-wise mean (sum if not ``average``) of the 1-D float32
     ``buffer`` over ``num_contributors`` processes, each of which runs this op
-    with the same ``buffer_id``, ``shards`` and options and its own
+    with the same ``fusion_buffer`` and options and its own
     ``contributor_index``.
 
-    ``shards``: (server index, offset, length), contiguous from offset 0 and
-    covering the buffer; shard k goes to the summation server at position
-    ``server index`` of AUTOPAR_SUMSERVERS (read by the kernel at run time, so
-    the graph names no host). ``wire_dtype`` float16/bfloat16 halves the bytes
-    sent (workers convert, servers accumulate in float32). ``timeout_s``
-    (0: AUTOPAR_HERRING_TIMEOUT_S, else 60 s) bounds the wait for a result;
-    a lost server connection fails the op at once. Every process must run its
-    pushes of one ``buffer_id`` in the same order (the n-th meets the n-th)."""
+    ``fusion_buffer`` is the buffer's entry of the Plan's fusion layout
+    (transforms.bfb): the op gets it as a serialized FusionBuffer message
+    (transforms/fusion_layout.proto) and the kernel reads the buffer's index
+    (which contributions meet), size and shard table from it. Shards
+    (server index, offset, length) are contiguous from offset 0 and cover
+    the buffer; a shard goes to the summation server at position ``server``
+    of AUTOPAR_SUMSERVERS (read by the kernel at run time, so the graph names
+    no host). ``wire_dtype`` float16/bfloat16 halves the bytes sent (workers
+    convert, servers accumulate in float32). ``timeout_s`` (0:
+    AUTOPAR_HERRING_TIMEOUT_S, else 60 s) bounds the wait for a result; a
+    lost server connection fails the op at once. Every process must run its
+    pushes of one buffer index in the same order (the n-th meets the n-th)."""
     if wire_dtype not in WIRE_DTYPES:
         raise ValueError(f"wire_dtype must be one of {WIRE_DTYPES}, not {wire_dtype!r}")
     if not 0 <= contributor_index < num_contributors:
         raise ValueError(f"contributor_index {contributor_index} not in [0, {num_contributors})")
+    shards = [(s.server, s.offset, s.length) for s in fusion_buffer.shards]
     offset = 0
     for server, start, length in shards:
         if start != offset or length < 0 or server < 0:
             raise ValueError(f"shards must be contiguous from offset 0: {shards}")
         offset += length
+    if not shards or offset != fusion_buffer.elements:
+        raise ValueError(f"the shards {shards} must cover the buffer's {fusion_buffer.elements} elements")
     size = buffer.shape[0] if buffer.shape.rank == 1 else None
     if size is not None and size != offset:
         raise ValueError(f"shards cover {offset} elements but the buffer has {size}")
     return herring_ops().autopar_herring_push_pull(
-        buffer=buffer, buffer_id=buffer_id,
-        shard_servers=[s for s, _, _ in shards], shard_offsets=[o for _, o, _ in shards],
-        shard_lengths=[n for _, _, n in shards], num_contributors=num_contributors,
-        contributor_index=contributor_index, wire_dtype=wire_dtype, average=average,
-        timeout_s=timeout_s, segment_elements=segment_elements, name=name)
+        buffer=buffer, fusion_buffer=fusion_buffer.to_proto().SerializeToString(),
+        num_contributors=num_contributors, contributor_index=contributor_index,
+        wire_dtype=wire_dtype, average=average, timeout_s=timeout_s,
+        segment_elements=segment_elements, name=name)

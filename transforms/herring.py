@@ -118,7 +118,6 @@ class Herring(SyncMethod):
                 pieces = [_slice(flat[s.variable], s.start, s.length, grads[s.variable])
                           for s in b.segments]
                 packed = pieces[0] if len(pieces) == 1 else tf.concat(pieces, axis=0)
-                shards = [(s.server, s.offset, s.length) for s in b.shards]
                 if la:
                     # One launch order of host collectives on every worker.
                     with tf.control_dependencies(previous_host):
@@ -130,8 +129,8 @@ class Herring(SyncMethod):
                 if la and not leader:
                     summed = packed   # only the leader's result is used
                 else:
-                    summed = push_pull(packed, buffer_id=b.index, shards=shards,
-                                       num_contributors=contributors, contributor_index=me,
+                    summed = push_pull(packed, b, num_contributors=contributors,
+                                       contributor_index=me,
                                        wire_dtype=layout.wire_dtype, average=mean and not la)
                 if la:
                     # The leader's result to the host. A receiver reads only

@@ -214,16 +214,20 @@ def test_sums_from_any_number_of_workers_in_any_order(cluster, tmp_path):
 
 
 def _fail_push(cluster, server: int, n: int, timeout_s: float, before_push=None,
-               warm: bool = True) -> dict:
+               while_pushing=None, warm: bool = True) -> dict:
     size = 100_000
     shards = [[server, 0, size]]
     cluster.send(0, {"cmd": "push", "buffer_id": 100 + server,
                      "warm_buffer_id": 200 + server if warm else None,
                      "size": size, "shards": shards, "n": n, "timeout_s": timeout_s})
-    cluster.readers[0].wait_for("^STARTED", 60)
+    cluster.readers[0].wait_for("^STARTED", 60)   # warmed up; waits for "go"
     if before_push is not None:
         before_push()
+    cluster.workers[0].stdin.write("go\n")
+    cluster.workers[0].stdin.flush()
     start = time.monotonic()
+    if while_pushing is not None:
+        while_pushing()
     result = cluster.result(0, timeout=max(120, 2 * timeout_s))
     result["wall"] = time.monotonic() - start
     return result
@@ -235,7 +239,7 @@ def test_killed_server_fails_the_op_naming_it(cluster):
     def kill():
         time.sleep(1.0)   # the push is on the wire, the op waits for the other contributor
         server.kill()
-    result = _fail_push(cluster, KILLED, n=2, timeout_s=300, before_push=kill)
+    result = _fail_push(cluster, KILLED, n=2, timeout_s=300, while_pushing=kill)
     assert result["error"] == "InternalError", result
     assert cluster.addresses[KILLED] in result["message"], result
     # Lost while waiting, or (if the kill came first) refused on reconnecting.
@@ -311,16 +315,41 @@ def test_push_pull_arguments_are_checked_and_a_missing_library_says_what_to_do(m
     import tensorflow as tf
     from autopar.common.errors import AutoparError
     from autopar.transforms import comm
+    from autopar.transforms.bfb import FusionBuffer
+    whole = FusionBuffer.of_shards(0, [(0, 0, 10)])
     with tf.Graph().as_default():
         x = tf.zeros([10])
         for bad in ([(0, 0, 4), (1, 5, 5)], [(0, 0, 4), (1, 4, 5)]):   # a gap; too short
             with pytest.raises(ValueError, match="shards"):
-                comm.push_pull(x, buffer_id=0, shards=bad, num_contributors=2, contributor_index=0)
+                comm.push_pull(x, FusionBuffer.of_shards(0, bad), num_contributors=2,
+                               contributor_index=0)
         with pytest.raises(ValueError, match="wire_dtype"):
-            comm.push_pull(x, buffer_id=0, shards=[(0, 0, 10)], num_contributors=2,
-                           contributor_index=0, wire_dtype="int8")
+            comm.push_pull(x, whole, num_contributors=2, contributor_index=0, wire_dtype="int8")
         monkeypatch.setattr(comm, "_herring_module", None)
         monkeypatch.setattr(comm, "HERRING_LIBRARY", tmp_path / "libautopar_herring.so")
         with pytest.raises(AutoparError, match="not built.*run `make install`"):
-            comm.push_pull(x, buffer_id=0, shards=[(0, 0, 10)], num_contributors=2,
-                           contributor_index=0)
+            comm.push_pull(x, whole, num_contributors=2, contributor_index=0)
+
+
+def test_the_kernel_reads_its_shard_table_from_the_fusion_buffer_message():
+    """The op's only description of its buffer is the serialized FusionBuffer
+    of the Plan's layout: the kernel rejects bytes that are not one, and a
+    table whose shards do not cover its element count, naming the buffer
+    (a well-formed one: every other test of this module)."""
+    import tensorflow as tf
+    from autopar.transforms import comm
+    from autopar.transforms.bfb import FusionBuffer, Segment, Shard
+    tf1 = tf.compat.v1
+    good = FusionBuffer(index=7, elements=10, segments=[Segment("dense/kernel", 0, 0, 10)],
+                        shards=[Shard(0, 0, 6), Shard(1, 6, 4)])
+    short = good.to_proto()
+    short.shards[1].length = 3
+    cases = [(b"\xff\xff", "not a serialized autopar.transforms.FusionBuffer"),
+             (short.SerializeToString(), "fusion buffer 7 has 10 elements but its shards cover 9")]
+    for serialized, message in cases:
+        with tf.Graph().as_default(), tf1.Session() as session:
+            y = comm.herring_ops().autopar_herring_push_pull(
+                buffer=tf.zeros([10]), fusion_buffer=serialized, num_contributors=1,
+                contributor_index=0)
+            with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+                session.run(y)

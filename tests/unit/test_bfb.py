@@ -258,14 +258,18 @@ def test_report_buffers_and_bytes():
 # ------------------------------------------------------------ the rewrite
 class Recording(Herring):
     """The herring rewrite with a transport that records its calls and
-    returns its input: the result of one contributor (mean or sum of one)."""
+    returns its input: the result of one contributor (mean or sum of one).
+    The buffer's index and shards are recorded as the kernel gets them: from
+    the FusionBuffer message."""
 
     def __init__(self):
         self.calls = []
 
     def transport(self):
-        def push_pull(buffer, **kwargs):
-            self.calls.append(kwargs)
+        def push_pull(buffer, fusion_buffer, **kwargs):
+            msg = fusion_buffer.to_proto()
+            self.calls.append(dict(kwargs, buffer_id=msg.index,
+                                   shards=[(s.server, s.offset, s.length) for s in msg.shards]))
             return tf.identity(buffer, name="one_contributor")
         return push_pull
 

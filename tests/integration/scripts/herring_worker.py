@@ -29,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from autopar.transforms import comm
+from autopar.transforms.bfb import FusionBuffer
 
 tf1 = tf.compat.v1
 tf1.disable_eager_execution()
@@ -50,7 +51,7 @@ def reduce(session, command: dict) -> None:
             # This contributor pushes a second after the others.
             pushed = tf1.numpy_function(lambda v: (time.sleep(1.0), v)[1], [x], tf.float32)
             pushed.set_shape(x.shape)
-        y = comm.push_pull(pushed, buffer_id=case["buffer_id"], shards=[tuple(s) for s in case["shards"]],
+        y = comm.push_pull(pushed, FusionBuffer.of_shards(case["buffer_id"], case["shards"]),
                            num_contributors=case["n"], contributor_index=INDEX - case.get("first", 0),
                            wire_dtype=case["wire"], average=case["average"],
                            segment_elements=case["segment"])
@@ -81,15 +82,16 @@ def reduce(session, command: dict) -> None:
 
 def push(session, command: dict) -> None:
     x = tf.ones([command["size"]])
-    shards = [tuple(s) for s in command["shards"]]
     if command.get("warm_buffer_id") is not None:
-        warm = comm.push_pull(x, buffer_id=command["warm_buffer_id"], shards=shards,
+        warm = comm.push_pull(x, FusionBuffer.of_shards(command["warm_buffer_id"], command["shards"]),
                               num_contributors=1, contributor_index=0)
         assert (session.run(warm) == 1).all()
-    y = comm.push_pull(x, buffer_id=command["buffer_id"], shards=shards,
+    y = comm.push_pull(x, FusionBuffer.of_shards(command["buffer_id"], command["shards"]),
                        num_contributors=command["n"], contributor_index=INDEX,
                        timeout_s=command["timeout_s"])
+    # Ready (connected and warm): the test may stop a server now, then says go.
     print("STARTED", flush=True)
+    sys.stdin.readline()
     start = time.monotonic()
     try:
         session.run(y)
