@@ -13,9 +13,9 @@ host sums are all-reduced among the first worker of every host (the
 leaders' group, LEADERS_GROUP_KEY), and each leader broadcasts the result
 within its host; a host with one worker skips the host steps. Only the
 leaders' ring crosses host links: 2(H-1)b/H per link for H hosts.
-Every worker launches its collectives in one order (each bucket's host sum,
-leaders' all-reduce and broadcast, then the next bucket's), every
-(group, instance key) pair is used by one op only, and a broadcast
+Every member of a group launches that group's collectives in one order
+(host sums chained bucket after bucket, leaders' all-reduces chained,
+broadcasts chained), every instance key is used by one op only, and a broadcast
 receiver holds a control edge on its own host sum: it reads only that sum's
 static shape, and without the edge the sum (a collective the leader waits
 in) is pruned from the receiver's step and the leader waits forever.
@@ -67,52 +67,69 @@ class AllReduce(SyncMethod):
         graph, analysis, plan, backend = ctx.graph, ctx.analysis, ctx.plan, ctx.backend
         edits = Edits()
         previous = None
+        chains: dict[str, list] = {}   # 2-D summation: the last op of each kind
         with tf.name_scope("autopar/average/"):
             for bucket in plan.buckets:
                 grads = [graph.get_tensor_by_name(analysis.variable(n).grad_tensor)
                          for n in bucket.variables]
-                # Chaining buckets fixes the order every worker launches collectives
-                # in, so concurrent collectives can never wait on each other.
-                with tf.control_dependencies([previous] if previous is not None else []):
+                if bucket.hierarchical:
                     flat = tf.concat([tf.reshape(g, ctx.constants.get([-1])) for g in grads],
                                      axis=0)
-                    if bucket.hierarchical:
-                        reduced = _two_dimensional_sum(ctx, flat, bucket)
-                        if plan.loss_reduction == "mean":
-                            reduced = reduced / ctx.constants.get(float(plan.num_workers),
-                                                                  reduced.dtype)
-                    # A mean loss: one device's gradient is the workers' mean; a
-                    # summed loss: their sum (Plan.loss_reduction).
-                    elif plan.loss_reduction == "mean":
-                        reduced = backend.allreduce_mean(flat, bucket.instance_key)
-                    else:
-                        reduced = backend.allreduce_sum(flat, bucket.instance_key)
-                previous = reduced
+                    reduced = _two_dimensional_sum(ctx, flat, bucket, chains)
+                    if plan.loss_reduction == "mean":
+                        reduced = reduced / ctx.constants.get(float(plan.num_workers),
+                                                              reduced.dtype)
+                else:
+                    # Chaining buckets fixes the order every worker launches
+                    # collectives in, so concurrent collectives can never wait on
+                    # each other.
+                    with tf.control_dependencies([previous] if previous is not None else []):
+                        flat = tf.concat([tf.reshape(g, ctx.constants.get([-1])) for g in grads],
+                                         axis=0)
+                        # A mean loss: one device's gradient is the workers' mean; a
+                        # summed loss: their sum (Plan.loss_reduction).
+                        reduced = (backend.allreduce_mean(flat, bucket.instance_key)
+                                   if plan.loss_reduction == "mean"
+                                   else backend.allreduce_sum(flat, bucket.instance_key))
+                    previous = reduced
                 sizes = [int(g.shape.num_elements()) for g in grads]
                 for g, piece in zip(grads, tf.split(reduced, sizes)):
                     edits.replaced[g.name] = tf.reshape(piece, tf.shape(g)).name
         return edits
 
 
-def _two_dimensional_sum(ctx: RewriteContext, flat: tf.Tensor, bucket: Bucket) -> tf.Tensor:
+def _two_dimensional_sum(ctx: RewriteContext, flat: tf.Tensor, bucket: Bucket,
+                         chains: dict[str, list]) -> tf.Tensor:
     """The sum of `flat` over all workers: host sum, leaders' all-reduce,
-    broadcast within the host (hosts of one worker skip the host steps)."""
+    broadcast within the host (hosts of one worker skip the host steps).
+
+    Each kind of collective is chained after the previous bucket's of the
+    same kind (`chains`), so every member of a group launches that group's
+    collectives in one order, while bucket k+1's host sum can run during
+    bucket k's leaders' all-reduce."""
     plan, backend = ctx.plan, ctx.backend
     host_key, members = plan.host_group(ctx.worker_index)
     leader = members[0] == ctx.worker_index
     num_hosts = len(plan.topology.hosts)
     timeout = plan.collective_timeout_s
     host = backend.subgroup(len(members), host_key, timeout) if len(members) > 1 else None
-    summed = host.allreduce_sum(flat, bucket.host_key) if host is not None else flat
+    summed = flat
+    if host is not None:
+        with tf.control_dependencies(chains.get("host", [])):
+            summed = host.allreduce_sum(flat, bucket.host_key)
+        chains["host"] = [summed]
     result = summed
     if leader and num_hosts > 1:
         leaders = backend.subgroup(num_hosts, LEADERS_GROUP_KEY, timeout)
-        result = leaders.allreduce_sum(summed, bucket.instance_key)
+        with tf.control_dependencies(chains.get("leaders", [])):
+            result = leaders.allreduce_sum(summed, bucket.instance_key)
+        chains["leaders"] = [result]
     if host is not None:
         # A receiver reads only the static shape of its host sum: the control
         # edge keeps that sum, which the leader waits in, in the step.
-        with tf.control_dependencies([summed]):
+        with tf.control_dependencies(chains.get("broadcast", []) + [summed]):
             result = host.broadcast(result, bucket.host_key + 1, is_source=leader)
+        chains["broadcast"] = [result]
     return result
 
 

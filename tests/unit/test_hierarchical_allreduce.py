@@ -105,3 +105,17 @@ def test_each_worker_builds_its_host_and_leader_steps(worker):
             shape = by_name[node.input[3].split(":")[0]]
             controls = [i[1:] for n in (node, shape) for i in n.input if i.startswith("^")]
             assert any(by_name[c].op == "CollectiveReduceV2" for c in controls), node
+    # Per group and kind, one launch order on every member: each bucket's op
+    # waits for the previous bucket's (in instance-key order, as planned);
+    # the edge sits on the op or on its instance-key constant.
+    kinds: dict = {}
+    for node, op, key, _ in _collectives(graph_def):
+        if key != GROUP_KEY:
+            data = [i for i in node.input if not i.startswith("^")]
+            instance = by_name[data[2 if op == "CollectiveBcastRecvV2" else 3]]
+            kinds.setdefault((op, key), []).append(
+                (instance.attr["value"].tensor.int_val[0], node, instance))
+    for chain in kinds.values():
+        chain.sort(key=lambda t: t[0])
+        for (_, before, _), (_, after, constant) in zip(chain, chain[1:]):
+            assert "^" + before.name in [*after.input, *constant.input], (before.name, after.name)
