@@ -104,7 +104,8 @@ class Report:
                          f"{_human(s['received'])} per step")
         for b in self.buckets:
             lines.append(f"bucket #{b['index']}: {b['dtype']}, {_human(b['bytes'])}, "
-                         f"{len(b['variables'])} gradients fused into one all-reduce")
+                         f"{len(b['variables'])} gradients fused into one all-reduce"
+                         + (" (2-D summation)" if b.get("host_key") else ""))
         two_d_buckets = [b["index"] for b in self.buckets if b.get("host_key")]
         if two_d_buckets:
             lines.append(f"2-D summation (sum within each host, all-reduce among one worker per "

@@ -56,12 +56,14 @@ def test_plan_gives_every_bucket_its_own_keys_and_the_report_names_the_buckets()
     assert "2-D summation (sum within each host" in table
     assert f"for bucket(s) {indices}:" in table
     assert "(2-D summation); the flat ring in worker order would send" in table
+    assert table.count("fused into one all-reduce (2-D summation)") == len(plan.buckets)
     # Forced off: the flat ring, the 2-D figure given for comparison.
     _, analysis, flat = _plan(TWO_BY_TWO, hierarchical_allreduce=False)
     assert not any(b.hierarchical for b in flat.buckets)
     table = build_report(analysis, flat).table()
     assert "flat ring all-reduce for every bucket: Config(hierarchical_allreduce=False)" in table
     assert "(ring in worker order); 2-D summation would send" in table
+    assert "(2-D summation)\n" not in table
 
 
 def _collectives(graph_def: graph_pb2.GraphDef) -> list[tuple]:
