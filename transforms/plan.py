@@ -15,7 +15,8 @@ Methods (Parallax §5):
   workers read the rows they need, push their gradient, the chief applies
   the update once per step on the servers.
 
-Collective instance keys: one per bucket; a sparse gather (all-gather of an
+Collective instance keys: one per bucket (three with 2-D summation: the
+leaders' all-reduce, the host sum and the broadcast); a sparse gather (all-gather of an
 "allgather" variable's rows, local aggregation of a sparse "ps" variable's
 rows) owns its count key plus two blocks of len(comm.ROW_LADDER) keys, from
 keys["values"] and keys["indices"] on: the number of rows changes from step
