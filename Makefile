@@ -93,3 +93,12 @@ transform-scale: $(STAMP)
 
 transform-scale-e2e: $(STAMP)
 	$(PY) -m bench.transform_scale --end-to-end $(TRANSFORM_ARGS)
+
+# Large-batch techniques (bench/large_batch.py): a 52 M-parameter MLP with Adam,
+# 4 local workers with and without weight-update sharding, then (root: emulated
+# cluster, prefix aplb) 2 hosts x 2 workers with and without 2-D summation.
+# Results: bench/results/large_batch.{json,png}. LARGE_BATCH_ARGS passes options.
+.PHONY: bench-large-batch
+bench-large-batch: $(STAMP)
+	$(BENCH_ROOT_CHECK)
+	$(PY) -m bench.large_batch $(LARGE_BATCH_ARGS)

@@ -84,6 +84,12 @@ class Config:
     # variable is updated by one owner worker, which alone holds its
     # optimizer slots; the new values are all-gathered from the owners.
     shard_weight_update: bool = False
+    # 2-D summation of the all-reduce buckets (TPU-pod scaling paper §2): sum
+    # within each host, all-reduce among one worker per host, broadcast within
+    # the host. True forces it, False keeps the flat ring, None (default)
+    # chooses it when some host has several workers and it moves fewer bytes
+    # over host links (transforms.allreduce.two_dimensional_choice).
+    hierarchical_allreduce: bool | None = None
     # Deprecated alias of loss_reduction: True = "mean", False = "sum".
     average_sparse: bool | None = None
     # Optimisations, each can be turned off for ablation (Parallax §7.4):
@@ -162,6 +168,9 @@ class Config:
         if not isinstance(self.shard_weight_update, bool):
             raise AutoparError(f"Config.shard_weight_update must be True or False, "
                                f"got {self.shard_weight_update!r}")
+        if not (self.hierarchical_allreduce is None or isinstance(self.hierarchical_allreduce, bool)):
+            raise AutoparError(f"Config.hierarchical_allreduce must be True, False or None "
+                               f"(automatic), got {self.hierarchical_allreduce!r}")
         if self.stall_timeout_s < 0:
             raise AutoparError(f"Config.stall_timeout_s must be >= 0 (0 disables), "
                                f"got {self.stall_timeout_s}")

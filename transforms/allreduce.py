@@ -5,9 +5,20 @@ Bytes over host links (`host_link_bytes`): TensorFlow's ring visits the
 group's workers in task order, so with workers placed host by host a flat
 ring crosses each host link once per direction, each crossing carrying
 2(N-1)b/N of a b-byte all-reduce; with interleaved placement every ring edge
-crosses a link. 2-D summation (TPU-pod scaling paper §2: sum within each
-host, all-reduce among one worker per host, broadcast within the host) would
-send 2(H-1)b/H per host link for H hosts; the report shows both.
+crosses a link.
+
+2-D summation (TPU-pod scaling paper §2; Plan.hierarchical_why, a bucket's
+host_key): each bucket is summed within each host (the host's group), the
+host sums are all-reduced among the first worker of every host (the
+leaders' group, LEADERS_GROUP_KEY), and each leader broadcasts the result
+within its host; a host with one worker skips the host steps. Only the
+leaders' ring crosses host links: 2(H-1)b/H per link for H hosts.
+Every member of a group launches that group's collectives in one order
+(host sums chained bucket after bucket, leaders' all-reduces chained,
+broadcasts chained), every instance key is used by one op only, and a broadcast
+receiver holds a control edge on its own host sum: it reads only that sum's
+static shape, and without the edge the sum (a collective the leader waits
+in) is pruned from the receiver's step and the leader waits forever.
 """
 from __future__ import annotations
 
@@ -15,7 +26,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from autopar.transforms.plan import Bucket, VariablePlan
+from autopar.transforms.plan import LEADERS_GROUP_KEY, Bucket, Topology, VariablePlan
 from autopar.transforms.sync_method import Edits, RewriteContext, SyncMethod
 
 
@@ -23,18 +34,25 @@ class AllReduce(SyncMethod):
     name = "allreduce"
 
     def prepare(self, analysis, names, topology, options, fusion_bytes, key):
-        """Fusion buckets, one instance key each from `key` on."""
+        """Fusion buckets, one instance key each from `key` on (three with
+        2-D summation: the leaders' all-reduce, the host sum, the broadcast)."""
         buckets = fusion_buckets(analysis, names, fusion_bytes)
+        two_d, why = (two_dimensional_choice(topology, options.hierarchical_allreduce)
+                      if buckets else (False, ""))
         for b in buckets:
             b.instance_key = key
             key += 1
-        return buckets, key
+            if two_d:
+                b.host_key = key
+                key += 2
+        return (buckets, why), key
 
     def plan_fields(self, state) -> dict:
-        return {"buckets": state}
+        buckets, why = state
+        return {"buckets": buckets, "hierarchical_why": why}
 
     def variable_plan(self, v, reason, state, key):
-        bucket = next(b.index for b in state if v.name in b.variables)
+        bucket = next(b.index for b in state[0] if v.name in b.variables)
         return VariablePlan(v.name, self.name, "replicated on every worker", reason,
                             bucket=bucket), key
 
@@ -49,25 +67,91 @@ class AllReduce(SyncMethod):
         graph, analysis, plan, backend = ctx.graph, ctx.analysis, ctx.plan, ctx.backend
         edits = Edits()
         previous = None
+        chains: dict[str, list] = {}   # 2-D summation: the last op of each kind
         with tf.name_scope("autopar/average/"):
             for bucket in plan.buckets:
                 grads = [graph.get_tensor_by_name(analysis.variable(n).grad_tensor)
                          for n in bucket.variables]
-                # Chaining buckets fixes the order every worker launches collectives
-                # in, so concurrent collectives can never wait on each other.
-                with tf.control_dependencies([previous] if previous is not None else []):
+                if bucket.hierarchical:
                     flat = tf.concat([tf.reshape(g, ctx.constants.get([-1])) for g in grads],
                                      axis=0)
-                    # A mean loss: one device's gradient is the workers' mean; a
-                    # summed loss: their sum (Plan.loss_reduction).
-                    reduced = (backend.allreduce_mean(flat, bucket.instance_key)
-                               if plan.loss_reduction == "mean"
-                               else backend.allreduce_sum(flat, bucket.instance_key))
-                previous = reduced
+                    reduced = _two_dimensional_sum(ctx, flat, bucket, chains)
+                    if plan.loss_reduction == "mean":
+                        reduced = reduced / ctx.constants.get(float(plan.num_workers),
+                                                              reduced.dtype)
+                else:
+                    # Chaining buckets fixes the order every worker launches
+                    # collectives in, so concurrent collectives can never wait on
+                    # each other.
+                    with tf.control_dependencies([previous] if previous is not None else []):
+                        flat = tf.concat([tf.reshape(g, ctx.constants.get([-1])) for g in grads],
+                                         axis=0)
+                        # A mean loss: one device's gradient is the workers' mean; a
+                        # summed loss: their sum (Plan.loss_reduction).
+                        reduced = (backend.allreduce_mean(flat, bucket.instance_key)
+                                   if plan.loss_reduction == "mean"
+                                   else backend.allreduce_sum(flat, bucket.instance_key))
+                    previous = reduced
                 sizes = [int(g.shape.num_elements()) for g in grads]
                 for g, piece in zip(grads, tf.split(reduced, sizes)):
                     edits.replaced[g.name] = tf.reshape(piece, tf.shape(g)).name
         return edits
+
+
+def _two_dimensional_sum(ctx: RewriteContext, flat: tf.Tensor, bucket: Bucket,
+                         chains: dict[str, list]) -> tf.Tensor:
+    """The sum of `flat` over all workers: host sum, leaders' all-reduce,
+    broadcast within the host (hosts of one worker skip the host steps).
+
+    Each kind of collective is chained after the previous bucket's of the
+    same kind (`chains`), so every member of a group launches that group's
+    collectives in one order, while bucket k+1's host sum can run during
+    bucket k's leaders' all-reduce."""
+    plan, backend = ctx.plan, ctx.backend
+    host_key, members = plan.host_group(ctx.worker_index)
+    leader = members[0] == ctx.worker_index
+    num_hosts = len(plan.topology.hosts)
+    timeout = plan.collective_timeout_s
+    host = backend.subgroup(len(members), host_key, timeout) if len(members) > 1 else None
+    summed = flat
+    if host is not None:
+        with tf.control_dependencies(chains.get("host", [])):
+            summed = host.allreduce_sum(flat, bucket.host_key)
+        chains["host"] = [summed]
+    result = summed
+    if leader and num_hosts > 1:
+        leaders = backend.subgroup(num_hosts, LEADERS_GROUP_KEY, timeout)
+        with tf.control_dependencies(chains.get("leaders", [])):
+            result = leaders.allreduce_sum(summed, bucket.instance_key)
+        chains["leaders"] = [result]
+    if host is not None:
+        # A receiver reads only the static shape of its host sum: the control
+        # edge keeps that sum, which the leader waits in, in the step.
+        with tf.control_dependencies(chains.get("broadcast", []) + [summed]):
+            result = host.broadcast(result, bucket.host_key + 1, is_source=leader)
+        chains["broadcast"] = [result]
+    return result
+
+
+def two_dimensional_choice(topology: Topology, option: bool | None) -> tuple[bool, str]:
+    """Whether the all-reduce buckets use 2-D summation, and why: forced by
+    Config(hierarchical_allreduce=True/False), else chosen when some host has
+    several workers and the busiest host link carries fewer bytes than with
+    the flat ring in worker order (host_link_bytes)."""
+    if option is not None:
+        return option, f"Config(hierarchical_allreduce={option})"
+    hosts = topology.hosts
+    most = max(len(topology.workers_on(h)) for h in hosts)
+    if most < 2:
+        return False, "one worker per host: nothing to sum within a host"
+    if len(hosts) < 2:
+        return False, "one host: no bytes cross a host link"
+    ring = max(host_link_bytes(topology.worker_hosts, 1.0).values())
+    two_d = max(host_link_bytes(topology.worker_hosts, 1.0, two_dimensional=True).values())
+    verdict = two_d < ring
+    return verdict, (f"busiest host link per all-reduced byte: flat ring {ring:.2f}, 2-D "
+                     f"summation {two_d:.2f} ({len(hosts)} hosts, up to {most} workers each): "
+                     f"{'2-D summation' if verdict else 'flat ring'} sends fewer")
 
 
 def host_link_bytes(worker_hosts: Sequence[str], nbytes: float,

@@ -49,15 +49,19 @@ class CollectiveOpsBackend:
     """
 
     def __init__(self, group_size: int, group_key: int, communication_hint: str = "ring",
-                 _constants: dict | None = None):
+                 _constants: dict | None = None, timeout_s: float = 0.0):
         self.group_size = group_size
         self.group_key = group_key
         self.hint = communication_hint
         self._constants = {} if _constants is None else _constants
+        # > 0: reduce and broadcast ops fail with DeadlineExceeded after
+        # waiting this long for the group (TensorFlow's timeout_seconds).
+        self.timeout_s = timeout_s
 
-    def subgroup(self, group_size: int, group_key: int) -> "CollectiveOpsBackend":
+    def subgroup(self, group_size: int, group_key: int,
+                 timeout_s: float = 0.0) -> "CollectiveOpsBackend":
         """The same transport over another group (e.g. the workers of one host)."""
-        return CollectiveOpsBackend(group_size, group_key, self.hint, self._constants)
+        return CollectiveOpsBackend(group_size, group_key, self.hint, self._constants, timeout_s)
 
     def _group(self) -> dict:
         return {"group_size": self._int(self.group_size), "group_key": self._int(self.group_key)}
@@ -81,13 +85,13 @@ class CollectiveOpsBackend:
         return tf.raw_ops.CollectiveReduceV2(
             input=tensor, **self._group(),
             instance_key=instance_key, ordering_token=[], merge_op="Add", final_op="Div",
-            communication_hint=self.hint)
+            communication_hint=self.hint, timeout_seconds=self.timeout_s)
 
     def allreduce_sum(self, tensor: tf.Tensor, instance_key: int) -> tf.Tensor:
         return tf.raw_ops.CollectiveReduceV2(
             input=tensor, **self._group(),
             instance_key=instance_key, ordering_token=[], merge_op="Add", final_op="Id",
-            communication_hint=self.hint)
+            communication_hint=self.hint, timeout_seconds=self.timeout_s)
 
     def allgather(self, tensor: tf.Tensor, instance_key: int | tf.Tensor) -> tf.Tensor:
         """Concatenate along dim 0; every worker must pass the same shape."""
@@ -100,10 +104,12 @@ class CollectiveOpsBackend:
         if is_source:
             return tf.raw_ops.CollectiveBcastSendV2(
                 input=tensor, **self._group(),
-                instance_key=instance_key, communication_hint=self.hint)
+                instance_key=instance_key, communication_hint=self.hint,
+                timeout_seconds=self.timeout_s)
         return tf.raw_ops.CollectiveBcastRecvV2(
             **self._group(), instance_key=instance_key,
-            shape=tf.shape(tensor), T=tensor.dtype, communication_hint=self.hint)
+            shape=tf.shape(tensor), T=tensor.dtype, communication_hint=self.hint,
+            timeout_seconds=self.timeout_s)
 
     def allgather_rows(self, values: tf.Tensor, indices: tf.Tensor,
                        keys: tuple[int, int, int]) -> tuple[tf.Tensor, tf.Tensor]:

@@ -15,7 +15,8 @@ Methods (Parallax §5):
   workers read the rows they need, push their gradient, the chief applies
   the update once per step on the servers.
 
-Collective instance keys: one per bucket; a sparse gather (all-gather of an
+Collective instance keys: one per bucket (three with 2-D summation: the
+leaders' all-reduce, the host sum and the broadcast); a sparse gather (all-gather of an
 "allgather" variable's rows, local aggregation of a sparse "ps" variable's
 rows) owns its count key plus two blocks of len(comm.ROW_LADDER) keys, from
 keys["values"] and keys["indices"] on: the number of rows changes from step
@@ -34,6 +35,7 @@ from autopar.transforms.analysis import Analysis
 from autopar.transforms.bfb import FusionLayout
 
 GROUP_KEY = 1              # all workers form one collective group
+LEADERS_GROUP_KEY = 2      # 2-D summation: the first worker of every host
 _HOST_GROUP_BASE = 1000    # host-local groups for local aggregation: base + host index
 _FIRST_INSTANCE_KEY = 100  # keys below are left free for future groups/uses
 RUN_OPTIONS = ("hybrid", "ps", "allreduce", "herring")
@@ -88,6 +90,10 @@ class PlanOptions:
     batch_norm_group: str | int | None = None
     # Weight-update sharding of all-reduce variables (transforms.wus).
     shard_weight_update: bool = False
+    # 2-D summation of all-reduce buckets: True, False or None (automatic).
+    hierarchical_allreduce: bool | None = None
+    # Seconds a 2-D summation collective may wait for its peers (0: no bound).
+    collective_timeout_s: float = 0.0
     wire_dtype: str = "float32"        # herring: dtype gradients travel in (summed in float32)
     herring_buffer_bytes: int | None = None   # herring: fusion buffer size override
 
@@ -100,6 +106,8 @@ class PlanOptions:
                    opsw=config.opsw, partitions=tuple(sorted(config.partitions.items())),
                    batch_norm_group=config.batch_norm_group,
                    shard_weight_update=config.shard_weight_update,
+                   hierarchical_allreduce=config.hierarchical_allreduce,
+                   collective_timeout_s=float(config.stall_timeout_s),
                    wire_dtype=config.wire_dtype, herring_buffer_bytes=config.herring_buffer_bytes)
 
 
@@ -127,7 +135,14 @@ class Bucket:
     dtype: str
     variables: list[str]
     bytes: int
-    instance_key: int
+    instance_key: int   # the all-reduce (with 2-D summation: the leaders' all-reduce)
+    # 2-D summation: the host sum takes host_key, the broadcast host_key + 1
+    # (both in the host's group; 0 when the bucket uses the flat ring).
+    host_key: int = 0
+
+    @property
+    def hierarchical(self) -> bool:
+        return self.host_key != 0
 
 
 @dataclass
@@ -164,6 +179,12 @@ class Plan:
     # and why hybrid chose (or did not choose) it for dense gradients
     herring: FusionLayout | None = None
     herring_why: str = ""
+    # Why the all-reduce buckets use 2-D summation (Bucket.host_key) or not.
+    hierarchical_why: str = ""
+    # 2-D summation's collectives fail (DeadlineExceeded) after waiting this
+    # long for their peers (Config.stall_timeout_s; 0: no bound), so a
+    # worker that never arrives ends the job instead of hanging it.
+    collective_timeout_s: float = 0.0
 
     @property
     def gradient_scale(self) -> float:
@@ -246,7 +267,7 @@ def make_plan(analysis: Analysis, topology: Topology | int, fusion_bytes: int = 
                 batch_norm_group=batch_norm_group_size(options.batch_norm_group,
                                                        topology.num_workers),
                 shard_weight_update=options.shard_weight_update,
-                herring_why=herring_why)
+                herring_why=herring_why, collective_timeout_s=options.collective_timeout_s)
 
 
 def assign_owners(analysis: Analysis, plans: list[VariablePlan], num_workers: int) -> None:

@@ -65,6 +65,7 @@ class Report:
     # buckets: {"ring": {host: bytes}, "2d": {host: bytes}} (2-D summation's
     # figure for comparison; transforms.allreduce.host_link_bytes).
     host_link_bytes: dict = field(default_factory=dict)
+    hierarchical_why: str = ""   # why the buckets use 2-D summation or the flat ring
     # herring: its balanced fusion buffers (variables, offsets, shards per
     # server) and why hybrid chose it or not
     herring_buffers: list[dict] = field(default_factory=list)
@@ -103,13 +104,25 @@ class Report:
                          f"{_human(s['received'])} per step")
         for b in self.buckets:
             lines.append(f"bucket #{b['index']}: {b['dtype']}, {_human(b['bytes'])}, "
-                         f"{len(b['variables'])} gradients fused into one all-reduce")
+                         f"{len(b['variables'])} gradients fused into one all-reduce"
+                         + (" (2-D summation)" if b.get("host_key") else ""))
+        two_d_buckets = [b["index"] for b in self.buckets if b.get("host_key")]
+        if two_d_buckets:
+            lines.append(f"2-D summation (sum within each host, all-reduce among one worker per "
+                         f"host, broadcast within the host) for bucket(s) "
+                         f"{', '.join(f'#{i}' for i in two_d_buckets)}: {self.hierarchical_why}")
+        elif (self.buckets and self.hierarchical_why
+              and len(self.host_link_bytes.get("ring", {})) > 1):
+            lines.append(f"flat ring all-reduce for every bucket: {self.hierarchical_why}")
         if self.buckets and len(self.host_link_bytes.get("ring", {})) > 1:
             ring, two_d = self.host_link_bytes["ring"], self.host_link_bytes["2d"]
+            used, other = ((two_d, ring), (ring, two_d))[not two_d_buckets]
             lines.append("host links: all-reduce bytes each host sends per step: "
-                         + ", ".join(f"{h} {_human(b)}" for h, b in ring.items())
-                         + " (ring in worker order); 2-D summation would send "
-                         + ", ".join(f"{h} {_human(b)}" for h, b in two_d.items()))
+                         + ", ".join(f"{h} {_human(b)}" for h, b in used.items())
+                         + (" (2-D summation); the flat ring in worker order would send "
+                            if two_d_buckets else
+                            " (ring in worker order); 2-D summation would send ")
+                         + ", ".join(f"{h} {_human(b)}" for h, b in other.items()))
         if self.herring_why:
             lines.append(f"herring: {self.herring_why}")
         for b in self.herring_buffers:
@@ -196,7 +209,7 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
     links = ({kind: host_link_bytes(plan.worker_hosts, bucket_bytes, kind == "2d")
               for kind in ("ring", "2d")} if plan.worker_hosts else {})
     return Report(num_workers=n, num_servers=num_servers, variables=variables,
-                  host_link_bytes=links,
+                  host_link_bytes=links, hierarchical_why=plan.hierarchical_why,
                   servers=[{"server": i, "sent": s, "received": r}
                            for i, (s, r) in enumerate(server_bytes)], run_option=plan.run_option,
                   moved_ops=[m.as_dict() for m in moves or []],

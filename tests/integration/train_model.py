@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dropcompute-log")
     p.add_argument("--batch-norm-group", default="none", help="'all', a group size or 'none'")
     p.add_argument("--shard-weight-update", action="store_true")
+    p.add_argument("--hierarchical", choices=("auto", "on", "off"), default="auto",
+                   help="Config.hierarchical_allreduce: None, True or False")
     p.add_argument("--resident", action="store_true",
                    help="print the bytes of the variables allocated on this worker's device")
     p.add_argument("--eval-size", type=int, default=0,
@@ -85,6 +87,8 @@ def main(argv: list[str] | None = None) -> None:
                                 workers=None if args.delay_worker < 0 else (args.delay_worker,))
                                 if args.delay > 0 else None),
                             shard_weight_update=args.shard_weight_update,
+                            hierarchical_allreduce={"auto": None, "on": True,
+                                                    "off": False}[args.hierarchical],
                             batch_norm_group=(None if args.batch_norm_group == "none" else
                                               args.batch_norm_group
                                               if args.batch_norm_group == "all"

@@ -31,6 +31,7 @@ def all_keys(plan: Plan) -> list[int]:
     """Every instance key the plan hands out; a row gather's values and indices
     keys each start a block of one key per ladder rung."""
     keys = [b.instance_key for b in plan.buckets]
+    keys += [k for b in plan.buckets if b.hierarchical for k in (b.host_key, b.host_key + 1)]
     for vp in plan.variables:
         row_gather = "count" in vp.keys or "la_count" in vp.keys
         for name, k in vp.keys.items():
