@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from autopar.common import procs
-from tests.integration.cluster import pid_alive
+from tests.integration.cluster import pid_alive, survivors
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -59,7 +59,9 @@ def test_stop_processes_kills_a_group_that_ignores_sigterm():
         grandchild = int(popen.stdout.readline())
         procs.stop_processes([_Polled(popen)], grace_seconds=0.5)
         assert popen.poll() == -9
-        assert not pid_alive(grandchild)
+        # The group's SIGKILL reached the grandchild too; on a loaded machine
+        # it may take a moment to finish dying after the shell was reaped.
+        assert survivors([grandchild], timeout=10) == []
     finally:
         if popen.poll() is None:
             popen.kill()
