@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from autopar.common import procs
-from tests.integration.cluster import pid_alive, survivors
+from tests.integration.cluster import survivors
 
 REPO = Path(__file__).resolve().parents[2]
 
