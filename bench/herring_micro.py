@@ -54,9 +54,9 @@ def _worker(args: argparse.Namespace) -> None:
     print("TIMES " + json.dumps(times), flush=True)
 
 
-def _start_server(binary: Path) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([str(binary), "--port", "0", "--host", "127.0.0.1"],
-                            stdout=subprocess.PIPE, text=True)
+def _start_server(binary: Path, host: str = "127.0.0.1", popen=subprocess.Popen,
+                  ) -> tuple[subprocess.Popen, str]:
+    proc = popen([str(binary), "--port", "0", "--host", host], stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     match = re.search(r"listening on (\S+)", line)
     if not match:
@@ -64,26 +64,38 @@ def _start_server(binary: Path) -> tuple[subprocess.Popen, str]:
     return proc, match.group(1)
 
 
-def run(workers: int, servers: int, mib: int, iters: int, wire: str) -> dict:
+def run(workers: int, servers: int, mib: int, iters: int, wire: str,
+        cluster=None) -> dict:
+    """On loopback, or with `cluster` (bench.cluster.EmulatedCluster of
+    workers + servers hosts) worker i in host i and server k in host
+    workers + k, talking over the emulated links."""
     from autopar.runtime import native
     binary = native.RUNTIME_DIR / native.SUMSERVER_NAME
     if not binary.exists() or not (native.RUNTIME_DIR / native.HERRING_OPS_NAME).exists():
         native.build_sumserver()
         native.build_herring_ops()
+
+    def popen(host: int, argv, **kwargs):
+        if cluster is None:
+            return subprocess.Popen(argv, **kwargs)
+        return cluster.popen(host, argv, **kwargs)
+
     procs: list[subprocess.Popen] = []
     try:
         addresses = []
-        for _ in range(servers):
-            proc, address = _start_server(binary)
+        for k in range(servers):
+            host = cluster.addresses[workers + k] if cluster else "127.0.0.1"
+            proc, address = _start_server(
+                binary, host, lambda argv, **kw: popen(workers + k, argv, **kw))
             procs.append(proc)
             addresses.append(address)
         env = dict(os.environ, AUTOPAR_SUMSERVERS=",".join(addresses),
                    PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                    TF_CPP_MIN_LOG_LEVEL="2")
-        children = [subprocess.Popen([sys.executable, "-m", "bench.herring_micro", "--worker", str(i),
-                                      "--workers", str(workers), "--mib", str(mib),
-                                      "--iters", str(iters), "--wire", wire],
-                                     cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
+        children = [popen(i, [sys.executable, "-m", "bench.herring_micro", "--worker", str(i),
+                              "--workers", str(workers), "--mib", str(mib),
+                              "--iters", str(iters), "--wire", wire],
+                          cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
                     for i in range(workers)]
         procs += children
         per_worker = []
@@ -116,12 +128,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mib", type=int, default=100)
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--wire", choices=("float32", "float16", "bfloat16"), default="float32")
+    parser.add_argument("--emulated-mbit", type=float,
+                        help="run on an emulated cluster (root): workers and servers each on their "
+                             "own host, links at this rate (bench/cluster.py)")
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker is not None:
         _worker(args)
         return 0
-    print(json.dumps(run(args.workers, args.servers, args.mib, args.iters, args.wire)))
+    if args.emulated_mbit:
+        from bench.cluster import EmulatedCluster, require_root
+        require_root()
+        with EmulatedCluster(args.workers + args.servers, rate_mbit=args.emulated_mbit,
+                             prefix="aphm") as cluster:
+            result = run(args.workers, args.servers, args.mib, args.iters, args.wire, cluster)
+        result["link_mbit"] = args.emulated_mbit
+        # Each worker link carries G each way, each server link N·G/S.
+        busiest = max(result["bytes_per_worker_each_way"], result["bytes_per_server_each_way"])
+        result["link_limit_s"] = busiest * 8 / (args.emulated_mbit * 1e6)
+        result["of_limit"] = result["link_limit_s"] / result["seconds_per_averaging"]
+    else:
+        result = run(args.workers, args.servers, args.mib, args.iters, args.wire)
+    print(json.dumps(result))
     return 0
 
 
