@@ -160,12 +160,13 @@ def job_topology(cluster: dict[str, list[str]]) -> Topology:
     """The Topology a plan for `cluster` is made for. A job with no server
     tasks but summation servers (AUTOPAR_SUMSERVERS, set by whoever started
     them: a TF_CONFIG job running herring on dense variables needs no
-    TensorFlow server process) has one server per summation server."""
+    TensorFlow server process) has one server per summation server. Without
+    AUTOPAR_SUMSERVERS the job has no summation servers: hybrid keeps dense
+    gradients on the ring and run_option='herring' is refused."""
     topology = Topology.from_cluster(cluster)
     sumservers = [a for a in os.environ.get(env.SUMSERVERS, "").split(",") if a.strip()]
-    if not topology.num_servers and sumservers:
-        return Topology(topology.worker_hosts, len(sumservers))
-    return topology
+    servers = topology.num_servers or len(sumservers)
+    return Topology(topology.worker_hosts, servers, summation_servers=bool(sumservers))
 
 
 def _check_fits(plan, cluster: dict[str, list[str]]) -> None:

@@ -55,6 +55,10 @@ WUS_KEY_BASE = 3 << 20
 class Topology:
     worker_hosts: tuple[str, ...]   # host address of worker i
     num_servers: int = 0
+    # Whether herring's summation servers can serve this job: the launcher
+    # starts them when the plan uses herring; a job joined through TF_CONFIG
+    # has them only if AUTOPAR_SUMSERVERS names them (runtime.worker.job_topology).
+    summation_servers: bool = True
 
     @classmethod
     def local(cls, num_workers: int, num_servers: int = 0) -> "Topology":
@@ -320,9 +324,18 @@ def _herring_choice(topology: Topology, options: PlanOptions) -> tuple[bool, str
             raise SpecError("run_option='herring' sums gradients on server processes, but the "
                             "resource spec has none: give some hosts `servers: 1` (one per host "
                             "is a good start), or use run_option='allreduce'")
+        if not topology.summation_servers:
+            raise SpecError("run_option='herring' needs summation servers, but this job was "
+                            "started without them: a job joined through TF_CONFIG starts one "
+                            "runtime/autopar_sumserver per server and names them in "
+                            "AUTOPAR_SUMSERVERS=host:port,... for every worker (or launch the "
+                            "job with `autopar launch`, which starts them)")
         return True, "run_option='herring'"
     if options.run_option != "hybrid" or topology.num_servers == 0:
         return False, ""
+    if not topology.summation_servers:
+        return False, ("no summation servers in this job (joined through TF_CONFIG without "
+                       "AUTOPAR_SUMSERVERS), so dense gradients stay on ring all-reduce")
     from autopar.transforms.herring import predicted_faster   # it imports this module
     return predicted_faster(topology.num_workers, len(topology.hosts), topology.num_servers,
                             options.local_aggregation, options.wire_dtype)

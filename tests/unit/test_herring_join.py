@@ -46,3 +46,26 @@ def test_a_plan_with_server_variables_needs_ps_tasks(monkeypatch):
     assert c.plan.ps_variables
     with pytest.raises(SpecError, match="add one 'ps' task per summation server"):
         worker._check_fits(c.plan, WORKERS)
+
+
+def test_without_summation_servers_hybrid_keeps_the_ring_and_herring_is_refused(monkeypatch):
+    """A TF_CONFIG job with ps tasks but no AUTOPAR_SUMSERVERS has no one to
+    sum herring's buffers: hybrid must not pick herring for dense gradients
+    (it would fail at the first step), and run_option='herring' says what to
+    start."""
+    # 4 workers on 4 hosts, 4 servers: herring's busiest link moves M, the
+    # ring's 1.5 M, so the cost model favours herring for a dense model.
+    with_ps = {WORKER_JOB: [f"10.0.0.{i}:2222" for i in range(1, 5)],
+               SERVER_JOB: [f"10.0.0.{i}:2223" for i in range(5, 9)]}
+    model = models.build("cnn_momentum")
+    monkeypatch.delenv(env.SUMSERVERS, raising=False)
+    topology = worker.job_topology(with_ps)
+    c = compile_plan(model.graph, topology, PlanOptions(run_option="hybrid"))
+    assert c.plan.herring is None and "AUTOPAR_SUMSERVERS" in c.plan.herring_why
+    assert {v.method for v in c.plan.variables} == {"allreduce"}
+    with pytest.raises(SpecError, match="needs summation servers.*AUTOPAR_SUMSERVERS"):
+        compile_plan(model.graph, topology, PlanOptions(run_option="herring"))
+    # The same cluster with its summation servers named: hybrid picks herring.
+    monkeypatch.setenv(env.SUMSERVERS, ",".join(f"10.0.0.{i}:2300" for i in range(5, 9)))
+    c = compile_plan(model.graph, worker.job_topology(with_ps), PlanOptions(run_option="hybrid"))
+    assert c.plan.herring is not None
