@@ -73,7 +73,9 @@ def run_once(args, option: str, extra: tuple[str, ...] = ()) -> dict:
             "--vocab", str(args.vocab), "--dim", str(args.dim), "--hidden", str(args.hidden),
             "--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len),
             "--steps", str(args.steps), "--warmup", str(args.warmup), "--log-every", "0", *extra]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    # This checkout's autopar, not whichever one is installed.
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
     load_before = os.getloadavg()[0]
     start = time.perf_counter()
     # Own session, so a run that hangs is ended with everything it started.

@@ -26,6 +26,7 @@ The blocks cover every row count up to comm.MAX_GATHERED_ROWS (2^40).
 """
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 
 from autopar.common.errors import AutoparError, SpecError
@@ -336,9 +337,25 @@ def _herring_choice(topology: Topology, options: PlanOptions) -> tuple[bool, str
     if not topology.summation_servers:
         return False, ("no summation servers in this job (joined through TF_CONFIG without "
                        "AUTOPAR_SUMSERVERS), so dense gradients stay on ring all-reduce")
+    if all(_is_loopback(h) for h in topology.hosts):
+        # The cost model counts bytes on network links; here every byte stays
+        # in one machine's memory, and herring's extra processes and packing
+        # copies only cost (measured: bench/ps_profile.py). "herring" forces it.
+        return False, ("every worker host is a loopback address: one machine, no network link "
+                       "for herring to save bytes on, so dense gradients stay on ring all-reduce "
+                       "(run_option='herring' forces herring)")
     from autopar.transforms.herring import predicted_faster   # it imports this module
     return predicted_faster(topology.num_workers, len(topology.hosts), topology.num_servers,
                             options.local_aggregation, options.wire_dtype)
+
+
+def _is_loopback(host: str) -> bool:
+    if host.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False   # a host name: assume a real machine
 
 
 def _method(v, topology: Topology, options: PlanOptions, herring: bool = False) -> tuple[str, str]:

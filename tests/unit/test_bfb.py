@@ -187,6 +187,19 @@ def test_hybrid_chooses_by_the_cost_model(hosts, servers, la, expected):
         assert f"{verdict} is predicted faster" in plan.herring_why
 
 
+@pytest.mark.parametrize("hosts", [("127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.2"),
+                                   ("localhost",) * 4])
+def test_hybrid_keeps_the_ring_when_every_host_is_loopback(hosts):
+    """The shape the cost model sends to herring on real hosts (first case
+    above), on one machine: no link to save bytes on, so the ring; the
+    herring run option still forces herring."""
+    _, _, plan = _plan(Topology(hosts, 2), run_option="hybrid")
+    assert {vp.method for vp in plan.variables} == {"allreduce"}
+    assert "loopback" in plan.herring_why
+    _, _, forced = _plan(Topology(hosts, 2), run_option="herring")
+    assert {vp.method for vp in forced.variables} == {"herring"}
+
+
 def test_hybrid_with_half_precision_wire():
     # 2 workers, 2 hosts, 2 servers: float16 halves herring's bytes to 0.5 M < the ring's 1 M
     topology = Topology(("10.0.0.1", "10.0.0.2"), 2)
