@@ -98,6 +98,24 @@ def _resident_slot_bytes(runner, graph, index: int) -> int:
                for v in slots if found[v.op.name])
 
 
+def _traced_update_ms(runner, train_op, feed) -> float:
+    """Milliseconds this worker's device spent in optimizer-update ops
+    (ResourceApplyAdam and the like; bench/ps_profile.py's categories) in
+    one step run under a full trace: the part of the step weight-update
+    sharding divides among the workers."""
+    import tensorflow as tf
+    from bench.ps_profile import category, op_type, union_us
+    tf1 = tf.compat.v1
+    metadata = tf1.RunMetadata()
+    runner.run(train_op, feed, options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE),
+               run_metadata=metadata)
+    intervals = [(n.all_start_micros, n.all_start_micros + n.all_end_rel_micros)
+                 for d in metadata.step_stats.dev_stats
+                 if f"/task:{runner.worker_index}/" in d.device
+                 for n in d.node_stats if category(op_type(n)) == "optimizer update"]
+    return union_us(intervals) / 1e3
+
+
 def _wait_for(path: Path, timeout: float) -> None:
     end = time.monotonic() + timeout
     while not path.exists():
@@ -137,11 +155,14 @@ def train(args) -> None:
             runner.run(train_op, feeds[k % 2])
             times.append(time.perf_counter() - start)
         cpu = (time.process_time() - cpu0) / max(1, args.steps)
+        update_ms = None
+        if args.mode in ("wus", "replicated"):
+            update_ms = _traced_update_ms(runner, train_op, feeds[0])
         if args.mode in ("2d", "ring"):        # ... and again, before any shutdown traffic
             (barrier / f"done{i}").touch()
             _wait_for(barrier / "end", args.timeout)
         result = {"worker": i, "workers": n, "params": params, "step_s": times,
-                  "cpu_s_per_step": cpu, **_rss()}
+                  "cpu_s_per_step": cpu, "update_ms": update_ms, **_rss()}
         if args.mode in ("wus", "replicated"):
             result["resident_slot_bytes"] = _resident_slot_bytes(runner, graph, i)
         print(RESULT_TAG + json.dumps(result), flush=True)
@@ -195,6 +216,7 @@ def run_local(args, mode: str) -> dict:
     return {"part": "wus", "mode": mode, "workers": args.workers, "params": workers[0]["params"],
             "median_step_s": median, "cores": cores,
             "cpu_s_per_step": [w["cpu_s_per_step"] for w in workers],
+            "update_ms": [w["update_ms"] for w in workers],
             "cpu_floor_s": cpu_floor,
             "bound": ("cores (compute and loopback copies)" if cpu_floor >= 0.8 * median else
                       "waiting (communication latency or load from other jobs)"),
@@ -272,7 +294,8 @@ def _summary(results: list[dict]) -> dict:
         out["lines"].append(
             f"weight-update sharding: the largest per-worker Adam slot memory falls "
             f"{out['slot_fall']:.2f}x ({rep['workers']} workers; whole variables per owner); "
-            f"step time x{out['step_ratio']:.2f}; workers' CPU-s per step "
+            f"step time x{out['step_ratio']:.2f}; optimizer update per worker (traced step) "
+            f"{max(rep['update_ms']):.1f} -> {max(wus['update_ms']):.1f} ms; workers' CPU-s per step "
             f"{sum(rep['cpu_s_per_step']):.3f} -> {sum(wus['cpu_s_per_step']):.3f}")
     ring, two_d = by.get(("2d", "ring")), by.get(("2d", "2d"))
     if ring and two_d:
