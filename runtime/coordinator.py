@@ -349,6 +349,29 @@ def _ran(state: ProcessState) -> int:
     return state.steps_done + (1 if state.phase == PHASE_STEP else 0)
 
 
+# Every worker inside one step that none finishes: a slow step or a deadlock
+# (a collective whose peers launched it in another order, a server op that
+# never completes). Slow steps exist (a first step optimising a large graph),
+# so the job is ended only after this many stall timeouts (20 min by default).
+HUNG_STEP_FACTOR = 20
+
+
+def _hung_step(workers, exited, stall_timeout_s: float, now: float) -> Verdict | None:
+    live = [s for s in workers if s.name not in exited]
+    if not live or any(s.phase != PHASE_STEP for s in live):
+        return None
+    waited = min(now - s.phase_since for s in live)
+    if waited < HUNG_STEP_FACTOR * stall_timeout_s:
+        return None
+    steps = sorted({_ran(s) for s in live})
+    return Verdict("stall", (
+        f"job stalled: every worker has been inside step {', '.join(map(str, steps))} for "
+        f"{waited:.0f} s and none has finished it: an operation of the step never completes "
+        f"(a collective deadlock, or a server operation that waits forever).\nEnding the job "
+        f"after {HUNG_STEP_FACTOR} x stall_timeout_s = {HUNG_STEP_FACTOR * stall_timeout_s:g} s "
+        f"(Config(stall_timeout_s=...) for steps that are legitimately this slow; 0 disables)."))
+
+
 def diagnose(states: Mapping[str, ProcessState], exited: Mapping[str, int],
              stall_timeout_s: float, now: float) -> Verdict | None:
     """Why the job cannot go on, or None if nothing is known to be wrong.
@@ -360,7 +383,8 @@ def diagnose(states: Mapping[str, ProcessState], exited: Mapping[str, int],
       0) after N steps while another has started step N+1, which can never
       complete without it (or died in it).
     - Stall: a worker has waited inside a step for ``stall_timeout_s`` while
-      another has not started that step.
+      another has not started that step; or every worker has been inside one
+      step for HUNG_STEP_FACTOR x ``stall_timeout_s``.
     """
     workers = sorted((s for s in states.values() if s.role == WORKER_ROLE),
                      key=lambda s: s.index)
@@ -387,7 +411,7 @@ def diagnose(states: Mapping[str, ProcessState], exited: Mapping[str, int],
     stuck = [s for s in workers if s.name not in exited
              and not (s.phase == PHASE_STEP and _ran(s) >= step)]
     if not stuck:
-        return None
+        return _hung_step(workers, exited, stall_timeout_s, now)
     lines = []
     for s in stuck:
         if not s.registered:

@@ -170,8 +170,17 @@ def test_stall_names_the_stuck_worker_and_its_step():
 def test_no_stall_before_the_timeout_or_when_disabled_or_all_in_the_step():
     assert diagnose(_workers((3, PHASE_STEP, 4), (3, PHASE_SCRIPT, 4)), {}, 5, 100.0) is None
     assert diagnose(_workers((3, PHASE_STEP, 60), (3, PHASE_SCRIPT, 60)), {}, 0, 100.0) is None
-    # Everybody inside the same step: a slow step, not a stall.
+    # Everybody inside the same step: a slow step, not a stall ...
     assert diagnose(_workers((3, PHASE_STEP, 60), (3, PHASE_STEP, 60)), {}, 5, 100.0) is None
+
+
+def test_every_worker_inside_one_step_for_twenty_timeouts_is_a_hung_step():
+    # ... until nobody has finished it for 20 stall timeouts: a deadlock.
+    verdict = diagnose(_workers((3, PHASE_STEP, 101), (3, PHASE_STEP, 100)), {}, 5, 100.0)
+    assert verdict is not None and verdict.kind == "stall"
+    assert "every worker has been inside step 4 for 100 s" in verdict.message
+    assert diagnose(_workers((3, PHASE_STEP, 101), (3, PHASE_STEP, 99)), {}, 5, 100.0) is None
+    assert diagnose(_workers((3, PHASE_STEP, 900), (3, PHASE_STEP, 900)), {}, 0, 100.0) is None
 
 
 @pytest.mark.parametrize("exited", [{}, {"worker 1": 0}])
