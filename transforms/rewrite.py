@@ -83,7 +83,7 @@ def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan, worker_ind
                         if micro_batches > 1 else None)
         for method in METHODS.values():
             edits.merge(method.rewrite(ctx))
-        edits.merge(shard_weight_updates(ctx, worker_device))
+        edits.merge(shard_weight_updates(ctx, worker_device, edits.replaced))
         rewire, rewire_exempt = _batch_norms(scratch, analysis, plan, backend, worker_index,
                                              ctx.constants)
         _broadcast_state(scratch, plan, backend, worker_index == 0, edits.server_variables,

@@ -28,10 +28,11 @@ tf1 = tf.compat.v1
 DONE_OP = "autopar/wus/done"
 
 
-def shard_weight_updates(ctx: RewriteContext, device_of) -> Edits:
+def shard_weight_updates(ctx: RewriteContext, device_of, replaced: dict[str, str]) -> Edits:
     """Edits making worker ctx.worker_index apply only its own variables'
     updates, with the slots on their owners' devices (`device_of(worker)`:
-    a worker's device name), and the op gathering the new values."""
+    a worker's device name), and the op gathering the new values.
+    `replaced`: the methods' averaged tensors by original tensor name."""
     graph, analysis, plan = ctx.graph, ctx.analysis, ctx.plan
     edits = Edits()
     owned = [vp for vp in plan.variables if vp.owner is not None]
@@ -59,7 +60,15 @@ def shard_weight_updates(ctx: RewriteContext, device_of) -> Edits:
                         f"weight-update sharding: '{outside[0]}' reads '{t.name}' of the update "
                         f"of '{vp.name}', which only its owner runs; use "
                         "Config(shard_weight_update=False) for this graph")
-            edits.noop_deps[name] = []
+            # The NoOp keeps waiting for the update's data inputs (the averaged
+            # gradient, through its clipping): otherwise a fusion bucket that
+            # holds only other owners' gradients has no consumer here, its
+            # all-reduce is pruned from this worker's step, and the owners
+            # wait in it forever. Control inputs are not rewired to the
+            # averaged tensors, so name those directly (`replaced`).
+            op = graph.get_operation_by_name(name)
+            edits.noop_deps[name] = sorted({replaced.get(t.name, t.name).split(":")[0]
+                                            for t in op.inputs if t.dtype != tf.resource})
     variables = {v.op.name: v for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)}
     with tf.name_scope("autopar/wus/"):
         assigns, previous = [], []

@@ -61,3 +61,24 @@ def test_lars_and_evaluate_match_single_device(tmp_path):
         np.testing.assert_allclose(start["loss"][0], single_start["loss"][0], rtol=1e-6)
         # After training, parameters agree to the tolerance above.
         np.testing.assert_allclose(end["loss"][0], single_end["loss"][0], rtol=1e-5)
+
+
+def test_sharded_lars_in_one_bucket_per_variable_matches_single_device(tmp_path):
+    """LARS under weight-update sharding, with fusion buckets so small that
+    each holds one variable's gradient. No clipping joins the gradients, so a
+    worker consumes only the buckets of the variables it owns: the others'
+    all-reduces must still run on it (the owners wait in them), which hung
+    before the non-owners' NoOp updates kept their averaged inputs."""
+    args = ("--steps", "4", "--batch", str(BATCH))
+    run_training("mlp_lars", tmp_path / "single", *args)
+    expected = load_worker(tmp_path / "single", 0)
+    spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(0, 0))
+    log = run_training("mlp_lars", tmp_path / "dist", *args, "--spec", str(spec),
+                       "--run-option", "allreduce", "--shard-weight-update",
+                       "--fusion-bytes", "64", "--stall-timeout", "10")
+    assert len(set(re.findall(r"allreduce #(\d+)", log))) >= 4, log[-3000:]   # one bucket each
+    assert {int(w) for w in re.findall(r"updated by worker (\d)", log)} == {0, 1, 2}
+    for i in range(3):
+        actual = load_worker(tmp_path / "dist", i)
+        assert int(actual["global_step"]) == 4
+        assert_same_parameters(expected, actual, what=f"sharded mlp_lars worker {i}/3")
