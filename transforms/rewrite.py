@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import tensorflow as tf
 
 from autopar.common.roles import WORKER_JOB
@@ -23,8 +24,8 @@ from autopar.transforms.accumulate import (build_accumulators, check_update_read
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.batchnorm import apply_rewire, group_of, rewrite_batch_norms
 from autopar.transforms.comm import CollectiveOpsBackend
-from autopar.transforms.graph_utils import (import_meta_graph, in_gradient_scope, meta_graph_of,
-                                             node_input_name)
+from autopar.transforms.graph_utils import (import_meta_graph, import_nodes, in_gradient_scope,
+                                             meta_graph_of, node_input_name)
 from autopar.transforms.partition import copy_region
 from autopar.transforms.placement import Move
 from autopar.transforms.plan import BATCH_NORM_GROUP_BASE, Plan
@@ -71,7 +72,10 @@ def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan, worker_ind
     `micro_batches` > 1: gradients go through worker-local accumulators
     (transforms.accumulate) before any method aggregates them."""
     meta = _meta_graph(graph_or_meta)
-    scratch = _scratch_copy(meta)  # a fresh import: never mutate the user's graph
+    # A fresh import: never mutate the user's graph. Only weight-update
+    # sharding and local-state averaging use the collections' Variables.
+    scratch = _scratch_copy(meta, collections=plan.shard_weight_update
+                            or plan.sync_local_state == "average")
     n_original = len(scratch.get_operations())
     if backend is None:
         backend = CollectiveOpsBackend(plan.num_workers, plan.group_key, plan.communication_hint)
@@ -86,11 +90,14 @@ def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan, worker_ind
         edits.merge(shard_weight_updates(ctx, worker_device))
         rewire, rewire_exempt = _batch_norms(scratch, analysis, plan, backend, worker_index,
                                              ctx.constants)
-        _broadcast_state(scratch, plan, backend, worker_index == 0, edits.server_variables,
-                         ctx.constants)
+        broadcast = _broadcast_state(_global_variables(meta), plan, backend, worker_index == 0,
+                                     edits.server_variables)
+        minus_one = ctx.constants.get([-1]).op.name if worker_index == 0 and broadcast else ""
         after_step = _sync_local_state(scratch, analysis, plan, backend, ctx.constants)
     new_nodes = {op.name for op in scratch.get_operations()[n_original:]}
     graph_def = scratch.as_graph_def()
+    new_nodes.update(_splice_broadcast(graph_def, broadcast, worker_index == 0, minus_one, device))
+    new_nodes -= {g.stand_in for g in broadcast}
     by_name = {node.name: node for node in graph_def.node}
     copies = [node for region, p, remap, device_of in edits.copies     # from the unedited nodes
               for node in copy_region(by_name, region, p, remap, device_of)]
@@ -191,12 +198,47 @@ def _meta_graph(graph_or_meta) -> tf1.MetaGraphDef:
     return meta
 
 
-def _scratch_copy(meta: tf1.MetaGraphDef) -> tf.Graph:
-    """The graph and collections of `meta` in a fresh tf.Graph."""
+def _scratch_copy(meta: tf1.MetaGraphDef, collections: bool = True) -> tf.Graph:
+    """The graph of `meta`, without devices, in a fresh tf.Graph; with its
+    collections if asked (restoring them builds a Python Variable per
+    variable: a third of the import's time for a large model)."""
     graph = tf.Graph()
     with graph.as_default():
-        import_meta_graph(meta, clear_devices=True)
+        if collections:
+            import_meta_graph(meta, clear_devices=True)
+        else:
+            graph_def = tf1.GraphDef()
+            graph_def.CopyFrom(meta.graph_def)
+            for node in graph_def.node:
+                node.device = ""
+            import_nodes(graph_def)
     return graph
+
+
+@dataclass
+class _Variable:
+    """What the state broadcast needs of a global variable (from the
+    MetaGraphDef: no tf.Variable object needed)."""
+    name: str           # its op
+    dtype: tf.DType
+    shape: list[int]
+    resource: bool
+    snapshot: str       # a ref variable's value (its "read" Identity)
+
+
+def _global_variables(meta: tf1.MetaGraphDef) -> list[_Variable]:
+    """The MetaGraphDef's global variables, in collection order."""
+    from tensorflow.core.framework import variable_pb2
+    nodes = {n.name: n for n in meta.graph_def.node}
+    out = []
+    for raw in meta.collection_def[tf1.GraphKeys.GLOBAL_VARIABLES].bytes_list.value:
+        proto = variable_pb2.VariableDef.FromString(raw)
+        name = proto.variable_name.split(":")[0]
+        node = nodes[name]
+        out.append(_Variable(name, tf.as_dtype(node.attr["dtype"].type).base_dtype,
+                             [d.size for d in node.attr["shape"].shape.dim], proto.is_resource,
+                             proto.snapshot_name.split(":")[0]))
+    return out
 
 
 def _with_graph_def(meta: tf1.MetaGraphDef, graph_def) -> tf1.MetaGraphDef:
@@ -294,22 +336,151 @@ def _assign_pieces(variables, flat, shapes: ConstantPool) -> list:
             for v, piece in zip(variables, tf.split(flat, sizes))]
 
 
-def _broadcast_state(graph, plan: Plan, backend, is_chief: bool, skip: set[str],
-                     constants: ConstantPool) -> None:
-    """An op that overwrites every replicated global variable with the chief's
-    value, so replicas start identical however they were initialised (or
-    restored). Variables on servers exist once and are skipped."""
-    assigns, shapes = [], None
+def _broadcast_state(variables: list[_Variable], plan: Plan, backend, is_chief: bool,
+                     skip: set[str]) -> list["_BroadcastGroup"]:
+    """The collectives of an op that overwrites every replicated global
+    variable with the chief's value, so replicas start identical however they
+    were initialised (or restored). Variables on servers exist once and are
+    skipped.
+
+    Only the collectives (one per dtype, in one launch order) are built here,
+    the chief's reading from a stand-in for the flat tensor of its values.
+    The per-variable ops (the chief's reads and reshapes, a receiver's
+    reshapes and assignments: a few per variable, thousands in a large model)
+    are written as NodeDefs by _splice_broadcast: building them through
+    TensorFlow's Python API cost ~1 ms each, a quarter of a rewrite."""
+    by_dtype: dict[str, list[_Variable]] = {}   # as _variables_by_dtype orders them
+    for v in variables:
+        if v.name not in skip:
+            by_dtype.setdefault(v.dtype.name, []).append(v)
+    groups = []
     with tf.name_scope("autopar/broadcast"):
         previous = []
-        for i, variables in enumerate(_variables_by_dtype(graph, lambda name: name not in skip)):
+        for i, dtype in enumerate(sorted(by_dtype)):
+            group = by_dtype[dtype]
+            size = sum(int(np.prod(v.shape, dtype=np.int64)) for v in group)
             with tf.control_dependencies(previous):
-                received = backend.broadcast(_flatten(variables, constants),
-                                             plan.broadcast_key_base + i, is_source=is_chief)
+                stand_in = tf1.placeholder(group[0].dtype, [size], name="values")
+                received = backend.broadcast(stand_in, plan.broadcast_key_base + i,
+                                             is_source=is_chief)
+            groups.append(_BroadcastGroup(group, stand_in.op.name, received.op.name,
+                                          previous[0].op.name if previous else None))
             previous = [received]
-            if is_chief:
-                continue  # the chief's values are the source
-            # shapes only receivers use, named apart from the shared constants
-            shapes = shapes or ConstantPool(constants.default_device, "autopar/broadcast/shape/")
-            assigns += _assign_pieces(variables, received, shapes)
-    tf.group(*assigns, *previous, name=BROADCAST_OP)
+    return groups
+
+
+@dataclass
+class _BroadcastGroup:
+    variables: list[_Variable]
+    stand_in: str        # placeholder the chief's collective reads (replaced by the values)
+    collective: str
+    after: str | None    # the previous group's collective: one launch order everywhere
+
+
+def _splice_broadcast(graph_def, groups: list[_BroadcastGroup], is_chief: bool,
+                      minus_one: str, device: str) -> list[str]:
+    """Write _broadcast_state's per-variable ops into `graph_def` and the
+    BROADCAST_OP NoOp; return the new nodes' names. The chief concatenates its
+    flattened values into each collective; a receiver splits what it receives
+    and assigns each variable its piece (as _flatten and _assign_pieces lay
+    them out). Nodes are the ones TensorFlow's API would build, minus the
+    value read back after each assignment, which nothing consumes."""
+    nodes = _NodeWriter(graph_def, device, "autopar/broadcast/")
+    int32 = tf.int32.as_datatype_enum
+    dims = []   # BROADCAST_OP's control inputs
+    for g in groups:
+        after = ["^" + g.after] if g.after else []
+        dtype = g.variables[0].dtype.as_datatype_enum
+        if is_chief:
+            pieces = []
+            for v in g.variables:
+                read = (nodes.add("ReadVariableOp", [v.name, *after], dtype=dtype) if v.resource
+                        else v.snapshot)
+                pieces.append(nodes.add("Reshape", [read, minus_one, *([] if v.resource else after)],
+                                        T=dtype, Tshape=int32))
+            if len(pieces) == 1:
+                flat = nodes.add("Identity", pieces, T=dtype)
+            else:
+                axis = nodes.add_const(0, int32, after)
+                flat = nodes.add("ConcatV2", [*pieces, axis], N=len(pieces), T=dtype, Tidx=int32)
+            collective = nodes.by_name[g.collective]
+            collective.input[:] = [flat if i == g.stand_in else i for i in collective.input]
+        else:
+            sizes = nodes.add_const([int(np.prod(v.shape, dtype=np.int64)) for v in g.variables],
+                                    int32)
+            split = nodes.add("SplitV", [g.collective, sizes, nodes.add_const(0, int32)],
+                              T=dtype, Tlen=int32, num_split=len(g.variables))
+            for k, v in enumerate(g.variables):
+                piece = nodes.add("Reshape", [f"{split}:{k}" if k else split,
+                                              nodes.shape_const(v.shape)], T=dtype, Tshape=int32)
+                if v.resource:
+                    assign = nodes.add("AssignVariableOp", [v.name, piece], dtype=dtype,
+                                       validate_shape=True, _has_manual_control_dependencies=True)
+                else:
+                    assign = nodes.add("Assign", [v.name, piece], T=dtype, use_locking=True,
+                                       validate_shape=True)
+                dims.append("^" + assign)
+        nodes.remove(g.stand_in)
+        # What TensorFlow marks on an op other ops wait for (each collective
+        # is the next group's or BROADCAST_OP's control input).
+        nodes.by_name[g.collective].attr["_has_manual_control_dependencies"].b = True
+    if groups:
+        dims.append("^" + groups[-1].collective)
+    noop = graph_def.node.add(name=BROADCAST_OP, op="NoOp", device=device)
+    noop.input.extend(dims)
+    return nodes.added + [BROADCAST_OP]
+
+
+class _NodeWriter:
+    """Appends NodeDefs to a GraphDef under unique names in `scope`."""
+
+    def __init__(self, graph_def, device: str, scope: str):
+        self.graph_def = graph_def
+        self.device = device
+        self.scope = scope
+        self.by_name = {n.name: n for n in graph_def.node}
+        self.added: list[str] = []
+        self._count: dict[str, int] = {}
+        self._shapes: dict[tuple, str] = {}
+
+    def _name(self, base: str) -> str:
+        while True:
+            k = self._count.get(base, 0)
+            self._count[base] = k + 1
+            name = f"{self.scope}{base}" + (f"_{k}" if k else "")
+            if name not in self.by_name:
+                return name
+
+    def add(self, op: str, inputs: list[str], **attrs) -> str:
+        node = self.graph_def.node.add(name=self._name(op), op=op, device=self.device)
+        node.input.extend(inputs)
+        for key, value in attrs.items():
+            if isinstance(value, bool):
+                node.attr[key].b = value
+            elif key in ("N", "num_split"):
+                node.attr[key].i = value
+            else:
+                node.attr[key].type = value
+        self.by_name[node.name] = node
+        self.added.append(node.name)
+        return node.name
+
+    def add_const(self, value, dtype: int, inputs: list[str] = ()) -> str:
+        node = self.graph_def.node.add(name=self._name("Const"), op="Const", device=self.device)
+        node.input.extend(inputs)
+        node.attr["dtype"].type = dtype
+        node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value, tf.as_dtype(dtype)))
+        self.by_name[node.name] = node
+        self.added.append(node.name)
+        return node.name
+
+    def shape_const(self, shape: list[int]) -> str:
+        """One constant per shape (as the receivers' shape pool had)."""
+        key = tuple(shape)
+        if key not in self._shapes:
+            self._shapes[key] = self.add_const(list(shape), tf.int32.as_datatype_enum)
+        return self._shapes[key]
+
+    def remove(self, name: str) -> None:
+        node = self.by_name.pop(name)
+        self.graph_def.node.remove(node)
