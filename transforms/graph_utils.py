@@ -53,9 +53,10 @@ def import_meta_graph(meta: tf1.MetaGraphDef, clear_devices: bool = False) -> No
     tf_meta_graph.import_scoped_meta_graph(meta, clear_devices=clear_devices)
 
 
-def import_nodes(graph_def) -> None:
+def import_nodes(graph_def, serialized: bytes | None = None) -> None:
     """Import `graph_def`'s nodes (and function library) into the default
-    graph, as they are: names unchanged, devices as written, no colocation
+    graph (`serialized`: graph_def's bytes, when the caller has them), as
+    they are: names unchanged, devices as written, no colocation
     processing, no collections.
 
     What tf.graph_util.import_graph_def does minus its per-op Python pass
@@ -71,7 +72,7 @@ def import_nodes(graph_def) -> None:
     c_api.TF_ImportGraphDefOptionsSetUniquifyNames(scoped.options, True)
     c_api.TF_ImportGraphDefOptionsSetValidateColocationConstraints(scoped.options, False)
     with graph._mutation_lock():  # pylint: disable=protected-access
-        buffer = c_api.TF_NewBufferFromString(graph_def.SerializeToString())
+        buffer = c_api.TF_NewBufferFromString(serialized or graph_def.SerializeToString())
         try:
             with graph._c_graph.get() as c_graph:  # pylint: disable=protected-access
                 results = c_api.TF_GraphImportGraphDefWithResults(c_graph, buffer, scoped.options)

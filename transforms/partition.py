@@ -35,10 +35,11 @@ class Partitioner:
     """Builds the partition variables and the ops replacing whole-variable uses
     in `graph` (the scratch graph), recording node edits in `edits`."""
 
-    def __init__(self, graph: tf.Graph, edits, devices_of):
+    def __init__(self, graph: tf.Graph, edits, devices_of, constants=None):
         self.g = graph
         self.edits = edits
         self.devices_of = devices_of   # partition index -> device
+        self.constants = constants     # a sync_method.ConstantPool (None: a constant per use)
 
     def split(self, var: str, parts: list[list[int]], region: set[str]) -> list[tf.Tensor]:
         op = self.g.get_operation_by_name(var)
@@ -78,7 +79,9 @@ class Partitioner:
             assigns = []
             for p, ((start, end), h) in enumerate(zip(parts, handles)):
                 with tf.device(self.devices_of(p)):
-                    assigns.append(tf.raw_ops.AssignVariableOp(resource=h, value=value[start:end]))
+                    piece = (value[start:end] if self.constants is None
+                             else self.constants.rows(value, start, end, self.devices_of(p)))
+                    assigns.append(tf.raw_ops.AssignVariableOp(resource=h, value=piece))
             self.edits.noop_deps[c.name] = [a.name for a in assigns]
 
     def _gather(self, ids: tf.Tensor, handles, parts, dtype) -> tf.Tensor:

@@ -68,6 +68,7 @@ class PsBuilder:
         self.collectives: list[tf.Operation] = []
         self.pushes: list[tf.Operation] = []
         self._pushed: tf.Operation | None = None
+        self._counters: dict[tuple[str, int], tf.Tensor] = {}
         self.constants = constants or ConstantPool(worker_device)
 
     def build(self) -> Edits:
@@ -111,9 +112,7 @@ class PsBuilder:
         for vp in ps_vars:
             for p, server in enumerate(vp.servers):
                 with tf.device(server_device(server)):
-                    counter = tf.raw_ops.VarHandleOp(
-                        dtype=tf.int64, shape=[],
-                        shared_name=f"autopar/contributions/{vp.name}/part_{p}")
+                    counter = self._counter(vp, p, server)
                     zero = self._const(0, tf.int64, server_device(server))
                     inits.append(tf.raw_ops.AssignVariableOp(resource=counter, value=zero))
                     reads.append(tf.raw_ops.ReadVariableOp(resource=counter, dtype=tf.int64))
@@ -227,7 +226,8 @@ class PsBuilder:
     def _push(self, vp, info, accumulators, contribution) -> None:
         for p, ((start, end), server) in enumerate(zip(vp.partitions, vp.servers)):
             if info.gradient == "dense":
-                piece = contribution if len(vp.partitions) == 1 else contribution[start:end]
+                piece = (contribution if len(vp.partitions) == 1
+                         else self.constants.rows(contribution, start, end))
                 with tf.device(server_device(server)):
                     push = tf.raw_ops.AccumulatorApplyGradient(
                         handle=accumulators[p], gradient=piece,
@@ -251,16 +251,28 @@ class PsBuilder:
         """Server-side count of the contributions this accumulator received:
         what local aggregation is meant to cut from one per worker to one per
         host (read as CONTRIBUTIONS_OP)."""
+        counter = self._counter(vp, p, server)
         with tf.device(server_device(server)), tf.control_dependencies([push]):
-            counter = tf.raw_ops.VarHandleOp(dtype=tf.int64, shape=[],
-                                             shared_name=f"autopar/contributions/{vp.name}/part_{p}")
             one = self._const(1, tf.int64, server_device(server))
             self.pushes.append(tf.raw_ops.AssignAddVariableOp(resource=counter, value=one))
+
+    def _counter(self, vp, p: int, server: int) -> tf.Tensor:
+        """The handle of an accumulator's contribution counter: one op for the
+        count, the init and the read (created outside any control dependency,
+        so the init does not wait for a push)."""
+        key = (vp.name, p)
+        if key not in self._counters:
+            with tf.device(server_device(server)), tf.control_dependencies(None):
+                self._counters[key] = tf.raw_ops.VarHandleOp(
+                    dtype=tf.int64, shape=[],
+                    shared_name=f"autopar/contributions/{vp.name}/part_{p}")
+        return self._counters[key]
 
     def _split(self, vp: VariablePlan) -> None:
         info = self.analysis.variable(vp.name)
         region = set(info.update_ops) | set(info.own_path_ops)
-        partitioner = Partitioner(self.g, self.edits, lambda p: server_device(vp.servers[p]))
+        partitioner = Partitioner(self.g, self.edits, lambda p: server_device(vp.servers[p]),
+                                  self.constants)
         for name in [info.name, *info.slots]:
             self.part_handles[name] = partitioner.split(name, vp.partitions, region)
             self.edits.partitions[name] = [(h.op.name, start, end) for h, (start, end)

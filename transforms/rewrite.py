@@ -75,7 +75,9 @@ def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan, worker_ind
     # A fresh import: never mutate the user's graph. Only weight-update
     # sharding and local-state averaging use the collections' Variables.
     scratch = _scratch_copy(meta, collections=plan.shard_weight_update
-                            or plan.sync_local_state == "average")
+                            or plan.sync_local_state == "average",
+                            devices=not isinstance(graph_or_meta, tf.Graph)
+                            or any(op.device for op in graph_or_meta.get_operations()))
     n_original = len(scratch.get_operations())
     if backend is None:
         backend = CollectiveOpsBackend(plan.num_workers, plan.group_key, plan.communication_hint)
@@ -90,7 +92,7 @@ def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan, worker_ind
         edits.merge(shard_weight_updates(ctx, worker_device))
         rewire, rewire_exempt = _batch_norms(scratch, analysis, plan, backend, worker_index,
                                              ctx.constants)
-        broadcast = _broadcast_state(_global_variables(meta), plan, backend, worker_index == 0,
+        broadcast = _broadcast_state(_global_variables(meta, scratch), plan, backend, worker_index == 0,
                                      edits.server_variables)
         minus_one = ctx.constants.get([-1]).op.name if worker_index == 0 and broadcast else ""
         after_step = _sync_local_state(scratch, analysis, plan, backend, ctx.constants)
@@ -179,39 +181,51 @@ def _edit_original_nodes(graph_def, new_nodes: set[str], edits: Edits) -> None:
 
 
 def _meta_graph(graph_or_meta) -> tf1.MetaGraphDef:
-    """The input as a MetaGraphDef of our own (never the caller's object),
-    without colocation hints: _set_devices drops them from every node anyway,
-    and importing them costs an attribute lookup per op. A tf.Graph is
-    exported with its devices: clearing them costs a copy of every node, and
-    _scratch_copy's import clears them anyway."""
+    """The input as a MetaGraphDef of our own (never the caller's object). A
+    tf.Graph is exported with its devices (clearing them costs a copy of
+    every node; _scratch_copy clears them in its own pass) and without
+    inferred output shapes: TensorFlow's export adds an "_output_shapes"
+    attribute to every node, which nothing reads (an import infers shapes
+    again) and which made every original node of a worker's graph larger."""
     if isinstance(graph_or_meta, tf.Graph):
         with graph_or_meta.as_default():   # see graph_utils.meta_graph_of
-            meta = tf1.train.export_meta_graph(
-                graph=graph_or_meta, graph_def=graph_or_meta.as_graph_def(add_shapes=True),
+            return tf1.train.export_meta_graph(
+                graph=graph_or_meta, graph_def=graph_or_meta.as_graph_def(),
                 clear_devices=False)
-    else:
-        meta = tf1.MetaGraphDef()
-        meta.CopyFrom(meta_graph_of(graph_or_meta))
-    for node in meta.graph_def.node:
-        if "_class" in node.attr:
-            del node.attr["_class"]
+    meta = tf1.MetaGraphDef()
+    meta.CopyFrom(meta_graph_of(graph_or_meta))
     return meta
 
 
-def _scratch_copy(meta: tf1.MetaGraphDef, collections: bool = True) -> tf.Graph:
-    """The graph of `meta`, without devices, in a fresh tf.Graph; with its
+def _scratch_copy(meta: tf1.MetaGraphDef, collections: bool = True,
+                  devices: bool = True) -> tf.Graph:
+    """The graph of `meta` in a fresh tf.Graph, without devices or colocation
+    hints (_set_devices drops them from every node anyway; an op built next
+    to one with a device or colocation hint would inherit it); with its
     collections if asked (restoring them builds a Python Variable per
-    variable: a third of the import's time for a large model)."""
+    variable: a third of the import's time for a large model). `devices`:
+    whether any node may have a device (False: known to have none)."""
+    serialized = meta.graph_def.SerializeToString()
+    graph_def = meta.graph_def
+    if collections or devices or b"_class" in serialized:
+        # A pass over every node (the first access to a GraphDef's nodes from
+        # Python is what costs, ~15 us each), only when something is to clear.
+        graph_def = tf1.GraphDef()
+        graph_def.CopyFrom(meta.graph_def)
+        for node in graph_def.node:
+            node.device = ""
+            if "_class" in node.attr:
+                del node.attr["_class"]
+        serialized = None
     graph = tf.Graph()
     with graph.as_default():
         if collections:
-            import_meta_graph(meta, clear_devices=True)
+            stripped = tf1.MetaGraphDef()
+            stripped.CopyFrom(meta)
+            stripped.graph_def.CopyFrom(graph_def)
+            import_meta_graph(stripped)
         else:
-            graph_def = tf1.GraphDef()
-            graph_def.CopyFrom(meta.graph_def)
-            for node in graph_def.node:
-                node.device = ""
-            import_nodes(graph_def)
+            import_nodes(graph_def, serialized)
     return graph
 
 
@@ -226,17 +240,16 @@ class _Variable:
     snapshot: str       # a ref variable's value (its "read" Identity)
 
 
-def _global_variables(meta: tf1.MetaGraphDef) -> list[_Variable]:
-    """The MetaGraphDef's global variables, in collection order."""
+def _global_variables(meta: tf1.MetaGraphDef, graph: tf.Graph) -> list[_Variable]:
+    """The MetaGraphDef's global variables, in collection order (dtypes and
+    shapes from their ops in `graph`, its import)."""
     from tensorflow.core.framework import variable_pb2
-    nodes = {n.name: n for n in meta.graph_def.node}
     out = []
     for raw in meta.collection_def[tf1.GraphKeys.GLOBAL_VARIABLES].bytes_list.value:
         proto = variable_pb2.VariableDef.FromString(raw)
-        name = proto.variable_name.split(":")[0]
-        node = nodes[name]
-        out.append(_Variable(name, tf.as_dtype(node.attr["dtype"].type).base_dtype,
-                             [d.size for d in node.attr["shape"].shape.dim], proto.is_resource,
+        op = graph.get_operation_by_name(proto.variable_name.split(":")[0])
+        out.append(_Variable(op.name, tf.as_dtype(op.get_attr("dtype")).base_dtype,
+                             tf.TensorShape(op.get_attr("shape")).as_list(), proto.is_resource,
                              proto.snapshot_name.split(":")[0]))
     return out
 

@@ -77,6 +77,14 @@ class ConstantPool:
                 self._pool[key] = tf.constant(value, dtype)
         return self._pool[key]
 
+    def rows(self, tensor: "tf.Tensor", start: int, end: int, device: str | None = None):
+        """tensor[start:end], the StridedSlice Python slicing builds, with its
+        bounds from the pool instead of three new constants per slice."""
+        import tensorflow as tf
+        return tf.raw_ops.StridedSlice(input=tensor, begin=self.get([start], device=device),
+                                       end=self.get([end], device=device),
+                                       strides=self.get([1], device=device))
+
 
 @dataclass
 class RewriteContext:
