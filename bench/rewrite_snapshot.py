@@ -103,10 +103,15 @@ def dump(out: Path, only: str | None = None) -> None:
         print(case, record.get("error", "ok"), flush=True)
 
 
+_NAMING = frozenset({"Const", "VarHandleOp"})
+
+
 def _node_hashes(graph_def, original: set[str]) -> dict[str, str]:
     """Name -> hash of what the node computes (see the module docstring)."""
     nodes = {n.name: n for n in graph_def.node}
     memo: dict[str, str] = {}
+    bit = {name: 1 << i for i, name in enumerate(nodes)}
+    ancestors: dict[str, int] = {}   # name -> bitset of every node it depends on
 
     def producer(inp: str) -> tuple[str, str]:
         name = inp.lstrip("^")
@@ -143,15 +148,28 @@ def _node_hashes(graph_def, original: set[str]) -> dict[str, str]:
                 h.update(value.SerializeToString(deterministic=True))
             data = [f"{memo.get(p, 'missing:' + p)}:{i}" for p, i in
                     (producer(x) for x in node.input if not x.startswith("^"))]
-            # A VarHandleOp only names a resource: a control input on it
-            # orders its consumers, so it counts as theirs.
-            controls = [x for x in node.input if x.startswith("^")]
-            for x in node.input:
-                p = nodes.get(producer(x)[0])
-                if not x.startswith("^") and p is not None and p.op == "VarHandleOp":
-                    controls += [c for c in p.input if c.startswith("^")]
-            control = [] if node.op == "VarHandleOp" else sorted(
-                {memo.get(p, "missing:" + p) for p, _ in map(producer, controls)})
+            # A constant or a VarHandleOp only names a value or a resource: a
+            # control input on it orders its consumers, so it counts as
+            # theirs; and a control input already implied by another input's
+            # ancestry orders nothing.
+            inputs = [producer(x)[0] for x in node.input]
+            controls = {producer(x)[0] for x in node.input if x.startswith("^")}
+            ordered = 0   # ancestors through the other inputs
+            for x, p in zip(node.input, inputs):
+                q = nodes.get(p)
+                if q is None:
+                    continue
+                if not x.startswith("^") and q.op in _NAMING:
+                    controls |= {producer(c)[0] for c in q.input if c.startswith("^")}
+                else:
+                    ordered |= ancestors.get(p, 0)
+            mine = 0
+            for p in inputs:
+                mine |= ancestors.get(p, 0) | bit.get(p, 0)
+            ancestors[name] = mine
+            control = [] if node.op in _NAMING else sorted(
+                {memo.get(p, "missing:" + p) for p in controls
+                 if not ordered & bit.get(p, 0)})
             h.update(repr((data, control)).encode())
             memo[name] = h.hexdigest()
     return memo

@@ -66,7 +66,7 @@ class AllReduce(SyncMethod):
                 previous = reduced
                 sizes = [int(g.shape.num_elements()) for g in grads]
                 for g, piece in zip(grads, tf.split(reduced, sizes)):
-                    edits.replaced[g.name] = tf.reshape(piece, tf.shape(g)).name
+                    edits.replaced[g.name] = tf.reshape(piece, ctx.constants.shape_of(g)).name
         return edits
 
 

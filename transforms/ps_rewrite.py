@@ -291,7 +291,8 @@ class PsBuilder:
                 grad = self.g.get_tensor_by_name(info.grad_tensor)
                 total = tf.raw_ops.AccumulatorTakeGradient(
                     handle=accumulators[0], num_required=required, dtype=grad.dtype)
-                self.edits.replaced[grad.name] = tf.reshape(total, tf.shape(grad)).name
+                self.edits.replaced[grad.name] = tf.reshape(
+                    total, self.constants.shape_of(grad, device)).name
             else:
                 values = self.g.get_tensor_by_name(info.grad_values)
                 indices = self.g.get_tensor_by_name(info.grad_indices)

@@ -77,6 +77,14 @@ class ConstantPool:
                 self._pool[key] = tf.constant(value, dtype)
         return self._pool[key]
 
+    def shape_of(self, tensor: "tf.Tensor", device: str | None = None):
+        """tf.shape(tensor): a constant from the pool when the static shape is
+        fully known (what tf.shape builds then, one per use), else the op."""
+        import tensorflow as tf
+        if tensor.shape.is_fully_defined():
+            return self.get(tensor.shape.as_list(), tf.int32, device)
+        return tf.shape(tensor)
+
     def rows(self, tensor: "tf.Tensor", start: int, end: int, device: str | None = None):
         """tensor[start:end], the StridedSlice Python slicing builds, with its
         bounds from the pool instead of three new constants per slice."""
