@@ -111,6 +111,8 @@ def _node_hashes(graph_def, original: set[str]) -> dict[str, str]:
     nodes = {n.name: n for n in graph_def.node}
     memo: dict[str, str] = {}
     bit = {name: 1 << i for i, name in enumerate(nodes)}
+    from tensorflow.python.framework import op_def_registry
+    defaults: dict[str, dict] = {}
     ancestors: dict[str, int] = {}   # name -> bitset of every node it depends on
 
     def producer(inp: str) -> tuple[str, str]:
@@ -133,12 +135,21 @@ def _node_hashes(graph_def, original: set[str]) -> dict[str, str]:
             stack.pop()
             h = hashlib.sha1()
             h.update(node.op.encode())
-            h.update(node.device.encode())
+            # A cluster's jobs have one replica: "/replica:0" names nothing.
+            h.update(node.device.replace("/replica:0/", "/").encode())
             if name in original:
                 h.update(b"name:" + name.encode())
+            if node.op not in defaults:
+                op_def = op_def_registry.get(node.op)
+                defaults[node.op] = {} if op_def is None else {
+                    a.name: a.default_value for a in op_def.attr if a.HasField("default_value")}
             for key in sorted(node.attr):
-                if key == "_output_shapes":
-                    continue   # inferred shapes an export may add; nothing reads them
+                if node.attr[key] == defaults[node.op].get(key):
+                    continue   # an import adds an attribute left at its default back
+                if key in ("_output_shapes", "_has_manual_control_dependencies"):
+                    # Inferred shapes an export may add, tf.function's marks
+                    # of control dependencies: a session reads neither.
+                    continue
                 h.update(key.encode())
                 value = node.attr[key]
                 if value.HasField("func"):
@@ -227,6 +238,9 @@ def structural_diff(original_def, before_def, after_def) -> list[str]:
 
 def compare(before: Path, after: Path, verbose: bool = False) -> int:
     from tensorflow.core.framework import graph_pb2
+    from autopar.transforms.comm import HERRING_LIBRARY, herring_ops
+    if HERRING_LIBRARY.exists():
+        herring_ops()   # its ops' attribute defaults
     failures = compared = missing = 0
     for path in sorted(before.glob("*.pkl")):
         b = pickle.loads(path.read_bytes())

@@ -59,7 +59,11 @@ class WorkerGraph:
 
 
 def worker_device(worker_index: int) -> str:
-    return f"/job:{WORKER_JOB}/replica:0/task:{worker_index}/device:CPU:0"
+    """Worker `worker_index`'s CPU. Without "/replica:0": every job of a
+    cluster has the one replica, so TensorFlow places the op on the same
+    device, and the string is on every node of a worker's graph (10 bytes
+    less each: a tenth of a BERT-large ps-mode graph's growth)."""
+    return f"/job:{WORKER_JOB}/task:{worker_index}/device:CPU:0"
 
 
 def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
@@ -136,7 +140,9 @@ def _micro_batch_weight(plan: Plan, micro_batches: int) -> float:
 
 def _set_devices(graph_def, new_nodes: set[str], edits: Edits, device: str) -> None:
     """Explicit devices everywhere: new ops where they were built (else the
-    worker), original ops where the methods moved them (else the worker)."""
+    worker), original ops where the methods moved them (else the worker).
+    New nodes also lose attributes at their default value."""
+    defaults: dict[str, list] = {}
     for node in graph_def.node:
         # Colocation hints from the single-device graph (e.g. Adam's powers
         # "with" the first variable) would contradict the explicit devices
@@ -146,10 +152,32 @@ def _set_devices(graph_def, new_nodes: set[str], edits: Edits, device: str) -> N
             # Ops pinned to a variable by colocation (its reads) carry no
             # device of their own once the colocation hint is gone.
             node.device = node.device or device
+            # TensorFlow's Python API marks ops built under or used as control
+            # dependencies for tf.function's automatic control dependencies;
+            # a session runs a GraphDef without reading it (~40 bytes on
+            # thousands of new nodes).
+            node.attr.pop("_has_manual_control_dependencies", None)
+            _strip_default_attrs(node, defaults)
         elif _is_identity(node.name, edits):
             node.device = device   # recomputes a value on the worker
         else:
             node.device = edits.devices.get(node.name, device)
+
+
+def _strip_default_attrs(node, defaults: dict[str, list]) -> None:
+    """Drop the node's attributes that hold their op's default value (as
+    TensorFlow's export with strip_default_attrs does): every import adds
+    them back, and on thousands of new nodes (a collective has five, a slice
+    four) they were a tenth of a ps-mode graph's growth. `defaults` caches
+    (name, default) per op type."""
+    if node.op not in defaults:
+        from tensorflow.python.framework import op_def_registry
+        op_def = op_def_registry.get(node.op)
+        defaults[node.op] = [] if op_def is None else [
+            (a.name, a.default_value) for a in op_def.attr if a.HasField("default_value")]
+    for name, default in defaults[node.op]:
+        if name in node.attr and node.attr[name] == default:
+            del node.attr[name]
 
 
 def _is_identity(name: str, edits: Edits) -> bool:
@@ -428,15 +456,12 @@ def _splice_broadcast(graph_def, groups: list[_BroadcastGroup], is_chief: bool,
                                               nodes.shape_const(v.shape)], T=dtype, Tshape=int32)
                 if v.resource:
                     assign = nodes.add("AssignVariableOp", [v.name, piece], dtype=dtype,
-                                       validate_shape=True, _has_manual_control_dependencies=True)
+                                       validate_shape=True)
                 else:
                     assign = nodes.add("Assign", [v.name, piece], T=dtype, use_locking=True,
                                        validate_shape=True)
                 dims.append("^" + assign)
         nodes.remove(g.stand_in)
-        # What TensorFlow marks on an op other ops wait for (each collective
-        # is the next group's or BROADCAST_OP's control input).
-        nodes.by_name[g.collective].attr["_has_manual_control_dependencies"].b = True
     if groups:
         dims.append("^" + groups[-1].collective)
     noop = graph_def.node.add(name=BROADCAST_OP, op="NoOp", device=device)
