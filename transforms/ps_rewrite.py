@@ -31,7 +31,7 @@ from autopar.transforms.graph_utils import node_input_name
 from autopar.transforms.partition import Partitioner, copy_prefix
 from autopar.transforms.placement import Move, ps_devices, server_device
 from autopar.transforms.plan import Plan, VariablePlan
-from autopar.transforms.sync_method import ConstantPool, Edits
+from autopar.transforms.sync_method import ConstantPool, Edits, new_op
 
 tf1 = tf.compat.v1
 
@@ -114,8 +114,8 @@ class PsBuilder:
                 with tf.device(server_device(server)):
                     counter = self._counter(vp, p, server)
                     zero = self._const(0, tf.int64, server_device(server))
-                    inits.append(tf.raw_ops.AssignVariableOp(resource=counter, value=zero))
-                    reads.append(tf.raw_ops.ReadVariableOp(resource=counter, dtype=tf.int64))
+                    inits.append(new_op("AssignVariableOp", [counter, zero], dtype=tf.int64))
+                    reads.append(new_op("ReadVariableOp", [counter], dtype=tf.int64).outputs[0])
         tf.group(*inits, name=COUNTERS_INIT)
         tf.stack(reads, name=CONTRIBUTIONS_OP)
 
@@ -159,8 +159,9 @@ class PsBuilder:
                     out.append(tf.raw_ops.SparseConditionalAccumulator(
                         dtype=info.dtype, shape=shape, shared_name=name, reduction_type="SUM"))
                 else:
-                    out.append(tf.raw_ops.ConditionalAccumulator(
-                        dtype=info.dtype, shape=shape, shared_name=name, reduction_type="SUM"))
+                    out.append(new_op("ConditionalAccumulator", [], dtype=tf.as_dtype(info.dtype),
+                                      shape=shape, shared_name=name,
+                                      reduction_type="SUM").outputs[0])
         return out
 
     def _token_queue(self, worker: int) -> tf.Tensor:
@@ -229,9 +230,9 @@ class PsBuilder:
                 piece = (contribution if len(vp.partitions) == 1
                          else self.constants.rows(contribution, start, end))
                 with tf.device(server_device(server)):
-                    push = tf.raw_ops.AccumulatorApplyGradient(
-                        handle=accumulators[p], gradient=piece,
-                        local_step=self._const(_ALWAYS_FRESH, tf.int64, server_device(server)))
+                    push = new_op("AccumulatorApplyGradient", [
+                        accumulators[p], self._const(_ALWAYS_FRESH, tf.int64, server_device(server)),
+                        piece], dtype=piece.dtype.base_dtype)
             else:
                 values, indices = contribution
                 if len(vp.partitions) > 1:
@@ -254,7 +255,7 @@ class PsBuilder:
         counter = self._counter(vp, p, server)
         with tf.device(server_device(server)), tf.control_dependencies([push]):
             one = self._const(1, tf.int64, server_device(server))
-            self.pushes.append(tf.raw_ops.AssignAddVariableOp(resource=counter, value=one))
+            self.pushes.append(new_op("AssignAddVariableOp", [counter, one], dtype=tf.int64))
 
     def _counter(self, vp, p: int, server: int) -> tf.Tensor:
         """The handle of an accumulator's contribution counter: one op for the
@@ -263,9 +264,9 @@ class PsBuilder:
         key = (vp.name, p)
         if key not in self._counters:
             with tf.device(server_device(server)), tf.control_dependencies(None):
-                self._counters[key] = tf.raw_ops.VarHandleOp(
-                    dtype=tf.int64, shape=[],
-                    shared_name=f"autopar/contributions/{vp.name}/part_{p}")
+                self._counters[key] = new_op(
+                    "VarHandleOp", [], dtype=tf.int64, shape=[],
+                    shared_name=f"autopar/contributions/{vp.name}/part_{p}").outputs[0]
         return self._counters[key]
 
     def _split(self, vp: VariablePlan) -> None:
@@ -289,8 +290,8 @@ class PsBuilder:
         with tf.control_dependencies(self._after_pushes()), tf.device(device):
             if info.gradient == "dense":
                 grad = self.g.get_tensor_by_name(info.grad_tensor)
-                total = tf.raw_ops.AccumulatorTakeGradient(
-                    handle=accumulators[0], num_required=required, dtype=grad.dtype)
+                total = new_op("AccumulatorTakeGradient", [accumulators[0], required],
+                               dtype=grad.dtype.base_dtype).outputs[0]
                 self.edits.replaced[grad.name] = tf.reshape(
                     total, self.constants.shape_of(grad, device)).name
             else:
