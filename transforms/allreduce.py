@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from autopar.transforms.plan import Bucket, VariablePlan
-from autopar.transforms.sync_method import Edits, RewriteContext, SyncMethod
+from autopar.transforms.sync_method import Edits, RewriteContext, SyncMethod, reshape
 
 
 class AllReduce(SyncMethod):
@@ -56,7 +56,7 @@ class AllReduce(SyncMethod):
                 # Chaining buckets fixes the order every worker launches collectives
                 # in, so concurrent collectives can never wait on each other.
                 with tf.control_dependencies([previous] if previous is not None else []):
-                    flat = tf.concat([tf.reshape(g, ctx.constants.get([-1])) for g in grads],
+                    flat = tf.concat([reshape(g, ctx.constants.get([-1])) for g in grads],
                                      axis=0)
                     # A mean loss: one device's gradient is the workers' mean; a
                     # summed loss: their sum (Plan.loss_reduction).
@@ -66,7 +66,7 @@ class AllReduce(SyncMethod):
                 previous = reduced
                 sizes = [int(g.shape.num_elements()) for g in grads]
                 for g, piece in zip(grads, tf.split(reduced, sizes)):
-                    edits.replaced[g.name] = tf.reshape(piece, ctx.constants.shape_of(g)).name
+                    edits.replaced[g.name] = reshape(piece, ctx.constants.shape_of(g)).name
         return edits
 
 

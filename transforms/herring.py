@@ -23,7 +23,8 @@ import tensorflow as tf
 
 from autopar.transforms.bfb import WIRE_BYTES, plan_layout
 from autopar.transforms.plan import VariablePlan
-from autopar.transforms.sync_method import ConstantPool, Edits, RewriteContext, SyncMethod
+from autopar.transforms.sync_method import (ConstantPool, Edits, RewriteContext, SyncMethod,
+                                           reshape)
 
 # The dtype the summation servers add; other dense gradients stay on the ring.
 HERRING_DTYPE = "float32"
@@ -113,7 +114,7 @@ class Herring(SyncMethod):
         previous_host: list = []
         previous_bcast: list = []
         with tf.name_scope("autopar/herring/"):
-            flat = {name: tf.reshape(g, minus_one) for name, g in grads.items()}
+            flat = {name: reshape(g, minus_one) for name, g in grads.items()}
             for b in layout.buffers:
                 pieces = [_slice(flat[s.variable], s.start, s.length, grads[s.variable],
                                  ctx.constants) for s in b.segments]
@@ -150,7 +151,7 @@ class Herring(SyncMethod):
                 if not pieces:
                     continue   # an empty variable: nothing to average
                 whole = pieces[0] if len(pieces) == 1 else tf.concat(pieces, axis=0)
-                edits.replaced[g.name] = tf.reshape(whole, ctx.constants.shape_of(g)).name
+                edits.replaced[g.name] = reshape(whole, ctx.constants.shape_of(g)).name
         return edits
 
 

@@ -31,7 +31,7 @@ from autopar.transforms.graph_utils import node_input_name
 from autopar.transforms.partition import Partitioner, copy_prefix
 from autopar.transforms.placement import Move, ps_devices, server_device
 from autopar.transforms.plan import Plan, VariablePlan
-from autopar.transforms.sync_method import ConstantPool, Edits, new_op
+from autopar.transforms.sync_method import ConstantPool, Edits, new_op, reshape
 
 tf1 = tf.compat.v1
 
@@ -205,7 +205,8 @@ class PsBuilder:
         scale = self._scale(info)
         if info.gradient == "dense":
             grad = self.g.get_tensor_by_name(info.grad_tensor)
-            grad = grad * self._const(scale, grad.dtype)
+            grad = new_op("Mul", [grad, self._const(scale, grad.dtype)],
+                          T=grad.dtype.base_dtype).outputs[0]
             if la:
                 host = self.backend.subgroup(len(members), host_key)
                 grad = host.allreduce_sum(grad, vp.keys["la_values"])
@@ -292,7 +293,7 @@ class PsBuilder:
                 grad = self.g.get_tensor_by_name(info.grad_tensor)
                 total = new_op("AccumulatorTakeGradient", [accumulators[0], required],
                                dtype=grad.dtype.base_dtype).outputs[0]
-                self.edits.replaced[grad.name] = tf.reshape(
+                self.edits.replaced[grad.name] = reshape(
                     total, self.constants.shape_of(grad, device)).name
             else:
                 values = self.g.get_tensor_by_name(info.grad_values)

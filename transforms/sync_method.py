@@ -88,6 +88,12 @@ def new_op(op_type: str, inputs: list, **attrs) -> "tf.Operation":
     return graph._create_op_internal(op_type, inputs, attrs=protos)  # pylint: disable=protected-access
 
 
+def reshape(tensor: "tf.Tensor", shape: "tf.Tensor") -> "tf.Tensor":
+    """tf.reshape(tensor, shape) through new_op."""
+    return new_op("Reshape", [tensor, shape], T=tensor.dtype.base_dtype,
+                  Tshape=shape.dtype.base_dtype).outputs[0]
+
+
 class ConstantPool:
     """One constant per value, dtype and device in a graph, shared by every op
     that needs it: a constant per use (a reshape's [-1], a gradient scale, an
