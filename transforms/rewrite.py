@@ -273,6 +273,8 @@ def _global_variables(meta: tf1.MetaGraphDef, graph: tf.Graph) -> list[_Variable
     shapes from their ops in `graph`, its import)."""
     from tensorflow.core.framework import variable_pb2
     out = []
+    if tf1.GraphKeys.GLOBAL_VARIABLES not in meta.collection_def:
+        return out   # (indexing the map would add an empty collection to `meta`)
     for raw in meta.collection_def[tf1.GraphKeys.GLOBAL_VARIABLES].bytes_list.value:
         proto = variable_pb2.VariableDef.FromString(raw)
         op = graph.get_operation_by_name(proto.variable_name.split(":")[0])
