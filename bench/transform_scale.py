@@ -92,7 +92,7 @@ def measure(layers: int, hidden: int, options, profile_dir: str | None,
         plan_options = PlanOptions(run_option=option)
         analysis, t_graph, c_graph = _timed(lambda: analyze_graph(graph), prof(f"analyze-{option}"))
         plan, t_plan, _ = _timed(lambda: make_plan(analysis, TOPOLOGY, options=plan_options))
-        _, t_place, _ = _timed(lambda: place_ops(graph_of(graph), analysis, plan))
+        moves, t_place, _ = _timed(lambda: place_ops(graph_of(graph), analysis, plan))
         row["analyze_graph_s"][option] = t_graph
         row["analyze_graph_cpu_s"][option] = c_graph
         row["plan_s"][option] = t_plan
@@ -102,8 +102,10 @@ def measure(layers: int, hidden: int, options, profile_dir: str | None,
                 f"analyze {row['analyze_s'][option]:6.2f} s (graph {t_graph:5.2f} s, "
                 f"cpu {c_graph:5.2f} s; plan {t_plan:5.2f}; place {t_place:5.2f})")
         if not skip_rewrite:
-            worker, t_rw, c_rw = _timed(lambda: rewrite_for_worker(graph, analysis, plan, 0),
-                                        prof(f"rewrite-{option}"))
+            # With the compiled placement, as a worker rewrites (runtime.worker).
+            worker, t_rw, c_rw = _timed(
+                lambda: rewrite_for_worker(graph, analysis, plan, 0, moves=moves),
+                prof(f"rewrite-{option}"))
             size = worker.meta_graph.graph_def.ByteSize()
             row["rewrite_s"][option] = t_rw
             row["rewrite_cpu_s"][option] = c_rw

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from autopar.transforms.plan import LEADERS_GROUP_KEY, Bucket, Topology, VariablePlan
-from autopar.transforms.sync_method import Edits, RewriteContext, SyncMethod
+from autopar.transforms.sync_method import Edits, RewriteContext, SyncMethod, reshape
 
 
 class AllReduce(SyncMethod):
@@ -73,7 +73,7 @@ class AllReduce(SyncMethod):
                 grads = [graph.get_tensor_by_name(analysis.variable(n).grad_tensor)
                          for n in bucket.variables]
                 if bucket.hierarchical:
-                    flat = tf.concat([tf.reshape(g, ctx.constants.get([-1])) for g in grads],
+                    flat = tf.concat([reshape(g, ctx.constants.get([-1])) for g in grads],
                                      axis=0)
                     reduced = _two_dimensional_sum(ctx, flat, bucket, chains)
                     if plan.loss_reduction == "mean":
@@ -84,7 +84,7 @@ class AllReduce(SyncMethod):
                     # collectives in, so concurrent collectives can never wait on
                     # each other.
                     with tf.control_dependencies([previous] if previous is not None else []):
-                        flat = tf.concat([tf.reshape(g, ctx.constants.get([-1])) for g in grads],
+                        flat = tf.concat([reshape(g, ctx.constants.get([-1])) for g in grads],
                                          axis=0)
                         # A mean loss: one device's gradient is the workers' mean; a
                         # summed loss: their sum (Plan.loss_reduction).
@@ -94,7 +94,7 @@ class AllReduce(SyncMethod):
                     previous = reduced
                 sizes = [int(g.shape.num_elements()) for g in grads]
                 for g, piece in zip(grads, tf.split(reduced, sizes)):
-                    edits.replaced[g.name] = tf.reshape(piece, tf.shape(g)).name
+                    edits.replaced[g.name] = reshape(piece, ctx.constants.shape_of(g)).name
         return edits
 
 

@@ -23,7 +23,8 @@ import tensorflow as tf
 
 from autopar.transforms.bfb import WIRE_BYTES, plan_layout
 from autopar.transforms.plan import VariablePlan
-from autopar.transforms.sync_method import Edits, RewriteContext, SyncMethod
+from autopar.transforms.sync_method import (ConstantPool, Edits, RewriteContext, SyncMethod,
+                                           reshape)
 
 # The dtype the summation servers add; other dense gradients stay on the ring.
 HERRING_DTYPE = "float32"
@@ -113,10 +114,10 @@ class Herring(SyncMethod):
         previous_host: list = []
         previous_bcast: list = []
         with tf.name_scope("autopar/herring/"):
-            flat = {name: tf.reshape(g, minus_one) for name, g in grads.items()}
+            flat = {name: reshape(g, minus_one) for name, g in grads.items()}
             for b in layout.buffers:
-                pieces = [_slice(flat[s.variable], s.start, s.length, grads[s.variable])
-                          for s in b.segments]
+                pieces = [_slice(flat[s.variable], s.start, s.length, grads[s.variable],
+                                 ctx.constants) for s in b.segments]
                 packed = pieces[0] if len(pieces) == 1 else tf.concat(pieces, axis=0)
                 if la:
                     # One launch order of host collectives on every worker.
@@ -144,19 +145,20 @@ class Herring(SyncMethod):
                         summed = summed / ctx.constants.get(float(plan.num_workers), tf.float32)
                 outputs.append(summed)
             for name, g in grads.items():
-                pieces = [outputs[b.index][s.offset:s.offset + s.length]
+                pieces = [ctx.constants.rows(outputs[b.index], s.offset, s.offset + s.length)
                           for b in layout.buffers for s in b.segments if s.variable == name]
                 if not pieces:
                     continue   # an empty variable: nothing to average
                 whole = pieces[0] if len(pieces) == 1 else tf.concat(pieces, axis=0)
-                edits.replaced[g.name] = tf.reshape(whole, tf.shape(g)).name
+                edits.replaced[g.name] = reshape(whole, ctx.constants.shape_of(g)).name
         return edits
 
 
-def _slice(flat: tf.Tensor, start: int, length: int, grad: tf.Tensor) -> tf.Tensor:
+def _slice(flat: tf.Tensor, start: int, length: int, grad: tf.Tensor,
+           constants: ConstantPool) -> tf.Tensor:
     if start == 0 and length == grad.shape.num_elements():
         return flat
-    return flat[start:start + length]
+    return constants.rows(flat, start, start + length)
 
 
 def _wire_bytes_per_element(vp: VariablePlan) -> int:

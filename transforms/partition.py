@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from autopar.transforms.sync_method import new_op
+
 tf1 = tf.compat.v1
 
 # Ops on a variable handle this module knows how to redirect to partitions.
@@ -35,10 +37,11 @@ class Partitioner:
     """Builds the partition variables and the ops replacing whole-variable uses
     in `graph` (the scratch graph), recording node edits in `edits`."""
 
-    def __init__(self, graph: tf.Graph, edits, devices_of):
+    def __init__(self, graph: tf.Graph, edits, devices_of, constants=None):
         self.g = graph
         self.edits = edits
         self.devices_of = devices_of   # partition index -> device
+        self.constants = constants     # a sync_method.ConstantPool (None: a constant per use)
 
     def split(self, var: str, parts: list[list[int]], region: set[str]) -> list[tf.Tensor]:
         op = self.g.get_operation_by_name(var)
@@ -63,12 +66,12 @@ class Partitioner:
             reads = []
             for p, h in enumerate(handles):
                 with tf.device(self.devices_of(p)):
-                    reads.append(tf.raw_ops.ReadVariableOp(resource=h, dtype=dtype))
+                    reads.append(new_op("ReadVariableOp", [h], dtype=dtype).outputs[0])
             self.edits.identities[c.name] = tf.concat(reads, axis=0).name
         elif c.type in _GATHERS:
             self.edits.identities[c.name] = self._gather(c.inputs[1], handles, parts, dtype).name
         elif c.type == "VarIsInitializedOp":
-            flags = [tf.raw_ops.VarIsInitializedOp(resource=h) for h in handles]
+            flags = [new_op("VarIsInitializedOp", [h]).outputs[0] for h in handles]
             self.edits.identities[c.name] = tf.reduce_all(tf.stack(flags)).name
         elif c.type == "VariableShape":
             out_type = tf.as_dtype(c.get_attr("out_type"))
@@ -78,7 +81,9 @@ class Partitioner:
             assigns = []
             for p, ((start, end), h) in enumerate(zip(parts, handles)):
                 with tf.device(self.devices_of(p)):
-                    assigns.append(tf.raw_ops.AssignVariableOp(resource=h, value=value[start:end]))
+                    piece = (value[start:end] if self.constants is None
+                             else self.constants.rows(value, start, end, self.devices_of(p)))
+                    assigns.append(new_op("AssignVariableOp", [h, piece], dtype=dtype))
             self.edits.noop_deps[c.name] = [a.name for a in assigns]
 
     def _gather(self, ids: tf.Tensor, handles, parts, dtype) -> tf.Tensor:

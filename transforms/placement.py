@@ -29,7 +29,7 @@ _LIGHT = frozenset({"Slice", "StridedSlice", "Cast", "Gather", "GatherV2", "Reso
 
 
 def server_device(server: int) -> str:
-    return f"/job:{SERVER_JOB}/replica:0/task:{server}/device:CPU:0"
+    return f"/job:{SERVER_JOB}/task:{server}/device:CPU:0"   # see rewrite.worker_device
 
 
 @dataclass(frozen=True)

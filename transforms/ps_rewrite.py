@@ -31,7 +31,7 @@ from autopar.transforms.graph_utils import node_input_name
 from autopar.transforms.partition import Partitioner, copy_prefix
 from autopar.transforms.placement import Move, ps_devices, server_device
 from autopar.transforms.plan import Plan, VariablePlan
-from autopar.transforms.sync_method import ConstantPool, Edits
+from autopar.transforms.sync_method import ConstantPool, Edits, new_op, reshape
 
 tf1 = tf.compat.v1
 
@@ -68,6 +68,7 @@ class PsBuilder:
         self.collectives: list[tf.Operation] = []
         self.pushes: list[tf.Operation] = []
         self._pushed: tf.Operation | None = None
+        self._counters: dict[tuple[str, int], tf.Tensor] = {}
         self.constants = constants or ConstantPool(worker_device)
 
     def build(self) -> Edits:
@@ -111,12 +112,10 @@ class PsBuilder:
         for vp in ps_vars:
             for p, server in enumerate(vp.servers):
                 with tf.device(server_device(server)):
-                    counter = tf.raw_ops.VarHandleOp(
-                        dtype=tf.int64, shape=[],
-                        shared_name=f"autopar/contributions/{vp.name}/part_{p}")
+                    counter = self._counter(vp, p, server)
                     zero = self._const(0, tf.int64, server_device(server))
-                    inits.append(tf.raw_ops.AssignVariableOp(resource=counter, value=zero))
-                    reads.append(tf.raw_ops.ReadVariableOp(resource=counter, dtype=tf.int64))
+                    inits.append(new_op("AssignVariableOp", [counter, zero], dtype=tf.int64))
+                    reads.append(new_op("ReadVariableOp", [counter], dtype=tf.int64).outputs[0])
         tf.group(*inits, name=COUNTERS_INIT)
         tf.stack(reads, name=CONTRIBUTIONS_OP)
 
@@ -160,8 +159,9 @@ class PsBuilder:
                     out.append(tf.raw_ops.SparseConditionalAccumulator(
                         dtype=info.dtype, shape=shape, shared_name=name, reduction_type="SUM"))
                 else:
-                    out.append(tf.raw_ops.ConditionalAccumulator(
-                        dtype=info.dtype, shape=shape, shared_name=name, reduction_type="SUM"))
+                    out.append(new_op("ConditionalAccumulator", [], dtype=tf.as_dtype(info.dtype),
+                                      shape=shape, shared_name=name,
+                                      reduction_type="SUM").outputs[0])
         return out
 
     def _token_queue(self, worker: int) -> tf.Tensor:
@@ -205,7 +205,8 @@ class PsBuilder:
         scale = self._scale(info)
         if info.gradient == "dense":
             grad = self.g.get_tensor_by_name(info.grad_tensor)
-            grad = grad * self._const(scale, grad.dtype)
+            grad = new_op("Mul", [grad, self._const(scale, grad.dtype)],
+                          T=grad.dtype.base_dtype).outputs[0]
             if la:
                 host = self.backend.subgroup(len(members), host_key)
                 grad = host.allreduce_sum(grad, vp.keys["la_values"])
@@ -227,11 +228,12 @@ class PsBuilder:
     def _push(self, vp, info, accumulators, contribution) -> None:
         for p, ((start, end), server) in enumerate(zip(vp.partitions, vp.servers)):
             if info.gradient == "dense":
-                piece = contribution if len(vp.partitions) == 1 else contribution[start:end]
+                piece = (contribution if len(vp.partitions) == 1
+                         else self.constants.rows(contribution, start, end))
                 with tf.device(server_device(server)):
-                    push = tf.raw_ops.AccumulatorApplyGradient(
-                        handle=accumulators[p], gradient=piece,
-                        local_step=self._const(_ALWAYS_FRESH, tf.int64, server_device(server)))
+                    push = new_op("AccumulatorApplyGradient", [
+                        accumulators[p], self._const(_ALWAYS_FRESH, tf.int64, server_device(server)),
+                        piece], dtype=piece.dtype.base_dtype)
             else:
                 values, indices = contribution
                 if len(vp.partitions) > 1:
@@ -251,16 +253,28 @@ class PsBuilder:
         """Server-side count of the contributions this accumulator received:
         what local aggregation is meant to cut from one per worker to one per
         host (read as CONTRIBUTIONS_OP)."""
+        counter = self._counter(vp, p, server)
         with tf.device(server_device(server)), tf.control_dependencies([push]):
-            counter = tf.raw_ops.VarHandleOp(dtype=tf.int64, shape=[],
-                                             shared_name=f"autopar/contributions/{vp.name}/part_{p}")
             one = self._const(1, tf.int64, server_device(server))
-            self.pushes.append(tf.raw_ops.AssignAddVariableOp(resource=counter, value=one))
+            self.pushes.append(new_op("AssignAddVariableOp", [counter, one], dtype=tf.int64))
+
+    def _counter(self, vp, p: int, server: int) -> tf.Tensor:
+        """The handle of an accumulator's contribution counter: one op for the
+        count, the init and the read (created outside any control dependency,
+        so the init does not wait for a push)."""
+        key = (vp.name, p)
+        if key not in self._counters:
+            with tf.device(server_device(server)), tf.control_dependencies(None):
+                self._counters[key] = new_op(
+                    "VarHandleOp", [], dtype=tf.int64, shape=[],
+                    shared_name=f"autopar/contributions/{vp.name}/part_{p}").outputs[0]
+        return self._counters[key]
 
     def _split(self, vp: VariablePlan) -> None:
         info = self.analysis.variable(vp.name)
         region = set(info.update_ops) | set(info.own_path_ops)
-        partitioner = Partitioner(self.g, self.edits, lambda p: server_device(vp.servers[p]))
+        partitioner = Partitioner(self.g, self.edits, lambda p: server_device(vp.servers[p]),
+                                  self.constants)
         for name in [info.name, *info.slots]:
             self.part_handles[name] = partitioner.split(name, vp.partitions, region)
             self.edits.partitions[name] = [(h.op.name, start, end) for h, (start, end)
@@ -277,9 +291,10 @@ class PsBuilder:
         with tf.control_dependencies(self._after_pushes()), tf.device(device):
             if info.gradient == "dense":
                 grad = self.g.get_tensor_by_name(info.grad_tensor)
-                total = tf.raw_ops.AccumulatorTakeGradient(
-                    handle=accumulators[0], num_required=required, dtype=grad.dtype)
-                self.edits.replaced[grad.name] = tf.reshape(total, tf.shape(grad)).name
+                total = new_op("AccumulatorTakeGradient", [accumulators[0], required],
+                               dtype=grad.dtype.base_dtype).outputs[0]
+                self.edits.replaced[grad.name] = reshape(
+                    total, self.constants.shape_of(grad, device)).name
             else:
                 values = self.g.get_tensor_by_name(info.grad_values)
                 indices = self.g.get_tensor_by_name(info.grad_indices)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import tensorflow as tf
 
 from autopar.common.roles import WORKER_JOB
@@ -23,8 +24,8 @@ from autopar.transforms.accumulate import (build_accumulators, check_update_read
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.batchnorm import apply_rewire, group_of, rewrite_batch_norms
 from autopar.transforms.comm import CollectiveOpsBackend
-from autopar.transforms.graph_utils import (import_meta_graph, in_gradient_scope, meta_graph_of,
-                                             node_input_name)
+from autopar.transforms.graph_utils import (import_meta_graph, import_nodes, in_gradient_scope,
+                                             meta_graph_of, node_input_name)
 from autopar.transforms.partition import copy_region
 from autopar.transforms.placement import Move
 from autopar.transforms.plan import BATCH_NORM_GROUP_BASE, Plan
@@ -58,7 +59,11 @@ class WorkerGraph:
 
 
 def worker_device(worker_index: int) -> str:
-    return f"/job:{WORKER_JOB}/replica:0/task:{worker_index}/device:CPU:0"
+    """Worker `worker_index`'s CPU. Without "/replica:0": every job of a
+    cluster has the one replica, so TensorFlow places the op on the same
+    device, and the string is on every node of a worker's graph (10 bytes
+    less each: a tenth of a BERT-large ps-mode graph's growth)."""
+    return f"/job:{WORKER_JOB}/task:{worker_index}/device:CPU:0"
 
 
 def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
@@ -71,7 +76,12 @@ def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan, worker_ind
     `micro_batches` > 1: gradients go through worker-local accumulators
     (transforms.accumulate) before any method aggregates them."""
     meta = _meta_graph(graph_or_meta)
-    scratch = _scratch_copy(meta)  # a fresh import: never mutate the user's graph
+    # A fresh import: never mutate the user's graph. Only weight-update
+    # sharding and local-state averaging use the collections' Variables.
+    scratch = _scratch_copy(meta, collections=plan.shard_weight_update
+                            or plan.sync_local_state == "average",
+                            devices=not isinstance(graph_or_meta, tf.Graph)
+                            or any(op.device for op in graph_or_meta.get_operations()))
     n_original = len(scratch.get_operations())
     if backend is None:
         backend = CollectiveOpsBackend(plan.num_workers, plan.group_key, plan.communication_hint)
@@ -86,11 +96,14 @@ def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan, worker_ind
         edits.merge(shard_weight_updates(ctx, worker_device, edits.replaced))
         rewire, rewire_exempt = _batch_norms(scratch, analysis, plan, backend, worker_index,
                                              ctx.constants)
-        _broadcast_state(scratch, plan, backend, worker_index == 0, edits.server_variables,
-                         ctx.constants)
+        broadcast = _broadcast_state(_global_variables(meta, scratch), plan, backend, worker_index == 0,
+                                     edits.server_variables)
+        minus_one = ctx.constants.get([-1]).op.name if worker_index == 0 and broadcast else ""
         after_step = _sync_local_state(scratch, analysis, plan, backend, ctx.constants)
     new_nodes = {op.name for op in scratch.get_operations()[n_original:]}
     graph_def = scratch.as_graph_def()
+    new_nodes.update(_splice_broadcast(graph_def, broadcast, worker_index == 0, minus_one, device))
+    new_nodes -= {g.stand_in for g in broadcast}
     by_name = {node.name: node for node in graph_def.node}
     copies = [node for region, p, remap, device_of in edits.copies     # from the unedited nodes
               for node in copy_region(by_name, region, p, remap, device_of)]
@@ -127,7 +140,9 @@ def _micro_batch_weight(plan: Plan, micro_batches: int) -> float:
 
 def _set_devices(graph_def, new_nodes: set[str], edits: Edits, device: str) -> None:
     """Explicit devices everywhere: new ops where they were built (else the
-    worker), original ops where the methods moved them (else the worker)."""
+    worker), original ops where the methods moved them (else the worker).
+    New nodes also lose attributes at their default value."""
+    defaults: dict[str, list] = {}
     for node in graph_def.node:
         # Colocation hints from the single-device graph (e.g. Adam's powers
         # "with" the first variable) would contradict the explicit devices
@@ -137,10 +152,32 @@ def _set_devices(graph_def, new_nodes: set[str], edits: Edits, device: str) -> N
             # Ops pinned to a variable by colocation (its reads) carry no
             # device of their own once the colocation hint is gone.
             node.device = node.device or device
+            # TensorFlow's Python API marks ops built under or used as control
+            # dependencies for tf.function's automatic control dependencies;
+            # a session runs a GraphDef without reading it (~40 bytes on
+            # thousands of new nodes).
+            node.attr.pop("_has_manual_control_dependencies", None)
+            _strip_default_attrs(node, defaults)
         elif _is_identity(node.name, edits):
             node.device = device   # recomputes a value on the worker
         else:
             node.device = edits.devices.get(node.name, device)
+
+
+def _strip_default_attrs(node, defaults: dict[str, list]) -> None:
+    """Drop the node's attributes that hold their op's default value (as
+    TensorFlow's export with strip_default_attrs does): every import adds
+    them back, and on thousands of new nodes (a collective has five, a slice
+    four) they were a tenth of a ps-mode graph's growth. `defaults` caches
+    (name, default) per op type."""
+    if node.op not in defaults:
+        from tensorflow.python.framework import op_def_registry
+        op_def = op_def_registry.get(node.op)
+        defaults[node.op] = [] if op_def is None else [
+            (a.name, a.default_value) for a in op_def.attr if a.HasField("default_value")]
+    for name, default in defaults[node.op]:
+        if name in node.attr and node.attr[name] == default:
+            del node.attr[name]
 
 
 def _is_identity(name: str, edits: Edits) -> bool:
@@ -172,31 +209,79 @@ def _edit_original_nodes(graph_def, new_nodes: set[str], edits: Edits) -> None:
 
 
 def _meta_graph(graph_or_meta) -> tf1.MetaGraphDef:
-    """The input as a MetaGraphDef of our own (never the caller's object),
-    without colocation hints: _set_devices drops them from every node anyway,
-    and importing them costs an attribute lookup per op. A tf.Graph is
-    exported with its devices: clearing them costs a copy of every node, and
-    _scratch_copy's import clears them anyway."""
+    """The input as a MetaGraphDef of our own (never the caller's object). A
+    tf.Graph is exported with its devices (clearing them costs a copy of
+    every node; _scratch_copy clears them in its own pass) and without
+    inferred output shapes: TensorFlow's export adds an "_output_shapes"
+    attribute to every node, which nothing reads (an import infers shapes
+    again) and which made every original node of a worker's graph larger."""
     if isinstance(graph_or_meta, tf.Graph):
         with graph_or_meta.as_default():   # see graph_utils.meta_graph_of
-            meta = tf1.train.export_meta_graph(
-                graph=graph_or_meta, graph_def=graph_or_meta.as_graph_def(add_shapes=True),
+            return tf1.train.export_meta_graph(
+                graph=graph_or_meta, graph_def=graph_or_meta.as_graph_def(),
                 clear_devices=False)
-    else:
-        meta = tf1.MetaGraphDef()
-        meta.CopyFrom(meta_graph_of(graph_or_meta))
-    for node in meta.graph_def.node:
-        if "_class" in node.attr:
-            del node.attr["_class"]
+    meta = tf1.MetaGraphDef()
+    meta.CopyFrom(meta_graph_of(graph_or_meta))
     return meta
 
 
-def _scratch_copy(meta: tf1.MetaGraphDef) -> tf.Graph:
-    """The graph and collections of `meta` in a fresh tf.Graph."""
+def _scratch_copy(meta: tf1.MetaGraphDef, collections: bool = True,
+                  devices: bool = True) -> tf.Graph:
+    """The graph of `meta` in a fresh tf.Graph, without devices or colocation
+    hints (_set_devices drops them from every node anyway; an op built next
+    to one with a device or colocation hint would inherit it); with its
+    collections if asked (restoring them builds a Python Variable per
+    variable: a third of the import's time for a large model). `devices`:
+    whether any node may have a device (False: known to have none)."""
+    serialized = meta.graph_def.SerializeToString()
+    graph_def = meta.graph_def
+    if collections or devices or b"_class" in serialized:
+        # A pass over every node (the first access to a GraphDef's nodes from
+        # Python is what costs, ~15 us each), only when something is to clear.
+        graph_def = tf1.GraphDef()
+        graph_def.CopyFrom(meta.graph_def)
+        for node in graph_def.node:
+            node.device = ""
+            if "_class" in node.attr:
+                del node.attr["_class"]
+        serialized = None
     graph = tf.Graph()
     with graph.as_default():
-        import_meta_graph(meta, clear_devices=True)
+        if collections:
+            stripped = tf1.MetaGraphDef()
+            stripped.CopyFrom(meta)
+            stripped.graph_def.CopyFrom(graph_def)
+            import_meta_graph(stripped)
+        else:
+            import_nodes(graph_def, serialized)
     return graph
+
+
+@dataclass
+class _Variable:
+    """What the state broadcast needs of a global variable (from the
+    MetaGraphDef: no tf.Variable object needed)."""
+    name: str           # its op
+    dtype: tf.DType
+    shape: list[int]
+    resource: bool
+    snapshot: str       # a ref variable's value (its "read" Identity)
+
+
+def _global_variables(meta: tf1.MetaGraphDef, graph: tf.Graph) -> list[_Variable]:
+    """The MetaGraphDef's global variables, in collection order (dtypes and
+    shapes from their ops in `graph`, its import)."""
+    from tensorflow.core.framework import variable_pb2
+    out = []
+    if tf1.GraphKeys.GLOBAL_VARIABLES not in meta.collection_def:
+        return out   # (indexing the map would add an empty collection to `meta`)
+    for raw in meta.collection_def[tf1.GraphKeys.GLOBAL_VARIABLES].bytes_list.value:
+        proto = variable_pb2.VariableDef.FromString(raw)
+        op = graph.get_operation_by_name(proto.variable_name.split(":")[0])
+        out.append(_Variable(op.name, tf.as_dtype(op.get_attr("dtype")).base_dtype,
+                             tf.TensorShape(op.get_attr("shape")).as_list(), proto.is_resource,
+                             proto.snapshot_name.split(":")[0]))
+    return out
 
 
 def _with_graph_def(meta: tf1.MetaGraphDef, graph_def) -> tf1.MetaGraphDef:
@@ -294,22 +379,148 @@ def _assign_pieces(variables, flat, shapes: ConstantPool) -> list:
             for v, piece in zip(variables, tf.split(flat, sizes))]
 
 
-def _broadcast_state(graph, plan: Plan, backend, is_chief: bool, skip: set[str],
-                     constants: ConstantPool) -> None:
-    """An op that overwrites every replicated global variable with the chief's
-    value, so replicas start identical however they were initialised (or
-    restored). Variables on servers exist once and are skipped."""
-    assigns, shapes = [], None
+def _broadcast_state(variables: list[_Variable], plan: Plan, backend, is_chief: bool,
+                     skip: set[str]) -> list["_BroadcastGroup"]:
+    """The collectives of an op that overwrites every replicated global
+    variable with the chief's value, so replicas start identical however they
+    were initialised (or restored). Variables on servers exist once and are
+    skipped.
+
+    Only the collectives (one per dtype, in one launch order) are built here,
+    the chief's reading from a stand-in for the flat tensor of its values.
+    The per-variable ops (the chief's reads and reshapes, a receiver's
+    reshapes and assignments: a few per variable, thousands in a large model)
+    are written as NodeDefs by _splice_broadcast: building them through
+    TensorFlow's Python API cost ~1 ms each, a quarter of a rewrite."""
+    by_dtype: dict[str, list[_Variable]] = {}   # as _variables_by_dtype orders them
+    for v in variables:
+        if v.name not in skip:
+            by_dtype.setdefault(v.dtype.name, []).append(v)
+    groups = []
     with tf.name_scope("autopar/broadcast"):
         previous = []
-        for i, variables in enumerate(_variables_by_dtype(graph, lambda name: name not in skip)):
+        for i, dtype in enumerate(sorted(by_dtype)):
+            group = by_dtype[dtype]
+            size = sum(int(np.prod(v.shape, dtype=np.int64)) for v in group)
             with tf.control_dependencies(previous):
-                received = backend.broadcast(_flatten(variables, constants),
-                                             plan.broadcast_key_base + i, is_source=is_chief)
+                stand_in = tf1.placeholder(group[0].dtype, [size], name="values")
+                received = backend.broadcast(stand_in, plan.broadcast_key_base + i,
+                                             is_source=is_chief)
+            groups.append(_BroadcastGroup(group, stand_in.op.name, received.op.name,
+                                          previous[0].op.name if previous else None))
             previous = [received]
-            if is_chief:
-                continue  # the chief's values are the source
-            # shapes only receivers use, named apart from the shared constants
-            shapes = shapes or ConstantPool(constants.default_device, "autopar/broadcast/shape/")
-            assigns += _assign_pieces(variables, received, shapes)
-    tf.group(*assigns, *previous, name=BROADCAST_OP)
+    return groups
+
+
+@dataclass
+class _BroadcastGroup:
+    variables: list[_Variable]
+    stand_in: str        # placeholder the chief's collective reads (replaced by the values)
+    collective: str
+    after: str | None    # the previous group's collective: one launch order everywhere
+
+
+def _splice_broadcast(graph_def, groups: list[_BroadcastGroup], is_chief: bool,
+                      minus_one: str, device: str) -> list[str]:
+    """Write _broadcast_state's per-variable ops into `graph_def` and the
+    BROADCAST_OP NoOp; return the new nodes' names. The chief concatenates its
+    flattened values into each collective; a receiver splits what it receives
+    and assigns each variable its piece (as _flatten and _assign_pieces lay
+    them out). Nodes are the ones TensorFlow's API would build, minus the
+    value read back after each assignment, which nothing consumes."""
+    nodes = _NodeWriter(graph_def, device, "autopar/broadcast/")
+    int32 = tf.int32.as_datatype_enum
+    dims = []   # BROADCAST_OP's control inputs
+    for g in groups:
+        after = ["^" + g.after] if g.after else []
+        dtype = g.variables[0].dtype.as_datatype_enum
+        if is_chief:
+            pieces = []
+            for v in g.variables:
+                read = (nodes.add("ReadVariableOp", [v.name, *after], dtype=dtype) if v.resource
+                        else v.snapshot)
+                pieces.append(nodes.add("Reshape", [read, minus_one, *([] if v.resource else after)],
+                                        T=dtype, Tshape=int32))
+            if len(pieces) == 1:
+                flat = nodes.add("Identity", pieces, T=dtype)
+            else:
+                axis = nodes.add_const(0, int32, after)
+                flat = nodes.add("ConcatV2", [*pieces, axis], N=len(pieces), T=dtype, Tidx=int32)
+            collective = nodes.by_name[g.collective]
+            collective.input[:] = [flat if i == g.stand_in else i for i in collective.input]
+        else:
+            sizes = nodes.add_const([int(np.prod(v.shape, dtype=np.int64)) for v in g.variables],
+                                    int32)
+            split = nodes.add("SplitV", [g.collective, sizes, nodes.add_const(0, int32)],
+                              T=dtype, Tlen=int32, num_split=len(g.variables))
+            for k, v in enumerate(g.variables):
+                piece = nodes.add("Reshape", [f"{split}:{k}" if k else split,
+                                              nodes.shape_const(v.shape)], T=dtype, Tshape=int32)
+                if v.resource:
+                    assign = nodes.add("AssignVariableOp", [v.name, piece], dtype=dtype,
+                                       validate_shape=True)
+                else:
+                    assign = nodes.add("Assign", [v.name, piece], T=dtype, use_locking=True,
+                                       validate_shape=True)
+                dims.append("^" + assign)
+        nodes.remove(g.stand_in)
+    if groups:
+        dims.append("^" + groups[-1].collective)
+    noop = graph_def.node.add(name=BROADCAST_OP, op="NoOp", device=device)
+    noop.input.extend(dims)
+    return nodes.added + [BROADCAST_OP]
+
+
+class _NodeWriter:
+    """Appends NodeDefs to a GraphDef under unique names in `scope`."""
+
+    def __init__(self, graph_def, device: str, scope: str):
+        self.graph_def = graph_def
+        self.device = device
+        self.scope = scope
+        self.by_name = {n.name: n for n in graph_def.node}
+        self.added: list[str] = []
+        self._count: dict[str, int] = {}
+        self._shapes: dict[tuple, str] = {}
+
+    def _name(self, base: str) -> str:
+        while True:
+            k = self._count.get(base, 0)
+            self._count[base] = k + 1
+            name = f"{self.scope}{base}" + (f"_{k}" if k else "")
+            if name not in self.by_name:
+                return name
+
+    def add(self, op: str, inputs: list[str], **attrs) -> str:
+        node = self.graph_def.node.add(name=self._name(op), op=op, device=self.device)
+        node.input.extend(inputs)
+        for key, value in attrs.items():
+            if isinstance(value, bool):
+                node.attr[key].b = value
+            elif key in ("N", "num_split"):
+                node.attr[key].i = value
+            else:
+                node.attr[key].type = value
+        self.by_name[node.name] = node
+        self.added.append(node.name)
+        return node.name
+
+    def add_const(self, value, dtype: int, inputs: list[str] = ()) -> str:
+        node = self.graph_def.node.add(name=self._name("Const"), op="Const", device=self.device)
+        node.input.extend(inputs)
+        node.attr["dtype"].type = dtype
+        node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value, tf.as_dtype(dtype)))
+        self.by_name[node.name] = node
+        self.added.append(node.name)
+        return node.name
+
+    def shape_const(self, shape: list[int]) -> str:
+        """One constant per shape (as the receivers' shape pool had)."""
+        key = tuple(shape)
+        if key not in self._shapes:
+            self._shapes[key] = self.add_const(list(shape), tf.int32.as_datatype_enum)
+        return self._shapes[key]
+
+    def remove(self, name: str) -> None:
+        node = self.by_name.pop(name)
+        self.graph_def.node.remove(node)

@@ -31,7 +31,7 @@ def in_gradients_scope(name: str) -> bool:
 
 
 def device_of(i: int) -> str:
-    return f"/job:worker/replica:0/task:{i}/device:CPU:0"
+    return f"/job:worker/task:{i}/device:CPU:0"
 
 
 def import_meta(meta) -> tf.Graph:

@@ -110,3 +110,81 @@ def test_graph_def_passes_alone():
     assert nodes["d"].op == "NoOp" and list(nodes["d"].input) == ["^a"]
     assert nodes["e"].op == "Identity" and list(nodes["e"].input) == ["b"]
     assert list(nodes["b"].input) == ["a"]           # new nodes are left alone
+
+
+def test_structural_comparison_of_rewrites_sees_every_kind_of_change():
+    """bench/rewrite_snapshot.py's comparison (the guard for changes to how
+    the rewrite builds a graph): two rewrites of one graph compare equal,
+    and a changed collective key, control input, op input or shape does not."""
+    from bench.rewrite_snapshot import structural_diff
+    graph, analysis, plan = _ps_case("emb_adam_clip")
+    original = graph.as_graph_def()
+    first, second = (rewrite.rewrite_for_worker(graph, analysis, plan, 0).meta_graph.graph_def
+                     for _ in range(2))
+    assert structural_diff(original, first, second) == []
+
+    def changed(edit) -> list[str]:
+        mutated = tf1.GraphDef()
+        mutated.CopyFrom(second)
+        edit(next(n for n in mutated.node if edit(n, probe=True)))
+        return structural_diff(original, first, mutated)
+
+    def key(n, probe=False):
+        if probe:
+            return n.name.endswith("instance_key")
+        n.attr["value"].tensor.int_val[0] += 1
+
+    def control(n, probe=False):
+        if probe:
+            return n.op == "AccumulatorTakeGradient" and n.input[-1].startswith("^")
+        del n.input[-1]
+
+    def data(n, probe=False):
+        if probe:
+            return n.op == "ResourceApplyAdam"
+        n.input[-1] = n.input[-2]
+
+    def shape(n, probe=False):
+        if probe:
+            return n.op == "ConditionalAccumulator"
+        n.attr["shape"].shape.dim[0].size += 1
+
+    for edit in (key, control, data, shape):
+        assert changed(edit), edit.__name__
+
+
+def test_state_broadcast_assigns_every_replicated_variable_its_piece():
+    """The broadcast's per-variable ops are written as NodeDefs around the
+    collectives built in the scratch graph: the chief sends the concatenation
+    of every replicated variable's value, a receiver assigns each its piece
+    of what it receives, and no stand-in for the sent values is left."""
+    graph, analysis, plan = _ps_case("mlp_adam_clip", local_aggregation=False)
+    with graph.as_default():
+        variables = [v.op.name for v in tf1.global_variables()]
+    original = {n.name for n in graph.as_graph_def().node}
+    for worker in (0, 1):
+        wg = rewrite.rewrite_for_worker(graph, analysis, plan, worker)
+        nodes = {n.name: n for n in wg.meta_graph.graph_def.node}
+        replicated = [v for v in variables if v not in wg.server_variables]
+        assert replicated and wg.server_variables
+        assert not [n for n in nodes.values() if n.op == "Placeholder" and n.name not in original]
+        waits = [i[1:] for i in nodes[wg.broadcast_op].input]
+        if worker == 0:
+            # One collective per dtype, chained: the op waits for the last.
+            sends = [n for n in nodes.values() if n.op == "CollectiveBcastSendV2"]
+            assert nodes[waits[-1]] in sends
+            sent = []
+            for send in sends:
+                values = nodes[send.input[0]]
+                pieces = values.input[:-1] if values.op == "ConcatV2" else values.input
+                sent += [nodes[nodes[p].input[0]].input[0] for p in pieces]   # Reshape(Read(v))
+            assert sorted(sent) == sorted(replicated)
+            continue
+        assigned = {}
+        for w in waits:
+            if nodes[w].op == "AssignVariableOp":
+                piece = nodes[nodes[w].input[1]]   # Reshape(SplitV:k, shape)
+                split = nodes[piece.input[0].split(":")[0]]
+                assert split.op == "SplitV" and nodes[split.input[0]].op == "CollectiveBcastRecvV2"
+                assigned[nodes[w].input[0]] = piece
+        assert sorted(assigned) == sorted(replicated)
