@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from autopar.transforms.plan import LEADERS_GROUP_KEY, Bucket, Topology, VariablePlan
@@ -92,9 +93,14 @@ class AllReduce(SyncMethod):
                                    if plan.loss_reduction == "mean"
                                    else backend.allreduce_sum(flat, bucket.instance_key))
                     previous = reduced
-                sizes = [int(g.shape.num_elements()) for g in grads]
-                for g, piece in zip(grads, tf.split(reduced, sizes)):
-                    edits.replaced[g.name] = reshape(piece, ctx.constants.shape_of(g)).name
+                # A dense gradient has its variable's shape; the gradient
+                # tensor's static shape may be unknown in the imported copy
+                # (shapes the backward pass set in Python are not in a GraphDef).
+                shapes = [analysis.variable(n).shape for n in bucket.variables]
+                sizes = [int(np.prod(shape, dtype=np.int64)) for shape in shapes]
+                for g, shape, piece in zip(grads, shapes, tf.split(reduced, sizes)):
+                    target = ctx.constants.get(list(shape), tf.int32)
+                    edits.replaced[g.name] = reshape(piece, target).name
         return edits
 
 
