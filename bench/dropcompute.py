@@ -25,7 +25,6 @@ import argparse
 import csv
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -181,14 +180,9 @@ def main() -> None:
               f"{dc['computed_samples_per_s']:.0f} samples/s (tau {dc.get('tau_s')}), measured "
               f"speedup {dc['measured_speedup']:.3f}x, predicted {dc.get('predicted_speedup')}, "
               f"drop rate {dc['drop_rate']:.1%}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    config = {k: v for k, v in vars(args).items() if k not in ("train", "mode", "csv_dir")}
-    out.write_text(json.dumps({"config": config, "machine": platform.platform(),
-                               "cpus": os.cpu_count(), "load_avg": os.getloadavg(),
-                               "results": results}, indent=1))
-    plot(results, out.with_suffix(".png"))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+    sys.path.insert(0, str(REPO_ROOT))
+    from bench.outputs import write_results
+    write_results(args.out, args, ("train", "mode", "csv_dir"), {"results": results}, plot)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -398,14 +397,10 @@ def main() -> None:
                   f"step over its link (host_link_bytes predicts "
                   f"{[round(b / 2**20, 2) for b in r['predicted_bytes_per_host']]}); median step "
                   f"{r['median_step_s']:.3f} s")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    config = {k: v for k, v in vars(args).items() if k not in ("train", "mode", "work")}
-    out.write_text(json.dumps({"config": config, "machine": platform.platform(),
-                               "cpus": os.cpu_count(), "load_avg": os.getloadavg(),
-                               "summary": summary, "results": results}, indent=1))
-    plot(results, out.with_suffix(".png"))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+    sys.path.insert(0, str(REPO_ROOT))
+    from bench.outputs import write_results
+    write_results(args.out, args, ("train", "mode", "work"),
+                  {"summary": summary, "results": results}, plot)
 
 
 if __name__ == "__main__":
