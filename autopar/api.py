@@ -69,14 +69,22 @@ def _get_runner(graph: tf.Graph, resource_info, config: Config):
     # The launcher: compile once, print the report from it, serve it to
     # every process of the job from the coordinator.
     spec = specs.load_spec(resource_info)
-    compiled = _compile(graph, spec, config)
-    log.info("\n%s", compiled.report().table())
-    code = launcher.launch(spec, [sys.executable, *sys.argv],
-                           extra_env={REPORT_PRINTED: "1", env.PLAN: env.PLAN_KEY},
-                           stall_timeout_s=config.stall_timeout_s,
-                           published={env.PLAN_KEY: compiled.to_bytes()},
-                           # herring's summation servers, only when the plan uses them
-                           sumservers=compiled.plan.herring is not None)
+    argv = [sys.executable, *sys.argv]
+    extra_env = {REPORT_PRINTED: "1", env.PLAN: env.PLAN_KEY}
+    # Started first: its TensorFlow import overlaps the compile step.
+    fork_server = launcher.start_fork_server(spec, argv, extra_env)
+    try:
+        compiled = _compile(graph, spec, config)
+        log.info("\n%s", compiled.report().table())
+        code = launcher.launch(spec, argv, extra_env=extra_env,
+                               stall_timeout_s=config.stall_timeout_s,
+                               published={env.PLAN_KEY: compiled.to_bytes()},
+                               # herring's summation servers, only when the plan uses them
+                               sumservers=compiled.plan.herring is not None,
+                               fork_server=fork_server)
+    finally:
+        if fork_server is not None:
+            fork_server.stop()
     sys.exit(code)
 
 

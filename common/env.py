@@ -28,6 +28,9 @@ SUMSERVERS = "AUTOPAR_SUMSERVERS"
 # shard) waits before failing (default 60; the launcher sets max(60, 2 x the
 # stall timeout) unless the environment has it).
 HERRING_TIMEOUT = "AUTOPAR_HERRING_TIMEOUT_S"
+# "0": the launcher starts every local process anew instead of forking it
+# from the job's fork server (runtime/forkserver.py).
+FORK_SERVER = "AUTOPAR_FORK_SERVER"
 
 # The chief's last line after a requested stop (Ctrl-C); the launcher reports
 # what follows it (where the final checkpoint is).

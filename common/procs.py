@@ -77,10 +77,11 @@ def make_preexec(death_signal: int = signal.SIGKILL) -> Callable[[], None] | Non
 
 
 def start_process(command: Sequence[str], env: Mapping[str, str],
-                  cwd: str | None = None, *, stdin_pipe: bool = False) -> subprocess.Popen[bytes]:
+                  cwd: str | None = None, *, stdin_pipe: bool = False,
+                  pass_fds: Sequence[int] = ()) -> subprocess.Popen[bytes]:
     """Start ``command`` in a new session with stdin closed (a pipe from us
     with ``stdin_pipe``) and stdout+stderr merged into one pipe, dying with
-    its parent on Linux."""
+    its parent on Linux. ``pass_fds``: descriptors the child inherits."""
     return subprocess.Popen(
         list(command),
         env=dict(env),
@@ -91,6 +92,7 @@ def start_process(command: Sequence[str], env: Mapping[str, str],
         start_new_session=True,
         preexec_fn=make_preexec(),
         close_fds=True,
+        pass_fds=tuple(pass_fds),
     )
 
 

@@ -33,6 +33,7 @@ from autopar.common import env as envvars
 from autopar.common import procs
 from autopar.common.roles import SERVER_JOB, SERVER_ROLE, SUMSERVER_ROLE, WORKER_JOB, WORKER_ROLE
 from autopar.runtime.coordinator import Coordinator, JobMonitor, host_address, launcher_host
+from autopar.runtime.forkserver import ForkedProcess, ForkServer, ForkServerError, forkable
 from autopar.runtime.ports import is_bind_failure, is_local_address, reserve_cluster
 from autopar.runtime.spec import HostSpec, ResourceSpec
 
@@ -242,7 +243,7 @@ def plan_children(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: Se
 @dataclass
 class _Child:
     plan: ChildPlan
-    popen: subprocess.Popen[bytes]
+    popen: subprocess.Popen[bytes] | ForkedProcess
     tail: deque[str]
     tail_lock: threading.Lock = field(default_factory=threading.Lock)
     reader: threading.Thread | None = None
@@ -347,7 +348,17 @@ def _pump(child: _Child, chief_stopped: threading.Event | None = None) -> None:
         stream.close()
 
 
-def _start(plan: ChildPlan, log_tail_lines: int) -> _Child:
+def _start(plan: ChildPlan, log_tail_lines: int, fork_server: ForkServer | None) -> _Child:
+    """Start one child: forked by the job's fork server when it can run the
+    command (a local Python script or module), else as a new process."""
+    if fork_server is not None and not plan.remote and forkable(plan.command):
+        try:
+            forked = fork_server.start(plan.command, plan.env, plan.cwd)
+        except ForkServerError as exc:
+            logger.warning("%s; starting %s as a new process instead", exc, plan.name)
+        else:
+            logger.info("started %s at %s, pid %d (forked)", plan.name, plan.address, forked.pid)
+            return _Child(plan, forked, deque(maxlen=max(1, log_tail_lines)))
     try:
         popen = procs.start_process(plan.command, plan.env, cwd=plan.cwd,
                                     stdin_pipe=plan.stdin_secret is not None)
@@ -361,6 +372,31 @@ def _start(plan: ChildPlan, log_tail_lines: int) -> _Child:
     logger.info("started %s at %s, pid %d%s", plan.name, plan.address, popen.pid,
                 " (via ssh)" if plan.remote else "")
     return _Child(plan, popen, deque(maxlen=max(1, log_tail_lines)))
+
+
+def start_fork_server(spec: ResourceSpec, argv: Sequence[str],
+                      extra_env: Mapping[str, str] | None = None) -> ForkServer | None:
+    """The job's fork server (runtime/forkserver.py), or None when it would
+    fork nothing: AUTOPAR_FORK_SERVER=0, no worker or server on this machine,
+    or a worker command it cannot run. Start it before compiling, so its
+    imports overlap the compile step; the caller stops it after the job."""
+    if os.environ.get(envvars.FORK_SERVER, "1") == "0":
+        return None
+    local = [h for h in spec.hosts if is_local_address(h.address) and (h.workers or h.servers)]
+    if not local or not (forkable(argv) or any(h.servers for h in local)):
+        return None
+    # Each child gets its whole environment with its request; the server's own
+    # is what is read at import and at load (LD_PRELOAD), and what a child's
+    # /proc/PID/environ shows (the block a process starts with, copied by fork).
+    env = local_env({"TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")},
+                    {**(extra_env or {}), "LD_PRELOAD": _preload_value()})
+    try:
+        server = ForkServer(env)
+    except OSError as exc:
+        logger.warning("could not start the fork server (%s); starting every process anew", exc)
+        return None
+    logger.debug("fork server started, pid %d", server.pid)
+    return server
 
 
 @dataclass
@@ -501,14 +537,17 @@ def _stdout_is_tty() -> bool:
 def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | None = None,
            grace_seconds: float = 3.0, log_tail_lines: int = 30,
            stall_timeout_s: float = 60.0, stop_timeout_s: float = 60.0,
-           published: Mapping[str, bytes] | None = None, sumservers: bool = False) -> int:
+           published: Mapping[str, bytes] | None = None, sumservers: bool = False,
+           fork_server: ForkServer | None = None) -> int:
     """Run ``argv`` once per worker of ``spec`` (plus one server process per
     server) and wait for the job to end. ``published``: values the job
     coordinator serves to every process (Coordinator.publish), e.g. the
     compiled plan. ``sumservers``: also one summation server
     (runtime/autopar_sumserver, the Herring transport) per server, on that
     server's host, and AUTOPAR_SUMSERVERS for every process; like a server,
-    one that exits fails the job.
+    one that exits fails the job. ``fork_server``: the one to fork local
+    Python processes from (``start_fork_server``; the caller stops it);
+    without one ``launch`` starts its own.
 
     Returns 0 when every worker exited 0; otherwise the exit status of the
     first process that failed (a signal death N becomes 128+N), 130 after
@@ -534,14 +573,28 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
         # backstop behind it, for a stalled server.
         timeout = max(60.0, 2 * stall_timeout_s)
         extra_env = {**(extra_env or {}), envvars.HERRING_TIMEOUT: f"{timeout:g}"}
+    own_fork_server = fork_server is None
+    if own_fork_server:
+        fork_server = start_fork_server(spec, argv, extra_env)
+    try:
+        return _launch_attempts(spec, argv, extra_env, fork_server, grace_seconds=grace_seconds,
+                                log_tail_lines=log_tail_lines, stall_timeout_s=stall_timeout_s,
+                                stop_timeout_s=stop_timeout_s, published=published,
+                                sumservers=sumservers)
+    finally:
+        if own_fork_server and fork_server is not None:
+            fork_server.stop()
+
+
+def _launch_attempts(spec: ResourceSpec, argv: list[str], extra_env: dict[str, str] | None,
+                     fork_server: ForkServer | None, *, sumservers: bool, **options) -> int:
+    """``launch`` on fresh ports until no process finds its port taken."""
     taken: set[str] = set()   # endpoints that failed to bind, avoided from then on
     for attempt in range(1, PORT_ATTEMPTS + 1):
         with reserve_cluster(spec, avoid=taken, sumservers=sumservers) as reservation:
             status, clash = _launch_once(spec, reservation.cluster, argv, extra_env=extra_env,
                                          sumservers=reservation.sumservers,
-                                         grace_seconds=grace_seconds, log_tail_lines=log_tail_lines,
-                                         stall_timeout_s=stall_timeout_s,
-                                         stop_timeout_s=stop_timeout_s, published=published)
+                                         fork_server=fork_server, **options)
         if not clash:
             return status
         taken.update(plan.address for plan in clash)
@@ -559,7 +612,8 @@ def _launch_once(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: lis
                  log_tail_lines: int, stall_timeout_s: float,
                  stop_timeout_s: float,
                  published: Mapping[str, bytes] | None = None,
-                 sumservers: Sequence[str] = ()) -> tuple[int, list[ChildPlan]]:
+                 sumservers: Sequence[str] = (),
+                 fork_server: ForkServer | None = None) -> tuple[int, list[ChildPlan]]:
     """One start of the job on ``cluster``, with its own coordinator: (status
     as for ``launch``, the processes whose port was taken if the job may start
     again)."""
@@ -571,14 +625,14 @@ def _launch_once(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: lis
                               extra_env={**(extra_env or {}), **_job_env(coordinator, cluster)})
         plans = _give_token(plans, coordinator)
         return _launch_plans(plans, grace_seconds, log_tail_lines,
-                             JobMonitor(coordinator, stall_timeout_s), stop_timeout_s)
+                             JobMonitor(coordinator, stall_timeout_s), stop_timeout_s, fork_server)
     finally:
         coordinator.stop()
 
 
 def _launch_plans(plans: list[ChildPlan], grace_seconds: float, log_tail_lines: int,
-                  monitor: JobMonitor,
-                  stop_timeout_s: float) -> tuple[int, list[ChildPlan]]:
+                  monitor: JobMonitor, stop_timeout_s: float,
+                  fork_server: ForkServer | None = None) -> tuple[int, list[ChildPlan]]:
     interrupted = False
     state = _SignalState()
     previous_handlers = _install_handlers(state)
@@ -587,7 +641,7 @@ def _launch_plans(plans: list[ChildPlan], grace_seconds: float, log_tail_lines: 
     try:
         try:
             for plan in plans:
-                children.append(_start(plan, log_tail_lines))
+                children.append(_start(plan, log_tail_lines, fork_server))
             # Readers start only once every process is forked: preexec_fn runs
             # between fork and exec, best done while this is the only thread.
             chief_stopped = threading.Event()
@@ -674,9 +728,14 @@ def _job_env(coordinator: Coordinator, cluster: Mapping[str, list[str]]) -> dict
     """Variables every child gets, the token excepted (see _give_token): where
     the coordinator is, and the bind shim that keeps TensorFlow's servers off
     the wildcard address."""
-    preload = " ".join(p for p in (bind_shim_path(), os.environ.get("LD_PRELOAD", "")) if p)
     return {envvars.COORDINATOR: coordinator.address, envvars.BIND: bind_env_value(cluster),
-            "LD_PRELOAD": preload}
+            "LD_PRELOAD": _preload_value()}
+
+
+def _preload_value() -> str:
+    """LD_PRELOAD of every local child (and the fork server): the bind shim,
+    then whatever the launcher's environment preloads."""
+    return " ".join(p for p in (bind_shim_path(), os.environ.get("LD_PRELOAD", "")) if p)
 
 
 def _give_token(plans: list[ChildPlan], coordinator: Coordinator) -> list[ChildPlan]:

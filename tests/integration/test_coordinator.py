@@ -18,7 +18,8 @@ import grpc
 import pytest
 
 from autopar.runtime.coordinator import _grpc_modules
-from tests.integration.cluster import LineReader, start_job, survivors, train_command, write_spec
+from tests.integration.cluster import (REPO, LineReader, child_env, start_job, survivors,
+                                       train_command, write_spec)
 
 _CONNECT = ("import socket, sys\n"
             "for port in sys.argv[2:]:\n"
@@ -111,8 +112,15 @@ def _stop(proc: subprocess.Popen, pids: set[int]) -> None:
                     "needs root (CAP_NET_ADMIN)")
 def test_loopback_job_unreachable_from_outside_and_coordinator_needs_token(tmp_path):
     spec = write_spec(tmp_path, workers=2, servers=1)
-    proc = start_job(train_command("mlp_sgd", tmp_path / "out", "--steps", "1000",
-                                   "--stall-at", "3", "--stall-timeout", "0", "--spec", str(spec)))
+    # Processes started anew, not forked (runtime/forkserver.py): the test reads
+    # the token from a child's /proc/PID/environ, which shows only the
+    # environment a process was exec'd with. Forked children's binding is
+    # checked by test_stalled_worker_ends_job_naming_it.
+    proc = subprocess.Popen(
+        train_command("mlp_sgd", tmp_path / "out", "--steps", "1000", "--stall-at", "3",
+                      "--stall-timeout", "0", "--spec", str(spec)),
+        cwd=REPO, env={**child_env(), "AUTOPAR_FORK_SERVER": "0"}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True)
     reader = LineReader(proc)
     pids: set[int] = {proc.pid}
     try:
@@ -166,7 +174,8 @@ def test_loopback_job_unreachable_from_outside_and_coordinator_needs_token(tmp_p
 
 
 def _run_until_end(tmp_path, *extra: str, ready: str) -> tuple[subprocess.Popen, LineReader,
-                                                               str, float, set[int]]:
+                                                               str, float, set[int],
+                                                               dict[int, str]]:
     spec = write_spec(tmp_path, workers=2, servers=1)
     proc = start_job(train_command("mlp_sgd", tmp_path / "out", "--stall-timeout", "5",
                                    "--spec", str(spec), *extra))
@@ -174,17 +183,23 @@ def _run_until_end(tmp_path, *extra: str, ready: str) -> tuple[subprocess.Popen,
         reader.wait_for(ready, 180)
         seen = time.monotonic()
         pids = _job_pids(reader.text, proc.pid)
+        listening = _listening(pids)
         rest = reader.rest(timeout=60)
         elapsed = time.monotonic() - seen
     assert not survivors(pids), reader.text[-3000:]
-    return proc, reader, rest, elapsed, pids
+    return proc, reader, rest, elapsed, pids, listening
 
 
 def test_stalled_worker_ends_job_naming_it(tmp_path):
-    proc, reader, rest, elapsed, pids = _run_until_end(
+    proc, reader, rest, elapsed, pids, listening = _run_until_end(
         tmp_path, "--steps", "1000", "--stall-at", "3", ready=r"worker 1 stalling at step 3")
     assert proc.returncode == 1, reader.text[-3000:]
     assert len(pids) == 4
+    assert "(forked)" in reader.text
+    # Forked from the fork server, the workers' and the server's TensorFlow
+    # servers (and the launcher's coordinator) still listen on loopback only.
+    assert len(listening) >= 4, listening
+    assert set(listening.values()) <= {"127.0.0.1", "[::ffff:127.0.0.1]"}, listening
     assert elapsed < 5 + 10, f"the job ended {elapsed:.1f} s after worker 1 stalled"
     assert re.search(r"job stalled: worker 0 \(in step 4 .*\) waits for worker 1", rest), rest
     assert re.search(r"worker 1, pid \d+: has not started step 4 .* finished step 3", rest), rest
@@ -192,7 +207,7 @@ def test_stalled_worker_ends_job_naming_it(tmp_path):
 
 @pytest.mark.parametrize("after", ["exit", "sleep"])
 def test_mismatched_step_counts_end_job(tmp_path, after):
-    proc, reader, rest, elapsed, pids = _run_until_end(
+    proc, reader, rest, elapsed, pids, _ = _run_until_end(
         tmp_path, "--steps", "6", "--fewer-steps", after, ready=r"worker 1 stops after 5 steps")
     assert proc.returncode == 1, reader.text[-3000:]
     assert "mismatched step counts: worker 1 stopped after 5 steps, worker 0 ran 6" in rest, rest

@@ -1,0 +1,396 @@
+"""A fork server: import TensorFlow once per job, fork every local process.
+
+Importing TensorFlow and autopar costs 5-6 CPU-seconds per process on this
+project's reference machine; a local job of 3 workers and 2 servers paid it
+five times before its first step, and the launcher itself once more. The
+launcher therefore starts one fork server per job (as early as it can, so the
+import overlaps its own compile step) that imports the heavy modules and then,
+per request, forks a child that becomes the requested Python command exactly
+as ``python script.py args`` / ``python -m module args`` would run it: its own
+session, working directory, environment, argv and ``sys.path[0]``, stdin from
+/dev/null, stdout and stderr on the pipe the launcher passed with the request.
+The child leaves through the interpreter's normal exit (non-daemon threads
+joined, exit handlers run, buffers flushed), so its exit status is what the
+plain process's would have been.
+
+Only module imports are shared. No TensorFlow context, session, server or
+socket exists before the fork; the only threads in the server are OpenBLAS's
+idle thread pools, which re-create themselves in a child (pthread_atfork).
+The server checks that it holds no Python thread before each fork. NumPy's
+global random state is re-seeded in each child, as a fresh process would be
+(Python's ``random`` re-seeds itself after fork).
+
+Processes die with their parent: the server with the launcher (it is started
+like any child, PR_SET_PDEATHSIG), its children with the server. Commands that
+are not a Python script or module run by the launcher's own interpreter (the
+summation server, a different Python, remote hosts) are started directly.
+Set AUTOPAR_FORK_SERVER=0 to start every process directly.
+
+Protocol, one message per SOCK_SEQPACKET packet on the socket the launcher
+passes as ``--fd``:
+
+    request  {"id": N, "argv": [...], "env": {...}, "cwd": path}
+             with one file descriptor attached: the child's stdout/stderr
+    replies  READY <pid>              once, after the imports
+             FORKED <id> <pid>        the child's pid (it leads its own session)
+             FAILED <id> <message>    the fork itself failed
+             EXITED <pid> <status>    a child ended (negative: killed by that signal)
+
+The server leaves when the launcher closes its end, killing what is left.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import io
+import json
+import os
+import runpy
+import select
+import shutil
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import IO
+
+# What a fork saves: everything a worker or a server imports (and the
+# coordinator's gRPC client, through runtime.worker).
+PRELOAD = ("numpy", "tensorflow", "autopar", "autopar.api", "autopar.runtime.worker",
+           "autopar.runtime.server_main", "autopar.runtime.runner", "autopar.runtime.session",
+           "autopar.transforms.rewrite", "autopar.transforms.compile")
+
+_MAX_PACKET = 1 << 20   # a request carries a child's whole environment
+
+
+def forkable(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` is what a fork server can become: this interpreter
+    running a script file or a module (``-m``), without interpreter options."""
+    if len(argv) < 2 or sys.executable not in (argv[0], shutil.which(argv[0])):
+        return False
+    if argv[1] == "-m":
+        return len(argv) >= 3
+    return not argv[1].startswith("-") and os.path.isfile(argv[1])
+
+
+# ---------------------------------------------------------------------------
+# The server (its own process: python -m autopar.runtime.forkserver --fd N)
+# ---------------------------------------------------------------------------
+
+def _preload() -> None:
+    import importlib
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            # A child then imports it itself, as a new process would.
+            print(f"fork server: not preloading {name}: {exc}", file=sys.stderr, flush=True)
+    # Moved out of the collector's generations: the children's collections
+    # then do not touch (and copy) the server's pages.
+    gc.freeze()
+
+
+def _serve(sock: socket.socket) -> tuple[dict, int] | None:
+    """Fork a child per request until the launcher hangs up. Returns only in
+    a child: its request and the descriptor for its output."""
+    from autopar.common import procs
+
+    def reply(text: str) -> None:
+        try:
+            sock.send(text.encode())
+        except OSError:
+            pass   # the launcher went away; its hang-up ends the loop
+
+    reply(f"READY {os.getpid()}")
+    children: set[int] = set()
+    while True:
+        readable, _, _ = select.select([sock], [], [], 0.05)
+        if readable:
+            try:
+                data, fds, _, _ = socket.recv_fds(sock, _MAX_PACKET, 1)
+            except OSError:
+                data, fds = b"", []
+            if not data:
+                break
+            request = json.loads(data)
+            if len(fds) != 1 or threading.active_count() != 1:
+                for fd in fds:
+                    os.close(fd)
+                reply(f"FAILED {request['id']} "
+                      + ("no output descriptor" if len(fds) != 1 else "the server has threads"))
+                continue
+            die_with_server = procs.make_preexec()
+            # The child says it is set up (own session, dying with us) by
+            # closing its end of this pipe: only then is its pid, which the
+            # launcher signals as a process group, worth reporting.
+            set_up_r, set_up_w = os.pipe()
+            try:
+                pid = os.fork()
+            except OSError as exc:
+                for fd in (fds[0], set_up_r, set_up_w):
+                    os.close(fd)
+                reply(f"FAILED {request['id']} {exc}")
+                continue
+            if pid == 0:
+                sock.close()
+                os.close(set_up_r)
+                os.setsid()
+                if die_with_server is not None:
+                    die_with_server()
+                os.close(set_up_w)
+                return request, fds[0]
+            os.close(set_up_w)
+            os.read(set_up_r, 1)        # EOF once the child closed its end (or died)
+            os.close(set_up_r)
+            os.close(fds[0])
+            children.add(pid)
+            reply(f"FORKED {request['id']} {pid}")
+        _reap(children, reply)
+    procs.stop_processes([_Reaped(pid) for pid in children], grace_seconds=1.0)
+    return None
+
+
+class _Reaped:
+    """A child of the server, as procs.stop_processes wants it."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.status: int | None = None
+
+    def poll(self) -> int | None:
+        if self.status is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.status = 0
+            else:
+                if pid:
+                    self.status = os.waitstatus_to_exitcode(status)
+        return self.status
+
+
+def _reap(children: set[int], reply) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            children.clear()
+            return
+        if pid == 0:
+            return
+        children.discard(pid)
+        reply(f"EXITED {pid} {os.waitstatus_to_exitcode(status)}")
+
+
+def _become(request: dict, out_fd: int) -> None:
+    """In the forked child: set up the process the request describes and run
+    its command as __main__; the interpreter's normal exit follows."""
+    os.dup2(out_fd, 1)
+    os.dup2(out_fd, 2)
+    os.close(out_fd)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    # Standard streams as the interpreter makes them for a pipe (PYTHONUNBUFFERED
+    # as it would have read it at start-up).
+    unbuffered = bool(request["env"].get("PYTHONUNBUFFERED"))
+    sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)))
+    sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)),
+                                  line_buffering=unbuffered, write_through=unbuffered)
+    sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
+                                  errors="backslashreplace", line_buffering=True)
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
+    import numpy
+    numpy.random.seed()     # a fresh process's state, not the server's
+    argv = list(request["argv"])
+    if argv[1] == "-m":
+        sys.argv = [argv[2], *argv[3:]]     # runpy sets argv[0] to the module's file
+        sys.path[0] = request["cwd"]
+        runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = argv[1:]
+        sys.path[0] = os.path.dirname(os.path.abspath(argv[1]))
+        runpy.run_path(argv[1], run_name="__main__")
+
+
+def main(args: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fd", type=int, required=True, help="the launcher's control socket")
+    options = parser.parse_args(args)
+    sock = socket.socket(fileno=options.fd)
+    _preload()
+    forked = _serve(sock)
+    if forked is None:
+        sys.exit(0)
+    _become(*forked)
+
+
+# ---------------------------------------------------------------------------
+# The launcher's side
+# ---------------------------------------------------------------------------
+
+class ForkedProcess:
+    """A child of the fork server, as the launcher uses a subprocess.Popen:
+    its pid (also its process group), its output, and poll()."""
+
+    def __init__(self, server: "ForkServer", pid: int, stdout: IO[bytes]):
+        self._server = server
+        self.pid = pid
+        self.stdout: IO[bytes] | None = stdout
+        self.stdin = None
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._server.exit_status(self.pid)
+        return self.returncode
+
+
+class ForkServerError(Exception):
+    """The fork server could not start a process (it died, or refused)."""
+
+
+class ForkServer:
+    """The launcher's handle on one fork server process."""
+
+    def __init__(self, env: Mapping[str, str], cwd: str | None = None,
+                 ready_timeout_s: float = 300.0):
+        from autopar.common import procs
+        self.ready_timeout_s = ready_timeout_s
+        self._cond = threading.Condition()
+        self._forked: dict[int, int | str] = {}
+        self._exited: dict[int, int] = {}
+        self._ready = False
+        self._closed = False
+        self._next_id = 0
+        self._tail: deque[str] = deque(maxlen=20)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._sock = ours
+        try:
+            self.popen = procs.start_process(
+                [sys.executable, "-m", "autopar.runtime.forkserver", "--fd", str(theirs.fileno())],
+                env, cwd=cwd, pass_fds=(theirs.fileno(),))
+        finally:
+            theirs.close()
+        self.pid = self.popen.pid
+        threading.Thread(target=self._read_replies, name="autopar-forkserver", daemon=True).start()
+        threading.Thread(target=self._drain_output, name="autopar-forkserver-log",
+                         daemon=True).start()
+
+    # -- replies -----------------------------------------------------------
+    def _read_replies(self) -> None:
+        while True:
+            try:
+                data = self._sock.recv(4096)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            parts = data.decode(errors="replace").split()
+            with self._cond:
+                if parts[0] == "READY":
+                    self._ready = True
+                elif parts[0] == "FORKED":
+                    pid = int(parts[2])
+                    self._exited.pop(pid, None)   # a recycled pid: forget the old one
+                    self._forked[int(parts[1])] = pid
+                elif parts[0] == "FAILED":
+                    self._forked[int(parts[1])] = " ".join(parts[2:]) or "fork failed"
+                elif parts[0] == "EXITED":
+                    self._exited[int(parts[1])] = int(parts[2])
+                self._cond.notify_all()
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _drain_output(self) -> None:
+        stream = self.popen.stdout
+        assert stream is not None
+        for raw in iter(stream.readline, b""):
+            self._tail.append(raw.decode("utf-8", errors="replace").rstrip())
+        stream.close()
+
+    def output_tail(self) -> str:
+        return "\n".join(self._tail)
+
+    # -- children ----------------------------------------------------------
+    def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> ForkedProcess:
+        """Fork a child that runs ``argv`` (see ``forkable``); raises
+        ForkServerError if the server cannot."""
+        read_fd, write_fd = os.pipe()
+        try:
+            with self._cond:
+                request_id = self._next_id
+                self._next_id += 1
+            message = json.dumps({"id": request_id, "argv": list(argv), "env": dict(env),
+                                  "cwd": cwd}).encode()
+            try:
+                socket.send_fds(self._sock, [message], [write_fd])
+            except OSError as exc:
+                raise ForkServerError(f"the fork server is gone ({exc})") from exc
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)
+        deadline = time.monotonic() + self.ready_timeout_s
+        with self._cond:
+            while request_id not in self._forked and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(min(left, 1.0))
+            answer = self._forked.pop(request_id, None)
+        if not isinstance(answer, int):
+            os.close(read_fd)
+            why = answer or ("it exited" if self._closed else
+                             f"no answer within {self.ready_timeout_s:.0f} s")
+            tail = self.output_tail()
+            raise ForkServerError(f"the fork server could not start {argv[1:]}: {why}"
+                                  + (f"; its output:\n{tail}" if tail else ""))
+        return ForkedProcess(self, answer, os.fdopen(read_fd, "rb"))
+
+    def exit_status(self, pid: int) -> int | None:
+        """A child's exit status once it ended. Once the server itself is gone
+        its children are dead too (they die with it): an unreported one counts
+        as killed."""
+        with self._cond:
+            if pid in self._exited:
+                return self._exited[pid]
+            if not self._closed:
+                return None
+        from autopar.common import procs
+        return None if procs.group_exists(pid) and _alive(pid) else -9
+
+    def stop(self, grace_seconds: float = 3.0) -> None:
+        """Hang up (the server then stops what is left of its children and
+        exits) and reap it."""
+        from autopar.common import procs
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+        try:
+            self.popen.wait(timeout=grace_seconds + 2.0)
+        except Exception:   # noqa: BLE001 - subprocess.TimeoutExpired: stop it the hard way
+            procs.stop_processes([self.popen], grace_seconds)
+
+
+def _alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (a zombie's parent, the
+    fork server, is gone only if it was reaped by init already)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+if __name__ == "__main__":
+    main()
