@@ -16,3 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 if importlib.util.find_spec("tf_keras") is None:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+# Before any test module imports grpc: autopar turns gRPC's fork support off
+# (autopar/__init__.py), which grpc reads at its first import.
+import autopar  # noqa: E402,F401

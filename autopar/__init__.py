@@ -16,6 +16,14 @@ if not _os.path.isdir(_os.path.join(__path__[0], "runtime")) and all(
         _os.path.isfile(_os.path.join(_checkout, layer, "__init__.py")) for layer in _LAYERS):
     __path__.append(_checkout)
 
+# Before any import of grpc (read then): the launcher starts children with
+# fork+exec while the coordinator's gRPC threads run. With gRPC's fork support
+# on, the child's post-fork handler restarts gRPC's epoll poller, which
+# subprocess then closes before exec: the child aborts ("epoll_wait error: Bad
+# file descriptor", SIGABRT; grpc/grpc#43055, seen here with grpcio 1.85). No
+# child uses the parent's gRPC state, so the handlers are not needed.
+_os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+
 from autopar.config import Config, SimulatedDelay  # noqa: E402
 from autopar.common.errors import (AutoparError, LaunchError, SpecError,  # noqa: E402
                                    UnsupportedGraphError, WorkerFailedError)

@@ -38,13 +38,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-# The launcher forks its children while the coordinator's gRPC threads run;
-# gRPC's fork handlers then only print "skipping fork() handlers". Children
-# exec at once and never use the parent's gRPC state, so they are not needed.
-# (Read when grpc is first imported.)
-os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
-
-import grpc  # noqa: E402
+import grpc  # noqa: E402 - GRPC_ENABLE_FORK_SUPPORT is set by autopar/__init__.py
 
 from autopar.common import env as envvars  # noqa: E402
 from autopar.common.roles import SERVER_ROLE, WORKER_ROLE  # noqa: E402

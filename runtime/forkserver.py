@@ -49,6 +49,7 @@ import runpy
 import select
 import shutil
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -248,6 +249,16 @@ class ForkedProcess:
     def poll(self) -> int | None:
         if self.returncode is None:
             self.returncode = self._server.exit_status(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Its exit status once it ended; subprocess.TimeoutExpired after ``timeout`` s."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
+            time.sleep(0.02)
+        assert self.returncode is not None
         return self.returncode
 
 

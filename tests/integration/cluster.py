@@ -2,6 +2,7 @@
 train_model.py single-device or under the real launcher, load what it saved."""
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import logging
@@ -9,7 +10,6 @@ import os
 import queue
 import re
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
+from autopar.runtime.forkserver import ForkedProcess, ForkServer
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "tests" / "integration" / "train_model.py"
@@ -53,11 +55,19 @@ def train_command(model: str, out: Path, *extra: str) -> list[str]:
 
 def run_training(model: str, out: Path, *extra: str, timeout: float = 240) -> str:
     """Run to completion; fail the test with the output if it did not exit 0."""
-    proc = subprocess.run(train_command(model, out, *extra), cwd=REPO, env=child_env(),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout)
-    assert proc.returncode == 0, f"training exited {proc.returncode}:\n{proc.stdout[-4000:]}"
-    return proc.stdout
+    return run_script(train_command(model, out, *extra), timeout=timeout)
+
+
+def run_script(command: list[str], *, env: dict[str, str] | None = None,
+               timeout: float = 240) -> str:
+    """``python script args`` (or ``-m module``) run to completion, forked from
+    the tests' fork server; its merged stdout and stderr. Fails the test with
+    the output's tail unless it exited 0."""
+    with LineReader(start_job(command, env)) as reader:
+        output = reader.rest(timeout=timeout)
+    returncode = reader.proc.returncode
+    assert returncode == 0, f"{Path(command[1]).name} exited {returncode}:\n{output[-4000:]}"
+    return output
 
 
 def run_single_device(model: str, out: Path, *extra: str) -> str:
@@ -110,11 +120,28 @@ def assert_same_parameters(expected: dict, actual: dict, rtol=1e-5, atol=1e-6, w
                                    err_msg=f"{what}: variable {name}")
 
 
-def start_job(cmd: list[str]) -> subprocess.Popen:
-    """Start a job in its own session (so it can be stopped as a group), output
-    merged into one text pipe for a LineReader."""
-    return subprocess.Popen(cmd, cwd=REPO, env=child_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+_fork_server: ForkServer | None = None
+
+
+def _tests_fork_server() -> ForkServer:
+    """One fork server (runtime/forkserver.py) for the test session: each
+    job's launcher process is forked from it instead of importing TensorFlow
+    anew (several CPU-seconds per job). It dies with the test process."""
+    global _fork_server
+    if _fork_server is None or _fork_server.popen.poll() is not None:
+        _fork_server = ForkServer(child_env(), cwd=str(REPO))
+        atexit.register(_fork_server.stop)
+    return _fork_server
+
+
+def start_job(cmd: list[str], env: dict[str, str] | None = None) -> ForkedProcess:
+    """Start a job (``python script args``) in its own session, so it can be
+    stopped as a group, output merged into one text pipe for a LineReader.
+    ``env``: its environment (default child_env())."""
+    proc = _tests_fork_server().start(cmd, child_env() if env is None else env, str(REPO))
+    assert proc.stdout is not None
+    proc.stdout = io.TextIOWrapper(proc.stdout, encoding="utf-8", errors="replace")
+    return proc
 
 
 class LineReader:

@@ -3,21 +3,17 @@
 processes receive the compiled plan from the job coordinator and train with
 it. tests/integration/scripts/compile_once.py makes those functions raise in
 every other process."""
-import subprocess
 import sys
 
 from tests.integration.cluster import (REPO, assert_same_parameters, child_env, load_worker,
-                                       run_single_device, write_spec)
+                                       run_script, run_single_device, write_spec)
 
 SCRIPT = REPO / "tests" / "integration" / "scripts" / "compile_once.py"
 ONCE = "compile calls: {'analyze_graph': 1, 'make_plan': 1, 'place_ops': 1}"
 
 
 def _run(command, compiler: str) -> str:
-    proc = subprocess.run(command, cwd=REPO, env={**child_env(), "AUTOPAR_TEST_COMPILER": compiler},
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)
-    assert proc.returncode == 0, f"exited {proc.returncode}:\n{proc.stdout[-4000:]}"
-    return proc.stdout
+    return run_script(command, env={**child_env(), "AUTOPAR_TEST_COMPILER": compiler})
 
 
 def test_launcher_compiles_once_and_workers_train_with_the_shipped_plan(tmp_path):

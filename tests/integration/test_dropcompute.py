@@ -6,7 +6,6 @@ splits them into M micro-batches, so with no threshold N workers x M
 micro-batches of b rows are one device's step on the global batch N*M*b.
 """
 import csv
-import subprocess
 import sys
 
 import numpy as np
@@ -14,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 from tests import models
-from tests.integration.cluster import (REPO, assert_same_parameters, child_env, load_worker,
+from tests.integration.cluster import (REPO, assert_same_parameters, load_worker, run_script,
                                        run_training, single_device_runs, write_spec)
 
 tf1 = tf.compat.v1
@@ -111,10 +110,7 @@ def test_tf_data_micro_batches_match_single_device(tmp_path):
     single, dist = tmp_path / "single", tmp_path / "dist"
     for args in ([str(single), str(n * M * b)],
                  [str(dist), str(b), str(write_spec(tmp_path, n)), str(M)]):
-        proc = subprocess.run([sys.executable, script, *args], cwd=REPO, env=child_env(),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              timeout=240)
-        assert proc.returncode == 0, proc.stdout[-3000:]
+        run_script([sys.executable, script, *args])
     expected = load_worker(single, 0)
     for i in range(n):
         assert_same_parameters(expected, load_worker(dist, i), what=f"tf.data worker {i}")

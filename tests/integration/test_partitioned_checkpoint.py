@@ -3,12 +3,12 @@ row partitions over two servers is an ordinary TensorFlow checkpoint of the
 single-device graph, and the other way round: a plain script's
 tf.compat.v1.train.Saver reads and writes it."""
 import re
-import subprocess
 import sys
 
 import numpy as np
 
-from tests.integration.cluster import REPO, child_env, load_worker, run_training, write_two_host_spec
+from tests.integration.cluster import (REPO, load_worker, run_script, run_training,
+                                       write_two_host_spec)
 
 MODEL = "lm_adam_clip"
 DIST = ["--run-option", "hybrid", "--partitions", "embedding=3,softmax/kernel=2"]
@@ -16,10 +16,7 @@ SCRIPT = REPO / "tests" / "integration" / "saver_compat.py"
 
 
 def _saver(mode, ckpt, out):
-    proc = subprocess.run([sys.executable, str(SCRIPT), mode, str(ckpt), str(out)], cwd=REPO,
-                          env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout[-3000:]
+    run_script([sys.executable, str(SCRIPT), mode, str(ckpt), str(out)], timeout=120)
     with np.load(out) as data:
         return {k: data[k] for k in data.files}
 

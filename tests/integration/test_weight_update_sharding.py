@@ -7,7 +7,6 @@ the same global batches; its own final checkpoint (slots saved whole by the
 chief from their owners) restores into the plain Saver graph with every
 value, slots included, equal to the job's."""
 import re
-import subprocess
 import sys
 
 import numpy as np
@@ -16,7 +15,7 @@ from autopar.transforms.analysis import analyze_graph
 from autopar.transforms.plan import PlanOptions, make_plan
 from autopar.transforms.wus import slot_bytes_per_worker
 from tests import models
-from tests.integration.cluster import (REPO, assert_same_parameters, child_env, load_worker,
+from tests.integration.cluster import (REPO, assert_same_parameters, load_worker, run_script,
                                        run_training, write_two_host_spec)
 
 MODEL = "mlp_adam_clip"
@@ -24,10 +23,7 @@ SCRIPT = REPO / "tests" / "integration" / "saver_compat.py"
 
 
 def _saver(mode, ckpt, out):
-    proc = subprocess.run([sys.executable, str(SCRIPT), mode, str(ckpt), str(out), MODEL],
-                          cwd=REPO, env=child_env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout[-3000:]
+    run_script([sys.executable, str(SCRIPT), mode, str(ckpt), str(out), MODEL], timeout=120)
     with np.load(out) as data:
         return {k: data[k] for k in data.files if k != "__loss__"}
 
