@@ -31,7 +31,7 @@ from autopar.transforms.graph_utils import node_input_name
 from autopar.transforms.partition import Partitioner, copy_prefix
 from autopar.transforms.placement import Move, ps_devices, server_device
 from autopar.transforms.plan import Plan, VariablePlan
-from autopar.transforms.sync_method import ConstantPool, Edits, NodeWriter, new_op, reshape
+from autopar.transforms.sync_method import ConstantPool, Edits, NodeWriter, new_op
 
 tf1 = tf.compat.v1
 
@@ -56,6 +56,9 @@ class PsBuilder:
     def __init__(self, graph: tf.Graph, analysis: Analysis, plan: Plan, worker_index: int,
                  backend, worker_device: str, moves: list[Move] | None = None,
                  constants: ConstantPool | None = None, nodes: NodeWriter | None = None):
+        if nodes is None:
+            raise ValueError("PsBuilder needs the rewrite's NodeWriter (RewriteContext.nodes): "
+                             "its nodes are written into the scratch graph's export")
         self.g = graph
         self.analysis = analysis
         self.plan = plan
@@ -71,7 +74,7 @@ class PsBuilder:
         self._counters: dict[tuple[str, int], tf.Tensor] = {}
         self.constants = constants or ConstantPool(worker_device)
         # The per-variable and per-partition ops, written as NodeDefs
-        self.nodes = nodes or NodeWriter(None, worker_device, "autopar/nodes/", graph)
+        self.nodes = nodes
 
     def build(self) -> Edits:
         ps_vars = self.plan.ps_variables
