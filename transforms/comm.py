@@ -73,8 +73,9 @@ class CollectiveOpsBackend:
         graph = tf.compat.v1.get_default_graph()
         key = (id(graph), value)
         if key not in self._constants:
+            from autopar.transforms.sync_method import constant
             with tf.control_dependencies(None):
-                self._constants[key] = tf.constant(value, tf.int32, name="collective_param")
+                self._constants[key] = constant(value, tf.int32, name="collective_param")
         return self._constants[key]
 
     def barrier(self, instance_key: int) -> tf.Tensor:

@@ -95,6 +95,18 @@ def new_op(op_type: str, inputs: list, **attrs) -> "tf.Operation":
     return graph._create_op_internal(op_type, inputs, attrs=protos)  # pylint: disable=protected-access
 
 
+def constant(value, dtype=None, name: str = "Const") -> "tf.Tensor":
+    """tf.constant(value, dtype) in the default graph, built as new_op builds
+    (tf.constant's conversion layers cost about as much as the op itself)."""
+    import tensorflow as tf
+    proto = tf.make_tensor_proto(value, dtype)
+    graph = tf.compat.v1.get_default_graph()
+    return graph._create_op_internal(  # pylint: disable=protected-access
+        "Const", [], name=name, attrs={"value": attr_value("value", proto),
+                                       "dtype": attr_value("dtype", tf.as_dtype(proto.dtype))}
+    ).outputs[0]
+
+
 def _input_name(x) -> str:
     """How a NodeDef input names `x`: a node input string as is, a tf.Tensor
     ("op" or "op:k"), a tf.Operation (as a control input)."""
@@ -244,7 +256,7 @@ class ConstantPool:
         key = (repr(value), dtype, device)
         if key not in self._pool:
             with tf.control_dependencies(None), tf.device(device), tf.name_scope(self.scope):
-                self._pool[key] = tf.constant(value, dtype)
+                self._pool[key] = constant(value, dtype)
         return self._pool[key]
 
     def shape_of(self, tensor: "tf.Tensor", device: str | None = None):
