@@ -73,8 +73,9 @@ class CollectiveOpsBackend:
         graph = tf.compat.v1.get_default_graph()
         key = (id(graph), value)
         if key not in self._constants:
+            from autopar.transforms.sync_method import constant
             with tf.control_dependencies(None):
-                self._constants[key] = tf.constant(value, tf.int32, name="collective_param")
+                self._constants[key] = constant(value, tf.int32, name="collective_param")
         return self._constants[key]
 
     def barrier(self, instance_key: int) -> tf.Tensor:
@@ -82,16 +83,24 @@ class CollectiveOpsBackend:
         return self.allreduce_sum(tf.constant(0.0), instance_key)
 
     def allreduce_mean(self, tensor: tf.Tensor, instance_key: int) -> tf.Tensor:
-        return tf.raw_ops.CollectiveReduceV2(
-            input=tensor, **self._group(),
-            instance_key=instance_key, ordering_token=[], merge_op="Add", final_op="Div",
-            communication_hint=self.hint, timeout_seconds=self.timeout_s)
+        return self._reduce(tensor, instance_key, "Div")
 
     def allreduce_sum(self, tensor: tf.Tensor, instance_key: int) -> tf.Tensor:
-        return tf.raw_ops.CollectiveReduceV2(
-            input=tensor, **self._group(),
-            instance_key=instance_key, ordering_token=[], merge_op="Add", final_op="Id",
-            communication_hint=self.hint, timeout_seconds=self.timeout_s)
+        return self._reduce(tensor, instance_key, "Id")
+
+    def _reduce(self, tensor: tf.Tensor, instance_key: int, final_op: str) -> tf.Tensor:
+        """CollectiveReduceV2 as tf.raw_ops builds it, with its attributes
+        given (sync_method.new_op: raw_ops' inference of them cost ~1 ms per
+        collective, one per variable in ps mode) and the instance key from
+        the graph's constants."""
+        from autopar.transforms.sync_method import new_op
+        tensor = tf.convert_to_tensor(tensor)
+        group = self._group()
+        return new_op("CollectiveReduceV2", [tensor, group["group_size"], group["group_key"],
+                                             self._int(instance_key)],
+                      T=tensor.dtype.base_dtype, merge_op="Add", final_op=final_op,
+                      communication_hint=self.hint, timeout_seconds=float(self.timeout_s),
+                      Nordering_token=0).outputs[0]
 
     def allgather(self, tensor: tf.Tensor, instance_key: int | tf.Tensor) -> tf.Tensor:
         """Concatenate along dim 0; every worker must pass the same shape."""

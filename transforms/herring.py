@@ -144,13 +144,29 @@ class Herring(SyncMethod):
                     if mean:   # the host sums add up to the global sum
                         summed = summed / ctx.constants.get(float(plan.num_workers), tf.float32)
                 outputs.append(summed)
+            # Unpacking: a slice per segment, their concatenation and a
+            # reshape per variable, written as NodeDefs (ctx.nodes): through
+            # the Python op API they were a third of a hybrid rewrite.
+            segments: dict[str, list] = {}
+            for b in layout.buffers:
+                for s in b.segments:
+                    segments.setdefault(s.variable, []).append((b, s))
+            nodes = ctx.nodes
             for name, g in grads.items():
-                pieces = [ctx.constants.rows(outputs[b.index], s.offset, s.offset + s.length)
-                          for b in layout.buffers for s in b.segments if s.variable == name]
+                dtype = g.dtype.base_dtype
+                pieces = [nodes.add("StridedSlice", [
+                    outputs[b.index], *(nodes.pooled_const([k], tf.int32)
+                                        for k in (s.offset, s.offset + s.length, 1))],
+                    T=dtype, Index=tf.int32) for b, s in segments.get(name, [])]
                 if not pieces:
                     continue   # an empty variable: nothing to average
-                whole = pieces[0] if len(pieces) == 1 else tf.concat(pieces, axis=0)
-                edits.replaced[g.name] = reshape(whole, ctx.constants.shape_of(g)).name
+                whole = (pieces[0] if len(pieces) == 1 else nodes.add(
+                    "ConcatV2", [*pieces, nodes.pooled_const(0, tf.int32)], N=len(pieces),
+                    T=dtype, Tidx=tf.int32))
+                shape = (nodes.pooled_const(g.shape.as_list(), tf.int32)
+                         if g.shape.is_fully_defined() else tf.shape(g))
+                edits.replaced[g.name] = nodes.add("Reshape", [whole, shape], T=dtype,
+                                                   Tshape=tf.int32) + ":0"
         return edits
 
 

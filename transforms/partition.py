@@ -35,56 +35,77 @@ def copy_prefix(p: int) -> str:
 
 class Partitioner:
     """Builds the partition variables and the ops replacing whole-variable uses
-    in `graph` (the scratch graph), recording node edits in `edits`."""
+    in `graph` (the scratch graph), recording node edits in `edits`. The
+    per-partition ops are written as NodeDefs by `nodes` (a
+    sync_method.NodeWriter flushed into the scratch graph's export), except
+    a row gather's, which are built in `graph` (on handles in `graph` then)."""
 
-    def __init__(self, graph: tf.Graph, edits, devices_of, constants=None):
+    def __init__(self, graph: tf.Graph, edits, devices_of, constants, nodes):
         self.g = graph
         self.edits = edits
         self.devices_of = devices_of   # partition index -> device
-        self.constants = constants     # a sync_method.ConstantPool (None: a constant per use)
+        self.constants = constants     # a sync_method.ConstantPool
+        self.nodes = nodes
+        self.device = nodes.device     # where the whole-variable replacements run
 
-    def split(self, var: str, parts: list[list[int]], region: set[str]) -> list[tf.Tensor]:
+    def split(self, var: str, parts: list[list[int]], region: set[str]) -> list[str]:
+        """The partitions' handles (node names)."""
         op = self.g.get_operation_by_name(var)
         if op.type != "VarHandleOp":
             raise ValueError(f"only resource variables can be partitioned, '{var}' is {op.type}")
         dtype = tf.as_dtype(op.get_attr("dtype"))
         shape = tf.TensorShape(op.get_attr("shape")).as_list()
+        consumers = [c for c in op.outputs[0].consumers() if c.name not in region]
+        # A gather's index arithmetic is built through the API, and with it
+        # the handles it reads.
+        in_graph = any(c.type in _GATHERS for c in consumers)
         handles = []
         for p, (start, end) in enumerate(parts):
-            with tf.device(self.devices_of(p)):
-                handles.append(tf.raw_ops.VarHandleOp(
-                    dtype=dtype, shape=[end - start, *shape[1:]], shared_name=part_name(var, p),
-                    name=part_name(var, p)))
-        for c in op.outputs[0].consumers():
-            if c.name in region:
-                continue
-            self._redirect(c, handles, parts, dtype, shape)
-        return handles
-
-    def _redirect(self, c: tf.Operation, handles, parts, dtype, shape) -> None:
-        if c.type in _READS:
-            reads = []
-            for p, h in enumerate(handles):
+            attrs = dict(dtype=dtype, shape=[end - start, *shape[1:]],
+                         shared_name=part_name(var, p))
+            if in_graph:
                 with tf.device(self.devices_of(p)):
-                    reads.append(new_op("ReadVariableOp", [h], dtype=dtype).outputs[0])
-            self.edits.identities[c.name] = tf.concat(reads, axis=0).name
+                    handles.append(new_op("VarHandleOp", [], **attrs).outputs[0])
+            else:
+                handles.append(self.nodes.add("VarHandleOp", [], self.devices_of(p),
+                                              name=self._handle_name(part_name(var, p)), **attrs))
+        names = [h if isinstance(h, str) else h.op.name for h in handles]
+        for c in consumers:
+            self._redirect(c, handles, names, parts, dtype, shape)
+        return names
+
+    def _handle_name(self, name: str) -> str:
+        """The name a handle built in the current name scope would get."""
+        return self.g.unique_name(name, mark_as_used=True)
+
+    def _redirect(self, c: tf.Operation, handles, names, parts, dtype, shape) -> None:
+        nodes = self.nodes
+        if c.type in _READS:
+            reads = [nodes.add("ReadVariableOp", [h], self.devices_of(p), dtype=dtype)
+                     for p, h in enumerate(names)]
+            axis = nodes.add_const(0, tf.int32)
+            self.edits.identities[c.name] = nodes.add("ConcatV2", [*reads, axis], N=len(reads),
+                                                      T=dtype, Tidx=tf.int32)
         elif c.type in _GATHERS:
             self.edits.identities[c.name] = self._gather(c.inputs[1], handles, parts, dtype).name
         elif c.type == "VarIsInitializedOp":
-            flags = [new_op("VarIsInitializedOp", [h]).outputs[0] for h in handles]
-            self.edits.identities[c.name] = tf.reduce_all(tf.stack(flags)).name
+            flags = [nodes.add("VarIsInitializedOp", [h]) for h in names]
+            stacked = nodes.add("Pack", flags, N=len(flags), T=tf.bool, axis=0)
+            self.edits.identities[c.name] = nodes.add(
+                "All", [stacked, nodes.add_const([0], tf.int32)], Tidx=tf.int32, keep_dims=False)
         elif c.type == "VariableShape":
             out_type = tf.as_dtype(c.get_attr("out_type"))
-            self.edits.identities[c.name] = tf.constant(shape, out_type).name
+            self.edits.identities[c.name] = nodes.add_const(shape, out_type)
         elif c.type == "AssignVariableOp":   # the initializer (or a restore)
             value = c.inputs[1]
             assigns = []
-            for p, ((start, end), h) in enumerate(zip(parts, handles)):
-                with tf.device(self.devices_of(p)):
-                    piece = (value[start:end] if self.constants is None
-                             else self.constants.rows(value, start, end, self.devices_of(p)))
-                    assigns.append(new_op("AssignVariableOp", [h, piece], dtype=dtype))
-            self.edits.noop_deps[c.name] = [a.name for a in assigns]
+            for p, ((start, end), h) in enumerate(zip(parts, names)):
+                device = self.devices_of(p)
+                bounds = [self.constants.get([b], device=device) for b in (start, end, 1)]
+                piece = nodes.add("StridedSlice", [value, *bounds], device,
+                                  T=value.dtype.base_dtype, Index=tf.int32)
+                assigns.append(nodes.add("AssignVariableOp", [h, piece], device, dtype=dtype))
+            self.edits.noop_deps[c.name] = assigns
 
     def _gather(self, ids: tf.Tensor, handles, parts, dtype) -> tf.Tensor:
         """Rows `ids` of the whole variable, each read on its partition's server."""

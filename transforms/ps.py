@@ -63,7 +63,7 @@ class ParameterServer(SyncMethod):
 
     def rewrite(self, ctx: RewriteContext) -> Edits:
         return PsBuilder(ctx.graph, ctx.analysis, ctx.plan, ctx.worker_index, ctx.backend,
-                         ctx.worker_device, ctx.moves, ctx.constants).build()
+                         ctx.worker_device, ctx.moves, ctx.constants, ctx.nodes).build()
 
 
 def partition_count(nbytes: int, rows: int, num_servers: int) -> int:

@@ -31,7 +31,7 @@ from autopar.transforms.graph_utils import node_input_name
 from autopar.transforms.partition import Partitioner, copy_prefix
 from autopar.transforms.placement import Move, ps_devices, server_device
 from autopar.transforms.plan import Plan, VariablePlan
-from autopar.transforms.sync_method import ConstantPool, Edits, new_op, reshape
+from autopar.transforms.sync_method import ConstantPool, Edits, NodeWriter, new_op
 
 tf1 = tf.compat.v1
 
@@ -55,7 +55,10 @@ def _joined(ops: list[tf.Operation], name: str) -> tf.Operation:
 class PsBuilder:
     def __init__(self, graph: tf.Graph, analysis: Analysis, plan: Plan, worker_index: int,
                  backend, worker_device: str, moves: list[Move] | None = None,
-                 constants: ConstantPool | None = None):
+                 constants: ConstantPool | None = None, nodes: NodeWriter | None = None):
+        if nodes is None:
+            raise ValueError("PsBuilder needs the rewrite's NodeWriter (RewriteContext.nodes): "
+                             "its nodes are written into the scratch graph's export")
         self.g = graph
         self.analysis = analysis
         self.plan = plan
@@ -70,6 +73,8 @@ class PsBuilder:
         self._pushed: tf.Operation | None = None
         self._counters: dict[tuple[str, int], tf.Tensor] = {}
         self.constants = constants or ConstantPool(worker_device)
+        # The per-variable and per-partition ops, written as NodeDefs
+        self.nodes = nodes
 
     def build(self) -> Edits:
         ps_vars = self.plan.ps_variables
@@ -79,7 +84,7 @@ class PsBuilder:
         la = self.plan.local_aggregation and len(members) > 1
         self.is_host_leader = not la or members[0] == self.index
         accumulators = {}
-        self.part_handles: dict[str, list[tf.Tensor]] = {}
+        self.part_handles: dict[str, list[str]] = {}
         with tf.name_scope("autopar/partition"):
             for vp in ps_vars:
                 if len(vp.partitions) > 1:
@@ -111,13 +116,14 @@ class PsBuilder:
         inits, reads = [], []
         for vp in ps_vars:
             for p, server in enumerate(vp.servers):
-                with tf.device(server_device(server)):
-                    counter = self._counter(vp, p, server)
-                    zero = self._const(0, tf.int64, server_device(server))
-                    inits.append(new_op("AssignVariableOp", [counter, zero], dtype=tf.int64))
-                    reads.append(new_op("ReadVariableOp", [counter], dtype=tf.int64).outputs[0])
-        tf.group(*inits, name=COUNTERS_INIT)
-        tf.stack(reads, name=CONTRIBUTIONS_OP)
+                device = server_device(server)
+                counter = self._counter(vp, p, server)
+                zero = self._const(0, tf.int64, device)
+                inits.append((self.nodes.add("AssignVariableOp", [counter, zero], device,
+                                             dtype=tf.int64), device))
+                reads.append(self.nodes.add("ReadVariableOp", [counter], device, dtype=tf.int64))
+        self.nodes.group(inits, name=COUNTERS_INIT)
+        self.nodes.add("Pack", reads, name=CONTRIBUTIONS_OP, N=len(reads), T=tf.int64)
 
     def _barrier(self, done: tf.Operation) -> None:
         """A scalar all-reduce ending every training step, after all of this
@@ -142,7 +148,11 @@ class PsBuilder:
         control edge per push on every such op (and on each constant created
         under the dependency) grew the graph with variables squared."""
         if self.pushes and self._pushed is None:
-            self._pushed = _joined(self.pushes, "pushed")
+            # Built empty here (the pushes are NodeDefs), grouped at the flush
+            # as tf.group would (one NoOp per device).
+            with tf.control_dependencies(None), tf.device(None):
+                self._pushed = tf.no_op(name="pushed")
+            self.nodes.group(self.pushes, into=self._pushed.name)
         return [self._pushed] if self.pushes else []
 
     def _after_collectives(self) -> list[tf.Operation]:
@@ -159,9 +169,9 @@ class PsBuilder:
                     out.append(tf.raw_ops.SparseConditionalAccumulator(
                         dtype=info.dtype, shape=shape, shared_name=name, reduction_type="SUM"))
                 else:
-                    out.append(new_op("ConditionalAccumulator", [], dtype=tf.as_dtype(info.dtype),
-                                      shape=shape, shared_name=name,
-                                      reduction_type="SUM").outputs[0])
+                    out.append(self.nodes.add("ConditionalAccumulator", [], server_device(server),
+                                              dtype=tf.as_dtype(info.dtype), shape=shape,
+                                              shared_name=name, reduction_type="SUM"))
         return out
 
     def _token_queue(self, worker: int) -> tf.Tensor:
@@ -227,13 +237,17 @@ class PsBuilder:
 
     def _push(self, vp, info, accumulators, contribution) -> None:
         for p, ((start, end), server) in enumerate(zip(vp.partitions, vp.servers)):
+            device = server_device(server)
             if info.gradient == "dense":
-                piece = (contribution if len(vp.partitions) == 1
-                         else self.constants.rows(contribution, start, end))
-                with tf.device(server_device(server)):
-                    push = new_op("AccumulatorApplyGradient", [
-                        accumulators[p], self._const(_ALWAYS_FRESH, tf.int64, server_device(server)),
-                        piece], dtype=piece.dtype.base_dtype)
+                dtype = contribution.dtype.base_dtype
+                piece = contribution
+                if len(vp.partitions) > 1:
+                    bounds = [self.constants.get([b]) for b in (start, end, 1)]
+                    piece = self.nodes.add("StridedSlice", [contribution, *bounds], T=dtype,
+                                           Index=tf.int32)
+                push = self.nodes.add("AccumulatorApplyGradient", [
+                    accumulators[p], self._const(_ALWAYS_FRESH, tf.int64, device), piece],
+                    device, dtype=dtype)
             else:
                 values, indices = contribution
                 if len(vp.partitions) > 1:
@@ -246,7 +260,8 @@ class PsBuilder:
                         handle=accumulators[p], gradient_indices=indices,
                         local_step=self._const(_ALWAYS_FRESH, tf.int64, server_device(server)),
                         gradient_values=values, gradient_shape=shape, has_known_shape=True)
-            self.pushes.append(push)
+                push = push.name
+            self.pushes.append((push, device))
             self._count(vp, p, server, push)
 
     def _count(self, vp, p: int, server: int, push) -> None:
@@ -254,30 +269,30 @@ class PsBuilder:
         what local aggregation is meant to cut from one per worker to one per
         host (read as CONTRIBUTIONS_OP)."""
         counter = self._counter(vp, p, server)
-        with tf.device(server_device(server)), tf.control_dependencies([push]):
-            one = self._const(1, tf.int64, server_device(server))
-            self.pushes.append(new_op("AssignAddVariableOp", [counter, one], dtype=tf.int64))
+        device = server_device(server)
+        one = self._const(1, tf.int64, device)
+        self.pushes.append((self.nodes.add("AssignAddVariableOp", [counter, one, "^" + push],
+                                           device, dtype=tf.int64), device))
 
-    def _counter(self, vp, p: int, server: int) -> tf.Tensor:
+    def _counter(self, vp, p: int, server: int) -> str:
         """The handle of an accumulator's contribution counter: one op for the
         count, the init and the read (created outside any control dependency,
         so the init does not wait for a push)."""
         key = (vp.name, p)
         if key not in self._counters:
-            with tf.device(server_device(server)), tf.control_dependencies(None):
-                self._counters[key] = new_op(
-                    "VarHandleOp", [], dtype=tf.int64, shape=[],
-                    shared_name=f"autopar/contributions/{vp.name}/part_{p}").outputs[0]
+            self._counters[key] = self.nodes.add(
+                "VarHandleOp", [], server_device(server), dtype=tf.int64, shape=[],
+                shared_name=f"autopar/contributions/{vp.name}/part_{p}")
         return self._counters[key]
 
     def _split(self, vp: VariablePlan) -> None:
         info = self.analysis.variable(vp.name)
         region = set(info.update_ops) | set(info.own_path_ops)
         partitioner = Partitioner(self.g, self.edits, lambda p: server_device(vp.servers[p]),
-                                  self.constants)
+                                  self.constants, self.nodes)
         for name in [info.name, *info.slots]:
             self.part_handles[name] = partitioner.split(name, vp.partitions, region)
-            self.edits.partitions[name] = [(h.op.name, start, end) for h, (start, end)
+            self.edits.partitions[name] = [(h, start, end) for h, (start, end)
                                            in zip(self.part_handles[name], vp.partitions)]
 
     # -- chief ---------------------------------------------------------------
@@ -288,20 +303,22 @@ class PsBuilder:
         need = self.plan.contributions_per_step()
         device = server_device(vp.servers[0])
         required = self._const(need, tf.int32, device)
+        if info.gradient == "dense":
+            grad = self.g.get_tensor_by_name(info.grad_tensor)
+            dtype = grad.dtype.base_dtype
+            total = self.nodes.add("AccumulatorTakeGradient", [
+                accumulators[0], required, *self._after_pushes()], device, dtype=dtype)
+            self.edits.replaced[grad.name] = self.nodes.add(
+                "Reshape", [total, self.constants.shape_of(grad, device)], device, T=dtype,
+                Tshape=tf.int32) + ":0"
+            return
         with tf.control_dependencies(self._after_pushes()), tf.device(device):
-            if info.gradient == "dense":
-                grad = self.g.get_tensor_by_name(info.grad_tensor)
-                total = new_op("AccumulatorTakeGradient", [accumulators[0], required],
-                               dtype=grad.dtype.base_dtype).outputs[0]
-                self.edits.replaced[grad.name] = reshape(
-                    total, self.constants.shape_of(grad, device)).name
-            else:
-                values = self.g.get_tensor_by_name(info.grad_values)
-                indices = self.g.get_tensor_by_name(info.grad_indices)
-                idx, vals, _ = tf.raw_ops.SparseAccumulatorTakeGradient(
-                    handle=accumulators[0], num_required=required, dtype=values.dtype)
-                self.edits.replaced[values.name] = vals.name
-                self.edits.replaced[indices.name] = tf.cast(idx, indices.dtype).name
+            values = self.g.get_tensor_by_name(info.grad_values)
+            indices = self.g.get_tensor_by_name(info.grad_indices)
+            idx, vals, _ = tf.raw_ops.SparseAccumulatorTakeGradient(
+                handle=accumulators[0], num_required=required, dtype=values.dtype)
+            self.edits.replaced[values.name] = vals.name
+            self.edits.replaced[indices.name] = tf.cast(idx, indices.dtype).name
 
     def _take_partitioned(self, vp, info, accumulators) -> None:
         """Each partition's aggregate feeds its own copy of the variable's update
@@ -309,14 +326,15 @@ class PsBuilder:
         need = self.plan.contributions_per_step()
         region = set(info.update_ops) | set(info.own_path_ops)
         for p, server in enumerate(vp.servers):
-            remap = {name: self.part_handles[name][p].op.name for name in [info.name, *info.slots]}
+            remap = {name: self.part_handles[name][p] for name in [info.name, *info.slots]}
             device = server_device(server)
             required = self._const(need, tf.int32, device)
             with tf.control_dependencies(self._after_pushes()), tf.device(device):
                 if info.gradient == "dense":
-                    total = tf.raw_ops.AccumulatorTakeGradient(
-                        handle=accumulators[p], num_required=required, dtype=info.dtype)
-                    remap[node_input_name(info.grad_tensor)] = node_input_name(total.name)
+                    total = self.nodes.add("AccumulatorTakeGradient", [
+                        accumulators[p], required, *self._after_pushes()], device,
+                        dtype=tf.as_dtype(info.dtype))
+                    remap[node_input_name(info.grad_tensor)] = total
                 else:
                     indices = self.g.get_tensor_by_name(info.grad_indices)
                     idx, vals, _ = tf.raw_ops.SparseAccumulatorTakeGradient(

@@ -31,7 +31,7 @@ from autopar.transforms.placement import Move
 from autopar.transforms.plan import BATCH_NORM_GROUP_BASE, Plan
 from autopar.transforms.methods import METHODS
 from autopar.transforms.ps_rewrite import cover_server_work
-from autopar.transforms.sync_method import ConstantPool, Edits, RewriteContext
+from autopar.transforms.sync_method import ConstantPool, Edits, NodeWriter, RewriteContext
 from autopar.transforms.wus import shard_weight_updates
 
 tf1 = tf.compat.v1
@@ -102,9 +102,11 @@ def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan, worker_ind
         after_step = _sync_local_state(scratch, analysis, plan, backend, ctx.constants)
     new_nodes = {op.name for op in scratch.get_operations()[n_original:]}
     graph_def = scratch.as_graph_def()
-    new_nodes.update(_splice_broadcast(graph_def, broadcast, worker_index == 0, minus_one, device))
-    new_nodes -= {g.stand_in for g in broadcast}
+    new_nodes.update(ctx.nodes.flush(graph_def))
     by_name = {node.name: node for node in graph_def.node}
+    new_nodes.update(_splice_broadcast(graph_def, broadcast, worker_index == 0, minus_one, device,
+                                       by_name))
+    new_nodes -= {g.stand_in for g in broadcast}
     copies = [node for region, p, remap, device_of in edits.copies     # from the unedited nodes
               for node in copy_region(by_name, region, p, remap, device_of)]
     _set_devices(graph_def, new_nodes, edits, device)
@@ -421,19 +423,20 @@ class _BroadcastGroup:
 
 
 def _splice_broadcast(graph_def, groups: list[_BroadcastGroup], is_chief: bool,
-                      minus_one: str, device: str) -> list[str]:
+                      minus_one: str, device: str, by_name: dict | None = None) -> list[str]:
     """Write _broadcast_state's per-variable ops into `graph_def` and the
     BROADCAST_OP NoOp; return the new nodes' names. The chief concatenates its
     flattened values into each collective; a receiver splits what it receives
     and assigns each variable its piece (as _flatten and _assign_pieces lay
     them out). Nodes are the ones TensorFlow's API would build, minus the
-    value read back after each assignment, which nothing consumes."""
-    nodes = _NodeWriter(graph_def, device, "autopar/broadcast/")
-    int32 = tf.int32.as_datatype_enum
+    value read back after each assignment, which nothing consumes. `by_name`:
+    an index of graph_def's nodes, kept up to date."""
+    nodes = NodeWriter(graph_def, device, "autopar/broadcast/", by_name=by_name)
+    int32 = tf.int32
     dims = []   # BROADCAST_OP's control inputs
     for g in groups:
         after = ["^" + g.after] if g.after else []
-        dtype = g.variables[0].dtype.as_datatype_enum
+        dtype = g.variables[0].dtype
         if is_chief:
             pieces = []
             for v in g.variables:
@@ -469,58 +472,3 @@ def _splice_broadcast(graph_def, groups: list[_BroadcastGroup], is_chief: bool,
     noop = graph_def.node.add(name=BROADCAST_OP, op="NoOp", device=device)
     noop.input.extend(dims)
     return nodes.added + [BROADCAST_OP]
-
-
-class _NodeWriter:
-    """Appends NodeDefs to a GraphDef under unique names in `scope`."""
-
-    def __init__(self, graph_def, device: str, scope: str):
-        self.graph_def = graph_def
-        self.device = device
-        self.scope = scope
-        self.by_name = {n.name: n for n in graph_def.node}
-        self.added: list[str] = []
-        self._count: dict[str, int] = {}
-        self._shapes: dict[tuple, str] = {}
-
-    def _name(self, base: str) -> str:
-        while True:
-            k = self._count.get(base, 0)
-            self._count[base] = k + 1
-            name = f"{self.scope}{base}" + (f"_{k}" if k else "")
-            if name not in self.by_name:
-                return name
-
-    def add(self, op: str, inputs: list[str], **attrs) -> str:
-        node = self.graph_def.node.add(name=self._name(op), op=op, device=self.device)
-        node.input.extend(inputs)
-        for key, value in attrs.items():
-            if isinstance(value, bool):
-                node.attr[key].b = value
-            elif key in ("N", "num_split"):
-                node.attr[key].i = value
-            else:
-                node.attr[key].type = value
-        self.by_name[node.name] = node
-        self.added.append(node.name)
-        return node.name
-
-    def add_const(self, value, dtype: int, inputs: list[str] = ()) -> str:
-        node = self.graph_def.node.add(name=self._name("Const"), op="Const", device=self.device)
-        node.input.extend(inputs)
-        node.attr["dtype"].type = dtype
-        node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value, tf.as_dtype(dtype)))
-        self.by_name[node.name] = node
-        self.added.append(node.name)
-        return node.name
-
-    def shape_const(self, shape: list[int]) -> str:
-        """One constant per shape (as the receivers' shape pool had)."""
-        key = tuple(shape)
-        if key not in self._shapes:
-            self._shapes[key] = self.add_const(list(shape), tf.int32.as_datatype_enum)
-        return self._shapes[key]
-
-    def remove(self, name: str) -> None:
-        node = self.by_name.pop(name)
-        self.graph_def.node.remove(node)
