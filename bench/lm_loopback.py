@@ -129,19 +129,24 @@ def table(summary: dict, repeats: int) -> str:
     return "\n".join(rows)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_lm_arguments(p: argparse.ArgumentParser, *, steps: int, warmup: int) -> None:
+    """The job and model options run_once reads (shared with bench/ps_profile.py)."""
     p.add_argument("--spec", default=SPEC)
     p.add_argument("--options", nargs="+", choices=OPTIONS, default=list(OPTIONS))
-    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--vocab", type=int, default=200_000)
     p.add_argument("--dim", type=int, default=256)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=32, help="per worker")
     p.add_argument("--seq-len", type=int, default=20)
-    p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--warmup", type=int, default=warmup)
     p.add_argument("--timeout", type=float, default=600, help="seconds per run before it is ended")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_lm_arguments(p, steps=50, warmup=10)
+    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default="bench/results/lm_loopback.json")
     args = p.parse_args()
 

@@ -33,7 +33,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from bench.lm_loopback import OPTIONS, SPEC, machine, run_once  # noqa: E402
+from bench.lm_loopback import add_lm_arguments, machine, run_once  # noqa: E402
 
 # Op type -> category, first match wins (regular expressions on the type).
 CATEGORIES = (
@@ -152,17 +152,8 @@ def table(results: dict) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--spec", default=SPEC)
-    p.add_argument("--options", nargs="+", choices=OPTIONS, default=list(OPTIONS))
-    p.add_argument("--vocab", type=int, default=200_000)
-    p.add_argument("--dim", type=int, default=256)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--batch-size", type=int, default=32, help="per worker")
-    p.add_argument("--seq-len", type=int, default=20)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=8)
+    add_lm_arguments(p, steps=20, warmup=8)
     p.add_argument("--trace-step", type=int, default=14, help="the step traced (after --warmup)")
-    p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--out", default="bench/results/ps_profile.json")
     args = p.parse_args()
     if not args.warmup <= args.trace_step < args.steps:
