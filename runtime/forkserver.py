@@ -44,6 +44,7 @@ import argparse
 import gc
 import io
 import json
+import logging
 import os
 import runpy
 import select
@@ -278,6 +279,7 @@ class ForkServer:
         self._exited: dict[int, int] = {}
         self._ready = False
         self._closed = False
+        self._stopping = False
         self._next_id = 0
         self._tail: deque[str] = deque(maxlen=20)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -318,6 +320,12 @@ class ForkServer:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+        if not self._stopping:
+            # Its children died with it (PR_SET_PDEATHSIG): say why they did.
+            logging.getLogger("autopar.launcher").error(
+                "the fork server (pid %d) exited unexpectedly; the processes forked from it "
+                "were killed with it. Its last output:\n%s", self.pid,
+                self.output_tail() or "(none)")
 
     def _drain_output(self) -> None:
         stream = self.popen.stdout
@@ -382,6 +390,7 @@ class ForkServer:
         """Hang up (the server then stops what is left of its children and
         exits) and reap it."""
         from autopar.common import procs
+        self._stopping = True
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:

@@ -117,3 +117,18 @@ def test_what_can_be_forked():
     assert not forkable([sys.executable, str(SCRIPT.parent / "missing.py")])
     assert not forkable(["/bin/sh", "-c", "true"])
     assert not forkable([sys.executable])
+
+
+def test_a_dead_fork_server_is_reported_and_its_children_count_as_killed(tmp_path, caplog):
+    server = ForkServer(child_env())
+    try:
+        child = server.start([sys.executable, str(SCRIPT), "--sleep", "300"], child_env(),
+                             str(tmp_path))
+        assert child.stdout is not None and child.stdout.readline().startswith(b"{")
+        os.kill(server.pid, signal.SIGKILL)
+        assert child.wait(timeout=30) == -signal.SIGKILL
+        assert not pid_alive(child.pid)
+    finally:
+        server.stop()
+    assert any(f"the fork server (pid {server.pid}) exited unexpectedly" in r.getMessage()
+               for r in caplog.records)
