@@ -86,9 +86,10 @@ def _preload() -> None:
     for name in PRELOAD:
         try:
             importlib.import_module(name)
-        except ImportError as exc:
-            # A child then imports it itself, as a new process would.
-            print(f"fork server: not preloading {name}: {exc}", file=sys.stderr, flush=True)
+        except (Exception, SystemExit) as exc:   # noqa: BLE001 - whatever its import does
+            # A child then imports it itself, as a new process would (and
+            # meets the same error there, where it is reported as the child's).
+            print(f"fork server: not preloading {name}: {exc!r}", file=sys.stderr, flush=True)
     # Moved out of the collector's generations: the children's collections
     # then do not touch (and copy) the server's pages.
     gc.freeze()
@@ -280,6 +281,7 @@ class ForkServer:
         self._ready = False
         self._closed = False
         self._stopping = False
+        self._forked_any = False
         self._next_id = 0
         self._tail: deque[str] = deque(maxlen=20)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -310,6 +312,7 @@ class ForkServer:
                     self._ready = True
                 elif parts[0] == "FORKED":
                     pid = int(parts[2])
+                    self._forked_any = True
                     self._exited.pop(pid, None)   # a recycled pid: forget the old one
                     self._forked[int(parts[1])] = pid
                 elif parts[0] == "FAILED":
@@ -320,7 +323,7 @@ class ForkServer:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        if not self._stopping:
+        if not self._stopping and self._forked_any:
             # Its children died with it (PR_SET_PDEATHSIG): say why they did.
             logging.getLogger("autopar.launcher").error(
                 "the fork server (pid %d) exited unexpectedly; the processes forked from it "
