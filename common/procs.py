@@ -128,6 +128,17 @@ def group_exists(pgid: int) -> bool:
     return _signal_group(pgid, 0)
 
 
+def pid_alive(pid: int) -> bool:
+    """True if ``pid`` runs. A zombie counts as gone: it has exited, and in a
+    container without an init reaper it may stay unreaped."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
 class Stoppable(Protocol):
     """What stop_processes needs of a process: its pid, which is also its
     process group id (it leads its own group), and a non-blocking poll that

@@ -55,7 +55,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import IO
 
 # What a fork saves: everything a worker or a server imports (and the
@@ -108,6 +108,7 @@ def _serve(sock: socket.socket) -> tuple[dict, int] | None:
 
     reply(f"READY {os.getpid()}")
     children: set[int] = set()
+    die_with_server = procs.make_preexec()   # run in each child, right after its fork
     while True:
         readable, _, _ = select.select([sock], [], [], 0.05)
         if readable:
@@ -124,7 +125,6 @@ def _serve(sock: socket.socket) -> tuple[dict, int] | None:
                 reply(f"FAILED {request['id']} "
                       + ("no output descriptor" if len(fds) != 1 else "the server has threads"))
                 continue
-            die_with_server = procs.make_preexec()
             # The child says it is set up (own session, dying with us) by
             # closing its end of this pipe: only then is its pid, which the
             # launcher signals as a process group, worth reporting.
@@ -150,7 +150,7 @@ def _serve(sock: socket.socket) -> tuple[dict, int] | None:
             os.close(fds[0])
             children.add(pid)
             reply(f"FORKED {request['id']} {pid}")
-        _reap(children, reply)
+        reap_exited(children, reply)
     procs.stop_processes([_Reaped(pid) for pid in children], grace_seconds=1.0)
     return None
 
@@ -174,7 +174,10 @@ class _Reaped:
         return self.status
 
 
-def _reap(children: set[int], reply) -> None:
+def reap_exited(children: set[int], reply: Callable[[str], None]) -> None:
+    """Reap every child that has exited, without waiting: drop it from
+    ``children`` and reply "EXITED <pid> <status>" (negative: the signal that
+    killed it). Shared with the benchmark harness's fork server."""
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -387,7 +390,7 @@ class ForkServer:
             if not self._closed:
                 return None
         from autopar.common import procs
-        return None if procs.group_exists(pid) and _alive(pid) else -9
+        return None if procs.group_exists(pid) and procs.pid_alive(pid) else -9
 
     def stop(self, grace_seconds: float = 3.0) -> None:
         """Hang up (the server then stops what is left of its children and
@@ -403,16 +406,6 @@ class ForkServer:
             self.popen.wait(timeout=grace_seconds + 2.0)
         except Exception:   # noqa: BLE001 - subprocess.TimeoutExpired: stop it the hard way
             procs.stop_processes([self.popen], grace_seconds)
-
-
-def _alive(pid: int) -> bool:
-    """A process that exists and is not a zombie (a zombie's parent, the
-    fork server, is gone only if it was reaped by init already)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
 
 
 if __name__ == "__main__":

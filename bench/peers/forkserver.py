@@ -36,6 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from autopar.runtime.forkserver import reap_exited  # noqa: E402 - stdlib only, any venv
 from bench.peers import common  # noqa: E402
 
 
@@ -140,17 +141,7 @@ def serve(kind: str) -> None:
                     child(req)
                 children.add(pid)
                 reply(f"FORKED {req['id']} {pid}")
-        while children:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                children.clear()
-                break
-            if pid == 0:
-                break
-            children.discard(pid)
-            code = os.waitstatus_to_exitcode(status)
-            reply(f"EXITED {pid} {code}")
+        reap_exited(children, reply)
     # stdin closed: kill what is left and leave
     for pid in list(children):
         try:

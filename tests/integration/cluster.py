@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from autopar.common.procs import pid_alive  # noqa: F401 - the tests' check, re-exported
 from autopar.runtime.forkserver import ForkedProcess, ForkServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -200,16 +201,6 @@ class LineReader:
     @property
     def text(self) -> str:
         return "".join(self.lines)
-
-
-def pid_alive(pid: int) -> bool:
-    """True if pid runs (zombies count as gone: they have exited, and in a
-    container without an init reaper they may linger unreaped)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text(errors="replace").rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
 
 
 def survivors(pids, timeout: float = 30) -> list[int]:
