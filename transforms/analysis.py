@@ -17,8 +17,6 @@ reach it only through the global norm.
 from __future__ import annotations
 
 import collections
-import contextlib
-import gc
 from dataclasses import dataclass, field
 
 import tensorflow as tf
@@ -26,8 +24,9 @@ import tensorflow as tf
 from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms import serial
 from autopar.transforms.batchnorm import BatchNormInfo, find_batch_norms
-from autopar.transforms.graph_utils import (VARIABLE_OP_TYPES, graph_of, in_gradient_scope,
-                                    is_restore_assignment, static_shape)
+from autopar.transforms.graph_utils import (VARIABLE_OP_TYPES, collector_paused, graph_of,
+                                            in_gradient_scope, is_restore_assignment,
+                                            static_shape)
 
 tf1 = tf.compat.v1
 
@@ -132,24 +131,8 @@ def analyze_graph(graph_or_meta) -> Analysis:
     every variable are answered together by one pass in each direction, and
     per-variable walks stay in the variable's own neighbourhood."""
     graph = graph_of(graph_or_meta)
-    with _collector_paused():
+    with collector_paused():
         return _analyze(graph)
-
-
-@contextlib.contextmanager
-def _collector_paused():
-    """The analysis allocates tens of thousands of small lists and sets and
-    makes no reference cycles; each of the cyclic collector's full passes it
-    would trigger walks every object of the TensorFlow graph (hundreds of
-    thousands for a BERT-large graph), which made the time grow faster than
-    the op count. Collection resumes, as it was, afterwards."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _analyze(graph: tf.Graph) -> Analysis:

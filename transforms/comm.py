@@ -102,6 +102,17 @@ class CollectiveOpsBackend:
                       communication_hint=self.hint, timeout_seconds=float(self.timeout_s),
                       Nordering_token=0).outputs[0]
 
+    def allreduce_sum_node(self, nodes, tensor, dtype: tf.DType, instance_key: int) -> str:
+        """allreduce_sum written as a NodeDef by `nodes` (a
+        sync_method.NodeWriter): `tensor` a node input string or tf.Tensor,
+        the group and key constants from the writer's pool. For collectives
+        built by the hundred (one per variable); the name of the node."""
+        ints = [nodes.pooled_const(v, tf.int32) for v in
+                (self.group_size, self.group_key, instance_key)]
+        return nodes.add("CollectiveReduceV2", [tensor, *ints], T=dtype, merge_op="Add",
+                         final_op="Id", communication_hint=self.hint,
+                         timeout_seconds=float(self.timeout_s), Nordering_token=0)
+
     def allgather(self, tensor: tf.Tensor, instance_key: int | tf.Tensor) -> tf.Tensor:
         """Concatenate along dim 0; every worker must pass the same shape."""
         return tf.raw_ops.CollectiveGatherV2(

@@ -31,7 +31,7 @@ from autopar.transforms.graph_utils import node_input_name
 from autopar.transforms.partition import Partitioner, copy_prefix
 from autopar.transforms.placement import Move, ps_devices, server_device
 from autopar.transforms.plan import Plan, VariablePlan
-from autopar.transforms.sync_method import ConstantPool, Edits, NodeWriter, new_op
+from autopar.transforms.sync_method import ConstantPool, Edits, NodeWriter
 
 tf1 = tf.compat.v1
 
@@ -69,6 +69,7 @@ class PsBuilder:
         self.edits = Edits()
         self.moves = moves   # OPAU/OPSW placement computed beforehand (None: compute it here)
         self.collectives: list[tf.Operation] = []
+        self.collective_nodes: list[str] = []   # the same, written as NodeDefs (self.nodes)
         self.pushes: list[tf.Operation] = []
         self._pushed: tf.Operation | None = None
         self._counters: dict[tuple[str, int], tf.Tensor] = {}
@@ -156,7 +157,21 @@ class PsBuilder:
         return [self._pushed] if self.pushes else []
 
     def _after_collectives(self) -> list[tf.Operation]:
-        return [_joined(self.collectives, "collectives_done")] if self.collectives else []
+        if not (self.collectives or self.collective_nodes):
+            return []
+        return [self._all_collectives(self.collectives, "collectives_done")]
+
+    def _all_collectives(self, ops: list[tf.Operation], name: str) -> tf.Operation:
+        """_joined(ops) that also waits for the collectives written as NodeDefs."""
+        if not self.collective_nodes:
+            return _joined(ops, name)
+        with tf.control_dependencies(None), tf.device(None):
+            joined = tf.no_op(name=name)
+        # grouped at the flush as tf.group groups (one NoOp per device)
+        self.nodes.group([(op.name, op.device) for op in ops]
+                         + [(n, self.worker_device) for n in self.collective_nodes],
+                         into=joined.name)
+        return joined
 
     # -- shared objects ------------------------------------------------------
     def _accumulators(self, vp: VariablePlan, info: VariableInfo) -> list[tf.Tensor]:
@@ -214,13 +229,15 @@ class PsBuilder:
         """This worker's (or, with local aggregation, this host's) gradient."""
         scale = self._scale(info)
         if info.gradient == "dense":
-            grad = self.g.get_tensor_by_name(info.grad_tensor)
-            grad = new_op("Mul", [grad, self._const(scale, grad.dtype)],
-                          T=grad.dtype.base_dtype).outputs[0]
+            # NodeDefs (one per variable: as Python ops they were most of a
+            # ps-mode rewrite); the node's name
+            dtype = self.g.get_tensor_by_name(info.grad_tensor).dtype.base_dtype
+            grad = self.nodes.add("Mul", [node_input_name(info.grad_tensor),
+                                          self._const(scale, dtype)], T=dtype)
             if la:
                 host = self.backend.subgroup(len(members), host_key)
-                grad = host.allreduce_sum(grad, vp.keys["la_values"])
-                self.collectives.append(grad.op)
+                grad = host.allreduce_sum_node(self.nodes, grad, dtype, vp.keys["la_values"])
+                self.collective_nodes.append(grad)
             return grad
         values = self.g.get_tensor_by_name(info.grad_values)
         indices = tf.cast(self.g.get_tensor_by_name(info.grad_indices), tf.int64)
@@ -239,7 +256,7 @@ class PsBuilder:
         for p, ((start, end), server) in enumerate(zip(vp.partitions, vp.servers)):
             device = server_device(server)
             if info.gradient == "dense":
-                dtype = contribution.dtype.base_dtype
+                dtype = self.g.get_tensor_by_name(info.grad_tensor).dtype.base_dtype
                 piece = contribution
                 if len(vp.partitions) > 1:
                     bounds = [self.constants.get([b]) for b in (start, end, 1)]
@@ -352,18 +369,23 @@ class PsBuilder:
     def _release(self, ps_vars) -> tf.Operation:
         updates = [self.g.get_operation_by_name(u)
                    for vp in ps_vars for u in self.analysis.variable(vp.name).update_ops]
-        with tf.control_dependencies([_joined(updates + self.collectives, "updated")]):
+        with tf.control_dependencies([self._all_collectives(updates + self.collectives,
+                                                            "updated")]):
             tokens = [tf.raw_ops.QueueEnqueueV2(handle=self._token_queue(w),
                                                 components=[self._const(0, tf.int32)])
                       for w in range(1, self.plan.num_workers)]
             release = tf.group(*tokens, name="release")
+        # Every op outside the regions that reads one of their ops (data or
+        # control) waits for the release: found from the regions' consumers,
+        # not by a scan of the whole graph.
         region = self._regions(ps_vars)
-        for op in self.g.get_operations():
-            if op.name in region:
-                continue
-            if any(t.op.name in region for t in op.inputs) or any(
-                    c.name in region for c in op.control_inputs):
-                self.edits.extra_control.setdefault(op.name, []).append(release.name)
+        waiting = set()
+        for name in sorted(region):
+            op = self.g.get_operation_by_name(name)
+            waiting.update(c.name for t in op.outputs for c in t.consumers())
+            waiting.update(c.name for c in op._control_outputs)  # pylint: disable=protected-access
+        for name in sorted(waiting - region):
+            self.edits.extra_control.setdefault(name, []).append(release.name)
         return release
 
     def _wait(self, ps_vars) -> tf.Operation:
@@ -409,25 +431,36 @@ def cover_server_work(graph_def, barrier: str, step_ops) -> list[str]:
     Like the update ops the barrier already waits for, these ops then run in
     every training step."""
     nodes = {n.name: n for n in graph_def.node}
-    producers = {name: [i.lstrip("^").split(":")[0] for i in node.input]
-                 for name, node in nodes.items()}
+    producer_of: dict[str, str] = {}   # input string -> producing node (a tensor feeds many)
+
+    def producers(name: str) -> list[str]:
+        out = []
+        for i in nodes[name].input:
+            p = producer_of.get(i)
+            if p is None:
+                p = producer_of[i] = (i[1:] if i[0] == "^" else i).partition(":")[0]
+            if p in nodes:
+                out.append(p)
+        return out
 
     def on_server(name: str) -> bool:
         return nodes[name].device.startswith(f"/job:{SERVER_JOB}")
 
-    def ancestors(roots) -> set[str]:
-        seen, stack = set(), [r for r in roots if r in nodes]
+    def ancestors(roots, stop: set[str] = frozenset()) -> set[str]:
+        seen, stack = set(), [r for r in roots if r in nodes and r not in stop]
         while stack:
             name = stack.pop()
             if name in seen:
                 continue
             seen.add(name)
-            stack.extend(p for p in producers[name] if p in nodes)
+            stack.extend(p for p in producers(name) if p not in stop)
         return seen
 
     covered = ancestors([barrier])
-    step = ancestors(step_ops)
-    touching = sorted(n for n in step - covered
-                      if on_server(n) or any(on_server(p) for p in producers[n] if p in nodes))
+    # The step's ops not covered yet: an ancestor of a covered op is covered,
+    # so the walk from the step ops stops at the covered ones.
+    uncovered = ancestors(step_ops, stop=covered)
+    touching = sorted(n for n in uncovered
+                      if on_server(n) or any(on_server(p) for p in producers(n)))
     nodes[barrier].input.extend("^" + n for n in touching)
     return touching

@@ -24,8 +24,8 @@ from autopar.transforms.accumulate import (build_accumulators, check_update_read
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.batchnorm import apply_rewire, group_of, rewrite_batch_norms
 from autopar.transforms.comm import CollectiveOpsBackend
-from autopar.transforms.graph_utils import (import_meta_graph, import_nodes, in_gradient_scope,
-                                             meta_graph_of, node_input_name)
+from autopar.transforms.graph_utils import (collector_paused, import_meta_graph, import_nodes,
+                                             in_gradient_scope, meta_graph_of, node_input_name)
 from autopar.transforms.partition import copy_region
 from autopar.transforms.placement import Move
 from autopar.transforms.plan import BATCH_NORM_GROUP_BASE, Plan
@@ -75,6 +75,12 @@ def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan, worker_ind
     (transforms.comm; TensorFlow's collective ops by default).
     `micro_batches` > 1: gradients go through worker-local accumulators
     (transforms.accumulate) before any method aggregates them."""
+    with collector_paused():
+        return _rewrite(graph_or_meta, analysis, plan, worker_index, moves, backend, micro_batches)
+
+
+def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
+             moves: list[Move] | None, backend, micro_batches: int) -> WorkerGraph:
     meta = _meta_graph(graph_or_meta)
     # A fresh import: never mutate the user's graph. Only weight-update
     # sharding and local-state averaging use the collections' Variables.
@@ -100,8 +106,7 @@ def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan, worker_ind
                                      edits.server_variables)
         minus_one = ctx.constants.get([-1]).op.name if worker_index == 0 and broadcast else ""
         after_step = _sync_local_state(scratch, analysis, plan, backend, ctx.constants)
-    new_nodes = {op.name for op in scratch.get_operations()[n_original:]}
-    graph_def = scratch.as_graph_def()
+    graph_def, new_nodes = _export(meta, scratch, n_original)
     new_nodes.update(ctx.nodes.flush(graph_def))
     by_name = {node.name: node for node in graph_def.node}
     new_nodes.update(_splice_broadcast(graph_def, broadcast, worker_index == 0, minus_one, device,
@@ -227,17 +232,43 @@ def _meta_graph(graph_or_meta) -> tf1.MetaGraphDef:
     return meta
 
 
+def _export(meta: tf1.MetaGraphDef, scratch: tf.Graph, n_original: int):
+    """The scratch graph as a GraphDef, and the names of its new nodes (those
+    after the first `n_original`, the import of `meta`).
+
+    The rewrite never changes an imported op in the scratch graph (its edits
+    are NodeDef passes over this export), so the original nodes are `meta`'s,
+    copied as one message, and only the new ops are exported one by one:
+    TensorFlow's export of the whole graph serialises and parses every
+    original node again (~0.2 s for a BERT-large graph). Whatever the import
+    cleared (devices, colocation hints) the GraphDef passes set or drop on
+    every node. The whole graph is exported when the scratch graph holds
+    anything else than `meta`'s nodes and functions plus new ops."""
+    ops = scratch.get_operations()
+    new = ops[n_original:]
+    original = meta.graph_def
+    if (len(original.node) != n_original
+            or len(scratch._functions) != len(original.library.function)):  # pylint: disable=protected-access
+        return scratch.as_graph_def(), {op.name for op in new}
+    graph_def = tf1.GraphDef()
+    graph_def.CopyFrom(original)
+    graph_def.node.extend(op.node_def for op in new)
+    return graph_def, {op.name for op in new}
+
+
 def _scratch_copy(meta: tf1.MetaGraphDef, collections: bool = True,
                   devices: bool = True) -> tf.Graph:
-    """The graph of `meta` in a fresh tf.Graph, without devices or colocation
-    hints (_set_devices drops them from every node anyway; an op built next
-    to one with a device or colocation hint would inherit it); with its
-    collections if asked (restoring them builds a Python Variable per
-    variable: a third of the import's time for a large model). `devices`:
-    whether any node may have a device (False: known to have none)."""
+    """The graph of `meta` in a fresh tf.Graph, without devices (an op built
+    next to one with a device would inherit it; _set_devices sets every
+    node's); with its collections if asked (restoring them builds a Python
+    Variable per variable: a third of the import's time for a large model).
+    `devices`: whether any node may have a device (False: known to have
+    none). Colocation hints are left to the import when nothing else is to
+    clear: an op built under one only gets hints (never a device, the
+    import's having none), and _set_devices drops every node's."""
     serialized = meta.graph_def.SerializeToString()
     graph_def = meta.graph_def
-    if collections or devices or b"_class" in serialized:
+    if collections or devices:
         # A pass over every node (the first access to a GraphDef's nodes from
         # Python is what costs, ~15 us each), only when something is to clear.
         graph_def = tf1.GraphDef()
