@@ -16,7 +16,10 @@ log-log plot of time vs ops (same name, .png).
 Hidden size changes the memory the graph's constants take, not the op count:
 the default (1024, BERT-large) is what the timings in the README use. Times
 are wall-clock seconds of this process, with its CPU seconds alongside (the
-machine may be shared: CPU time is what the code itself costs).
+machine may be shared: CPU time is what the code itself costs). Each rewrite
+runs --repeats times (default 3) and the median is reported; each row also
+records the machine's Python speed at that moment (python_speed_s), because
+this VM's CPU time for the same work varies up to 2x with the host's load.
 
 --end-to-end launches bert_graph.py on resource_specs/localhost_2workers.yaml
 (hidden 64) and reports the time from launch to two finished steps, split
@@ -66,8 +69,19 @@ def _timed(fn, profile_path: str | None = None):
     return result, time.perf_counter() - wall, time.process_time() - cpu
 
 
+def python_speed_s() -> float:
+    """CPU seconds of a fixed pure-Python loop: how fast this (virtual)
+    machine runs Python right now. On this VM it varies up to 2x from minute
+    to minute with the host's load, so each row records it beside its times."""
+    cpu = time.process_time()
+    total = 0
+    for i in range(2_000_000):
+        total += i
+    return time.process_time() - cpu
+
+
 def measure(layers: int, hidden: int, options, profile_dir: str | None,
-            skip_rewrite: bool) -> dict:
+            skip_rewrite: bool, repeats: int = 1) -> dict:
     graph, *_ = build(layers, hidden, heads=max(1, hidden // 64))
     ops = len(graph.get_operations())
     with graph.as_default():
@@ -81,9 +95,15 @@ def measure(layers: int, hidden: int, options, profile_dir: str | None,
            "analyze_graph_s": {}, "analyze_graph_cpu_s": {},
            # analyze_graph + make_plan + place_ops: autopar.analyze
            "analyze_s": {}, "plan_s": {}, "place_s": {},
-           "rewrite_s": {}, "rewrite_cpu_s": {},
+           # rewrite: the median of `repeats` rewrites (a worker does one; the
+           # median takes the machine's minute-to-minute noise out), every run
+           # listed in rewrite_cpu_runs_s, the first one first
+           "rewrite_s": {}, "rewrite_cpu_s": {}, "rewrite_cpu_runs_s": {},
+           "python_speed_s": python_speed_s(),
            "rewritten_graph_def_bytes": {}, "rewritten_nodes": {}, "size_ratio": {}}
     del original
+    print(f"L={layers:>2}: machine speed now {row['python_speed_s']:.2f} CPU s per 2M-iteration "
+          "Python loop (python_speed_s)", flush=True)
 
     def prof(name):
         return os.path.join(profile_dir, f"L{layers}-{name}.prof") if profile_dir else None
@@ -103,16 +123,25 @@ def measure(layers: int, hidden: int, options, profile_dir: str | None,
                 f"cpu {c_graph:5.2f} s; plan {t_plan:5.2f}; place {t_place:5.2f})")
         if not skip_rewrite:
             # With the compiled placement, as a worker rewrites (runtime.worker).
-            worker, t_rw, c_rw = _timed(
-                lambda: rewrite_for_worker(graph, analysis, plan, 0, moves=moves),
-                prof(f"rewrite-{option}"))
+            runs = []
+            for k in range(repeats):
+                worker, t_rw, c_rw = _timed(
+                    lambda: rewrite_for_worker(graph, analysis, plan, 0, moves=moves),
+                    prof(f"rewrite-{option}") if k == 0 else None)
+                runs.append((c_rw, t_rw))
+                if k < repeats - 1:
+                    del worker
+            c_rw, t_rw = sorted(runs)[len(runs) // 2]
             size = worker.meta_graph.graph_def.ByteSize()
             row["rewrite_s"][option] = t_rw
             row["rewrite_cpu_s"][option] = c_rw
+            row["rewrite_cpu_runs_s"][option] = [c for c, _ in runs]
             row["rewritten_graph_def_bytes"][option] = size
             row["rewritten_nodes"][option] = len(worker.meta_graph.graph_def.node)
             row["size_ratio"][option] = size / row["graph_def_bytes"]
-            line += (f"  rewrite {t_rw:7.2f} s (cpu {c_rw:6.2f})  GraphDef "
+            line += (f"  rewrite {t_rw:7.2f} s (cpu {c_rw:6.2f}"
+                     + (f", median of {repeats}: " + " ".join(f"{c:.2f}" for c, _ in runs)
+                        if repeats > 1 else "") + ")  GraphDef "
                      f"{row['graph_def_bytes'] / 1e6:5.1f} -> {size / 1e6:5.1f} MB "
                      f"(x{row['size_ratio'][option]:.2f}, {row['graph_def_nodes']} -> "
                      f"{row['rewritten_nodes'][option]} nodes)")
@@ -197,6 +226,8 @@ def main() -> None:
     p.add_argument("--layers", type=int, nargs="+", default=[3, 6, 12, 24])
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--options", nargs="+", default=list(OPTIONS), choices=OPTIONS)
+    p.add_argument("--repeats", type=int, default=3,
+                   help="rewrites per layer count and option; the median is reported")
     p.add_argument("--skip-rewrite", action="store_true",
                    help="time the analysis only (plan and placement included)")
     p.add_argument("--end-to-end", action="store_true",
@@ -228,7 +259,8 @@ def main() -> None:
         os.makedirs(args.profile, exist_ok=True)
     rows = []
     for layers in args.layers:
-        rows.append(measure(layers, args.hidden, args.options, args.profile, args.skip_rewrite))
+        rows.append(measure(layers, args.hidden, args.options, args.profile, args.skip_rewrite,
+                            args.repeats))
         gc.collect()
     for r in rows:
         r["per_10k_ops_s"] = {

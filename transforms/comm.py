@@ -70,12 +70,16 @@ class CollectiveOpsBackend:
         """Group sizes and keys as one constant each per graph, shared by every
         collective (a constant per collective and argument was a large part
         of a rewritten graph), created outside any control dependency."""
+        return self._const(value, tf.int32, "collective_param")
+
+    def _const(self, value, dtype: tf.DType, name: str = "Const") -> tf.Tensor:
+        """One constant per value and dtype in the default graph (see _int)."""
         graph = tf.compat.v1.get_default_graph()
-        key = (id(graph), value)
+        key = (id(graph), value) if name == "collective_param" else (id(graph), repr(value), dtype)
         if key not in self._constants:
             from autopar.transforms.sync_method import constant
             with tf.control_dependencies(None):
-                self._constants[key] = constant(value, tf.int32, name="collective_param")
+                self._constants[key] = constant(value, dtype, name=name)
         return self._constants[key]
 
     def barrier(self, instance_key: int) -> tf.Tensor:
@@ -146,18 +150,72 @@ class CollectiveOpsBackend:
         ops are run-time tensors), so each key only ever sees one shape; drop
         the padding. The keys [first_key, first_key + ROW_GATHER_KEYS) belong
         to this gather (transforms.plan reserves them)."""
-        count = tf.shape(indices, out_type=tf.int32)[:1]
-        counts = self.allgather(count, keys[0])
-        rung = tf.searchsorted(tf.constant(ROW_LADDER, tf.int64),
-                               tf.cast(tf.reduce_max(counts, keepdims=True), tf.int64),
-                               side="left", out_type=tf.int32)[0]
-        padded = tf.cast(tf.gather(tf.constant(ROW_LADDER, tf.int64), rung), tf.int32)
-        pad = padded - count[0]
-        padded_values = tf.pad(values, [[0, pad]] + [[0, 0]] * (values.shape.rank - 1))
-        padded_indices = tf.pad(indices, [[0, pad]])
-        keep = tf.reshape(tf.sequence_mask(counts, padded), [-1])
-        return (tf.boolean_mask(self.allgather(padded_values, keys[1] + rung), keep),
-                tf.boolean_mask(self.allgather(padded_indices, keys[2] + rung), keep))
+        # Built op by op with every attribute given (sync_method.new_op): the
+        # same computation through tf.shape/searchsorted/pad/sequence_mask/
+        # boolean_mask cost ~30 ms per gather, a fixed cost per sparse
+        # variable that dominated the rewrite of small graphs.
+        from autopar.transforms.sync_method import new_op
+        i32, i64 = tf.int32, tf.int64
+        c = self._const
+        rank = values.shape.rank
+        count = new_op("StridedSlice", [new_op("Shape", [indices], T=indices.dtype.base_dtype,
+                                               out_type=i32).outputs[0],
+                                        c((0,), i32), c((1,), i32), c((1,), i32)],
+                       T=i32, Index=i32).outputs[0]                     # [1]
+        counts = self._gather(count, c(keys[0], i32))                   # [members]
+        largest = new_op("Max", [counts, c((0,), i32)], T=i32, Tidx=i32,
+                         keep_dims=True).outputs[0]                      # [1]
+        # searchsorted(ROW_LADDER, largest, side="left"): the first rung >= it
+        rung = new_op("Reshape", [new_op("LowerBound", [
+            c((ROW_LADDER,), i64),
+            new_op("Reshape", [new_op("Cast", [largest], SrcT=i32, DstT=i64,
+                                      Truncate=False).outputs[0], c((1, 1), i32)],
+                   T=i64, Tshape=i32).outputs[0]], T=i64, out_type=i32).outputs[0],
+            c((), i32)], T=i32, Tshape=i32).outputs[0]                   # scalar
+        padded = new_op("Cast", [new_op("GatherV2", [c(ROW_LADDER, i64), rung, c(0, i32)],
+                                        Tparams=i64, Tindices=i32, Taxis=i32,
+                                        batch_dims=0).outputs[0]],
+                        SrcT=i64, DstT=i32, Truncate=False).outputs[0]  # scalar
+        pad = new_op("Sub", [padded, new_op("Reshape", [count, c((), i32)], T=i32,
+                                            Tshape=i32).outputs[0]], T=i32).outputs[0]
+
+        def padding(r: int) -> tf.Tensor:   # [[0, pad], [0, 0], ...] for rank r
+            return new_op("Mul", [pad, c(((0, 1),) + ((0, 0),) * (r - 1), i32)],
+                          T=i32).outputs[0]
+
+        padded_values = new_op("Pad", [values, padding(rank)], T=values.dtype.base_dtype,
+                               Tpaddings=i32).outputs[0]
+        # (TensorFlow's shape function cannot see that only the first
+        # dimension grows; tf.pad sets the rest as here)
+        padded_values.set_shape(tf.TensorShape([None]).concatenate(values.shape[1:]))
+        padded_indices = new_op("Pad", [indices, padding(1)], T=indices.dtype.base_dtype,
+                                Tpaddings=i32).outputs[0]
+        # The real rows of the gathered block: member m's first counts[m] of
+        # its `padded` (sequence_mask, flattened), as positions (boolean_mask).
+        keep = new_op("Less", [
+            new_op("Range", [c(0, i32), padded, c(1, i32)], Tidx=i32).outputs[0],
+            new_op("ExpandDims", [counts, c(-1, i32)], T=i32, Tdim=i32).outputs[0]],
+            T=i32).outputs[0]
+        keep = new_op("Reshape", [keep, c((-1,), i32)], T=tf.bool, Tshape=i32).outputs[0]
+        rows = new_op("Squeeze", [new_op("Where", [keep], T=tf.bool).outputs[0]], T=i64,
+                      squeeze_dims=[1]).outputs[0]
+        out = []
+        for tensor, key in ((padded_values, keys[1]), (padded_indices, keys[2])):
+            instance = new_op("AddV2", [c(key, i32), rung], T=i32).outputs[0]
+            gathered = self._gather(tensor, instance)
+            out.append(new_op("GatherV2", [gathered, rows, c(0, i32)],
+                              Tparams=tensor.dtype.base_dtype, Tindices=i64, Taxis=i32,
+                              batch_dims=0).outputs[0])
+        return out[0], out[1]
+
+    def _gather(self, tensor: tf.Tensor, instance_key: tf.Tensor) -> tf.Tensor:
+        """allgather with the instance key a tensor (as new_op builds it)."""
+        from autopar.transforms.sync_method import new_op
+        group = self._group()
+        return new_op("CollectiveGatherV2", [tensor, group["group_size"], group["group_key"],
+                                             instance_key],
+                      T=tensor.dtype.base_dtype, communication_hint=self.hint,
+                      timeout_seconds=0.0, Nordering_token=0).outputs[0]
 
 
 # ---------------------------------------------------------------------------

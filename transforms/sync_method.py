@@ -59,7 +59,8 @@ class Edits:
 
 def attr_value(key: str, value):
     """The AttrValue of an op attribute given as a tf.DType, bool, int, float,
-    str, for "shape" a list of dims, or a TensorProto (a constant's value)."""
+    str, for "shape" a list of dims, a list of ints, or a TensorProto (a
+    constant's value)."""
     import tensorflow as tf
     from tensorflow.core.framework import attr_value_pb2, tensor_pb2
     a = attr_value_pb2.AttrValue()
@@ -77,6 +78,8 @@ def attr_value(key: str, value):
         a.tensor.CopyFrom(value)
     elif key == "shape":
         a.shape.CopyFrom(tf.TensorShape(value).as_proto())
+    elif isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value):
+        a.list.i.extend(value)
     else:
         raise TypeError(f"attribute {key}={value!r}")
     return a

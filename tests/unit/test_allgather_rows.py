@@ -1,0 +1,63 @@
+"""CollectiveOpsBackend.allgather_rows, run for real: three members on three
+CPU devices of one session (collectives between local devices need no
+cluster). Every member must get every member's rows in member order, for
+row counts that differ by member and by step, down to none, across several
+rungs of the padding ladder, with the static shape of the rows kept."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from autopar.transforms.comm import ROW_LADDER, CollectiveOpsBackend, row_gather_keys
+
+tf1 = tf.compat.v1
+
+MEMBERS = 3
+WIDTH = 4
+# Per step, each member's row count: uneven, empty members, an all-empty step,
+# and counts on both sides of several rungs (8 -> 10 -> 12 -> 15 ...).
+COUNTS = [(3, 0, 7), (12, 1, 0), (0, 0, 0), (9, 9, 16), (1, 2, 3), (40, 0, 11)]
+
+
+@pytest.fixture(scope="module")
+def gather():
+    graph = tf.Graph()
+    members = []
+    with graph.as_default():
+        keys, _ = row_gather_keys(100, "")
+        for m in range(MEMBERS):
+            with tf.device(f"/device:CPU:{m}"):
+                backend = CollectiveOpsBackend(MEMBERS, group_key=7)
+                values = tf1.placeholder(tf.float32, [None, WIDTH])
+                indices = tf1.placeholder(tf.int64, [None])
+                rows, ids = backend.allgather_rows(
+                    values, indices, (keys["count"], keys["values"], keys["indices"]))
+                members.append((values, indices, rows, ids))
+    session = tf1.Session(graph=graph,
+                          config=tf1.ConfigProto(device_count={"CPU": MEMBERS}))
+    yield members, session
+    session.close()
+
+
+def test_rows_keep_their_static_width(gather):
+    members, _ = gather
+    for _, _, rows, ids in members:
+        assert rows.shape.as_list() == [None, WIDTH]
+        assert ids.shape.as_list() == [None]
+
+
+def test_every_member_gets_all_rows_in_member_order(gather):
+    members, session = gather
+    rng = np.random.default_rng(0)
+    assert max(sum(c) for c in COUNTS) > ROW_LADDER[8]   # several rungs are used
+    for step, counts in enumerate(COUNTS):
+        data = [(rng.standard_normal((n, WIDTH)).astype(np.float32),
+                 rng.integers(0, 1000, n).astype(np.int64)) for n in counts]
+        feed = {}
+        for (values, indices, _, _), (v, i) in zip(members, data):
+            feed[values], feed[indices] = v, i
+        results = session.run([(rows, ids) for _, _, rows, ids in members], feed)
+        want_rows = np.concatenate([v for v, _ in data])
+        want_ids = np.concatenate([i for _, i in data])
+        for m, (rows, ids) in enumerate(results):
+            np.testing.assert_array_equal(rows, want_rows, err_msg=f"step {step} member {m}")
+            np.testing.assert_array_equal(ids, want_ids, err_msg=f"step {step} member {m}")
