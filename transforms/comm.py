@@ -154,7 +154,7 @@ class CollectiveOpsBackend:
         # same computation through tf.shape/searchsorted/pad/sequence_mask/
         # boolean_mask cost ~30 ms per gather, a fixed cost per sparse
         # variable that dominated the rewrite of small graphs.
-        from autopar.transforms.sync_method import new_op
+        from autopar.transforms.sync_method import new_op, rows_where
         i32, i64 = tf.int32, tf.int64
         c = self._const
         rank = values.shape.rank
@@ -197,16 +197,10 @@ class CollectiveOpsBackend:
             new_op("ExpandDims", [counts, c(-1, i32)], T=i32, Tdim=i32).outputs[0]],
             T=i32).outputs[0]
         keep = new_op("Reshape", [keep, c((-1,), i32)], T=tf.bool, Tshape=i32).outputs[0]
-        rows = new_op("Squeeze", [new_op("Where", [keep], T=tf.bool).outputs[0]], T=i64,
-                      squeeze_dims=[1]).outputs[0]
-        out = []
-        for tensor, key in ((padded_values, keys[1]), (padded_indices, keys[2])):
-            instance = new_op("AddV2", [c(key, i32), rung], T=i32).outputs[0]
-            gathered = self._gather(tensor, instance)
-            out.append(new_op("GatherV2", [gathered, rows, c(0, i32)],
-                              Tparams=tensor.dtype.base_dtype, Tindices=i64, Taxis=i32,
-                              batch_dims=0).outputs[0])
-        return out[0], out[1]
+        gathered = [self._gather(tensor, new_op("AddV2", [c(key, i32), rung], T=i32).outputs[0])
+                    for tensor, key in ((padded_values, keys[1]), (padded_indices, keys[2]))]
+        rows, ids = rows_where(keep, gathered, c(0, i32))
+        return rows, ids
 
     def _gather(self, tensor: tf.Tensor, instance_key: tf.Tensor) -> tf.Tensor:
         """allgather with the instance key a tensor (as new_op builds it)."""

@@ -31,7 +31,7 @@ from autopar.transforms.graph_utils import node_input_name
 from autopar.transforms.partition import Partitioner, copy_prefix
 from autopar.transforms.placement import Move, ps_devices, server_device
 from autopar.transforms.plan import Plan, VariablePlan
-from autopar.transforms.sync_method import ConstantPool, Edits, NodeWriter
+from autopar.transforms.sync_method import ConstantPool, Edits, NodeWriter, new_op, rows_where
 
 tf1 = tf.compat.v1
 
@@ -267,17 +267,21 @@ class PsBuilder:
                     device, dtype=dtype)
             else:
                 values, indices = contribution
-                if len(vp.partitions) > 1:
-                    mine = tf.logical_and(indices >= start, indices < end)
-                    values = tf.boolean_mask(values, mine)
-                    indices = tf.boolean_mask(indices, mine) - start
-                shape = tf.constant([end - start, *info.shape[1:]], tf.int64)
-                with tf.device(server_device(server)):
-                    push = tf.raw_ops.SparseAccumulatorApplyGradient(
-                        handle=accumulators[p], gradient_indices=indices,
-                        local_step=self._const(_ALWAYS_FRESH, tf.int64, server_device(server)),
-                        gradient_values=values, gradient_shape=shape, has_known_shape=True)
-                push = push.name
+                i64 = tf.int64
+                if len(vp.partitions) > 1:   # this partition's rows, renumbered from 0
+                    first, end_ = self._const(start, i64), self._const(end, i64)
+                    mine = new_op("LogicalAnd", [
+                        new_op("GreaterEqual", [indices, first], T=i64).outputs[0],
+                        new_op("Less", [indices, end_], T=i64).outputs[0]]).outputs[0]
+                    values, indices = rows_where(mine, [values, indices],
+                                                 self._const(0, tf.int32))
+                    indices = new_op("Sub", [indices, first], T=i64).outputs[0]
+                shape = self._const([end - start, *info.shape[1:]], i64)
+                with tf.device(device):
+                    push = new_op("SparseAccumulatorApplyGradient", [
+                        accumulators[p], self._const(_ALWAYS_FRESH, i64, device), indices,
+                        values, shape], dtype=values.dtype.base_dtype,
+                        has_known_shape=True).name
             self.pushes.append((push, device))
             self._count(vp, p, server, push)
 

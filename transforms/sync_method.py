@@ -236,6 +236,18 @@ class NodeWriter:
         return list(self.added)
 
 
+def rows_where(mask: "tf.Tensor", tensors: list, axis: "tf.Tensor") -> list:
+    """tf.boolean_mask(t, mask) of each of `tensors` for a 1-D `mask` over
+    their first dimension (`axis`: an int32 constant 0), the positions
+    computed once, built through new_op: boolean_mask builds ~10 ops through
+    the API, ~15 ms, for every partition of every sparse gradient."""
+    import tensorflow as tf
+    rows = new_op("Squeeze", [new_op("Where", [mask], T=tf.bool).outputs[0]], T=tf.int64,
+                  squeeze_dims=[1]).outputs[0]
+    return [new_op("GatherV2", [t, rows, axis], Tparams=t.dtype.base_dtype, Tindices=tf.int64,
+                   Taxis=tf.int32, batch_dims=0).outputs[0] for t in tensors]
+
+
 def reshape(tensor: "tf.Tensor", shape: "tf.Tensor") -> "tf.Tensor":
     """tf.reshape(tensor, shape) through new_op."""
     return new_op("Reshape", [tensor, shape], T=tensor.dtype.base_dtype,
