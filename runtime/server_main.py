@@ -64,10 +64,11 @@ def serve(cluster: dict[str, list[str]], task_index: int) -> None:
 
     import tensorflow as tf  # late: heavy, and not needed for the checks above
 
-    from autopar.runtime.session import COLLECTIVE_GROUP_LEADER
+    from autopar.runtime.session import COLLECTIVE_GROUP_LEADER, share_cores
 
     config = tf.compat.v1.ConfigProto()
     config.experimental.collective_group_leader = COLLECTIVE_GROUP_LEADER
+    share_cores(config, cluster, SERVER_JOB, task_index)
     server = tf.distribute.Server(
         tf.train.ClusterSpec(cluster), job_name=SERVER_JOB, task_index=task_index,
         protocol="grpc", config=config, start=True)

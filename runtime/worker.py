@@ -81,8 +81,7 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
              len(plan.buckets), len(plan.ps_variables), plan.run_option)
     wait_for_peers(cluster[WORKER_JOB] + cluster.get(SERVER_JOB, []), config.startup_timeout_s)
     session = tf1.Session(server.target, graph=worker_graph,
-                          config=session_config(worker_index, SERVER_JOB in cluster,
-                                                plan.shard_weight_update))
+                          config=session_config(cluster, worker_index, plan.shard_weight_update))
     progress = Progress(config.log_every_steps, num_workers, config.total_steps, tty) if is_chief else None
     micro_batching, agreement = _micro_batching(worker_graph, rewritten, config, worker_index,
                                                 num_workers, client)
