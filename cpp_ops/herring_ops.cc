@@ -66,7 +66,7 @@ REGISTER_OP("AutoparHerringPushPull")
     .Attr("wire_dtype: {'float32', 'float16', 'bfloat16'} = 'float32'")
     .Attr("average: bool = true")
     .Attr("timeout_s: float = 0")
-    .Attr("segment_elements: int = 262144")
+    .Attr("segment_elements: int = 16384")
     .SetIsStateful()
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       shape_inference::ShapeHandle unused;
