@@ -6,9 +6,9 @@ address, so processes in the hosts reach each other and nothing else. Every
 host's link is shaped with `tc`: a token bucket (`tbf`) at the configured rate
 on its egress (host -> bridge) and, by default, on its ingress too (bridge ->
 host, shaped on the root side of the veth), i.e. a full-duplex NIC into a
-non-blocking switch. The egress queue holds what a Linux host's NIC queue
-holds (1000 frames, the default txqueuelen), the ingress one ~20 ms of the
-rate, as a switch port buffer; a `netem` delay is added to the egress when the kernel
+non-blocking switch. Each direction queues 1000 frames (1.5 MB; at least
+20 ms of the rate): a Linux host's default txqueuelen, and a switch port's
+share of a datacenter switch's shared buffer; a `netem` delay is added to the egress when the kernel
 has `sch_netem` (`delay_emulated` says whether it did).
 
 Everything created carries the name prefix (default `apb`): namespaces
@@ -56,8 +56,10 @@ log = logging.getLogger("autopar.bench.cluster")
 
 SUBNET = "10.213.0"            # host i gets SUBNET.(i+1)/24; only ever exists inside our namespaces
 MAX_HOSTS = 250
-# A host's egress queue: Linux's default txqueuelen, in full-size Ethernet frames.
-HOST_QUEUE_FRAMES = 1000
+# A link direction's queue, in full-size Ethernet frames: Linux's default
+# txqueuelen on the host's side, within a datacenter switch port's share of
+# its buffer on the switch's side.
+QUEUE_FRAMES = 1000
 ETHERNET_FRAME_BYTES = 1514
 CHECK_PORT = 23950             # port of the throughput check, inside the namespaces
 _PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")   # keeps every name <= 15 chars (IFNAMSIZ)
@@ -323,8 +325,8 @@ class EmulatedCluster:
             _run(["ip", "link", "set", root_end, "master", br])
             _run(["ip", "-n", ns, "link", "set", "lo", "up"])
             _run(["ip", "-n", ns, "addr", "add", f"{address}/24", "dev", host_end])
-            _run(["tc", "-n", ns, "qdisc", "add", "dev", host_end, "root", "handle", "1:",
-                  *self._tbf_args(egress=True)])
+            tbf = self._tbf_args()
+            _run(["tc", "-n", ns, "qdisc", "add", "dev", host_end, "root", "handle", "1:", *tbf])
             if self.delay_ms > 0 and not netem_missing:
                 proc = _run(["tc", "-n", ns, "qdisc", "add", "dev", host_end, "parent", "1:1", "handle", "10:",
                              "netem", "delay", f"{self.delay_ms}ms", "limit", "10000"], check=False)
@@ -334,7 +336,7 @@ class EmulatedCluster:
                         raise ClusterError(f"adding the netem delay on {host_end} failed: {proc.stderr.strip()}")
                     netem_missing = True
             if self.shape_downlink:
-                _run(["tc", "qdisc", "add", "dev", root_end, "root", "handle", "1:", *self._tbf_args(egress=False)])
+                _run(["tc", "qdisc", "add", "dev", root_end, "root", "handle", "1:", *tbf])
             _run(["ip", "-n", ns, "link", "set", host_end, "up"])
             _run(["ip", "link", "set", root_end, "up"])
         self.delay_emulated = self.delay_ms > 0 and not netem_missing
@@ -350,28 +352,28 @@ class EmulatedCluster:
         if not rate_mbit > 0:
             raise ValueError(f"rate_mbit must be positive, got {rate_mbit}")
         self.rate_mbit = float(rate_mbit)
-        egress, ingress = self._tbf_args(egress=True), self._tbf_args(egress=False)
+        tbf = self._tbf_args()
         for i in range(self.num_hosts):
             _run(["tc", "-n", self.namespace(i), "qdisc", "change", "dev", self.link(i), "root", "handle", "1:",
-                  *egress])
+                  *tbf])
             if self.shape_downlink:
-                _run(["tc", "qdisc", "change", "dev", root_veth_name(self.prefix, i), "root", "handle", "1:",
-                      *ingress])
+                _run(["tc", "qdisc", "change", "dev", root_veth_name(self.prefix, i), "root", "handle", "1:", *tbf])
 
-    def _tbf_args(self, egress: bool) -> list[str]:
-        """The token bucket of one link direction. Ingress (bridge -> host) is a
-        switch port: ~20 ms of queue, and what overflows it is lost. Egress
-        (host -> bridge) is the host's own NIC queue, which on a Linux host
-        holds txqueuelen = 1000 frames and which TCP's small-queue limit keeps
-        its sockets from overrunning; a 20 ms one here (250 KB at 100 Mbit/s)
-        dropped the segments of a host sending on several connections at once
-        (a parameter-server worker's pushes) by the thousand per run, where a
-        ring sending on one connection lost none."""
+    def _tbf_args(self) -> list[str]:
+        """A link direction's token bucket. Its queue is sized in frames, not in
+        time: the messages are the model's, as large as on a fast cluster,
+        while the rate is 10-1000x lower. 20 ms at 100 Mbit/s is 250 KB, less
+        than a parameter-server pull gathers into one worker at once (4
+        servers x 130 KB on the sparse LM): the port dropped 160-290 segments
+        per run and each server timed out ~25 times (200 ms minimum RTO, which
+        does not scale with the rate), and the host's own egress made a worker
+        pushing on 5 connections retransmit ~900 segments per run. Rings,
+        sending on one connection, lost none; their step times are the same
+        with either queue."""
         rate_bytes = self.rate_mbit * 1e6 / 8
         burst = max(int(rate_bytes * 0.001), 16 * 1024)     # 1 ms at the rate, >= 16 KiB
-        limit = max(int(rate_bytes * 0.020), 4 * burst)     # ~20 ms of queue
-        if egress:
-            limit = max(limit, HOST_QUEUE_FRAMES * ETHERNET_FRAME_BYTES)
+        limit = max(int(rate_bytes * 0.020), 4 * burst,     # >= 20 ms of queue
+                    QUEUE_FRAMES * ETHERNET_FRAME_BYTES)
         return ["tbf", "rate", f"{self.rate_mbit * 1e6:.0f}bit", "burst", str(burst), "limit", str(limit)]
 
     def _install_signal_handlers(self) -> None:
