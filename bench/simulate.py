@@ -16,13 +16,17 @@ Costs (per step):
 - gamma: seconds per byte summed or applied (aggregation and update);
 - kappa: CPU seconds per byte a process sends or receives (serialisation,
   copies, the kernel's TCP stack), per implementation;
+- message: CPU seconds per message (an RPC, a ring step), handled by its
+  sender and its receiver, per implementation: a PS step with S servers is
+  2 N S RPCs (N^2 with S = N) where a ring all-reduce is 2 N (N - 1) ring
+  steps, and gRPC's cost per message is ~10x Gloo's;
 - overhead: CPU seconds per worker and step that do not depend on bytes
   (session run, RPC set-up, Python), per implementation;
 - compute: seconds per example of forward and backward pass.
 
 Each method is a sequence of phases; each phase has the bytes on the most
-loaded link direction, its hops, the bytes one process handles and sums, and
-the same summed over every process:
+loaded link direction, its hops, the bytes and messages one process handles
+and the bytes it sums, and the same summed over every process:
 
     ring all-reduce of M bytes over N   link 2(N-1)/N*M   hops 2(N-1)   sums (N-1)/N*M per worker
     ring all-gather of m bytes each     link (N-1)*m      hops N-1      applies N*m rows per worker
@@ -35,10 +39,14 @@ the same summed over every process:
                                         the sparse rows (with local aggregation): both use the
                                         same NIC, so the step pays the sum of the two
 
+Messages: a ring step is one message per worker (2(N-1) per all-reduce, N-1
+per all-gather); a PS step is one push and one pull RPC per sender and
+server, so a server handles 2N (2 per host with local aggregation).
+
 Methods: `allreduce` (ring for dense + all-gather of sparse rows: tf_mwms,
 Horovod, autopar-allreduce), `ps` (TF-PS, autopar-ps), `ps_la` (PS with local
 aggregation), `hybrid` (autopar-hybrid, Parallax) and `hybrid_nola` (Parallax
-Table 4's "+HYB" before "+LA").
+Table 4's "+HYB" before "+LA"); `none` is the compute-only floor.
 
 Two ways to run the processes:
 
@@ -50,15 +58,18 @@ Two ways to run the processes:
 Intra-host transfers (hosts = 1, or a server's own host's share when servers
 are colocated) are free of link time.
 
-Fitting: every term above is linear in the constants (alpha, gamma, wire
-factor per peer, kappa per peer, overhead per peer, compute per workload), so the fit
+Fitting: every term above is linear in the constants (gamma, wire factor,
+kappa, message cost and overhead per peer, compute per workload; alpha is not
+fitted, see `design`), so the fit
 is a non-negative least-squares problem on the relative error
 (each row divided by the measured step time): minimising
 sum((predicted - measured) / measured)^2, solved by Lawson-Hanson (numpy).
 The measured step time of a point is its median step (robust to one slow
-step on a loaded machine). Overheads are relative to the leanest peer (whose
-overhead is 0 by convention): a per-step cost common to all peers cannot be
-told apart from compute per example by these measurements.
+step on a loaded machine). The compute-only floor's points (method "none":
+no phases, so only compute) are fitted too, with the slowest worker's mean
+step (its workers do not wait for each other); they pin compute per example,
+so a peer's overhead is what it adds to the floor. (Runs without floor
+points fall back to: the leanest peer's overhead is 0.)
 """
 from __future__ import annotations
 
@@ -78,10 +89,11 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # The commit from which autopar's server paths move each distinct row once
 # (DISTINCT_ROW_PEERS); runs of older commits moved a row per looked-up id.
 DISTINCT_ROWS_SINCE = "2badec4"
-METHODS = ("allreduce", "ps", "ps_la", "hybrid", "hybrid_nola")
-# Peers whose method this model has phases for (not the floor, which moves
-# nothing, nor herring, which has no fitted points yet).
-MODELLED_PEERS = tuple(peer for peer, method in PEER_METHODS.items() if method in METHODS)
+# "none": the compute-only floor (no aggregation), fitted so that it pins compute per example
+METHODS = ("allreduce", "ps", "ps_la", "hybrid", "hybrid_nola", "none")
+# Peers whose method this model has phases for and that aggregate (not the floor,
+# nor herring, which has no fitted points yet).
+MODELLED_PEERS = tuple(peer for peer, method in PEER_METHODS.items() if method in METHODS and method != "none")
 
 
 # --------------------------------------------------------------------------- inputs
@@ -136,6 +148,7 @@ class Cluster:
 class PeerConstants:
     overhead_s: float = 0.0            # CPU s per worker step, independent of bytes
     kappa: float = 0.0                 # CPU s per byte a process sends/receives
+    message_s: float = 0.0             # CPU s per message sent and handled (RPC, ring step)
     wire_factor: float = 1.0           # multiplies beta (1 / fraction of the link rate reached)
 
 
@@ -169,6 +182,8 @@ class Phase:
     total_bytes: float       # (sent + received) / 2 summed over all processes
     proc_reduce: float       # bytes summed/applied by the busiest process
     total_reduce: float      # bytes summed/applied by all processes
+    proc_msgs: float = 0.0   # messages the busiest process sends or serves
+    total_msgs: float = 0.0  # messages sent by all processes (each also handled by its receiver)
 
 
 def ring_allreduce(m: float, n: int, hosts: int) -> Phase:
@@ -177,7 +192,7 @@ def ring_allreduce(m: float, n: int, hosts: int) -> Phase:
     per = 2.0 * (n - 1) / n * m
     # each worker sums (N-1)/N of the bytes in the reduce-scatter and applies all M to its replica
     return Phase("allreduce", per if hosts > 1 else 0.0, 2 * (n - 1), per, n * per,
-                 (n - 1) / n * m + m, (n - 1) * m + n * m)
+                 (n - 1) / n * m + m, (n - 1) * m + n * m, 2 * (n - 1), 2 * n * (n - 1))
 
 
 def ring_allgather(m: float, n: int, hosts: int) -> Phase:
@@ -185,7 +200,8 @@ def ring_allgather(m: float, n: int, hosts: int) -> Phase:
         return Phase("allgather", 0.0, 0, 0.0, 0.0, 0.0, 0.0)
     per = (n - 1) * m
     # every worker applies all N workers' rows to its replica
-    return Phase("allgather", per if hosts > 1 else 0.0, n - 1, per, n * per, n * m, n * n * m)
+    return Phase("allgather", per if hosts > 1 else 0.0, n - 1, per, n * per, n * m, n * n * m,
+                 n - 1, n * (n - 1))
 
 
 def expected_distinct(rows: int, draws: float, zipf_s: float | None) -> float:
@@ -258,8 +274,9 @@ def parameter_server(push: float, pull: float, cl: Cluster, local_aggregation: b
     local_sum = (h - 1) * push if local_aggregation and h > 1 else 0.0
     # servers sum every push and apply the aggregate once (pull bytes = the variables' share)
     update = pull * cl.server_imbalance / s
+    # one push and one pull RPC per sender and server, each served by the server
     phases = [Phase(f"{tag}-push", push_link, 1, proc, total, srv_push + update + local_sum,
-                    total_push + pull + hosts * local_sum),
+                    total_push + pull + hosts * local_sum, 2 * max(s, senders), 2 * senders * s),
               Phase(f"{tag}-pull", pull_link, 1, 0.0, 0.0, 0.0, 0.0)]
     return phases
 
@@ -271,7 +288,7 @@ def phases(method: str, wl: Workload, cl: Cluster) -> list[Phase]:
     h = min(cl.workers_per_host, n)
     host_rows = union_rows(wl.sparse_rows, wl.touched_rows, h, wl.zipf_s) if ab else 0.0
     host_ab = host_rows * wl.row_bytes
-    if n <= 1:
+    if n <= 1 or method == "none":
         return []
     if method == "allreduce":
         return [p for p in (ring_allreduce(b, n, hosts), ring_allgather(ab, n, hosts)) if p.hops]
@@ -285,6 +302,7 @@ def phases(method: str, wl: Workload, cl: Cluster) -> list[Phase]:
         if b and ab:
             for p in out[2:]:
                 p.hops = 0     # one push and one pull carry both
+                p.proc_msgs = p.total_msgs = 0.0
         return out
     if method in ("hybrid", "hybrid_nola"):
         out = [p for p in (ring_allreduce(b, n, hosts),) if p.hops]
@@ -296,9 +314,6 @@ def phases(method: str, wl: Workload, cl: Cluster) -> list[Phase]:
 
 
 # --------------------------------------------------------------------------- step time
-
-FEATURES_GLOBAL = ("alpha", "gamma", "wire")
-
 
 def _servers_used(method: str, wl: Workload, cl: Cluster) -> int:
     uses = method in ("ps", "ps_la") or (method in ("hybrid", "hybrid_nola") and wl.touched_bytes > 0)
@@ -320,6 +335,7 @@ def _terms(method: str, wl: Workload, cl: Cluster) -> dict:
                                                   if shared else 1.0),
         "gamma": (sum(p.total_reduce for p in ph) / c) if shared else sum(p.proc_reduce for p in ph),
         "kappa": (sum(p.total_bytes for p in ph) / c) if shared else sum(p.proc_bytes for p in ph),
+        "mu": (sum(p.total_msgs for p in ph) / c) if shared else sum(p.proc_msgs for p in ph),
         "overhead": (n / c) if shared else 1.0,
         "compute": (n * wl.examples / c) if shared else wl.examples,
         "phases": [asdict(p) for p in ph],
@@ -338,6 +354,7 @@ def step_time(method: str, wl: Workload, cl: Cluster, k: Constants, peer: str | 
         "compute": compute,
         "overhead": t["overhead"] * pc.overhead_s,
         "cpu_bytes": t["kappa"] * pc.kappa,
+        "messages": t["mu"] * pc.message_s,
         "reduce": t["gamma"] * k.gamma,
         "wire": sum(w * k.phase_wire_factor.get(name, 1.0) for name, w in t["wire_by_phase"].items())
         * k.wire_factor * pc.wire_factor,
@@ -390,23 +407,33 @@ class Point:
 
 
 def design(points: list[Point], workloads: list[str], peers: list[str]) -> tuple[np.ndarray, list[str]]:
-    """Columns: alpha, gamma, compute[w]..., overhead[p]..., kappa[p]..., wire[p]...
-    (each transport reaches its own fraction of the link rate: TF's gRPC
+    """Columns: gamma, compute[w]..., then per aggregating peer p
+    overhead[p], kappa[p], wire[p], message[p] (each transport reaches its own
+    fraction of the link rate and pays its own CPU per RPC: TF's gRPC
     collectives, Gloo and the parameter servers' RPCs differ by up to 2x in
-    the measured "of limit")."""
-    names = ["alpha", "gamma"] + [f"compute[{w}]" for w in workloads] + \
+    the measured "of limit"). The floor's points have only compute: they
+    pin compute per example, so the peers' overheads are what they add to it.
+    No alpha column: on shared cores a hop's wait (hops x processes / cores)
+    is, for a ring, exactly its messages / cores, so alpha and the peers'
+    message costs cannot both be fitted; the CPU per message is kept (it is
+    what differs between transports) and alpha is 0 in fitted constants."""
+    names = ["gamma"] + [f"compute[{w}]" for w in workloads] + \
             [f"overhead[{p}]" for p in peers] + [f"kappa[{p}]" for p in peers] + \
-            [f"wire[{p}]" for p in peers]
+            [f"wire[{p}]" for p in peers] + [f"message[{p}]" for p in peers]
     col = {name: i for i, name in enumerate(names)}
     rows = []
     for pt in points:
         t = _terms(pt.method, pt.workload, pt.cluster)
         r = np.zeros(len(names))
-        r[col["alpha"]], r[col["gamma"]] = t["alpha"], t["gamma"]
+        r[col["gamma"]] = t["gamma"]
         r[col[f"compute[{pt.workload.name}]"]] = t["compute"]
+        if pt.method == "none":
+            rows.append(r)
+            continue
         r[col[f"overhead[{pt.peer}]"]] = t["overhead"]
         r[col[f"kappa[{pt.peer}]"]] = t["kappa"]
         r[col[f"wire[{pt.peer}]"]] = t["wire"]
+        r[col[f"message[{pt.peer}]"]] = t["mu"]
         rows.append(r)
     return np.array(rows), names
 
@@ -414,27 +441,29 @@ def design(points: list[Point], workloads: list[str], peers: list[str]) -> tuple
 def fit(points: list[Point]) -> Constants:
     """Fit the constants to the points, minimising the squared relative error."""
     workloads = sorted({p.workload.name for p in points})
-    peers = sorted({p.peer for p in points})
+    peers = sorted({p.peer for p in points if p.method != "none"})
     a, names = design(points, workloads, peers)
     y = np.array([p.step_s for p in points])
     scale = a.max(axis=0)
     scale[scale == 0] = 1.0
     x = nnls((a / y[:, None]) / scale, np.ones(len(points))) / scale
     val = dict(zip(names, x))
-    # A per-step overhead shared by every peer and compute per example cannot be told
-    # apart (both scale with N, and every peer ran every workload): any d moved from
-    # all peers' overheads into compute (d / examples per workload) predicts the same
-    # times. Convention: the leanest peer's overhead is 0, the rest is compute.
-    examples = {p.workload.name: p.workload.examples for p in points}
-    d = min(val[f"overhead[{p}]"] for p in peers)
-    for p in peers:
-        val[f"overhead[{p}]"] -= d
-    for w in workloads:
-        val[f"compute[{w}]"] += d / examples[w]
-    return Constants(alpha=val["alpha"], gamma=val["gamma"], wire_factor=1.0,
+    # Without floor points a per-step overhead shared by every peer and compute per
+    # example cannot be told apart (both scale with N, and every peer ran every
+    # workload): any d moved from all peers' overheads into compute (d / examples per
+    # workload) predicts the same times. Convention then: the leanest peer's overhead
+    # is 0, the rest is compute. With them, compute is measured and nothing moves.
+    if not any(p.method == "none" for p in points):
+        examples = {p.workload.name: p.workload.examples for p in points}
+        d = min(val[f"overhead[{p}]"] for p in peers)
+        for p in peers:
+            val[f"overhead[{p}]"] -= d
+        for w in workloads:
+            val[f"compute[{w}]"] += d / examples[w]
+    return Constants(alpha=0.0, gamma=val["gamma"], wire_factor=1.0,
                      compute_per_example={w: val[f"compute[{w}]"] for w in workloads},
                      peers={p: PeerConstants(overhead_s=val[f"overhead[{p}]"], kappa=val[f"kappa[{p}]"],
-                                             wire_factor=val[f"wire[{p}]"])
+                                             wire_factor=val[f"wire[{p}]"], message_s=val[f"message[{p}]"])
                             for p in peers})
 
 
@@ -482,7 +511,12 @@ def points_from_results(results: dict, source: str) -> list[Point]:
             rows = (alpha * wl.sparse_rows if alpha
                     else expected_distinct(wl.sparse_rows, wl.touched_rows, wl.zipf_s))
             wl = replace(wl, touched_rows=rows)
-        out.append(Point(source, wl, cl, p["peer"], method, float(p["median_step_s"]), p["status"]))
+        step = float(p["median_step_s"])
+        if method == "none" and p.get("compute_floor_s"):
+            # the floor's workers do not wait for each other: a worker's median step is
+            # one run alone on a core; the slowest worker's mean is the CPU share of N
+            step = float(p["compute_floor_s"])
+        out.append(Point(source, wl, cl, p["peer"], method, step, p["status"]))
     return out
 
 
@@ -717,15 +751,18 @@ def markdown(out: dict) -> str:
              "## Fitted constants (emulated cluster, all processes on "
              f"{out['cores']} cores)", ""]
     k = out["constants"]
-    lines += [f"- alpha = {1e3 * k['alpha']:.3f} ms per hop; gamma = {1e9 * k['gamma']:.3f} ns per byte "
-              f"summed/applied",
+    lines += [f"- gamma = {1e9 * k['gamma']:.3f} ns per byte summed/applied; alpha (latency per hop) "
+              "is not fitted: on shared cores it is the same term as a ring's messages, below",
               "- compute per example: " + ", ".join(f"{w} {1e3 * v:.3f} ms" for w, v in
                                                     k["compute_per_example"].items()), "",
-              "| peer | overhead ms / worker step | kappa ns / byte | wire factor (1 = TCP at the link rate) |",
-              "|---|---|---|---|"]
+              "| peer | overhead ms / worker step | kappa ns / byte | ms / message | "
+              "wire factor (1 = TCP at the link rate) |",
+              "|---|---|---|---|---|"]
     for p, c in k["peers"].items():
         lines.append(f"| {p} | {1e3 * c['overhead_s']:.2f} | {1e9 * c['kappa']:.3f} | "
-                     f"{c['wire_factor']:.3f} |")
+                     f"{1e3 * c['message_s']:.3f} | {c['wire_factor']:.3f} |")
+    lines += ["", "Overheads are what a peer adds to the compute-only floor, whose points "
+              "(the slowest worker's mean step) pin compute per example."]
     s = out["fit_summary"]
     lines += ["", f"## Prediction error on the measured points ({s['points']} points)", "",
               f"Median |error| {100 * s['median_abs_error']:.1f} %, mean {100 * s['mean_abs_error']:.1f} %, "
@@ -870,7 +907,8 @@ def build(sources: list[Path]) -> dict:
     link = points[0].cluster.link_gbit if points else 1.0
     out = {"sources": [str(Path(s).name) for s in sources], "cores": cores, "sources_by_name": names,
            "method": "non-negative least squares on the relative error of the median step time; "
-                     "shared-cores model (sum of all processes' CPU seconds / cores + wire + hops*alpha)",
+                     "shared-cores model (sum of all processes' CPU seconds, messages included, / cores + wire); "
+                     "the floor's points pin compute",
            "constants": k.to_dict(), "fit_summary": summarise(rows), "points": rows,
            "validation_fit_n2_n4_predict_n8": val, "run_to_run": run_to_run(points),
            "bench_projection_link_gbit": link,
