@@ -451,6 +451,32 @@ class EmulatedCluster:
             result[i] = (int(stats["rx"]["bytes"]), int(stats["tx"]["bytes"]))
         return result
 
+    def losses(self) -> dict[int, dict[str, int]]:
+        """host -> cumulative loss counters: frames its link's queues dropped
+        (`egress_drops`: host -> switch, `ingress_drops`: switch -> host) and its
+        TCP stack's retransmitted segments, retransmission timeouts and
+        tail-loss probes. A
+        timeout costs at least 200 ms (Linux's minimum RTO, which does not scale
+        with the emulated rate), so a run that has any is measuring the queues."""
+        root = json.loads(_run(["tc", "-s", "-j", "qdisc", "show"]).stdout or "[]")
+        ingress: dict[str, int] = {}
+        for q in root:
+            ingress[q.get("dev", "")] = ingress.get(q.get("dev", ""), 0) + int(q.get("drops", 0))
+        result = {}
+        for i in range(self.num_hosts):
+            out = _run(["ip", "netns", "exec", self.namespace(i), "sh", "-c",
+                        f"tc -s -j qdisc show dev {self.link(i)}; echo {_SEPARATOR}; "
+                        "cat /proc/net/snmp /proc/net/netstat"]).stdout
+            qdiscs, _, proc_net = out.partition(_SEPARATOR)
+            tcp = _proc_net_counters(proc_net)
+            result[i] = {"egress_drops": sum(int(q.get("drops", 0)) for q in json.loads(qdiscs or "[]")),
+                         "ingress_drops": ingress.get(root_veth_name(self.prefix, i), 0),
+                         "retransmitted_segments": tcp.get(("Tcp", "RetransSegs"), 0),
+                         "timeouts": tcp.get(("TcpExt", "TCPTimeouts"), 0),
+                         # tail-loss probes are retransmissions too, sent without a loss
+                         "loss_probes": tcp.get(("TcpExt", "TCPLossProbes"), 0)}
+        return result
+
     def write_spec(self, path: str | os.PathLike, workers_per_host: int, servers_per_host: int = 0,
                    ports: tuple[int, int] = (24000, 24999)) -> str:
         """Write the autopar YAML resource spec of this cluster; returns the path."""
@@ -464,6 +490,25 @@ class EmulatedCluster:
                   f"{self.delay_ms:g} ms (written by bench/cluster.py)\n")
         Path(path).write_text(header + yaml.safe_dump(data, sort_keys=False))
         return str(path)
+
+
+_SEPARATOR = "--autopar-bench--"
+
+
+def _proc_net_counters(text: str) -> dict[tuple[str, str], int]:
+    """{(section, name): value} from /proc/net/snmp or /proc/net/netstat text
+    (each section is a line of names followed by a line of values)."""
+    out: dict[tuple[str, str], int] = {}
+    lines = [ln.split() for ln in text.splitlines() if ":" in ln]
+    for names, values in zip(lines[::2], lines[1::2]):
+        if names[0] != values[0]:
+            continue
+        for name, value in zip(names[1:], values[1:]):
+            try:
+                out[(names[0].rstrip(":"), name)] = int(value)
+            except ValueError:
+                pass
+    return out
 
 
 # --------------------------------------------------------------------------- throughput check

@@ -52,6 +52,7 @@ says nothing about communication.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass
 
 # Which communication pattern each peer's gradients follow.
@@ -259,6 +260,37 @@ def counter_delta(before: dict, after: dict) -> dict[int, tuple[int, int]]:
             raise ValueError(f"host {host}: byte counters went backwards ({before[host]} -> {after[host]})")
         out[int(host)] = (rx1 - rx0, tx1 - tx0)
     return out
+
+
+def cpu_probe_ms(repeats: int = 5, n: int = 200_000) -> float:
+    """Median milliseconds of a fixed single-threaded loop: how fast one core
+    of this machine is right now. On the virtual machine the benchmarks run
+    on, the same loop has taken from 1x to 1.7x its fastest time for seconds
+    at a stretch, and a whole session ran CPU-heavy points 20-50 % slower
+    than another; each point records this probe so a result says which."""
+    times = []
+    for _ in range(repeats):
+        t, x = time.perf_counter(), 0
+        for i in range(n):
+            x += i * i
+        times.append((time.perf_counter() - t) * 1e3)
+    return median(times)
+
+
+def loss_delta(before: dict, after: dict) -> dict:
+    """Totals over the hosts of each loss counter between two
+    cluster.losses() snapshots (drops, retransmissions, timeouts in the
+    measured window), and the host with the most timeouts."""
+    totals: dict = {}
+    worst = (None, 0)
+    for host, counts in before.items():
+        for name, value in counts.items():
+            d = after[host][name] - value
+            totals[name] = totals.get(name, 0) + d
+            if name == "timeouts" and d > worst[1]:
+                worst = (int(host), d)
+    totals["most_timeouts_host"] = worst[0]
+    return totals
 
 
 def bytes_per_step(delta: dict, hosts: list[int], steps: int) -> dict:

@@ -175,6 +175,39 @@ def report_comparison_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _floor_steps_note(results: dict) -> str:
+    counts = sorted({(p["warmup_steps"], p["measured_steps"]) for p in results["points"]
+                     if p["peer"] == "floor" and "measured_steps" in p})
+    return f" (the floor: {', '.join(map(str, counts))}; its steps are a few ms)" if counts else ""
+
+
+def link_losses(results: dict) -> list[str]:
+    """Lines on the queues' drops and TCP's retransmissions and timeouts
+    (cluster.losses) between the measure and done barriers: a summary, and a
+    table of the points with any drop or timeout."""
+    pts = [p for p in results["points"] if p.get("link_losses")]
+    if not pts:
+        return []
+    total = {k: sum(p["link_losses"].get(k, 0) for p in pts)
+             for k in ("egress_drops", "ingress_drops", "retransmitted_segments", "loss_probes", "timeouts")}
+    lines = [f"{len(pts)} points counted: {total['egress_drops'] + total['ingress_drops']} frames dropped by the "
+             f"links' queues, {total['timeouts']} retransmission timeouts (each ≥ 200 ms), "
+             f"{total['retransmitted_segments']} retransmitted segments and {total['loss_probes']} tail-loss "
+             f"probes (a probe resends or sends one segment when no ACK came for ~2 round trips; it is not a "
+             f"loss, and Linux counts a resent probe as a retransmission too)."]
+    bad = [p for p in pts if p["link_losses"].get("timeouts") or p["link_losses"].get("egress_drops")
+           or p["link_losses"].get("ingress_drops")]
+    if bad:
+        lines += ["", "| workload | Mbit/s | N | system | drops out / in | timeouts | retransmitted |",
+                  "|---|---|---|---|---|---|---|"]
+        for p in bad:
+            q = p["link_losses"]
+            lines.append(f"| {p['workload']} | {_rate(p):g} | {p['num_workers']} | {p['peer']} | "
+                         f"{q.get('egress_drops', 0)} / {q.get('ingress_drops', 0)} | {q.get('timeouts', 0)} | "
+                         f"{q.get('retransmitted_segments', 0)} |")
+    return lines
+
+
 def failures(results: dict) -> list[str]:
     out = []
     for p in results["points"]:
@@ -200,7 +233,8 @@ def markdown(results: dict, plots: dict[str, str] | None = None) -> str:
              f"{'' if c.get('delay_emulated', True) else ' requested but not emulated (no sch_netem)'}; "
              f"parameter-server systems get S = {'N' if s['servers'] == 'equal' else s['servers']} "
              f"extra server hosts. "
-             f"Steps (warm-up, measured): {s['steps']}. Bytes are counted on each host's link between the "
+             f"Steps (warm-up, measured): {s['steps']}{_floor_steps_note(results)}. "
+             f"Bytes are counted on each host's link between the "
              f"'measure' and 'done' barriers and divided by the measured steps.", "",
              f"Losses after the measured steps are checked against a single-device run with the global "
              f"batch: |loss − reference| ≤ {tol.get('loss_atol')} + {tol.get('loss_rtol')}·|reference| "
@@ -242,6 +276,9 @@ def markdown(results: dict, plots: dict[str, str] | None = None) -> str:
                 else:
                     lines.append(f"| {w} | – | {_short(str(r))} | | | | |")
         lines.append("")
+    losses = link_losses(results)
+    if losses:
+        lines += ["## Link losses in the measured windows", "", *losses, ""]
     bad = failures(results)
     if bad:
         lines += ["## Failures and skipped points", "", *bad, ""]

@@ -152,6 +152,16 @@ QUICK = dict(name="quick", host_counts=[2, 4, 8], workloads=["sparse"], avg_mib=
 FULL = dict(name="full", host_counts=[2, 4, 8], workloads=["avg", "sparse", "dense"],
             link_mbit=[1000.0, 100.0],
             steps={"avg": (2, 5), "sparse": (5, 20), "dense": (3, 10)})
+# The floor's steps are a few ms: with a workload's own counts (5 measured in
+# the quick run) one scheduling hiccup or a step still warming up is a third
+# of its figure (the sparse LM's N = 2 floor read 10 ms in a quick run, 6 ms in
+# a full one). Its workers step unsynchronised, so more steps cost little.
+FLOOR_MIN_STEPS = (10, 60)
+
+
+def floor_steps(warmup: int, steps: int) -> tuple[int, int]:
+    """(warm-up, measured) steps of the floor peer for a workload's counts."""
+    return max(warmup, FLOOR_MIN_STEPS[0]), max(steps, FLOOR_MIN_STEPS[1])
 
 
 # --------------------------------------------------------------------------- processes
@@ -532,10 +542,11 @@ def run_point(cluster, spawner, settings: Settings, point: Point, run_dir: Path)
             cluster.set_rate(point.link_mbit)    # every worker waits at "start": no traffic in flight
         (run_dir / f"go_{common.START}").touch()
         wait_for(common.MEASURE, workers, settings.phase_timeout_s, "the warm-up steps")
-        before = cluster.counters()
+        before, losses_before = cluster.counters(), cluster.losses()
         (run_dir / f"go_{common.MEASURE}").touch()
         wait_for(common.DONE, workers, settings.phase_timeout_s, "the measured steps")
-        after = cluster.counters()
+        after, losses_after = cluster.counters(), cluster.losses()
+        record["link_losses"] = metrics.loss_delta(losses_before, losses_after)
         time.sleep(settings.idle_window_s)       # every worker waits at the barrier: idle traffic only
         idle = cluster.counters()
         (run_dir / f"go_{common.DONE}").touch()
@@ -704,6 +715,7 @@ def run_references(settings: Settings, python: str, out_dir: Path, timeout_s: fl
     refs: dict = {name: {} for name in settings.workloads}
     job = {"workloads": [{"workload": models.to_dict(settings.workload(name)),
                           "warmup": settings.steps[name][0], "steps": settings.steps[name][1],
+                          "floor_total": sum(floor_steps(*settings.steps[name])),
                           "num_workers": settings.hosts_for(name)}
                          for name in settings.workloads],
            "num_workers": settings.host_counts, "deadline_s": timeout_s + 30}
@@ -751,7 +763,7 @@ def available_run_options() -> dict[str, str | None]:
 
 def machine_info() -> dict:
     info = {"platform": platform.platform(), "python": platform.python_version(),
-            "cpus": os.cpu_count()}
+            "cpus": os.cpu_count(), "cpu_probe_ms_start": metrics.cpu_probe_ms()}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -816,10 +828,10 @@ def _run_one(cluster, spawner, settings: Settings, refs: dict, run_options: dict
     else:
         point = Point(w, peer, n, s, warmup, steps, port, link_mbit=rate)
         log.info("run %-6s %-18s N=%d S=%d %g Mbit/s ...", w.name, peer.name, n, s, rate)
-        load = os.getloadavg()
+        load, probe = os.getloadavg(), metrics.cpu_probe_ms()
         rec = run_point(cluster, spawner, settings, point,
                         out_dir / f"{w.name}-{peer.name}-n{n}-{rate:g}mbit")
-        rec["loadavg_before"] = load
+        rec["loadavg_before"], rec["cpu_probe_ms_before"] = load, probe
     ref = refs.get(w.name, {}).get(n)
     if rec.get("status") != "ok":
         return rec
@@ -833,9 +845,11 @@ def _run_one(cluster, spawner, settings: Settings, refs: dict, run_options: dict
             # wait for the slowest, so that is the floor's step and throughput.
             rec.update(chief_step_s=rec["step_s"], step_s=floor_s, steps_per_s=1.0 / floor_s,
                        throughput=w.examples_per_step() * n / floor_s)
-        check = metrics.check_loss(rec.get("loss"), ref["local_only_loss"] if ref else None)
+        # (after the floor's own step count: floor_steps)
+        local = ref.get("floor_local_only_loss", ref["local_only_loss"]) if ref else None
+        check = metrics.check_loss(rec.get("loss"), local)
         if ref:
-            rec["reference_loss"] = ref["local_only_loss"]
+            rec["reference_loss"] = local
             rec["reference_kind"] = "local_only_loss"
     else:
         check = metrics.check_loss(rec.get("loss"), ref["loss"] if ref else None)
@@ -957,8 +971,9 @@ def run(settings: Settings) -> dict:
                                 continue
                             if peer.name == "floor" and (wname, n) in floors:
                                 continue   # measured at the first rate; it does not use the network
+                            counts = floor_steps(warmup, steps) if peer.name == "floor" else (warmup, steps)
                             rec = _run_one(cluster, spawner, settings, refs, run_options,
-                                           horovod_problem, out_dir, w, peer, n, rate, warmup, steps, port)
+                                           horovod_problem, out_dir, w, peer, n, rate, *counts, port)
                             port = 24000 + (port - 24000 + 10) % 900
                             if peer.name == "floor":
                                 floors[(wname, n)] = rec.get("compute_floor_s")
@@ -974,6 +989,7 @@ def run(settings: Settings) -> dict:
         spawner.stop()
     results["wall_s"] = time.monotonic() - t_begin
     results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    results["machine"]["cpu_probe_ms_end"] = metrics.cpu_probe_ms()
     _save(results, settings)
     report.write_all(results, RESULTS, update_readme=settings.update_readme)
     return results

@@ -129,6 +129,7 @@ class Cluster:
     link_gbit: float = 1.0
     cores: float | None = None         # shared cores for all processes (emulated cluster); None: dedicated
     server_imbalance: float = 1.0      # most loaded server / even spread (measured: how variables were placed)
+    cpu_speed: float = 1.0             # CPU seconds relative to the reference run's cores (> 1: slower)
 
     @property
     def hosts(self) -> int:
@@ -160,6 +161,7 @@ class Constants:
     wire_factor: float = 1.0           # global multiplier of beta (per-peer factors multiply it)
     compute_per_example: dict = field(default_factory=dict)   # workload name -> s
     peers: dict = field(default_factory=dict)                 # peer name -> PeerConstants
+    run_cpu_speed: dict = field(default_factory=dict)         # run name -> Cluster.cpu_speed fitted for it
 
     def peer(self, name: str | None) -> PeerConstants:
         return self.peers.get(name or "", PeerConstants())
@@ -326,6 +328,10 @@ def _terms(method: str, wl: Workload, cl: Cluster) -> dict:
     shared = cl.cores is not None
     c = cl.cores or 1.0
     n = cl.workers
+
+    def cpu(total: float, busiest: float) -> float:
+        # CPU seconds, in the reference run's core speed; a slower session's cores take cpu_speed x
+        return (total / c if shared else busiest) * cl.cpu_speed
     return {
         "wire": sum(p.link_bytes for p in ph) * cl.beta,
         "wire_by_phase": {p.name: p.link_bytes * cl.beta for p in ph},
@@ -333,11 +339,11 @@ def _terms(method: str, wl: Workload, cl: Cluster) -> dict:
         # the wait per hop grows with the runnable processes per core
         "alpha": float(sum(p.hops for p in ph)) * (max(1.0, (n + _servers_used(method, wl, cl)) / c)
                                                   if shared else 1.0),
-        "gamma": (sum(p.total_reduce for p in ph) / c) if shared else sum(p.proc_reduce for p in ph),
-        "kappa": (sum(p.total_bytes for p in ph) / c) if shared else sum(p.proc_bytes for p in ph),
-        "mu": (sum(p.total_msgs for p in ph) / c) if shared else sum(p.proc_msgs for p in ph),
-        "overhead": (n / c) if shared else 1.0,
-        "compute": (n * wl.examples / c) if shared else wl.examples,
+        "gamma": cpu(sum(p.total_reduce for p in ph), sum(p.proc_reduce for p in ph)),
+        "kappa": cpu(sum(p.total_bytes for p in ph), sum(p.proc_bytes for p in ph)),
+        "mu": cpu(sum(p.total_msgs for p in ph), sum(p.proc_msgs for p in ph)),
+        "overhead": cpu(n, 1.0),
+        "compute": cpu(n * wl.examples, wl.examples),
         "phases": [asdict(p) for p in ph],
     }
 
@@ -347,7 +353,7 @@ def step_time(method: str, wl: Workload, cl: Cluster, k: Constants, peer: str | 
     t = _terms(method, wl, cl)
     pc = k.peer(peer)
     if wl.compute_s is not None:
-        compute = wl.compute_s * (cl.workers / cl.cores if cl.cores else 1.0)
+        compute = wl.compute_s * (cl.workers / cl.cores if cl.cores else 1.0) * cl.cpu_speed
     else:
         compute = t["compute"] * k.compute_per_example.get(wl.name, 0.0)
     parts = {
@@ -438,8 +444,49 @@ def design(points: list[Point], workloads: list[str], peers: list[str]) -> tuple
     return np.array(rows), names
 
 
-def fit(points: list[Point]) -> Constants:
-    """Fit the constants to the points, minimising the squared relative error."""
+CPU_PARTS = ("compute", "overhead", "cpu_bytes", "messages", "reduce")   # step_time's CPU terms
+
+
+def with_run_speed(points: list[Point], speeds: dict) -> list[Point]:
+    """The points with each run's cpu_speed (runs not in `speeds`: 1)."""
+    return [replace(p, cluster=replace(p.cluster, cpu_speed=speeds.get(p.source, 1.0))) for p in points]
+
+
+def fit(points: list[Point], iterations: int = 100) -> Constants:
+    """Fit the constants to the points, minimising the squared relative error,
+    and, with points from several runs, each run's CPU speed relative to the
+    run with the most points (the reference: its cpu_speed is 1). The machine
+    is a virtual machine whose cores are 20-50 % slower in some sessions than
+    in others (bench/README.md, "Limits of these numbers"); the wire is not
+    (the links are shaped by tc). The model is linear in the constants for
+    given speeds and linear in one run's speed for given constants, so the
+    two are fitted in turn until the speeds settle."""
+    runs = sorted({p.source for p in points}, key=lambda r: (-sum(p.source == r for p in points), r))
+    speeds = {r: 1.0 for r in runs}
+    k = _fit_constants(points)
+    for _ in range(iterations if len(runs) > 1 else 0):
+        new = dict(speeds)
+        for run in runs[1:]:
+            # predicted = rest + speed * cpu: least squares on the relative error, in closed form
+            num = den = 0.0
+            for p in with_run_speed([q for q in points if q.source == run], {run: 1.0}):
+                parts = step_time(p.method, p.workload, p.cluster, k, p.peer)["parts"]
+                cpu = sum(parts[name] for name in CPU_PARTS)
+                rest = sum(v for name, v in parts.items() if name not in CPU_PARTS)
+                num += cpu * (p.step_s - rest) / p.step_s ** 2
+                den += (cpu / p.step_s) ** 2
+            new[run] = min(3.0, max(1 / 3, num / den)) if den > 0 else 1.0
+        settled = max(abs(new[r] - speeds[r]) for r in runs) < 1e-6
+        speeds = new
+        k = _fit_constants(with_run_speed(points, speeds))
+        if settled:
+            break
+    k.run_cpu_speed = speeds
+    return k
+
+
+def _fit_constants(points: list[Point]) -> Constants:
+    """The constants for points whose clusters carry their run's cpu_speed."""
     workloads = sorted({p.workload.name for p in points})
     peers = sorted({p.peer for p in points if p.method != "none"})
     a, names = design(points, workloads, peers)
@@ -535,7 +582,7 @@ def _moves_distinct_rows(commit: str | None) -> bool:
 
 def errors(points: list[Point], k: Constants) -> list[dict]:
     rows = []
-    for pt in points:
+    for pt in with_run_speed(points, k.run_cpu_speed):
         pred = step_time(pt.method, pt.workload, pt.cluster, k, pt.peer)
         rows.append({"source": pt.source, "workload": pt.workload.name, "peer": pt.peer,
                      "method": pt.method, "N": pt.cluster.workers, "status": pt.status,
@@ -754,7 +801,10 @@ def markdown(out: dict) -> str:
     lines += [f"- gamma = {1e9 * k['gamma']:.3f} ns per byte summed/applied; alpha (latency per hop) "
               "is not fitted: on shared cores it is the same term as a ring's messages, below",
               "- compute per example: " + ", ".join(f"{w} {1e3 * v:.3f} ms" for w, v in
-                                                    k["compute_per_example"].items()), "",
+                                                    k["compute_per_example"].items()),
+              "- CPU speed of each run (CPU seconds relative to the first, fitted; the links are "
+              "shaped, so only CPU terms scale): " + ", ".join(f"{r} {v:.3f}" for r, v in
+                                                               k.get("run_cpu_speed", {}).items()), "",
               "| peer | overhead ms / worker step | kappa ns / byte | ms / message | "
               "wire factor (1 = TCP at the link rate) |",
               "|---|---|---|---|---|"]

@@ -92,6 +92,11 @@ def main() -> None:
                 record = {"peer": "reference", "workload": workload.name, "num_workers": n,
                           "steps_trained": total, "initial_loss": initial, "loss": loss,
                           "local_only_loss": local}
+                floor_total = int(item.get("floor_total", total))
+                if floor_total != total:
+                    # the floor peer trains more steps than the others (bench/run.py: floor_steps)
+                    record["floor_steps_trained"] = floor_total
+                    record["floor_local_only_loss"] = train(workload, n, floor_total, only_worker=0)[1]
                 if workload.sparse_bytes:
                     record["sparse_summed_loss"] = train(workload, n, total, sparse_sum=True)[1]
                 record["seconds"] = time.perf_counter() - t0

@@ -220,6 +220,25 @@ def test_rate_limit_at_100_mbit(no_leftovers):
 
 
 @needs_root
+def test_losses_count_a_short_queue_dropping_a_transfer(no_leftovers):
+    # The benchmark records drops, retransmissions and timeouts per point (bench/run.py): with
+    # the link's queue cut to 20 frames, a TCP transfer out of host 0 must show up in them.
+    with EmulatedCluster(2, rate_mbit=100, prefix=PREFIX) as cluster:
+        before = cluster.losses()
+        assert sorted(before) == [0, 1]
+        assert all(v >= 0 for counts in before.values() for v in counts.values())
+        subprocess.run(["tc", "-n", cluster.namespace(0), "qdisc", "change", "dev", cluster.link(0), "root",
+                        "handle", "1:", "tbf", "rate", "100mbit", "burst", "16384", "limit", "30000"],
+                       check=True, capture_output=True, text=True)
+        measure_throughput(cluster, 0, 1, seconds=1.0, timeout_s=30)
+        after = cluster.losses()
+    assert after[0]["egress_drops"] > before[0]["egress_drops"], (before, after)
+    assert after[0]["retransmitted_segments"] > before[0]["retransmitted_segments"], (before, after)
+    assert after[1]["egress_drops"] == before[1]["egress_drops"] == 0     # nothing queued the other way
+    assert leftovers() == []
+
+
+@needs_root
 def test_set_rate_reshapes_both_directions_of_every_link(no_leftovers):
     # The harness starts jobs fast and shapes the links to the measured rate at the start barrier.
     with EmulatedCluster(2, rate_mbit=10000, prefix=PREFIX) as cluster:

@@ -1,6 +1,7 @@
 """The benchmark harness's arithmetic: Parallax Table 3 bytes, Herring's
 communication lower bound, counter deltas, the loss-tolerance check."""
 import math
+from pathlib import Path
 
 import pytest
 
@@ -322,3 +323,54 @@ def test_sparse_bytes_moved_counts_distinct_rows_for_autopar_server_paths():
     assert metrics.sparse_bytes_moved("tf_ps", 1000, alpha) == 1000          # one row per id
     assert metrics.sparse_bytes_moved("autopar-allreduce", 1000, alpha) == 1000
     assert metrics.sparse_bytes_moved("autopar-hybrid", 1000, None) == 1000  # no embedding
+
+
+def test_floor_runs_at_least_its_minimum_steps():
+    from bench import run
+    lo_warm, lo_steps = run.FLOOR_MIN_STEPS
+    assert run.floor_steps(2, 5) == (lo_warm, lo_steps)
+    assert run.floor_steps(lo_warm + 3, lo_steps + 40) == (lo_warm + 3, lo_steps + 40)
+
+
+def test_reference_gives_the_floor_its_own_step_count(tmp_path):
+    """The floor trains floor_steps(...) steps, more than the other peers: the
+    reference run's floor_local_only_loss must be the local-only loss after
+    exactly that many steps (what a run with those counts calls local_only_loss)."""
+    import sys
+    from bench import run
+    short = run.Settings(name="t", host_counts=[2], workloads=["avg"], peers=["floor"],
+                         steps={"avg": (1, 2)}, avg_mib=0.25)
+    as_floor = run.Settings(name="t", host_counts=[2], workloads=["avg"], peers=["floor"],
+                            steps={"avg": run.floor_steps(1, 2)}, avg_mib=0.25)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = run.run_references(short, sys.executable, tmp_path / "a", timeout_s=120)["avg"][2]
+    b = run.run_references(as_floor, sys.executable, tmp_path / "b", timeout_s=120)["avg"][2]
+    assert a["floor_steps_trained"] == sum(run.floor_steps(1, 2)) == b["steps_trained"]
+    assert a["floor_local_only_loss"] == b["local_only_loss"]
+    assert a["floor_local_only_loss"] != a["local_only_loss"]      # more steps, another loss
+    assert "floor_local_only_loss" not in b                        # same count: nothing extra
+
+
+def test_loss_delta_sums_the_measured_window_over_hosts():
+    before = {0: {"egress_drops": 5, "ingress_drops": 0, "retransmitted_segments": 10, "timeouts": 1},
+              1: {"egress_drops": 0, "ingress_drops": 2, "retransmitted_segments": 0, "timeouts": 0}}
+    after = {0: {"egress_drops": 7, "ingress_drops": 0, "retransmitted_segments": 14, "timeouts": 1},
+             1: {"egress_drops": 0, "ingress_drops": 9, "retransmitted_segments": 6, "timeouts": 3}}
+    d = metrics.loss_delta(before, after)
+    assert d == {"egress_drops": 2, "ingress_drops": 7, "retransmitted_segments": 10, "timeouts": 3,
+                 "most_timeouts_host": 1}
+
+
+def test_proc_net_counters_reads_snmp_sections():
+    from bench.cluster import _proc_net_counters
+    text = Path("/proc/net/snmp").read_text() + Path("/proc/net/netstat").read_text()
+    c = _proc_net_counters(text)
+    assert ("Tcp", "RetransSegs") in c and ("TcpExt", "TCPTimeouts") in c
+    assert all(isinstance(v, int) for v in c.values())
+
+
+def test_cpu_probe_times_its_loop_and_scales_with_its_size():
+    small = metrics.cpu_probe_ms(repeats=3, n=20_000)
+    large = metrics.cpu_probe_ms(repeats=3, n=400_000)
+    assert 0 < small < large       # 20x the work: longer on any machine, however loaded

@@ -229,3 +229,26 @@ def test_herring_peer_starts_summation_servers_and_ps_tasks_only_for_sparse_vari
     assert p.server_hosts == [4, 5, 6, 7]
     # Its own port: ps tasks use port + 1, Horovod's rendezvous port + 2.
     assert p.sumserver_port() not in (p.port, p.port + 1, p.port + 2)
+
+
+def test_link_losses_section_lists_points_with_drops_or_timeouts(results):
+    quiet = {"egress_drops": 0, "ingress_drops": 0, "retransmitted_segments": 4, "timeouts": 0, "loss_probes": 4}
+    lossy = {"egress_drops": 0, "ingress_drops": 12, "retransmitted_segments": 30, "timeouts": 2, "loss_probes": 1}
+    results["points"][1]["link_losses"] = quiet
+    results["points"][2]["link_losses"] = lossy
+    lines = report.link_losses(results)
+    assert lines[0].startswith("2 points counted: 12 frames dropped") and "2 retransmission timeouts" in lines[0]
+    rows = [ln for ln in lines if ln.startswith("| sparse")]
+    assert rows == ["| sparse | 100 | 2 | autopar-hybrid | 0 / 12 | 2 | 30 |"]     # the quiet point is not listed
+    assert "## Link losses in the measured windows" in report.markdown(results)
+    del results["points"][1]["link_losses"], results["points"][2]["link_losses"]
+    assert report.link_losses(results) == []
+    assert "Link losses" not in report.markdown(results)
+
+
+def test_header_gives_the_floors_own_step_counts(results):
+    for p in results["points"]:
+        p.update(warmup_steps=3, measured_steps=10)
+        if p["peer"] == "floor":
+            p.update(warmup_steps=10, measured_steps=60)
+    assert "(the floor: (10, 60)" in report.markdown(results)

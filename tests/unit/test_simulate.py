@@ -162,6 +162,30 @@ def test_fit_recovers_known_constants_from_synthetic_points():
     assert max(abs(r["error"]) for r in sim.errors(points, got)) < 1e-6
 
 
+def test_fit_recovers_a_slower_session_and_the_constants():
+    # a second run of the same configurations (fewer points, link-rate-bound ones too) on a
+    # session whose cores are 1.4x slower: its CPU terms scale, its wire time does not
+    truth = sim.Constants(compute_per_example={"sparse": 6e-5, "dense": 6e-4},
+                          peers={"a": sim.PeerConstants(overhead_s=2e-3, kappa=1.7e-9, wire_factor=1.2,
+                                                        message_s=0.7e-3),
+                                 "b": sim.PeerConstants(overhead_s=1e-3, kappa=0.3e-9, wire_factor=1.9,
+                                                        message_s=1.3e-3)})
+    methods = {"a": "allreduce", "b": "ps", "floor": "none"}
+    ref = _synthetic_points(truth, methods)
+    slow = [sim.Point("slow", p.workload, sim.replace(p.cluster, cpu_speed=1.4), p.peer, p.method,
+                      sim.step_time(p.method, p.workload, sim.replace(p.cluster, cpu_speed=1.4), truth,
+                                    p.peer)["step_s"])
+            for p in ref if p.workload.name == "sparse"]
+    slow = [sim.replace(p, cluster=sim.replace(p.cluster, cpu_speed=1.0)) for p in slow]   # as measured
+    got = sim.fit(ref + slow)
+    assert got.run_cpu_speed == pytest.approx({"synthetic": 1.0, "slow": 1.4}, rel=1e-4)
+    assert got.compute_per_example["dense"] == pytest.approx(6e-4, rel=1e-4)
+    assert got.peers["b"].message_s == pytest.approx(1.3e-3, rel=1e-4)
+    assert max(abs(r["error"]) for r in sim.errors(ref + slow, got)) < 1e-4
+    # one speed for every run would leave the slow run's CPU-heavy points off
+    assert max(abs(r["error"]) for r in sim.errors(ref + slow, sim._fit_constants(ref + slow))) > 0.02
+
+
 def test_fit_without_floor_points_puts_the_common_overhead_into_compute():
     # a per-step overhead every peer shares is indistinguishable from compute per
     # example: without a floor, the leanest peer's overhead is 0 and the predictions hold
