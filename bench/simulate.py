@@ -89,6 +89,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # The commit from which autopar's server paths move each distinct row once
 # (DISTINCT_ROW_PEERS); runs of older commits moved a row per looked-up id.
 DISTINCT_ROWS_SINCE = "2badec4"
+# Linux's minimum retransmission timeout (TCP_RTO_MIN): what one timeout stalls a connection for
+RTO_MIN_S = 0.2
 # "none": the compute-only floor (no aggregation), fitted so that it pins compute per example
 METHODS = ("allreduce", "ps", "ps_la", "hybrid", "hybrid_nola", "none")
 # Peers whose method this model has phases for and that aggregate (not the floor,
@@ -130,6 +132,7 @@ class Cluster:
     cores: float | None = None         # shared cores for all processes (emulated cluster); None: dedicated
     server_imbalance: float = 1.0      # most loaded server / even spread (measured: how variables were placed)
     cpu_speed: float = 1.0             # CPU seconds relative to the reference run's cores (> 1: slower)
+    timeouts_per_step: float = 0.0     # measured: the emulated links' TCP retransmission timeouts per step
 
     @property
     def hosts(self) -> int:
@@ -158,6 +161,7 @@ class Constants:
     alpha: float = 0.0                 # s per hop
     phase_wire_factor: dict = field(default_factory=dict)     # phase name -> factor on beta (transport)
     gamma: float = 0.0                 # s per byte summed / applied
+    timeout_share: float = 0.0         # fraction of a timeout's RTO_MIN_S on the step's critical path
     wire_factor: float = 1.0           # global multiplier of beta (per-peer factors multiply it)
     compute_per_example: dict = field(default_factory=dict)   # workload name -> s
     peers: dict = field(default_factory=dict)                 # peer name -> PeerConstants
@@ -337,6 +341,8 @@ def _terms(method: str, wl: Workload, cl: Cluster) -> dict:
         "wire_by_phase": {p.name: p.link_bytes * cl.beta for p in ph},
         # on oversubscribed shared cores a message waits for its receiver to be scheduled:
         # the wait per hop grows with the runnable processes per core
+        # an RTO stalls its connection for >= RTO_MIN_S whatever the rate (an emulator's queue, not the system)
+        "timeouts": cl.timeouts_per_step * RTO_MIN_S,
         "alpha": float(sum(p.hops for p in ph)) * (max(1.0, (n + _servers_used(method, wl, cl)) / c)
                                                   if shared else 1.0),
         "gamma": cpu(sum(p.total_reduce for p in ph), sum(p.proc_reduce for p in ph)),
@@ -365,6 +371,7 @@ def step_time(method: str, wl: Workload, cl: Cluster, k: Constants, peer: str | 
         "wire": sum(w * k.phase_wire_factor.get(name, 1.0) for name, w in t["wire_by_phase"].items())
         * k.wire_factor * pc.wire_factor,
         "latency": t["alpha"] * k.alpha,
+        "timeouts": t["timeouts"] * k.timeout_share,
     }
     total = sum(parts.values())
     return {"step_s": total, "parts": parts,
@@ -423,7 +430,7 @@ def design(points: list[Point], workloads: list[str], peers: list[str]) -> tuple
     is, for a ring, exactly its messages / cores, so alpha and the peers'
     message costs cannot both be fitted; the CPU per message is kept (it is
     what differs between transports) and alpha is 0 in fitted constants."""
-    names = ["gamma"] + [f"compute[{w}]" for w in workloads] + \
+    names = ["gamma", "timeouts"] + [f"compute[{w}]" for w in workloads] + \
             [f"overhead[{p}]" for p in peers] + [f"kappa[{p}]" for p in peers] + \
             [f"wire[{p}]" for p in peers] + [f"message[{p}]" for p in peers]
     col = {name: i for i, name in enumerate(names)}
@@ -432,6 +439,7 @@ def design(points: list[Point], workloads: list[str], peers: list[str]) -> tuple
         t = _terms(pt.method, pt.workload, pt.cluster)
         r = np.zeros(len(names))
         r[col["gamma"]] = t["gamma"]
+        r[col["timeouts"]] = t["timeouts"]
         r[col[f"compute[{pt.workload.name}]"]] = t["compute"]
         if pt.method == "none":
             rows.append(r)
@@ -507,7 +515,7 @@ def _fit_constants(points: list[Point]) -> Constants:
             val[f"overhead[{p}]"] -= d
         for w in workloads:
             val[f"compute[{w}]"] += d / examples[w]
-    return Constants(alpha=0.0, gamma=val["gamma"], wire_factor=1.0,
+    return Constants(alpha=0.0, gamma=val["gamma"], wire_factor=1.0, timeout_share=val["timeouts"],
                      compute_per_example={w: val[f"compute[{w}]"] for w in workloads},
                      peers={p: PeerConstants(overhead_s=val[f"overhead[{p}]"], kappa=val[f"kappa[{p}]"],
                                              wire_factor=val[f"wire[{p}]"], message_s=val[f"message[{p}]"])
@@ -552,6 +560,9 @@ def points_from_results(results: dict, source: str) -> list[Point]:
             if mean_srv > 0:
                 # the measured placement: most loaded server over the mean (1 = even spread)
                 cl.server_imbalance = max(1.0, srv["recv_max"] / mean_srv)
+        losses = p.get("link_losses") or {}
+        if losses.get("timeouts") and p.get("measured_steps"):
+            cl.timeouts_per_step = losses["timeouts"] / p["measured_steps"]
         if distinct and p["peer"] in DISTINCT_ROW_PEERS and wl.touched_rows:
             # each distinct row once per worker: the run's measured distinct rows
             alpha = (p.get("alpha") or {}).get("worker_unique")
@@ -800,6 +811,9 @@ def markdown(out: dict) -> str:
     k = out["constants"]
     lines += [f"- gamma = {1e9 * k['gamma']:.3f} ns per byte summed/applied; alpha (latency per hop) "
               "is not fitted: on shared cores it is the same term as a ring's messages, below",
+              f"- timeouts: {k.get('timeout_share', 0.0):.3f} of each measured TCP retransmission timeout's "
+              f"{1e3 * RTO_MIN_S:.0f} ms is on the step's critical path (an input only where the emulated "
+              "links' queues overflowed; 0 in projections)",
               "- compute per example: " + ", ".join(f"{w} {1e3 * v:.3f} ms" for w, v in
                                                     k["compute_per_example"].items()),
               "- CPU speed of each run (CPU seconds relative to the first, fitted; the links are "

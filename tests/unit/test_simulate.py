@@ -186,6 +186,26 @@ def test_fit_recovers_a_slower_session_and_the_constants():
     assert max(abs(r["error"]) for r in sim.errors(ref + slow, sim._fit_constants(ref + slow))) > 0.02
 
 
+def test_fit_recovers_the_share_of_measured_timeouts_on_the_critical_path():
+    truth = sim.Constants(compute_per_example={"sparse": 6e-5, "dense": 6e-4}, timeout_share=0.3,
+                          peers={"a": sim.PeerConstants(overhead_s=2e-3, kappa=1.7e-9, wire_factor=1.2,
+                                                        message_s=0.7e-3),
+                                 "b": sim.PeerConstants(overhead_s=1e-3, kappa=0.3e-9, wire_factor=1.9,
+                                                        message_s=1.3e-3)})
+    points = []
+    for p in _synthetic_points(truth, {"a": "allreduce", "b": "ps", "floor": "none"}):
+        if p.method == "ps" and p.cluster.workers == 8:     # the emulator's queues overflow at N = 8
+            cl = sim.replace(p.cluster, timeouts_per_step=4.0 if p.workload.name == "dense" else 1.5)
+            p = sim.replace(p, cluster=cl, step_s=sim.step_time(p.method, p.workload, cl, truth, p.peer)["step_s"])
+        points.append(p)
+    got = sim.fit(points)
+    assert got.timeout_share == pytest.approx(0.3, rel=1e-6)
+    assert got.peers["b"].wire_factor == pytest.approx(1.9, rel=1e-6)
+    assert max(abs(r["error"]) for r in sim.errors(points, got)) < 1e-6
+    # a projection has no timeouts: the term is 0 there
+    assert sim.step_time("ps", points[0].workload, sim.Cluster(16, servers=16), got, "b")["parts"]["timeouts"] == 0
+
+
 def test_fit_without_floor_points_puts_the_common_overhead_into_compute():
     # a per-step overhead every peer shares is indistinguishable from compute per
     # example: without a floor, the leanest peer's overhead is 0 and the predictions hold
