@@ -455,25 +455,22 @@ class EmulatedCluster:
         """host -> cumulative loss counters: frames its link's queues dropped
         (`egress_drops`: host -> switch, `ingress_drops`: switch -> host) and its
         TCP stack's retransmitted segments, retransmission timeouts and
-        tail-loss probes. A
-        timeout costs at least 200 ms (Linux's minimum RTO, which does not scale
-        with the emulated rate), so a run that has any is measuring the queues."""
-        root = json.loads(_run(["tc", "-s", "-j", "qdisc", "show"]).stdout or "[]")
-        ingress: dict[str, int] = {}
-        for q in root:
-            ingress[q.get("dev", "")] = ingress.get(q.get("dev", ""), 0) + int(q.get("drops", 0))
+        tail-loss probes. A timeout costs at least 200 ms (Linux's minimum RTO,
+        which does not scale with the emulated rate), so a run that has any is
+        measuring the queues."""
+        ingress = _drops_by_device(_run(["tc", "-s", "-j", "qdisc", "show"]).stdout)
         result = {}
         for i in range(self.num_hosts):
             out = _run(["ip", "netns", "exec", self.namespace(i), "sh", "-c",
-                        f"tc -s -j qdisc show dev {self.link(i)}; echo {_SEPARATOR}; "
+                        f"tc -s -j qdisc show; echo {_SEPARATOR}; "
                         "cat /proc/net/snmp /proc/net/netstat"]).stdout
             qdiscs, _, proc_net = out.partition(_SEPARATOR)
             tcp = _proc_net_counters(proc_net)
-            result[i] = {"egress_drops": sum(int(q.get("drops", 0)) for q in json.loads(qdiscs or "[]")),
+            result[i] = {"egress_drops": _drops_by_device(qdiscs).get(self.link(i), 0),
                          "ingress_drops": ingress.get(root_veth_name(self.prefix, i), 0),
                          "retransmitted_segments": tcp.get(("Tcp", "RetransSegs"), 0),
                          "timeouts": tcp.get(("TcpExt", "TCPTimeouts"), 0),
-                         # tail-loss probes are retransmissions too, sent without a loss
+                         # sent without a loss; a probe that resends a segment is also a retransmission
                          "loss_probes": tcp.get(("TcpExt", "TCPLossProbes"), 0)}
         return result
 
@@ -493,6 +490,14 @@ class EmulatedCluster:
 
 
 _SEPARATOR = "--autopar-bench--"
+
+
+def _drops_by_device(tc_json: str) -> dict[str, int]:
+    """device -> frames its qdiscs dropped, from `tc -s -j qdisc show` output."""
+    out: dict[str, int] = {}
+    for q in json.loads(tc_json.strip() or "[]"):
+        out[q.get("dev", "")] = out.get(q.get("dev", ""), 0) + int(q.get("drops", 0))
+    return out
 
 
 def _proc_net_counters(text: str) -> dict[tuple[str, str], int]:

@@ -339,10 +339,10 @@ def _terms(method: str, wl: Workload, cl: Cluster) -> dict:
     return {
         "wire": sum(p.link_bytes for p in ph) * cl.beta,
         "wire_by_phase": {p.name: p.link_bytes * cl.beta for p in ph},
-        # on oversubscribed shared cores a message waits for its receiver to be scheduled:
-        # the wait per hop grows with the runnable processes per core
         # an RTO stalls its connection for >= RTO_MIN_S whatever the rate (an emulator's queue, not the system)
         "timeouts": cl.timeouts_per_step * RTO_MIN_S,
+        # on oversubscribed shared cores a message waits for its receiver to be scheduled:
+        # the wait per hop grows with the runnable processes per core
         "alpha": float(sum(p.hops for p in ph)) * (max(1.0, (n + _servers_used(method, wl, cl)) / c)
                                                   if shared else 1.0),
         "gamma": cpu(sum(p.total_reduce for p in ph), sum(p.proc_reduce for p in ph)),
@@ -452,9 +452,6 @@ def design(points: list[Point], workloads: list[str], peers: list[str]) -> tuple
     return np.array(rows), names
 
 
-CPU_PARTS = ("compute", "overhead", "cpu_bytes", "messages", "reduce")   # step_time's CPU terms
-
-
 def with_run_speed(points: list[Point], speeds: dict) -> list[Point]:
     """The points with each run's cpu_speed (runs not in `speeds`: 1)."""
     return [replace(p, cluster=replace(p.cluster, cpu_speed=speeds.get(p.source, 1.0))) for p in points]
@@ -475,12 +472,13 @@ def fit(points: list[Point], iterations: int = 100) -> Constants:
     for _ in range(iterations if len(runs) > 1 else 0):
         new = dict(speeds)
         for run in runs[1:]:
-            # predicted = rest + speed * cpu: least squares on the relative error, in closed form
+            # predicted = rest + speed * cpu: least squares on the relative error, in closed form;
+            # cpu and rest read off the model at speeds 1 and 2 (every CPU term scales with it)
             num = den = 0.0
-            for p in with_run_speed([q for q in points if q.source == run], {run: 1.0}):
-                parts = step_time(p.method, p.workload, p.cluster, k, p.peer)["parts"]
-                cpu = sum(parts[name] for name in CPU_PARTS)
-                rest = sum(v for name, v in parts.items() if name not in CPU_PARTS)
+            for p in [q for q in points if q.source == run]:
+                t1, t2 = (step_time(p.method, p.workload, replace(p.cluster, cpu_speed=v), k, p.peer)["step_s"]
+                          for v in (1.0, 2.0))
+                cpu, rest = t2 - t1, 2 * t1 - t2
                 num += cpu * (p.step_s - rest) / p.step_s ** 2
                 den += (cpu / p.step_s) ** 2
             new[run] = min(3.0, max(1 / 3, num / den)) if den > 0 else 1.0
