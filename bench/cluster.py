@@ -60,6 +60,12 @@ MAX_HOSTS = 250
 # txqueuelen on the host's side, within a datacenter switch port's share of
 # its buffer on the switch's side.
 QUEUE_FRAMES = 1000
+# TCP congestion control of every connection between emulated hosts, set on
+# each host's subnet route: a namespace inherits the machine's default (this
+# VM's is bbr) and may not choose one outside net.ipv4.tcp_allowed_congestion_control,
+# while a route's `congctl` may. cubic is Linux's own default and what most
+# clusters run; None keeps the machine's.
+DEFAULT_CONGESTION_CONTROL = "cubic"
 ETHERNET_FRAME_BYTES = 1514
 CHECK_PORT = 23950             # port of the throughput check, inside the namespaces
 _PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")   # keeps every name <= 15 chars (IFNAMSIZ)
@@ -238,7 +244,7 @@ class EmulatedCluster:
     rate-limited too, so a host receives no faster than its link rate."""
 
     def __init__(self, num_hosts: int, rate_mbit: float = 1000.0, delay_ms: float = 0.1, prefix: str = "apb",
-                 shape_downlink: bool = True):
+                 shape_downlink: bool = True, congestion_control: str | None = DEFAULT_CONGESTION_CONTROL):
         _check_prefix(prefix)
         if not 1 <= int(num_hosts) <= MAX_HOSTS:
             raise ValueError(f"num_hosts must be 1..{MAX_HOSTS}, got {num_hosts}")
@@ -251,6 +257,7 @@ class EmulatedCluster:
         self.delay_ms = float(delay_ms)
         self.prefix = prefix
         self.shape_downlink = shape_downlink
+        self.congestion_control = congestion_control
         self.addresses: list[str] = [f"{SUBNET}.{i + 1}" for i in range(self.num_hosts)]
         self.delay_emulated = False      # set when built: False if the kernel has no sch_netem
         self._procs: list[subprocess.Popen] = []
@@ -258,6 +265,14 @@ class EmulatedCluster:
         self._prev_handlers: dict[int, Any] = {}
         self._active = False
         self._ip = shutil.which("ip") or "ip"
+
+    @property
+    def tcp_congestion_control(self) -> str:
+        """What the hosts' TCP connections to each other run: the configured
+        algorithm, or the machine's default that namespaces inherit."""
+        if self.congestion_control:
+            return self.congestion_control
+        return Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
 
     def __repr__(self) -> str:
         return (f"EmulatedCluster({self.num_hosts} hosts, {self.rate_mbit:g} Mbit/s, {self.delay_ms:g} ms, "
@@ -338,6 +353,9 @@ class EmulatedCluster:
             if self.shape_downlink:
                 _run(["tc", "qdisc", "add", "dev", root_end, "root", "handle", "1:", *tbf])
             _run(["ip", "-n", ns, "link", "set", host_end, "up"])
+            if self.congestion_control:   # the subnet's route exists once the link is up
+                _run(["ip", "-n", ns, "route", "replace", f"{SUBNET}.0/24", "dev", host_end, "proto", "kernel",
+                      "scope", "link", "src", address, "congctl", "lock", self.congestion_control])
             _run(["ip", "link", "set", root_end, "up"])
         self.delay_emulated = self.delay_ms > 0 and not netem_missing
         if netem_missing:

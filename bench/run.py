@@ -41,6 +41,7 @@ from autopar.common import env as envvars
 from autopar.common.procs import stop_processes
 from autopar.common.roles import SERVER_JOB, WORKER_JOB
 from bench import metrics, models
+from bench.cluster import DEFAULT_CONGESTION_CONTROL
 from bench.peers import common
 
 log = logging.getLogger("autopar.bench")
@@ -117,6 +118,7 @@ class Settings:
     phase_timeout_s: float = 120.0     # each of warm-up, measured steps, evaluation
     idle_window_s: float = 0.3         # background traffic measured with every worker idle
     prefix: str = "apb"
+    congestion_control: str | None = DEFAULT_CONGESTION_CONTROL   # None: the machine's
     update_readme: bool = False
     # Per workload, a subset of host_counts / peers to run it with (default: all of them).
     workload_hosts: dict = field(default_factory=dict)
@@ -148,7 +150,7 @@ class Settings:
 # GPU cluster has; see bench/README.md, "Why 100 Mbit/s").
 QUICK = dict(name="quick", host_counts=[2, 4, 8], workloads=["sparse"], avg_mib=32.0,
              link_mbit=[100.0], startup_timeout_s=120.0, phase_timeout_s=60.0,
-             steps={"avg": (1, 3), "sparse": (2, 5), "dense": (2, 5)})
+             steps={"avg": (1, 3), "sparse": (2, 8), "dense": (2, 5)})
 FULL = dict(name="full", host_counts=[2, 4, 8], workloads=["avg", "sparse", "dense"],
             link_mbit=[1000.0, 100.0],
             steps={"avg": (2, 5), "sparse": (5, 20), "dense": (3, 10)})
@@ -940,13 +942,15 @@ def run(settings: Settings) -> dict:
         # 200 MiB embedding would take ~17 s per copy at 100 Mbit/s and is not
         # measured); run_point shapes the links to the point's rate at "start".
         with cluster_mod.EmulatedCluster(num_hosts, rate_mbit=settings.setup_mbit, delay_ms=settings.delay_ms,
-                                         prefix=settings.prefix) as cluster:
+                                         prefix=settings.prefix,
+                                         congestion_control=settings.congestion_control) as cluster:
             _delay_emulated = cluster.delay_emulated
             results["cluster"] = {"hosts": num_hosts, "addresses": cluster.addresses,
                                   "link_mbit": list(settings.link_mbit), "setup_mbit": settings.setup_mbit,
                                   "rate_mbit": settings.rate_mbit, "delay_ms": cluster.delay_ms,
                                   "delay_emulated": cluster.delay_emulated,
-                                  "shape_downlink": cluster.shape_downlink}
+                                  "shape_downlink": cluster.shape_downlink,
+                                  "congestion_control": cluster.tcp_congestion_control}
             if not cluster.delay_emulated:
                 results["notes"].append("the kernel has no sch_netem: link delay is not emulated, so the "
                                         "physical limits use latency 0 (bandwidth term only)")
@@ -1045,6 +1049,9 @@ def parse_args(argv=None) -> Settings:
     p.add_argument("--avg-mib", type=float, help="microbenchmark size G in MiB (default 100; --quick: 32)")
     p.add_argument("--servers", default="equal", help="parameter servers per PS run: 'equal' (S=N) or a number")
     p.add_argument("--steps", help="override steps, e.g. sparse=3:10,avg=2:4 (warm-up:measured)")
+    p.add_argument("--congestion-control", default=DEFAULT_CONGESTION_CONTROL,
+                   help="TCP congestion control between the emulated hosts (default %(default)s; "
+                        "'machine': this machine's default)")
     p.add_argument("--prefix", default="apb", help="name prefix of the emulated cluster's namespaces")
     p.add_argument("--no-forkserver", action="store_true",
                    help="start every peer process as a fresh interpreter (slower start-up, same figures)")
@@ -1102,6 +1109,7 @@ def parse_args(argv=None) -> Settings:
         s.avg_mib = args.avg_mib
     s.forkserver = not args.no_forkserver
     s.prefix, s.update_readme = args.prefix, args.update_readme
+    s.congestion_control = None if args.congestion_control == "machine" else args.congestion_control
     return s
 
 

@@ -256,6 +256,60 @@ def test_set_rate_reshapes_both_directions_of_every_link(no_leftovers):
     assert leftovers() == []
 
 
+HOLD_CONNECTION = r"""
+import socket, sys, time
+if sys.argv[1] == "listen":
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((sys.argv[2], int(sys.argv[3])))
+    s.listen()
+    print("listening", flush=True)
+    conn, _ = s.accept()
+else:
+    conn = socket.create_connection((sys.argv[2], int(sys.argv[3])), timeout=10)
+    conn.sendall(b"x" * 100000)
+print("connected", flush=True)
+sys.stdin.readline()        # hold the connection until the test has looked at it
+"""
+
+
+def _congestion_controls(cluster: EmulatedCluster, host: int) -> list[str]:
+    """The congestion control of every established TCP connection in a host (ss -ti)."""
+    out = subprocess.run(["ip", "netns", "exec", cluster.namespace(host), "ss", "-tin", "state", "established"],
+                         capture_output=True, text=True, check=True, timeout=10).stdout
+    known = {"cubic", "bbr", "reno", "dctcp", "vegas", "westwood", "htcp", "bic"}
+    return [word for line in out.splitlines() for word in line.split() if word in known]
+
+
+@needs_root
+@pytest.mark.parametrize("algorithm", ["cubic", "reno"])
+def test_connections_between_hosts_run_the_configured_congestion_control(tmp_path, no_leftovers, algorithm):
+    # A namespace inherits the machine's default (bbr on some machines) and may not pick one outside
+    # tcp_allowed_congestion_control itself: the cluster sets it on each host's route, which both
+    # the connecting and the accepting side of a connection between hosts must use.
+    script = tmp_path / "hold.py"
+    script.write_text(HOLD_CONNECTION)
+    with EmulatedCluster(2, rate_mbit=100, prefix=PREFIX, congestion_control=algorithm) as cluster:
+        assert cluster.tcp_congestion_control == algorithm
+        pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        server = cluster.popen(1, [sys.executable, str(script), "listen", cluster.addresses[1], str(PORT)], **pipes)
+        try:
+            assert read_line(server, 30).strip() == "listening"
+            client = cluster.popen(0, [sys.executable, str(script), "connect", cluster.addresses[1], str(PORT)],
+                                   **pipes)
+            assert read_line(client, 30).strip() == "connected"
+            assert read_line(server, 30).strip() == "connected"
+            seen = {host: _congestion_controls(cluster, host) for host in (0, 1)}
+            assert seen == {0: [algorithm], 1: [algorithm]}, seen
+            for proc in (client, server):
+                proc.communicate("done\n", timeout=30)
+        finally:
+            for proc in cluster.processes:
+                if proc.poll() is None:
+                    proc.kill()
+    assert leftovers() == []
+
+
 def test_without_root_it_says_so_and_exits_non_zero(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(SystemExit) as exc:
