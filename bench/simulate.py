@@ -64,8 +64,11 @@ fitted, see `design`), so the fit
 is a non-negative least-squares problem on the relative error
 (each row divided by the measured step time): minimising
 sum((predicted - measured) / measured)^2, solved by Lawson-Hanson (numpy).
-The measured step time of a point is its median step (robust to one slow
-step on a loaded machine). The compute-only floor's points (method "none":
+The measured step time of a point is its mean step: the throughput the
+benchmark's tables report (words/s = examples / mean step), and what the
+measured TCP timeouts (an input) and Horovod's bimodal two-rank all-gather
+(a fitted share, PAIR_SERIALISED_PEERS) add to; a median of a bimodal step
+jumps between its modes from run to run. The compute-only floor's points (method "none":
 no phases, so only compute) are fitted too, with the slowest worker's mean
 step (its workers do not wait for each other); they pin compute per example,
 so a peer's overhead is what it adds to the floor. (Runs without floor
@@ -91,6 +94,12 @@ RESULTS = Path(__file__).resolve().parent / "results"
 DISTINCT_ROWS_SINCE = "2badec4"
 # Linux's minimum retransmission timeout (TCP_RTO_MIN): what one timeout stalls a connection for
 RTO_MIN_S = 0.2
+# Peers whose all-gather between two ranks sometimes runs one direction after the
+# other instead of both at once: Horovod/Gloo at N = 2, traced (bench/README.md,
+# "Horovod at N = 2") at 1.0x or 2.0x the one-way transfer time from step to step,
+# never in between; at N >= 4 its steps are unimodal. The model fits, per such peer,
+# the expected share of the two-rank all-gather's link time paid a second time.
+PAIR_SERIALISED_PEERS = ("horovod",)
 # "none": the compute-only floor (no aggregation), fitted so that it pins compute per example
 METHODS = ("allreduce", "ps", "ps_la", "hybrid", "hybrid_nola", "none")
 # Peers whose method this model has phases for and that aggregate (not the floor,
@@ -154,6 +163,7 @@ class PeerConstants:
     kappa: float = 0.0                 # CPU s per byte a process sends/receives
     message_s: float = 0.0             # CPU s per message sent and handled (RPC, ring step)
     wire_factor: float = 1.0           # multiplies beta (1 / fraction of the link rate reached)
+    pair_serialised: float = 0.0       # expected share of a 2-rank all-gather's link time paid twice
 
 
 @dataclass
@@ -329,6 +339,8 @@ def _servers_used(method: str, wl: Workload, cl: Cluster) -> int:
 def _terms(method: str, wl: Workload, cl: Cluster) -> dict:
     """The quantities each constant multiplies (the model is linear in them)."""
     ph = phases(method, wl, cl)
+    # at N = 2 a ring's left and right neighbour are the same peer
+    pair_allgather = sum(p.link_bytes for p in ph if p.name == "allgather") if cl.workers == 2 else 0.0
     shared = cl.cores is not None
     c = cl.cores or 1.0
     n = cl.workers
@@ -339,6 +351,7 @@ def _terms(method: str, wl: Workload, cl: Cluster) -> dict:
     return {
         "wire": sum(p.link_bytes for p in ph) * cl.beta,
         "wire_by_phase": {p.name: p.link_bytes * cl.beta for p in ph},
+        "pair_allgather": pair_allgather * cl.beta,
         # an RTO stalls its connection for >= RTO_MIN_S whatever the rate (an emulator's queue, not the system)
         "timeouts": cl.timeouts_per_step * RTO_MIN_S,
         # on oversubscribed shared cores a message waits for its receiver to be scheduled:
@@ -370,6 +383,7 @@ def step_time(method: str, wl: Workload, cl: Cluster, k: Constants, peer: str | 
         "reduce": t["gamma"] * k.gamma,
         "wire": sum(w * k.phase_wire_factor.get(name, 1.0) for name, w in t["wire_by_phase"].items())
         * k.wire_factor * pc.wire_factor,
+        "serialised": t["pair_allgather"] * pc.pair_serialised * k.wire_factor * pc.wire_factor,
         "latency": t["alpha"] * k.alpha,
         "timeouts": t["timeouts"] * k.timeout_share,
     }
@@ -432,7 +446,8 @@ def design(points: list[Point], workloads: list[str], peers: list[str]) -> tuple
     what differs between transports) and alpha is 0 in fitted constants."""
     names = ["gamma", "timeouts"] + [f"compute[{w}]" for w in workloads] + \
             [f"overhead[{p}]" for p in peers] + [f"kappa[{p}]" for p in peers] + \
-            [f"wire[{p}]" for p in peers] + [f"message[{p}]" for p in peers]
+            [f"wire[{p}]" for p in peers] + [f"message[{p}]" for p in peers] + \
+            [f"serialised[{p}]" for p in peers if p in PAIR_SERIALISED_PEERS]
     col = {name: i for i, name in enumerate(names)}
     rows = []
     for pt in points:
@@ -448,6 +463,9 @@ def design(points: list[Point], workloads: list[str], peers: list[str]) -> tuple
         r[col[f"kappa[{pt.peer}]"]] = t["kappa"]
         r[col[f"wire[{pt.peer}]"]] = t["wire"]
         r[col[f"message[{pt.peer}]"]] = t["mu"]
+        if pt.peer in PAIR_SERIALISED_PEERS:
+            # fitted as share x wire factor (linear); _fit_constants divides the factor out
+            r[col[f"serialised[{pt.peer}]"]] = t["pair_allgather"]
         rows.append(r)
     return np.array(rows), names
 
@@ -516,7 +534,9 @@ def _fit_constants(points: list[Point]) -> Constants:
     return Constants(alpha=0.0, gamma=val["gamma"], wire_factor=1.0, timeout_share=val["timeouts"],
                      compute_per_example={w: val[f"compute[{w}]"] for w in workloads},
                      peers={p: PeerConstants(overhead_s=val[f"overhead[{p}]"], kappa=val[f"kappa[{p}]"],
-                                             wire_factor=val[f"wire[{p}]"], message_s=val[f"message[{p}]"])
+                                             wire_factor=val[f"wire[{p}]"], message_s=val[f"message[{p}]"],
+                                             pair_serialised=(val.get(f"serialised[{p}]", 0.0) / val[f"wire[{p}]"]
+                                                              if val[f"wire[{p}]"] > 0 else 0.0))
                             for p in peers})
 
 
@@ -544,7 +564,7 @@ def points_from_results(results: dict, source: str) -> list[Point]:
     cores = results.get("machine", {}).get("cpus") or 2
     out = []
     for p in results["points"]:
-        if p.get("status") not in ("ok", "wrong-loss") or not p.get("median_step_s"):
+        if p.get("status") not in ("ok", "wrong-loss") or not p.get("step_s"):
             continue
         wl = wls[p["workload"]]
         method = PEER_METHODS[p["peer"]]
@@ -567,7 +587,7 @@ def points_from_results(results: dict, source: str) -> list[Point]:
             rows = (alpha * wl.sparse_rows if alpha
                     else expected_distinct(wl.sparse_rows, wl.touched_rows, wl.zipf_s))
             wl = replace(wl, touched_rows=rows)
-        step = float(p["median_step_s"])
+        step = float(p["step_s"])
         if method == "none" and p.get("compute_floor_s"):
             # the floor's workers do not wait for each other: a worker's median step is
             # one run alone on a core; the slowest worker's mean is the CPU share of N
@@ -818,11 +838,12 @@ def markdown(out: dict) -> str:
               "shaped, so only CPU terms scale): " + ", ".join(f"{r} {v:.3f}" for r, v in
                                                                k.get("run_cpu_speed", {}).items()), "",
               "| peer | overhead ms / worker step | kappa ns / byte | ms / message | "
-              "wire factor (1 = TCP at the link rate) |",
-              "|---|---|---|---|---|"]
+              "wire factor (1 = TCP at the link rate) | 2-rank all-gather paid twice |",
+              "|---|---|---|---|---|---|"]
     for p, c in k["peers"].items():
         lines.append(f"| {p} | {1e3 * c['overhead_s']:.2f} | {1e9 * c['kappa']:.3f} | "
-                     f"{1e3 * c['message_s']:.3f} | {c['wire_factor']:.3f} |")
+                     f"{1e3 * c['message_s']:.3f} | {c['wire_factor']:.3f} | "
+                     + (f"{c.get('pair_serialised', 0.0):.2f} |" if p in PAIR_SERIALISED_PEERS else "– |"))
     lines += ["", "Overheads are what a peer adds to the compute-only floor, whose points "
               "(the slowest worker's mean step) pin compute per example."]
     s = out["fit_summary"]
@@ -968,7 +989,7 @@ def build(sources: list[Path]) -> dict:
         val = {"summary": summarise(vrows), "points": vrows}
     link = points[0].cluster.link_gbit if points else 1.0
     out = {"sources": [str(Path(s).name) for s in sources], "cores": cores, "sources_by_name": names,
-           "method": "non-negative least squares on the relative error of the median step time; "
+           "method": "non-negative least squares on the relative error of the mean step time; "
                      "shared-cores model (sum of all processes' CPU seconds, messages included, / cores + wire); "
                      "the floor's points pin compute",
            "constants": k.to_dict(), "fit_summary": summarise(rows), "points": rows,

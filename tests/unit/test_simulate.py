@@ -206,6 +206,34 @@ def test_fit_recovers_the_share_of_measured_timeouts_on_the_critical_path():
     assert sim.step_time("ps", points[0].workload, sim.Cluster(16, servers=16), got, "b")["parts"]["timeouts"] == 0
 
 
+def test_a_two_rank_allgather_paid_twice_only_at_n_2_and_only_for_the_peers_that_do():
+    # Horovod/Gloo's all-gather of rows runs its two directions one after the other in some
+    # steps at N = 2 (bench/README.md, "Horovod at N = 2"): the share is fitted for it alone
+    k = sim.Constants(peers={"horovod": sim.PeerConstants(wire_factor=1.2, pair_serialised=0.5),
+                             "a": sim.PeerConstants(wire_factor=1.2)})
+    wl = sparse_only(102_400, 1024.0, 1000.0)
+    two = sim.step_time("allreduce", wl, sim.Cluster(2, link_gbit=1.0), k, "horovod")["parts"]
+    # one worker's 1000 rows of 1 KiB cross the link once, and half of the time once more
+    assert two["wire"] == pytest.approx(1000 * 1024.0 * BETA_1G * 1.2)
+    assert two["serialised"] == pytest.approx(0.5 * two["wire"])
+    assert sim.step_time("allreduce", wl, sim.Cluster(4, link_gbit=1.0), k, "horovod")["parts"]["serialised"] == 0
+    assert sim.step_time("allreduce", wl, sim.Cluster(2, link_gbit=1.0), k, "a")["parts"]["serialised"] == 0
+    assert sim.step_time("allreduce", dense(MB), sim.Cluster(2, link_gbit=1.0), k, "horovod")["parts"][
+        "serialised"] == 0          # a ring all-reduce's buffers are not affected
+
+    truth = sim.Constants(compute_per_example={"sparse": 6e-5, "dense": 6e-4},
+                          peers={"horovod": sim.PeerConstants(overhead_s=2e-3, kappa=0.4e-9, wire_factor=1.1,
+                                                              message_s=0.3e-3, pair_serialised=0.6),
+                                 "a": sim.PeerConstants(overhead_s=1e-3, kappa=1.7e-9, wire_factor=1.2,
+                                                        message_s=0.7e-3)})
+    points = _synthetic_points(truth, {"horovod": "allreduce", "a": "allreduce", "floor": "none"})
+    got = sim.fit(points)
+    assert got.peers["horovod"].pair_serialised == pytest.approx(0.6, rel=1e-6)
+    assert got.peers["horovod"].wire_factor == pytest.approx(1.1, rel=1e-6)
+    assert got.peers["a"].pair_serialised == 0.0
+    assert max(abs(r["error"]) for r in sim.errors(points, got)) < 1e-6
+
+
 def test_fit_without_floor_points_puts_the_common_overhead_into_compute():
     # a per-step overhead every peer shares is indistinguishable from compute per
     # example: without a floor, the leanest peer's overhead is 0 and the predictions hold
