@@ -95,50 +95,98 @@ def _step_bytes(v) -> float:
 def place_partitions(analysis, names: set[str], topology,
                      overrides: dict[str, int]) -> dict[str, tuple[list, list]]:
     """Row partitions of every PS variable (rows dealt round-robin, see
-    transforms.partition), spread over servers greedily by bytes (largest
-    first onto the least-loaded server) so every server carries about the
-    same load.
+    transforms.partition) and the server of each.
 
     A variable with a sparse gradient that Parallax's model (partition_count)
-    would split at all gets one partition per server: a step moves only its
-    touched rows, which dealt rows already spread evenly over the servers, so
-    more partitions would add per-partition work (a row gather, a push, an
-    accumulator and an update copy per step) without spreading any bytes
-    further. On 4 workers and 2 servers on one machine, 8 partitions per
-    embedding cost 4 % of the LM's words/s against 2. A dense variable moves
-    whole every step: Parallax's cost model (partition_count), but split
-    further, up to one partition per server, when it alone would carry more
-    than a server's share of the step's traffic (by more than
-    SPLIT_MIN_EXCESS_BYTES). Placement balances that traffic: a dense
-    variable's bytes, a sparse one's touched rows (alpha * bytes). Measured on the emulated
-    cluster (sparse LM, 4 workers, 4 servers, 100 Mbit/s): the LM's 1 MB
-    dense kernel, whole on one server, made that server's link carry 4.5 MB
-    per step while the others carried about 1 MB each."""
+    would split at all gets one partition per server, partition p on server
+    p: a step moves only its touched rows, which dealt rows spread evenly over
+    the partitions, so every server carries the same share of them whatever
+    the rows' real number turns out to be (the analysis's alpha counts a row
+    per looked-up id, while the server path moves each distinct row once: on
+    the Zipf LM 2x fewer). More partitions would add per-partition work (a
+    row gather, a push, an accumulator and an update copy per step) without
+    spreading any bytes further: on 4 workers and 2 servers on one machine,
+    8 partitions per embedding cost 4 % of the LM's words/s against 2. When
+    such partitions were placed greedily by their estimated bytes instead,
+    two of the LM's four embedding partitions shared a server and the dense
+    kernels the other two, and the busiest server carried 1.7x the mean.
+
+    A dense variable moves whole every step: Parallax's cost model
+    (partition_count), but split further, up to one partition per server,
+    when it alone would carry more than the dense variables' share per
+    server (by more than SPLIT_MIN_EXCESS_BYTES); of those counts, the one
+    whose greedy placement (largest first onto the least-loaded server)
+    leaves the busiest server least loaded, the fewest partitions on a tie.
+    Measured on the emulated cluster (sparse LM, 4 workers, 4 servers,
+    100 Mbit/s): the LM's 1 MB dense kernel, whole on one server, made that
+    server's link carry 4.5 MB per step while the others carried about 1 MB
+    each."""
     servers = max(topology.num_servers, 1)
     chosen = [v for v in analysis.variables if v.name in names]
-    traffic = {v.name: _step_bytes(v) for v in chosen}
-    share = sum(traffic.values()) / servers
-    pieces = []   # (traffic bytes, var name, partition index)
+    load = [0.0] * servers
     layout: dict[str, tuple[list, list]] = {}
+    dense_counts: dict[str, int] = {}
     for v in chosen:
         rows = v.shape[0] if v.shape else 1
         if v.name in overrides:
             n = overrides[v.name]
         elif v.gradient == "sparse":
-            # split at all: Parallax's model; then one partition per server
             n = servers if partition_count(v.bytes, rows, topology.num_servers) > 1 else 1
         else:
-            n = partition_count(v.bytes, rows, topology.num_servers)
-            if traffic[v.name] - share > SPLIT_MIN_EXCESS_BYTES:
-                n = max(n, min(servers, math.ceil(traffic[v.name] / share)))
+            dense_counts[v.name] = partition_count(v.bytes, rows, topology.num_servers)
+            continue
         n = max(1, min(int(n), rows))
-        bounds = list(itertools.accumulate(dealt_sizes(rows, n), initial=0))
-        parts = [[bounds[p], bounds[p + 1]] for p in range(n)]   # positions in dealt order
-        layout[v.name] = (parts, [0] * n)
-        pieces += [(traffic[v.name] * (e - s) / rows, v.name, p) for p, (s, e) in enumerate(parts)]
-    load = [0.0] * servers
+        parts = _dealt_partitions(rows, n)
+        if v.gradient == "sparse" and n % servers == 0:
+            # even by construction: every server the same number of partitions
+            layout[v.name] = (parts, [p % servers for p in range(n)])
+            for p, (a, b) in enumerate(parts):
+                load[p % servers] += _step_bytes(v) * (b - a) / rows
+        else:
+            layout[v.name] = (parts, [0] * n)
+            dense_counts[v.name] = n      # placed with the dense pieces, count fixed
+    fixed = {v.name for v in chosen if v.name in layout}
+    dense = [v for v in chosen if v.name in dense_counts]
+    share = sum(_step_bytes(v) for v in dense if v.name not in fixed) / servers
+    for v in sorted(dense, key=lambda v: (-_step_bytes(v), v.name)):
+        rows = v.shape[0] if v.shape else 1
+        if v.name in fixed or _step_bytes(v) - share <= SPLIT_MIN_EXCESS_BYTES:
+            continue
+        least = min(servers, rows, math.ceil(_step_bytes(v) / share))
+        candidates = range(max(dense_counts[v.name], least - 1, 1), min(servers, rows) + 1)
+        dense_counts[v.name] = min(candidates, key=lambda n: (
+            max(_greedy(_pieces(dense, {**dense_counts, v.name: n}), load)[1]), n))
+    assignment, _ = _greedy(_pieces(dense, dense_counts), load)
+    for v in dense:
+        rows = v.shape[0] if v.shape else 1
+        n = dense_counts[v.name]
+        layout[v.name] = (_dealt_partitions(rows, n), [assignment[(v.name, p)] for p in range(n)])
+    return layout
+
+
+def _dealt_partitions(rows: int, n: int) -> list[list[int]]:
+    """[start, end) of each of n partitions, in positions of dealt order."""
+    bounds = list(itertools.accumulate(dealt_sizes(rows, n), initial=0))
+    return [[bounds[p], bounds[p + 1]] for p in range(n)]
+
+
+def _pieces(variables, counts: dict[str, int]) -> list[tuple[float, str, int]]:
+    """(step bytes, variable, partition) of every partition of `variables`."""
+    out = []
+    for v in variables:
+        rows = v.shape[0] if v.shape else 1
+        out += [(_step_bytes(v) * (b - a) / rows, v.name, p)
+                for p, (a, b) in enumerate(_dealt_partitions(rows, counts[v.name]))]
+    return out
+
+
+def _greedy(pieces, base: list[float]) -> tuple[dict, list[float]]:
+    """Largest piece first onto the least-loaded server (ties: lowest index),
+    starting from the loads in `base`: (piece -> server, the loads)."""
+    load = list(base)
+    where = {}
     for nbytes, name, p in sorted(pieces, key=lambda x: (-x[0], x[1], x[2])):
         server = min(range(len(load)), key=lambda s: (load[s], s))
         load[server] += nbytes
-        layout[name][1][p] = server
-    return layout
+        where[(name, p)] = server
+    return where, load
