@@ -152,8 +152,11 @@ def place_partitions(analysis, names: set[str], topology,
         rows = v.shape[0] if v.shape else 1
         if v.name in fixed or _step_bytes(v) - share <= SPLIT_MIN_EXCESS_BYTES:
             continue
-        least = min(servers, rows, math.ceil(_step_bytes(v) / share))
-        candidates = range(max(dense_counts[v.name], least - 1, 1), min(servers, rows) + 1)
+        most = min(servers, rows)
+        if dense_counts[v.name] >= most:
+            continue      # the cost model already gives it a partition per server or more
+        least = min(most, math.ceil(_step_bytes(v) / share))
+        candidates = range(max(dense_counts[v.name], least - 1, 1), most + 1)
         dense_counts[v.name] = min(candidates, key=lambda n: (
             max(_greedy(_pieces(dense, {**dense_counts, v.name: n}), load)[1]), n))
     assignment, _ = _greedy(_pieces(dense, dense_counts), load)

@@ -167,3 +167,26 @@ def test_a_split_dense_variable_takes_the_count_that_balances_the_servers():
     big, small = plan.variable("softmax/kernel"), plan.variable("hidden/kernel")
     assert len(big.partitions) == 3 and len(small.partitions) == 1
     assert sorted(big.servers + small.servers) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("servers", [1, 2, 4, 8])
+def test_a_dense_variable_the_cost_model_splits_past_the_servers_keeps_its_count(servers):
+    """100 MiB: the cost model gives round(sqrt(100/4)) = 5, rounded up to a
+    multiple of the servers (6 on 2, 8 on 4 or 8, 5 on 1); nothing
+    splits it further, and its partitions still cover every server evenly."""
+    import tensorflow as tf
+    tf1 = tf.compat.v1
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [None, 1024])
+        big = tf1.get_variable("avg/buffer", [25600, 1024])
+        loss = tf.reduce_mean(tf.matmul(x, big, transpose_b=True))
+        tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    analysis = analyze_graph(g)
+    topology = Topology(tuple(f"h{i}" for i in range(max(servers, 2))), num_servers=servers)
+    plan = make_plan(analysis, topology, options=PlanOptions(run_option="ps"))
+    vp = plan.variable("avg/buffer")
+    expected = partition_count(analysis.variable("avg/buffer").bytes, 25600, servers)
+    assert len(vp.partitions) == expected >= servers
+    per_server = [vp.servers.count(s) for s in range(servers)]
+    assert max(per_server) - min(per_server) <= 1
