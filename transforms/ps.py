@@ -61,7 +61,7 @@ class ParameterServer(SyncMethod):
     def server_bytes(self, v, vp, num_workers, contributors, alpha):
         """Each server sends a partition's rows to every reader and receives
         every contribution."""
-        rows = v.shape[0] if v.shape else 1
+        rows = _rows(v)
         out = []
         for (start, end), server in zip(vp.partitions, vp.servers):
             part = alpha * v.bytes * (end - start) / max(rows, 1)
@@ -125,46 +125,47 @@ def place_partitions(analysis, names: set[str], topology,
     chosen = [v for v in analysis.variables if v.name in names]
     load = [0.0] * servers
     layout: dict[str, tuple[list, list]] = {}
-    dense_counts: dict[str, int] = {}
+    counts: dict[str, int] = {}      # partitions of the variables placed greedily below
+    fixed: set[str] = set()          # ... whose count is not searched (overrides, small sparse)
     for v in chosen:
-        rows = v.shape[0] if v.shape else 1
         if v.name in overrides:
             n = overrides[v.name]
         elif v.gradient == "sparse":
-            n = servers if partition_count(v.bytes, rows, topology.num_servers) > 1 else 1
+            n = servers if partition_count(v.bytes, _rows(v), topology.num_servers) > 1 else 1
         else:
-            dense_counts[v.name] = partition_count(v.bytes, rows, topology.num_servers)
+            counts[v.name] = partition_count(v.bytes, _rows(v), topology.num_servers)
             continue
-        n = max(1, min(int(n), rows))
-        parts = _dealt_partitions(rows, n)
+        n = max(1, min(int(n), _rows(v)))
         if v.gradient == "sparse" and n % servers == 0:
             # even by construction: every server the same number of partitions
-            layout[v.name] = (parts, [p % servers for p in range(n)])
-            for p, (a, b) in enumerate(parts):
-                load[p % servers] += _step_bytes(v) * (b - a) / rows
+            layout[v.name] = (_dealt_partitions(_rows(v), n), [p % servers for p in range(n)])
+            for nbytes, _, p in _pieces([v], {v.name: n}):
+                load[p % servers] += nbytes
         else:
-            layout[v.name] = (parts, [0] * n)
-            dense_counts[v.name] = n      # placed with the dense pieces, count fixed
-    fixed = {v.name for v in chosen if v.name in layout}
-    dense = [v for v in chosen if v.name in dense_counts]
-    share = sum(_step_bytes(v) for v in dense if v.name not in fixed) / servers
-    for v in sorted(dense, key=lambda v: (-_step_bytes(v), v.name)):
-        rows = v.shape[0] if v.shape else 1
+            counts[v.name] = n
+            fixed.add(v.name)
+    greedy = [v for v in chosen if v.name in counts]
+    share = sum(_step_bytes(v) for v in greedy if v.name not in fixed) / servers
+    for v in sorted(greedy, key=lambda v: (-_step_bytes(v), v.name)):
         if v.name in fixed or _step_bytes(v) - share <= SPLIT_MIN_EXCESS_BYTES:
             continue
-        most = min(servers, rows)
-        if dense_counts[v.name] >= most:
+        most = min(servers, _rows(v))
+        if counts[v.name] >= most:
             continue      # the cost model already gives it a partition per server or more
         least = min(most, math.ceil(_step_bytes(v) / share))
-        candidates = range(max(dense_counts[v.name], least - 1, 1), most + 1)
-        dense_counts[v.name] = min(candidates, key=lambda n: (
-            max(_greedy(_pieces(dense, {**dense_counts, v.name: n}), load)[1]), n))
-    assignment, _ = _greedy(_pieces(dense, dense_counts), load)
-    for v in dense:
-        rows = v.shape[0] if v.shape else 1
-        n = dense_counts[v.name]
-        layout[v.name] = (_dealt_partitions(rows, n), [assignment[(v.name, p)] for p in range(n)])
+        candidates = range(max(counts[v.name], least - 1, 1), most + 1)
+        counts[v.name] = min(candidates, key=lambda n: (
+            max(_greedy(_pieces(greedy, {**counts, v.name: n}), load)[1]), n))
+    assignment, _ = _greedy(_pieces(greedy, counts), load)
+    for v in greedy:
+        n = counts[v.name]
+        layout[v.name] = (_dealt_partitions(_rows(v), n), [assignment[(v.name, p)] for p in range(n)])
     return layout
+
+
+def _rows(v) -> int:
+    """Rows of a variable (a scalar is one row)."""
+    return v.shape[0] if v.shape else 1
 
 
 def _dealt_partitions(rows: int, n: int) -> list[list[int]]:
@@ -177,9 +178,8 @@ def _pieces(variables, counts: dict[str, int]) -> list[tuple[float, str, int]]:
     """(step bytes, variable, partition) of every partition of `variables`."""
     out = []
     for v in variables:
-        rows = v.shape[0] if v.shape else 1
-        out += [(_step_bytes(v) * (b - a) / rows, v.name, p)
-                for p, (a, b) in enumerate(_dealt_partitions(rows, counts[v.name]))]
+        out += [(_step_bytes(v) * (b - a) / _rows(v), v.name, p)
+                for p, (a, b) in enumerate(_dealt_partitions(_rows(v), counts[v.name]))]
     return out
 
 
