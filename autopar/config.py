@@ -65,7 +65,11 @@ class Config:
     # global batch), "sum" (the loss is summed over the batch), or "auto":
     # what the analysis reads from the graph (reduce_mean / reduce_sum, the
     # tf.compat.v1.losses reductions, a division by the batch size), "mean"
-    # where the graph does not show it (the report says so).
+    # where the graph does not show it (the report says so; a graph where
+    # neither can match one device, a summed loss plus a batch-independent
+    # term, is refused). "parallax": Parallax's semantics, not one device's:
+    # dense gradients averaged, sparse (IndexedSlices) ones summed, as
+    # Parallax's average_sparse=False did (README "Coming from Parallax").
     loss_reduction: str = "auto"
     # State each worker updates from its own batch (batch-norm moving
     # statistics...): "none" leaves every replica with its own values;
@@ -90,7 +94,8 @@ class Config:
     # chooses it when some host has several workers and it moves fewer bytes
     # over host links (transforms.allreduce.two_dimensional_choice).
     hierarchical_allreduce: bool | None = None
-    # Deprecated alias of loss_reduction: True = "mean", False = "sum".
+    # Parallax's option, kept for programs ported from it: True = loss_reduction
+    # "mean", False = "parallax" (sparse gradients summed, dense averaged).
     average_sparse: bool | None = None
     # Optimisations, each can be turned off for ablation (Parallax §7.4):
     local_aggregation: bool = True   # LA: workers of a host send one contribution
@@ -149,14 +154,15 @@ class Config:
             if not isinstance(n, int) or n < 1:
                 raise AutoparError(f"Config.partitions[{name!r}] must be an integer >= 1, got {n!r}")
         if self.average_sparse is not None:
-            warnings.warn("Config.average_sparse is deprecated: use loss_reduction='mean' or 'sum' "
-                          "(it now applies to dense and sparse gradients alike)",
+            warnings.warn("Config.average_sparse is Parallax's option: use loss_reduction='mean' "
+                          "(average_sparse=True) or 'parallax' (average_sparse=False)",
                           DeprecationWarning, stacklevel=3)
             if self.loss_reduction == "auto":
-                object.__setattr__(self, "loss_reduction", "mean" if self.average_sparse else "sum")
-        if self.loss_reduction not in ("auto", "mean", "sum"):
-            raise AutoparError(f"Config.loss_reduction must be 'auto', 'mean' or 'sum', "
-                               f"got {self.loss_reduction!r}")
+                object.__setattr__(self, "loss_reduction",
+                                   "mean" if self.average_sparse else "parallax")
+        if self.loss_reduction not in ("auto", "mean", "sum", "parallax"):
+            raise AutoparError(f"Config.loss_reduction must be 'auto', 'mean', 'sum' or "
+                               f"'parallax', got {self.loss_reduction!r}")
         if self.sync_local_state not in ("none", "average"):
             raise AutoparError(f"Config.sync_local_state must be 'none' or 'average', "
                                f"got {self.sync_local_state!r}")

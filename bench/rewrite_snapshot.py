@@ -94,7 +94,7 @@ def dump(out: Path, only: str | None = None) -> None:
                     "graph_def": wg.meta_graph.graph_def.SerializeToString(),
                     "replaced": dict(wg.replaced), "server_variables": set(wg.server_variables),
                     "partitions": dict(wg.partitions), "broadcast_op": wg.broadcast_op,
-                    "step_barrier": wg.step_barrier, "after_step": wg.after_step,
+                    "step_barriers": list(wg.step_barriers), "after_step": wg.after_step,
                     "accumulate_first": wg.accumulate_first, "accumulate": wg.accumulate,
                     "collections": sorted(wg.meta_graph.collection_def.keys())}
         except Exception as e:   # noqa: BLE001 - an unsupported combination is part of the record
@@ -209,6 +209,14 @@ def live_nodes(graph_def, original: set[str]):
     return out
 
 
+def _step_barriers(record: dict) -> list:
+    """[(train groups, barrier op)] of a worker's record (a snapshot taken
+    before train groups had one barrier, "step_barrier", for group 0)."""
+    if "step_barriers" in record:
+        return [(tuple(g), op) for g, op in record["step_barriers"]]
+    return [((0,), record["step_barrier"])] if record.get("step_barrier") else []
+
+
 def structural_diff(original_def, before_def, after_def) -> list[str]:
     """Differences between two rewrites of one original GraphDef (empty: the same graph)."""
     original = {n.name for n in original_def.node}
@@ -273,12 +281,15 @@ def compare(before: Path, after: Path, verbose: bool = False) -> int:
                 if wb[key] != wa[key]:
                     problems.append(f"{key} differ")
             for key in ("partitions",):
-                pb = {k: [(hb.get(n), s, e) for n, s, e in v] for k, v in wb[key].items()}
-                pa = {k: [(ha.get(n), s, e) for n, s, e in v] for k, v in wa[key].items()}
+                # a partitioned variable's partitions' handles, in order
+                pb = {k: [hb.get(n) for n in v] for k, v in wb[key].items()}
+                pa = {k: [ha.get(n) for n in v] for k, v in wa[key].items()}
                 if pb != pa:
                     problems.append(f"{key} differ")
-            for key in ("broadcast_op", "step_barrier", "after_step", "accumulate_first",
-                        "accumulate"):
+            barriers_b, barriers_a = _step_barriers(wb), _step_barriers(wa)
+            if [(g, hb.get(op)) for g, op in barriers_b] != [(g, ha.get(op)) for g, op in barriers_a]:
+                problems.append("step barriers differ")
+            for key in ("broadcast_op", "after_step", "accumulate_first", "accumulate"):
                 if (wb[key] is None) != (wa[key] is None) or (
                         wb[key] and hb.get(wb[key]) != ha.get(wa[key])):
                     problems.append(f"{key} differs")

@@ -60,7 +60,7 @@ class TrainingStopped(SystemExit):
 class Runner:
     def __init__(self, session, graph: tf.Graph, analysis: Analysis | None, *, worker_index: int = 0,
                  num_workers: int = 1, progress=None, checkpointer=None,
-                 batch_size_tensor: tf.Tensor | None = None, step_barrier=None, on_close=(),
+                 batch_size_tensor: tf.Tensor | None = None, step_barriers=(), on_close=(),
                  after_step=None, monitor=None, accumulate=None, dropcompute=None,
                  totals_allreduce=None):
         self.session = session
@@ -71,7 +71,9 @@ class Runner:
         self._progress = progress
         self._checkpointer = checkpointer
         self._batch_size = batch_size_tensor
-        self._step_barrier = step_barrier
+        # [(train groups, barrier op)]: a step updating some train groups
+        # fetches the barriers of those groups (transforms.ps_rewrite).
+        self._step_barriers = list(step_barriers)
         self._after_step_op = after_step   # e.g. averaging batch-local state
         self._on_close = list(on_close)
         # length -> (placeholder, sum over workers) for evaluate(); built on
@@ -88,8 +90,9 @@ class Runner:
         self._variables = {v.name: v for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
                            + graph.get_collection(tf1.GraphKeys.LOCAL_VARIABLES)}
         self._init_ops = _initializer_ops(graph)
-        self._loss = (graph.get_tensor_by_name(analysis.loss)
-                      if analysis is not None and analysis.loss else None)
+        # The loss of each train group, fetched with the steps that update it.
+        self._losses = ([graph.get_tensor_by_name(g.loss) if g.loss else None
+                         for g in analysis.train_groups] if analysis is not None else [])
         # Without an Analysis (single device, a graph autopar cannot
         # distribute) a step is any run that writes a trainable variable: a
         # hand-written update is one step, a gradient-accumulation run that only
@@ -186,13 +189,11 @@ class Runner:
             return self._run_plain(mapped, feeds, options, run_metadata)
         if self._stop_requested:
             self._stop()
-        extra = {}
-        if self._loss is not None:
-            extra["loss"] = self._loss
-        if self._batch_size is not None and not feeds:
-            extra["batch"] = self._batch_size
-        if self._step_barrier is not None:
-            extra["barrier"] = self._step_barrier
+        groups = self._groups_of(mapped)
+        extra = self._step_extras(groups, fed=bool(feeds))
+        barriers = self._barriers_of(groups)
+        if barriers:
+            extra["barrier"] = barriers
         result, got = self._run_plain((mapped, extra), feeds, options, run_metadata)
         self._after_step(got, batch)
         if self._stop_requested:
@@ -209,11 +210,8 @@ class Runner:
         flat = tf.nest.flatten(mapped)
         step_at = [i for i, x in enumerate(flat) if x is not None and self._is_step(x)]
         other_at = [i for i, x in enumerate(flat) if x is not None and not self._is_step(x)]
-        extra = {}
-        if self._loss is not None:
-            extra["loss"] = self._loss
-        if self._batch_size is not None and not feed_dict:
-            extra["batch"] = self._batch_size
+        groups = self._groups_of(mapped)
+        extra = self._step_extras(groups, fed=bool(feed_dict))
         start = time.perf_counter()
         compute, latencies, outputs, examples = 0.0, [], [], 0
         first, add = self._accumulate
@@ -231,9 +229,7 @@ class Runner:
         computed = len(latencies)
         # The update reads the accumulators only: no batch feed, no input pulled.
         feeds, _ = self._map_feeds(common)
-        step_fetches = [flat[i] for i in step_at]
-        if self._step_barrier is not None:
-            step_fetches.append(self._step_barrier)
+        step_fetches = [flat[i] for i in step_at] + self._barriers_of(groups)
         t0 = time.perf_counter()
         applied = self.session.run(step_fetches, feed_dict=feeds or None, options=options,
                                    run_metadata=run_metadata)
@@ -254,6 +250,46 @@ class Runner:
         if self._stop_requested:
             self._stop()
         return tf.nest.pack_sequence_as(mapped, values)
+
+    def _groups_of(self, mapped) -> set[int]:
+        """The train groups the training-step leaves of `mapped` update."""
+        groups: set[int] = set()
+        if self.analysis is None:
+            return groups
+        for leaf in tf.nest.flatten(mapped):
+            if leaf is None or not self._is_step(leaf):
+                continue
+            op = leaf if isinstance(leaf, tf.Operation) else leaf.op
+            found = self.analysis.groups_of(op.name)
+            if op.name not in self.analysis.trains and self.num_workers > 1 and found:
+                members = self.analysis.train_groups[found[0]].variables
+                if len(members) > 1:
+                    raise AutoparError(
+                        f"the fetch '{op.name}' updates one of the variables its train op "
+                        f"updates together ({', '.join(members[:3])}"
+                        f"{', ...' if len(members) > 3 else ''}): a distributed step applies a "
+                        "train op's aggregated gradients as one, so fetch the train op "
+                        "(e.g. what minimize() or apply_gradients() returned)")
+            groups.update(found)
+        return groups
+
+    def _step_extras(self, groups: set[int], fed: bool) -> dict:
+        """What a training step fetches besides the user's fetches: the loss
+        of the first train group it updates (for progress) and, with no feed,
+        the input batch's size."""
+        extra = {}
+        loss = next((self._losses[g] for g in sorted(groups) if self._losses[g] is not None),
+                    None)
+        if loss is not None:
+            extra["loss"] = loss
+        if self._batch_size is not None and not fed:
+            extra["batch"] = self._batch_size
+        return extra
+
+    def _barriers_of(self, groups: set[int]) -> list:
+        """The end-of-step barriers a step updating `groups` runs: every
+        barrier of a set of groups among them."""
+        return [op for barrier_groups, op in self._step_barriers if set(barrier_groups) <= groups]
 
     def _run_plain(self, mapped, feeds, options, run_metadata):
         # None leaves are skipped fetches (initializers autopar already ran).

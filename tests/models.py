@@ -177,14 +177,23 @@ def build(name: str) -> Model:
             x = tf1.placeholder(dtype, [None, FEATURES], name="x")
             h = _dense(x, 16, "hidden")
             mean, var = tf.nn.moments(h, [0])
+            moving = {}
             for stat, value in (("moving_mean", mean), ("moving_variance", var)):
-                moving = tf1.get_variable(f"bn/{stat}", [16], dtype=dtype, trainable=False,
-                                          initializer=tf1.zeros_initializer())
+                moving[stat] = tf1.get_variable(f"bn/{stat}", [16], dtype=dtype, trainable=False,
+                                                initializer=tf1.zeros_initializer())
                 tf1.add_to_collection(tf1.GraphKeys.UPDATE_OPS,
-                                      moving.assign_sub((moving - value) * 0.1))
+                                      moving[stat].assign_sub((moving[stat] - value) * 0.1))
             h = tf.nn.relu(tf.nn.batch_normalization(h, mean, var, None, None, 1e-3))
             logits = _dense(h, CLASSES, "out")
             kind = "features"
+
+            def forward(inputs):
+                """Inference: normalised by the moving statistics."""
+                with tf1.variable_scope(tf1.get_variable_scope(), reuse=True):
+                    h = tf.nn.batch_normalization(_dense(inputs, 16, "hidden"),
+                                                  moving["moving_mean"],
+                                                  moving["moving_variance"], None, None, 1e-3)
+                    return _dense(tf.nn.relu(h), CLASSES, "out")
         elif name.startswith("bncnn"):
             # A residual CNN with both forms of training-mode batch norm:
             # tf.nn.moments + tf.nn.batch_normalization (what Keras builds)

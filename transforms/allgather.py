@@ -35,7 +35,7 @@ class AllGather(SyncMethod):
                 all_values, all_indices = backend.allgather_rows(
                     values, indices, (vp.keys["count"], vp.keys["values"], vp.keys["indices"]))
                 # The single-device gradient over the global batch (mean or sum).
-                all_values = all_values * tf.constant(plan.gradient_scale, dtype=values.dtype)
+                all_values = all_values * tf.constant(plan.gradient_scale("sparse"), dtype=values.dtype)
                 if info.dedup:
                     # One device has one row per distinct id of the global batch:
                     # rows of an id several workers touched become one, so the

@@ -27,7 +27,8 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-from autopar.transforms.plan import LEADERS_GROUP_KEY, Bucket, Topology, VariablePlan
+from autopar.transforms.keys import LEADERS_GROUP_KEY
+from autopar.transforms.plan import Bucket, Topology, VariablePlan
 from autopar.transforms.sync_method import Edits, RewriteContext, SyncMethod, reshape
 
 
@@ -67,8 +68,8 @@ class AllReduce(SyncMethod):
         consumer outside the backward pass reads the reduced piece."""
         graph, analysis, plan, backend = ctx.graph, ctx.analysis, ctx.plan, ctx.backend
         edits = Edits()
-        previous = None
-        chains: dict[str, list] = {}   # 2-D summation: the last op of each kind
+        previous: dict[int, tf.Tensor] = {}   # per train group: its last bucket's reduction
+        chains: dict[int, dict[str, list]] = {}   # 2-D summation: the last op of each kind
         with tf.name_scope("autopar/average/"):
             for bucket in plan.buckets:
                 grads = [graph.get_tensor_by_name(analysis.variable(n).grad_tensor)
@@ -76,23 +77,26 @@ class AllReduce(SyncMethod):
                 if bucket.hierarchical:
                     flat = tf.concat([reshape(g, ctx.constants.get([-1])) for g in grads],
                                      axis=0)
-                    reduced = _two_dimensional_sum(ctx, flat, bucket, chains)
-                    if plan.loss_reduction == "mean":
+                    reduced = _two_dimensional_sum(ctx, flat, bucket,
+                                                   chains.setdefault(bucket.group, {}))
+                    if plan.averages("dense"):
                         reduced = reduced / ctx.constants.get(float(plan.num_workers),
                                                               reduced.dtype)
                 else:
                     # Chaining buckets fixes the order every worker launches
                     # collectives in, so concurrent collectives can never wait on
-                    # each other.
-                    with tf.control_dependencies([previous] if previous is not None else []):
+                    # each other (within a train group: a step of one train
+                    # op must not run another's).
+                    last = previous.get(bucket.group)
+                    with tf.control_dependencies([last] if last is not None else []):
                         flat = tf.concat([reshape(g, ctx.constants.get([-1])) for g in grads],
                                          axis=0)
                         # A mean loss: one device's gradient is the workers' mean; a
                         # summed loss: their sum (Plan.loss_reduction).
                         reduced = (backend.allreduce_mean(flat, bucket.instance_key)
-                                   if plan.loss_reduction == "mean"
+                                   if plan.averages("dense")
                                    else backend.allreduce_sum(flat, bucket.instance_key))
-                    previous = reduced
+                    previous[bucket.group] = reduced
                 # A dense gradient has its variable's shape; the gradient
                 # tensor's static shape may be unknown in the imported copy
                 # (shapes the backward pass set in Python are not in a GraphDef).
@@ -179,20 +183,23 @@ def host_link_bytes(worker_hosts: Sequence[str], nbytes: float,
 
 
 def fusion_buckets(analysis, names: set[str], fusion_bytes: int) -> list:
-    """Greedy buckets of one dtype, at most fusion_bytes each (a larger variable
-    gets a bucket of its own). Variables are taken last-created first, the order
-    in which backpropagation produces their gradients, so early buckets can be
-    reduced while later layers are still being differentiated."""
+    """Greedy buckets of one dtype and one train group, at most fusion_bytes
+    each (a larger variable gets a bucket of its own). Variables are taken
+    last-created first, the order in which backpropagation produces their
+    gradients, so early buckets can be reduced while later layers are still
+    being differentiated. A bucket never mixes train groups: a step of one
+    train op must not need another's gradients (or its inputs)."""
     buckets: list[Bucket] = []
-    open_by_dtype: dict[str, Bucket] = {}
+    open_by: dict[tuple[int, str], Bucket] = {}
     for v in reversed(analysis.variables):
         if v.name not in names:
             continue
-        b = open_by_dtype.get(v.dtype)
+        b = open_by.get((v.group, v.dtype))
         if b is None or (b.bytes + v.bytes > fusion_bytes and b.variables):
-            b = Bucket(index=len(buckets), dtype=v.dtype, variables=[], bytes=0, instance_key=0)
+            b = Bucket(index=len(buckets), dtype=v.dtype, variables=[], bytes=0, instance_key=0,
+                       group=v.group)
             buckets.append(b)
-            open_by_dtype[v.dtype] = b
+            open_by[(v.group, v.dtype)] = b
         b.variables.append(v.name)
         b.bytes += v.bytes
     return buckets

@@ -32,6 +32,10 @@ tf1 = tf.compat.v1
 
 # Op types an optimizer uses only when the gradient is IndexedSlices.
 _SPARSE_UPDATE_MARKERS = ("Sparse", "Scatter", "UnsortedSegmentSum", "Unique")
+# Ops that read a variable through its handle or reference without writing it.
+_READ_OP_TYPES = frozenset({"ReadVariableOp", "Identity", "VarIsInitializedOp",
+                            "IsVariableInitialized", "VariableShape", "ResourceGather",
+                            "ResourceGatherNd", "Gather", "GatherV2"})
 # Ops next to a variable that may move across a worker/server boundary (OPSW).
 _BOUNDARY_OP_TYPES = frozenset({"Slice", "StridedSlice", "Cast", "Gather", "GatherV2",
                                 "ResourceGather", "Size", "L2Loss"})
@@ -70,6 +74,21 @@ class VariableInfo:
     # does). On one device the distinct ids are those of the global batch, so
     # workers' rows for the same id must be combined before anything uses them.
     dedup: bool = False
+    # The TrainGroup this variable belongs to (Analysis.train_groups).
+    group: int = 0
+    # A resource variable (VarHandleOp); False: a legacy reference variable
+    # (VariableV2), which autopar places whole but cannot split into partitions.
+    resource: bool = True
+
+
+@dataclass
+class TrainGroup:
+    """Variables every train op updates together or not at all (a program
+    with one optimizer has one group; two optimizers run on alternate steps
+    make two). A step runs exactly its groups' communication: nothing of
+    another group may be fused with, chained to or waited for by it."""
+    variables: list[str]
+    loss: str | None = None   # the tensor differentiated for these variables' gradients
 
 
 @dataclass
@@ -92,12 +111,38 @@ class Analysis:
     untrained: list[str] = field(default_factory=list)  # trainable but never updated
     # How the loss reduces over the batch: "mean" (one device's gradient is the
     # mean over the global batch: workers' gradients are averaged), "sum" (it
-    # is the sum: workers' gradients are added) or "unknown" (Config decides);
-    # loss_reduction_why says what in the graph showed it.
+    # is the sum: workers' gradients are added), "neither" (no aggregation
+    # gives one device's gradient: a summed loss plus a batch-independent
+    # term) or "unknown" (Config decides); loss_reduction_why says what in the
+    # graph showed it.
     loss_reduction: str = "unknown"
     loss_reduction_why: str = ""
     # Training-mode batch-norm layers on the input batch (transforms.batchnorm).
     batch_norms: list[BatchNormInfo] = field(default_factory=list)
+    train_groups: list[TrainGroup] = field(default_factory=list)
+    # Every step op that is not an update op of one variable (the train ops
+    # a user fetches: minimize()'s op, tf.group()s of them, ops after them)
+    # -> the train groups its run updates.
+    trains: dict[str, list[int]] = field(default_factory=dict)
+
+    def groups_of(self, op_name: str) -> list[int]:
+        """The train groups a run of step op `op_name` updates (an update
+        op of one variable: that variable's group)."""
+        if op_name in self.trains:
+            return self.trains[op_name]
+        index = self.__dict__.get("_group_of_update")
+        if index is None:
+            index = self.__dict__["_group_of_update"] = {
+                u: v.group for v in self.variables for u in v.update_ops}
+        return [index[op_name]] if op_name in index else []
+
+    @property
+    def step_sets(self) -> list[tuple[int, ...]]:
+        """The distinct sets of train groups one fetch can update: each
+        group alone and every set a train op updates, smallest first."""
+        sets = {(g,) for g in range(len(self.train_groups))}
+        sets.update(tuple(groups) for groups in self.trains.values())
+        return sorted(sets, key=lambda s: (len(s), s))
 
     def variable(self, name: str) -> VariableInfo:
         for v in self.variables:
@@ -153,7 +198,8 @@ def _analyze(graph: tf.Graph) -> Analysis:
     index = _OpIndex(graph)
     writers = _writers_by_variable(graph)
     _reject_hand_written_updates(graph, index, trainable, updates, boundary, writers)
-    variables = [_variable_info(graph, var_op, updates[var_op.name], boundary)
+    slot_users = _variables_passed_to_updates(graph, updates, {v.name for v in trainable})
+    variables = [_variable_info(graph, var_op, updates[var_op.name], boundary, slot_users)
                  for var_op in trainable if var_op.name in updates]
     paths = _path_ops(index, [([t for t in (v.grad_tensor, v.grad_values, v.grad_indices) if t],
                                set(v.update_ops)) for v in variables])
@@ -165,8 +211,10 @@ def _analyze(graph: tf.Graph) -> Analysis:
         _own_region(graph, info, set(grads), set(info.update_ops))
     slot_names = {s for v in variables for s in v.slots}
     all_update_ops = {u for v in variables for u in v.update_ops}
-    loss = _loss_tensor(graph)
-    reduction, why = loss_reduction(graph, loss)
+    groups, trains = _train_groups(index, variables)
+    losses = _losses(graph, index, variables, groups)
+    loss = losses[0] if losses else None
+    reduction, why = _loss_reduction_of_all(graph, losses)
     averaged = {t for v in variables for t in (v.grad_tensor, v.grad_values, v.grad_indices) if t}
     return Analysis(
         variables=variables,
@@ -177,7 +225,77 @@ def _analyze(graph: tf.Graph) -> Analysis:
         loss_reduction=reduction,
         loss_reduction_why=why,
         batch_norms=find_batch_norms(graph, _batch_local_ops(graph, averaged), writers),
+        train_groups=[TrainGroup(g, l) for g, l in zip(groups, losses)],
+        trains=trains,
     )
+
+
+def _train_groups(index: "_OpIndex", variables: list[VariableInfo]
+                  ) -> tuple[list[list[str]], dict[str, list[int]]]:
+    """(the variables of each train group, step op -> its groups), from data
+    and control flow: one forward pass carries from every update op the bit
+    of its variable, so each step op outside the update ops knows the
+    variables a run of it updates. Variables updated by exactly the same of
+    those ops form a group; numbered by their first variable, the same on
+    every process. Sets `group` on each VariableInfo."""
+    seeds: dict[int, int] = collections.defaultdict(int)
+    for k, v in enumerate(variables):
+        for u in v.update_ops:
+            seeds[index.position[u]] |= 1 << k
+    reach = index.propagate(seeds, forward=True, control=True)
+    updated_by: dict[str, int] = {}
+    for i, bits in enumerate(reach):
+        if bits and i not in seeds:
+            updated_by[index.names[i]] = bits
+    distinct = sorted(set(updated_by.values()))
+    signature: dict[int, tuple[int, ...]] = {}
+    for k in range(len(variables)):
+        signature[k] = tuple(j for j, bits in enumerate(distinct) if bits >> k & 1)
+    first: dict[tuple[int, ...], int] = {}
+    for k in range(len(variables)):
+        first.setdefault(signature[k], len(first))
+    groups: list[list[str]] = [[] for _ in first]
+    for k, v in enumerate(variables):
+        v.group = first[signature[k]]
+        groups[v.group].append(v.name)
+    trains = {}
+    for name, bits in updated_by.items():
+        trains[name] = sorted({variables[k].group for k in range(len(variables)) if bits >> k & 1})
+    return groups, trains
+
+
+def _losses(graph, index: "_OpIndex", variables: list[VariableInfo],
+            groups: list[list[str]]) -> list[str | None]:
+    """The loss of each train group: of the tensors tf.gradients
+    differentiated, the one whose gradient seed reaches the group's
+    gradients."""
+    seeds = _loss_seeds(graph)
+    if len(seeds) <= 1:
+        return [seeds[0][1] if seeds else None] * len(groups)
+    out = []
+    reached = [index.reachable([index.position[seed]]) for seed, _ in seeds]
+    by_name = {v.name: v for v in variables}
+    for members in groups:
+        v = by_name[members[0]]
+        first = (v.grad_tensor or v.grad_values or "").split(":")[0]
+        position = index.position.get(first, -1)
+        out.append(next((loss for (_, loss), seen in zip(seeds, reached) if position in seen),
+                        seeds[0][1]))
+    return out
+
+
+def _loss_reduction_of_all(graph, losses: list[str | None]) -> tuple[str, str]:
+    """loss_reduction() of every distinct loss, when they agree."""
+    found = {loss: loss_reduction(graph, loss) for loss in dict.fromkeys(losses)}
+    if not found:
+        return loss_reduction(graph, None)
+    kinds = {kind for kind, _ in found.values()}
+    if len(kinds) == 1:
+        return next(iter(found.values()))
+    if "neither" in kinds:
+        return next(value for value in found.values() if value[0] == "neither")
+    return "unknown", ("the train ops' losses reduce differently over the batch: " + "; ".join(
+        f"'{loss}': {kind}" for loss, (kind, _) in found.items()))
 
 
 class _OpIndex:
@@ -222,13 +340,16 @@ class _OpIndex:
                         frontier.append(j)
         return seen
 
-    def propagate(self, seeds: dict[int, int], forward: bool) -> list[int]:
+    def propagate(self, seeds: dict[int, int], forward: bool, control: bool = False) -> list[int]:
         """reach[i]: OR of the seed bits of every op with a path of one or
-        more data edges to i (forward) or from i (backward). A worklist in
-        (reverse) creation order: each op is visited once on an acyclic
-        graph; a loop's back edge re-queues only what it changes."""
+        more data edges (and forward control edges, with `control`) to i
+        (forward) or from i (backward). A worklist in (reverse) creation
+        order: each op is visited once on an acyclic graph; a loop's back
+        edge re-queues only what it changes."""
         n = len(self.ops)
         edges = self.succs if forward else self.preds
+        if control:
+            edges = [a + b for a, b in zip(edges, self.control_succs)]
         reach = [0] * n
         order = range(n) if forward else range(n - 1, -1, -1)
         queue = collections.deque(i for i in order)
@@ -333,7 +454,7 @@ def _update_ops_by_variable(graph: tf.Graph, var_ops: list[tf.Operation]) -> dic
     return dict(out)
 
 
-def _variable_info(graph, var_op, update_ops, boundary) -> VariableInfo:
+def _variable_info(graph, var_op, update_ops, boundary, slot_users) -> VariableInfo:
     """Everything about one variable but its path ops and own region, which
     analyze_graph finds for all variables together."""
     var_tensor = var_op.outputs[0]
@@ -348,7 +469,8 @@ def _variable_info(graph, var_op, update_ops, boundary) -> VariableInfo:
     sparse = any(m in graph.get_operation_by_name(u).type
                  for u in update_ops for m in _SPARSE_UPDATE_MARKERS)
     info = VariableInfo(name=var_op.name, shape=shape, dtype=dtype.name, bytes=nbytes,
-                        gradient="sparse" if sparse else "dense", update_ops=sorted(update_ops))
+                        gradient="sparse" if sparse else "dense", update_ops=sorted(update_ops),
+                        resource=var_op.type == "VarHandleOp")
     if sparse:
         info.grad_values, info.grad_indices = _nearest_boundary(
             graph, update_set, boundary,
@@ -371,7 +493,7 @@ def _variable_info(graph, var_op, update_ops, boundary) -> VariableInfo:
                 f"variable '{var_op.name}' is updated by '{update_ops[0]}' but no gradient of "
                 f"shape {list(shape)} reaching it was found. autopar understands gradients from "
                 "tf.gradients passed (optionally through clipping/scaling) to a tf.compat.v1 optimizer")
-    info.slots = _slots(graph, var_op, update_ops)
+    info.slots = sorted(name for name, users in slot_users.items() if users == {var_op.name})
     info.boundary_ops = _boundary_ops(graph, var_op)
     return info
 
@@ -493,14 +615,31 @@ def _own_region(graph, info: VariableInfo, grads: set[str], update_set: set[str]
     info.norm_ops = sorted(norms)
 
 
-def _slots(graph, var_op, update_ops) -> list[str]:
-    prefix = var_op.name + "/"
-    slots = set()
-    for name in update_ops:
-        for t in graph.get_operation_by_name(name).inputs:
-            if t.op.type in VARIABLE_OP_TYPES and t.op.name.startswith(prefix):
-                slots.add(t.op.name)
-    return sorted(slots)
+def _variables_passed_to_updates(graph, updates: dict[str, list[str]],
+                                 trainable: set[str]) -> dict[str, set[str]]:
+    """{non-trainable variable: the trainable variables whose update ops
+    write it (take its handle or reference in an op that is not a read)}.
+
+    A slot is decided from data flow, whatever its name: an optimizer
+    passes a variable's slots by handle to the fused update it writes them
+    in (ResourceApplyAdam's m and v), or writes them itself inside the
+    update (the sparse paths' assign/scatter ops), while state shared by
+    every variable's update (Adam's beta powers, a learning-rate variable)
+    is only read there, or written by several variables' updates. So a
+    slot of v is a variable only v's update ops write; an optimizer built
+    inside a variable_scope names it "<scope>/<v>/<slot>"
+    ("model/model/emb/Adagrad"), which no name prefix would find."""
+    users: dict[str, set[str]] = collections.defaultdict(set)
+    for var, ops in updates.items():
+        for name in ops:
+            op = graph.get_operation_by_name(name)
+            if op.type in _READ_OP_TYPES:
+                continue
+            for t in op.inputs:
+                if (t.op.type in VARIABLE_OP_TYPES and t.op.name != var
+                        and t.op.name not in trainable):
+                    users[t.op.name].add(var)
+    return users
 
 
 def _boundary_ops(graph, var_op) -> list[str]:
@@ -602,7 +741,7 @@ def _deduplicated(indices: tf.Tensor) -> bool:
 
 
 def loss_reduction(graph, loss: str | None) -> tuple[str, str]:
-    """("mean" | "sum" | "unknown", why) for how the loss reduces over the
+    """("mean" | "sum" | "neither" | "unknown", why) for how the loss reduces over the
     batch: walks back from the loss through scaling, casts and added
     batch-independent terms to the first reduction of a batch-dependent
     tensor (reduce_mean / reduce_sum, and what tf.compat.v1.losses builds for
@@ -664,7 +803,7 @@ def _reduction_of(t: tf.Tensor, batch_ops: set[str], depth: int) -> tuple[str, s
         if names == {"sum"} and len(batch) == len(kinds):
             return batch[0]
         if names == {"sum"}:
-            return "unknown", (f"'{op.name}' adds a batch-independent term (e.g. a regularizer) "
+            return "neither", (f"'{op.name}' adds a batch-independent term (e.g. a regularizer) "
                                "to a loss summed over the batch: neither summing nor averaging "
                                "the workers' gradients gives one device's")
         return "unknown", f"'{op.name}' combines terms reduced differently over the batch"
@@ -737,9 +876,11 @@ def _writers_by_variable(graph) -> dict[str, list[str]]:
     return out
 
 
-def _loss_tensor(graph) -> str | None:
-    """The tensor tf.gradients differentiated. The seed "<scope>/grad_ys_0" is
-    consumed by "<scope>/<loss op>_grad/..." ops, which name the loss op."""
+def _loss_seeds(graph) -> list[tuple[str, str]]:
+    """(seed op, loss tensor) of every tf.gradients call: the tensor it
+    differentiated. The seed "<scope>/grad_ys_0" is consumed by
+    "<scope>/<loss op>_grad/..." ops, which name the loss op."""
+    out = []
     for op in graph.get_operations():
         if not (op.name.endswith("grad_ys_0") and in_gradient_scope(op.name)):
             continue
@@ -752,8 +893,9 @@ def _loss_tensor(graph) -> str | None:
                     loss = graph.get_operation_by_name(loss_op).outputs[0]
                 except KeyError:
                     continue
-                return _named_alias(loss).name
-    return None
+                out.append((op.name, _named_alias(loss).name))
+                break
+    return out
 
 
 def _named_alias(t: tf.Tensor) -> tf.Tensor:

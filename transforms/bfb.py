@@ -199,11 +199,26 @@ def shards(elements: int, num_servers: int) -> list[Shard]:
 
 def plan_layout(analysis, names: set[str], num_servers: int, wire_dtype: str = "float32",
                 override_bytes: int | None = None) -> FusionLayout:
-    """The layout of the variables `names` of `analysis` (dense gradients)."""
+    """The layout of the variables `names` of `analysis` (dense gradients).
+    Each train group (Analysis.train_groups) has buffers of its own, laid
+    out as its own stream and numbered after the previous group's: a step
+    of one train op must not need another's gradients."""
     ordered = production_order([v for v in analysis.variables if v.name in names])
     gradients = [(v.name, math.prod(v.shape)) for v in ordered]
     b, why = buffer_elements(sum(n for _, n in gradients), num_servers, override_bytes)
-    return layout(gradients, num_servers, b, wire_dtype, why)
+    groups = sorted({v.group for v in ordered})
+    if len(groups) <= 1:
+        return layout(gradients, num_servers, b, wire_dtype, why)
+    parts = [layout([(v.name, math.prod(v.shape)) for v in ordered if v.group == g],
+                    num_servers, b, wire_dtype, why) for g in groups]
+    buffers = []
+    for part in parts:
+        for buffer in part.buffers:
+            buffer.index = len(buffers)
+            buffers.append(buffer)
+    return FusionLayout(buffer_elements=b, order=[n for p in parts for n in p.order],
+                        sizes=[n for p in parts for n in p.sizes], buffers=buffers,
+                        num_servers=num_servers, wire_dtype=wire_dtype, size_why=why)
 
 
 def _round_up(n: int, multiple: int) -> int:

@@ -83,6 +83,14 @@ def compile_plan(graph_or_meta, topology: Topology | int, options: PlanOptions |
 def compile_for_config(graph_or_meta, topology: Topology | int, config) -> CompiledPlan:
     """`compile_plan` with the options of an autopar.Config (read by attribute:
     transforms do not import the API layer)."""
-    return compile_plan(graph_or_meta, topology, PlanOptions.from_config(config),
-                        fusion_bytes=config.fusion_bytes,
-                        communication_hint=config.communication_hint)
+    compiled = compile_plan(graph_or_meta, topology, PlanOptions.from_config(config),
+                            fusion_bytes=config.fusion_bytes,
+                            communication_hint=config.communication_hint)
+    groups = compiled.analysis.train_groups
+    if config.micro_batches > 1 and len(groups) > 1:
+        raise UnsupportedGraphError(
+            f"Config(micro_batches={config.micro_batches}) accumulates every gradient of the "
+            f"graph in each micro-batch, but this graph has {len(groups)} train ops updating "
+            f"different variables (first variables: "
+            f"{', '.join(repr(g.variables[0]) for g in groups)}): use micro_batches=1")
+    return compiled

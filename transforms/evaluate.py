@@ -11,15 +11,14 @@ from __future__ import annotations
 import tensorflow as tf
 
 from autopar.transforms.comm import CollectiveOpsBackend
+from autopar.transforms.keys import EVALUATION
 from autopar.transforms.plan import Plan
 
 tf1 = tf.compat.v1
 
 # Instance keys of the totals all-reduce: one per vector length (TensorFlow
-# pins a key's shape at its first use), far above the plan's per-variable
-# keys and the local-state keys (plan.LOCAL_STATE_KEY_BASE = 2^20).
-EVAL_KEY_BASE = 1 << 21
-MAX_EVAL_VALUES = 1 << 16
+# pins a key's shape at its first use), from their range in transforms.keys.
+MAX_EVAL_VALUES = EVALUATION.size - 1
 
 
 def totals_allreduce(plan: Plan, device: str, length: int, backend=None) -> tuple[tf.Tensor, tf.Tensor]:
@@ -33,5 +32,5 @@ def totals_allreduce(plan: Plan, device: str, length: int, backend=None) -> tupl
         backend = CollectiveOpsBackend(plan.num_workers, plan.group_key, plan.communication_hint)
     with tf.name_scope("autopar/evaluate/"), tf.device(device):
         totals = tf1.placeholder(tf.float64, [length], name="totals")
-        summed = backend.allreduce_sum(totals, EVAL_KEY_BASE + length)
+        summed = backend.allreduce_sum(totals, EVALUATION.key(length))
     return totals, summed

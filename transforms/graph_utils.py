@@ -24,6 +24,22 @@ _GRAD_SCOPE = re.compile(r"^gradients(_\d+)?$")
 VARIABLE_OP_TYPES = frozenset({"VarHandleOp", "VariableV2", "Variable"})
 
 
+_GUARD_PREDICATES = frozenset({"IsVariableInitialized", "VarIsInitializedOp"})
+
+
+def initialization_guard(op: tf.Operation) -> tf.Operation | None:
+    """The variable op `op` guards, if `op` is TensorFlow's guard of an
+    initial value reading another variable: cond(is_initialized(v), v, v's
+    initial value), an If whose predicate asks whether its second input is
+    initialised (inputs: predicate, v, initial value); else None."""
+    if op.type not in ("If", "StatelessIf") or len(op.inputs) != 3 or len(op.outputs) != 1:
+        return None
+    pred, var, _ = op.inputs
+    if pred.op.type in _GUARD_PREDICATES and pred.op.inputs and pred.op.inputs[0].op is var.op:
+        return var.op
+    return None
+
+
 def in_gradient_scope(op_name: str) -> bool:
     if "gradients" not in op_name:   # the common case, without splitting the name
         return False

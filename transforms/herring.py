@@ -104,26 +104,33 @@ class Herring(SyncMethod):
         contributors = plan.contributions_per_step()
         me = (hosts.index(plan.worker_hosts[ctx.worker_index]) if plan.local_aggregation
               else ctx.worker_index)
-        mean = plan.loss_reduction == "mean"
+        mean = plan.averages("dense")
+        # With local aggregation every contributor is a host's sum (a host of
+        # one worker contributes its own gradient): all push sums, with the
+        # same average flag, and the mean is taken here. Without it the
+        # servers average the workers' contributions.
+        server_average = mean and not plan.local_aggregation
         minus_one = ctx.constants.get([-1])
         grads = {name: graph.get_tensor_by_name(analysis.variable(name).grad_tensor)
                  for name in layout.order}
         outputs = []
         # Host collectives in one launch order on every worker: reduces
-        # chained, broadcasts chained.
-        previous_host: list = []
-        previous_bcast: list = []
+        # chained, broadcasts chained, within each train group (a step of
+        # one train op must not run another's).
+        previous_host: dict[int, list] = {}
+        previous_bcast: dict[int, list] = {}
         with tf.name_scope("autopar/herring/"):
             flat = {name: reshape(g, minus_one) for name, g in grads.items()}
             for b in layout.buffers:
+                group = analysis.variable(b.segments[0].variable).group
                 pieces = [_slice(flat[s.variable], s.start, s.length, grads[s.variable],
                                  ctx.constants) for s in b.segments]
                 packed = pieces[0] if len(pieces) == 1 else tf.concat(pieces, axis=0)
                 if la:
                     # One launch order of host collectives on every worker.
-                    with tf.control_dependencies(previous_host):
+                    with tf.control_dependencies(previous_host.get(group, [])):
                         packed = host.allreduce_sum(packed, b.la_key)
-                    previous_host = [packed]
+                    previous_host[group] = [packed]
                 # Pushes are not chained: the op is asynchronous (it holds no
                 # thread while it waits) and servers match contributions by
                 # buffer id, so several buffers can be in flight at once.
@@ -132,17 +139,17 @@ class Herring(SyncMethod):
                 else:
                     summed = push_pull(packed, b, num_contributors=contributors,
                                        contributor_index=me,
-                                       wire_dtype=layout.wire_dtype, average=mean and not la)
+                                       wire_dtype=layout.wire_dtype, average=server_average)
                 if la:
                     # The leader's result to the host. A receiver reads only
                     # the static shape of its host sum: the control edge
                     # keeps that sum (a collective its peers wait in) from
                     # being pruned out of the step.
-                    with tf.control_dependencies(previous_bcast + [packed]):
+                    with tf.control_dependencies(previous_bcast.get(group, []) + [packed]):
                         summed = host.broadcast(summed, b.la_key + 1, is_source=leader)
-                    previous_bcast = [summed]
-                    if mean:   # the host sums add up to the global sum
-                        summed = summed / ctx.constants.get(float(plan.num_workers), tf.float32)
+                    previous_bcast[group] = [summed]
+                if mean and plan.local_aggregation:   # the host sums add up to the global sum
+                    summed = summed / ctx.constants.get(float(plan.num_workers), tf.float32)
                 outputs.append(summed)
             # Unpacking: a slice per segment, their concatenation and a
             # reshape per variable, written as NodeDefs (ctx.nodes): through

@@ -27,6 +27,7 @@ import logging
 
 import tensorflow as tf
 
+from autopar.transforms.graph_utils import initialization_guard
 from autopar.transforms.sync_method import new_op
 
 tf1 = tf.compat.v1
@@ -138,6 +139,8 @@ class Partitioner:
         elif c.type == "VariableShape":
             out_type = tf.as_dtype(c.get_attr("out_type"))
             self.edits.identities[c.name] = nodes.add_const(shape, out_type)
+        elif initialization_guard(c) is not None:
+            pass   # replaced by the initial value it guards (rewrite._unguarded_initial_values)
         elif c.type == "AssignVariableOp":   # the initializer (or a restore)
             value = c.inputs[1]
             assigns = []

@@ -29,27 +29,16 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 
-from autopar.common.errors import AutoparError, SpecError
+from autopar.common.errors import AutoparError, SpecError, UnsupportedGraphError
 from autopar.common.roles import SERVER_JOB, WORKER_JOB
-from autopar.transforms import serial
+from autopar.transforms import keys, serial
 from autopar.transforms.analysis import Analysis
+from autopar.transforms.batchnorm import KEYS_PER_LAYER
+from autopar.transforms.keys import GROUP_KEY
 from autopar.transforms.bfb import FusionLayout
 
-GROUP_KEY = 1              # all workers form one collective group
-LEADERS_GROUP_KEY = 2      # 2-D summation: the first worker of every host
-_HOST_GROUP_BASE = 1000    # host-local groups for local aggregation: base + host index
-_FIRST_INSTANCE_KEY = 100  # keys below are left free for future groups/uses
 RUN_OPTIONS = ("hybrid", "ps", "allreduce", "herring")
 WIRE_DTYPES = ("float32", "float16", "bfloat16")
-# Averaging of batch-local state after each step (sync_local_state="average"):
-# one all-reduce per dtype from this key, far from the per-variable keys.
-LOCAL_STATE_KEY_BASE = 1 << 20
-# Distributed batch normalisation: batchnorm.KEYS_PER_LAYER keys per layer
-# from this key on; groups smaller than the job are groups base + group index.
-BATCH_NORM_KEY_BASE = 1 << 21
-BATCH_NORM_GROUP_BASE = 2000
-# Weight-update sharding: all-gather of the owners' new values, one key per dtype.
-WUS_KEY_BASE = 3 << 20
 
 
 @dataclass(frozen=True)
@@ -85,7 +74,7 @@ class Topology:
 @dataclass(frozen=True)
 class PlanOptions:
     run_option: str = "hybrid"
-    loss_reduction: str = "auto"       # "auto" (from the analysis), "mean" or "sum"
+    loss_reduction: str = "auto"       # "auto" (from the analysis), "mean", "sum" or "parallax"
     sync_local_state: str = "none"     # "none" or "average" (batch-local state)
     local_aggregation: bool = True     # LA: one contribution per host to the servers
     opau: bool = True                  # place post-aggregation ops by Parallax's rule
@@ -144,10 +133,19 @@ class Bucket:
     # 2-D summation: the host sum takes host_key, the broadcast host_key + 1
     # (both in the host's group; 0 when the bucket uses the flat ring).
     host_key: int = 0
+    group: int = 0      # the train group of its variables (Analysis.train_groups)
 
     @property
     def hierarchical(self) -> bool:
         return self.host_key != 0
+
+
+@dataclass
+class StepBarrier:
+    """The end-of-step barrier of a step that updates the train groups
+    `groups` (when variables live on servers: transforms.ps_rewrite)."""
+    groups: list[int]
+    key: int
 
 
 @dataclass
@@ -158,28 +156,31 @@ class Plan:
     variables: list[VariablePlan]
     buckets: list[Bucket]
     broadcast_key_base: int   # initial-state broadcast: one key per dtype from here
-    barrier_key: int = 0      # end-of-step barrier when variables live on servers
+    # One per set of train groups a fetch can update (Analysis.step_sets).
+    barriers: list[StepBarrier] = field(default_factory=list)
     group_key: int = GROUP_KEY
     run_option: str = "hybrid"
     worker_hosts: list[str] = field(default_factory=list)
     num_servers: int = 0
     # One decision for every gradient, dense and sparse: "mean" averages the
-    # workers' gradients, "sum" adds them (see resolve_loss_reduction).
+    # workers' gradients, "sum" adds them (see resolve_loss_reduction);
+    # "parallax" (asked for, never inferred) averages dense ones and adds
+    # sparse ones, as Parallax did.
     loss_reduction: str = "mean"
     loss_reduction_why: str = ""
     sync_local_state: str = "none"
-    local_state_key: int = LOCAL_STATE_KEY_BASE
+    local_state_key: int = keys.LOCAL_STATE.first
     local_aggregation: bool = True
     opau: bool = True
     opsw: bool = True
     # Workers per batch-norm group (0: each worker normalises by its own
     # batch); batch-norm collectives use keys from batch_norm_key on.
     batch_norm_group: int = 0
-    batch_norm_key: int = BATCH_NORM_KEY_BASE
+    batch_norm_key: int = keys.BATCH_NORM.first
     # Weight-update sharding (owners in VariablePlan.owner): the owners' new
     # values are all-gathered with one key per dtype from this key on.
     shard_weight_update: bool = False
-    wus_key: int = WUS_KEY_BASE
+    wus_key: int = keys.WUS.first
     # herring: the balanced fusion buffers of its gradients (transforms.bfb),
     # and why hybrid chose (or did not choose) it for dense gradients
     herring: FusionLayout | None = None
@@ -191,10 +192,16 @@ class Plan:
     # worker that never arrives ends the job instead of hanging it.
     collective_timeout_s: float = 0.0
 
-    @property
-    def gradient_scale(self) -> float:
-        """Factor on each worker's gradient so their sum is one device's."""
-        return 1.0 / self.num_workers if self.loss_reduction == "mean" else 1.0
+    def averages(self, gradient: str) -> bool:
+        """Whether workers' gradients of this kind ("dense" or "sparse") are
+        averaged (else added)."""
+        return self.loss_reduction == "mean" or (self.loss_reduction == "parallax"
+                                                 and gradient == "dense")
+
+    def gradient_scale(self, gradient: str) -> float:
+        """Factor on each worker's gradient of this kind so their sum is one
+        device's (with "parallax": what Parallax's aggregation gave)."""
+        return 1.0 / self.num_workers if self.averages(gradient) else 1.0
 
     def variable(self, name: str) -> VariablePlan:
         # An index, not a scan: callers look up every variable (linear, not quadratic).
@@ -215,7 +222,7 @@ class Plan:
         """(group key, members) of the workers sharing worker_index's host."""
         hosts = self.topology.hosts
         host = self.worker_hosts[worker_index]
-        return _HOST_GROUP_BASE + hosts.index(host), self.topology.workers_on(host)
+        return keys.HOST_GROUPS.key(hosts.index(host)), self.topology.workers_on(host)
 
     def contributions_per_step(self) -> int:
         """Gradients each server accumulator receives per step: one per host with
@@ -243,7 +250,7 @@ def make_plan(analysis: Analysis, topology: Topology | int, fusion_bytes: int = 
     methods = {v.name: _method(v, topology, options, herring) for v in analysis.variables}
     reduction, why = resolve_loss_reduction(analysis, options.loss_reduction)
     # Each method lays out its variables and takes its instance keys, in table order.
-    key = _FIRST_INSTANCE_KEY
+    key = keys.PLAN.first
     states, fields = {}, {"buckets": []}
     for name, sync in METHODS.items():
         mine = {v for v, (m, _) in methods.items() if m == name}
@@ -254,6 +261,15 @@ def make_plan(analysis: Analysis, topology: Topology | int, fusion_bytes: int = 
         method, reason = methods[v.name]
         vp, key = METHODS[method].variable_plan(v, reason, states[method], key)
         plans.append(vp)
+    barriers = [StepBarrier(list(groups), key + i) for i, groups in enumerate(analysis.step_sets)]
+    key += max(1, len(barriers))
+    keys.PLAN.check_end(key + len(_dtypes(analysis)))   # the broadcast's, from key on
+    keys.BATCH_NORM.check_end(keys.BATCH_NORM.first + KEYS_PER_LAYER * len(analysis.batch_norms))
+    if options.shard_weight_update and len(analysis.train_groups) > 1:
+        raise AutoparError(
+            f"Config(shard_weight_update=True) with {len(analysis.train_groups)} train ops "
+            "updating different variables is not supported (the owners' new values are "
+            "gathered in one collective per dtype): turn weight-update sharding off")
     if options.shard_weight_update:
         on_servers = [vp.name for vp in plans if vp.method == "ps"]
         if on_servers:
@@ -264,7 +280,7 @@ def make_plan(analysis: Analysis, topology: Topology | int, fusion_bytes: int = 
         assign_owners(analysis, plans, topology.num_workers)
     return Plan(num_workers=topology.num_workers, fusion_bytes=fusion_bytes,
                 communication_hint=communication_hint, variables=plans, **fields,
-                barrier_key=key, broadcast_key_base=key + 1, run_option=options.run_option,
+                barriers=barriers, broadcast_key_base=key, run_option=options.run_option,
                 worker_hosts=list(topology.worker_hosts), num_servers=topology.num_servers,
                 loss_reduction=reduction, loss_reduction_why=why,
                 sync_local_state=options.sync_local_state,
@@ -273,6 +289,11 @@ def make_plan(analysis: Analysis, topology: Topology | int, fusion_bytes: int = 
                                                        topology.num_workers),
                 shard_weight_update=options.shard_weight_update,
                 herring_why=herring_why, collective_timeout_s=options.collective_timeout_s)
+
+
+def _dtypes(analysis: Analysis) -> set[str]:
+    """Dtypes of the trainable variables: a lower bound of the broadcast's keys."""
+    return {v.dtype for v in analysis.variables}
 
 
 def assign_owners(analysis: Analysis, plans: list[VariablePlan], num_workers: int) -> None:
@@ -305,10 +326,24 @@ def batch_norm_group_size(option: str | int | None, num_workers: int) -> int:
 def resolve_loss_reduction(analysis: Analysis, option: str) -> tuple[str, str]:
     """The aggregation every gradient gets: what Config asks for, else what the
     analysis read from the graph, else "mean" (the common case: a loss
-    averaged over the batch)."""
+    averaged over the batch). A graph where neither can give one device's
+    gradients is refused unless Config chooses."""
+    if option == "parallax":
+        return option, ("Config(loss_reduction='parallax'): Parallax's semantics, not one "
+                        "device's: dense gradients averaged over workers, sparse (IndexedSlices) "
+                        "gradients summed, as Parallax's average_sparse=False")
+    if option == "auto" and analysis.loss_reduction == "neither":
+        raise UnsupportedGraphError(
+            f"{analysis.loss_reduction_why}. Choose how workers' gradients combine, knowing "
+            "the result will differ from one device: Config(loss_reduction='sum') counts the "
+            "batch-independent term once per worker, 'mean' divides the summed part by the "
+            "worker count; or make the loss a mean over the batch (or add the term once per "
+            "example)")
     if option in ("mean", "sum"):
         note = (f" (the graph shows {analysis.loss_reduction}: {analysis.loss_reduction_why})"
                 if analysis.loss_reduction not in ("unknown", option) else "")
+        if analysis.loss_reduction == "neither":
+            note += "; no aggregation makes this graph's training equal one device's"
         return option, f"Config(loss_reduction={option!r}){note}"
     if analysis.loss_reduction in ("mean", "sum"):
         return analysis.loss_reduction, analysis.loss_reduction_why

@@ -31,10 +31,20 @@ class ParameterServer(SyncMethod):
     replicated = False
 
     def prepare(self, analysis, names, topology, options, fusion_bytes, key):
-        return place_partitions(analysis, names, topology, dict(options.partitions)), key
+        overrides = dict(options.partitions)
+        kept_whole = {v.name for v in analysis.variables
+                      if v.name in names and not v.resource
+                      and overrides.get(v.name, partition_count(v.bytes, _rows(v),
+                                                                topology.num_servers)) > 1}
+        return (place_partitions(analysis, names, topology, overrides), kept_whole), key
 
     def variable_plan(self, v, reason, state, key):
-        parts, servers = state[v.name]
+        layout, kept_whole = state
+        parts, servers = layout[v.name]
+        if v.name in kept_whole:
+            reason += ("; kept whole, not split into partitions: it is a reference variable "
+                       "(VariableV2), which autopar cannot partition (create it as a resource "
+                       "variable, e.g. get_variable(..., use_resource=True), to split it)")
         # norm: all-reduce of this gradient's L2 terms; la_*: host-local
         # aggregation (a reduce of a dense gradient, a row gather of a
         # sparse one)
@@ -50,6 +60,8 @@ class ParameterServer(SyncMethod):
             keys.update(norm_keys)
         where = ", ".join(f"server {s}" for s in sorted(set(servers)))
         placement = f"{len(parts)} partitions on {where}" if len(parts) > 1 else where
+        if v.name in kept_whole:
+            placement += ", whole (reference variable: not partitioned)"
         return VariablePlan(v.name, self.name, placement, reason, keys=keys,
                             partitions=parts, servers=servers), key
 
@@ -128,7 +140,9 @@ def place_partitions(analysis, names: set[str], topology,
     counts: dict[str, int] = {}      # partitions of the variables placed greedily below
     fixed: set[str] = set()          # ... whose count is not searched (overrides, small sparse)
     for v in chosen:
-        if v.name in overrides:
+        if not v.resource:
+            n = 1      # a reference variable cannot be split (ParameterServer.prepare says so)
+        elif v.name in overrides:
             n = overrides[v.name]
         elif v.gradient == "sparse":
             n = servers if partition_count(v.bytes, _rows(v), topology.num_servers) > 1 else 1

@@ -14,6 +14,10 @@ Per step, for a PS variable v:
                  to each other worker;
   other workers  wait for their token before finishing the step, so nobody
                  reads v for step k+1 before step k's update is applied.
+All of this is per train group (Analysis.train_groups): each group has its
+own pushes, release, tokens and wait, and each set of groups one fetch can
+update has its own end-of-step barrier (Plan.barriers), so a step of one
+train op runs exactly that train op's server work.
 A global-norm term of a sparse gradient is additive over workers, so every
 worker gets it from one scalar all-reduce and can clip its replicated dense
 variables without waiting for the servers.
@@ -69,10 +73,12 @@ class PsBuilder:
         self.worker_device = worker_device
         self.edits = Edits()
         self.moves = moves   # OPAU/OPSW placement computed beforehand (None: compute it here)
-        self.collectives: list[tf.Operation] = []
-        self.collective_nodes: list[str] = []   # the same, written as NodeDefs (self.nodes)
-        self.pushes: list[tf.Operation] = []
-        self._pushed: tf.Operation | None = None
+        # Per train group: its collectives (as ops, and written as NodeDefs by
+        # self.nodes), its pushes and the op standing for all of them.
+        self.collectives: dict[int, list[tf.Operation]] = {}
+        self.collective_nodes: dict[int, list[str]] = {}
+        self.pushes: dict[int, list] = {}
+        self._pushed: dict[int, tf.Operation] = {}
         self._counters: dict[tuple[str, int], tf.Tensor] = {}
         self.constants = constants or ConstantPool(worker_device)
         # The per-variable and per-partition ops, written as NodeDefs
@@ -91,26 +97,64 @@ class PsBuilder:
             for vp in ps_vars:
                 if len(vp.partitions) > 1:
                     self._split(vp)
+        by_group: dict[int, list[VariablePlan]] = {}
+        for vp in ps_vars:
+            by_group.setdefault(self.analysis.variable(vp.name).group, []).append(vp)
         with tf.name_scope("autopar/ps"):
             for vp in ps_vars:
                 info = self.analysis.variable(vp.name)
+                self.group = info.group
                 accumulators[vp.name] = self._accumulators(vp, info)
                 self._norm_terms(vp, info)
                 contribution = self._contribution(vp, info, la, host_key, members)
                 if self.is_host_leader:
                     self._push(vp, info, accumulators[vp.name], contribution)
-            if self.is_chief:
-                for vp in ps_vars:
-                    self._take(vp, self.analysis.variable(vp.name), accumulators[vp.name])
-                done = self._release(ps_vars)
-            else:
-                done = self._wait(ps_vars)
+            done = {}
+            for group, group_vars in sorted(by_group.items()):
+                self.group = group
+                if self.is_chief:
+                    for vp in group_vars:
+                        self._take(vp, self.analysis.variable(vp.name), accumulators[vp.name])
+                    done[group] = self._release(group_vars)
+                else:
+                    done[group] = self._wait(group_vars)
         devices, self.edits.server_variables = ps_devices(
             self.g, self.analysis, self.plan, self.is_chief, self.worker_device, self.moves)
         self.edits.devices.update(devices)
-        self._barrier(done)
+        for vp in ps_vars:
+            self._ordered_reference_reads(self.analysis.variable(vp.name), vp)
+        for barrier in self.plan.barriers:
+            self._barrier(barrier, done)
         self._counter_ops(ps_vars)
         return self.edits
+
+    def _ordered_reference_reads(self, info: VariableInfo, vp: VariablePlan) -> None:
+        """A reference variable (VariableV2) on a server, read on a worker by
+        an op of the step that runs after its update (an
+        ExponentialMovingAverage of it): on one device that op reads the
+        variable's buffer after the update (its snapshot aliases the
+        buffer); here the value crosses to the worker when the server sends
+        it, which nothing orders after the update. So such an op reads a
+        server-side Identity of the variable that waits for its update ops
+        (on a non-chief, their NoOps waiting for the chief's release)."""
+        if info.resource or len(vp.partitions) != 1:
+            return
+        var = self.g.get_operation_by_name(info.name)
+        region = set(info.update_ops) | set(info.own_path_ops)
+        reads = [(c, info.name) for c in var.outputs[0].consumers()]
+        reads += [(c, node_input_name(s.outputs[0].name)) for s in var.outputs[0].consumers()
+                  if s.type == "Identity" for c in s.outputs[0].consumers()]
+        ordered = None
+        for consumer, read in reads:
+            if (consumer.name in region or consumer.name not in self.analysis.step_ops
+                    or consumer.type in ("Identity", "Assign", "IsVariableInitialized")
+                    or consumer.name in self.edits.devices):
+                continue
+            if ordered is None:
+                ordered = self.nodes.add(
+                    "Identity", [info.name, *("^" + u for u in info.update_ops)],
+                    server_device(vp.servers[0]), T=tf.as_dtype(info.dtype))
+            self.edits.inputs.setdefault(consumer.name, {})[read] = ordered
 
     def _counter_ops(self, ps_vars) -> None:
         """COUNTERS_INIT (run once by the chief) and CONTRIBUTIONS_OP: every
@@ -127,7 +171,7 @@ class PsBuilder:
         self.nodes.group(inits, name=COUNTERS_INIT)
         self.nodes.add("Pack", reads, name=CONTRIBUTIONS_OP, N=len(reads), T=tf.int64)
 
-    def _barrier(self, done: tf.Operation) -> None:
+    def _barrier(self, barrier, done: dict[int, tf.Operation]) -> None:
         """A scalar all-reduce ending every training step, after all of this
         worker's server work. A graph with collectives shares its step id with
         the other workers, so every worker's server-side partitions of a step
@@ -136,41 +180,51 @@ class PsBuilder:
         before everyone's server work for it is done: the barrier waits for
         this worker's pushes and token here, and for every other op of the
         step that touches a server once the final devices are known
-        (cover_server_work)."""
-        with tf.control_dependencies([done] + self._after_pushes()):
-            token = self.backend.barrier(self.plan.barrier_key)
-        self.edits.step_barrier = token.op.name
+        (cover_server_work). One barrier per set of train groups a fetch can
+        update (`barrier.groups`): it waits for those groups' work only."""
+        waits = []
+        for group in barrier.groups:
+            if group in done:
+                waits += [done[group]] + self._after_pushes(group)
+        with tf.control_dependencies(waits):
+            token = self.backend.barrier(barrier.key)
+        self.edits.step_barriers.append((tuple(barrier.groups), token.op.name))
 
     def _const(self, value, dtype: tf.DType, device: str | None = None) -> tf.Tensor:
         return self.constants.get(value, dtype, device)
 
-    def _after_pushes(self) -> list[tf.Operation]:
-        """One op standing for all of this worker's pushes (none when it pushes
-        nothing). Ops waiting on the pushes depend on it, not on each push: a
-        control edge per push on every such op (and on each constant created
-        under the dependency) grew the graph with variables squared."""
-        if self.pushes and self._pushed is None:
+    def _after_pushes(self, group: int | None = None) -> list[tf.Operation]:
+        """One op standing for all of this worker's pushes of train group
+        `group` (default: the one being built; none when it pushes nothing).
+        Ops waiting on the pushes depend on it, not on each push: a control
+        edge per push on every such op (and on each constant created under
+        the dependency) grew the graph with variables squared."""
+        group = self.group if group is None else group
+        pushes = self.pushes.get(group)
+        if pushes and group not in self._pushed:
             # Built empty here (the pushes are NodeDefs), grouped at the flush
             # as tf.group would (one NoOp per device).
             with tf.control_dependencies(None), tf.device(None):
-                self._pushed = tf.no_op(name="pushed")
-            self.nodes.group(self.pushes, into=self._pushed.name)
-        return [self._pushed] if self.pushes else []
+                self._pushed[group] = tf.no_op(name="pushed")
+            self.nodes.group(pushes, into=self._pushed[group].name)
+        return [self._pushed[group]] if pushes else []
 
     def _after_collectives(self) -> list[tf.Operation]:
-        if not (self.collectives or self.collective_nodes):
+        if not (self.collectives.get(self.group) or self.collective_nodes.get(self.group)):
             return []
-        return [self._all_collectives(self.collectives, "collectives_done")]
+        return [self._all_collectives(self.collectives.get(self.group, []), "collectives_done")]
 
     def _all_collectives(self, ops: list[tf.Operation], name: str) -> tf.Operation:
-        """_joined(ops) that also waits for the collectives written as NodeDefs."""
-        if not self.collective_nodes:
+        """_joined(ops) that also waits for the current train group's
+        collectives written as NodeDefs."""
+        nodes = self.collective_nodes.get(self.group, [])
+        if not nodes:
             return _joined(ops, name)
         with tf.control_dependencies(None), tf.device(None):
             joined = tf.no_op(name=name)
         # grouped at the flush as tf.group groups (one NoOp per device)
         self.nodes.group([(op.name, op.device) for op in ops]
-                         + [(n, self.worker_device) for n in self.collective_nodes],
+                         + [(n, self.worker_device) for n in nodes],
                          into=joined.name)
         return joined
 
@@ -191,14 +245,17 @@ class PsBuilder:
         return out
 
     def _token_queue(self, worker: int) -> tf.Tensor:
+        """Worker `worker`'s queue of release tokens of the current train group."""
+        name = (f"autopar/token/worker_{worker}" if self.group == 0
+                else f"autopar/token/group_{self.group}/worker_{worker}")
         with tf.device(server_device(0)):
             return tf.raw_ops.FIFOQueueV2(component_types=[tf.int32], shapes=[[]], capacity=4,
-                                          shared_name=f"autopar/token/worker_{worker}")
+                                          shared_name=name)
 
     # -- worker side ---------------------------------------------------------
     def _scale(self, info: VariableInfo) -> float:
-        """The plan's one decision (mean or summed loss), dense and sparse alike."""
-        return self.plan.gradient_scale
+        """The plan's decision for this kind of gradient (Plan.averages)."""
+        return self.plan.gradient_scale(info.gradient)
 
     def _norm_terms(self, vp: VariablePlan, info: VariableInfo) -> None:
         """A global-norm L2 term of a sparse gradient. Rows of a plain lookup are
@@ -218,11 +275,11 @@ class PsBuilder:
             rows, ids = self.backend.allgather_rows(
                 scaled, indices, (vp.keys["norm_count"], vp.keys["norm_values"],
                                   vp.keys["norm_indices"]))
-            self.collectives += [rows.op, ids.op]
+            self.collectives.setdefault(self.group, []).extend([rows.op, ids.op])
             total = tf.nn.l2_loss(combine_rows(rows, ids)[0])
         else:
             total = self.backend.allreduce_sum(tf.nn.l2_loss(scaled), vp.keys["norm"])
-            self.collectives.append(total.op)
+            self.collectives.setdefault(self.group, []).append(total.op)
         for op_name in info.norm_ops:
             self.edits.replaced[f"{op_name}:0"] = total.name
 
@@ -238,7 +295,7 @@ class PsBuilder:
             if la:
                 host = self.backend.subgroup(len(members), host_key)
                 grad = host.allreduce_sum_node(self.nodes, grad, dtype, vp.keys["la_values"])
-                self.collective_nodes.append(grad)
+                self.collective_nodes.setdefault(self.group, []).append(grad)
             return grad
         values = self.g.get_tensor_by_name(info.grad_values)
         indices = tf.cast(self.g.get_tensor_by_name(info.grad_indices), tf.int64)
@@ -247,7 +304,7 @@ class PsBuilder:
             host = self.backend.subgroup(len(members), host_key)
             values, indices = host.allgather_rows(
                 values, indices, (vp.keys["la_count"], vp.keys["la_values"], vp.keys["la_indices"]))
-            self.collectives += [values.op, indices.op]
+            self.collectives.setdefault(self.group, []).extend([values.op, indices.op])
         # Sum rows touched several times (by one worker's lookups or by several
         # workers of the host) before they cross the network: one row per
         # distinct index. A Zipf-skewed batch repeats about half its ids.
@@ -286,7 +343,7 @@ class PsBuilder:
                         accumulators[p], self._const(_ALWAYS_FRESH, i64, device), indices,
                         values, shape], dtype=values.dtype.base_dtype,
                         has_known_shape=True).name
-            self.pushes.append((push, device))
+            self.pushes.setdefault(self.group, []).append((push, device))
             self._count(vp, p, server, push)
 
     def _count(self, vp, p: int, server: int, push) -> None:
@@ -296,8 +353,8 @@ class PsBuilder:
         counter = self._counter(vp, p, server)
         device = server_device(server)
         one = self._const(1, tf.int64, device)
-        self.pushes.append((self.nodes.add("AssignAddVariableOp", [counter, one, "^" + push],
-                                           device, dtype=tf.int64), device))
+        self.pushes[self.group].append((self.nodes.add(
+            "AssignAddVariableOp", [counter, one, "^" + push], device, dtype=tf.int64), device))
 
     def _counter(self, vp, p: int, server: int) -> str:
         """The handle of an accumulator's contribution counter: one op for the
@@ -376,8 +433,8 @@ class PsBuilder:
     def _release(self, ps_vars) -> tf.Operation:
         updates = [self.g.get_operation_by_name(u)
                    for vp in ps_vars for u in self.analysis.variable(vp.name).update_ops]
-        with tf.control_dependencies([self._all_collectives(updates + self.collectives,
-                                                            "updated")]):
+        with tf.control_dependencies([self._all_collectives(
+                updates + self.collectives.get(self.group, []), "updated")]):
             tokens = [tf.raw_ops.QueueEnqueueV2(handle=self._token_queue(w),
                                                 components=[self._const(0, tf.int32)])
                       for w in range(1, self.plan.num_workers)]
@@ -399,8 +456,8 @@ class PsBuilder:
         with tf.control_dependencies(self._after_pushes() + self._after_collectives()):
             wait = tf.raw_ops.QueueDequeueV2(handle=self._token_queue(self.index),
                                              component_types=[tf.int32])
-        self.edits.noops = self._regions(ps_vars)
-        self.edits.noop_control = wait[0].op.name
+        for name in self._regions(ps_vars):
+            self.edits.noop_deps[name] = [wait[0].op.name]
         return wait[0].op
 
     def _regions(self, ps_vars) -> set[str]:

@@ -51,7 +51,7 @@ class Report:
     servers: list[dict] = field(default_factory=list)   # per server: bytes sent/received per step
     moved_ops: list[dict] = field(default_factory=list)  # OPAU/OPSW placements
     run_option: str = "allreduce"
-    loss_reduction: str = "mean"      # how workers' gradients combine: "mean" or "sum"
+    loss_reduction: str = "mean"      # how workers' gradients combine: "mean", "sum", "parallax"
     loss_reduction_why: str = ""
     sync_local_state: str = "none"
     # Training-mode batch-norm layers: name, kind, group size (0: per worker), moving statistics.
@@ -133,8 +133,12 @@ class Report:
             lines.append(f"herring buffer #{b['index']}: {b['elements']} elements "
                          f"({_human(b['wire_bytes'])} on the wire as {b['wire_dtype']}): "
                          f"{pieces}; shards: {shards}")
-        combine = "averaged" if self.loss_reduction == "mean" else "summed"
-        lines.append(f"gradients: {combine} over workers, dense and sparse "
+        combine = {"mean": "averaged", "sum": "summed",
+                   "parallax": "dense-averaged, sparse-summed"}[self.loss_reduction]
+        how = {"mean": "averaged over workers, dense and sparse",
+               "sum": "summed over workers, dense and sparse",
+               "parallax": "dense averaged and sparse summed over workers"}[self.loss_reduction]
+        lines.append(f"gradients: {how} "
                      f"(loss_reduction={self.loss_reduction}: {self.loss_reduction_why})")
         for v in self.variables:
             if v.dedup:
@@ -199,6 +203,13 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
     if plan.shard_weight_update and all(vp.owner is None for vp in plan.variables):
         notes.append("Config(shard_weight_update=True) is set but no variable is all-reduced: "
                      "nothing to shard")
+    if len(analysis.train_groups) > 1:
+        notes.append(f"{len(analysis.train_groups)} train ops update different variables; each "
+                     "step aggregates, buckets and waits for exactly the variables its fetch "
+                     "updates: " + "; ".join(
+                         f"group {i}: {', '.join(g.variables[:3])}"
+                         f"{f' (+{len(g.variables) - 3} more)' if len(g.variables) > 3 else ''}"
+                         f" (loss {g.loss})" for i, g in enumerate(analysis.train_groups)))
     if num_servers and not plan.ps_variables and plan.herring is None:
         notes.append(f"{num_servers} server process(es) are started but hold no variables "
                      "with every gradient all-reduced")

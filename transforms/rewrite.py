@@ -25,10 +25,12 @@ from autopar.transforms.analysis import Analysis
 from autopar.transforms.batchnorm import apply_rewire, group_of, rewrite_batch_norms
 from autopar.transforms.comm import CollectiveOpsBackend
 from autopar.transforms.graph_utils import (collector_paused, import_meta_graph, import_nodes,
-                                             in_gradient_scope, meta_graph_of, node_input_name)
+                                             in_gradient_scope, initialization_guard,
+                                             meta_graph_of, node_input_name)
 from autopar.transforms.partition import copy_region
 from autopar.transforms.placement import Move
-from autopar.transforms.plan import BATCH_NORM_GROUP_BASE, Plan
+from autopar.transforms.keys import BATCH_NORM_GROUPS
+from autopar.transforms.plan import Plan
 from autopar.transforms.methods import METHODS
 from autopar.transforms.ps_rewrite import cover_server_work
 from autopar.transforms.sync_method import ConstantPool, Edits, NodeWriter, RewriteContext
@@ -46,7 +48,9 @@ class WorkerGraph:
     broadcast_op: str          # run once after init/restore: chief's state to all
     replaced: dict[str, str]   # original tensor -> its replacement (averaged, aggregated)
     server_variables: set[str] = field(default_factory=set)   # live on servers, not replicated
-    step_barrier: str | None = None   # fetched with every training step (see transforms.ps_rewrite)
+    # (train groups, barrier op): a training step updating those groups
+    # fetches every barrier whose groups it updates (see transforms.ps_rewrite)
+    step_barriers: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
     # partitioned variable -> its partitions' handles, in order (rows dealt
     # round-robin: transforms.partition)
     partitions: dict[str, list] = field(default_factory=dict)
@@ -101,6 +105,7 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
         for method in METHODS.values():
             edits.merge(method.rewrite(ctx))
         edits.merge(shard_weight_updates(ctx, worker_device, edits.replaced))
+        edits.identities.update(_unguarded_initial_values(scratch, edits.server_variables))
         rewire, rewire_exempt = _batch_norms(scratch, analysis, plan, backend, worker_index,
                                              ctx.constants)
         broadcast = _broadcast_state(_global_variables(meta, scratch), plan, backend, worker_index == 0,
@@ -126,21 +131,47 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
         # longer reaches the forward pass (see transforms.accumulate).
         redirect_gradients(graph_def, accumulation)
         check_update_reads_no_input(graph_def, accumulation, analysis.step_ops)
-    if edits.step_barrier is not None:
-        cover_server_work(graph_def, edits.step_barrier, analysis.step_ops)
+    for groups, barrier in edits.step_barriers:
+        # What a step of exactly these groups may run: the step ops whose
+        # groups are among them.
+        cover_server_work(graph_def, barrier, [op for op in analysis.step_ops
+                                               if set(analysis.groups_of(op)) <= set(groups)])
     out = _with_graph_def(meta, graph_def)
     return WorkerGraph(meta_graph=out, broadcast_op=BROADCAST_OP, replaced=edits.replaced,
-                       server_variables=edits.server_variables, step_barrier=edits.step_barrier,
+                       server_variables=edits.server_variables, step_barriers=edits.step_barriers,
                        partitions=edits.partitions, after_step=after_step,
                        accumulate_first=accumulation and accumulation.first_op,
                        accumulate=accumulation and accumulation.add_op)
+
+
+def _unguarded_initial_values(graph: tf.Graph, server_variables: set[str]) -> dict[str, str]:
+    """{guard: the initial value it yields}: for each variable whose initial
+    value reads another variable X, TensorFlow guards the read with
+    cond(is_initialized(X), X, X's initial value) (an
+    ExponentialMovingAverage shadow, say). When X lives on a server (maybe
+    split into partitions) the cond runs on a worker while the chief
+    initialises X; when X is a reference variable the cond's input reads X
+    before the predicate is known: either way whether X is initialised yet
+    is a race, and reading it uninitialised fails (seen on busy workers). In
+    autopar's start-up every variable is initialised in the same run, when
+    either branch gives X's initial value, and the chief's state is then
+    broadcast to every replica; so such a guard is replaced by that value.
+    Found from data flow: an If whose predicate asks whether its second
+    input is initialised."""
+    out = {}
+    for op in graph.get_operations():
+        guarded = initialization_guard(op)
+        if guarded is not None and (guarded.name in server_variables
+                                    or guarded.type != "VarHandleOp"):
+            out[op.name] = op.inputs[2].name
+    return out
 
 
 def _micro_batch_weight(plan: Plan, micro_batches: int) -> float:
     """Algorithm 1's g <- g + g_m / M for a mean loss (the worker's gradient is
     then the mean over its M micro-batches, which the methods average over
     workers); a summed loss adds micro-batches as it adds workers."""
-    return 1.0 / micro_batches if plan.loss_reduction == "mean" else 1.0
+    return 1.0 / micro_batches if plan.averages("dense") else 1.0
 
 
 # The GraphDef passes, in the order rewrite_for_worker applies them. Each
@@ -191,7 +222,7 @@ def _strip_default_attrs(node, defaults: dict[str, list]) -> None:
 def _is_identity(name: str, edits: Edits) -> bool:
     """Whether _edit_original_nodes turns this node into an Identity."""
     return (name in edits.identities and not in_gradient_scope(name)
-            and name not in edits.noops and name not in edits.noop_deps)
+            and name not in edits.noop_deps)
 
 
 def _edit_original_nodes(graph_def, new_nodes: set[str], edits: Edits) -> None:
@@ -202,16 +233,17 @@ def _edit_original_nodes(graph_def, new_nodes: set[str], edits: Edits) -> None:
     for node in graph_def.node:
         if node.name in new_nodes or in_gradient_scope(node.name):
             continue   # the backward pass itself keeps using local gradients
-        if node.name in edits.noops:
-            _make_noop(node, edits.noop_control)
-        elif node.name in edits.noop_deps:
-            _make_noop(node, None)
+        if node.name in edits.noop_deps:
+            _make_noop(node)
             node.input.extend("^" + d for d in edits.noop_deps[node.name])
         elif _is_identity(node.name, edits):
             _make_identity(node, edits.identities[node.name])
         else:
+            own = edits.inputs.get(node.name, {})
             for i, inp in enumerate(node.input):
-                if inp in rename:
+                if inp in own:
+                    node.input[i] = own[inp]
+                elif inp in rename:
                     node.input[i] = rename[inp]
             node.input.extend("^" + c for c in edits.extra_control.get(node.name, []))
 
@@ -335,6 +367,7 @@ def _make_identity(node, tensor: str) -> None:
     """Keep the node's name (fetches and checkpoints refer to it), compute `tensor`."""
     dtype = (tf.bool.as_datatype_enum if node.op == "VarIsInitializedOp"
              else node.attr["out_type"].type if node.op == "VariableShape"
+             else node.attr["Tout"].list.type[0] if node.op in ("If", "StatelessIf")
              else node.attr["dtype"].type)
     node.op = "Identity"
     del node.input[:]
@@ -343,14 +376,12 @@ def _make_identity(node, tensor: str) -> None:
     node.attr["T"].type = dtype
 
 
-def _make_noop(node, control: str | None) -> None:
+def _make_noop(node) -> None:
     """This worker does not run the op (the chief applies server updates);
-    what depended on it now waits for `control` instead."""
+    the caller gives it the control inputs what depended on it waits for."""
     node.op = "NoOp"
     del node.input[:]
     node.attr.clear()
-    if control:
-        node.input.append("^" + control)
 
 
 def _batch_norms(graph, analysis: Analysis, plan: Plan, backend, worker_index: int,
@@ -360,7 +391,7 @@ def _batch_norms(graph, analysis: Analysis, plan: Plan, backend, worker_index: i
     if not plan.batch_norm_group or not analysis.batch_norms:
         return {}, set()
     size, group_key = group_of(worker_index, plan.batch_norm_group, plan.num_workers,
-                               plan.group_key, BATCH_NORM_GROUP_BASE)
+                               plan.group_key, BATCH_NORM_GROUPS.first)
     group = backend if size == plan.num_workers else backend.subgroup(size, group_key)
     return rewrite_batch_norms(graph, analysis.batch_norms, group, plan.batch_norm_key, constants)
 

@@ -31,27 +31,28 @@ if TYPE_CHECKING:   # annotations only: plan.py imports this module
 class Edits:
     """What the GraphDef pass must do to the original nodes (transforms.rewrite)."""
     replaced: dict[str, str] = field(default_factory=dict)     # tensor -> tensor
-    noops: set[str] = field(default_factory=set)                # nodes to turn into NoOps
-    noop_control: str | None = None                             # ...depending on this op
     extra_control: dict[str, list[str]] = field(default_factory=dict)
     devices: dict[str, str] = field(default_factory=dict)       # node -> device
     server_variables: set[str] = field(default_factory=set)     # variables (with slots) on servers
-    step_barrier: str | None = None                             # op every step run must include
+    # (train groups, op): the barrier a step updating those groups must include
+    step_barriers: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
     identities: dict[str, str] = field(default_factory=dict)    # node -> Identity(tensor)
+    # node -> {input it reads: input to read instead}, for that node only
+    inputs: dict[str, dict[str, str]] = field(default_factory=dict)
     noop_deps: dict[str, list[str]] = field(default_factory=dict)  # node -> NoOp(^deps)
     copies: list[tuple] = field(default_factory=list)           # (region, p, remap, device_of)
     partitions: dict[str, list[str]] = field(default_factory=dict)   # variable -> partition handles
 
     def merge(self, other: "Edits") -> None:
         self.replaced.update(other.replaced)
-        self.noops |= other.noops
-        self.noop_control = other.noop_control or self.noop_control
         for name, controls in other.extra_control.items():
             self.extra_control.setdefault(name, []).extend(controls)
         self.devices.update(other.devices)
         self.server_variables |= other.server_variables
-        self.step_barrier = other.step_barrier or self.step_barrier
+        self.step_barriers += other.step_barriers
         self.identities.update(other.identities)
+        for name, renames in other.inputs.items():
+            self.inputs.setdefault(name, {}).update(renames)
         self.noop_deps.update(other.noop_deps)
         self.copies += other.copies
         self.partitions.update(other.partitions)

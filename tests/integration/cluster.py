@@ -75,8 +75,15 @@ def run_single_device(model: str, out: Path, *extra: str) -> str:
     """A single-device run of train_model.py in this process (its output
     returned): the same code as the subprocess, without another TensorFlow
     start (a few seconds of CPU each; the reference runs are many)."""
-    assert "--spec" not in extra, "a distributed run needs its own processes: use run_training"
     from tests.integration import train_model
+    return run_in_process(train_model.main, ["--model", model, "--out", str(out), *extra])
+
+
+def run_in_process(main: Callable[[list[str]], None], argv: list[str]) -> str:
+    """A script's main(argv) run single-device in this process (its output
+    returned): the same code as a subprocess, without another TensorFlow
+    start."""
+    assert "--spec" not in argv, "a distributed run needs its own processes: use run_script"
     # get_runner gives the "autopar" logger its stdout handler (and stops it
     # propagating) in this process: put it back as it was for later tests.
     logger = logging.getLogger("autopar")
@@ -84,7 +91,7 @@ def run_single_device(model: str, out: Path, *extra: str) -> str:
     captured = io.StringIO()
     try:
         with contextlib.redirect_stdout(captured):
-            train_model.main(["--model", model, "--out", str(out), *extra])
+            main(argv)
     finally:
         logger.handlers[:], logger.level, logger.propagate = saved
     return captured.getvalue()

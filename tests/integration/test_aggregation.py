@@ -89,3 +89,36 @@ def test_batch_norm_group_all_matches_single_device(tmp_path, single_device):
     for i in range(3):
         actual = load_worker(out, i)
         assert_same_parameters(expected, actual, what=f"{model} worker {i}")
+
+
+def test_batch_norm_group_with_distributed_evaluation(tmp_path):
+    """Distributed batch norm and Runner.evaluate in one job: their
+    collectives share the job's group, so their instance keys must never
+    meet (they did: the totals of one metric, 2 values, took the key of the
+    first batch-norm layer's backward sums, 'Shape mismatch in the
+    collective instance'). Parameters, moving statistics and the evaluation
+    totals (inference by the moving statistics, 10 examples over 3 workers)
+    equal one device's."""
+    args = ("--steps", "4", "--batch", str(BATCH), "--eval-size", "10",
+            "--eval-metrics", "accuracy")
+    single_log = run_training("bn_sgd", tmp_path / "single", *args)
+    expected = load_worker(tmp_path / "single", 0)
+    log = run_training("bn_sgd", tmp_path / "dist", *args,
+                       "--spec", str(write_two_host_spec(tmp_path, servers=(0, 0))),
+                       "--run-option", "allreduce", "--batch-norm-group", "all")
+    assert "statistics over all 3 workers" in log
+    single = _eval_lines(single_log)
+    assert len(single) == 2 and all(totals["accuracy"][1] == 10 for totals in single)
+    for i in range(3):
+        assert_same_parameters(expected, load_worker(tmp_path / "dist", i), what=f"worker {i}")
+        evals = _eval_lines(log, f"[worker {i}] ")
+        assert len(evals) == 2
+        assert evals == single   # counts of correct predictions: exact
+
+
+def _eval_lines(log: str, prefix: str = "") -> list[dict]:
+    """The totals of each "eval start|end" line train_model printed."""
+    import json
+    import re
+    return [json.loads(totals) for totals in re.findall(
+        rf"^{re.escape(prefix)}eval (?:start|end): (\{{.*?\}}) \{{.*?\}}$", log, re.M)]

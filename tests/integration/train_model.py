@@ -65,13 +65,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--eval-size", type=int, default=0,
                    help="evaluate the model (Runner.evaluate) on a sharded eval set of this "
                         "many examples before and after training, and print the totals")
+    p.add_argument("--eval-metrics", default="accuracy,loss",
+                   help="the metrics --eval-size evaluates (comma-separated)")
     p.add_argument("--wire-dtype", default="float32", help="Config.wire_dtype (herring)")
     args = p.parse_args(argv)
     # Eager execution stays on (TF2 default): graphs are built in their own
     # tf.Graph context, as many graph-mode scripts do.
 
     model = models.build(args.model)
-    evaluation = _eval_metrics(model, args.eval_size) if args.eval_size else None
+    evaluation = (_eval_metrics(model, args.eval_size, args.eval_metrics.split(","))
+                  if args.eval_size else None)
     config = autopar.Config(checkpoint_dir=args.checkpoint_dir, save_every_steps=args.save_every,
                             keep_checkpoints=args.keep,
                             log_every_steps=1, fusion_bytes=args.fusion_bytes,
@@ -165,9 +168,9 @@ def _resident(runner, variables, index: int) -> str:
 EVAL_BATCH = 3   # per worker
 
 
-def _eval_metrics(model, size: int):
-    """(iterator initializer, {name: (sum, count)}) over an eval set of
-    `size` examples sharded with autopar.shard."""
+def _eval_metrics(model, size: int, names=("accuracy", "loss")):
+    """(iterator initializer, {name: (sum, count)}) of the metrics `names`
+    over an eval set of `size` examples sharded with autopar.shard."""
     xs, ys = models.global_batch("mlp", 500, size)
     with model.graph.as_default():
         ds = autopar.shard(tf.data.Dataset.from_tensor_slices((xs, ys))).batch(EVAL_BATCH)
@@ -176,8 +179,9 @@ def _eval_metrics(model, size: int):
         logits = model.forward(tf.cast(x, model.x.dtype))
         correct = tf.cast(tf.equal(tf.argmax(logits, 1, output_type=tf.int32), y), tf.float64)
         losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)
-        return iterator.initializer, {"accuracy": (tf.reduce_sum(correct), tf.size(y)),
-                                      "loss": (tf.reduce_sum(losses), tf.size(y))}
+        metrics = {"accuracy": (tf.reduce_sum(correct), tf.size(y)),
+                   "loss": (tf.reduce_sum(losses), tf.size(y))}
+        return iterator.initializer, {name: metrics[name] for name in names}
 
 
 def _print_eval(runner, evaluation, when: str) -> None:

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from autopar.config import Config
-from autopar.common.errors import AutoparError
+from autopar.common.errors import AutoparError, UnsupportedGraphError
 from autopar.transforms.analysis import analyze_graph
 from autopar.transforms.plan import PlanOptions, Topology, make_plan
 from autopar.transforms.report import build_report
@@ -151,7 +151,7 @@ def test_dedup_rows_are_combined_in_allgather_rewrite():
     ("sum/24", BATCH, "unknown"),   # not the elements summed: global batch? cannot tell
     ("sum/8", None, "unknown"),
     ("mean+reg", BATCH, "mean"),
-    ("sum+reg", BATCH, "unknown"),  # a regularizer added N times if summed
+    ("sum+reg", BATCH, "neither"),  # a regularizer added N times if summed
     ("losses.SUM", BATCH, "sum"),
     ("losses.SUM", None, "sum"),
     ("losses.MEAN", BATCH, "mean"),
@@ -175,7 +175,7 @@ def test_plan_decision_and_report(loss, option, decided):
     analysis = analyze_graph(_graph(loss=loss))
     plan = make_plan(analysis, 4, options=PlanOptions(run_option="allreduce", loss_reduction=option))
     assert plan.loss_reduction == decided
-    assert plan.gradient_scale == (0.25 if decided == "mean" else 1.0)
+    assert plan.gradient_scale("dense") == (0.25 if decided == "mean" else 1.0)
     table = build_report(analysis, plan).table()
     combine = "averaged" if decided == "mean" else "summed"
     assert f"gradients: {combine} over workers, dense and sparse (loss_reduction={decided}" in table
@@ -197,6 +197,48 @@ def test_rewrite_sums_or_averages_dense_and_sparse(loss, final_op, scale):
     assert [float(tf.make_ndarray(n.attr["value"].tensor)) for n in scales] == [scale]
 
 
+def test_summed_loss_with_a_batch_independent_term_is_refused_unless_chosen():
+    """Neither summing nor averaging gives one device's gradient: "auto"
+    stops with the analysis's reason; an explicit choice trains, and the
+    report says it cannot match one device."""
+    analysis = analyze_graph(_graph(loss="sum+reg"))
+    with pytest.raises(UnsupportedGraphError, match="adds a batch-independent term.*"
+                                                    "Config\(loss_reduction='sum'\)"):
+        make_plan(analysis, 4, options=PlanOptions(run_option="allreduce"))
+    plan = make_plan(analysis, 4, options=PlanOptions(run_option="allreduce",
+                                                      loss_reduction="sum"))
+    assert plan.loss_reduction == "sum"
+    assert "no aggregation makes this graph's training equal one device's" in \
+        build_report(analysis, plan).table()
+
+
+@pytest.mark.parametrize("run_option", ["allreduce", "hybrid", "ps"])
+def test_parallax_semantics_average_dense_and_sum_sparse(run_option):
+    """loss_reduction="parallax" (Parallax's average_sparse=False): the dense
+    gradient is averaged, the sparse one summed, on every path; the report
+    says these are Parallax's semantics."""
+    graph = _graph()
+    analysis = analyze_graph(graph)
+    plan = make_plan(analysis, Topology(("127.0.0.1",) * 2, 1),
+                     options=PlanOptions(run_option=run_option, loss_reduction="parallax"))
+    assert (plan.gradient_scale("dense"), plan.gradient_scale("sparse")) == (0.5, 1.0)
+    assert plan.averages("dense") and not plan.averages("sparse")
+    table = build_report(analysis, plan).table()
+    assert "gradients: dense averaged and sparse summed over workers" in table
+    assert "Parallax's semantics, not one device's" in table
+    nodes = rewrite_for_worker(graph, analysis, plan, 0).meta_graph.graph_def.node
+    if run_option != "ps":   # the dense bucket's mean; the sparse rows' scale 1
+        reduces = [n for n in nodes if n.op == "CollectiveReduceV2"
+                   and n.name.startswith("autopar/average")]
+        assert {n.attr["final_op"].s.decode() for n in reduces} == {"Div"}
+    scales = sorted(float(tf.make_ndarray(n.attr["value"].tensor)) for n in nodes
+                    if n.op == "Const" and n.name.startswith("autopar/")
+                    and n.attr["dtype"].type == tf.float32.as_datatype_enum
+                    and tf.make_ndarray(n.attr["value"].tensor).shape == ()
+                    and float(tf.make_ndarray(n.attr["value"].tensor)) in (0.5, 1.0))
+    assert 1.0 in scales and (run_option != "ps" or 0.5 in scales)   # ps: the dense push x 1/2
+
+
 def test_config_loss_reduction_and_deprecated_average_sparse():
     assert Config().loss_reduction == "auto"
     with pytest.raises(AutoparError, match="loss_reduction"):
@@ -205,7 +247,7 @@ def test_config_loss_reduction_and_deprecated_average_sparse():
         Config(sync_local_state="sum")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert Config(average_sparse=False).loss_reduction == "sum"
+        assert Config(average_sparse=False).loss_reduction == "parallax"
         assert Config(average_sparse=True).loss_reduction == "mean"
     assert any(issubclass(w.category, DeprecationWarning) for w in caught)
     assert PlanOptions.from_config(Config(loss_reduction="sum")).loss_reduction == "sum"

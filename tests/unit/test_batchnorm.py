@@ -8,7 +8,8 @@ import tensorflow as tf
 from autopar.common.errors import AutoparError
 from autopar.config import Config
 from autopar.transforms.analysis import analyze_graph
-from autopar.transforms.plan import BATCH_NORM_GROUP_BASE, GROUP_KEY, PlanOptions, Topology, make_plan
+from autopar.transforms.keys import BATCH_NORM_GROUPS, GROUP_KEY
+from autopar.transforms.plan import PlanOptions, Topology, make_plan
 from autopar.transforms.report import build_report
 from autopar.transforms.rewrite import rewrite_for_worker
 from tests import models
@@ -118,7 +119,7 @@ def test_rewrite_reads_group_statistics_forward_and_backward():
     assert readers and all(any(i.startswith("autopar/batch_norm/") for i in nodes[r].input)
                            for r in readers)
     # Worker 3 of 4 in groups of 2: the second group.
-    assert _collective_groups(graph_def) == {(2, BATCH_NORM_GROUP_BASE + 1)}
+    assert _collective_groups(graph_def) == {(2, BATCH_NORM_GROUPS.first + 1)}
     whole = make_plan(analysis, 4, options=PlanOptions(run_option="allreduce", batch_norm_group="all"))
     assert _collective_groups(rewrite_for_worker(m.graph, analysis, whole, 3)
                               .meta_graph.graph_def) == {(4, GROUP_KEY)}

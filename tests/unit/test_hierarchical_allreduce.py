@@ -6,8 +6,8 @@ from tensorflow.core.framework import graph_pb2
 
 from autopar.transforms.allreduce import two_dimensional_choice
 from autopar.transforms.analysis import analyze_graph
-from autopar.transforms.plan import (GROUP_KEY, LEADERS_GROUP_KEY, PlanOptions, Topology,
-                                     make_plan)
+from autopar.transforms.keys import GROUP_KEY, LEADERS_GROUP_KEY
+from autopar.transforms.plan import PlanOptions, Topology, make_plan
 from autopar.transforms.report import build_report
 from autopar.transforms.rewrite import rewrite_for_worker
 from tests import models
@@ -49,7 +49,7 @@ def test_plan_gives_every_bucket_its_own_keys_and_the_report_names_the_buckets()
     _, analysis, plan = _plan(TWO_BY_TWO)
     assert len(plan.buckets) > 1 and all(b.hierarchical for b in plan.buckets)
     keys = all_keys(plan)   # with the host sums and broadcasts
-    keys += [plan.barrier_key, plan.broadcast_key_base]
+    keys += [b.key for b in plan.barriers] + [plan.broadcast_key_base]
     assert len(keys) == len(set(keys))
     table = build_report(analysis, plan).table()
     indices = ", ".join(f"#{b.index}" for b in plan.buckets)

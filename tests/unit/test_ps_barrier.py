@@ -48,5 +48,6 @@ def test_barrier_waits_for_all_server_work_of_the_step(model, run_option, partit
         step = ancestors(producers, [m.train_op.name, m.loss.op.name])
         touching = {n for n in step if on_server(n) or any(on_server(p) for p in producers[n])}
         assert any(not on_server(n) for n in touching)   # server reads consumed on the worker
-        before_barrier = ancestors(producers, [wg.step_barrier])
+        [(_, barrier)] = wg.step_barriers   # one train op: one barrier
+        before_barrier = ancestors(producers, [barrier])
         assert touching <= before_barrier, (worker, sorted(touching - before_barrier))

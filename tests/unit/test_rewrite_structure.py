@@ -98,7 +98,7 @@ def test_graph_def_passes_alone():
         tf.identity(a, name="e")
     graph_def = g.as_graph_def()
     edits = Edits(replaced={"b:0": "a:0"}, devices={"a": server_device(0)},
-                  noops={"d"}, noop_control="a", extra_control={"c": ["d"]},
+                  noop_deps={"d": ["a"]}, extra_control={"c": ["d"]},
                   identities={"e": "b:0"})
     worker = "/job:worker/replica:0/task:1/device:CPU:0"
     rewrite._set_devices(graph_def, {"b"}, edits, worker)

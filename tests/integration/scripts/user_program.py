@@ -1,0 +1,48 @@
+"""Run a program of tests/programs for its schedule of steps, single-device
+(no --spec) or under autopar, and save every global variable of this worker.
+Worker i of N feeds rows [i*B/N, (i+1)*B/N) of each step's global batch, so
+the workers together see exactly the single-device batch."""
+import argparse
+import importlib
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))))
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import autopar  # noqa: E402
+
+tf1 = tf.compat.v1
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--program", required=True, help="a module of tests/programs")
+    p.add_argument("--dtype", default="float64")
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--batch", type=int, default=6, help="global batch")
+    p.add_argument("--out", required=True)
+    p.add_argument("--spec")
+    p.add_argument("--run-option", default="hybrid")
+    args = p.parse_args(argv)
+    program = importlib.import_module(f"tests.programs.{args.program}").build(args.dtype)
+    config = autopar.Config(run_option=args.run_option, log_every_steps=1, **program.config)
+    with autopar.get_runner(program.graph, args.spec, config) as runner:
+        n, i = runner.num_workers, runner.worker_index
+        per = args.batch // n
+        for k in range(args.steps):
+            fetch, feed = program.step(k, slice(i * per, (i + 1) * per), args.batch)
+            runner.run(fetch, feed)
+        with program.graph.as_default():
+            variables = tf1.global_variables()
+        values = runner.run({v.op.name: v for v in variables})
+        os.makedirs(args.out, exist_ok=True)
+        np.savez(os.path.join(args.out, f"worker{i}.npz"), **values)
+        print(f"worker {i} done at global step {int(values['global_step'])}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

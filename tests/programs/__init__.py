@@ -1,0 +1,1 @@
+"""Programs written the way users write them, used by the tests as they are."""

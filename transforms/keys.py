@@ -1,0 +1,85 @@
+"""Every collective group key and instance-key range a job uses, in one table.
+
+TensorFlow's collectives match the members of one collective by (group key,
+instance key), and pin an instance key to the shape of its first use: two
+features drawing keys from overlapping ranges in one group make a worker's
+batch-norm reduction meet another's evaluation totals ("Shape mismatch in the
+collective instance ..."). So no module invents a key: each takes its keys
+from its range here, and `check_disjoint` (run on import and by a unit test)
+proves no two ranges of one kind overlap.
+
+Instance keys:
+  plan         the Plan's per-variable and per-step keys, allocated in order by
+               make_plan: fusion buckets, row gathers and their ladders,
+               server-side aggregation and norm keys, herring's host
+               collectives, the step barriers, the initial broadcast
+  local_state  Config(sync_local_state="average"): one all-reduce per dtype
+  batch_norm   distributed batch normalisation: KEYS_PER_LAYER per layer
+  wus          weight-update sharding: one all-gather per dtype
+  evaluation   Runner.evaluate's totals (and DropCompute's agreement without a
+               coordinator): one all-reduce per vector length
+Group keys:
+  GROUP_KEY          all workers
+  LEADERS_GROUP_KEY  the first worker of every host (2-D summation)
+  host_groups        the workers of host h (local aggregation): first + h
+  batch_norm_groups  batch-norm group g smaller than the job: first + g
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autopar.common.errors import AutoparError
+
+
+@dataclass(frozen=True)
+class KeyRange:
+    name: str
+    first: int
+    size: int
+
+    @property
+    def end(self) -> int:
+        return self.first + self.size
+
+    def key(self, offset: int) -> int:
+        """The key `offset` places into the range; refused beyond its end."""
+        if not 0 <= offset < self.size:
+            raise AutoparError(
+                f"the job needs more collective keys for {self.name} than its range holds "
+                f"({offset + 1} > {self.size}): the graph has unusually many "
+                f"{'variables' if self.name == 'plan' else 'uses of it'}")
+        return self.first + offset
+
+    def check_end(self, next_free: int) -> None:
+        """Refuse an allocation that ran to `next_free` past the range."""
+        if next_free > self.end:
+            self.key(next_free - 1 - self.first)
+
+
+# Group keys.
+GROUP_KEY = 1
+LEADERS_GROUP_KEY = 2
+HOST_GROUPS = KeyRange("host groups", 1000, 1000)
+BATCH_NORM_GROUPS = KeyRange("batch-norm groups", 2000, 1000)
+GROUP_RANGES = (KeyRange("all workers", GROUP_KEY, 1), KeyRange("leaders", LEADERS_GROUP_KEY, 1),
+                HOST_GROUPS, BATCH_NORM_GROUPS)
+
+# Instance keys (keys below 100 are left free).
+PLAN = KeyRange("plan", 100, (1 << 20) - 100)
+LOCAL_STATE = KeyRange("local-state averaging", 1 << 20, 1 << 20)
+BATCH_NORM = KeyRange("batch normalisation", 2 << 20, 1 << 20)
+WUS = KeyRange("weight-update sharding", 3 << 20, 1 << 20)
+EVALUATION = KeyRange("evaluation totals", 4 << 20, (1 << 16) + 1)
+INSTANCE_RANGES = (PLAN, LOCAL_STATE, BATCH_NORM, WUS, EVALUATION)
+
+
+def check_disjoint(ranges) -> None:
+    """Raise if two of `ranges` share a key."""
+    ordered = sorted(ranges, key=lambda r: r.first)
+    for a, b in zip(ordered, ordered[1:]):
+        if a.end > b.first:
+            raise AssertionError(f"collective key ranges overlap: {a} and {b}")
+
+
+check_disjoint(GROUP_RANGES)
+check_disjoint(INSTANCE_RANGES)
