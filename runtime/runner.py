@@ -107,10 +107,12 @@ class Runner:
         self._stop_requested = False
         self._previous_sigint = self._install_stop_handler() if self.is_chief else None
 
-    def start(self, init_op, broadcast_op=None) -> None:
-        """Initialise, restore the latest checkpoint (chief), make every replica
-        equal to the chief's, and note the global step training resumes from."""
-        self.session.run(init_op)
+    def start(self, init_ops, broadcast_op=None) -> None:
+        """Initialise (`init_ops`: an op, or ops run one after the other),
+        restore the latest checkpoint (chief), make every replica equal to
+        the chief's, and note the global step training resumes from."""
+        for op in init_ops if isinstance(init_ops, (list, tuple)) else [init_ops]:
+            self.session.run(op)
         if self._checkpointer is not None:
             self._checkpointer.restore(self.session)
         if broadcast_op is not None:

@@ -28,7 +28,7 @@ from autopar.runtime.runner import Runner, iterator_read_by
 from autopar.runtime.session import session_config, start_worker_server, wait_for_peers
 from autopar.transforms.analysis import Analysis, analyze_graph
 from autopar.transforms.compile import CompiledPlan, compile_for_config
-from autopar.transforms.graph_utils import import_meta_graph
+from autopar.transforms.graph_utils import import_meta_graph, initialization_stages
 from autopar.transforms.evaluate import totals_allreduce
 from autopar.transforms.plan import Topology
 from autopar.transforms.ps_rewrite import COUNTERS_INIT
@@ -65,11 +65,10 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
         # broadcast below is the barrier the others pass only after that.
         mine = [v for v in tf1.global_variables()
                 if is_chief or v.op.name not in rewritten.server_variables]
-        init = [tf1.variables_initializer(mine), tf1.local_variables_initializer(),
-                tf1.tables_initializer()]
+        extra = [tf1.local_variables_initializer(), tf1.tables_initializer()]
         if is_chief and plan.ps_variables:
-            init.append(worker_graph.get_operation_by_name(COUNTERS_INIT))
-        init = tf.group(*init)
+            extra.append(worker_graph.get_operation_by_name(COUNTERS_INIT))
+        init = _initializers(mine, extra)
         batch_size = _batch_size_tensor(worker_graph, analysis)
         checkpointer = (Checkpointer(worker_graph, config.checkpoint_dir, config.save_every_steps,
                                      rewritten.partitions, keep=config.keep_checkpoints)
@@ -210,8 +209,8 @@ def single_device_runner(graph: tf.Graph, config, analysis: Analysis | None = No
         except UnsupportedGraphError as e:
             log.debug("single device, graph not analysed (%s); running it unchanged", e)
     with graph.as_default():
-        init = tf.group(tf1.global_variables_initializer(), tf1.local_variables_initializer(),
-                        tf1.tables_initializer())
+        init = _initializers(tf1.global_variables(),
+                             [tf1.local_variables_initializer(), tf1.tables_initializer()])
         batch_size = _batch_size_tensor(graph, analysis)
         checkpointer = (Checkpointer(graph, config.checkpoint_dir, config.save_every_steps,
                                      keep=config.keep_checkpoints)
@@ -222,6 +221,16 @@ def single_device_runner(graph: tf.Graph, config, analysis: Analysis | None = No
                     checkpointer=checkpointer, batch_size_tensor=batch_size)
     runner.start(init)
     return runner
+
+
+def _initializers(variables, extra) -> list:
+    """The ops that initialise `variables` and run `extra`, one run each in
+    order (graph_utils.initialization_stages: a variable whose initial value
+    reads another is initialised after it), in the default graph."""
+    stages = initialization_stages(variables) or [[]]
+    ops = [tf1.variables_initializer(stage) for stage in stages]
+    ops[-1] = tf.group(ops[-1], *extra)
+    return ops
 
 
 def _batch_size_tensor(graph: tf.Graph, analysis: Analysis | None) -> tf.Tensor | None:

@@ -40,6 +40,39 @@ def initialization_guard(op: tf.Operation) -> tf.Operation | None:
     return None
 
 
+def initialization_stages(variables) -> list[list]:
+    """`variables` in stages to initialise one after the other: a variable
+    whose initial value reads another one through an initialization_guard
+    (an ExponentialMovingAverage shadow) comes in a stage after it. Run
+    together, the guard's predicate races the other's initialisation, and a
+    reference variable's value is read before the predicate is known
+    ("Attempting to use uninitialized value"). Stages keep the order of
+    `variables`; a cycle (or a variable outside `variables`) adds no wait."""
+    names = {v.op.name for v in variables}
+    needs: dict[str, set[str]] = {}
+    for v in variables:
+        seen, stack, deps = set(), [v.initializer], set()
+        while stack:
+            op = stack.pop()
+            if op.name in seen:
+                continue
+            seen.add(op.name)
+            guarded = initialization_guard(op)
+            if guarded is not None and guarded.name in names and guarded.name != v.op.name:
+                deps.add(guarded.name)
+            stack.extend(t.op for t in op.inputs if t.op.type not in VARIABLE_OP_TYPES)
+        needs[v.op.name] = deps
+    stages, done, left = [], set(), list(variables)
+    while left:
+        ready = [v for v in left if needs[v.op.name] <= done]
+        if not ready:
+            ready = left   # a cycle: no order helps
+        stages.append(ready)
+        done |= {v.op.name for v in ready}
+        left = [v for v in left if v.op.name not in done]
+    return stages
+
+
 def in_gradient_scope(op_name: str) -> bool:
     if "gradients" not in op_name:   # the common case, without splitting the name
         return False

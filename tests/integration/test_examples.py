@@ -35,3 +35,42 @@ def test_cnn_reports_throughput_single_device():
     match = re.search(r"([0-9.]+) images/s", out)
     assert match, f"no images/s line in output:\n{out}"
     assert float(match.group(1)) > 0, out
+
+
+LM1B_SMALL = ("--vocab_size", "50", "--emb_size", "8", "--state_size", "16", "--projected_size",
+              "8", "--num_steps", "3", "--keep_prob", "1", "--num_sampled", "0",
+              "--num_variable_shards", "2", "--max_steps", "4", "--log_frequency", "1")
+
+
+def test_parallax_lm1b_port_equals_one_device_with_the_global_batch(tmp_path):
+    """examples/lm1b, Parallax's own LM example ported with its semantics
+    (Config(loss_reduction="parallax"): sparse gradients summed over
+    workers, dense ones averaged; the model scales its embedding gradient by
+    the per-worker batch size). Model and optimizer are built inside
+    variable_scope("model") over a user-partitioned embedding. On 3 workers
+    of batch 2 (2 hosts, a server each, hybrid) every variable, Adagrad slot
+    and moving average equals one device running the program with batch 6:
+    the sum of 3 workers' embedding gradients scaled by 2 is one device's
+    scaled by 6. Small sizes, keep_prob 1 and the full softmax make both
+    runs deterministic."""
+    import numpy as np
+
+    from tests.integration.cluster import (assert_same_parameters, run_script,
+                                           write_two_host_spec)
+    script = str(REPO_ROOT / "examples" / "lm1b" / "lm1b_distributed_driver.py")
+    _run_example("lm1b/lm1b_distributed_driver.py", *LM1B_SMALL, "--batch_size", "6",
+                 "--save_npz", str(tmp_path / "single.npz"))
+    spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
+    log = run_script([sys.executable, script, *LM1B_SMALL, "--batch_size", "2",
+                      "--resource_info_file", str(spec), "--run_option", "hybrid",
+                      "--save_npz", str(tmp_path / "worker{worker}.npz")])
+    assert "dense averaged and sparse summed over workers" in log
+    # the user's embedding partitions live on the servers (their scoped slots with them)
+    assert re.search(r"model/lm/emb/part_0 +sparse .* ps ", log), log[-3000:]
+    with np.load(tmp_path / "single.npz") as data:
+        expected = {k: data[k] for k in data.files}
+    assert "model/model/lm/emb/part_0/Adagrad" in expected
+    for i in range(3):
+        with np.load(tmp_path / f"worker{i}.npz") as data:
+            assert_same_parameters(expected, {k: data[k] for k in data.files},
+                                   what=f"lm1b worker {i}")

@@ -323,3 +323,43 @@ def test_evaluate_rejects_what_it_cannot_evaluate():
             runner.evaluate(vector, initializer=init)
         with pytest.raises(autopar.AutoparError, match="non-empty dict"):
             runner.evaluate([], initializer=init)
+
+
+def test_each_train_op_runs_with_its_own_inputs_and_logs_its_own_loss(steps_logged):
+    """Two train ops over different variables (tests/programs/two_trainers):
+    a step of one is fed only its own placeholders; the progress line's loss
+    is that train op's (the Runner fetched the first optimizer's loss with
+    every step, which needed the other train op's inputs)."""
+    from tests.programs import two_trainers
+    program = two_trainers.build()
+    runner = autopar.get_runner(program.graph, None, autopar.Config(log_every_steps=1))
+    rows = slice(0, 6)
+    for k in range(4):
+        fetch, feed = program.step(k, rows, 6)
+        runner.run(fetch, feed)
+    assert steps_logged() == [1, 2, 3, 4]
+    _, feed_b = program.step(1, rows, 6)
+    loss_b = program.graph.get_tensor_by_name(runner.analysis.train_groups[1].loss)
+    assert set(t.op.name for t in feed_b) == {"ids_b", "x_b", "y_b"}
+    assert np.isfinite(runner.run(loss_b, feed_b))
+    runner.close()
+
+
+def test_a_distributed_step_refuses_a_part_of_a_train_op():
+    """Fetching one variable's update op alone, where its train op updates
+    several together: a distributed step applies the train op's aggregated
+    gradients as one, so it is refused, naming the op."""
+    from autopar.runtime.runner import Runner
+    from autopar.transforms.analysis import analyze_graph
+    graph2 = tf.Graph()
+    with graph2.as_default():
+        x = tf1.placeholder(tf.float32, [4, 3], name="x")
+        w = tf1.get_variable("w", [3, 2])
+        b = tf1.get_variable("b", [2])
+        tf1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_mean(x @ w + b))
+    analysis = analyze_graph(graph2)
+    update = analysis.variable("w").update_ops[0]
+    runner = Runner(tf1.Session(graph=graph2), graph2, analysis, worker_index=1, num_workers=2)
+    with pytest.raises(autopar.AutoparError, match=f"'{update}' updates one of the variables"):
+        runner.run(graph2.get_operation_by_name(update), {"x:0": np.zeros([4, 3], np.float32)})
+    runner.close()

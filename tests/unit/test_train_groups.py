@@ -175,3 +175,17 @@ def test_two_train_ops_refused_where_unsupported(program, analysis):
                                                         shard_weight_update=True))
     with pytest.raises(UnsupportedGraphError, match="micro_batches=2"):
         compile_for_config(program.graph, UNEVEN, Config(micro_batches=2))
+
+
+def test_a_shadow_is_initialised_after_the_variable_it_reads(program):
+    """Initialised in one run, a moving average's guarded initial value raced
+    the initialisation of a reference variable it reads ('Attempting to use
+    uninitialized value b/ref_emb', seen single-device under load): the
+    shadows come in a later stage, everything else keeps its order."""
+    from autopar.transforms.graph_utils import initialization_stages
+    with program.graph.as_default():
+        variables = tf1.global_variables()
+    stages = [[v.op.name for v in stage] for stage in initialization_stages(variables)]
+    assert len(stages) == 2
+    assert stages[1] == [f"{n}/ExponentialMovingAverage" for n in B]
+    assert stages[0] == [v.op.name for v in variables if not v.op.name.endswith("Average")]
