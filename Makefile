@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean native stress
+.PHONY: demo demo-keras test install clean native stress
 
 $(STAMP): setup.py pyproject.toml runtime/coordinator.proto transforms/fusion_layout.proto cpp_ops/bind_shim.c \
 		cpp_ops/herring_ops.cc cpp_ops/sum_server.cc cpp_ops/herring_wire.h \
@@ -13,6 +13,11 @@ $(STAMP): setup.py pyproject.toml runtime/coordinator.proto transforms/fusion_la
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[test]"
+	# Legacy Keras for programs built with tf.compat.v1.layers (README
+	# "TensorFlow 2 and Keras"), beside the venv, not in it: tf-keras requires
+	# the full tensorflow package (not tensorflow-cpu), and on the default path
+	# it would make every TensorFlow import load it.
+	$(PY) -m pip install -q --no-deps --upgrade --target $(VENV)/legacy-keras tf-keras==2.21.0
 	$(MAKE) native
 	touch $(STAMP)
 
@@ -30,6 +35,11 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) examples/digits_mlp.py --spec resource_specs/localhost_2workers.yaml
 
+# A Keras 3 model trained with fit() (autopar.fit) on 2 local worker processes:
+# per-epoch logs and the test accuracy, the same as on one device.
+demo-keras: $(STAMP)
+	$(PY) examples/keras_fit.py --spec resource_specs/localhost_2workers.yaml
+
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 
@@ -38,6 +48,13 @@ test: $(STAMP)
 stress: $(STAMP)
 	AUTOPAR_STRESS_REPEATS=10 AUTOPAR_PORT_ROUNDS=5 $(PY) -m pytest -q \
 		tests/integration/test_ps_stress.py tests/integration/test_ports_launch.py
+
+# Programs users bring in every run option (the suite runs each run option
+# once): the Keras 3 custom step and fit() tests over the full matrix.
+.PHONY: test-matrix
+test-matrix: $(STAMP)
+	AUTOPAR_TEST_MATRIX=full $(PY) -m pytest -q tests/integration/test_keras_programs.py \
+		tests/integration/test_user_programs.py tests/integration/test_cnn_benchmarks_resnet.py
 
 clean:
 	rm -rf $(VENV) *.egg-info

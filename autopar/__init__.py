@@ -25,12 +25,19 @@ if not _os.path.isdir(_os.path.join(__path__[0], "runtime")) and all(
 _os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
 from autopar.config import Config, SimulatedDelay  # noqa: E402
+from autopar.console import install_excepthook as _install_excepthook  # noqa: E402
 from autopar.common.errors import (AutoparError, LaunchError, SpecError,  # noqa: E402
                                    UnsupportedGraphError, WorkerFailedError)
 
-__all__ = ["get_runner", "shard", "analyze", "Config", "SimulatedDelay", "Report", "AutoparError", "SpecError",
+__all__ = ["get_runner", "shard", "analyze", "fit", "Config", "SimulatedDelay", "Report", "AutoparError", "SpecError",
            "UnsupportedGraphError", "LaunchError", "WorkerFailedError"]
 __version__ = "0.1.0"
+
+# An AutoparError nobody catches (a bad Config in the script, a checkpoint that
+# cannot be saved) ends the script as `autopar: <message>`, exit status 2, as
+# errors through get_runner do; AUTOPAR_DEBUG=1 keeps the traceback
+# (autopar/console.py).
+_install_excepthook()
 
 
 def __getattr__(name):
@@ -39,6 +46,9 @@ def __getattr__(name):
     if name in ("get_runner", "shard", "analyze"):
         from autopar import api
         return getattr(api, name)
+    if name == "fit":
+        from autopar.runtime.keras_fit import fit
+        return fit
     if name == "optimizers":
         import importlib
         return importlib.import_module("autopar.optimizers")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 
 import tensorflow as tf
@@ -23,8 +24,17 @@ log = logging.getLogger("autopar")
 REPORT_PRINTED = "AUTOPAR_REPORT_PRINTED"   # the launcher printed it; workers need not
 
 
-def get_runner(graph: tf.Graph, resource_info=None, config: Config | None = None):
+def get_runner(graph, resource_info=None, config: Config | None = None):
     """Make `graph` train on the cluster `resource_info` describes.
+
+    `graph`: a tf.compat.v1 training graph, or a traced TensorFlow 2 training
+    step: a ConcreteFunction (`train_step.get_concrete_function(specs...)`)
+    or its FuncGraph (`cf.graph`), lifted into such a graph
+    (transforms.lift). Then `runner.call(*inputs)` runs one step as the
+    function would, tensors of the FuncGraph may be fed and fetched, the
+    Python variables (a Keras model's and optimizer's) are fetched by
+    themselves, and they receive the trained values when the Runner closes
+    (or on `runner.sync_python_variables()`).
 
     Run directly, this process is the launcher: it validates the spec, prints
     the report, starts every server and worker (re-running this script) and
@@ -48,8 +58,9 @@ def get_runner(graph: tf.Graph, resource_info=None, config: Config | None = None
         sys.exit(report_error(e))
 
 
-def _get_runner(graph: tf.Graph, resource_info, config: Config):
+def _get_runner(graph, resource_info, config: Config):
     from autopar.runtime import launcher, spec as specs, worker   # runtime is heavy; import on use
+    graph, lifted = _lifted(graph)
     role = env.current_role()
     if role == WORKER_ROLE:
         # The plan comes from the launcher (or the chief) through the job
@@ -57,15 +68,15 @@ def _get_runner(graph: tf.Graph, resource_info, config: Config):
         index = env.current_task_index()
         return worker.distributed_runner(
             graph, env.current_cluster(), index, config, tty=os.environ.get(env.TTY) == "1",
-            print_report=index == 0 and not os.environ.get(REPORT_PRINTED))
+            print_report=index == 0 and not os.environ.get(REPORT_PRINTED), lifted=lifted)
     if role == REPORT_ROLE:
         spec = specs.ResourceSpec.from_dict(json.loads(os.environ[env.SPEC]))
         sys.stdout.write(_compile(graph, spec, config).report().table() + "\n")
         sys.exit(0)
     if os.environ.get("TF_CONFIG"):
-        return _join_external(graph, config)
+        return _join_external(graph, config, lifted)
     if resource_info is None:
-        return worker.single_device_runner(graph, config)
+        return worker.single_device_runner(graph, config, lifted=lifted)
     # The launcher: compile once, print the report from it, serve it to
     # every process of the job from the coordinator.
     spec = specs.load_spec(resource_info)
@@ -82,13 +93,31 @@ def _get_runner(graph: tf.Graph, resource_info, config: Config):
                                # herring's summation servers, only when the plan uses them
                                sumservers=compiled.plan.herring is not None,
                                fork_server=fork_server)
+    except KeyboardInterrupt:
+        # Ctrl-C outside the job's own handling (while compiling): nothing
+        # to save, and the processes are stopped already.
+        if debug_errors():
+            raise
+        sys.stderr.write("autopar: interrupted\n")
+        code = 130
     finally:
         if fork_server is not None:
-            fork_server.stop()
+            launcher.stop_quietly(fork_server)
+    # The job is over: a Ctrl-C now would only print a traceback from exiting.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.exit(code)
 
 
-def _join_external(graph, config):
+def _lifted(graph):
+    """(a tf.Graph, the LiftedGraph it was lifted from or None)."""
+    from autopar.transforms.lift import is_traced, lift
+    if is_traced(graph):
+        lifted = lift(graph)
+        return lifted.graph, lifted
+    return graph, None
+
+
+def _join_external(graph, config, lifted=None):
     """A process started by an external launcher (TF_CONFIG): join, spawn nothing."""
     from autopar.runtime import ports, server_main, spec as specs, worker
     spec, task_type, index = specs.spec_from_tf_config(os.environ["TF_CONFIG"])
@@ -99,7 +128,8 @@ def _join_external(graph, config):
     # No launcher to compile for everyone: each process compiles the same
     # plan by the same deterministic function.
     compiled = compile_for_config(graph, worker.job_topology(cluster), config)
-    return worker.distributed_runner(graph, cluster, index, config, compiled=compiled)
+    return worker.distributed_runner(graph, cluster, index, config, compiled=compiled,
+                                     lifted=lifted)
 
 
 def shard(dataset: tf.data.Dataset) -> tf.data.Dataset:
@@ -116,6 +146,7 @@ def shard(dataset: tf.data.Dataset) -> tf.data.Dataset:
 def analyze(graph, resource_info, config: Config | None = None) -> Report:
     """The Report for training `graph` on `resource_info`, without running anything."""
     from autopar.runtime import spec as specs
+    graph, _ = _lifted(graph)
     return _compile(graph, specs.load_spec(resource_info), config or Config()).report()
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -38,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not command:
         parser.error("give the training command after '--', e.g. -- python train.py")
-    if getattr(args, "stall_timeout", 0) < 0:
-        parser.error("--stall-timeout must be >= 0 (0 disables the stall check)")
+    if not 0 <= getattr(args, "stall_timeout", 0) < math.inf:
+        parser.error("--stall-timeout must be a finite number >= 0 (0 disables the stall check)")
     # This process is only the launcher: its log lines go to stdout, through a
     # handler that survives a reader closing the pipe (`| head`).
     logging.basicConfig(level=logging.INFO, handlers=[StdoutHandler()])
@@ -64,6 +65,12 @@ def main(argv: list[str] | None = None) -> int:
         if debug_errors():
             raise
         return report_error(e)
+    except KeyboardInterrupt:
+        # Outside the job's own handling (setting up, tearing down).
+        if debug_errors():
+            raise
+        sys.stderr.write("autopar: interrupted\n")
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
 """User-facing options. Every field has a default that works on one machine."""
 from __future__ import annotations
 
+import math
+import os
 import warnings
 from dataclasses import dataclass, field
 
-from autopar.common.errors import AutoparError
+from autopar.common.errors import AutoparError, shown
 
 
 @dataclass(frozen=True)
@@ -21,12 +23,16 @@ class SimulatedDelay:
     workers: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        if self.median_s <= 0 or self.sigma < 0 or self.max_s <= 0:
-            raise AutoparError(f"SimulatedDelay needs median_s > 0, sigma >= 0 and max_s > 0, "
-                               f"got median_s={self.median_s}, sigma={self.sigma}, "
-                               f"max_s={self.max_s}")
+        for name, zero_ok in (("median_s", False), ("sigma", True), ("max_s", False)):
+            _seconds(name, getattr(self, name), zero_ok=zero_ok, owner="SimulatedDelay")
+        if not _is_int(self.seed):
+            raise AutoparError(f"SimulatedDelay.seed must be an integer, got {shown(self.seed)}")
         if self.workers is not None:
-            object.__setattr__(self, "workers", tuple(int(w) for w in self.workers))
+            if (not isinstance(self.workers, (tuple, list))
+                    or not all(_is_int(w) and w >= 0 for w in self.workers)):
+                raise AutoparError(f"SimulatedDelay.workers must be worker indices (integers "
+                                   f">= 0) or None, got {shown(self.workers)}")
+            object.__setattr__(self, "workers", tuple(self.workers))
 
 
 @dataclass(frozen=True)
@@ -129,30 +135,32 @@ class Config:
     dropcompute_log_dir: str | None = None
 
     def __post_init__(self) -> None:
-        self._check_dropcompute()
-        if self.fusion_bytes <= 0:
-            raise AutoparError(f"Config.fusion_bytes must be > 0, got {self.fusion_bytes}")
-        if self.communication_hint not in ("ring", "auto"):
-            raise AutoparError(
-                f"Config.communication_hint must be 'ring' or 'auto', got {self.communication_hint!r}")
-        if self.save_every_steps <= 0:
-            raise AutoparError(f"Config.save_every_steps must be > 0, got {self.save_every_steps}")
-        if self.keep_checkpoints < 1:
-            raise AutoparError(f"Config.keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
-        if self.run_option not in ("hybrid", "ps", "allreduce", "herring"):
-            raise AutoparError(f"Config.run_option must be 'hybrid', 'ps', 'allreduce' or "
-                               f"'herring', got {self.run_option!r}")
-        if self.wire_dtype not in ("float32", "float16", "bfloat16"):
-            raise AutoparError(f"Config.wire_dtype must be 'float32', 'float16' or 'bfloat16', "
-                               f"got {self.wire_dtype!r}")
-        if self.herring_buffer_bytes is not None and (
-                isinstance(self.herring_buffer_bytes, bool)
-                or not isinstance(self.herring_buffer_bytes, int) or self.herring_buffer_bytes <= 0):
-            raise AutoparError(f"Config.herring_buffer_bytes must be a positive integer or None, "
-                               f"got {self.herring_buffer_bytes!r}")
+        # Every field is checked, types first (so a wrong type is named, not a
+        # TypeError from a comparison), and each message names the field and
+        # shows the value at most briefly (common.errors.shown).
+        _count("fusion_bytes", self.fusion_bytes, 1)
+        _choice("communication_hint", self.communication_hint, ("ring", "auto"))
+        _set_path(self, "checkpoint_dir")
+        _count("save_every_steps", self.save_every_steps, 1)
+        _count("keep_checkpoints", self.keep_checkpoints, 1)
+        _count("log_every_steps", self.log_every_steps, 0, "(0 disables)")
+        if self.total_steps is not None:
+            _count("total_steps", self.total_steps, 1, "or None")
+        _seconds("startup_timeout_s", self.startup_timeout_s, zero_ok=False)
+        _choice("run_option", self.run_option, ("hybrid", "ps", "allreduce", "herring"))
+        _choice("wire_dtype", self.wire_dtype, ("float32", "float16", "bfloat16"))
+        if self.herring_buffer_bytes is not None:
+            _count("herring_buffer_bytes", self.herring_buffer_bytes, 1, "or None")
+        if not isinstance(self.partitions, dict):
+            raise AutoparError(f"Config.partitions must be a dict {{variable name: count}}, "
+                               f"got {shown(self.partitions)}")
         for name, n in self.partitions.items():
-            if not isinstance(n, int) or n < 1:
-                raise AutoparError(f"Config.partitions[{name!r}] must be an integer >= 1, got {n!r}")
+            if not isinstance(name, str):
+                raise AutoparError(f"Config.partitions: keys must be variable names (strings), "
+                                   f"got {shown(name)}")
+            if not _is_int(n) or n < 1:
+                raise AutoparError(f"Config.partitions[{shown(name)}] must be an integer >= 1, "
+                                   f"got {shown(n)}")
         if self.average_sparse is not None:
             warnings.warn("Config.average_sparse is Parallax's option: use loss_reduction='mean' "
                           "(average_sparse=True) or 'parallax' (average_sparse=False)",
@@ -163,39 +171,28 @@ class Config:
         if self.loss_reduction not in ("auto", "mean", "sum", "parallax"):
             raise AutoparError(f"Config.loss_reduction must be 'auto', 'mean', 'sum' or "
                                f"'parallax', got {self.loss_reduction!r}")
-        if self.sync_local_state not in ("none", "average"):
-            raise AutoparError(f"Config.sync_local_state must be 'none' or 'average', "
-                               f"got {self.sync_local_state!r}")
+        _choice("sync_local_state", self.sync_local_state, ("none", "average"))
         if not (self.batch_norm_group is None or self.batch_norm_group == "all"
-                or (isinstance(self.batch_norm_group, int)
-                    and not isinstance(self.batch_norm_group, bool) and self.batch_norm_group >= 1)):
+                or (_is_int(self.batch_norm_group) and self.batch_norm_group >= 1)):
             raise AutoparError(f"Config.batch_norm_group must be 'all', a group size >= 1 or None, "
-                               f"got {self.batch_norm_group!r}")
-        if not isinstance(self.shard_weight_update, bool):
-            raise AutoparError(f"Config.shard_weight_update must be True or False, "
-                               f"got {self.shard_weight_update!r}")
+                               f"got {shown(self.batch_norm_group)}")
+        for name in ("shard_weight_update", "local_aggregation", "opau", "opsw"):
+            if not isinstance(getattr(self, name), bool):
+                raise AutoparError(f"Config.{name} must be True or False, "
+                                   f"got {shown(getattr(self, name))}")
         if not (self.hierarchical_allreduce is None or isinstance(self.hierarchical_allreduce, bool)):
             raise AutoparError(f"Config.hierarchical_allreduce must be True, False or None "
-                               f"(automatic), got {self.hierarchical_allreduce!r}")
-        if self.stall_timeout_s < 0:
-            raise AutoparError(f"Config.stall_timeout_s must be >= 0 (0 disables), "
-                               f"got {self.stall_timeout_s}")
-        if self.log_every_steps < 0:
-            raise AutoparError(f"Config.log_every_steps must be >= 0, got {self.log_every_steps}")
+                               f"(automatic), got {shown(self.hierarchical_allreduce)}")
+        _seconds("stall_timeout_s", self.stall_timeout_s, zero_ok=True)
+        _set_path(self, "dropcompute_log_dir")
+        self._check_dropcompute()
 
     def _check_dropcompute(self) -> None:
-        if not isinstance(self.micro_batches, int) or self.micro_batches < 1:
-            raise AutoparError(f"Config.micro_batches must be an integer >= 1, "
-                               f"got {self.micro_batches!r}")
+        _count("micro_batches", self.micro_batches, 1)
         tau = self.compute_threshold
-        if isinstance(tau, str):
-            if tau != "auto":
-                raise AutoparError(f"Config.compute_threshold must be seconds > 0, 'auto' or "
-                                   f"None, got {tau!r}")
-        elif tau is not None and (isinstance(tau, bool) or not isinstance(tau, (int, float))
-                                  or tau <= 0):
+        if tau is not None and tau != "auto" and not (_is_number(tau) and 0 < tau < math.inf):
             raise AutoparError(f"Config.compute_threshold must be seconds > 0, 'auto' or None, "
-                               f"got {tau!r}")
+                               f"got {shown(tau)}")
         if tau is not None and self.micro_batches < 2:
             raise AutoparError("Config.compute_threshold drops micro-batches, so it needs "
                                f"Config.micro_batches >= 2 (got {self.micro_batches})")
@@ -206,22 +203,62 @@ class Config:
                                "collectives in every micro-batch, so every worker must compute "
                                "the same number of them: it cannot be combined with "
                                "Config.compute_threshold")
-        warm = tuple(self.dropcompute_warmup)
-        if (len(warm) != 2 or not all(isinstance(w, int) for w in warm)
-                or not 0 <= warm[0] < warm[1]):
+        warm = (tuple(self.dropcompute_warmup)
+                if isinstance(self.dropcompute_warmup, (tuple, list)) else ())
+        if len(warm) != 2 or not all(_is_int(w) for w in warm) or not 0 <= warm[0] < warm[1]:
             raise AutoparError(f"Config.dropcompute_warmup must be (first, last) steps with "
-                               f"0 <= first < last, got {self.dropcompute_warmup!r}")
+                               f"0 <= first < last, got {shown(self.dropcompute_warmup)}")
         object.__setattr__(self, "dropcompute_warmup", warm)
-        if self.drop_compensation not in ("none", "steps", "batch"):
-            raise AutoparError(f"Config.drop_compensation must be 'none', 'steps' or 'batch', "
-                               f"got {self.drop_compensation!r}")
+        _choice("drop_compensation", self.drop_compensation, ("none", "steps", "batch"))
         if self.drop_compensation != "none" and tau is None:
             raise AutoparError("Config.drop_compensation makes up for dropped micro-batches: "
                                "it needs a Config.compute_threshold")
         if self.simulated_delay is not None:
             if not isinstance(self.simulated_delay, SimulatedDelay):
                 raise AutoparError("Config.simulated_delay must be an autopar.SimulatedDelay "
-                                   f"or None, got {self.simulated_delay!r}")
+                                   f"or None, got {shown(self.simulated_delay)}")
             if self.micro_batches < 2:
                 raise AutoparError("Config.simulated_delay is added after each micro-batch: "
                                    "it needs Config.micro_batches >= 2")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _count(name: str, value, minimum: int, note: str = "") -> None:
+    if not _is_int(value) or value < minimum:
+        raise AutoparError(f"Config.{name} must be an integer >= {minimum}"
+                           f"{' ' + note if note else ''}, got {shown(value)}")
+
+
+def _seconds(name: str, value, *, zero_ok: bool, owner: str = "Config") -> None:
+    """A finite number of seconds, > 0 (or >= 0 with ``zero_ok``): NaN and
+    infinity are refused (a NaN compares false with everything, so it would
+    silently disable every check it takes part in)."""
+    if not (_is_number(value) and math.isfinite(value) and (value >= 0 if zero_ok else value > 0)):
+        raise AutoparError(f"{owner}.{name} must be a finite number {'>= 0' if zero_ok else '> 0'}"
+                           f"{' (0 disables)' if zero_ok and owner == 'Config' else ''}, "
+                           f"got {shown(value)}")
+
+
+def _choice(name: str, value, choices: tuple[str, ...]) -> None:
+    if not isinstance(value, str) or value not in choices:
+        names = ", ".join(repr(c) for c in choices[:-1]) + f" or {choices[-1]!r}"
+        raise AutoparError(f"Config.{name} must be {names}, got {shown(value)}")
+
+
+def _set_path(config: "Config", name: str) -> None:
+    """A directory field: None, or a non-empty path (str or os.PathLike, kept as str)."""
+    value = getattr(config, name)
+    if value is None:
+        return
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value.strip() or "\0" in value:
+        raise AutoparError(f"Config.{name} must be a directory path or None, got {shown(value)}")
+    object.__setattr__(config, name, value)

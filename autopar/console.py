@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
+import traceback
 
 from autopar.common.errors import AutoparError
 
@@ -21,10 +23,154 @@ def debug_errors() -> bool:
 def report_error(error: AutoparError) -> int:
     """Print an autopar error as one message on stderr (it says what was wrong
     and what to do; a traceback would add nothing a user can act on) and
-    return the exit status for it."""
+    return the exit status for it. In a process of a launched job the
+    launcher is told first that this process failed."""
+    _tell_launcher()
     sys.stderr.write(f"autopar: {error}\n")
     sys.stderr.flush()
     return ERROR_STATUS
+
+
+# ---------------------------------------------------------------------------
+# Uncaught exceptions
+# ---------------------------------------------------------------------------
+
+# A traceback longer than this, in a process the launcher started, is
+# condensed (TensorFlow's graph-mode errors run to a hundred lines and more:
+# the creation stack of the failing op, chained exceptions, hints).
+MAX_TRACEBACK_LINES = 20
+_ROLE = "AUTOPAR_ROLE"      # common/env.py ROLE: set in processes the launcher started
+
+
+def install_excepthook() -> None:
+    """Make an uncaught exception end the process the way autopar's errors
+    end it through get_runner: an AutoparError (a bad Config, a checkpoint
+    that cannot be saved...) as ``autopar: <message>`` without a traceback,
+    exit status 2; in a process the launcher started, any other traceback
+    longer than MAX_TRACEBACK_LINES condensed to the script's own frames and
+    the error, and the launcher told at once which process failed. With
+    AUTOPAR_DEBUG=1 Python's own hook prints everything. A hook the program
+    installed itself (IPython, the user's) is left alone."""
+    if sys.excepthook is sys.__excepthook__:
+        sys.excepthook = _excepthook
+
+
+def _excepthook(kind, value, tb) -> None:
+    if debug_errors():
+        sys.__excepthook__(kind, value, tb)
+        return
+    if isinstance(value, AutoparError):
+        raise SystemExit(report_error(value))   # Python exits with it (and runs atexit)
+    _tell_launcher()
+    if os.environ.get(_ROLE):
+        # A process forked by the fork server (runtime/forkserver.py) runs its
+        # script under the server's own frames: drop them, as a new process has none.
+        while tb is not None and tb.tb_next is not None and _launch_frame(tb.tb_frame):
+            tb = tb.tb_next
+        value = value.with_traceback(tb)
+    text = "".join(traceback.format_exception(kind, value, tb))
+    if os.environ.get(_ROLE) and text.count("\n") > MAX_TRACEBACK_LINES:
+        text = condensed_traceback(value, text.count("\n"))
+    sys.stderr.write(text)
+    sys.stderr.flush()
+
+
+def _launch_frame(frame) -> bool:
+    name = frame.f_code.co_filename
+    return name.startswith("<frozen runpy>") or name.endswith(
+        (os.sep + "runpy.py", os.sep + "forkserver.py"))
+
+
+def _tell_launcher() -> None:
+    """Report this worker's failure to the job coordinator (if it has one), so
+    the launcher names this process as the cause, not the peers that fail
+    because of it. Light: only if the coordinator client is loaded already."""
+    coordinator = sys.modules.get("autopar.runtime.coordinator")
+    if coordinator is not None:
+        coordinator.report_failure()
+
+
+def condensed_traceback(error: BaseException, total_lines: int) -> str:
+    """At most MAX_TRACEBACK_LINES lines: the innermost frames of the script
+    itself (not TensorFlow's, autopar's or the standard library's) and the
+    error in one line (graph-mode TensorFlow errors: the kernel's message and
+    the op, without the op's creation stack)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    own = [f for f in frames if not _library_file(f.filename)] or frames
+    lines = [f"Traceback (most recent call last; {total_lines} lines condensed: only the "
+             f"script's frames and the error's first line, AUTOPAR_DEBUG=1 prints it all):"]
+    for frame in own[-5:]:
+        lines.append(f'  File "{frame.filename}", line {frame.lineno}, in {frame.name}')
+        if frame.line:
+            lines.append(f"    {frame.line.strip()[:200]}")
+    lines.append(error_line(error))
+    return "\n".join(lines) + "\n"
+
+
+def error_line(error: BaseException) -> str:
+    """``TypeName: first line of its message`` (at most 400 characters); for a
+    TensorFlow op error the kernel's own words and the op's name."""
+    message = getattr(error, "message", None) if _is_op_error(error) else None
+    if message is not None:
+        kept = [line.strip() for line in message.splitlines()
+                if line.strip() and not line[0].isspace()
+                and not line.startswith(("Graph execution error", "Detected at node", "Node:",
+                                         "Hint:", "\t"))]
+        text = kept[0] if kept else type(error).__name__
+        if text.endswith(":") and len(kept) > 1:
+            text += " " + kept[1]     # "From /job:worker/replica:0/task:0:" says where, not what
+        node = getattr(getattr(error, "node_def", None), "name", "")
+        if node:
+            text += f" (op '{node}')"
+    else:
+        text = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+    text = f"{type(error).__name__}: {text}" if text else type(error).__name__
+    return text if len(text) <= 400 else text[:397] + "..."
+
+
+def _is_op_error(error: BaseException) -> bool:
+    return any(c.__name__ == "OpError" and c.__module__.startswith("tensorflow")
+               for c in type(error).__mro__)
+
+
+def _library_file(filename: str) -> bool:
+    """A frame of TensorFlow, another installed package, the standard library
+    or autopar itself, not of the training script."""
+    if filename.startswith("<") or os.sep + "site-packages" + os.sep in filename \
+            or os.sep + "dist-packages" + os.sep in filename:
+        return True
+    return any(filename.startswith(root + os.sep) for root in _library_roots())
+
+
+def _library_roots() -> tuple[str, ...]:
+    import sysconfig
+    here = os.path.dirname(os.path.abspath(__file__))          # autopar/
+    roots = [here, sysconfig.get_paths()["stdlib"]]
+    autopar = sys.modules.get("autopar")
+    for path in getattr(autopar, "__path__", ()):
+        # A source checkout: its common/, transforms/ and runtime/ are autopar too.
+        roots += [os.path.join(path, layer) for layer in ("common", "transforms", "runtime")]
+    return tuple(roots)
+
+
+# The line a failed Python process ends its output with: an autopar error
+# ("autopar: ..."), or the last line of a traceback ("ValueError: boom",
+# "tensorflow.python.framework.errors_impl.InternalError: ...").
+_CAUSE_LINE = re.compile(r"^(autopar: .+|(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*"
+                         r"(?:Error|Exception|Exit|Interrupt|Stopped|Failure)\b(?::.*)?)$")
+
+
+def cause_in_output(lines: list[str]) -> str | None:
+    """The error a failed process's output ends with (the last such line,
+    module path dropped, at most 400 characters), or None."""
+    for line in reversed(lines):
+        line = line.strip()
+        if _CAUSE_LINE.match(line):
+            if not line.startswith("autopar: "):
+                head, sep, rest = line.partition(":")
+                line = head.rsplit(".", 1)[-1] + sep + rest
+            return line if len(line) <= 400 else line[:397] + "..."
+    return None
 
 
 class StdoutHandler(logging.StreamHandler):

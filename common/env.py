@@ -31,6 +31,9 @@ HERRING_TIMEOUT = "AUTOPAR_HERRING_TIMEOUT_S"
 # "0": the launcher starts every local process anew instead of forking it
 # from the job's fork server (runtime/forkserver.py).
 FORK_SERVER = "AUTOPAR_FORK_SERVER"
+# Modules a job's fork server imports besides its own list (runtime/forkserver.py):
+# heavy libraries the launching script had imported (comma-separated).
+FORK_PRELOAD = "AUTOPAR_FORK_PRELOAD"
 
 # The chief's last line after a requested stop (Ctrl-C); the launcher reports
 # what follows it (where the final checkpoint is).

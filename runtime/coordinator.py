@@ -30,6 +30,7 @@ import logging
 import os
 import secrets
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -41,7 +42,7 @@ from typing import Any
 import grpc  # noqa: E402 - GRPC_ENABLE_FORK_SUPPORT is set by autopar/__init__.py
 
 from autopar.common import env as envvars  # noqa: E402
-from autopar.common.roles import SERVER_ROLE, WORKER_ROLE  # noqa: E402
+from autopar.common.roles import SERVER_ROLE, SUMSERVER_ROLE, WORKER_ROLE  # noqa: E402
 
 logger = logging.getLogger("autopar.coordinator")
 
@@ -53,6 +54,17 @@ PHASE_STEP = "step"        # inside a training step (its collectives wait for ev
 PHASE_SCRIPT = "script"    # between steps, in the training script
 PHASE_OTHER = "other"      # running ops that are not a training step (e.g. evaluation)
 PHASE_CLOSED = "closed"    # the Runner was closed: this worker trains no more
+# An exception is ending the process (reported before it exits, so the
+# launcher can tell the first failure from the failures it causes in peers):
+# "failed:<phase it failed in>".
+PHASE_FAILED = "failed"
+
+
+def failed_phase(phase: str) -> str | None:
+    """The phase a worker failed in, if ``phase`` is PHASE_FAILED's, else None."""
+    head, _, during = phase.partition(":")
+    return (during or PHASE_SCRIPT) if head == PHASE_FAILED else None
+
 
 _RPC_TIMEOUT_S = 5.0
 # At most one progress report per this many seconds per process: states that
@@ -63,6 +75,12 @@ _REPORT_INTERVAL_S = 0.1
 # paused or blocked between steps.
 _HEARTBEAT_S = 0.5
 _REGISTER_TIMEOUT_S = 60.0
+# A process started over ssh that has not reached the coordinator for this many
+# seconds (its launcher is gone, or the network between them is cut) stops
+# itself, instead of running on until the link returns. Set by the launcher
+# for remote children only (LINK_TIMEOUT); a local child dies with its launcher.
+LINK_TIMEOUT = "AUTOPAR_LINK_TIMEOUT_S"
+DEFAULT_LINK_TIMEOUT_S = 60.0
 
 
 def _grpc_modules() -> tuple[ModuleType, ModuleType]:
@@ -103,6 +121,8 @@ class ProcessState:
     global_step: int = -1
     seq: int = -1
     phase_since: float = 0.0     # monotonic time the current (steps_done, phase) began
+    heard: float = 0.0           # monotonic time of its last call (0: never)
+    failed_at: float = 0.0       # monotonic time it reported PHASE_FAILED (0: it did not)
 
     @property
     def name(self) -> str:
@@ -134,7 +154,7 @@ class Coordinator:
     """The coordinator service and the job state it holds. Thread-safe."""
 
     def __init__(self, host: str, num_workers: int, num_servers: int,
-                 token: str | None = None) -> None:
+                 token: str | None = None, num_sumservers: int = 0) -> None:
         self.host = host
         self.num_workers = num_workers
         self.num_servers = num_servers
@@ -142,7 +162,8 @@ class Coordinator:
         self._lock = threading.Condition()
         now = time.monotonic()
         self._states: dict[str, ProcessState] = {}
-        for role, count in ((WORKER_ROLE, num_workers), (SERVER_ROLE, num_servers)):
+        for role, count in ((WORKER_ROLE, num_workers), (SERVER_ROLE, num_servers),
+                            (SUMSERVER_ROLE, num_sumservers)):
             for i in range(count):
                 self._states[process_name(role, i)] = ProcessState(role, i, phase_since=now)
         self._exchanges: dict[str, dict[str, bytes]] = {}
@@ -207,19 +228,33 @@ class Coordinator:
         with self._lock:
             state = self._state(role, index)
             state.registered, state.pid, state.address = True, pid, address
-            state.phase_since = time.monotonic()
+            state.phase_since = state.heard = time.monotonic()
         logger.debug("%s registered (pid %d, %s)", process_name(role, index), pid, address)
 
     def report(self, role: str, index: int, steps_done: int, phase: str, global_step: int,
                seq: int) -> None:
         with self._lock:
             state = self._state(role, index)
+            now = time.monotonic()
+            state.heard = now
             if seq <= state.seq:
                 return   # reordered or repeated: keep the newest
             if (steps_done, phase) != (state.steps_done, state.phase):
-                state.phase_since = time.monotonic()
+                state.phase_since = now
+            if failed_phase(phase) is not None and not state.failed_at:
+                state.failed_at = now
             state.steps_done, state.phase, state.global_step, state.seq = (
                 steps_done, phase, global_step, seq)
+
+    def heard_from(self, role: str, index: int, pid: int = 0, address: str = "") -> None:
+        """A sign of life of a process that does not call the coordinator itself
+        (a summation server, probed by the launcher): it counts as registered."""
+        with self._lock:
+            state = self._state(role, index)
+            if not state.registered:
+                state.registered, state.pid, state.address = True, pid, address
+                state.phase_since = time.monotonic()
+            state.heard = time.monotonic()
 
     def request_stop(self, role: str, index: int) -> None:
         """Ask a process to stop after its current step: the reply to its next
@@ -370,20 +405,25 @@ def diagnose(states: Mapping[str, ProcessState], exited: Mapping[str, int],
              stall_timeout_s: float, now: float) -> Verdict | None:
     """Why the job cannot go on, or None if nothing is known to be wrong.
 
-    ``exited`` maps the name of each worker that has exited to its return
+    ``exited`` maps the name of each process that has exited to its return
     code. Pure, so it is unit-testable.
 
     - Mismatch: a worker that finished training (closed its Runner or exited
       0) after N steps while another has started step N+1, which can never
-      complete without it (or died in it).
+      complete without it (or died in it). A worker that failed (reported
+      PHASE_FAILED) did not finish: its failure is the cause, named by the
+      launcher.
+    - Silent server: a server or summation server not heard from (heartbeat,
+      or the launcher's probe) for ``stall_timeout_s``: stopped, hung or cut
+      off, so the steps that need it wait forever.
     - Stall: a worker has waited inside a step for ``stall_timeout_s`` while
       another has not started that step; or every worker has been inside one
       step for HUNG_STEP_FACTOR x ``stall_timeout_s``.
     """
     workers = sorted((s for s in states.values() if s.role == WORKER_ROLE),
                      key=lambda s: s.index)
-    finished = [s for s in workers
-                if s.registered and (s.phase == PHASE_CLOSED or exited.get(s.name) == 0)]
+    finished = [s for s in workers if s.registered and failed_phase(s.phase) is None
+                and (s.phase == PHASE_CLOSED or exited.get(s.name) == 0)]
     for done in finished:
         ahead = [s for s in workers if s is not done and _ran(s) > done.steps_done
                  and (s.phase == PHASE_STEP or exited.get(s.name, 0) != 0)]
@@ -397,11 +437,16 @@ def diagnose(states: Mapping[str, ProcessState], exited: Mapping[str, int],
 
     if stall_timeout_s <= 0:
         return None
+    if (verdict := _silent_server(states, exited, stall_timeout_s, now)) is not None:
+        return verdict
     waiting = [s for s in workers if s.name not in exited and s.phase == PHASE_STEP
                and now - s.phase_since >= stall_timeout_s]
     if not waiting:
         return None
     step = max(_ran(s) for s in waiting)
+    # Only the workers inside that step wait for the others; one inside an
+    # earlier step (its last report says so) is among those waited for.
+    waiting = [s for s in waiting if _ran(s) == step]
     stuck = [s for s in workers if s.name not in exited
              and not (s.phase == PHASE_STEP and _ran(s) >= step)]
     if not stuck:
@@ -410,6 +455,8 @@ def diagnose(states: Mapping[str, ProcessState], exited: Mapping[str, int],
     for s in stuck:
         if not s.registered:
             where = "it never registered with the coordinator (still starting, or hung before)"
+        elif failed_phase(s.phase) is not None:
+            where = f"it failed after {s.steps_done} steps and has not exited"
         elif s.phase == PHASE_INIT:
             where = "it is still initialising"
         elif s.phase == PHASE_STEP:
@@ -419,6 +466,9 @@ def diagnose(states: Mapping[str, ProcessState], exited: Mapping[str, int],
                      PHASE_OTHER: "running ops that are not a training step",
                      PHASE_CLOSED: "its Runner is closed"}.get(s.phase, s.phase)
             where = f"it finished step {s.steps_done} and is {place}"
+        if s.heard and now - s.heard >= 2 * _HEARTBEAT_S + _RPC_TIMEOUT_S:
+            where += (f" (its last report, {now - s.heard:.0f} s ago: it has stopped reporting, "
+                      "so it is stopped, hung or cut off)")
         pid = f", pid {s.pid}" if s.pid else ""
         lines.append(f"  {s.name}{pid}: has not started step {step} for "
                      f"{now - s.phase_since:.0f} s; {where}")
@@ -426,15 +476,39 @@ def diagnose(states: Mapping[str, ProcessState], exited: Mapping[str, int],
                       for s in waiting)
     names = ", ".join(s.name for s in stuck)
     return Verdict("stall", (
-        f"job stalled: {waits} waits for {names} to join step {step} "
-        f"(a step's collectives need every worker):\n" + "\n".join(lines) +
+        f"job stalled: {waits} {'waits' if len(waiting) == 1 else 'wait'} for {names} to join "
+        f"step {step} (a step's collectives need every worker):\n" + "\n".join(lines) +
         f"\nEnding the job after {stall_timeout_s:g} s without progress "
         f"(Config(stall_timeout_s=...); 0 disables)."))
 
 
+# A server is declared silent after the stall timeout, but never sooner than
+# this: a few missed heartbeats of a busy machine are not a stopped server.
+SERVER_SILENCE_MIN_S = 10.0
+
+
+def _silent_server(states: Mapping[str, ProcessState], exited: Mapping[str, int],
+                   stall_timeout_s: float, now: float) -> Verdict | None:
+    """The first server or summation server heard from once and not for
+    ``stall_timeout_s`` since (one that exited is the launcher's to report)."""
+    silence = max(stall_timeout_s, SERVER_SILENCE_MIN_S)
+    for s in sorted(states.values(), key=lambda s: (s.role, s.index)):
+        if (s.role == WORKER_ROLE or not s.registered or not s.heard or s.name in exited
+                or now - s.heard < silence):
+            continue
+        pid = f" (pid {s.pid})" if s.pid else ""
+        where = f" on {s.address}" if s.address else ""
+        return Verdict("server", (
+            f"{s.name}{pid}{where} stopped answering: nothing heard from it for "
+            f"{now - s.heard:.0f} s (stopped, hung, or cut off from this machine), so every step "
+            f"that needs it waits forever. Ending the job after {silence:g} s "
+            f"(Config(stall_timeout_s=...); 0 disables)."))
+    return None
+
+
 class JobMonitor:
-    """Checked by the launcher's supervision loop: ends the job (returns an
-    exit status) on a stall or a step-count mismatch."""
+    """Checked by the launcher's supervision loop: the verdict ending the job
+    on a stall, a step-count mismatch or a silent server."""
 
     def __init__(self, coordinator: Coordinator, stall_timeout_s: float,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -442,13 +516,9 @@ class JobMonitor:
         self.stall_timeout_s = stall_timeout_s
         self._clock = clock
 
-    def check(self, exited: Mapping[str, int]) -> int | None:
-        verdict = diagnose(self.coordinator.snapshot(), exited, self.stall_timeout_s,
-                           self._clock())
-        if verdict is None:
-            return None
-        logger.error("%s", verdict.message)
-        return 1
+    def check(self, exited: Mapping[str, int]) -> Verdict | None:
+        return diagnose(self.coordinator.snapshot(), exited, self.stall_timeout_s,
+                        self._clock())
 
 
 # ---------------------------------------------------------------------------
@@ -467,7 +537,9 @@ class CoordinatorClient:
     when a reply says the launcher asked this process to stop.
     """
 
-    def __init__(self, address: str, token: str, role: str, index: int) -> None:
+    def __init__(self, address: str, token: str, role: str, index: int,
+                 link_timeout_s: float | None = None) -> None:
+        global _PROCESS_CLIENT
         self._pb2, pb2_grpc = _grpc_modules()
         self.role, self.index = role, index
         self._metadata = ((TOKEN_METADATA, token),)
@@ -482,6 +554,12 @@ class CoordinatorClient:
         self._warned = False
         self.on_stop: Callable[[], None] | None = None
         self._stop_seen = False
+        self._failed = False
+        # None: never give up on the coordinator (see LINK_TIMEOUT).
+        self._link_timeout_s = link_timeout_s
+        self._last_reached = time.monotonic()
+        if _PROCESS_CLIENT is None:
+            _PROCESS_CLIENT = self     # report_failure() tells the launcher through it
         self._thread = threading.Thread(target=self._send_loop, name="autopar-coord-report",
                                         daemon=True)
         self._thread.start()
@@ -494,7 +572,12 @@ class CoordinatorClient:
         address, token = environ.get(envvars.COORDINATOR), environ.get(envvars.COORD_TOKEN)
         if not address or not token:
             return None
-        return cls(address, token, role, index)
+        link = environ.get(LINK_TIMEOUT)
+        try:
+            link_timeout = float(link) if link else None
+        except ValueError:
+            link_timeout = DEFAULT_LINK_TIMEOUT_S
+        return cls(address, token, role, index, link_timeout)
 
     def register(self, address: str, timeout_s: float = _REGISTER_TIMEOUT_S) -> Any:
         return self._stub.Register(
@@ -503,9 +586,24 @@ class CoordinatorClient:
 
     def report(self, steps_done: int, phase: str, global_step: int = -1) -> None:
         with self._cond:
+            if self._failed:
+                return     # a failing process stays failed, whatever it does on its way out
             self._seq += 1
             self._latest = (steps_done, phase, global_step)
             self._cond.notify_all()
+
+    def report_failed(self, timeout_s: float = 2.0) -> None:
+        """Tell the coordinator this process is failing (PHASE_FAILED, with the
+        phase it failed in) and wait up to ``timeout_s`` for it to arrive."""
+        with self._cond:
+            if self._failed:
+                return
+            steps_done, phase, global_step = self._latest or (0, PHASE_INIT, -1)
+            self._seq += 1
+            self._latest = (steps_done, f"{PHASE_FAILED}:{phase}", global_step)
+            self._failed = True
+            self._cond.notify_all()
+        self.flush(timeout_s)
 
     def flush(self, timeout_s: float = _RPC_TIMEOUT_S) -> bool:
         """Wait until the newest state has been sent (True) or ``timeout_s``."""
@@ -538,9 +636,12 @@ class CoordinatorClient:
         return reply.value
 
     def close(self) -> None:
+        global _PROCESS_CLIENT
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+        if _PROCESS_CLIENT is self:
+            _PROCESS_CLIENT = None
         self._channel.close()
 
     def _send_loop(self) -> None:
@@ -563,7 +664,9 @@ class CoordinatorClient:
                 if not self._warned:
                     logger.debug("progress report to the coordinator failed: %s", exc.code())
                     self._warned = True
+                self._check_link()
             else:
+                self._last_reached = time.monotonic()
                 if reply.stop_requested and not self._stop_seen:
                     self._stop_seen = True
                     if self.on_stop is not None:
@@ -572,6 +675,36 @@ class CoordinatorClient:
                 self._sent_seq = max(self._sent_seq, seq)
                 self._cond.notify_all()
                 self._cond.wait_for(lambda: self._closed, timeout=_REPORT_INTERVAL_S)
+
+
+    def _check_link(self) -> None:
+        """Stop this process once the coordinator has been unreachable for
+        the link timeout: its launcher is gone or cut off, and nobody will
+        ever stop it otherwise (a remote process; see LINK_TIMEOUT)."""
+        if self._link_timeout_s is None or self._closed:
+            return
+        lost = time.monotonic() - self._last_reached
+        if lost < self._link_timeout_s:
+            return
+        logger.error("%s %d: the job coordinator (the launcher) has been unreachable for %.0f s: "
+                     "the launcher is gone or the network to it is cut; stopping this process",
+                     self.role, self.index, lost)
+        for handler in logging.getLogger("autopar").handlers + logging.getLogger().handlers:
+            handler.flush()
+        os._exit(1)
+
+
+# This process's own client (the first made): report_failure() uses it.
+_PROCESS_CLIENT: CoordinatorClient | None = None
+
+
+def report_failure() -> None:
+    """Tell the launcher that this worker is failing (an uncaught exception,
+    an autopar error), before its peers fail because of it: the launcher then
+    names this process as the cause. Nothing outside a launched job."""
+    client = _PROCESS_CLIENT
+    if client is not None and client.role == WORKER_ROLE:
+        client.report_failed()
 
 
 class ProgressHook:
@@ -595,8 +728,26 @@ class ProgressHook:
         self.client.report(self.steps_done, PHASE_SCRIPT, self.global_step)
 
     def closed(self) -> None:
+        if _failing():
+            # Closed on the way out of an exception (the Runner's `with`, a
+            # `finally`): the worker fails, it did not finish.
+            self.client.report_failed()
+            return
         self.client.report(self.steps_done, PHASE_CLOSED, self.global_step)
         self.client.flush()
+
+
+def _failing() -> bool:
+    """Whether an exception is propagating (or being handled) here, other
+    than a clean exit and the end of an input (which a script may catch and
+    then close its Runner normally)."""
+    error = sys.exc_info()[1]
+    if error is None or isinstance(error, (StopIteration, GeneratorExit)):
+        return False
+    if isinstance(error, SystemExit):
+        # TrainingStopped (runtime/runner.py) is a requested stop, not a failure.
+        return error.code not in (None, 0) and type(error).__name__ != "TrainingStopped"
+    return type(error).__name__ != "OutOfRangeError"
 
 
 def _interrupt_self() -> None:

@@ -81,9 +81,24 @@ def forkable(argv: Sequence[str]) -> bool:
 # The server (its own process: python -m autopar.runtime.forkserver --fd N)
 # ---------------------------------------------------------------------------
 
+# Libraries a training script may import that cost seconds of CPU each
+# (Keras 3: ~2.5 s) and start no thread or TensorFlow runtime on import
+# (checked: a fork after `import keras` runs TensorFlow normally): preloaded
+# when the launching script imported them (env.FORK_PRELOAD).
+PRELOAD_IF_IMPORTED = ("keras", "sklearn")
+
+
+def preload_extras(modules: Mapping[str, object]) -> str:
+    """The env.FORK_PRELOAD value for a launcher whose sys.modules is `modules`."""
+    return ",".join(name for name in PRELOAD_IF_IMPORTED if name in modules)
+
+
 def _preload() -> None:
     import importlib
-    for name in PRELOAD:
+    from autopar.common import env
+    extras = [m for m in os.environ.get(env.FORK_PRELOAD, "").split(",")
+              if m in PRELOAD_IF_IMPORTED]
+    for name in (*PRELOAD, *extras):
         try:
             importlib.import_module(name)
         except (Exception, SystemExit) as exc:   # noqa: BLE001 - whatever its import does
@@ -217,6 +232,10 @@ def _become(request: dict, out_fd: int) -> None:
     if argv[1] == "-m":
         sys.argv = [argv[2], *argv[3:]]     # runpy sets argv[0] to the module's file
         sys.path[0] = request["cwd"]
+        # A preloaded module runs anew as __main__, as in a new process; left in
+        # sys.modules, runpy would warn that it "may result in unpredictable
+        # behaviour" (a RuntimeWarning at every server start).
+        sys.modules.pop(argv[2], None)
         runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
     else:
         sys.argv = argv[1:]

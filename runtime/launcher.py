@@ -16,6 +16,7 @@ import logging
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -32,8 +33,12 @@ from autopar.common.errors import LaunchError
 from autopar.common import env as envvars
 from autopar.common import procs
 from autopar.common.roles import SERVER_JOB, SERVER_ROLE, SUMSERVER_ROLE, WORKER_JOB, WORKER_ROLE
-from autopar.runtime.coordinator import Coordinator, JobMonitor, host_address, launcher_host
-from autopar.runtime.forkserver import ForkedProcess, ForkServer, ForkServerError, forkable
+from autopar.console import cause_in_output
+from autopar.runtime.coordinator import (DEFAULT_LINK_TIMEOUT_S, LINK_TIMEOUT, PHASE_INIT,
+                                         PHASE_STEP, Coordinator, JobMonitor, ProcessState,
+                                         failed_phase, host_address, launcher_host)
+from autopar.runtime.forkserver import (ForkedProcess, ForkServer, ForkServerError, forkable,
+                                        preload_extras)
 from autopar.runtime.ports import is_bind_failure, is_local_address, reserve_cluster
 from autopar.runtime.spec import HostSpec, ResourceSpec
 
@@ -132,6 +137,8 @@ def remote_env(role_env: Mapping[str, str], extra_env: Mapping[str, str] | None)
     env = dict(extra_env or {})
     env.update(role_env)
     env["PYTHONPATH"] = _prepend_path(REPO_ROOT, env.get("PYTHONPATH"))
+    # Cut off from the launcher, it stops itself (runtime/coordinator.py LINK_TIMEOUT).
+    env[LINK_TIMEOUT] = os.environ.get(LINK_TIMEOUT, f"{DEFAULT_LINK_TIMEOUT_S:g}")
     return env
 
 
@@ -249,6 +256,7 @@ class _Child:
     reader: threading.Thread | None = None
     bind_failed: bool = False      # said its server could not bind its port
     past_startup: bool = False     # said it received the initial state
+    ended_at: float | None = None  # monotonic time its output ended (it exited)
 
     @property
     def name(self) -> str:
@@ -308,12 +316,15 @@ def _write_line(text: str) -> None:
             pass  # stdout closed under us: as above, keep draining
 
 
-def _pump(child: _Child, chief_stopped: threading.Event | None = None) -> None:
+def _pump(child: _Child, chief_stopped: threading.Event | None = None,
+          quiet: threading.Event | None = None) -> None:
     """Forward a child's output line by line, prefixed with its name.
 
     Once the chief has said it stopped on request (``chief_stopped``), the
     others' lines only go to their tail: they are the errors of peers whose
-    chief went away (a collective aborted), not news for the user."""
+    chief went away (a collective aborted), not news for the user. So are
+    every process's lines once the launcher has found why the job ends
+    (``quiet``): the verdict names them in one line each."""
     prefix = f"[{child.name}] "
     is_chief = child.plan.role == WORKER_ROLE and child.plan.index == 0
     stream = child.popen.stdout
@@ -340,11 +351,14 @@ def _pump(child: _Child, chief_stopped: threading.Event | None = None) -> None:
                     chief_stopped.set()
                 elif not is_chief and chief_stopped.is_set():
                     continue
+            if quiet is not None and quiet.is_set():
+                continue
             if not _TF_NOISE.search(line):
                 _write_line(prefix + line + "\n")
     except (OSError, ValueError):
         pass  # pipe closed under us during teardown
     finally:
+        child.ended_at = time.monotonic()
         stream.close()
 
 
@@ -389,7 +403,8 @@ def start_fork_server(spec: ResourceSpec, argv: Sequence[str],
     # is what is read at import and at load (LD_PRELOAD), and what a child's
     # /proc/PID/environ shows (the block a process starts with, copied by fork).
     env = local_env({"TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")},
-                    {**(extra_env or {}), "LD_PRELOAD": _preload_value()})
+                    {**(extra_env or {}), "LD_PRELOAD": _preload_value(),
+                     envvars.FORK_PRELOAD: preload_extras(sys.modules)})
     try:
         server = ForkServer(env)
     except OSError as exc:
@@ -432,17 +447,19 @@ def _restore_handlers(previous: Mapping[int, _Handler]) -> None:
         signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
-def _report_failure(child: _Child, returncode: int) -> None:
-    # Let the reader catch the last lines the process wrote before it died.
+def _report_tail(child: _Child, returncode: int | None, pid: int) -> None:
+    """Log the end of a failed process's output (its error, in context)."""
     if child.reader is not None:
+        # Let the reader catch the last lines the process wrote before it died.
         child.reader.join(timeout=_DRAIN_SECONDS)
     tail = child.tail_text()
     hint = ""
     if child.plan.remote and returncode == 255:
         hint = " (255 is also how ssh reports a connection failure)"
-    logger.error("%s (pid %d) exited with %s%s; last lines of its output:\n%s",
-                 child.name, child.popen.pid, procs.describe_returncode(returncode), hint,
-                 tail or "(no output)")
+    status = ("has not exited" if returncode is None
+              else f"exited with {procs.describe_returncode(returncode)}")
+    logger.error("%s (pid %d) %s%s; last lines of its output:\n%s",
+                 child.name, pid, status, hint, tail or "(no output)")
 
 
 def _stop_with_checkpoint(chief: _Child, state: _SignalState, timeout: float,
@@ -493,38 +510,135 @@ def _stop_with_checkpoint(chief: _Child, state: _SignalState, timeout: float,
     return status
 
 
+@dataclass
+class _Outcome:
+    """How the job ended: the launcher's exit status and the verdict, logged
+    once every process is stopped, so that it is the launcher's last word."""
+    status: int
+    verdict: list[str] = field(default_factory=list)
+
+
+# A failed process that reported its failure gets this long to exit (its
+# output ends with the error the verdict names).
+_FAILING_EXIT_SECONDS = 5.0
+# Failures of peers are collected until none is new for this long (at most _DRAIN_SECONDS).
+_SETTLE_SECONDS = 0.3
+
+
 def _supervise(children: list[_Child], state: _SignalState, stop_timeout: float,
-               monitor: JobMonitor) -> int:
-    """Wait until the job ends; return the launcher's exit status."""
+               monitor: JobMonitor, quiet: threading.Event) -> _Outcome:
+    """Wait until the job ends; how it ended."""
     workers = [c for c in children if c.plan.role == WORKER_ROLE]
-    servers = [c for c in children if c.plan.role in (SERVER_ROLE, SUMSERVER_ROLE)]
     while True:
+        exited = {c.name: rc for c in children if (rc := c.popen.poll()) is not None}
         # First, so a worker that died of a step-count mismatch is reported as one.
-        if (status := _check_health(monitor, workers)) is not None:
-            return status
+        if (verdict := monitor.check(exited)) is not None:
+            quiet.set()
+            return _Outcome(1, [verdict.message])
         if state.signum is not None:
-            return _stop_with_checkpoint(workers[0], state, stop_timeout, monitor.coordinator)
-
-        all_done = True
-        for child in workers:
-            rc = child.popen.poll()
-            if rc is None:
-                all_done = False
-            elif rc != 0:
-                _report_failure(child, rc)
-                return procs.exit_status(rc)
-        if all_done:
-            return 0
-
-        for child in servers:
-            rc = child.popen.poll()
-            if rc is not None:
-                _report_failure(child, rc)
-                # A server never exits on its own while workers need it, so
-                # even status 0 is a failure of the job.
-                return procs.exit_status(rc) or 1
-
+            return _Outcome(_stop_with_checkpoint(workers[0], state, stop_timeout,
+                                                  monitor.coordinator))
+        if any(exited.get(c.name, 0) != 0 for c in workers):
+            quiet.set()
+            return _failure(children, monitor)
+        if all(c.name in exited for c in workers):
+            return _Outcome(0)
+        # A server never exits on its own while workers need it, so even status 0 is a failure.
+        if any(c.name in exited for c in children if c.plan.role != WORKER_ROLE):
+            quiet.set()
+            return _failure(children, monitor)
         time.sleep(_POLL_SECONDS)
+
+
+def _failure(children: list[_Child], monitor: JobMonitor) -> _Outcome:
+    """A process failed: find the first failure (the cause) among every
+    failure seen by now, the others being its effects (peers whose
+    collectives aborted), and say which process, which error, at which step.
+
+    A worker reports its failure to the coordinator before it exits (an
+    uncaught exception, an error closing its Runner: autopar/console.py,
+    runtime/coordinator.py report_failure), so its peers' failures, which
+    it causes only by exiting, come later; a process killed without a word
+    failed when its output ended."""
+    deadline = time.monotonic() + _DRAIN_SECONDS
+    # Processes whose output just ended: wait for their exit status.
+    while (any(c.ended_at is not None and c.popen.poll() is None for c in children)
+           and time.monotonic() < deadline):
+        time.sleep(0.02)
+    states = monitor.coordinator.snapshot()
+
+    def failed_at(child: _Child) -> float | None:
+        state = states.get(child.name)
+        times = [state.failed_at] if state is not None and state.failed_at else []
+        rc = child.popen.poll()
+        if rc is not None and (rc != 0 or child.plan.role != WORKER_ROLE):
+            times.append(child.ended_at or time.monotonic())
+        return min(times) if times else None
+
+    failures = sorted(((t, c) for c in children if (t := failed_at(c)) is not None),
+                      key=lambda tc: tc[0])
+    first = failures[0][1]
+    deadline = time.monotonic() + _FAILING_EXIT_SECONDS
+    while first.popen.poll() is None and time.monotonic() < deadline:
+        time.sleep(_POLL_SECONDS)   # reported its failure; its error is still to come
+    rc = first.popen.poll()
+    _report_tail(first, rc, _pid(first, states))
+    # Peers failing because of it (a collective aborted) say so within moments.
+    seen, deadline = len(failures), time.monotonic() + _DRAIN_SECONDS
+    while time.monotonic() < deadline:
+        time.sleep(_SETTLE_SECONDS)
+        states = monitor.coordinator.snapshot()
+        failures = sorted(((t, c) for c in children if (t := failed_at(c)) is not None),
+                          key=lambda tc: tc[0])
+        if len(failures) == seen:
+            break
+        seen = len(failures)
+    lines = [f"  then {_failure_text(c, states, limit=160)}"
+             for _, c in failures if c is not first]
+    lines.append(f"job failed: {_failure_text(first, states)}")
+    status = procs.exit_status(rc) if rc else 1
+    return _Outcome(status, lines)
+
+
+def _pid(child: _Child, states: Mapping[str, ProcessState]) -> int:
+    """The process's own pid (a remote one's as it registered), else the local one."""
+    state = states.get(child.name)
+    return state.pid if state is not None and state.pid else child.popen.pid
+
+
+def _failure_text(child: _Child, states: Mapping[str, ProcessState], limit: int = 400) -> str:
+    """"worker 1 (pid 42) failed after global step 5: ValueError: boom (status 1)",
+    the error cut to ``limit`` characters."""
+    rc = child.popen.poll()
+    state = states.get(child.name)
+    status = "still running" if rc is None else procs.describe_returncode(rc)
+    cause = cause_in_output(child.tail_text().splitlines())
+    if cause is not None and len(cause) > limit:
+        cause = cause[:limit - 3] + "..."
+    if cause is None:
+        cause = f"{status}, no error in its output" if rc is not None and rc >= 0 else status
+    else:
+        cause = f"{cause} ({status})"
+    return f"{child.name} (pid {_pid(child, states)}) {_when(child, state)}: {cause}"
+
+
+def _when(child: _Child, state: ProcessState | None) -> str:
+    """When a process failed, in training steps (global steps where known)."""
+    if child.plan.role != WORKER_ROLE:
+        return "failed"
+    if state is None or not state.registered:
+        return "failed while starting, before training"
+    phase = failed_phase(state.phase) or state.phase
+    known = state.global_step >= 0 and state.steps_done > 0
+    if phase == PHASE_INIT:
+        return "failed while starting, before training"
+    if phase == PHASE_STEP:
+        return (f"failed in global step {state.global_step + 1}" if known
+                else f"failed in training step {state.steps_done + 1}")
+    if state.steps_done == 0:
+        return "failed before its first training step"
+    return (f"failed after global step {state.global_step}" if known
+            else f"failed after {state.steps_done} training steps")
 
 
 def _stdout_is_tty() -> bool:
@@ -583,7 +697,19 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
                                 sumservers=sumservers)
     finally:
         if own_fork_server and fork_server is not None:
-            fork_server.stop()
+            stop_quietly(fork_server)
+
+
+def stop_quietly(fork_server: ForkServer) -> None:
+    """Stop the fork server at the end of a job, with Ctrl-C and SIGTERM held
+    back meanwhile: the job is over, and an interrupt here would only leave
+    a KeyboardInterrupt traceback (and the server to PR_SET_PDEATHSIG)."""
+    state = _SignalState()
+    previous = _install_handlers(state)
+    try:
+        fork_server.stop()
+    finally:
+        _restore_handlers(previous)
 
 
 def _launch_attempts(spec: ResourceSpec, argv: list[str], extra_env: dict[str, str] | None,
@@ -617,7 +743,7 @@ def _launch_once(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: lis
     """One start of the job on ``cluster``, with its own coordinator: (status
     as for ``launch``, the processes whose port was taken if the job may start
     again)."""
-    coordinator = _start_coordinator(spec, cluster)
+    coordinator = _start_coordinator(spec, cluster, len(sumservers))
     for key, value in (published or {}).items():
         coordinator.publish(key, value)
     try:
@@ -637,7 +763,8 @@ def _launch_plans(plans: list[ChildPlan], grace_seconds: float, log_tail_lines: 
     state = _SignalState()
     previous_handlers = _install_handlers(state)
     children: list[_Child] = []
-    status = 1
+    outcome = _Outcome(1)
+    quiet = threading.Event()        # set once the job's end is decided
     try:
         try:
             for plan in plans:
@@ -646,15 +773,19 @@ def _launch_plans(plans: list[ChildPlan], grace_seconds: float, log_tail_lines: 
             # between fork and exec, best done while this is the only thread.
             chief_stopped = threading.Event()
             for child in children:
-                child.reader = threading.Thread(target=_pump, args=(child, chief_stopped),
+                child.reader = threading.Thread(target=_pump, args=(child, chief_stopped, quiet),
                                                 name=f"autopar-log-{child.name}", daemon=True)
                 child.reader.start()
-            status = _supervise(children, state, stop_timeout_s, monitor)
+            probe = _SumserverProbe(children, monitor)
+            try:
+                outcome = _supervise(children, state, stop_timeout_s, monitor, quiet)
+            finally:
+                probe.stop()
         except KeyboardInterrupt:
             # Defensive: our SIGINT handler normally prevents this, but a
             # KeyboardInterrupt from anywhere must still tear the job down.
             logger.warning("interrupted; stopping all processes")
-            status = 128 + signal.SIGINT
+            outcome = _Outcome(128 + signal.SIGINT)
             interrupted = True
     finally:
         if children:
@@ -668,23 +799,84 @@ def _launch_plans(plans: list[ChildPlan], grace_seconds: float, log_tail_lines: 
                 elif child.popen.stdout is not None:
                     child.popen.stdout.close()
         _restore_handlers(previous_handlers)
+    status = outcome.status
     if status == 0:
         logger.info("all %d workers finished", sum(c.plan.role == WORKER_ROLE for c in children))
     if status == 0 or interrupted or state.signum is not None or any(c.past_startup for c in children):
-        return status, []
-    return status, [c.plan for c in children if c.bind_failed]
+        clash = []
+    else:
+        clash = [c.plan for c in children if c.bind_failed]
+    if not clash:
+        # Last, after every process stopped: the launcher's final lines say why the job ended.
+        for line in outcome.verdict:
+            logger.error("%s", line)
+    return status, clash
+
+
+class _SumserverProbe:
+    """Checks every second that each summation server answers (it has no
+    coordinator client to send heartbeats): a connection it accepts and
+    closes when this side closes. A stopped or hung one still completes the
+    connection in the kernel, but never closes it; the coordinator then
+    stops hearing from it and the job monitor names it (diagnose)."""
+
+    INTERVAL_S = 1.0
+    TIMEOUT_S = 2.0
+
+    def __init__(self, children: Sequence[_Child], monitor: JobMonitor) -> None:
+        self._targets = [c for c in children if c.plan.role == SUMSERVER_ROLE]
+        self._coordinator = monitor.coordinator
+        self._stop = threading.Event()
+        self._thread = None
+        for child in self._targets:
+            # Its start counts as a sign of life: one stopped before its first
+            # probe is named too (it starts in milliseconds; workers take seconds).
+            self._heard(child)
+        if self._targets:
+            self._thread = threading.Thread(target=self._run, name="autopar-sumserver-probe",
+                                            daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.INTERVAL_S):
+            for child in self._targets:
+                if child.popen.poll() is None and answers(child.plan.address, self.TIMEOUT_S):
+                    self._heard(child)
+
+    def _heard(self, child: _Child) -> None:
+        pid = 0 if child.plan.remote else child.popen.pid
+        self._coordinator.heard_from(SUMSERVER_ROLE, child.plan.index, pid, child.plan.address)
+
+
+def answers(address: str, timeout_s: float) -> bool:
+    """Whether the process listening on ``address`` ("host:port") is alive:
+    it accepts a connection and closes it when this side has closed (a
+    stopped process's kernel accepts, but nobody closes)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as sock:
+            sock.shutdown(socket.SHUT_WR)
+            return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True        # it closed the connection abruptly: alive all the same
+    except OSError:
+        return False
 
 
 # ---------------------------------------------------------------------------
 # Job coordinator and bind shim (runtime/coordinator.py, cpp_ops/bind_shim.c)
 # ---------------------------------------------------------------------------
 
-def _start_coordinator(spec: ResourceSpec, cluster: Mapping[str, list[str]]) -> Coordinator:
+def _start_coordinator(spec: ResourceSpec, cluster: Mapping[str, list[str]],
+                       num_sumservers: int = 0) -> Coordinator:
     """The job's coordinator, listening on this machine's address in the spec
     (loopback for a local job)."""
     host = launcher_host([h.address for h in spec.hosts], is_local_address)
     coordinator = Coordinator(host, len(cluster[WORKER_JOB]),
-                              len(cluster.get(SERVER_JOB, [])))
+                              len(cluster.get(SERVER_JOB, [])), num_sumservers=num_sumservers)
     coordinator.start()
     return coordinator
 
@@ -750,8 +942,3 @@ def _give_token(plans: list[ChildPlan], coordinator: Coordinator) -> list[ChildP
             plan.env[envvars.COORD_TOKEN] = coordinator.token
         given.append(plan)
     return given
-
-
-def _check_health(monitor: JobMonitor, workers: Sequence[_Child]) -> int | None:
-    exited = {c.name: rc for c in workers if (rc := c.popen.poll()) is not None}
-    return monitor.check(exited)

@@ -117,6 +117,7 @@ def reserve_cluster(spec: ResourceSpec, avoid: Collection[str] = (), *,
     autopar are never one of the ``avoid`` endpoints (that failed to bind
     before: on a remote host nothing else would tell). With ``sumservers``,
     also one port per server for a summation server (``.sumservers``)."""
+    remove_stale_locks()
     alloc = _Allocator(spec, avoid)
     try:
         alloc.reserve_explicit()
@@ -228,6 +229,41 @@ def _unlock(fd: int, path: str) -> None:
     except FileNotFoundError:
         pass
     os.close(fd)
+
+
+def remove_stale_locks() -> int:
+    """Remove the lock files no launcher holds (one killed with SIGKILL had no
+    chance to remove its own); how many. As a holder does (see _try_lock):
+    lock the file, check it is still the one under that name, remove it,
+    then unlock; a file some launcher holds is left alone."""
+    directory = lock_dir()
+    removed = 0
+    for name in os.listdir(directory):
+        if not name.endswith(".lock"):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue            # held: a running job's reservation
+            try:
+                current = os.stat(path, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            mine = os.fstat(fd)
+            if (current.st_dev, current.st_ino) == (mine.st_dev, mine.st_ino):
+                os.unlink(path)
+                removed += 1
+        finally:
+            os.close(fd)
+    if removed:
+        logger.debug("removed %d port reservation(s) left by launchers that were killed", removed)
+    return removed
 
 
 def _lock_holder(pool: str, port: int) -> str:

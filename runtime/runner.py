@@ -62,7 +62,7 @@ class Runner:
                  num_workers: int = 1, progress=None, checkpointer=None,
                  batch_size_tensor: tf.Tensor | None = None, step_barriers=(), on_close=(),
                  after_step=None, monitor=None, accumulate=None, dropcompute=None,
-                 totals_allreduce=None):
+                 totals_allreduce=None, lifted=None):
         self.session = session
         self.graph = graph
         self.analysis = analysis
@@ -89,6 +89,11 @@ class Runner:
             self._on_close.insert(0, dropcompute.close)
         self._variables = {v.name: v for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
                            + graph.get_collection(tf1.GraphKeys.LOCAL_VARIABLES)}
+        # A traced function's (transforms.lift): its Python variables by id,
+        # -> the lifted variable's op name.
+        self._lifted = lifted
+        self._python = ({id(v): name for name, v in lifted.python_variables.items()}
+                        if lifted is not None else {})
         self._init_ops = _initializer_ops(graph)
         # The loss of each train group, fetched with the steps that update it.
         self._losses = ([graph.get_tensor_by_name(g.loss) if g.loss else None
@@ -107,12 +112,13 @@ class Runner:
         self._stop_requested = False
         self._previous_sigint = self._install_stop_handler() if self.is_chief else None
 
-    def start(self, init_ops, broadcast_op=None) -> None:
-        """Initialise (`init_ops`: an op, or ops run one after the other),
-        restore the latest checkpoint (chief), make every replica equal to
-        the chief's, and note the global step training resumes from."""
+    def start(self, init_ops, broadcast_op=None, init_feed=None) -> None:
+        """Initialise (`init_ops`: an op, or ops run one after the other, fed
+        `init_feed`), restore the latest checkpoint (chief), make every
+        replica equal to the chief's, and note the global step training
+        resumes from."""
         for op in init_ops if isinstance(init_ops, (list, tuple)) else [init_ops]:
-            self.session.run(op)
+            self.session.run(op, init_feed or None)
         if self._checkpointer is not None:
             self._checkpointer.restore(self.session)
         if broadcast_op is not None:
@@ -407,9 +413,48 @@ class Runner:
         return op is not None and op.name in self._step_ops
 
     # -- mapping user objects to the rewritten graph ----------------------------
+    def call(self, *inputs):
+        """One run of the traced function this Runner was made from
+        (get_runner(concrete_function, ...)): `inputs` fed to its inputs in
+        order, its outputs returned as it returns them (numpy values). A
+        training step like any other run that updates variables."""
+        function = self._lifted.function if self._lifted is not None else None
+        if function is None:
+            raise AutoparError("Runner.call runs a traced function: make the Runner with "
+                               "autopar.get_runner(train_step.get_concrete_function(...), ...)")
+        fed = function.graph.inputs[:len(inputs)]
+        if len(inputs) != len(function.graph.inputs) - len(function.graph.captures):
+            raise AutoparError(f"Runner.call: the function takes "
+                               f"{len(function.graph.inputs) - len(function.graph.captures)} "
+                               f"inputs, got {len(inputs)}")
+        outputs = tf.nest.flatten(function.structured_outputs, expand_composites=True)
+        tensors = [t for t in outputs if isinstance(t, tf.Tensor)]
+        from autopar.transforms.lift import CALL_OP
+        values = iter(self.run([t.name for t in tensors] + [CALL_OP],
+                               {t.name: v for t, v in zip(fed, inputs)}))
+        return tf.nest.pack_sequence_as(
+            function.structured_outputs,
+            [next(values) if isinstance(t, tf.Tensor) else t for t in outputs],
+            expand_composites=True)
+
+    def sync_python_variables(self) -> None:
+        """Give the traced function's Python variables (a Keras model's and
+        optimizer's) this worker's current values, so model.save(),
+        model.evaluate() and checkpoints of them see the trained model. Done
+        by close() too."""
+        if not self._python:
+            return
+        values = self._run_plain({name: self._map_fetch(self._variables[name + ":0"])
+                                  for name in self._lifted.python_variables}, {}, None, None)
+        for name, variable in self._lifted.python_variables.items():
+            variable.assign(values[name])
+
     def _map_fetch(self, fetch):
         if fetch is None:
             return None
+        if self._python and isinstance(fetch, tf.Variable) and id(fetch) in self._python:
+            # A traced function's Python variable: its lifted counterpart.
+            return self._map_fetch(self._variables[self._python[id(fetch)] + ":0"])
         if isinstance(fetch, tf.SparseTensor):
             # Session fetches it as a SparseTensorValue of its three parts.
             with self.graph.as_default():
@@ -419,6 +464,11 @@ class Runner:
             return tf.IndexedSlices(self._map_tensor(fetch.values), self._map_tensor(fetch.indices),
                                     None if fetch.dense_shape is None
                                     else self._map_tensor(fetch.dense_shape))
+        if isinstance(fetch, tf.Variable) and getattr(fetch, "initializer", None) is None:
+            # What an assign returns (`global_step.assign_add(1)`, as
+            # tf_cnn_benchmarks fetches it): the value read after the
+            # assignment, the element Session.run itself fetches for it.
+            return self._map_fetch(fetch._as_graph_element())  # pylint: disable=protected-access
         if isinstance(fetch, tf.Variable):
             # Its snapshot tensor, by name: for a variable split into partitions
             # that node computes the whole value (a Variable object would read
@@ -480,6 +530,11 @@ class Runner:
             return
         self._closed = True
         try:
+            try:
+                self.sync_python_variables()
+            except tf.errors.OpError as e:
+                log.warning("the Python variables keep their values from before training: "
+                            "reading the trained ones failed (%s)", e.message.splitlines()[0])
             if self._checkpointer is not None and self._steps:
                 step = self._first_step + self._steps
                 if step != self._checkpointer.last_saved:

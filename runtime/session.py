@@ -90,7 +90,8 @@ def wait_for_peers(addresses: list[str], timeout_s: float) -> None:
     while pending:
         host, _, port = pending[0].rpartition(":")
         try:
-            with socket.create_connection((host, int(port)), timeout=1.0):
+            # "[::1]:P" in a cluster: the socket API wants the bare literal.
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
                 pending.pop(0)
                 continue
         except OSError:

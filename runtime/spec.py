@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 
 import yaml
 
-from autopar.common.errors import SpecError
+from autopar.common.errors import SpecError, shown
 from autopar.common.roles import CHIEF_JOB, SERVER_JOB, SERVER_ROLE, WORKER_JOB, WORKER_ROLE
 
 logger = logging.getLogger(__name__)
@@ -144,23 +144,88 @@ def _fail(source: str, where: str, what: str, todo: str) -> NoReturn:
 def _check_keys(d: dict, allowed: tuple[str, ...], source: str, where: str) -> None:
     for key in d:
         if key not in allowed:
-            close = difflib.get_close_matches(str(key), allowed, n=1)
+            close = (difflib.get_close_matches(key, allowed, n=1)
+                     if isinstance(key, str) and len(key) <= 100 else [])
             hint = f"did you mean '{close[0]}'? " if close else ""
-            _fail(source, where, f"unknown key '{key}'",
+            _fail(source, where, f"unknown key {shown(key)}",
                   f"{hint}allowed keys are {', '.join(allowed)}")
 
 
 # --------------------------------------------------------------------------- YAML
 
+# A spec is a few hosts: far below these bounds. Past them a file is not a
+# spec but an accident or an attack (a 512-byte "billion laughs" file of
+# nested aliases stands for 9**9 values).
+MAX_SPEC_BYTES = 1 << 20
+MAX_YAML_VALUES = 10_000
+
+
+class _TooLarge(yaml.YAMLError):
+    """The document's aliases expand to more than MAX_YAML_VALUES values."""
+
+    def __init__(self) -> None:
+        super().__init__(f"its aliases (*name) expand to more than {MAX_YAML_VALUES} values")
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a document whose aliases would expand
+    into more than MAX_YAML_VALUES values, before anything expands them
+    (a spec's values are walked, and shown in messages, as if expanded)."""
+
+    def compose_document(self):
+        node = super().compose_document()
+        if node is not None and _expanded_size(node, {}, set()) > MAX_YAML_VALUES:
+            raise _TooLarge()
+        return node
+
+
+def _expanded_size(node: yaml.Node, memo: dict[int, int], active: set[int]) -> int:
+    """How many values ``node`` stands for with every alias expanded (each
+    node is counted once per reference: linear in the nodes, not in the
+    expansion); anything past MAX_YAML_VALUES, or a recursive alias, counts
+    as MAX_YAML_VALUES + 1."""
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    if key in active:
+        return MAX_YAML_VALUES + 1
+    active.add(key)
+    if isinstance(node, yaml.SequenceNode):
+        children = node.value
+    elif isinstance(node, yaml.MappingNode):
+        children = [n for pair in node.value for n in pair]
+    else:
+        children = []
+    total = 1
+    for child in children:
+        total += _expanded_size(child, memo, active)
+        if total > MAX_YAML_VALUES:
+            break
+    active.discard(key)
+    memo[key] = total
+    return total
+
+
+def _load_yaml(text: str):
+    return yaml.load(text, Loader=_SpecLoader)   # noqa: S506 - a SafeLoader
+
+
 def parse_yaml_spec(text: str, source: str) -> ResourceSpec:
     try:
-        data = yaml.safe_load(text)
+        data = _load_yaml(text)
+    except _TooLarge as exc:
+        _fail(source, "YAML", str(exc), "a resource spec is a short list of hosts: write them "
+              "out instead of nesting aliases")
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
-        problem = getattr(exc, "problem", None) or str(exc)
+        problem = str(getattr(exc, "problem", None) or exc)[:200]
         _fail(source, where, f"YAML syntax error: {problem}",
               "fix the indentation/quoting there (see resource_specs/*.yaml for examples)")
+    except (RecursionError, ValueError) as exc:
+        # Nesting deeper than Python's stack, an integer with thousands of digits.
+        _fail(source, "YAML", f"cannot be loaded ({type(exc).__name__}: {shown(str(exc), 120)})",
+              "a resource spec is a short list of hosts (see resource_specs/*.yaml)")
     if data is None:
         _fail(source, "file", "is empty",
               "list hosts under a 'hosts:' key (see resource_specs/localhost_2workers.yaml)")
@@ -210,13 +275,13 @@ def _parse_host(raw: Any, source: str, where: str) -> HostSpec:
         if value is None:
             return None
         if not isinstance(value, list):
-            _fail(source, f"{where}.{key}", f"must be a list of ports, got {value!r}",
+            _fail(source, f"{where}.{key}", f"must be a list of ports, got {shown(value)}",
                   f"write e.g. '{key}: [24000, 24001]'")
         return tuple(value)
 
     ports = port_list("ports")
     if ports is not None and len(ports) != 2:
-        _fail(source, f"{where}.ports", f"must be [start, end], got {list(ports)!r}",
+        _fail(source, f"{where}.ports", f"must be [start, end], got {shown(list(ports))}",
               "give an inclusive range such as 'ports: [24000, 24100]'")
     ssh_raw = raw.get("ssh")
     ssh = None
@@ -251,10 +316,10 @@ def parse_parallax_spec(text: str, source: str) -> ResourceSpec:
         if line.startswith("["):  # IPv6 literal: [::1]: 0,1
             address, sep, rest = line[1:].partition("]")
             if not sep:
-                _fail(source, where, f"unclosed '[' in {line!r}", "write IPv6 addresses as [addr]: ids")
+                _fail(source, where, f"unclosed '[' in {shown(line)}", "write IPv6 addresses as [addr]: ids")
             rest = rest.strip()
             if rest and not rest.startswith(":"):
-                _fail(source, where, f"unexpected text after ']' in {line!r}", "write '[addr]: 0,1'")
+                _fail(source, where, f"unexpected text after ']' in {shown(line)}", "write '[addr]: 0,1'")
             has_ids, ids_text = bool(rest), rest[1:]
         else:
             address, colon, ids_text = line.partition(":")
@@ -262,17 +327,17 @@ def parse_parallax_spec(text: str, source: str) -> ResourceSpec:
         address = address.strip()
         problem = address_problem(address)
         if problem is not None:
-            _fail(source, where, f"bad host name in {line!r}: {problem}",
+            _fail(source, where, f"bad host name in {shown(line)}: {problem}",
                   "write one host per line as 'host' or 'host: 0,1' (IPv6 as '[addr]: 0,1'), "
                   "the host being a host name or an IP address")
         workers = 1
         if has_ids:
             ids = [part.strip() for part in ids_text.split(",")]
             if not all(part.isdigit() for part in ids):
-                _fail(source, where, f"device ids must be non-negative integers separated by commas, got {ids_text.strip()!r}",
+                _fail(source, where, f"device ids must be non-negative integers separated by commas, got {shown(ids_text.strip())}",
                       "write e.g. 'host: 0,1' or just 'host' for one worker")
             if len(set(map(int, ids))) != len(ids):
-                _fail(source, where, f"device id listed twice in {ids_text.strip()!r}", "list each device once")
+                _fail(source, where, f"device id listed twice in {shown(ids_text.strip())}", "list each device once")
             workers = len(ids)
         if address.lower() in seen:
             _fail(source, where, f"host {address} already listed on line {seen[address.lower()]}",
@@ -298,9 +363,13 @@ def load_spec(resource_info: Any) -> ResourceSpec:
     source = os.fspath(resource_info)
     try:
         with open(source, encoding="utf-8") as f:
-            text = f.read()
+            text = f.read(MAX_SPEC_BYTES + 1)
     except (OSError, UnicodeDecodeError) as exc:
-        _fail(source, "file", f"cannot be read ({exc})", "check the path and that it is a readable text file")
+        _fail(source, "file", f"cannot be read ({shown(str(exc), 200)})",
+              "check the path and that it is a readable text file")
+    if len(text) > MAX_SPEC_BYTES:
+        _fail(source, "file", f"is larger than {MAX_SPEC_BYTES} characters",
+              "a resource spec is a short list of hosts; check the path")
     if not any(line.split("#", 1)[0].strip() for line in text.splitlines()):
         _fail(source, "file", "is empty",
               "list hosts under 'hosts:' (YAML) or one 'host: ids' per line (Parallax format)")
@@ -317,8 +386,8 @@ def load_spec(resource_info: Any) -> ResourceSpec:
 
 def _looks_like_yaml_spec(text: str) -> bool:
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError:
+        data = _load_yaml(text)
+    except (yaml.YAMLError, RecursionError, ValueError):
         return False
     return isinstance(data, dict) and "hosts" in data
 
@@ -353,9 +422,9 @@ def spec_from_tf_config(tf_config: str | dict) -> tuple[ResourceSpec, str, int]:
         _fail(src, "task", "is missing or has no 'type'", "set \"task\": {\"type\": \"worker\", \"index\": 0}")
     ttype, tindex = task["type"], task.get("index", 0)
     if not isinstance(tindex, int) or isinstance(tindex, bool) or tindex < 0:
-        _fail(src, "task.index", f"must be a non-negative integer, got {tindex!r}", "fix task.index")
+        _fail(src, "task.index", f"must be a non-negative integer, got {shown(tindex)}", "fix task.index")
     if ttype not in jobs:
-        _fail(src, "task.type", f"unsupported task type {ttype!r}", "use 'chief', 'worker' or 'ps'")
+        _fail(src, "task.type", f"unsupported task type {shown(ttype)}", "use 'chief', 'worker' or 'ps'")
     if tindex >= len(jobs[ttype]):
         _fail(src, "task.index", f"{tindex} but cluster.{ttype} has {len(jobs[ttype])} entries",
               "make task.index point into the cluster list")
@@ -376,10 +445,10 @@ def _split_endpoint(entry: Any, where: str) -> tuple[str, int]:
         if sep and host and port.isdigit():
             problem = address_problem(host)
             if problem is not None:
-                _fail("TF_CONFIG", where, f"bad host in {entry!r}: {problem}",
+                _fail("TF_CONFIG", where, f"bad host in {shown(entry)}: {problem}",
                       "write entries like \"10.0.0.1:2222\" or \"node1:2222\"")
             return host, int(port)
-    _fail("TF_CONFIG", where, f"expected \"host:port\", got {entry!r}", "write entries like \"10.0.0.1:2222\"")
+    _fail("TF_CONFIG", where, f"expected \"host:port\", got {shown(entry)}", "write entries like \"10.0.0.1:2222\"")
 
 
 def _group_endpoints(workers: list[tuple[str, int]], servers: list[tuple[str, int]]) -> list[dict]:
@@ -416,7 +485,7 @@ def _validate(spec: ResourceSpec) -> None:
               "give at least one host 'workers: 1' or more")
     bw = spec.bandwidth_gbps
     if bw is not None and (not isinstance(bw, float) or not bw > 0):
-        _fail(src, "network.bandwidth_gbps", f"must be a positive number, got {bw!r}",
+        _fail(src, "network.bandwidth_gbps", f"must be a positive number, got {shown(bw)}",
               "give the link speed in Gbit/s, e.g. 'bandwidth_gbps: 10', or remove it")
     _check_port_clashes(spec)
 
@@ -426,9 +495,9 @@ def _validate_host(h: HostSpec, src: str, where: str) -> None:
     for field in ("workers", "servers"):
         n = getattr(h, field)
         if not _is_int(n):
-            _fail(src, f"{where}.{field}", f"must be an integer count, got {n!r}", f"write e.g. '{field}: 2'")
+            _fail(src, f"{where}.{field}", f"must be an integer count, got {shown(n)}", f"write e.g. '{field}: 2'")
         if n < 0:
-            _fail(src, f"{where}.{field}", f"must not be negative, got {n}", "use 0 or a positive count")
+            _fail(src, f"{where}.{field}", f"must not be negative, got {shown(n)}", "use 0 or a positive count")
     if h.workers == 0 and h.servers == 0:
         _fail(src, where, f"host {h.address} runs no process (workers: 0, servers: 0)",
               "give it workers or servers, or remove it")
@@ -460,13 +529,13 @@ def _validate_ssh(s: SSHSettings, src: str, where: str) -> None:
     if not isinstance(s, SSHSettings):
         _fail(src, where, f"must be SSHSettings, got {type(s).__name__}", "use SSHSettings(...)")
     if not _is_int(s.port) or not MIN_PORT <= s.port <= MAX_PORT:
-        _fail(src, f"{where}.port", f"must be a port number 1..65535, got {s.port!r}", "use 22 unless sshd listens elsewhere")
+        _fail(src, f"{where}.port", f"must be a port number 1..65535, got {shown(s.port)}", "use 22 unless sshd listens elsewhere")
     for field in ("user", "key_file", "python", "workdir"):
         v = getattr(s, field)
         if v is not None and (not isinstance(v, str) or not v.strip()):
-            _fail(src, f"{where}.{field}", f"must be a non-empty string, got {v!r}", "fix or remove it")
+            _fail(src, f"{where}.{field}", f"must be a non-empty string, got {shown(v)}", "fix or remove it")
     if s.user is not None and not _USER_RE.fullmatch(s.user):
-        _fail(src, f"{where}.user", f"{s.user!r} is not a valid user name",
+        _fail(src, f"{where}.user", f"{shown(s.user)} is not a valid user name",
               "use a portable user name: at most 32 letters, digits, '.', '_' or '-', "
               "not starting with '-'")
     for field in ("key_file", "python", "workdir"):
@@ -477,17 +546,17 @@ def _validate_ssh(s: SSHSettings, src: str, where: str) -> None:
         # shell (quoted): a leading '-' could still be read as an option by
         # ssh or env, and control characters have no place in a path.
         if v.startswith("-"):
-            _fail(src, f"{where}.{field}", f"{v!r} starts with '-'",
+            _fail(src, f"{where}.{field}", f"{shown(v)} starts with '-'",
                   "give a path (prefix a relative one with './')")
         if any(ord(c) < 32 or ord(c) == 127 for c in v):
-            _fail(src, f"{where}.{field}", f"{v!r} contains a control character", "remove it")
+            _fail(src, f"{where}.{field}", f"{shown(v)} contains a control character", "remove it")
 
 
 def _check_port(p: Any, src: str, where: str) -> None:
     if not _is_int(p):
-        _fail(src, where, f"must be an integer port, got {p!r}", "write ports as plain numbers")
+        _fail(src, where, f"must be an integer port, got {shown(p)}", "write ports as plain numbers")
     if not MIN_PORT <= p <= MAX_PORT:
-        _fail(src, where, f"port {p} is out of range {MIN_PORT}..{MAX_PORT}",
+        _fail(src, where, f"port {shown(p)} is out of range {MIN_PORT}..{MAX_PORT}",
               "choose a port in 1024..65535 that is free on that host")
 
 
@@ -514,23 +583,23 @@ def address_problem(address: Any) -> str | None:
     shell metacharacters.
     """
     if not isinstance(address, str) or not address.strip():
-        return f"must be a non-empty host name or IP, got {address!r}"
+        return f"must be a non-empty host name or IP, got {shown(address)}"
     if _is_ip(address):
         return None
     if address.startswith("-"):
-        return f"{address!r} starts with '-'"
+        return f"{shown(address)} starts with '-'"
     if any(c.isspace() for c in address):
-        return f"contains whitespace: {address!r}"
+        return f"contains whitespace: {shown(address)}"
     if address.startswith("[") and _is_ip(address.strip("[]")):
-        return f"{address!r} is an IPv6 literal in brackets; write it without the brackets"
+        return f"{shown(address)} is an IPv6 literal in brackets; write it without the brackets"
     if ":" in address:
-        return f"{address!r} looks like host:port"
+        return f"{shown(address)} looks like host:port"
     if len(address.rstrip(".")) > 253 or not all(_LABEL_RE.fullmatch(label)
                                                 for label in address.removesuffix(".").split(".")):
-        return f"{address!r} is not a valid host name"
+        return f"{shown(address)} is not a valid host name"
     if all(c.isdigit() or c == "." for c in address):
         # RFC 1123 2.1: a name never has the dotted-decimal form.
-        return f"{address!r} is neither a valid IPv4 address nor a host name"
+        return f"{shown(address)} is neither a valid IPv4 address nor a host name"
     return None
 
 

@@ -40,7 +40,7 @@ log = logging.getLogger("autopar.worker")
 
 def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, config,
                        tty: bool = False, *, compiled: CompiledPlan | None = None,
-                       print_report: bool = False) -> Runner:
+                       print_report: bool = False, lifted=None) -> Runner:
     """`compiled`: the job's plan when the caller has it; otherwise it comes
     from the job coordinator (module docstring). `print_report`: log the
     Report (the chief, when no launcher printed it)."""
@@ -93,10 +93,14 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
                                 if rewritten.after_step else None),
                     monitor=hook, on_close=(hook.closed,) if hook else (),
                     **micro_batching,
-                    totals_allreduce=_totals_allreduce(worker_graph, plan, worker_index))
+                    totals_allreduce=_totals_allreduce(worker_graph, plan, worker_index),
+                    lifted=lifted)
     if isinstance(agreement, CollectiveAgreement):
         agreement.sum_over_workers = runner.sum_over_workers
-    runner.start(init, worker_graph.get_operation_by_name(rewritten.broadcast_op))
+    # The Python variables' values (a traced function's) are the chief's to
+    # give: server variables are its own, the broadcast gives the rest.
+    runner.start(init, worker_graph.get_operation_by_name(rewritten.broadcast_op),
+                 init_feed=lifted.initial_feed() if lifted is not None and is_chief else None)
     log.info("worker %d: initial state received from the chief", worker_index)
     return runner
 
@@ -194,7 +198,8 @@ def _register(client: CoordinatorClient | None, cluster: dict[str, list[str]],
     return ProgressHook(client)
 
 
-def single_device_runner(graph: tf.Graph, config, analysis: Analysis | None = None) -> Runner:
+def single_device_runner(graph: tf.Graph, config, analysis: Analysis | None = None,
+                         lifted=None) -> Runner:
     """The same Runner over a plain session on the unmodified graph: the script
     behaves as before autopar when no cluster is asked for. Any graph a plain
     Session runs is accepted: nothing is distributed, so a graph the analysis
@@ -218,8 +223,8 @@ def single_device_runner(graph: tf.Graph, config, analysis: Analysis | None = No
     session = tf1.Session(graph=graph)
     runner = Runner(session, graph, analysis,
                     progress=Progress(config.log_every_steps, 1, config.total_steps),
-                    checkpointer=checkpointer, batch_size_tensor=batch_size)
-    runner.start(init)
+                    checkpointer=checkpointer, batch_size_tensor=batch_size, lifted=lifted)
+    runner.start(init, init_feed=lifted.initial_feed() if lifted is not None else None)
     return runner
 
 

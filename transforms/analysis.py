@@ -25,8 +25,8 @@ from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms import serial
 from autopar.transforms.batchnorm import BatchNormInfo, find_batch_norms
 from autopar.transforms.graph_utils import (VARIABLE_OP_TYPES, collector_paused, graph_of,
-                                            in_gradient_scope, is_restore_assignment,
-                                            static_shape)
+                                            in_gradient_scope, initialization_guard,
+                                            is_restore_assignment, static_shape)
 
 tf1 = tf.compat.v1
 
@@ -79,6 +79,8 @@ class VariableInfo:
     # A resource variable (VarHandleOp); False: a legacy reference variable
     # (VariableV2), which autopar places whole but cannot split into partitions.
     resource: bool = True
+    # How its update was recognised (for the report).
+    recognised: str = ""
 
 
 @dataclass
@@ -189,18 +191,28 @@ def _analyze(graph: tf.Graph) -> Analysis:
             "before calling autopar")
     trainable = _trainable_variable_ops(graph)
     updates = _update_ops_by_variable(graph, trainable)
+    recognised = {name: "its tf.compat.v1 optimizer's update (the ops under "
+                        f"'{ops[0].rsplit('/update_', 1)[0]}/update_{name}')"
+                  for name, ops in updates.items()}
+    index = _OpIndex(graph)
+    writers = _writers_by_variable(graph)
+    from_data_flow = _updates_from_data_flow(graph, index, trainable, updates, boundary, writers)
+    for name, ops in from_data_flow.items():
+        updates[name] = ops
+        recognised[name] = ("writes of it and of its slots fed by its gradient (data flow: "
+                            f"{', '.join(o for o in ops if o in set(writers.get(name, [])))})")
     if not updates:
         consumer = _first_consumer(graph, boundary)
         raise UnsupportedGraphError(
             f"gradients are computed but no optimizer update was recognised: op '{consumer}' "
-            "consumes a gradient, but no op lives under an '<optimizer>/update_<variable>' "
-            "scope. Use an unmodified tf.compat.v1.train optimizer's apply_gradients/minimize.")
-    index = _OpIndex(graph)
-    writers = _writers_by_variable(graph)
+            "consumes a gradient, but no write of a trainable variable is fed by one. Apply "
+            "the gradients with an optimizer (tf.compat.v1.train or Keras).")
     _reject_hand_written_updates(graph, index, trainable, updates, boundary, writers)
     slot_users = _variables_passed_to_updates(graph, updates, {v.name for v in trainable})
     variables = [_variable_info(graph, var_op, updates[var_op.name], boundary, slot_users)
                  for var_op in trainable if var_op.name in updates]
+    for info in variables:
+        info.recognised = recognised[info.name]
     paths = _path_ops(index, [([t for t in (v.grad_tensor, v.grad_values, v.grad_indices) if t],
                                set(v.update_ops)) for v in variables])
     for info, path in zip(variables, paths):
@@ -209,9 +221,14 @@ def _analyze(graph: tf.Graph) -> Analysis:
         first = info.grad_tensor or info.grad_values
         info.grad_position = index.position.get(first.split(":")[0], -1) if first else -1
         _own_region(graph, info, set(grads), set(info.update_ops))
+        if info.gradient == "sparse" and not info.ps_blocker and not info.dedup:
+            info.ps_blocker = _nonlinear_in_rows(graph, info)
+        if not info.ps_blocker:
+            info.ps_blocker = _read_in_a_function(graph, info.name)
     slot_names = {s for v in variables for s in v.slots}
     all_update_ops = {u for v in variables for u in v.update_ops}
-    groups, trains = _train_groups(index, variables)
+    fetches = {op.name for op in graph.get_collection("autopar_function_fetches")}
+    groups, trains = _train_groups(index, variables, fetches)
     losses = _losses(graph, index, variables, groups)
     loss = losses[0] if losses else None
     reduction, why = _loss_reduction_of_all(graph, losses)
@@ -230,14 +247,16 @@ def _analyze(graph: tf.Graph) -> Analysis:
     )
 
 
-def _train_groups(index: "_OpIndex", variables: list[VariableInfo]
+def _train_groups(index: "_OpIndex", variables: list[VariableInfo], fetches: set[str] = frozenset()
                   ) -> tuple[list[list[str]], dict[str, list[int]]]:
     """(the variables of each train group, step op -> its groups), from data
     and control flow: one forward pass carries from every update op the bit
     of its variable, so each step op outside the update ops knows the
     variables a run of it updates. Variables updated by exactly the same of
     those ops form a group; numbered by their first variable, the same on
-    every process. Sets `group` on each VariableInfo."""
+    every process. Sets `group` on each VariableInfo. `fetches`: when the
+    graph declares the ops a step fetches (a lifted function's outputs,
+    transforms.lift.FETCHES), only those."""
     seeds: dict[int, int] = collections.defaultdict(int)
     for k, v in enumerate(variables):
         for u in v.update_ops:
@@ -245,7 +264,7 @@ def _train_groups(index: "_OpIndex", variables: list[VariableInfo]
     reach = index.propagate(seeds, forward=True, control=True)
     updated_by: dict[str, int] = {}
     for i, bits in enumerate(reach):
-        if bits and i not in seeds:
+        if bits and i not in seeds and (not fetches or index.names[i] in fetches):
             updated_by[index.names[i]] = bits
     distinct = sorted(set(updated_by.values()))
     signature: dict[int, tuple[int, ...]] = {}
@@ -270,8 +289,14 @@ def _losses(graph, index: "_OpIndex", variables: list[VariableInfo],
     differentiated, the one whose gradient seed reaches the group's
     gradients."""
     seeds = _loss_seeds(graph)
+    if not seeds:
+        # A GradientTape names no seed: a loss the graph declares (a traced
+        # function's, transforms.lift) if any.
+        declared = [t for t in graph.get_collection(tf1.GraphKeys.LOSSES)
+                    if t.dtype.is_floating and t.shape.rank == 0]
+        return [declared[0].name if declared else None] * len(groups)
     if len(seeds) <= 1:
-        return [seeds[0][1] if seeds else None] * len(groups)
+        return [seeds[0][1]] * len(groups)
     out = []
     reached = [index.reachable([index.position[seed]]) for seed, _ in seeds]
     by_name = {v.name: v for v in variables}
@@ -368,6 +393,124 @@ class _OpIndex:
                         queued[j] = True
                         queue.append(j)
         return reach
+
+
+def _updates_from_data_flow(graph, index: "_OpIndex", trainable, named: dict[str, list[str]],
+                            boundary: set[str], writers: dict[str, list[str]]
+                            ) -> dict[str, list[str]]:
+    """{trainable variable: its update ops} for the trainable variables no
+    tf.compat.v1 optimizer scope covers (a Keras optimizer's assign ops, a
+    traced tf.function's), from data flow alone:
+
+    - an op is fed by a gradient when a path of data edges leads to it from
+      a tensor the backward pass produced, or through the state of a
+      non-trainable variable: a write fed by a gradient makes the reads of
+      that variable fed too (Keras's Adam writes m and v from the gradient,
+      then reads them to write the weight);
+    - the update of v is its writes fed by a gradient, the writes fed by a
+      gradient of its slots (non-trainable variables read by those writes
+      and by no other variable's), and every op whose outputs only these
+      ops consume (the arithmetic between, reads of the slots), walking
+      back no further than the backward pass and the variables.
+
+    The optimizer's own counters (Keras's iteration count) are written
+    without a gradient and read by every variable's update: state, not a
+    slot. A write fed by a gradient that no optimizer pattern explains is
+    still an update here: whatever computes it runs on the aggregated
+    gradient, as on one device."""
+    trainable_names = {v.name for v in trainable}
+    candidates = [v.name for v in trainable if v.name not in named and writers.get(v.name)]
+    if not candidates:
+        return {}
+    reads_of: dict[str, list[int]] = collections.defaultdict(list)
+    for op in graph.get_operations():
+        if op.type in _READ_OP_TYPES and op.inputs and op.inputs[0].op.type in VARIABLE_OP_TYPES:
+            reads_of[op.inputs[0].op.name].append(index.position[op.name])
+    writer_of = {w: var for var, ws in writers.items() for w in ws}
+    fed = index.reachable({index.position[t.split(":")[0]] for t in boundary})
+    through = set()
+    while True:
+        states = {writer_of[index.names[i]] for i in fed if index.names[i] in writer_of
+                  and writer_of[index.names[i]] not in trainable_names} - through
+        if not states:
+            break
+        through |= states
+        fed |= index.reachable([i for s in states for i in reads_of.get(s, [])])
+    fed_writes = {var: [w for w in ws if index.position[w] in fed] for var, ws in writers.items()}
+    # the non-trainable variables each candidate's writes read
+    read_by: dict[str, set[str]] = {}
+    for name in candidates:
+        if not fed_writes.get(name):
+            continue
+        read = set()
+        seen, stack = set(), [graph.get_operation_by_name(w) for w in fed_writes[name]]
+        while stack:
+            op = stack.pop()
+            if op.name in seen or in_gradient_scope(op.name):
+                continue
+            seen.add(op.name)
+            if op.type in _READ_OP_TYPES and op.inputs and \
+                    op.inputs[0].op.type in VARIABLE_OP_TYPES:
+                read.add(op.inputs[0].op.name)
+                continue
+            stack.extend(t.op for t in op.inputs if t.op.type not in VARIABLE_OP_TYPES)
+        read_by[name] = {x for x in read if x not in trainable_names and fed_writes.get(x)}
+    users: dict[str, int] = collections.Counter(x for xs in read_by.values() for x in xs)
+    out = {}
+    for name, read in read_by.items():
+        slots = sorted(x for x in read if users[x] == 1)
+        region = {w for x in [name, *slots] for w in fed_writes[x]}
+        out[name] = sorted(_convex(graph, _exclusive_ancestors(graph, region)))
+    return out
+
+
+def _convex(graph, region: set[str]) -> set[str]:
+    """`region` with every op on a path (data or control) from one of its
+    ops to another: such an op runs between them (a traced function orders
+    each variable's reads and writes by control edges, and a read of a shared
+    learning rate can sit between a slot's write and the weight's), so it
+    belongs to the update; left outside it would wait for the update's end
+    and the update for it. The walk back stays out of the backward pass,
+    the variables and the inputs."""
+    ops = {name: graph.get_operation_by_name(name) for name in region}
+    before, stack = set(), list(ops.values())
+    while stack:   # ancestors of the region, short of the backward pass
+        op = stack.pop()
+        for p in [t.op for t in op.inputs] + list(op.control_inputs):
+            if (p.name in before or p.name in region or in_gradient_scope(p.name)
+                    or p.type in VARIABLE_OP_TYPES or p.type in _INPUT_OP_TYPES):
+                continue
+            before.add(p.name)
+            stack.append(p)
+    between, stack = set(), list(ops.values())
+    while stack:   # ...that are also descendants of it
+        op = stack.pop()
+        for c in [c for t in op.outputs for c in t.consumers()] + list(op._control_outputs):  # pylint: disable=protected-access
+            if c.name in before and c.name not in between:
+                between.add(c.name)
+                stack.append(c)
+    return region | between
+
+
+def _exclusive_ancestors(graph, region: set[str]) -> set[str]:
+    """`region` grown by every op all of whose consumers (data and control)
+    are in it, walking back no further than the backward pass and the
+    variables."""
+    region = set(region)
+    frontier = list(region)
+    while frontier:
+        op = graph.get_operation_by_name(frontier.pop())
+        for t in op.inputs:
+            p = t.op
+            if (p.name in region or in_gradient_scope(p.name) or p.type in VARIABLE_OP_TYPES
+                    or p.type in _INPUT_OP_TYPES):
+                continue
+            consumers = {c.name for out in p.outputs for c in out.consumers()}
+            consumers |= {c.name for c in p._control_outputs}  # pylint: disable=protected-access
+            if consumers <= region:
+                region.add(p.name)
+                frontier.append(p.name)
+    return region
 
 
 def _reject_hand_written_updates(graph, index: _OpIndex, trainable, updates, boundary,
@@ -468,6 +611,19 @@ def _variable_info(graph, var_op, update_ops, boundary, slot_users) -> VariableI
     update_set = set(update_ops)
     sparse = any(m in graph.get_operation_by_name(u).type
                  for u in update_ops for m in _SPARSE_UPDATE_MARKERS)
+    if not sparse:
+        # An optimizer may densify an IndexedSlices gradient before updating
+        # the whole variable (Keras's do): the gradient is sparse when what
+        # leaves the backward pass for it is rows and indices, not a tensor
+        # of its shape.
+        [dense] = _nearest_boundary(graph, update_set, boundary,
+                                    [lambda t: t.dtype.is_floating and static_shape(t) == shape])
+        if dense is None:
+            rows, ids = _nearest_boundary(
+                graph, update_set, boundary,
+                [lambda t: t.dtype.is_floating and _rows_of(t, shape),
+                 lambda t: t.dtype.is_integer and t.shape.rank == 1])
+            sparse = rows is not None and ids is not None
     info = VariableInfo(name=var_op.name, shape=shape, dtype=dtype.name, bytes=nbytes,
                         gradient="sparse" if sparse else "dense", update_ops=sorted(update_ops),
                         resource=var_op.type == "VarHandleOp")
@@ -480,6 +636,8 @@ def _variable_info(graph, var_op, update_ops, boundary, slot_users) -> VariableI
             raise UnsupportedGraphError(
                 f"variable '{var_op.name}' is updated sparsely by '{update_ops[0]}' but its "
                 "IndexedSlices gradient (values and indices) could not be traced to the backward pass")
+        info.grad_values = _values_beside(graph, info.grad_values, info.grad_indices, boundary,
+                                          shape)
         info.dedup = _deduplicated(graph.get_tensor_by_name(info.grad_indices))
         rows = static_shape(graph.get_tensor_by_name(info.grad_values))
         if rows and rows[0] is not None and shape and shape[0]:
@@ -532,6 +690,21 @@ def _nearest_boundary(graph, update_set: set[str], boundary: set[str], accepts) 
     return found
 
 
+def _values_beside(graph, values: str, indices: str, boundary: set[str], shape) -> str:
+    """The IndexedSlices values that go with `indices`: an op taking both
+    (the scatter, the densifying segment sum) names the pair. Another
+    gradient of the same row shape may be as near to the update (through a
+    global norm: a dense [4, 4] kernel's gradient looks like 4 rows of a
+    [20, 4] table); keep `values` only if nothing pairs another tensor with
+    the indices."""
+    paired = {t.name for c in graph.get_tensor_by_name(indices).consumers() for t in c.inputs
+              if t.name in boundary and t.name != indices and t.dtype.is_floating
+              and _rows_of(t, shape)}
+    if values in paired or len(paired) != 1:
+        return values
+    return paired.pop()
+
+
 def _rows_of(t: tf.Tensor, var_shape) -> bool:
     s = static_shape(t)
     return s is not None and len(s) == len(var_shape) and tuple(s[1:]) == tuple(var_shape[1:])
@@ -574,6 +747,76 @@ def _path_ops(index: _OpIndex, variables: list[tuple[list[str], set[str]]]) -> l
     return [sorted(names) for names in out]
 
 
+# Ops running a function body (functional control flow, calls).
+_FUNCTION_OPS = frozenset({"While", "StatelessWhile", "If", "StatelessIf", "Case",
+                           "StatelessCase", "PartitionedCall", "StatefulPartitionedCall"})
+
+
+def _read_in_a_function(graph, var: str) -> str:
+    """Why variable `var` cannot live on a server because a function body
+    reads it ("" when none does): its handle enters a While loop (a Keras
+    LSTM's), a cond or a call, whose body reads it across the network inside
+    the op, where the step's barrier (transforms.ps_rewrite) cannot order
+    the read against a peer's end of step (seen: 'Aborted: Cleanup <step
+    id>' on the server). An initialization guard (graph_utils) is replaced
+    by the rewrite and does not count."""
+    frontier, seen = [graph.get_operation_by_name(var)], set()
+    while frontier:
+        op = frontier.pop()
+        for c in op.outputs[0].consumers() if op.outputs else []:
+            if c.name in seen:
+                continue
+            seen.add(c.name)
+            if c.type == "Identity":
+                frontier.append(c)
+            elif c.type in _FUNCTION_OPS and initialization_guard(c) is None:
+                return (f"read inside '{c.name}' ({c.type}): a function body's read of a server "
+                        "variable is not ordered by the step's end-of-step barrier")
+    return ""
+
+
+# Ops after which rows of one id still add up as they would have before
+# them (linear in the rows, taking another operand only as a factor).
+_ROW_LINEAR = frozenset({"Identity", "Cast", "Reshape", "ExpandDims", "Squeeze", "Neg", "Mul",
+                         "RealDiv", "Div", "StopGradient", "Snapshot", "IdentityN"})
+# Ops that add the rows of one id (or write each row where its id says).
+_ROW_COMBINING = ("UnsortedSegmentSum", "SparseSegmentSum", "SegmentSum", "ScatterAdd",
+                  "ScatterSub", "ResourceScatter", "ResourceSparseApply", "SparseApply",
+                  "TensorScatterAdd", "Unique")
+
+
+def _nonlinear_in_rows(graph, info: VariableInfo) -> str:
+    """Why the servers cannot combine this sparse gradient's rows of one id
+    before its update ("" when they can). A server (and local aggregation)
+    adds up the rows of each id before the update sees them; one device's
+    update sees every looked-up row. That is the same only if the update
+    adds them first, or is linear in them until it does: tf.compat.v1
+    optimizers sum duplicate indices before anything else, while Keras's Adam
+    squares each row of an IndexedSlices gradient and only then adds them
+    (v += g_i^2 for every occurrence i). Walks forward from the gradient's
+    values through its path and update to the first op that combines rows."""
+    # (a global-norm L2Loss term is summed over workers' uncombined rows instead)
+    region = (set(info.update_ops) | set(info.own_path_ops) | set(info.path_ops)) - set(
+        info.norm_ops)
+    frontier = [graph.get_tensor_by_name(info.grad_values)]
+    seen = set()
+    while frontier:
+        t = frontier.pop()
+        for c in t.consumers():
+            if c.name in seen or c.name not in region:
+                continue
+            seen.add(c.name)
+            if c.type.startswith(_ROW_COMBINING):
+                continue
+            if c.type not in _ROW_LINEAR or (c.type in ("Mul", "RealDiv", "Div") and sum(
+                    1 for x in c.inputs if x.name == t.name or x.op.name in seen) > 1):
+                return (f"its update applies '{c.name}' ({c.type}) to each row of the gradient "
+                        "before rows of one id are added (servers add them first); all-gather "
+                        "keeps every row")
+            frontier.extend(c.outputs)
+    return ""
+
+
 def _reached_from_other(index: _OpIndex, target: int, starts: set[int]) -> bool:
     """Whether `target` is a descendant of a start other than itself (the
     forward pass also reports a start on a loop as its own descendant)."""
@@ -605,6 +848,8 @@ def _own_region(graph, info: VariableInfo, grads: set[str], update_set: set[str]
         for t in graph.get_operation_by_name(name).inputs:
             if t.name in grads or t.op.name in inside or t.op.type in VARIABLE_OP_TYPES:
                 continue
+            if not t.dtype.is_floating:
+                continue   # a shape or indices (its dense_shape): not another gradient's values
             if in_gradient_scope(t.op.name) or (t.shape.rank not in (0, None) and t.op.name in path):
                 info.ps_blocker = (f"'{name}' combines this gradient with the non-scalar "
                                    f"'{t.name}' derived from other gradients")
@@ -860,13 +1105,17 @@ def _optimizer_scopes(update_ops) -> set[str]:
 
 _WRITE_OPS = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
                         "Assign", "AssignAdd", "AssignSub", "ResourceScatterAdd", "ScatterAdd"})
+# Fused optimizer updates and scatters write the variable of their first input.
+_WRITE_PREFIXES = ("ResourceApply", "ResourceSparseApply", "ResourceScatter", "Apply",
+                   "SparseApply", "Scatter")
 
 
 def _writers_by_variable(graph) -> dict[str, list[str]]:
     """Ops writing a variable, excluding its initializer."""
     out = collections.defaultdict(list)
     for op in graph.get_operations():
-        if op.type in _WRITE_OPS and op.inputs and op.inputs[0].op.type in VARIABLE_OP_TYPES:
+        if ((op.type in _WRITE_OPS or op.type.startswith(_WRITE_PREFIXES)) and op.inputs
+                and op.inputs[0].op.type in VARIABLE_OP_TYPES):
             var = op.inputs[0].op.name
             if "/Initializer/" in "/" + op.name + "/" or op.name in (f"{var}/Assign", f"{var}/Assign:0"):
                 continue

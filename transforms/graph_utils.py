@@ -19,7 +19,10 @@ tf1 = tf.compat.v1
 # user scope. That scope is the only reliable marker of the backward pass in a
 # GraphDef, so the boundary between "computing gradients" and "using them" is
 # drawn there.
-_GRAD_SCOPE = re.compile(r"^gradients(_\d+)?$")
+# The scopes TensorFlow builds a backward pass in: tf.gradients' "gradients"
+# (tf.compat.v1 optimizers) and a GradientTape's "gradient_tape" (in a
+# traced tf.function), each maybe uniquified ("gradients_1").
+_GRAD_SCOPE = re.compile(r"^(gradients|gradient_tape)(_\d+)?$")
 
 VARIABLE_OP_TYPES = frozenset({"VarHandleOp", "VariableV2", "Variable"})
 
@@ -74,7 +77,7 @@ def initialization_stages(variables) -> list[list]:
 
 
 def in_gradient_scope(op_name: str) -> bool:
-    if "gradients" not in op_name:   # the common case, without splitting the name
+    if "gradient" not in op_name:   # the common case, without splitting the name
         return False
     return any(_GRAD_SCOPE.match(part) for part in op_name.split("/")[:-1])
 

@@ -37,6 +37,10 @@ class VariableReport:
     bucket: int | None = None
     dedup: bool = False       # sparse rows are one per distinct id of the batch
     owner: int | None = None  # weight-update sharding: the worker applying the update
+    # How the analysis recognised its update and slots (data flow or a
+    # tf.compat.v1 optimizer's update scope)
+    recognised: str = ""
+    slots: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -196,7 +200,14 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
             name=v.name, kind=v.gradient, shape=list(v.shape), dtype=v.dtype, bytes=v.bytes,
             method=vp.method, placement=vp.placement, reason=vp.reason, alpha=v.alpha,
             sent_per_worker=sent, received_per_worker=recv, bucket=vp.bucket, dedup=v.dedup,
-            owner=vp.owner))
+            owner=vp.owner, recognised=v.recognised, slots=list(v.slots)))
+        if v.recognised.startswith("writes"):
+            notes.append(f"{v.name}: update recognised from {v.recognised}; slots "
+                         f"{', '.join(v.slots) or 'none'} (the variables only its update writes)")
+        if vp.method in ("allreduce", "allgather") and v.ps_blocker and \
+                plan.run_option in ("ps", "hybrid", "herring") and plan.num_servers and \
+                (plan.run_option == "ps" or v.gradient == "sparse"):
+            notes.append(f"{v.name}: kept off the servers: {v.ps_blocker}")
     if plan.batch_norm_group and not analysis.batch_norms:
         notes.append("Config(batch_norm_group) is set but the graph has no training-mode "
                      "batch-norm layer on the input batch: nothing to synchronise")

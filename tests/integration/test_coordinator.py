@@ -212,3 +212,29 @@ def test_mismatched_step_counts_end_job(tmp_path, after):
     assert proc.returncode == 1, reader.text[-3000:]
     assert "mismatched step counts: worker 1 stopped after 5 steps, worker 0 ran 6" in rest, rest
     assert "UnavailableError" not in reader.text
+
+
+@pytest.mark.parametrize("run_option, role", [("ps", "server"), ("herring", "sumserver")])
+def test_a_stopped_server_ends_the_job_naming_it(tmp_path, run_option, role):
+    """A SIGSTOPped parameter server (its heartbeats stop) or summation server
+    (it stops answering the launcher's probe) ends the job within the stall
+    timeout + 15 s, named with its pid and address, instead of leaving the
+    workers inside the step until 20 stall timeouts."""
+    spec = write_spec(tmp_path, workers=2, servers=1)
+    proc = start_job(train_command("mlp_sgd", tmp_path / "out", "--stall-timeout", "5",
+                                   "--steps", "100000", "--run-option", run_option,
+                                   "--spec", str(spec)))
+    with LineReader(proc) as reader:
+        reader.wait_for(r"\] step 3 ", 180)
+        pids = _job_pids(reader.text, proc.pid)
+        found = re.search(rf"started {role} 0 at (\S+), pid (\d+)", reader.text)
+        address, pid = found.group(1), int(found.group(2))
+        os.kill(pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        reader.rest(timeout=120)
+        elapsed = time.monotonic() - stopped
+    lines = reader.text.rstrip("\n").splitlines()
+    assert proc.returncode == 1, reader.text[-3000:]
+    assert lines[-1].startswith(f"{role} 0 (pid {pid}) on {address} stopped answering"), lines[-1]
+    assert elapsed < 5 + 15, f"the job ended {elapsed:.1f} s after {role} 0 was stopped"
+    assert not survivors(pids), reader.text[-3000:]

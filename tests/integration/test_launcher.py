@@ -139,10 +139,13 @@ def test_failing_worker_stops_everyone_and_returns_its_status(capsys, caplog, ta
     assert "woke up" not in out
 
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-    assert len(errors) == 1
+    assert len(errors) == 2
     message = errors[0]
     pids = _read_pids(pid_dir)
     assert f"worker 1 (pid {pids['worker-1']}) exited with status 3" in message
+    # The launcher's last word: which process failed, how.
+    assert errors[1].startswith(f"job failed: worker 1 (pid {pids['worker-1']}) ")
+    assert errors[1].endswith("status 3, no error in its output")
     # The tail holds the last log_tail_lines lines, not earlier ones.
     assert "worker 1 giving up" in message and "step 99" in message
     assert "step 95" not in message
@@ -213,7 +216,8 @@ def test_server_exiting_early_fails_the_job(capsys, caplog, tag, pid_dir, monkey
     assert status == 2
     assert "[server 0] server failing on purpose" in out
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-    assert len(errors) == 1 and "server 0 (pid " in errors[0] and "exited with status 2" in errors[0]
+    assert len(errors) == 2 and "server 0 (pid " in errors[0] and "exited with status 2" in errors[0]
+    assert errors[1].startswith("job failed: server 0 (pid ") and "status 2" in errors[1]
     assert _tagged_pids(tag) == []
 
 

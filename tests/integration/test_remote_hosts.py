@@ -17,6 +17,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -132,3 +133,35 @@ def test_ctrl_c_makes_a_remote_chief_save_a_final_checkpoint(tmp_path, remote_ho
                      r"checkpoint \S*model\.ckpt-5", text), text[-3000:]
     assert (ckpt / "model.ckpt-5.index").exists(), sorted(os.listdir(ckpt))
     assert not any(pid_alive(p) for p in pids)
+
+
+def test_a_remote_worker_cut_off_from_the_launcher_stops_itself(tmp_path, remote_host):
+    """The link to the remote host goes down (the launcher's stall check is
+    off, so nothing on this side ends the job): the remote worker notices it
+    cannot reach the coordinator and exits within the link timeout (5 s here,
+    AUTOPAR_LINK_TIMEOUT_S) + 15 s, instead of running until the link returns."""
+    net, env, _ = remote_host
+    env = {**env, "AUTOPAR_LINK_TIMEOUT_S": "5"}
+    spec = tmp_path / "one.yaml"
+    spec.write_text(f"hosts:\n  - address: {net.ns_ip}\n    workers: 1\n")
+    proc = _launch(train_command("mlp_sgd", tmp_path / "out", "--steps", "1000",
+                                 "--stall-at", "3", "--stall-worker", "0", "--stall-timeout", "0",
+                                 "--spec", str(spec)), env)
+    reader = LineReader(proc)
+    pids: set[int] = {proc.pid}
+    try:
+        reader.wait_for(r"worker 0 stalling at step 3", 180)
+        worker = _started(reader.text)["worker 0"]
+        pids.add(worker)
+        subprocess.run(["ip", "link", "set", net.host_if, "down"], check=True)
+        cut = time.monotonic()
+        while pid_alive(worker) and time.monotonic() - cut < 5 + 15:
+            time.sleep(0.1)
+        elapsed = time.monotonic() - cut
+        assert not pid_alive(worker), f"worker 0 still runs {elapsed:.0f} s after the cut"
+        reader.rest(timeout=60)
+    finally:
+        _stop(proc, pids)
+    assert "the job coordinator (the launcher) has been unreachable for" in reader.text, \
+        reader.text[-3000:]
+    assert proc.returncode == 1, reader.text[-3000:]

@@ -33,6 +33,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--stall-at", type=int, default=-1,
                    help="a worker sleeps forever at this global step (for kill tests)")
     p.add_argument("--stall-worker", type=int, default=1, help="which worker --stall-at stalls")
+    p.add_argument("--raise-at", type=int, default=-1,
+                   help="worker --stall-worker raises an exception at this global step "
+                        "(for failure-report tests)")
     p.add_argument("--fewer-steps", choices=("exit", "sleep"),
                    help="worker 1 runs one step fewer, then exits 0, or closes its Runner and "
                         "sleeps (for step-count mismatch tests)")
@@ -119,6 +122,8 @@ def main(argv: list[str] | None = None) -> None:
                 deadline = time.monotonic() + 120
                 while not runner.stop_requested and time.monotonic() < deadline:
                     time.sleep(0.05)
+            if step == args.raise_at and i == args.stall_worker:
+                raise RuntimeError(f"injected failure at global step {step}")
             if step == args.stall_at and i == args.stall_worker:
                 print(f"worker {i} stalling at step {step}", flush=True)
                 time.sleep(3600)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -13,8 +14,9 @@ import grpc
 import pytest
 
 from autopar.common import env as envvars
-from autopar.runtime.coordinator import (PHASE_CLOSED, PHASE_SCRIPT, PHASE_STEP, Coordinator,
-                                 CoordinatorClient, ProcessState, _grpc_modules, diagnose)
+from autopar.runtime.coordinator import (PHASE_CLOSED, PHASE_FAILED, PHASE_SCRIPT, PHASE_STEP,
+                                         Coordinator, CoordinatorClient, ProcessState,
+                                         ProgressHook, _grpc_modules, diagnose)
 from autopar.runtime.launcher import bind_env_value, bind_shim_path
 
 
@@ -307,3 +309,82 @@ def test_coordinator_on_an_address_not_of_this_machine_is_a_launch_error():
     from autopar.common.errors import LaunchError
     with pytest.raises(LaunchError, match="could not listen on 192.0.2.10"):
         Coordinator("192.0.2.10", 1, 0).start()
+
+
+# -- failures, silent servers, stale reports (issue 28) -------------------------
+
+def test_a_worker_closing_its_runner_on_an_exception_failed_it_did_not_finish(coordinator):
+    """Closed on the way out of an exception (the Runner's `with`), a worker
+    reports a failure, not a finished run: its peer still inside the next
+    step is no step-count mismatch, and the launcher names the failure."""
+    client = CoordinatorClient(coordinator.address, coordinator.token, "worker", 1)
+    try:
+        client.register("127.0.0.1:2")
+        hook = ProgressHook(client)
+        for step in range(5):
+            hook.before_run(True)
+            hook.after_run(True, step + 1)
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            hook.closed()          # as Runner.__exit__ -> close() -> on_close does
+        hook.closed()              # later reports cannot undo the failure
+        state = coordinator.snapshot()["worker 1"]
+        assert state.phase == f"{PHASE_FAILED}:{PHASE_SCRIPT}" and state.failed_at
+        assert (state.steps_done, state.global_step) == (5, 5)
+    finally:
+        client.close()
+    states = coordinator.snapshot()
+    states["worker 0"] = ProcessState("worker", 0, registered=True, steps_done=5,
+                                      phase=PHASE_STEP, phase_since=0.0)
+    assert diagnose(states, {}, 0, 100.0) is None
+
+
+def test_a_stale_report_is_not_a_waiter():
+    """Worker 1's last report (300 s old) has it inside step 424 while worker 0
+    waits in step 448: worker 1 is the one waited for, not a waiter too."""
+    states = _workers((447, PHASE_STEP, 60), (423, PHASE_STEP, 300))
+    states["worker 1"].heard = 100.0 - 300
+    verdict = diagnose(states, {}, stall_timeout_s=5, now=100.0)
+    assert verdict is not None and verdict.kind == "stall"
+    assert verdict.message.startswith("job stalled: worker 0 (in step 448 for 60 s) waits for "
+                                      "worker 1 to join step 448"), verdict.message
+    assert "worker 1, pid 1001: has not started step 448 for 300 s; it is inside step 424 " \
+           "(its last report, 300 s ago: it has stopped reporting" in verdict.message
+
+
+@pytest.mark.parametrize("role", ["server", "sumserver"])
+def test_a_silent_server_is_named_after_the_stall_timeout(role):
+    def states(silent_for: float) -> dict:
+        found = _workers((3, PHASE_STEP, silent_for), (3, PHASE_STEP, silent_for))
+        found[f"{role} 0"] = ProcessState(role, 0, pid=77, address="127.0.0.1:5000",
+                                          registered=True, phase_since=0.0,
+                                          heard=100.0 - silent_for)
+        return found
+    verdict = diagnose(states(12), {}, stall_timeout_s=5, now=100.0)
+    assert verdict is not None and verdict.kind == "server"
+    assert verdict.message.startswith(f"{role} 0 (pid 77) on 127.0.0.1:5000 stopped answering: "
+                                      "nothing heard from it for 12 s")
+    # Heard from lately, the stall check disabled, or exited (reported as an exit): no verdict.
+    assert diagnose(states(2), {}, 5, 100.0) is None
+    assert diagnose(states(12), {}, 0, 100.0) is None
+    assert diagnose(states(12), {f"{role} 0": 1}, 5, 100.0) is None
+
+
+def test_a_stopped_summation_server_does_not_answer_the_probe():
+    """The launcher's liveness probe of a summation server (it sends no
+    heartbeats): a running one closes the probe's connection, a SIGSTOPped
+    one (its kernel still accepts connections) does not."""
+    from autopar.runtime.launcher import answers, sumserver_path
+    server = subprocess.Popen([sumserver_path(), "--host", "127.0.0.1", "--port", "0"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        address = server.stdout.readline().split()[-1]
+        assert answers(address, 5.0)
+        server.send_signal(signal.SIGSTOP)
+        assert not answers(address, 1.0)
+        server.send_signal(signal.SIGCONT)
+        assert answers(address, 5.0)
+    finally:
+        server.kill()
+        server.wait(timeout=10)

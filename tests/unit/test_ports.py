@@ -256,3 +256,33 @@ def test_summation_servers_get_their_own_reserved_ports_on_the_servers_hosts():
     with reserve_cluster(spec(*hosts)) as without:
         assert without.sumservers == []
     assert is_bind_failure("autopar_sumserver: cannot listen on 127.0.0.1:5000: Address in use")
+
+
+def test_reservations_of_a_killed_launcher_are_cleaned_up_at_the_next_start(tmp_path, monkeypatch):
+    """A launcher killed with SIGKILL cannot remove its lock files; the next
+    reservation removes every lock file no launcher holds, never a held one."""
+    monkeypatch.setenv("AUTOPAR_RUNTIME_DIR", str(tmp_path))
+    start, end = free_range(20)
+    code = ("import sys, time\n"
+            "from autopar.runtime.ports import reserve_cluster\n"
+            "from autopar.runtime.spec import HostSpec, ResourceSpec\n"
+            f"r = reserve_cluster(ResourceSpec(hosts=(HostSpec('127.0.0.1', workers=2, ports=({start}, {end})),)))\n"
+            "print('reserved', flush=True)\n"
+            "time.sleep(600)\n")
+    killed = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert killed.stdout.readline().strip() == "reserved"
+    finally:
+        killed.kill()
+        killed.wait(timeout=30)
+    stale = sorted(p.name for p in (tmp_path / "ports").glob("*.lock"))
+    assert len(stale) == 2
+    with reserve_cluster(spec(HostSpec("127.0.0.1", workers=1))) as held:
+        mine = {p.name for p in (tmp_path / "ports").glob("*.lock")}
+        assert mine.isdisjoint(stale) and len(mine) == 1
+        # Another launcher's start leaves this running one's reservation alone.
+        allocate_cluster(spec(HostSpec("127.0.0.1", workers=1)))
+        assert mine <= {p.name for p in (tmp_path / "ports").glob("*.lock")}
+    assert held.cluster
+    assert not list((tmp_path / "ports").glob("*.lock"))

@@ -337,3 +337,40 @@ def test_bad_address_in_tf_config(address):
     with pytest.raises(SpecError, match=r"TF_CONFIG: cluster\.worker\[1\]: bad host") as info:
         spec_from_tf_config(tf_config)
     assert repr(address) in str(info.value)
+
+
+# ----------------------------------------------------------------- hostile input
+
+# Nine anchors, each a list of nine aliases of the previous one: fewer than 512
+# bytes standing for 9**9 values ("billion laughs").
+_NAMES = "abcdefghi"
+_BOMB = "[" + ", ".join(f"&{k} [{', '.join([f'*{p}' if p else '0'] * 9)}]"
+                        for k, p in zip(_NAMES, ["", *_NAMES[:-1]])) + "]"
+
+
+@pytest.mark.parametrize("host", ["- address: 127.0.0.1\n    workers: {bomb}\n",
+                                  "- address: {bomb}\n    workers: 1\n",
+                                  "- {bomb}\n"], ids=["workers", "address", "host"])
+def test_an_alias_bomb_is_refused_without_expanding_it(tmp_path, host):
+    """Refused before any of its values is walked or formatted into a message
+    (which used to end in a MemoryError)."""
+    assert len(_BOMB) < 512
+    message = yaml_error(tmp_path, "hosts:\n  " + host.format(bomb=_BOMB))
+    assert "aliases (*name) expand to more than 10000 values" in message
+    assert len(message) < 1000
+
+
+@pytest.mark.parametrize("value", ["x" * 100_000, list(range(100_000)), {"a": ["b"] * 100_000},
+                                   -10 ** 5000], ids=["str", "list", "dict", "int"])
+def test_huge_values_are_shown_briefly(value):
+    """A message shows at most a few hundred characters of a bad value, whatever its size."""
+    with pytest.raises(SpecError) as info:
+        ResourceSpec(hosts=(HostSpec("127.0.0.1", workers=value),), source="s.yaml")
+    assert "hosts[0].workers: must" in str(info.value)
+    assert len(str(info.value)) < 600
+
+
+def test_a_huge_or_endless_file_is_refused(tmp_path):
+    assert "is larger than" in yaml_error(tmp_path, "hosts:\n" + "#" * (2 << 20) + "\n")
+    with pytest.raises(SpecError, match="is larger than"):
+        load_spec("/dev/zero")

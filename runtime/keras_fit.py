@@ -1,0 +1,172 @@
+"""autopar.fit: a compiled Keras 3 model trained as `model.fit` trains it,
+on every worker of a job, with one device's result.
+
+Keras's own fit() runs its own train step, which autopar cannot take over;
+this loop runs the same computation through a traced step of our own (the
+compiled loss plus the model's regularization losses, differentiated by a
+GradientTape, applied by the compiled optimizer; traced with jit_compile
+off) that autopar.get_runner lifts and distributes like any tf.function step
+(transforms.lift). What Keras users expect of fit() holds:
+
+- `batch_size` is the global batch: each step's batch is the one one device
+  would take (the same shuffled order: a permutation seeded by `seed` and
+  the epoch, identical on every worker), and worker i trains on its rows
+  [i*b/N, (i+1)*b/N) of it; b must divide by N. The last, smaller batch of
+  an epoch is dropped on one device as on N (Keras trains on it): workers'
+  gradients are averaged with equal weights, which a batch that does not
+  split evenly would break.
+- Metrics and the loss are aggregated over all workers: each worker updates
+  the compiled metrics on its rows, then their state variables (sums and
+  counts for Mean-like and confusion-count metrics) are summed over workers,
+  so the logs are the whole epoch's, as one device reports them.
+- `validation_data` is evaluated at each epoch's end, each worker on its
+  share of it, aggregated the same way ("val_" logs).
+- Callbacks run on the chief only, with the aggregated logs; the chief alone
+  prints one line per epoch. The model and its optimizer hold the trained
+  values on every worker when fit returns (model.save() works anywhere).
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+log = logging.getLogger("autopar.fit")
+
+
+class History:
+    """What fit returns: `history[name]` is the list of per-epoch values
+    (the same on every worker), and which worker of how many this is."""
+
+    def __init__(self, worker_index: int = 0, num_workers: int = 1) -> None:
+        self.history: dict[str, list[float]] = {}
+        self.epoch: list[int] = []
+        self.worker_index = worker_index
+        self.num_workers = num_workers
+
+    def add(self, epoch: int, logs: dict) -> None:
+        self.epoch.append(epoch)
+        for name, value in logs.items():
+            self.history.setdefault(name, []).append(value)
+
+
+def fit(model, x, y, resource_info=None, config=None, *, epochs: int = 1, batch_size: int = 32,
+        validation_data=None, callbacks=(), shuffle: bool = True, seed: int = 0,
+        verbose: int = 1) -> History:
+    import keras
+    import tensorflow as tf
+
+    from autopar.api import get_runner
+    from autopar.common.errors import AutoparError
+
+    if getattr(model, "optimizer", None) is None or getattr(model, "loss", None) is None:
+        raise AutoparError("autopar.fit: compile the model first "
+                           "(model.compile(optimizer=..., loss=..., metrics=...))")
+    x, y = np.asarray(x), np.asarray(y)
+    if len(x) != len(y):
+        raise AutoparError(f"autopar.fit: x has {len(x)} examples and y {len(y)}")
+    loss_fn = keras.losses.get(model.loss) if not callable(model.loss) else model.loss
+
+    @tf.function(jit_compile=False)
+    def train_step(xb, yb):
+        with tf.GradientTape() as tape:
+            y_pred = model(xb, training=True)
+            loss = loss_fn(yb, y_pred)
+            if model.losses:
+                loss = loss + tf.add_n(model.losses)
+        grads = tape.gradient(loss, model.trainable_variables)
+        model.optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss, y_pred
+
+    spec = [tf.TensorSpec([None, *x.shape[1:]], tf.as_dtype(x.dtype)),
+            tf.TensorSpec([None, *y.shape[1:]], tf.as_dtype(y.dtype))]
+    runner = get_runner(train_step.get_concrete_function(*spec), resource_info, config)
+    n, me = runner.num_workers, runner.worker_index
+    if batch_size % n:
+        runner.close()
+        raise AutoparError(f"autopar.fit: batch_size={batch_size} is the global batch and must "
+                           f"divide by the {n} workers")
+    if len(x) < batch_size:
+        runner.close()
+        raise AutoparError(f"autopar.fit: {len(x)} examples make no batch of {batch_size}")
+    history = History(me, n)
+    callbacks = keras.callbacks.CallbackList(list(callbacks), model=model) if runner.is_chief \
+        else None
+    with runner:
+        if callbacks is not None:
+            callbacks.on_train_begin()
+        for epoch in range(epochs):
+            if callbacks is not None:
+                callbacks.on_epoch_begin(epoch)
+            order = (np.random.default_rng([seed, epoch]).permutation(len(x)) if shuffle
+                     else np.arange(len(x)))
+            metrics = _Metrics(model)
+            share = batch_size // n
+            for step in range(len(x) // batch_size):
+                rows = order[step * batch_size:(step + 1) * batch_size]
+                mine = rows[me * share:(me + 1) * share]
+                loss, y_pred = runner.call(x[mine], y[mine])
+                metrics.update(y[mine], y_pred, float(loss), len(mine))
+            logs = metrics.result(runner)
+            if validation_data is not None:
+                runner.sync_python_variables()
+                logs.update({f"val_{k}": v for k, v in
+                             _evaluate(model, loss_fn, *validation_data, batch_size, runner)
+                             .items()})
+            history.add(epoch, logs)
+            if runner.is_chief:
+                if verbose:
+                    log.info("epoch %d/%d: %s", epoch + 1, epochs,
+                             "  ".join(f"{k} {v:.4f}" for k, v in logs.items()))
+                callbacks.on_epoch_end(epoch, logs)
+        if callbacks is not None:
+            callbacks.on_train_end(history.history and {k: v[-1] for k, v in
+                                                        history.history.items()})
+    model.history = history
+    return history
+
+
+class _Metrics:
+    """The compiled metrics and the loss over this worker's rows of an
+    epoch, combined over workers by summing their state."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        model.reset_metrics()
+        self.loss_sum = 0.0
+        self.count = 0
+
+    def update(self, y, y_pred, loss: float, rows: int) -> None:
+        self.loss_sum += loss * rows
+        self.count += rows
+        self.model.compute_metrics(None, y, y_pred)
+
+    def result(self, runner) -> dict:
+        variables = [v for m in self.model.metrics for v in m.variables]
+        local = np.concatenate([[self.loss_sum, self.count]]
+                               + [np.ravel(v.numpy()).astype(np.float64) for v in variables])
+        total = runner.sum_over_workers(local)
+        logs = {"loss": float(total[0] / max(total[1], 1))}
+        offset = 2
+        for v in variables:
+            size = int(np.prod(v.shape))
+            v.assign(total[offset:offset + size].reshape(v.shape).astype(v.dtype))
+            offset += size
+        for name, value in self.model.get_metrics_result().items():
+            if name != "loss":   # the loss tracker: the loss above is ours
+                logs[name] = float(value)
+        return logs
+
+
+def _evaluate(model, loss_fn, x, y, batch_size: int, runner) -> dict:
+    """Loss and compiled metrics of the model (with this worker's current
+    values) over the validation set, each worker on its examples i mod N,
+    combined over workers."""
+    x, y = np.asarray(x), np.asarray(y)
+    mine = np.arange(runner.worker_index, len(x), runner.num_workers)
+    metrics = _Metrics(model)
+    for start in range(0, len(mine), batch_size):
+        rows = mine[start:start + batch_size]
+        y_pred = model(x[rows], training=False)
+        metrics.update(y[rows], y_pred, float(np.mean(loss_fn(y[rows], y_pred))), len(rows))
+    return metrics.result(runner)

@@ -1,0 +1,53 @@
+"""Train a tests/programs/keras_step.py model with its custom tf.function
+step: --reference calls the tf.function itself (one device, no autopar);
+otherwise the step's ConcreteFunction runs through autopar.get_runner (with
+--spec on every worker, each feeding rows [i*B/N, (i+1)*B/N) of the step's
+global batch). Saves the Keras model's and optimizer's variables as the
+Python objects hold them afterwards."""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))))
+
+import numpy as np  # noqa: E402
+
+import autopar  # noqa: E402
+from tests.programs import keras_step  # noqa: E402
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="emb_mlp")
+    p.add_argument("--optimizer", default="adam")
+    p.add_argument("--dtype", default="float64")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--batch", type=int, default=6, help="global batch")
+    p.add_argument("--out", required=True)
+    p.add_argument("--spec")
+    p.add_argument("--run-option", default="hybrid")
+    p.add_argument("--reference", action="store_true")
+    args = p.parse_args(argv)
+    program = keras_step.build(args.model, args.optimizer, args.dtype)
+    if args.reference:
+        for k in range(args.steps):
+            program.train_step(*program.batch(k, args.batch))
+        index = 0
+    else:
+        runner = autopar.get_runner(program.concrete, args.spec,
+                                    autopar.Config(run_option=args.run_option, log_every_steps=1))
+        n, index = runner.num_workers, runner.worker_index
+        per = args.batch // n
+        for k in range(args.steps):
+            x, y = program.batch(k, args.batch)
+            runner.call(x[index * per:(index + 1) * per], y[index * per:(index + 1) * per])
+        runner.close()   # gives the Python variables the trained values
+    os.makedirs(args.out, exist_ok=True)
+    np.savez(os.path.join(args.out, f"worker{index}.npz"),
+             **{path: v.numpy() for path, v in program.variables().items()})
+    print(f"worker {index} done", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""checkpoint_dir is the only place a job reads or deletes checkpoints, and a
+checkpoint that cannot be used or saved is named for what it is.
+
+- A crafted ``checkpoint`` state file listing a path outside the directory:
+  the outside files survive (rotation used to delete ``PATH.*``).
+- A copied directory (``cp -r A B``, state file listing A's absolute paths)
+  resumes from B's own files, to an uninterrupted run's parameters, and A is
+  untouched; a moved one (``mv A B``) resumes too instead of calling its
+  intact checkpoints corrupt.
+- A garbage state file, a checkpoint of another model (same names, other
+  shapes), an unwritable directory and a full disk are autopar errors naming
+  the file, the variable or the directory; a full disk keeps the previous
+  checkpoint; when every checkpoint is damaged nothing is deleted (nor said
+  to be).
+"""
+import hashlib
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+
+from autopar.common.errors import AutoparError
+from autopar.runtime.checkpoint import Checkpointer
+from tests.integration.cluster import assert_same_parameters, small_disk
+from tests.integration.test_graceful_stop import _checkpoint_steps, _train
+
+tf1 = tf.compat.v1
+
+
+@pytest.fixture(scope="module")
+def uninterrupted():
+    """Parameters after 6 uninterrupted single-device steps."""
+    return _train(None, 6)
+
+
+def _absolute_state(directory: Path) -> None:
+    """The state file as TensorFlow's functions and earlier autopar versions
+    wrote it: absolute paths."""
+    steps = sorted(_checkpoint_steps(directory))
+    paths = [str(directory / f"model.ckpt-{s}") for s in steps]
+    tf1.train.update_checkpoint_state(str(directory), paths[-1], paths)
+    assert str(directory) in (directory / "checkpoint").read_text()
+
+
+def _snapshot(directory: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(directory.iterdir())}
+
+
+def _logged(caplog) -> str:
+    return "\n".join(r.getMessage() for r in caplog.records)
+
+
+def test_a_crafted_state_file_cannot_delete_files_outside(tmp_path, caplog):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "important.txt").write_text("keep me")
+    (victim / "important.cfg").write_text("keep me too")
+    ckpt = tmp_path / "ckpt"
+    _train(ckpt, 2)
+    (ckpt / "checkpoint").write_text(
+        f'model_checkpoint_path: "{ckpt}/model.ckpt-2"\n'
+        f'all_model_checkpoint_paths: "{victim}/important"\n'
+        'all_model_checkpoint_paths: "model.ckpt-1"\n'
+        'all_model_checkpoint_paths: "model.ckpt-2"\n')
+    with caplog.at_level(logging.INFO, logger="autopar.checkpoint"):
+        _train(ckpt, 5, caplog)   # keep_checkpoints=4: rotation deletes the oldest listed
+    assert (victim / "important.txt").read_text() == "keep me"
+    assert (victim / "important.cfg").read_text() == "keep me too"
+    log = _logged(caplog)
+    assert f"ignoring {str(victim / 'important')!r}" in log, log
+    assert "restored" in log and "model.ckpt-2 (global step 2)" in log, log
+    assert _checkpoint_steps(ckpt) == {2, 3, 4, 5}
+    assert str(tmp_path) not in (ckpt / "checkpoint").read_text()   # names only from now on
+
+
+@pytest.mark.parametrize("how", ["copy", "move"])
+def test_a_copied_or_moved_directory_resumes_from_its_own_files(tmp_path, caplog, how,
+                                                               uninterrupted):
+    original, other = tmp_path / "A", tmp_path / "B"
+    _train(original, 3)
+    _absolute_state(original)
+    if how == "copy":
+        shutil.copytree(original, other)
+        before = _snapshot(original)
+    else:
+        original.rename(other)
+    with caplog.at_level(logging.INFO, logger="autopar.checkpoint"):
+        resumed = _train(other, 6, caplog)
+    log = _logged(caplog)
+    assert f"restored {other}/model.ckpt-3 (global step 3)" in log, log
+    assert "corrupt" not in log, log
+    assert_same_parameters(uninterrupted, resumed, what=f"resumed in a {how} of the directory")
+    assert _checkpoint_steps(other) == {3, 4, 5, 6}
+    if how == "copy":
+        assert _snapshot(original) == before   # the original is untouched
+    else:
+        assert not original.exists()
+
+
+def _one_variable_graph(directory: Path, shape, keep: int = 5):
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.get_variable("v", shape, initializer=tf1.ones_initializer())
+        checkpointer = Checkpointer(graph, str(directory), 1, keep=keep)
+        init = tf1.global_variables_initializer()
+    session = tf1.Session(graph=graph)
+    session.run(init)
+    return checkpointer, session
+
+
+def test_a_checkpoint_of_another_shape_names_the_variable(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    checkpointer, session = _one_variable_graph(ckpt, [3])
+    checkpointer.save(session, 1)
+    session.close()
+    checkpointer, session = _one_variable_graph(ckpt, [4])
+    with pytest.raises(AutoparError, match=r"model\.ckpt-1 does not hold this graph's variables "
+                                           r"\('v' has shape \[3\] there, \[4\] in this graph\)"):
+        checkpointer.restore(session)
+    session.close()
+    assert _checkpoint_steps(ckpt) == {1}   # refused, not deleted
+
+
+def test_a_garbage_state_file_is_named_and_left_alone(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    garbage = bytes(range(256)) * 4
+    (ckpt / "checkpoint").write_bytes(garbage)
+    checkpointer, session = _one_variable_graph(ckpt, [3])
+    with pytest.raises(AutoparError, match=rf"{ckpt}/checkpoint is not a TensorFlow checkpoint "
+                                           r"state file \(.*\), and saving would overwrite it"):
+        checkpointer.restore(session)
+    session.close()
+    assert (ckpt / "checkpoint").read_bytes() == garbage
+
+
+def test_an_unwritable_directory_is_refused_before_training(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    checkpointer, session = _one_variable_graph(tmp_path / "a_file" / "ckpt", [3])
+    with pytest.raises(AutoparError, match=r"checkpoint_dir .*a_file/ckpt is not writable"):
+        checkpointer.restore(session)
+    session.close()
+
+
+def test_nothing_is_deleted_or_said_deleted_when_every_checkpoint_is_damaged(tmp_path, caplog):
+    ckpt = tmp_path / "ckpt"
+    checkpointer, session = _one_variable_graph(ckpt, [3])
+    for step in (1, 2):
+        checkpointer.save(session, step)
+    for step in (1, 2):
+        (ckpt / f"model.ckpt-{step}.data-00000-of-00001").write_bytes(b"")
+    before = _snapshot(ckpt)
+    with caplog.at_level(logging.INFO, logger="autopar.checkpoint"), \
+            pytest.raises(AutoparError, match=r"every checkpoint .* is corrupt.*none was deleted"):
+        checkpointer.restore(session)
+    session.close()
+    log = _logged(caplog)
+    assert "is corrupt or incomplete" in log, log
+    assert "deleting it" not in log and "deleted the" not in log, log
+    assert _snapshot(ckpt) == before
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_full_disk_says_so_and_keeps_the_previous_checkpoint(tmp_path):
+    with small_disk(tmp_path / "disk", "64k") as disk:
+        ckpt = disk / "ckpt"
+        checkpointer, session = _one_variable_graph(ckpt, [100, 100])   # 40 KB a checkpoint
+        checkpointer.save(session, 1)
+        with pytest.raises(AutoparError) as error:
+            checkpointer.save(session, 2)
+        session.close()
+        message = str(error.value)
+        assert f"could not save checkpoint {ckpt}/model.ckpt-2 at global step 2: no space left " \
+               f"on device in {ckpt}; the previous checkpoint model.ckpt-1 is kept" in message
+        assert _checkpoint_steps(ckpt) == {1}
+        assert sorted(os.listdir(ckpt)) == ["checkpoint", "model.ckpt-1.data-00000-of-00001",
+                                            "model.ckpt-1.index"]
+        checkpointer, session = _one_variable_graph(ckpt, [100, 100])
+        assert checkpointer.restore(session) == 1
+        session.close()

@@ -1,0 +1,121 @@
+"""TensorFlow 2 programs: Keras 3 models trained by a custom tf.function
+step (tests/programs/keras_step.py) and by autopar.fit, on 3 workers over 2
+uneven hosts with a server each (fit: 2 local workers), end with every
+weight, optimizer slot and the optimizer's iteration count, as the Keras
+objects hold them after training, equal to one device calling the
+tf.function itself. float64 where Adam divides by sqrt(v)."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.integration.cluster import (REPO, assert_same_parameters, load_worker, run_script,
+                                       write_spec, write_two_host_spec)
+
+SCRIPT = REPO / "tests" / "integration" / "scripts" / "keras_step.py"
+STEPS, BATCH = 5, 6
+# Each run option but herring once (each case starts 6 processes that import
+# Keras 3; herring's path is the same for any program: test_user_programs.py);
+# AUTOPAR_TEST_MATRIX=full (`make test-matrix`) runs every program in every
+# run option.
+CASES = [
+    # Adam with global_clipnorm: one norm over every gradient, which keeps
+    # every variable off the servers; the embedding's rows are squared before
+    # duplicates add (all-gather keeps every row)
+    ("emb_mlp", "adam", "float64", "hybrid"),
+    # momentum SGD: every variable on the servers, the embedding's rows
+    # combined there (herring: in the full matrix)
+    ("emb_mlp", "sgd", "float32", "ps"),
+    # an LSTM: a While loop (its weights stay off the servers in ps:
+    # tests/unit/test_tf2_analysis.py, and the full matrix)
+    ("lstm", "sgd", "float64", "allreduce"),
+]
+if os.environ.get("AUTOPAR_TEST_MATRIX") == "full":
+    CASES = [(model, optimizer, dtype, option)
+             for model, optimizer, dtype in (("emb_mlp", "adam", "float64"),
+                                             ("emb_mlp", "sgd", "float32"),
+                                             ("lstm", "sgd", "float64"))
+             for option in ("hybrid", "ps", "allreduce")] + [
+        ("emb_mlp", "sgd", "float32", "herring"), ("lstm", "sgd", "float32", "herring")]
+FIT_OPTIONS = (["hybrid", "ps", "allreduce", "herring"]
+               if os.environ.get("AUTOPAR_TEST_MATRIX") == "full" else ["hybrid"])
+
+
+def _reference(tmp_path_factory, model, optimizer, dtype):
+    out = tmp_path_factory.mktemp(f"ref_{model}_{optimizer}")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    subprocess.run([sys.executable, str(SCRIPT), "--reference", "--model", model, "--optimizer",
+                    optimizer, "--dtype", dtype, "--steps", str(STEPS), "--batch", str(BATCH),
+                    "--out", str(out)], check=True, env=env, capture_output=True, timeout=240)
+    return load_worker(out, 0)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    cache = {}
+
+    def get(*key):
+        if key not in cache:
+            cache[key] = _reference(tmp_path_factory, *key)
+        return cache[key]
+    return get
+
+
+@pytest.mark.parametrize("model,optimizer,dtype,run_option", CASES,
+                         ids=["-".join(c) for c in CASES])
+def test_custom_training_step_matches_one_device(model, optimizer, dtype, run_option, tmp_path,
+                                                  reference):
+    expected = reference(model, optimizer, dtype)
+    spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
+    log = run_script([sys.executable, str(SCRIPT), "--model", model, "--optimizer", optimizer,
+                      "--dtype", dtype, "--steps", str(STEPS), "--batch", str(BATCH),
+                      "--spec", str(spec), "--run-option", run_option,
+                      "--out", str(tmp_path / "dist")])
+    assert "update recognised from writes of it and of its slots" in log
+    if model == "emb_mlp" and optimizer == "sgd":   # the embedding, all 5 in ps, none in allreduce
+        assert {"ps": "5 on servers", "allreduce": "0 on servers"}.get(
+            run_option, "1 on servers") in log
+    if model == "lstm" and run_option == "ps":
+        assert "kept off the servers: read inside" in log
+    assert "iteration" in " ".join(expected)
+    for i in range(3):
+        assert_same_parameters(expected, load_worker(tmp_path / "dist", i),
+                               what=f"{model} {optimizer} {run_option} worker {i}")
+
+
+FIT = REPO / "examples" / "keras_fit.py"
+
+
+@pytest.mark.parametrize("run_option", FIT_OPTIONS)
+def test_fit_matches_one_device(run_option, tmp_path):
+    """autopar.fit on 2 workers: per-epoch loss and metrics (aggregated over
+    workers, training and validation) and the trained weights equal
+    autopar.fit on one device, in float64 (float32 for herring, whose
+    servers add float32: weights to float32 tolerance)."""
+    dtype = "float32" if run_option == "herring" else "float64"
+
+    def run(name, *extra):
+        return run_script([sys.executable, str(FIT), "--epochs", "2", "--dtype", dtype,
+                           "--save", str(tmp_path / (name + "{worker}.npz")), *extra])
+    single = run("single")
+    spec = (write_spec(tmp_path, 2) if run_option == "hybrid"
+            else write_two_host_spec(tmp_path, workers=(1, 1), servers=(1, 1)))
+    log = run("dist", "--spec", str(spec), "--run-option", run_option,
+              "--csv", str(tmp_path / "epochs.csv"))
+    # a Keras callback (CSVLogger), run by the chief with the aggregated logs
+    rows = (tmp_path / "epochs.csv").read_text().splitlines()
+    assert rows[0].split(",") == ["epoch", "accuracy", "loss", "val_accuracy", "val_loss"]
+    assert [r.split(",")[0] for r in rows[1:]] == ["0", "1"]
+    history = [line for line in single.splitlines() if line.startswith("history ")]
+    if dtype == "float64":   # the logs to their 6 printed digits
+        assert history and f"[worker 0] {history[0]}" in log and f"[worker 1] {history[0]}" in log
+    assert log.count("epoch 2/2:") == 1   # logged by the chief alone
+    with np.load(tmp_path / "single0.npz") as data:
+        expected = {k: data[k] for k in data.files}
+    for i in range(2):
+        with np.load(tmp_path / f"dist{i}.npz") as data:
+            assert_same_parameters(expected, {k: data[k] for k in data.files},
+                                   **({"rtol": 1e-9, "atol": 1e-12} if dtype == "float64" else {}),
+                                   what=f"fit worker {i}")

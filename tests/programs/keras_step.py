@@ -1,0 +1,91 @@
+"""Keras 3 models trained by a custom `tf.function` step (GradientTape and a
+Keras optimizer), as TensorFlow 2 users write them:
+
+    @tf.function(jit_compile=False)
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+Models: "emb_mlp" (Embedding -> average -> Dense(relu) -> Dense, squared
+error) and "lstm" (Embedding -> LSTM, a While loop in the traced graph ->
+Dense over the vocabulary, cross-entropy: a next-token language model).
+Floating point in float64 (keras.config.set_floatx) where Adam-like
+optimizers divide by sqrt(v) (tests.models.model_dtype's arithmetic).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+VOCAB, IDS, WINDOW = 24, 3, 4
+
+
+def optimizer(name: str):
+    import keras
+    return {
+        "adam": lambda: keras.optimizers.Adam(0.01, global_clipnorm=1.0),
+        "adam_noclip": lambda: keras.optimizers.Adam(0.01),
+        "adamw": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.01, clipnorm=1.0),
+        "sgd": lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+        "adagrad": lambda: keras.optimizers.Adagrad(0.1),
+        "rmsprop": lambda: keras.optimizers.RMSprop(0.01),
+    }[name]()
+
+
+@dataclass
+class KerasProgram:
+    model: object
+    optimizer: object
+    train_step: object        # the tf.function
+    concrete: object          # its ConcreteFunction
+    kind: str
+
+    def batch(self, step: int, size: int):
+        rng = np.random.default_rng(700 + step)
+        if self.kind == "lstm":
+            tokens = rng.integers(0, VOCAB, size=(size, WINDOW + 1)).astype(np.int32)
+            return tokens[:, :-1], tokens[:, -1]
+        x = rng.integers(0, VOCAB, size=(size, IDS)).astype(np.int32)
+        return x, rng.normal(size=(size, 1))
+
+    def variables(self) -> dict:
+        """Every variable of the model and the optimizer, by path."""
+        return {v.path: v for v in list(self.model.variables) + list(self.optimizer.variables)}
+
+
+def build(kind: str = "emb_mlp", optimizer_name: str = "adam",
+          dtype: str = "float64") -> KerasProgram:
+    import keras
+    import tensorflow as tf
+    keras.config.set_floatx(dtype)
+    keras.utils.set_random_seed(1)
+    if kind == "lstm":
+        model = keras.Sequential([keras.Input((WINDOW,), dtype="int32"),
+                                  keras.layers.Embedding(VOCAB, 6), keras.layers.LSTM(6),
+                                  keras.layers.Dense(VOCAB)])
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        y_spec = tf.TensorSpec([None], tf.int32)
+    else:
+        model = keras.Sequential([keras.Input((IDS,), dtype="int32"),
+                                  keras.layers.Embedding(VOCAB, 6),
+                                  keras.layers.GlobalAveragePooling1D(),
+                                  keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+        loss_fn = keras.losses.MeanSquaredError()
+        y_spec = tf.TensorSpec([None, 1], dtype)
+    opt = optimizer(optimizer_name)
+
+    @tf.function(jit_compile=False)
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    x_spec = tf.TensorSpec([None, WINDOW if kind == "lstm" else IDS], tf.int32)
+    return KerasProgram(model, opt, train_step, train_step.get_concrete_function(x_spec, y_spec),
+                        kind)

@@ -1,0 +1,122 @@
+"""TensorFlow 2 programs: lifting a traced tf.function step into a graph
+(transforms.lift) and what the analysis decides on it from data flow, each
+pinned on a small Keras 3 model (tests/programs/keras_step.py)."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from autopar.common.errors import UnsupportedGraphError
+from autopar.transforms.analysis import analyze_graph
+from autopar.transforms.lift import CALL_OP, lift
+from autopar.transforms.plan import PlanOptions, Topology, make_plan
+from tests.programs import keras_step
+
+tf1 = tf.compat.v1
+TOPOLOGY = Topology(("127.0.0.1", "127.0.0.1", "127.0.0.2"), 2)
+
+
+@pytest.fixture(autouse=True)
+def _floatx():
+    import keras
+    saved = keras.config.floatx()
+    yield
+    keras.config.set_floatx(saved)
+
+
+def _lifted(kind="emb_mlp", optimizer="adam", dtype="float64"):
+    program = keras_step.build(kind, optimizer, dtype)
+    return program, lift(program.concrete)
+
+
+def test_lifted_step_runs_in_a_session_as_the_function_runs():
+    """Inputs keep their names, every captured variable becomes a resource
+    variable of its name fed its Python value at initialisation, and three
+    steps in a plain Session equal three calls of the tf.function."""
+    program, lifted = _lifted()
+    graph, cf = lifted.graph, program.concrete
+    assert set(lifted.python_variables) == {v.name.split(":")[0] for v in cf.graph.variables}
+    trainable = {v.op.name for v in graph.get_collection(tf1.GraphKeys.TRAINABLE_VARIABLES)}
+    assert trainable == {v.path for v in program.model.trainable_variables}
+    assert graph.get_operation_by_name(CALL_OP).type == "NoOp"
+    assert [t.name for t in graph.get_collection(tf1.GraphKeys.LOSSES)] == [cf.graph.outputs[0].name]
+    with graph.as_default():
+        init = tf1.global_variables_initializer()
+    session = tf1.Session(graph=graph)
+    session.run(init, lifted.initial_feed())
+    batches = [program.batch(k, 6) for k in range(3)]
+    for x, y in batches:
+        session.run(CALL_OP, {cf.graph.inputs[0].name: x, cf.graph.inputs[1].name: y})
+    lifted_values = {name: session.run(name + "/Read/ReadVariableOp:0")
+                     for name in lifted.python_variables}
+    for x, y in batches:
+        program.train_step(x, y)
+    for name, variable in lifted.python_variables.items():
+        np.testing.assert_array_equal(lifted_values[name], variable.numpy(), err_msg=name)
+
+
+def test_keras_adam_slots_counter_and_gradients_from_data_flow():
+    program, lifted = _lifted()
+    analysis = analyze_graph(lifted.graph)
+    assert len(analysis.train_groups) == 1
+    emb = analysis.variable(program.model.layers[0].embeddings.path)
+    kernel = analysis.variable(program.model.layers[2].kernel.path)
+    # m and v of each variable, whatever their names; the iteration count is
+    # read by every update and written from no gradient: state
+    assert [s.split("_")[-1] for s in kernel.slots] == ["momentum", "velocity"]
+    assert any(s.name.endswith("iteration") for s in analysis.state)
+    assert kernel.gradient == "dense" and kernel.grad_tensor.startswith("gradient_tape/")
+    # the embedding's gradient leaves the tape as IndexedSlices; Keras
+    # densifies it inside the optimizer
+    assert emb.gradient == "sparse" and emb.grad_indices.startswith("gradient_tape/")
+    assert kernel.recognised.startswith("writes of it and of its slots fed by its gradient")
+    # global_clipnorm: every gradient scaled by one norm taken over all of them
+    assert "derived from other gradients" in kernel.ps_blocker
+    assert analysis.loss_reduction == "mean"
+
+
+def test_squared_rows_keep_the_embedding_off_the_servers():
+    """Keras's Adam squares each row of the IndexedSlices gradient before
+    rows of one id are added: servers, which add them first, would differ."""
+    program, lifted = _lifted(optimizer="adam_noclip")
+    analysis = analyze_graph(lifted.graph)
+    emb = analysis.variable(program.model.layers[0].embeddings.path)
+    assert "(Square) to each row" in emb.ps_blocker
+    kernel = analysis.variable(program.model.layers[2].kernel.path)
+    assert kernel.ps_blocker == ""
+    plan = make_plan(analysis, TOPOLOGY, options=PlanOptions(run_option="hybrid"))
+    assert plan.variable(emb.name).method == "allgather"
+
+
+def test_momentum_sgd_embedding_goes_to_the_servers_whole():
+    program, lifted = _lifted(optimizer="sgd", dtype="float32")
+    analysis = analyze_graph(lifted.graph)
+    emb = analysis.variable(program.model.layers[0].embeddings.path)
+    assert emb.ps_blocker == "" and len(emb.slots) == 1
+    plan = make_plan(analysis, TOPOLOGY, options=PlanOptions(run_option="hybrid"))
+    assert plan.variable(emb.name).method == "ps"
+
+
+def test_lstm_weights_read_in_the_while_loop_stay_replicated():
+    program, lifted = _lifted(kind="lstm", optimizer="sgd")
+    analysis = analyze_graph(lifted.graph)
+    cell = [v for v in analysis.variables if "lstm" in v.name]
+    assert cell and all("While" in v.ps_blocker for v in cell)
+    plan = make_plan(analysis, TOPOLOGY, options=PlanOptions(run_option="ps"))
+    assert {plan.variable(v.name).method for v in cell} == {"allreduce"}
+
+
+def test_a_captured_resource_that_is_no_variable_is_refused():
+    table = tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(tf.constant([1, 2], tf.int64),
+                                            tf.constant([0.5, 2.0])), 0.0)
+    w = tf.Variable(1.0)
+
+    @tf.function
+    def step(ids):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(table.lookup(ids)) * w
+        w.assign_sub(0.1 * tape.gradient(loss, w))
+        return loss
+
+    with pytest.raises(UnsupportedGraphError, match="captures the resource"):
+        lift(step.get_concrete_function(tf.TensorSpec([None], tf.int64)))

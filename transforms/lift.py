@@ -1,0 +1,170 @@
+"""A traced TensorFlow 2 function as an ordinary tf.compat.v1 graph.
+
+A `tf.function` training step traced to a ConcreteFunction is a FuncGraph:
+its inputs are the fed tensors plus one resource Placeholder per captured
+variable (`func_graph.captures` pairs each eager handle with the Placeholder
+standing for it), and a Keras optimizer's updates are assign ops on those
+Placeholders (shared/notes/tf2-graphs.md). Lifting imports its GraphDef into
+a fresh tf.Graph in which every captured variable is a resource variable of
+the same name, shape, dtype and trainability, each Placeholder mapped to that
+variable's handle, and every fed input keeps its name, so tensors of the
+FuncGraph (`cf.graph.inputs`, `cf.graph.outputs`) name tensors of the lifted
+graph. The result is what the analysis and the rewrite take from a
+tf.compat.v1 program.
+
+A lifted variable's initial value is a placeholder with a default of zeros
+(`LiftedGraph.initial_values`): the Runner feeds the Python variable's
+current value when it initialises (values are not copied into the GraphDef,
+which would hold every weight twice), and writes the trained values back to
+the Python variables (`LiftedGraph.python_variables`) so that the Keras
+model and optimizer hold them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import tensorflow as tf
+
+from autopar.common.errors import UnsupportedGraphError
+
+tf1 = tf.compat.v1
+
+# The graph collection naming the ops a run of the lifted function fetches:
+# its outputs and CALL_OP. These are the only ops a user runs as a step, so
+# the analysis's train groups come from them alone (analysis._train_groups:
+# inside the function TensorFlow chains every stateful op in program order,
+# and an op in the middle of that chain is no train op of the program).
+FETCHES = "autopar_function_fetches"
+# A NoOp waiting for everything a call of the function runs (its outputs and
+# its control outputs: the variable updates): Runner.call fetches it.
+CALL_OP = "autopar/function_call"
+
+
+@dataclass
+class LiftedGraph:
+    graph: tf.Graph
+    # lifted variable (op name) -> the Python variable it stands for
+    python_variables: dict = field(default_factory=dict)
+    # the placeholder of each lifted variable's initial value -> its Python variable
+    initial_values: dict = field(default_factory=dict)
+    # the traced function's structured outputs and inputs, when lifted from
+    # a ConcreteFunction (for Runner.call)
+    function: object = None
+
+    def initial_feed(self) -> dict:
+        """{initial-value placeholder name: the Python variable's value now}."""
+        return {name: var.numpy() for name, var in self.initial_values.items()}
+
+
+def is_traced(obj) -> bool:
+    """Whether `obj` is a traced function graph or a ConcreteFunction."""
+    return _func_graph(obj) is not None
+
+
+def _func_graph(obj):
+    from tensorflow.python.framework.func_graph import FuncGraph
+    if isinstance(obj, FuncGraph):
+        return obj
+    graph = getattr(obj, "graph", None)
+    if isinstance(graph, FuncGraph) and hasattr(obj, "structured_outputs"):
+        return graph
+    return None
+
+
+def lift(obj) -> LiftedGraph:
+    """The tf.compat.v1 graph of a FuncGraph or ConcreteFunction (module docstring)."""
+    func_graph = _func_graph(obj)
+    if func_graph is None:
+        raise TypeError(f"not a traced function: {obj!r}")
+    by_handle = {id(v.handle): v for v in func_graph.variables}
+    graph_def = func_graph.as_graph_def()
+    taken = _name_prefixes(graph_def)
+    lifted = LiftedGraph(tf.Graph(), function=None if obj is func_graph else obj)
+    input_map = {}
+    with lifted.graph.as_default():
+        for external, internal in func_graph.captures:
+            variable = by_handle.get(id(external))
+            if variable is None:
+                if external.dtype == tf.resource:
+                    raise UnsupportedGraphError(
+                        f"the traced function captures the resource '{internal.op.name}', "
+                        "which is not a tf.Variable (a lookup table, an iterator, a dataset?): "
+                        "autopar can lift only variables and constants; create that resource "
+                        "inside the function or feed its values")
+                value = external.numpy() if hasattr(external, "numpy") else None
+                if value is None:
+                    raise UnsupportedGraphError(
+                        f"the traced function captures '{internal.op.name}', which is neither "
+                        "a variable nor a constant")
+                input_map[internal.name] = tf.constant(value, name=internal.op.name + "_value")
+                continue
+            input_map[internal.name] = _lifted_variable(variable, taken, lifted).handle
+        tf1.import_graph_def(graph_def, input_map=input_map, name="")
+        ran = [lifted.graph.get_operation_by_name(op.name) for op in
+               [t.op for t in func_graph.outputs] + list(func_graph.control_outputs)]
+        for op in ran[:len(func_graph.outputs)]:
+            tf1.add_to_collection(FETCHES, op)
+        with tf1.name_scope(None):
+            tf1.add_to_collection(FETCHES, tf.group(*ran, name=CALL_OP))
+        loss = _loss_output(func_graph)
+        if loss is not None:
+            tf1.add_to_collection(tf1.GraphKeys.LOSSES,
+                                  lifted.graph.get_tensor_by_name(loss.name))
+    for op in func_graph.get_operations():
+        if op.type != "Placeholder" or op.outputs[0].name in input_map:
+            continue
+        if lifted.graph.get_operation_by_name(op.name).type != "Placeholder":
+            raise UnsupportedGraphError(f"lifting the traced function renamed its input "
+                                        f"'{op.name}': a variable's name collides with it")
+    return lifted
+
+
+def _loss_output(func_graph):
+    """The function's output that is its loss, if one is: a scalar floating
+    output (through Identity) computed by an op some of whose inputs the
+    backward pass reads (the gradient of that op). The first such output."""
+    from autopar.transforms.graph_utils import in_gradient_scope
+    for t in func_graph.outputs:
+        if not t.dtype.is_floating or t.shape.rank != 0:
+            continue
+        op = t.op
+        while op.type == "Identity" and op.inputs:
+            op = op.inputs[0].op
+        if any(in_gradient_scope(c.name) for x in op.inputs for c in x.consumers()):
+            return t
+    return None
+
+
+def _lifted_variable(variable, taken: set[str], lifted: LiftedGraph):
+    """A resource variable standing for the Python `variable` in the
+    default graph, named like it unless the traced graph uses that name."""
+    name = variable.name.split(":")[0]
+    while name in taken:
+        name += "_var"
+    shape, dtype = variable.shape, variable.dtype.base_dtype
+    if not shape.is_fully_defined():
+        raise UnsupportedGraphError(f"variable '{name}' has no fully defined shape ({shape}): "
+                                    "autopar needs every variable's shape")
+    made = []
+
+    def initial_value():   # built inside the variable's Initializer scope
+        made.append(tf1.placeholder_with_default(tf.zeros(shape, dtype), shape,
+                                                 name="initial_value"))
+        return made[0]
+
+    with tf1.name_scope(None):
+        lifted_var = tf1.Variable(initial_value, name=name, trainable=variable.trainable,
+                                  dtype=dtype, use_resource=True)
+    lifted.python_variables[lifted_var.op.name] = variable
+    lifted.initial_values[made[0].name] = variable
+    return lifted_var
+
+
+def _name_prefixes(graph_def) -> set[str]:
+    """Every op name of `graph_def` and every scope it lies in."""
+    out = set()
+    for node in graph_def.node:
+        parts = node.name.split("/")
+        for k in range(1, len(parts) + 1):
+            out.add("/".join(parts[:k]))
+    return out
