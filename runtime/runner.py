@@ -44,6 +44,7 @@ from autopar.common.errors import AutoparError
 from autopar.runtime.dropcompute import StepRecord
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.graph_utils import is_restore_assignment, op_digraph
+from autopar.transforms.lift import CALL_OP
 
 tf1 = tf.compat.v1
 log = logging.getLogger("autopar.runner")
@@ -429,7 +430,6 @@ class Runner:
                                f"inputs, got {len(inputs)}")
         outputs = tf.nest.flatten(function.structured_outputs, expand_composites=True)
         tensors = [t for t in outputs if isinstance(t, tf.Tensor)]
-        from autopar.transforms.lift import CALL_OP
         values = iter(self.run([t.name for t in tensors] + [CALL_OP],
                                {t.name: v for t, v in zip(fed, inputs)}))
         return tf.nest.pack_sequence_as(

@@ -27,6 +27,7 @@ from autopar.transforms.batchnorm import BatchNormInfo, find_batch_norms
 from autopar.transforms.graph_utils import (VARIABLE_OP_TYPES, collector_paused, graph_of,
                                             in_gradient_scope, initialization_guard,
                                             is_restore_assignment, static_shape)
+from autopar.transforms.lift import FETCHES
 
 tf1 = tf.compat.v1
 
@@ -227,7 +228,7 @@ def _analyze(graph: tf.Graph) -> Analysis:
             info.ps_blocker = _read_in_a_function(graph, info.name)
     slot_names = {s for v in variables for s in v.slots}
     all_update_ops = {u for v in variables for u in v.update_ops}
-    fetches = {op.name for op in graph.get_collection("autopar_function_fetches")}
+    fetches = {op.name for op in graph.get_collection(FETCHES)}
     groups, trains = _train_groups(index, variables, fetches)
     losses = _losses(graph, index, variables, groups)
     loss = losses[0] if losses else None
@@ -609,29 +610,33 @@ def _variable_info(graph, var_op, update_ops, boundary, slot_users) -> VariableI
         dtype = var_tensor.dtype.base_dtype
     nbytes = int(dtype.size * _prod(shape))
     update_set = set(update_ops)
+
+    def dense_gradient():
+        return _nearest_boundary(graph, update_set, boundary,
+                                 [lambda t: t.dtype.is_floating and static_shape(t) == shape])[0]
+
+    def sparse_gradient():   # (values, indices)
+        return _nearest_boundary(graph, update_set, boundary,
+                                 [lambda t: t.dtype.is_floating and _rows_of(t, shape),
+                                  lambda t: t.dtype.is_integer and t.shape.rank == 1])
+
     sparse = any(m in graph.get_operation_by_name(u).type
                  for u in update_ops for m in _SPARSE_UPDATE_MARKERS)
+    dense = pair = None
     if not sparse:
         # An optimizer may densify an IndexedSlices gradient before updating
         # the whole variable (Keras's do): the gradient is sparse when what
         # leaves the backward pass for it is rows and indices, not a tensor
         # of its shape.
-        [dense] = _nearest_boundary(graph, update_set, boundary,
-                                    [lambda t: t.dtype.is_floating and static_shape(t) == shape])
+        dense = dense_gradient()
         if dense is None:
-            rows, ids = _nearest_boundary(
-                graph, update_set, boundary,
-                [lambda t: t.dtype.is_floating and _rows_of(t, shape),
-                 lambda t: t.dtype.is_integer and t.shape.rank == 1])
-            sparse = rows is not None and ids is not None
+            pair = sparse_gradient()
+            sparse = None not in pair
     info = VariableInfo(name=var_op.name, shape=shape, dtype=dtype.name, bytes=nbytes,
                         gradient="sparse" if sparse else "dense", update_ops=sorted(update_ops),
                         resource=var_op.type == "VarHandleOp")
     if sparse:
-        info.grad_values, info.grad_indices = _nearest_boundary(
-            graph, update_set, boundary,
-            [lambda t: t.dtype.is_floating and _rows_of(t, shape),
-             lambda t: t.dtype.is_integer and t.shape.rank == 1])
+        info.grad_values, info.grad_indices = pair or sparse_gradient()
         if info.grad_values is None or info.grad_indices is None:
             raise UnsupportedGraphError(
                 f"variable '{var_op.name}' is updated sparsely by '{update_ops[0]}' but its "
@@ -643,14 +648,13 @@ def _variable_info(graph, var_op, update_ops, boundary, slot_users) -> VariableI
         if rows and rows[0] is not None and shape and shape[0]:
             info.alpha = min(1.0, rows[0] / shape[0])
     else:
-        [info.grad_tensor] = _nearest_boundary(
-            graph, update_set, boundary,
-            [lambda t: t.dtype.is_floating and static_shape(t) == shape])
+        info.grad_tensor = dense
         if info.grad_tensor is None:
             raise UnsupportedGraphError(
                 f"variable '{var_op.name}' is updated by '{update_ops[0]}' but no gradient of "
                 f"shape {list(shape)} reaching it was found. autopar understands gradients from "
-                "tf.gradients passed (optionally through clipping/scaling) to a tf.compat.v1 optimizer")
+                "tf.gradients or a GradientTape passed (optionally through clipping/scaling) to "
+                "an optimizer or a write of the variable")
     info.slots = sorted(name for name, users in slot_users.items() if users == {var_op.name})
     info.boundary_ops = _boundary_ops(graph, var_op)
     return info

@@ -44,16 +44,19 @@ class KeyRange:
     def key(self, offset: int) -> int:
         """The key `offset` places into the range; refused beyond its end."""
         if not 0 <= offset < self.size:
-            raise AutoparError(
-                f"the job needs more collective keys for {self.name} than its range holds "
-                f"({offset + 1} > {self.size}): the graph has unusually many "
-                f"{'variables' if self.name == 'plan' else 'uses of it'}")
+            raise self._too_many(offset + 1)
         return self.first + offset
 
     def check_end(self, next_free: int) -> None:
         """Refuse an allocation that ran to `next_free` past the range."""
         if next_free > self.end:
-            self.key(next_free - 1 - self.first)
+            raise self._too_many(next_free - self.first)
+
+    def _too_many(self, needed: int) -> AutoparError:
+        return AutoparError(
+            f"the job needs more collective keys for {self.name} than its range holds "
+            f"({needed} > {self.size}): the graph has unusually many "
+            f"{'variables' if self.name == 'plan' else 'uses of it'}")
 
 
 # Group keys.

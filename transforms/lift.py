@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
+from autopar.transforms.graph_utils import in_gradient_scope
 
 tf1 = tf.compat.v1
 
@@ -123,7 +124,6 @@ def _loss_output(func_graph):
     """The function's output that is its loss, if one is: a scalar floating
     output (through Identity) computed by an op some of whose inputs the
     backward pass reads (the gradient of that op). The first such output."""
-    from autopar.transforms.graph_utils import in_gradient_scope
     for t in func_graph.outputs:
         if not t.dtype.is_floating or t.shape.rank != 0:
             continue

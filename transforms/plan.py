@@ -393,6 +393,13 @@ def _is_loopback(host: str) -> bool:
         return False   # a host name: assume a real machine
 
 
+def wants_servers(gradient: str, run_option: str) -> bool:
+    """Whether `run_option` puts a variable with this kind of gradient on
+    parameter servers when nothing keeps it off them (a spec without
+    servers, a VariableInfo.ps_blocker)."""
+    return run_option == "ps" or (run_option in ("hybrid", "herring") and gradient == "sparse")
+
+
 def _method(v, topology: Topology, options: PlanOptions, herring: bool = False) -> tuple[str, str]:
     replicated = ("allreduce" if v.gradient == "dense" else "allgather")
     if herring and v.gradient == "dense":
@@ -405,9 +412,7 @@ def _method(v, topology: Topology, options: PlanOptions, herring: bool = False) 
     default_reason = ("dense gradient: ring all-reduce moves 2(N-1)/N of its bytes per worker"
                       if v.gradient == "dense" else
                       "sparse gradient (IndexedSlices): all-gather of the touched rows")
-    wants_ps = options.run_option == "ps" or (options.run_option in ("hybrid", "herring")
-                                              and v.gradient == "sparse")
-    if not wants_ps:
+    if not wants_servers(v.gradient, options.run_option):
         return replicated, default_reason
     if topology.num_servers == 0:
         return replicated, default_reason + " (the spec has no server processes for a PS path)"

@@ -17,7 +17,7 @@ from autopar.transforms.allreduce import host_link_bytes
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.bfb import WIRE_BYTES
 from autopar.transforms.methods import METHODS
-from autopar.transforms.plan import Plan
+from autopar.transforms.plan import Plan, wants_servers
 from autopar.transforms.wus import slot_bytes_per_worker
 
 
@@ -204,9 +204,8 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
         if v.recognised.startswith("writes"):
             notes.append(f"{v.name}: update recognised from {v.recognised}; slots "
                          f"{', '.join(v.slots) or 'none'} (the variables only its update writes)")
-        if vp.method in ("allreduce", "allgather") and v.ps_blocker and \
-                plan.run_option in ("ps", "hybrid", "herring") and plan.num_servers and \
-                (plan.run_option == "ps" or v.gradient == "sparse"):
+        if vp.method in ("allreduce", "allgather") and v.ps_blocker and plan.num_servers and \
+                wants_servers(v.gradient, plan.run_option):
             notes.append(f"{v.name}: kept off the servers: {v.ps_blocker}")
     if plan.batch_norm_group and not analysis.batch_norms:
         notes.append("Config(batch_norm_group) is set but the graph has no training-mode "
