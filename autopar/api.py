@@ -82,8 +82,11 @@ def _get_runner(graph, resource_info, config: Config):
     spec = specs.load_spec(resource_info)
     argv = [sys.executable, *sys.argv]
     extra_env = {REPORT_PRINTED: "1", env.PLAN: env.PLAN_KEY}
-    # Started first: its TensorFlow import overlaps the compile step.
-    fork_server = launcher.start_fork_server(spec, argv, extra_env)
+    # Started first: its TensorFlow import overlaps the compile step. It is
+    # started in the job's private network namespace, if the job has one.
+    network = launcher.isolate(spec)
+    fork_server = launcher.start_fork_server(
+        spec, argv, {**extra_env, **launcher.isolation_env(spec, network)}, network)
     try:
         compiled = _compile(graph, spec, config)
         log.info("\n%s", compiled.report().table())
@@ -92,7 +95,7 @@ def _get_runner(graph, resource_info, config: Config):
                                published={env.PLAN_KEY: compiled.to_bytes()},
                                # herring's summation servers, only when the plan uses them
                                sumservers=compiled.plan.herring is not None,
-                               fork_server=fork_server)
+                               fork_server=fork_server, network=network)
     except KeyboardInterrupt:
         # Ctrl-C outside the job's own handling (while compiling): nothing
         # to save, and the processes are stopped already.
@@ -101,8 +104,7 @@ def _get_runner(graph, resource_info, config: Config):
         sys.stderr.write("autopar: interrupted\n")
         code = 130
     finally:
-        if fork_server is not None:
-            launcher.stop_quietly(fork_server)
+        launcher.stop_quietly(fork_server, network)
     # The job is over: a Ctrl-C now would only print a traceback from exiting.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.exit(code)

@@ -32,10 +32,11 @@ logger = logging.getLogger("autopar.procs")
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
-def _resolve_prctl() -> Callable[..., int] | None:
-    """Look prctl up once, in the parent.
+def libc_function(name: str) -> Callable[..., int] | None:
+    """A function of the C library, looked up now (in the parent), or None
+    off Linux or where it is missing.
 
-    The preexec function runs between fork and exec, where loading a library
+    Preexec functions run between fork and exec, where loading a library
     (dlopen takes locks another thread of the parent may have held at fork
     time) is not safe; calling an already resolved function is.
     """
@@ -43,18 +44,20 @@ def _resolve_prctl() -> Callable[..., int] | None:
         return None
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        return libc.prctl
+        return getattr(libc, name)
     except (OSError, AttributeError):
-        logger.debug("prctl unavailable; children will not die with the launcher")
+        logger.debug("%s unavailable in the C library", name)
         return None
 
 
-_PRCTL = _resolve_prctl()
+_PRCTL = libc_function("prctl")   # None: children will not die with the launcher
 
 
-def make_preexec(death_signal: int = signal.SIGKILL) -> Callable[[], None] | None:
+def make_preexec(death_signal: int = signal.SIGKILL,
+                 then: Callable[[], None] | None = None) -> Callable[[], None] | None:
     """A preexec_fn that makes the child receive ``death_signal`` when the
-    launcher dies, or None where the kernel has no such feature.
+    launcher dies, then calls ``then`` (e.g. entering the job's network
+    namespace, runtime/netns.py); None when there is nothing to do.
 
     The death signal is tied to the *thread* that forked the child, so
     processes must be started from a thread that lives as long as they do
@@ -62,7 +65,7 @@ def make_preexec(death_signal: int = signal.SIGKILL) -> Callable[[], None] | Non
     returning).
     """
     if _PRCTL is None:
-        return None
+        return then
     prctl = _PRCTL
     parent_pid = os.getpid()
 
@@ -72,16 +75,20 @@ def make_preexec(death_signal: int = signal.SIGKILL) -> Callable[[], None] | Non
         # signal will never come: we have been re-parented already.
         if os.getppid() != parent_pid:
             os._exit(1)
+        if then is not None:
+            then()
 
     return preexec
 
 
 def start_process(command: Sequence[str], env: Mapping[str, str],
                   cwd: str | None = None, *, stdin_pipe: bool = False,
-                  pass_fds: Sequence[int] = ()) -> subprocess.Popen[bytes]:
+                  pass_fds: Sequence[int] = (),
+                  enter: Callable[[], None] | None = None) -> subprocess.Popen[bytes]:
     """Start ``command`` in a new session with stdin closed (a pipe from us
     with ``stdin_pipe``) and stdout+stderr merged into one pipe, dying with
-    its parent on Linux. ``pass_fds``: descriptors the child inherits."""
+    its parent on Linux. ``pass_fds``: descriptors the child inherits.
+    ``enter``: called in the child before exec (make_preexec)."""
     return subprocess.Popen(
         list(command),
         env=dict(env),
@@ -90,7 +97,7 @@ def start_process(command: Sequence[str], env: Mapping[str, str],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
-        preexec_fn=make_preexec(),
+        preexec_fn=make_preexec(then=enter),
         close_fds=True,
         pass_fds=tuple(pass_fds),
     )

@@ -182,9 +182,8 @@ class Coordinator:
                                                         thread_name_prefix="autopar-coord"),
                              interceptors=[_TokenInterceptor(self.token)])
         pb2_grpc.add_CoordinatorServicer_to_server(_Servicer(self, pb2), server)
-        bind_host = f"[{self.host}]" if ":" in self.host else self.host
         try:
-            self.port = server.add_insecure_port(f"{bind_host}:0")
+            self.port = server.add_insecure_port(self._listen_address(0))
         except RuntimeError:   # grpc's way of saying the bind failed
             self.port = 0
         if not self.port:
@@ -193,13 +192,18 @@ class Coordinator:
                               "address assigned to this machine?")
         server.start()
         self._server = server
-        logger.debug("coordinator listening on %s:%d", bind_host, self.port)
+        logger.debug("coordinator listening on %s", self.address)
         return self.address
+
+    def _listen_address(self, port: int) -> str:
+        if self.host.startswith("unix:"):    # a socket file (runtime/netns.py)
+            return self.host
+        bind_host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{bind_host}:{port}"
 
     @property
     def address(self) -> str:
-        bind_host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{bind_host}:{self.port}"
+        return self._listen_address(self.port)
 
     def stop(self) -> None:
         if self._server is not None:

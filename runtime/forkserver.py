@@ -294,7 +294,9 @@ class ForkServer:
     """The launcher's handle on one fork server process."""
 
     def __init__(self, env: Mapping[str, str], cwd: str | None = None,
-                 ready_timeout_s: float = 300.0):
+                 ready_timeout_s: float = 300.0, enter: Callable[[], None] | None = None):
+        """``enter``: run in the server between fork and exec (joining the
+        job's network namespace: what it forks inherits it)."""
         from autopar.common import procs
         self.ready_timeout_s = ready_timeout_s
         self._cond = threading.Condition()
@@ -311,7 +313,7 @@ class ForkServer:
         try:
             self.popen = procs.start_process(
                 [sys.executable, "-m", "autopar.runtime.forkserver", "--fd", str(theirs.fileno())],
-                env, cwd=cwd, pass_fds=(theirs.fileno(),))
+                env, cwd=cwd, pass_fds=(theirs.fileno(),), enter=enter)
         finally:
             theirs.close()
         self.pid = self.popen.pid

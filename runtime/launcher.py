@@ -39,8 +39,11 @@ from autopar.runtime.coordinator import (DEFAULT_LINK_TIMEOUT_S, LINK_TIMEOUT, P
                                          failed_phase, host_address, launcher_host)
 from autopar.runtime.forkserver import (ForkedProcess, ForkServer, ForkServerError, forkable,
                                         preload_extras)
+from autopar.runtime import firewall
+from autopar.runtime.netns import (NamespaceUnavailable, PrivateNetwork, answers,
+                                   private_network_or_none)
 from autopar.runtime.ports import is_bind_failure, is_local_address, reserve_cluster
-from autopar.runtime.spec import HostSpec, ResourceSpec
+from autopar.runtime.spec import HostSpec, ResourceSpec, is_loopback_job
 
 logger = logging.getLogger("autopar.launcher")
 
@@ -362,9 +365,11 @@ def _pump(child: _Child, chief_stopped: threading.Event | None = None,
         stream.close()
 
 
-def _start(plan: ChildPlan, log_tail_lines: int, fork_server: ForkServer | None) -> _Child:
+def _start(plan: ChildPlan, log_tail_lines: int, fork_server: ForkServer | None,
+           network: PrivateNetwork | None = None) -> _Child:
     """Start one child: forked by the job's fork server when it can run the
-    command (a local Python script or module), else as a new process."""
+    command (a local Python script or module), else as a new process (in
+    the job's private ``network`` when it is local)."""
     if fork_server is not None and not plan.remote and forkable(plan.command):
         try:
             forked = fork_server.start(plan.command, plan.env, plan.cwd)
@@ -375,7 +380,8 @@ def _start(plan: ChildPlan, log_tail_lines: int, fork_server: ForkServer | None)
             return _Child(plan, forked, deque(maxlen=max(1, log_tail_lines)))
     try:
         popen = procs.start_process(plan.command, plan.env, cwd=plan.cwd,
-                                    stdin_pipe=plan.stdin_secret is not None)
+                                    stdin_pipe=plan.stdin_secret is not None,
+                                    enter=network.enter if network and not plan.remote else None)
     except OSError as exc:
         what = "ssh" if plan.remote else plan.command[0]
         raise LaunchError(
@@ -389,7 +395,8 @@ def _start(plan: ChildPlan, log_tail_lines: int, fork_server: ForkServer | None)
 
 
 def start_fork_server(spec: ResourceSpec, argv: Sequence[str],
-                      extra_env: Mapping[str, str] | None = None) -> ForkServer | None:
+                      extra_env: Mapping[str, str] | None = None,
+                      network: PrivateNetwork | None = None) -> ForkServer | None:
     """The job's fork server (runtime/forkserver.py), or None when it would
     fork nothing: AUTOPAR_FORK_SERVER=0, no worker or server on this machine,
     or a worker command it cannot run. Start it before compiling, so its
@@ -406,7 +413,7 @@ def start_fork_server(spec: ResourceSpec, argv: Sequence[str],
                     {**(extra_env or {}), "LD_PRELOAD": _preload_value(),
                      envvars.FORK_PRELOAD: preload_extras(sys.modules)})
     try:
-        server = ForkServer(env)
+        server = ForkServer(env, enter=network.enter if network else None)
     except OSError as exc:
         logger.warning("could not start the fork server (%s); starting every process anew", exc)
         return None
@@ -428,6 +435,12 @@ class _SignalState:
 
 
 _Handler = Callable[[int, FrameType | None], Any] | int | None
+
+
+def _current_handlers() -> dict[int, _Handler]:
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
 
 
 def _install_handlers(state: _SignalState) -> dict[int, _Handler]:
@@ -652,7 +665,7 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
            grace_seconds: float = 3.0, log_tail_lines: int = 30,
            stall_timeout_s: float = 60.0, stop_timeout_s: float = 60.0,
            published: Mapping[str, bytes] | None = None, sumservers: bool = False,
-           fork_server: ForkServer | None = None) -> int:
+           fork_server: ForkServer | None = None, network: PrivateNetwork | None = None) -> int:
     """Run ``argv`` once per worker of ``spec`` (plus one server process per
     server) and wait for the job to end. ``published``: values the job
     coordinator serves to every process (Coordinator.publish), e.g. the
@@ -661,7 +674,10 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
     server's host, and AUTOPAR_SUMSERVERS for every process; like a server,
     one that exits fails the job. ``fork_server``: the one to fork local
     Python processes from (``start_fork_server``; the caller stops it);
-    without one ``launch`` starts its own.
+    without one ``launch`` starts its own. ``network``: the job's private
+    network namespace (``isolate``; the caller closes it), which the fork
+    server must have been started in; without one ``launch`` makes its own
+    when the spec asks for it.
 
     Returns 0 when every worker exited 0; otherwise the exit status of the
     first process that failed (a signal death N becomes 128+N), 130 after
@@ -687,29 +703,47 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
         # backstop behind it, for a stalled server.
         timeout = max(60.0, 2 * stall_timeout_s)
         extra_env = {**(extra_env or {}), envvars.HERRING_TIMEOUT: f"{timeout:g}"}
+    # The job's own handlers (_launch_plans) stay installed after it ends, so
+    # a Ctrl-C during the teardown that follows (coordinator, ports, fork
+    # server, namespace) is held, not a KeyboardInterrupt half-way through;
+    # the caller's come back last.
+    callers_handlers = _current_handlers()
+    own_network = network is None and fork_server is None
     own_fork_server = fork_server is None
-    if own_fork_server:
-        fork_server = start_fork_server(spec, argv, extra_env)
     try:
+        if own_network:
+            network = isolate(spec)
+        extra_env = {**(extra_env or {}), **isolation_env(spec, network)}
+        if own_fork_server:
+            fork_server = start_fork_server(spec, argv, extra_env, network)
         return _launch_attempts(spec, argv, extra_env, fork_server, grace_seconds=grace_seconds,
                                 log_tail_lines=log_tail_lines, stall_timeout_s=stall_timeout_s,
                                 stop_timeout_s=stop_timeout_s, published=published,
-                                sumservers=sumservers)
+                                sumservers=sumservers, network=network)
     finally:
-        if own_fork_server and fork_server is not None:
-            stop_quietly(fork_server)
+        _stop_local(fork_server if own_fork_server else None, network if own_network else None)
+        _restore_handlers(callers_handlers)
 
 
-def stop_quietly(fork_server: ForkServer) -> None:
-    """Stop the fork server at the end of a job, with Ctrl-C and SIGTERM held
-    back meanwhile: the job is over, and an interrupt here would only leave
-    a KeyboardInterrupt traceback (and the server to PR_SET_PDEATHSIG)."""
-    state = _SignalState()
-    previous = _install_handlers(state)
+def stop_quietly(fork_server: ForkServer | None, network: PrivateNetwork | None = None) -> None:
+    """Stop the fork server and close the private network at the end of a
+    job, with Ctrl-C and SIGTERM held back meanwhile: the job is over, and an
+    interrupt here would only leave a KeyboardInterrupt traceback (and the
+    processes to PR_SET_PDEATHSIG)."""
+    previous = _install_handlers(_SignalState())
     try:
-        fork_server.stop()
+        _stop_local(fork_server, network)
     finally:
         _restore_handlers(previous)
+
+
+def _stop_local(fork_server: ForkServer | None, network: PrivateNetwork | None) -> None:
+    try:
+        if fork_server is not None:
+            fork_server.stop()
+    finally:
+        if network is not None:
+            network.close()
 
 
 def _launch_attempts(spec: ResourceSpec, argv: list[str], extra_env: dict[str, str] | None,
@@ -739,11 +773,12 @@ def _launch_once(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: lis
                  stop_timeout_s: float,
                  published: Mapping[str, bytes] | None = None,
                  sumservers: Sequence[str] = (),
-                 fork_server: ForkServer | None = None) -> tuple[int, list[ChildPlan]]:
+                 fork_server: ForkServer | None = None,
+                 network: PrivateNetwork | None = None) -> tuple[int, list[ChildPlan]]:
     """One start of the job on ``cluster``, with its own coordinator: (status
     as for ``launch``, the processes whose port was taken if the job may start
     again)."""
-    coordinator = _start_coordinator(spec, cluster, len(sumservers))
+    coordinator = _start_coordinator(spec, cluster, len(sumservers), network)
     for key, value in (published or {}).items():
         coordinator.publish(key, value)
     try:
@@ -751,24 +786,26 @@ def _launch_once(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: lis
                               extra_env={**(extra_env or {}), **_job_env(coordinator, cluster)})
         plans = _give_token(plans, coordinator)
         return _launch_plans(plans, grace_seconds, log_tail_lines,
-                             JobMonitor(coordinator, stall_timeout_s), stop_timeout_s, fork_server)
+                             JobMonitor(coordinator, stall_timeout_s), stop_timeout_s, fork_server,
+                             network)
     finally:
         coordinator.stop()
 
 
 def _launch_plans(plans: list[ChildPlan], grace_seconds: float, log_tail_lines: int,
                   monitor: JobMonitor, stop_timeout_s: float,
-                  fork_server: ForkServer | None = None) -> tuple[int, list[ChildPlan]]:
+                  fork_server: ForkServer | None = None,
+                  network: PrivateNetwork | None = None) -> tuple[int, list[ChildPlan]]:
     interrupted = False
     state = _SignalState()
-    previous_handlers = _install_handlers(state)
+    _install_handlers(state)   # left installed for the teardown; ``launch`` restores the caller's
     children: list[_Child] = []
     outcome = _Outcome(1)
     quiet = threading.Event()        # set once the job's end is decided
     try:
         try:
             for plan in plans:
-                children.append(_start(plan, log_tail_lines, fork_server))
+                children.append(_start(plan, log_tail_lines, fork_server, network))
             # Readers start only once every process is forked: preexec_fn runs
             # between fork and exec, best done while this is the only thread.
             chief_stopped = threading.Event()
@@ -776,7 +813,7 @@ def _launch_plans(plans: list[ChildPlan], grace_seconds: float, log_tail_lines: 
                 child.reader = threading.Thread(target=_pump, args=(child, chief_stopped, quiet),
                                                 name=f"autopar-log-{child.name}", daemon=True)
                 child.reader.start()
-            probe = _SumserverProbe(children, monitor)
+            probe = _SumserverProbe(children, monitor, network.answers if network else answers)
             try:
                 outcome = _supervise(children, state, stop_timeout_s, monitor, quiet)
             finally:
@@ -798,7 +835,6 @@ def _launch_plans(plans: list[ChildPlan], grace_seconds: float, log_tail_lines: 
                     child.reader.join(timeout=_DRAIN_SECONDS)
                 elif child.popen.stdout is not None:
                     child.popen.stdout.close()
-        _restore_handlers(previous_handlers)
     status = outcome.status
     if status == 0:
         logger.info("all %d workers finished", sum(c.plan.role == WORKER_ROLE for c in children))
@@ -823,7 +859,9 @@ class _SumserverProbe:
     INTERVAL_S = 1.0
     TIMEOUT_S = 2.0
 
-    def __init__(self, children: Sequence[_Child], monitor: JobMonitor) -> None:
+    def __init__(self, children: Sequence[_Child], monitor: JobMonitor,
+                 probe: Callable[[str, float], bool]) -> None:
+        self._answers = probe
         self._targets = [c for c in children if c.plan.role == SUMSERVER_ROLE]
         self._coordinator = monitor.coordinator
         self._stop = threading.Event()
@@ -843,7 +881,7 @@ class _SumserverProbe:
     def _run(self) -> None:
         while not self._stop.wait(self.INTERVAL_S):
             for child in self._targets:
-                if child.popen.poll() is None and answers(child.plan.address, self.TIMEOUT_S):
+                if child.popen.poll() is None and self._answers(child.plan.address, self.TIMEOUT_S):
                     self._heard(child)
 
     def _heard(self, child: _Child) -> None:
@@ -851,19 +889,38 @@ class _SumserverProbe:
         self._coordinator.heard_from(SUMSERVER_ROLE, child.plan.index, pid, child.plan.address)
 
 
-def answers(address: str, timeout_s: float) -> bool:
-    """Whether the process listening on ``address`` ("host:port") is alive:
-    it accepts a connection and closes it when this side has closed (a
-    stopped process's kernel accepts, but nobody closes)."""
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as sock:
-            sock.shutdown(socket.SHUT_WR)
-            return sock.recv(1) == b""
-    except ConnectionResetError:
-        return True        # it closed the connection abruptly: alive all the same
-    except OSError:
-        return False
+# ---------------------------------------------------------------------------
+# Keeping other users off the job's ports (runtime/netns.py, runtime/firewall.py)
+# ---------------------------------------------------------------------------
+
+def isolate(spec: ResourceSpec) -> PrivateNetwork | None:
+    """The job's private network namespace when the spec's isolation asks for
+    one (``auto``: every host on loopback), else None. Start it before the
+    fork server, which must live in it; the caller closes it after the job."""
+    wanted = spec.isolation == "namespace" or (spec.isolation == "auto" and is_loopback_job(spec))
+    if not wanted:
+        return None
+    if spec.isolation == "namespace":
+        try:
+            network = PrivateNetwork()
+        except (NamespaceUnavailable, OSError) as exc:
+            raise LaunchError(f"the spec asks for network isolation 'namespace', but {exc}; "
+                              "use 'firewall' or 'none'") from exc
+    else:
+        network = private_network_or_none("falling back to firewall rules")
+    if network is not None:
+        logger.info("the job runs in a private network namespace: only its own processes reach "
+                    "its ports, and they reach no other machine (spec network.isolation: "
+                    "'firewall' or 'none' to change that)")
+    return network
+
+
+def isolation_env(spec: ResourceSpec, network: PrivateNetwork | None) -> dict[str, str]:
+    """What children need to guard the job's ports outside a private
+    namespace: the request for firewall rules (runtime/firewall.py)."""
+    if network is not None or spec.isolation == "none":
+        return {}
+    return {firewall.ENABLE: "1"}
 
 
 # ---------------------------------------------------------------------------
@@ -871,10 +928,12 @@ def answers(address: str, timeout_s: float) -> bool:
 # ---------------------------------------------------------------------------
 
 def _start_coordinator(spec: ResourceSpec, cluster: Mapping[str, list[str]],
-                       num_sumservers: int = 0) -> Coordinator:
+                       num_sumservers: int = 0, network: PrivateNetwork | None = None) -> Coordinator:
     """The job's coordinator, listening on this machine's address in the spec
-    (loopback for a local job)."""
-    host = launcher_host([h.address for h in spec.hosts], is_local_address)
+    (loopback for a local job), or on a Unix socket for a job in a private
+    network namespace (which no TCP port of this side reaches)."""
+    host = (network.coordinator_address if network is not None
+            else launcher_host([h.address for h in spec.hosts], is_local_address))
     coordinator = Coordinator(host, len(cluster[WORKER_JOB]),
                               len(cluster.get(SERVER_JOB, [])), num_sumservers=num_sumservers)
     coordinator.start()

@@ -66,6 +66,9 @@ def serve(cluster: dict[str, list[str]], task_index: int) -> None:
 
     from autopar.runtime.session import COLLECTIVE_GROUP_LEADER, share_cores
 
+    from autopar.runtime.firewall import guard_this_process
+    guard_this_process(cluster)   # before the port opens
+
     config = tf.compat.v1.ConfigProto()
     config.experimental.collective_group_leader = COLLECTIVE_GROUP_LEADER
     share_cores(config, cluster, SERVER_JOB, task_index)

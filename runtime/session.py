@@ -9,6 +9,8 @@ import tensorflow as tf
 
 from autopar.common.errors import LaunchError
 from autopar.common.roles import SERVER_JOB, WORKER_JOB
+from autopar.runtime.firewall import guard_this_process
+from autopar.runtime.spec import is_loopback_address
 
 tf1 = tf.compat.v1
 log = logging.getLogger("autopar.session")
@@ -34,10 +36,6 @@ def session_config(cluster: dict[str, list[str]], worker_index: int,
     return config
 
 
-def _is_loopback(host: str) -> bool:
-    return host.startswith("127.") or host in ("localhost", "::1", "[::1]")
-
-
 def local_processes(cluster: dict[str, list[str]], job: str, task_index: int) -> int:
     """How many of the cluster's processes run on the machine of task
     `task_index` of `job` (itself included): those on its host, and every
@@ -45,7 +43,7 @@ def local_processes(cluster: dict[str, list[str]], job: str, task_index: int) ->
     me = cluster[job][task_index].rpartition(":")[0]
     return sum(1 for addresses in cluster.values() for address in addresses
                if (host := address.rpartition(":")[0]) == me
-               or (_is_loopback(host) and _is_loopback(me)))
+               or (is_loopback_address(host) and is_loopback_address(me)))
 
 
 def share_cores(config: tf1.ConfigProto, cluster: dict[str, list[str]], job: str,
@@ -58,8 +56,8 @@ def share_cores(config: tf1.ConfigProto, cluster: dict[str, list[str]], job: str
     splitting matrix products into pieces for cores that are busy, and each
     pool spins waiting for work: 4 workers and 2 servers on a 2-core
     machine spent 7 % of their CPU spinning there, and the LM example's
-    step took 7-22 % less CPU with one intra-op thread per process (see the
-    README). One process per machine keeps TensorFlow's default."""
+    step took 7-22 % less CPU with one intra-op thread per process (see
+    docs/benchmarks.md). One process per machine keeps TensorFlow's default."""
     import os
     processes = local_processes(cluster, job, task_index)
     cores = os.cpu_count() or 1
@@ -71,6 +69,7 @@ def share_cores(config: tf1.ConfigProto, cluster: dict[str, list[str]], job: str
 
 def start_worker_server(cluster: dict[str, list[str]], worker_index: int,
                         all_workers: bool = False) -> tf.distribute.Server:
+    guard_this_process(cluster)   # before the port opens (runtime/firewall.py)
     try:
         return tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name=WORKER_JOB,
                                     task_index=worker_index, protocol="grpc",

@@ -29,8 +29,12 @@ MIN_PORT, MAX_PORT = 1, 65535
 _TOP_KEYS = ("hosts", "network")
 _HOST_KEYS = ("address", "workers", "servers", "ports", "worker_ports", "server_ports", "ssh")
 _SSH_KEYS = ("user", "port", "key_file", "python", "workdir")
-_NETWORK_KEYS = ("bandwidth_gbps",)
-_DICT_KEYS = ("hosts", "bandwidth_gbps", "source")
+_NETWORK_KEYS = ("bandwidth_gbps", "isolation")
+_DICT_KEYS = ("hosts", "bandwidth_gbps", "isolation", "source")
+# How a job keeps other users off its ports (runtime/launcher.py `isolate`,
+# docs/security.md): "auto" picks a private network namespace for a
+# job on loopback addresses only and firewall rules otherwise.
+ISOLATIONS = ("auto", "namespace", "firewall", "none")
 
 # RFC 1123 host name label: letters, digits, '-', not at either end, 1-63 chars.
 _LABEL_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
@@ -76,6 +80,7 @@ class ResourceSpec:
     hosts: tuple[HostSpec, ...]
     bandwidth_gbps: float | None = None
     source: str = "<memory>"  # file name or "TF_CONFIG", used in messages
+    isolation: str = "auto"   # one of ISOLATIONS
 
     def __post_init__(self) -> None:
         if isinstance(self.hosts, list):
@@ -109,6 +114,7 @@ class ResourceSpec:
         return {
             "hosts": [_host_to_dict(h) for h in self.hosts],
             "bandwidth_gbps": self.bandwidth_gbps,
+            "isolation": self.isolation,
             "source": self.source,
         }
 
@@ -120,7 +126,8 @@ class ResourceSpec:
                   "pass the output of ResourceSpec.to_dict()")
         _check_keys(d, _DICT_KEYS, source, "top level")
         hosts = _parse_hosts(d.get("hosts"), source)
-        return cls(hosts=hosts, bandwidth_gbps=d.get("bandwidth_gbps"), source=str(source))
+        return cls(hosts=hosts, bandwidth_gbps=d.get("bandwidth_gbps"),
+                   isolation=d.get("isolation", "auto"), source=str(source))
 
 
 def _host_to_dict(h: HostSpec) -> dict:
@@ -238,15 +245,15 @@ def _spec_from_mapping(data: Any, source: str) -> ResourceSpec:
               "start the file with 'hosts:' followed by '- address: ...' entries")
     _check_keys(data, _TOP_KEYS, source, "top level")
     hosts = _parse_hosts(data.get("hosts"), source)
-    bandwidth = None
     network = data.get("network")
-    if network is not None:
-        if not isinstance(network, dict):
-            _fail(source, "network", f"must be a mapping, got {type(network).__name__}",
-                  "write 'network: {bandwidth_gbps: 10}'")
-        _check_keys(network, _NETWORK_KEYS, source, "network")
-        bandwidth = network.get("bandwidth_gbps")
-    return ResourceSpec(hosts=hosts, bandwidth_gbps=bandwidth, source=source)
+    if network is None:
+        network = {}
+    if not isinstance(network, dict):
+        _fail(source, "network", f"must be a mapping, got {type(network).__name__}",
+              "write 'network: {bandwidth_gbps: 10}'")
+    _check_keys(network, _NETWORK_KEYS, source, "network")
+    return ResourceSpec(hosts=hosts, bandwidth_gbps=network.get("bandwidth_gbps"),
+                        isolation=network.get("isolation", "auto"), source=source)
 
 
 def _parse_hosts(raw: Any, source: str) -> tuple[HostSpec, ...]:
@@ -487,7 +494,30 @@ def _validate(spec: ResourceSpec) -> None:
     if bw is not None and (not isinstance(bw, float) or not bw > 0):
         _fail(src, "network.bandwidth_gbps", f"must be a positive number, got {shown(bw)}",
               "give the link speed in Gbit/s, e.g. 'bandwidth_gbps: 10', or remove it")
+    if spec.isolation not in ISOLATIONS:
+        _fail(src, "network.isolation", f"must be one of {', '.join(ISOLATIONS)}, got "
+              f"{shown(spec.isolation)}", "remove it to let autopar choose ('auto')")
+    if spec.isolation == "namespace" and not is_loopback_job(spec):
+        _fail(src, "network.isolation", "'namespace' needs every host on a loopback address "
+              "(127.x.x.x, ::1, localhost): a private namespace has no other interface",
+              "use 'firewall' for a job on other addresses")
     _check_port_clashes(spec)
+
+
+def is_loopback_address(address: str) -> bool:
+    """A loopback address ("localhost", 127.x.x.x, ::1; brackets allowed)."""
+    bare = address.strip().strip("[]")
+    if bare.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(bare.partition("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def is_loopback_job(spec: ResourceSpec) -> bool:
+    """Every host of the job is a loopback address of this machine."""
+    return all(is_loopback_address(h.address) for h in spec.hosts)
 
 
 def _validate_host(h: HostSpec, src: str, where: str) -> None:

@@ -27,10 +27,14 @@ TRAIN = REPO / "tests" / "integration" / "train_model.py"
 
 
 def write_spec(directory: Path, workers: int, servers: int = 0,
-               address: str = "127.0.0.1") -> Path:
+               address: str = "127.0.0.1", isolation: str | None = None) -> Path:
+    """``isolation``: the spec's network.isolation (runtime/launcher.py
+    ``isolate``); a loopback job runs in a private network namespace unless
+    it says "firewall" or "none"."""
     path = directory / f"spec_{workers}w{servers}s.yaml"
+    network = f"network:\n  isolation: {isolation}\n" if isolation else ""
     path.write_text(f"hosts:\n  - address: {address}\n    workers: {workers}\n"
-                    f"    servers: {servers}\n")
+                    f"    servers: {servers}\n{network}")
     return path
 
 

@@ -35,9 +35,10 @@ def _run(*cmd: str) -> None:
 
 
 class _OutsideNetwork:
-    """A network namespace "apt<pid>" with a veth pair: this side 10.214.X.1,
-    the namespace's side 10.214.X.2 (/30). Connecting from the namespace to
-    10.214.X.1 is reaching this machine through a non-loopback address."""
+    """A network namespace "apt<pid>" with a veth pair: this side 10.214.X.1
+    and fd14:X::1, the namespace's side 10.214.X.2 and fd14:X::2. Connecting
+    from the namespace to this side is reaching this machine through a
+    non-loopback address."""
 
     def __init__(self) -> None:
         pid = os.getpid()
@@ -45,6 +46,7 @@ class _OutsideNetwork:
         self.host_if, self.ns_if = f"apt{pid}h", f"apt{pid}n"
         x = pid % 250
         self.host_ip, self.ns_ip = f"10.214.{x}.1", f"10.214.{x}.2"
+        self.host_ip6, self.ns_ip6 = f"fd14:{x:x}::1", f"fd14:{x:x}::2"
 
     def __enter__(self) -> "_OutsideNetwork":
         try:
@@ -57,6 +59,10 @@ class _OutsideNetwork:
                  "dev", self.ns_if)
             _run("ip", "netns", "exec", self.ns, "ip", "link", "set", self.ns_if, "up")
             _run("ip", "netns", "exec", self.ns, "ip", "link", "set", "lo", "up")
+            # nodad: usable at once, not after duplicate address detection.
+            _run("ip", "-6", "addr", "add", f"{self.host_ip6}/64", "dev", self.host_if, "nodad")
+            _run("ip", "netns", "exec", self.ns, "ip", "-6", "addr", "add", f"{self.ns_ip6}/64",
+                 "dev", self.ns_if, "nodad")
         except BaseException:
             self.__exit__()
             raise
@@ -66,10 +72,11 @@ class _OutsideNetwork:
         subprocess.run(["ip", "link", "del", self.host_if], capture_output=True)
         subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
 
-    def probe(self, ports: list[int]) -> dict[int, str]:
-        """Connect from inside the namespace to this machine's veth address."""
+    def probe(self, ports: list[int], host: str | None = None) -> dict[int, str]:
+        """Connect from inside the namespace to this machine's veth address
+        (``host``: one of them, default the IPv4 one)."""
         out = subprocess.run(["ip", "netns", "exec", self.ns, sys.executable, "-c", _CONNECT,
-                              self.host_ip, *map(str, ports)],
+                              host or self.host_ip, *map(str, ports)],
                              capture_output=True, text=True, timeout=120, check=True).stdout
         return {int(p): state for p, state, *_ in (line.split() for line in out.splitlines())}
 
@@ -111,7 +118,9 @@ def _stop(proc: subprocess.Popen, pids: set[int]) -> None:
 @pytest.mark.skipif(os.geteuid() != 0, reason="creating a network namespace and a veth pair "
                     "needs root (CAP_NET_ADMIN)")
 def test_loopback_job_unreachable_from_outside_and_coordinator_needs_token(tmp_path):
-    spec = write_spec(tmp_path, workers=2, servers=1)
+    # In this machine's own network (no private namespace): what the bind
+    # shim and the coordinator's token guard is reachable from here.
+    spec = write_spec(tmp_path, workers=2, servers=1, isolation="none")
     # Processes started anew, not forked (runtime/forkserver.py): the test reads
     # the token from a child's /proc/PID/environ, which shows only the
     # environment a process was exec'd with. Forked children's binding is
@@ -173,10 +182,10 @@ def test_loopback_job_unreachable_from_outside_and_coordinator_needs_token(tmp_p
         _stop(proc, pids)
 
 
-def _run_until_end(tmp_path, *extra: str, ready: str) -> tuple[subprocess.Popen, LineReader,
-                                                               str, float, set[int],
-                                                               dict[int, str]]:
-    spec = write_spec(tmp_path, workers=2, servers=1)
+def _run_until_end(tmp_path, *extra: str, ready: str,
+                   isolation: str | None = None) -> tuple[subprocess.Popen, LineReader, str,
+                                                          float, set[int], dict[int, str]]:
+    spec = write_spec(tmp_path, workers=2, servers=1, isolation=isolation)
     proc = start_job(train_command("mlp_sgd", tmp_path / "out", "--stall-timeout", "5",
                                    "--spec", str(spec), *extra))
     with LineReader(proc) as reader:
@@ -192,7 +201,8 @@ def _run_until_end(tmp_path, *extra: str, ready: str) -> tuple[subprocess.Popen,
 
 def test_stalled_worker_ends_job_naming_it(tmp_path):
     proc, reader, rest, elapsed, pids, listening = _run_until_end(
-        tmp_path, "--steps", "1000", "--stall-at", "3", ready=r"worker 1 stalling at step 3")
+        tmp_path, "--steps", "1000", "--stall-at", "3", ready=r"worker 1 stalling at step 3",
+        isolation="none")   # this machine's network, where `ss` sees the listening ports
     assert proc.returncode == 1, reader.text[-3000:]
     assert len(pids) == 4
     assert "(forked)" in reader.text

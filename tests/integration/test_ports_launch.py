@@ -113,7 +113,10 @@ def test_port_taken_after_allocation_is_retried_with_real_servers(tmp_path, monk
 
     monkeypatch.setattr(launcher, "reserve_cluster", reserve_then_steal)
     out = tmp_path / "out"
-    spec = load_spec({"hosts": [{"address": "127.0.0.1", "workers": 2, "ports": list(_free_range(30))}]})
+    # In this machine's network: in a private namespace (runtime/netns.py)
+    # nothing of another program's can take the job's ports at all.
+    spec = load_spec({"hosts": [{"address": "127.0.0.1", "workers": 2, "ports": list(_free_range(30))}],
+                      "network": {"isolation": "none"}})
     try:
         status = launch(spec, train_command("mlp_sgd", out, "--steps", str(STEPS)))
     finally:

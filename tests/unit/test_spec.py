@@ -374,3 +374,25 @@ def test_a_huge_or_endless_file_is_refused(tmp_path):
     assert "is larger than" in yaml_error(tmp_path, "hosts:\n" + "#" * (2 << 20) + "\n")
     with pytest.raises(SpecError, match="is larger than"):
         load_spec("/dev/zero")
+
+
+# ----------------------------------------------------------------- isolation
+
+def test_isolation_defaults_to_auto_and_round_trips():
+    spec = load_spec({"hosts": [{"address": "127.0.0.1", "workers": 2}]})
+    assert spec.isolation == "auto"
+    spec = load_spec({"hosts": [{"address": "10.0.0.1", "workers": 2}],
+                      "network": {"isolation": "firewall"}})
+    assert ResourceSpec.from_dict(spec.to_dict()) == spec
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("network: {isolation: private}\n", "network.isolation: must be one of auto, namespace, "
+                                         "firewall, none, got 'private'"),
+    ("network: {isolation: namespace}\n", "network.isolation: 'namespace' needs every host on "
+                                          "a loopback address"),
+])
+def test_bad_isolation(tmp_path, text, expected):
+    message = yaml_error(tmp_path, "hosts: [{address: 127.0.0.1, workers: 1}, "
+                                   "{address: 10.0.0.2, workers: 1}]\n" + text)
+    assert expected in message, message
