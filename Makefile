@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-keras test install clean native stress
+.PHONY: demo demo-keras test install clean native stress system-packages
 
 $(STAMP): setup.py pyproject.toml runtime/coordinator.proto transforms/fusion_layout.proto cpp_ops/bind_shim.c \
 		cpp_ops/herring_ops.cc cpp_ops/sum_server.cc cpp_ops/herring_wire.h \
@@ -13,13 +13,25 @@ $(STAMP): setup.py pyproject.toml runtime/coordinator.proto transforms/fusion_la
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[test]"
-	# Legacy Keras for programs built with tf.compat.v1.layers (README
-	# "TensorFlow 2 and Keras"), beside the venv, not in it: tf-keras requires
+	# Legacy Keras for programs built with tf.compat.v1.layers (docs/tf2-keras.md,
+	# "Legacy Keras"), beside the venv, not in it: tf-keras requires
 	# the full tensorflow package (not tensorflow-cpu), and on the default path
 	# it would make every TensorFlow import load it.
 	$(PY) -m pip install -q --no-deps --upgrade --target $(VENV)/legacy-keras tf-keras==2.21.0
 	$(MAKE) native
+	$(MAKE) system-packages
 	touch $(STAMP)
+
+# nftables, for the per-job firewall rules of jobs on non-loopback addresses
+# (docs/security.md): installed with apt when run as root and
+# missing; otherwise such jobs warn what stays exposed.
+system-packages:
+	@if [ "$$(id -u)" = 0 ] && ! command -v nft >/dev/null && command -v apt-get >/dev/null; then \
+		echo "installing nftables (apt-get)"; \
+		(apt-get install -y -qq nftables >/dev/null 2>&1 || \
+		 (apt-get update -qq && apt-get install -y -qq nftables >/dev/null)) || \
+		echo "could not install nftables: firewall rules will be skipped with a warning"; \
+	fi
 
 # The coordinator's gRPC modules (from runtime/coordinator.proto), the bind
 # shim (cpp_ops/bind_shim.c, needs a C compiler) and the Herring transport
@@ -59,6 +71,13 @@ test-matrix: $(STAMP)
 clean:
 	rm -rf $(VENV) *.egg-info
 
+# The generated documentation: docs/config.md (from autopar/config.py's field
+# docstrings), docs/benchmarks.md and the README's headline numbers (from
+# bench/results/*.json). tests/unit/test_docs.py fails when they are stale.
+.PHONY: docs
+docs: $(STAMP)
+	$(PY) -m docs.generate
+
 # Benchmarks (need root: they build an emulated cluster of network namespaces).
 # bench-setup builds the Horovod peer's own virtualenv once (bench/.venv-horovod,
 # TensorFlow 2.12 + Horovod 0.28.1, a few minutes); the bench targets build it
@@ -74,11 +93,13 @@ bench-setup: $(STAMP)
 bench-quick: $(STAMP)
 	$(BENCH_ROOT_CHECK)
 	$(PY) -m bench.run --quick --update-readme
+	$(MAKE) docs   # the benchmark page and README numbers from the new results
 
 # 2, 4 and 8 hosts at 1000 and 100 Mbit/s, every workload (microbenchmark at 100 MiB, sparse LM, dense CNN).
 bench: $(STAMP)
 	$(BENCH_ROOT_CHECK)
 	$(PY) -m bench.run
+	$(MAKE) docs   # the benchmark page and README numbers from the new results
 
 # Herring against the rings (issue 10), one run at 1000 Mbit/s, S = N summation-server hosts:
 # the microbenchmark (G = 100 MiB float32) at 2, 4 and 8 hosts with the floor, Horovod/Gloo,
@@ -91,6 +112,7 @@ bench-herring: $(STAMP)
 		--workloads avg,dense --avg-mib 100 \
 		--peers floor,horovod,tf_mwms,autopar-allreduce,autopar-herring \
 		--workload-hosts dense=4,8 --workload-peers dense=floor,horovod,autopar-allreduce,autopar-herring
+	$(MAKE) docs   # the benchmark page and README numbers from the new results
 
 # Analysis and rewrite time vs graph size: a BERT-style encoder at 3, 6, 12
 # and 24 layers (no root needed; minutes, most of it the rewrite). Results:
@@ -103,10 +125,12 @@ bench-herring: $(STAMP)
 .PHONY: simulate
 simulate: $(STAMP)
 	$(PY) -m bench.simulate
+	$(MAKE) docs   # the benchmark page and README numbers from the new results
 
 .PHONY: transform-scale transform-scale-e2e
 transform-scale: $(STAMP)
 	$(PY) -m bench.transform_scale $(TRANSFORM_ARGS)
+	$(MAKE) docs   # the benchmark page and README numbers from the new results
 
 transform-scale-e2e: $(STAMP)
 	$(PY) -m bench.transform_scale --end-to-end $(TRANSFORM_ARGS)
@@ -119,3 +143,4 @@ transform-scale-e2e: $(STAMP)
 bench-large-batch: $(STAMP)
 	$(BENCH_ROOT_CHECK)
 	$(PY) -m bench.large_batch $(LARGE_BATCH_ARGS)
+	$(MAKE) docs   # the benchmark page and README numbers from the new results

@@ -17,10 +17,17 @@ class SimulatedDelay:
     compute variance can be reproduced on one machine. `workers`: the worker
     indices that are delayed (None: all). sigma=0 gives a fixed delay."""
     median_s: float = 0.05
+    """The delay's median in seconds (finite, > 0)."""
     sigma: float = 1.0
+    """The standard deviation of the delay's logarithm (finite, >= 0; 0 gives
+    a fixed delay)."""
     max_s: float = 1.0
+    """The bound on one delay in seconds (finite, > 0)."""
     seed: int = 0
+    """Each worker's generator is seeded with seed + worker index."""
     workers: tuple[int, ...] | None = None
+    """The worker indices that are delayed (``None``: all); a list is accepted
+    and kept as a tuple."""
 
     def __post_init__(self) -> None:
         for name, zero_ok in (("median_s", False), ("sigma", True), ("max_s", False)):
@@ -37,102 +44,136 @@ class SimulatedDelay:
 
 @dataclass(frozen=True)
 class Config:
-    # Dense gradients are averaged in fused buckets of at most this many bytes
-    # (Horovod-style tensor fusion): fewer, larger collectives.
+    """Options of a job, passed as ``get_runner(graph, spec, config)``.
+
+    Every field has a default that works on one machine, and every field is
+    checked when the Config is made (types first; an ``AutoparError`` naming
+    the field). Each field's documentation is the string literal after it
+    (an attribute docstring): docs/config.md is generated from them by
+    ``python -m docs.generate``.
+    """
     fusion_bytes: int = 64 * 1024 * 1024
-    # TensorFlow collective implementation: "ring" or "auto".
+    """Dense gradients are averaged in fused buckets of at most this many bytes
+    (Horovod-style tensor fusion): fewer, larger collectives. An integer >= 1."""
     communication_hint: str = "ring"
-    # Chief-only checkpointing; None disables it.
+    """The TensorFlow collective implementation the collective ops ask for:
+    ``"ring"`` or ``"auto"``."""
     checkpoint_dir: str | None = None
+    """Directory of the chief-only checkpoints (a path, ``os.PathLike``
+    accepted and kept as a string); ``None`` disables checkpointing. A
+    restarted job restores the newest checkpoint in it and continues at its
+    global step (docs/checkpoints.md)."""
     save_every_steps: int = 100
-    # How many of the newest checkpoints to keep (older ones are deleted).
+    """With ``checkpoint_dir``: the chief saves a checkpoint every this many
+    global steps (and on ``close()`` and when the job is stopped). An integer
+    >= 1."""
     keep_checkpoints: int = 5
-    # Progress on the chief: one line every this many steps (0 disables).
+    """How many of the newest checkpoints to keep (older ones are deleted). An
+    integer >= 1."""
     log_every_steps: int = 10
-    # Optional, only used to draw a progress bar when the output is a terminal.
+    """Progress on the chief: one line every this many steps (0 disables)."""
     total_steps: int | None = None
-    # Seconds a worker waits for its peers' servers before giving up.
+    """Optional, only used to draw a progress bar when the output is a
+    terminal. An integer >= 1 or ``None``."""
     startup_timeout_s: float = 60.0
-    # How gradients travel (Parallax): "hybrid" = dense by all-reduce, sparse on
-    # parameter servers; "ps" = every variable on servers; "allreduce" = no
-    # servers (sparse by all-gather); "herring" = dense float32 gradients in
-    # balanced fusion buffers summed by sharded summation servers (sparse as
-    # in hybrid). Hybrid with no sparse variables is all-reduce, or herring
-    # when the spec has servers and the cost model predicts it faster than
-    # the ring; PS methods and herring need servers in the spec.
+    """Seconds a worker waits for its peers' servers (and for the job's plan
+    from the job coordinator) before giving up. Finite, > 0."""
     run_option: str = "hybrid"
-    # herring: the dtype gradients travel in ("float32", "float16",
-    # "bfloat16"; summed in float32 on the servers), and the fusion buffer
-    # size in bytes of float32 (None: chosen from model and cluster size).
+    """How gradients travel (Parallax): ``"hybrid"`` = dense by all-reduce,
+    sparse on parameter servers; ``"ps"`` = every variable on servers;
+    ``"allreduce"`` = no servers (sparse by all-gather); ``"herring"`` = dense
+    float32 gradients in balanced fusion buffers summed by sharded summation
+    servers (sparse as in hybrid). Hybrid with no sparse variables is
+    all-reduce, or herring when the spec has servers and the cost model
+    predicts it faster than the ring; PS methods and herring need servers in
+    the spec (docs/run-options.md)."""
     wire_dtype: str = "float32"
+    """herring: the dtype gradients travel in (``"float32"``, ``"float16"``,
+    ``"bfloat16"``); the servers sum in float32."""
     herring_buffer_bytes: int | None = None
-    # How workers' gradients combine, dense and sparse alike: "mean" (the loss
-    # is a mean over the batch: one device's gradient is the mean over the
-    # global batch), "sum" (the loss is summed over the batch), or "auto":
-    # what the analysis reads from the graph (reduce_mean / reduce_sum, the
-    # tf.compat.v1.losses reductions, a division by the batch size), "mean"
-    # where the graph does not show it (the report says so; a graph where
-    # neither can match one device, a summed loss plus a batch-independent
-    # term, is refused). "parallax": Parallax's semantics, not one device's:
-    # dense gradients averaged, sparse (IndexedSlices) ones summed, as
-    # Parallax's average_sparse=False did (README "Coming from Parallax").
+    """herring: the fusion buffer size in bytes of float32 (an integer >= 1),
+    or ``None``: chosen from model and cluster size."""
     loss_reduction: str = "auto"
-    # State each worker updates from its own batch (batch-norm moving
-    # statistics...): "none" leaves every replica with its own values;
-    # "average" replaces them by their mean over workers after every step
-    # (identical replicas; not equal to one device's statistics of the
-    # global batch).
+    """How workers' gradients combine, dense and sparse alike: ``"mean"`` (the
+    loss is a mean over the batch: one device's gradient is the mean over the
+    global batch), ``"sum"`` (the loss is summed over the batch), or
+    ``"auto"``: what the analysis reads from the graph (reduce_mean /
+    reduce_sum, the tf.compat.v1.losses reductions, a division by the batch
+    size), ``"mean"`` where the graph does not show it (the report says so; a
+    graph where neither can match one device, a summed loss plus a
+    batch-independent term, is refused). ``"parallax"``: Parallax's
+    semantics, not one device's: dense gradients averaged, sparse
+    (IndexedSlices) ones summed, as Parallax's average_sparse=False did
+    (docs/parallax.md)."""
     sync_local_state: str = "none"
-    # Distributed batch normalisation: training-mode batch-norm layers
-    # (tf.nn.moments / Keras BatchNormalization, FusedBatchNorm) take their
-    # batch statistics over a group of workers: "all" (one device's statistics
-    # of the global batch, moving statistics included), a group size k
-    # (workers [0,k), [k,2k)...; must divide the worker count), or None
-    # (each worker normalises by its own batch).
+    """State each worker updates from its own batch (batch-norm moving
+    statistics...): ``"none"`` leaves every replica with its own values;
+    ``"average"`` replaces them by their mean over workers after every step
+    (identical replicas; not equal to one device's statistics of the global
+    batch)."""
     batch_norm_group: str | int | None = None
-    # Weight-update sharding (TPU-pod scaling paper §3): each all-reduce
-    # variable is updated by one owner worker, which alone holds its
-    # optimizer slots; the new values are all-gathered from the owners.
+    """Distributed batch normalisation: training-mode batch-norm layers
+    (tf.nn.moments / Keras BatchNormalization, FusedBatchNorm) take their
+    batch statistics over a group of workers: ``"all"`` (one device's
+    statistics of the global batch, moving statistics included), a group size
+    k >= 1 (workers [0,k), [k,2k)...; must divide the worker count), or
+    ``None`` (each worker normalises by its own batch)."""
     shard_weight_update: bool = False
-    # 2-D summation of the all-reduce buckets (TPU-pod scaling paper §2): sum
-    # within each host, all-reduce among one worker per host, broadcast within
-    # the host. True forces it, False keeps the flat ring, None (default)
-    # chooses it when some host has several workers and it moves fewer bytes
-    # over host links (transforms.allreduce.two_dimensional_choice).
+    """Weight-update sharding (TPU-pod scaling paper §3): each all-reduce
+    variable is updated by one owner worker, which alone holds its optimizer
+    slots; the new values are all-gathered from the owners."""
     hierarchical_allreduce: bool | None = None
-    # Parallax's option, kept for programs ported from it: True = loss_reduction
-    # "mean", False = "parallax" (sparse gradients summed, dense averaged).
+    """2-D summation of the all-reduce buckets (TPU-pod scaling paper §2): sum
+    within each host, all-reduce among one worker per host, broadcast within
+    the host. ``True`` forces it, ``False`` keeps the flat ring, ``None``
+    (default) chooses it when some host has several workers and it moves
+    fewer bytes over host links (transforms.allreduce.two_dimensional_choice)."""
     average_sparse: bool | None = None
-    # Optimisations, each can be turned off for ablation (Parallax §7.4):
-    local_aggregation: bool = True   # LA: workers of a host send one contribution
-    opau: bool = True                # place post-aggregation ops next to their inputs
-    opsw: bool = True                # move light boundary ops to the side that saves bytes
-    # Partition count per PS variable name, overriding the automatic rule.
+    """Parallax's option, kept for programs ported from it (a
+    DeprecationWarning): ``True`` = loss_reduction ``"mean"``, ``False`` =
+    ``"parallax"`` (sparse gradients summed, dense averaged). It applies only
+    while loss_reduction is ``"auto"``."""
+    local_aggregation: bool = True
+    """LA: workers of a host send one contribution (Parallax §7.4; can be
+    turned off for ablation)."""
+    opau: bool = True
+    """Place post-aggregation ops next to their inputs (Parallax §7.4; can be
+    turned off for ablation)."""
+    opsw: bool = True
+    """Move light boundary ops to the side that saves bytes (Parallax §7.4;
+    can be turned off for ablation)."""
     partitions: dict = field(default_factory=dict)
-    # The launcher ends the job when some workers have waited this long inside
-    # a step for others that have not started it (Horovod's stall inspector,
-    # but ending the job instead of warning); 0 disables.
+    """Partition count per PS variable name, overriding the automatic rule:
+    ``{variable name: count >= 1}``, e.g. ``{"embedding": 8}``."""
     stall_timeout_s: float = 60.0
-    # DropCompute (README "Gradient accumulation and DropCompute"): every
-    # training step computes up to micro_batches micro-batches per worker,
-    # accumulating their gradients, then aggregates and applies once.
+    """The launcher ends the job when some workers have waited this long
+    inside a step for others that have not started it (Horovod's stall
+    inspector, but ending the job instead of warning); 0 disables. Finite,
+    >= 0 (docs/stalls.md)."""
     micro_batches: int = 1
-    # Seconds of compute after which a worker stops taking micro-batches and
-    # joins the aggregation; "auto" picks it from the latencies measured in
-    # dropcompute_warmup; None never drops.
+    """DropCompute (docs/dropcompute.md): every training step computes up to
+    micro_batches micro-batches per worker, accumulating their gradients,
+    then aggregates and applies once. An integer >= 1."""
     compute_threshold: float | str | None = None
-    # Steps [first, last) whose micro-batch latencies choose the "auto" threshold.
+    """Seconds of compute after which a worker stops taking micro-batches and
+    joins the aggregation; ``"auto"`` picks it from the latencies measured
+    in dropcompute_warmup; ``None`` never drops. Needs micro_batches >= 2,
+    and cannot be combined with batch_norm_group."""
     dropcompute_warmup: tuple[int, int] = (5, 50)
-    # Making up for dropped micro-batches (DropCompute §4.5): "none", "steps"
-    # (runner.dropcompute.extra_steps(base): how many more steps make up
-    # the dropped samples),
-    # "batch" (micro_batches is raised once tau is chosen, so the average
-    # computed batch stays that of micro_batches without drops).
+    """Steps [first, last) whose micro-batch latencies choose the ``"auto"``
+    threshold (0 <= first < last)."""
     drop_compensation: str = "none"
-    # A benchmarking aid only: see SimulatedDelay. None (default) adds nothing.
+    """Making up for dropped micro-batches (DropCompute §4.5): ``"none"``,
+    ``"steps"`` (runner.dropcompute.extra_steps(base): how many more steps
+    make up the dropped samples), ``"batch"`` (micro_batches is raised once
+    tau is chosen, so the average computed batch stays that of
+    micro_batches without drops). Needs a compute_threshold."""
     simulated_delay: SimulatedDelay | None = None
-    # Directory of the per-worker CSV of DropCompute steps (None: no CSV).
+    """A benchmarking aid only: see SimulatedDelay (needs micro_batches >= 2).
+    ``None`` (default) adds nothing."""
     dropcompute_log_dir: str | None = None
+    """Directory of the per-worker CSV of DropCompute steps (``None``: no
+    CSV)."""
 
     def __post_init__(self) -> None:
         # Every field is checked, types first (so a wrong type is named, not a

@@ -1,4 +1,4 @@
-"""Large-batch benchmark (README "Large-batch techniques"): a wide MLP trained
+"""Large-batch benchmark (docs/benchmarks.md, "Large-batch techniques"): a wide MLP trained
 with Adam, where the optimizer update and its slots are a large part of
 every worker's step.
 

@@ -14,7 +14,7 @@ log-log plot of time vs ops (same name, .png).
     .venv/bin/python -m bench.transform_scale --end-to-end          # 24 layers, 2 local workers
 
 Hidden size changes the memory the graph's constants take, not the op count:
-the default (1024, BERT-large) is what the timings in the README use. Times
+the default (1024, BERT-large) is what the timings in docs/benchmarks.md use. Times
 are wall-clock seconds of this process, with its CPU seconds alongside (the
 machine may be shared: CPU time is what the code itself costs). Each rewrite
 runs --repeats times (default 3) and the median is reported; each row also

@@ -7,7 +7,7 @@ lines marked "autopar" that make it train on every worker of a cluster.
 
 --batch-size is per worker: N workers train with a global batch N times as large.
 
-DropCompute (README "Gradient accumulation and DropCompute"): --micro-batches M
+DropCompute (docs/dropcompute.md): --micro-batches M
 makes a step M batches of --batch-size per worker; --compute-threshold auto
 lets slow workers drop micro-batches; --compensation steps adds the steps that
 make up the dropped samples; --delay S adds the simulated log-normal delay
