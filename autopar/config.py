@@ -88,8 +88,14 @@ class Config:
     predicts it faster than the ring; PS methods and herring need servers in
     the spec (docs/run-options.md)."""
     wire_dtype: str = "float32"
-    """herring: the dtype gradients travel in (``"float32"``, ``"float16"``,
-    ``"bfloat16"``); the servers sum in float32."""
+    """The dtype dense float gradients travel in (``"float32"``, ``"float16"``,
+    ``"bfloat16"``). ``"float16"`` on the ring all-reduce (flat or 2-D): a
+    float32 or float64 bucket is cast to float16, summed in it and cast
+    back, then averaged in full precision, as Horovod's fp16 compression
+    (half the bytes of float32, about 3 significant digits per gradient,
+    overflow past 65504); the report shows each bucket's wire dtype. The ring
+    has no bfloat16 (TensorFlow's collective ops carry none): ``"bfloat16"``
+    compresses herring only. Herring's servers sum in float32."""
     herring_buffer_bytes: int | None = None
     """herring: the fusion buffer size in bytes of float32 (an integer >= 1),
     or ``None``: chosen from model and cluster size."""

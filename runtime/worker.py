@@ -17,7 +17,8 @@ import os
 import grpc
 import tensorflow as tf
 
-from autopar.common.errors import LaunchError, SpecError, UnsupportedGraphError
+from autopar.common.errors import (AutoparError, LaunchError, SpecError, UnsupportedGraphError,
+                                   shown)
 from autopar.common import env
 from autopar.common.roles import SERVER_JOB, WORKER_JOB, WORKER_ROLE
 from autopar.runtime.checkpoint import Checkpointer
@@ -49,6 +50,7 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
     hook = _register(client, cluster, worker_index)
     if compiled is None:
         compiled = _receive_plan(graph, cluster, worker_index, config, client)
+    _check_same_config(compiled, config, worker_index)
     _check_fits(compiled.plan, cluster)
     compiled.check_graph(graph)
     if print_report:
@@ -169,6 +171,19 @@ def job_topology(cluster: dict[str, list[str]]) -> Topology:
     sumservers = [a for a in os.environ.get(env.SUMSERVERS, "").split(",") if a.strip()]
     servers = topology.num_servers or len(sumservers)
     return Topology(topology.worker_hosts, servers, summation_servers=bool(sumservers))
+
+
+def _check_same_config(compiled: CompiledPlan, config, worker_index: int) -> None:
+    """Every process of a job runs by the plan's Config: options that differ
+    between processes would make their graphs or protocols disagree (a hang,
+    or silently different training), so one whose own differs is refused."""
+    difference = compiled.config_difference(config)
+    if difference is not None:
+        option, mine, theirs = difference
+        raise AutoparError(
+            f"worker {worker_index}'s Config has {option}={shown(mine)}, but the job's plan was "
+            f"compiled with {option}={shown(theirs)}: every process of a job must use the same "
+            "Config (nothing in it may depend on the process's role or index)")
 
 
 def _check_fits(plan, cluster: dict[str, list[str]]) -> None:

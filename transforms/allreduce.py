@@ -27,6 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
+from autopar.transforms.bfb import WIRE_BYTES
 from autopar.transforms.keys import LEADERS_GROUP_KEY
 from autopar.transforms.plan import Bucket, Topology, VariablePlan
 from autopar.transforms.sync_method import Edits, RewriteContext, SyncMethod, reshape
@@ -39,6 +40,8 @@ class AllReduce(SyncMethod):
         """Fusion buckets, one instance key each from `key` on (three with
         2-D summation: the leaders' all-reduce, the host sum, the broadcast)."""
         buckets = fusion_buckets(analysis, names, fusion_bytes)
+        for b in buckets:
+            b.wire_dtype = ring_wire_dtype(b.dtype, options.wire_dtype)
         two_d, why = (two_dimensional_choice(topology, options.hierarchical_allreduce)
                       if buckets else (False, ""))
         for b in buckets:
@@ -54,13 +57,13 @@ class AllReduce(SyncMethod):
         return {"buckets": buckets, "hierarchical_why": why}
 
     def variable_plan(self, v, reason, state, key):
-        bucket = next(b.index for b in state[0] if v.name in b.variables)
+        bucket = next(b for b in state[0] if v.name in b.variables)
         return VariablePlan(v.name, self.name, "replicated on every worker", reason,
-                            bucket=bucket), key
+                            bucket=bucket.index, wire_dtype=bucket.wire_dtype or None), key
 
     def wire_bytes(self, v, vp, num_workers, alpha):
         n = num_workers
-        sent = 2 * (n - 1) * v.bytes / n
+        sent = 2 * (n - 1) * v.bytes / n * wire_fraction(v.dtype, vp.wire_dtype)
         return sent, sent
 
     def rewrite(self, ctx: RewriteContext) -> Edits:
@@ -74,7 +77,12 @@ class AllReduce(SyncMethod):
             for bucket in plan.buckets:
                 grads = [graph.get_tensor_by_name(analysis.variable(n).grad_tensor)
                          for n in bucket.variables]
-                if bucket.hierarchical:
+                if bucket.wire_dtype:
+                    reduced = _compressed_sum(ctx, grads, bucket, previous, chains)
+                    if plan.averages("dense"):   # divided in full precision
+                        reduced = reduced / ctx.constants.get(float(plan.num_workers),
+                                                              reduced.dtype)
+                elif bucket.hierarchical:
                     flat = tf.concat([reshape(g, ctx.constants.get([-1])) for g in grads],
                                      axis=0)
                     reduced = _two_dimensional_sum(ctx, flat, bucket,
@@ -106,6 +114,41 @@ class AllReduce(SyncMethod):
                     target = ctx.constants.get(list(shape), tf.int32)
                     edits.replaced[g.name] = reshape(piece, target).name
         return edits
+
+
+def ring_wire_dtype(dtype: str, wire_dtype: str) -> str:
+    """The dtype a bucket of ``dtype`` gradients travels in under
+    Config.wire_dtype, "" for its own: float16 narrows float32 and float64
+    buckets. bfloat16 narrows none: TensorFlow's collective ops carry no
+    bfloat16 (it is herring's, whose transport does)."""
+    if wire_dtype != "float16" or dtype not in ("float32", "float64"):
+        return ""
+    return wire_dtype
+
+
+def wire_fraction(dtype: str, wire_dtype: str | None) -> float:
+    """Bytes on the wire per byte of a ``dtype`` gradient sent as ``wire_dtype``."""
+    if not wire_dtype:
+        return 1.0
+    return WIRE_BYTES[wire_dtype] / np.dtype(dtype).itemsize
+
+
+def _compressed_sum(ctx: RewriteContext, grads: list, bucket: Bucket, previous: dict,
+                    chains: dict) -> tf.Tensor:
+    """The workers' sum of a bucket's gradients, cast to its wire dtype to
+    travel and be summed (flat ring or 2-D summation), then cast back."""
+    wire = tf.as_dtype(bucket.wire_dtype)
+    last = previous.get(bucket.group)
+    with tf.control_dependencies([last] if last is not None and not bucket.hierarchical else []):
+        flat = tf.concat([reshape(g, ctx.constants.get([-1])) for g in grads], axis=0)
+        narrow = tf.cast(flat, wire)
+        if bucket.hierarchical:
+            summed = _two_dimensional_sum(ctx, narrow, bucket, chains.setdefault(bucket.group, {}))
+        else:
+            summed = ctx.backend.allreduce_sum(narrow, bucket.instance_key)
+    if not bucket.hierarchical:
+        previous[bucket.group] = summed
+    return tf.cast(summed, flat.dtype)
 
 
 def _two_dimensional_sum(ctx: RewriteContext, flat: tf.Tensor, bucket: Bucket,

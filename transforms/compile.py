@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
+from typing import Any
 
 from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms import serial
@@ -27,6 +28,10 @@ class CompiledPlan:
     analysis: Analysis
     plan: Plan
     moves: list[Move] = field(default_factory=list)
+    # The autopar.Config it was compiled with, as JSON values: every process
+    # of the job must run with the same one (runtime/worker.py refuses one
+    # whose own differs, naming the option).
+    job_config: dict[str, Any] = field(default_factory=dict)
 
     def report(self) -> Report:
         return build_report(self.analysis, self.plan, moves=self.moves)
@@ -51,6 +56,18 @@ class CompiledPlan:
                 f"from: {len(missing)} op(s) the plan names are missing, e.g. "
                 f"{', '.join(repr(n) for n in missing[:3])}. Every process must build the same "
                 "graph (nothing in it may depend on the process's role or index).")
+
+    def config_difference(self, config) -> tuple[str, Any, Any] | None:
+        """(option, its value in ``config``, its value in the plan) for the
+        first option of an autopar.Config that differs from the one the plan
+        was compiled with; None when they agree (or the plan records none)."""
+        if not self.job_config:
+            return None
+        mine = serial.encode(config)
+        for option in sorted(set(mine) | set(self.job_config)):
+            if mine.get(option) != self.job_config.get(option):
+                return option, mine.get(option), self.job_config.get(option)
+        return None
 
     def to_json(self) -> str:
         return serial.dumps(self)
@@ -86,6 +103,7 @@ def compile_for_config(graph_or_meta, topology: Topology | int, config) -> Compi
     compiled = compile_plan(graph_or_meta, topology, PlanOptions.from_config(config),
                             fusion_bytes=config.fusion_bytes,
                             communication_hint=config.communication_hint)
+    compiled.job_config = serial.encode(config)
     groups = compiled.analysis.train_groups
     if config.micro_batches > 1 and len(groups) > 1:
         raise UnsupportedGraphError(

@@ -195,18 +195,18 @@ def predicted_faster(num_workers: int, num_hosts: int, num_servers: int,
     bytes with every link equally fast. Ring: 2(N-1)/N x M per worker link.
     Herring: M x w per contributor link (w = wire bytes / 4) and M x w x C / S
     per server link (C contributors: hosts with local aggregation, else
-    workers; S servers). Servers sharing a host's link with its workers are
-    not modelled."""
+    workers; S servers); the ring sends in the same wire dtype (x w too).
+    Servers sharing a host's link with its workers are not modelled."""
     n, s = num_workers, num_servers
     if s == 0:
         return False, "the spec has no server processes"
     c = num_hosts if local_aggregation else n
     w = WIRE_BYTES[wire_dtype] / 4
-    ring = 2 * (n - 1) / n
+    ring = 2 * (n - 1) / n * w
     herring = max(w, w * c / s)
     verdict = "herring" if herring < ring else "ring all-reduce"
     why = (f"cost model, per step in units of the model's bytes M: ring all-reduce moves "
-           f"2(N-1)/N = {ring:.2f} M per worker link; herring moves {w:.2f} M per contributor "
+           f"2(N-1)/N{' x w' if w != 1 else ''} = {ring:.2f} M per worker link; herring moves {w:.2f} M per contributor "
            f"link and {w * c / s:.2f} M per server link ({c} contributors, {s} servers): "
            f"{verdict} is predicted faster")
     return herring < ring, why

@@ -88,7 +88,7 @@ class PlanOptions:
     hierarchical_allreduce: bool | None = None
     # Seconds a 2-D summation collective may wait for its peers (0: no bound).
     collective_timeout_s: float = 0.0
-    wire_dtype: str = "float32"        # herring: dtype gradients travel in (summed in float32)
+    wire_dtype: str = "float32"        # dtype dense float gradients travel in (ring and herring)
     herring_buffer_bytes: int | None = None   # herring: fusion buffer size override
 
     @classmethod
@@ -134,6 +134,10 @@ class Bucket:
     # (both in the host's group; 0 when the bucket uses the flat ring).
     host_key: int = 0
     group: int = 0      # the train group of its variables (Analysis.train_groups)
+    # The dtype it travels and is summed in when narrower than its own
+    # (Config.wire_dtype float16/bfloat16, as Horovod's fp16 compression);
+    # "" when it travels as it is.
+    wire_dtype: str = ""
 
     @property
     def hierarchical(self) -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from autopar.transforms.allreduce import host_link_bytes
+from autopar.transforms.allreduce import host_link_bytes, wire_fraction
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.bfb import WIRE_BYTES
 from autopar.transforms.methods import METHODS
@@ -109,7 +109,9 @@ class Report:
         for b in self.buckets:
             lines.append(f"bucket #{b['index']}: {b['dtype']}, {_human(b['bytes'])}, "
                          f"{len(b['variables'])} gradients fused into one all-reduce"
-                         + (" (2-D summation)" if b.get("host_key") else ""))
+                         + (" (2-D summation)" if b.get("host_key") else "")
+                         + (f", sent and summed as {b['wire_dtype']}" if b.get("wire_dtype")
+                            else ""))
         two_d_buckets = [b["index"] for b in self.buckets if b.get("host_key")]
         if two_d_buckets:
             lines.append(f"2-D summation (sum within each host, all-reduce among one worker per "
@@ -226,7 +228,7 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
     if plan.ps_variables or plan.herring is not None:
         notes.append(f"server accumulators receive {contributors} contribution(s) per step "
                      f"({'one per host: local aggregation' if plan.local_aggregation else 'one per worker'})")
-    bucket_bytes = sum(b.bytes for b in plan.buckets)
+    bucket_bytes = sum(b.bytes * wire_fraction(b.dtype, b.wire_dtype) for b in plan.buckets)
     links = ({kind: host_link_bytes(plan.worker_hosts, bucket_bytes, kind == "2d")
               for kind in ("ring", "2d")} if plan.worker_hosts else {})
     return Report(num_workers=n, num_servers=num_servers, variables=variables,

@@ -118,3 +118,16 @@ def test_ctrl_c_while_the_launcher_shuts_down_prints_no_traceback(tmp_path):
     assert "Traceback" not in reader.text and "KeyboardInterrupt" not in reader.text, \
         reader.text[-3000:]
     assert proc.returncode in (0, 130), reader.text[-3000:]
+
+
+def test_a_worker_whose_config_differs_is_refused_naming_the_option(tmp_path):
+    """A script whose Config depends on the process (worker 1 alone
+    accumulates micro-batches) would rewrite its graph differently from the
+    job's plan and hang or train wrongly: worker 1 is refused, named, with
+    the option and both values."""
+    code, lines = _run(tmp_path, 2, "--steps", "3", "--config-on-worker", "1:micro_batches=2")
+    assert code == 2, "\n".join(lines[-30:])
+    assert re.fullmatch(r"job failed: worker 1 \(pid \d+\) failed while starting, before "
+                        r"training: autopar: worker 1's Config has micro_batches=2, but the job's "
+                        r"plan was compiled with micro_batches=1: every process of a job must use "
+                        r"the same Config.* \(status 2\)", lines[-1]), "\n".join(lines[-30:])

@@ -5,6 +5,8 @@ Worker i of N feeds rows [i*B/N, (i+1)*B/N) of the global batch of the step
 it is at, so the N workers together see exactly the single-device batch.
 """
 import argparse
+import ast
+import dataclasses
 import json
 import os
 import sys
@@ -71,6 +73,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--eval-metrics", default="accuracy,loss",
                    help="the metrics --eval-size evaluates (comma-separated)")
     p.add_argument("--wire-dtype", default="float32", help="Config.wire_dtype (herring)")
+    p.add_argument("--config-on-worker", default="",
+                   help="I:OPTION=VALUE: worker I alone builds its Config with OPTION=VALUE "
+                        "(a script whose Config depends on the process)")
     args = p.parse_args(argv)
     # Eager execution stays on (TF2 default): graphs are built in their own
     # tf.Graph context, as many graph-mode scripts do.
@@ -101,6 +106,11 @@ def main(argv: list[str] | None = None) -> None:
                                               else int(args.batch_norm_group)),
                             partitions={k: int(n) for k, n in
                                         (kv.split("=") for kv in args.partitions.split(",") if kv)})
+    if args.config_on_worker:
+        index, _, setting = args.config_on_worker.partition(":")
+        option, _, value = setting.partition("=")
+        if os.environ.get("AUTOPAR_ROLE") == "worker" and os.environ.get("AUTOPAR_TASK_INDEX") == index:
+            config = dataclasses.replace(config, **{option: ast.literal_eval(value)})
     with autopar.get_runner(model.graph, args.spec, config) as runner:
         n, i = runner.num_workers, runner.worker_index
         print(f"worker {i} pid {os.getpid()}", flush=True)
