@@ -57,9 +57,13 @@ setup(
         # grpcio >= its version and runs on protobuf 7.36.
         "grpcio-tools==1.85.1",
         "numpy==2.4.6",
+        # Process titles (`autopar[job] worker 1/3 train.py` in ps and top).
+        "setproctitle==1.3.7",
     ],
     extras_require={
-        "test": ["pytest==9.2.0", "pytest-timeout==2.4.0", "scikit-learn==1.9.1", "matplotlib==3.11.2"],
+        "test": ["pytest==9.2.0", "pytest-timeout==2.4.0", "scikit-learn==1.9.1", "matplotlib==3.11.2",
+                 # tests read the chief's event files with TensorBoard's own reader
+                 "tensorboard==2.20.0"],
     },
     entry_points={"console_scripts": ["autopar=autopar.cli:main"]},
     cmdclass={"build_py": BuildWithNative},

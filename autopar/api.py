@@ -66,6 +66,7 @@ def _get_runner(graph, resource_info, config: Config):
         # The plan comes from the launcher (or the chief) through the job
         # coordinator; the chief prints the report when the launcher did not.
         index = env.current_task_index()
+        procs.set_title(procs.role_title(os.environ, sys.argv) or "worker")   # forked: set already
         return worker.distributed_runner(
             graph, env.current_cluster(), index, config, tty=os.environ.get(env.TTY) == "1",
             print_report=index == 0 and not os.environ.get(REPORT_PRINTED), lifted=lifted)
@@ -81,10 +82,10 @@ def _get_runner(graph, resource_info, config: Config):
     # every process of the job from the coordinator.
     spec = specs.load_spec(resource_info)
     argv = [sys.executable, *sys.argv]
-    extra_env = {REPORT_PRINTED: "1", env.PLAN: env.PLAN_KEY}
+    extra_env = {REPORT_PRINTED: "1", env.PLAN: env.PLAN_KEY, **launcher.new_job()}
     # Started first: its TensorFlow import overlaps the compile step. It is
     # started in the job's private network namespace, if the job has one.
-    network = launcher.isolate(spec)
+    network = launcher.isolate(spec, extra_env)
     fork_server = launcher.start_fork_server(
         spec, argv, {**extra_env, **launcher.isolation_env(spec, network)}, network)
     try:
@@ -95,7 +96,8 @@ def _get_runner(graph, resource_info, config: Config):
                                published={env.PLAN_KEY: compiled.to_bytes()},
                                # herring's summation servers, only when the plan uses them
                                sumservers=compiled.plan.herring is not None,
-                               fork_server=fork_server, network=network)
+                               fork_server=fork_server, network=network,
+                               max_restarts=config.max_restarts)
     except KeyboardInterrupt:
         # Ctrl-C outside the job's own handling (while compiling): nothing
         # to save, and the processes are stopped already.

@@ -36,11 +36,17 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--stall-timeout", type=float, default=60.0, metavar="SECONDS",
                            help="end the job when workers wait this long in a step for others "
                                 "(default 60; 0 disables)")
+            p.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                           help="start the job again, at most N times, when a process dies, "
+                                "fails or stalls once training has begun (the chief restores "
+                                "its last checkpoint; default 0)")
     args = parser.parse_args(argv)
     if not command:
         parser.error("give the training command after '--', e.g. -- python train.py")
     if not 0 <= getattr(args, "stall_timeout", 0) < math.inf:
         parser.error("--stall-timeout must be a finite number >= 0 (0 disables the stall check)")
+    if getattr(args, "max_restarts", 0) < 0:
+        parser.error("--max-restarts must be an integer >= 0")
     # This process is only the launcher: its log lines go to stdout, through a
     # handler that survives a reader closing the pipe (`| head`).
     logging.basicConfig(level=logging.INFO, handlers=[StdoutHandler()])
@@ -60,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         # herring is not known here, so a spec with servers gets summation
         # servers too.
         return launch(spec, command, stall_timeout_s=args.stall_timeout,
-                      sumservers=spec.num_servers > 0)
+                      sumservers=spec.num_servers > 0, max_restarts=args.max_restarts)
     except AutoparError as e:
         if debug_errors():
             raise

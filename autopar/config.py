@@ -180,6 +180,18 @@ class Config:
     dropcompute_log_dir: str | None = None
     """Directory of the per-worker CSV of DropCompute steps (``None``: no
     CSV)."""
+    max_restarts: int = 0
+    """Start the job again, at most this many times, when a worker or server
+    dies, fails or stalls once training has begun: every process anew on
+    fresh ports, the chief restoring its last checkpoint (``checkpoint_dir``,
+    saved every ``save_every_steps``; without one training starts over). A
+    usage error (exit status 2) and a stop asked for (Ctrl-C) end the job."""
+    tensorboard_dir: str | None = None
+    """Directory the chief writes a TensorBoard event file to (``None``:
+    none): at every logged step (``log_every_steps``) the loss it fetched,
+    examples/s, seconds per step, the plan's bytes sent and received per
+    worker per step for each method, and with micro-batches DropCompute's
+    threshold τ and drop rate; at the first, the plan report as text."""
 
     def __post_init__(self) -> None:
         # Every field is checked, types first (so a wrong type is named, not a
@@ -188,6 +200,8 @@ class Config:
         _count("fusion_bytes", self.fusion_bytes, 1)
         _choice("communication_hint", self.communication_hint, ("ring", "auto"))
         _set_path(self, "checkpoint_dir")
+        _set_path(self, "tensorboard_dir")
+        _count("max_restarts", self.max_restarts, 0)
         _count("save_every_steps", self.save_every_steps, 1)
         _count("keep_checkpoints", self.keep_checkpoints, 1)
         _count("log_every_steps", self.log_every_steps, 0, "(0 disables)")

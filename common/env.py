@@ -13,6 +13,11 @@ SPEC = "AUTOPAR_SPEC"            # JSON of ResourceSpec.to_dict()
 TTY = "AUTOPAR_TTY"              # "1" when the launcher's output is a terminal
 COORDINATOR = "AUTOPAR_COORDINATOR"   # "host:port" of the job coordinator
 COORD_TOKEN = "AUTOPAR_COORD_TOKEN"   # the job's secret token for the coordinator
+# "N/M/S" in the processes of the N-th of at most M restarts of a job whose
+# previous start reached global step S (-1: unknown); the chief says where it
+# resumes and how many steps it recomputes.
+RESTART = "AUTOPAR_RESTART"
+JOB_ID = "AUTOPAR_JOB_ID"        # the job's short public id, in every process title
 BIND = "AUTOPAR_BIND"            # "addr/port,..." for the bind shim (cpp_ops/bind_shim.c)
 # The coordinator key under which the launcher published the job's compiled
 # plan (transforms.compile.CompiledPlan.to_bytes) before starting any process.

@@ -18,6 +18,7 @@ import atexit
 import ctypes
 import ctypes.util
 import gc
+import json
 import logging
 import os
 import signal
@@ -84,13 +85,17 @@ def make_preexec(death_signal: int = signal.SIGKILL,
 def start_process(command: Sequence[str], env: Mapping[str, str],
                   cwd: str | None = None, *, stdin_pipe: bool = False,
                   pass_fds: Sequence[int] = (),
-                  enter: Callable[[], None] | None = None) -> subprocess.Popen[bytes]:
+                  enter: Callable[[], None] | None = None,
+                  argv0: str | None = None) -> subprocess.Popen[bytes]:
     """Start ``command`` in a new session with stdin closed (a pipe from us
     with ``stdin_pipe``) and stdout+stderr merged into one pipe, dying with
     its parent on Linux. ``pass_fds``: descriptors the child inherits.
-    ``enter``: called in the child before exec (make_preexec)."""
+    ``enter``: called in the child before exec (make_preexec). ``argv0``:
+    what the child's command line starts with instead of the program's
+    path (its title in ps, for programs that cannot set one)."""
     return subprocess.Popen(
-        list(command),
+        [argv0, *command[1:]] if argv0 else list(command),
+        executable=command[0] if argv0 else None,
         env=dict(env),
         cwd=cwd,
         stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
@@ -215,3 +220,44 @@ def skip_final_gc_at_exit() -> None:
     if not _fast_exit_registered:
         atexit.register(gc.freeze)
         _fast_exit_registered = True
+
+
+# ---------------------------------------------------------------------------
+# Process titles: what `ps` and `top` show for each process of a job
+# ---------------------------------------------------------------------------
+
+def set_title(what: str, environ: Mapping[str, str] | None = None) -> None:
+    """Show this process as ``autopar[JOB] what`` (JOB: AUTOPAR_JOB_ID).
+
+    setproctitle rewrites the argv area. With SPT_NOENV it leaves the
+    environment block alone, so /proc/PID/environ still shows what the
+    process started with; a title longer than the original command line is
+    cut to its length. Without the package the title stays as it was."""
+    environ = os.environ if environ is None else environ
+    os.environ.setdefault("SPT_NOENV", "1")   # read when setproctitle is imported
+    try:
+        import setproctitle
+    except ImportError:
+        logger.debug("setproctitle is not installed: process titles unchanged")
+        return
+    from autopar.common import env as envvars
+    setproctitle.setproctitle(f"autopar[{environ.get(envvars.JOB_ID, '?')}] {what}")
+
+
+def role_title(environ: Mapping[str, str], argv: Sequence[str]) -> str | None:
+    """The title of a process the launcher started in a role
+    (``worker 1/3 train.py``, ``server 0/2``), from its environment; None
+    outside a launched job."""
+    from autopar.common import env as envvars
+    from autopar.common.roles import SERVER_JOB, SERVER_ROLE, WORKER_JOB, WORKER_ROLE
+    role, index = environ.get(envvars.ROLE), environ.get(envvars.TASK_INDEX, "0")
+    if role not in (WORKER_ROLE, SERVER_ROLE):
+        return None
+    try:
+        cluster = json.loads(environ.get(envvars.CLUSTER, "{}"))
+    except ValueError:
+        cluster = {}
+    count = len(cluster.get(WORKER_JOB if role == WORKER_ROLE else SERVER_JOB, []))
+    title = f"{role} {index}/{count}"
+    script = next((os.path.basename(a) for a in argv if a.endswith(".py")), "")
+    return f"{title} {script}" if role == WORKER_ROLE and script else title

@@ -407,6 +407,10 @@ class DropCompute:
         return seconds
 
     # -- per step ------------------------------------------------------------
+    def totals(self) -> tuple[float | None, int, int]:
+        """(τ in force, micro-batches computed, micro-batches possible) so far."""
+        return self.tau, self._computed, self._possible
+
     def record(self, rec: StepRecord) -> None:
         if self._log is not None:
             self._log.write(rec, self.tau)

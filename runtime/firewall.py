@@ -153,7 +153,8 @@ def _hold(nft: str, table: str, commands: list[str]) -> str | None:
                            timeout=30)
     if check.returncode != 0:
         return f"nft refused the rules: {check.stderr.decode(errors='replace').strip()[:300]}"
-    holder = procs.start_process([nft, "-i"], dict(os.environ), stdin_pipe=True)
+    holder = procs.start_process([nft, "-i"], dict(os.environ), stdin_pipe=True,
+                                 argv0=f"autopar[{os.environ.get(envvars.JOB_ID, '?')}] firewall")
     holder.stdin.write(text.encode())
     holder.stdin.flush()
     rules = sum(line.startswith("add rule") for line in commands)

@@ -229,6 +229,10 @@ def _become(request: dict, out_fd: int) -> None:
     import numpy
     numpy.random.seed()     # a fresh process's state, not the server's
     argv = list(request["argv"])
+    from autopar.common import procs
+    title = procs.role_title(request["env"], argv)
+    if title is not None:
+        procs.set_title(title, request["env"])
     if argv[1] == "-m":
         sys.argv = [argv[2], *argv[3:]]     # runpy sets argv[0] to the module's file
         sys.path[0] = request["cwd"]
@@ -247,6 +251,8 @@ def main(args: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fd", type=int, required=True, help="the launcher's control socket")
     options = parser.parse_args(args)
+    from autopar.common import procs
+    procs.set_title("fork server")
     sock = socket.socket(fileno=options.fd)
     _preload()
     forked = _serve(sock)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import logging
+import secrets
 import os
 import shlex
 import signal
@@ -111,6 +112,17 @@ def autopar_env(role: str, index: int, cluster: Mapping[str, list[str]],
 # nothing about the job, so they are kept in the failure tail but not streamed.
 _TF_NOISE = re.compile(r"All log messages before absl::InitializeLog|oneDNN custom operations are on"
                        r"|cpu_feature_guard|rebuild TensorFlow with the appropriate compiler flags")
+
+
+def new_job() -> dict[str, str]:
+    """A new job's id, as the variable every child gets (AUTOPAR_JOB_ID): six
+    hex digits in the title of each of its processes (``autopar[id] ...``),
+    this launcher's included."""
+    job = {envvars.JOB_ID: secrets.token_hex(3)}
+    procs.set_title(f"launcher {os.path.basename(sys.argv[0]) if sys.argv else ''}", job)
+    logger.info("job %s: its processes show as autopar[%s] in ps", job[envvars.JOB_ID],
+                job[envvars.JOB_ID])
+    return job
 
 
 def _prepend_path(entry: str, existing: str | None) -> str:
@@ -379,9 +391,14 @@ def _start(plan: ChildPlan, log_tail_lines: int, fork_server: ForkServer | None,
             logger.info("started %s at %s, pid %d (forked)", plan.name, plan.address, forked.pid)
             return _Child(plan, forked, deque(maxlen=max(1, log_tail_lines)))
     try:
+        local = not plan.remote
         popen = procs.start_process(plan.command, plan.env, cwd=plan.cwd,
                                     stdin_pipe=plan.stdin_secret is not None,
-                                    enter=network.enter if network and not plan.remote else None)
+                                    enter=network.enter if network and local else None,
+                                    # the summation server sets no title of its own
+                                    argv0=(f"autopar[{plan.env.get(envvars.JOB_ID, '?')}] "
+                                           f"{plan.name}"
+                                           if local and plan.role == SUMSERVER_ROLE else None))
     except OSError as exc:
         what = "ssh" if plan.remote else plan.command[0]
         raise LaunchError(
@@ -529,6 +546,20 @@ class _Outcome:
     once every process is stopped, so that it is the launcher's last word."""
     status: int
     verdict: list[str] = field(default_factory=list)
+    # A process died, failed or stalled (not a stop asked for, not a usage
+    # error): starting the job again may get past it (Config.max_restarts).
+    restartable: bool = False
+
+
+@dataclass
+class _Ended:
+    """One start of the job, ended: its status; the processes whose port was
+    taken (it may start again on fresh ports); whether a restart may get past
+    its failure, and the highest global step a worker reported."""
+    status: int
+    clash: list[ChildPlan] = field(default_factory=list)
+    restartable: bool = False
+    reached: int = -1
 
 
 # A failed process that reported its failure gets this long to exit (its
@@ -547,7 +578,7 @@ def _supervise(children: list[_Child], state: _SignalState, stop_timeout: float,
         # First, so a worker that died of a step-count mismatch is reported as one.
         if (verdict := monitor.check(exited)) is not None:
             quiet.set()
-            return _Outcome(1, [verdict.message])
+            return _Outcome(1, [verdict.message], restartable=True)
         if state.signum is not None:
             return _Outcome(_stop_with_checkpoint(workers[0], state, stop_timeout,
                                                   monitor.coordinator))
@@ -610,7 +641,8 @@ def _failure(children: list[_Child], monitor: JobMonitor) -> _Outcome:
              for _, c in failures if c is not first]
     lines.append(f"job failed: {_failure_text(first, states)}")
     status = procs.exit_status(rc) if rc else 1
-    return _Outcome(status, lines)
+    # Status 2 is a usage error (autopar: ...): it would fail again.
+    return _Outcome(status, lines, restartable=status != 2)
 
 
 def _pid(child: _Child, states: Mapping[str, ProcessState]) -> int:
@@ -665,7 +697,8 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
            grace_seconds: float = 3.0, log_tail_lines: int = 30,
            stall_timeout_s: float = 60.0, stop_timeout_s: float = 60.0,
            published: Mapping[str, bytes] | None = None, sumservers: bool = False,
-           fork_server: ForkServer | None = None, network: PrivateNetwork | None = None) -> int:
+           fork_server: ForkServer | None = None, network: PrivateNetwork | None = None,
+           max_restarts: int = 0) -> int:
     """Run ``argv`` once per worker of ``spec`` (plus one server process per
     server) and wait for the job to end. ``published``: values the job
     coordinator serves to every process (Coordinator.publish), e.g. the
@@ -677,7 +710,10 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
     without one ``launch`` starts its own. ``network``: the job's private
     network namespace (``isolate``; the caller closes it), which the fork
     server must have been started in; without one ``launch`` makes its own
-    when the spec asks for it.
+    when the spec asks for it. ``max_restarts``: start the job again (every
+    process, fresh ports; the chief restores its last checkpoint) after a
+    process died, failed or stalled once training had begun, at most this
+    many times (Config.max_restarts).
 
     Returns 0 when every worker exited 0; otherwise the exit status of the
     first process that failed (a signal death N becomes 128+N), 130 after
@@ -708,18 +744,20 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
     # server, namespace) is held, not a KeyboardInterrupt half-way through;
     # the caller's come back last.
     callers_handlers = _current_handlers()
+    if envvars.JOB_ID not in (extra_env or {}):
+        extra_env = {**(extra_env or {}), **new_job()}
     own_network = network is None and fork_server is None
     own_fork_server = fork_server is None
     try:
         if own_network:
-            network = isolate(spec)
-        extra_env = {**(extra_env or {}), **isolation_env(spec, network)}
+            network = isolate(spec, extra_env)
+        extra_env = {**extra_env, **isolation_env(spec, network)}
         if own_fork_server:
             fork_server = start_fork_server(spec, argv, extra_env, network)
-        return _launch_attempts(spec, argv, extra_env, fork_server, grace_seconds=grace_seconds,
-                                log_tail_lines=log_tail_lines, stall_timeout_s=stall_timeout_s,
-                                stop_timeout_s=stop_timeout_s, published=published,
-                                sumservers=sumservers, network=network)
+        return _launch_restarts(spec, argv, extra_env, fork_server, max_restarts=max_restarts,
+                                grace_seconds=grace_seconds, log_tail_lines=log_tail_lines,
+                                stall_timeout_s=stall_timeout_s, stop_timeout_s=stop_timeout_s,
+                                published=published, sumservers=sumservers, network=network)
     finally:
         _stop_local(fork_server if own_fork_server else None, network if own_network else None)
         _restore_handlers(callers_handlers)
@@ -746,17 +784,37 @@ def _stop_local(fork_server: ForkServer | None, network: PrivateNetwork | None) 
             network.close()
 
 
+def _launch_restarts(spec: ResourceSpec, argv: list[str], extra_env: dict[str, str],
+                     fork_server: ForkServer | None, *, max_restarts: int, **options) -> int:
+    """``launch``, started again after a process died, failed or stalled
+    once training had begun, at most ``max_restarts`` times: every process
+    anew on fresh ports, the chief restoring its last checkpoint."""
+    restart = 0
+    while True:
+        ended = _launch_attempts(spec, argv, extra_env, fork_server, **options)
+        if ended.status == 0 or not ended.restartable or restart >= max_restarts:
+            if ended.restartable and max_restarts:
+                logger.error("no restart left (max_restarts=%d)", max_restarts)
+            return ended.status
+        restart += 1
+        after = f" after global step {ended.reached}" if ended.reached >= 0 else ""
+        logger.warning("restart %d of %d%s: every process starts again on fresh ports, and the "
+                       "chief resumes from its last checkpoint", restart, max_restarts, after)
+        extra_env = {**extra_env, envvars.RESTART: f"{restart}/{max_restarts}/{ended.reached}"}
+
+
 def _launch_attempts(spec: ResourceSpec, argv: list[str], extra_env: dict[str, str] | None,
-                     fork_server: ForkServer | None, *, sumservers: bool, **options) -> int:
+                     fork_server: ForkServer | None, *, sumservers: bool, **options) -> _Ended:
     """``launch`` on fresh ports until no process finds its port taken."""
     taken: set[str] = set()   # endpoints that failed to bind, avoided from then on
     for attempt in range(1, PORT_ATTEMPTS + 1):
         with reserve_cluster(spec, avoid=taken, sumservers=sumservers) as reservation:
-            status, clash = _launch_once(spec, reservation.cluster, argv, extra_env=extra_env,
-                                         sumservers=reservation.sumservers,
-                                         fork_server=fork_server, **options)
+            ended = _launch_once(spec, reservation.cluster, argv, extra_env=extra_env,
+                                 sumservers=reservation.sumservers,
+                                 fork_server=fork_server, **options)
+        clash = ended.clash
         if not clash:
-            return status
+            return ended
         taken.update(plan.address for plan in clash)
         if attempt < PORT_ATTEMPTS:
             logger.warning("attempt %d of %d: %s could not bind its port (another program took it "
@@ -764,7 +822,7 @@ def _launch_attempts(spec: ResourceSpec, argv: list[str], extra_env: dict[str, s
                            attempt, PORT_ATTEMPTS, ", ".join(f"{p.name} ({p.address})" for p in clash))
     logger.error("%d attempts in a row failed because ports were taken during startup; give the "
                  "hosts a 'ports' range that other programs do not use", PORT_ATTEMPTS)
-    return status
+    return ended
 
 
 def _launch_once(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: list[str], *,
@@ -774,10 +832,8 @@ def _launch_once(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: lis
                  published: Mapping[str, bytes] | None = None,
                  sumservers: Sequence[str] = (),
                  fork_server: ForkServer | None = None,
-                 network: PrivateNetwork | None = None) -> tuple[int, list[ChildPlan]]:
-    """One start of the job on ``cluster``, with its own coordinator: (status
-    as for ``launch``, the processes whose port was taken if the job may start
-    again)."""
+                 network: PrivateNetwork | None = None) -> _Ended:
+    """One start of the job on ``cluster``, with its own coordinator."""
     coordinator = _start_coordinator(spec, cluster, len(sumservers), network)
     for key, value in (published or {}).items():
         coordinator.publish(key, value)
@@ -785,9 +841,12 @@ def _launch_once(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: lis
         plans = plan_children(spec, cluster, argv, tty=_stdout_is_tty(), sumservers=sumservers,
                               extra_env={**(extra_env or {}), **_job_env(coordinator, cluster)})
         plans = _give_token(plans, coordinator)
-        return _launch_plans(plans, grace_seconds, log_tail_lines,
-                             JobMonitor(coordinator, stall_timeout_s), stop_timeout_s, fork_server,
-                             network)
+        ended = _launch_plans(plans, grace_seconds, log_tail_lines,
+                              JobMonitor(coordinator, stall_timeout_s), stop_timeout_s,
+                              fork_server, network)
+        ended.reached = max((s.global_step for s in coordinator.snapshot().values()
+                             if s.role == WORKER_ROLE), default=-1)
+        return ended
     finally:
         coordinator.stop()
 
@@ -795,7 +854,7 @@ def _launch_once(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: lis
 def _launch_plans(plans: list[ChildPlan], grace_seconds: float, log_tail_lines: int,
                   monitor: JobMonitor, stop_timeout_s: float,
                   fork_server: ForkServer | None = None,
-                  network: PrivateNetwork | None = None) -> tuple[int, list[ChildPlan]]:
+                  network: PrivateNetwork | None = None) -> _Ended:
     interrupted = False
     state = _SignalState()
     _install_handlers(state)   # left installed for the teardown; ``launch`` restores the caller's
@@ -838,7 +897,9 @@ def _launch_plans(plans: list[ChildPlan], grace_seconds: float, log_tail_lines: 
     status = outcome.status
     if status == 0:
         logger.info("all %d workers finished", sum(c.plan.role == WORKER_ROLE for c in children))
-    if status == 0 or interrupted or state.signum is not None or any(c.past_startup for c in children):
+    asked_to_stop = interrupted or state.signum is not None
+    started = any(c.past_startup for c in children)
+    if status == 0 or asked_to_stop or started:
         clash = []
     else:
         clash = [c.plan for c in children if c.bind_failed]
@@ -846,7 +907,7 @@ def _launch_plans(plans: list[ChildPlan], grace_seconds: float, log_tail_lines: 
         # Last, after every process stopped: the launcher's final lines say why the job ended.
         for line in outcome.verdict:
             logger.error("%s", line)
-    return status, clash
+    return _Ended(status, clash, restartable=outcome.restartable and started and not asked_to_stop)
 
 
 class _SumserverProbe:
@@ -893,21 +954,22 @@ class _SumserverProbe:
 # Keeping other users off the job's ports (runtime/netns.py, runtime/firewall.py)
 # ---------------------------------------------------------------------------
 
-def isolate(spec: ResourceSpec) -> PrivateNetwork | None:
+def isolate(spec: ResourceSpec, job_env: Mapping[str, str] | None = None) -> PrivateNetwork | None:
     """The job's private network namespace when the spec's isolation asks for
     one (``auto``: every host on loopback), else None. Start it before the
-    fork server, which must live in it; the caller closes it after the job."""
+    fork server, which must live in it; the caller closes it after the job.
+    ``job_env``: the job's variables (new_job) its anchor process gets."""
     wanted = spec.isolation == "namespace" or (spec.isolation == "auto" and is_loopback_job(spec))
     if not wanted:
         return None
     if spec.isolation == "namespace":
         try:
-            network = PrivateNetwork()
+            network = PrivateNetwork(job_env)
         except (NamespaceUnavailable, OSError) as exc:
             raise LaunchError(f"the spec asks for network isolation 'namespace', but {exc}; "
                               "use 'firewall' or 'none'") from exc
     else:
-        network = private_network_or_none("falling back to firewall rules")
+        network = private_network_or_none("falling back to firewall rules", job_env)
     if network is not None:
         logger.info("the job runs in a private network namespace: only its own processes reach "
                     "its ports, and they reach no other machine (spec network.isolation: "

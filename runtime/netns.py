@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Mapping
 
 from autopar.common import procs
 
@@ -87,7 +88,9 @@ def join(fds: list[tuple[int, int]]) -> bool:
 class PrivateNetwork:
     """The job's namespace, held by its anchor process. Thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, job_env: Mapping[str, str] | None = None) -> None:
+        """``job_env``: variables the anchor gets besides this process's
+        (the job's id, for its title)."""
         if _SETNS is None:
             raise NamespaceUnavailable("this system's C library has no setns()")
         self._lock = threading.Lock()
@@ -98,7 +101,7 @@ class PrivateNetwork:
         self._dir = tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-")
         try:
             self._anchor = procs.start_process(
-                [sys.executable, "-m", "autopar.runtime.netns"], dict(os.environ),
+                [sys.executable, "-m", "autopar.runtime.netns"], {**os.environ, **(job_env or {})},
                 stdin_pipe=True)
             first = self._read_line(_STARTUP_TIMEOUT_S)
             if first != _READY:
@@ -175,10 +178,11 @@ def _remove_stale_directories() -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def private_network_or_none(reason_if_not: str) -> PrivateNetwork | None:
+def private_network_or_none(reason_if_not: str,
+                            job_env: Mapping[str, str] | None = None) -> PrivateNetwork | None:
     """A PrivateNetwork, or None with a warning that says what stays exposed."""
     try:
-        return PrivateNetwork()
+        return PrivateNetwork(job_env)
     except (NamespaceUnavailable, OSError) as exc:
         logger.warning("autopar: could not give the job a private network namespace (%s); %s",
                        exc, reason_if_not)
@@ -215,6 +219,7 @@ def unshare() -> None:
 
 
 def main() -> int:
+    procs.set_title("network namespace")
     out = sys.stdout
     try:
         unshare()

@@ -10,14 +10,21 @@ _BAR_WIDTH = 30
 
 
 class Progress:
+    """``board``: a runtime.tensorboard.ChiefBoard the logged values also go
+    to; ``drops``: DropCompute.totals, for its drop rate."""
+
     def __init__(self, every: int, num_workers: int, total_steps: int | None = None,
-                 tty: bool = False):
+                 tty: bool = False, board=None, drops=None):
         self.every = every
         self.num_workers = num_workers
         self.total_steps = total_steps
         self.tty = tty
+        self.board = board
+        self._drops = drops
+        self._dropped_before = (0, 0)
         self._last_time = time.monotonic()
         self._examples = 0
+        self._steps = 0
 
     def step(self, step: int, loss: float | None, local_examples: int | None) -> None:
         """Record one training step; every `every` steps log a line. Examples/s
@@ -25,11 +32,16 @@ class Progress:
         if not self.every:
             return
         self._examples += (local_examples or 0) * self.num_workers
+        self._steps += 1
         if step % self.every:
             return
         now = time.monotonic()
-        rate = self._examples / max(now - self._last_time, 1e-9)
-        self._last_time, self._examples = now, 0
+        elapsed = max(now - self._last_time, 1e-9)
+        rate = self._examples / elapsed
+        if self.board is not None:
+            self.board.step(step, loss, rate if local_examples else None, elapsed / self._steps,
+                            self._drop_rate())
+        self._last_time, self._examples, self._steps = now, 0, 0
         parts = [f"step {step}"]
         if loss is not None:
             parts.append(f"loss {loss:.4f}")
@@ -41,3 +53,13 @@ class Progress:
             filled = int(done * _BAR_WIDTH)
             line = f"[{'#' * filled}{'.' * (_BAR_WIDTH - filled)}] {100 * done:3.0f}%  {line}"
         log.info("%s", line)
+
+    def _drop_rate(self) -> tuple[float | None, float] | None:
+        """(τ, share of micro-batches dropped since the last logged step)."""
+        if self._drops is None:
+            return None
+        tau, computed, possible = self._drops()
+        before_computed, before_possible = self._dropped_before
+        self._dropped_before = (computed, possible)
+        possible, computed = possible - before_possible, computed - before_computed
+        return tau, (1 - computed / possible) if possible else 0.0

@@ -130,6 +130,11 @@ class Runner:
             self._first_step = int(self.session.run(self._global_step))
 
     @property
+    def resumed_step(self) -> int:
+        """The global step training (re)started from."""
+        return self._first_step
+
+    @property
     def is_chief(self) -> bool:
         return self.worker_index == 0
 
@@ -251,11 +256,12 @@ class Runner:
         got = {}
         if "loss" in extra:
             got["loss"] = _combine([out[2]["loss"] for out in outputs])
-        self._after_step(got, examples)
-        dc.record(StepRecord(step=self._steps - 1, computed=computed,
+        # Recorded first, so the step's progress line (and TensorBoard) count it.
+        dc.record(StepRecord(step=self._steps, computed=computed,
                              dropped=dc.micro_batches - computed if dc.tau is not None else 0,
                              compute_s=compute, step_s=end - start, apply_s=end - t0,
                              latencies=latencies))
+        self._after_step(got, examples)
         if self._stop_requested:
             self._stop()
         return tf.nest.pack_sequence_as(mapped, values)

@@ -56,6 +56,8 @@ def serve(cluster: dict[str, list[str]], task_index: int) -> None:
     cluster described by TF_CONFIG.
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from autopar.common import procs
+    procs.set_title(procs.role_title(os.environ, sys.argv) or f"server {task_index}")
     _install_stop_handlers(task_index)
     servers = cluster.get(SERVER_JOB, [])
     if not 0 <= task_index < len(servers):

@@ -25,6 +25,7 @@ from autopar.runtime.checkpoint import Checkpointer
 from autopar.runtime.coordinator import CoordinatorClient, ProgressHook
 from autopar.runtime.dropcompute import Agreement, CollectiveAgreement, DropCompute
 from autopar.runtime.progress import Progress
+from autopar.runtime.tensorboard import ChiefBoard
 from autopar.runtime.runner import Runner, iterator_read_by
 from autopar.runtime.session import session_config, start_worker_server, wait_for_peers
 from autopar.transforms.analysis import Analysis, analyze_graph
@@ -83,9 +84,13 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
     wait_for_peers(cluster[WORKER_JOB] + cluster.get(SERVER_JOB, []), config.startup_timeout_s)
     session = tf1.Session(server.target, graph=worker_graph,
                           config=session_config(cluster, worker_index, plan.shard_weight_update))
-    progress = Progress(config.log_every_steps, num_workers, config.total_steps, tty) if is_chief else None
     micro_batching, agreement = _micro_batching(worker_graph, rewritten, config, worker_index,
                                                 num_workers, client)
+    progress = None
+    if is_chief:
+        dc = micro_batching.get("dropcompute")
+        progress = Progress(config.log_every_steps, num_workers, config.total_steps, tty,
+                            board=_board(compiled, config), drops=dc.totals if dc else None)
     runner = Runner(session, worker_graph, analysis, worker_index=worker_index,
                     num_workers=num_workers, progress=progress, checkpointer=checkpointer,
                     batch_size_tensor=batch_size,
@@ -104,7 +109,26 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
     runner.start(init, worker_graph.get_operation_by_name(rewritten.broadcast_op),
                  init_feed=lifted.initial_feed() if lifted is not None and is_chief else None)
     log.info("worker %d: initial state received from the chief", worker_index)
+    if is_chief and os.environ.get(env.RESTART):
+        restart, limit, reached = os.environ[env.RESTART].split("/")
+        recomputed = (f", recomputing {int(reached) - runner.resumed_step} steps"
+                      if int(reached) >= runner.resumed_step else "")
+        log.info("restart %s of %s: resumed at global step %d%s", restart, limit,
+                 runner.resumed_step, recomputed)
     return runner
+
+
+def _board(compiled: CompiledPlan, config) -> ChiefBoard | None:
+    """The chief's TensorBoard writer (Config.tensorboard_dir), or None."""
+    if not config.tensorboard_dir:
+        return None
+    report = compiled.report()
+    per_method: dict[str, list[float]] = {}
+    for row in report.variables:
+        sent, received = per_method.setdefault(row.method, [0.0, 0.0])
+        per_method[row.method] = [sent + row.sent_per_worker, received + row.received_per_worker]
+    return ChiefBoard(config.tensorboard_dir, report.table(),
+                      {m: (s, r) for m, (s, r) in per_method.items()})
 
 
 def _micro_batching(graph, rewritten, config, worker_index: int, num_workers: int,

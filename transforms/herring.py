@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from autopar.transforms.allreduce import ring_wire_dtype
 from autopar.transforms.bfb import WIRE_BYTES, plan_layout
 from autopar.transforms.plan import VariablePlan
 from autopar.transforms.sync_method import (ConstantPool, Edits, RewriteContext, SyncMethod,
@@ -195,18 +196,20 @@ def predicted_faster(num_workers: int, num_hosts: int, num_servers: int,
     bytes with every link equally fast. Ring: 2(N-1)/N x M per worker link.
     Herring: M x w per contributor link (w = wire bytes / 4) and M x w x C / S
     per server link (C contributors: hosts with local aggregation, else
-    workers; S servers); the ring sends in the same wire dtype (x w too).
-    Servers sharing a host's link with its workers are not modelled."""
+    workers; S servers). The ring sends float16 too when that is the wire
+    dtype (x w; it has no bfloat16: ring_wire_dtype). Servers sharing a
+    host's link with its workers are not modelled."""
     n, s = num_workers, num_servers
     if s == 0:
         return False, "the spec has no server processes"
     c = num_hosts if local_aggregation else n
     w = WIRE_BYTES[wire_dtype] / 4
-    ring = 2 * (n - 1) / n * w
+    w_ring = WIRE_BYTES[ring_wire_dtype("float32", wire_dtype) or "float32"] / 4
+    ring = 2 * (n - 1) / n * w_ring
     herring = max(w, w * c / s)
     verdict = "herring" if herring < ring else "ring all-reduce"
     why = (f"cost model, per step in units of the model's bytes M: ring all-reduce moves "
-           f"2(N-1)/N{' x w' if w != 1 else ''} = {ring:.2f} M per worker link; herring moves {w:.2f} M per contributor "
+           f"2(N-1)/N{' x w' if w_ring != 1 else ''} = {ring:.2f} M per worker link; herring moves {w:.2f} M per contributor "
            f"link and {w * c / s:.2f} M per server link ({c} contributors, {s} servers): "
            f"{verdict} is predicted faster")
     return herring < ring, why

@@ -224,18 +224,44 @@ def test_mismatched_step_counts_end_job(tmp_path, after):
     assert "UnavailableError" not in reader.text
 
 
+def _assert_every_process_titled(text: str, launcher: int) -> None:
+    """`ps -eo args` shows every process of the running job as
+    `autopar[JOB] ...` with the job's id: the launcher, its fork server, the
+    network namespace's anchor, each worker, server and summation server."""
+    job = re.search(r"job ([0-9a-f]{6}): its processes show as autopar\[\1\] in ps", text)
+    assert job, text[-3000:]
+    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True,
+                         check=True).stdout
+    titles = {int(pid): args for pid, _, args in
+              (line.strip().partition(" ") for line in out.splitlines() if line.strip())}
+    prefix = f"autopar[{job.group(1)}] "
+    started = {name: int(pid) for name, pid in re.findall(r"started (\w+ \d+) at \S+, pid (\d+)", text)}
+    expected = {"worker 0": "worker 0/2 train_model.py", "worker 1": "worker 1/2 train_model.py",
+                "server 0": "server 0/1", "sumserver 0": "sumserver 0"}
+    assert set(started) == set(expected), started
+    for name, pid in started.items():
+        assert titles[pid].startswith(prefix + expected[name]), (name, titles[pid])
+    assert titles[launcher].startswith(prefix + "launcher train_model.py"), titles[launcher]
+    helpers = sorted(t[len(prefix):].strip() for pid, t in titles.items()
+                     if t.startswith(prefix) and pid != launcher and pid not in started.values())
+    assert helpers == ["fork server", "network namespace"], helpers
+
+
 @pytest.mark.parametrize("run_option, role", [("ps", "server"), ("herring", "sumserver")])
 def test_a_stopped_server_ends_the_job_naming_it(tmp_path, run_option, role):
     """A SIGSTOPped parameter server (its heartbeats stop) or summation server
     (it stops answering the launcher's probe) ends the job within the stall
     timeout + 15 s, named with its pid and address, instead of leaving the
-    workers inside the step until 20 stall timeouts."""
+    workers inside the step until 20 stall timeouts. (Before that, the
+    herring job, which has every kind of process, shows each one's title.)"""
     spec = write_spec(tmp_path, workers=2, servers=1)
-    proc = start_job(train_command("mlp_sgd", tmp_path / "out", "--stall-timeout", "5",
+    proc = start_job(train_command("mlp_sgd", tmp_path / "out", "--stall-timeout", "3",
                                    "--steps", "100000", "--run-option", run_option,
                                    "--spec", str(spec)))
     with LineReader(proc) as reader:
         reader.wait_for(r"\] step 3 ", 180)
+        if role == "sumserver":
+            _assert_every_process_titled(reader.text, proc.pid)
         pids = _job_pids(reader.text, proc.pid)
         found = re.search(rf"started {role} 0 at (\S+), pid (\d+)", reader.text)
         address, pid = found.group(1), int(found.group(2))
@@ -246,5 +272,5 @@ def test_a_stopped_server_ends_the_job_naming_it(tmp_path, run_option, role):
     lines = reader.text.rstrip("\n").splitlines()
     assert proc.returncode == 1, reader.text[-3000:]
     assert lines[-1].startswith(f"{role} 0 (pid {pid}) on {address} stopped answering"), lines[-1]
-    assert elapsed < 5 + 15, f"the job ended {elapsed:.1f} s after {role} 0 was stopped"
+    assert elapsed < 3 + 15, f"the job ended {elapsed:.1f} s after {role} 0 was stopped"
     assert not survivors(pids), reader.text[-3000:]

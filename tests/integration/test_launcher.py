@@ -263,8 +263,9 @@ def test_signal_to_launcher_stops_everything(tmp_path, tag, pid_dir, sig, expect
     try:
         _wait_until(lambda: len(_read_pids(pid_dir)) == 2, STARTUP_TIMEOUT, "both workers to start")
         _wait_until(lambda: b"[worker 1] worker 1 ready" in log.read_bytes(), 30, "worker output")
-        # Two workers, the server and the fork server they were forked from.
-        assert len(_tagged_pids(tag)) == 4
+        # Two workers, the server, the fork server they were forked from and
+        # the anchor of the job's private network namespace (runtime/netns.py).
+        assert len(_tagged_pids(tag)) == 5
         proc.send_signal(sig)
         status = proc.wait(timeout=60)   # a bound on waiting, not a claim about speed
     finally:
@@ -282,7 +283,7 @@ def test_sigkilled_launcher_takes_children_down(tmp_path, tag, pid_dir):
     try:
         _wait_until(lambda: len(_read_pids(pid_dir)) == 2, STARTUP_TIMEOUT, "both workers to start")
         children = _tagged_pids(tag)
-        assert len(children) == 4   # two workers, the server, the fork server
+        assert len(children) == 5   # two workers, the server, the fork server, the namespace anchor
         # Only the launcher: its children live in sessions of their own, so
         # nothing but PR_SET_PDEATHSIG can stop them now.
         os.kill(proc.pid, signal.SIGKILL)

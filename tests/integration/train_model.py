@@ -9,6 +9,7 @@ import ast
 import dataclasses
 import json
 import os
+import signal
 import sys
 import time
 
@@ -73,6 +74,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--eval-metrics", default="accuracy,loss",
                    help="the metrics --eval-size evaluates (comma-separated)")
     p.add_argument("--wire-dtype", default="float32", help="Config.wire_dtype (herring)")
+    p.add_argument("--tensorboard-dir", help="Config.tensorboard_dir")
+    p.add_argument("--max-restarts", type=int, default=0, help="Config.max_restarts")
+    p.add_argument("--kill-at", type=int, default=-1,
+                   help="worker --stall-worker kills itself (SIGKILL) at this global step, once "
+                        "(a marker file beside --out keeps a restarted job from doing it again)")
     p.add_argument("--config-on-worker", default="",
                    help="I:OPTION=VALUE: worker I alone builds its Config with OPTION=VALUE "
                         "(a script whose Config depends on the process)")
@@ -91,6 +97,8 @@ def main(argv: list[str] | None = None) -> None:
                             sync_local_state=args.sync_local_state, wire_dtype=args.wire_dtype,
                             micro_batches=args.micro_batches, compute_threshold=args.threshold,
                             dropcompute_log_dir=args.dropcompute_log,
+                            tensorboard_dir=args.tensorboard_dir,
+                            max_restarts=args.max_restarts,
                             dropcompute_warmup=tuple(int(s) for s in args.warmup.split(",")),
                             simulated_delay=(autopar.SimulatedDelay(
                                 median_s=args.delay, sigma=args.delay_sigma,
@@ -127,7 +135,10 @@ def main(argv: list[str] | None = None) -> None:
                 if args.fewer_steps == "sleep":
                     time.sleep(3600)
                 return
-            if step == args.pause_at and i == 0:
+            if step == args.kill_at and i == args.stall_worker and _first_time(args.out, "killed"):
+                print(f"worker {i} killing itself at step {step}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+            if step == args.pause_at and i == 0 and _first_time(args.out, "paused"):
                 print(f"worker {i} pausing at step {step}", flush=True)
                 deadline = time.monotonic() + 120
                 while not runner.stop_requested and time.monotonic() < deadline:
@@ -161,6 +172,17 @@ def main(argv: list[str] | None = None) -> None:
         os.makedirs(args.out, exist_ok=True)
         np.savez(os.path.join(args.out, f"worker{i}.npz"), **values)
         print(f"worker {i} done at global step {int(values['global_step'])}", flush=True)
+
+
+def _first_time(out: str, what: str) -> bool:
+    """True the first time a job writing to ``out`` asks (a marker file
+    beside it), so a fault a restarted job would meet again fires once."""
+    marker = f"{out.rstrip(os.sep)}.{what}"
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
 
 
 def _resident(runner, variables, index: int) -> str:

@@ -200,11 +200,15 @@ def test_hybrid_keeps_the_ring_when_every_host_is_loopback(hosts):
     assert {vp.method for vp in forced.variables} == {"herring"}
 
 
-def test_hybrid_with_half_precision_wire():
-    # 2 workers, 2 hosts, 2 servers: float16 halves herring's bytes to 0.5 M < the ring's 1 M
+@pytest.mark.parametrize("wire, method", [("bfloat16", "herring"), ("float16", "allreduce")])
+def test_hybrid_with_half_precision_wire(wire, method):
+    """2 workers, 2 hosts, 2 servers: a half-precision wire halves herring's
+    bytes to 0.5 M. bfloat16 leaves the ring at 1 M (TensorFlow's collectives
+    carry no bfloat16), so herring; float16 halves the ring's too (0.5 M
+    each), and a tie keeps the ring."""
     topology = Topology(("10.0.0.1", "10.0.0.2"), 2)
-    _, _, plan = _plan(topology, run_option="hybrid", wire_dtype="float16")
-    assert {vp.method for vp in plan.variables} == {"herring"}
+    _, _, plan = _plan(topology, run_option="hybrid", wire_dtype=wire)
+    assert {vp.method for vp in plan.variables} == {method}
 
 
 def test_plan_json_round_trip():

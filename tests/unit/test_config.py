@@ -17,7 +17,8 @@ REPO = Path(__file__).resolve().parents[2]
 BAD = [
     ("fusion_bytes", "big"), ("fusion_bytes", 0), ("fusion_bytes", 1.5), ("fusion_bytes", True),
     ("communication_hint", "nccl"), ("communication_hint", 1),
-    ("checkpoint_dir", ""), ("checkpoint_dir", 3),
+    ("checkpoint_dir", ""), ("checkpoint_dir", 3), ("tensorboard_dir", ""), ("tensorboard_dir", 3),
+    ("max_restarts", -1), ("max_restarts", 1.5), ("max_restarts", None),
     ("save_every_steps", 0), ("save_every_steps", "10"),
     ("keep_checkpoints", 0), ("keep_checkpoints", None),
     ("log_every_steps", -1), ("log_every_steps", 2.0),

@@ -1,0 +1,41 @@
+"""Config(tensorboard_dir=...): the chief's event file holds, at every logged
+step, the loss, examples/s, seconds per step, the plan's bytes per step for
+each method and DropCompute's threshold and drop rate, and the plan report
+as text; read back with TensorBoard's own event reader."""
+from __future__ import annotations
+
+from tensorboard.backend.event_processing import event_accumulator
+
+from tests.integration.cluster import run_training, write_spec
+
+STEPS = 6
+
+
+def test_the_chief_writes_every_scalar_at_every_logged_step(tmp_path):
+    board = tmp_path / "board"
+    # Micro-batches with a fixed compute threshold: DropCompute's values too.
+    run_training("mlp_sgd", tmp_path / "out", "--steps", str(STEPS), "--micro-batches", "2",
+                 "--threshold", "30", "--spec", str(write_spec(tmp_path, workers=2)),
+                 "--tensorboard-dir", str(board))
+    files = list(board.glob("events.out.tfevents.*"))
+    assert len(files) == 1, files   # the chief's alone
+    events = event_accumulator.EventAccumulator(
+        str(board), size_guidance={event_accumulator.SCALARS: 0, event_accumulator.TENSORS: 0})
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    expected = {"autopar/loss", "autopar/examples_per_second", "autopar/seconds_per_step",
+                "autopar/bytes_sent_per_step/allreduce",
+                "autopar/bytes_received_per_step/allreduce",
+                "autopar/dropcompute/drop_rate", "autopar/dropcompute/tau_seconds"}
+    assert expected <= tags, tags
+    for tag in expected:
+        steps = [e.step for e in events.Scalars(tag)]
+        assert steps == list(range(1, STEPS + 1)), (tag, steps)
+    assert all(e.value > 0 for e in events.Scalars("autopar/bytes_sent_per_step/allreduce"))
+    assert all(e.value == 30.0 for e in events.Scalars("autopar/dropcompute/tau_seconds"))
+    assert all(e.value == 0.0 for e in events.Scalars("autopar/dropcompute/drop_rate"))
+    losses = [e.value for e in events.Scalars("autopar/loss")]
+    assert all(0 < loss < 10 for loss in losses), losses
+    # The plan report, as text.
+    plan = events.Tensors("autopar/plan")
+    assert len(plan) == 1 and b"autopar plan: 2 workers" in plan[0].tensor_proto.string_val[0]
