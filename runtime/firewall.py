@@ -114,7 +114,6 @@ def guard_this_process(cluster: Mapping[str, list[str]],
                        environ: Mapping[str, str] | None = None) -> bool:
     """Install this process's table when the launcher asks for one; once.
     True when the rules are in place."""
-    global _held
     environ = os.environ if environ is None else environ
     if environ.get(ENABLE) != "1":
         return False

@@ -17,7 +17,6 @@ import secrets
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading

@@ -28,7 +28,6 @@ import select
 import shutil
 import socket
 import struct
-import subprocess
 import sys
 import tempfile
 import threading

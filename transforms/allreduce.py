@@ -77,34 +77,36 @@ class AllReduce(SyncMethod):
             for bucket in plan.buckets:
                 grads = [graph.get_tensor_by_name(analysis.variable(n).grad_tensor)
                          for n in bucket.variables]
-                if bucket.wire_dtype:
-                    reduced = _compressed_sum(ctx, grads, bucket, previous, chains)
-                    if plan.averages("dense"):   # divided in full precision
-                        reduced = reduced / ctx.constants.get(float(plan.num_workers),
-                                                              reduced.dtype)
-                elif bucket.hierarchical:
+                # Chaining flat-ring buckets fixes the order every worker
+                # launches collectives in, so concurrent collectives can never
+                # wait on each other (within a train group: a step of one
+                # train op must not run another's); 2-D summation chains each
+                # kind of its collectives itself (_two_dimensional_sum).
+                last = None if bucket.hierarchical else previous.get(bucket.group)
+                # A mean loss: one device's gradient is the workers' mean; a
+                # summed loss: their sum (Plan.loss_reduction). The flat ring
+                # in the gradients' own dtype averages in the collective; a sum
+                # by 2-D summation or in float16 is divided in full precision.
+                mean = plan.averages("dense")
+                mean_in_collective = mean and not bucket.hierarchical and not bucket.wire_dtype
+                with tf.control_dependencies([last] if last is not None else []):
                     flat = tf.concat([reshape(g, ctx.constants.get([-1])) for g in grads],
                                      axis=0)
-                    reduced = _two_dimensional_sum(ctx, flat, bucket,
-                                                   chains.setdefault(bucket.group, {}))
-                    if plan.averages("dense"):
-                        reduced = reduced / ctx.constants.get(float(plan.num_workers),
-                                                              reduced.dtype)
-                else:
-                    # Chaining buckets fixes the order every worker launches
-                    # collectives in, so concurrent collectives can never wait on
-                    # each other (within a train group: a step of one train
-                    # op must not run another's).
-                    last = previous.get(bucket.group)
-                    with tf.control_dependencies([last] if last is not None else []):
-                        flat = tf.concat([reshape(g, ctx.constants.get([-1])) for g in grads],
-                                         axis=0)
-                        # A mean loss: one device's gradient is the workers' mean; a
-                        # summed loss: their sum (Plan.loss_reduction).
-                        reduced = (backend.allreduce_mean(flat, bucket.instance_key)
-                                   if plan.averages("dense")
-                                   else backend.allreduce_sum(flat, bucket.instance_key))
+                    # Config.wire_dtype: travels and is summed narrower, cast back below.
+                    sent = tf.cast(flat, bucket.wire_dtype) if bucket.wire_dtype else flat
+                    if bucket.hierarchical:
+                        reduced = _two_dimensional_sum(ctx, sent, bucket,
+                                                       chains.setdefault(bucket.group, {}))
+                    elif mean_in_collective:
+                        reduced = backend.allreduce_mean(sent, bucket.instance_key)
+                    else:
+                        reduced = backend.allreduce_sum(sent, bucket.instance_key)
+                if not bucket.hierarchical:
                     previous[bucket.group] = reduced
+                if bucket.wire_dtype:
+                    reduced = tf.cast(reduced, flat.dtype)
+                if mean and not mean_in_collective:
+                    reduced = reduced / ctx.constants.get(float(plan.num_workers), reduced.dtype)
                 # A dense gradient has its variable's shape; the gradient
                 # tensor's static shape may be unknown in the imported copy
                 # (shapes the backward pass set in Python are not in a GraphDef).
@@ -131,24 +133,6 @@ def wire_fraction(dtype: str, wire_dtype: str | None) -> float:
     if not wire_dtype:
         return 1.0
     return WIRE_BYTES[wire_dtype] / np.dtype(dtype).itemsize
-
-
-def _compressed_sum(ctx: RewriteContext, grads: list, bucket: Bucket, previous: dict,
-                    chains: dict) -> tf.Tensor:
-    """The workers' sum of a bucket's gradients, cast to its wire dtype to
-    travel and be summed (flat ring or 2-D summation), then cast back."""
-    wire = tf.as_dtype(bucket.wire_dtype)
-    last = previous.get(bucket.group)
-    with tf.control_dependencies([last] if last is not None and not bucket.hierarchical else []):
-        flat = tf.concat([reshape(g, ctx.constants.get([-1])) for g in grads], axis=0)
-        narrow = tf.cast(flat, wire)
-        if bucket.hierarchical:
-            summed = _two_dimensional_sum(ctx, narrow, bucket, chains.setdefault(bucket.group, {}))
-        else:
-            summed = ctx.backend.allreduce_sum(narrow, bucket.instance_key)
-    if not bucket.hierarchical:
-        previous[bucket.group] = summed
-    return tf.cast(summed, flat.dtype)
 
 
 def _two_dimensional_sum(ctx: RewriteContext, flat: tf.Tensor, bucket: Bucket,
