@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping
 
 from autopar.common import env as envvars
 from autopar.common import procs
+from autopar.runtime.coordinator import host_address
 
 logger = logging.getLogger("autopar.firewall")
 
@@ -41,16 +42,13 @@ _held: subprocess.Popen[bytes] | None = None   # this process's nft -i, while it
 
 
 def _endpoint(address: str) -> tuple[str, int] | None:
-    """("ip literal", port) of "host:port" / "[v6]:port"; names resolved."""
+    """("ip literal", port) of "host:port" / "[v6]:port": the address the
+    job's servers bind (coordinator.host_address resolves names for the bind
+    shim too); None for a name that does not resolve."""
     host, _, port = address.rpartition(":")
-    host = host.strip("[]")
     try:
-        return str(ipaddress.ip_address(host)), int(port)
+        return str(ipaddress.ip_address(host_address(host))), int(port)
     except ValueError:
-        pass
-    try:
-        return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0], int(port)
-    except (OSError, UnicodeError, ValueError):
         return None
 
 
