@@ -16,8 +16,10 @@ from autopar.common.errors import AutoparError
 from autopar.common import env, procs
 from autopar.common.roles import REPORT_ROLE, SERVER_ROLE, WORKER_JOB, WORKER_ROLE
 from autopar.transforms.compile import CompiledPlan, compile_for_config
-from autopar.transforms.plan import Topology
+from autopar.transforms.methods.base import SUMMATION_SERVERS
+from autopar.transforms.methods.registry import processes
 from autopar.transforms.report import Report
+from autopar.transforms.topology import Topology
 
 log = logging.getLogger("autopar")
 
@@ -94,8 +96,8 @@ def _get_runner(graph, resource_info, config: Config):
         code = launcher.launch(spec, argv, extra_env=extra_env,
                                stall_timeout_s=config.stall_timeout_s,
                                published={env.PLAN_KEY: compiled.to_bytes()},
-                               # herring's summation servers, only when the plan uses them
-                               sumservers=compiled.plan.herring is not None,
+                               # summation servers, only when the plan's methods need them
+                               sumservers=SUMMATION_SERVERS in processes(compiled.plan),
                                fork_server=fork_server, network=network,
                                max_restarts=config.max_restarts)
     except KeyboardInterrupt:

@@ -133,7 +133,7 @@ class Config:
     within each host, all-reduce among one worker per host, broadcast within
     the host. ``True`` forces it, ``False`` keeps the flat ring, ``None``
     (default) chooses it when some host has several workers and it moves
-    fewer bytes over host links (transforms.allreduce.two_dimensional_choice)."""
+    fewer bytes over host links (transforms.methods.allreduce.method.two_dimensional_choice)."""
     average_sparse: bool | None = None
     """Parallax's option, kept for programs ported from it (a
     DeprecationWarning): ``True`` = loss_reduction ``"mean"``, ``False`` =
@@ -208,8 +208,11 @@ class Config:
         if self.total_steps is not None:
             _count("total_steps", self.total_steps, 1, "or None")
         _seconds("startup_timeout_s", self.startup_timeout_s, zero_ok=False)
-        _choice("run_option", self.run_option, ("hybrid", "ps", "allreduce", "herring"))
-        _choice("wire_dtype", self.wire_dtype, ("float32", "float16", "bfloat16"))
+        # The policy table (pure: no TensorFlow) is the one list of run
+        # options; imported here so `import autopar` stays light.
+        from autopar.transforms.methods.policy import RUN_OPTIONS, WIRE_DTYPES
+        _choice("run_option", self.run_option, RUN_OPTIONS)
+        _choice("wire_dtype", self.wire_dtype, WIRE_DTYPES)
         if self.herring_buffer_bytes is not None:
             _count("herring_buffer_bytes", self.herring_buffer_bytes, 1, "or None")
         if not isinstance(self.partitions, dict):

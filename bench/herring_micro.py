@@ -30,7 +30,7 @@ def _worker(args: argparse.Namespace) -> None:
     import numpy as np
     import tensorflow as tf
     from autopar.transforms import comm
-    from autopar.transforms.bfb import FusionBuffer, shards
+    from autopar.transforms.methods.herring.bfb import FusionBuffer, shards
     tf1 = tf.compat.v1
     tf1.disable_eager_execution()
     size = args.mib * (1 << 20) // 4

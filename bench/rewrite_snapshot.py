@@ -70,7 +70,8 @@ def dump(out: Path, only: str | None = None) -> None:
     from bench.bert_graph import build as build_bert
     from autopar.transforms.analysis import analyze_graph
     from autopar.transforms.placement import place_ops
-    from autopar.transforms.plan import PlanOptions, Topology, make_plan
+    from autopar.transforms.plan import PlanOptions, make_plan
+    from autopar.transforms.topology import Topology
     from autopar.transforms.rewrite import rewrite_for_worker
     topology = Topology(("127.0.0.1", "127.0.0.1", "127.0.0.2"), num_servers=2)
     out.mkdir(parents=True, exist_ok=True)

@@ -37,7 +37,7 @@ SUMSERVER_NAME = "autopar_sumserver"
 PROTO_MODULES = ("coordinator_pb2.py", "coordinator_pb2_grpc.py")
 # Where the runtime package sits once installed (setup.py's package_dir).
 PROTO_PACKAGE = "autopar/runtime"
-# The Plan's fusion-buffer table (transforms.bfb), a message only (no service).
+# The Plan's fusion-buffer table (transforms.methods.herring.bfb), a message only (no service).
 LAYOUT_PROTO = REPO_ROOT / "transforms" / "fusion_layout.proto"
 LAYOUT_MODULE = "fusion_layout_pb2.py"
 LAYOUT_PACKAGE = "autopar/transforms"

@@ -73,7 +73,7 @@ class Runner:
         self._checkpointer = checkpointer
         self._batch_size = batch_size_tensor
         # [(train groups, barrier op)]: a step updating some train groups
-        # fetches the barriers of those groups (transforms.ps_rewrite).
+        # fetches the barriers of those groups (transforms.methods.ps.rewrite).
         self._step_barriers = list(step_barriers)
         self._after_step_op = after_step   # e.g. averaging batch-local state
         self._on_close = list(on_close)

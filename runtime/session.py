@@ -10,7 +10,7 @@ import tensorflow as tf
 from autopar.common.errors import LaunchError
 from autopar.common.roles import SERVER_JOB, WORKER_JOB
 from autopar.runtime.firewall import guard_this_process
-from autopar.runtime.spec import is_loopback_address
+from autopar.common.addresses import is_loopback_address
 
 tf1 = tf.compat.v1
 log = logging.getLogger("autopar.session")

@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 
 import yaml
 
+from autopar.common.addresses import is_loopback_address
 from autopar.common.errors import SpecError, shown
 from autopar.common.roles import CHIEF_JOB, SERVER_JOB, SERVER_ROLE, WORKER_JOB, WORKER_ROLE
 
@@ -502,17 +503,6 @@ def _validate(spec: ResourceSpec) -> None:
               "(127.x.x.x, ::1, localhost): a private namespace has no other interface",
               "use 'firewall' for a job on other addresses")
     _check_port_clashes(spec)
-
-
-def is_loopback_address(address: str) -> bool:
-    """A loopback address ("localhost", 127.x.x.x, ::1; brackets allowed)."""
-    bare = address.strip().strip("[]")
-    if bare.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(bare.partition("%")[0]).is_loopback
-    except ValueError:
-        return False
 
 
 def is_loopback_job(spec: ResourceSpec) -> bool:

@@ -32,8 +32,8 @@ from autopar.transforms.analysis import Analysis, analyze_graph
 from autopar.transforms.compile import CompiledPlan, compile_for_config
 from autopar.transforms.graph_utils import import_meta_graph, initialization_stages
 from autopar.transforms.evaluate import totals_allreduce
-from autopar.transforms.plan import Topology
-from autopar.transforms.ps_rewrite import COUNTERS_INIT
+from autopar.transforms.topology import Topology
+from autopar.transforms.methods.ps.rewrite import COUNTERS_INIT
 from autopar.transforms.rewrite import rewrite_for_worker, worker_device
 
 tf1 = tf.compat.v1
@@ -69,7 +69,7 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
         mine = [v for v in tf1.global_variables()
                 if is_chief or v.op.name not in rewritten.server_variables]
         extra = [tf1.local_variables_initializer(), tf1.tables_initializer()]
-        if is_chief and plan.ps_variables:
+        if is_chief and plan.server_variables:
             extra.append(worker_graph.get_operation_by_name(COUNTERS_INIT))
         init = _initializers(mine, extra)
         batch_size = _batch_size_tensor(worker_graph, analysis)
@@ -77,10 +77,10 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
                                      rewritten.partitions, keep=config.keep_checkpoints)
                         if is_chief and config.checkpoint_dir else None)
     server = start_worker_server(cluster, worker_index, plan.shard_weight_update)
-    log.info("worker %d/%d serving on %s; %d variables: %d in %d fused all-reduce buckets, "
-             "%d on servers (%s)", worker_index, num_workers, cluster[WORKER_JOB][worker_index],
-             len(analysis.variables), sum(len(b.variables) for b in plan.buckets),
-             len(plan.buckets), len(plan.ps_variables), plan.run_option)
+    log.info("worker %d/%d serving on %s; %d variables (%s), %d on servers (%s)",
+             worker_index, num_workers, cluster[WORKER_JOB][worker_index],
+             len(analysis.variables), plan.method_counts(), len(plan.server_variables),
+             plan.run_option)
     wait_for_peers(cluster[WORKER_JOB] + cluster.get(SERVER_JOB, []), config.startup_timeout_s)
     session = tf1.Session(server.target, graph=worker_graph,
                           config=session_config(cluster, worker_index, plan.shard_weight_update))
@@ -217,9 +217,9 @@ def _check_fits(plan, cluster: dict[str, list[str]]) -> None:
         raise LaunchError(f"the job's plan is for {plan.num_workers} workers and "
                           f"{plan.num_servers} servers, but the cluster has {workers} and "
                           f"{servers}: every process of a job must be started from one spec")
-    if plan.ps_variables and SERVER_JOB not in cluster:
-        names = ", ".join(v.name for v in plan.ps_variables[:3])
-        raise SpecError(f"the plan places {len(plan.ps_variables)} variable(s) ({names}) on parameter "
+    if plan.server_variables and SERVER_JOB not in cluster:
+        names = ", ".join(v.name for v in plan.server_variables[:3])
+        raise SpecError(f"the plan places {len(plan.server_variables)} variable(s) ({names}) on parameter "
                         f"servers, but the cluster has only summation servers ({env.SUMSERVERS}) and "
                         f"no server tasks: add one 'ps' task per summation server to TF_CONFIG")
 

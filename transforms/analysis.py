@@ -53,7 +53,7 @@ class VariableInfo:
     # Position of the gradient's op in the graph's creation order (-1: none).
     # tf.gradients creates each op's gradient once all its output gradients
     # exist, so this is the order the backward pass produces gradients in:
-    # the same on every process that builds the graph (transforms.bfb).
+    # the same on every process that builds the graph (transforms.methods.herring.bfb).
     grad_position: int = -1
     grad_values: str | None = None   # sparse: IndexedSlices values / indices
     grad_indices: str | None = None
@@ -760,7 +760,7 @@ def _read_in_a_function(graph, var: str) -> str:
     """Why variable `var` cannot live on a server because a function body
     reads it ("" when none does): its handle enters a While loop (a Keras
     LSTM's), a cond or a call, whose body reads it across the network inside
-    the op, where the step's barrier (transforms.ps_rewrite) cannot order
+    the op, where the step's barrier (transforms.methods.ps.rewrite) cannot order
     the read against a peer's end of step (seen: 'Aborted: Cleanup <step
     id>' on the server). An initialization guard (graph_utils) is replaced
     by the rewrite and does not count."""

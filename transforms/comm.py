@@ -7,11 +7,16 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
 from autopar.common.errors import AutoparError
-from autopar.transforms.bfb import FusionBuffer
+from autopar.transforms.methods.policy import WIRE_DTYPES
+from autopar.transforms.ops import constant, new_op, rows_where
+
+if TYPE_CHECKING:   # annotations only
+    from autopar.transforms.methods.herring.bfb import FusionBuffer
 
 MAX_GATHERED_ROWS = 1 << 40
 
@@ -77,7 +82,6 @@ class CollectiveOpsBackend:
         graph = tf.compat.v1.get_default_graph()
         key = (id(graph), value) if name == "collective_param" else (id(graph), repr(value), dtype)
         if key not in self._constants:
-            from autopar.transforms.sync_method import constant
             with tf.control_dependencies(None):
                 self._constants[key] = constant(value, dtype, name=name)
         return self._constants[key]
@@ -94,10 +98,9 @@ class CollectiveOpsBackend:
 
     def _reduce(self, tensor: tf.Tensor, instance_key: int, final_op: str) -> tf.Tensor:
         """CollectiveReduceV2 as tf.raw_ops builds it, with its attributes
-        given (sync_method.new_op: raw_ops' inference of them cost ~1 ms per
+        given (ops.new_op: raw_ops' inference of them cost ~1 ms per
         collective, one per variable in ps mode) and the instance key from
         the graph's constants."""
-        from autopar.transforms.sync_method import new_op
         tensor = tf.convert_to_tensor(tensor)
         group = self._group()
         return new_op("CollectiveReduceV2", [tensor, group["group_size"], group["group_key"],
@@ -108,7 +111,7 @@ class CollectiveOpsBackend:
 
     def allreduce_sum_node(self, nodes, tensor, dtype: tf.DType, instance_key: int) -> str:
         """allreduce_sum written as a NodeDef by `nodes` (a
-        sync_method.NodeWriter): `tensor` a node input string or tf.Tensor,
+        ops.NodeWriter): `tensor` a node input string or tf.Tensor,
         the group and key constants from the writer's pool. For collectives
         built by the hundred (one per variable); the name of the node."""
         ints = [nodes.pooled_const(v, tf.int32) for v in
@@ -150,11 +153,10 @@ class CollectiveOpsBackend:
         ops are run-time tensors), so each key only ever sees one shape; drop
         the padding. The keys [first_key, first_key + ROW_GATHER_KEYS) belong
         to this gather (transforms.plan reserves them)."""
-        # Built op by op with every attribute given (sync_method.new_op): the
+        # Built op by op with every attribute given (ops.new_op): the
         # same computation through tf.shape/searchsorted/pad/sequence_mask/
         # boolean_mask cost ~30 ms per gather, a fixed cost per sparse
         # variable that dominated the rewrite of small graphs.
-        from autopar.transforms.sync_method import new_op, rows_where
         i32, i64 = tf.int32, tf.int64
         c = self._const
         rank = values.shape.rank
@@ -204,7 +206,6 @@ class CollectiveOpsBackend:
 
     def _gather(self, tensor: tf.Tensor, instance_key: tf.Tensor) -> tf.Tensor:
         """allgather with the instance key a tensor (as new_op builds it)."""
-        from autopar.transforms.sync_method import new_op
         group = self._group()
         return new_op("CollectiveGatherV2", [tensor, group["group_size"], group["group_key"],
                                              instance_key],
@@ -218,7 +219,6 @@ class CollectiveOpsBackend:
 # ---------------------------------------------------------------------------
 
 HERRING_LIBRARY = Path(__file__).resolve().parent.parent / "runtime" / "libautopar_herring.so"
-WIRE_DTYPES = ("float32", "float16", "bfloat16")
 # Elements per segment on the wire (64 KiB of float32): the server sums a
 # segment as soon as every contributor's copy is in, so sending, summing and
 # returning overlap segment by segment. A shard of a small model is only a
@@ -258,7 +258,7 @@ def push_pull(buffer: tf.Tensor, fusion_buffer: FusionBuffer, *, num_contributor
     ``contributor_index``.
 
     ``fusion_buffer`` is the buffer's entry of the Plan's fusion layout
-    (transforms.bfb): the op gets it as a serialized FusionBuffer message
+    (transforms.methods.herring.bfb): the op gets it as a serialized FusionBuffer message
     (transforms/fusion_layout.proto) and the kernel reads the buffer's index
     (which contributions meet), size and shard table from it. Shards
     (server index, offset, length) are contiguous from offset 0 and cover

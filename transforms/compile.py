@@ -16,7 +16,8 @@ from autopar.transforms import serial
 from autopar.transforms.analysis import Analysis, analyze_graph
 from autopar.transforms.graph_utils import graph_of
 from autopar.transforms.placement import Move, place_ops
-from autopar.transforms.plan import Plan, PlanOptions, Topology, make_plan
+from autopar.transforms.plan import Plan, PlanOptions, make_plan
+from autopar.transforms.topology import Topology
 from autopar.transforms.report import Report, build_report
 
 

@@ -28,7 +28,7 @@ import logging
 import tensorflow as tf
 
 from autopar.transforms.graph_utils import initialization_guard
-from autopar.transforms.sync_method import new_op
+from autopar.transforms.ops import new_op
 
 tf1 = tf.compat.v1
 log = logging.getLogger("autopar.partition")
@@ -76,14 +76,14 @@ class Partitioner:
     """Builds the partition variables and the ops replacing whole-variable uses
     in `graph` (the scratch graph), recording node edits in `edits`. The
     per-partition ops are written as NodeDefs by `nodes` (a
-    sync_method.NodeWriter flushed into the scratch graph's export), except
+    ops.NodeWriter flushed into the scratch graph's export), except
     a row gather's, which are built in `graph` (on handles in `graph` then)."""
 
     def __init__(self, graph: tf.Graph, edits, devices_of, constants, nodes):
         self.g = graph
         self.edits = edits
         self.devices_of = devices_of   # partition index -> device
-        self.constants = constants     # a sync_method.ConstantPool
+        self.constants = constants     # a ops.ConstantPool
         self.nodes = nodes
         self.device = nodes.device     # where the whole-variable replacements run
 

@@ -17,12 +17,15 @@ the result and the Report lists every move with the bytes it saves.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
 from autopar.common.roles import SERVER_JOB
 from autopar.transforms.analysis import Analysis
-from autopar.transforms.plan import Plan
+
+if TYPE_CHECKING:   # annotations only: the plan imports the methods, which place ops here
+    from autopar.transforms.plan import Plan
 
 _LIGHT = frozenset({"Slice", "StridedSlice", "Cast", "Gather", "GatherV2", "ResourceGather",
                     "Size", "L2Loss", "Shape"})
@@ -75,7 +78,7 @@ def ps_devices(graph: tf.Graph, analysis: Analysis, plan: Plan, is_chief: bool,
     if computed beforehand, else place_ops)."""
     devices: dict[str, str] = {}
     on_servers: set[str] = set()
-    for vp in plan.ps_variables:
+    for vp in plan.server_variables:
         info = analysis.variable(vp.name)
         device = server_device(vp.servers[0])
         variables = [info.name, *info.slots]
@@ -107,7 +110,7 @@ def place_ops(graph: tf.Graph, analysis: Analysis, plan: Plan) -> list[Move]:
 
 
 def _opau(graph, analysis, plan) -> list[Move]:
-    ps = {vp.name: vp for vp in plan.ps_variables}
+    ps = {vp.name: vp for vp in plan.server_variables}
     if not ps:
         return []
     where: dict[str, Place] = {}    # tensor -> place, for aggregated gradients and placed ops
@@ -160,7 +163,7 @@ def _rule(op, where: dict[str, Place]) -> tuple[Place, str]:
 
 def _opsw(graph, analysis, plan) -> list[Move]:
     moves = []
-    for vp in plan.ps_variables:
+    for vp in plan.server_variables:
         if len(vp.partitions) > 1:
             continue   # reads are assembled from partitions on the worker
         info = analysis.variable(vp.name)

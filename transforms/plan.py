@@ -6,14 +6,10 @@ keys depend only on the Analysis order, the topology and the options. A job
 computes it once (transforms/compile.py) and ships it as JSON to every
 process; a process joined through TF_CONFIG derives the same Plan itself.
 
-Methods (Parallax §5):
-- "allreduce": dense gradient averaged by ring all-reduce in fused buckets;
-  the variable is replicated on every worker.
-- "allgather": sparse gradient; every worker gathers everyone's touched rows;
-  replicated.
-- "ps": the variable (split into row partitions) lives on server processes;
-  workers read the rows they need, push their gradient, the chief applies
-  the update once per step on the servers.
+Which method each variable uses is the run option's policy
+(transforms/methods/policy.py); the methods, one package each, are in
+transforms/methods/ (Parallax §5: all-reduce and all-gather keep variables
+replicated, parameter servers hold them; herring sums on summation servers).
 
 Collective instance keys: one per bucket (three with 2-D summation: the
 leaders' all-reduce, the host sum and the broadcast); a sparse gather (all-gather of an
@@ -26,49 +22,18 @@ The blocks cover every row count up to comm.MAX_GATHERED_ROWS (2^40).
 """
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass, field
+from typing import Any
 
-from autopar.common.errors import AutoparError, SpecError, UnsupportedGraphError
-from autopar.common.roles import SERVER_JOB, WORKER_JOB
+from autopar.common.errors import AutoparError, UnsupportedGraphError
 from autopar.transforms import keys, serial
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.batchnorm import KEYS_PER_LAYER
 from autopar.transforms.keys import GROUP_KEY
-from autopar.transforms.bfb import FusionLayout
-
-RUN_OPTIONS = ("hybrid", "ps", "allreduce", "herring")
-WIRE_DTYPES = ("float32", "float16", "bfloat16")
-
-
-@dataclass(frozen=True)
-class Topology:
-    worker_hosts: tuple[str, ...]   # host address of worker i
-    num_servers: int = 0
-    # Whether herring's summation servers can serve this job: the launcher
-    # starts them when the plan uses herring; a job joined through TF_CONFIG
-    # has them only if AUTOPAR_SUMSERVERS names them (runtime.worker.job_topology).
-    summation_servers: bool = True
-
-    @classmethod
-    def local(cls, num_workers: int, num_servers: int = 0) -> "Topology":
-        return cls(("127.0.0.1",) * num_workers, num_servers)
-
-    @classmethod
-    def from_cluster(cls, cluster: dict[str, list[str]]) -> "Topology":
-        """From {WORKER_JOB: ["host:port", ...], SERVER_JOB: [...]}."""
-        return cls(tuple(a.rsplit(":", 1)[0] for a in cluster[WORKER_JOB]), len(cluster.get(SERVER_JOB, [])))
-
-    @property
-    def num_workers(self) -> int:
-        return len(self.worker_hosts)
-
-    @property
-    def hosts(self) -> list[str]:
-        return list(dict.fromkeys(self.worker_hosts))
-
-    def workers_on(self, host: str) -> list[int]:
-        return [i for i, h in enumerate(self.worker_hosts) if h == host]
+from autopar.transforms.methods.base import VariablePlan
+from autopar.transforms.methods.policy import WIRE_DTYPES, policy
+from autopar.transforms.methods.registry import METHODS, variants_of
+from autopar.transforms.topology import Topology
 
 
 @dataclass(frozen=True)
@@ -106,48 +71,9 @@ class PlanOptions:
 
 
 @dataclass
-class VariablePlan:
-    name: str
-    method: str              # "allreduce", "allgather", "ps" or "herring"
-    placement: str           # where the variable lives, in words
-    reason: str
-    bucket: int | None = None
-    keys: dict[str, int] = field(default_factory=dict)   # collective instance keys
-    # ps: row ranges [start, end) and the server holding each partition;
-    # herring: element ranges of the flattened gradient and the server summing each
-    partitions: list[list[int]] = field(default_factory=list)
-    servers: list[int] = field(default_factory=list)
-    # Weight-update sharding: the worker that applies the optimizer update
-    # and holds the slots (None: every worker updates its replica).
-    owner: int | None = None
-    wire_dtype: str | None = None   # herring: the dtype the gradient travels in
-
-
-@dataclass
-class Bucket:
-    index: int
-    dtype: str
-    variables: list[str]
-    bytes: int
-    instance_key: int   # the all-reduce (with 2-D summation: the leaders' all-reduce)
-    # 2-D summation: the host sum takes host_key, the broadcast host_key + 1
-    # (both in the host's group; 0 when the bucket uses the flat ring).
-    host_key: int = 0
-    group: int = 0      # the train group of its variables (Analysis.train_groups)
-    # The dtype it travels and is summed in when narrower than its own
-    # (Config.wire_dtype float16/bfloat16, as Horovod's fp16 compression);
-    # "" when it travels as it is.
-    wire_dtype: str = ""
-
-    @property
-    def hierarchical(self) -> bool:
-        return self.host_key != 0
-
-
-@dataclass
 class StepBarrier:
     """The end-of-step barrier of a step that updates the train groups
-    `groups` (when variables live on servers: transforms.ps_rewrite)."""
+    `groups` (when variables live on servers: transforms.methods.ps.rewrite)."""
     groups: list[int]
     key: int
 
@@ -158,7 +84,6 @@ class Plan:
     fusion_bytes: int
     communication_hint: str
     variables: list[VariablePlan]
-    buckets: list[Bucket]
     broadcast_key_base: int   # initial-state broadcast: one key per dtype from here
     # One per set of train groups a fetch can update (Analysis.step_sets).
     barriers: list[StepBarrier] = field(default_factory=list)
@@ -185,12 +110,9 @@ class Plan:
     # values are all-gathered with one key per dtype from this key on.
     shard_weight_update: bool = False
     wus_key: int = keys.WUS.first
-    # herring: the balanced fusion buffers of its gradients (transforms.bfb),
-    # and why hybrid chose (or did not choose) it for dense gradients
-    herring: FusionLayout | None = None
-    herring_why: str = ""
-    # Why the all-reduce buckets use 2-D summation (Bucket.host_key) or not.
-    hierarchical_why: str = ""
+    # Each method's plan-wide state (SyncMethod.plan_state: fusion buckets,
+    # herring's buffers), as JSON: SyncMethod.state(plan) reads it back.
+    method_states: dict[str, Any] = field(default_factory=dict)
     # 2-D summation's collectives fail (DeadlineExceeded) after waiting this
     # long for their peers (Config.stall_timeout_s; 0: no bound), so a
     # worker that never arrives ends the job instead of hanging it.
@@ -207,6 +129,13 @@ class Plan:
         device's (with "parallax": what Parallax's aggregation gave)."""
         return 1.0 / self.num_workers if self.averages(gradient) else 1.0
 
+    def method_counts(self) -> str:
+        """How many variables each method carries, in words ("3 allreduce, 1 ps")."""
+        counts: dict[str, int] = {}
+        for v in self.variables:
+            counts[v.method] = counts.get(v.method, 0) + 1
+        return ", ".join(f"{n} {m}" for m, n in counts.items())
+
     def variable(self, name: str) -> VariablePlan:
         # An index, not a scan: callers look up every variable (linear, not quadratic).
         index = self.__dict__.get("_by_name")
@@ -215,8 +144,9 @@ class Plan:
         return index[name]
 
     @property
-    def ps_variables(self) -> list[VariablePlan]:
-        return [v for v in self.variables if v.method == "ps"]
+    def server_variables(self) -> list[VariablePlan]:
+        """The variables that live on servers (not replicated on workers)."""
+        return [v for v in self.variables if not v.replicated]
 
     @property
     def topology(self) -> Topology:
@@ -247,23 +177,24 @@ def make_plan(analysis: Analysis, topology: Topology | int, fusion_bytes: int = 
     if isinstance(topology, int):
         topology = Topology.local(topology)
     options = options or PlanOptions()
-    if options.run_option not in RUN_OPTIONS:
-        raise ValueError(f"run_option must be one of {RUN_OPTIONS}, got {options.run_option!r}")
-    from autopar.transforms.methods import METHODS   # its modules import this one
-    herring, herring_why = _herring_choice(topology, options)
-    methods = {v.name: _method(v, topology, options, herring) for v in analysis.variables}
+    if options.wire_dtype not in WIRE_DTYPES:
+        raise ValueError(f"wire_dtype must be one of {WIRE_DTYPES}, got {options.wire_dtype!r}")
+    methods = choose_methods(analysis, topology, options)
     reduction, why = resolve_loss_reduction(analysis, options.loss_reduction)
     # Each method lays out its variables and takes its instance keys, in table order.
     key = keys.PLAN.first
-    states, fields = {}, {"buckets": []}
+    states, kept = {}, {}
     for name, sync in METHODS.items():
         mine = {v for v, (m, _) in methods.items() if m == name}
         states[name], key = sync.prepare(analysis, mine, topology, options, fusion_bytes, key)
-        fields.update(sync.plan_fields(states[name]))
+        plan_state = sync.plan_state(states[name])
+        if plan_state is not None:
+            kept[name] = serial.encode(plan_state)
     plans = []
     for v in analysis.variables:
         method, reason = methods[v.name]
         vp, key = METHODS[method].variable_plan(v, reason, states[method], key)
+        vp.replicated = METHODS[method].replicated
         plans.append(vp)
     barriers = [StepBarrier(list(groups), key + i) for i, groups in enumerate(analysis.step_sets)]
     key += max(1, len(barriers))
@@ -275,7 +206,7 @@ def make_plan(analysis: Analysis, topology: Topology | int, fusion_bytes: int = 
             "updating different variables is not supported (the owners' new values are "
             "gathered in one collective per dtype): turn weight-update sharding off")
     if options.shard_weight_update:
-        on_servers = [vp.name for vp in plans if vp.method == "ps"]
+        on_servers = [vp.name for vp in plans if not vp.replicated]
         if on_servers:
             raise AutoparError(
                 f"Config(shard_weight_update=True) with variables on parameter servers "
@@ -283,7 +214,7 @@ def make_plan(analysis: Analysis, topology: Topology | int, fusion_bytes: int = 
                 "(sparse variables then use all-gather) or turn weight-update sharding off")
         assign_owners(analysis, plans, topology.num_workers)
     return Plan(num_workers=topology.num_workers, fusion_bytes=fusion_bytes,
-                communication_hint=communication_hint, variables=plans, **fields,
+                communication_hint=communication_hint, variables=plans, method_states=kept,
                 barriers=barriers, broadcast_key_base=key, run_option=options.run_option,
                 worker_hosts=list(topology.worker_hosts), num_servers=topology.num_servers,
                 loss_reduction=reduction, loss_reduction_why=why,
@@ -292,7 +223,47 @@ def make_plan(analysis: Analysis, topology: Topology | int, fusion_bytes: int = 
                 batch_norm_group=batch_norm_group_size(options.batch_norm_group,
                                                        topology.num_workers),
                 shard_weight_update=options.shard_weight_update,
-                herring_why=herring_why, collective_timeout_s=options.collective_timeout_s)
+                collective_timeout_s=options.collective_timeout_s)
+
+
+def choose_methods(analysis: Analysis, topology: Topology,
+                   options: PlanOptions) -> dict[str, tuple[str, str]]:
+    """{variable: (method, reason)} by the run option's policy: the first
+    method of the variable's list that serves the job and does not decline
+    the variable (the reason then says why an earlier one declined it),
+    taken over by a variant of it that wants the variable."""
+    rule = policy(options.run_option)
+    serving = {name: METHODS[name].job_choice(topology, options, name == rule.required)[0]
+               for name in dict.fromkeys(rule.dense + rule.sparse)}
+    out = {}
+    for v in analysis.variables:
+        declined = ""
+        for name in rule.methods(v.gradient):
+            method = METHODS[name]
+            if not serving[name]:
+                continue
+            declined_here = method.declines(v, topology, options)
+            if declined_here:
+                declined = declined_here
+                continue
+            reason = method.reason(v, options) + (f" ({declined})" if declined else "")
+            for variant in variants_of(name):
+                taken = variant.takes_over(v, options)
+                if taken:
+                    name, reason = variant.name, f"{reason}; {taken}"
+                    break
+            out[v.name] = (name, reason)
+            break
+        else:
+            raise AssertionError(f"run option {options.run_option!r} has no method for {v.name}")
+    return out
+
+
+def wants_servers(gradient: str, run_option: str) -> bool:
+    """Whether `run_option`'s first choice for this kind of gradient keeps the
+    variable on servers (what a spec without servers or a
+    VariableInfo.ps_blocker can keep it from)."""
+    return not METHODS[policy(run_option).methods(gradient)[0]].replicated
 
 
 def _dtypes(analysis: Analysis) -> set[str]:
@@ -306,7 +277,7 @@ def assign_owners(analysis: Analysis, plans: list[VariablePlan], num_workers: in
     worker, ties to the lower index: the same on every process)."""
     load = [0] * num_workers
     sharded = [(analysis.variable(vp.name).bytes, i, vp) for i, vp in enumerate(plans)
-               if vp.method == "allreduce"]
+               if METHODS[vp.method].shards_weight_update]
     for size, _, vp in sorted(sharded, key=lambda t: (-t[0], t[1])):
         owner = min(range(num_workers), key=lambda w: (load[w], w))
         vp.owner = owner
@@ -353,75 +324,3 @@ def resolve_loss_reduction(analysis: Analysis, option: str) -> tuple[str, str]:
         return analysis.loss_reduction, analysis.loss_reduction_why
     return "mean", (f"not determined from the graph ({analysis.loss_reduction_why}); assuming a "
                     "mean over the batch: set Config(loss_reduction='sum') if the loss is summed")
-
-
-def _herring_choice(topology: Topology, options: PlanOptions) -> tuple[bool, str]:
-    """Whether dense float32 gradients go through herring, and why."""
-    if options.wire_dtype not in WIRE_DTYPES:
-        raise ValueError(f"wire_dtype must be one of {WIRE_DTYPES}, got {options.wire_dtype!r}")
-    if options.run_option == "herring":
-        if topology.num_servers == 0:
-            raise SpecError("run_option='herring' sums gradients on server processes, but the "
-                            "resource spec has none: give some hosts `servers: 1` (one per host "
-                            "is a good start), or use run_option='allreduce'")
-        if not topology.summation_servers:
-            raise SpecError("run_option='herring' needs summation servers, but this job was "
-                            "started without them: a job joined through TF_CONFIG starts one "
-                            "runtime/autopar_sumserver per server and names them in "
-                            "AUTOPAR_SUMSERVERS=host:port,... for every worker (or launch the "
-                            "job with `autopar launch`, which starts them)")
-        return True, "run_option='herring'"
-    if options.run_option != "hybrid" or topology.num_servers == 0:
-        return False, ""
-    if not topology.summation_servers:
-        return False, ("no summation servers in this job (joined through TF_CONFIG without "
-                       "AUTOPAR_SUMSERVERS), so dense gradients stay on ring all-reduce")
-    if all(_is_loopback(h) for h in topology.hosts):
-        # The cost model counts bytes on network links; here every byte stays
-        # in one machine's memory, and herring's extra processes and packing
-        # copies only cost (measured: bench/ps_profile.py). "herring" forces it.
-        return False, ("every worker host is a loopback address: one machine, no network link "
-                       "for herring to save bytes on, so dense gradients stay on ring all-reduce "
-                       "(run_option='herring' forces herring)")
-    from autopar.transforms.herring import predicted_faster   # it imports this module
-    return predicted_faster(topology.num_workers, len(topology.hosts), topology.num_servers,
-                            options.local_aggregation, options.wire_dtype)
-
-
-def _is_loopback(host: str) -> bool:
-    if host.strip("[]").lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False   # a host name: assume a real machine
-
-
-def wants_servers(gradient: str, run_option: str) -> bool:
-    """Whether `run_option` puts a variable with this kind of gradient on
-    parameter servers when nothing keeps it off them (a spec without
-    servers, a VariableInfo.ps_blocker)."""
-    return run_option == "ps" or (run_option in ("hybrid", "herring") and gradient == "sparse")
-
-
-def _method(v, topology: Topology, options: PlanOptions, herring: bool = False) -> tuple[str, str]:
-    replicated = ("allreduce" if v.gradient == "dense" else "allgather")
-    if herring and v.gradient == "dense":
-        if v.dtype == "float32":
-            return "herring", ("dense gradient: balanced fusion buffers sharded over the "
-                               "summation servers, M bytes per contributor")
-        replicated_why = (f"dense {v.dtype} gradient: kept on ring all-reduce (the summation "
-                          "servers add float32, which would lose this gradient's precision)")
-        return "allreduce", replicated_why
-    default_reason = ("dense gradient: ring all-reduce moves 2(N-1)/N of its bytes per worker"
-                      if v.gradient == "dense" else
-                      "sparse gradient (IndexedSlices): all-gather of the touched rows")
-    if not wants_servers(v.gradient, options.run_option):
-        return replicated, default_reason
-    if topology.num_servers == 0:
-        return replicated, default_reason + " (the spec has no server processes for a PS path)"
-    if v.ps_blocker:
-        return replicated, default_reason + f" (kept off the servers: {v.ps_blocker})"
-    if v.gradient == "sparse":
-        return "ps", "sparse gradient: servers send/receive only touched rows, 2ab per worker"
-    return "ps", "run_option='ps': dense variable on servers, 2b per worker"

@@ -13,10 +13,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from autopar.transforms.allreduce import host_link_bytes, wire_fraction
 from autopar.transforms.analysis import Analysis
-from autopar.transforms.bfb import WIRE_BYTES
-from autopar.transforms.methods import METHODS
+from autopar.transforms.methods.registry import METHODS
 from autopar.transforms.plan import Plan, wants_servers
 from autopar.transforms.wus import slot_bytes_per_worker
 
@@ -67,7 +65,7 @@ class Report:
     slot_bytes_unsharded: list[int] = field(default_factory=list)
     # Bytes each host sends over its link per step for the all-reduce
     # buckets: {"ring": {host: bytes}, "2d": {host: bytes}} (2-D summation's
-    # figure for comparison; transforms.allreduce.host_link_bytes).
+    # figure for comparison; transforms.methods.allreduce.method.host_link_bytes).
     host_link_bytes: dict = field(default_factory=dict)
     hierarchical_why: str = ""   # why the buckets use 2-D summation or the flat ring
     # herring: its balanced fusion buffers (variables, offsets, shards per
@@ -106,8 +104,10 @@ class Report:
         for s in self.servers:
             lines.append(f"server {s['server']}: sends {_human(s['sent'])}, receives "
                          f"{_human(s['received'])} per step")
+        several = len({b.get("method") for b in self.buckets}) > 1
         for b in self.buckets:
-            lines.append(f"bucket #{b['index']}: {b['dtype']}, {_human(b['bytes'])}, "
+            label = f"{b['method']} bucket" if several else "bucket"
+            lines.append(f"{label} #{b['index']}: {b['dtype']}, {_human(b['bytes'])}, "
                          f"{len(b['variables'])} gradients fused into one all-reduce"
                          + (" (2-D summation)" if b.get("host_key") else "")
                          + (f", sent and summed as {b['wire_dtype']}" if b.get("wire_dtype")
@@ -206,7 +206,7 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
         if v.recognised.startswith("writes"):
             notes.append(f"{v.name}: update recognised from {v.recognised}; slots "
                          f"{', '.join(v.slots) or 'none'} (the variables only its update writes)")
-        if vp.method in ("allreduce", "allgather") and v.ps_blocker and plan.num_servers and \
+        if vp.replicated and v.ps_blocker and plan.num_servers and \
                 wants_servers(v.gradient, plan.run_option):
             notes.append(f"{v.name}: kept off the servers: {v.ps_blocker}")
     if plan.batch_norm_group and not analysis.batch_norms:
@@ -222,17 +222,13 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
                          f"group {i}: {', '.join(g.variables[:3])}"
                          f"{f' (+{len(g.variables) - 3} more)' if len(g.variables) > 3 else ''}"
                          f" (loss {g.loss})" for i, g in enumerate(analysis.train_groups)))
-    if num_servers and not plan.ps_variables and plan.herring is None:
+    if num_servers and not any(m.processes(plan) for m in METHODS.values()):
         notes.append(f"{num_servers} server process(es) are started but hold no variables "
                      "with every gradient all-reduced")
-    if plan.ps_variables or plan.herring is not None:
+    if any(m.processes(plan) for m in METHODS.values()):
         notes.append(f"server accumulators receive {contributors} contribution(s) per step "
                      f"({'one per host: local aggregation' if plan.local_aggregation else 'one per worker'})")
-    bucket_bytes = sum(b.bytes * wire_fraction(b.dtype, b.wire_dtype) for b in plan.buckets)
-    links = ({kind: host_link_bytes(plan.worker_hosts, bucket_bytes, kind == "2d")
-              for kind in ("ring", "2d")} if plan.worker_hosts else {})
     return Report(num_workers=n, num_servers=num_servers, variables=variables,
-                  host_link_bytes=links, hierarchical_why=plan.hierarchical_why,
                   servers=[{"server": i, "sent": s, "received": r}
                            for i, (s, r) in enumerate(server_bytes)], run_option=plan.run_option,
                   moved_ops=[m.as_dict() for m in moves or []],
@@ -244,21 +240,28 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
                   batch_norms=[{"name": b.name, "kind": b.kind, "ops": b.ops,
                                 "group": plan.batch_norm_group, "moving": b.moving}
                                for b in analysis.batch_norms],
-                  buckets=[asdict(b) for b in plan.buckets],
                   state=[asdict(s) for s in analysis.state], untrained=analysis.untrained,
-                  notes=notes, herring_buffers=_herring_buffers(plan), herring_why=plan.herring_why)
+                  notes=notes, **method_report_fields(plan))
 
 
-def _herring_buffers(plan: Plan) -> list[dict]:
-    layout = plan.herring
-    if layout is None:
-        return []
-    wire = WIRE_BYTES[layout.wire_dtype]
-    return [{"index": b.index, "elements": b.elements, "wire_bytes": b.elements * wire,
-             "wire_dtype": layout.wire_dtype,
-             "segments": [[s.variable, s.start, s.offset, s.length] for s in b.segments],
-             "shards": [[s.server, s.offset, s.length] for s in b.shards]}
-            for b in layout.buffers]
+def method_report_fields(plan: Plan) -> dict:
+    """The report fields the methods' plan-wide states fill, joined over the
+    methods filling one (lists joined, numbers added, dicts merged key by key,
+    the first non-empty text kept)."""
+    out: dict = {"buckets": []}
+    for method in METHODS.values():
+        out = _joined(out, method.report_fields(plan))
+    return out
+
+
+def _joined(a, b):
+    if isinstance(a, dict) and isinstance(b, dict):
+        return {**a, **b, **{k: _joined(a[k], b[k]) for k in a.keys() & b.keys()}}
+    if isinstance(a, list):
+        return a + b
+    if isinstance(a, str):
+        return a or b
+    return a + b
 
 
 def _unsharded(plan: Plan) -> Plan:

@@ -30,10 +30,11 @@ from autopar.transforms.graph_utils import (collector_paused, import_meta_graph,
 from autopar.transforms.partition import copy_region
 from autopar.transforms.placement import Move
 from autopar.transforms.keys import BATCH_NORM_GROUPS
+from autopar.transforms.barrier import cover_server_work
+from autopar.transforms.methods.base import Edits, RewriteContext
+from autopar.transforms.methods.registry import METHODS
+from autopar.transforms.ops import ConstantPool, NodeWriter
 from autopar.transforms.plan import Plan
-from autopar.transforms.methods import METHODS
-from autopar.transforms.ps_rewrite import cover_server_work
-from autopar.transforms.sync_method import ConstantPool, Edits, NodeWriter, RewriteContext
 from autopar.transforms.wus import shard_weight_updates
 
 tf1 = tf.compat.v1
@@ -49,7 +50,7 @@ class WorkerGraph:
     replaced: dict[str, str]   # original tensor -> its replacement (averaged, aggregated)
     server_variables: set[str] = field(default_factory=set)   # live on servers, not replicated
     # (train groups, barrier op): a training step updating those groups
-    # fetches every barrier whose groups it updates (see transforms.ps_rewrite)
+    # fetches every barrier whose groups it updates (see transforms.methods.ps.rewrite)
     step_barriers: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
     # partitioned variable -> its partitions' handles, in order (rows dealt
     # round-robin: transforms.partition)

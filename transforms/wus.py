@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms.graph_utils import in_gradient_scope
-from autopar.transforms.sync_method import Edits, RewriteContext
+from autopar.transforms.methods.base import Edits, RewriteContext
 
 tf1 = tf.compat.v1
 
@@ -135,6 +135,6 @@ def slot_bytes_per_worker(analysis, plan) -> list[int]:
         size = info.bytes * len(info.slots)
         if vp.owner is not None:
             out[vp.owner] += size
-        elif vp.method != "ps":
+        elif vp.replicated:
             out = [b + size for b in out]
     return out

@@ -13,7 +13,7 @@ BATCH = 12
 WORKERS = 4
 
 # The float32 Adam model (herring sums float32; the float64 one would stay
-# on the ring, see transforms.herring).
+# on the ring, see transforms.methods.herring.method).
 CASES = ["cnn_momentum", "mlp_adam_clip_ema_f32"]
 
 # wire_dtype="float16": every contributor's buffer (a host's sum of its 2

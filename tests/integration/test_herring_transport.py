@@ -315,7 +315,7 @@ def test_push_pull_arguments_are_checked_and_a_missing_library_says_what_to_do(m
     import tensorflow as tf
     from autopar.common.errors import AutoparError
     from autopar.transforms import comm
-    from autopar.transforms.bfb import FusionBuffer
+    from autopar.transforms.methods.herring.bfb import FusionBuffer
     whole = FusionBuffer.of_shards(0, [(0, 0, 10)])
     with tf.Graph().as_default():
         x = tf.zeros([10])
@@ -338,7 +338,7 @@ def test_the_kernel_reads_its_shard_table_from_the_fusion_buffer_message():
     (a well-formed one: every other test of this module)."""
     import tensorflow as tf
     from autopar.transforms import comm
-    from autopar.transforms.bfb import FusionBuffer, Segment, Shard
+    from autopar.transforms.methods.herring.bfb import FusionBuffer, Segment, Shard
     tf1 = tf.compat.v1
     good = FusionBuffer(index=7, elements=10, segments=[Segment("dense/kernel", 0, 0, 10)],
                         shards=[Shard(0, 0, 6), Shard(1, 6, 4)])

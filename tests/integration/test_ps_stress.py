@@ -2,7 +2,7 @@
 worker's run of a step shares one step id on the servers, and a worker that
 finished its step early used to clean that id up under a peer still reading
 a server variable (the moving average of it) — "Aborted: Cleanup <step id>",
-about 1 job in 6, at the first steps (transforms.ps_rewrite.cover_server_work).
+about 1 job in 6, at the first steps (transforms.barrier.cover_server_work).
 
 A race at start-up needs fresh jobs (new servers, new sessions), not more
 steps of one job: REPEATS jobs of a few steps per run option with servers,

@@ -10,7 +10,8 @@ import tensorflow as tf
 from autopar.config import Config
 from autopar.common.errors import AutoparError, UnsupportedGraphError
 from autopar.transforms.analysis import analyze_graph
-from autopar.transforms.plan import PlanOptions, Topology, make_plan
+from autopar.transforms.plan import PlanOptions, make_plan
+from autopar.transforms.topology import Topology
 from autopar.transforms.report import build_report
 from autopar.transforms.rewrite import SYNC_LOCAL_STATE_OP, rewrite_for_worker
 

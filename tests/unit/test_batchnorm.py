@@ -9,7 +9,7 @@ from autopar.common.errors import AutoparError
 from autopar.config import Config
 from autopar.transforms.analysis import analyze_graph
 from autopar.transforms.keys import BATCH_NORM_GROUPS, GROUP_KEY
-from autopar.transforms.plan import PlanOptions, Topology, make_plan
+from autopar.transforms.plan import PlanOptions, make_plan
 from autopar.transforms.report import build_report
 from autopar.transforms.rewrite import rewrite_for_worker
 from tests import models

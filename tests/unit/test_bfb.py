@@ -1,6 +1,6 @@
-"""Balanced fusion buffers (transforms.bfb), the herring method's plan, report
-and rewrite (transforms.herring). Expected layouts are written out by hand
-from the rule in transforms/bfb.py's docstring, not computed by it."""
+"""Balanced fusion buffers (transforms.methods.herring.bfb), the herring method's plan, report
+and rewrite (transforms.methods.herring.method). Expected layouts are written out by hand
+from the rule in transforms/methods/herring/bfb.py's docstring, not computed by it."""
 import math
 
 import numpy as np
@@ -9,14 +9,16 @@ import tensorflow as tf
 
 from autopar.common.errors import AutoparError, SpecError
 from autopar.config import Config
-from autopar.transforms import bfb
+from autopar.transforms.methods.herring import bfb
 from autopar.transforms.analysis import analyze_graph
-from autopar.transforms.bfb import FusionBuffer, FusionLayout, Segment, Shard
+from autopar.transforms.methods.herring.bfb import FusionBuffer, FusionLayout, Segment, Shard
 from autopar.transforms.compile import CompiledPlan, compile_plan
-from autopar.transforms.herring import Herring
-from autopar.transforms.plan import Plan, PlanOptions, Topology, make_plan
+from autopar.transforms.methods.herring.method import Herring
+from autopar.transforms.plan import Plan, PlanOptions, make_plan
+from autopar.transforms.topology import Topology
 from autopar.transforms.report import build_report
 from autopar.transforms.rewrite import rewrite_for_worker
+from autopar.transforms.methods.registry import METHODS
 from tests.models import build_case
 
 tf1 = tf.compat.v1
@@ -112,7 +114,7 @@ def test_identical_on_every_process():
     options = PlanOptions(run_option="herring", herring_buffer_bytes=64)
     plans = [compile_plan(build_case("mlp", "momentum", clip=True).graph, TWO_HOSTS, options)
              for _ in range(2)]
-    assert plans[0].plan.herring is not None
+    assert METHODS["herring"].state(plans[0].plan).layout is not None
     assert plans[0].to_json() == plans[1].to_json()
 
 
@@ -126,7 +128,7 @@ def _plan(topology=TWO_HOSTS, **options):
 def test_herring_plan_covers_every_dense_float32_gradient():
     _, analysis, plan = _plan(run_option="herring", herring_buffer_bytes=40)
     assert {vp.method for vp in plan.variables} == {"herring"}
-    layout = plan.herring
+    layout = METHODS["herring"].state(plan).layout
     assert sorted(layout.order) == sorted(v.name for v in analysis.variables)
     assert layout.buffer_elements == 10   # 40 bytes of float32, a multiple of 2 servers
     sizes = dict(zip(layout.order, layout.sizes))
@@ -150,7 +152,7 @@ def test_float64_gradients_stay_on_the_ring():
     assert methods["wide/kernel"] == methods["wide/bias"] == "allreduce"
     assert "float32" in plan.variable("wide/kernel").reason
     assert methods["l1/kernel"] == methods["out/bias"] == "herring"
-    assert "wide/kernel" not in plan.herring.order
+    assert "wide/kernel" not in METHODS["herring"].state(plan).layout.order
 
 
 def test_herring_needs_servers():
@@ -184,7 +186,7 @@ def test_hybrid_chooses_by_the_cost_model(hosts, servers, la, expected):
     assert {vp.method for vp in plan.variables} == {expected}
     if servers:
         verdict = "herring" if expected == "herring" else "ring all-reduce"
-        assert f"{verdict} is predicted faster" in plan.herring_why
+        assert f"{verdict} is predicted faster" in METHODS["herring"].state(plan).why
 
 
 @pytest.mark.parametrize("hosts", [("127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.2"),
@@ -195,12 +197,12 @@ def test_hybrid_keeps_the_ring_when_every_host_is_loopback(hosts):
     herring run option still forces herring."""
     _, _, plan = _plan(Topology(hosts, 2), run_option="hybrid")
     assert {vp.method for vp in plan.variables} == {"allreduce"}
-    assert "loopback" in plan.herring_why
+    assert "loopback" in METHODS["herring"].state(plan).why
     _, _, forced = _plan(Topology(hosts, 2), run_option="herring")
     assert {vp.method for vp in forced.variables} == {"herring"}
 
 
-@pytest.mark.parametrize("wire, method", [("bfloat16", "herring"), ("float16", "allreduce")])
+@pytest.mark.parametrize("wire, method", [("bfloat16", "herring"), ("float16", "allreduce_fp16")])
 def test_hybrid_with_half_precision_wire(wire, method):
     """2 workers, 2 hosts, 2 servers: a half-precision wire halves herring's
     bytes to 0.5 M. bfloat16 leaves the ring at 1 M (TensorFlow's collectives
@@ -216,17 +218,17 @@ def test_plan_json_round_trip():
                                  wire_dtype="bfloat16")
     again = Plan.from_json(plan.to_json())
     assert again == plan
-    assert isinstance(again.herring, FusionLayout)
-    assert isinstance(again.herring.buffers[0].shards[0], Shard)
+    assert isinstance(METHODS["herring"].state(again).layout, FusionLayout)
+    assert isinstance(METHODS["herring"].state(again).layout.buffers[0].shards[0], Shard)
     compiled = CompiledPlan(analysis, plan)
     assert CompiledPlan.from_bytes(compiled.to_bytes()) == compiled
 
 
 def test_layout_protobuf_round_trip():
     _, _, plan = _plan(run_option="herring", herring_buffer_bytes=40, wire_dtype="float16")
-    msg = plan.herring.to_proto()
+    msg = METHODS["herring"].state(plan).layout.to_proto()
     parsed = type(msg).FromString(msg.SerializeToString())
-    assert FusionLayout.from_proto(parsed) == plan.herring
+    assert FusionLayout.from_proto(parsed) == METHODS["herring"].state(plan).layout
     # the table as the C++ side reads it
     b0 = parsed.buffers[0]
     assert (b0.elements, [(s.server, s.offset, s.length) for s in b0.shards]) == (
@@ -292,13 +294,12 @@ class Recording(Herring):
 
 
 def _rewrite(graph, analysis, plan, index, method):
-    from autopar.transforms import methods as methods_module
-    saved = methods_module.METHODS["herring"]
-    methods_module.METHODS["herring"] = method
+    saved = METHODS["herring"]
+    METHODS["herring"] = method
     try:
         return rewrite_for_worker(graph, analysis, plan, index)
     finally:
-        methods_module.METHODS["herring"] = saved
+        METHODS["herring"] = saved
 
 
 def test_unpacked_gradients_equal_the_local_ones_and_land_at_planned_offsets():
@@ -313,7 +314,7 @@ def test_unpacked_gradients_equal_the_local_ones_and_land_at_planned_offsets():
         v.grad_position = positions[v.name]
     plan = make_plan(analysis, Topology(("127.0.0.1",), 2),
                      options=PlanOptions(run_option="herring", herring_buffer_bytes=32))
-    assert plan.herring.order == ["c", "a", "b"]
+    assert METHODS["herring"].state(plan).layout.order == ["c", "a", "b"]
     method = Recording()
     worker = _rewrite(graph, analysis, plan, 0, method)
     # 33 elements in buffers of 8 (32 bytes): 5 buffers, ids 0..4, the last of 1 element
@@ -354,7 +355,7 @@ def test_hierarchy_one_contributor_per_host():
     analysis = analyze_graph(case.graph)
     plan = make_plan(analysis, TWO_HOSTS,
                      options=PlanOptions(run_option="herring", herring_buffer_bytes=64))
-    buffers = len(plan.herring.buffers)
+    buffers = len(METHODS["herring"].state(plan).layout.buffers)
     for index, contributor in ((0, 0), (1, None), (2, 1), (3, None)):
         method = Recording()
         worker = _rewrite(case.graph, analysis, plan, index, method)
@@ -395,6 +396,6 @@ def test_no_local_aggregation_every_worker_contributes():
         run_option="herring", local_aggregation=False, loss_reduction="sum"))
     method = Recording()
     _rewrite(case.graph, analysis, plan, 3, method)
-    assert len(method.calls) == len(plan.herring.buffers) == 1   # a small model: one buffer
+    assert len(method.calls) == len(METHODS["herring"].state(plan).layout.buffers) == 1   # a small model: one buffer
     assert (method.calls[0]["num_contributors"], method.calls[0]["contributor_index"],
             method.calls[0]["average"]) == (4, 3, False)

@@ -28,17 +28,18 @@ def test_common_imports_no_other_layer():
 
 
 def test_transforms_take_only_errors_and_roles_from_common():
-    """transforms/ are pure graph functions: of common/ they use the errors and
-    the job names, never the environment contract or process handling."""
+    """transforms/ (method packages included) are pure graph functions: of
+    common/ they use the errors, the job names and the address predicates,
+    never the environment contract or process handling."""
     imported = {}
-    for path in sorted((REPO / "transforms").glob("*.py")):
+    for path in sorted((REPO / "transforms").rglob("*.py")):
         text = path.read_text()
         for module in re.findall(r"autopar\.common\.(\w+)", text) + re.findall(
                 r"from autopar\.common import ([\w, ]+)", text):
             imported.setdefault(path.name, set()).update(m.strip() for m in module.split(","))
         assert not re.search(r"\bos\.environ\b|\bgetenv\b|\bsubprocess\b", text), path.name
     assert imported   # the scan sees the imports that exist
-    assert set().union(*imported.values()) <= {"errors", "roles"}, imported
+    assert set().union(*imported.values()) <= {"errors", "roles", "addresses"}, imported
 
 
 class _Polled:

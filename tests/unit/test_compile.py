@@ -11,7 +11,8 @@ import tensorflow as tf
 
 from autopar.transforms import serial
 from autopar.transforms.compile import CompiledPlan, compile_plan
-from autopar.transforms.plan import PlanOptions, Topology
+from autopar.transforms.plan import PlanOptions
+from autopar.transforms.topology import Topology
 from autopar.transforms.rewrite import rewrite_for_worker
 from tests import models
 

@@ -10,6 +10,7 @@ from autopar.common.roles import SERVER_JOB, WORKER_JOB
 from autopar.runtime import worker
 from autopar.transforms.compile import compile_plan
 from autopar.transforms.plan import PlanOptions
+from autopar.transforms.methods.registry import METHODS
 from tests import models
 
 WORKERS = {WORKER_JOB: ["10.0.0.1:2222", "10.0.0.2:2222"]}
@@ -31,8 +32,8 @@ def test_a_dense_herring_plan_fits_a_cluster_without_ps_tasks(monkeypatch):
     monkeypatch.setenv(env.SUMSERVERS, SUMSERVERS)
     model = models.build("cnn_momentum")
     c = compile_plan(model.graph, worker.job_topology(WORKERS), PlanOptions(run_option="herring"))
-    assert c.plan.herring is not None and not c.plan.ps_variables
-    assert c.plan.herring.num_servers == 3
+    assert METHODS["herring"].state(c.plan).layout is not None and not c.plan.server_variables
+    assert METHODS["herring"].state(c.plan).layout.num_servers == 3
     worker._check_fits(c.plan, WORKERS)          # accepted: nothing lives on a ps task
     monkeypatch.setenv(env.SUMSERVERS, "10.0.0.3:2300")
     with pytest.raises(LaunchError, match="3 servers, but the cluster has 2 and 1"):
@@ -43,7 +44,7 @@ def test_a_plan_with_server_variables_needs_ps_tasks(monkeypatch):
     monkeypatch.setenv(env.SUMSERVERS, SUMSERVERS)
     model = models.build("lm_adam_clip")         # sparse embedding: on the servers under herring
     c = compile_plan(model.graph, worker.job_topology(WORKERS), PlanOptions(run_option="herring"))
-    assert c.plan.ps_variables
+    assert c.plan.server_variables
     with pytest.raises(SpecError, match="add one 'ps' task per summation server"):
         worker._check_fits(c.plan, WORKERS)
 
@@ -61,11 +62,11 @@ def test_without_summation_servers_hybrid_keeps_the_ring_and_herring_is_refused(
     monkeypatch.delenv(env.SUMSERVERS, raising=False)
     topology = worker.job_topology(with_ps)
     c = compile_plan(model.graph, topology, PlanOptions(run_option="hybrid"))
-    assert c.plan.herring is None and "AUTOPAR_SUMSERVERS" in c.plan.herring_why
+    assert METHODS["herring"].state(c.plan).layout is None and "AUTOPAR_SUMSERVERS" in METHODS["herring"].state(c.plan).why
     assert {v.method for v in c.plan.variables} == {"allreduce"}
     with pytest.raises(SpecError, match="needs summation servers.*AUTOPAR_SUMSERVERS"):
         compile_plan(model.graph, topology, PlanOptions(run_option="herring"))
     # The same cluster with its summation servers named: hybrid picks herring.
     monkeypatch.setenv(env.SUMSERVERS, ",".join(f"10.0.0.{i}:2300" for i in range(5, 9)))
     c = compile_plan(model.graph, worker.job_topology(with_ps), PlanOptions(run_option="hybrid"))
-    assert c.plan.herring is not None
+    assert METHODS["herring"].state(c.plan).layout is not None

@@ -1,15 +1,17 @@
 """2-D summation of the all-reduce buckets: when it is chosen
-(transforms.allreduce.two_dimensional_choice), the plan's keys and the
+(transforms.methods.allreduce.method.two_dimensional_choice), the plan's keys and the
 report, and the collectives each worker's rewritten graph holds."""
 import pytest
 from tensorflow.core.framework import graph_pb2
 
-from autopar.transforms.allreduce import two_dimensional_choice
+from autopar.transforms.methods.allreduce.method import two_dimensional_choice
 from autopar.transforms.analysis import analyze_graph
 from autopar.transforms.keys import GROUP_KEY, LEADERS_GROUP_KEY
-from autopar.transforms.plan import PlanOptions, Topology, make_plan
+from autopar.transforms.plan import PlanOptions, make_plan
+from autopar.transforms.topology import Topology
 from autopar.transforms.report import build_report
 from autopar.transforms.rewrite import rewrite_for_worker
+from autopar.transforms.methods.registry import METHODS
 from tests import models
 from tests.unit.test_plan_report import all_keys
 
@@ -47,19 +49,19 @@ def _plan(topology, **options):
 
 def test_plan_gives_every_bucket_its_own_keys_and_the_report_names_the_buckets():
     _, analysis, plan = _plan(TWO_BY_TWO)
-    assert len(plan.buckets) > 1 and all(b.hierarchical for b in plan.buckets)
+    assert len(METHODS["allreduce"].state(plan).buckets) > 1 and all(b.hierarchical for b in METHODS["allreduce"].state(plan).buckets)
     keys = all_keys(plan)   # with the host sums and broadcasts
     keys += [b.key for b in plan.barriers] + [plan.broadcast_key_base]
     assert len(keys) == len(set(keys))
     table = build_report(analysis, plan).table()
-    indices = ", ".join(f"#{b.index}" for b in plan.buckets)
+    indices = ", ".join(f"#{b.index}" for b in METHODS["allreduce"].state(plan).buckets)
     assert "2-D summation (sum within each host" in table
     assert f"for bucket(s) {indices}:" in table
     assert "(2-D summation); the flat ring in worker order would send" in table
-    assert table.count("fused into one all-reduce (2-D summation)") == len(plan.buckets)
+    assert table.count("fused into one all-reduce (2-D summation)") == len(METHODS["allreduce"].state(plan).buckets)
     # Forced off: the flat ring, the 2-D figure given for comparison.
     _, analysis, flat = _plan(TWO_BY_TWO, hierarchical_allreduce=False)
-    assert not any(b.hierarchical for b in flat.buckets)
+    assert not any(b.hierarchical for b in METHODS["allreduce"].state(flat).buckets)
     table = build_report(analysis, flat).table()
     assert "flat ring all-reduce for every bucket: Config(hierarchical_allreduce=False)" in table
     assert "(ring in worker order); 2-D summation would send" in table
@@ -87,7 +89,7 @@ def test_each_worker_builds_its_host_and_leader_steps(worker):
     host_key, members = plan.host_group(worker)
     steps = [(op, key, size) for node, op, key, size in _collectives(graph_def)
              if key != GROUP_KEY]   # the initial-state broadcast uses the job's group
-    n = len(plan.buckets)
+    n = len(METHODS["allreduce"].state(plan).buckets)
     if worker == 0:      # host sum, leaders' all-reduce, broadcast send per bucket
         expected = [("CollectiveReduceV2", host_key, 2), ("CollectiveReduceV2", LEADERS_GROUP_KEY, 2),
                     ("CollectiveBcastSendV2", host_key, 2)]

@@ -1,11 +1,13 @@
 """Bytes over host links for the all-reduce buckets: flat ring in worker
-order vs 2-D summation (transforms.allreduce.host_link_bytes), and the report."""
+order vs 2-D summation (transforms.methods.allreduce.method.host_link_bytes), and the report."""
 import pytest
 
-from autopar.transforms.allreduce import host_link_bytes
+from autopar.transforms.methods.allreduce.method import host_link_bytes
 from autopar.transforms.analysis import analyze_graph
-from autopar.transforms.plan import Topology, make_plan
+from autopar.transforms.plan import make_plan
+from autopar.transforms.topology import Topology
 from autopar.transforms.report import build_report
+from autopar.transforms.methods.registry import METHODS
 from tests.models import build_case
 
 B = 1200.0
@@ -39,7 +41,7 @@ def test_report_counts_the_buckets_bytes_per_host():
     analysis = analyze_graph(case.graph)
     plan = make_plan(analysis, Topology(("10.0.0.1",) * 2 + ("10.0.0.2",) * 2))
     report = build_report(analysis, plan)
-    total = sum(b.bytes for b in plan.buckets)
+    total = sum(b.bytes for b in METHODS["allreduce"].state(plan).buckets)
     assert total == sum(v.bytes for v in analysis.variables)
     assert report.host_link_bytes["ring"] == {"10.0.0.1": 1.5 * total, "10.0.0.2": 1.5 * total}
     assert report.host_link_bytes["2d"] == {"10.0.0.1": total, "10.0.0.2": total}

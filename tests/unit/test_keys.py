@@ -6,7 +6,9 @@ from autopar.common.errors import AutoparError
 from autopar.transforms import keys
 from autopar.transforms.analysis import analyze_graph
 from autopar.transforms.evaluate import MAX_EVAL_VALUES, totals_allreduce
-from autopar.transforms.plan import PlanOptions, Topology, make_plan
+from autopar.transforms.plan import PlanOptions, make_plan
+from autopar.transforms.topology import Topology
+from autopar.transforms.methods.registry import METHODS
 from tests import models
 from tests.unit.test_plan_report import all_keys
 
@@ -41,8 +43,8 @@ def test_every_key_of_a_plan_falls_in_its_range(model, run_option):
                      options=PlanOptions(run_option=run_option, batch_norm_group="all",
                                          sync_local_state="average"))
     plan_keys = all_keys(plan) + [b.key for b in plan.barriers] + [plan.broadcast_key_base]
-    if plan.herring is not None:
-        plan_keys += [b.la_key + i for b in plan.herring.buffers for i in (0, 1)]
+    if METHODS["herring"].state(plan).layout is not None:
+        plan_keys += [b.la_key + i for b in METHODS["herring"].state(plan).layout.buffers for i in (0, 1)]
     assert len(plan_keys) == len(set(plan_keys))
     assert all(keys.PLAN.first <= k < keys.PLAN.end for k in plan_keys)
     assert keys.LOCAL_STATE.first <= plan.local_state_key < keys.LOCAL_STATE.end

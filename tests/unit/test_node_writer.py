@@ -1,10 +1,10 @@
-"""sync_method.NodeWriter: NodeDefs written next to a graph built through the
+"""ops.NodeWriter: NodeDefs written next to a graph built through the
 API must import as the ops TensorFlow would build (the rewrite's meaning is
 checked against the API-built graphs by bench/rewrite_snapshot.py; this
 checks the writer's own pieces on small graphs)."""
 import tensorflow as tf
 
-from autopar.transforms.sync_method import NodeWriter
+from autopar.transforms.ops import NodeWriter
 
 tf1 = tf.compat.v1
 

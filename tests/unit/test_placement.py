@@ -5,7 +5,8 @@ import tensorflow as tf
 
 from autopar.transforms.analysis import analyze_graph
 from autopar.transforms.placement import Place, place_ops
-from autopar.transforms.plan import PlanOptions, Topology, make_plan
+from autopar.transforms.plan import PlanOptions, make_plan
+from autopar.transforms.topology import Topology
 from autopar.transforms.placement import server_device
 from autopar.transforms.rewrite import rewrite_for_worker, worker_device
 

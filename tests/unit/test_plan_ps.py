@@ -6,8 +6,9 @@ import pytest
 
 from tests import models
 from autopar.transforms.analysis import analyze_graph
-from autopar.transforms.plan import PlanOptions, Topology, make_plan
-from autopar.transforms.ps import PARTITION_OVERHEAD_BYTES, partition_count
+from autopar.transforms.plan import PlanOptions, make_plan
+from autopar.transforms.topology import Topology
+from autopar.transforms.methods.ps.method import PARTITION_OVERHEAD_BYTES, partition_count
 from autopar.transforms.report import build_report
 
 TWO_HOSTS = Topology(("10.0.0.1", "10.0.0.1", "10.0.0.2"), num_servers=2)

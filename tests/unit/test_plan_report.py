@@ -11,8 +11,11 @@ import pytest
 from tests.models import build_case
 from autopar.transforms.analysis import Analysis, StateInfo, VariableInfo, analyze_graph
 from autopar.transforms.comm import ROW_LADDER
-from autopar.transforms.plan import Bucket, Plan, VariablePlan, make_plan
+from autopar.transforms.plan import Plan, make_plan
+from autopar.transforms.methods.allreduce.method import Bucket
+from autopar.transforms.methods.base import VariablePlan
 from autopar.transforms.report import build_report
+from autopar.transforms.methods.registry import METHODS
 
 ITEMSIZE = {"float16": 2, "float32": 4, "float64": 8}
 
@@ -30,8 +33,8 @@ def analysis_of(*variables, state=()) -> Analysis:
 def all_keys(plan: Plan) -> list[int]:
     """Every instance key the plan hands out; a row gather's values and indices
     keys each start a block of one key per ladder rung."""
-    keys = [b.instance_key for b in plan.buckets]
-    keys += [k for b in plan.buckets if b.hierarchical for k in (b.host_key, b.host_key + 1)]
+    keys = [b.instance_key for b in METHODS["allreduce"].state(plan).buckets]
+    keys += [k for b in METHODS["allreduce"].state(plan).buckets if b.hierarchical for k in (b.host_key, b.host_key + 1)]
     for vp in plan.variables:
         row_gather = "count" in vp.keys or "la_count" in vp.keys
         for name, k in vp.keys.items():
@@ -46,10 +49,10 @@ def check_plan_invariants(plan: Plan, analysis: Analysis):
     dense = [v.name for v in analysis.variables if v.gradient == "dense"]
     sparse = [v.name for v in analysis.variables if v.gradient == "sparse"]
     # every dense variable in exactly one bucket, no sparse one in any
-    in_buckets = [n for b in plan.buckets for n in b.variables]
+    in_buckets = [n for b in METHODS["allreduce"].state(plan).buckets for n in b.variables]
     assert sorted(in_buckets) == sorted(dense)
     assert len(in_buckets) == len(set(in_buckets))
-    for i, b in enumerate(plan.buckets):
+    for i, b in enumerate(METHODS["allreduce"].state(plan).buckets):
         assert b.index == i
         assert b.variables
         assert {dtypes[n] for n in b.variables} == {b.dtype}
@@ -59,13 +62,13 @@ def check_plan_invariants(plan: Plan, analysis: Analysis):
     # a variable larger than the fusion size is alone
     for n in dense:
         if sizes[n] > plan.fusion_bytes:
-            (b,) = [b for b in plan.buckets if n in b.variables]
+            (b,) = [b for b in METHODS["allreduce"].state(plan).buckets if n in b.variables]
             assert b.variables == [n]
     assert [vp.name for vp in plan.variables] == [v.name for v in analysis.variables]
     for vp in plan.variables:
         if vp.name in dense:
             assert vp.method == "allreduce"
-            assert vp.name in plan.buckets[vp.bucket].variables
+            assert vp.name in METHODS["allreduce"].state(plan).buckets[vp.bucket].variables
             assert vp.keys == {}
         else:
             assert vp.name in sparse
@@ -75,7 +78,7 @@ def check_plan_invariants(plan: Plan, analysis: Analysis):
         assert vp.placement and vp.reason
     keys = all_keys(plan)
     assert len(keys) == len(set(keys))
-    assert len(keys) == len(plan.buckets) + (1 + 2 * len(ROW_LADDER)) * len(sparse)
+    assert len(keys) == len(METHODS["allreduce"].state(plan).buckets) + (1 + 2 * len(ROW_LADDER)) * len(sparse)
     # the broadcast uses keys base, base+1, ...: all above every other key
     assert all(k < plan.broadcast_key_base for k in keys)
     assert plan.group_key not in keys
@@ -89,8 +92,8 @@ def test_greedy_buckets_last_created_first():
     a = analysis_of(var("a", [100]), var("b", [50]), var("c", [75]), var("d", [25]))
     assert [v.bytes for v in a.variables] == [400, 200, 300, 100]
     plan = make_plan(a, 2, fusion_bytes=500)
-    assert [b.variables for b in plan.buckets] == [["d", "c"], ["b"], ["a"]]
-    assert [b.bytes for b in plan.buckets] == [400, 200, 400]
+    assert [b.variables for b in METHODS["allreduce"].state(plan).buckets] == [["d", "c"], ["b"], ["a"]]
+    assert [b.bytes for b in METHODS["allreduce"].state(plan).buckets] == [400, 200, 400]
     assert [plan.variable(n).bucket for n in "abcd"] == [2, 1, 0, 0]
     check_plan_invariants(plan, a)
 
@@ -98,10 +101,10 @@ def test_greedy_buckets_last_created_first():
 def test_bucket_exactly_full_is_allowed():
     a = analysis_of(var("a", [25]), var("b", [25]))          # 100 + 100 bytes
     plan = make_plan(a, 2, fusion_bytes=200)
-    assert [b.variables for b in plan.buckets] == [["b", "a"]]
-    assert plan.buckets[0].bytes == 200
+    assert [b.variables for b in METHODS["allreduce"].state(plan).buckets] == [["b", "a"]]
+    assert METHODS["allreduce"].state(plan).buckets[0].bytes == 200
     plan = make_plan(a, 2, fusion_bytes=199)
-    assert [b.variables for b in plan.buckets] == [["b"], ["a"]]
+    assert [b.variables for b in METHODS["allreduce"].state(plan).buckets] == [["b"], ["a"]]
 
 
 @pytest.mark.parametrize("position", ["first", "middle", "last"])
@@ -112,7 +115,7 @@ def test_variable_larger_than_fusion_bytes_is_alone(position):
              "last": [*small, big]}[position]
     a = analysis_of(*order)
     plan = make_plan(a, 4, fusion_bytes=100)
-    (bucket,) = [b for b in plan.buckets if "big" in b.variables]
+    (bucket,) = [b for b in METHODS["allreduce"].state(plan).buckets if "big" in b.variables]
     assert bucket.variables == ["big"] and bucket.bytes == 1600
     check_plan_invariants(plan, a)
 
@@ -123,8 +126,8 @@ def test_one_dtype_per_bucket():
                     var("f32b", [4]), var("f16a", [8], "float16"),
                     var("f64b", [4], "float64"), var("f32c", [4, 3]))
     plan = make_plan(a, 2, fusion_bytes=1 << 20)
-    by_dtype = {b.dtype: b for b in plan.buckets}
-    assert len(plan.buckets) == 3 == len(by_dtype)
+    by_dtype = {b.dtype: b for b in METHODS["allreduce"].state(plan).buckets}
+    assert len(METHODS["allreduce"].state(plan).buckets) == 3 == len(by_dtype)
     assert by_dtype["float32"].variables == ["f32c", "f32b", "f32a"]
     assert by_dtype["float32"].bytes == 4 * 3 * 4 + 4 * 4 + 6 * 4 * 4
     assert by_dtype["float64"].variables == ["f64b", "f64a"]
@@ -145,8 +148,8 @@ def test_invariants_for_many_fusion_sizes(fusion_bytes):
     assert plan.fusion_bytes == fusion_bytes and plan.num_workers == 3
     check_plan_invariants(plan, a)
     if fusion_bytes == 0:
-        assert all(len(b.variables) == 1 for b in plan.buckets)
-        assert len(plan.buckets) == 6
+        assert all(len(b.variables) == 1 for b in METHODS["allreduce"].state(plan).buckets)
+        assert len(METHODS["allreduce"].state(plan).buckets) == 6
 
 
 def test_sparse_variables_use_allgather_with_distinct_keys():
@@ -157,7 +160,7 @@ def test_sparse_variables_use_allgather_with_distinct_keys():
     assert e1.method == e2.method == "allgather"
     assert len(set(e1.keys.values()) | set(e2.keys.values())) == 6
     assert len(set(all_keys(plan))) == 1 + 2 * (1 + 2 * len(ROW_LADDER))   # blocks disjoint
-    assert [b.variables for b in plan.buckets] == [["b", "w"]]
+    assert [b.variables for b in METHODS["allreduce"].state(plan).buckets] == [["b", "w"]]
     check_plan_invariants(plan, a)
 
 
@@ -166,7 +169,7 @@ def test_plan_of_a_real_graph():
     analysis = analyze_graph(case.graph)
     plan = make_plan(analysis, 2, fusion_bytes=50)
     # head/bias 3*4 = 12 bytes, head/kernel 5*3*4 = 60 bytes: 12 + 60 > 50
-    assert [b.variables for b in plan.buckets] == [["head/bias"], ["head/kernel"]]
+    assert [b.variables for b in METHODS["allreduce"].state(plan).buckets] == [["head/bias"], ["head/kernel"]]
     assert plan.variable("embedding").method == "allgather"
     check_plan_invariants(plan, analysis)
     with pytest.raises(KeyError):
@@ -193,14 +196,14 @@ def test_json_round_trip():
     again = Plan.from_json(text)
     assert again == plan
     assert again.to_json() == text
-    assert all(isinstance(b, Bucket) for b in again.buckets)
+    assert all(isinstance(b, Bucket) for b in METHODS["allreduce"].state(again).buckets)
     assert all(isinstance(v, VariablePlan) for v in again.variables)
     d = json.loads(text)
     assert d["num_workers"] == 3 and d["fusion_bytes"] == 70
     assert d["communication_hint"] == "nccl"
     assert d["group_key"] == plan.group_key
     assert d["broadcast_key_base"] == plan.broadcast_key_base
-    assert [b["instance_key"] for b in d["buckets"]] == [b.instance_key for b in plan.buckets]
+    assert [b["instance_key"] for b in d["method_states"]["allreduce"]["buckets"]] == [b.instance_key for b in METHODS["allreduce"].state(plan).buckets]
     assert d["variables"][0]["keys"] == plan.variable("e").keys
 
 
@@ -279,7 +282,7 @@ def test_report_json_carries_everything(emb_analysis):
     total = sum(EXPECTED_SENT[n].values())
     assert d["totals"]["sent_per_worker"] == pytest.approx(total)
     assert d["totals"]["received_per_worker"] == pytest.approx(total)
-    assert [b["variables"] for b in d["buckets"]] == [b.variables for b in plan.buckets]
+    assert [b["variables"] for b in d["buckets"]] == [b.variables for b in METHODS["allreduce"].state(plan).buckets]
     assert {s["name"]: s["kind"] for s in d["state"]} == {"global_step": "global_step"}
     assert any("2 server" in note for note in d["notes"])
 

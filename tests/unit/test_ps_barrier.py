@@ -1,4 +1,4 @@
-"""The end-of-step barrier of the parameter-server path (transforms.ps_rewrite) waits
+"""The end-of-step barrier of the parameter-server path (transforms.methods.ps.rewrite) waits
 for every op of a training step that touches a server: ops on a server and
 worker ops reading a server op's output. Workers' runs share a step id, and a
 worker whose run ends cleans that id up on the servers, so server traffic of
@@ -8,7 +8,8 @@ import pytest
 
 from tests import models
 from autopar.transforms.analysis import analyze_graph
-from autopar.transforms.plan import PlanOptions, Topology, make_plan
+from autopar.transforms.plan import PlanOptions, make_plan
+from autopar.transforms.topology import Topology
 from autopar.transforms.rewrite import rewrite_for_worker
 
 TWO_HOSTS = Topology(("127.0.0.1", "127.0.0.1", "127.0.0.2"), num_servers=2)

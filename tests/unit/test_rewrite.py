@@ -9,6 +9,7 @@ from tests.models import build_case, build_shared_gradient_case
 from autopar.transforms.analysis import analyze_graph
 from autopar.transforms.plan import make_plan
 from autopar.transforms.rewrite import rewrite_for_worker
+from autopar.transforms.methods.registry import METHODS
 
 tf1 = tf.compat.v1
 
@@ -182,7 +183,7 @@ def test_averaged_tensor_comes_from_the_planned_collective(rw):
                 new = g.get_tensor_by_name(rw.workers[i].replaced[v.grad_tensor])
                 up = data_ancestors(new)
                 assert {reduce_key[n] for n in up if n in reduce_key} == \
-                    {rw.plan.buckets[vp.bucket].instance_key}
+                    {METHODS["allreduce"].state(rw.plan).buckets[vp.bucket].instance_key}
                 assert not up & set(gather_keys)
                 assert v.grad_tensor.split(":")[0] in up
                 assert tuple(new.shape.as_list()) == v.shape
@@ -206,10 +207,10 @@ def test_collective_counts_and_keys(rw):
         g = rw.imported[i]
         reduces = collectives(g, "CollectiveReduceV2")
         gathers = collectives(g, "CollectiveGatherV2")
-        assert len(reduces) == len(rw.plan.buckets)
+        assert len(reduces) == len(METHODS["allreduce"].state(rw.plan).buckets)
         assert len(gathers) == 3 * len(sparse)
         assert sorted(const_input(op, "instance_key") for op in reduces) == \
-            sorted(b.instance_key for b in rw.plan.buckets)
+            sorted(b.instance_key for b in METHODS["allreduce"].state(rw.plan).buckets)
         assert sorted(gather_key(op) for op in gathers) == \
             sorted(k for vp in sparse for k in vp.keys.values())
         sends = collectives(g, "CollectiveBcastSendV2")

@@ -9,12 +9,13 @@ import tensorflow as tf
 from tests import models
 from autopar.transforms import rewrite
 from autopar.transforms.analysis import analyze_graph
-from autopar.transforms.methods import METHODS
+from autopar.transforms.methods.registry import METHODS
 from autopar.transforms.placement import Place, place_ops
-from autopar.transforms.plan import PlanOptions, Topology, make_plan
+from autopar.transforms.plan import PlanOptions, make_plan
+from autopar.transforms.topology import Topology
 from autopar.transforms.placement import server_device
 from autopar.transforms.report import build_report
-from autopar.transforms.sync_method import Edits, SyncMethod
+from autopar.transforms.methods.base import Edits, SyncMethod
 
 tf1 = tf.compat.v1
 REPO = Path(__file__).resolve().parents[2]
@@ -39,10 +40,14 @@ def test_every_planned_method_is_in_the_table_and_the_report_uses_its_cost():
     assert all(isinstance(m, SyncMethod) and m.name == name for name, m in METHODS.items())
     seen = set()
     # herring takes float32 dense gradients: emb_adam_clip is float64
-    for model, option in (("emb_adam_clip", "allreduce"), ("emb_adam_clip", "hybrid"),
-                          ("emb_adam_clip", "ps"), ("cnn_momentum", "herring")):
+    for model, option, wire in (("emb_adam_clip", "allreduce", "float32"),
+                                ("emb_adam_clip", "hybrid", "float32"),
+                                ("emb_adam_clip", "ps", "float32"),
+                                ("cnn_momentum", "herring", "float32"),
+                                ("mlp_sgd", "allreduce", "float16")):
         analysis = analyze_graph(models.build(model).graph)
-        plan = make_plan(analysis, TWO_HOSTS, options=PlanOptions(run_option=option))
+        plan = make_plan(analysis, TWO_HOSTS,
+                         options=PlanOptions(run_option=option, wire_dtype=wire))
         report = build_report(analysis, plan)
         for v, vr in zip(analysis.variables, report.variables):
             method = METHODS[vr.method]
@@ -74,10 +79,10 @@ def test_no_op_waits_on_each_push_separately():
     """Ops after the pushes depend on one op standing for them all: a control
     edge per push on each of them made the graph grow with variables squared."""
     graph, analysis, plan = _ps_case()
-    pushes = 2 * len(plan.ps_variables)   # a push and its counter per variable
+    pushes = 2 * len(plan.server_variables)   # a push and its counter per variable
     nodes = rewrite.rewrite_for_worker(graph, analysis, plan, 0).meta_graph.graph_def.node
     takes = [n for n in nodes if n.op == "AccumulatorTakeGradient"]
-    assert len(takes) == len(plan.ps_variables) and pushes > 4
+    assert len(takes) == len(plan.server_variables) and pushes > 4
     for n in takes:
         assert sum(i.startswith("^") for i in n.input) <= 1, n
     # Constants are shared and wait for nothing.

@@ -1,9 +1,11 @@
-"""Config.wire_dtype on the ring all-reduce: which buckets travel narrower,
-and what the report and the byte model say of them."""
+"""Config.wire_dtype on the ring all-reduce (the allreduce_fp16 method,
+transforms/methods/allreduce_fp16): which variables and buckets travel
+narrower, and what the report and the byte model say of them."""
 import pytest
 
 import autopar
 from autopar.transforms.compile import compile_for_config
+from autopar.transforms.methods.registry import METHODS
 from tests import models
 
 
@@ -15,8 +17,15 @@ def _compiled(model: str, wire: str, **options):
 @pytest.mark.parametrize("model, dtype", [("mlp_sgd", "float32"), ("mlp_adam_clip", "float64")])
 def test_float16_narrows_float_buckets_and_their_bytes(model, dtype):
     plain, narrow = _compiled(model, "float32"), _compiled(model, "float16")
-    assert [b.wire_dtype for b in plain.plan.buckets] == [""] * len(plain.plan.buckets)
-    assert {(b.dtype, b.wire_dtype) for b in narrow.plan.buckets} == {(dtype, "float16")}
+    ring, fp16 = METHODS["allreduce"], METHODS["allreduce_fp16"]
+    assert {b.wire_dtype for b in ring.state(plain.plan).buckets} == {""}
+    assert not fp16.state(plain.plan).buckets
+    assert {vp.method for vp in plain.plan.variables} == {"allreduce"}
+    # every variable of these models is float32/float64: all taken over
+    assert not ring.state(narrow.plan).buckets
+    assert {(b.dtype, b.wire_dtype) for b in fp16.state(narrow.plan).buckets} == {(dtype, "float16")}
+    assert {vp.method for vp in narrow.plan.variables} == {"allreduce_fp16"}
+    assert all("sent as float16 on the ring" in vp.reason for vp in narrow.plan.variables)
     ratio = 2 / {"float32": 4, "float64": 8}[dtype]
     sent = {r.name: r.sent_per_worker for r in plain.report().variables}
     for row in narrow.report().variables:
@@ -28,4 +37,5 @@ def test_float16_narrows_float_buckets_and_their_bytes(model, dtype):
 def test_bfloat16_leaves_the_ring_as_it_is():
     """TensorFlow's collective ops carry no bfloat16: the ring keeps float32."""
     compiled = _compiled("mlp_sgd", "bfloat16")
-    assert [b.wire_dtype for b in compiled.plan.buckets] == [""] * len(compiled.plan.buckets)
+    assert {b.wire_dtype for b in METHODS["allreduce"].state(compiled.plan).buckets} == {""}
+    assert {vp.method for vp in compiled.plan.variables} == {"allreduce"}

@@ -8,7 +8,8 @@ import tensorflow as tf
 from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms.analysis import analyze_graph
 from autopar.transforms.lift import CALL_OP, lift
-from autopar.transforms.plan import PlanOptions, Topology, make_plan
+from autopar.transforms.plan import PlanOptions, make_plan
+from autopar.transforms.topology import Topology
 from tests.programs import keras_step
 
 tf1 = tf.compat.v1

@@ -9,9 +9,11 @@ from autopar.common.errors import AutoparError, UnsupportedGraphError
 from autopar.config import Config
 from autopar.transforms.analysis import analyze_graph
 from autopar.transforms.compile import compile_for_config
-from autopar.transforms.plan import PlanOptions, Topology, make_plan
+from autopar.transforms.plan import PlanOptions, make_plan
+from autopar.transforms.topology import Topology
 from autopar.transforms.report import build_report
 from autopar.transforms.rewrite import rewrite_for_worker
+from autopar.transforms.methods.registry import METHODS
 from tests.programs import two_trainers
 
 tf1 = tf.compat.v1
@@ -97,13 +99,13 @@ def test_scoped_slots_live_with_their_partitioned_variable(analysis, run_option)
 
 def test_buckets_and_herring_buffers_never_mix_train_groups(analysis):
     plan = make_plan(analysis, UNEVEN, options=PlanOptions(run_option="allreduce"))
-    assert len(plan.buckets) == 2
-    for b in plan.buckets:
+    assert len(METHODS["allreduce"].state(plan).buckets) == 2
+    for b in METHODS["allreduce"].state(plan).buckets:
         assert {analysis.variable(v).group for v in b.variables} == {b.group}
     f32 = analyze_graph(two_trainers.build("float32").graph)
     herring = make_plan(f32, UNEVEN, options=PlanOptions(run_option="herring"))
-    assert len(herring.herring.buffers) == 2
-    for buffer in herring.herring.buffers:
+    assert len(METHODS["herring"].state(herring).layout.buffers) == 2
+    for buffer in METHODS["herring"].state(herring).layout.buffers:
         assert len({f32.variable(v).group for v in buffer.variables}) == 1
 
 

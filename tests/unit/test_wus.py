@@ -7,7 +7,8 @@ import pytest
 from autopar.common.errors import AutoparError
 from autopar.config import Config
 from autopar.transforms.analysis import analyze_graph
-from autopar.transforms.plan import PlanOptions, Topology, make_plan
+from autopar.transforms.plan import PlanOptions, make_plan
+from autopar.transforms.topology import Topology
 from autopar.transforms.report import build_report
 from autopar.transforms.rewrite import rewrite_for_worker, worker_device
 from autopar.transforms.wus import DONE_OP

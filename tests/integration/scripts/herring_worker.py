@@ -29,7 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from autopar.transforms import comm
-from autopar.transforms.bfb import FusionBuffer
+from autopar.transforms.methods.herring.bfb import FusionBuffer
 
 tf1 = tf.compat.v1
 tf1.disable_eager_execution()

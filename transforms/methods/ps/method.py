@@ -2,17 +2,17 @@
 row partitions, lives on server processes; workers read the rows they need and
 push their gradient; the chief applies the update once per step on the
 servers. Planning (partitions and their servers) and cost are here; the
-graph protocol (push/take/token) is in transforms.ps_rewrite."""
+graph protocol (push/take/token) is in transforms.methods.ps.rewrite."""
 from __future__ import annotations
 
 import itertools
 import math
 
 from autopar.transforms.comm import row_gather_keys
+from autopar.transforms.methods.base import (SERVERS, Edits, RewriteContext, SyncMethod,
+                                             VariablePlan)
+from autopar.transforms.methods.ps.rewrite import PsBuilder
 from autopar.transforms.partition import dealt_sizes
-from autopar.transforms.plan import VariablePlan
-from autopar.transforms.ps_rewrite import PsBuilder
-from autopar.transforms.sync_method import Edits, RewriteContext, SyncMethod
 
 # Parallax's cost model for a variable of b bytes in n partitions: b/n + a(n-1) + c.
 # `a` is the fixed per-partition cost (one more RPC and update launch per step),
@@ -29,6 +29,21 @@ SPLIT_MIN_EXCESS_BYTES = 128 << 10
 class ParameterServer(SyncMethod):
     name = "ps"
     replicated = False
+
+    def declines(self, v, topology, options):
+        if topology.num_servers == 0:
+            return "the spec has no server processes for a PS path"
+        if v.ps_blocker:
+            return f"kept off the servers: {v.ps_blocker}"
+        return ""
+
+    def reason(self, v, options):
+        if v.gradient == "sparse":
+            return "sparse gradient: servers send/receive only touched rows, 2ab per worker"
+        return "run_option='ps': dense variable on servers, 2b per worker"
+
+    def processes(self, plan):
+        return {SERVERS} if plan.server_variables else set()
 
     def prepare(self, analysis, names, topology, options, fusion_bytes, key):
         overrides = dict(options.partitions)

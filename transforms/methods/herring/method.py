@@ -1,5 +1,5 @@
 """Herring (sharded summation servers over balanced fusion buffers): dense
-float32 gradients are packed into the buffers of transforms.bfb, each buffer
+float32 gradients are packed into the buffers of transforms.methods.herring.bfb, each buffer
 is pushed to the summation servers (shard i to server i) and pulled back
 summed, then unpacked into per-variable gradients before anything consumes
 them (clipping, the update), as with all-reduce. The variable stays
@@ -19,38 +19,93 @@ addresses are not in the graph (the runtime gives them to the op).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import tensorflow as tf
 
-from autopar.transforms.allreduce import ring_wire_dtype
-from autopar.transforms.bfb import WIRE_BYTES, plan_layout
-from autopar.transforms.plan import VariablePlan
-from autopar.transforms.sync_method import (ConstantPool, Edits, RewriteContext, SyncMethod,
-                                           reshape)
+from autopar.common.errors import SpecError
+from autopar.transforms import comm
+from autopar.transforms.methods.base import (SUMMATION_SERVERS, WIRE_BYTES, Edits,
+                                             RewriteContext, SyncMethod, VariablePlan)
+from autopar.transforms.methods.allreduce_fp16.method import ring_wire_dtype
+from autopar.transforms.methods.herring.bfb import FusionLayout, plan_layout
+from autopar.transforms.methods.policy import policy
+from autopar.transforms.ops import ConstantPool, reshape
 
 # The dtype the summation servers add; other dense gradients stay on the ring.
 HERRING_DTYPE = "float32"
 
 
+@dataclass
+class HerringState:
+    """What the compiled plan keeps: the balanced fusion buffers of herring's
+    gradients (None when it has none), and why the job uses herring or not."""
+    layout: FusionLayout | None = None
+    why: str = ""
+
+
 class Herring(SyncMethod):
     name = "herring"
+    State = HerringState
+
+    def job_choice(self, topology, options, required):
+        """Whether dense float32 gradients go through herring, and why."""
+        if required:
+            if topology.num_servers == 0:
+                raise SpecError("run_option='herring' sums gradients on server processes, but "
+                                "the resource spec has none: give some hosts `servers: 1` (one "
+                                "per host is a good start), or use run_option='allreduce'")
+            if not topology.summation_servers:
+                raise SpecError("run_option='herring' needs summation servers, but this job was "
+                                "started without them: a job joined through TF_CONFIG starts one "
+                                "runtime/autopar_sumserver per server and names them in "
+                                "AUTOPAR_SUMSERVERS=host:port,... for every worker (or launch "
+                                "the job with `autopar launch`, which starts them)")
+            return True, "run_option='herring'"
+        if topology.num_servers == 0:
+            return False, ""
+        if not topology.summation_servers:
+            return False, ("no summation servers in this job (joined through TF_CONFIG without "
+                           "AUTOPAR_SUMSERVERS), so dense gradients stay on ring all-reduce")
+        if topology.on_loopback:
+            # The cost model counts bytes on network links; here every byte
+            # stays in one machine's memory, and herring's extra processes and
+            # packing copies only cost (measured: bench/ps_profile.py).
+            return False, ("every worker host is a loopback address: one machine, no network "
+                           "link for herring to save bytes on, so dense gradients stay on ring "
+                           "all-reduce (run_option='herring' forces herring)")
+        return predicted_faster(topology.num_workers, len(topology.hosts), topology.num_servers,
+                                options.local_aggregation, options.wire_dtype)
+
+    def declines(self, v, topology, options):
+        if v.dtype != HERRING_DTYPE:
+            return (f"kept off herring: the summation servers add {HERRING_DTYPE}, which would "
+                    f"lose a {v.dtype} gradient's precision")
+        return ""
+
+    def reason(self, v, options):
+        return ("dense gradient: balanced fusion buffers sharded over the summation servers, "
+                "M bytes per contributor")
 
     def prepare(self, analysis, names, topology, options, fusion_bytes, key):
         """The fusion layout of `names`, two host-group keys per buffer."""
+        _, why = self.job_choice(topology, options, policy(options.run_option).required == self.name)
         if not names:
-            return None, key
+            return HerringState(None, why), key
         layout = plan_layout(analysis, names, topology.num_servers, options.wire_dtype,
                              options.herring_buffer_bytes)
         for b in layout.buffers:
             b.la_key = key
             key += 2
-        return layout, key
+        return HerringState(layout, why), key
 
-    def plan_fields(self, state) -> dict:
-        return {"herring": state}
+    def plan_state(self, state):
+        return state
 
     def variable_plan(self, v, reason, state, key):
         """partitions/servers: the element ranges [start, end) of the flattened
         gradient and the server summing each (what the report counts)."""
+        state = state.layout
         partitions, servers = [], []
         for b in state.buffers:
             for seg in b.segments:
@@ -85,13 +140,27 @@ class Herring(SyncMethod):
         return [(server, contributors * (e - s) * wire, contributors * (e - s) * wire)
                 for (s, e), server in zip(vp.partitions, vp.servers)]
 
+    def report_fields(self, plan):
+        state = self.state(plan)
+        layout = state.layout
+        buffers = [] if layout is None else [
+            {"index": b.index, "elements": b.elements,
+             "wire_bytes": b.elements * WIRE_BYTES[layout.wire_dtype],
+             "wire_dtype": layout.wire_dtype,
+             "segments": [[s.variable, s.start, s.offset, s.length] for s in b.segments],
+             "shards": [[s.server, s.offset, s.length] for s in b.shards]}
+            for b in layout.buffers]
+        return {"herring_buffers": buffers, "herring_why": state.why}
+
+    def processes(self, plan):
+        return {SUMMATION_SERVERS} if self.state(plan).layout is not None else set()
+
     def transport(self):
         """The push/pull op builder (transforms.comm.push_pull)."""
-        from autopar.transforms import comm
         return comm.push_pull
 
     def rewrite(self, ctx: RewriteContext) -> Edits:
-        plan, layout = ctx.plan, ctx.plan.herring
+        plan, layout = ctx.plan, self.state(ctx.plan).layout
         edits = Edits()
         if layout is None:
             return edits

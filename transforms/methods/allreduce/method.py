@@ -23,25 +23,68 @@ in) is pruned from the receiver's step and the leader waits forever.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import tensorflow as tf
 
-from autopar.transforms.bfb import WIRE_BYTES
 from autopar.transforms.keys import LEADERS_GROUP_KEY
-from autopar.transforms.plan import Bucket, Topology, VariablePlan
-from autopar.transforms.sync_method import Edits, RewriteContext, SyncMethod, reshape
+from autopar.transforms.methods.base import (WIRE_BYTES, Edits, RewriteContext, SyncMethod,
+                                             VariablePlan)
+from autopar.transforms.ops import reshape
+from autopar.transforms.topology import Topology
+
+
+@dataclass
+class Bucket:
+    index: int
+    dtype: str
+    variables: list[str]
+    bytes: int
+    instance_key: int   # the all-reduce (with 2-D summation: the leaders' all-reduce)
+    # 2-D summation: the host sum takes host_key, the broadcast host_key + 1
+    # (both in the host's group; 0 when the bucket uses the flat ring).
+    host_key: int = 0
+    group: int = 0      # the train group of its variables (Analysis.train_groups)
+    # The dtype it travels and is summed in when narrower than its own
+    # (AllReduce.bucket_wire_dtype); "" when it travels as it is.
+    wire_dtype: str = ""
+
+    @property
+    def hierarchical(self) -> bool:
+        return self.host_key != 0
+
+
+@dataclass
+class RingState:
+    """What the compiled plan keeps: the buckets, and why they use 2-D
+    summation or the flat ring."""
+    buckets: list[Bucket] = field(default_factory=list)
+    hierarchical_why: str = ""
 
 
 class AllReduce(SyncMethod):
     name = "allreduce"
+    State = RingState
+    # Every worker ends the step with the whole averaged gradient, so one
+    # owner can apply the update (transforms.wus).
+    shards_weight_update = True
+
+    def reason(self, v, options):
+        return "dense gradient: ring all-reduce moves 2(N-1)/N of its bytes per worker"
+
+    def bucket_wire_dtype(self, dtype: str, options) -> str:
+        """The dtype a bucket of `dtype` gradients travels and is summed in
+        when narrower than its own ("": its own). A variant sending gradients
+        compressed overrides this."""
+        return ""
 
     def prepare(self, analysis, names, topology, options, fusion_bytes, key):
         """Fusion buckets, one instance key each from `key` on (three with
         2-D summation: the leaders' all-reduce, the host sum, the broadcast)."""
         buckets = fusion_buckets(analysis, names, fusion_bytes)
         for b in buckets:
-            b.wire_dtype = ring_wire_dtype(b.dtype, options.wire_dtype)
+            b.wire_dtype = self.bucket_wire_dtype(b.dtype, options)
         two_d, why = (two_dimensional_choice(topology, options.hierarchical_allreduce)
                       if buckets else (False, ""))
         for b in buckets:
@@ -50,14 +93,13 @@ class AllReduce(SyncMethod):
             if two_d:
                 b.host_key = key
                 key += 2
-        return (buckets, why), key
+        return RingState(buckets, why), key
 
-    def plan_fields(self, state) -> dict:
-        buckets, why = state
-        return {"buckets": buckets, "hierarchical_why": why}
+    def plan_state(self, state):
+        return state
 
     def variable_plan(self, v, reason, state, key):
-        bucket = next(b for b in state[0] if v.name in b.variables)
+        bucket = next(b for b in state.buckets if v.name in b.variables)
         return VariablePlan(v.name, self.name, "replicated on every worker", reason,
                             bucket=bucket.index, wire_dtype=bucket.wire_dtype or None), key
 
@@ -66,15 +108,24 @@ class AllReduce(SyncMethod):
         sent = 2 * (n - 1) * v.bytes / n * wire_fraction(v.dtype, vp.wire_dtype)
         return sent, sent
 
+    def report_fields(self, plan):
+        buckets = self.state(plan).buckets
+        nbytes = sum(b.bytes * wire_fraction(b.dtype, b.wire_dtype) for b in buckets)
+        links = ({kind: host_link_bytes(plan.worker_hosts, nbytes, kind == "2d")
+                  for kind in ("ring", "2d")} if plan.worker_hosts else {})
+        return {"buckets": [{**asdict(b), "method": self.name} for b in buckets],
+                "host_link_bytes": links, "hierarchical_why": self.state(plan).hierarchical_why}
+
     def rewrite(self, ctx: RewriteContext) -> Edits:
         """Each bucket's gradients concatenated, all-reduced, split back; every
         consumer outside the backward pass reads the reduced piece."""
         graph, analysis, plan, backend = ctx.graph, ctx.analysis, ctx.plan, ctx.backend
         edits = Edits()
-        previous: dict[int, tf.Tensor] = {}   # per train group: its last bucket's reduction
-        chains: dict[int, dict[str, list]] = {}   # 2-D summation: the last op of each kind
         with tf.name_scope("autopar/average/"):
-            for bucket in plan.buckets:
+            for bucket in self.state(plan).buckets:
+                # The train group's chains (RewriteContext.chains): "ring",
+                # the flat ring's last reduction; 2-D summation's kinds.
+                chain = ctx.chains.setdefault(bucket.group, {})
                 grads = [graph.get_tensor_by_name(analysis.variable(n).grad_tensor)
                          for n in bucket.variables]
                 # Chaining flat-ring buckets fixes the order every worker
@@ -82,27 +133,26 @@ class AllReduce(SyncMethod):
                 # wait on each other (within a train group: a step of one
                 # train op must not run another's); 2-D summation chains each
                 # kind of its collectives itself (_two_dimensional_sum).
-                last = None if bucket.hierarchical else previous.get(bucket.group)
+                last = [] if bucket.hierarchical else chain.get("ring", [])
                 # A mean loss: one device's gradient is the workers' mean; a
                 # summed loss: their sum (Plan.loss_reduction). The flat ring
                 # in the gradients' own dtype averages in the collective; a sum
                 # by 2-D summation or in float16 is divided in full precision.
                 mean = plan.averages("dense")
                 mean_in_collective = mean and not bucket.hierarchical and not bucket.wire_dtype
-                with tf.control_dependencies([last] if last is not None else []):
+                with tf.control_dependencies(last):
                     flat = tf.concat([reshape(g, ctx.constants.get([-1])) for g in grads],
                                      axis=0)
-                    # Config.wire_dtype: travels and is summed narrower, cast back below.
+                    # A narrower wire dtype (bucket_wire_dtype): travels and is summed in it, cast back below.
                     sent = tf.cast(flat, bucket.wire_dtype) if bucket.wire_dtype else flat
                     if bucket.hierarchical:
-                        reduced = _two_dimensional_sum(ctx, sent, bucket,
-                                                       chains.setdefault(bucket.group, {}))
+                        reduced = _two_dimensional_sum(ctx, sent, bucket, chain)
                     elif mean_in_collective:
                         reduced = backend.allreduce_mean(sent, bucket.instance_key)
                     else:
                         reduced = backend.allreduce_sum(sent, bucket.instance_key)
                 if not bucket.hierarchical:
-                    previous[bucket.group] = reduced
+                    chain["ring"] = [reduced]
                 if bucket.wire_dtype:
                     reduced = tf.cast(reduced, flat.dtype)
                 if mean and not mean_in_collective:
@@ -116,16 +166,6 @@ class AllReduce(SyncMethod):
                     target = ctx.constants.get(list(shape), tf.int32)
                     edits.replaced[g.name] = reshape(piece, target).name
         return edits
-
-
-def ring_wire_dtype(dtype: str, wire_dtype: str) -> str:
-    """The dtype a bucket of ``dtype`` gradients travels in under
-    Config.wire_dtype, "" for its own: float16 narrows float32 and float64
-    buckets. bfloat16 narrows none: TensorFlow's collective ops carry no
-    bfloat16 (it is herring's, whose transport does)."""
-    if wire_dtype != "float16" or dtype not in ("float32", "float64"):
-        return ""
-    return wire_dtype
 
 
 def wire_fraction(dtype: str, wire_dtype: str | None) -> float:

@@ -39,7 +39,6 @@ ELEMENT_BYTES = 4                # float32: what the summation servers add
 TARGET_BUFFERS = 8
 MIN_SHARD_BYTES = 256 << 10
 MAX_BUFFER_BYTES = 64 << 20
-WIRE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 @dataclass

@@ -1,68 +1,19 @@
-"""The interface of a synchronisation method (how one variable's gradient
-travels between workers). One subclass per method, each in its own module,
-registered in transforms.methods.METHODS: the planner, the report and the
-rewrite only ever call these hooks, so a new method is its own module plus
-one line in that table.
-
-Hooks (every one has a working default except `choose`-time policy, which
-stays in transforms.plan, and `rewrite`):
-  prepare       plan-wide layout of the method's variables (fusion buckets,
-                server partitions) and the collective instance keys it owns
-  variable_plan the VariablePlan of one variable (placement, keys)
-  wire_bytes    bytes one worker sends/receives per step for one variable
-  server_bytes  bytes each server sends/receives per step for one variable
-  rewrite       the method's ops in the worker's scratch graph, returned as
-                Edits the GraphDef pass applies to the original nodes
-"""
+"""Builders of graph ops for the rewrite: ops through the graph's own op
+constructor with explicit attributes (new_op, constant), NodeDefs written
+straight into a GraphDef (NodeWriter), and one constant per value shared by
+every op (ConstantPool). Building thousands of ops through TensorFlow's
+Python API is what made large rewrites slow (docs/architecture.md)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:   # annotations only: plan.py imports this module
-    import tensorflow as tf
-
-    from autopar.transforms.analysis import Analysis, VariableInfo
-    from autopar.transforms.placement import Move
-    from autopar.transforms.plan import Plan, PlanOptions, Topology, VariablePlan
-
-
-@dataclass
-class Edits:
-    """What the GraphDef pass must do to the original nodes (transforms.rewrite)."""
-    replaced: dict[str, str] = field(default_factory=dict)     # tensor -> tensor
-    extra_control: dict[str, list[str]] = field(default_factory=dict)
-    devices: dict[str, str] = field(default_factory=dict)       # node -> device
-    server_variables: set[str] = field(default_factory=set)     # variables (with slots) on servers
-    # (train groups, op): the barrier a step updating those groups must include
-    step_barriers: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
-    identities: dict[str, str] = field(default_factory=dict)    # node -> Identity(tensor)
-    # node -> {input it reads: input to read instead}, for that node only
-    inputs: dict[str, dict[str, str]] = field(default_factory=dict)
-    noop_deps: dict[str, list[str]] = field(default_factory=dict)  # node -> NoOp(^deps)
-    copies: list[tuple] = field(default_factory=list)           # (region, p, remap, device_of)
-    partitions: dict[str, list[str]] = field(default_factory=dict)   # variable -> partition handles
-
-    def merge(self, other: "Edits") -> None:
-        self.replaced.update(other.replaced)
-        for name, controls in other.extra_control.items():
-            self.extra_control.setdefault(name, []).extend(controls)
-        self.devices.update(other.devices)
-        self.server_variables |= other.server_variables
-        self.step_barriers += other.step_barriers
-        self.identities.update(other.identities)
-        for name, renames in other.inputs.items():
-            self.inputs.setdefault(name, {}).update(renames)
-        self.noop_deps.update(other.noop_deps)
-        self.copies += other.copies
-        self.partitions.update(other.partitions)
+import tensorflow as tf
 
 
 def attr_value(key: str, value):
     """The AttrValue of an op attribute given as a tf.DType, bool, int, float,
     str, for "shape" a list of dims, a list of ints, or a TensorProto (a
     constant's value)."""
-    import tensorflow as tf
     from tensorflow.core.framework import attr_value_pb2, tensor_pb2
     a = attr_value_pb2.AttrValue()
     if isinstance(value, tf.DType):
@@ -93,7 +44,6 @@ def new_op(op_type: str, inputs: list, **attrs) -> "tf.Operation":
     are given in full (see attr_value); the op's other attributes take their
     defaults. Private API (the graph's op constructor raw_ops ends in), used
     here only."""
-    import tensorflow as tf
     protos = {key: attr_value(key, value) for key, value in attrs.items()}
     graph = tf.compat.v1.get_default_graph()
     return graph._create_op_internal(op_type, inputs, attrs=protos)  # pylint: disable=protected-access
@@ -102,7 +52,6 @@ def new_op(op_type: str, inputs: list, **attrs) -> "tf.Operation":
 def constant(value, dtype=None, name: str = "Const") -> "tf.Tensor":
     """tf.constant(value, dtype) in the default graph, built as new_op builds
     (tf.constant's conversion layers cost about as much as the op itself)."""
-    import tensorflow as tf
     proto = tf.make_tensor_proto(value, dtype)
     graph = tf.compat.v1.get_default_graph()
     return graph._create_op_internal(  # pylint: disable=protected-access
@@ -136,7 +85,6 @@ class NodeWriter:
 
     def __init__(self, graph_def, device: str, scope: str, graph=None,
                  by_name: dict | None = None):
-        import tensorflow as tf
         self.pending = graph_def is None
         self.graph_def = tf.compat.v1.GraphDef() if graph_def is None else graph_def
         self.device = device
@@ -176,13 +124,11 @@ class NodeWriter:
         return node.name
 
     def add_const(self, value, dtype: "tf.DType", inputs: list = (), device: str | None = None) -> str:
-        import tensorflow as tf
         return self.add("Const", list(inputs), device, dtype=dtype,
                         value=tf.make_tensor_proto(value, dtype))
 
     def shape_const(self, shape: list[int]) -> str:
         """One constant per shape (as the receivers' shape pool had)."""
-        import tensorflow as tf
         return self.pooled_const(list(shape), tf.int32)
 
     def pooled_const(self, value, dtype: "tf.DType", device: str | None = None) -> str:
@@ -242,7 +188,6 @@ def rows_where(mask: "tf.Tensor", tensors: list, axis: "tf.Tensor") -> list:
     their first dimension (`axis`: an int32 constant 0), the positions
     computed once, built through new_op: boolean_mask builds ~10 ops through
     the API, ~15 ms, for every partition of every sparse gradient."""
-    import tensorflow as tf
     rows = new_op("Squeeze", [new_op("Where", [mask], T=tf.bool).outputs[0]], T=tf.int64,
                   squeeze_dims=[1]).outputs[0]
     return [new_op("GatherV2", [t, rows, axis], Tparams=t.dtype.base_dtype, Tindices=tf.int64,
@@ -267,7 +212,6 @@ class ConstantPool:
         self._pool: dict[tuple, Any] = {}
 
     def get(self, value, dtype=None, device: str | None = None) -> "tf.Tensor":
-        import tensorflow as tf
         device = device or self.default_device
         key = (repr(value), dtype, device)
         if key not in self._pool:
@@ -278,7 +222,6 @@ class ConstantPool:
     def shape_of(self, tensor: "tf.Tensor", device: str | None = None):
         """tf.shape(tensor): a constant from the pool when the static shape is
         fully known (what tf.shape builds then, one per use), else the op."""
-        import tensorflow as tf
         if tensor.shape.is_fully_defined():
             return self.get(tensor.shape.as_list(), tf.int32, device)
         return tf.shape(tensor)
@@ -286,60 +229,7 @@ class ConstantPool:
     def rows(self, tensor: "tf.Tensor", start: int, end: int, device: str | None = None):
         """tensor[start:end], the StridedSlice Python slicing builds, with its
         bounds from the pool instead of three new constants per slice."""
-        import tensorflow as tf
         return new_op("StridedSlice", [tensor, self.get([start], device=device),
                                        self.get([end], device=device),
                                        self.get([1], device=device)],
                       T=tensor.dtype.base_dtype, Index=tf.int32).outputs[0]
-
-
-@dataclass
-class RewriteContext:
-    """What a method's rewrite hook builds in: the scratch graph (a copy of the
-    user's), and the communication backend that builds every collective."""
-    graph: "tf.Graph"
-    analysis: "Analysis"
-    plan: "Plan"
-    worker_index: int
-    backend: Any
-    worker_device: str
-    moves: "list[Move] | None" = None    # OPAU/OPSW placement, if computed beforehand
-    constants: ConstantPool | None = None
-    # Ops written as NodeDefs, appended to the scratch graph's export
-    nodes: NodeWriter | None = None
-
-    def __post_init__(self) -> None:
-        if self.constants is None:
-            self.constants = ConstantPool(self.worker_device)
-        if self.nodes is None:
-            self.nodes = NodeWriter(None, self.worker_device, "autopar/nodes/", self.graph)
-
-
-class SyncMethod:
-    name: str = ""
-    replicated: bool = True   # every worker holds the variable
-
-    def prepare(self, analysis: "Analysis", names: set[str], topology: "Topology",
-                options: "PlanOptions", fusion_bytes: int, key: int) -> tuple[Any, int]:
-        """(plan-wide state for this method's variables `names`, next free key)."""
-        return None, key
-
-    def plan_fields(self, state: Any) -> dict:
-        """Fields of the Plan this method's state fills (e.g. buckets)."""
-        return {}
-
-    def variable_plan(self, v: "VariableInfo", reason: str, state: Any,
-                      key: int) -> tuple["VariablePlan", int]:
-        raise NotImplementedError
-
-    def wire_bytes(self, v: "VariableInfo", vp: "VariablePlan", num_workers: int,
-                   alpha: float) -> tuple[float, float]:
-        raise NotImplementedError
-
-    def server_bytes(self, v: "VariableInfo", vp: "VariablePlan", num_workers: int,
-                     contributors: int, alpha: float) -> list[tuple[int, float, float]]:
-        """[(server, sent, received)] per step; none for replicated methods."""
-        return []
-
-    def rewrite(self, ctx: RewriteContext) -> Edits:
-        raise NotImplementedError

@@ -5,12 +5,14 @@ from __future__ import annotations
 import tensorflow as tf
 
 from autopar.transforms.comm import row_gather_keys
-from autopar.transforms.plan import VariablePlan
-from autopar.transforms.sync_method import Edits, RewriteContext, SyncMethod
+from autopar.transforms.methods.base import Edits, RewriteContext, SyncMethod, VariablePlan
 
 
 class AllGather(SyncMethod):
     name = "allgather"
+
+    def reason(self, v, options):
+        return "sparse gradient (IndexedSlices): all-gather of the touched rows"
 
     def variable_plan(self, v, reason, state, key):
         keys, key = row_gather_keys(key, "")

@@ -1,0 +1,1 @@
+"""All-gather of sparse gradients' touched rows (method.py)."""

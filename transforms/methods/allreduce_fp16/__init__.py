@@ -1,0 +1,1 @@
+"""Ring all-reduce with float16 compression (method.py)."""

@@ -1,0 +1,204 @@
+"""The interface of a synchronisation method: how one variable's gradient
+travels between workers. A method is a package under transforms/methods/
+holding one SyncMethod subclass, registered by one line in
+transforms/methods/registry.py; run options are policies
+(transforms/methods/policy.py) that say which methods a variable may use, in
+order of preference. The planner, the report, the rewrite and the launcher
+only ever call these hooks.
+
+Hooks (all but variable_plan, wire_bytes and rewrite have working defaults):
+  job_choice    whether the method serves this job at all (herring: servers,
+                cost model), and why
+  declines      why the method cannot take one variable ("" if it can)
+  reason        why a variable it takes uses it (the report's column)
+  refines       a method it replaces for the variables `takes_over` accepts
+                (a variant of it: the ring in a narrower wire dtype)
+  prepare       plan-wide layout of its variables (fusion buckets, server
+                partitions) and the collective instance keys it owns
+  plan_state    what of that layout the compiled plan keeps (a dataclass of
+                `State`, read back with state(plan))
+  variable_plan the VariablePlan of one variable (placement, keys)
+  wire_bytes    bytes one worker sends/receives per step for one variable
+  server_bytes  bytes each server sends/receives per step for one variable
+  report_fields fields of the report its plan-wide state fills
+  processes     the processes beyond the workers its plan needs
+  rewrite       its ops in the worker's scratch graph, returned as Edits the
+                GraphDef pass applies to the original nodes
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from autopar.transforms import serial
+from autopar.transforms.ops import ConstantPool, NodeWriter
+
+if TYPE_CHECKING:   # annotations only
+    import tensorflow as tf
+
+    from autopar.transforms.analysis import Analysis, VariableInfo
+    from autopar.transforms.placement import Move
+    from autopar.transforms.plan import Plan, PlanOptions
+    from autopar.transforms.topology import Topology
+
+# Bytes per element of each dtype a gradient may travel in (policy.WIRE_DTYPES).
+WIRE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+# Processes a plan may need besides the workers (SyncMethod.processes).
+SERVERS = "servers"                       # TensorFlow servers holding variables
+SUMMATION_SERVERS = "summation servers"   # runtime/autopar_sumserver processes
+
+
+@dataclass
+class VariablePlan:
+    name: str
+    method: str              # the name of its method in the registry
+    placement: str           # where the variable lives, in words
+    reason: str
+    bucket: int | None = None
+    keys: dict[str, int] = field(default_factory=dict)   # collective instance keys
+    # ps: row ranges [start, end) and the server holding each partition;
+    # herring: element ranges of the flattened gradient and the server summing each
+    partitions: list[list[int]] = field(default_factory=list)
+    servers: list[int] = field(default_factory=list)
+    # Weight-update sharding: the worker that applies the optimizer update
+    # and holds the slots (None: every worker updates its replica).
+    owner: int | None = None
+    wire_dtype: str | None = None   # the dtype the gradient travels in, when narrower
+    replicated: bool = True   # every worker holds it (else it lives on servers)
+
+
+@dataclass
+class Edits:
+    """What the GraphDef pass must do to the original nodes (transforms.rewrite)."""
+    replaced: dict[str, str] = field(default_factory=dict)     # tensor -> tensor
+    extra_control: dict[str, list[str]] = field(default_factory=dict)
+    devices: dict[str, str] = field(default_factory=dict)       # node -> device
+    server_variables: set[str] = field(default_factory=set)     # variables (with slots) on servers
+    # (train groups, op): the barrier a step updating those groups must include
+    step_barriers: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
+    identities: dict[str, str] = field(default_factory=dict)    # node -> Identity(tensor)
+    # node -> {input it reads: input to read instead}, for that node only
+    inputs: dict[str, dict[str, str]] = field(default_factory=dict)
+    noop_deps: dict[str, list[str]] = field(default_factory=dict)  # node -> NoOp(^deps)
+    copies: list[tuple] = field(default_factory=list)           # (region, p, remap, device_of)
+    partitions: dict[str, list[str]] = field(default_factory=dict)   # variable -> partition handles
+
+    def merge(self, other: "Edits") -> None:
+        self.replaced.update(other.replaced)
+        for name, controls in other.extra_control.items():
+            self.extra_control.setdefault(name, []).extend(controls)
+        self.devices.update(other.devices)
+        self.server_variables |= other.server_variables
+        self.step_barriers += other.step_barriers
+        self.identities.update(other.identities)
+        for name, renames in other.inputs.items():
+            self.inputs.setdefault(name, {}).update(renames)
+        self.noop_deps.update(other.noop_deps)
+        self.copies += other.copies
+        self.partitions.update(other.partitions)
+
+
+@dataclass
+class RewriteContext:
+    """What a method's rewrite hook builds in: the scratch graph (a copy of the
+    user's), and the communication backend that builds every collective."""
+    graph: "tf.Graph"
+    analysis: "Analysis"
+    plan: "Plan"
+    worker_index: int
+    backend: Any
+    worker_device: str
+    moves: "list[Move] | None" = None    # OPAU/OPSW placement, if computed beforehand
+    constants: ConstantPool | None = None
+    # Ops written as NodeDefs, appended to the scratch graph's export
+    nodes: NodeWriter | None = None
+    # Per train group, the last collective launched of each kind (a
+    # method's own name for the kind): a method launching collectives one
+    # after another continues the chain of its kind, so every worker
+    # launches a group's collectives in one order, and a variant of a method
+    # (SyncMethod.refines) continues the chains of the method it refines.
+    chains: dict[int, dict[str, list]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.constants is None:
+            self.constants = ConstantPool(self.worker_device)
+        if self.nodes is None:
+            self.nodes = NodeWriter(None, self.worker_device, "autopar/nodes/", self.graph)
+
+
+class SyncMethod:
+    name: ClassVar[str] = ""
+    replicated: ClassVar[bool] = True   # every worker holds the variable
+    # The dataclass of the plan-wide state the compiled plan keeps (None: none).
+    State: ClassVar[type | None] = None
+    # The method this one replaces for the variables takes_over accepts.
+    refines: ClassVar[str] = ""
+    # Every worker ends a step with the variable's whole aggregated
+    # gradient, so one owner can apply its update (transforms.wus).
+    shards_weight_update: ClassVar[bool] = False
+
+    def job_choice(self, topology: "Topology", options: "PlanOptions",
+                   required: bool) -> tuple[bool, str]:
+        """(whether it serves this job, why). `required`: the run option asks
+        for this method by name; one that cannot serve the job then raises,
+        saying what to change."""
+        return True, ""
+
+    def declines(self, v: "VariableInfo", topology: "Topology", options: "PlanOptions") -> str:
+        """Why this method cannot take `v` ("" if it can)."""
+        return ""
+
+    def reason(self, v: "VariableInfo", options: "PlanOptions") -> str:
+        """Why `v`, which it takes, uses it (the report's column)."""
+        return ""
+
+    def takes_over(self, v: "VariableInfo", options: "PlanOptions") -> str:
+        """For a method that `refines` another: why it takes `v` from that
+        one ("" to leave it)."""
+        return ""
+
+    def prepare(self, analysis: "Analysis", names: set[str], topology: "Topology",
+                options: "PlanOptions", fusion_bytes: int, key: int) -> tuple[Any, int]:
+        """(plan-wide state for this method's variables `names`, next free key)."""
+        return None, key
+
+    def plan_state(self, state: Any) -> Any:
+        """What the compiled plan keeps of prepare's state: an instance of
+        `State`, or None."""
+        return None
+
+    def state(self, plan: "Plan") -> Any:
+        """The plan_state this method left in `plan` (None if none), decoded
+        once per plan."""
+        cache = plan.__dict__.setdefault("_states", {})
+        if self.name not in cache:
+            raw = plan.method_states.get(self.name)
+            cache[self.name] = None if raw is None else serial.decode(self.State, raw)
+        return cache[self.name]
+
+    def variable_plan(self, v: "VariableInfo", reason: str, state: Any,
+                      key: int) -> tuple[VariablePlan, int]:
+        raise NotImplementedError
+
+    def wire_bytes(self, v: "VariableInfo", vp: VariablePlan, num_workers: int,
+                   alpha: float) -> tuple[float, float]:
+        raise NotImplementedError
+
+    def server_bytes(self, v: "VariableInfo", vp: VariablePlan, num_workers: int,
+                     contributors: int, alpha: float) -> list[tuple[int, float, float]]:
+        """[(server, sent, received)] per step; none for replicated methods."""
+        return []
+
+    def report_fields(self, plan: "Plan") -> dict:
+        """Fields of transforms.report.Report its plan-wide state fills
+        (lists are joined, numbers added, over the methods that fill one)."""
+        return {}
+
+    def processes(self, plan: "Plan") -> set[str]:
+        """The processes besides the workers `plan` needs for this method
+        (SERVERS, SUMMATION_SERVERS)."""
+        return set()
+
+    def rewrite(self, ctx: RewriteContext) -> Edits:
+        raise NotImplementedError

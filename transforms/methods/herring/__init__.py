@@ -1,0 +1,2 @@
+"""Herring: balanced fusion buffers (bfb.py) summed on sharded summation
+servers (method.py: planning, cost model, rewrite)."""

@@ -1,0 +1,2 @@
+"""Parameter servers: planning and cost (method.py), the graph protocol
+(rewrite.py)."""

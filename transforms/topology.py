@@ -1,0 +1,43 @@
+"""Where a job's processes are: the worker hosts, in task order, and how
+many servers and summation servers it has."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autopar.common.addresses import is_loopback_address
+from autopar.common.roles import SERVER_JOB, WORKER_JOB
+
+
+@dataclass(frozen=True)
+class Topology:
+    worker_hosts: tuple[str, ...]   # host address of worker i
+    num_servers: int = 0
+    # Whether herring's summation servers can serve this job: the launcher
+    # starts them when the plan uses herring; a job joined through TF_CONFIG
+    # has them only if AUTOPAR_SUMSERVERS names them (runtime.worker.job_topology).
+    summation_servers: bool = True
+
+    @classmethod
+    def local(cls, num_workers: int, num_servers: int = 0) -> "Topology":
+        return cls(("127.0.0.1",) * num_workers, num_servers)
+
+    @classmethod
+    def from_cluster(cls, cluster: dict[str, list[str]]) -> "Topology":
+        """From {WORKER_JOB: ["host:port", ...], SERVER_JOB: [...]}."""
+        return cls(tuple(a.rsplit(":", 1)[0] for a in cluster[WORKER_JOB]), len(cluster.get(SERVER_JOB, [])))
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.worker_hosts)
+
+    @property
+    def hosts(self) -> list[str]:
+        return list(dict.fromkeys(self.worker_hosts))
+
+    def workers_on(self, host: str) -> list[int]:
+        return [i for i, h in enumerate(self.worker_hosts) if h == host]
+
+    @property
+    def on_loopback(self) -> bool:
+        """Every worker host is a loopback address: one machine, no network link."""
+        return all(is_loopback_address(h) for h in self.hosts)
