@@ -131,11 +131,8 @@ def _join_external(graph, config, lifted=None):
     if task_type == SERVER_ROLE:
         server_main.serve(cluster, index)
         sys.exit(0)
-    # No launcher to compile for everyone: each process compiles the same
-    # plan by the same deterministic function.
-    compiled = compile_for_config(graph, worker.job_topology(cluster), config)
-    return worker.distributed_runner(graph, cluster, index, config, compiled=compiled,
-                                     lifted=lifted)
+    # The worker compiles the job's plan itself (no coordinator: worker._receive_plan).
+    return worker.distributed_runner(graph, cluster, index, config, lifted=lifted)
 
 
 def shard(dataset: tf.data.Dataset) -> tf.data.Dataset:
@@ -157,5 +154,8 @@ def analyze(graph, resource_info, config: Config | None = None) -> Report:
 
 
 def _compile(graph, spec, config: Config) -> CompiledPlan:
-    topology = Topology(tuple(h.address for h in spec.worker_hosts()), spec.num_servers)
+    # Summation servers: the launcher starts them when the plan's methods
+    # need them (registry.processes), so the planner may count on them.
+    topology = Topology(tuple(h.address for h in spec.worker_hosts()), spec.num_servers,
+                        summation_servers=True)
     return compile_for_config(graph, topology, config)

@@ -41,16 +41,15 @@ log = logging.getLogger("autopar.worker")
 
 
 def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, config,
-                       tty: bool = False, *, compiled: CompiledPlan | None = None,
-                       print_report: bool = False, lifted=None) -> Runner:
-    """`compiled`: the job's plan when the caller has it; otherwise it comes
-    from the job coordinator (module docstring). `print_report`: log the
-    Report (the chief, when no launcher printed it)."""
+                       tty: bool = False, *, print_report: bool = False,
+                       lifted=None) -> Runner:
+    """The job's plan comes from the job coordinator, or is compiled here
+    (module docstring). `print_report`: log the Report (the chief, when no
+    launcher printed it)."""
     num_workers = len(cluster[WORKER_JOB])
     client = CoordinatorClient.from_env(WORKER_ROLE, worker_index)
     hook = _register(client, cluster, worker_index)
-    if compiled is None:
-        compiled = _receive_plan(graph, cluster, worker_index, config, client)
+    compiled = _receive_plan(graph, cluster, worker_index, config, client)
     _check_same_config(compiled, config, worker_index)
     _check_fits(compiled.plan, cluster)
     compiled.check_graph(graph)
@@ -159,12 +158,14 @@ def _receive_plan(graph, cluster: dict[str, list[str]], worker_index: int, confi
                   client: CoordinatorClient | None) -> CompiledPlan:
     """The job's one compiled plan (module docstring says who computes it)."""
     if client is None:
+        # Joined through TF_CONFIG: no launcher compiled for everyone, so each
+        # process compiles the same plan by the same deterministic function.
         log.info("worker %d: no job coordinator to receive the plan from; compiling it here",
                  worker_index)
-        return compile_for_config(graph, Topology.from_cluster(cluster), config)
+        return compile_for_config(graph, job_topology(cluster), config)
     key = os.environ.get(env.PLAN)
     if not key and worker_index == 0:
-        compiled = compile_for_config(graph, Topology.from_cluster(cluster), config)
+        compiled = compile_for_config(graph, job_topology(cluster), config)
         _rpc(lambda: client.publish(env.PLAN_KEY, compiled.to_bytes()), worker_index,
              "publish the plan to the job coordinator")
         log.debug("worker 0: compiled and published the plan")

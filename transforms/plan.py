@@ -80,7 +80,9 @@ class StepBarrier:
 
 @dataclass
 class Plan:
-    num_workers: int
+    # Where the job's processes are: the one Topology every decision of the
+    # plan was made for (summation servers included).
+    topology: Topology
     fusion_bytes: int
     communication_hint: str
     variables: list[VariablePlan]
@@ -89,8 +91,6 @@ class Plan:
     barriers: list[StepBarrier] = field(default_factory=list)
     group_key: int = GROUP_KEY
     run_option: str = "hybrid"
-    worker_hosts: list[str] = field(default_factory=list)
-    num_servers: int = 0
     # One decision for every gradient, dense and sparse: "mean" averages the
     # workers' gradients, "sum" adds them (see resolve_loss_reduction);
     # "parallax" (asked for, never inferred) averages dense ones and adds
@@ -149,8 +149,17 @@ class Plan:
         return [v for v in self.variables if not v.replicated]
 
     @property
-    def topology(self) -> Topology:
-        return Topology(tuple(self.worker_hosts), self.num_servers)
+    def num_workers(self) -> int:
+        return self.topology.num_workers
+
+    @property
+    def worker_hosts(self) -> list[str]:
+        """The host of worker i, in task order."""
+        return list(self.topology.worker_hosts)
+
+    @property
+    def num_servers(self) -> int:
+        return self.topology.num_servers
 
     def host_group(self, worker_index: int) -> tuple[int, list[int]]:
         """(group key, members) of the workers sharing worker_index's host."""
@@ -213,10 +222,9 @@ def make_plan(analysis: Analysis, topology: Topology | int, fusion_bytes: int = 
                 f"({', '.join(on_servers[:3])}) is not supported: use run_option='allreduce' "
                 "(sparse variables then use all-gather) or turn weight-update sharding off")
         assign_owners(analysis, plans, topology.num_workers)
-    return Plan(num_workers=topology.num_workers, fusion_bytes=fusion_bytes,
+    return Plan(topology=topology, fusion_bytes=fusion_bytes,
                 communication_hint=communication_hint, variables=plans, method_states=kept,
                 barriers=barriers, broadcast_key_base=key, run_option=options.run_option,
-                worker_hosts=list(topology.worker_hosts), num_servers=topology.num_servers,
                 loss_reduction=reduction, loss_reduction_why=why,
                 sync_local_state=options.sync_local_state,
                 local_aggregation=options.local_aggregation, opau=options.opau, opsw=options.opsw,

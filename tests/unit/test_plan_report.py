@@ -199,7 +199,8 @@ def test_json_round_trip():
     assert all(isinstance(b, Bucket) for b in METHODS["allreduce"].state(again).buckets)
     assert all(isinstance(v, VariablePlan) for v in again.variables)
     d = json.loads(text)
-    assert d["num_workers"] == 3 and d["fusion_bytes"] == 70
+    assert len(d["topology"]["worker_hosts"]) == 3 and d["fusion_bytes"] == 70
+    assert isinstance(again.topology.worker_hosts, tuple)
     assert d["communication_hint"] == "nccl"
     assert d["group_key"] == plan.group_key
     assert d["broadcast_key_base"] == plan.broadcast_key_base
