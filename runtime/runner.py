@@ -41,7 +41,7 @@ import tensorflow as tf
 
 from autopar.common.env import STOPPED_LINE
 from autopar.common.errors import AutoparError
-from autopar.runtime.dropcompute import StepRecord
+from autopar.runtime.dropcompute.records import StepRecord
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.graph_utils import is_restore_assignment, op_digraph
 from autopar.transforms.lift import CALL_OP
@@ -85,7 +85,7 @@ class Runner:
         self._monitor = monitor
         # (first micro-batch op, later micro-batches op) with micro_batches > 1.
         self._accumulate = accumulate
-        self.dropcompute = dropcompute   # runtime.dropcompute.DropCompute
+        self.dropcompute = dropcompute   # runtime.dropcompute.worker_state.DropCompute
         if dropcompute is not None:
             self._on_close.insert(0, dropcompute.close)
         self._variables = {v.name: v for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)

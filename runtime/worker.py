@@ -23,7 +23,8 @@ from autopar.common import env
 from autopar.common.roles import SERVER_JOB, WORKER_JOB, WORKER_ROLE
 from autopar.runtime.checkpoint import Checkpointer
 from autopar.runtime.coordinator import CoordinatorClient, ProgressHook
-from autopar.runtime.dropcompute import Agreement, CollectiveAgreement, DropCompute
+from autopar.runtime.dropcompute.agreement import Agreement, CollectiveAgreement
+from autopar.runtime.dropcompute.worker_state import DropCompute
 from autopar.runtime.progress import Progress
 from autopar.runtime.tensorboard import ChiefBoard
 from autopar.runtime.runner import Runner, iterator_read_by

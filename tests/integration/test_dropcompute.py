@@ -1,5 +1,5 @@
 """Gradient accumulation and DropCompute on real clusters (Config(micro_batches,
-compute_threshold), transforms/accumulate.py, runtime/dropcompute.py).
+compute_threshold), transforms/accumulate.py, runtime/dropcompute/).
 
 Worker i feeds its rows of the global batch (train_model.py); the Runner
 splits them into M micro-batches, so with no threshold N workers x M

@@ -1,4 +1,4 @@
-"""runtime.dropcompute.DropCompute across workers: the warm-up agreement on
+"""runtime.dropcompute.worker_state.DropCompute across workers: the warm-up agreement on
 tau through a real job coordinator (gRPC on loopback, one thread per
 worker), the stopping rule, compensation and the CSV."""
 import csv
@@ -9,7 +9,7 @@ import pytest
 
 from autopar import Config
 from autopar.common.errors import AutoparError
-from autopar.runtime import dropcompute as dc
+from autopar.runtime.dropcompute import agreement, records, threshold, worker_state
 from autopar.runtime.coordinator import Coordinator, CoordinatorClient
 
 N, M = 3, 4
@@ -30,11 +30,11 @@ def _run_workers(config: Config, steps: int, tmp_path):
     def worker(i):
         client = CoordinatorClient(coordinator.address, coordinator.token, "worker", i)
         try:
-            d = dc.DropCompute(config, i, N, dc.Agreement(client, i, N, timeout_s=30))
+            d = worker_state.DropCompute(config, i, N, agreement.Agreement(client, i, N, timeout_s=30))
             for step in range(steps):
                 lat = _latencies(i, step)
                 computed = sum(d.may_compute(k, sum(lat[:k])) for k in range(d.micro_batches))
-                d.record(dc.StepRecord(step, computed, d.micro_batches - computed,
+                d.record(records.StepRecord(step, computed, d.micro_batches - computed,
                                        sum(lat[:computed]), sum(lat) + 0.005, 0.005 + 0.001 * i,
                                        lat[:computed]))
             d.close()
@@ -60,7 +60,7 @@ def test_auto_threshold_is_the_chiefs_choice_on_everybodys_warmup(tmp_path, capl
                     drop_compensation="batch", dropcompute_log_dir=str(tmp_path))
     controllers = _run_workers(config, 6, tmp_path)
     lat = np.array([[_latencies(i, s) for i in range(N)] for s in (1, 2, 3)])
-    expected = dc.choose_threshold(lat, dc.serial_latency([[0.005 + 0.001 * i for i in range(N)]] * 3))
+    expected = threshold.choose_threshold(lat, threshold.serial_latency([[0.005 + 0.001 * i for i in range(N)]] * 3))
     assert expected.tau is not None and expected.drop_rate > 0
     assert {c.tau for c in controllers.values()} == {expected.tau}
     # The chief's job summary counts every worker's micro-batches.
@@ -68,7 +68,7 @@ def test_auto_threshold_is_the_chiefs_choice_on_everybodys_warmup(tmp_path, capl
     possible = sum(c._possible for c in controllers.values())
     assert f"DropCompute job: {N} workers computed {computed} of {possible} micro-batches" in caplog.text
     assert computed < possible
-    m = dc.compensated_micro_batches(M, expected.computed_fraction)
+    m = threshold.compensated_micro_batches(M, expected.computed_fraction)
     assert m > M and {c.micro_batches for c in controllers.values()} == {m}
     for i in range(N):
         with open(tmp_path / f"dropcompute_worker{i}.csv") as f:
@@ -90,12 +90,12 @@ def test_fixed_threshold_with_step_compensation(tmp_path):
     # Every worker adds the same steps, from the fraction of the whole job's warm-up.
     warm = [controllers[i]._warm for i in range(N)]
     fraction = np.mean([r.computed / M for w in warm for r in w])
-    assert {c.extra_steps(100) for c in controllers.values()} == {dc.extra_steps(100, fraction)}
-    assert dc.extra_steps(100, fraction) > 0
+    assert {c.extra_steps(100) for c in controllers.values()} == {threshold.extra_steps(100, fraction)}
+    assert threshold.extra_steps(100, fraction) > 0
 
 
 def test_stopping_rule():
-    d = dc.DropCompute(Config(micro_batches=3, compute_threshold=1.0), 0, 1)
+    d = worker_state.DropCompute(Config(micro_batches=3, compute_threshold=1.0), 0, 1)
     assert d.may_compute(0, 5.0)               # the first micro-batch always runs
     assert d.may_compute(1, 0.99) and not d.may_compute(1, 1.0)
     assert not d.may_compute(3, 0.0)           # never more than micro_batches
@@ -103,7 +103,7 @@ def test_stopping_rule():
 
 def test_auto_without_a_way_to_agree_is_refused():
     with pytest.raises(AutoparError, match="need the workers to agree on tau"):
-        dc.DropCompute(Config(micro_batches=2, compute_threshold="auto"), 0, 2, None)
+        worker_state.DropCompute(Config(micro_batches=2, compute_threshold="auto"), 0, 2, None)
 
 
 def test_collective_agreement_moves_every_workers_bytes_exactly():
@@ -111,7 +111,6 @@ def test_collective_agreement_moves_every_workers_bytes_exactly():
     their vectors behind a barrier, round by round): payloads of different
     lengths, an empty one, every byte value, and the chief's share arrive
     unchanged on every worker."""
-    from autopar.runtime.dropcompute import CollectiveAgreement
     n = 3
     barrier = threading.Barrier(n, timeout=30)
     parts: list = [None] * n
@@ -129,10 +128,10 @@ def test_collective_agreement_moves_every_workers_bytes_exactly():
     results: list = [None] * n
 
     def run(i):
-        agreement = CollectiveAgreement(i, n)
-        agreement.sum_over_workers = sum_for(i)
-        results[i] = (agreement.gather("k", payloads[i]),
-                      agreement.share("d", b"chief's decision" if i == 0 else None))
+        collective = agreement.CollectiveAgreement(i, n)
+        collective.sum_over_workers = sum_for(i)
+        results[i] = (collective.gather("k", payloads[i]),
+                      collective.share("d", b"chief's decision" if i == 0 else None))
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
     for t in threads:
