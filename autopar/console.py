@@ -85,7 +85,7 @@ def _tell_launcher() -> None:
     """Report this worker's failure to the job coordinator (if it has one), so
     the launcher names this process as the cause, not the peers that fail
     because of it. Light: only if the coordinator client is loaded already."""
-    coordinator = sys.modules.get("autopar.runtime.coordinator")
+    coordinator = sys.modules.get("autopar.runtime.coordinator_client")
     if coordinator is not None:
         coordinator.report_failure()
 

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 
 from autopar.common import env as envvars
 from autopar.common import procs
-from autopar.runtime.coordinator import host_address
+from autopar.common.addresses import host_address
 
 logger = logging.getLogger("autopar.firewall")
 
@@ -43,7 +43,7 @@ _held: subprocess.Popen[bytes] | None = None   # this process's nft -i, while it
 
 def _endpoint(address: str) -> tuple[str, int] | None:
     """("ip literal", port) of "host:port" / "[v6]:port": the address the
-    job's servers bind (coordinator.host_address resolves names for the bind
+    job's servers bind (common.addresses.host_address resolves names for the bind
     shim too); None for a name that does not resolve."""
     host, _, port = address.rpartition(":")
     try:

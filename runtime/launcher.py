@@ -29,14 +29,16 @@ from types import FrameType
 from typing import IO, Any, Callable
 
 import autopar
+from autopar.common.addresses import host_address, launcher_host
 from autopar.common.errors import LaunchError
 from autopar.common import env as envvars
 from autopar.common import procs
 from autopar.common.roles import SERVER_JOB, SERVER_ROLE, SUMSERVER_ROLE, WORKER_JOB, WORKER_ROLE
 from autopar.console import cause_in_output
-from autopar.runtime.coordinator import (DEFAULT_LINK_TIMEOUT_S, LINK_TIMEOUT, PHASE_INIT,
-                                         PHASE_STEP, Coordinator, JobMonitor, ProcessState,
-                                         failed_phase, host_address, launcher_host)
+from autopar.runtime.coordinator import (PHASE_INIT, PHASE_STEP, Coordinator, ProcessState,
+                                         failed_phase)
+from autopar.runtime.coordinator_client import DEFAULT_LINK_TIMEOUT_S, LINK_TIMEOUT
+from autopar.runtime.health import JobMonitor
 from autopar.runtime.forkserver import (ForkedProcess, ForkServer, ForkServerError, forkable,
                                         preload_extras)
 from autopar.runtime import firewall
@@ -151,7 +153,7 @@ def remote_env(role_env: Mapping[str, str], extra_env: Mapping[str, str] | None)
     env = dict(extra_env or {})
     env.update(role_env)
     env["PYTHONPATH"] = _prepend_path(REPO_ROOT, env.get("PYTHONPATH"))
-    # Cut off from the launcher, it stops itself (runtime/coordinator.py LINK_TIMEOUT).
+    # Cut off from the launcher, it stops itself (runtime/coordinator_client.py LINK_TIMEOUT).
     env[LINK_TIMEOUT] = os.environ.get(LINK_TIMEOUT, f"{DEFAULT_LINK_TIMEOUT_S:g}")
     return env
 
@@ -600,7 +602,7 @@ def _failure(children: list[_Child], monitor: JobMonitor) -> _Outcome:
 
     A worker reports its failure to the coordinator before it exits (an
     uncaught exception, an error closing its Runner: autopar/console.py,
-    runtime/coordinator.py report_failure), so its peers' failures, which
+    runtime/coordinator_client.py report_failure), so its peers' failures, which
     it causes only by exiting, come later; a process killed without a word
     failed when its output ended."""
     deadline = time.monotonic() + _DRAIN_SECONDS

@@ -81,7 +81,7 @@ class Runner:
         # first use by `totals_allreduce(length)`. None: one worker, no combining.
         self._totals_allreduce = totals_allreduce
         self._totals_ops: dict[int, tuple] = {}
-        # Told before and after every run (runtime.coordinator.ProgressHook).
+        # Told before and after every run (runtime.coordinator_client.ProgressHook).
         self._monitor = monitor
         # (first micro-batch op, later micro-batches op) with micro_batches > 1.
         self._accumulate = accumulate

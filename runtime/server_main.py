@@ -99,7 +99,7 @@ def _register(task_index: int, address: str) -> None:
     outside a launched job)."""
     import grpc
 
-    from autopar.runtime.coordinator import CoordinatorClient
+    from autopar.runtime.coordinator_client import CoordinatorClient
     client = CoordinatorClient.from_env(SERVER_ROLE, task_index)
     if client is None:
         return

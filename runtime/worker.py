@@ -22,7 +22,7 @@ from autopar.common.errors import (AutoparError, LaunchError, SpecError, Unsuppo
 from autopar.common import env
 from autopar.common.roles import SERVER_JOB, WORKER_JOB, WORKER_ROLE
 from autopar.runtime.checkpoint import Checkpointer
-from autopar.runtime.coordinator import CoordinatorClient, ProgressHook
+from autopar.runtime.coordinator_client import CoordinatorClient, ProgressHook
 from autopar.runtime.dropcompute.agreement import Agreement, CollectiveAgreement
 from autopar.runtime.dropcompute.worker_state import DropCompute
 from autopar.runtime.progress import Progress

@@ -15,8 +15,9 @@ import pytest
 
 from autopar.common import env as envvars
 from autopar.runtime.coordinator import (PHASE_CLOSED, PHASE_FAILED, PHASE_SCRIPT, PHASE_STEP,
-                                         Coordinator, CoordinatorClient, ProcessState,
-                                         ProgressHook, _grpc_modules, diagnose)
+                                         Coordinator, ProcessState, _grpc_modules)
+from autopar.runtime.coordinator_client import CoordinatorClient, ProgressHook
+from autopar.runtime.health import diagnose
 from autopar.runtime.launcher import bind_env_value, bind_shim_path
 
 
@@ -296,7 +297,7 @@ def test_missing_cxx_compiler_names_what_to_install(monkeypatch, tmp_path):
 
 
 def test_coordinator_address_is_this_hosts_spec_address_never_the_wildcard():
-    from autopar.runtime.coordinator import launcher_host
+    from autopar.common.addresses import launcher_host
     local = {"127.0.0.2", "0.0.0.0", "localhost"}.__contains__
     assert launcher_host(["192.0.2.10", "127.0.0.2"], local) == "127.0.0.2"
     assert launcher_host(["localhost"], local) == "127.0.0.1"

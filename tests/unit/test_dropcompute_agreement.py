@@ -10,7 +10,8 @@ import pytest
 from autopar import Config
 from autopar.common.errors import AutoparError
 from autopar.runtime.dropcompute import agreement, records, threshold, worker_state
-from autopar.runtime.coordinator import Coordinator, CoordinatorClient
+from autopar.runtime.coordinator import Coordinator
+from autopar.runtime.coordinator_client import CoordinatorClient
 
 N, M = 3, 4
 

@@ -1,0 +1,169 @@
+"""The job's health, judged in the launcher from the coordinator's process
+states: stalls, step-count mismatches, silent servers (JobMonitor, checked by
+the launcher's supervision loop)."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from autopar.common.roles import WORKER_ROLE
+from autopar.runtime.coordinator import (HEARTBEAT_S, PHASE_CLOSED, PHASE_INIT, PHASE_OTHER,
+                                         PHASE_SCRIPT, PHASE_STEP, RPC_TIMEOUT_S, Coordinator,
+                                         ProcessState, failed_phase)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: str       # "mismatch" or "stall"
+    message: str
+
+
+def _ran(state: ProcessState) -> int:
+    """Steps a worker has run, the one it is inside counted."""
+    return state.steps_done + (1 if state.phase == PHASE_STEP else 0)
+
+
+# Every worker inside one step that none finishes: a slow step or a deadlock
+# (a collective whose peers launched it in another order, a server op that
+# never completes). Slow steps exist (a first step optimising a large graph),
+# so the job is ended only after this many stall timeouts (20 min by default).
+HUNG_STEP_FACTOR = 20
+
+
+def _hung_step(workers, exited, stall_timeout_s: float, now: float) -> Verdict | None:
+    live = [s for s in workers if s.name not in exited]
+    if not live or any(s.phase != PHASE_STEP for s in live):
+        return None
+    waited = min(now - s.phase_since for s in live)
+    if waited < HUNG_STEP_FACTOR * stall_timeout_s:
+        return None
+    steps = sorted({_ran(s) for s in live})
+    return Verdict("stall", (
+        f"job stalled: every worker has been inside step {', '.join(map(str, steps))} for "
+        f"{waited:.0f} s and none has finished it: an operation of the step never completes "
+        f"(a collective deadlock, or a server operation that waits forever).\nEnding the job "
+        f"after {HUNG_STEP_FACTOR} x stall_timeout_s = {HUNG_STEP_FACTOR * stall_timeout_s:g} s "
+        f"(Config(stall_timeout_s=...) for steps that are legitimately this slow; 0 disables)."))
+
+
+def diagnose(states: Mapping[str, ProcessState], exited: Mapping[str, int],
+             stall_timeout_s: float, now: float) -> Verdict | None:
+    """Why the job cannot go on, or None if nothing is known to be wrong.
+
+    ``exited`` maps the name of each process that has exited to its return
+    code. Pure, so it is unit-testable.
+
+    - Mismatch: a worker that finished training (closed its Runner or exited
+      0) after N steps while another has started step N+1, which can never
+      complete without it (or died in it). A worker that failed (reported
+      PHASE_FAILED) did not finish: its failure is the cause, named by the
+      launcher.
+    - Silent server: a server or summation server not heard from (heartbeat,
+      or the launcher's probe) for ``stall_timeout_s``: stopped, hung or cut
+      off, so the steps that need it wait forever.
+    - Stall: a worker has waited inside a step for ``stall_timeout_s`` while
+      another has not started that step; or every worker has been inside one
+      step for HUNG_STEP_FACTOR x ``stall_timeout_s``.
+    """
+    workers = sorted((s for s in states.values() if s.role == WORKER_ROLE),
+                     key=lambda s: s.index)
+    finished = [s for s in workers if s.registered and failed_phase(s.phase) is None
+                and (s.phase == PHASE_CLOSED or exited.get(s.name) == 0)]
+    for done in finished:
+        ahead = [s for s in workers if s is not done and _ran(s) > done.steps_done
+                 and (s.phase == PHASE_STEP or exited.get(s.name, 0) != 0)]
+        if ahead:
+            others = ", ".join(f"{s.name} ran {_ran(s)}" for s in ahead)
+            how = "has exited" if done.name in exited else "has closed its Runner"
+            return Verdict("mismatch", (
+                f"mismatched step counts: {done.name} stopped after {done.steps_done} steps, "
+                f"{others}. Every worker must run the same number of training steps (a step's "
+                f"collectives need all of them); {done.name} {how}."))
+
+    if stall_timeout_s <= 0:
+        return None
+    if (verdict := _silent_server(states, exited, stall_timeout_s, now)) is not None:
+        return verdict
+    waiting = [s for s in workers if s.name not in exited and s.phase == PHASE_STEP
+               and now - s.phase_since >= stall_timeout_s]
+    if not waiting:
+        return None
+    step = max(_ran(s) for s in waiting)
+    # Only the workers inside that step wait for the others; one inside an
+    # earlier step (its last report says so) is among those waited for.
+    waiting = [s for s in waiting if _ran(s) == step]
+    stuck = [s for s in workers if s.name not in exited
+             and not (s.phase == PHASE_STEP and _ran(s) >= step)]
+    if not stuck:
+        return _hung_step(workers, exited, stall_timeout_s, now)
+    lines = []
+    for s in stuck:
+        if not s.registered:
+            where = "it never registered with the coordinator (still starting, or hung before)"
+        elif failed_phase(s.phase) is not None:
+            where = f"it failed after {s.steps_done} steps and has not exited"
+        elif s.phase == PHASE_INIT:
+            where = "it is still initialising"
+        elif s.phase == PHASE_STEP:
+            where = f"it is inside step {_ran(s)}"
+        else:
+            place = {PHASE_SCRIPT: "in the training script, outside autopar",
+                     PHASE_OTHER: "running ops that are not a training step",
+                     PHASE_CLOSED: "its Runner is closed"}.get(s.phase, s.phase)
+            where = f"it finished step {s.steps_done} and is {place}"
+        if s.heard and now - s.heard >= 2 * HEARTBEAT_S + RPC_TIMEOUT_S:
+            where += (f" (its last report, {now - s.heard:.0f} s ago: it has stopped reporting, "
+                      "so it is stopped, hung or cut off)")
+        pid = f", pid {s.pid}" if s.pid else ""
+        lines.append(f"  {s.name}{pid}: has not started step {step} for "
+                     f"{now - s.phase_since:.0f} s; {where}")
+    waits = ", ".join(f"{s.name} (in step {_ran(s)} for {now - s.phase_since:.0f} s)"
+                      for s in waiting)
+    names = ", ".join(s.name for s in stuck)
+    return Verdict("stall", (
+        f"job stalled: {waits} {'waits' if len(waiting) == 1 else 'wait'} for {names} to join "
+        f"step {step} (a step's collectives need every worker):\n" + "\n".join(lines) +
+        f"\nEnding the job after {stall_timeout_s:g} s without progress "
+        f"(Config(stall_timeout_s=...); 0 disables)."))
+
+
+# A server is declared silent after the stall timeout, but never sooner than
+# this: a few missed heartbeats of a busy machine are not a stopped server.
+SERVER_SILENCE_MIN_S = 10.0
+
+
+def _silent_server(states: Mapping[str, ProcessState], exited: Mapping[str, int],
+                   stall_timeout_s: float, now: float) -> Verdict | None:
+    """The first server or summation server heard from once and not for
+    ``stall_timeout_s`` since (one that exited is the launcher's to report)."""
+    silence = max(stall_timeout_s, SERVER_SILENCE_MIN_S)
+    for s in sorted(states.values(), key=lambda s: (s.role, s.index)):
+        if (s.role == WORKER_ROLE or not s.registered or not s.heard or s.name in exited
+                or now - s.heard < silence):
+            continue
+        pid = f" (pid {s.pid})" if s.pid else ""
+        where = f" on {s.address}" if s.address else ""
+        return Verdict("server", (
+            f"{s.name}{pid}{where} stopped answering: nothing heard from it for "
+            f"{now - s.heard:.0f} s (stopped, hung, or cut off from this machine), so every step "
+            f"that needs it waits forever. Ending the job after {silence:g} s "
+            f"(Config(stall_timeout_s=...); 0 disables)."))
+    return None
+
+
+class JobMonitor:
+    """Checked by the launcher's supervision loop: the verdict ending the job
+    on a stall, a step-count mismatch or a silent server."""
+
+    def __init__(self, coordinator: Coordinator, stall_timeout_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.coordinator = coordinator
+        self.stall_timeout_s = stall_timeout_s
+        self._clock = clock
+
+    def check(self, exited: Mapping[str, int]) -> Verdict | None:
+        return diagnose(self.coordinator.snapshot(), exited, self.stall_timeout_s,
+                        self._clock())
+
+
