@@ -195,7 +195,7 @@ class StdoutHandler(logging.StreamHandler):
 
     def handleError(self, record: logging.LogRecord) -> None:
         if isinstance(sys.exc_info()[1], BrokenPipeError):
-            from autopar.runtime.launcher import discard_stdout
+            from autopar.runtime.children import discard_stdout
             discard_stdout()
             return
         super().handleError(record)

@@ -583,7 +583,7 @@ def _start_sumserver(cluster, host: int, index: int, address: str, run_dir: Path
     the launcher's helper) in `host`'s namespace, listening on the host's own
     link address. Like every process of a point it leads its own process
     group; it also exits with the harness (--parent-pid, PR_SET_PDEATHSIG)."""
-    from autopar.runtime.launcher import sumserver_path
+    from autopar.runtime.commands import sumserver_path
     host_addr, _, port = address.rpartition(":")
     label = f"sumserver{index}"
     stdout = run_dir / f"{label}.log"

@@ -10,406 +10,54 @@ all) stops everything and becomes the launcher's exit status.
 """
 from __future__ import annotations
 
-import json
-import re
 import logging
-import secrets
 import os
-import shlex
 import signal
-import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 from types import FrameType
-from typing import IO, Any, Callable
+from typing import Any, Callable
 
-import autopar
-from autopar.common.addresses import host_address, launcher_host
-from autopar.common.errors import LaunchError
 from autopar.common import env as envvars
 from autopar.common import procs
-from autopar.common.roles import SERVER_JOB, SERVER_ROLE, SUMSERVER_ROLE, WORKER_JOB, WORKER_ROLE
+from autopar.common.addresses import launcher_host
+from autopar.common.errors import LaunchError
+from autopar.common.roles import SERVER_JOB, SUMSERVER_ROLE, WORKER_JOB, WORKER_ROLE
 from autopar.console import cause_in_output
+from autopar.runtime import firewall
+from autopar.runtime.children import DRAIN_SECONDS, Child, pump, report_tail, start_child
+from autopar.runtime.commands import (ChildPlan, give_token, job_env, local_env, new_job,
+                                      plan_children, preload_value)
 from autopar.runtime.coordinator import (PHASE_INIT, PHASE_STEP, Coordinator, ProcessState,
                                          failed_phase)
-from autopar.runtime.coordinator_client import DEFAULT_LINK_TIMEOUT_S, LINK_TIMEOUT
+from autopar.runtime.forkserver import ForkServer, forkable, preload_extras
 from autopar.runtime.health import JobMonitor
-from autopar.runtime.forkserver import (ForkedProcess, ForkServer, ForkServerError, forkable,
-                                        preload_extras)
-from autopar.runtime import firewall
 from autopar.runtime.netns import (NamespaceUnavailable, PrivateNetwork, answers,
                                    private_network_or_none)
-from autopar.runtime.ports import is_bind_failure, is_local_address, reserve_cluster
-from autopar.runtime.spec import HostSpec, ResourceSpec, is_loopback_job
+from autopar.runtime.ports import is_local_address, reserve_cluster
+from autopar.runtime.spec import ResourceSpec, is_loopback_job
 
 logger = logging.getLogger("autopar.launcher")
 
-# The directory holding the autopar package (a source checkout's root, or
-# site-packages): put first on every child's PYTHONPATH.
-REPO_ROOT = str(Path(autopar.__file__).resolve().parent.parent)
 
 _POLL_SECONDS = 0.1
-# How long to wait for a dead process's last output to arrive before
-# reporting its log tail (the pipe normally reaches EOF at once).
-_DRAIN_SECONDS = 1.0
 
 # A process that could not bind its port before training started makes the
 # launcher restart the job on fresh ports, this many attempts in all.
 PORT_ATTEMPTS = 4
-# Logged by each worker once the chief's initial state reached it
-# (runtime/worker.py): from then on training may run, and nothing restarts.
-_TRAINING_STARTED = re.compile(r"initial state received from the chief")
-
-# One lock for everything written to sys.stdout, so lines from different
-# children never interleave.
-_OUTPUT_LOCK = threading.Lock()
 
 
 # ---------------------------------------------------------------------------
 # Commands and environments (pure: unit-testable without starting anything)
 # ---------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class ChildPlan:
-    """Everything needed to start one server or worker process."""
-    role: str                 # WORKER_ROLE, SERVER_ROLE or SUMSERVER_ROLE
-    index: int                # task index within the role's job
-    address: str              # "host:port" from the cluster
-    host: HostSpec
-    remote: bool
-    command: list[str]        # final argv run locally (ssh ... for remote)
-    env: dict[str, str]       # environment of the local process
-    cwd: str | None
-    # Written to a remote child's ssh stdin once it asks for it (see
-    # build_ssh_command): the coordinator token. Never printed.
-    stdin_secret: str | None = field(default=None, repr=False)
-
-    @property
-    def name(self) -> str:
-        return f"{self.role} {self.index}"
-
-
-def autopar_env(role: str, index: int, cluster: Mapping[str, list[str]],
-                spec: ResourceSpec, *, tty: bool) -> dict[str, str]:
-    """The variables telling a child which role it plays (common/env.py)."""
-    return {
-        envvars.ROLE: role,
-        envvars.TASK_INDEX: str(index),
-        envvars.CLUSTER: json.dumps(dict(cluster), sort_keys=True),
-        envvars.SPEC: json.dumps(spec.to_dict(), sort_keys=True),
-        envvars.TTY: "1" if tty else "0",
-        "PYTHONUNBUFFERED": "1",
-        # TensorFlow's C++ INFO/WARNING chatter, unless the user asked for it.
-        "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
-    }
-
-
-# Lines TensorFlow prints at import whatever TF_CPP_MIN_LOG_LEVEL says. They say
-# nothing about the job, so they are kept in the failure tail but not streamed.
-_TF_NOISE = re.compile(r"All log messages before absl::InitializeLog|oneDNN custom operations are on"
-                       r"|cpu_feature_guard|rebuild TensorFlow with the appropriate compiler flags")
-
-
-def new_job() -> dict[str, str]:
-    """A new job's id, as the variable every child gets (AUTOPAR_JOB_ID): six
-    hex digits in the title of each of its processes (``autopar[id] ...``),
-    this launcher's included."""
-    job = {envvars.JOB_ID: secrets.token_hex(3)}
-    procs.set_title(f"launcher {os.path.basename(sys.argv[0]) if sys.argv else ''}", job)
-    logger.info("job %s: its processes show as autopar[%s] in ps", job[envvars.JOB_ID],
-                job[envvars.JOB_ID])
-    return job
-
-
-def _prepend_path(entry: str, existing: str | None) -> str:
-    parts = [p for p in (existing or "").split(os.pathsep) if p]
-    return os.pathsep.join([entry] + [p for p in parts if p != entry])
-
-
-def local_env(role_env: Mapping[str, str], extra_env: Mapping[str, str] | None,
-              base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Environment of a local child: the launcher's own, then ``extra_env``,
-    then the role variables, with the repo root first on PYTHONPATH."""
-    env = dict(os.environ if base is None else base)
-    env.update(extra_env or {})
-    env.update(role_env)
-    env["PYTHONPATH"] = _prepend_path(REPO_ROOT, env.get("PYTHONPATH"))
-    return env
-
-
-def remote_env(role_env: Mapping[str, str], extra_env: Mapping[str, str] | None) -> dict[str, str]:
-    """Environment set on a remote host's command line.
-
-    Unlike a local child, a remote one does not inherit the launcher's whole
-    environment (PATH, HOME, DISPLAY... describe this machine, not that one):
-    only ``extra_env``, the role variables and PYTHONPATH, which assumes the
-    repository sits at the same path on every host (as Parallax does).
-    """
-    env = dict(extra_env or {})
-    env.update(role_env)
-    env["PYTHONPATH"] = _prepend_path(REPO_ROOT, env.get("PYTHONPATH"))
-    # Cut off from the launcher, it stops itself (runtime/coordinator_client.py LINK_TIMEOUT).
-    env[LINK_TIMEOUT] = os.environ.get(LINK_TIMEOUT, f"{DEFAULT_LINK_TIMEOUT_S:g}")
-    return env
-
-
-# A remote child prints this line when it is ready to read the coordinator
-# token from its stdin (terminal echo off); the launcher then writes it.
-TOKEN_PROMPT = "autopar: ready for the job token"
-
-
-def build_ssh_command(host: HostSpec, command: Sequence[str], env: Mapping[str, str], *,
-                      default_workdir: str) -> list[str]:
-    """The local argv that runs ``command`` with ``env`` on ``host`` over ssh.
-
-    ``-tt`` gives the remote command a terminal, so that when the local ssh
-    process is stopped (or killed with the launcher) the remote side gets
-    SIGHUP instead of running on orphaned. BatchMode makes a missing key fail
-    at once instead of prompting; the keep-alive options turn a dead host into
-    an ssh exit (255) within half a minute. If ``ssh.python`` is set it
-    replaces a leading ``sys.executable``.
-
-    The coordinator token is secret, so it is not in ``env`` (that is on the
-    command line, visible in ``ps`` on both hosts): a POSIX ``sh`` on the
-    remote host turns terminal echo off (the token must not come back through
-    the terminal into the log), prints TOKEN_PROMPT, reads one line from its
-    stdin into AUTOPAR_COORD_TOKEN and then runs ``command`` with stdin from
-    /dev/null, as a local child has. The launcher answers the prompt on ssh's
-    stdin and closes it. Without a token line (stdin closed) nothing runs.
-    """
-    ssh = host.ssh
-    user = getattr(ssh, "user", None)
-    port = getattr(ssh, "port", 22) or 22
-    key_file = getattr(ssh, "key_file", None)
-    python = getattr(ssh, "python", None)
-    workdir = getattr(ssh, "workdir", None) or default_workdir
-
-    remote_argv = list(command)
-    if python and remote_argv and remote_argv[0] == sys.executable:
-        remote_argv[0] = python
-    assignments = [f"{key}={value}" for key, value in env.items()]
-    token = envvars.COORD_TOKEN
-    script = "; ".join([
-        f"cd {shlex.quote(workdir)} || exit 1",
-        "stty -echo 2>/dev/null",
-        f"echo {shlex.quote(TOKEN_PROMPT)}",
-        f"IFS= read -r {token} || exit 1",
-        f"export {token}",
-        # `exec` so the shell is replaced and signals reach the process.
-        f"exec env {shlex.join(assignments)} {shlex.join(remote_argv)} </dev/null",
-    ])
-    # `sh` whatever the user's login shell is (read/export are POSIX sh).
-    remote_cmd = f"exec sh -c {shlex.quote(script)}"
-
-    argv = ["ssh", "-tt",
-            "-o", "BatchMode=yes",
-            "-o", "ServerAliveInterval=10",
-            "-o", "ServerAliveCountMax=3",
-            "-p", str(port)]
-    if key_file:
-        # Passed as written: OpenSSH expands "~" in identity files itself.
-        argv += ["-i", key_file]
-    destination = f"{user}@{host.address}" if user else host.address
-    # "--" ends ssh's options: even a destination that slipped past spec
-    # validation cannot be read as one ("-oProxyCommand=...").
-    argv += ["--", destination, remote_cmd]
-    return argv
-
-
-def plan_children(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: Sequence[str],
-                  *, extra_env: Mapping[str, str] | None = None, tty: bool = False,
-                  cwd: str | None = None, sumservers: Sequence[str] = ()) -> list[ChildPlan]:
-    """One ChildPlan per server, then per summation server (``sumservers``,
-    one per server, or none), then per worker, in task-index order. With
-    summation servers every child gets AUTOPAR_SUMSERVERS."""
-    cwd = cwd or os.getcwd()
-    server_cmd = [sys.executable, "-m", "autopar.runtime.server_main"]
-    jobs: list[tuple[str, list[str], list[HostSpec], list[str]]] = [
-        (SERVER_ROLE, list(cluster.get(SERVER_JOB, [])), spec.server_hosts(), server_cmd),
-        (SUMSERVER_ROLE, list(sumservers), spec.server_hosts() if sumservers else [], []),
-        (WORKER_ROLE, list(cluster[WORKER_JOB]), spec.worker_hosts(), list(argv)),
-    ]
-    if sumservers:
-        extra_env = {**(extra_env or {}), envvars.SUMSERVERS: ",".join(sumservers)}
-    plans: list[ChildPlan] = []
-    for role, addresses, hosts, command in jobs:
-        if len(addresses) != len(hosts):
-            raise LaunchError(
-                f"the cluster has {len(addresses)} {role} addresses but the spec places "
-                f"{len(hosts)} {role}s; this is a bug in port allocation, please report it")
-        for index, (address, host) in enumerate(zip(addresses, hosts)):
-            if role == SUMSERVER_ROLE:
-                # Bound to the spec's address, like the other servers (bind shim).
-                command = [sumserver_path(), "--host", host_address(host.address),
-                           "--port", address.rpartition(":")[2]]
-            role_env = autopar_env(role, index, cluster, spec, tty=tty)
-            if is_local_address(host.address):
-                plans.append(ChildPlan(role, index, address, host, False, list(command),
-                                       local_env(role_env, extra_env), cwd))
-            else:
-                ssh_cmd = build_ssh_command(host, command, remote_env(role_env, extra_env),
-                                            default_workdir=cwd)
-                plans.append(ChildPlan(role, index, address, host, True, ssh_cmd,
-                                       dict(os.environ), cwd))
-    return plans
-
 
 # ---------------------------------------------------------------------------
 # Running children
 # ---------------------------------------------------------------------------
-
-@dataclass
-class _Child:
-    plan: ChildPlan
-    popen: subprocess.Popen[bytes] | ForkedProcess
-    tail: deque[str]
-    tail_lock: threading.Lock = field(default_factory=threading.Lock)
-    reader: threading.Thread | None = None
-    bind_failed: bool = False      # said its server could not bind its port
-    past_startup: bool = False     # said it received the initial state
-    ended_at: float | None = None  # monotonic time its output ended (it exited)
-
-    @property
-    def name(self) -> str:
-        return self.plan.name
-
-    def answer_token_prompt(self) -> None:
-        """Write the secret to the child's stdin and close it (once)."""
-        stdin, self.popen.stdin = self.popen.stdin, None
-        if stdin is None or self.plan.stdin_secret is None:
-            return
-        try:
-            stdin.write(self.plan.stdin_secret.encode() + b"\n")
-            stdin.flush()
-        except (OSError, ValueError):
-            pass   # it died, or teardown closed the pipe: its exit is reported as usual
-        finally:
-            try:
-                stdin.close()
-            except (OSError, ValueError):
-                pass
-
-    def tail_text(self) -> str:
-        with self.tail_lock:
-            return "\n".join(self.tail)
-
-
-def discard_stdout() -> None:
-    """Point this process's stdout at /dev/null, after its reader went away
-    (`... | head`). As the Python docs recommend for BrokenPipeError: every
-    later write, and the flush at exit of what is still buffered, then
-    succeeds silently instead of raising (or printing "Exception ignored ...
-    BrokenPipeError" at exit). The job itself goes on and ends normally."""
-    try:
-        fd = sys.stdout.fileno()
-    except (AttributeError, OSError, ValueError):
-        return                      # not a real file (replaced in tests): nothing to redirect
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, fd)
-    finally:
-        os.close(devnull)
-
-
-def _write_line(text: str) -> None:
-    with _OUTPUT_LOCK:
-        out: IO[str] | None = sys.stdout
-        if out is None:
-            return
-        try:
-            out.write(text)
-            out.flush()
-        except BrokenPipeError:
-            # Our reader closed its end: stop writing to it, and keep draining
-            # the children anyway so they never block on a full pipe.
-            discard_stdout()
-        except (OSError, ValueError):
-            pass  # stdout closed under us: as above, keep draining
-
-
-def _pump(child: _Child, chief_stopped: threading.Event | None = None,
-          quiet: threading.Event | None = None) -> None:
-    """Forward a child's output line by line, prefixed with its name.
-
-    Once the chief has said it stopped on request (``chief_stopped``), the
-    others' lines only go to their tail: they are the errors of peers whose
-    chief went away (a collective aborted), not news for the user. So are
-    every process's lines once the launcher has found why the job ends
-    (``quiet``): the verdict names them in one line each."""
-    prefix = f"[{child.name}] "
-    is_chief = child.plan.role == WORKER_ROLE and child.plan.index == 0
-    stream = child.popen.stdout
-    assert stream is not None
-    secret = child.plan.stdin_secret
-    try:
-        for raw in iter(stream.readline, b""):
-            # rstrip "\r" too: remote children write through a pty (ssh -tt).
-            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-            if secret is not None:
-                if line.strip() == TOKEN_PROMPT:
-                    child.answer_token_prompt()
-                    continue
-                # Should a remote terminal echo it after all, it still goes nowhere.
-                line = line.replace(secret, "<token>")
-            with child.tail_lock:
-                child.tail.append(line)
-            if is_bind_failure(line):
-                child.bind_failed = True
-            elif _TRAINING_STARTED.search(line):
-                child.past_startup = True
-            if chief_stopped is not None:
-                if is_chief and envvars.STOPPED_LINE in line:
-                    chief_stopped.set()
-                elif not is_chief and chief_stopped.is_set():
-                    continue
-            if quiet is not None and quiet.is_set():
-                continue
-            if not _TF_NOISE.search(line):
-                _write_line(prefix + line + "\n")
-    except (OSError, ValueError):
-        pass  # pipe closed under us during teardown
-    finally:
-        child.ended_at = time.monotonic()
-        stream.close()
-
-
-def _start(plan: ChildPlan, log_tail_lines: int, fork_server: ForkServer | None,
-           network: PrivateNetwork | None = None) -> _Child:
-    """Start one child: forked by the job's fork server when it can run the
-    command (a local Python script or module), else as a new process (in
-    the job's private ``network`` when it is local)."""
-    if fork_server is not None and not plan.remote and forkable(plan.command):
-        try:
-            forked = fork_server.start(plan.command, plan.env, plan.cwd)
-        except ForkServerError as exc:
-            logger.warning("%s; starting %s as a new process instead", exc, plan.name)
-        else:
-            logger.info("started %s at %s, pid %d (forked)", plan.name, plan.address, forked.pid)
-            return _Child(plan, forked, deque(maxlen=max(1, log_tail_lines)))
-    try:
-        local = not plan.remote
-        popen = procs.start_process(plan.command, plan.env, cwd=plan.cwd,
-                                    stdin_pipe=plan.stdin_secret is not None,
-                                    enter=network.enter if network and local else None,
-                                    # the summation server sets no title of its own
-                                    argv0=(f"autopar[{plan.env.get(envvars.JOB_ID, '?')}] "
-                                           f"{plan.name}"
-                                           if local and plan.role == SUMSERVER_ROLE else None))
-    except OSError as exc:
-        what = "ssh" if plan.remote else plan.command[0]
-        raise LaunchError(
-            f"could not start {plan.name} on {plan.host.address}: {what}: {exc}. "
-            f"Check that {what!r} exists and is executable"
-            + (" and that ssh to the host works without a password." if plan.remote else ".")
-        ) from exc
-    logger.info("started %s at %s, pid %d%s", plan.name, plan.address, popen.pid,
-                " (via ssh)" if plan.remote else "")
-    return _Child(plan, popen, deque(maxlen=max(1, log_tail_lines)))
 
 
 def start_fork_server(spec: ResourceSpec, argv: Sequence[str],
@@ -428,7 +76,7 @@ def start_fork_server(spec: ResourceSpec, argv: Sequence[str],
     # is what is read at import and at load (LD_PRELOAD), and what a child's
     # /proc/PID/environ shows (the block a process starts with, copied by fork).
     env = local_env({"TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")},
-                    {**(extra_env or {}), "LD_PRELOAD": _preload_value(),
+                    {**(extra_env or {}), "LD_PRELOAD": preload_value(),
                      envvars.FORK_PRELOAD: preload_extras(sys.modules)})
     try:
         server = ForkServer(env, enter=network.enter if network else None)
@@ -478,22 +126,7 @@ def _restore_handlers(previous: Mapping[int, _Handler]) -> None:
         signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
-def _report_tail(child: _Child, returncode: int | None, pid: int) -> None:
-    """Log the end of a failed process's output (its error, in context)."""
-    if child.reader is not None:
-        # Let the reader catch the last lines the process wrote before it died.
-        child.reader.join(timeout=_DRAIN_SECONDS)
-    tail = child.tail_text()
-    hint = ""
-    if child.plan.remote and returncode == 255:
-        hint = " (255 is also how ssh reports a connection failure)"
-    status = ("has not exited" if returncode is None
-              else f"exited with {procs.describe_returncode(returncode)}")
-    logger.error("%s (pid %d) %s%s; last lines of its output:\n%s",
-                 child.name, pid, status, hint, tail or "(no output)")
-
-
-def _stop_with_checkpoint(chief: _Child, state: _SignalState, timeout: float,
+def _stop_with_checkpoint(chief: Child, state: _SignalState, timeout: float,
                           coordinator: Coordinator) -> int:
     """After the launcher's first SIGINT/SIGTERM: ask the chief to finish its
     step, save a checkpoint and exit, while every other process stays up (a
@@ -523,11 +156,11 @@ def _stop_with_checkpoint(chief: _Child, state: _SignalState, timeout: float,
         # Once it said it stopped, its exit is only teardown: do not wait long.
         if said_stopped is None and envvars.STOPPED_LINE in chief.tail_text():
             said_stopped = time.monotonic()
-        if said_stopped is not None and time.monotonic() - said_stopped > _DRAIN_SECONDS * 5:
+        if said_stopped is not None and time.monotonic() - said_stopped > DRAIN_SECONDS * 5:
             break
         time.sleep(_POLL_SECONDS)
     if chief.reader is not None and chief.popen.poll() is not None:
-        chief.reader.join(timeout=_DRAIN_SECONDS)
+        chief.reader.join(timeout=DRAIN_SECONDS)
     lines = [line for line in chief.tail_text().splitlines() if envvars.STOPPED_LINE in line]
     if lines:
         logger.warning("job stopped on %s: the chief %s", name,
@@ -566,11 +199,11 @@ class _Ended:
 # A failed process that reported its failure gets this long to exit (its
 # output ends with the error the verdict names).
 _FAILING_EXIT_SECONDS = 5.0
-# Failures of peers are collected until none is new for this long (at most _DRAIN_SECONDS).
+# Failures of peers are collected until none is new for this long (at most DRAIN_SECONDS).
 _SETTLE_SECONDS = 0.3
 
 
-def _supervise(children: list[_Child], state: _SignalState, stop_timeout: float,
+def _supervise(children: list[Child], state: _SignalState, stop_timeout: float,
                monitor: JobMonitor, quiet: threading.Event) -> _Outcome:
     """Wait until the job ends; how it ended."""
     workers = [c for c in children if c.plan.role == WORKER_ROLE]
@@ -595,7 +228,7 @@ def _supervise(children: list[_Child], state: _SignalState, stop_timeout: float,
         time.sleep(_POLL_SECONDS)
 
 
-def _failure(children: list[_Child], monitor: JobMonitor) -> _Outcome:
+def _failure(children: list[Child], monitor: JobMonitor) -> _Outcome:
     """A process failed: find the first failure (the cause) among every
     failure seen by now, the others being its effects (peers whose
     collectives aborted), and say which process, which error, at which step.
@@ -605,14 +238,14 @@ def _failure(children: list[_Child], monitor: JobMonitor) -> _Outcome:
     runtime/coordinator_client.py report_failure), so its peers' failures, which
     it causes only by exiting, come later; a process killed without a word
     failed when its output ended."""
-    deadline = time.monotonic() + _DRAIN_SECONDS
+    deadline = time.monotonic() + DRAIN_SECONDS
     # Processes whose output just ended: wait for their exit status.
     while (any(c.ended_at is not None and c.popen.poll() is None for c in children)
            and time.monotonic() < deadline):
         time.sleep(0.02)
     states = monitor.coordinator.snapshot()
 
-    def failed_at(child: _Child) -> float | None:
+    def failed_at(child: Child) -> float | None:
         state = states.get(child.name)
         times = [state.failed_at] if state is not None and state.failed_at else []
         rc = child.popen.poll()
@@ -627,9 +260,9 @@ def _failure(children: list[_Child], monitor: JobMonitor) -> _Outcome:
     while first.popen.poll() is None and time.monotonic() < deadline:
         time.sleep(_POLL_SECONDS)   # reported its failure; its error is still to come
     rc = first.popen.poll()
-    _report_tail(first, rc, _pid(first, states))
+    report_tail(first, rc, _pid(first, states))
     # Peers failing because of it (a collective aborted) say so within moments.
-    seen, deadline = len(failures), time.monotonic() + _DRAIN_SECONDS
+    seen, deadline = len(failures), time.monotonic() + DRAIN_SECONDS
     while time.monotonic() < deadline:
         time.sleep(_SETTLE_SECONDS)
         states = monitor.coordinator.snapshot()
@@ -646,13 +279,13 @@ def _failure(children: list[_Child], monitor: JobMonitor) -> _Outcome:
     return _Outcome(status, lines, restartable=status != 2)
 
 
-def _pid(child: _Child, states: Mapping[str, ProcessState]) -> int:
+def _pid(child: Child, states: Mapping[str, ProcessState]) -> int:
     """The process's own pid (a remote one's as it registered), else the local one."""
     state = states.get(child.name)
     return state.pid if state is not None and state.pid else child.popen.pid
 
 
-def _failure_text(child: _Child, states: Mapping[str, ProcessState], limit: int = 400) -> str:
+def _failure_text(child: Child, states: Mapping[str, ProcessState], limit: int = 400) -> str:
     """"worker 1 (pid 42) failed after global step 5: ValueError: boom (status 1)",
     the error cut to ``limit`` characters."""
     rc = child.popen.poll()
@@ -668,7 +301,7 @@ def _failure_text(child: _Child, states: Mapping[str, ProcessState], limit: int 
     return f"{child.name} (pid {_pid(child, states)}) {_when(child, state)}: {cause}"
 
 
-def _when(child: _Child, state: ProcessState | None) -> str:
+def _when(child: Child, state: ProcessState | None) -> str:
     """When a process failed, in training steps (global steps where known)."""
     if child.plan.role != WORKER_ROLE:
         return "failed"
@@ -840,8 +473,8 @@ def _launch_once(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: lis
         coordinator.publish(key, value)
     try:
         plans = plan_children(spec, cluster, argv, tty=_stdout_is_tty(), sumservers=sumservers,
-                              extra_env={**(extra_env or {}), **_job_env(coordinator, cluster)})
-        plans = _give_token(plans, coordinator)
+                              extra_env={**(extra_env or {}), **job_env(coordinator, cluster)})
+        plans = give_token(plans, coordinator)
         ended = _launch_plans(plans, grace_seconds, log_tail_lines,
                               JobMonitor(coordinator, stall_timeout_s), stop_timeout_s,
                               fork_server, network)
@@ -859,18 +492,18 @@ def _launch_plans(plans: list[ChildPlan], grace_seconds: float, log_tail_lines: 
     interrupted = False
     state = _SignalState()
     _install_handlers(state)   # left installed for the teardown; ``launch`` restores the caller's
-    children: list[_Child] = []
+    children: list[Child] = []
     outcome = _Outcome(1)
     quiet = threading.Event()        # set once the job's end is decided
     try:
         try:
             for plan in plans:
-                children.append(_start(plan, log_tail_lines, fork_server, network))
+                children.append(start_child(plan, log_tail_lines, fork_server, network))
             # Readers start only once every process is forked: preexec_fn runs
             # between fork and exec, best done while this is the only thread.
             chief_stopped = threading.Event()
             for child in children:
-                child.reader = threading.Thread(target=_pump, args=(child, chief_stopped, quiet),
+                child.reader = threading.Thread(target=pump, args=(child, chief_stopped, quiet),
                                                 name=f"autopar-log-{child.name}", daemon=True)
                 child.reader.start()
             probe = _SumserverProbe(children, monitor, network.answers if network else answers)
@@ -892,7 +525,7 @@ def _launch_plans(plans: list[ChildPlan], grace_seconds: float, log_tail_lines: 
                 if child.popen.stdin is not None:   # a token prompt never came
                     child.popen.stdin.close()
                 if child.reader is not None:
-                    child.reader.join(timeout=_DRAIN_SECONDS)
+                    child.reader.join(timeout=DRAIN_SECONDS)
                 elif child.popen.stdout is not None:
                     child.popen.stdout.close()
     status = outcome.status
@@ -921,7 +554,7 @@ class _SumserverProbe:
     INTERVAL_S = 1.0
     TIMEOUT_S = 2.0
 
-    def __init__(self, children: Sequence[_Child], monitor: JobMonitor,
+    def __init__(self, children: Sequence[Child], monitor: JobMonitor,
                  probe: Callable[[str, float], bool]) -> None:
         self._answers = probe
         self._targets = [c for c in children if c.plan.role == SUMSERVER_ROLE]
@@ -946,7 +579,7 @@ class _SumserverProbe:
                 if child.popen.poll() is None and self._answers(child.plan.address, self.TIMEOUT_S):
                     self._heard(child)
 
-    def _heard(self, child: _Child) -> None:
+    def _heard(self, child: Child) -> None:
         pid = 0 if child.plan.remote else child.popen.pid
         self._coordinator.heard_from(SUMSERVER_ROLE, child.plan.index, pid, child.plan.address)
 
@@ -1003,64 +636,3 @@ def _start_coordinator(spec: ResourceSpec, cluster: Mapping[str, list[str]],
     return coordinator
 
 
-def bind_env_value(cluster: Mapping[str, list[str]]) -> str:
-    """AUTOPAR_BIND for the shim: "ADDR/PORT" for every endpoint of the job."""
-    entries = []
-    for addresses in cluster.values():
-        for endpoint in addresses:
-            host, _, port = endpoint.rpartition(":")
-            entries.append(f"{host_address(host)}/{port}")
-    return ",".join(dict.fromkeys(entries))
-
-
-def bind_shim_path() -> str:
-    """runtime/libautopar_bind.so, built at install time (built now if missing)."""
-    from autopar.runtime import native
-    return _built(native.SHIM_NAME, native.build_shim)
-
-
-def sumserver_path() -> str:
-    """runtime/autopar_sumserver, built at install time (built now if missing)."""
-    from autopar.runtime import native
-    return _built(native.SUMSERVER_NAME, native.build_sumserver)
-
-
-def _built(name: str, build) -> str:
-    """runtime/<name>, building it with ``build`` first if it is missing (a
-    checkout used without `make install`); a build failure is a LaunchError."""
-    from autopar.runtime import native
-    path = native.RUNTIME_DIR / name
-    if not path.exists():
-        try:
-            build()
-        except native.BuildError as exc:
-            raise LaunchError(str(exc)) from exc
-    return str(path)
-
-
-def _job_env(coordinator: Coordinator, cluster: Mapping[str, list[str]]) -> dict[str, str]:
-    """Variables every child gets, the token excepted (see _give_token): where
-    the coordinator is, and the bind shim that keeps TensorFlow's servers off
-    the wildcard address."""
-    return {envvars.COORDINATOR: coordinator.address, envvars.BIND: bind_env_value(cluster),
-            "LD_PRELOAD": _preload_value()}
-
-
-def _preload_value() -> str:
-    """LD_PRELOAD of every local child (and the fork server): the bind shim,
-    then whatever the launcher's environment preloads."""
-    return " ".join(p for p in (bind_shim_path(), os.environ.get("LD_PRELOAD", "")) if p)
-
-
-def _give_token(plans: list[ChildPlan], coordinator: Coordinator) -> list[ChildPlan]:
-    """The plans with the coordinator token: in a local child's environment,
-    on a remote child's ssh stdin (its environment is part of the ssh command
-    line, see build_ssh_command)."""
-    given = []
-    for plan in plans:
-        if plan.remote:
-            plan = replace(plan, stdin_secret=coordinator.token)
-        else:
-            plan.env[envvars.COORD_TOKEN] = coordinator.token
-        given.append(plan)
-    return given

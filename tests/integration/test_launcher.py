@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from autopar.common import env as envvars
-from autopar.runtime.launcher import REPO_ROOT, build_ssh_command, launch, plan_children
+from autopar.runtime.commands import REPO_ROOT, build_ssh_command, plan_children
+from autopar.runtime.launcher import launch
 from autopar.runtime.spec import HostSpec, ResourceSpec, SSHSettings, load_spec
 from tests.integration.cluster import pid_alive
 
@@ -204,7 +205,7 @@ def test_server_exiting_early_fails_the_job(capsys, caplog, tag, pid_dir, monkey
     (fake_root / "autopar" / "runtime" / "__init__.py").write_text("")
     (fake_root / "autopar" / "runtime" / "server_main.py").write_text(
         "print('server failing on purpose'); raise SystemExit(2)\n")
-    monkeypatch.setattr("autopar.runtime.launcher.REPO_ROOT", str(fake_root))
+    monkeypatch.setattr("autopar.runtime.commands.REPO_ROOT", str(fake_root))
     # `python -m` puts the working directory first on sys.path: leave the repo.
     monkeypatch.chdir(pid_dir.parent)
     caplog.set_level(logging.INFO, logger="autopar.launcher")

@@ -18,7 +18,7 @@ from autopar.runtime.coordinator import (PHASE_CLOSED, PHASE_FAILED, PHASE_SCRIP
                                          Coordinator, ProcessState, _grpc_modules)
 from autopar.runtime.coordinator_client import CoordinatorClient, ProgressHook
 from autopar.runtime.health import diagnose
-from autopar.runtime.launcher import bind_env_value, bind_shim_path
+from autopar.runtime.commands import bind_env_value, bind_shim_path
 
 
 @pytest.fixture
@@ -252,7 +252,7 @@ def test_bind_env_value_lists_every_endpoint():
 
 
 def test_children_get_the_token_in_their_environment_or_on_ssh_stdin():
-    from autopar.runtime.launcher import _give_token, _job_env, plan_children
+    from autopar.runtime.commands import give_token, job_env, plan_children
     from autopar.runtime.spec import HostSpec, ResourceSpec, SSHSettings
     spec = ResourceSpec(hosts=(
         HostSpec(address="127.0.0.1", workers=1, servers=0),
@@ -262,8 +262,8 @@ def test_children_get_the_token_in_their_environment_or_on_ssh_stdin():
     cluster = {"worker": ["127.0.0.1:5000", "192.0.2.10:5000"]}
     coordinator = Coordinator("127.0.0.1", num_workers=2, num_servers=0)
     plans = plan_children(spec, cluster, [sys.executable, "train.py"],
-                          extra_env=_job_env(coordinator, cluster), cwd="/here")
-    local, remote = _give_token(plans, coordinator)
+                          extra_env=job_env(coordinator, cluster), cwd="/here")
+    local, remote = give_token(plans, coordinator)
     assert local.env[envvars.COORD_TOKEN] == coordinator.token
     assert local.env[envvars.COORDINATOR] == coordinator.address
     assert local.env[envvars.BIND] == "127.0.0.1/5000,192.0.2.10/5000"
@@ -376,7 +376,7 @@ def test_a_stopped_summation_server_does_not_answer_the_probe():
     """The launcher's liveness probe of a summation server (it sends no
     heartbeats): a running one closes the probe's connection, a SIGSTOPped
     one (its kernel still accepts connections) does not."""
-    from autopar.runtime.launcher import sumserver_path
+    from autopar.runtime.commands import sumserver_path
     from autopar.runtime.netns import answers
     server = subprocess.Popen([sumserver_path(), "--host", "127.0.0.1", "--port", "0"],
                               stdout=subprocess.PIPE, text=True)

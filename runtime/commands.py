@@ -1,0 +1,261 @@
+"""What the launcher starts, before anything starts (pure: unit-testable):
+one ChildPlan per server, summation server and worker, with its command
+(ssh for a remote host), environment and working directory; the variables
+every child gets; the native binaries a child needs (the bind shim, the
+summation server), built on first use in a checkout without `make install`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import autopar
+from autopar.common import env as envvars
+from autopar.common import procs
+from autopar.common.addresses import host_address
+from autopar.common.errors import LaunchError
+from autopar.common.roles import SERVER_JOB, SERVER_ROLE, SUMSERVER_ROLE, WORKER_JOB, WORKER_ROLE
+from autopar.runtime.coordinator import Coordinator
+from autopar.runtime.coordinator_client import DEFAULT_LINK_TIMEOUT_S, LINK_TIMEOUT
+from autopar.runtime.ports import is_local_address
+from autopar.runtime.spec import HostSpec, ResourceSpec
+
+logger = logging.getLogger("autopar.launcher")
+
+
+# The directory holding the autopar package (a source checkout's root, or
+# site-packages): put first on every child's PYTHONPATH.
+REPO_ROOT = str(Path(autopar.__file__).resolve().parent.parent)
+
+@dataclass(frozen=True)
+class ChildPlan:
+    """Everything needed to start one server or worker process."""
+    role: str                 # WORKER_ROLE, SERVER_ROLE or SUMSERVER_ROLE
+    index: int                # task index within the role's job
+    address: str              # "host:port" from the cluster
+    host: HostSpec
+    remote: bool
+    command: list[str]        # final argv run locally (ssh ... for remote)
+    env: dict[str, str]       # environment of the local process
+    cwd: str | None
+    # Written to a remote child's ssh stdin once it asks for it (see
+    # build_ssh_command): the coordinator token. Never printed.
+    stdin_secret: str | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return f"{self.role} {self.index}"
+
+def autopar_env(role: str, index: int, cluster: Mapping[str, list[str]],
+                spec: ResourceSpec, *, tty: bool) -> dict[str, str]:
+    """The variables telling a child which role it plays (common/env.py)."""
+    return {
+        envvars.ROLE: role,
+        envvars.TASK_INDEX: str(index),
+        envvars.CLUSTER: json.dumps(dict(cluster), sort_keys=True),
+        envvars.SPEC: json.dumps(spec.to_dict(), sort_keys=True),
+        envvars.TTY: "1" if tty else "0",
+        "PYTHONUNBUFFERED": "1",
+        # TensorFlow's C++ INFO/WARNING chatter, unless the user asked for it.
+        "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
+    }
+
+def new_job() -> dict[str, str]:
+    """A new job's id, as the variable every child gets (AUTOPAR_JOB_ID): six
+    hex digits in the title of each of its processes (``autopar[id] ...``),
+    this launcher's included."""
+    job = {envvars.JOB_ID: secrets.token_hex(3)}
+    procs.set_title(f"launcher {os.path.basename(sys.argv[0]) if sys.argv else ''}", job)
+    logger.info("job %s: its processes show as autopar[%s] in ps", job[envvars.JOB_ID],
+                job[envvars.JOB_ID])
+    return job
+
+def _prepend_path(entry: str, existing: str | None) -> str:
+    parts = [p for p in (existing or "").split(os.pathsep) if p]
+    return os.pathsep.join([entry] + [p for p in parts if p != entry])
+
+def local_env(role_env: Mapping[str, str], extra_env: Mapping[str, str] | None,
+              base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment of a local child: the launcher's own, then ``extra_env``,
+    then the role variables, with the repo root first on PYTHONPATH."""
+    env = dict(os.environ if base is None else base)
+    env.update(extra_env or {})
+    env.update(role_env)
+    env["PYTHONPATH"] = _prepend_path(REPO_ROOT, env.get("PYTHONPATH"))
+    return env
+
+def remote_env(role_env: Mapping[str, str], extra_env: Mapping[str, str] | None) -> dict[str, str]:
+    """Environment set on a remote host's command line.
+
+    Unlike a local child, a remote one does not inherit the launcher's whole
+    environment (PATH, HOME, DISPLAY... describe this machine, not that one):
+    only ``extra_env``, the role variables and PYTHONPATH, which assumes the
+    repository sits at the same path on every host (as Parallax does).
+    """
+    env = dict(extra_env or {})
+    env.update(role_env)
+    env["PYTHONPATH"] = _prepend_path(REPO_ROOT, env.get("PYTHONPATH"))
+    # Cut off from the launcher, it stops itself (runtime/coordinator_client.py LINK_TIMEOUT).
+    env[LINK_TIMEOUT] = os.environ.get(LINK_TIMEOUT, f"{DEFAULT_LINK_TIMEOUT_S:g}")
+    return env
+
+# A remote child prints this line when it is ready to read the coordinator
+# token from its stdin (terminal echo off); the launcher then writes it.
+TOKEN_PROMPT = "autopar: ready for the job token"
+
+def build_ssh_command(host: HostSpec, command: Sequence[str], env: Mapping[str, str], *,
+                      default_workdir: str) -> list[str]:
+    """The local argv that runs ``command`` with ``env`` on ``host`` over ssh.
+
+    ``-tt`` gives the remote command a terminal, so that when the local ssh
+    process is stopped (or killed with the launcher) the remote side gets
+    SIGHUP instead of running on orphaned. BatchMode makes a missing key fail
+    at once instead of prompting; the keep-alive options turn a dead host into
+    an ssh exit (255) within half a minute. If ``ssh.python`` is set it
+    replaces a leading ``sys.executable``.
+
+    The coordinator token is secret, so it is not in ``env`` (that is on the
+    command line, visible in ``ps`` on both hosts): a POSIX ``sh`` on the
+    remote host turns terminal echo off (the token must not come back through
+    the terminal into the log), prints TOKEN_PROMPT, reads one line from its
+    stdin into AUTOPAR_COORD_TOKEN and then runs ``command`` with stdin from
+    /dev/null, as a local child has. The launcher answers the prompt on ssh's
+    stdin and closes it. Without a token line (stdin closed) nothing runs.
+    """
+    ssh = host.ssh
+    user = getattr(ssh, "user", None)
+    port = getattr(ssh, "port", 22) or 22
+    key_file = getattr(ssh, "key_file", None)
+    python = getattr(ssh, "python", None)
+    workdir = getattr(ssh, "workdir", None) or default_workdir
+
+    remote_argv = list(command)
+    if python and remote_argv and remote_argv[0] == sys.executable:
+        remote_argv[0] = python
+    assignments = [f"{key}={value}" for key, value in env.items()]
+    token = envvars.COORD_TOKEN
+    script = "; ".join([
+        f"cd {shlex.quote(workdir)} || exit 1",
+        "stty -echo 2>/dev/null",
+        f"echo {shlex.quote(TOKEN_PROMPT)}",
+        f"IFS= read -r {token} || exit 1",
+        f"export {token}",
+        # `exec` so the shell is replaced and signals reach the process.
+        f"exec env {shlex.join(assignments)} {shlex.join(remote_argv)} </dev/null",
+    ])
+    # `sh` whatever the user's login shell is (read/export are POSIX sh).
+    remote_cmd = f"exec sh -c {shlex.quote(script)}"
+
+    argv = ["ssh", "-tt",
+            "-o", "BatchMode=yes",
+            "-o", "ServerAliveInterval=10",
+            "-o", "ServerAliveCountMax=3",
+            "-p", str(port)]
+    if key_file:
+        # Passed as written: OpenSSH expands "~" in identity files itself.
+        argv += ["-i", key_file]
+    destination = f"{user}@{host.address}" if user else host.address
+    # "--" ends ssh's options: even a destination that slipped past spec
+    # validation cannot be read as one ("-oProxyCommand=...").
+    argv += ["--", destination, remote_cmd]
+    return argv
+
+def plan_children(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: Sequence[str],
+                  *, extra_env: Mapping[str, str] | None = None, tty: bool = False,
+                  cwd: str | None = None, sumservers: Sequence[str] = ()) -> list[ChildPlan]:
+    """One ChildPlan per server, then per summation server (``sumservers``,
+    one per server, or none), then per worker, in task-index order. With
+    summation servers every child gets AUTOPAR_SUMSERVERS."""
+    cwd = cwd or os.getcwd()
+    server_cmd = [sys.executable, "-m", "autopar.runtime.server_main"]
+    jobs: list[tuple[str, list[str], list[HostSpec], list[str]]] = [
+        (SERVER_ROLE, list(cluster.get(SERVER_JOB, [])), spec.server_hosts(), server_cmd),
+        (SUMSERVER_ROLE, list(sumservers), spec.server_hosts() if sumservers else [], []),
+        (WORKER_ROLE, list(cluster[WORKER_JOB]), spec.worker_hosts(), list(argv)),
+    ]
+    if sumservers:
+        extra_env = {**(extra_env or {}), envvars.SUMSERVERS: ",".join(sumservers)}
+    plans: list[ChildPlan] = []
+    for role, addresses, hosts, command in jobs:
+        if len(addresses) != len(hosts):
+            raise LaunchError(
+                f"the cluster has {len(addresses)} {role} addresses but the spec places "
+                f"{len(hosts)} {role}s; this is a bug in port allocation, please report it")
+        for index, (address, host) in enumerate(zip(addresses, hosts)):
+            if role == SUMSERVER_ROLE:
+                # Bound to the spec's address, like the other servers (bind shim).
+                command = [sumserver_path(), "--host", host_address(host.address),
+                           "--port", address.rpartition(":")[2]]
+            role_env = autopar_env(role, index, cluster, spec, tty=tty)
+            if is_local_address(host.address):
+                plans.append(ChildPlan(role, index, address, host, False, list(command),
+                                       local_env(role_env, extra_env), cwd))
+            else:
+                ssh_cmd = build_ssh_command(host, command, remote_env(role_env, extra_env),
+                                            default_workdir=cwd)
+                plans.append(ChildPlan(role, index, address, host, True, ssh_cmd,
+                                       dict(os.environ), cwd))
+    return plans
+
+def bind_env_value(cluster: Mapping[str, list[str]]) -> str:
+    """AUTOPAR_BIND for the shim: "ADDR/PORT" for every endpoint of the job."""
+    entries = []
+    for addresses in cluster.values():
+        for endpoint in addresses:
+            host, _, port = endpoint.rpartition(":")
+            entries.append(f"{host_address(host)}/{port}")
+    return ",".join(dict.fromkeys(entries))
+
+def bind_shim_path() -> str:
+    """runtime/libautopar_bind.so, built at install time (built now if missing)."""
+    from autopar.runtime import native
+    return _built(native.SHIM_NAME, native.build_shim)
+
+def sumserver_path() -> str:
+    """runtime/autopar_sumserver, built at install time (built now if missing)."""
+    from autopar.runtime import native
+    return _built(native.SUMSERVER_NAME, native.build_sumserver)
+
+def _built(name: str, build) -> str:
+    """runtime/<name>, building it with ``build`` first if it is missing (a
+    checkout used without `make install`); a build failure is a LaunchError."""
+    from autopar.runtime import native
+    path = native.RUNTIME_DIR / name
+    if not path.exists():
+        try:
+            build()
+        except native.BuildError as exc:
+            raise LaunchError(str(exc)) from exc
+    return str(path)
+
+def job_env(coordinator: Coordinator, cluster: Mapping[str, list[str]]) -> dict[str, str]:
+    """Variables every child gets, the token excepted (see give_token): where
+    the coordinator is, and the bind shim that keeps TensorFlow's servers off
+    the wildcard address."""
+    return {envvars.COORDINATOR: coordinator.address, envvars.BIND: bind_env_value(cluster),
+            "LD_PRELOAD": preload_value()}
+
+def preload_value() -> str:
+    """LD_PRELOAD of every local child (and the fork server): the bind shim,
+    then whatever the launcher's environment preloads."""
+    return " ".join(p for p in (bind_shim_path(), os.environ.get("LD_PRELOAD", "")) if p)
+
+def give_token(plans: list[ChildPlan], coordinator: Coordinator) -> list[ChildPlan]:
+    """The plans with the coordinator token: in a local child's environment,
+    on a remote child's ssh stdin (its environment is part of the ssh command
+    line, see build_ssh_command)."""
+    given = []
+    for plan in plans:
+        if plan.remote:
+            plan = replace(plan, stdin_secret=coordinator.token)
+        else:
+            plan.env[envvars.COORD_TOKEN] = coordinator.token
+        given.append(plan)
+    return given
