@@ -165,8 +165,8 @@ class SyncMethod:
 
     def plan_state(self, state: Any) -> Any:
         """What the compiled plan keeps of prepare's state: an instance of
-        `State`, or None."""
-        return None
+        `State`, or None. By default prepare's state itself when it is one."""
+        return state if self.State is not None and isinstance(state, self.State) else None
 
     def state(self, plan: "Plan") -> Any:
         """The plan_state this method left in `plan` (None if none), decoded

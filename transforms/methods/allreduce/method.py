@@ -95,9 +95,6 @@ class AllReduce(SyncMethod):
                 key += 2
         return RingState(buckets, why), key
 
-    def plan_state(self, state):
-        return state
-
     def variable_plan(self, v, reason, state, key):
         bucket = next(b for b in state.buckets if v.name in b.variables)
         return VariablePlan(v.name, self.name, "replicated on every worker", reason,

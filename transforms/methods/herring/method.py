@@ -99,9 +99,6 @@ class Herring(SyncMethod):
             key += 2
         return HerringState(layout, why), key
 
-    def plan_state(self, state):
-        return state
-
     def variable_plan(self, v, reason, state, key):
         """partitions/servers: the element ranges [start, end) of the flattened
         gradient and the server summing each (what the report counts)."""
