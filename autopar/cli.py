@@ -2,6 +2,10 @@
 
     autopar launch --spec SPEC -- python train.py [args...]   train on the cluster
     autopar report --spec SPEC -- python train.py [args...]   print the plan, train nothing
+
+Instead of --spec, the hosts as MPI and Horovod take them: -H host1:4,host2:4
+or --hostfile FILE ('host slots=N' lines), slots being workers per host, with
+--servers-per-host N (default 0).
 """
 from __future__ import annotations
 
@@ -31,7 +35,14 @@ def main(argv: list[str] | None = None) -> int:
     for action, text in (("launch", "start every server and worker of SPEC running the command"),
                          ("report", "print the plan for the command's graph on SPEC, train nothing")):
         p = sub.add_parser(action, help=text)
-        p.add_argument("--spec", required=True, help="resource spec (YAML or Parallax text)")
+        hosts = p.add_mutually_exclusive_group(required=True)
+        hosts.add_argument("--spec", help="resource spec (YAML or Parallax text)")
+        hosts.add_argument("-H", "--hosts", metavar="HOST:SLOTS,...",
+                           help="hosts and workers per host, as horovodrun -H takes them")
+        hosts.add_argument("--hostfile", metavar="FILE",
+                           help="a hostfile of 'host slots=N' lines (OpenMPI and Horovod)")
+        p.add_argument("--servers-per-host", type=int, default=0, metavar="N",
+                       help="with -H or --hostfile: server processes on each host (default 0)")
         if action == "launch":
             p.add_argument("--stall-timeout", type=float, default=60.0, metavar="SECONDS",
                            help="end the job when workers wait this long in a step for others "
@@ -50,9 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     # This process is only the launcher: its log lines go to stdout, through a
     # handler that survives a reader closing the pipe (`| head`).
     logging.basicConfig(level=logging.INFO, handlers=[StdoutHandler()])
-    from autopar.runtime.spec import load_spec
     try:
-        spec = load_spec(args.spec)
+        spec = _spec(args)
     except AutoparError as e:
         if debug_errors():
             raise
@@ -77,6 +87,27 @@ def main(argv: list[str] | None = None) -> int:
             raise
         sys.stderr.write("autopar: interrupted\n")
         return 130
+
+
+def _spec(args):
+    """The job's ResourceSpec from --spec, -H or --hostfile."""
+    from autopar.runtime import hostfile
+    from autopar.runtime.spec import load_spec
+    if args.spec is not None:
+        if args.servers_per_host:
+            raise AutoparError("--servers-per-host goes with -H or --hostfile; a spec file "
+                               "gives each host's 'servers' itself")
+        return load_spec(args.spec)
+    if args.hosts is not None:
+        hosts = hostfile.parse_host_list(args.hosts)
+    else:
+        try:
+            with open(args.hostfile, encoding="utf-8") as f:
+                text = f.read(1 << 20)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise AutoparError(f"hostfile {args.hostfile}: cannot be read ({exc})") from exc
+        hosts = hostfile.parse_hostfile(text, args.hostfile)
+    return hostfile.spec_from_hosts(hosts, args.servers_per_host)
 
 
 if __name__ == "__main__":

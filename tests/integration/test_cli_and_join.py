@@ -6,6 +6,8 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from tests.integration.cluster import (REPO, assert_same_parameters, child_env, load_worker,
                                        run_single_device, train_command, write_spec)
 
@@ -28,14 +30,29 @@ def test_report_prints_plan_and_trains_nothing(tmp_path):
     assert not out.exists()
 
 
-def test_launch_command_trains_on_workers(tmp_path):
+@pytest.mark.parametrize("hosts", ["spec", "-H", "hostfile"])
+def test_launch_command_trains_on_workers(tmp_path, hosts):
+    """The same job from a spec, from Horovod's -H and from an OpenMPI
+    hostfile: two workers on this machine, equal to one device."""
     out = tmp_path / "out"
-    proc = _autopar("launch", "--spec", str(write_spec(tmp_path, 2)), "--",
-                    *train_command("mlp_sgd", out, "--steps", "3"))
+    if hosts == "spec":
+        where = ["--spec", str(write_spec(tmp_path, 2))]
+    elif hosts == "-H":
+        where = ["-H", "127.0.0.1:2"]
+    else:
+        (tmp_path / "hosts.txt").write_text("# this machine\n127.0.0.1 slots=2 max_slots=4\n")
+        where = ["--hostfile", str(tmp_path / "hosts.txt")]
+    proc = _autopar("launch", *where, "--",
+                    *train_command("mlp_sgd", out, "--steps", "3", "--batch", "8"))
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "[worker 0]" in proc.stdout and "[worker 1]" in proc.stdout
     assert "autopar plan: 2 workers" in proc.stdout     # the chief printed the report
     assert int(load_worker(out, 1)["global_step"]) == 3
+    if hosts != "spec":
+        single = tmp_path / "single"
+        run_single_device("mlp_sgd", single, "--steps", "3", "--batch", "8")
+        assert_same_parameters(load_worker(single, 0), load_worker(out, 1),
+                               what=f"mlp_sgd launched with {hosts}")
 
 
 def _free_ports(n):
