@@ -22,15 +22,21 @@ $(STAMP): setup.py pyproject.toml runtime/coordinator.proto transforms/fusion_la
 	$(MAKE) system-packages
 	touch $(STAMP)
 
-# nftables, for the per-job firewall rules of jobs on non-loopback addresses
-# (docs/security.md): installed with apt when run as root and
-# missing; otherwise such jobs warn what stays exposed.
+# Installed with apt when run as root and missing: nftables, for the per-job
+# firewall rules of jobs on non-loopback addresses (docs/security.md; without
+# it such jobs warn what stays exposed), and OpenMPI's mpirun, which the tests
+# start jobs with (docs/launching.md; without it those tests say why they skip).
 system-packages:
-	@if [ "$$(id -u)" = 0 ] && ! command -v nft >/dev/null && command -v apt-get >/dev/null; then \
-		echo "installing nftables (apt-get)"; \
-		(apt-get install -y -qq nftables >/dev/null 2>&1 || \
-		 (apt-get update -qq && apt-get install -y -qq nftables >/dev/null)) || \
-		echo "could not install nftables: firewall rules will be skipped with a warning"; \
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		for pkg in nft:nftables mpirun:openmpi-bin; do \
+			cmd=$${pkg%%:*}; name=$${pkg#*:}; \
+			if ! command -v $$cmd >/dev/null; then \
+				echo "installing $$name (apt-get)"; \
+				(apt-get install -y -qq $$name >/dev/null 2>&1 || \
+				 (apt-get update -qq && apt-get install -y -qq $$name >/dev/null)) || \
+				echo "could not install $$name"; \
+			fi; \
+		done; \
 	fi
 
 # The coordinator's gRPC modules (from runtime/coordinator.proto), the bind

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from autopar.config import Config
 from autopar.console import debug_errors, report_error, setup_logging
-from autopar.common.errors import AutoparError
+from autopar.common.errors import AutoparError, SpecError
 from autopar.common import env, procs
 from autopar.common.roles import REPORT_ROLE, SERVER_ROLE, WORKER_JOB, WORKER_ROLE
 from autopar.transforms.compile import CompiledPlan, compile_for_config
@@ -61,7 +61,7 @@ def get_runner(graph, resource_info=None, config: Config | None = None):
 
 
 def _get_runner(graph, resource_info, config: Config):
-    from autopar.runtime import launcher, spec as specs, worker   # runtime is heavy; import on use
+    from autopar.runtime import join, launcher, spec as specs, worker   # runtime is heavy; import on use
     graph, lifted = _lifted(graph)
     role = env.current_role()
     if role == WORKER_ROLE:
@@ -78,6 +78,9 @@ def _get_runner(graph, resource_info, config: Config):
         sys.exit(0)
     if os.environ.get("TF_CONFIG"):
         return _join_external(graph, config, lifted)
+    mpi = join.mpi_rank(os.environ)
+    if mpi is not None:
+        return _join_mpi(graph, resource_info, config, mpi, lifted)
     if resource_info is None:
         return worker.single_device_runner(graph, config, lifted=lifted)
     # The launcher: compile once, print the report from it, serve it to
@@ -135,15 +138,32 @@ def _join_external(graph, config, lifted=None):
     return worker.distributed_runner(graph, cluster, index, config, lifted=lifted)
 
 
+def _join_mpi(graph, resource_info, config, mpi: tuple[int, int], lifted=None):
+    """A rank an MPI launcher started (runtime/join.py): worker `rank` of the
+    spec's cluster; joins, spawns nothing, compiles the plan itself."""
+    from autopar.runtime import join, spec as specs, worker
+    if resource_info is None:
+        raise SpecError("this process was started by an MPI launcher (mpirun): pass the resource "
+                        "spec to get_runner so every rank derives the same cluster from it")
+    rank, size = mpi
+    cluster = join.mpi_cluster(specs.load_spec(resource_info), rank, size)
+    log.info("MPI rank %d of %d: worker %d of %s", rank, size, rank, cluster[WORKER_JOB])
+    return worker.distributed_runner(graph, cluster, rank, config, lifted=lifted)
+
+
 def shard(dataset: tf.data.Dataset) -> tf.data.Dataset:
     """This worker's disjoint, deterministic slice of `dataset` (element i goes
     to worker i mod N). Call it before .batch(): each worker then batches its
     own elements, and the N per-worker batches of a step together are the
-    single-device batch N times as large. Outside a job: the dataset itself."""
-    if env.current_role() != WORKER_ROLE:
+    single-device batch N times as large. A worker started by autopar's
+    launcher, through TF_CONFIG or by an MPI launcher knows its place before
+    get_runner is called. Outside a job: the dataset itself."""
+    from autopar.runtime import join
+    position = join.worker_position(os.environ)
+    if position is None:
         return dataset
-    num_workers = len(env.current_cluster()[WORKER_JOB])
-    return dataset.shard(num_workers, env.current_task_index())
+    num_workers, index = position
+    return dataset.shard(num_workers, index)
 
 
 def analyze(graph, resource_info, config: Config | None = None) -> Report:
