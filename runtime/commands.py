@@ -133,6 +133,7 @@ def build_ssh_command(host: HostSpec, command: Sequence[str], env: Mapping[str, 
     user = getattr(ssh, "user", None)
     port = getattr(ssh, "port", 22) or 22
     key_file = getattr(ssh, "key_file", None)
+    known_hosts = getattr(ssh, "known_hosts", None)
     python = getattr(ssh, "python", None)
     workdir = getattr(ssh, "workdir", None) or default_workdir
 
@@ -161,6 +162,11 @@ def build_ssh_command(host: HostSpec, command: Sequence[str], env: Mapping[str, 
     if key_file:
         # Passed as written: OpenSSH expands "~" in identity files itself.
         argv += ["-i", key_file]
+    if known_hosts:
+        # The host's key must be the one pinned there: no other file, and no
+        # first-use acceptance (BatchMode refuses an unknown key anyway).
+        argv += ["-o", f"UserKnownHostsFile={known_hosts}", "-o", "GlobalKnownHostsFile=none",
+                 "-o", "StrictHostKeyChecking=yes"]
     destination = f"{user}@{host.address}" if user else host.address
     # "--" ends ssh's options: even a destination that slipped past spec
     # validation cannot be read as one ("-oProxyCommand=...").

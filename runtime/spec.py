@@ -29,7 +29,7 @@ MIN_PORT, MAX_PORT = 1, 65535
 
 _TOP_KEYS = ("hosts", "network")
 _HOST_KEYS = ("address", "workers", "servers", "ports", "worker_ports", "server_ports", "ssh")
-_SSH_KEYS = ("user", "port", "key_file", "python", "workdir")
+_SSH_KEYS = ("user", "port", "key_file", "known_hosts", "python", "workdir")
 _NETWORK_KEYS = ("bandwidth_gbps", "isolation")
 _DICT_KEYS = ("hosts", "bandwidth_gbps", "isolation", "source")
 # How a job keeps other users off its ports (runtime/launcher.py `isolate`,
@@ -53,6 +53,9 @@ class SSHSettings:
     user: str | None = None
     port: int = 22
     key_file: str | None = None
+    # A known_hosts file pinning the host's key (strict checking against it
+    # only); default: ssh's own files and settings.
+    known_hosts: str | None = None
     python: str | None = None   # interpreter on the remote host (default: same path as launcher's)
     workdir: str | None = None  # cd here on the remote host (default: launcher's cwd)
 
@@ -550,7 +553,7 @@ def _validate_ssh(s: SSHSettings, src: str, where: str) -> None:
         _fail(src, where, f"must be SSHSettings, got {type(s).__name__}", "use SSHSettings(...)")
     if not _is_int(s.port) or not MIN_PORT <= s.port <= MAX_PORT:
         _fail(src, f"{where}.port", f"must be a port number 1..65535, got {shown(s.port)}", "use 22 unless sshd listens elsewhere")
-    for field in ("user", "key_file", "python", "workdir"):
+    for field in ("user", "key_file", "known_hosts", "python", "workdir"):
         v = getattr(s, field)
         if v is not None and (not isinstance(v, str) or not v.strip()):
             _fail(src, f"{where}.{field}", f"must be a non-empty string, got {shown(v)}", "fix or remove it")
@@ -558,7 +561,7 @@ def _validate_ssh(s: SSHSettings, src: str, where: str) -> None:
         _fail(src, f"{where}.user", f"{shown(s.user)} is not a valid user name",
               "use a portable user name: at most 32 letters, digits, '.', '_' or '-', "
               "not starting with '-'")
-    for field in ("key_file", "python", "workdir"):
+    for field in ("key_file", "known_hosts", "python", "workdir"):
         v = getattr(s, field)
         if v is None:
             continue
@@ -570,6 +573,11 @@ def _validate_ssh(s: SSHSettings, src: str, where: str) -> None:
                   "give a path (prefix a relative one with './')")
         if any(ord(c) < 32 or ord(c) == 127 for c in v):
             _fail(src, f"{where}.{field}", f"{shown(v)} contains a control character", "remove it")
+    if s.known_hosts is not None and any(c.isspace() or c in "\"'" for c in s.known_hosts):
+        # The value of an `-o UserKnownHostsFile=` option, which ssh splits on
+        # whitespace and quotes.
+        _fail(src, f"{where}.known_hosts", f"{shown(s.known_hosts)} contains a space or a quote",
+              "give a path without spaces or quotes")
 
 
 def _check_port(p: Any, src: str, where: str) -> None:

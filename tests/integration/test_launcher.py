@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from autopar.common import env as envvars
+from autopar.common.errors import SpecError
 from autopar.runtime.commands import REPO_ROOT, build_ssh_command, plan_children
 from autopar.runtime.launcher import launch
 from autopar.runtime.spec import HostSpec, ResourceSpec, SSHSettings, load_spec
@@ -394,6 +395,19 @@ def test_ssh_command_defaults():
     assert argv[12].startswith("exec sh -c 'cd /work/dir || exit 1; ")
     assert argv[12].endswith(f"; exec env A=1 {sys.executable} -m autopar.runtime.server_main "
                              "</dev/null'")
+
+
+def test_ssh_command_pins_the_host_key_to_the_spec_s_known_hosts():
+    host = HostSpec(address="node7", workers=1,
+                    ssh=SSHSettings(key_file="~/.ssh/id", known_hosts="~/.ssh/cluster_hosts"))
+    argv = build_ssh_command(host, ["python", "t.py"], {}, default_workdir="/w")
+    options = argv[:argv.index("--")]
+    for option in ("UserKnownHostsFile=~/.ssh/cluster_hosts", "GlobalKnownHostsFile=none",
+                   "StrictHostKeyChecking=yes"):
+        assert options[options.index(option) - 1] == "-o"
+    with pytest.raises(SpecError, match="known_hosts.*space"):
+        load_spec({"hosts": [{"address": "node7", "workers": 1,
+                              "ssh": {"known_hosts": "/a b"}}]})
 
 
 def test_plan_mixes_local_and_remote_children():
