@@ -16,7 +16,6 @@ from autopar.common.errors import AutoparError, SpecError
 from autopar.common import env, procs
 from autopar.common.roles import REPORT_ROLE, SERVER_ROLE, WORKER_JOB, WORKER_ROLE
 from autopar.transforms.compile import CompiledPlan, compile_for_config
-from autopar.transforms.methods.base import SUMMATION_SERVERS
 from autopar.transforms.methods.registry import processes
 from autopar.transforms.report import Report
 from autopar.transforms.topology import Topology
@@ -99,8 +98,8 @@ def _get_runner(graph, resource_info, config: Config):
         code = launcher.launch(spec, argv, extra_env=extra_env,
                                stall_timeout_s=config.stall_timeout_s,
                                published={env.PLAN_KEY: compiled.to_bytes()},
-                               # summation servers, only when the plan's methods need them
-                               sumservers=SUMMATION_SERVERS in processes(compiled.plan),
+                               # what the plan's methods need besides the workers
+                               processes=processes(compiled.plan),
                                fork_server=fork_server, network=network,
                                max_restarts=config.max_restarts)
     except KeyboardInterrupt:

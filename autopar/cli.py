@@ -20,7 +20,7 @@ import sys
 from autopar.console import StdoutHandler, debug_errors, report_error
 from autopar.common.errors import AutoparError
 from autopar.common import env
-from autopar.common.roles import REPORT_ROLE
+from autopar.common.roles import REPORT_ROLE, SERVER_ROLE, SUMSERVER_ROLE
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         # herring is not known here, so a spec with servers gets summation
         # servers too.
         return launch(spec, command, stall_timeout_s=args.stall_timeout,
-                      sumservers=spec.num_servers > 0, max_restarts=args.max_restarts)
+                      processes={SERVER_ROLE, SUMSERVER_ROLE} if spec.num_servers else set(),
+                      max_restarts=args.max_restarts)
     except AutoparError as e:
         if debug_errors():
             raise

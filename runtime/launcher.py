@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, Callable
@@ -330,16 +330,18 @@ def _stdout_is_tty() -> bool:
 def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | None = None,
            grace_seconds: float = 3.0, log_tail_lines: int = 30,
            stall_timeout_s: float = 60.0, stop_timeout_s: float = 60.0,
-           published: Mapping[str, bytes] | None = None, sumservers: bool = False,
+           published: Mapping[str, bytes] | None = None, processes: Collection[str] = (),
            fork_server: ForkServer | None = None, network: PrivateNetwork | None = None,
            max_restarts: int = 0) -> int:
     """Run ``argv`` once per worker of ``spec`` (plus one server process per
     server) and wait for the job to end. ``published``: values the job
     coordinator serves to every process (Coordinator.publish), e.g. the
-    compiled plan. ``sumservers``: also one summation server
-    (runtime/autopar_sumserver, the Herring transport) per server, on that
-    server's host, and AUTOPAR_SUMSERVERS for every process; like a server,
-    one that exits fails the job. ``fork_server``: the one to fork local
+    compiled plan. ``processes``: the roles the job needs besides the workers
+    (the plan's SyncMethod.processes); with SUMSERVER_ROLE also one summation
+    server (runtime/autopar_sumserver, the Herring transport) per server, on
+    that server's host, and AUTOPAR_SUMSERVERS for every process; like a
+    server, one that exits fails the job. The spec's servers start whatever
+    it lists. ``fork_server``: the one to fork local
     Python processes from (``start_fork_server``; the caller stops it);
     without one ``launch`` starts its own. ``network``: the job's private
     network namespace (``isolate``; the caller closes it), which the fork
@@ -367,6 +369,7 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
     """
     if not argv:
         raise LaunchError("nothing to launch: the worker command is empty")
+    sumservers = SUMSERVER_ROLE in processes
     if sumservers and envvars.HERRING_TIMEOUT not in os.environ:
         # A push/pull waiting for a slow peer is the coordinator's stall to
         # report (it names the worker); the transport's own timeout is the

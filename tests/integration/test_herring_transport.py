@@ -26,6 +26,7 @@ import ml_dtypes   # TensorFlow's own dependency: numpy's bfloat16
 import numpy as np
 import pytest
 
+from autopar.common.roles import SUMSERVER_ROLE
 from autopar.runtime import native
 from tests.integration.cluster import REPO, LineReader, child_env, survivors
 
@@ -290,7 +291,7 @@ def test_launcher_starts_a_summation_server_per_server_and_stops_it(capsys, capl
     spec = load_spec({"hosts": [{"address": "127.0.0.1", "workers": 2, "servers": 1},
                                 {"address": "127.0.0.2", "workers": 0, "servers": 1}]})
     status = launch(spec, [sys.executable, str(REPO / "tests/integration/scripts/herring_job.py")],
-                    sumservers=True)
+                    processes={SUMSERVER_ROLE})
     out = capsys.readouterr().out
     assert status == 0, out
     started = dict(m.groups() for r in caplog.records

@@ -44,10 +44,6 @@ if TYPE_CHECKING:   # annotations only
 # Bytes per element of each dtype a gradient may travel in (policy.WIRE_DTYPES).
 WIRE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
-# Processes a plan may need besides the workers (SyncMethod.processes).
-SERVERS = "servers"                       # TensorFlow servers holding variables
-SUMMATION_SERVERS = "summation servers"   # runtime/autopar_sumserver processes
-
 
 @dataclass
 class VariablePlan:
@@ -196,8 +192,8 @@ class SyncMethod:
         return {}
 
     def processes(self, plan: "Plan") -> set[str]:
-        """The processes besides the workers `plan` needs for this method
-        (SERVERS, SUMMATION_SERVERS)."""
+        """The processes besides the workers `plan` needs for this method, by
+        role (common.roles: SERVER_ROLE, SUMSERVER_ROLE)."""
         return set()
 
     def rewrite(self, ctx: RewriteContext) -> Edits:

@@ -25,8 +25,9 @@ import tensorflow as tf
 
 from autopar.common.errors import SpecError
 from autopar.transforms import comm
-from autopar.transforms.methods.base import (SUMMATION_SERVERS, WIRE_BYTES, Edits,
-                                             RewriteContext, SyncMethod, VariablePlan)
+from autopar.common.roles import SUMSERVER_ROLE
+from autopar.transforms.methods.base import (WIRE_BYTES, Edits, RewriteContext, SyncMethod,
+                                             VariablePlan)
 from autopar.transforms.methods.allreduce_fp16.method import ring_wire_dtype
 from autopar.transforms.methods.herring.bfb import FusionLayout, plan_layout
 from autopar.transforms.methods.policy import policy
@@ -150,7 +151,7 @@ class Herring(SyncMethod):
         return {"herring_buffers": buffers, "herring_why": state.why}
 
     def processes(self, plan):
-        return {SUMMATION_SERVERS} if self.state(plan).layout is not None else set()
+        return {SUMSERVER_ROLE} if self.state(plan).layout is not None else set()
 
     def transport(self):
         """The push/pull op builder (transforms.comm.push_pull)."""

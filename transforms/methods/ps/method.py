@@ -9,8 +9,8 @@ import itertools
 import math
 
 from autopar.transforms.comm import row_gather_keys
-from autopar.transforms.methods.base import (SERVERS, Edits, RewriteContext, SyncMethod,
-                                             VariablePlan)
+from autopar.common.roles import SERVER_ROLE
+from autopar.transforms.methods.base import Edits, RewriteContext, SyncMethod, VariablePlan
 from autopar.transforms.methods.ps.rewrite import PsBuilder
 from autopar.transforms.partition import dealt_sizes
 
@@ -43,7 +43,7 @@ class ParameterServer(SyncMethod):
         return "run_option='ps': dense variable on servers, 2b per worker"
 
     def processes(self, plan):
-        return {SERVERS} if plan.server_variables else set()
+        return {SERVER_ROLE} if plan.server_variables else set()
 
     def prepare(self, analysis, names, topology, options, fusion_bytes, key):
         overrides = dict(options.partitions)
