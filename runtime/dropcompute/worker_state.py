@@ -7,6 +7,8 @@ import time
 
 import numpy as np
 
+from autopar.runtime.coordinator import (DROPCOMPUTE_DECISION_KEY, DROPCOMPUTE_SUMMARY_KEY,
+                                         DROPCOMPUTE_WARMUP_KEY)
 from autopar.runtime.dropcompute.agreement import Agreement
 from autopar.runtime.dropcompute.records import (DelaySampler, StepLog, StepRecord, decode_warmups,
                                                  encode_warmup)
@@ -27,9 +29,9 @@ class DropCompute:
     every worker posts its records, the chief decides, every worker adopts
     the chief's decision at the same step boundary."""
 
-    AGREE_KEY = "autopar/dropcompute/warmup"
-    DECISION_KEY = "autopar/dropcompute/decision"
-    SUMMARY_KEY = "autopar/dropcompute/summary"
+    AGREE_KEY = DROPCOMPUTE_WARMUP_KEY
+    DECISION_KEY = DROPCOMPUTE_DECISION_KEY
+    SUMMARY_KEY = DROPCOMPUTE_SUMMARY_KEY
     # How long a closing worker waits for the others' totals (job summary).
     SUMMARY_TIMEOUT_S = 10.0
 
