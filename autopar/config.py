@@ -155,7 +155,10 @@ class Config:
     """The launcher ends the job when some workers have waited this long
     inside a step for others that have not started it (Horovod's stall
     inspector, but ending the job instead of warning); 0 disables. Finite,
-    >= 0 (docs/stalls.md)."""
+    >= 0 (docs/stalls.md). Every other wait for peers is bounded from it,
+    so the coordinator's diagnosis comes first: 2-D summation's collectives
+    give up after it, herring's transport after twice it (at least 60 s),
+    DropCompute's agreement after it plus startup_timeout_s."""
     micro_batches: int = 1
     """DropCompute (docs/dropcompute.md): every training step computes up to
     micro_batches micro-batches per worker, accumulating their gradients,
