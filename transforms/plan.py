@@ -188,14 +188,15 @@ def make_plan(analysis: Analysis, topology: Topology | int, fusion_bytes: int = 
     options = options or PlanOptions()
     if options.wire_dtype not in WIRE_DTYPES:
         raise ValueError(f"wire_dtype must be one of {WIRE_DTYPES}, got {options.wire_dtype!r}")
-    methods = choose_methods(analysis, topology, options)
+    methods, job_whys = choose_methods(analysis, topology, options)
     reduction, why = resolve_loss_reduction(analysis, options.loss_reduction)
     # Each method lays out its variables and takes its instance keys, in table order.
     key = keys.PLAN.first
     states, kept = {}, {}
     for name, sync in METHODS.items():
         mine = {v for v, (m, _) in methods.items() if m == name}
-        states[name], key = sync.prepare(analysis, mine, topology, options, fusion_bytes, key)
+        states[name], key = sync.prepare(analysis, mine, topology, options, fusion_bytes, key,
+                                         job_why=job_whys.get(name, ""))
         plan_state = sync.plan_state(states[name])
         if plan_state is not None:
             kept[name] = serial.encode(plan_state)
@@ -234,15 +235,17 @@ def make_plan(analysis: Analysis, topology: Topology | int, fusion_bytes: int = 
                 collective_timeout_s=options.collective_timeout_s)
 
 
-def choose_methods(analysis: Analysis, topology: Topology,
-                   options: PlanOptions) -> dict[str, tuple[str, str]]:
-    """{variable: (method, reason)} by the run option's policy: the first
-    method of the variable's list that serves the job and does not decline
-    the variable (the reason then says why an earlier one declined it),
-    taken over by a variant of it that wants the variable."""
+def choose_methods(analysis: Analysis, topology: Topology, options: PlanOptions
+                   ) -> tuple[dict[str, tuple[str, str]], dict[str, str]]:
+    """({variable: (method, reason)}, {method the policy lists: why it serves
+    the job or not}) by the run option's policy: a variable gets the first
+    method of its list that serves the job and does not decline the variable
+    (the reason then says why an earlier one declined it), taken over by a
+    variant of it that wants the variable."""
     rule = policy(options.run_option)
-    serving = {name: METHODS[name].job_choice(topology, options, name == rule.required)[0]
-               for name in dict.fromkeys(rule.dense + rule.sparse)}
+    verdicts = {name: METHODS[name].job_choice(topology, options, name == rule.required)
+                for name in dict.fromkeys(rule.dense + rule.sparse)}
+    serving = {name: serves for name, (serves, _) in verdicts.items()}
     out = {}
     for v in analysis.variables:
         declined = ""
@@ -264,7 +267,7 @@ def choose_methods(analysis: Analysis, topology: Topology,
             break
         else:
             raise AssertionError(f"run option {options.run_option!r} has no method for {v.name}")
-    return out
+    return out, {name: why for name, (_, why) in verdicts.items()}
 
 
 def wants_servers(gradient: str, run_option: str) -> bool:

@@ -189,6 +189,20 @@ def test_hybrid_chooses_by_the_cost_model(hosts, servers, la, expected):
         assert f"{verdict} is predicted faster" in METHODS["herring"].state(plan).why
 
 
+@pytest.mark.parametrize("option", ["ps", "allreduce"])
+def test_run_options_without_herring_say_nothing_of_it(option):
+    """Only a run option whose policy lists herring asks its cost model: the
+    report of a ps or allreduce job on real hosts with servers (where
+    hybrid's cost model speaks) has no herring line."""
+    topology = Topology(("10.0.0.1", "10.0.0.2"), 2)
+    case, analysis, plan = _plan(topology, run_option=option)
+    assert "herring" not in {vp.method for vp in plan.variables}
+    assert METHODS["herring"].state(plan).why == ""
+    assert "herring:" not in build_report(analysis, plan).table()
+    _, _, hybrid = _plan(topology, run_option="hybrid")
+    assert "predicted faster" in METHODS["herring"].state(hybrid).why
+
+
 @pytest.mark.parametrize("hosts", [("127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.2"),
                                    ("localhost",) * 4])
 def test_hybrid_keeps_the_ring_when_every_host_is_loopback(hosts):

@@ -155,8 +155,11 @@ class SyncMethod:
         return ""
 
     def prepare(self, analysis: "Analysis", names: set[str], topology: "Topology",
-                options: "PlanOptions", fusion_bytes: int, key: int) -> tuple[Any, int]:
-        """(plan-wide state for this method's variables `names`, next free key)."""
+                options: "PlanOptions", fusion_bytes: int, key: int,
+                job_why: str = "") -> tuple[Any, int]:
+        """(plan-wide state for this method's variables `names`, next free key).
+        `job_why`: its job_choice's reason, when the run option's policy
+        considered it ("" when the policy does not list it)."""
         return None, key
 
     def plan_state(self, state: Any) -> Any:

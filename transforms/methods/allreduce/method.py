@@ -79,7 +79,7 @@ class AllReduce(SyncMethod):
         compressed overrides this."""
         return ""
 
-    def prepare(self, analysis, names, topology, options, fusion_bytes, key):
+    def prepare(self, analysis, names, topology, options, fusion_bytes, key, job_why=""):
         """Fusion buckets, one instance key each from `key` on (three with
         2-D summation: the leaders' all-reduce, the host sum, the broadcast)."""
         buckets = fusion_buckets(analysis, names, fusion_bytes)

@@ -30,7 +30,6 @@ from autopar.transforms.methods.base import (WIRE_BYTES, Edits, RewriteContext, 
                                              VariablePlan)
 from autopar.transforms.methods.allreduce_fp16.method import ring_wire_dtype
 from autopar.transforms.methods.herring.bfb import FusionLayout, plan_layout
-from autopar.transforms.methods.policy import policy
 from autopar.transforms.ops import ConstantPool, reshape
 
 # The dtype the summation servers add; other dense gradients stay on the ring.
@@ -88,17 +87,17 @@ class Herring(SyncMethod):
         return ("dense gradient: balanced fusion buffers sharded over the summation servers, "
                 "M bytes per contributor")
 
-    def prepare(self, analysis, names, topology, options, fusion_bytes, key):
-        """The fusion layout of `names`, two host-group keys per buffer."""
-        _, why = self.job_choice(topology, options, policy(options.run_option).required == self.name)
+    def prepare(self, analysis, names, topology, options, fusion_bytes, key, job_why=""):
+        """The fusion layout of `names`, two host-group keys per buffer, and
+        why the job uses herring or not (`job_why`)."""
         if not names:
-            return HerringState(None, why), key
+            return HerringState(None, job_why), key
         layout = plan_layout(analysis, names, topology.num_servers, options.wire_dtype,
                              options.herring_buffer_bytes)
         for b in layout.buffers:
             b.la_key = key
             key += 2
-        return HerringState(layout, why), key
+        return HerringState(layout, job_why), key
 
     def variable_plan(self, v, reason, state, key):
         """partitions/servers: the element ranges [start, end) of the flattened

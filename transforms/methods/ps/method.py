@@ -45,7 +45,7 @@ class ParameterServer(SyncMethod):
     def processes(self, plan):
         return {SERVER_ROLE} if plan.server_variables else set()
 
-    def prepare(self, analysis, names, topology, options, fusion_bytes, key):
+    def prepare(self, analysis, names, topology, options, fusion_bytes, key, job_why=""):
         overrides = dict(options.partitions)
         kept_whole = {v.name for v in analysis.variables
                       if v.name in names and not v.resource
