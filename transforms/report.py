@@ -14,7 +14,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from autopar.transforms.analysis import Analysis
-from autopar.transforms.methods.registry import METHODS
+from autopar.transforms.methods.registry import METHODS, processes
 from autopar.transforms.plan import Plan, wants_servers
 from autopar.transforms.wus import slot_bytes_per_worker
 
@@ -222,10 +222,11 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
                          f"group {i}: {', '.join(g.variables[:3])}"
                          f"{f' (+{len(g.variables) - 3} more)' if len(g.variables) > 3 else ''}"
                          f" (loss {g.loss})" for i, g in enumerate(analysis.train_groups)))
-    if num_servers and not any(m.processes(plan) for m in METHODS.values()):
+    servers_used = bool(processes(plan))   # parameter or summation servers
+    if num_servers and not servers_used:
         notes.append(f"{num_servers} server process(es) are started but hold no variables "
                      "with every gradient all-reduced")
-    if any(m.processes(plan) for m in METHODS.values()):
+    if servers_used:
         notes.append(f"server accumulators receive {contributors} contribution(s) per step "
                      f"({'one per host: local aggregation' if plan.local_aggregation else 'one per worker'})")
     return Report(num_workers=n, num_servers=num_servers, variables=variables,
