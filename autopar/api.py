@@ -158,7 +158,7 @@ def shard(dataset: tf.data.Dataset) -> tf.data.Dataset:
     launcher, through TF_CONFIG or by an MPI launcher knows its place before
     get_runner is called. Outside a job: the dataset itself."""
     from autopar.runtime import join
-    position = join.worker_position(os.environ)
+    position = join.worker_position()
     if position is None:
         return dataset
     num_workers, index = position

@@ -12,7 +12,6 @@ refused (use `autopar launch` or TF_CONFIG for parameter servers).
 """
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import replace
@@ -40,19 +39,19 @@ def mpi_rank(environ: Mapping[str, str] = os.environ) -> tuple[int, int] | None:
     return None
 
 
-def worker_position(environ: Mapping[str, str] = os.environ) -> tuple[int, int] | None:
+def worker_position() -> tuple[int, int] | None:
     """(number of workers, this worker's index) when this process is a worker
     of a job (launched by autopar, joined through TF_CONFIG or started by an
     MPI launcher); None in any other process."""
-    if environ.get(env.ROLE):
-        if environ[env.ROLE] != WORKER_ROLE:
+    role = env.current_role()
+    if role is not None:
+        if role != WORKER_ROLE:
             return None
-        cluster = json.loads(environ[env.CLUSTER]) if env.CLUSTER in environ else {}
-        return len(cluster.get(WORKER_JOB, [None])), int(environ.get(env.TASK_INDEX, "0"))
-    if environ.get("TF_CONFIG"):
-        spec, role, index = spec_from_tf_config(environ["TF_CONFIG"])
+        return len(env.current_cluster()[WORKER_JOB]), env.current_task_index()
+    if os.environ.get("TF_CONFIG"):
+        spec, role, index = spec_from_tf_config(os.environ["TF_CONFIG"])
         return (spec.num_workers, index) if role == WORKER_ROLE else None
-    position = mpi_rank(environ)
+    position = mpi_rank(os.environ)
     if position is not None:
         rank, size = position
         return size, rank
