@@ -10,6 +10,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -46,6 +47,18 @@ def write_two_host_spec(directory: Path, workers=(2, 1), servers=(1, 1)) -> Path
         f"  - address: 127.0.0.{i + 1}\n    workers: {w}\n    servers: {s}\n"
         for i, (w, s) in enumerate(zip(workers, servers))))
     return path
+
+
+def free_ports(n: int) -> list[int]:
+    """n loopback ports free at this moment (for specs and TF_CONFIG that
+    name their ports: nothing reserves them after)."""
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
 
 
 def child_env() -> dict[str, str]:

@@ -2,14 +2,14 @@
 processes started by an external launcher (TF_CONFIG) join without spawning."""
 import json
 import re
-import socket
 import subprocess
 import sys
 
 import pytest
 
-from tests.integration.cluster import (REPO, assert_same_parameters, child_env, load_worker,
-                                       run_single_device, train_command, write_spec)
+from tests.integration.cluster import (REPO, assert_same_parameters, child_env, free_ports,
+                                       load_worker, run_single_device, train_command,
+                                       write_spec)
 
 
 def _autopar(*args, timeout=240):
@@ -55,22 +55,12 @@ def test_launch_command_trains_on_workers(tmp_path, hosts):
                                what=f"mlp_sgd launched with {hosts}")
 
 
-def _free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def _run_tf_config_workers(command: list[str], workers: int = 2,
                            extra_env: dict[str, str] | None = None) -> list[str]:
     """Start `command` once per worker with TF_CONFIG describing a loopback
     cluster (as an external launcher would), wait for all, and return their
     outputs; every one must exit 0."""
-    ports = _free_ports(workers)
+    ports = free_ports(workers)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     procs = []
     for i in range(workers):

@@ -5,14 +5,13 @@ one device; a spec that does not match the ranks is refused before any
 TensorFlow server starts; autopar.shard slices by rank."""
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
 import pytest
 
-from tests.integration.cluster import (REPO, assert_same_parameters, child_env, load_worker,
-                                       run_single_device, train_command)
+from tests.integration.cluster import (REPO, assert_same_parameters, child_env, free_ports,
+                                       load_worker, run_single_device, train_command)
 
 STEPS = 4
 BATCH = 12
@@ -43,12 +42,7 @@ def _mpirun(mpirun, ranks: int, command: list[str], timeout: float = 180):
 
 
 def _spec(tmp_path, workers: int, servers: int = 0):
-    socks = [socket.socket() for _ in range(workers)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
+    ports = free_ports(workers)
     path = tmp_path / "mpi.yaml"
     path.write_text(f"hosts:\n  - address: 127.0.0.1\n    workers: {workers}\n"
                     f"    servers: {servers}\n    worker_ports: {ports}\n")
