@@ -24,16 +24,18 @@ $(STAMP): setup.py pyproject.toml runtime/coordinator.proto transforms/fusion_la
 
 # Installed with apt when run as root and missing: nftables, for the per-job
 # firewall rules of jobs on non-loopback addresses (docs/security.md; without
-# it such jobs warn what stays exposed); OpenMPI's mpirun and OpenSSH's sshd
-# and client, which the tests start jobs with (docs/launching.md; without
-# them those tests say why they skip). A policy-rc.d, where none exists, keeps
-# apt from starting a system sshd for the while (the tests run their own).
+# it such jobs warn what stays exposed); OpenMPI's mpirun, OpenSSH's sshd and
+# client and Slurm's daemons and srun, which the tests start jobs with
+# (docs/cluster.md; without them those tests say why they skip). A
+# policy-rc.d, where none exists, keeps apt from starting a system sshd or
+# Slurm for the while (the tests run their own).
 system-packages:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		made=; if [ ! -e /usr/sbin/policy-rc.d ]; then \
 			printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; made=1; \
 		fi; \
-		for pkg in nft:nftables mpirun:openmpi-bin /usr/sbin/sshd:openssh-server ssh:openssh-client; do \
+		for pkg in nft:nftables mpirun:openmpi-bin /usr/sbin/sshd:openssh-server ssh:openssh-client \
+				/usr/sbin/slurmctld:slurm-wlm; do \
 			cmd=$${pkg%%:*}; name=$${pkg#*:}; \
 			if ! command -v $$cmd >/dev/null; then \
 				echo "installing $$name (apt-get)"; \

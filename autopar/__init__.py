@@ -29,7 +29,7 @@ from autopar.console import install_excepthook as _install_excepthook  # noqa: E
 from autopar.common.errors import (AutoparError, LaunchError, SpecError,  # noqa: E402
                                    UnsupportedGraphError, WorkerFailedError)
 
-__all__ = ["get_runner", "shard", "analyze", "fit", "Config", "SimulatedDelay", "Report", "AutoparError", "SpecError",
+__all__ = ["get_runner", "shard", "num_workers", "analyze", "fit", "Config", "SimulatedDelay", "Report", "AutoparError", "SpecError",
            "UnsupportedGraphError", "LaunchError", "WorkerFailedError"]
 __version__ = "0.1.0"
 
@@ -43,7 +43,7 @@ _install_excepthook()
 def __getattr__(name):
     # The API pulls in TensorFlow (seconds to import); a process that only
     # launches or parses specs (`autopar launch`) should not pay for it.
-    if name in ("get_runner", "shard", "analyze"):
+    if name in ("get_runner", "shard", "num_workers", "analyze"):
         from autopar import api
         return getattr(api, name)
     if name == "fit":

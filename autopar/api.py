@@ -77,9 +77,11 @@ def _get_runner(graph, resource_info, config: Config):
         sys.exit(0)
     if os.environ.get("TF_CONFIG"):
         return _join_external(graph, config, lifted)
-    mpi = join.mpi_rank(os.environ)
-    if mpi is not None:
-        return _join_mpi(graph, resource_info, config, mpi, lifted)
+    joined = join.external_rank(os.environ)
+    if joined is not None and joined[0] == "slurm":
+        return _join_slurm(graph, resource_info, config, joined[1:], lifted)
+    if joined is not None:
+        return _join_mpi(graph, resource_info, config, joined[1:], lifted)
     if resource_info is None:
         return worker.single_device_runner(graph, config, lifted=lifted)
     # The launcher: compile once, print the report from it, serve it to
@@ -101,7 +103,9 @@ def _get_runner(graph, resource_info, config: Config):
                                # what the plan's methods need besides the workers
                                processes=processes(compiled.plan),
                                fork_server=fork_server, network=network,
-                               max_restarts=config.max_restarts)
+                               max_restarts=config.max_restarts,
+                               min_workers=config.min_workers,
+                               replan=lambda smaller: _replan(graph, smaller, config))
     except KeyboardInterrupt:
         # Ctrl-C outside the job's own handling (while compiling): nothing
         # to save, and the processes are stopped already.
@@ -114,6 +118,15 @@ def _get_runner(graph, resource_info, config: Config):
     # The job is over: a Ctrl-C now would only print a traceback from exiting.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.exit(code)
+
+
+def _replan(graph, spec, config: Config) -> dict[str, bytes]:
+    """The plan for the hosts left after one was dropped (Config.min_workers),
+    its report logged as the first one was."""
+    compiled = _compile(graph, spec, config)
+    log.info("the plan for the %d remaining worker(s):\n%s", spec.num_workers,
+             compiled.report().table())
+    return {env.PLAN_KEY: compiled.to_bytes()}
 
 
 def _lifted(graph):
@@ -150,19 +163,41 @@ def _join_mpi(graph, resource_info, config, mpi: tuple[int, int], lifted=None):
     return worker.distributed_runner(graph, cluster, rank, config, lifted=lifted)
 
 
+def _join_slurm(graph, resource_info, config, task: tuple[int, int], lifted=None):
+    """A task srun started (runtime/slurm.py): worker `task` of the step's
+    nodes; joins, spawns nothing, compiles the plan itself."""
+    from autopar.runtime import slurm, worker
+    rank, size = task
+    cluster = slurm.step_cluster(os.environ, rank, size)
+    if resource_info is not None and rank == 0:
+        log.info("started by srun: the job runs on the step's nodes and tasks; the resource "
+                 "spec passed to get_runner is not used")
+    log.info("Slurm task %d of %d: worker %d of %s", rank, size, rank, cluster[WORKER_JOB])
+    return worker.distributed_runner(graph, cluster, rank, config, lifted=lifted)
+
+
 def shard(dataset: tf.data.Dataset) -> tf.data.Dataset:
     """This worker's disjoint, deterministic slice of `dataset` (element i goes
     to worker i mod N). Call it before .batch(): each worker then batches its
     own elements, and the N per-worker batches of a step together are the
     single-device batch N times as large. A worker started by autopar's
-    launcher, through TF_CONFIG or by an MPI launcher knows its place before
-    get_runner is called. Outside a job: the dataset itself."""
+    launcher, through TF_CONFIG, by an MPI launcher or by srun knows its
+    place before get_runner is called. Outside a job: the dataset itself."""
     from autopar.runtime import join
     position = join.worker_position()
     if position is None:
         return dataset
     num_workers, index = position
     return dataset.shard(num_workers, index)
+
+
+def num_workers() -> int:
+    """The number of workers of the job this process is a worker of (1
+    outside a job), known before get_runner: a script scales its learning
+    rate by it when a job may go on with fewer workers (Config.min_workers)."""
+    from autopar.runtime import join
+    position = join.worker_position()
+    return 1 if position is None else position[0]
 
 
 def analyze(graph, resource_info, config: Config | None = None) -> Report:

@@ -5,7 +5,9 @@
 
 Instead of --spec, the hosts as MPI and Horovod take them: -H host1:4,host2:4
 or --hostfile FILE ('host slots=N' lines), slots being workers per host, with
---servers-per-host N (default 0).
+--servers-per-host N (default 0). Inside a Slurm allocation (sbatch, salloc),
+--spec slurm takes the allocation's nodes, workers being its tasks per node,
+and starts every process with srun.
 """
 from __future__ import annotations
 
@@ -36,13 +38,15 @@ def main(argv: list[str] | None = None) -> int:
                          ("report", "print the plan for the command's graph on SPEC, train nothing")):
         p = sub.add_parser(action, help=text)
         hosts = p.add_mutually_exclusive_group(required=True)
-        hosts.add_argument("--spec", help="resource spec (YAML or Parallax text)")
+        hosts.add_argument("--spec", help="resource spec (YAML or Parallax text), or 'slurm' "
+                                          "for the nodes and tasks of this Slurm allocation")
         hosts.add_argument("-H", "--hosts", metavar="HOST:SLOTS,...",
                            help="hosts and workers per host, as horovodrun -H takes them")
         hosts.add_argument("--hostfile", metavar="FILE",
                            help="a hostfile of 'host slots=N' lines (OpenMPI and Horovod)")
         p.add_argument("--servers-per-host", type=int, default=0, metavar="N",
-                       help="with -H or --hostfile: server processes on each host (default 0)")
+                       help="with -H, --hostfile or --spec slurm: server processes on each "
+                            "host (default 0)")
         if action == "launch":
             p.add_argument("--stall-timeout", type=float, default=60.0, metavar="SECONDS",
                            help="end the job when workers wait this long in a step for others "
@@ -51,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
                            help="start the job again, at most N times, when a process dies, "
                                 "fails or stalls once training has begun (the chief restores "
                                 "its last checkpoint; default 0)")
+            p.add_argument("--min-workers", type=int, default=0, metavar="M",
+                           help="with --max-restarts: a host ssh cannot reach on a restart is "
+                                "dropped if the others run at least M workers (default 0: never)")
     args = parser.parse_args(argv)
     if not command:
         parser.error("give the training command after '--', e.g. -- python train.py")
@@ -58,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--stall-timeout must be a finite number >= 0 (0 disables the stall check)")
     if getattr(args, "max_restarts", 0) < 0:
         parser.error("--max-restarts must be an integer >= 0")
+    if getattr(args, "min_workers", 0) < 0:
+        parser.error("--min-workers must be an integer >= 0")
     # This process is only the launcher: its log lines go to stdout, through a
     # handler that survives a reader closing the pipe (`| head`).
     logging.basicConfig(level=logging.INFO, handlers=[StdoutHandler()])
@@ -77,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         # servers too.
         return launch(spec, command, stall_timeout_s=args.stall_timeout,
                       processes={SERVER_ROLE, SUMSERVER_ROLE} if spec.num_servers else set(),
-                      max_restarts=args.max_restarts)
+                      max_restarts=args.max_restarts, min_workers=args.min_workers)
     except AutoparError as e:
         if debug_errors():
             raise
@@ -91,13 +100,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _spec(args):
-    """The job's ResourceSpec from --spec, -H or --hostfile."""
-    from autopar.runtime import hostfile
+    """The job's ResourceSpec from --spec (a file, or 'slurm'), -H or --hostfile."""
+    from autopar.runtime import hostfile, slurm
     from autopar.runtime.spec import load_spec
+    if args.spec == "slurm":
+        return slurm.spec_from_allocation(os.environ, args.servers_per_host)
     if args.spec is not None:
         if args.servers_per_host:
-            raise AutoparError("--servers-per-host goes with -H or --hostfile; a spec file "
-                               "gives each host's 'servers' itself")
+            raise AutoparError("--servers-per-host goes with -H, --hostfile or --spec slurm; a "
+                               "spec file gives each host's 'servers' itself")
         return load_spec(args.spec)
     if args.hosts is not None:
         hosts = hostfile.parse_host_list(args.hosts)

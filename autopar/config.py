@@ -189,6 +189,12 @@ class Config:
     fresh ports, the chief restoring its last checkpoint (``checkpoint_dir``,
     saved every ``save_every_steps``; without one training starts over). A
     usage error (exit status 2) and a stop asked for (Ctrl-C) end the job."""
+    min_workers: int = 0
+    """With ``max_restarts``: when a restart cannot reach a host (ssh fails),
+    drop it and go on with the hosts that remain, re-planned, if they run at
+    least this many workers (0: never drop a host; the job fails). The global
+    batch shrinks with the workers; the learning rate is the script's to
+    rescale (``autopar.num_workers()``, docs/cluster.md)."""
     tensorboard_dir: str | None = None
     """Directory the chief writes a TensorBoard event file to (``None``:
     none): at every logged step (``log_every_steps``) the loss it fetched,
@@ -205,6 +211,7 @@ class Config:
         _set_path(self, "checkpoint_dir")
         _set_path(self, "tensorboard_dir")
         _count("max_restarts", self.max_restarts, 0)
+        _count("min_workers", self.min_workers, 0, "(0: never drop a host)")
         _count("save_every_steps", self.save_every_steps, 1)
         _count("keep_checkpoints", self.keep_checkpoints, 1)
         _count("log_every_steps", self.log_every_steps, 0, "(0 disables)")

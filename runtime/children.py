@@ -19,7 +19,7 @@ from autopar.common import env as envvars
 from autopar.common import procs
 from autopar.common.errors import LaunchError
 from autopar.common.roles import SUMSERVER_ROLE, WORKER_ROLE
-from autopar.runtime.commands import TOKEN_PROMPT, ChildPlan
+from autopar.runtime.commands import SSH, TOKEN_PROMPT, ChildPlan
 from autopar.runtime.forkserver import ForkedProcess, ForkServer, ForkServerError, forkable
 from autopar.runtime.netns import PrivateNetwork
 from autopar.runtime.ports import is_bind_failure
@@ -178,14 +178,14 @@ def start_child(plan: ChildPlan, log_tail_lines: int, fork_server: ForkServer | 
                                            f"{plan.name}"
                                            if local and plan.role == SUMSERVER_ROLE else None))
     except OSError as exc:
-        what = "ssh" if plan.remote else plan.command[0]
+        what = plan.command[0]
         raise LaunchError(
             f"could not start {plan.name} on {plan.host.address}: {what}: {exc}. "
             f"Check that {what!r} exists and is executable"
-            + (" and that ssh to the host works without a password." if plan.remote else ".")
+            + (" and that ssh to the host works without a password." if plan.via == SSH else ".")
         ) from exc
     logger.info("started %s at %s, pid %d%s", plan.name, plan.address, popen.pid,
-                " (via ssh)" if plan.remote else "")
+                f" (via {plan.via})" if plan.remote else "")
     return Child(plan, popen, deque(maxlen=max(1, log_tail_lines)))
 
 def report_tail(child: Child, returncode: int | None, pid: int) -> None:
@@ -195,7 +195,7 @@ def report_tail(child: Child, returncode: int | None, pid: int) -> None:
         child.reader.join(timeout=DRAIN_SECONDS)
     tail = child.tail_text()
     hint = ""
-    if child.plan.remote and returncode == 255:
+    if child.plan.via == SSH and returncode == 255:
         hint = " (255 is also how ssh reports a connection failure)"
     status = ("has not exited" if returncode is None
               else f"exited with {procs.describe_returncode(returncode)}")

@@ -1,6 +1,6 @@
 """What the launcher starts, before anything starts (pure: unit-testable):
 one ChildPlan per server, summation server and worker, with its command
-(ssh for a remote host), environment and working directory; the variables
+(ssh for a remote host, srun for a Slurm node), environment and working directory; the variables
 every child gets; the native binaries a child needs (the bind shim, the
 summation server), built on first use in a checkout without `make install`.
 """
@@ -25,6 +25,7 @@ from autopar.common.roles import SERVER_JOB, SERVER_ROLE, SUMSERVER_ROLE, WORKER
 from autopar.runtime.coordinator import Coordinator
 from autopar.runtime.coordinator_client import DEFAULT_LINK_TIMEOUT_S, LINK_TIMEOUT
 from autopar.runtime.ports import is_local_address
+from autopar.runtime.slurm import srun_command
 from autopar.runtime.spec import HostSpec, ResourceSpec
 
 logger = logging.getLogger("autopar.launcher")
@@ -34,6 +35,10 @@ logger = logging.getLogger("autopar.launcher")
 # site-packages): put first on every child's PYTHONPATH.
 REPO_ROOT = str(Path(autopar.__file__).resolve().parent.parent)
 
+# How a child starts: this machine's process, over ssh, or as a Slurm step.
+LOCAL, SSH, SRUN = "local", "ssh", "srun"
+
+
 @dataclass(frozen=True)
 class ChildPlan:
     """Everything needed to start one server or worker process."""
@@ -41,8 +46,8 @@ class ChildPlan:
     index: int                # task index within the role's job
     address: str              # "host:port" from the cluster
     host: HostSpec
-    remote: bool
-    command: list[str]        # final argv run locally (ssh ... for remote)
+    via: str                  # how it starts: LOCAL, SSH or SRUN
+    command: list[str]        # final argv run locally (ssh ... or srun ... for those)
     env: dict[str, str]       # environment of the local process
     cwd: str | None
     # Written to a remote child's ssh stdin once it asks for it (see
@@ -52,6 +57,11 @@ class ChildPlan:
     @property
     def name(self) -> str:
         return f"{self.role} {self.index}"
+
+    @property
+    def remote(self) -> bool:
+        """The process runs elsewhere: its pid is not ours to signal."""
+        return self.via != LOCAL
 
 def autopar_env(role: str, index: int, cluster: Mapping[str, list[str]],
                 spec: ResourceSpec, *, tty: bool) -> dict[str, str]:
@@ -200,13 +210,19 @@ def plan_children(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: Se
                 command = [sumserver_path(), "--host", host_address(host.address),
                            "--port", address.rpartition(":")[2]]
             role_env = autopar_env(role, index, cluster, spec, tty=tty)
-            if is_local_address(host.address):
-                plans.append(ChildPlan(role, index, address, host, False, list(command),
+            if host.slurm_node is not None:
+                # srun exports this environment to the step (a shared file
+                # system gives the node the same paths).
+                plans.append(ChildPlan(role, index, address, host, SRUN,
+                                       srun_command(host.slurm_node, command),
+                                       local_env(role_env, extra_env), cwd))
+            elif is_local_address(host.address):
+                plans.append(ChildPlan(role, index, address, host, LOCAL, list(command),
                                        local_env(role_env, extra_env), cwd))
             else:
                 ssh_cmd = build_ssh_command(host, command, remote_env(role_env, extra_env),
                                             default_workdir=cwd)
-                plans.append(ChildPlan(role, index, address, host, True, ssh_cmd,
+                plans.append(ChildPlan(role, index, address, host, SSH, ssh_cmd,
                                        dict(os.environ), cwd))
     return plans
 
@@ -254,12 +270,12 @@ def preload_value() -> str:
     return " ".join(p for p in (bind_shim_path(), os.environ.get("LD_PRELOAD", "")) if p)
 
 def give_token(plans: list[ChildPlan], coordinator: Coordinator) -> list[ChildPlan]:
-    """The plans with the coordinator token: in a local child's environment,
-    on a remote child's ssh stdin (its environment is part of the ssh command
-    line, see build_ssh_command)."""
+    """The plans with the coordinator token: in the environment of a local
+    child or an srun step, on an ssh child's stdin (its environment is part
+    of the ssh command line, see build_ssh_command)."""
     given = []
     for plan in plans:
-        if plan.remote:
+        if plan.via == SSH:
             plan = replace(plan, stdin_secret=coordinator.token)
         else:
             plan.env[envvars.COORD_TOKEN] = coordinator.token

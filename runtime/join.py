@@ -1,7 +1,8 @@
 """Where a process stands in its job when something other than autopar's
-launcher started it: TF_CONFIG (Kubeflow's TFJob, your own scripts) or an MPI
+launcher started it: TF_CONFIG (Kubeflow's TFJob, your own scripts), an MPI
 launcher (`mpirun -np N`, OpenMPI's OMPI_COMM_WORLD_* or MPICH/Slurm PMI's
-PMI_RANK/PMI_SIZE). Such a process joins the cluster and spawns nothing.
+PMI_RANK/PMI_SIZE) or Slurm's `srun` (runtime/slurm.py). Such a process
+joins the cluster and spawns nothing.
 
 Under MPI every rank is a worker: rank r is worker r, the ranks' count must be
 the spec's worker count, and the spec (passed to get_runner as usual) names
@@ -19,6 +20,7 @@ from dataclasses import replace
 from autopar.common import env
 from autopar.common.errors import SpecError, shown
 from autopar.common.roles import WORKER_JOB, WORKER_ROLE
+from autopar.runtime import slurm
 from autopar.runtime.ports import explicit_cluster, is_local_address
 from autopar.runtime.spec import ResourceSpec, spec_from_tf_config
 
@@ -39,6 +41,20 @@ def mpi_rank(environ: Mapping[str, str] = os.environ) -> tuple[int, int] | None:
     return None
 
 
+def external_rank(environ: Mapping[str, str] = os.environ) -> tuple[str, int, int] | None:
+    """("mpi" or "slurm", rank, size) of a process an MPI launcher or srun
+    started, else None. An MPI launcher inside a Slurm allocation starts its
+    daemons with srun, so their step's variables describe the daemons, not
+    the ranks: MPI's own variables win, unless they are srun's PMI ones
+    saying the same (srun --mpi=pmi2), where no spec is needed."""
+    mpi = mpi_rank(environ)
+    step = slurm.step_position(environ)
+    if step is not None and (mpi is None or (mpi == step
+                                             and "OMPI_COMM_WORLD_RANK" not in environ)):
+        return ("slurm", *step)
+    return None if mpi is None else ("mpi", *mpi)
+
+
 def worker_position() -> tuple[int, int] | None:
     """(number of workers, this worker's index) when this process is a worker
     of a job (launched by autopar, joined through TF_CONFIG or started by an
@@ -51,9 +67,9 @@ def worker_position() -> tuple[int, int] | None:
     if os.environ.get("TF_CONFIG"):
         spec, role, index = spec_from_tf_config(os.environ["TF_CONFIG"])
         return (spec.num_workers, index) if role == WORKER_ROLE else None
-    position = mpi_rank(os.environ)
-    if position is not None:
-        rank, size = position
+    joined = external_rank(os.environ)
+    if joined is not None:
+        _, rank, size = joined
         return size, rank
     return None
 

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import FrameType
 from typing import Any, Callable
 
@@ -29,7 +29,7 @@ from autopar.common.roles import SERVER_JOB, SUMSERVER_ROLE, WORKER_JOB, WORKER_
 from autopar.console import cause_in_output
 from autopar.runtime import firewall
 from autopar.runtime.children import DRAIN_SECONDS, Child, pump, report_tail, start_child
-from autopar.runtime.commands import (ChildPlan, give_token, job_env, local_env, new_job,
+from autopar.runtime.commands import (SSH, ChildPlan, give_token, job_env, local_env, new_job,
                                       plan_children, preload_value)
 from autopar.runtime.coordinator import (PHASE_INIT, PHASE_STEP, Coordinator, ProcessState,
                                          failed_phase)
@@ -38,7 +38,7 @@ from autopar.runtime.health import JobMonitor
 from autopar.runtime.netns import (NamespaceUnavailable, PrivateNetwork, answers,
                                    private_network_or_none)
 from autopar.runtime.ports import is_local_address, reserve_cluster
-from autopar.runtime.spec import ResourceSpec, is_loopback_job
+from autopar.runtime.spec import HostSpec, ResourceSpec, is_loopback_job
 
 logger = logging.getLogger("autopar.launcher")
 
@@ -194,6 +194,9 @@ class _Ended:
     clash: list[ChildPlan] = field(default_factory=list)
     restartable: bool = False
     reached: int = -1
+    # Hosts ssh could not reach (exit 255 before the process got the initial
+    # state): Config.min_workers may drop them.
+    unreachable: list[HostSpec] = field(default_factory=list)
 
 
 # A failed process that reported its failure gets this long to exit (its
@@ -332,7 +335,8 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
            stall_timeout_s: float = 60.0, stop_timeout_s: float = 60.0,
            published: Mapping[str, bytes] | None = None, processes: Collection[str] = (),
            fork_server: ForkServer | None = None, network: PrivateNetwork | None = None,
-           max_restarts: int = 0) -> int:
+           max_restarts: int = 0, min_workers: int = 0,
+           replan: Callable[[ResourceSpec], Mapping[str, bytes]] | None = None) -> int:
     """Run ``argv`` once per worker of ``spec`` (plus one server process per
     server) and wait for the job to end. ``published``: values the job
     coordinator serves to every process (Coordinator.publish), e.g. the
@@ -349,7 +353,10 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
     when the spec asks for it. ``max_restarts``: start the job again (every
     process, fresh ports; the chief restores its last checkpoint) after a
     process died, failed or stalled once training had begun, at most this
-    many times (Config.max_restarts).
+    many times (Config.max_restarts). ``min_workers``: when a restart
+    cannot reach a host over ssh, go on without it if the other hosts run at
+    least this many workers (0: never), with the values ``replan(smaller
+    spec)`` gives in place of ``published`` (the plan compiled for it).
 
     Returns 0 when every worker exited 0; otherwise the exit status of the
     first process that failed (a signal death N becomes 128+N), 130 after
@@ -392,6 +399,7 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
         if own_fork_server:
             fork_server = start_fork_server(spec, argv, extra_env, network)
         return _launch_restarts(spec, argv, extra_env, fork_server, max_restarts=max_restarts,
+                                min_workers=min_workers, replan=replan,
                                 grace_seconds=grace_seconds, log_tail_lines=log_tail_lines,
                                 stall_timeout_s=stall_timeout_s, stop_timeout_s=stop_timeout_s,
                                 published=published, sumservers=sumservers, network=network)
@@ -422,13 +430,25 @@ def _stop_local(fork_server: ForkServer | None, network: PrivateNetwork | None) 
 
 
 def _launch_restarts(spec: ResourceSpec, argv: list[str], extra_env: dict[str, str],
-                     fork_server: ForkServer | None, *, max_restarts: int, **options) -> int:
+                     fork_server: ForkServer | None, *, max_restarts: int, min_workers: int,
+                     replan: Callable[[ResourceSpec], Mapping[str, bytes]] | None,
+                     published: Mapping[str, bytes] | None, **options) -> int:
     """``launch``, started again after a process died, failed or stalled
     once training had begun, at most ``max_restarts`` times: every process
-    anew on fresh ports, the chief restoring its last checkpoint."""
+    anew on fresh ports, the chief restoring its last checkpoint. A restart
+    that cannot reach a host goes on without it (``_without``) while
+    ``min_workers`` workers remain."""
     restart = 0
     while True:
-        ended = _launch_attempts(spec, argv, extra_env, fork_server, **options)
+        ended = _launch_attempts(spec, argv, extra_env, fork_server, published=published,
+                                 **options)
+        if restart and ended.status and ended.unreachable:
+            smaller = _without(spec, ended.unreachable, min_workers)
+            if smaller is not None:
+                spec = smaller
+                if replan is not None:
+                    published = {**(published or {}), **replan(spec)}
+                continue
         if ended.status == 0 or not ended.restartable or restart >= max_restarts:
             if ended.restartable and max_restarts:
                 logger.error("no restart left (max_restarts=%d)", max_restarts)
@@ -438,6 +458,30 @@ def _launch_restarts(spec: ResourceSpec, argv: list[str], extra_env: dict[str, s
         logger.warning("restart %d of %d%s: every process starts again on fresh ports, and the "
                        "chief resumes from its last checkpoint", restart, max_restarts, after)
         extra_env = {**extra_env, envvars.RESTART: f"{restart}/{max_restarts}/{ended.reached}"}
+
+
+def _without(spec: ResourceSpec, unreachable: Sequence[HostSpec],
+             min_workers: int) -> ResourceSpec | None:
+    """``spec`` without the hosts ssh could not reach, if it still runs
+    ``min_workers`` workers (and any at all), else None; says which."""
+    gone = {h.address for h in unreachable}
+    hosts = tuple(h for h in spec.hosts if h.address not in gone)
+    workers = sum(h.workers for h in hosts)
+    names = ", ".join(sorted(gone))
+    if not min_workers or not workers or workers < min_workers:
+        logger.error("cannot reach %s to restart it (ssh exited 255); %s", names,
+                     "no host is dropped without Config.min_workers (--min-workers)"
+                     if not min_workers else
+                     f"the other hosts run {workers} worker(s), fewer than min_workers="
+                     f"{min_workers}")
+        return None
+    logger.warning("cannot reach %s to restart it (ssh exited 255): dropped it (min_workers=%d); "
+                   "the job goes on with %d worker(s) instead of %d and %d server(s) instead of "
+                   "%d, re-planned. The global batch is now %d/%d of what it was; the learning "
+                   "rate is unchanged unless the script scales it by autopar.num_workers()",
+                   names, min_workers, workers, spec.num_workers,
+                   sum(h.servers for h in hosts), spec.num_servers, workers, spec.num_workers)
+    return replace(spec, hosts=hosts)
 
 
 def _launch_attempts(spec: ResourceSpec, argv: list[str], extra_env: dict[str, str] | None,
@@ -544,7 +588,10 @@ def _launch_plans(plans: list[ChildPlan], grace_seconds: float, log_tail_lines: 
         # Last, after every process stopped: the launcher's final lines say why the job ended.
         for line in outcome.verdict:
             logger.error("%s", line)
-    return _Ended(status, clash, restartable=outcome.restartable and started and not asked_to_stop)
+    unreachable = {c.plan.host.address: c.plan.host for c in children
+                   if c.plan.via == SSH and c.popen.poll() == 255 and not c.past_startup}
+    return _Ended(status, clash, restartable=outcome.restartable and started and not asked_to_stop,
+                  unreachable=list(unreachable.values()))
 
 
 class _SumserverProbe:

@@ -28,7 +28,8 @@ logger = logging.getLogger(__name__)
 MIN_PORT, MAX_PORT = 1, 65535
 
 _TOP_KEYS = ("hosts", "network")
-_HOST_KEYS = ("address", "workers", "servers", "ports", "worker_ports", "server_ports", "ssh")
+_HOST_KEYS = ("address", "workers", "servers", "ports", "worker_ports", "server_ports", "ssh",
+              "slurm_node")
 _SSH_KEYS = ("user", "port", "key_file", "known_hosts", "python", "workdir")
 _NETWORK_KEYS = ("bandwidth_gbps", "isolation")
 _DICT_KEYS = ("hosts", "bandwidth_gbps", "isolation", "source")
@@ -43,6 +44,9 @@ _LABEL_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 # at most 32 characters as on Linux.
 _USER_RE = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._-]{0,31}")
 _ZONE_RE = re.compile(r"[A-Za-z0-9_.-]+")
+# A Slurm node name (srun --nodelist): no leading '-', nothing a shell or a
+# host list would read.
+_NODE_RE = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,127}")
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,8 @@ class HostSpec:
     worker_ports: tuple[int, ...] | None = None   # explicit per-process ports; len == workers
     server_ports: tuple[int, ...] | None = None   # likewise for servers
     ssh: SSHSettings | None = None
+    # Started by srun on this Slurm node (runtime/slurm.py), not over ssh.
+    slurm_node: str | None = None
 
     def __post_init__(self) -> None:
         # Accept lists from callers building specs in code; tuples keep the
@@ -143,7 +149,7 @@ def _host_to_dict(h: HostSpec) -> dict:
         ssh = {k: getattr(h.ssh, k) for k in _SSH_KEYS}
     return {"address": h.address, "workers": h.workers, "servers": h.servers,
             "ports": lst(h.ports), "worker_ports": lst(h.worker_ports),
-            "server_ports": lst(h.server_ports), "ssh": ssh}
+            "server_ports": lst(h.server_ports), "ssh": ssh, "slurm_node": h.slurm_node}
 
 
 # --------------------------------------------------------------------------- errors
@@ -305,7 +311,7 @@ def _parse_host(raw: Any, source: str, where: str) -> HostSpec:
         ssh = SSHSettings(**{k: v for k, v in ssh_raw.items() if not (k == "port" and v is None)})
     return HostSpec(address=raw["address"], workers=raw["workers"], servers=_default(raw.get("servers"), 0),
                     ports=ports, worker_ports=port_list("worker_ports"),
-                    server_ports=port_list("server_ports"), ssh=ssh)
+                    server_ports=port_list("server_ports"), ssh=ssh, slurm_node=raw.get("slurm_node"))
 
 
 def _default(value: Any, default: Any) -> Any:
@@ -509,8 +515,10 @@ def _validate(spec: ResourceSpec) -> None:
 
 
 def is_loopback_job(spec: ResourceSpec) -> bool:
-    """Every host of the job is a loopback address of this machine."""
-    return all(is_loopback_address(h.address) for h in spec.hosts)
+    """Every host of the job is a loopback address of this machine whose
+    processes the launcher starts itself (srun starts a Slurm node's, outside
+    any namespace of the launcher's)."""
+    return all(is_loopback_address(h.address) and h.slurm_node is None for h in spec.hosts)
 
 
 def _validate_host(h: HostSpec, src: str, where: str) -> None:
@@ -546,6 +554,13 @@ def _validate_host(h: HostSpec, src: str, where: str) -> None:
                   f"needs {need}", "widen the range to at least one port per worker and server")
     if h.ssh is not None:
         _validate_ssh(h.ssh, src, f"{where}.ssh")
+    if h.slurm_node is not None:
+        if not isinstance(h.slurm_node, str) or not _NODE_RE.fullmatch(h.slurm_node):
+            _fail(src, f"{where}.slurm_node", f"must be a Slurm node name, got {shown(h.slurm_node)}",
+                  "give the node's name as Slurm lists it, or remove it")
+        if h.ssh is not None:
+            _fail(src, where, "has both 'ssh' and 'slurm_node'", "a host is reached by srun or by "
+                  "ssh, not both: remove one")
 
 
 def _validate_ssh(s: SSHSettings, src: str, where: str) -> None:

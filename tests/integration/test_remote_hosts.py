@@ -1,7 +1,9 @@
 """Jobs on a host the launcher reaches over ssh: the processes there get the
 coordinator token on ssh's stdin (never on a command line or in the output),
 register and report with it, so stall detection covers them, and Ctrl-C
-makes a remote chief save a final checkpoint through the coordinator.
+makes a remote chief save a final checkpoint through the coordinator. A
+host that cannot be reached when the job restarts is dropped
+(Config.min_workers) and the job goes on, re-planned, on the others.
 
 The "remote host" is a network namespace of the test's own, joined to this
 one by a veth pair (tests/integration/test_coordinator.py `_OutsideNetwork`):
@@ -22,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.cluster import REPO, child_env, pid_alive, train_command
+from tests.integration.cluster import (REPO, assert_same_parameters, child_env, load_worker,
+                                       pid_alive, run_single_device, train_command)
 from tests.integration.test_coordinator import _OutsideNetwork, _stop
 from tests.integration.test_failures import LineReader
 
@@ -31,6 +34,9 @@ pytestmark = pytest.mark.skipif(
 
 _FAKE_SSH = """#!/bin/sh
 printf '%s\\n' "$*" >> {log}
+# The host is down once the file FAKE_SSH_DOWN names exists.
+[ -n "$FAKE_SSH_DOWN" ] && [ -e "$FAKE_SSH_DOWN" ] && {{
+    echo "ssh: connect to host {host} port 22: No route to host" >&2; exit 255; }}
 while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do shift; done
 [ "$1" = "--" ] || {{ echo "fake ssh: no -- before the destination" >&2; exit 255; }}
 [ "$2" = "{host}" ] || {{ echo "fake ssh: unknown host $2" >&2; exit 255; }}
@@ -165,3 +171,39 @@ def test_a_remote_worker_cut_off_from_the_launcher_stops_itself(tmp_path, remote
     assert "the job coordinator (the launcher) has been unreachable for" in reader.text, \
         reader.text[-3000:]
     assert proc.returncode == 1, reader.text[-3000:]
+
+
+def test_a_host_unreachable_on_restart_is_dropped_and_the_job_goes_on(tmp_path, remote_host):
+    """Worker 1, on the remote host, kills itself at global step 7 of 20;
+    the host is down from then on (ssh exits 255). With min_workers=1 the
+    restart goes on with worker 0 alone, from the last checkpoint; the
+    script feeds its global batch of 12 to however many workers there are,
+    so the result equals one device's 20 steps."""
+    net, env, _ = remote_host
+    out = tmp_path / "job"
+    env = {**env, "FAKE_SSH_DOWN": f"{out}.killed"}     # train_model's marker of the kill
+    spec = tmp_path / "two.yaml"
+    spec.write_text(f"hosts:\n  - address: {net.host_ip}\n    workers: 1\n"
+                    f"  - address: {net.ns_ip}\n    workers: 1\n")
+    proc = _launch(train_command("mlp_adam_clip_ema", out, "--steps", "20", "--batch", "12",
+                                 "--spec", str(spec), "--checkpoint-dir", str(tmp_path / "ckpt"),
+                                 "--save-every", "5", "--kill-at", "7", "--max-restarts", "1",
+                                 "--min-workers", "1"), env)
+    reader = LineReader(proc)
+    try:
+        text = reader.rest(timeout=300)
+    finally:
+        _stop(proc, {proc.pid})
+    assert proc.returncode == 0, text[-4000:]
+    assert "worker 1 killing itself at step 7" in text
+    assert re.search(rf"cannot reach {net.ns_ip} to restart it \(ssh exited 255\): dropped it "
+                     r"\(min_workers=1\); the job goes on with 1 worker\(s\) instead of 2 .*"
+                     r"The global batch is now 1/2 of what it was; the learning rate is unchanged",
+                     text), text[-4000:]
+    assert "the plan for the 1 remaining worker(s):" in text
+    restored = re.search(r"restored .*model\.ckpt-(\d+) \(global step \1\)", text)
+    assert restored and int(restored.group(1)) in (5, 7), text[-4000:]
+    run_single_device("mlp_adam_clip_ema", tmp_path / "one", "--steps", "20", "--batch", "12")
+    actual = load_worker(out, 0)
+    assert int(actual["global_step"]) == 20
+    assert_same_parameters(load_worker(tmp_path / "one", 0), actual, what="worker 0 after the drop")

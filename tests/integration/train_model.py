@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--wire-dtype", default="float32", help="Config.wire_dtype (herring)")
     p.add_argument("--tensorboard-dir", help="Config.tensorboard_dir")
     p.add_argument("--max-restarts", type=int, default=0, help="Config.max_restarts")
+    p.add_argument("--min-workers", type=int, default=0, help="Config.min_workers")
     p.add_argument("--kill-at", type=int, default=-1,
                    help="worker --stall-worker kills itself (SIGKILL) at this global step, once "
                         "(a marker file beside --out keeps a restarted job from doing it again)")
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
                             micro_batches=args.micro_batches, compute_threshold=args.threshold,
                             dropcompute_log_dir=args.dropcompute_log,
                             tensorboard_dir=args.tensorboard_dir,
-                            max_restarts=args.max_restarts,
+                            max_restarts=args.max_restarts, min_workers=args.min_workers,
                             dropcompute_warmup=tuple(int(s) for s in args.warmup.split(",")),
                             simulated_delay=(autopar.SimulatedDelay(
                                 median_s=args.delay, sigma=args.delay_sigma,
