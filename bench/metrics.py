@@ -1,4 +1,10 @@
-"""The arithmetic of the harness, free of processes and TensorFlow (unit-tested).
+"""The arithmetic of the harness, free of processes (unit-tested).
+
+The bytes of each method are its package's byte model
+(transforms/methods/*/method.py: bytes_per_worker, bytes_at_servers, hops),
+the one the plan report uses; `required_traffic` adds up the methods each
+benchmarked configuration (CARRIERS) puts the dense and the sparse
+gradients on. The table below is what they give.
 
 Bytes each system must move per step (Parallax Table 3, counted per direction
 for one worker, b = bytes of the dense variables, ab = bytes of the embedding
@@ -96,12 +102,14 @@ LOSS_ATOL = 1e-6
 
 def ring_allreduce_bytes(b: float, n: int) -> float:
     """Bytes one worker sends (and receives) to all-reduce b bytes over n workers."""
-    return 2.0 * (n - 1) * b / n if n > 1 else 0.0
+    from autopar.transforms.methods.registry import METHODS
+    return METHODS["allreduce"].bytes_per_worker(b, n)
 
 
 def allgather_bytes(ab: float, n: int) -> float:
     """Bytes one worker sends (and receives) to all-gather its ab bytes with n-1 others."""
-    return (n - 1) * ab if n > 1 else 0.0
+    from autopar.transforms.methods.registry import METHODS
+    return METHODS["allgather"].bytes_per_worker(ab, n)
 
 
 @dataclass
@@ -122,34 +130,39 @@ class Traffic:
         return asdict(self)
 
 
+# The methods that carry the dense and the sparse gradients in each
+# benchmarked configuration: autopar's run options as the benchmark runs them
+# (hybrid with dense gradients on the ring), and the peers modelled as one.
+CARRIERS = {"allreduce": ("allreduce", "allgather"), "ps": ("ps", "ps"),
+            "hybrid": ("allreduce", "ps"), "herring": ("herring", "ps")}
+
+
 def required_traffic(method: str, dense_bytes: float, sparse_touched_bytes: float,
                      num_workers: int, num_servers: int = 0, contributors: int | None = None) -> Traffic:
     """Parallax Table 3 (Herring Table III for "herring") for one worker (and
-    one of S servers, load spread evenly). `contributors`: herring's pushes
-    per buffer (default: every worker, one worker per host)."""
+    one of S servers, load spread evenly), from the methods' byte model.
+    `contributors`: pushes per buffer of the dense gradient's method
+    (default: every worker, one worker per host)."""
     n, s = num_workers, num_servers
-    b, ab = float(dense_bytes), float(sparse_touched_bytes)
     if method == "none":
         return Traffic(method, 0.0, 0.0)
-    if method == "allreduce":
-        w = ring_allreduce_bytes(b, n) + allgather_bytes(ab, n)
-        hops = (2 * (n - 1) if b else 0) + ((n - 1) if ab else 0)
-        return Traffic(method, w, w, hops=hops)
-    if s < 1:
+    if method not in CARRIERS:
+        raise ValueError(f"unknown method {method!r}")
+    # TensorFlow comes with the methods: imported when first needed.
+    from autopar.transforms.methods.registry import METHODS
+    dense, sparse = (METHODS[name] for name in CARRIERS[method])
+    carried = [(dense, float(dense_bytes), n if contributors is None else contributors),
+               (sparse, float(sparse_touched_bytes), n)]
+    if s < 1 and (dense.on_servers or sparse.on_servers):
         raise ValueError(f"method {method!r} needs at least one server")
-    if method == "ps":
-        per_server = n * (b + ab) / s
-        return Traffic(method, b + ab, b + ab, per_server, per_server, hops=2)
-    if method == "hybrid":
-        w = ring_allreduce_bytes(b, n) + ab
-        per_server = n * ab / s
-        return Traffic(method, w, w, per_server, per_server,
-                       hops=(2 * (n - 1) if b else 0) + (2 if ab else 0))
-    if method == "herring":
-        c = n if contributors is None else contributors
-        per_server = (c * b + n * ab) / s
-        return Traffic(method, b + ab, b + ab, per_server, per_server, hops=2)
-    raise ValueError(f"unknown method {method!r}")
+    worker = sum(m.bytes_per_worker(nbytes, n) for m, nbytes, _ in carried)
+    at_servers = [m.bytes_at_servers(nbytes, n, c) for m, nbytes, c in carried]
+    # Server methods share their push and pull rounds; the others' hops add up.
+    moving = [m for m, nbytes, _ in carried if nbytes]
+    hops = (sum(m.hops(n) for m in moving if not m.on_servers)
+            + max((m.hops(n) for m in moving if m.on_servers), default=0))
+    return Traffic(method, worker, worker, sum(a for a, _ in at_servers) / s if s else 0.0,
+                   sum(b for _, b in at_servers) / s if s else 0.0, hops=hops)
 
 
 def limit_seconds(traffic: Traffic, rate_mbit: float, latency_s: float = 0.0) -> float:

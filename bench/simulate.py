@@ -86,6 +86,7 @@ from pathlib import Path
 
 import numpy as np
 
+from autopar.transforms.methods.registry import METHODS as SYNC_METHODS
 from bench.metrics import DISTINCT_ROW_PEERS, PEER_METHODS
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -202,22 +203,30 @@ class Phase:
     total_msgs: float = 0.0  # messages sent by all processes (each also handled by its receiver)
 
 
+def _method(name: str):
+    """A synchronisation method, whose byte model (bytes_per_worker,
+    bytes_at_servers, hops) is the one the plan report uses."""
+    return SYNC_METHODS[name]
+
+
 def ring_allreduce(m: float, n: int, hosts: int) -> Phase:
     if n <= 1 or m <= 0:
         return Phase("allreduce", 0.0, 0, 0.0, 0.0, 0.0, 0.0)
-    per = 2.0 * (n - 1) / n * m
+    ring = _method("allreduce")
+    per, hops = ring.bytes_per_worker(m, n), ring.hops(n)
     # each worker sums (N-1)/N of the bytes in the reduce-scatter and applies all M to its replica
-    return Phase("allreduce", per if hosts > 1 else 0.0, 2 * (n - 1), per, n * per,
-                 (n - 1) / n * m + m, (n - 1) * m + n * m, 2 * (n - 1), 2 * n * (n - 1))
+    return Phase("allreduce", per if hosts > 1 else 0.0, hops, per, n * per,
+                 (n - 1) / n * m + m, (n - 1) * m + n * m, hops, n * hops)
 
 
 def ring_allgather(m: float, n: int, hosts: int) -> Phase:
     if n <= 1 or m <= 0:
         return Phase("allgather", 0.0, 0, 0.0, 0.0, 0.0, 0.0)
-    per = (n - 1) * m
+    gather = _method("allgather")
+    per, hops = gather.bytes_per_worker(m, n), gather.hops(n)
     # every worker applies all N workers' rows to its replica
-    return Phase("allgather", per if hosts > 1 else 0.0, n - 1, per, n * per, n * m, n * n * m,
-                 n - 1, n * (n - 1))
+    return Phase("allgather", per if hosts > 1 else 0.0, hops, per, n * per, n * m, n * n * m,
+                 hops, n * hops)
 
 
 def expected_distinct(rows: int, draws: float, zipf_s: float | None) -> float:
@@ -271,8 +280,11 @@ def parameter_server(push: float, pull: float, cl: Cluster, local_aggregation: b
         pushers_per_host = 1
     else:
         senders, per_sender_push, per_sender_pull, pushers_per_host = n, push, pull, h
-    total_push = senders * per_sender_push
-    total_pull = senders * per_sender_pull
+    # The servers' totals from the method's byte model, the senders being
+    # its readers and contributors (hosts with local aggregation).
+    ps = _method("ps")
+    total_push = ps.bytes_at_servers(per_sender_push, senders, senders)[1]
+    total_pull = ps.bytes_at_servers(per_sender_pull, senders, senders)[0]
     srv_push = total_push / s * cl.server_imbalance
     srv_pull = total_pull / s * cl.server_imbalance
     host_out_push = pushers_per_host * per_sender_push

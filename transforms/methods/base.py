@@ -180,9 +180,36 @@ class SyncMethod:
                       key: int) -> tuple[VariablePlan, int]:
         raise NotImplementedError
 
+    # The byte model, one per method: what one step moves to synchronise
+    # `nbytes` of gradient (a sparse one's: the touched rows' bytes, in the
+    # dtype it travels in) over `num_workers` workers. The report
+    # (wire_bytes, server_bytes), the benchmark's limits (bench/metrics.py)
+    # and the simulator (bench/simulate.py) all read it here.
+    on_servers: ClassVar[bool] = False   # its hops are the servers' push and pull rounds
+
+    def bytes_per_worker(self, nbytes: float, num_workers: int) -> float:
+        """Bytes one worker sends per step, and as many it receives."""
+        raise NotImplementedError
+
+    def bytes_at_servers(self, nbytes: float, num_workers: int,
+                         contributors: int) -> tuple[float, float]:
+        """(sent, received) per step by all servers together; `contributors`:
+        the workers that push (fewer than all with local aggregation)."""
+        return 0.0, 0.0
+
+    def hops(self, num_workers: int) -> int:
+        """Sequential network hops of one step. Methods `on_servers` share
+        their rounds (every variable's push, then every pull); the others'
+        follow one another."""
+        raise NotImplementedError
+
     def wire_bytes(self, v: "VariableInfo", vp: VariablePlan, num_workers: int,
                    alpha: float) -> tuple[float, float]:
-        raise NotImplementedError
+        """(sent, received) by one worker per step for variable `v`: the byte
+        model on the bytes `v`'s gradient travels as (`alpha`: the share of
+        its rows a sparse gradient touches)."""
+        sent = self.bytes_per_worker(alpha * v.bytes, num_workers)
+        return sent, sent
 
     def server_bytes(self, v: "VariableInfo", vp: VariablePlan, num_workers: int,
                      contributors: int, alpha: float) -> list[tuple[int, float, float]]:

@@ -19,9 +19,12 @@ class AllGather(SyncMethod):
         return VariablePlan(v.name, self.name, "replicated on every worker", reason,
                             keys=keys), key
 
-    def wire_bytes(self, v, vp, num_workers, alpha):
-        sent = (num_workers - 1) * alpha * v.bytes
-        return sent, sent
+    def bytes_per_worker(self, nbytes, num_workers):
+        # Its rows to each of the N-1 others (ring all-gather).
+        return (num_workers - 1) * nbytes if num_workers > 1 else 0.0
+
+    def hops(self, num_workers):
+        return num_workers - 1
 
     def rewrite(self, ctx: RewriteContext) -> Edits:
         graph, analysis, plan, backend = ctx.graph, ctx.analysis, ctx.plan, ctx.backend

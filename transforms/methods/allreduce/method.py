@@ -100,9 +100,16 @@ class AllReduce(SyncMethod):
         return VariablePlan(v.name, self.name, "replicated on every worker", reason,
                             bucket=bucket.index, wire_dtype=bucket.wire_dtype or None), key
 
-    def wire_bytes(self, v, vp, num_workers, alpha):
+    def bytes_per_worker(self, nbytes, num_workers):
+        # A ring's reduce-scatter and all-gather: 2(N-1)/N of the bytes.
         n = num_workers
-        sent = 2 * (n - 1) * v.bytes / n * wire_fraction(v.dtype, vp.wire_dtype)
+        return 2.0 * (n - 1) * nbytes / n if n > 1 else 0.0
+
+    def hops(self, num_workers):
+        return 2 * (num_workers - 1)
+
+    def wire_bytes(self, v, vp, num_workers, alpha):
+        sent = self.bytes_per_worker(v.bytes * wire_fraction(v.dtype, vp.wire_dtype), num_workers)
         return sent, sent
 
     def report_fields(self, plan):

@@ -122,19 +122,30 @@ class Herring(SyncMethod):
         return VariablePlan(v.name, self.name, placement, reason, partitions=partitions,
                             servers=servers, wire_dtype=state.wire_dtype), key
 
+    on_servers = True
+
+    def bytes_per_worker(self, nbytes, num_workers):
+        """Each contributor pushes its gradient once and pulls the sum once;
+        with local aggregation that is the host's first worker, the others
+        exchange it within the host."""
+        return float(nbytes)
+
+    def bytes_at_servers(self, nbytes, num_workers, contributors):
+        """Every contributor's gradient comes in; the sum goes back to each."""
+        return contributors * nbytes, contributors * nbytes
+
+    def hops(self, num_workers):
+        return 2
+
     def wire_bytes(self, v, vp, num_workers, alpha):
-        """Each contributor pushes its gradient once and pulls the sum once (in
-        the wire dtype); with local aggregation that is the host's first
-        worker, the others exchange it within the host."""
-        wire = _wire_bytes_per_element(vp)
-        n = sum(e - s for s, e in vp.partitions)
-        return float(n * wire), float(n * wire)
+        sent = self.bytes_per_worker(sum(e - s for s, e in vp.partitions)
+                                     * _wire_bytes_per_element(vp), num_workers)
+        return sent, sent
 
     def server_bytes(self, v, vp, num_workers, contributors, alpha):
-        """A server receives its shard of the gradient from every contributor
-        and sends the sum back to each."""
+        """Each server's share: the byte model on its shard, in the wire dtype."""
         wire = _wire_bytes_per_element(vp)
-        return [(server, contributors * (e - s) * wire, contributors * (e - s) * wire)
+        return [(server, *self.bytes_at_servers((e - s) * wire, num_workers, contributors))
                 for (s, e), server in zip(vp.partitions, vp.servers)]
 
     def report_fields(self, plan):

@@ -80,20 +80,26 @@ class ParameterServer(SyncMethod):
         return VariablePlan(v.name, self.name, placement, reason, keys=keys,
                             partitions=parts, servers=servers), key
 
-    def wire_bytes(self, v, vp, num_workers, alpha):
+    on_servers = True
+
+    def bytes_per_worker(self, nbytes, num_workers):
         # Parallax Table 3, 2ab in all: push the touched rows' gradient, read
         # the touched rows.
-        return alpha * v.bytes, alpha * v.bytes
+        return float(nbytes)
+
+    def bytes_at_servers(self, nbytes, num_workers, contributors):
+        """The rows go to every reader; every contribution comes in."""
+        return num_workers * nbytes, contributors * nbytes
+
+    def hops(self, num_workers):
+        return 2
 
     def server_bytes(self, v, vp, num_workers, contributors, alpha):
-        """Each server sends a partition's rows to every reader and receives
-        every contribution."""
+        """Each server's share: the byte model on its partitions' rows."""
         rows = _rows(v)
-        out = []
-        for (start, end), server in zip(vp.partitions, vp.servers):
-            part = alpha * v.bytes * (end - start) / max(rows, 1)
-            out.append((server, num_workers * part, contributors * part))
-        return out
+        return [(server, *self.bytes_at_servers(alpha * v.bytes * (end - start) / max(rows, 1),
+                                                num_workers, contributors))
+                for (start, end), server in zip(vp.partitions, vp.servers)]
 
     def rewrite(self, ctx: RewriteContext) -> Edits:
         return PsBuilder(ctx.graph, ctx.analysis, ctx.plan, ctx.worker_index, ctx.backend,
