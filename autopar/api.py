@@ -22,7 +22,6 @@ from autopar.transforms.topology import Topology
 
 log = logging.getLogger("autopar")
 
-REPORT_PRINTED = "AUTOPAR_REPORT_PRINTED"   # the launcher printed it; workers need not
 
 
 def get_runner(graph, resource_info=None, config: Config | None = None):
@@ -60,7 +59,8 @@ def get_runner(graph, resource_info=None, config: Config | None = None):
 
 
 def _get_runner(graph, resource_info, config: Config):
-    from autopar.runtime import join, launcher, spec as specs, worker   # runtime is heavy; import on use
+    # runtime is heavy; import on use
+    from autopar.runtime import join, launcher, script_plan, spec as specs, worker
     graph, lifted = _lifted(graph)
     role = env.current_role()
     if role == WORKER_ROLE:
@@ -70,10 +70,16 @@ def _get_runner(graph, resource_info, config: Config):
         procs.set_title(procs.role_title(os.environ, sys.argv) or "worker")   # forked: set already
         return worker.distributed_runner(
             graph, env.current_cluster(), index, config, tty=os.environ.get(env.TTY) == "1",
-            print_report=index == 0 and not os.environ.get(REPORT_PRINTED), lifted=lifted)
+            print_report=index == 0 and not os.environ.get(env.REPORT_PRINTED), lifted=lifted)
     if role == REPORT_ROLE:
         spec = specs.ResourceSpec.from_dict(json.loads(os.environ[env.SPEC]))
-        sys.stdout.write(_compile(graph, spec, config).report().table() + "\n")
+        compiled = _compile(graph, spec, config)
+        if os.environ.get(env.PLAN_OUT):      # for `autopar launch` (runtime/script_plan.py)
+            plan, roles, table = _plan_of(compiled)
+            with open(os.environ[env.PLAN_OUT], "w", encoding="utf-8") as f:
+                f.write(script_plan.encode(plan, sorted(roles), table))
+        else:
+            sys.stdout.write(compiled.report().table() + "\n")
         sys.exit(0)
     if os.environ.get("TF_CONFIG"):
         return _join_external(graph, config, lifted)
@@ -87,25 +93,11 @@ def _get_runner(graph, resource_info, config: Config):
     # The launcher: compile once, print the report from it, serve it to
     # every process of the job from the coordinator.
     spec = specs.load_spec(resource_info)
-    argv = [sys.executable, *sys.argv]
-    extra_env = {REPORT_PRINTED: "1", env.PLAN: env.PLAN_KEY, **launcher.new_job()}
-    # Started first: its TensorFlow import overlaps the compile step. It is
-    # started in the job's private network namespace, if the job has one.
-    network = launcher.isolate(spec, extra_env)
-    fork_server = launcher.start_fork_server(
-        spec, argv, {**extra_env, **launcher.isolation_env(spec, network)}, network)
     try:
-        compiled = _compile(graph, spec, config)
-        log.info("\n%s", compiled.report().table())
-        code = launcher.launch(spec, argv, extra_env=extra_env,
-                               stall_timeout_s=config.stall_timeout_s,
-                               published={env.PLAN_KEY: compiled.to_bytes()},
-                               # what the plan's methods need besides the workers
-                               processes=processes(compiled.plan),
-                               fork_server=fork_server, network=network,
-                               max_restarts=config.max_restarts,
-                               min_workers=config.min_workers,
-                               replan=lambda smaller: _replan(graph, smaller, config))
+        code = launcher.run_job(spec, [sys.executable, *sys.argv],
+                                lambda s, _: _plan_of(_compile(graph, s, config)),
+                                stall_timeout_s=config.stall_timeout_s,
+                                max_restarts=config.max_restarts, min_workers=config.min_workers)
     except KeyboardInterrupt:
         # Ctrl-C outside the job's own handling (while compiling): nothing
         # to save, and the processes are stopped already.
@@ -113,20 +105,15 @@ def _get_runner(graph, resource_info, config: Config):
             raise
         sys.stderr.write("autopar: interrupted\n")
         code = 130
-    finally:
-        launcher.stop_quietly(fork_server, network)
     # The job is over: a Ctrl-C now would only print a traceback from exiting.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.exit(code)
 
 
-def _replan(graph, spec, config: Config) -> dict[str, bytes]:
-    """The plan for the hosts left after one was dropped (Config.min_workers),
-    its report logged as the first one was."""
-    compiled = _compile(graph, spec, config)
-    log.info("the plan for the %d remaining worker(s):\n%s", spec.num_workers,
-             compiled.report().table())
-    return {env.PLAN_KEY: compiled.to_bytes()}
+def _plan_of(compiled: CompiledPlan) -> tuple[bytes, set[str], str]:
+    """What the launcher needs of a compiled plan (launcher.CompilePlan): its
+    bytes, the processes its methods need besides the workers, its report."""
+    return compiled.to_bytes(), processes(compiled.plan), compiled.report().table()
 
 
 def _lifted(graph):

@@ -22,7 +22,7 @@ import sys
 from autopar.console import StdoutHandler, debug_errors, report_error
 from autopar.common.errors import AutoparError
 from autopar.common import env
-from autopar.common.roles import REPORT_ROLE, SERVER_ROLE, SUMSERVER_ROLE
+from autopar.common.roles import REPORT_ROLE
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,14 +79,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.action == "report":
         child_env = dict(os.environ, **{env.ROLE: REPORT_ROLE, env.SPEC: json.dumps(spec.to_dict())})
         return subprocess.run(command, env=child_env).returncode
-    from autopar.runtime.launcher import launch
+    from autopar.runtime.launcher import run_job
+    from autopar.runtime.script_plan import compile_in_script
+
+    def compile_plan(for_spec, fork_server):
+        # The command, run once in the report role, compiles the plan.
+        compiled = compile_in_script(command, for_spec, fork_server)
+        return compiled.plan, compiled.processes, compiled.report
     try:
-        # The plan is compiled in the job (by the chief): whether it uses
-        # herring is not known here, so a spec with servers gets summation
-        # servers too.
-        return launch(spec, command, stall_timeout_s=args.stall_timeout,
-                      processes={SERVER_ROLE, SUMSERVER_ROLE} if spec.num_servers else set(),
-                      max_restarts=args.max_restarts, min_workers=args.min_workers)
+        return run_job(spec, command, compile_plan, stall_timeout_s=args.stall_timeout,
+                       max_restarts=args.max_restarts, min_workers=args.min_workers)
     except AutoparError as e:
         if debug_errors():
             raise

@@ -21,10 +21,15 @@ JOB_ID = "AUTOPAR_JOB_ID"        # the job's short public id, in every process t
 BIND = "AUTOPAR_BIND"            # "addr/port,..." for the bind shim (cpp_ops/bind_shim.c)
 # The coordinator key under which the launcher published the job's compiled
 # plan (transforms.compile.CompiledPlan.to_bytes) before starting any process.
-# Unset (`autopar launch` runs no graph): the chief compiles and publishes it
-# under PLAN_KEY, the other workers fetch it.
+# Unset (runtime.launcher.launch called without a plan): the chief compiles
+# and publishes it under PLAN_KEY, the other workers fetch it.
 PLAN = "AUTOPAR_PLAN"
 PLAN_KEY = "compiled-plan"
+# A file a script run in the report role writes its compiled plan to, for
+# `autopar launch` (runtime/script_plan.py).
+PLAN_OUT = "AUTOPAR_PLAN_OUT"
+# Set by a launcher that logged the plan report: the chief need not print it.
+REPORT_PRINTED = "AUTOPAR_REPORT_PRINTED"
 # "host:port,..." of the job's summation servers (cpp_ops/sum_server.cc), in
 # server-index order, read by the Herring push/pull kernel at first use: the
 # graph itself names no host.

@@ -23,5 +23,7 @@ SERVER_ROLE = "server"
 # TensorFlow task, so it has no job; one per server of the spec.
 SUMSERVER_ROLE = "sumserver"
 # `autopar report` runs the user's script in this role: it prints the report
-# and exits instead of training.
+# and exits instead of training. `autopar launch` runs it so too, once, with
+# AUTOPAR_PLAN_OUT set: the script then writes its compiled plan there for
+# the launcher (runtime/script_plan.py).
 REPORT_ROLE = "report"

@@ -408,6 +408,38 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
         _restore_handlers(callers_handlers)
 
 
+# The plan of a job for a spec: (CompiledPlan.to_bytes(), the roles it needs
+# besides the workers, its report), compiled with the fork server at hand.
+CompilePlan = Callable[[ResourceSpec, "ForkServer | None"], tuple[bytes, Collection[str], str]]
+
+
+def run_job(spec: ResourceSpec, argv: list[str], compile_plan: CompilePlan, *,
+            stall_timeout_s: float, max_restarts: int = 0, min_workers: int = 0) -> int:
+    """Compile the job's plan, log its report, and run exactly the processes
+    it needs: how get_runner's launcher and `autopar launch` start a job.
+    The fork server starts first, so its imports overlap the compile step
+    (or serve it); it and the job's private network (if any) are gone when
+    this returns."""
+    extra_env = {envvars.REPORT_PRINTED: "1", envvars.PLAN: envvars.PLAN_KEY, **new_job()}
+    network = isolate(spec, extra_env)
+    fork_server = start_fork_server(spec, argv, {**extra_env, **isolation_env(spec, network)},
+                                    network)
+
+    def replan(smaller: ResourceSpec) -> dict[str, bytes]:
+        plan, _, report = compile_plan(smaller, fork_server)
+        logger.info("the plan for the %d remaining worker(s):\n%s", smaller.num_workers, report)
+        return {envvars.PLAN_KEY: plan}
+    try:
+        plan, processes, report = compile_plan(spec, fork_server)
+        logger.info("\n%s", report)
+        return launch(spec, argv, extra_env=extra_env, stall_timeout_s=stall_timeout_s,
+                      published={envvars.PLAN_KEY: plan}, processes=processes,
+                      fork_server=fork_server, network=network, max_restarts=max_restarts,
+                      min_workers=min_workers, replan=replan)
+    finally:
+        stop_quietly(fork_server, network)
+
+
 def stop_quietly(fork_server: ForkServer | None, network: PrivateNetwork | None = None) -> None:
     """Stop the fork server and close the private network at the end of a
     job, with Ctrl-C and SIGTERM held back meanwhile: the job is over, and an

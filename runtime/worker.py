@@ -3,9 +3,10 @@ graph for this worker with it, start its server, open the session,
 initialise/restore, broadcast the chief's state and hand back a Runner.
 
 A worker never analyses or plans by itself when the job has one plan to
-give: the launcher compiles it once (transforms/compile.py) and serves it
-from the job coordinator. Under `autopar launch` the launcher runs no graph:
-the chief compiles and publishes, the others fetch. Only a process with no
+give: the launcher compiles it once (transforms/compile.py; `autopar launch`
+in one run of the script, runtime/script_plan.py) and serves it from the job
+coordinator. A job started by calling runtime.launcher.launch without a plan
+has its chief compile and publish it, the others fetch. Only a process with no
 coordinator to ask (joined through TF_CONFIG) compiles for itself, by the
 same deterministic function."""
 from __future__ import annotations

@@ -1,7 +1,9 @@
-"""The plan is computed once per job and shipped: the launcher (or, under
-`autopar launch`, the chief) analyses, plans and places ops once; the other
-processes receive the compiled plan from the job coordinator and train with
-it. tests/integration/scripts/compile_once.py makes those functions raise in
+"""The plan is computed once per job, before any process starts, and
+shipped: the launcher (under `autopar launch`, one run of the script in the
+report role) analyses, plans and places ops once; every worker receives the
+compiled plan from the job coordinator and trains with it, and the launcher
+starts exactly the processes the plan needs.
+tests/integration/scripts/compile_once.py makes those functions raise in
 every other process."""
 import sys
 
@@ -12,8 +14,8 @@ SCRIPT = REPO / "tests" / "integration" / "scripts" / "compile_once.py"
 ONCE = "compile calls: {'analyze_graph': 1, 'make_plan': 1, 'place_ops': 1}"
 
 
-def _run(command, compiler: str) -> str:
-    return run_script(command, env={**child_env(), "AUTOPAR_TEST_COMPILER": compiler})
+def _run(command, compiler: str, **env) -> str:
+    return run_script(command, env={**child_env(), "AUTOPAR_TEST_COMPILER": compiler, **env})
 
 
 def test_launcher_compiles_once_and_workers_train_with_the_shipped_plan(tmp_path):
@@ -32,12 +34,17 @@ def test_launcher_compiles_once_and_workers_train_with_the_shipped_plan(tmp_path
         assert_same_parameters(expected, load_worker(tmp_path / "job", i), what=f"worker {i}")
 
 
-def test_under_autopar_launch_the_chief_compiles_and_the_others_receive(tmp_path):
-    out = tmp_path / "job"
-    log = _run([sys.executable, "-m", "autopar.cli", "launch", "--spec", str(write_spec(tmp_path, 2)),
-                "--", sys.executable, str(SCRIPT), "--model", "mlp_sgd", "--out", str(out),
-                "--steps", "3"], "chief")
-    assert log.count("compile calls:") == 1 and ONCE in log, log[-3000:]
-    assert "worker 1: plan received from the chief (worker 0)" in log, log[-3000:]
-    assert "autopar plan: 2 workers" in log     # the chief's report, from its compiled plan
+def test_autopar_launch_compiles_the_plan_in_one_run_of_the_script(tmp_path):
+    out, calls = tmp_path / "job", tmp_path / "calls.log"
+    # A spec with a server, a plan without herring: no summation server starts.
+    log = _run([sys.executable, "-m", "autopar.cli", "launch",
+                "--spec", str(write_spec(tmp_path, 2, 1)), "--", sys.executable, str(SCRIPT),
+                "--model", "mlp_sgd", "--out", str(out), "--steps", "3", "--run-option", "ps"],
+               "script", AUTOPAR_TEST_COMPILE_LOG=str(calls))
+    assert calls.read_text().splitlines() == [ONCE], calls.read_text()
+    assert "compile calls:" not in log, log[-3000:]
+    for i in (0, 1):
+        assert f"worker {i}: plan received from the launcher" in log, log[-3000:]
+    assert log.count("autopar plan: 2 workers") == 1, log[-3000:]   # logged by the launcher
+    assert "started server 0" in log and "sumserver" not in log, log[-3000:]
     assert int(load_worker(out, 1)["global_step"]) == 3

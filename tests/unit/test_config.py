@@ -91,18 +91,19 @@ def test_a_bad_config_ends_the_script_with_its_message_not_a_traceback(tmp_path)
     assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr
 
 
-def test_a_bad_config_in_a_launched_job_is_the_launchers_last_line(tmp_path):
-    """Under `autopar launch` the worker's message reaches the launcher, whose
-    last line names the worker and the field; the job exits 2."""
+def test_a_bad_config_under_autopar_launch_is_refused_before_any_process_starts(tmp_path):
+    """`autopar launch` compiles the plan in one run of the script, which
+    meets the bad Config first: the launcher says the script's message,
+    starts no process, and exits 2."""
     script = _script(tmp_path, "autopar.Config(fusion_bytes='big')")
     spec = tmp_path / "spec.yaml"
     spec.write_text("hosts:\n  - address: 127.0.0.1\n    workers: 1\n")
     done = subprocess.run([sys.executable, "-m", "autopar.cli", "launch", "--spec", str(spec),
                            "--", sys.executable, str(script)], capture_output=True, text=True,
                           env=_env(AUTOPAR_FORK_SERVER="0"), timeout=120)
-    lines = done.stdout.strip().splitlines()
     assert done.returncode == 2, done.stdout + done.stderr
     assert "Traceback" not in done.stdout + done.stderr
-    assert lines[-1].startswith("job failed: worker 0 (pid "), lines[-1]
-    assert lines[-1].endswith("failed while starting, before training: autopar: "
-                              "Config.fusion_bytes must be an integer >= 1, got 'big' (status 2)")
+    assert done.stderr.startswith("autopar: Config.fusion_bytes must be an integer >= 1, got "
+                                  "'big' (in the run of the command that compiles the job's plan; "
+                                  "no process of the job started)"), done.stderr
+    assert "started worker" not in done.stdout, done.stdout
