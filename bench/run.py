@@ -40,6 +40,7 @@ from pathlib import Path
 from autopar.common import env as envvars
 from autopar.common.procs import stop_processes
 from autopar.common.roles import SERVER_JOB, WORKER_JOB
+from autopar.runtime import forkserver
 from bench import metrics, models
 from bench.cluster import DEFAULT_CONGESTION_CONTROL
 from bench.peers import common
@@ -123,7 +124,7 @@ class Settings:
     # Per workload, a subset of host_counts / peers to run it with (default: all of them).
     workload_hosts: dict = field(default_factory=dict)
     workload_peers: dict = field(default_factory=dict)
-    forkserver: bool = True            # import TensorFlow once per host (bench/peers/forkserver.py)
+    forkserver: bool = True            # import TensorFlow once per interpreter (runtime/forkserver.py)
 
     @property
     def rate_mbit(self) -> float:
@@ -267,135 +268,62 @@ class DirectSpawner:
         return popen.pid, popen.poll
 
 
-class ForkServer:
-    """Client side of bench/peers/forkserver.py (one per interpreter; its
-    children enter the namespace of the host they run on)."""
-
-    def __init__(self, venv: str, python: str, log_dir: Path):
-        self.venv = venv
-        self.exited: dict[int, int] = {}
-        self._forked: dict[str, int | str] = {}
-        self._cond = threading.Condition()
-        self._ready = False
-        self._counter = 0
-        self.err_path = log_dir / f"forkserver-{venv}.err"
-        with open(self.err_path, "w") as err:
-            # From the main thread: the server's PR_SET_PDEATHSIG is tied to this thread.
-            self.popen = subprocess.Popen([python, str(PEERS_DIR / "forkserver.py"), venv], env=_peer_env(),
-                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                                          text=True, bufsize=1, start_new_session=True)
-        threading.Thread(target=self._read, name=f"forkserver-{venv}", daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.popen.stdout:
-            parts = line.split()
-            with self._cond:
-                if parts[:1] == ["READY"]:
-                    self._ready = True
-                elif parts[:1] == ["FORKED"] and len(parts) == 3:
-                    pid = int(parts[2])
-                    # A recycled pid: forget the exit status of the earlier child that had it
-                    # (the server reports FORKED before it can reap the new child).
-                    self.exited.pop(pid, None)
-                    self._forked[parts[1]] = pid
-                elif parts[:1] == ["FAILED"]:
-                    self._forked[parts[1]] = " ".join(parts[2:]) or "fork failed"
-                elif parts[:1] == ["EXITED"] and len(parts) == 3:
-                    self.exited[int(parts[1])] = int(parts[2])
-                self._cond.notify_all()
-        with self._cond:
-            self._cond.notify_all()
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def wait_ready(self, timeout_s: float) -> None:
-        end = time.monotonic() + timeout_s
-        with self._cond:
-            while not self._ready:
-                if not self.alive():
-                    raise RuntimeError(f"fork server ({self.venv}) exited {self.popen.returncode}: "
-                                       f"{_tail_file(self.err_path)}")
-                left = end - time.monotonic()
-                if left <= 0:
-                    raise RuntimeError(f"fork server ({self.venv}) not ready after {timeout_s:.0f} s")
-                self._cond.wait(min(left, 0.5))
-
-    def spawn(self, netns: str, script: Path, args: list[str], env: dict, stdout: Path, stderr: Path,
-              timeout_s: float = 30.0) -> tuple[int, object]:
-        with self._cond:
-            self._counter += 1
-            rid = f"r{self._counter}"
-        req = {"id": rid, "script": str(script), "args": args, "env": env, "netns": netns,
-               "stdout": str(stdout), "stderr": str(stderr)}
-        try:
-            self.popen.stdin.write(json.dumps(req) + "\n")
-            self.popen.stdin.flush()
-        except (BrokenPipeError, ValueError) as exc:
-            raise RunFailed(f"fork server ({self.venv}) is gone: {exc}") from exc
-        end = time.monotonic() + timeout_s
-        with self._cond:
-            while rid not in self._forked:
-                left = end - time.monotonic()
-                if left <= 0 or not self.alive():
-                    raise RunFailed(f"fork server ({self.venv}) did not fork {script.name}")
-                self._cond.wait(min(left, 0.5))
-            pid = self._forked.pop(rid)
-        if isinstance(pid, str):
-            raise RunFailed(f"fork server ({self.venv}): {pid}")
-
-        def poll(pid=pid):
-            if pid in self.exited:
-                return self.exited[pid]
-            if not self.alive():          # its children die with it (PR_SET_PDEATHSIG)
-                return self.exited.get(pid, -9)
-            return None
-        return pid, poll
-
-    def stop(self) -> None:
-        if self.alive():
-            try:
-                self.popen.stdin.close()      # the server kills its children and leaves
-            except OSError:
-                pass
-            try:
-                self.popen.wait(8)
-            except subprocess.TimeoutExpired:
-                stop_processes([self.popen], grace_seconds=0.0)
+# What each interpreter's fork server imports once for all its peers.
+FORK_PRELOAD = {
+    "main": (*forkserver.PRELOAD, "autopar.runtime.launcher", "autopar.runtime.spec",
+             "autopar.transforms.analysis", "autopar.transforms.plan", "autopar.transforms.report",
+             "bench.peers.graph_model"),
+    "horovod": ("numpy", "tensorflow", "bench.peers.graph_model", "horovod.tensorflow",
+                "horovod.runner.http.http_server"),
+}
 
 
 class ForkSpawner:
-    """One fork server per interpreter: TensorFlow is imported once, not once
-    per process (see bench/peers/forkserver.py). `launch()` starts the servers
-    (they import while the harness does other work), `wait()` waits for them."""
+    """One fork server per interpreter (autopar.runtime.forkserver, the one a
+    job's launcher uses, in that interpreter with its own preload list):
+    TensorFlow is imported once, not once per process. Each child enters the
+    namespace of the host it runs on. `launch()` starts the servers (they
+    import while the harness does other work), `wait()` waits for them."""
 
     def __init__(self, python: dict[str, str], log_dir: Path, ready_timeout_s: float):
         self.cluster = None
         self.python = python
-        self.log_dir, self.ready_timeout_s = log_dir, ready_timeout_s
-        self.servers: dict[str, ForkServer] = {}
+        self.ready_timeout_s = ready_timeout_s
+        self.servers: dict[str, forkserver.ForkServer] = {}
         self.problems: dict[str, str] = {}
 
     def launch(self) -> None:
+        # From the main thread: a server's PR_SET_PDEATHSIG is tied to this thread.
         for venv, python in self.python.items():
-            self.servers[venv] = ForkServer(venv, python, self.log_dir)
+            try:
+                self.servers[venv] = forkserver.ForkServer(
+                    _peer_env(), cwd=os.getcwd(), ready_timeout_s=self.ready_timeout_s,
+                    python=python, preload=FORK_PRELOAD[venv])
+            except OSError as exc:
+                self.problems[venv] = f"fork server ({venv}) did not start: {exc}"
 
     def wait(self) -> None:
         for venv, fs in self.servers.items():
             try:
                 fs.wait_ready(self.ready_timeout_s)
-            except RuntimeError as exc:
-                self.problems[venv] = str(exc)
+            except forkserver.ForkServerError as exc:
+                self.problems[venv] = f"fork server ({venv}): {exc}"
 
     def spawn(self, host: int, venv: str, script: Path, args: list[str], env: dict,
               stdout: Path, stderr: Path) -> tuple[int, object]:
         if venv in self.problems:
             raise RunFailed(self.problems[venv])
         fs = self.servers.get(venv)
-        if fs is None or not fs.alive():
+        if fs is None or fs.popen.poll() is not None:
             raise RunFailed(f"no fork server for {venv} is running")
         netns = f"/var/run/netns/{self.cluster.namespace(host)}"
-        return fs.spawn(netns, script, args, env, stdout, stderr)
+        with open(stdout, "wb") as out, open(stderr, "wb") as err:
+            try:
+                proc = fs.start([self.python[venv], str(script), *args], env, os.getcwd(),
+                                outputs=(out.fileno(), err.fileno()), netns=netns)
+            except forkserver.ForkServerError as exc:
+                raise RunFailed(f"fork server ({venv}): {exc}") from exc
+        return proc.pid, proc.poll
 
     def stop(self) -> None:
         for fs in self.servers.values():

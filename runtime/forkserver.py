@@ -29,14 +29,22 @@ Set AUTOPAR_FORK_SERVER=0 to start every process directly.
 Protocol, one message per SOCK_SEQPACKET packet on the socket the launcher
 passes as ``--fd``:
 
-    request  {"id": N, "argv": [...], "env": {...}, "cwd": path}
-             with one file descriptor attached: the child's stdout/stderr
+    request  {"id": N, "argv": [...], "env": {...}, "cwd": path, "netns": path?}
+             with one file descriptor attached (the child's stdout and
+             stderr) or two (stdout, stderr); with "netns" the child first
+             enters that network namespace (/var/run/netns/NAME)
     replies  READY <pid>              once, after the imports
              FORKED <id> <pid>        the child's pid (it leads its own session)
              FAILED <id> <message>    the fork itself failed
              EXITED <pid> <status>    a child ended (negative: killed by that signal)
 
 The server leaves when the launcher closes its end, killing what is left.
+
+The benchmark harness (bench/run.py) runs its peers from this fork server
+too: one per interpreter (its own `python`, its own `--preload` list: the
+Horovod peer's virtualenv has TensorFlow 2.12 and no autopar to import),
+each child entering its emulated host's namespace, stdout and stderr to
+separate files.
 """
 from __future__ import annotations
 
@@ -93,12 +101,16 @@ def preload_extras(modules: Mapping[str, object]) -> str:
     return ",".join(name for name in PRELOAD_IF_IMPORTED if name in modules)
 
 
-def _preload() -> None:
+def _preload(modules: Sequence[str] | None) -> None:
+    """Import `modules` (default: PRELOAD and the extras the launcher asks
+    for, env.FORK_PRELOAD)."""
     import importlib
     from autopar.common import env
-    extras = [m for m in os.environ.get(env.FORK_PRELOAD, "").split(",")
-              if m in PRELOAD_IF_IMPORTED]
-    for name in (*PRELOAD, *extras):
+    if modules is None:
+        extras = [m for m in os.environ.get(env.FORK_PRELOAD, "").split(",")
+                  if m in PRELOAD_IF_IMPORTED]
+        modules = (*PRELOAD, *extras)
+    for name in modules:
         try:
             importlib.import_module(name)
         except (Exception, SystemExit) as exc:   # noqa: BLE001 - whatever its import does
@@ -110,9 +122,9 @@ def _preload() -> None:
     gc.freeze()
 
 
-def _serve(sock: socket.socket) -> tuple[dict, int] | None:
+def _serve(sock: socket.socket) -> tuple[dict, list[int]] | None:
     """Fork a child per request until the launcher hangs up. Returns only in
-    a child: its request and the descriptor for its output."""
+    a child: its request and the descriptors for its output."""
     from autopar.common import procs
 
     def reply(text: str) -> None:
@@ -128,17 +140,18 @@ def _serve(sock: socket.socket) -> tuple[dict, int] | None:
         readable, _, _ = select.select([sock], [], [], 0.05)
         if readable:
             try:
-                data, fds, _, _ = socket.recv_fds(sock, _MAX_PACKET, 1)
+                data, fds, _, _ = socket.recv_fds(sock, _MAX_PACKET, 2)
             except OSError:
                 data, fds = b"", []
             if not data:
                 break
             request = json.loads(data)
-            if len(fds) != 1 or threading.active_count() != 1:
+            if len(fds) not in (1, 2) or threading.active_count() != 1:
                 for fd in fds:
                     os.close(fd)
                 reply(f"FAILED {request['id']} "
-                      + ("no output descriptor" if len(fds) != 1 else "the server has threads"))
+                      + ("no output descriptor" if len(fds) not in (1, 2)
+                         else "the server has threads"))
                 continue
             # The child says it is set up (own session, dying with us) by
             # closing its end of this pipe: only then is its pid, which the
@@ -158,11 +171,12 @@ def _serve(sock: socket.socket) -> tuple[dict, int] | None:
                 if die_with_server is not None:
                     die_with_server()
                 os.close(set_up_w)
-                return request, fds[0]
+                return request, fds
             os.close(set_up_w)
             os.read(set_up_r, 1)        # EOF once the child closed its end (or died)
             os.close(set_up_r)
-            os.close(fds[0])
+            for fd in fds:
+                os.close(fd)
             children.add(pid)
             reply(f"FORKED {request['id']} {pid}")
         reap_exited(children, reply)
@@ -192,7 +206,7 @@ class _Reaped:
 def reap_exited(children: set[int], reply: Callable[[str], None]) -> None:
     """Reap every child that has exited, without waiting: drop it from
     ``children`` and reply "EXITED <pid> <status>" (negative: the signal that
-    killed it). Shared with the benchmark harness's fork server."""
+    killed it)."""
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -205,12 +219,16 @@ def reap_exited(children: set[int], reply: Callable[[str], None]) -> None:
         reply(f"EXITED {pid} {os.waitstatus_to_exitcode(status)}")
 
 
-def _become(request: dict, out_fd: int) -> None:
+def _become(request: dict, out_fds: list[int]) -> None:
     """In the forked child: set up the process the request describes and run
     its command as __main__; the interpreter's normal exit follows."""
-    os.dup2(out_fd, 1)
-    os.dup2(out_fd, 2)
-    os.close(out_fd)
+    if request.get("netns"):
+        from autopar.runtime.netns import enter_named
+        enter_named(request["netns"])
+    os.dup2(out_fds[0], 1)
+    os.dup2(out_fds[-1], 2)
+    for fd in set(out_fds):
+        os.close(fd)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
@@ -250,11 +268,14 @@ def _become(request: dict, out_fd: int) -> None:
 def main(args: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fd", type=int, required=True, help="the launcher's control socket")
+    parser.add_argument("--preload", help="modules to import, comma-separated (default: "
+                                          "what a job's processes import)")
     options = parser.parse_args(args)
     from autopar.common import procs
     procs.set_title("fork server")
     sock = socket.socket(fileno=options.fd)
-    _preload()
+    _preload(None if options.preload is None else
+             [m for m in options.preload.split(",") if m])
     forked = _serve(sock)
     if forked is None:
         sys.exit(0)
@@ -300,9 +321,12 @@ class ForkServer:
     """The launcher's handle on one fork server process."""
 
     def __init__(self, env: Mapping[str, str], cwd: str | None = None,
-                 ready_timeout_s: float = 300.0, enter: Callable[[], None] | None = None):
+                 ready_timeout_s: float = 300.0, enter: Callable[[], None] | None = None,
+                 python: str = sys.executable, preload: Sequence[str] | None = None):
         """``enter``: run in the server between fork and exec (joining the
-        job's network namespace: what it forks inherits it)."""
+        job's network namespace: what it forks inherits it). ``python``: the
+        interpreter it runs in; ``preload``: the modules it imports (default:
+        what a job's processes import)."""
         from autopar.common import procs
         self.ready_timeout_s = ready_timeout_s
         self._cond = threading.Condition()
@@ -318,7 +342,8 @@ class ForkServer:
         self._sock = ours
         try:
             self.popen = procs.start_process(
-                [sys.executable, "-m", "autopar.runtime.forkserver", "--fd", str(theirs.fileno())],
+                [python, "-m", "autopar.runtime.forkserver", "--fd", str(theirs.fileno())]
+                + ([] if preload is None else ["--preload", ",".join(preload)]),
                 env, cwd=cwd, pass_fds=(theirs.fileno(),), enter=enter)
         finally:
             theirs.close()
@@ -371,25 +396,47 @@ class ForkServer:
         return "\n".join(self._tail)
 
     # -- children ----------------------------------------------------------
-    def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> ForkedProcess:
+    def wait_ready(self, timeout_s: float) -> None:
+        """Return once the server has imported its modules; ForkServerError
+        if it exits or takes longer than `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while not self._ready:
+                left = deadline - time.monotonic()
+                if self._closed or left <= 0:
+                    raise ForkServerError(
+                        "the fork server " + ("exited" if self._closed else
+                                              f"is not ready after {timeout_s:.0f} s")
+                        + (f"; its output:\n{self.output_tail()}" if self.output_tail() else ""))
+                self._cond.wait(min(left, 0.5))
+
+    def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, *,
+              outputs: Sequence[int] | None = None, netns: str | None = None) -> ForkedProcess:
         """Fork a child that runs ``argv`` (see ``forkable``); raises
-        ForkServerError if the server cannot."""
-        read_fd, write_fd = os.pipe()
+        ForkServerError if the server cannot. Its stdout and stderr go to a
+        pipe (the returned process's ``stdout``), or to ``outputs`` (one
+        descriptor for both, or stdout's and stderr's; the caller keeps and
+        closes them). ``netns``: a network namespace it enters first."""
+        read_fd, write_fd = os.pipe() if outputs is None else (None, None)
         try:
             with self._cond:
                 request_id = self._next_id
                 self._next_id += 1
-            message = json.dumps({"id": request_id, "argv": list(argv), "env": dict(env),
-                                  "cwd": cwd}).encode()
+            request = {"id": request_id, "argv": list(argv), "env": dict(env), "cwd": cwd}
+            if netns:
+                request["netns"] = netns
             try:
-                socket.send_fds(self._sock, [message], [write_fd])
+                socket.send_fds(self._sock, [json.dumps(request).encode()],
+                                [write_fd] if outputs is None else list(outputs))
             except OSError as exc:
                 raise ForkServerError(f"the fork server is gone ({exc})") from exc
         except BaseException:
-            os.close(read_fd)
+            if read_fd is not None:
+                os.close(read_fd)
             raise
         finally:
-            os.close(write_fd)
+            if write_fd is not None:
+                os.close(write_fd)
         deadline = time.monotonic() + self.ready_timeout_s
         with self._cond:
             while request_id not in self._forked and not self._closed:
@@ -399,13 +446,14 @@ class ForkServer:
                 self._cond.wait(min(left, 1.0))
             answer = self._forked.pop(request_id, None)
         if not isinstance(answer, int):
-            os.close(read_fd)
+            if read_fd is not None:
+                os.close(read_fd)
             why = answer or ("it exited" if self._closed else
                              f"no answer within {self.ready_timeout_s:.0f} s")
             tail = self.output_tail()
             raise ForkServerError(f"the fork server could not start {argv[1:]}: {why}"
                                   + (f"; its output:\n{tail}" if tail else ""))
-        return ForkedProcess(self, answer, os.fdopen(read_fd, "rb"))
+        return ForkedProcess(self, answer, None if read_fd is None else os.fdopen(read_fd, "rb"))
 
     def exit_status(self, pid: int) -> int | None:
         """A child's exit status once it ended. Once the server itself is gone

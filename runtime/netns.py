@@ -78,6 +78,17 @@ def namespaces_of(pid: int) -> list[tuple[int, int]]:
     return fds
 
 
+def enter_named(path: str) -> None:
+    """Move this single-threaded process into the network namespace `path`
+    names (/var/run/netns/NAME, what `ip netns exec` enters)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if _SETNS is None or _SETNS(fd, _CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns({path}) failed")
+    finally:
+        os.close(fd)
+
+
 def join(fds: list[tuple[int, int]]) -> bool:
     """Enter the namespaces ``namespaces_of`` gave (a single-threaded process:
     the kernel refuses to move a threaded one into a user namespace)."""

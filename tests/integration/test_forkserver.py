@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -132,3 +133,32 @@ def test_a_dead_fork_server_is_reported_and_its_children_count_as_killed(tmp_pat
         server.stop()
     assert any(f"the fork server (pid {server.pid}) exited unexpectedly" in r.getMessage()
                for r in caplog.records)
+
+
+def test_outputs_to_files_in_a_named_network_namespace_from_another_preload(tmp_path):
+    """What the benchmark harness asks of it: a server importing only the
+    modules it is given, whose child enters an emulated host's namespace
+    (/var/run/netns/NAME) and writes stdout and stderr to two files."""
+    if os.geteuid() != 0:
+        pytest.skip("creating a named network namespace needs root")
+    name = f"apfs{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    light = ForkServer(child_env(), preload=["json"])
+    try:
+        light.wait_ready(60)
+        out, err = tmp_path / "out", tmp_path / "err"
+        with open(out, "wb") as o, open(err, "wb") as e:
+            child = light.start([sys.executable, str(SCRIPT), "--exit", "4"], child_env(),
+                                str(tmp_path), outputs=(o.fileno(), e.fileno()),
+                                netns=f"/var/run/netns/{name}")
+        assert child.stdout is None
+        assert child.wait(60) == 4
+        seen = _described(out.read_text().splitlines())
+        assert err.read_text().splitlines() == ["to stderr"]
+        assert seen["netns"] == os.stat(f"/var/run/netns/{name}").st_ino
+        assert seen["netns"] != os.stat("/proc/self/ns/net").st_ino
+        assert seen["preloaded"] is False          # the server imported json only
+        assert seen["pid"] == child.pid == seen["sid"]
+    finally:
+        light.stop()
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
