@@ -22,9 +22,8 @@ BIND = "AUTOPAR_BIND"            # "addr/port,..." for the bind shim (cpp_ops/bi
 # The coordinator key under which the launcher published the job's compiled
 # plan (transforms.compile.CompiledPlan.to_bytes) before starting any process.
 # Unset (runtime.launcher.launch called without a plan): the chief compiles
-# and publishes it under PLAN_KEY, the other workers fetch it.
+# and publishes it under transforms.keys.PLAN_KEY, the other workers fetch it.
 PLAN = "AUTOPAR_PLAN"
-PLAN_KEY = "compiled-plan"
 # A file a script run in the report role writes its compiled plan to, for
 # `autopar launch` (runtime/script_plan.py).
 PLAN_OUT = "AUTOPAR_PLAN_OUT"

@@ -68,16 +68,8 @@ def failed_phase(phase: str) -> str | None:
 
 
 # Every key a job's processes post (Exchange) or publish (Publish/Fetch)
-# under, in one table: two features sharing a key would read each other's
-# values. The plan's key is in the environment contract (the launcher tells
-# children which key holds the plan).
-PLAN_KEY = envvars.PLAN_KEY                            # the compiled plan
-DROPCOMPUTE_WARMUP_KEY = "autopar/dropcompute/warmup"      # workers' warm-up records
-DROPCOMPUTE_DECISION_KEY = "autopar/dropcompute/decision"  # the chief's threshold
-DROPCOMPUTE_SUMMARY_KEY = "autopar/dropcompute/summary"    # workers' totals at close
-EXCHANGE_KEYS = (PLAN_KEY, DROPCOMPUTE_WARMUP_KEY, DROPCOMPUTE_DECISION_KEY,
-                 DROPCOMPUTE_SUMMARY_KEY)
-assert len(set(EXCHANGE_KEYS)) == len(EXCHANGE_KEYS), EXCHANGE_KEYS
+# under is in transforms/keys.py (COORDINATOR_KEYS), with the job's other
+# keys and ids.
 
 
 # How clients report (runtime/coordinator_client.py); the health checks

@@ -39,6 +39,7 @@ from autopar.runtime.netns import (NamespaceUnavailable, PrivateNetwork, answers
                                    private_network_or_none)
 from autopar.runtime.ports import is_local_address, reserve_cluster
 from autopar.runtime.spec import HostSpec, ResourceSpec, is_loopback_job
+from autopar.transforms.keys import PLAN_KEY
 
 logger = logging.getLogger("autopar.launcher")
 
@@ -420,7 +421,7 @@ def run_job(spec: ResourceSpec, argv: list[str], compile_plan: CompilePlan, *,
     The fork server starts first, so its imports overlap the compile step
     (or serve it); it and the job's private network (if any) are gone when
     this returns."""
-    extra_env = {envvars.REPORT_PRINTED: "1", envvars.PLAN: envvars.PLAN_KEY, **new_job()}
+    extra_env = {envvars.REPORT_PRINTED: "1", envvars.PLAN: PLAN_KEY, **new_job()}
     network = isolate(spec, extra_env)
     fork_server = start_fork_server(spec, argv, {**extra_env, **isolation_env(spec, network)},
                                     network)
@@ -428,12 +429,12 @@ def run_job(spec: ResourceSpec, argv: list[str], compile_plan: CompilePlan, *,
     def replan(smaller: ResourceSpec) -> dict[str, bytes]:
         plan, _, report = compile_plan(smaller, fork_server)
         logger.info("the plan for the %d remaining worker(s):\n%s", smaller.num_workers, report)
-        return {envvars.PLAN_KEY: plan}
+        return {PLAN_KEY: plan}
     try:
         plan, processes, report = compile_plan(spec, fork_server)
         logger.info("\n%s", report)
         return launch(spec, argv, extra_env=extra_env, stall_timeout_s=stall_timeout_s,
-                      published={envvars.PLAN_KEY: plan}, processes=processes,
+                      published={PLAN_KEY: plan}, processes=processes,
                       fork_server=fork_server, network=network, max_restarts=max_restarts,
                       min_workers=min_workers, replan=replan)
     finally:

@@ -43,10 +43,11 @@ from dataclasses import dataclass, field
 from autopar.common.errors import LaunchError
 from autopar.common.roles import SERVER_JOB, WORKER_JOB
 from autopar.runtime.spec import HostSpec, ResourceSpec
+from autopar.transforms.keys import REMOTE_PORTS
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_REMOTE_RANGE = (23000, 23999)
+DEFAULT_REMOTE_RANGE = (REMOTE_PORTS.first, REMOTE_PORTS.end - 1)   # inclusive
 RUNTIME_DIR_ENV = "AUTOPAR_RUNTIME_DIR"   # overrides where reservations are kept
 _LOCAL_POOL = "local"
 _MAX_OS_PORT_TRIES = 64

@@ -38,10 +38,13 @@ from autopar.common.errors import SpecError, shown
 from autopar.common.roles import WORKER_JOB
 from autopar.runtime.ports import explicit_cluster
 from autopar.runtime.spec import HostSpec, ResourceSpec
+from autopar.transforms.keys import SLURM_STEP_PORTS
 
 PORT_BASE = "AUTOPAR_PORT_BASE"
-# A derived base lies in [FIRST_PORT, FIRST_PORT + PORT_SLOTS * PORTS_PER_STEP).
-FIRST_PORT, PORT_SLOTS, PORTS_PER_STEP = 20000, 1000, 40
+# A derived base lies in transforms.keys.SLURM_STEP_PORTS: PORT_SLOTS slots
+# of PORTS_PER_STEP ports.
+FIRST_PORT, PORTS_PER_STEP = SLURM_STEP_PORTS.first, 40
+PORT_SLOTS = SLURM_STEP_PORTS.size // PORTS_PER_STEP
 MAX_NODES = 100_000
 _COUNT = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 _NAME_PART = re.compile(r"^[A-Za-z0-9_.\-]*$")

@@ -34,6 +34,7 @@ from autopar.transforms.analysis import Analysis, analyze_graph
 from autopar.transforms.compile import CompiledPlan, compile_for_config
 from autopar.transforms.graph_utils import import_meta_graph, initialization_stages
 from autopar.transforms.evaluate import totals_allreduce
+from autopar.transforms.keys import PLAN_KEY
 from autopar.transforms.topology import Topology
 from autopar.transforms.methods.ps.rewrite import COUNTERS_INIT
 from autopar.transforms.rewrite import rewrite_for_worker, worker_device
@@ -168,12 +169,12 @@ def _receive_plan(graph, cluster: dict[str, list[str]], worker_index: int, confi
     key = os.environ.get(env.PLAN)
     if not key and worker_index == 0:
         compiled = compile_for_config(graph, job_topology(cluster), config)
-        _rpc(lambda: client.publish(env.PLAN_KEY, compiled.to_bytes()), worker_index,
+        _rpc(lambda: client.publish(PLAN_KEY, compiled.to_bytes()), worker_index,
              "publish the plan to the job coordinator")
         log.debug("worker 0: compiled and published the plan")
         return compiled
     source = "the launcher" if key else "the chief (worker 0)"
-    data = _rpc(lambda: client.fetch(key or env.PLAN_KEY, config.startup_timeout_s),
+    data = _rpc(lambda: client.fetch(key or PLAN_KEY, config.startup_timeout_s),
                 worker_index, f"receive the plan from {source}")
     log.info("worker %d: plan received from %s (%d bytes)", worker_index, source, len(data))
     return CompiledPlan.from_bytes(data)

@@ -1,4 +1,6 @@
-"""Every collective group key and instance-key range a job uses, in one table.
+"""Every collective group key and instance-key range a job uses, in one
+table; below them the job coordinator's keys and the port ranges autopar
+derives ports from without probing, each checked as strictly.
 
 TensorFlow's collectives match the members of one collective by (group key,
 instance key), and pin an instance key to the shape of its first use: two
@@ -23,6 +25,12 @@ Group keys:
   LEADERS_GROUP_KEY  the first worker of every host (2-D summation)
   host_groups        the workers of host h (local aggregation): first + h
   batch_norm_groups  batch-norm group g smaller than the job: first + g
+Coordinator keys (runtime/coordinator.py: Exchange, Publish/Fetch), distinct:
+  PLAN_KEY           the compiled plan (the launcher names it in AUTOPAR_PLAN)
+  DROPCOMPUTE_*      DropCompute's warm-up records, threshold and summaries
+Port ranges (disjoint):
+  REMOTE_PORTS       a remote host's processes when its spec gives no 'ports'
+  SLURM_STEP_PORTS   the tasks of an srun step (runtime/slurm.py)
 """
 from __future__ import annotations
 
@@ -86,3 +94,21 @@ def check_disjoint(ranges) -> None:
 
 check_disjoint(GROUP_RANGES)
 check_disjoint(INSTANCE_RANGES)
+
+# Coordinator keys: two features sharing one would read each other's values.
+PLAN_KEY = "compiled-plan"                                 # the compiled plan
+DROPCOMPUTE_WARMUP_KEY = "autopar/dropcompute/warmup"      # workers' warm-up records
+DROPCOMPUTE_DECISION_KEY = "autopar/dropcompute/decision"  # the chief's threshold
+DROPCOMPUTE_SUMMARY_KEY = "autopar/dropcompute/summary"    # workers' totals at close
+COORDINATOR_KEYS = (PLAN_KEY, DROPCOMPUTE_WARMUP_KEY, DROPCOMPUTE_DECISION_KEY,
+                    DROPCOMPUTE_SUMMARY_KEY)
+if len(set(COORDINATOR_KEYS)) != len(COORDINATOR_KEYS):
+    raise AssertionError(f"coordinator keys repeat: {COORDINATOR_KEYS}")
+
+# Port ranges autopar hands out without probing: disjoint, so that jobs of
+# the two kinds sharing a machine never derive one port.
+REMOTE_PORTS = KeyRange("remote host ports", 23000, 1000)
+SLURM_STEP_PORTS = KeyRange("srun step ports", 24000, 40000)
+check_disjoint((REMOTE_PORTS, SLURM_STEP_PORTS))
+if SLURM_STEP_PORTS.end > 65536:
+    raise AssertionError(f"{SLURM_STEP_PORTS} runs past port 65535")

@@ -7,8 +7,8 @@ import time
 
 import numpy as np
 
-from autopar.runtime.coordinator import (DROPCOMPUTE_DECISION_KEY, DROPCOMPUTE_SUMMARY_KEY,
-                                         DROPCOMPUTE_WARMUP_KEY)
+from autopar.transforms.keys import (DROPCOMPUTE_DECISION_KEY, DROPCOMPUTE_SUMMARY_KEY,
+                                     DROPCOMPUTE_WARMUP_KEY)
 from autopar.runtime.dropcompute.agreement import Agreement
 from autopar.runtime.dropcompute.records import (DelaySampler, StepLog, StepRecord, decode_warmups,
                                                  encode_warmup)
