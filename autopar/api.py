@@ -61,6 +61,7 @@ def get_runner(graph, resource_info=None, config: Config | None = None):
 def _get_runner(graph, resource_info, config: Config):
     # runtime is heavy; import on use
     from autopar.runtime import join, launcher, script_plan, spec as specs, worker
+    from autopar.runtime.timeline import TimelineOptions
     graph, lifted = _lifted(graph)
     role = env.current_role()
     if role == WORKER_ROLE:
@@ -97,7 +98,10 @@ def _get_runner(graph, resource_info, config: Config):
         code = launcher.run_job(spec, [sys.executable, *sys.argv],
                                 lambda s, _: _plan_of(_compile(graph, s, config)),
                                 stall_timeout_s=config.stall_timeout_s,
-                                max_restarts=config.max_restarts, min_workers=config.min_workers)
+                                max_restarts=config.max_restarts, min_workers=config.min_workers,
+                                timeline=TimelineOptions(config.timeline, config.timeline_steps,
+                                                         config.timeline_every)
+                                if config.timeline else None)
     except KeyboardInterrupt:
         # Ctrl-C outside the job's own handling (while compiling): nothing
         # to save, and the processes are stopped already.

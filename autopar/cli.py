@@ -55,6 +55,12 @@ def main(argv: list[str] | None = None) -> int:
                            help="start the job again, at most N times, when a process dies, "
                                 "fails or stalls once training has begun (the chief restores "
                                 "its last checkpoint; default 0)")
+            p.add_argument("--timeline", metavar="PATH",
+                           help="write the job's merged Chrome trace (timeline) to PATH")
+            p.add_argument("--timeline-steps", type=int, default=10, metavar="K",
+                           help="with --timeline: traced steps kept, the last (default 10)")
+            p.add_argument("--timeline-every", type=int, default=10, metavar="N",
+                           help="with --timeline: trace one step in N (default 10)")
             p.add_argument("--min-workers", type=int, default=0, metavar="M",
                            help="with --max-restarts: a host ssh cannot reach on a restart is "
                                 "dropped if the others run at least M workers (default 0: never)")
@@ -67,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--max-restarts must be an integer >= 0")
     if getattr(args, "min_workers", 0) < 0:
         parser.error("--min-workers must be an integer >= 0")
+    if min(getattr(args, "timeline_steps", 1), getattr(args, "timeline_every", 1)) < 1:
+        parser.error("--timeline-steps and --timeline-every must be integers >= 1")
     # This process is only the launcher: its log lines go to stdout, through a
     # handler that survives a reader closing the pipe (`| head`).
     logging.basicConfig(level=logging.INFO, handlers=[StdoutHandler()])
@@ -81,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         return subprocess.run(command, env=child_env).returncode
     from autopar.runtime.launcher import run_job
     from autopar.runtime.script_plan import compile_in_script
+    from autopar.runtime.timeline import TimelineOptions
 
     def compile_plan(for_spec, fork_server):
         # The command, run once in the report role, compiles the plan.
@@ -88,7 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         return compiled.plan, compiled.processes, compiled.report
     try:
         return run_job(spec, command, compile_plan, stall_timeout_s=args.stall_timeout,
-                       max_restarts=args.max_restarts, min_workers=args.min_workers)
+                       max_restarts=args.max_restarts, min_workers=args.min_workers,
+                       timeline=TimelineOptions(os.path.abspath(args.timeline),
+                                                args.timeline_steps, args.timeline_every)
+                       if args.timeline else None)
     except AutoparError as e:
         if debug_errors():
             raise

@@ -195,6 +195,18 @@ class Config:
     least this many workers (0: never drop a host; the job fails). The global
     batch shrinks with the workers; the learning rate is the script's to
     rescale (``autopar.num_workers()``, docs/cluster.md)."""
+    timeline: str | None = None
+    """A Chrome trace-event file the launcher writes when the job ends (None:
+    none): every worker's and server's lane with the phases of the last
+    ``timeline_steps`` traced steps (forward, backward, each all-reduce
+    bucket, pushes and pulls, server updates, barriers, micro-batches,
+    checkpoint saves), clocks aligned on the launcher's. Open it in
+    chrome://tracing or ui.perfetto.dev ([inside a job](inside-a-job.md))."""
+    timeline_steps: int = 10
+    """With ``timeline``: how many traced steps the file keeps (the last)."""
+    timeline_every: int = 10
+    """With ``timeline``: one step in this many is traced (a traced step
+    collects every op's timing, which costs time)."""
     tensorboard_dir: str | None = None
     """Directory the chief writes a TensorBoard event file to (``None``:
     none): at every logged step (``log_every_steps``) the loss it fetched,
@@ -210,6 +222,9 @@ class Config:
         _choice("communication_hint", self.communication_hint, ("ring", "auto"))
         _set_path(self, "checkpoint_dir")
         _set_path(self, "tensorboard_dir")
+        _set_path(self, "timeline")
+        _count("timeline_steps", self.timeline_steps, 1)
+        _count("timeline_every", self.timeline_every, 1)
         _count("max_restarts", self.max_restarts, 0)
         _count("min_workers", self.min_workers, 0, "(0: never drop a host)")
         _count("save_every_steps", self.save_every_steps, 1)
@@ -327,12 +342,13 @@ def _choice(name: str, value, choices: tuple[str, ...]) -> None:
 
 
 def _set_path(config: "Config", name: str) -> None:
-    """A directory field: None, or a non-empty path (str or os.PathLike, kept as str)."""
+    """A path field (a directory, or the timeline's file): None, or a non-empty path
+    (str or os.PathLike, kept as str)."""
     value = getattr(config, name)
     if value is None:
         return
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
     if not isinstance(value, str) or not value.strip() or "\0" in value:
-        raise AutoparError(f"Config.{name} must be a directory path or None, got {shown(value)}")
+        raise AutoparError(f"Config.{name} must be a path or None, got {shown(value)}")
     object.__setattr__(config, name, value)

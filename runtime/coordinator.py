@@ -293,6 +293,11 @@ class Coordinator:
             self._lock.notify_all()
             return True
 
+    def published(self, prefix: str) -> dict[str, bytes]:
+        """Every value published under a key starting with ``prefix``."""
+        with self._lock:
+            return {k: v for k, v in self._published.items() if k.startswith(prefix)}
+
     def fetch(self, key: str, timeout_s: float) -> bytes | None:
         """The value published under ``key``, or None if none is within ``timeout_s``."""
         with self._lock:
@@ -338,7 +343,8 @@ class _Servicer:
         self._c.report(request.process.role, request.process.index, request.steps_done,
                        request.phase, request.global_step, request.seq)
         return self._pb2.ReportReply(
-            stop_requested=self._c.stop_requested(request.process.role, request.process.index))
+            stop_requested=self._c.stop_requested(request.process.role, request.process.index),
+            now_s=time.time())
 
     def Exchange(self, request: Any, context: grpc.ServicerContext) -> Any:
         self._check(request.process, context)

@@ -64,6 +64,10 @@ class CoordinatorClient:
         self._warned = False
         self.on_stop: Callable[[], None] | None = None
         self._stop_seen = False
+        # The coordinator's clock minus this process's (seconds), measured on the
+        # heartbeats (_clock_sample); None until one was answered.
+        self.clock_offset_s: float | None = None
+        self.clock_rtt_s: float | None = None
         self._failed = False
         # None: never give up on the coordinator (see LINK_TIMEOUT).
         self._link_timeout_s = link_timeout_s
@@ -166,10 +170,12 @@ class CoordinatorClient:
                 seq = self._seq
                 steps_done, phase, global_step = self._latest or (0, PHASE_INIT, -1)
             try:
+                sent = time.time()
                 reply = self._stub.Report(
                     self._pb2.ProgressReport(process=self._process, steps_done=steps_done,
                                              phase=phase, global_step=global_step, seq=seq),
                     metadata=self._metadata, timeout=RPC_TIMEOUT_S)
+                self._clock_sample(sent, reply.now_s, time.time())
             except grpc.RpcError as exc:
                 if not self._warned:
                     logger.debug("progress report to the coordinator failed: %s", exc.code())
@@ -186,6 +192,13 @@ class CoordinatorClient:
                 self._cond.notify_all()
                 self._cond.wait_for(lambda: self._closed, timeout=REPORT_INTERVAL_S)
 
+
+    def _clock_sample(self, sent: float, theirs: float, received: float) -> None:
+        """Keep the coordinator's clock minus this one's, from the report
+        with the shortest round trip (its error is at most half of it)."""
+        rtt = received - sent
+        if theirs > 0 and (self.clock_rtt_s is None or rtt < self.clock_rtt_s):
+            self.clock_offset_s, self.clock_rtt_s = theirs - (sent + received) / 2, rtt
 
     def _check_link(self) -> None:
         """Stop this process once the coordinator has been unreachable for

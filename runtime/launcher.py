@@ -39,7 +39,9 @@ from autopar.runtime.netns import (NamespaceUnavailable, PrivateNetwork, answers
                                    private_network_or_none)
 from autopar.runtime.ports import is_local_address, reserve_cluster
 from autopar.runtime.spec import HostSpec, ResourceSpec, is_loopback_job
-from autopar.transforms.keys import PLAN_KEY
+from autopar.runtime.timeline import TimelineOptions, merge as merge_timeline
+from autopar.runtime.timeline import write as write_timeline
+from autopar.transforms.keys import PLAN_KEY, TIMELINE_KEY_PREFIX
 
 logger = logging.getLogger("autopar.launcher")
 
@@ -337,7 +339,8 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
            published: Mapping[str, bytes] | None = None, processes: Collection[str] = (),
            fork_server: ForkServer | None = None, network: PrivateNetwork | None = None,
            max_restarts: int = 0, min_workers: int = 0,
-           replan: Callable[[ResourceSpec], Mapping[str, bytes]] | None = None) -> int:
+           replan: Callable[[ResourceSpec], Mapping[str, bytes]] | None = None,
+           timeline: TimelineOptions | None = None) -> int:
     """Run ``argv`` once per worker of ``spec`` (plus one server process per
     server) and wait for the job to end. ``published``: values the job
     coordinator serves to every process (Coordinator.publish), e.g. the
@@ -358,6 +361,8 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
     cannot reach a host over ssh, go on without it if the other hosts run at
     least this many workers (0: never), with the values ``replan(smaller
     spec)`` gives in place of ``published`` (the plan compiled for it).
+    ``timeline``: trace the workers' steps and write the job's merged
+    timeline (runtime/timeline.py) after each start of the job.
 
     Returns 0 when every worker exited 0; otherwise the exit status of the
     first process that failed (a signal death N becomes 128+N), 130 after
@@ -391,6 +396,8 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
     callers_handlers = _current_handlers()
     if envvars.JOB_ID not in (extra_env or {}):
         extra_env = {**(extra_env or {}), **new_job()}
+    if timeline is not None:
+        extra_env = {**extra_env, **timeline.env()}
     own_network = network is None and fork_server is None
     own_fork_server = fork_server is None
     try:
@@ -403,7 +410,8 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
                                 min_workers=min_workers, replan=replan,
                                 grace_seconds=grace_seconds, log_tail_lines=log_tail_lines,
                                 stall_timeout_s=stall_timeout_s, stop_timeout_s=stop_timeout_s,
-                                published=published, sumservers=sumservers, network=network)
+                                published=published, sumservers=sumservers, network=network,
+                                timeline=timeline)
     finally:
         _stop_local(fork_server if own_fork_server else None, network if own_network else None)
         _restore_handlers(callers_handlers)
@@ -415,7 +423,8 @@ CompilePlan = Callable[[ResourceSpec, "ForkServer | None"], tuple[bytes, Collect
 
 
 def run_job(spec: ResourceSpec, argv: list[str], compile_plan: CompilePlan, *,
-            stall_timeout_s: float, max_restarts: int = 0, min_workers: int = 0) -> int:
+            stall_timeout_s: float, max_restarts: int = 0, min_workers: int = 0,
+            timeline: TimelineOptions | None = None) -> int:
     """Compile the job's plan, log its report, and run exactly the processes
     it needs: how get_runner's launcher and `autopar launch` start a job.
     The fork server starts first, so its imports overlap the compile step
@@ -436,7 +445,7 @@ def run_job(spec: ResourceSpec, argv: list[str], compile_plan: CompilePlan, *,
         return launch(spec, argv, extra_env=extra_env, stall_timeout_s=stall_timeout_s,
                       published={PLAN_KEY: plan}, processes=processes,
                       fork_server=fork_server, network=network, max_restarts=max_restarts,
-                      min_workers=min_workers, replan=replan)
+                      min_workers=min_workers, replan=replan, timeline=timeline)
     finally:
         stop_quietly(fork_server, network)
 
@@ -546,7 +555,8 @@ def _launch_once(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: lis
                  published: Mapping[str, bytes] | None = None,
                  sumservers: Sequence[str] = (),
                  fork_server: ForkServer | None = None,
-                 network: PrivateNetwork | None = None) -> _Ended:
+                 network: PrivateNetwork | None = None,
+                 timeline: TimelineOptions | None = None) -> _Ended:
     """One start of the job on ``cluster``, with its own coordinator."""
     coordinator = _start_coordinator(spec, cluster, len(sumservers), network)
     for key, value in (published or {}).items():
@@ -560,9 +570,31 @@ def _launch_once(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: lis
                               fork_server, network)
         ended.reached = max((s.global_step for s in coordinator.snapshot().values()
                              if s.role == WORKER_ROLE), default=-1)
+        if timeline is not None:
+            _write_timeline(timeline, coordinator, cluster, len(sumservers),
+                            (extra_env or {}).get(envvars.JOB_ID, ""))
         return ended
     finally:
         coordinator.stop()
+
+
+def _write_timeline(options: TimelineOptions, coordinator: Coordinator,
+                    cluster: Mapping[str, list[str]], sumservers: int, job: str) -> None:
+    """The job's merged timeline, from the parts its workers published."""
+    parts = coordinator.published(TIMELINE_KEY_PREFIX)
+    if not parts:
+        logger.warning("timeline: no worker handed in its events (none closed its Runner); "
+                       "%s not written", options.path)
+        return
+    trace = merge_timeline(parts, cluster, sumservers, job)
+    try:
+        write_timeline(options.path, trace)
+    except OSError as exc:
+        logger.error("timeline: cannot write %s: %s", options.path, exc)
+        return
+    logger.info("timeline: %d traced steps of %d workers written to %s (%d KB; open it in "
+                "chrome://tracing or ui.perfetto.dev)", len(trace["otherData"]["steps"]),
+                len(parts), options.path, os.path.getsize(options.path) // 1024)
 
 
 def _launch_plans(plans: list[ChildPlan], grace_seconds: float, log_tail_lines: int,

@@ -63,7 +63,7 @@ class Runner:
                  num_workers: int = 1, progress=None, checkpointer=None,
                  batch_size_tensor: tf.Tensor | None = None, step_barriers=(), on_close=(),
                  after_step=None, monitor=None, accumulate=None, dropcompute=None,
-                 totals_allreduce=None, lifted=None):
+                 totals_allreduce=None, lifted=None, timeline=None):
         self.session = session
         self.graph = graph
         self.analysis = analysis
@@ -86,6 +86,7 @@ class Runner:
         # (first micro-batch op, later micro-batches op) with micro_batches > 1.
         self._accumulate = accumulate
         self.dropcompute = dropcompute   # runtime.dropcompute.worker_state.DropCompute
+        self._timeline = timeline        # runtime.timeline.Recorder, or None
         if dropcompute is not None:
             self._on_close.insert(0, dropcompute.close)
         self._variables = {v.name: v for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
@@ -208,7 +209,14 @@ class Runner:
         barriers = self._barriers_of(groups)
         if barriers:
             extra["barrier"] = barriers
+        traced = self._traced(options, run_metadata)
+        if traced:
+            options, run_metadata = _trace_options()
+        start = time.time()
         result, got = self._run_plain((mapped, extra), feeds, options, run_metadata)
+        if traced:
+            self._timeline.record_step(self._first_step + self._steps + 1, start, time.time(),
+                                       run_metadata)
         self._after_step(got, batch)
         if self._stop_requested:
             self._stop()
@@ -229,6 +237,7 @@ class Runner:
         start = time.perf_counter()
         compute, latencies, outputs, examples = 0.0, [], [], 0
         first, add = self._accumulate
+        traced, spans, wall = self._traced(options, run_metadata), [], time.time()
         while dc.may_compute(len(latencies), compute):
             m = len(latencies)
             feeds, batch = self._map_feeds({**common, **parts[m]} if parts else common)
@@ -236,6 +245,9 @@ class Runner:
             out = self.session.run((first if m == 0 else add, [flat[i] for i in other_at], extra),
                                    feed_dict=feeds or None)
             latency = time.perf_counter() - t0 + dc.delay()
+            if traced:
+                spans.append(self._timeline.span(f"micro-batch {m}", "micro-batch",
+                                                 wall + t0 - start, wall + t0 - start + latency))
             compute += latency
             latencies.append(latency)
             outputs.append(out)
@@ -244,10 +256,19 @@ class Runner:
         # The update reads the accumulators only: no batch feed, no input pulled.
         feeds, _ = self._map_feeds(common)
         step_fetches = [flat[i] for i in step_at] + self._barriers_of(groups)
+        if traced:
+            options, run_metadata = _trace_options()
         t0 = time.perf_counter()
         applied = self.session.run(step_fetches, feed_dict=feeds or None, options=options,
                                    run_metadata=run_metadata)
         end = time.perf_counter()
+        if traced:
+            if computed < dc.micro_batches and dc.tau is not None:
+                at = wall + t0 - start
+                spans.append(self._timeline.span(f"dropped {dc.micro_batches - computed}",
+                                                 "micro-batch", at, at))
+            self._timeline.record_step(self._first_step + self._steps + 1, wall,
+                                       wall + end - start, run_metadata, spans)
         values: list = [None] * len(flat)
         for i, v in zip(step_at, applied):
             values[i] = v
@@ -324,7 +345,17 @@ class Runner:
             loss = float(np.mean(got["loss"])) if "loss" in got else None
             self._progress.step(step, loss, examples)
         if self._checkpointer is not None:
+            started = time.time()
             self._checkpointer.maybe_save(self.session, step)
+            if self._timeline is not None and self._checkpointer.last_saved == step:
+                self._timeline.add(step, self._timeline.span("checkpoint save", "checkpoint",
+                                                             started, time.time()))
+
+    def _traced(self, options, run_metadata) -> bool:
+        """Whether the step about to run is one the timeline traces (not when
+        the caller asked for its own trace)."""
+        return (self._timeline is not None and options is None and run_metadata is None
+                and self._timeline.traced(self._first_step + self._steps + 1))
 
     # -- distributed evaluation -----------------------------------------------
     def evaluate(self, metrics: dict, feed_dict=None, *, initializer=None,
@@ -557,6 +588,11 @@ class Runner:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _trace_options():
+    """(RunOptions, RunMetadata) of a step traced for the timeline."""
+    return tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE), tf1.RunMetadata()
 
 
 def _split_feed(feed_dict, parts: int) -> tuple[dict, list[dict]]:

@@ -30,11 +30,12 @@ from autopar.runtime.progress import Progress
 from autopar.runtime.tensorboard import ChiefBoard
 from autopar.runtime.runner import Runner, iterator_read_by
 from autopar.runtime.session import session_config, start_worker_server, wait_for_peers
+from autopar.runtime.timeline import Recorder, options_from_env as timeline_options
 from autopar.transforms.analysis import Analysis, analyze_graph
 from autopar.transforms.compile import CompiledPlan, compile_for_config
 from autopar.transforms.graph_utils import import_meta_graph, initialization_stages
 from autopar.transforms.evaluate import totals_allreduce
-from autopar.transforms.keys import PLAN_KEY
+from autopar.transforms.keys import PLAN_KEY, TIMELINE_KEY_PREFIX
 from autopar.transforms.topology import Topology
 from autopar.transforms.methods.ps.rewrite import COUNTERS_INIT
 from autopar.transforms.rewrite import rewrite_for_worker, worker_device
@@ -93,14 +94,21 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
         dc = micro_batching.get("dropcompute")
         progress = Progress(config.log_every_steps, num_workers, config.total_steps, tty,
                             board=_board(compiled, config), drops=dc.totals if dc else None)
+    recorder, on_close = _timeline(client, worker_index), [hook.closed] if hook else []
+    if recorder is not None:
+        # Published before the last report says the worker closed: the
+        # launcher reads every part once the workers are done.
+        on_close.insert(0, lambda: client.publish(
+            TIMELINE_KEY_PREFIX + recorder.lane,
+            recorder.payload(client.clock_offset_s, client.clock_rtt_s)))
     runner = Runner(session, worker_graph, analysis, worker_index=worker_index,
                     num_workers=num_workers, progress=progress, checkpointer=checkpointer,
-                    batch_size_tensor=batch_size,
+                    batch_size_tensor=batch_size, timeline=recorder,
                     step_barriers=[(groups, worker_graph.get_operation_by_name(op))
                                    for groups, op in rewritten.step_barriers],
                     after_step=(worker_graph.get_operation_by_name(rewritten.after_step)
                                 if rewritten.after_step else None),
-                    monitor=hook, on_close=(hook.closed,) if hook else (),
+                    monitor=hook, on_close=on_close,
                     **micro_batching,
                     totals_allreduce=_totals_allreduce(worker_graph, plan, worker_index),
                     lifted=lifted)
@@ -155,6 +163,15 @@ def _totals_allreduce(worker_graph: tf.Graph, plan, worker_index: int):
         with worker_graph.as_default():
             return totals_allreduce(plan, worker_device(worker_index), length)
     return build
+
+
+def _timeline(client: CoordinatorClient | None, worker_index: int) -> Recorder | None:
+    """This worker's timeline recorder in a job the launcher traces
+    (runtime/timeline.py); it needs the coordinator to hand its events to."""
+    options = timeline_options()
+    if options is None or client is None:
+        return None
+    return Recorder(f"{WORKER_ROLE} {worker_index}", *options)
 
 
 def _receive_plan(graph, cluster: dict[str, list[str]], worker_index: int, config,

@@ -77,6 +77,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tensorboard-dir", help="Config.tensorboard_dir")
     p.add_argument("--max-restarts", type=int, default=0, help="Config.max_restarts")
     p.add_argument("--min-workers", type=int, default=0, help="Config.min_workers")
+    p.add_argument("--timeline", help="Config.timeline")
+    p.add_argument("--timeline-steps", type=int, default=10, help="Config.timeline_steps")
+    p.add_argument("--timeline-every", type=int, default=10, help="Config.timeline_every")
     p.add_argument("--kill-at", type=int, default=-1,
                    help="worker --stall-worker kills itself (SIGKILL) at this global step, once "
                         "(a marker file beside --out keeps a restarted job from doing it again)")
@@ -100,6 +103,8 @@ def main(argv: list[str] | None = None) -> None:
                             dropcompute_log_dir=args.dropcompute_log,
                             tensorboard_dir=args.tensorboard_dir,
                             max_restarts=args.max_restarts, min_workers=args.min_workers,
+                            timeline=args.timeline, timeline_steps=args.timeline_steps,
+                            timeline_every=args.timeline_every,
                             dropcompute_warmup=tuple(int(s) for s in args.warmup.split(",")),
                             simulated_delay=(autopar.SimulatedDelay(
                                 median_s=args.delay, sigma=args.delay_sigma,

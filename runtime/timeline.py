@@ -1,0 +1,242 @@
+"""Config(timeline=PATH): one Chrome trace-event file (chrome://tracing,
+Perfetto) for the whole job, written by the launcher when the job ends.
+
+Each worker traces one training step in `timeline_every` with TensorFlow's
+own step statistics (RunOptions FULL_TRACE: every op's start and end, on
+every device the step ran on, the servers' included) and keeps the last
+`timeline_steps` traced steps. An op becomes part of a phase by what it is,
+not where it was written:
+
+    step           the whole session.run of the step (Python's clock)
+    forward, backward, update
+                   the worker's own ops (the gradient ops TensorFlow names
+                   gradients/, the optimizer's apply ops, everything else)
+    all-reduce N   the N-th collective reduction of the step (a fusion
+                   bucket, or a server-side sum) ; all-gather N likewise
+    collective transfer   a collective's data arriving from a peer
+    pull           tensors a worker receives from a server
+    push           tensors a server receives from a worker (on its lane)
+    server update  what the server runs for the step (accumulate, take, apply)
+    barrier        the end-of-step token queues
+    herring N      a herring fusion buffer's push, sum and pull
+    micro-batch M, dropped K    DropCompute's runs and drops
+    checkpoint save
+
+Ops of one phase closer than MERGE_GAP_US are shown as one span. Every
+process keeps its events in its own clock and publishes them, with the
+offset of the coordinator's clock from its own (measured on its
+heartbeats, round trip stated), to the job coordinator when it closes; the
+launcher moves every event onto the coordinator's clock, gives each worker
+and server its own lane (process), and writes the file. A lane's server
+events come from the workers' traces (the server's own clock, as TensorFlow
+reports remote ops: a transfer's record on a server may start when the
+server posted its side, before the worker's call). The file is cut to
+MAX_BYTES by dropping the oldest steps.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from autopar.common.roles import SERVER_JOB, SERVER_ROLE, SUMSERVER_ROLE, WORKER_JOB, WORKER_ROLE
+
+MERGE_GAP_US = 200
+MAX_BYTES = 32 << 20
+STEPS = "AUTOPAR_TIMELINE_STEPS"   # steps kept, in the environment of a traced job's workers
+EVERY = "AUTOPAR_TIMELINE_EVERY"   # one step traced in this many
+_DEVICE = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
+
+
+@dataclass(frozen=True)
+class TimelineOptions:
+    path: str          # the merged file the launcher writes
+    steps: int = 10    # traced steps kept (the last ones)
+    every: int = 10    # one step in this many is traced
+
+    def env(self) -> dict[str, str]:
+        return {STEPS: str(self.steps), EVERY: str(self.every)}
+
+
+def options_from_env(environ: Mapping[str, str] = os.environ) -> tuple[int, int] | None:
+    """(steps, every) in a worker of a traced job, else None."""
+    if STEPS not in environ:
+        return None
+    return max(1, int(environ[STEPS])), max(1, int(environ.get(EVERY, "1")))
+
+
+def lane_of(device: str, default: str) -> str:
+    """"worker 1" for /job:worker/.../task:1, "server 0" for /job:ps/.../task:0."""
+    found = _DEVICE.search(device)
+    if not found:
+        return default
+    job, task = found.groups()
+    return f"{SERVER_ROLE if job == SERVER_JOB else WORKER_ROLE} {task}"
+
+
+def phase_of(node: str, op_type: str, on_server: bool) -> str:
+    """The phase an op of a traced step belongs to (module docstring)."""
+    # TensorFlow names the transfers it records after what they are.
+    if node == "RecvBuf" or op_type == "RecvBuf":
+        return "collective transfer"
+    if node == "RecvTensor" or op_type in ("RecvTensor", "_Recv", "_HostRecv"):
+        return "push" if on_server else "pull"
+    if op_type.startswith("Queue") or node.startswith("autopar/token"):
+        return "barrier"
+    if node.startswith("autopar/herring"):
+        return "herring"
+    if op_type.startswith("CollectiveReduce"):
+        return "all-reduce"
+    if op_type.startswith("CollectiveGather"):
+        return "all-gather"
+    if on_server:
+        return "server update"
+    if node.startswith("gradients/") or "/gradients/" in node:
+        return "backward"
+    if op_type.startswith(("Apply", "ResourceApply", "SparseApply", "ResourceSparseApply")) \
+            or "/update_" in node:
+        return "update"
+    return "forward"
+
+
+def _op_type(label: str) -> str:
+    """The op type in a NodeExecStats timeline label ("name = Type(args)")."""
+    _, eq, rest = label.partition(" = ")
+    return rest.split("(", 1)[0].strip() if eq else ""
+
+
+class Recorder:
+    """One worker's events of its last `steps` traced steps."""
+
+    def __init__(self, lane: str, steps: int, every: int):
+        self.lane = lane
+        self.every = every
+        self._steps: deque[list[dict]] = deque(maxlen=steps)
+        # phase -> {collective op: its number among the step's collectives}
+        self._numbers: dict[str, dict[str, int]] = {}
+
+    def traced(self, step: int) -> bool:
+        """Whether global step `step` (the one about to run) is traced."""
+        return step % self.every == 0
+
+    def record_step(self, step: int, start_s: float, end_s: float, run_metadata=None,
+                    extra: Sequence[dict] = ()) -> None:
+        events = [self._span("step", "step", start_s * 1e6, end_s * 1e6, step)]
+        if run_metadata is not None:
+            events += self._ops(step, run_metadata)
+        events += [dict(e, args={**e.get("args", {}), "step": step}) for e in extra]
+        self._steps.append(events)
+
+    def span(self, name: str, category: str, start_s: float, end_s: float) -> dict:
+        """An event of this worker's own (a micro-batch, a checkpoint save)
+        to pass to record_step or add."""
+        return self._span(name, category, start_s * 1e6, end_s * 1e6, -1)
+
+    def add(self, step: int, event: dict) -> None:
+        """`event` (span) of step `step`: with its traced step if that is the
+        last recorded, else kept on its own."""
+        event = dict(event, args={**event["args"], "step": step})
+        if self._steps and self._steps[-1][0]["args"]["step"] == step:
+            self._steps[-1].append(event)
+        else:
+            self._steps.append([event])
+
+    def payload(self, clock_offset_s: float | None, clock_rtt_s: float | None) -> bytes:
+        return json.dumps({"lane": self.lane, "clock_offset_s": clock_offset_s,
+                           "clock_rtt_s": clock_rtt_s,
+                           "steps": [e for step in self._steps for e in step]}).encode()
+
+    def _span(self, name: str, category: str, start_us: float, end_us: float, step: int,
+              lane: str | None = None) -> dict:
+        return {"name": name, "cat": category, "ph": "X", "ts": round(start_us, 1),
+                "dur": round(max(end_us - start_us, 0.0), 1), "pid": lane or self.lane,
+                "tid": category, "args": {"step": step, "by": self.lane}}
+
+    def _ops(self, step: int, run_metadata) -> list[dict]:
+        # (lane, phase name) -> [[start, end], ...] merged when closer than MERGE_GAP_US
+        spans: dict[tuple[str, str, str], list[list[float]]] = {}
+        for dev in run_metadata.step_stats.dev_stats:
+            lane = lane_of(dev.device, self.lane)
+            on_server = lane.startswith(SERVER_ROLE)
+            for ns in dev.node_stats:
+                if ns.node_name in ("_SOURCE", "_SINK"):
+                    continue
+                op_type = _op_type(ns.timeline_label)
+                phase = phase_of(ns.node_name, op_type, on_server)
+                name = phase
+                if phase in ("all-reduce", "all-gather"):
+                    numbers = self._numbers.setdefault(phase, {})
+                    name = f"{phase} {numbers.setdefault(ns.node_name, len(numbers))}"
+                elif phase == "push":
+                    name = f"push from {self.lane}"
+                start = float(ns.all_start_micros)
+                end = start + float(ns.all_end_rel_micros)
+                merged = spans.setdefault((lane, phase, name), [])
+                merged.append([start, end])
+        events = []
+        for (lane, phase, name), intervals in spans.items():
+            intervals.sort()
+            current = intervals[0]
+            for start, end in intervals[1:]:
+                if start - current[1] <= MERGE_GAP_US and phase not in ("all-reduce",
+                                                                         "all-gather"):
+                    current[1] = max(current[1], end)
+                    continue
+                events.append(self._span(name, phase, current[0], current[1], step, lane))
+                current = [start, end]
+            events.append(self._span(name, phase, current[0], current[1], step, lane))
+        return events
+
+
+def _lanes(cluster: Mapping[str, Sequence[str]], sumservers: int) -> list[str]:
+    return ([f"{WORKER_ROLE} {i}" for i in range(len(cluster.get(WORKER_JOB, [])))]
+            + [f"{SERVER_ROLE} {i}" for i in range(len(cluster.get(SERVER_JOB, [])))]
+            + [f"{SUMSERVER_ROLE} {i}" for i in range(sumservers)])
+
+
+def merge(parts: Mapping[str, bytes], cluster: Mapping[str, Sequence[str]], sumservers: int,
+          job: str, max_bytes: int = MAX_BYTES) -> dict:
+    """The job's trace from every worker's published part (module docstring)."""
+    lanes = _lanes(cluster, sumservers)
+    pids = {lane: i + 1 for i, lane in enumerate(lanes)}
+    offsets, rtts, steps = {}, {}, {}
+    for raw in parts.values():
+        part = json.loads(raw)
+        shift = (part["clock_offset_s"] or 0.0) * 1e6
+        offsets[part["lane"]] = part["clock_offset_s"]
+        rtts[part["lane"]] = part["clock_rtt_s"]
+        for event in part["steps"]:
+            event = dict(event, ts=round(event["ts"] + shift, 1))
+            lane = event["pid"]
+            if lane not in pids:
+                pids[lane] = len(pids) + 1
+                lanes.append(lane)
+            event["pid"] = pids[lane]
+            steps.setdefault(event["args"]["step"], []).append(event)
+    meta = []
+    for lane in lanes:
+        meta += [{"name": "process_name", "ph": "M", "pid": pids[lane], "args": {"name": lane}},
+                 {"name": "process_sort_index", "ph": "M", "pid": pids[lane],
+                  "args": {"sort_index": pids[lane]}}]
+    kept = sorted(steps)
+    trace = {}
+    while True:
+        trace = {"traceEvents": meta + [e for s in kept for e in steps[s]],
+                 "displayTimeUnit": "ms",
+                 "otherData": {"job": job, "steps": kept, "lanes": lanes,
+                               "clock_offsets_s": offsets, "clock_rtts_s": rtts,
+                               "clock": "the coordinator's (launcher's) time.time(); each "
+                                        "worker's events moved by its measured offset"}}
+        if len(json.dumps(trace)) <= max_bytes or not kept:
+            return trace
+        kept = kept[1:]
+
+
+def write(path: str, trace: dict) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(trace, f)
+    os.replace(tmp, path)
