@@ -69,6 +69,7 @@ PEER_METHODS = {
     "tf_ps": "ps",
     "autopar-ps": "ps",
     "autopar-hybrid": "hybrid",
+    "autopar-hybrid-timeline": "hybrid",   # the same with Config(timeline=...) on
     "autopar-herring": "herring",
     "floor": "none",          # no aggregation: the compute-only floor
 }
@@ -77,7 +78,8 @@ PEER_METHODS = {
 # worker and step (autopar sums a worker's duplicate rows before the push and
 # pulls each distinct id's row once): their Table 3 ab is the distinct rows'
 # bytes. The others' sparse gradients carry one row per looked-up id.
-DISTINCT_ROW_PEERS = frozenset({"autopar-ps", "autopar-hybrid", "autopar-herring"})
+DISTINCT_ROW_PEERS = frozenset({"autopar-ps", "autopar-hybrid", "autopar-hybrid-timeline",
+                                "autopar-herring"})
 
 
 def sparse_bytes_moved(peer: str, touched_bytes: float, alpha: dict | None) -> float:

@@ -100,7 +100,12 @@ PEERS = [
              options={"run_option": opt}, about=f"autopar via TF_CONFIG join, Config(run_option={opt!r})"
              + (": one summation server per server host, TensorFlow ps tasks only for sparse variables"
                 if opt == "herring" else ""))
-     for opt in AUTOPAR_RUN_OPTIONS]
+     for opt in AUTOPAR_RUN_OPTIONS] + [
+    PeerDef("autopar-hybrid-timeline", "autopar_peer.py", servers=True,
+            options={"run_option": "hybrid", "timeline": True},
+            about="autopar-hybrid with the job timeline on (Config(timeline=...), one step in 10 "
+                  "traced): what the timeline costs"),
+]
 
 
 @dataclass

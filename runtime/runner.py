@@ -348,6 +348,7 @@ class Runner:
             started = time.time()
             self._checkpointer.maybe_save(self.session, step)
             if self._timeline is not None and self._checkpointer.last_saved == step:
+                # Kept with the step's trace, if the step was traced.
                 self._timeline.add(step, self._timeline.span("checkpoint save", "checkpoint",
                                                              started, time.time()))
 

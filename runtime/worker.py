@@ -30,7 +30,7 @@ from autopar.runtime.progress import Progress
 from autopar.runtime.tensorboard import ChiefBoard
 from autopar.runtime.runner import Runner, iterator_read_by
 from autopar.runtime.session import session_config, start_worker_server, wait_for_peers
-from autopar.runtime.timeline import Recorder, options_from_env as timeline_options
+from autopar.runtime.timeline import Recorder, options_from_env as timeline_options, write_part
 from autopar.transforms.analysis import Analysis, analyze_graph
 from autopar.transforms.compile import CompiledPlan, compile_for_config
 from autopar.transforms.graph_utils import import_meta_graph, initialization_stages
@@ -94,13 +94,15 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
         dc = micro_batching.get("dropcompute")
         progress = Progress(config.log_every_steps, num_workers, config.total_steps, tty,
                             board=_board(compiled, config), drops=dc.totals if dc else None)
-    recorder, on_close = _timeline(client, worker_index), [hook.closed] if hook else []
-    if recorder is not None:
+    recorder, on_close = _timeline(client, worker_index, config), [hook.closed] if hook else []
+    if recorder is not None and client is not None:
         # Published before the last report says the worker closed: the
         # launcher reads every part once the workers are done.
         on_close.insert(0, lambda: client.publish(
             TIMELINE_KEY_PREFIX + recorder.lane,
             recorder.payload(client.clock_offset_s, client.clock_rtt_s)))
+    elif recorder is not None:
+        on_close.insert(0, lambda: write_part(config.timeline, recorder))
     runner = Runner(session, worker_graph, analysis, worker_index=worker_index,
                     num_workers=num_workers, progress=progress, checkpointer=checkpointer,
                     batch_size_tensor=batch_size, timeline=recorder,
@@ -165,13 +167,17 @@ def _totals_allreduce(worker_graph: tf.Graph, plan, worker_index: int):
     return build
 
 
-def _timeline(client: CoordinatorClient | None, worker_index: int) -> Recorder | None:
-    """This worker's timeline recorder in a job the launcher traces
-    (runtime/timeline.py); it needs the coordinator to hand its events to."""
-    options = timeline_options()
-    if options is None or client is None:
-        return None
-    return Recorder(f"{WORKER_ROLE} {worker_index}", *options)
+def _timeline(client: CoordinatorClient | None, worker_index: int, config) -> Recorder | None:
+    """This worker's timeline recorder (runtime/timeline.py): in a job the
+    launcher traces, or one with Config.timeline that no launcher started
+    (joined through TF_CONFIG, mpirun, srun), which writes its own part."""
+    lane = f"{WORKER_ROLE} {worker_index}"
+    options = timeline_options() if client is not None else None
+    if options is not None:
+        return Recorder(lane, *options)
+    if client is None and config.timeline:
+        return Recorder(lane, config.timeline_steps, config.timeline_every)
+    return None
 
 
 def _receive_plan(graph, cluster: dict[str, list[str]], worker_index: int, config,

@@ -51,7 +51,12 @@ def run(job: common.Job) -> None:
     tf_config = {"cluster": job.cluster, "task": {"type": "ps" if job.role == "ps" else "worker",
                                                   "index": job.index}}
     os.environ["TF_CONFIG"] = json.dumps(tf_config)
-    config = autopar.Config(**config_kwargs(job.options))
+    kwargs = config_kwargs(job.options)
+    if job.options.get("timeline"):
+        # Each worker writes its part beside its logs (a TF_CONFIG job has no
+        # launcher to merge them).
+        kwargs["timeline"] = str(job.run_dir / "timeline.json")
+    config = autopar.Config(**kwargs)
     model = graph_model.build(job.workload)
     report = None
     if job.is_chief:
