@@ -121,10 +121,15 @@ def _own_processes(marker: str) -> list[str]:
             if marker in line and str(os.getpid()) != line.split()[0]]
 
 
-def _check(out, tmp_path, workers: int) -> None:
-    run_single_device("mlp_adam_clip_ema", tmp_path / "one", "--steps", str(STEPS),
-                      "--batch", str(BATCH))
-    expected = load_worker(tmp_path / "one", 0)
+@pytest.fixture(scope="module")
+def one_device(tmp_path_factory):
+    """The variables of one device after the same steps on the global batch."""
+    out = tmp_path_factory.mktemp("one")
+    run_single_device("mlp_adam_clip_ema", out, "--steps", str(STEPS), "--batch", str(BATCH))
+    return load_worker(out, 0)
+
+
+def _check(out, expected, workers: int) -> None:
     for i in range(workers):
         actual = load_worker(out, i)
         assert int(actual["global_step"]) == STEPS
@@ -135,7 +140,7 @@ def _check(out, tmp_path, workers: int) -> None:
     assert not _own_processes(str(out))
 
 
-def test_srun_tasks_join_as_workers_and_train_as_one_device(slurm, tmp_path):
+def test_srun_tasks_join_as_workers_and_train_as_one_device(slurm, one_device, tmp_path):
     out = tmp_path / "srun"
     proc = subprocess.run(["srun", "-N2", "-n3", "--distribution=block",
                            *train_command("mlp_adam_clip_ema", out, "--steps", str(STEPS),
@@ -145,10 +150,10 @@ def test_srun_tasks_join_as_workers_and_train_as_one_device(slurm, tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:]
     for task in range(3):
         assert f"Slurm task {task} of 3: worker {task}" in proc.stdout, proc.stdout[-4000:]
-    _check(out, tmp_path, 3)
+    _check(out, one_device, 3)
 
 
-def test_launch_with_spec_slurm_starts_every_process_as_an_srun_step(slurm, tmp_path):
+def test_launch_with_spec_slurm_starts_every_process_as_an_srun_step(slurm, one_device, tmp_path):
     out = tmp_path / "launch"
     command = [sys.executable, "-m", "autopar.cli", "launch", "--spec", "slurm",
                "--servers-per-host", "1", "--",
@@ -168,4 +173,4 @@ def test_launch_with_spec_slurm_starts_every_process_as_an_srun_step(slurm, tmp_
     for name in ("server 0", "server 1", "worker 0", "worker 1", "worker 2"):
         assert f"started {name} at" in text and "(via srun)" in text, text[-4000:]
     assert text.count("(via srun)") >= 5, text[-4000:]
-    _check(out, tmp_path, 3)
+    _check(out, one_device, 3)
