@@ -382,8 +382,8 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
     """
     if not argv:
         raise LaunchError("nothing to launch: the worker command is empty")
-    sumservers = SUMSERVER_ROLE in processes
-    if sumservers and envvars.HERRING_TIMEOUT not in os.environ:
+    with_sumservers = SUMSERVER_ROLE in processes
+    if with_sumservers and envvars.HERRING_TIMEOUT not in os.environ:
         # A push/pull waiting for a slow peer is the coordinator's stall to
         # report (it names the worker); the transport's own timeout is the
         # backstop behind it, for a stalled server.
@@ -410,8 +410,8 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
                                 min_workers=min_workers, replan=replan,
                                 grace_seconds=grace_seconds, log_tail_lines=log_tail_lines,
                                 stall_timeout_s=stall_timeout_s, stop_timeout_s=stop_timeout_s,
-                                published=published, sumservers=sumservers, network=network,
-                                timeline=timeline)
+                                published=published, with_sumservers=with_sumservers,
+                                network=network, timeline=timeline)
     finally:
         _stop_local(fork_server if own_fork_server else None, network if own_network else None)
         _restore_handlers(callers_handlers)
@@ -527,11 +527,12 @@ def _without(spec: ResourceSpec, unreachable: Sequence[HostSpec],
 
 
 def _launch_attempts(spec: ResourceSpec, argv: list[str], extra_env: dict[str, str] | None,
-                     fork_server: ForkServer | None, *, sumservers: bool, **options) -> _Ended:
+                     fork_server: ForkServer | None, *, with_sumservers: bool,
+                     **options) -> _Ended:
     """``launch`` on fresh ports until no process finds its port taken."""
     taken: set[str] = set()   # endpoints that failed to bind, avoided from then on
     for attempt in range(1, PORT_ATTEMPTS + 1):
-        with reserve_cluster(spec, avoid=taken, sumservers=sumservers) as reservation:
+        with reserve_cluster(spec, avoid=taken, sumservers=with_sumservers) as reservation:
             ended = _launch_once(spec, reservation.cluster, argv, extra_env=extra_env,
                                  sumservers=reservation.sumservers,
                                  fork_server=fork_server, **options)
@@ -579,14 +580,14 @@ def _launch_once(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: lis
 
 
 def _write_timeline(options: TimelineOptions, coordinator: Coordinator,
-                    cluster: Mapping[str, list[str]], sumservers: int, job: str) -> None:
+                    cluster: Mapping[str, list[str]], num_sumservers: int, job: str) -> None:
     """The job's merged timeline, from the parts its workers published."""
     parts = coordinator.published(TIMELINE_KEY_PREFIX)
     if not parts:
         logger.warning("timeline: no worker handed in its events (none closed its Runner); "
                        "%s not written", options.path)
         return
-    trace = merge_timeline(parts, cluster, sumservers, job)
+    trace = merge_timeline(parts, cluster, num_sumservers, job)
     try:
         write_timeline(options.path, trace)
     except OSError as exc:
