@@ -78,7 +78,7 @@ def _get_runner(graph, resource_info, config: Config):
         if os.environ.get(env.PLAN_OUT):      # for `autopar launch` (runtime/script_plan.py)
             plan, roles, table = _plan_of(compiled)
             with open(os.environ[env.PLAN_OUT], "w", encoding="utf-8") as f:
-                f.write(script_plan.encode(plan, sorted(roles), table))
+                f.write(script_plan.encode(plan, roles, table))
         else:
             sys.stdout.write(compiled.report().table() + "\n")
         sys.exit(0)

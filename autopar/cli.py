@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 
+from autopar.config import Config
 from autopar.console import StdoutHandler, debug_errors, report_error
 from autopar.common.errors import AutoparError
 from autopar.common import env
@@ -57,10 +58,12 @@ def main(argv: list[str] | None = None) -> int:
                                 "its last checkpoint; default 0)")
             p.add_argument("--timeline", metavar="PATH",
                            help="write the job's merged Chrome trace (timeline) to PATH")
-            p.add_argument("--timeline-steps", type=int, default=10, metavar="K",
-                           help="with --timeline: traced steps kept, the last (default 10)")
-            p.add_argument("--timeline-every", type=int, default=10, metavar="N",
-                           help="with --timeline: trace one step in N (default 10)")
+            p.add_argument("--timeline-steps", type=int, default=Config.timeline_steps,
+                           metavar="K", help="with --timeline: traced steps kept, the last "
+                                             f"(default {Config.timeline_steps})")
+            p.add_argument("--timeline-every", type=int, default=Config.timeline_every,
+                           metavar="N", help="with --timeline: trace one step in N "
+                                             f"(default {Config.timeline_every})")
             p.add_argument("--min-workers", type=int, default=0, metavar="M",
                            help="with --max-restarts: a host ssh cannot reach on a restart is "
                                 "dropped if the others run at least M workers (default 0: never)")
@@ -117,6 +120,8 @@ def _spec(args):
     """The job's ResourceSpec from --spec (a file, or 'slurm'), -H or --hostfile."""
     from autopar.runtime import hostfile, slurm
     from autopar.runtime.spec import load_spec
+    if args.servers_per_host < 0:
+        raise AutoparError(f"--servers-per-host must be >= 0, got {args.servers_per_host}")
     if args.spec == "slurm":
         return slurm.spec_from_allocation(os.environ, args.servers_per_host)
     if args.spec is not None:

@@ -1,8 +1,9 @@
 """What the launcher starts, before anything starts (pure: unit-testable):
 one ChildPlan per server, summation server and worker, with its command
-(ssh for a remote host, srun for a Slurm node), environment and working directory; the variables
-every child gets; the native binaries a child needs (the bind shim, the
-summation server), built on first use in a checkout without `make install`.
+(ssh for a remote host, srun for a Slurm node), environment and working
+directory; the variables every child gets; the native binaries a child needs
+(the bind shim, the summation server), built on first use in a checkout
+without `make install`.
 """
 from __future__ import annotations
 

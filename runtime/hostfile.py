@@ -68,8 +68,6 @@ def parse_hostfile(text: str, source: str) -> list[tuple[str, int]]:
 def spec_from_hosts(hosts: list[tuple[str, int]], servers_per_host: int = 0) -> ResourceSpec:
     """The resource spec of `hosts` (workers = slots) with `servers_per_host`
     servers on each."""
-    if servers_per_host < 0:
-        raise SpecError(f"--servers-per-host must be >= 0, got {servers_per_host}")
     return load_spec({"hosts": [{"address": host, "workers": slots, "servers": servers_per_host}
                                 for host, slots in hosts]})
 

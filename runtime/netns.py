@@ -83,7 +83,7 @@ def enter_named(path: str) -> None:
     names (/var/run/netns/NAME, what `ip netns exec` enters)."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        if _SETNS is None or _SETNS(fd, _CLONE_NEWNET) != 0:
+        if _SETNS is None or not join([(fd, _CLONE_NEWNET)]):
             raise OSError(ctypes.get_errno(), f"setns({path}) failed")
     finally:
         os.close(fd)

@@ -215,8 +215,7 @@ class Runner:
         start = time.time()
         result, got = self._run_plain((mapped, extra), feeds, options, run_metadata)
         if traced:
-            self._timeline.record_step(self._first_step + self._steps + 1, start, time.time(),
-                                       run_metadata)
+            self._timeline.record_step(self._next_step, start, time.time(), run_metadata)
         self._after_step(got, batch)
         if self._stop_requested:
             self._stop()
@@ -267,8 +266,8 @@ class Runner:
                 at = wall + t0 - start
                 spans.append(self._timeline.span(f"dropped {dc.micro_batches - computed}",
                                                  "micro-batch", at, at))
-            self._timeline.record_step(self._first_step + self._steps + 1, wall,
-                                       wall + end - start, run_metadata, spans)
+            self._timeline.record_step(self._next_step, wall, wall + end - start, run_metadata,
+                                       spans)
         values: list = [None] * len(flat)
         for i, v in zip(step_at, applied):
             values[i] = v
@@ -356,7 +355,12 @@ class Runner:
         """Whether the step about to run is one the timeline traces (not when
         the caller asked for its own trace)."""
         return (self._timeline is not None and options is None and run_metadata is None
-                and self._timeline.traced(self._first_step + self._steps + 1))
+                and self._timeline.traced(self._next_step))
+
+    @property
+    def _next_step(self) -> int:
+        """The global step the next training step makes."""
+        return self._first_step + self._steps + 1
 
     # -- distributed evaluation -----------------------------------------------
     def evaluate(self, metrics: dict, feed_dict=None, *, initializer=None,

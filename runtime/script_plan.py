@@ -38,21 +38,20 @@ class ScriptPlan:
 
 
 def encode(plan: bytes, processes: Sequence[str], report: str) -> str:
-    """What the report-role script writes (the other side of `read`)."""
+    """What the report-role script writes (compile_in_script reads it)."""
     return json.dumps({"plan": base64.b64encode(plan).decode(), "processes": sorted(processes),
                        "report": report})
 
 
 def compile_in_script(argv: Sequence[str], spec: ResourceSpec,
-                      fork_server: ForkServer | None = None,
-                      extra_env: dict[str, str] | None = None) -> ScriptPlan:
+                      fork_server: ForkServer | None = None) -> ScriptPlan:
     """Run `argv` in the report role for `spec`; its plan. Fails naming the
     command's last output lines if it does not write one."""
     fd, path = tempfile.mkstemp(prefix="autopar-plan-", suffix=".json")
     os.close(fd)
     try:
         child_env = local_env({envvars.ROLE: REPORT_ROLE, envvars.SPEC: json.dumps(spec.to_dict()),
-                               envvars.PLAN_OUT: path}, extra_env)
+                               envvars.PLAN_OUT: path}, None)
         status, output = _run(argv, child_env, fork_server)
         with open(path, encoding="utf-8") as f:
             text = f.read()

@@ -178,8 +178,6 @@ def spec_from_allocation(environ: Mapping[str, str], servers_per_host: int = 0,
                          addresses: Callable[[Sequence[str]], dict[str, str]] = node_addresses
                          ) -> ResourceSpec:
     """`--spec slurm`: the allocation's nodes, workers = tasks per node."""
-    if servers_per_host < 0:
-        raise SpecError(f"--servers-per-host must be >= 0, got {servers_per_host}")
     if not environ.get("SLURM_JOB_ID"):
         raise SpecError("--spec slurm needs a Slurm allocation, and SLURM_JOB_ID is not set: "
                         "run `autopar launch --spec slurm` in an sbatch script or an salloc shell")

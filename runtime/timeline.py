@@ -61,9 +61,9 @@ _DEVICE = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
 
 @dataclass(frozen=True)
 class TimelineOptions:
-    path: str          # the merged file the launcher writes
-    steps: int = 10    # traced steps kept (the last ones)
-    every: int = 10    # one step in this many is traced
+    path: str     # the merged file the launcher writes
+    steps: int    # traced steps kept, the last ones (Config.timeline_steps)
+    every: int    # one step in this many is traced (Config.timeline_every)
 
     def env(self) -> dict[str, str]:
         return {STEPS: str(self.steps), EVERY: str(self.every)}

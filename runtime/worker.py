@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+from collections.abc import Callable
 
 import grpc
 import tensorflow as tf
@@ -94,15 +95,9 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
         dc = micro_batching.get("dropcompute")
         progress = Progress(config.log_every_steps, num_workers, config.total_steps, tty,
                             board=_board(compiled, config), drops=dc.totals if dc else None)
-    recorder, on_close = _timeline(client, worker_index, config), [hook.closed] if hook else []
-    if recorder is not None and client is not None:
-        # Published before the last report says the worker closed: the
-        # launcher reads every part once the workers are done.
-        on_close.insert(0, lambda: client.publish(
-            TIMELINE_KEY_PREFIX + recorder.lane,
-            recorder.payload(client.clock_offset_s, client.clock_rtt_s)))
-    elif recorder is not None:
-        on_close.insert(0, lambda: write_part(config.timeline, recorder))
+    recorder, hand_in = _timeline(client, worker_index, config)
+    # The timeline's events go before the last report says the worker closed.
+    on_close = [f for f in (hand_in, hook.closed if hook else None) if f is not None]
     runner = Runner(session, worker_graph, analysis, worker_index=worker_index,
                     num_workers=num_workers, progress=progress, checkpointer=checkpointer,
                     batch_size_tensor=batch_size, timeline=recorder,
@@ -167,17 +162,25 @@ def _totals_allreduce(worker_graph: tf.Graph, plan, worker_index: int):
     return build
 
 
-def _timeline(client: CoordinatorClient | None, worker_index: int, config) -> Recorder | None:
-    """This worker's timeline recorder (runtime/timeline.py): in a job the
-    launcher traces, or one with Config.timeline that no launcher started
-    (joined through TF_CONFIG, mpirun, srun), which writes its own part."""
+def _timeline(client: CoordinatorClient | None, worker_index: int,
+              config) -> tuple[Recorder | None, Callable[[], None] | None]:
+    """This worker's timeline recorder (runtime/timeline.py) and how it hands
+    its events in when the worker closes, or (None, None): in a job the
+    launcher traces, published to the coordinator (the launcher merges the
+    parts once the workers are done); in one with Config.timeline that no
+    launcher started (TF_CONFIG, mpirun, srun), written beside that path."""
     lane = f"{WORKER_ROLE} {worker_index}"
-    options = timeline_options() if client is not None else None
-    if options is not None:
-        return Recorder(lane, *options)
-    if client is None and config.timeline:
-        return Recorder(lane, config.timeline_steps, config.timeline_every)
-    return None
+    if client is not None:
+        options = timeline_options()
+        if options is None:
+            return None, None
+        recorder = Recorder(lane, *options)
+        return recorder, lambda: client.publish(
+            TIMELINE_KEY_PREFIX + lane, recorder.payload(client.clock_offset_s, client.clock_rtt_s))
+    if not config.timeline:
+        return None, None
+    recorder = Recorder(lane, config.timeline_steps, config.timeline_every)
+    return recorder, lambda: write_part(config.timeline, recorder)
 
 
 def _receive_plan(graph, cluster: dict[str, list[str]], worker_index: int, config,
