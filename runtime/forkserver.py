@@ -40,6 +40,24 @@ passes as ``--fd``:
 
 The server leaves when the launcher closes its end, killing what is left.
 
+A request may also say ``"spare": true``: the child then first forks a
+*spare*, a copy of the server as it was before the child became anything
+(its modules imported, nothing run), which waits on a socket of its own. If
+the child launches a job, the launcher adopts the spare as that job's fork
+server (``ForkServer.adopt_spare``) instead of starting one that imports
+everything anew (seconds of CPU on the path to the first step). Adoption is
+one request, with the spare's new output descriptor and the job's namespace
+descriptors attached:
+
+    adopt    {"env": {...}, "join": [CLONE_NEW* type, ...]}
+    replies  ADOPTED <pid>            then READY <pid> after the extra imports
+             REFUSED <reason>         started with another LD_PRELOAD than
+                                      the job's processes need: not adoptable
+
+Every child of an adopted spare joins those namespaces right after its fork
+(a server started for a job was started inside them). A spare nobody adopts
+dies with the process it was made for (PR_SET_PDEATHSIG, and the hang-up).
+
 The benchmark harness (bench/run.py) runs its peers from this fork server
 too: one per interpreter (its own `python`, its own `--preload` list: the
 Horovod peer's virtualenv has TensorFlow 2.12 and no autopar to import),
@@ -73,6 +91,14 @@ PRELOAD = ("numpy", "tensorflow", "autopar", "autopar.api", "autopar.runtime.wor
            "autopar.transforms.rewrite", "autopar.transforms.compile")
 
 _MAX_PACKET = 1 << 20   # a request carries a child's whole environment
+
+# In the server: the LD_PRELOAD it was started with (the libraries every
+# child it forks has loaded), and the namespaces each child joins right
+# after its fork as (descriptor, CLONE_NEW* type) once adopted as a spare.
+_started_preload = ""
+_join_after_fork: list[tuple[int, int]] = []
+# In a child forked with "spare": (socket to the spare, its pid, this pid).
+_spare: tuple[socket.socket, int, int] | None = None
 
 
 def forkable(argv: Sequence[str]) -> bool:
@@ -170,6 +196,7 @@ def _serve(sock: socket.socket) -> tuple[dict, list[int]] | None:
                 os.setsid()
                 if die_with_server is not None:
                     die_with_server()
+                _join_namespaces()
                 os.close(set_up_w)
                 return request, fds
             os.close(set_up_w)
@@ -184,23 +211,100 @@ def _serve(sock: socket.socket) -> tuple[dict, list[int]] | None:
     return None
 
 
-class _Reaped:
-    """A child of the server, as procs.stop_processes wants it."""
+def _join_namespaces() -> None:
+    """In a child just forked by an adopted spare: join the job's
+    namespaces (a single-threaded process can join a user namespace)."""
+    if not _join_after_fork:
+        return
+    from autopar.runtime.netns import join
+    if not join(_join_after_fork):
+        os._exit(126)
+    for fd, _ in _join_after_fork:
+        os.close(fd)
 
-    def __init__(self, pid: int):
+
+class _Reaped:
+    """A child of this process, as procs.stop_processes wants it (and, with
+    ``stdout``, as ForkServer keeps its server process)."""
+
+    def __init__(self, pid: int, stdout: IO[bytes] | None = None):
         self.pid = pid
-        self.status: int | None = None
+        self.stdout = stdout
+        self.returncode: int | None = None
 
     def poll(self) -> int | None:
-        if self.status is None:
+        if self.returncode is None:
             try:
                 pid, status = os.waitpid(self.pid, os.WNOHANG)
             except ChildProcessError:
-                self.status = 0
+                self.returncode = 0
             else:
                 if pid:
-                    self.status = os.waitstatus_to_exitcode(status)
-        return self.status
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
+            time.sleep(0.02)
+        assert self.returncode is not None
+        return self.returncode
+
+
+def _fork_spare(request: dict, out_fds: list[int]) -> tuple[dict, list[int]] | None:
+    """In a child whose request asked for a spare (module docstring): fork
+    it. Returns what this process does next: in the child, its request; in
+    the spare, what its own serving returned (a request of its own child,
+    or None: leave)."""
+    global _spare
+    from autopar.common import procs
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    die_with_child = procs.make_preexec()
+    pid = os.fork()
+    if pid:
+        theirs.close()
+        _spare = (ours, pid, os.getpid())
+        return {**request, "spare": False}, out_fds
+    ours.close()
+    for fd in set(out_fds):
+        os.close(fd)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):    # none of the child's streams held until adopted
+        os.dup2(devnull, fd)
+    os.close(devnull)
+    os.setsid()
+    if die_with_child is not None:
+        die_with_child()
+    return _wait_adoption(theirs)
+
+
+def _wait_adoption(sock: socket.socket) -> tuple[dict, list[int]] | None:
+    """The spare: wait for the adopt request, then serve like a server
+    started for the job. None when it is not adopted (hang-up) or refuses."""
+    from autopar.common import procs
+    try:
+        data, fds, _, _ = socket.recv_fds(sock, _MAX_PACKET, 8)
+    except OSError:
+        data, fds = b"", []
+    if not data or not fds:
+        return None
+    adopt = json.loads(data)
+    output, namespaces = fds[0], fds[1:]
+    if adopt["env"].get("LD_PRELOAD", "") != _started_preload:
+        sock.send(f"REFUSED started with LD_PRELOAD={_started_preload!r}".encode())
+        return None
+    os.dup2(output, 1)
+    os.dup2(output, 2)
+    os.close(output)
+    _join_after_fork[:] = list(zip(namespaces, adopt["join"]))
+    os.environ.clear()
+    os.environ.update(adopt["env"])
+    procs.set_title("fork server")
+    sock.send(f"ADOPTED {os.getpid()}".encode())
+    _preload(None)      # the extras the job's launcher imported (env.FORK_PRELOAD)
+    return _serve(sock)
 
 
 def reap_exited(children: set[int], reply: Callable[[str], None]) -> None:
@@ -272,11 +376,15 @@ def main(args: Sequence[str] | None = None) -> None:
                                           "what a job's processes import)")
     options = parser.parse_args(args)
     from autopar.common import procs
+    global _started_preload
+    _started_preload = os.environ.get("LD_PRELOAD", "")
     procs.set_title("fork server")
     sock = socket.socket(fileno=options.fd)
     _preload(None if options.preload is None else
              [m for m in options.preload.split(",") if m])
     forked = _serve(sock)
+    while forked is not None and forked[0].get("spare"):
+        forked = _fork_spare(*forked)
     if forked is None:
         sys.exit(0)
     _become(*forked)
@@ -328,6 +436,23 @@ class ForkServer:
         interpreter it runs in; ``preload``: the modules it imports (default:
         what a job's processes import)."""
         from autopar.common import procs
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            popen = procs.start_process(
+                [python, "-m", "autopar.runtime.forkserver", "--fd", str(theirs.fileno())]
+                + ([] if preload is None else ["--preload", ",".join(preload)]),
+                env, cwd=cwd, pass_fds=(theirs.fileno(),), enter=enter)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self._attach(ours, popen, ready_timeout_s)
+
+    def _attach(self, sock: socket.socket, process: "subprocess.Popen[bytes] | _Reaped",
+                ready_timeout_s: float) -> None:
+        """Start serving as the handle of the server ``process``, whose
+        control socket is ``sock`` and whose output is ``process.stdout``."""
         self.ready_timeout_s = ready_timeout_s
         self._cond = threading.Condition()
         self._forked: dict[int, int | str] = {}
@@ -338,19 +463,51 @@ class ForkServer:
         self._forked_any = False
         self._next_id = 0
         self._tail: deque[str] = deque(maxlen=20)
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._sock = ours
-        try:
-            self.popen = procs.start_process(
-                [python, "-m", "autopar.runtime.forkserver", "--fd", str(theirs.fileno())]
-                + ([] if preload is None else ["--preload", ",".join(preload)]),
-                env, cwd=cwd, pass_fds=(theirs.fileno(),), enter=enter)
-        finally:
-            theirs.close()
-        self.pid = self.popen.pid
+        self._sock = sock
+        self.popen = process
+        self.pid = process.pid
         threading.Thread(target=self._read_replies, name="autopar-forkserver", daemon=True).start()
         threading.Thread(target=self._drain_output, name="autopar-forkserver-log",
                          daemon=True).start()
+
+    @classmethod
+    def adopt_spare(cls, env: Mapping[str, str], join: Sequence[tuple[int, int]] = (),
+                    ready_timeout_s: float = 300.0) -> "ForkServer | None":
+        """The spare this process was forked with (module docstring), as a
+        job's fork server whose children join the namespaces ``join``
+        ((descriptor, CLONE_NEW* type), e.g. PrivateNetwork.descriptors());
+        ``env`` is what a server started for the job would get. None when
+        there is no spare or it refuses (then start one: ``ForkServer(env)``).
+        A spare is adopted once."""
+        global _spare
+        spare, _spare = _spare, None
+        if spare is None or spare[2] != os.getpid():
+            return None     # none, or inherited from the process that made it
+        sock, pid, _ = spare
+        process = _Reaped(pid)
+        read_fd, write_fd = os.pipe()
+        try:
+            socket.send_fds(sock, [json.dumps({"env": dict(env),
+                                               "join": [kind for _, kind in join]}).encode()],
+                            [write_fd, *(fd for fd, _ in join)])
+            ready, _, _ = select.select([sock], [], [], 30.0)
+            answer = sock.recv(4096).decode(errors="replace") if ready else "no answer in 30 s"
+        except OSError as exc:
+            answer = str(exc)
+        finally:
+            os.close(write_fd)
+        if not answer.startswith("ADOPTED"):
+            logging.getLogger("autopar.launcher").debug(
+                "not adopting the spare fork server (pid %d): %s", pid, answer or "it exited")
+            os.close(read_fd)
+            sock.close()
+            from autopar.common import procs
+            procs.stop_processes([process], grace_seconds=1.0)
+            return None
+        process.stdout = os.fdopen(read_fd, "rb")
+        server = cls.__new__(cls)
+        server._attach(sock, process, ready_timeout_s)
+        return server
 
     # -- replies -----------------------------------------------------------
     def _read_replies(self) -> None:
@@ -411,12 +568,15 @@ class ForkServer:
                 self._cond.wait(min(left, 0.5))
 
     def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, *,
-              outputs: Sequence[int] | None = None, netns: str | None = None) -> ForkedProcess:
+              outputs: Sequence[int] | None = None, netns: str | None = None,
+              spare: bool = False) -> ForkedProcess:
         """Fork a child that runs ``argv`` (see ``forkable``); raises
         ForkServerError if the server cannot. Its stdout and stderr go to a
         pipe (the returned process's ``stdout``), or to ``outputs`` (one
         descriptor for both, or stdout's and stderr's; the caller keeps and
-        closes them). ``netns``: a network namespace it enters first."""
+        closes them). ``netns``: a network namespace it enters first.
+        ``spare``: the child gets a spare fork server for a job it launches
+        (module docstring)."""
         read_fd, write_fd = os.pipe() if outputs is None else (None, None)
         try:
             with self._cond:
@@ -425,6 +585,8 @@ class ForkServer:
             request = {"id": request_id, "argv": list(argv), "env": dict(env), "cwd": cwd}
             if netns:
                 request["netns"] = netns
+            if spare:
+                request["spare"] = True
             try:
                 socket.send_fds(self._sock, [json.dumps(request).encode()],
                                 [write_fd] if outputs is None else list(outputs))
@@ -484,4 +646,7 @@ class ForkServer:
 
 
 if __name__ == "__main__":
-    main()
+    # Served by the importable module, not this __main__ copy: a spare's
+    # child that launches a job reads its spare from the module's state.
+    from autopar.runtime.forkserver import main as serve
+    serve()

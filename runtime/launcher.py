@@ -81,6 +81,12 @@ def start_fork_server(spec: ResourceSpec, argv: Sequence[str],
     env = local_env({"TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")},
                     {**(extra_env or {}), "LD_PRELOAD": preload_value(),
                      envvars.FORK_PRELOAD: preload_extras(sys.modules)})
+    # A launcher forked from a fork server with a spare (the test suite's)
+    # adopts it: its imports are done already.
+    server = ForkServer.adopt_spare(env, network.descriptors() if network else ())
+    if server is not None:
+        logger.debug("fork server: adopted the spare, pid %d", server.pid)
+        return server
     try:
         server = ForkServer(env, enter=network.enter if network else None)
     except OSError as exc:

@@ -138,6 +138,11 @@ class PrivateNetwork:
         shared across network namespaces) in the user's private directory."""
         return f"unix:{os.path.join(self._dir, 'coordinator.sock')}"
 
+    def descriptors(self) -> list[tuple[int, int]]:
+        """(descriptor, CLONE_NEW* type) of the namespaces to join, in order
+        (the launcher keeps them open until ``close``)."""
+        return list(self._fds)
+
     def enter(self) -> None:
         """Join the namespace: called in a child between fork and exec, so
         nothing but already resolved functions and plain system calls."""

@@ -152,10 +152,14 @@ _fork_server: ForkServer | None = None
 def _tests_fork_server() -> ForkServer:
     """One fork server (runtime/forkserver.py) for the test session: each
     job's launcher process is forked from it instead of importing TensorFlow
-    anew (several CPU-seconds per job). It dies with the test process."""
+    anew (several CPU-seconds per job), with a spare that becomes its job's
+    fork server. Started with the bind shim loaded, as a job's own fork
+    server is (its spare is adoptable only then). It dies with the test
+    process."""
     global _fork_server
     if _fork_server is None or _fork_server.popen.poll() is not None:
-        _fork_server = ForkServer(child_env(), cwd=str(REPO))
+        from autopar.runtime.commands import preload_value
+        _fork_server = ForkServer({**child_env(), "LD_PRELOAD": preload_value()}, cwd=str(REPO))
         atexit.register(_fork_server.stop)
     return _fork_server
 
@@ -164,7 +168,8 @@ def start_job(cmd: list[str], env: dict[str, str] | None = None) -> ForkedProces
     """Start a job (``python script args``) in its own session, so it can be
     stopped as a group, output merged into one text pipe for a LineReader.
     ``env``: its environment (default child_env())."""
-    proc = _tests_fork_server().start(cmd, child_env() if env is None else env, str(REPO))
+    proc = _tests_fork_server().start(cmd, child_env() if env is None else env, str(REPO),
+                                      spare=True)
     assert proc.stdout is not None
     proc.stdout = io.TextIOWrapper(proc.stdout, encoding="utf-8", errors="replace")
     return proc

@@ -18,6 +18,7 @@ from autopar.runtime.forkserver import ForkedProcess, ForkServer, ForkServerErro
 from tests.integration.cluster import child_env, pid_alive
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "describe_process.py"
+ADOPT = Path(__file__).resolve().parent / "scripts" / "adopt_spare.py"
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +109,35 @@ def test_a_killed_child_and_the_server_stopping_take_everything_down(tmp_path):
     assert left.poll() is not None
     with pytest.raises(ForkServerError, match="fork server is gone"):
         server.start(argv, child_env(), str(tmp_path))
+
+
+def test_a_child_with_a_spare_adopts_it_as_the_fork_server_of_its_own_children(server, tmp_path):
+    def run(*args: str) -> dict:
+        status, lines = _finish(server.start([sys.executable, str(ADOPT), *args], child_env(),
+                                             str(tmp_path), spare=True))
+        assert status == 0, lines
+        return _described(lines)
+
+    # The fixture's server was started without LD_PRELOAD: a spare is
+    # adopted only by a launcher whose children need the same libraries.
+    adopted = run("")
+    assert adopted["adopted"] and adopted["status"] == 0, adopted
+    # Forked from the spare, which the adopting process had forked: a copy
+    # of the server with its imports done, serving like one.
+    assert adopted["child"]["ppid"] == adopted["spare"]
+    assert adopted["child"]["preloaded"] is True
+    assert adopted["child"]["argv"] == [str(SCRIPT)]
+    assert adopted["again"] is False      # one spare, adopted once
+
+    refused = run("/nonexistent/other.so")
+    assert refused["spare"] is not None and refused["adopted"] is False, refused
+    unused = run("--leave")
+    # None outlives the process it was made for: stopped with the job's fork
+    # server, exited on refusing, or killed with its process.
+    deadline = time.monotonic() + 30
+    while any(pid_alive(r["spare"]) for r in (adopted, refused, unused)):
+        assert time.monotonic() < deadline, "a spare outlived the process it was made for"
+        time.sleep(0.05)
 
 
 def test_what_can_be_forked():
