@@ -213,6 +213,13 @@ class Config:
     examples/s, seconds per step, the plan's bytes sent and received per
     worker per step for each method, and with micro-batches DropCompute's
     threshold τ and drop rate; at the first, the plan report as text."""
+    measure_steps: int = 10
+    """Over its first this many training steps the chief measures how many
+    rows each sparse gradient really carried (and how many distinct ids they
+    were) and then logs, per method, the bytes the steps moved beside the
+    plan's estimate, which for sparse gradients is an upper bound; in a
+    private network namespace also every byte the job's processes sent (0
+    disables; [inside a job](inside-a-job.md))."""
 
     def __post_init__(self) -> None:
         # Every field is checked, types first (so a wrong type is named, not a
@@ -230,6 +237,7 @@ class Config:
         _count("save_every_steps", self.save_every_steps, 1)
         _count("keep_checkpoints", self.keep_checkpoints, 1)
         _count("log_every_steps", self.log_every_steps, 0, "(0 disables)")
+        _count("measure_steps", self.measure_steps, 0, "(0 disables)")
         if self.total_steps is not None:
             _count("total_steps", self.total_steps, 1, "or None")
         _seconds("startup_timeout_s", self.startup_timeout_s, zero_ok=False)

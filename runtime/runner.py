@@ -63,7 +63,7 @@ class Runner:
                  num_workers: int = 1, progress=None, checkpointer=None,
                  batch_size_tensor: tf.Tensor | None = None, step_barriers=(), on_close=(),
                  after_step=None, monitor=None, accumulate=None, dropcompute=None,
-                 totals_allreduce=None, lifted=None, timeline=None):
+                 totals_allreduce=None, lifted=None, timeline=None, meter=None):
         self.session = session
         self.graph = graph
         self.analysis = analysis
@@ -87,6 +87,7 @@ class Runner:
         self._accumulate = accumulate
         self.dropcompute = dropcompute   # runtime.dropcompute.worker_state.DropCompute
         self._timeline = timeline        # runtime.timeline.Recorder, or None
+        self._meter = meter              # runtime.measured.Meter (the chief), or None
         if dropcompute is not None:
             self._on_close.insert(0, dropcompute.close)
         self._variables = {v.name: v for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
@@ -209,6 +210,9 @@ class Runner:
         barriers = self._barriers_of(groups)
         if barriers:
             extra["barrier"] = barriers
+        measure = self._meter.fetches(self._next_step, groups) if self._meter else None
+        if measure is not None:
+            extra["measure"] = measure
         traced = self._traced(options, run_metadata)
         if traced:
             options, run_metadata = _trace_options()
@@ -216,6 +220,8 @@ class Runner:
         result, got = self._run_plain((mapped, extra), feeds, options, run_metadata)
         if traced:
             self._timeline.record_step(self._next_step, start, time.time(), run_metadata)
+        if measure is not None:
+            self._meter.measured(self._next_step, got["measure"])
         self._after_step(got, batch)
         if self._stop_requested:
             self._stop()

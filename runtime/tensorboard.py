@@ -4,7 +4,9 @@ The chief writes, at every logged step (Config.log_every_steps): the loss it
 fetched, examples/s, seconds per step, the bytes the plan predicts each
 worker sends and receives per step for each synchronisation method, and
 with micro-batches DropCompute's threshold τ and the share of micro-batches
-dropped; once, at the first step, the plan report as text.
+dropped; once, at the first step, the plan report as text; once, after
+the first Config.measure_steps steps, what they measured (runtime/measured.py:
+bytes per method, the rows each sparse gradient carried, the job's network).
 
 Records are written as TensorBoard reads them (TFRecord files of
 ``tf.compat.v1.Event`` protos, ``events.out.tfevents.<time>.<host>``) with
@@ -90,6 +92,10 @@ class ChiefBoard:
             values["autopar/dropcompute/drop_rate"] = dropped
             if tau is not None:
                 values["autopar/dropcompute/tau_seconds"] = tau
+        self._events.scalars(step, values)
+
+    def measured(self, step: int, values: dict[str, float]) -> None:
+        """What the chief measured over its first steps (runtime/measured.py)."""
         self._events.scalars(step, values)
 
     def close(self) -> None:

@@ -27,6 +27,7 @@ from autopar.runtime.checkpoint import Checkpointer
 from autopar.runtime.coordinator_client import CoordinatorClient, ProgressHook
 from autopar.runtime.dropcompute.agreement import Agreement, CollectiveAgreement
 from autopar.runtime.dropcompute.worker_state import DropCompute
+from autopar.runtime.measured import Meter
 from autopar.runtime.progress import Progress
 from autopar.runtime.tensorboard import ChiefBoard
 from autopar.runtime.runner import Runner, iterator_read_by
@@ -90,17 +91,22 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
                           config=session_config(cluster, worker_index, plan.shard_weight_update))
     micro_batching, agreement = _micro_batching(worker_graph, rewritten, config, worker_index,
                                                 num_workers, client)
-    progress = None
+    progress = meter = None
     if is_chief:
         dc = micro_batching.get("dropcompute")
+        board = _board(compiled, config)
         progress = Progress(config.log_every_steps, num_workers, config.total_steps, tty,
-                            board=_board(compiled, config), drops=dc.totals if dc else None)
+                            board=board, drops=dc.totals if dc else None)
+        if config.measure_steps:
+            meter = Meter(worker_graph, analysis, plan, num_workers, config.measure_steps,
+                          board=board)
     recorder, hand_in = _timeline(client, worker_index, config)
     # The timeline's events go before the last report says the worker closed.
-    on_close = [f for f in (hand_in, hook.closed if hook else None) if f is not None]
+    on_close = [f for f in (meter.close if meter else None, hand_in,
+                            hook.closed if hook else None) if f is not None]
     runner = Runner(session, worker_graph, analysis, worker_index=worker_index,
                     num_workers=num_workers, progress=progress, checkpointer=checkpointer,
-                    batch_size_tensor=batch_size, timeline=recorder,
+                    batch_size_tensor=batch_size, timeline=recorder, meter=meter,
                     step_barriers=[(groups, worker_graph.get_operation_by_name(op))
                                    for groups, op in rewritten.step_barriers],
                     after_step=(worker_graph.get_operation_by_name(rewritten.after_step)

@@ -90,11 +90,11 @@ class Report:
     def table(self) -> str:
         head = ("variable", "kind", "shape", "size", "method", "placement", "sent/step", "recv/step")
         rows = [(v.name, v.kind + (f" a={v.alpha:.3f}" if v.alpha is not None else ""),
-                 "x".join(map(str, v.shape)) or "scalar", _human(v.bytes),
+                 "x".join(map(str, v.shape)) or "scalar", human_bytes(v.bytes),
                  v.method + (f" #{v.bucket}" if v.bucket is not None else ""), v.placement,
-                 _human(v.sent_per_worker), _human(v.received_per_worker)) for v in self.variables]
-        rows.append(("TOTAL per worker", "", "", _human(sum(v.bytes for v in self.variables)),
-                     "", "", _human(self.sent_per_worker), _human(self.received_per_worker)))
+                 human_bytes(v.sent_per_worker), human_bytes(v.received_per_worker)) for v in self.variables]
+        rows.append(("TOTAL per worker", "", "", human_bytes(sum(v.bytes for v in self.variables)),
+                     "", "", human_bytes(self.sent_per_worker), human_bytes(self.received_per_worker)))
         widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
         fmt = "  ".join(f"{{:<{w}}}" for w in widths)
         lines = [f"autopar plan: {self.num_workers} workers, {self.num_servers} servers, "
@@ -102,12 +102,12 @@ class Report:
                  fmt.format(*head), fmt.format(*("-" * w for w in widths))]
         lines += [fmt.format(*r) for r in rows]
         for s in self.servers:
-            lines.append(f"server {s['server']}: sends {_human(s['sent'])}, receives "
-                         f"{_human(s['received'])} per step")
+            lines.append(f"server {s['server']}: sends {human_bytes(s['sent'])}, receives "
+                         f"{human_bytes(s['received'])} per step")
         several = len({b.get("method") for b in self.buckets}) > 1
         for b in self.buckets:
             label = f"{b['method']} bucket" if several else "bucket"
-            lines.append(f"{label} #{b['index']}: {b['dtype']}, {_human(b['bytes'])}, "
+            lines.append(f"{label} #{b['index']}: {b['dtype']}, {human_bytes(b['bytes'])}, "
                          f"{len(b['variables'])} gradients fused into one all-reduce"
                          + (" (2-D summation)" if b.get("host_key") else "")
                          + (f", sent and summed as {b['wire_dtype']}" if b.get("wire_dtype")
@@ -124,11 +124,11 @@ class Report:
             ring, two_d = self.host_link_bytes["ring"], self.host_link_bytes["2d"]
             used, other = ((two_d, ring), (ring, two_d))[not two_d_buckets]
             lines.append("host links: all-reduce bytes each host sends per step: "
-                         + ", ".join(f"{h} {_human(b)}" for h, b in used.items())
+                         + ", ".join(f"{h} {human_bytes(b)}" for h, b in used.items())
                          + (" (2-D summation); the flat ring in worker order would send "
                             if two_d_buckets else
                             " (ring in worker order); 2-D summation would send ")
-                         + ", ".join(f"{h} {_human(b)}" for h, b in other.items()))
+                         + ", ".join(f"{h} {human_bytes(b)}" for h, b in other.items()))
         if self.herring_why:
             lines.append(f"herring: {self.herring_why}")
         for b in self.herring_buffers:
@@ -137,7 +137,7 @@ class Report:
             shards = ", ".join(f"server {srv} [{offset}:{offset + n}]"
                                for srv, offset, n in b["shards"])
             lines.append(f"herring buffer #{b['index']}: {b['elements']} elements "
-                         f"({_human(b['wire_bytes'])} on the wire as {b['wire_dtype']}): "
+                         f"({human_bytes(b['wire_bytes'])} on the wire as {b['wire_dtype']}): "
                          f"{pieces}; shards: {shards}")
         combine = {"mean": "averaged", "sum": "summed",
                    "parallax": "dense-averaged, sparse-summed"}[self.loss_reduction]
@@ -166,10 +166,10 @@ class Report:
             for w, (b, full) in enumerate(zip(self.slot_bytes, self.slot_bytes_unsharded)):
                 lines.append(f"worker {w}: updates "
                              f"{sum(1 for v in self.variables if v.owner == w)} variable(s), "
-                             f"holds {_human(b)} of optimizer slots ({_human(full)} unsharded)")
+                             f"holds {human_bytes(b)} of optimizer slots ({human_bytes(full)} unsharded)")
         for m in self.moved_ops:
             lines.append(f"{m['rule']}: {m['op']} -> {m['place']} ({m['why']}; "
-                         f"saves ~{_human(m['bytes_saved'])}/step)")
+                         f"saves ~{human_bytes(m['bytes_saved'])}/step)")
         for name in self.untrained:
             lines.append(f"trainable but never updated by the optimizer: {name}")
         lines += self.notes
@@ -209,6 +209,11 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
         if vp.replicated and v.ps_blocker and plan.num_servers and \
                 wants_servers(v.gradient, plan.run_option):
             notes.append(f"{v.name}: kept off the servers: {v.ps_blocker}")
+    if any(v.gradient == "sparse" and v.alpha is not None and _bytes_follow_rows(v, plan, n)
+           for v in analysis.variables):
+        notes.append("sparse gradients: bytes counted at one row per looked-up id of the batch "
+                     "(a), an upper bound where ids repeat; the chief logs the rows its first "
+                     "steps measured (Config.measure_steps)")
     if plan.batch_norm_group and not analysis.batch_norms:
         notes.append("Config(batch_norm_group) is set but the graph has no training-mode "
                      "batch-norm layer on the input batch: nothing to synchronise")
@@ -299,7 +304,14 @@ def _state_line(state: dict, combine: str, sync: str) -> str:
             "(sync_local_state='none'; 'average' makes them equal)")
 
 
-def _human(n: float) -> str:
+def _bytes_follow_rows(v, plan: Plan, num_workers: int) -> bool:
+    """Whether the bytes of sparse variable `v` depend on its rows per step
+    (not when its method sends the whole table: an all-reduce)."""
+    method, vp = METHODS[plan.variable(v.name).method], plan.variable(v.name)
+    return method.wire_bytes(v, vp, num_workers, 0.5) != method.wire_bytes(v, vp, num_workers, 1.0)
+
+
+def human_bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if abs(n) < 1024 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="the metrics --eval-size evaluates (comma-separated)")
     p.add_argument("--wire-dtype", default="float32", help="Config.wire_dtype (herring)")
     p.add_argument("--tensorboard-dir", help="Config.tensorboard_dir")
+    p.add_argument("--measure-steps", type=int, default=10, help="Config.measure_steps")
     p.add_argument("--max-restarts", type=int, default=0, help="Config.max_restarts")
     p.add_argument("--min-workers", type=int, default=0, help="Config.min_workers")
     p.add_argument("--timeline", help="Config.timeline")
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> None:
                             micro_batches=args.micro_batches, compute_threshold=args.threshold,
                             dropcompute_log_dir=args.dropcompute_log,
                             tensorboard_dir=args.tensorboard_dir,
+                            measure_steps=args.measure_steps,
                             max_restarts=args.max_restarts, min_workers=args.min_workers,
                             timeline=args.timeline, timeline_steps=args.timeline_steps,
                             timeline_every=args.timeline_every,

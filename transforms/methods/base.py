@@ -186,6 +186,10 @@ class SyncMethod:
     # (wire_bytes, server_bytes), the benchmark's limits (bench/metrics.py)
     # and the simulator (bench/simulate.py) all read it here.
     on_servers: ClassVar[bool] = False   # its hops are the servers' push and pull rounds
+    # Which rows of a sparse gradient travel: "rows" (one per looked-up id,
+    # repeats included: the analysis's alpha) or "distinct" (one per distinct
+    # id). The chief measures both (runtime/measured.py).
+    sparse_rows: ClassVar[str] = "rows"
 
     def bytes_per_worker(self, nbytes: float, num_workers: int) -> float:
         """Bytes one worker sends per step, and as many it receives."""

@@ -81,6 +81,7 @@ class ParameterServer(SyncMethod):
                             partitions=parts, servers=servers), key
 
     on_servers = True
+    sparse_rows = "distinct"    # PsBuilder pushes one row per distinct id, pulls those rows
 
     def bytes_per_worker(self, nbytes, num_workers):
         # Parallax Table 3, 2ab in all: push the touched rows' gradient, read
