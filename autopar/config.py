@@ -211,7 +211,8 @@ class Config:
     """Directory the chief writes a TensorBoard event file to (``None``:
     none): at every logged step (``log_every_steps``) the loss it fetched,
     examples/s, seconds per step, the plan's bytes sent and received per
-    worker per step for each method, and with micro-batches DropCompute's
+    worker per step for each method, the stall warnings the launcher has
+    issued so far, and with micro-batches DropCompute's
     threshold τ and drop rate; at the first, the plan report as text."""
     measure_steps: int = 10
     """Over its first this many training steps the chief measures how many

@@ -170,6 +170,7 @@ class Coordinator:
         self._exchanges: dict[str, dict[str, bytes]] = {}
         self._stop_requested: set[str] = set()
         self._published: dict[str, bytes] = {}
+        self._stall_warnings = 0
         self._server: grpc.Server | None = None
         self.port = 0
 
@@ -271,6 +272,17 @@ class Coordinator:
         with self._lock:
             return process_name(role, index) in self._stop_requested
 
+    def count_stall_warning(self) -> None:
+        """The launcher warned of a stall (runtime/health.py JobMonitor);
+        every report's reply carries the count."""
+        with self._lock:
+            self._stall_warnings += 1
+
+    @property
+    def stall_warnings(self) -> int:
+        with self._lock:
+            return self._stall_warnings
+
     def exchange(self, role: str, index: int, key: str, value: bytes, expect: int,
                  timeout_s: float) -> dict[str, bytes] | None:
         """Post ``value`` under ``key``; every posted value once ``expect`` have
@@ -344,7 +356,7 @@ class _Servicer:
                        request.phase, request.global_step, request.seq)
         return self._pb2.ReportReply(
             stop_requested=self._c.stop_requested(request.process.role, request.process.index),
-            now_s=time.time())
+            now_s=time.time(), stall_warnings=self._c.stall_warnings)
 
     def Exchange(self, request: Any, context: grpc.ServicerContext) -> Any:
         self._check(request.process, context)

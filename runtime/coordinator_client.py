@@ -68,6 +68,8 @@ class CoordinatorClient:
         # heartbeats (_clock_sample); None until one was answered.
         self.clock_offset_s: float | None = None
         self.clock_rtt_s: float | None = None
+        # Stall warnings the launcher has issued so far (the last reply's).
+        self.stall_warnings = 0
         self._failed = False
         # None: never give up on the coordinator (see LINK_TIMEOUT).
         self._link_timeout_s = link_timeout_s
@@ -183,6 +185,7 @@ class CoordinatorClient:
                 self._check_link()
             else:
                 self._last_reached = time.monotonic()
+                self.stall_warnings = reply.stall_warnings
                 if reply.stop_requested and not self._stop_seen:
                     self._stop_seen = True
                     if self.on_stop is not None:

@@ -3,6 +3,7 @@ states: stalls, step-count mismatches, silent servers (JobMonitor, checked by
 the launcher's supervision loop)."""
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -85,16 +86,10 @@ def diagnose(states: Mapping[str, ProcessState], exited: Mapping[str, int],
         return None
     if (verdict := _silent_server(states, exited, stall_timeout_s, now)) is not None:
         return verdict
-    waiting = [s for s in workers if s.name not in exited and s.phase == PHASE_STEP
-               and now - s.phase_since >= stall_timeout_s]
-    if not waiting:
+    found = _waiting(workers, exited, stall_timeout_s, now)
+    if found is None:
         return None
-    step = max(_ran(s) for s in waiting)
-    # Only the workers inside that step wait for the others; one inside an
-    # earlier step (its last report says so) is among those waited for.
-    waiting = [s for s in waiting if _ran(s) == step]
-    stuck = [s for s in workers if s.name not in exited
-             and not (s.phase == PHASE_STEP and _ran(s) >= step)]
+    step, waiting, stuck = found
     if not stuck:
         return _hung_step(workers, exited, stall_timeout_s, now)
     lines = []
@@ -128,6 +123,47 @@ def diagnose(states: Mapping[str, ProcessState], exited: Mapping[str, int],
         f"(Config(stall_timeout_s=...); 0 disables)."))
 
 
+def _waiting(workers, exited, after_s: float, now: float):
+    """(step, the workers inside it for ``after_s`` or more, the live
+    workers that have not started it), for the latest step workers wait
+    in; None if none waits that long."""
+    waiting = [s for s in workers if s.name not in exited and s.phase == PHASE_STEP
+               and now - s.phase_since >= after_s]
+    if not waiting:
+        return None
+    step = max(_ran(s) for s in waiting)
+    # Only the workers inside that step wait for the others; one inside an
+    # earlier step (its last report says so) is among those waited for.
+    waiting = [s for s in waiting if _ran(s) == step]
+    stuck = [s for s in workers if s.name not in exited
+             and not (s.phase == PHASE_STEP and _ran(s) >= step)]
+    return step, waiting, stuck
+
+
+# Workers waiting this share of the stall timeout for others to join a step
+# are warned about (once per step), before the job is ended at the timeout.
+STALL_WARNING_SHARE = 0.5
+
+
+def stall_warning(states: Mapping[str, ProcessState], exited: Mapping[str, int],
+                  stall_timeout_s: float, now: float) -> tuple[int, str] | None:
+    """(step, warning) when workers have waited inside a step for half the
+    stall timeout while others have not started it; None otherwise. Pure."""
+    if stall_timeout_s <= 0:
+        return None
+    workers = sorted((s for s in states.values() if s.role == WORKER_ROLE),
+                     key=lambda s: s.index)
+    found = _waiting(workers, exited, STALL_WARNING_SHARE * stall_timeout_s, now)
+    if found is None or not found[2]:
+        return None
+    step, waiting, stuck = found
+    waited = max(now - s.phase_since for s in waiting)
+    return step, (
+        f"{', '.join(s.name for s in waiting)} {'has' if len(waiting) == 1 else 'have'} waited "
+        f"{waited:.0f} s inside step {step} for {', '.join(s.name for s in stuck)} to join it; "
+        f"the job is ended as stalled after {stall_timeout_s:g} s (Config(stall_timeout_s=...))")
+
+
 # A server is declared silent after the stall timeout, but never sooner than
 # this: a few missed heartbeats of a busy machine are not a stopped server.
 SERVER_SILENCE_MIN_S = 10.0
@@ -154,16 +190,26 @@ def _silent_server(states: Mapping[str, ProcessState], exited: Mapping[str, int]
 
 class JobMonitor:
     """Checked by the launcher's supervision loop: the verdict ending the job
-    on a stall, a step-count mismatch or a silent server."""
+    on a stall, a step-count mismatch or a silent server; before a stall
+    ends the job, a warning (logged once per step, and counted by the
+    coordinator, which tells the workers: the chief's TensorBoard scalar)."""
 
     def __init__(self, coordinator: Coordinator, stall_timeout_s: float,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.coordinator = coordinator
         self.stall_timeout_s = stall_timeout_s
         self._clock = clock
+        self._warned_steps: set[int] = set()
 
     def check(self, exited: Mapping[str, int]) -> Verdict | None:
-        return diagnose(self.coordinator.snapshot(), exited, self.stall_timeout_s,
-                        self._clock())
+        states, now = self.coordinator.snapshot(), self._clock()
+        verdict = diagnose(states, exited, self.stall_timeout_s, now)
+        if verdict is None:
+            warning = stall_warning(states, exited, self.stall_timeout_s, now)
+            if warning is not None and warning[0] not in self._warned_steps:
+                self._warned_steps.add(warning[0])
+                self.coordinator.count_stall_warning()
+                logging.getLogger("autopar.launcher").warning("%s", warning[1])
+        return verdict
 
 

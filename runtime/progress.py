@@ -11,16 +11,18 @@ _BAR_WIDTH = 30
 
 class Progress:
     """``board``: a runtime.tensorboard.ChiefBoard the logged values also go
-    to; ``drops``: DropCompute.totals, for its drop rate."""
+    to; ``drops``: DropCompute.totals, for its drop rate; ``stall_warnings``:
+    the number of stall warnings the launcher has issued so far."""
 
     def __init__(self, every: int, num_workers: int, total_steps: int | None = None,
-                 tty: bool = False, board=None, drops=None):
+                 tty: bool = False, board=None, drops=None, stall_warnings=None):
         self.every = every
         self.num_workers = num_workers
         self.total_steps = total_steps
         self.tty = tty
         self.board = board
         self._drops = drops
+        self._stall_warnings = stall_warnings
         self._dropped_before = (0, 0)
         self._last_time = time.monotonic()
         self._examples = 0
@@ -40,7 +42,8 @@ class Progress:
         rate = self._examples / elapsed
         if self.board is not None:
             self.board.step(step, loss, rate if local_examples else None, elapsed / self._steps,
-                            self._drop_rate())
+                            self._drop_rate(),
+                            None if self._stall_warnings is None else self._stall_warnings())
         self._last_time, self._examples, self._steps = now, 0, 0
         parts = [f"step {step}"]
         if loss is not None:

@@ -2,7 +2,8 @@
 
 The chief writes, at every logged step (Config.log_every_steps): the loss it
 fetched, examples/s, seconds per step, the bytes the plan predicts each
-worker sends and receives per step for each synchronisation method, and
+worker sends and receives per step for each synchronisation method, the
+stall warnings the launcher has issued so far (with a launcher), and
 with micro-batches DropCompute's threshold τ and the share of micro-batches
 dropped; once, at the first step, the plan report as text; once, after
 the first Config.measure_steps steps, what they measured (runtime/measured.py:
@@ -73,9 +74,11 @@ class ChiefBoard:
         log.info("TensorBoard events in %s", self._events.path)
 
     def step(self, step: int, loss: float | None, examples_per_s: float | None,
-             seconds_per_step: float, dropcompute: tuple[float | None, float] | None) -> None:
+             seconds_per_step: float, dropcompute: tuple[float | None, float] | None,
+             stall_warnings: int | None = None) -> None:
         """``dropcompute``: (τ or None before it is set, share of micro-batches
-        dropped over the logged steps) when micro-batching."""
+        dropped over the logged steps) when micro-batching; ``stall_warnings``:
+        the launcher's so far (None: a job without a launcher's coordinator)."""
         if not self._wrote_report:
             self._events.text(step, "autopar/plan", self._report)
             self._wrote_report = True
@@ -87,6 +90,8 @@ class ChiefBoard:
         for method, (sent, received) in sorted(self._bytes.items()):
             values[f"autopar/bytes_sent_per_step/{method}"] = sent
             values[f"autopar/bytes_received_per_step/{method}"] = received
+        if stall_warnings is not None:
+            values["autopar/stall_warnings"] = stall_warnings
         if dropcompute is not None:
             tau, dropped = dropcompute
             values["autopar/dropcompute/drop_rate"] = dropped

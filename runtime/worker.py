@@ -96,7 +96,8 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
         dc = micro_batching.get("dropcompute")
         board = _board(compiled, config)
         progress = Progress(config.log_every_steps, num_workers, config.total_steps, tty,
-                            board=board, drops=dc.totals if dc else None)
+                            board=board, drops=dc.totals if dc else None,
+                            stall_warnings=(lambda: client.stall_warnings) if client else None)
         if config.measure_steps:
             meter = Meter(worker_graph, analysis, plan, num_workers, config.measure_steps,
                           board=board)

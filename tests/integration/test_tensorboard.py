@@ -26,7 +26,8 @@ def test_the_chief_writes_every_scalar_at_every_logged_step(tmp_path):
     expected = {"autopar/loss", "autopar/examples_per_second", "autopar/seconds_per_step",
                 "autopar/bytes_sent_per_step/allreduce",
                 "autopar/bytes_received_per_step/allreduce",
-                "autopar/dropcompute/drop_rate", "autopar/dropcompute/tau_seconds"}
+                "autopar/dropcompute/drop_rate", "autopar/dropcompute/tau_seconds",
+                "autopar/stall_warnings"}
     assert expected <= tags, tags
     for tag in expected:
         steps = [e.step for e in events.Scalars(tag)]
@@ -34,8 +35,27 @@ def test_the_chief_writes_every_scalar_at_every_logged_step(tmp_path):
     assert all(e.value > 0 for e in events.Scalars("autopar/bytes_sent_per_step/allreduce"))
     assert all(e.value == 30.0 for e in events.Scalars("autopar/dropcompute/tau_seconds"))
     assert all(e.value == 0.0 for e in events.Scalars("autopar/dropcompute/drop_rate"))
+    assert all(e.value == 0.0 for e in events.Scalars("autopar/stall_warnings"))
     losses = [e.value for e in events.Scalars("autopar/loss")]
     assert all(0 < loss < 10 for loss in losses), losses
     # The plan report, as text.
     plan = events.Tensors("autopar/plan")
     assert len(plan) == 1 and b"autopar plan: 2 workers" in plan[0].tensor_proto.string_val[0]
+
+
+def test_a_stall_warning_is_logged_and_counted_before_the_job_would_end(tmp_path):
+    board = tmp_path / "board"
+    # Worker 1 sleeps 6 s before step 4; worker 0 waits inside it. The
+    # launcher warns at half the 8 s stall timeout, and the job goes on.
+    log = run_training("mlp_sgd", tmp_path / "out", "--steps", str(STEPS), "--stall-at", "3",
+                       "--stall-for", "6", "--stall-timeout", "8",
+                       "--spec", str(write_spec(tmp_path, workers=2)),
+                       "--tensorboard-dir", str(board))
+    warnings = [line for line in log.splitlines() if "inside step 4 for worker 1 to join it" in line]
+    assert len(warnings) == 1, log       # once per step
+    assert "worker 0 has waited" in warnings[0] and "ended as stalled after 8 s" in warnings[0]
+    events = event_accumulator.EventAccumulator(
+        str(board), size_guidance={event_accumulator.SCALARS: 0})
+    events.Reload()
+    counts = {e.step: e.value for e in events.Scalars("autopar/stall_warnings")}
+    assert counts == {1: 0, 2: 0, 3: 0, 4: 1, 5: 1, 6: 1}, counts

@@ -34,8 +34,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--checkpoint-dir")
     p.add_argument("--save-every", type=int, default=2)
     p.add_argument("--stall-at", type=int, default=-1,
-                   help="a worker sleeps forever at this global step (for kill tests)")
+                   help="a worker sleeps at this global step (for kill and stall tests)")
     p.add_argument("--stall-worker", type=int, default=1, help="which worker --stall-at stalls")
+    p.add_argument("--stall-for", type=float, default=3600.0,
+                   help="seconds --stall-at sleeps (default: for good)")
     p.add_argument("--raise-at", type=int, default=-1,
                    help="worker --stall-worker raises an exception at this global step "
                         "(for failure-report tests)")
@@ -155,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
                 raise RuntimeError(f"injected failure at global step {step}")
             if step == args.stall_at and i == args.stall_worker:
                 print(f"worker {i} stalling at step {step}", flush=True)
-                time.sleep(3600)
+                time.sleep(args.stall_for)
             x, y = models.global_batch(args.model, step, args.batch)
             mine = slice(i * per, (i + 1) * per)
             runner.run(model.train_op, models.feed(model, x[mine], y[mine]))

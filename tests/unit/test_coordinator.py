@@ -17,7 +17,7 @@ from autopar.common import env as envvars
 from autopar.runtime.coordinator import (PHASE_CLOSED, PHASE_FAILED, PHASE_SCRIPT, PHASE_STEP,
                                          Coordinator, ProcessState, _grpc_modules)
 from autopar.runtime.coordinator_client import CoordinatorClient, ProgressHook
-from autopar.runtime.health import diagnose
+from autopar.runtime.health import JobMonitor, diagnose, stall_warning
 from autopar.runtime.commands import bind_env_value, bind_shim_path
 
 
@@ -175,6 +175,40 @@ def test_no_stall_before_the_timeout_or_when_disabled_or_all_in_the_step():
     assert diagnose(_workers((3, PHASE_STEP, 60), (3, PHASE_SCRIPT, 60)), {}, 0, 100.0) is None
     # Everybody inside the same step: a slow step, not a stall ...
     assert diagnose(_workers((3, PHASE_STEP, 60), (3, PHASE_STEP, 60)), {}, 5, 100.0) is None
+
+
+def test_a_stall_is_warned_of_from_half_the_timeout_once_per_step(caplog):
+    # Half of the 10 s timeout: not yet at 4 s, warned at 6 s, not for a
+    # step everybody is inside, nor when the timed checks are off.
+    assert stall_warning(_workers((3, PHASE_STEP, 4), (3, PHASE_SCRIPT, 4)), {}, 10, 100.0) is None
+    step, text = stall_warning(_workers((3, PHASE_STEP, 6), (3, PHASE_SCRIPT, 6)), {}, 10, 100.0)
+    assert step == 4
+    assert text.startswith("worker 0 has waited 6 s inside step 4 for worker 1 to join it")
+    assert "ended as stalled after 10 s" in text
+    assert stall_warning(_workers((3, PHASE_STEP, 6), (3, PHASE_STEP, 6)), {}, 10, 100.0) is None
+    assert stall_warning(_workers((3, PHASE_STEP, 6), (3, PHASE_SCRIPT, 6)), {}, 0, 100.0) is None
+
+    class Coordinator:
+        warnings = 0
+
+        def __init__(self):
+            self.states = _workers((3, PHASE_STEP, 6), (3, PHASE_SCRIPT, 6))
+
+        def snapshot(self):
+            return self.states
+
+        def count_stall_warning(self):
+            self.warnings += 1
+
+    coordinator = Coordinator()
+    monitor = JobMonitor(coordinator, 10, clock=lambda: 100.0)
+    assert monitor.check({}) is None and monitor.check({}) is None
+    assert coordinator.warnings == 1     # once for step 4
+    coordinator.states = _workers((4, PHASE_STEP, 7), (4, PHASE_SCRIPT, 7))
+    assert monitor.check({}) is None
+    assert coordinator.warnings == 2     # and once for step 5
+    assert [r.getMessage()[:40] for r in caplog.records if r.levelname == "WARNING"] == [
+        "worker 0 has waited 6 s inside step 4 fo", "worker 0 has waited 7 s inside step 5 fo"]
 
 
 def test_every_worker_inside_one_step_for_twenty_timeouts_is_a_hung_step():
