@@ -68,6 +68,9 @@ class CoordinatorClient:
         # heartbeats (_clock_sample); None until one was answered.
         self.clock_offset_s: float | None = None
         self.clock_rtt_s: float | None = None
+        # Called (from the reporting thread) with each better offset and its
+        # round trip: a server hands its offset in for the timeline.
+        self.on_clock: Callable[[float, float], None] | None = None
         # Stall warnings the launcher has issued so far (the last reply's).
         self.stall_warnings = 0
         self._failed = False
@@ -202,6 +205,11 @@ class CoordinatorClient:
         rtt = received - sent
         if theirs > 0 and (self.clock_rtt_s is None or rtt < self.clock_rtt_s):
             self.clock_offset_s, self.clock_rtt_s = theirs - (sent + received) / 2, rtt
+            if self.on_clock is not None:
+                try:
+                    self.on_clock(self.clock_offset_s, self.clock_rtt_s)
+                except grpc.RpcError as exc:
+                    logger.debug("could not hand in the clock offset: %s", exc.code())
 
     def _check_link(self) -> None:
         """Stop this process once the coordinator has been unreachable for

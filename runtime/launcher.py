@@ -589,7 +589,8 @@ def _write_timeline(options: TimelineOptions, coordinator: Coordinator,
                     cluster: Mapping[str, list[str]], num_sumservers: int, job: str) -> None:
     """The job's merged timeline, from the parts its workers published."""
     parts = coordinator.published(TIMELINE_KEY_PREFIX)
-    if not parts:
+    workers = coordinator.published(TIMELINE_KEY_PREFIX + WORKER_ROLE)
+    if not workers:
         logger.warning("timeline: no worker handed in its events (none closed its Runner); "
                        "%s not written", options.path)
         return
@@ -601,7 +602,7 @@ def _write_timeline(options: TimelineOptions, coordinator: Coordinator,
         return
     logger.info("timeline: %d traced steps of %d workers written to %s (%d KB; open it in "
                 "chrome://tracing or ui.perfetto.dev)", len(trace["otherData"]["steps"]),
-                len(parts), options.path, os.path.getsize(options.path) // 1024)
+                len(workers), options.path, os.path.getsize(options.path) // 1024)
 
 
 def _launch_plans(plans: list[ChildPlan], grace_seconds: float, log_tail_lines: int,

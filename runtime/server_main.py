@@ -103,6 +103,13 @@ def _register(task_index: int, address: str) -> None:
     client = CoordinatorClient.from_env(SERVER_ROLE, task_index)
     if client is None:
         return
+    from autopar.runtime.timeline import clock_part, options_from_env
+    if options_from_env() is not None:
+        # Its ops' timings in the workers' traces are in its clock.
+        from autopar.transforms.keys import TIMELINE_KEY_PREFIX
+        lane = f"{SERVER_ROLE} {task_index}"
+        client.on_clock = lambda offset, rtt: client.publish(TIMELINE_KEY_PREFIX + lane,
+                                                             clock_part(lane, offset, rtt))
     try:
         client.register(address)
     except grpc.RpcError as exc:   # the server works without it

@@ -28,10 +28,11 @@ offset of the coordinator's clock from its own (measured on its
 heartbeats, round trip stated), to the job coordinator when it closes; the
 launcher moves every event onto the coordinator's clock, gives each worker
 and server its own lane (process), and writes the file. A lane's server
-events come from the workers' traces (the server's own clock, as TensorFlow
-reports remote ops: a transfer's record on a server may start when the
-server posted its side, before the worker's call). The file is cut to
-MAX_BYTES by dropping the oldest steps.
+events come from the workers' traces, in the server's own clock (as
+TensorFlow reports remote ops: a transfer's record on a server may start
+when the server posted its side, before the worker's call): each server
+publishes its own measured offset (``clock_part``) and its events are moved
+by that one. The file is cut to MAX_BYTES by dropping the oldest steps.
 
 A job no launcher started (TF_CONFIG, mpirun, srun) has no coordinator to
 hand events to: each worker writes its part beside Config.timeline
@@ -203,6 +204,13 @@ class Recorder:
         return events
 
 
+def clock_part(lane: str, clock_offset_s: float, clock_rtt_s: float) -> bytes:
+    """A server's part: no events of its own (the workers' traces hold them),
+    the offset of the coordinator's clock from its own."""
+    return json.dumps({"lane": lane, "clock_offset_s": clock_offset_s,
+                       "clock_rtt_s": clock_rtt_s, "steps": []}).encode()
+
+
 def _lanes(cluster: Mapping[str, Sequence[str]], sumservers: int) -> list[str]:
     return ([f"{WORKER_ROLE} {i}" for i in range(len(cluster.get(WORKER_JOB, [])))]
             + [f"{SERVER_ROLE} {i}" for i in range(len(cluster.get(SERVER_JOB, [])))]
@@ -214,13 +222,16 @@ def merge(parts: Mapping[str, bytes], cluster: Mapping[str, Sequence[str]], sums
     """The job's trace from every worker's published part (module docstring)."""
     lanes = _lanes(cluster, sumservers)
     pids = {lane: i + 1 for i, lane in enumerate(lanes)}
-    offsets, rtts, steps = {}, {}, {}
-    for raw in parts.values():
-        part = json.loads(raw)
-        shift = (part["clock_offset_s"] or 0.0) * 1e6
-        offsets[part["lane"]] = part["clock_offset_s"]
-        rtts[part["lane"]] = part["clock_rtt_s"]
+    decoded = [json.loads(raw) for raw in parts.values()]
+    offsets = {part["lane"]: part["clock_offset_s"] for part in decoded}
+    rtts = {part["lane"]: part["clock_rtt_s"] for part in decoded}
+    steps: dict[int, list[dict]] = {}
+    for part in decoded:
         for event in part["steps"]:
+            # In the clock of the process that ran it: a server's events in
+            # a worker's trace move by the server's offset, where it sent one.
+            own = offsets.get(event["pid"])
+            shift = (own if own is not None else part["clock_offset_s"] or 0.0) * 1e6
             event = dict(event, ts=round(event["ts"] + shift, 1))
             lane = event["pid"]
             if lane not in pids:
@@ -241,7 +252,7 @@ def merge(parts: Mapping[str, bytes], cluster: Mapping[str, Sequence[str]], sums
                  "otherData": {"job": job, "steps": kept, "lanes": lanes,
                                "clock_offsets_s": offsets, "clock_rtts_s": rtts,
                                "clock": "the coordinator's (launcher's) time.time(); each "
-                                        "worker's events moved by its measured offset"}}
+                                        "process's events moved by its measured offset"}}
         if len(json.dumps(trace)) <= max_bytes or not kept:
             return trace
         kept = kept[1:]

@@ -30,7 +30,9 @@ def test_a_hybrid_job_writes_one_merged_timeline(tmp_path):
     other = trace["otherData"]
     # The last KEPT traced steps: one in EVERY, up to the last.
     assert other["steps"] == list(range(STEPS - EVERY * (KEPT - 1), STEPS + 1, EVERY))
-    assert sorted(other["clock_offsets_s"]) == ["worker 0", "worker 1", "worker 2"]
+    # The servers' too: their ops' timings in the workers' traces are theirs.
+    assert sorted(other["clock_offsets_s"]) == ["server 0", "server 1",
+                                                "worker 0", "worker 1", "worker 2"]
     assert all(abs(o) < 1.0 and 0 < other["clock_rtts_s"][w] < 1.0
                for w, o in other["clock_offsets_s"].items())   # one machine: one clock
     for step in other["steps"]:
