@@ -346,6 +346,7 @@ int ConnectTo(const std::string& address, Clock::time_point deadline, std::strin
         // SYNs must not hold the op for the kernel's minutes-long retry.
         int fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (fd < 0) continue;
+        ah::bound_receive_window(fd);   // S servers' results arrive at once
         int err = ::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 ? 0 : errno;
         if (err == EINPROGRESS) {
           auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());

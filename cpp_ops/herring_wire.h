@@ -233,6 +233,22 @@ inline bool send_frame(int fd, const FrameHeader& header, const void* payload, s
   return true;
 }
 
+// Incast. A summation server receives every worker's push at once, and a
+// worker every server's results: N flows into one link, whose switch-side
+// queue overflows when their windows together exceed it (the bench's
+// emulated links queue 1000 frames, 1.5 MB; shallow real switches less).
+// Each receiver therefore grants a sender at most this many bytes in flight
+// (its TCP receive window, set before the connection exists so that the
+// window scale matches): 8 senders fill 1 MB, and one flow still covers a
+// 1 Gbit/s link's bandwidth-delay product many times over (25 KB at 0.2 ms).
+constexpr int kFlowWindowBytes = 128 << 10;
+
+// Before connect() or listen() (accepted sockets inherit it).
+inline void bound_receive_window(int fd) {
+  int bytes = kFlowWindowBytes;
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
+}
+
 inline std::string errno_text(int err) {
   return err == 0 ? std::string("connection closed by peer") : std::string(std::strerror(err));
 }

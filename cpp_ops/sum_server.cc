@@ -416,6 +416,7 @@ int main(int argc, char** argv) {
   int listener = ::socket(res->ai_family, SOCK_STREAM, 0);
   int one = 1;
   ::setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  ah::bound_receive_window(listener);   // N workers' pushes arrive at once
   if (listener < 0 || ::bind(listener, res->ai_addr, res->ai_addrlen) != 0 ||
       ::listen(listener, 128) != 0) {
     std::fprintf(stderr, "autopar_sumserver: cannot listen on %s:%ld: %s\n", host.c_str(), port,

@@ -234,6 +234,35 @@ def _fail_push(cluster, server: int, n: int, timeout_s: float, before_push=None,
     return result
 
 
+# cpp_ops/herring_wire.h kFlowWindowBytes; Linux reports twice what was set
+# (SO_RCVBUF's bookkeeping overhead), as ss's "rb".
+FLOW_WINDOW_BYTES = 128 << 10
+
+
+def test_every_herring_connection_bounds_its_receive_window(cluster):
+    """Incast: each receiver grants each sender at most FLOW_WINDOW_BYTES in
+    flight, workers for the servers' results and servers for the pushes.
+    Read from the kernel (ss) on the connections the sums above opened."""
+    ports = {int(a.rsplit(":", 1)[1]) for a in cluster.addresses[:3]}
+    listed = subprocess.run(["ss", "-Htmn", "state", "established"], capture_output=True,
+                            text=True, check=True).stdout
+    lines = listed.splitlines()
+    seen = {"worker": [], "server": []}
+    for i, line in enumerate(lines):
+        fields = line.split()
+        if len(fields) < 4 or i + 1 >= len(lines):
+            continue
+        local, peer = int(fields[2].rsplit(":", 1)[1]), int(fields[3].rsplit(":", 1)[1])
+        side = "server" if local in ports else "worker" if peer in ports else None
+        buffer = re.search(r"\brb(\d+)", lines[i + 1])
+        if side and buffer:
+            seen[side].append(int(buffer.group(1)))
+    # Every worker of the sums above connected to the three servers.
+    assert len(seen["worker"]) >= NUM_WORKERS * 3 and len(seen["server"]) >= NUM_WORKERS * 3, \
+        listed
+    assert set(seen["worker"]) == set(seen["server"]) == {2 * FLOW_WINDOW_BYTES}, seen
+
+
 def test_killed_server_fails_the_op_naming_it(cluster):
     server = cluster.servers[KILLED]
 
