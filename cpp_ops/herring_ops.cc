@@ -113,6 +113,14 @@ struct OpState {
   std::vector<std::function<void()>> unregister;
   std::vector<Shard> shards;
   size_t shards_left = 0;
+  // Pacing (under `mu`): segments each shard's sender has handed to its
+  // socket. A shard's sender runs at most kPaceLagSegments ahead of the
+  // slowest of the op's other shards, so every server receives this
+  // worker's copy at the same rate and can return its sums while the
+  // pushes go on (left to TCP, one flow to a server fell behind, and the
+  // server could send its sums only after the last of it arrived).
+  std::vector<uint64_t> segments_sent;
+  std::condition_variable paced;
   Clock::time_point deadline;
   double timeout_s = 0;
   std::string what;  // "buffer 3 (push 7)"
@@ -127,6 +135,7 @@ bool Finish(const std::shared_ptr<OpState>& op, const Status& status) {
     std::lock_guard<std::mutex> lock(op->mu);
     if (op->finished) return false;
     op->finished = true;
+    op->paced.notify_all();
     if (!status.ok()) op->ctx->SetStatus(status);
     done = std::move(op->done);
     unregister.swap(op->unregister);
@@ -138,6 +147,9 @@ bool Finish(const std::shared_ptr<OpState>& op, const Status& status) {
 
 using PendingKey = std::tuple<uint64_t, uint64_t, uint64_t>;  // buffer, generation, shard offset
 
+// How far (in segments) one shard's sender may run ahead of the op's others.
+constexpr uint64_t kPaceLagSegments = 2;
+
 // A connection to one summation server.
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
@@ -145,6 +157,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     std::shared_ptr<OpState> op;
     ah::FrameHeader header;  // everything but the segment fields
     const float* data;
+    size_t shard_index;      // in op->shards
   };
 
   Connection(int index, std::string address, int fd)
@@ -225,9 +238,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
       }
       ah::FrameHeader h = job.header;
       const size_t esize = ah::wire_size(h.wire_dtype);
-      for (uint64_t off = 0; off < h.shard_len; off += h.seg_elems) {
+      uint64_t segment = 0;
+      for (uint64_t off = 0; off < h.shard_len; off += h.seg_elems, ++segment) {
         {
-          std::lock_guard<std::mutex> lock(job.op->mu);
+          std::unique_lock<std::mutex> lock(job.op->mu);
+          job.op->paced.wait(lock, [&] { return job.op->finished || InPace(*job.op, segment); });
           if (job.op->finished) break;  // failed meanwhile: the job is going down
         }
         h.seg_offset = off;
@@ -244,8 +259,25 @@ class Connection : public std::enable_shared_from_this<Connection> {
           Fail("sending failed: " + ah::errno_text(errno));
           return;
         }
+        std::lock_guard<std::mutex> lock(job.op->mu);
+        job.op->segments_sent[job.shard_index] = segment + 1;
+        job.op->paced.notify_all();
       }
+      std::lock_guard<std::mutex> lock(job.op->mu);
+      job.op->segments_sent[job.shard_index] = ~uint64_t{0};  // done: never waited for
+      job.op->paced.notify_all();
     }
+  }
+
+  // Whether segment `segment` of a shard may go: every other shard of the
+  // op has sent all but kPaceLagSegments of the segments before it (or all
+  // of its own). Caller holds op.mu.
+  static bool InPace(const OpState& op, uint64_t segment) {
+    if (segment < kPaceLagSegments) return true;
+    for (uint64_t sent : op.segments_sent) {
+      if (sent < segment - kPaceLagSegments) return false;
+    }
+    return true;
   }
 
   void ReceiveLoop() {
@@ -347,6 +379,7 @@ int ConnectTo(const std::string& address, Clock::time_point deadline, std::strin
         int fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (fd < 0) continue;
         ah::bound_receive_window(fd);   // S servers' results arrive at once
+        ah::bound_send_buffer(fd);      // pacing counts what reached the wire
         int err = ::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 ? 0 : errno;
         if (err == EINPROGRESS) {
           auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
@@ -603,13 +636,17 @@ class HerringPushPullOp : public AsyncOpKernel {
       Finish(op, OkStatus());
       return;
     }
+    op->segments_sent.assign(op->shards.size(), 0);
     const float* data = input.flat<float>().data();
-    for (const auto& shard : std::vector<OpState::Shard>(op->shards)) {
+    std::vector<std::pair<std::shared_ptr<Connection>, Connection::Job>> jobs;
+    for (size_t i = 0; i < op->shards.size(); ++i) {
+      const OpState::Shard shard = op->shards[i];
       Status status;
       auto conn = transport.Connect(shard.server, shard.address, op->deadline, &status);
       Connection::Job job;
       job.op = op;
       job.data = data;
+      job.shard_index = i;
       ah::FrameHeader& h = job.header;
       std::memset(&h, 0, sizeof(h));
       h.magic = ah::kMagic;
@@ -627,10 +664,19 @@ class HerringPushPullOp : public AsyncOpKernel {
         Finish(op, status);
         return;
       }
-      if (!conn->Submit(std::move(job))) {
-        Finish(op, MakeError(absl::StatusCode::kInternal, "herring push_pull of ", op->what,
-                                       ": lost the connection to summation server ", shard.address));
-        return;
+      jobs.emplace_back(std::move(conn), std::move(job));
+    }
+    {
+      // Every connection's queue holds the ops in one order: a paced shard
+      // waits only for shards of its own op, which no later op's job precedes.
+      static std::mutex submit_order;
+      std::lock_guard<std::mutex> lock(submit_order);
+      for (auto& [conn, job] : jobs) {
+        if (!conn->Submit(std::move(job))) {
+          Finish(op, MakeError(absl::StatusCode::kInternal, "herring push_pull of ", op->what,
+                               ": lost the connection to summation server ", conn->address()));
+          return;
+        }
       }
     }
     // Watched from here: connecting above is bounded by the same deadline

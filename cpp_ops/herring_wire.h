@@ -249,6 +249,15 @@ inline void bound_receive_window(int fd) {
   ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
 }
 
+// A worker's pushes are paced per segment handed to the socket
+// (herring_ops.cc, kPaceLagSegments): with the kernel's default send buffer
+// (megabytes) a handed-over segment may still be far from the wire, so the
+// worker's sockets keep at most a flow window of unsent bytes.
+inline void bound_send_buffer(int fd) {
+  int bytes = kFlowWindowBytes;
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
+}
+
 inline std::string errno_text(int err) {
   return err == 0 ? std::string("connection closed by peer") : std::string(std::strerror(err));
 }
