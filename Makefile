@@ -115,14 +115,14 @@ bench: $(STAMP)
 	$(PY) -m bench.run
 	$(MAKE) docs   # the benchmark page and README numbers from the new results
 
-# Herring against the rings (issue 10), one run at 1000 Mbit/s, S = N summation-server hosts:
+# Herring against the rings (issue 10), at 1000 and at 100 Mbit/s, S = N summation-server hosts:
 # the microbenchmark (G = 100 MiB float32) at 2, 4 and 8 hosts with the floor, Horovod/Gloo,
 # the TF collective (tf_mwms), autopar-allreduce and autopar-herring; the dense CNN at 4 and
 # 8 hosts with the floor, Horovod, autopar-allreduce and autopar-herring.
 # Results: bench/results/herring.{json,md,png}.
 bench-herring: $(STAMP)
 	$(BENCH_ROOT_CHECK)
-	$(PY) -m bench.run --name herring --link-mbit 1000 --hosts 2,4,8 --servers equal \
+	$(PY) -m bench.run --name herring --link-mbit 1000,100 --hosts 2,4,8 --servers equal \
 		--workloads avg,dense --avg-mib 100 \
 		--peers floor,horovod,tf_mwms,autopar-allreduce,autopar-herring \
 		--workload-hosts dense=4,8 --workload-peers dense=floor,horovod,autopar-allreduce,autopar-herring

@@ -52,9 +52,10 @@ def run(job: common.Job) -> None:
                                                   "index": job.index}}
     os.environ["TF_CONFIG"] = json.dumps(tf_config)
     kwargs = config_kwargs(job.options)
-    if job.options.get("timeline"):
+    if job.options.get("timeline") or os.environ.get("BENCH_TIMELINE"):
         # Each worker writes its part beside its logs (a TF_CONFIG job has no
-        # launcher to merge them).
+        # launcher to merge them). BENCH_TIMELINE: every autopar peer, for
+        # the step breakdown (bench/breakdown.py).
         kwargs["timeline"] = str(job.run_dir / "timeline.json")
     config = autopar.Config(**kwargs)
     model = graph_model.build(job.workload)
