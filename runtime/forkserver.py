@@ -223,7 +223,26 @@ def _join_namespaces() -> None:
         os.close(fd)
 
 
-class _Reaped:
+class _Waitable:
+    """``wait`` over a subclass's non-blocking ``poll``, as subprocess.Popen's."""
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None:
+        raise NotImplementedError
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Its exit status once it ended; subprocess.TimeoutExpired after ``timeout`` s."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
+            time.sleep(0.02)
+        assert self.returncode is not None
+        return self.returncode
+
+
+class _Reaped(_Waitable):
     """A child of this process, as procs.stop_processes wants it (and, with
     ``stdout``, as ForkServer keeps its server process)."""
 
@@ -241,15 +260,6 @@ class _Reaped:
             else:
                 if pid:
                     self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
-            time.sleep(0.02)
-        assert self.returncode is not None
         return self.returncode
 
 
@@ -394,7 +404,7 @@ def main(args: Sequence[str] | None = None) -> None:
 # The launcher's side
 # ---------------------------------------------------------------------------
 
-class ForkedProcess:
+class ForkedProcess(_Waitable):
     """A child of the fork server, as the launcher uses a subprocess.Popen:
     its pid (also its process group), its output, and poll()."""
 
@@ -408,16 +418,6 @@ class ForkedProcess:
     def poll(self) -> int | None:
         if self.returncode is None:
             self.returncode = self._server.exit_status(self.pid)
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        """Its exit status once it ended; subprocess.TimeoutExpired after ``timeout`` s."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
-            time.sleep(0.02)
-        assert self.returncode is not None
         return self.returncode
 
 
