@@ -27,3 +27,10 @@ SUMSERVER_ROLE = "sumserver"
 # AUTOPAR_PLAN_OUT set: the script then writes its compiled plan there for
 # the launcher (runtime/script_plan.py).
 REPORT_ROLE = "report"
+
+
+def process_name(role: str, index: int) -> str:
+    """A process of a job by its role: "worker 1", "server 0", "sumserver 0"
+    (the launcher's child names, the coordinator's process ids, the
+    timeline's lanes)."""
+    return f"{role} {index}"

@@ -22,7 +22,8 @@ from autopar.common import env as envvars
 from autopar.common import procs
 from autopar.common.addresses import host_address
 from autopar.common.errors import LaunchError
-from autopar.common.roles import SERVER_JOB, SERVER_ROLE, SUMSERVER_ROLE, WORKER_JOB, WORKER_ROLE
+from autopar.common.roles import (SERVER_JOB, SERVER_ROLE, SUMSERVER_ROLE, WORKER_JOB, WORKER_ROLE,
+                                  process_name)
 from autopar.runtime.coordinator import Coordinator
 from autopar.runtime.coordinator_client import DEFAULT_LINK_TIMEOUT_S, LINK_TIMEOUT
 from autopar.runtime.ports import is_local_address
@@ -57,7 +58,7 @@ class ChildPlan:
 
     @property
     def name(self) -> str:
-        return f"{self.role} {self.index}"
+        return process_name(self.role, self.index)
 
     @property
     def remote(self) -> bool:

@@ -43,7 +43,8 @@ from typing import Any
 import grpc  # noqa: E402 - GRPC_ENABLE_FORK_SUPPORT is set by autopar/__init__.py
 
 from autopar.common import env as envvars  # noqa: E402
-from autopar.common.roles import SERVER_ROLE, SUMSERVER_ROLE, WORKER_ROLE  # noqa: E402
+from autopar.common.roles import (SERVER_ROLE, SUMSERVER_ROLE, WORKER_ROLE,  # noqa: E402
+                                  process_name)
 
 logger = logging.getLogger("autopar.coordinator")
 
@@ -100,10 +101,6 @@ def _grpc_modules() -> tuple[ModuleType, ModuleType]:
 
 def new_token() -> str:
     return secrets.token_hex(32)
-
-
-def process_name(role: str, index: int) -> str:
-    return f"{role} {index}"
 
 
 # ---------------------------------------------------------------------------

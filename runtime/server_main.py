@@ -14,7 +14,7 @@ import threading
 from types import FrameType
 
 from autopar.common import env as envvars
-from autopar.common.roles import SERVER_JOB, SERVER_ROLE
+from autopar.common.roles import SERVER_JOB, SERVER_ROLE, process_name
 
 logger = logging.getLogger("autopar.server")
 
@@ -107,7 +107,7 @@ def _register(task_index: int, address: str) -> None:
     if options_from_env() is not None:
         # Its ops' timings in the workers' traces are in its clock.
         from autopar.transforms.keys import TIMELINE_KEY_PREFIX
-        lane = f"{SERVER_ROLE} {task_index}"
+        lane = process_name(SERVER_ROLE, task_index)
         client.on_clock = lambda offset, rtt: client.publish(TIMELINE_KEY_PREFIX + lane,
                                                              clock_part(lane, offset, rtt))
     try:

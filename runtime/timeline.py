@@ -51,7 +51,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from autopar.common.roles import SERVER_JOB, SERVER_ROLE, SUMSERVER_ROLE, WORKER_JOB, WORKER_ROLE
+from autopar.common.roles import (SERVER_JOB, SERVER_ROLE, SUMSERVER_ROLE, WORKER_JOB, WORKER_ROLE,
+                                  process_name)
 
 MERGE_GAP_US = 200
 MAX_BYTES = 32 << 20
@@ -83,7 +84,7 @@ def lane_of(device: str, default: str) -> str:
     if not found:
         return default
     job, task = found.groups()
-    return f"{SERVER_ROLE if job == SERVER_JOB else WORKER_ROLE} {task}"
+    return process_name(SERVER_ROLE if job == SERVER_JOB else WORKER_ROLE, int(task))
 
 
 def phase_of(node: str, op_type: str, on_server: bool) -> str:
@@ -212,9 +213,9 @@ def clock_part(lane: str, clock_offset_s: float, clock_rtt_s: float) -> bytes:
 
 
 def _lanes(cluster: Mapping[str, Sequence[str]], sumservers: int) -> list[str]:
-    return ([f"{WORKER_ROLE} {i}" for i in range(len(cluster.get(WORKER_JOB, [])))]
-            + [f"{SERVER_ROLE} {i}" for i in range(len(cluster.get(SERVER_JOB, [])))]
-            + [f"{SUMSERVER_ROLE} {i}" for i in range(sumservers)])
+    return ([process_name(WORKER_ROLE, i) for i in range(len(cluster.get(WORKER_JOB, [])))]
+            + [process_name(SERVER_ROLE, i) for i in range(len(cluster.get(SERVER_JOB, [])))]
+            + [process_name(SUMSERVER_ROLE, i) for i in range(sumservers)])
 
 
 def merge(parts: Mapping[str, bytes], cluster: Mapping[str, Sequence[str]], sumservers: int,

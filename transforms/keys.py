@@ -28,7 +28,7 @@ Group keys:
 Coordinator keys (runtime/coordinator.py: Exchange, Publish/Fetch), distinct:
   PLAN_KEY           the compiled plan (the launcher names it in AUTOPAR_PLAN)
   DROPCOMPUTE_*      DropCompute's warm-up records, threshold and summaries
-  TIMELINE_KEY_PREFIX  + a lane: a worker's timeline events
+  TIMELINE_KEY_PREFIX  + a lane: a worker's timeline events, a server's clock offset
 Port ranges (disjoint):
   REMOTE_PORTS       a remote host's processes when its spec gives no 'ports'
   SLURM_STEP_PORTS   the tasks of an srun step (runtime/slurm.py)
@@ -101,7 +101,8 @@ PLAN_KEY = "compiled-plan"                                 # the compiled plan
 DROPCOMPUTE_WARMUP_KEY = "autopar/dropcompute/warmup"      # workers' warm-up records
 DROPCOMPUTE_DECISION_KEY = "autopar/dropcompute/decision"  # the chief's threshold
 DROPCOMPUTE_SUMMARY_KEY = "autopar/dropcompute/summary"    # workers' totals at close
-# + "worker N": a worker's timeline events (runtime/timeline.py)
+# + "worker N": a worker's timeline events; + "server N": a server's clock
+# offset (runtime/timeline.py)
 TIMELINE_KEY_PREFIX = "autopar/timeline/"
 COORDINATOR_KEYS = (PLAN_KEY, DROPCOMPUTE_WARMUP_KEY, DROPCOMPUTE_DECISION_KEY,
                     DROPCOMPUTE_SUMMARY_KEY, TIMELINE_KEY_PREFIX)
