@@ -24,7 +24,7 @@ from collections import defaultdict
 import tensorflow as tf
 
 from autopar.transforms.methods.registry import METHODS
-from autopar.transforms.report import human_bytes
+from autopar.transforms.report import Report, build_report, human_bytes
 
 log = logging.getLogger("autopar.measured")
 
@@ -129,32 +129,17 @@ class Meter:
             return None
         return sum(counts) / len(counts) / v.shape[0]
 
-    def bytes_per_method(self, measured: bool) -> tuple[dict[str, list[float]], float]:
-        """({method: [sent, received] per worker per step]}, bytes all the
-        job's processes send per step): the plan's figures (the analysis's
-        ``a``, 1 where unknown), or at the ``a`` measured."""
-        per_method: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-        servers_sent = 0.0
-        contributors = self.plan.contributions_per_step()
-        n = self.num_workers
-        for v in self.analysis.variables:
-            vp = self.plan.variable(v.name)
-            method = METHODS[vp.method]
-            alpha = 1.0
-            if v.gradient == "sparse":
-                alpha = v.alpha if v.alpha is not None else 1.0
-                if measured:
-                    seen = self.alpha(v.name, method.sparse_rows)
-                    alpha = alpha if seen is None else seen
-            sent, received = method.wire_bytes(v, vp, n, alpha)
-            if vp.owner is not None:    # weight-update sharding's all-gather of new values
-                sent, received = sent + (n - 1) * v.bytes / n, received + (n - 1) * v.bytes / n
-            per_method[vp.method][0] += sent
-            per_method[vp.method][1] += received
-            servers_sent += sum(s for _, s, _ in method.server_bytes(v, vp, n, contributors,
-                                                                     alpha))
-        job_sent = n * sum(s for s, _ in per_method.values()) + servers_sent
-        return dict(per_method), job_sent
+    def reports(self) -> tuple[Report, Report]:
+        """The plan's report (the analysis's ``a``, 1 where unknown) and the
+        same byte model at the ``a`` measured: the rows each variable's
+        method moves (SyncMethod.sparse_rows)."""
+        alphas = {}
+        for name in self._rows:
+            seen = self.alpha(name, METHODS[self.plan.variable(name).method].sparse_rows)
+            if seen is not None:
+                alphas[name] = seen
+        return (build_report(self.analysis, self.plan, self.num_workers),
+                build_report(self.analysis, self.plan, self.num_workers, alphas=alphas))
 
     def network_sent_per_step(self) -> float | None:
         if self._sent_before is None or self._sent_after is None or self._measured < 2:
@@ -163,13 +148,12 @@ class Meter:
 
     def _finish(self, last: int) -> None:
         self._done = True
-        planned, planned_job = self.bytes_per_method(measured=False)
-        seen, seen_job = self.bytes_per_method(measured=True)
+        plan_report, seen_report = self.reports()
+        planned, seen = plan_report.bytes_per_method(), seen_report.bytes_per_method()
         lines = [f"measured over steps {self._first}-{last} (the chief's batches) against the "
                  "plan, bytes per worker per step:"]
         for method in sorted(planned):
-            kinds = sorted({v.gradient for v in self.analysis.variables
-                            if self.plan.variable(v.name).method == method})
+            kinds = sorted({v.kind for v in plan_report.variables if v.method == method})
             (s, r), (ps, pr) = seen[method], planned[method]
             bound = " (an upper bound)" if "sparse" in kinds else ""
             lines.append(f"  {method} ({', '.join(kinds)}): sent {human_bytes(s)}, received "
@@ -188,6 +172,7 @@ class Meter:
             scalars[f"autopar/measured/alpha_distinct/{name}"] = distinct
         network = self.network_sent_per_step()
         if network is not None:
+            seen_job, planned_job = seen_report.job_sent, plan_report.job_sent
             ratio = f" ({network / seen_job:.2f}x)" if seen_job else ""
             lines.append(f"  the job's network (its private loopback, every process): "
                          f"{human_bytes(network)} sent per step{ratio}; the plan's bytes at the "

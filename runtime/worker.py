@@ -22,7 +22,7 @@ import tensorflow as tf
 from autopar.common.errors import (AutoparError, LaunchError, SpecError, UnsupportedGraphError,
                                    shown)
 from autopar.common import env
-from autopar.common.roles import SERVER_JOB, WORKER_JOB, WORKER_ROLE
+from autopar.common.roles import SERVER_JOB, WORKER_JOB, WORKER_ROLE, process_name
 from autopar.runtime.checkpoint import Checkpointer
 from autopar.runtime.coordinator_client import CoordinatorClient, ProgressHook
 from autopar.runtime.dropcompute.agreement import Agreement, CollectiveAgreement
@@ -137,12 +137,7 @@ def _board(compiled: CompiledPlan, config) -> ChiefBoard | None:
     if not config.tensorboard_dir:
         return None
     report = compiled.report()
-    per_method: dict[str, list[float]] = {}
-    for row in report.variables:
-        sent, received = per_method.setdefault(row.method, [0.0, 0.0])
-        per_method[row.method] = [sent + row.sent_per_worker, received + row.received_per_worker]
-    return ChiefBoard(config.tensorboard_dir, report.table(),
-                      {m: (s, r) for m, (s, r) in per_method.items()})
+    return ChiefBoard(config.tensorboard_dir, report.table(), report.bytes_per_method())
 
 
 def _micro_batching(graph, rewritten, config, worker_index: int, num_workers: int,
@@ -176,7 +171,7 @@ def _timeline(client: CoordinatorClient | None, worker_index: int,
     launcher traces, published to the coordinator (the launcher merges the
     parts once the workers are done); in one with Config.timeline that no
     launcher started (TF_CONFIG, mpirun, srun), written beside that path."""
-    lane = f"{WORKER_ROLE} {worker_index}"
+    lane = process_name(WORKER_ROLE, worker_index)
     if client is not None:
         options = timeline_options()
         if options is None:

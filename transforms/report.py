@@ -81,6 +81,20 @@ class Report:
     def received_per_worker(self) -> float:
         return sum(v.received_per_worker for v in self.variables)
 
+    def bytes_per_method(self) -> dict[str, tuple[float, float]]:
+        """{method: (sent, received) per worker per step}."""
+        totals: dict[str, tuple[float, float]] = {}
+        for v in self.variables:
+            sent, received = totals.get(v.method, (0.0, 0.0))
+            totals[v.method] = (sent + v.sent_per_worker, received + v.received_per_worker)
+        return totals
+
+    @property
+    def job_sent(self) -> float:
+        """Bytes every process of the job sends per step together: each
+        worker's and each server's."""
+        return self.num_workers * self.sent_per_worker + sum(s["sent"] for s in self.servers)
+
     def to_json(self) -> str:
         d = asdict(self)
         d["totals"] = {"sent_per_worker": self.sent_per_worker,
@@ -177,7 +191,11 @@ class Report:
 
 
 def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
-                 num_servers: int | None = None, moves: list | None = None) -> Report:
+                 num_servers: int | None = None, moves: list | None = None,
+                 alphas: dict[str, float] | None = None) -> Report:
+    """``alphas``: the share of each sparse variable's rows a step carries,
+    where known better than the analysis's estimate (measured:
+    runtime/measured.py)."""
     n = plan.num_workers if num_workers is None else num_workers
     num_servers = plan.num_servers if num_servers is None else num_servers
     notes = []
@@ -187,7 +205,9 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
     for v in analysis.variables:
         vp = plan.variable(v.name)
         alpha = 1.0 if v.gradient == "dense" else (v.alpha if v.alpha is not None else 1.0)
-        if v.gradient == "sparse" and v.alpha is None:
+        if v.gradient == "sparse" and alphas and v.name in alphas:
+            alpha = alphas[v.name]
+        elif v.gradient == "sparse" and v.alpha is None:
             notes.append(f"{v.name}: rows touched per step unknown before running; "
                          "bytes shown for the worst case a=1")
         method = METHODS[vp.method]
