@@ -58,8 +58,10 @@ says nothing about communication.
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 # Which communication pattern each peer's gradients follow.
 PEER_METHODS = {
@@ -290,6 +292,33 @@ def cpu_probe_ms(repeats: int = 5, n: int = 200_000) -> float:
             x += i * i
         times.append((time.perf_counter() - t) * 1e3)
     return median(times)
+
+
+def machine_cpu() -> tuple[int, int, int]:
+    """(busy, total, user) clock ticks of every core of this machine since
+    boot, from /proc/stat (idle and iowait are not busy; user is the
+    processes' own code, the rest of busy the kernel's: system calls,
+    interrupts, the emulated links' TCP and queues). Every emulated host's
+    processes run on these cores, so two snapshots say how much of the
+    machine a window kept busy."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    total = sum(fields[:8])                # user nice system idle iowait irq softirq steal
+    return total - fields[3] - fields[4], total, fields[0] + fields[1]
+
+
+def machine_busy(before: tuple[int, int], after: tuple[int, int], seconds: float,
+                 steps: int) -> dict:
+    """What the machine's cores did between two machine_cpu() snapshots
+    taken `seconds` apart around `steps` steps: the busy share of all cores,
+    and the CPU milliseconds per step of all processes and of the kernel's
+    part of them (a step whose busy share is near 1 is bound by the cores,
+    whatever its links allow)."""
+    busy, total, user = (a - b for a, b in zip(after, before))
+    tick_ms = 1e3 / os.sysconf("SC_CLK_TCK")
+    return {"busy_fraction": busy / total if total else math.nan,
+            "cpu_ms_per_step": busy * tick_ms / steps if steps else math.nan,
+            "kernel_ms_per_step": (busy - user) * tick_ms / steps if steps else math.nan,
+            "window_s": seconds}
 
 
 def loss_delta(before: dict, after: dict) -> dict:

@@ -14,8 +14,13 @@ and the device's busy time. Receives (`_Recv`) and waits (accumulator take,
 token dequeue, collectives) span the time until their data arrives: that is
 time the step waits on another process, not CPU.
 
+Each worker also writes the partition graphs of its traced step; from them
+the script counts the messages between processes the step cost
+(count_messages: RunGraph calls, and receives of data or of a bare
+ordering), per worker.
+
 Writes --out (JSON: every worker's figures and the configuration) and prints
-a Markdown table: the chief's step (worker 0) and the mean over workers.
+Markdown tables: the chief's step (worker 0) by device, and the messages.
 Tracing costs time of its own, so the traced step is slower than the
 untraced ones; the untraced step time (from words/s) is printed beside it.
 """
@@ -118,6 +123,50 @@ def summarise_step(stats_bytes: bytes, wall_us: int) -> dict:
                              for (d, k), us in heaviest]}
 
 
+def _task(device: str) -> str:
+    """"/job:ps/replica:0/task:1/device:CPU:0" -> "ps1"."""
+    m = re.search(r"/job:(\w+)/replica:\d+/task:(\d+)", device)
+    return f"{m.group(1)}{m.group(2)}" if m else device
+
+
+def count_messages(partition_graphs_bytes: bytes, worker: int) -> dict:
+    """The messages between processes of one worker's traced step, from the
+    partition graphs its session ran (RunOptions.output_partition_graphs):
+    a RunGraph call to every other process the step used, and a RecvTensor
+    for every receive whose sender runs in another process. A receive whose
+    value is only ever used as a control input (TensorFlow turns a control
+    edge between processes into a dummy tensor fed to an Identity) is a
+    "control" message: it carries nothing but an ordering."""
+    from tensorflow.core.protobuf.config_pb2 import RunMetadata
+    md = RunMetadata()
+    md.ParseFromString(partition_graphs_bytes)
+    own = f"worker{worker}"
+    remote, data, control, pairs = set(), 0, 0, {}
+    for graph in md.partition_graphs:
+        consumers: dict[str, list[tuple[bool, object]]] = {}
+        for node in graph.node:
+            for i in node.input:
+                consumers.setdefault(i.lstrip("^").partition(":")[0], []).append((i.startswith("^"), node))
+            if node.device and _task(node.device) != own:
+                remote.add(_task(node.device))
+
+        def only_control(name: str) -> bool:
+            uses = consumers.get(name, [])
+            return all(ctrl or (n.op == "Identity" and only_control(n.name)) for ctrl, n in uses)
+        for node in graph.node:
+            if node.op not in ("_Recv", "_HostRecv"):
+                continue
+            src, dst = (_task(node.attr[k].s.decode()) for k in ("send_device", "recv_device"))
+            if src == dst:
+                continue
+            kind = "control" if only_control(node.name) else "data"
+            data, control = data + (kind == "data"), control + (kind == "control")
+            key = f"{src}->{dst}"
+            pairs.setdefault(key, {"data": 0, "control": 0})[kind] += 1
+    return {"run_graph_calls": len(remote), "data_receives": data, "control_receives": control,
+            "by_pair": dict(sorted(pairs.items()))}
+
+
 def profile(args, option: str) -> dict:
     trace_dir = Path(tempfile.mkdtemp(prefix=f"autopar-profile-{option}-"))
     run = run_once(args, option, ("--trace-step", str(args.trace_step), "--trace-dir", str(trace_dir)))
@@ -126,6 +175,9 @@ def profile(args, option: str) -> dict:
         index = int(re.search(r"worker(\d+)", path.name).group(1))
         wall = int((trace_dir / f"worker{index}.wall_us").read_text())
         workers[index] = summarise_step(path.read_bytes(), wall)
+        graphs = trace_dir / f"worker{index}.partition_graphs.pb"
+        if graphs.exists():
+            workers[index]["messages"] = count_messages(graphs.read_bytes(), index)
     words = run.get("words_per_s")
     global_words = args.batch_size * 4 * args.seq_len
     run["untraced_step_ms"] = round(global_words / words * 1e3, 1) if words else None
@@ -147,6 +199,22 @@ def table(results: dict) -> str:
         for dev, d in sorted(chief["devices"].items()):
             rows.append(f"| | {dev} | {d['busy_ms']:.1f} | "
                         + " | ".join(f"{d['categories_ms'].get(c, 0):.1f}" for c in cats) + " |")
+    return "\n".join(rows) + "\n\n" + messages_table(results)
+
+
+def messages_table(results: dict) -> str:
+    """Messages between processes per step: RunGraph calls and receives
+    (data, control), of the chief and of all workers together."""
+    rows = ["| run option | chief: RunGraph / data / control | all workers: RunGraph / data / control |",
+            "|---|---|---|"]
+    for option, r in results.items():
+        counted = [w["messages"] for w in r["workers"].values() if "messages" in w]
+        if not counted:
+            continue
+        chief = (r["workers"].get(0) or r["workers"].get("0") or {}).get("messages")
+        keys = ("run_graph_calls", "data_receives", "control_receives")
+        rows.append(f"| `{option}` | " + (" / ".join(str(chief[k]) for k in keys) if chief else "–")
+                    + " | " + " / ".join(str(sum(m[k] for m in counted)) for k in keys) + " |")
     return "\n".join(rows)
 
 

@@ -79,6 +79,17 @@ def _limit(p: dict) -> str:
     return f"{frac} {p['binding']}" if p.get("binding") and frac != "–" else frac
 
 
+def _busy(p: dict) -> str:
+    """The share of the machine's cores busy over the measured steps, and
+    the CPU ms of all processes per step (older results: –)."""
+    m = p.get("machine_cpu")
+    if not m:
+        return "–"
+    kernel = m.get("kernel_ms_per_step")
+    return (f"{_pct(m['busy_fraction'])} ({m['cpu_ms_per_step']:.0f}"
+            + (f", kernel {kernel:.0f})" if kernel is not None else ")"))
+
+
 def _alpha(p: dict) -> str:
     a = p.get("alpha")
     if not a:
@@ -92,7 +103,8 @@ def training_table(results: dict) -> str:
     rates = _rates(results)
     head = ("workload", "link Mbit/s", "N", "system", "status", "throughput", "step ms", "compute floor ms",
             "worker send / recv MB/step", "Table 3 MB/step", "Δ send / recv", "server send / recv MB/step",
-            "comm limit ms", "of limit (bound)", "α worker / all", "loss (reference)", "idle kB/s")
+            "comm limit ms", "of limit (bound)", "cores busy (CPU ms/step)", "α worker / all",
+            "loss (reference)", "idle kB/s")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for p in _order(rows, peers):
         if p.get("status") in ("ok", "wrong-loss"):
@@ -106,7 +118,7 @@ def training_table(results: dict) -> str:
                 f"{p['throughput']:.0f} {p['unit']}/s", _ms(p["step_s"]), _ms(p.get("compute_floor_s")),
                 f"{_mb(wb['send'])} / {_mb(wb['recv'])}", t3s,
                 f"{_signed_pct(p.get('worker_send_vs_table3'))} / {_signed_pct(p.get('worker_recv_vs_table3'))}",
-                server, "–" if comm is None else f"{1e3 * comm:.1f}", _limit(p), _alpha(p), loss,
+                server, "–" if comm is None else f"{1e3 * comm:.1f}", _limit(p), _busy(p), _alpha(p), loss,
                 _kb(p.get("idle_bytes_per_s_per_host"))]) + " |")
         else:
             lines.append("| " + " | ".join([p["workload"], _rate_cell(p, rates), str(p["num_workers"]), p["peer"],
@@ -243,7 +255,9 @@ def markdown(results: dict, plots: dict[str, str] | None = None) -> str:
              "row, each training on its own batch with no aggregation. Every row is held to "
              "limit = max(compute floor, comm limit), the comm limit being Parallax Table 3's bytes on the "
              "most loaded link direction at the link rate; \"of limit\" = limit / step time, and the word "
-             "after it says which term binds. α = embedding rows a worker's step touches / vocabulary "
+             "after it says which term binds. \"cores busy\" = the share of the machine's cores busy between "
+             "those barriers (every host's processes share them: near 100% the step is bound by the cores, "
+             "whatever the links allow), with all processes' CPU ms per step and the kernel's part of them. α = embedding rows a worker's step touches / vocabulary "
              "(distinct rows, mean over the measured steps), and of the N workers' batches together.", ""]
     if any(p["workload"] in TRAINING for p in results["points"]):
         lines += ["## Training workloads", "", training_table(results), ""]

@@ -138,9 +138,9 @@ OPTIMIZERS = {   # name -> (default learning rate, constructor)
 def traced_step(runner, train_op, loss, trace_dir: str) -> float:
     """One step under a full trace. The step stats hold every op's start and
     end on every device of the step (this worker and the servers it used);
-    the wall time of the whole run call goes beside them
-    (bench/ps_profile.py reads both)."""
-    options = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE)
+    the wall time of the whole run call and the step's partition graphs go
+    beside them (bench/ps_profile.py and bench/messages.py read them)."""
+    options = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE, output_partition_graphs=True)
     metadata = tf1.RunMetadata()
     start = time.perf_counter()
     _, value = runner.run([train_op, loss], options=options, run_metadata=metadata)
@@ -150,6 +150,10 @@ def traced_step(runner, train_op, loss, trace_dir: str) -> float:
     (out / f"worker{runner.worker_index}.step_stats.pb").write_bytes(
         metadata.step_stats.SerializeToString())
     (out / f"worker{runner.worker_index}.wall_us").write_text(str(wall_us))
+    # the graph each process ran for this worker's step, one per task and device
+    # (bench/messages.py counts the messages between processes from them)
+    graphs = tf1.RunMetadata(partition_graphs=metadata.partition_graphs)
+    (out / f"worker{runner.worker_index}.partition_graphs.pb").write_bytes(graphs.SerializeToString())
     return value
 
 

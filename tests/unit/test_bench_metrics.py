@@ -1,6 +1,8 @@
 """The benchmark harness's arithmetic: Parallax Table 3 bytes, Herring's
 communication lower bound, counter deltas, the loss-tolerance check."""
 import math
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -374,3 +376,21 @@ def test_cpu_probe_times_its_loop_and_scales_with_its_size():
     small = metrics.cpu_probe_ms(repeats=3, n=20_000)
     large = metrics.cpu_probe_ms(repeats=3, n=400_000)
     assert 0 < small < large       # 20x the work: longer on any machine, however loaded
+
+
+def test_machine_busy_counts_the_cores_a_window_kept_busy():
+    # the arithmetic: 150 of 200 ticks busy over 3 steps, 60 of them in user code
+    tick_ms = 1e3 / os.sysconf("SC_CLK_TCK")
+    m = metrics.machine_busy((1000, 4000, 500), (1150, 4200, 560), 2.0, 3)
+    assert m["busy_fraction"] == pytest.approx(0.75)
+    assert m["cpu_ms_per_step"] == pytest.approx(150 * tick_ms / 3)
+    assert m["kernel_ms_per_step"] == pytest.approx(90 * tick_ms / 3)
+    # and the real counters: a thread spinning for 0.3 s adds at least some
+    # busy ticks, never more than the ticks that passed
+    before = metrics.machine_cpu()
+    end = time.perf_counter() + 0.3
+    while time.perf_counter() < end:
+        pass
+    after = metrics.machine_cpu()
+    assert 0 < after[0] - before[0] <= after[1] - before[1]
+    assert 0 < after[2] - before[2] <= after[0] - before[0]   # the spin is user code

@@ -57,7 +57,9 @@ def results():
                       "sparse": models.to_dict(models.SPARSE)},
         "references": {"sparse": {"2": {"initial_loss": 6.9, "loss": 5.0, "local_only_loss": 5.1}}},
         "points": [_point("sparse", "floor", 2), _point("sparse", "tf_mwms", 2),
-                   _point("sparse", "autopar-hybrid", 2, 2, rate=100.0),
+                   dict(_point("sparse", "autopar-hybrid", 2, 2, rate=100.0),
+                        machine_cpu={"busy_fraction": 0.951, "cpu_ms_per_step": 190.2,
+                                     "kernel_ms_per_step": 120.4, "window_s": 1.0}),
                    _point("sparse", "autopar-ps", 2, 2),
                    _point("sparse", "horovod", 2, status="failed"),
                    _point("sparse", "tf_ps", 2, 2, status="wrong-loss", loss=5.05),
@@ -99,6 +101,8 @@ def test_training_table_shows_floor_rate_binding_and_alpha(results):
     assert hybrid["link Mbit/s"] == "100" and hybrid["of limit (bound)"].endswith("comm")
     assert float(hybrid["comm limit ms"]) > 150
     a = results["points"][0]["alpha"]
+    assert hybrid["cores busy (CPU ms/step)"] == "95% (190, kernel 120)"     # the point's machine_cpu
+    assert mwms["cores busy (CPU ms/step)"] == "–"                # a result without it
     assert mwms["α worker / all"] == f"{100 * a['worker_unique']:.2f}% / {100 * a['global_unique']:.2f}%"
     md = report.markdown(results)
     assert "1000 and 100 Mbit/s" in md and "compute floor" in md
