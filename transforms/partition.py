@@ -86,6 +86,7 @@ class Partitioner:
         self.constants = constants     # a ops.ConstantPool
         self.nodes = nodes
         self.device = nodes.device     # where the whole-variable replacements run
+        self._whole_reads: dict[tuple, str] = {}   # (variable, control inputs) -> its value
 
     def split(self, var: str, parts: list[list[int]], region: set[str]) -> list[str]:
         """The partitions' handles (node names)."""
@@ -122,11 +123,17 @@ class Partitioner:
         if c.type in _READS:
             # The partitions' reads keep the whole read's control inputs: a read
             # ordered after the update (an ExponentialMovingAverage of the
-            # variable) must see the updated rows.
-            reads = [nodes.add("ReadVariableOp", [h, *c.control_inputs], self.devices_of(p),
-                               dtype=dtype)
-                     for p, h in enumerate(names)]
-            self.edits.identities[c.name] = self._interleave(reads, dtype, shape)
+            # variable) must see the updated rows. Reads with the same control
+            # inputs see the same value and share one set of partition reads
+            # (an unrolled RNN reads its kernel at every time step; see
+            # PsBuilder._merge_reads).
+            key = (var, tuple(sorted(i.name for i in c.control_inputs)))
+            if key not in self._whole_reads:
+                reads = [nodes.add("ReadVariableOp", [h, *c.control_inputs], self.devices_of(p),
+                                   dtype=dtype)
+                         for p, h in enumerate(names)]
+                self._whole_reads[key] = self._interleave(reads, dtype, shape)
+            self.edits.identities[c.name] = self._whole_reads[key]
         elif c.type in _GATHERS:
             with tf.control_dependencies(c.control_inputs):
                 rows = self._gather(c.inputs[1], handles, parts, dtype)

@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
+from autopar.common.roles import SERVER_JOB
 from autopar.transforms.analysis import Analysis, VariableInfo
-from autopar.transforms.graph_utils import node_input_name
+from autopar.transforms.graph_utils import in_gradient_scope, node_input_name
 from autopar.transforms.methods.allgather.method import combine_rows
 from autopar.transforms.methods.base import Edits, VariablePlan
 from autopar.transforms.ops import ConstantPool, NodeWriter, new_op, rows_where
@@ -83,6 +84,7 @@ class PsBuilder:
         self.collective_nodes: dict[int, list[str]] = {}
         self.pushes: dict[int, list] = {}
         self._pushed: dict[int, tf.Operation] = {}
+        self._pushed_on: dict[tuple[int, str], str] = {}   # (group, server device) -> NoOp
         self._counters: dict[tuple[str, int], tf.Tensor] = {}
         self.constants = constants or ConstantPool(worker_device)
         # The per-variable and per-partition ops, written as NodeDefs
@@ -127,6 +129,7 @@ class PsBuilder:
         self.edits.devices.update(devices)
         for vp in ps_vars:
             self._ordered_reference_reads(self.analysis.variable(vp.name), vp)
+            self._merge_reads(self.analysis.variable(vp.name), vp)
         for barrier in self.plan.barriers:
             self._barrier(barrier, done)
         self._counter_ops(ps_vars)
@@ -160,6 +163,42 @@ class PsBuilder:
                     server_device(vp.servers[0]), T=tf.as_dtype(info.dtype))
             self.edits.inputs.setdefault(consumer.name, {})[read] = ordered
 
+    def _merge_reads(self, info: VariableInfo, vp: VariablePlan) -> None:
+        """One transfer per step for the reads of a whole server variable
+        that nothing orders apart.
+
+        A program reads a resource variable once per use: an unrolled RNN
+        reads its kernel at every time step, each read its own
+        ReadVariableOp. On one device that is free; with the variable on a
+        server each read moved the whole variable to the worker (the LM
+        example's 20-step LSTM: 20 copies of its 2 MB kernel per step in ps
+        mode). A read's only data input is the handle, so only its control
+        inputs order it against the variable's writes: reads with the same
+        control inputs (and in no control-flow body, whose reads take an
+        Enter'd handle, not the handle) see the same value, and all become
+        the first one's value, received once. The rest run on the worker
+        as Identities. Reads feeding an op on a server (an OPSW move) or
+        inside the variable's update region keep their own transfer.
+        Partitioned variables do the same when their reads are redirected
+        to the partitions (transforms.partition)."""
+        if not info.resource or len(vp.partitions) != 1:
+            return
+        var = self.g.get_operation_by_name(info.name)
+        region = set(info.update_ops) | set(info.own_path_ops)
+        server = f"/job:{SERVER_JOB}/"
+        kept: dict[tuple[str, ...], tf.Operation] = {}
+        for read in sorted(var.outputs[0].consumers(), key=lambda op: op.name):
+            if (read.type != "ReadVariableOp" or read.name in region
+                    or in_gradient_scope(read.name) or read.name in self.edits.identities
+                    or read.name in self.edits.noop_deps
+                    or any(self.edits.devices.get(c.name, "").startswith(server)
+                           for c in read.outputs[0].consumers())):
+                continue
+            first = kept.setdefault(tuple(sorted(c.name for c in read.control_inputs)), read)
+            if first is not read:
+                self.edits.identities[read.name] = first.outputs[0].name
+                self.edits.devices[read.name] = self.worker_device
+
     def _counter_ops(self, ps_vars) -> None:
         """COUNTERS_INIT (run once by the chief) and CONTRIBUTIONS_OP: every
         accumulator's count, in plan order of variables and partitions."""
@@ -189,7 +228,8 @@ class PsBuilder:
         waits = []
         for group in barrier.groups:
             if group in done:
-                waits += [done[group]] + self._after_pushes(group)
+                # the chief's release waits for its takes, which wait for its pushes
+                waits += [done[group]] + ([] if self.is_chief else self._after_pushes(group))
         with tf.control_dependencies(waits):
             token = self.backend.barrier(barrier.key)
         self.edits.step_barriers.append((tuple(barrier.groups), token.op.name))
@@ -212,6 +252,28 @@ class PsBuilder:
                 self._pushed[group] = tf.no_op(name="pushed")
             self.nodes.group(pushes, into=self._pushed[group].name)
         return [self._pushed[group]] if pushes else []
+
+    def _own_pushes_on(self, device: str) -> list[str]:
+        """Control inputs ("^name") on this worker's pushes of the current
+        train group to `device` (and their contribution counts): one NoOp
+        on that device standing for them all.
+
+        The chief's take of an accumulator waits for these, on its own
+        server: the take already blocks until every contribution is in, and
+        depending on them keeps the chief's pushes (and counts) in its step
+        without a message. Waiting instead for the chief's "pushed" NoOp, on
+        the worker, cost two messages per server and two hops between
+        processes (each server's pushes to the worker, the worker back to
+        each take) before any update could start."""
+        mine = [(name, d) for name, d in self.pushes.get(self.group, []) if d == device]
+        if not mine:
+            return []
+        key = (self.group, device)
+        if key not in self._pushed_on:
+            # one NoOp on the server stands for them (a control edge per push on
+            # every take grew the graph with variables squared)
+            self._pushed_on[key] = self.nodes.group(mine)
+        return ["^" + self._pushed_on[key]]
 
     def _after_collectives(self) -> list[tf.Operation]:
         if not (self.collectives.get(self.group) or self.collective_nodes.get(self.group)):
@@ -392,16 +454,17 @@ class PsBuilder:
             grad = self.g.get_tensor_by_name(info.grad_tensor)
             dtype = grad.dtype.base_dtype
             total = self.nodes.add("AccumulatorTakeGradient", [
-                accumulators[0], required, *self._after_pushes()], device, dtype=dtype)
+                accumulators[0], required, *self._own_pushes_on(device)], device, dtype=dtype)
             self.edits.replaced[grad.name] = self.nodes.add(
                 "Reshape", [total, self.constants.shape_of(grad, device)], device, T=dtype,
                 Tshape=tf.int32) + ":0"
             return
-        with tf.control_dependencies(self._after_pushes()), tf.device(device):
+        with tf.device(device):
             values = self.g.get_tensor_by_name(info.grad_values)
             indices = self.g.get_tensor_by_name(info.grad_indices)
             idx, vals, _ = tf.raw_ops.SparseAccumulatorTakeGradient(
                 handle=accumulators[0], num_required=required, dtype=values.dtype)
+            self.nodes.patch(idx.op.name, self._own_pushes_on(device))
             self.edits.replaced[values.name] = vals.name
             self.edits.replaced[indices.name] = tf.cast(idx, indices.dtype).name
 
@@ -414,16 +477,17 @@ class PsBuilder:
             remap = {name: self.part_handles[name][p] for name in [info.name, *info.slots]}
             device = server_device(server)
             required = self._const(need, tf.int32, device)
-            with tf.control_dependencies(self._after_pushes()), tf.device(device):
+            with tf.device(device):
                 if info.gradient == "dense":
                     total = self.nodes.add("AccumulatorTakeGradient", [
-                        accumulators[p], required, *self._after_pushes()], device,
+                        accumulators[p], required, *self._own_pushes_on(device)], device,
                         dtype=tf.as_dtype(info.dtype))
                     remap[node_input_name(info.grad_tensor)] = total
                 else:
                     indices = self.g.get_tensor_by_name(info.grad_indices)
                     idx, vals, _ = tf.raw_ops.SparseAccumulatorTakeGradient(
                         handle=accumulators[p], num_required=required, dtype=info.dtype)
+                    self.nodes.patch(idx.op.name, self._own_pushes_on(device))
                     remap[node_input_name(info.grad_values)] = node_input_name(vals.name)
                     local = tf.cast(idx, indices.dtype)
                     remap[node_input_name(info.grad_indices)] = node_input_name(local.name)

@@ -1,0 +1,107 @@
+"""Messages between processes in the parameter-server path
+(transforms.methods.ps.rewrite): what a worker's step sends to and receives
+from the servers, counted on the rewritten graph.
+
+- Reads of a server variable that nothing orders apart (an unrolled LSTM
+  reads its kernel at every time step) cross the network once per step, for
+  a whole variable and for each partition of a split one; a read ordered
+  after the update keeps its own transfer.
+- The chief's take of an accumulator waits for the chief's pushes on the
+  take's own server, not for a NoOp on the worker (a message from every
+  server and one back to every take).
+"""
+import pytest
+import tensorflow as tf
+
+from tests import models
+from autopar.transforms.analysis import analyze_graph
+from autopar.transforms.plan import PlanOptions, make_plan
+from autopar.transforms.rewrite import rewrite_for_worker
+from autopar.transforms.topology import Topology
+
+tf1 = tf.compat.v1
+TWO_HOSTS = Topology(("127.0.0.1", "127.0.0.1", "127.0.0.2"), num_servers=2)
+KERNEL = "lstm/kernel"
+
+
+def _rewrite(m, worker=0, **options):
+    analysis = analyze_graph(m.graph)
+    plan = make_plan(analysis, TWO_HOSTS, options=PlanOptions(run_option="ps", **options))
+    nodes = {n.name: n for n in rewrite_for_worker(m.graph, analysis, plan, worker)
+             .meta_graph.graph_def.node}
+    return nodes, plan
+
+
+def _step(nodes, roots) -> set[str]:
+    seen, stack = set(), list(roots)
+    while stack:
+        name = stack.pop()
+        if name in nodes and name not in seen:
+            seen.add(name)
+            stack.extend(i.lstrip("^").split(":")[0] for i in nodes[name].input)
+    return seen
+
+
+def _reads(nodes, step, handles) -> list[str]:
+    """ReadVariableOps of `handles` the step runs."""
+    return sorted(n for n in step if nodes[n].op == "ReadVariableOp"
+                  and nodes[n].input[0].split(":")[0] in handles)
+
+
+def test_the_unrolled_lstm_kernel_crosses_once_per_step():
+    m = models.build("lm_adagrad_clip")
+    uses = [op for op in m.graph.get_operation_by_name(KERNEL).outputs[0].consumers()
+            if op.type == "ReadVariableOp"]
+    assert len(uses) >= models.LM_WINDOW          # one read per time step in the program
+    for worker in range(3):
+        nodes, plan = _rewrite(m, worker)
+        assert plan.variable(KERNEL).method == "ps" and len(plan.variable(KERNEL).partitions) == 1
+        step = _step(nodes, [m.train_op.name, m.loss.op.name])
+        reads = _reads(nodes, step, {KERNEL})
+        assert len(reads) == 1 and nodes[reads[0]].device.startswith("/job:ps"), reads
+        # every other read is now the kept value, on the worker
+        merged = [u.name for u in uses if u.name != reads[0] and u.name in step]
+        assert merged and all(nodes[n].op == "Identity" and nodes[n].input == [reads[0]]
+                              and nodes[n].device.startswith("/job:worker") for n in merged)
+
+
+def test_a_split_kernel_is_read_once_per_partition():
+    m = models.build("lm_adagrad_clip")
+    nodes, plan = _rewrite(m, 1, partitions=((KERNEL, 2),))
+    assert len(plan.variable(KERNEL).partitions) == 2
+    step = _step(nodes, [m.train_op.name, m.loss.op.name])
+    parts = {n for n in nodes if nodes[n].op == "VarHandleOp"
+             and nodes[n].attr["shared_name"].s.decode().startswith(KERNEL + "/part_")}
+    assert len(parts) == 2
+    assert len(_reads(nodes, step, parts)) == 2
+
+
+def test_a_read_ordered_after_the_update_keeps_its_own_transfer():
+    m = models.build("lm_adagrad_clip")
+    with m.graph.as_default():
+        kernel = [v for v in tf1.global_variables() if v.op.name == KERNEL][0]
+        with tf.control_dependencies([m.train_op]):
+            after = tf.reduce_sum(kernel.read_value(), name="kernel_after_update")
+    nodes, _ = _rewrite(m, 1)
+    step = _step(nodes, [m.train_op.name, m.loss.op.name, after.op.name])
+    reads = _reads(nodes, step, {KERNEL})
+    assert len(reads) == 2                  # the forward pass's, and the one after the update
+    late = [r for r in reads if any(i.startswith("^") for i in nodes[r].input)]
+    assert len(late) == 1 and late[0] in _step(nodes, [after.op.name])
+
+
+@pytest.mark.parametrize("model", ["mlp_adam_clip", "lm_adagrad_clip"])
+def test_the_chiefs_takes_wait_on_their_own_server(model):
+    m = models.build(model)
+    nodes, _ = _rewrite(m, 0)
+    takes = [n for n in nodes.values() if n.op.endswith("AccumulatorTakeGradient")]
+    assert takes
+    for take in takes:
+        controls = [i[1:] for i in take.input if i.startswith("^")]
+        assert controls, take.name            # the chief's pushes stay in its step
+        assert all(nodes[c].device == take.device for c in controls), take.name
+        # ... through one NoOp standing for the chief's pushes to that server
+        assert all(nodes[c].op == "NoOp" for c in controls)
+        pushed = {i.lstrip("^").split(":")[0] for c in controls for i in nodes[c].input}
+        assert any(nodes[p].op.endswith("AccumulatorApplyGradient") for p in pushed)
+        assert all(nodes[p].device == take.device for p in pushed)
