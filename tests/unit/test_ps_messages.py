@@ -105,3 +105,18 @@ def test_the_chiefs_takes_wait_on_their_own_server(model):
         pushed = {i.lstrip("^").split(":")[0] for c in controls for i in nodes[c].input}
         assert any(nodes[p].op.endswith("AccumulatorApplyGradient") for p in pushed)
         assert all(nodes[p].device == take.device for p in pushed)
+
+
+@pytest.mark.parametrize("worker", [0, 2])      # the hosts' pushers (worker 1 shares 0's host)
+def test_a_push_receives_nothing_but_its_rows_from_the_worker(worker):
+    """Every input of a push that is not the worker's gradient (the
+    accumulator, its step, the dense shape) is made on the push's server."""
+    m = models.build("lm_adagrad_clip")
+    nodes, _ = _rewrite(m, worker, partitions=(("embedding", 3),))
+    pushes = [n for n in nodes.values() if n.op.endswith("AccumulatorApplyGradient")]
+    assert pushes
+    for push in pushes:
+        gradient = 2 if push.op.startswith("Sparse") else 1     # (indices, values) or the gradient
+        others = [i for i in push.input if not i.startswith("^")]
+        others = others[:2] + others[2 + gradient:]
+        assert all(nodes[i.split(":")[0]].device == push.device for i in others), push.name

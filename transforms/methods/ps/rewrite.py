@@ -403,7 +403,8 @@ class PsBuilder:
                 if len(vp.partitions) > 1:   # this partition's rows, renumbered from 0
                     mine = new_op("Equal", [which, self._const(p, i64)], T=i64).outputs[0]
                     values, indices = rows_where(mine, [values, local], self._const(0, tf.int32))
-                shape = self._const([end - start, *info.shape[1:]], i64)
+                # on the server: a constant on the worker is one more message per push
+                shape = self._const([end - start, *info.shape[1:]], i64, device)
                 with tf.device(device):
                     push = new_op("SparseAccumulatorApplyGradient", [
                         accumulators[p], self._const(_ALWAYS_FRESH, i64, device), indices,
