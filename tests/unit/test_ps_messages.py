@@ -120,3 +120,29 @@ def test_a_push_receives_nothing_but_its_rows_from_the_worker(worker):
         others = [i for i in push.input if not i.startswith("^")]
         others = others[:2] + others[2 + gradient:]
         assert all(nodes[i.split(":")[0]].device == push.device for i in others), push.name
+
+
+@pytest.mark.parametrize("model", ["mlp_adam_clip", "lm_adagrad_clip"])
+def test_a_workers_token_wait_needs_no_message_from_it(model):
+    """A non-chief's dequeue of its release token waits for nothing on the
+    worker (the token implies its pushes were taken); its end-of-step
+    barrier still waits for its pushes and collectives."""
+    m = models.build(model)
+    for worker in (1, 2):
+        nodes, _ = _rewrite(m, worker)
+        dequeues = [n for n in nodes.values() if n.op == "QueueDequeueV2"]
+        assert dequeues
+        for d in dequeues:       # nothing it waits for runs on the worker
+            waits = _step(nodes, [d.name]) - {d.name}
+            assert not [n for n in waits if nodes[n].device.startswith("/job:worker")], d.name
+        analysis = analyze_graph(m.graph)
+        plan = make_plan(analysis, TWO_HOSTS, options=PlanOptions(run_option="ps"))
+        barriers = [b for _, b in rewrite_for_worker(m.graph, analysis, plan, worker).step_barriers]
+        # what the runner fetches with a training step: the train op and the barrier
+        step = _step(nodes, [m.train_op.name, *barriers])
+        assert barriers and all(d.name in step for d in dequeues)
+        pushes = [n for n in nodes if nodes[n].op.endswith("AccumulatorApplyGradient")]
+        assert all(p in _step(nodes, barriers) for p in pushes)     # still in every step
+        collectives = [n for n in nodes if nodes[n].op.startswith("Collective")
+                       and n not in barriers and not n.startswith("autopar/broadcast/")]
+        assert all(c in _step(nodes, barriers) for c in collectives)

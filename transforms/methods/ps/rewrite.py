@@ -90,6 +90,7 @@ class PsBuilder:
         self.pushes: dict[int, list] = {}
         self._pushed: dict[int, tf.Operation] = {}
         self._pushed_on: dict[tuple[int, str], str] = {}   # (group, server device) -> NoOp
+        self._collectives_done: dict[int, list[tf.Operation]] = {}   # non-chief, per group
         self._counters: dict[tuple[str, int], tf.Tensor] = {}
         self.constants = constants or ConstantPool(worker_device)
         # The per-variable and per-partition ops, written as NodeDefs
@@ -226,7 +227,8 @@ class PsBuilder:
         carry the same id; a worker that finished early would clean that id up
         on the server under a peer still using it. Nobody finishes a step
         before everyone's server work for it is done: the barrier waits for
-        this worker's pushes and token here, and for every other op of the
+        this worker's pushes, collectives and token (the chief: its release)
+        here, and for every other op of the
         step that touches a server once the final devices are known
         (cover_server_work). One barrier per set of train groups a fetch can
         update (`barrier.groups`): it waits for those groups' work only."""
@@ -234,7 +236,9 @@ class PsBuilder:
         for group in barrier.groups:
             if group in done:
                 # the chief's release waits for its takes, which wait for its pushes
-                waits += [done[group]] + ([] if self.is_chief else self._after_pushes(group))
+                waits += [done[group]] + ([] if self.is_chief else
+                                          self._after_pushes(group)
+                                          + self._collectives_done.get(group, []))
         with tf.control_dependencies(waits):
             token = self.backend.barrier(barrier.key)
         self.edits.step_barriers.append((tuple(barrier.groups), token.op.name))
@@ -527,9 +531,15 @@ class PsBuilder:
         return release
 
     def _wait(self, ps_vars) -> tf.Operation:
-        with tf.control_dependencies(self._after_pushes() + self._after_collectives()):
-            wait = tf.raw_ops.QueueDequeueV2(handle=self._token_queue(self.index),
-                                             component_types=[tf.int32])
+        # The dequeue waits for nothing of this worker's: the token comes only
+        # after the chief's updates, which take every contribution, this
+        # worker's pushes included, so it is already waiting on its server when
+        # the token arrives. (Waiting first for the pushes and the collectives,
+        # both on the worker, cost a message to the server and a hop at the end
+        # of every step.) The barrier keeps them in the step.
+        self._collectives_done[self.group] = self._after_collectives()
+        wait = tf.raw_ops.QueueDequeueV2(handle=self._token_queue(self.index),
+                                         component_types=[tf.int32])
         for name in self._regions(ps_vars):
             self.edits.noop_deps[name] = [wait[0].op.name]
         return wait[0].op
