@@ -103,9 +103,14 @@ RTO_MIN_S = 0.2
 PAIR_SERIALISED_PEERS = ("horovod",)
 # "none": the compute-only floor (no aggregation), fitted so that it pins compute per example
 METHODS = ("allreduce", "ps", "ps_la", "hybrid", "hybrid_nola", "none")
+# Peers that are another peer measured differently (autopar-hybrid with its job
+# timeline on, to measure the timeline's cost): the same system, so neither fitted
+# constants of their own nor projected.
+VARIANT_PEERS = ("autopar-hybrid-timeline",)
 # Peers whose method this model has phases for and that aggregate (not the floor,
 # nor herring, which has no fitted points yet).
-MODELLED_PEERS = tuple(peer for peer, method in PEER_METHODS.items() if method in METHODS and method != "none")
+MODELLED_PEERS = tuple(peer for peer, method in PEER_METHODS.items()
+                       if method in METHODS and method != "none" and peer not in VARIANT_PEERS)
 
 
 # --------------------------------------------------------------------------- inputs
@@ -580,7 +585,7 @@ def points_from_results(results: dict, source: str) -> list[Point]:
             continue
         wl = wls[p["workload"]]
         method = PEER_METHODS[p["peer"]]
-        if method not in METHODS:
+        if method not in METHODS or p["peer"] in VARIANT_PEERS:
             continue
         rate = (p.get("link_mbit") or default_mbit) / 1000.0
         cl = Cluster(p["num_workers"], 1, p["num_servers"], False, rate, cores)

@@ -290,10 +290,13 @@ def test_unmodelled_peers_are_left_out_of_fits_and_projections():
     # are fitted (they pin compute) but, aggregating nothing, it is not projected.
     res = json.loads((Path(sim.RESULTS) / "full.json").read_text())
     timed = [p for p in res["points"] if p["status"] in ("ok", "wrong-loss") and p["peer"] != "autopar-herring"]
-    extra = [dict(timed[0], peer="autopar-herring")]
+    # The timeline variant is autopar-hybrid measured with tracing on: not a system of its own.
+    hybrid = next(p for p in timed if p["peer"] == "autopar-hybrid")
+    extra = [dict(timed[0], peer="autopar-herring"), dict(hybrid, peer="autopar-hybrid-timeline")]
     pts = sim.points_from_results(dict(res, points=timed + extra), "full")
     assert len(pts) == len(timed)
     assert "autopar-herring" not in sim.MODELLED_PEERS and "floor" not in sim.MODELLED_PEERS
+    assert "autopar-hybrid-timeline" not in sim.MODELLED_PEERS
     assert "autopar-hybrid" in sim.MODELLED_PEERS
     wls = {"d": dense(100 * MB)}
     rows = sim.project_bench(wls, sim.Constants(alpha=1e-4), 1.0, ns=(16,))
