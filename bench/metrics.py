@@ -321,6 +321,40 @@ def machine_busy(before: tuple[int, int], after: tuple[int, int], seconds: float
             "window_s": seconds}
 
 
+def process_cpu(pids: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """label -> (user, system) clock ticks a running process (all its
+    threads) has used, from /proc/<pid>/stat; processes gone are left out."""
+    out = {}
+    for label, pid in pids.items():
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()   # after "pid (comm)": state is fields[0]
+        out[label] = (int(fields[11]), int(fields[12]))
+    return out
+
+
+def cpu_by_role(before: dict, after: dict, steps: int) -> dict[str, dict[str, float]]:
+    """CPU ms per step of each kind of process between two process_cpu()
+    snapshots, summed over its processes ("worker0", "worker1" -> "worker"):
+    user and system time in the processes' own context (the kernel's work
+    for the links done in interrupts is not charged to any of them)."""
+    tick_ms = 1e3 / os.sysconf("SC_CLK_TCK")
+    out: dict[str, dict[str, float]] = {}
+    for label, (user1, sys1) in after.items():
+        if label not in before or not steps:
+            continue
+        user0, sys0 = before[label]
+        role = label.rstrip("0123456789")
+        entry = out.setdefault(role, {"processes": 0, "user_ms_per_step": 0.0,
+                                      "system_ms_per_step": 0.0})
+        entry["processes"] += 1
+        entry["user_ms_per_step"] += (user1 - user0) * tick_ms / steps
+        entry["system_ms_per_step"] += (sys1 - sys0) * tick_ms / steps
+    return out
+
+
 def loss_delta(before: dict, after: dict) -> dict:
     """Totals over the hosts of each loss counter between two
     cluster.losses() snapshots (drops, retransmissions, timeouts in the

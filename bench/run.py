@@ -478,10 +478,14 @@ def run_point(cluster, spawner, settings: Settings, point: Point, run_dir: Path)
         (run_dir / f"go_{common.START}").touch()
         wait_for(common.MEASURE, workers, settings.phase_timeout_s, "the warm-up steps")
         before, losses_before = cluster.counters(), cluster.losses()
+        pids = {p.label: p.pid for p in procs}
         cpu_before, t_measure = metrics.machine_cpu(), time.monotonic()
+        roles_before = metrics.process_cpu(pids)
         (run_dir / f"go_{common.MEASURE}").touch()
         wait_for(common.DONE, workers, settings.phase_timeout_s, "the measured steps")
         cpu_after, t_done = metrics.machine_cpu(), time.monotonic()
+        record["cpu_by_role"] = metrics.cpu_by_role(roles_before, metrics.process_cpu(pids),
+                                                    point.steps)
         after, losses_after = cluster.counters(), cluster.losses()
         record["link_losses"] = metrics.loss_delta(losses_before, losses_after)
         record["machine_cpu"] = metrics.machine_busy(cpu_before, cpu_after, t_done - t_measure,

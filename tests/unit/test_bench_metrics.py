@@ -394,3 +394,23 @@ def test_machine_busy_counts_the_cores_a_window_kept_busy():
     after = metrics.machine_cpu()
     assert 0 < after[0] - before[0] <= after[1] - before[1]
     assert 0 < after[2] - before[2] <= after[0] - before[0]   # the spin is user code
+
+
+def test_cpu_by_role_sums_each_kind_of_process():
+    tick_ms = 1e3 / os.sysconf("SC_CLK_TCK")
+    before = {"worker0": (10, 5), "worker1": (20, 5), "ps0": (7, 1), "gone0": (1, 1)}
+    after = {"worker0": (40, 11), "worker1": (50, 5), "ps0": (10, 4), "late0": (3, 3)}
+    roles = metrics.cpu_by_role(before, after, 3)
+    assert set(roles) == {"worker", "ps"}           # a process in one snapshot only is left out
+    assert roles["worker"]["processes"] == 2
+    assert roles["worker"]["user_ms_per_step"] == pytest.approx(60 * tick_ms / 3)
+    assert roles["worker"]["system_ms_per_step"] == pytest.approx(6 * tick_ms / 3)
+    assert roles["ps"]["user_ms_per_step"] == pytest.approx(3 * tick_ms / 3)
+    # and the real counters of this process: a spin adds user time
+    mine = {"me0": os.getpid()}
+    start = metrics.process_cpu(mine)
+    end = time.perf_counter() + 0.2
+    while time.perf_counter() < end:
+        pass
+    assert metrics.cpu_by_role(start, metrics.process_cpu(mine), 1)["me"]["user_ms_per_step"] > 0
+    assert metrics.process_cpu({"nobody0": 2 ** 22 + 12345}) == {}
