@@ -5,7 +5,7 @@ from __future__ import annotations
 from autopar.common.roles import SERVER_JOB
 
 
-def cover_server_work(graph_def, barrier: str, step_ops) -> list[str]:
+def cover_server_work(graph_def, barrier: str, step_ops, done=()) -> list[str]:
     """Make the step barrier wait for every op of a training step that
     touches a server; return the ops added as its control inputs.
 
@@ -57,7 +57,9 @@ def cover_server_work(graph_def, barrier: str, step_ops) -> list[str]:
             stack.extend(p for p in producers(name) if p not in stop)
         return seen
 
-    covered = ancestors([barrier])
+    # `done`: ops fetched with the step whose work the protocol orders before
+    # the barrier completes (Edits.step_targets); theirs needs no cover.
+    covered = ancestors([barrier, *done])
     # The step's ops not covered yet: an ancestor of a covered op is covered,
     # so the walk from the step ops stops at the covered ones.
     uncovered = ancestors(step_ops, stop=covered)

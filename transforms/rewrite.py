@@ -49,8 +49,10 @@ class WorkerGraph:
     broadcast_op: str          # run once after init/restore: chief's state to all
     replaced: dict[str, str]   # original tensor -> its replacement (averaged, aggregated)
     server_variables: set[str] = field(default_factory=set)   # live on servers, not replicated
-    # (train groups, barrier op): a training step updating those groups
-    # fetches every barrier whose groups it updates (see transforms.methods.ps.rewrite)
+    # (train groups, op): a training step updating those groups fetches every
+    # op here whose groups it updates: its end-of-step barriers and the server
+    # ops it runs without waiting for them (Edits.step_targets; see
+    # transforms.methods.ps.rewrite)
     step_barriers: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
     # partitioned variable -> its partitions' handles, in order (rows dealt
     # round-robin: transforms.partition)
@@ -136,10 +138,13 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
         # What a step of exactly these groups may run: the step ops whose
         # groups are among them.
         cover_server_work(graph_def, barrier, [op for op in analysis.step_ops
-                                               if set(analysis.groups_of(op)) <= set(groups)])
+                                               if set(analysis.groups_of(op)) <= set(groups)],
+                          done=[t for t_groups, t in edits.step_targets
+                                if set(t_groups) <= set(groups)])
     out = _with_graph_def(meta, graph_def)
     return WorkerGraph(meta_graph=out, broadcast_op=BROADCAST_OP, replaced=edits.replaced,
-                       server_variables=edits.server_variables, step_barriers=edits.step_barriers,
+                       server_variables=edits.server_variables,
+                       step_barriers=edits.step_barriers + edits.step_targets,
                        partitions=edits.partitions, after_step=after_step,
                        accumulate_first=accumulation and accumulation.first_op,
                        accumulate=accumulation and accumulation.add_op)

@@ -146,3 +146,25 @@ def test_a_workers_token_wait_needs_no_message_from_it(model):
         collectives = [n for n in nodes if nodes[n].op.startswith("Collective")
                        and n not in barriers and not n.startswith("autopar/broadcast/")]
         assert all(c in _step(nodes, barriers) for c in collectives)
+
+
+@pytest.mark.parametrize("model", ["mlp_adam_clip", "lm_adagrad_clip"])
+def test_a_workers_pushes_send_no_ordering_back_to_it(model):
+    """A non-chief's pushes run as targets fetched with the step, on their
+    servers: no op on the worker waits for them (each such wait was a
+    message from every server back to the worker per step)."""
+    m = models.build(model)
+    analysis = analyze_graph(m.graph)
+    plan = make_plan(analysis, TWO_HOSTS, options=PlanOptions(run_option="ps"))
+    wg = rewrite_for_worker(m.graph, analysis, plan, 2)      # host 2's only worker: it pushes
+    nodes = {n.name: n for n in wg.meta_graph.graph_def.node}
+    pushes = {n for n in nodes if nodes[n].op.endswith("AccumulatorApplyGradient")}
+    assert pushes
+    fetched = [op for _, op in wg.step_barriers]
+    targets = [t for t in fetched if nodes[t].device.startswith("/job:ps")]
+    assert pushes <= _step(nodes, targets)
+    for n in nodes.values():
+        if not n.device.startswith("/job:worker"):
+            continue
+        waits = _step(nodes, [i[1:] for i in n.input if i.startswith("^")])
+        assert not waits & pushes, n.name

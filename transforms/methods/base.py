@@ -73,6 +73,12 @@ class Edits:
     server_variables: set[str] = field(default_factory=set)     # variables (with slots) on servers
     # (train groups, op): the barrier a step updating those groups must include
     step_barriers: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
+    # (train groups, op): an op on a server such a step also runs, fetched with
+    # it (no message: its server's RunGraph call ends with it) and not waited
+    # for by the barrier, because the protocol already orders its work before
+    # the barrier completes (a worker's pushes: the chief takes them before it
+    # releases anyone)
+    step_targets: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
     identities: dict[str, str] = field(default_factory=dict)    # node -> Identity(tensor)
     # node -> {input it reads: input to read instead}, for that node only
     inputs: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -87,6 +93,7 @@ class Edits:
         self.devices.update(other.devices)
         self.server_variables |= other.server_variables
         self.step_barriers += other.step_barriers
+        self.step_targets += other.step_targets
         self.identities.update(other.identities)
         for name, renames in other.inputs.items():
             self.inputs.setdefault(name, {}).update(renames)

@@ -88,7 +88,6 @@ class PsBuilder:
         self.collectives: dict[int, list[tf.Operation]] = {}
         self.collective_nodes: dict[int, list[str]] = {}
         self.pushes: dict[int, list] = {}
-        self._pushed: dict[int, tf.Operation] = {}
         self._pushed_on: dict[tuple[int, str], str] = {}   # (group, server device) -> NoOp
         self._collectives_done: dict[int, list[tf.Operation]] = {}   # non-chief, per group
         self._counters: dict[tuple[str, int], tf.Tensor] = {}
@@ -227,18 +226,24 @@ class PsBuilder:
         carry the same id; a worker that finished early would clean that id up
         on the server under a peer still using it. Nobody finishes a step
         before everyone's server work for it is done: the barrier waits for
-        this worker's pushes, collectives and token (the chief: its release)
-        here, and for every other op of the
+        this worker's collectives and token (the chief: its release, after
+        its takes of every push) here, and for every other op of the
         step that touches a server once the final devices are known
         (cover_server_work). One barrier per set of train groups a fetch can
         update (`barrier.groups`): it waits for those groups' work only."""
         waits = []
         for group in barrier.groups:
             if group in done:
-                # the chief's release waits for its takes, which wait for its pushes
+                # The chief's release waits for its takes, which wait for its
+                # pushes. Another worker's pushes run as step targets on their
+                # servers (no message back to the worker): the token it waits
+                # for comes only after the chief took them.
                 waits += [done[group]] + ([] if self.is_chief else
-                                          self._after_pushes(group)
-                                          + self._collectives_done.get(group, []))
+                                          self._collectives_done.get(group, []))
+                if not self.is_chief:
+                    for target in self._pushes_by_server(group):
+                        if ((group,), target) not in self.edits.step_targets:
+                            self.edits.step_targets.append(((group,), target))
         with tf.control_dependencies(waits):
             token = self.backend.barrier(barrier.key)
         self.edits.step_barriers.append((tuple(barrier.groups), token.op.name))
@@ -246,21 +251,15 @@ class PsBuilder:
     def _const(self, value, dtype: tf.DType, device: str | None = None) -> tf.Tensor:
         return self.constants.get(value, dtype, device)
 
-    def _after_pushes(self, group: int | None = None) -> list[tf.Operation]:
-        """One op standing for all of this worker's pushes of train group
-        `group` (default: the one being built; none when it pushes nothing).
-        Ops waiting on the pushes depend on it, not on each push: a control
-        edge per push on every such op (and on each constant created under
-        the dependency) grew the graph with variables squared."""
-        group = self.group if group is None else group
-        pushes = self.pushes.get(group)
-        if pushes and group not in self._pushed:
-            # Built empty here (the pushes are NodeDefs), grouped at the flush
-            # as tf.group would (one NoOp per device).
-            with tf.control_dependencies(None), tf.device(None):
-                self._pushed[group] = tf.no_op(name="pushed")
-            self.nodes.group(pushes, into=self._pushed[group].name)
-        return [self._pushed[group]] if pushes else []
+    def _pushes_by_server(self, group: int) -> list[str]:
+        """A NoOp on each server standing for this worker's pushes of train
+        group `group` there (and their counts)."""
+        devices = sorted({d for _, d in self.pushes.get(group, [])})
+        saved, self.group = self.group, group
+        try:
+            return [self._own_pushes_on(d)[0].lstrip("^") for d in devices]
+        finally:
+            self.group = saved
 
     def _own_pushes_on(self, device: str) -> list[str]:
         """Control inputs ("^name") on this worker's pushes of the current
@@ -536,7 +535,8 @@ class PsBuilder:
         # worker's pushes included, so it is already waiting on its server when
         # the token arrives. (Waiting first for the pushes and the collectives,
         # both on the worker, cost a message to the server and a hop at the end
-        # of every step.) The barrier keeps them in the step.
+        # of every step.) The pushes run as step targets on their servers and
+        # the barrier waits for the collectives (_barrier).
         self._collectives_done[self.group] = self._after_collectives()
         wait = tf.raw_ops.QueueDequeueV2(handle=self._token_queue(self.index),
                                          component_types=[tf.int32])
