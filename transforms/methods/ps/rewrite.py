@@ -16,9 +16,10 @@ Per step, for a PS variable v:
                  reads v for step k+1 before step k's update is applied.
 Messages between processes are what this protocol costs beyond bytes (each a
 gRPC call and a context switch on both sides): the chief's takes wait for its
-pushes on their own server, every read of v that nothing orders apart shares
-one transfer per step (_merge_reads), and constants a server op needs are made
-on that server.
+pushes on their own server, another worker's pushes are fetched with its step
+on their servers (Edits.step_targets) and its token wait waits for nothing of
+its own, every read of v that nothing orders apart shares one transfer per
+step (_merge_reads), and constants a server op needs are made on that server.
 All of this is per train group (Analysis.train_groups): each group has its
 own pushes, release, tokens and wait, and each set of groups one fetch can
 update has its own end-of-step barrier (Plan.barriers), so a step of one
