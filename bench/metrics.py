@@ -294,6 +294,11 @@ def cpu_probe_ms(repeats: int = 5, n: int = 200_000) -> float:
     return median(times)
 
 
+def _tick_ms() -> float:
+    """Milliseconds of one clock tick, the unit of /proc's CPU times."""
+    return 1e3 / os.sysconf("SC_CLK_TCK")
+
+
 def machine_cpu() -> tuple[int, int, int]:
     """(busy, total, user) clock ticks of every core of this machine since
     boot, from /proc/stat (idle and iowait are not busy; user is the
@@ -306,7 +311,7 @@ def machine_cpu() -> tuple[int, int, int]:
     return total - fields[3] - fields[4], total, fields[0] + fields[1]
 
 
-def machine_busy(before: tuple[int, int], after: tuple[int, int], seconds: float,
+def machine_busy(before: tuple[int, int, int], after: tuple[int, int, int], seconds: float,
                  steps: int) -> dict:
     """What the machine's cores did between two machine_cpu() snapshots
     taken `seconds` apart around `steps` steps: the busy share of all cores,
@@ -314,7 +319,7 @@ def machine_busy(before: tuple[int, int], after: tuple[int, int], seconds: float
     part of them (a step whose busy share is near 1 is bound by the cores,
     whatever its links allow)."""
     busy, total, user = (a - b for a, b in zip(after, before))
-    tick_ms = 1e3 / os.sysconf("SC_CLK_TCK")
+    tick_ms = _tick_ms()
     return {"busy_fraction": busy / total if total else math.nan,
             "cpu_ms_per_step": busy * tick_ms / steps if steps else math.nan,
             "kernel_ms_per_step": (busy - user) * tick_ms / steps if steps else math.nan,
@@ -340,7 +345,7 @@ def cpu_by_role(before: dict, after: dict, steps: int) -> dict[str, dict[str, fl
     snapshots, summed over its processes ("worker0", "worker1" -> "worker"):
     user and system time in the processes' own context (the kernel's work
     for the links done in interrupts is not charged to any of them)."""
-    tick_ms = 1e3 / os.sysconf("SC_CLK_TCK")
+    tick_ms = _tick_ms()
     out: dict[str, dict[str, float]] = {}
     for label, (user1, sys1) in after.items():
         if label not in before or not steps:

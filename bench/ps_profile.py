@@ -123,12 +123,6 @@ def summarise_step(stats_bytes: bytes, wall_us: int) -> dict:
                              for (d, k), us in heaviest]}
 
 
-def _task(device: str) -> str:
-    """"/job:ps/replica:0/task:1/device:CPU:0" -> "ps1"."""
-    m = re.search(r"/job:(\w+)/replica:\d+/task:(\d+)", device)
-    return f"{m.group(1)}{m.group(2)}" if m else device
-
-
 def count_messages(partition_graphs_bytes: bytes, worker: int) -> dict:
     """The messages between processes of one worker's traced step, from the
     partition graphs its session ran (RunOptions.output_partition_graphs):
@@ -147,8 +141,8 @@ def count_messages(partition_graphs_bytes: bytes, worker: int) -> dict:
         for node in graph.node:
             for i in node.input:
                 consumers.setdefault(i.lstrip("^").partition(":")[0], []).append((i.startswith("^"), node))
-            if node.device and _task(node.device) != own:
-                remote.add(_task(node.device))
+            if node.device and short_device(node.device) != own:
+                remote.add(short_device(node.device))
 
         def only_control(name: str) -> bool:
             uses = consumers.get(name, [])
@@ -156,7 +150,7 @@ def count_messages(partition_graphs_bytes: bytes, worker: int) -> dict:
         for node in graph.node:
             if node.op not in ("_Recv", "_HostRecv"):
                 continue
-            src, dst = (_task(node.attr[k].s.decode()) for k in ("send_device", "recv_device"))
+            src, dst = (short_device(node.attr[k].s.decode()) for k in ("send_device", "recv_device"))
             if src == dst:
                 continue
             kind = "control" if only_control(node.name) else "data"

@@ -255,9 +255,10 @@ def markdown(results: dict, plots: dict[str, str] | None = None) -> str:
              "row, each training on its own batch with no aggregation. Every row is held to "
              "limit = max(compute floor, comm limit), the comm limit being Parallax Table 3's bytes on the "
              "most loaded link direction at the link rate; \"of limit\" = limit / step time, and the word "
-             "after it says which term binds. \"cores busy\" = the share of the machine's cores busy between "
-             "those barriers (every host's processes share them: near 100% the step is bound by the cores, "
-             "whatever the links allow), with all processes' CPU ms per step and the kernel's part of them. α = embedding rows a worker's step touches / vocabulary "
+             "after it says which term binds. \"cores busy\" = the share of the machine's cores busy "
+             "between those barriers (every host's processes share them: near 100% the step is bound by "
+             "the cores, whatever the links allow), with all processes' CPU ms per step and the kernel's "
+             "part of them. α = embedding rows a worker's step touches / vocabulary "
              "(distinct rows, mean over the measured steps), and of the N workers' batches together.", ""]
     if any(p["workload"] in TRAINING for p in results["points"]):
         lines += ["## Training workloads", "", training_table(results), ""]

@@ -95,7 +95,8 @@ def dump(out: Path, only: str | None = None) -> None:
                     "graph_def": wg.meta_graph.graph_def.SerializeToString(),
                     "replaced": dict(wg.replaced), "server_variables": set(wg.server_variables),
                     "partitions": dict(wg.partitions), "broadcast_op": wg.broadcast_op,
-                    "step_barriers": list(wg.step_barriers), "after_step": wg.after_step,
+                    "step_barriers": list(wg.step_barriers),
+                    "step_targets": list(wg.step_targets), "after_step": wg.after_step,
                     "accumulate_first": wg.accumulate_first, "accumulate": wg.accumulate,
                     "collections": sorted(wg.meta_graph.collection_def.keys())}
         except Exception as e:   # noqa: BLE001 - an unsupported combination is part of the record
@@ -290,6 +291,11 @@ def compare(before: Path, after: Path, verbose: bool = False) -> int:
             barriers_b, barriers_a = _step_barriers(wb), _step_barriers(wa)
             if [(g, hb.get(op)) for g, op in barriers_b] != [(g, ha.get(op)) for g, op in barriers_a]:
                 problems.append("step barriers differ")
+            # a snapshot taken before step targets existed has none
+            targets_b, targets_a = wb.get("step_targets", []), wa.get("step_targets", [])
+            if ([(tuple(g), hb.get(op)) for g, op in targets_b]
+                    != [(tuple(g), ha.get(op)) for g, op in targets_a]):
+                problems.append("step targets differ")
             for key in ("broadcast_op", "after_step", "accumulate_first", "accumulate"):
                 if (wb[key] is None) != (wa[key] is None) or (
                         wb[key] and hb.get(wb[key]) != ha.get(wa[key])):

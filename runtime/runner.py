@@ -61,7 +61,7 @@ class TrainingStopped(SystemExit):
 class Runner:
     def __init__(self, session, graph: tf.Graph, analysis: Analysis | None, *, worker_index: int = 0,
                  num_workers: int = 1, progress=None, checkpointer=None,
-                 batch_size_tensor: tf.Tensor | None = None, step_barriers=(), on_close=(),
+                 batch_size_tensor: tf.Tensor | None = None, step_fetches=(), on_close=(),
                  after_step=None, monitor=None, accumulate=None, dropcompute=None,
                  totals_allreduce=None, lifted=None, timeline=None, meter=None):
         self.session = session
@@ -72,9 +72,10 @@ class Runner:
         self._progress = progress
         self._checkpointer = checkpointer
         self._batch_size = batch_size_tensor
-        # [(train groups, barrier op)]: a step updating some train groups
-        # fetches the barriers of those groups (transforms.methods.ps.rewrite).
-        self._step_barriers = list(step_barriers)
+        # [(train groups, op)]: a step updating some train groups fetches the
+        # ops of those groups with it, its end-of-step barriers and the server
+        # ops it runs without waiting for them (transforms.methods.ps.rewrite).
+        self._step_fetches = list(step_fetches)
         self._after_step_op = after_step   # e.g. averaging batch-local state
         self._on_close = list(on_close)
         # length -> (placeholder, sum over workers) for evaluate(); built on
@@ -207,9 +208,9 @@ class Runner:
             self._stop()
         groups = self._groups_of(mapped)
         extra = self._step_extras(groups, fed=bool(feeds))
-        barriers = self._barriers_of(groups)
-        if barriers:
-            extra["barrier"] = barriers
+        with_step = self._fetched_with(groups)
+        if with_step:
+            extra["with_step"] = with_step
         measure = self._meter.fetches(self._next_step, groups) if self._meter else None
         if measure is not None:
             extra["measure"] = measure
@@ -260,7 +261,7 @@ class Runner:
         computed = len(latencies)
         # The update reads the accumulators only: no batch feed, no input pulled.
         feeds, _ = self._map_feeds(common)
-        step_fetches = [flat[i] for i in step_at] + self._barriers_of(groups)
+        step_fetches = [flat[i] for i in step_at] + self._fetched_with(groups)
         if traced:
             options, run_metadata = _trace_options()
         t0 = time.perf_counter()
@@ -327,10 +328,10 @@ class Runner:
             extra["batch"] = self._batch_size
         return extra
 
-    def _barriers_of(self, groups: set[int]) -> list:
-        """The end-of-step barriers a step updating `groups` runs: every
-        barrier of a set of groups among them."""
-        return [op for barrier_groups, op in self._step_barriers if set(barrier_groups) <= groups]
+    def _fetched_with(self, groups: set[int]) -> list:
+        """The ops a step updating `groups` fetches with it: every one of a
+        set of groups among them."""
+        return [op for op_groups, op in self._step_fetches if set(op_groups) <= groups]
 
     def _run_plain(self, mapped, feeds, options, run_metadata):
         # None leaves are skipped fetches (initializers autopar already ran).

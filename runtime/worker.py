@@ -108,8 +108,9 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
     runner = Runner(session, worker_graph, analysis, worker_index=worker_index,
                     num_workers=num_workers, progress=progress, checkpointer=checkpointer,
                     batch_size_tensor=batch_size, timeline=recorder, meter=meter,
-                    step_barriers=[(groups, worker_graph.get_operation_by_name(op))
-                                   for groups, op in rewritten.step_barriers],
+                    step_fetches=[(groups, worker_graph.get_operation_by_name(op))
+                                  for groups, op in rewritten.step_barriers
+                                  + rewritten.step_targets],
                     after_step=(worker_graph.get_operation_by_name(rewritten.after_step)
                                 if rewritten.after_step else None),
                     monitor=hook, on_close=on_close,

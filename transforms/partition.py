@@ -64,6 +64,13 @@ def interleave_rows(pieces: list[tf.Tensor], rows: int) -> tf.Tensor:
     return whole[:rows]
 
 
+def read_order(read: tf.Operation) -> tuple[str, ...]:
+    """What orders a variable read against the variable's writes: its
+    control inputs (its only data input is the handle). Reads with the same
+    order see the same value, so they may share one transfer."""
+    return tuple(sorted(c.name for c in read.control_inputs))
+
+
 def part_name(var: str, p: int) -> str:
     return f"{var}/part_{p}"
 
@@ -127,7 +134,7 @@ class Partitioner:
             # inputs see the same value and share one set of partition reads
             # (an unrolled RNN reads its kernel at every time step; see
             # PsBuilder._merge_reads).
-            key = (var, tuple(sorted(i.name for i in c.control_inputs)))
+            key = (var, read_order(c))
             if key not in self._whole_reads:
                 reads = [nodes.add("ReadVariableOp", [h, *c.control_inputs], self.devices_of(p),
                                    dtype=dtype)

@@ -49,11 +49,12 @@ class WorkerGraph:
     broadcast_op: str          # run once after init/restore: chief's state to all
     replaced: dict[str, str]   # original tensor -> its replacement (averaged, aggregated)
     server_variables: set[str] = field(default_factory=set)   # live on servers, not replicated
-    # (train groups, op): a training step updating those groups fetches every
-    # op here whose groups it updates: its end-of-step barriers and the server
-    # ops it runs without waiting for them (Edits.step_targets; see
-    # transforms.methods.ps.rewrite)
+    # (train groups, barrier op): a training step updating those groups
+    # fetches every barrier whose groups it updates (see transforms.methods.ps.rewrite)
     step_barriers: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
+    # (train groups, op on a server): fetched the same way, not waited for by
+    # the barrier (Edits.step_targets)
+    step_targets: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
     # partitioned variable -> its partitions' handles, in order (rows dealt
     # round-robin: transforms.partition)
     partitions: dict[str, list] = field(default_factory=dict)
@@ -144,7 +145,7 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
     out = _with_graph_def(meta, graph_def)
     return WorkerGraph(meta_graph=out, broadcast_op=BROADCAST_OP, replaced=edits.replaced,
                        server_variables=edits.server_variables,
-                       step_barriers=edits.step_barriers + edits.step_targets,
+                       step_barriers=edits.step_barriers, step_targets=edits.step_targets,
                        partitions=edits.partitions, after_step=after_step,
                        accumulate_first=accumulation and accumulation.first_op,
                        accumulate=accumulation and accumulation.add_op)

@@ -49,11 +49,10 @@ def test_barrier_waits_for_all_server_work_of_the_step(model, run_option, partit
         step = ancestors(producers, [m.train_op.name, m.loss.op.name])
         touching = {n for n in step if on_server(n) or any(on_server(p) for p in producers[n])}
         assert any(not on_server(n) for n in touching)   # server reads consumed on the worker
-        fetched = [op for _, op in wg.step_barriers]
-        [barrier] = [op for op in fetched if nodes[op].op.startswith("Collective")]   # one train op
-        # The rest are step targets: a NoOp on a server over a worker's pushes there
-        # (and their counts), which the chief takes before it releases anyone.
-        targets = [op for op in fetched if op != barrier]
+        [(_, barrier)] = wg.step_barriers   # one train op: one barrier
+        # Step targets: a NoOp on a server over a worker's pushes there (and
+        # their counts), which the chief takes before it releases anyone.
+        targets = [op for _, op in wg.step_targets]
         for t in targets:
             assert nodes[t].op == "NoOp" and on_server(t), t
             assert all(i.startswith("^") and nodes[i[1:]].device == nodes[t].device

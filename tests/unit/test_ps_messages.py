@@ -137,7 +137,8 @@ def test_a_workers_token_wait_needs_no_message_from_it(model):
             assert not [n for n in waits if nodes[n].device.startswith("/job:worker")], d.name
         analysis = analyze_graph(m.graph)
         plan = make_plan(analysis, TWO_HOSTS, options=PlanOptions(run_option="ps"))
-        barriers = [b for _, b in rewrite_for_worker(m.graph, analysis, plan, worker).step_barriers]
+        wg = rewrite_for_worker(m.graph, analysis, plan, worker)
+        barriers = [b for _, b in wg.step_barriers + wg.step_targets]
         # what the runner fetches with a training step: the train op and the barrier
         step = _step(nodes, [m.train_op.name, *barriers])
         assert barriers and all(d.name in step for d in dequeues)
@@ -160,8 +161,8 @@ def test_a_workers_pushes_send_no_ordering_back_to_it(model):
     nodes = {n.name: n for n in wg.meta_graph.graph_def.node}
     pushes = {n for n in nodes if nodes[n].op.endswith("AccumulatorApplyGradient")}
     assert pushes
-    fetched = [op for _, op in wg.step_barriers]
-    targets = [t for t in fetched if nodes[t].device.startswith("/job:ps")]
+    targets = [t for _, t in wg.step_targets]
+    assert targets and all(nodes[t].device.startswith("/job:ps") for t in targets)
     assert pushes <= _step(nodes, targets)
     for n in nodes.values():
         if not n.device.startswith("/job:worker"):

@@ -43,7 +43,7 @@ from autopar.transforms.graph_utils import in_gradient_scope, node_input_name
 from autopar.transforms.methods.allgather.method import combine_rows
 from autopar.transforms.methods.base import Edits, VariablePlan
 from autopar.transforms.ops import ConstantPool, NodeWriter, new_op, rows_where
-from autopar.transforms.partition import Partitioner, copy_prefix
+from autopar.transforms.partition import Partitioner, copy_prefix, read_order
 from autopar.transforms.placement import Move, ps_devices, server_device
 
 if TYPE_CHECKING:   # annotations only: the plan imports the method registry
@@ -190,7 +190,7 @@ class PsBuilder:
         if not info.resource or len(vp.partitions) != 1:
             return
         var = self.g.get_operation_by_name(info.name)
-        region = set(info.update_ops) | set(info.own_path_ops)
+        region = self._regions([vp])
         server = f"/job:{SERVER_JOB}/"
         kept: dict[tuple[str, ...], tf.Operation] = {}
         for read in sorted(var.outputs[0].consumers(), key=lambda op: op.name):
@@ -200,7 +200,7 @@ class PsBuilder:
                     or any(self.edits.devices.get(c.name, "").startswith(server)
                            for c in read.outputs[0].consumers())):
                 continue
-            first = kept.setdefault(tuple(sorted(c.name for c in read.control_inputs)), read)
+            first = kept.setdefault(read_order(read), read)
             if first is not read:
                 self.edits.identities[read.name] = first.outputs[0].name
                 self.edits.devices[read.name] = self.worker_device
@@ -239,12 +239,13 @@ class PsBuilder:
                 # pushes. Another worker's pushes run as step targets on their
                 # servers (no message back to the worker): the token it waits
                 # for comes only after the chief took them.
-                waits += [done[group]] + ([] if self.is_chief else
-                                          self._collectives_done.get(group, []))
+                waits.append(done[group])
                 if not self.is_chief:
-                    for target in self._pushes_by_server(group):
-                        if ((group,), target) not in self.edits.step_targets:
-                            self.edits.step_targets.append(((group,), target))
+                    waits += self._collectives_done.get(group, [])
+                    for device in sorted({d for _, d in self.pushes.get(group, [])}):
+                        target = ((group,), self._pushes_noop(device, group))
+                        if target not in self.edits.step_targets:
+                            self.edits.step_targets.append(target)
         with tf.control_dependencies(waits):
             token = self.backend.barrier(barrier.key)
         self.edits.step_barriers.append((tuple(barrier.groups), token.op.name))
@@ -252,20 +253,22 @@ class PsBuilder:
     def _const(self, value, dtype: tf.DType, device: str | None = None) -> tf.Tensor:
         return self.constants.get(value, dtype, device)
 
-    def _pushes_by_server(self, group: int) -> list[str]:
-        """A NoOp on each server standing for this worker's pushes of train
-        group `group` there (and their counts)."""
-        devices = sorted({d for _, d in self.pushes.get(group, [])})
-        saved, self.group = self.group, group
-        try:
-            return [self._own_pushes_on(d)[0].lstrip("^") for d in devices]
-        finally:
-            self.group = saved
+    def _pushes_noop(self, device: str, group: int) -> str | None:
+        """A NoOp on `device` standing for this worker's pushes of train
+        group `group` there and their contribution counts (None: none)."""
+        mine = [(name, d) for name, d in self.pushes.get(group, []) if d == device]
+        if not mine:
+            return None
+        key = (group, device)
+        if key not in self._pushed_on:
+            # one NoOp on the server stands for them (a control edge per push on
+            # every take grew the graph with variables squared)
+            self._pushed_on[key] = self.nodes.group(mine)
+        return self._pushed_on[key]
 
     def _own_pushes_on(self, device: str) -> list[str]:
-        """Control inputs ("^name") on this worker's pushes of the current
-        train group to `device` (and their contribution counts): one NoOp
-        on that device standing for them all.
+        """A control input on this worker's pushes of the current train
+        group to `device` (_pushes_noop), or none.
 
         The chief's take of an accumulator waits for these, on its own
         server: the take already blocks until every contribution is in, and
@@ -274,15 +277,8 @@ class PsBuilder:
         the worker, cost two messages per server and two hops between
         processes (each server's pushes to the worker, the worker back to
         each take) before any update could start."""
-        mine = [(name, d) for name, d in self.pushes.get(self.group, []) if d == device]
-        if not mine:
-            return []
-        key = (self.group, device)
-        if key not in self._pushed_on:
-            # one NoOp on the server stands for them (a control edge per push on
-            # every take grew the graph with variables squared)
-            self._pushed_on[key] = self.nodes.group(mine)
-        return ["^" + self._pushed_on[key]]
+        noop = self._pushes_noop(device, self.group)
+        return ["^" + noop] if noop else []
 
     def _after_collectives(self) -> list[tf.Operation]:
         if not (self.collectives.get(self.group) or self.collective_nodes.get(self.group)):
