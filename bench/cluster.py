@@ -469,6 +469,13 @@ class EmulatedCluster:
             result[i] = (int(stats["rx"]["bytes"]), int(stats["tx"]["bytes"]))
         return result
 
+    def link_bytes(self, i: int) -> tuple[int, int]:
+        """(bytes host i has received, bytes it has sent) on its link, read
+        from the link's root side (its transmit is what the host receives):
+        two file reads, no process, so it can be sampled every few ms."""
+        stats = Path("/sys/class/net") / root_veth_name(self.prefix, i) / "statistics"
+        return int((stats / "tx_bytes").read_text()), int((stats / "rx_bytes").read_text())
+
     def losses(self) -> dict[int, dict[str, int]]:
         """host -> cumulative loss counters: frames its link's queues dropped
         (`egress_drops`: host -> switch, `ingress_drops`: switch -> host) and its

@@ -27,7 +27,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _worker(args: argparse.Namespace) -> None:
-    import numpy as np
     import tensorflow as tf
     from autopar.transforms import comm
     from autopar.transforms.methods.herring.bfb import FusionBuffer, shards
@@ -55,8 +54,9 @@ def _worker(args: argparse.Namespace) -> None:
 
 
 def _start_server(binary: Path, host: str = "127.0.0.1", popen=subprocess.Popen,
-                  ) -> tuple[subprocess.Popen, str]:
-    proc = popen([str(binary), "--port", "0", "--host", host], stdout=subprocess.PIPE, text=True)
+                  env: dict | None = None) -> tuple[subprocess.Popen, str]:
+    proc = popen([str(binary), "--port", "0", "--host", host], stdout=subprocess.PIPE, text=True,
+                 env=env)
     line = proc.stdout.readline()
     match = re.search(r"listening on (\S+)", line)
     if not match:
@@ -69,7 +69,9 @@ def run(workers: int, servers: int, mib: int, iters: int, wire: str,
     """On loopback, or with `cluster` (bench.cluster.EmulatedCluster of
     workers + servers hosts) worker i in host i and server k in host
     workers + k, talking over the emulated links."""
+    from autopar.common.env import HERRING_WINDOW
     from autopar.runtime import native
+    from autopar.transforms.methods.herring.window import flow_window_bytes
     binary = native.RUNTIME_DIR / native.SUMSERVER_NAME
     if not binary.exists() or not (native.RUNTIME_DIR / native.HERRING_OPS_NAME).exists():
         native.build_sumserver()
@@ -80,16 +82,19 @@ def run(workers: int, servers: int, mib: int, iters: int, wire: str,
             return subprocess.Popen(argv, **kwargs)
         return cluster.popen(host, argv, **kwargs)
 
+    # On emulated links, the flow window autopar's launcher would set.
+    window = flow_window_bytes(cluster.rate_mbit / 1000, workers, servers) if cluster else None
+    base_env = dict(os.environ, **({HERRING_WINDOW: str(window)} if window else {}))
     procs: list[subprocess.Popen] = []
     try:
         addresses = []
         for k in range(servers):
             host = cluster.addresses[workers + k] if cluster else "127.0.0.1"
             proc, address = _start_server(
-                binary, host, lambda argv, **kw: popen(workers + k, argv, **kw))
+                binary, host, lambda argv, **kw: popen(workers + k, argv, **kw), env=base_env)
             procs.append(proc)
             addresses.append(address)
-        env = dict(os.environ, AUTOPAR_SUMSERVERS=",".join(addresses),
+        env = dict(base_env, AUTOPAR_SUMSERVERS=",".join(addresses),
                    PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                    TF_CPP_MIN_LOG_LEVEL="2")
         children = [popen(i, [sys.executable, "-m", "bench.herring_micro", "--worker", str(i),
@@ -117,7 +122,7 @@ def run(workers: int, servers: int, mib: int, iters: int, wire: str,
             "seconds_per_averaging": seconds, "algbw_gbit_s": 8 * g / seconds / 1e9,
             "bytes_per_worker_each_way": g * wire_factor,
             "bytes_per_server_each_way": workers * g * wire_factor / servers,
-            "all_seconds": slowest}
+            "all_seconds": slowest, "flow_window_bytes": window}
 
 
 def main(argv: list[str] | None = None) -> int:

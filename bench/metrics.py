@@ -376,6 +376,40 @@ def loss_delta(before: dict, after: dict) -> dict:
     return totals
 
 
+# A link direction counts as busy in a sampling interval when it carried at
+# least this share of its rate (TCP goodput on a saturated link is ~95 %).
+BUSY_SHARE = 0.5
+
+
+def link_occupancy(samples: list[tuple[float, int, int]], rate_mbit: float) -> dict | None:
+    """How a host's link was used over `samples` ([(seconds, bytes received,
+    bytes sent)], cumulative, in time order): the share of the time each
+    direction was busy (carried >= BUSY_SHARE of `rate_mbit`), both at once,
+    and each direction's mean utilisation. A step that keeps both directions
+    of its links busy at once runs at the Table 3 limit; one direction busy
+    while the other idles is the time a schedule loses."""
+    total = busy_rx = busy_tx = both = 0.0
+    carried_rx = carried_tx = 0
+    for (t0, rx0, tx0), (t1, rx1, tx1) in zip(samples, samples[1:]):
+        dt = t1 - t0
+        if dt <= 0:
+            continue
+        full = rate_mbit * 1e6 / 8 * dt
+        rx_busy, tx_busy = rx1 - rx0 >= BUSY_SHARE * full, tx1 - tx0 >= BUSY_SHARE * full
+        total += dt
+        busy_rx += dt * rx_busy
+        busy_tx += dt * tx_busy
+        both += dt * (rx_busy and tx_busy)
+        carried_rx += rx1 - rx0
+        carried_tx += tx1 - tx0
+    if total <= 0:
+        return None
+    full = rate_mbit * 1e6 / 8 * total
+    return {"seconds": total, "receive_busy": busy_rx / total, "send_busy": busy_tx / total,
+            "both_busy": both / total, "receive_utilisation": carried_rx / full,
+            "send_utilisation": carried_tx / full}
+
+
 def bytes_per_step(delta: dict, hosts: list[int], steps: int) -> dict:
     """Mean, min and max received/sent bytes per step over `hosts`."""
     if steps <= 0:

@@ -65,7 +65,6 @@ def _cases():
 
 
 def dump(out: Path, only: str | None = None) -> None:
-    import tensorflow as tf
     from tests import models
     from bench.bert_graph import build as build_bert
     from autopar.transforms.analysis import analyze_graph

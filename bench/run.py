@@ -41,6 +41,7 @@ from autopar.common import env as envvars
 from autopar.common.procs import stop_processes
 from autopar.common.roles import SERVER_JOB, WORKER_JOB
 from autopar.runtime import forkserver
+from autopar.transforms.methods.herring.window import flow_window_bytes
 from bench import metrics, models
 from bench.cluster import DEFAULT_CONGESTION_CONTROL
 from bench.peers import common
@@ -133,7 +134,7 @@ class Settings:
 
     @property
     def rate_mbit(self) -> float:
-        """The fastest link rate of the run (the microbenchmark runs at it)."""
+        """The fastest link rate of the run."""
         return max(self.link_mbit)
 
     def num_servers(self, n: int) -> int:
@@ -343,6 +344,37 @@ def _tail_file(path: Path, n: int = 1500) -> str:
     return "\n".join(ln for ln in text.splitlines() if ln.strip() and not _noise(ln))[-n:]
 
 
+class LinkSampler:
+    """Samples the links of some hosts (cluster.link_bytes) every
+    SAMPLE_S on a thread, from start() to stop(); occupancy() then says
+    how each link was used (metrics.link_occupancy)."""
+    SAMPLE_S = 0.05
+
+    def __init__(self, cluster, hosts: dict[str, int]):
+        self.cluster, self.hosts = cluster, hosts
+        self.samples: dict[str, list] = {label: [] for label in hosts}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            for label, host in self.hosts.items():
+                self.samples[label].append((time.monotonic(), *self.cluster.link_bytes(host)))
+            if self._stop.wait(self.SAMPLE_S):
+                return
+
+    def start(self) -> LinkSampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def occupancy(self, rate_mbit: float) -> dict:
+        return {label: metrics.link_occupancy(s, rate_mbit) for label, s in self.samples.items()}
+
+
 class RunFailed(Exception):
     pass
 
@@ -417,6 +449,10 @@ def run_point(cluster, spawner, settings: Settings, point: Point, run_dir: Path)
         # push/pull timeout stays inside the harness's phase timeout.
         env.update({envvars.SUMSERVERS: ",".join(sumservers),
                     envvars.HERRING_TIMEOUT: f"{max(10.0, settings.phase_timeout_s / 2):g}"})
+        window = os.environ.get(envvars.HERRING_WINDOW) or flow_window_bytes(
+            point.link_mbit / 1000, point.num_workers, len(sumservers))
+        env[envvars.HERRING_WINDOW] = str(window)
+        record["herring_window_bytes"] = int(window)
     events: queue.Queue = queue.Queue()
     procs: list[Proc] = []
     workers: list[Proc] = []
@@ -463,7 +499,7 @@ def run_point(cluster, spawner, settings: Settings, point: Point, run_dir: Path)
             rdv = start(0, "rendezvous", 0)
             wait_for("serving", [rdv], settings.startup_timeout_s, "the Horovod rendezvous server")
         if sumservers:
-            sums = [_start_sumserver(cluster, h, i, sumservers[i], run_dir, events)
+            sums = [_start_sumserver(cluster, h, i, sumservers[i], run_dir, events, env)
                     for i, h in enumerate(point.server_hosts)]
             procs.extend(sums)
             _wait_listening(sums, settings.startup_timeout_s)
@@ -481,8 +517,16 @@ def run_point(cluster, spawner, settings: Settings, point: Point, run_dir: Path)
         pids = {p.label: p.pid for p in procs}
         cpu_before, t_measure = metrics.machine_cpu(), time.monotonic()
         roles_before = metrics.process_cpu(pids)
+        # Worker 0's link, and the first server's: what each direction carried when.
+        links = LinkSampler(cluster, {"worker 0": point.worker_hosts[0],
+                                      **({"server 0": point.server_hosts[0]}
+                                         if point.server_hosts else {})}).start()
         (run_dir / f"go_{common.MEASURE}").touch()
-        wait_for(common.DONE, workers, settings.phase_timeout_s, "the measured steps")
+        try:
+            wait_for(common.DONE, workers, settings.phase_timeout_s, "the measured steps")
+        finally:
+            links.stop()
+        record["link_occupancy"] = links.occupancy(point.link_mbit)
         cpu_after, t_done = metrics.machine_cpu(), time.monotonic()
         record["cpu_by_role"] = metrics.cpu_by_role(roles_before, metrics.process_cpu(pids),
                                                     point.steps)
@@ -519,10 +563,10 @@ def run_point(cluster, spawner, settings: Settings, point: Point, run_dir: Path)
 
 
 def _start_sumserver(cluster, host: int, index: int, address: str, run_dir: Path,
-                     events: queue.Queue) -> Proc:
+                     events: queue.Queue, env: dict) -> Proc:
     """Summation server `index` (runtime/autopar_sumserver, found or built by
     the launcher's helper) in `host`'s namespace, listening on the host's own
-    link address. Like every process of a point it leads its own process
+    link address, with the job's environment `env` (its flow window). Like every process of a point it leads its own process
     group; it also exits with the harness (--parent-pid, PR_SET_PDEATHSIG)."""
     from autopar.runtime.commands import sumserver_path
     host_addr, _, port = address.rpartition(":")
@@ -531,7 +575,7 @@ def _start_sumserver(cluster, host: int, index: int, address: str, run_dir: Path
     with open(stdout, "w") as out, open(stdout.with_suffix(".err"), "w") as err:
         popen = cluster.popen(host, [sumserver_path(), "--host", host_addr, "--port", port,
                                      "--parent-pid", str(os.getpid())],
-                              env=_peer_env(), stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+                              env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
     return Proc(label, popen.pid, popen.poll, stdout, events)
 
 
@@ -904,8 +948,6 @@ def run(settings: Settings) -> dict:
             for rate in settings.link_mbit:
                 for n in settings.host_counts:
                     for wname in settings.workloads:
-                        if wname == "avg" and rate != settings.rate_mbit:
-                            continue       # the microbenchmark measures bandwidth: fastest rate only
                         if n not in settings.hosts_for(wname):
                             continue
                         w = settings.workload(wname)

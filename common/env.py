@@ -37,6 +37,11 @@ SUMSERVERS = "AUTOPAR_SUMSERVERS"
 # shard) waits before failing (default 60; the launcher sets max(60, 2 x the
 # stall timeout) unless the environment has it).
 HERRING_TIMEOUT = "AUTOPAR_HERRING_TIMEOUT_S"
+# Bytes each Herring flow may have in flight (its TCP receive window and a
+# worker's send buffer; cpp_ops/herring_wire.h): the launcher sets it from the
+# spec's link speed (transforms/methods/herring/window.py) unless the
+# environment has it.
+HERRING_WINDOW = "AUTOPAR_HERRING_WINDOW_BYTES"
 # "0": the launcher starts every local process anew instead of forking it
 # from the job's fork server (runtime/forkserver.py).
 FORK_SERVER = "AUTOPAR_FORK_SERVER"

@@ -29,7 +29,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -158,6 +157,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     ah::FrameHeader header;  // everything but the segment fields
     const float* data;
     size_t shard_index;      // in op->shards
+    uint64_t next_offset = 0, next_segment = 0;  // progress (a preempted job resumes there)
   };
 
   Connection(int index, std::string address, int fd)
@@ -188,11 +188,25 @@ class Connection : public std::enable_shared_from_this<Connection> {
         if (auto conn = self.lock()) conn->Forget(key);
       });
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    if (dead_) return false;
-    pending_[key] = job.op;
-    jobs_.push_back(std::move(job));
-    cv_.notify_one();
+    std::shared_ptr<OpState> preempted;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (dead_) return false;
+      pending_[key] = job.op;
+      const JobKey order = OrderOf(job);
+      if (sending_ != nullptr && order < sending_order_) {
+        preempt_ = true;
+        preempted = sending_;
+      }
+      jobs_.emplace(order, std::move(job));
+      cv_.notify_one();
+    }
+    if (preempted != nullptr) {
+      // Under its lock, so a sender about to wait for its pace sees the flag
+      // or gets the notification.
+      std::lock_guard<std::mutex> lock(preempted->mu);
+      preempted->paced.notify_all();
+    }
     return true;
   }
 
@@ -225,6 +239,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
   }
 
+  // The order in which a connection sends its jobs, segment by segment: the
+  // earliest push first, then the lowest buffer index (the gradients the
+  // backward pass produced first). Every worker computes the same key for
+  // the same op, so all of them send a server the same buffer at the same
+  // time, whatever order their executors ran the ops in: a server returns a
+  // segment only when every worker's copy is in, and workers sending it
+  // different buffers (several become ready at once when one gradient
+  // spans them) left the return direction idle while both pushes went on.
+  using JobKey = std::tuple<uint64_t, uint64_t, uint64_t>;  // generation, buffer, shard offset
+  static JobKey OrderOf(const Job& job) {
+    return {job.header.generation, job.header.buffer_id, job.header.shard_offset};
+  }
+
   void SendLoop() {
     std::vector<char> wire;
     while (true) {
@@ -233,17 +260,33 @@ class Connection : public std::enable_shared_from_this<Connection> {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [&] { return dead_ || !jobs_.empty(); });
         if (dead_) return;
-        job = std::move(jobs_.front());
-        jobs_.pop_front();
+        auto first = jobs_.begin();
+        sending_order_ = first->first;
+        job = std::move(first->second);
+        jobs_.erase(first);
+        sending_ = job.op;
+        preempt_ = false;
       }
       ah::FrameHeader h = job.header;
       const size_t esize = ah::wire_size(h.wire_dtype);
-      uint64_t segment = 0;
-      for (uint64_t off = 0; off < h.shard_len; off += h.seg_elems, ++segment) {
+      bool preempted = false;
+      for (uint64_t off = job.next_offset, segment = job.next_segment; off < h.shard_len;
+           off += h.seg_elems, ++segment) {
         {
           std::unique_lock<std::mutex> lock(job.op->mu);
-          job.op->paced.wait(lock, [&] { return job.op->finished || InPace(*job.op, segment); });
+          job.op->paced.wait(lock, [&] {
+            return job.op->finished || preempt_ || InPace(*job.op, segment);
+          });
           if (job.op->finished) break;  // failed meanwhile: the job is going down
+          preempted = preempt_;
+        }
+        if (preempted) {
+          // An op earlier in the order arrived: it goes first, this job
+          // resumes at this segment (its op's other shards wait for it,
+          // never the other way round, so pacing cannot cycle).
+          job.next_offset = off;
+          job.next_segment = segment;
+          break;
         }
         h.seg_offset = off;
         h.seg_len = static_cast<uint32_t>(std::min<uint64_t>(h.seg_elems, h.shard_len - off));
@@ -262,6 +305,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
         std::lock_guard<std::mutex> lock(job.op->mu);
         job.op->segments_sent[job.shard_index] = segment + 1;
         job.op->paced.notify_all();
+      }
+      if (preempted) {
+        std::lock_guard<std::mutex> lock(mu_);
+        sending_ = nullptr;
+        if (dead_) return;
+        jobs_.emplace(OrderOf(job), std::move(job));
+        continue;
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        sending_ = nullptr;
       }
       std::lock_guard<std::mutex> lock(job.op->mu);
       job.op->segments_sent[job.shard_index] = ~uint64_t{0};  // done: never waited for
@@ -350,7 +404,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::mutex mu_;
   std::condition_variable cv_;
   bool dead_ = false;
-  std::deque<Job> jobs_;
+  std::multimap<JobKey, Job> jobs_;  // by OrderOf
+  // The job being sent (its op and order; null between jobs) and whether a
+  // job earlier in the order has arrived since (read by the sender while it
+  // waits for its pace, under its op's lock).
+  std::shared_ptr<OpState> sending_;
+  JobKey sending_order_{};
+  std::atomic<bool> preempt_{false};
   std::map<PendingKey, std::shared_ptr<OpState>> pending_;
 };
 
@@ -667,8 +727,10 @@ class HerringPushPullOp : public AsyncOpKernel {
       jobs.emplace_back(std::move(conn), std::move(job));
     }
     {
-      // Every connection's queue holds the ops in one order: a paced shard
-      // waits only for shards of its own op, which no later op's job precedes.
+      // An op's shards are queued on their connections together, and every
+      // connection sends in one order (Connection::OrderOf): a paced shard
+      // waits only for shards of its own op, which no job later in that
+      // order holds up.
       static std::mutex submit_order;
       std::lock_guard<std::mutex> lock(submit_order);
       for (auto& [conn, job] : jobs) {

@@ -237,15 +237,36 @@ inline bool send_frame(int fd, const FrameHeader& header, const void* payload, s
 // worker every server's results: N flows into one link, whose switch-side
 // queue overflows when their windows together exceed it (the bench's
 // emulated links queue 1000 frames, 1.5 MB; shallow real switches less).
-// Each receiver therefore grants a sender at most this many bytes in flight
-// (its TCP receive window, set before the connection exists so that the
-// window scale matches): 8 senders fill 1 MB, and one flow still covers a
-// 1 Gbit/s link's bandwidth-delay product many times over (25 KB at 0.2 ms).
+// Each receiver therefore grants a sender a bounded window of bytes in
+// flight (its TCP receive window, set before the connection exists so that
+// the window scale matches), and a worker's send buffer is bounded the same.
+//
+// What stays in flight beyond the link's bandwidth-delay product only waits
+// in a queue, and a result waits behind it: a server returns a segment after
+// every worker's copy arrived, so the queues on a push's way and on its
+// result's way delay the result stream by their depth (at 25 Mbit/s, eight
+// 128 KiB windows queue for 0.34 s per link). The launcher therefore sets
+// the window from the spec's link speed and the number of flows sharing a
+// link (transforms/comm.py herring_flow_window); without it (link speed
+// unknown) each flow gets kFlowWindowBytes: 8 of them fit a 1000-frame
+// queue, and one covers a 1 Gbit/s link's bandwidth-delay product many times.
 constexpr int kFlowWindowBytes = 128 << 10;
+constexpr const char* kFlowWindowEnv = "AUTOPAR_HERRING_WINDOW_BYTES";
+
+// $AUTOPAR_HERRING_WINDOW_BYTES if it is a number in [4 KiB, 64 MiB], else
+// kFlowWindowBytes.
+inline int flow_window_bytes() {
+  const char* env = std::getenv(kFlowWindowEnv);
+  if (env == nullptr || *env == 0) return kFlowWindowBytes;
+  char* end = nullptr;
+  long value = std::strtol(env, &end, 10);
+  if (*end != 0 || value < (4 << 10) || value > (64 << 20)) return kFlowWindowBytes;
+  return static_cast<int>(value);
+}
 
 // Before connect() or listen() (accepted sockets inherit it).
 inline void bound_receive_window(int fd) {
-  int bytes = kFlowWindowBytes;
+  int bytes = flow_window_bytes();
   ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
 }
 
@@ -254,7 +275,7 @@ inline void bound_receive_window(int fd) {
 // (megabytes) a handed-over segment may still be far from the wire, so the
 // worker's sockets keep at most a flow window of unsent bytes.
 inline void bound_send_buffer(int fd) {
-  int bytes = kFlowWindowBytes;
+  int bytes = flow_window_bytes();
   ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
 }
 

@@ -372,22 +372,36 @@ def _herring(v: dict) -> None:
     v["herring.commit"] = h.commit
     loads = [p["loadavg_before"][0] for p in h.points if p.get("loadavg_before")]
     v["herring.load"] = f"{min(loads):.0f}–{max(loads):.0f}"
-    rows = []
-    for n in d["settings"]["host_counts"]:
-        cells = [_f(h.point(p, n, "avg")["step_s"] * 1000) for p in
-                 ("floor", "horovod", "tf_mwms", "autopar-allreduce", "autopar-herring")]
-        rows.append([n, *cells, _server_mb(h.point("autopar-herring", n, "avg"))])
-    v["table:herring-micro"] = _table(["N", "floor", "Horovod/Gloo", "TF collective",
+    # The compute floor does not depend on the link: any rate's point.
+    floor = {(p["workload"], p["num_workers"]): p for p in h.points if p["peer"] == "floor"}
+    rows, srv = [], []
+    for mbit in sorted({p["link_mbit"] for p in h.points}, reverse=True):
+        for n in d["settings"]["host_counts"]:
+            if not any(p["workload"] == "avg" and p["link_mbit"] == mbit for p in h.points):
+                continue
+            herring = h.point("autopar-herring", n, "avg", mbit)
+            cells = [_f(h.point(p, n, "avg", mbit)["step_s"] * 1000) for p in
+                     ("horovod", "tf_mwms", "autopar-allreduce", "autopar-herring")]
+            rows.append([_f(mbit), n, _f(floor[("avg", n)]["step_s"] * 1000), *cells,
+                         _pct(herring["fraction_of_limit"]), _server_mb(herring)])
+            srv += [herring["bytes_per_step"]["server"][way] for way in ("send", "recv")]
+    v["table:herring-micro"] = _table(["Mbit/s", "N", "floor", "Horovod/Gloo", "TF collective",
                                        "autopar-allreduce", "autopar-herring",
+                                       "herring of its link limit",
                                        "herring server send / recv MB/step"], rows)
     rows = []
-    for n in d["settings"]["workload_hosts"].get("dense", []):
-        rows.append([n] + [_f(h.thr(p, n, "dense")) for p in
-                           ("horovod", "autopar-allreduce", "autopar-herring")])
-    v["table:herring-dense"] = _table(["N", "Horovod images/s", "autopar-allreduce images/s",
-                                       "autopar-herring images/s"], rows)
-    srv = [h.point("autopar-herring", n, "avg")["bytes_per_step"]["server"][way]
-           for n in d["settings"]["host_counts"] for way in ("send", "recv")]
+    for mbit in sorted({p["link_mbit"] for p in h.points}, reverse=True):
+        for n in d["settings"]["workload_hosts"].get("dense", []):
+            rows.append([_f(mbit), n] + [_f(h.thr(p, n, "dense", mbit)) for p in
+                                         ("horovod", "autopar-allreduce", "autopar-herring")]
+                        + [_pct(h.point("autopar-herring", n, "dense", mbit)["fraction_of_limit"])])
+    v["herring.dense_vs_horovod"] = "; ".join(
+        " and ".join(f"{_f(h.ratio('autopar-herring', 'horovod', n, 'dense', mbit), 2)}x (N = {n})"
+                     for n in d["settings"]["workload_hosts"].get("dense", []))
+        + f" at {_f(mbit)} Mbit/s" for mbit in sorted({p["link_mbit"] for p in h.points}))
+    v["table:herring-dense"] = _table(["Mbit/s", "N", "Horovod images/s",
+                                       "autopar-allreduce images/s", "autopar-herring images/s",
+                                       "herring of its link limit"], rows)
     v["herring.server_spread"] = f"{(max(srv) / min(srv) - 1) * 100:.1f} %"
     v["plot:herring-microbench"] = _plot(d["plots"]["microbenchmark time vs N"])
 

@@ -29,6 +29,7 @@ from autopar.runtime.coordinator_client import DEFAULT_LINK_TIMEOUT_S, LINK_TIME
 from autopar.runtime.ports import is_local_address
 from autopar.runtime.slurm import srun_command
 from autopar.runtime.spec import HostSpec, ResourceSpec
+from autopar.transforms.methods.herring.window import flow_window_bytes
 
 logger = logging.getLogger("autopar.launcher")
 
@@ -200,6 +201,11 @@ def plan_children(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: Se
     ]
     if sumservers:
         extra_env = {**(extra_env or {}), envvars.SUMSERVERS: ",".join(sumservers)}
+        # The user's own setting wins, and reaches remote children too.
+        window = os.environ.get(envvars.HERRING_WINDOW) or flow_window_bytes(
+            spec.bandwidth_gbps, len(cluster[WORKER_JOB]), len(sumservers))
+        if window is not None:
+            extra_env[envvars.HERRING_WINDOW] = str(window)
     plans: list[ChildPlan] = []
     for role, addresses, hosts, command in jobs:
         if len(addresses) != len(hosts):

@@ -113,10 +113,12 @@ def test_allreduce_across_two_hosts_moves_the_expected_bytes_and_leaves_nothing(
 
         peers = ",".join(f"{address}:{PORT}" for address in cluster.addresses)
         before = cluster.counters()
+        sampled_before = [cluster.link_bytes(i) for i in range(2)]
         procs = [cluster.popen(i, [sys.executable, str(script), str(i), peers, str(TENSOR_BYTES)], env=child_env(),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
         outputs = [p.communicate(timeout=120)[0] for p in procs]
         after = cluster.counters()
+        sampled_after = [cluster.link_bytes(i) for i in range(2)]
         started = cluster.processes
     for i, (proc, out) in enumerate(zip(procs, outputs)):
         assert proc.returncode == 0, f"worker {i} exited {proc.returncode}:\n{out[-3000:]}"
@@ -129,6 +131,10 @@ def test_allreduce_across_two_hosts_moves_the_expected_bytes_and_leaves_nothing(
         print(f"host {host}: rx {rx / 1e6:.2f} MB, tx {tx / 1e6:.2f} MB (all-reduce payload {expected / 1e6:.2f} MB)")
         assert expected <= rx < 3 * expected, f"host {host} received {rx} bytes"
         assert expected <= tx < 3 * expected, f"host {host} sent {tx} bytes"
+        # The sampler's reading from the link's root side (no process per
+        # read) sees the same bytes as the host's own counters.
+        sampled = [a - b for a, b in zip(sampled_after[host], sampled_before[host])]
+        assert sampled == pytest.approx([rx, tx], rel=0.01), (host, sampled, rx, tx)
 
     assert leftovers() == []
     assert [p.pid for p in started if alive(p.pid)] == []

@@ -26,8 +26,10 @@ import ml_dtypes   # TensorFlow's own dependency: numpy's bfloat16
 import numpy as np
 import pytest
 
+from autopar.common.env import HERRING_WINDOW
 from autopar.common.roles import SUMSERVER_ROLE
 from autopar.runtime import native
+from autopar.transforms.methods.herring import window
 from tests.integration.cluster import REPO, LineReader, child_env, survivors
 
 WORKER = REPO / "tests" / "integration" / "scripts" / "herring_worker.py"
@@ -39,6 +41,8 @@ STARTUP_S = 240   # five TensorFlow imports on a loaded machine
 # Generous bound on detecting a dead or stalled server (the issue's "bounded
 # time"); the mechanisms take well under a second plus the configured timeout.
 FAILURE_BOUND_S = 20
+# The summation servers' flow window, set through the environment.
+SERVER_WINDOW_BYTES = 48 << 10
 # Forces the scalar float16 conversions (cpp_ops/herring_wire.h) in a process.
 SCALAR_F16 = {"AUTOPAR_HERRING_NO_F16C": "1"}
 WIRE = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
@@ -67,7 +71,9 @@ class Cluster:
         self.tmp = tmp
         self.servers: list[subprocess.Popen] = []
         self.addresses: list[str] = []
-        scalar = dict(os.environ, **SCALAR_F16)
+        # The servers' window from the environment (as the launcher sets it),
+        # the workers' the transport's default.
+        scalar = dict(os.environ, **SCALAR_F16, **{HERRING_WINDOW: str(SERVER_WINDOW_BYTES)})
         for i in range(6):
             proc, address = _start_server(*(["--timeout-s", "2"] if i == IMPATIENT else []),
                                           env=scalar)
@@ -77,6 +83,7 @@ class Cluster:
             probe.bind(("127.0.0.1", 0))
             self.addresses.append(f"127.0.0.1:{probe.getsockname()[1]}")
         env = dict(child_env(), AUTOPAR_SUMSERVERS=",".join(self.addresses))
+        env.pop(HERRING_WINDOW, None)
         self.workers = [subprocess.Popen([sys.executable, str(WORKER), str(i)], cwd=REPO,
                                          env=dict(env, **SCALAR_F16) if i == 0 else env,
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -234,15 +241,12 @@ def _fail_push(cluster, server: int, n: int, timeout_s: float, before_push=None,
     return result
 
 
-# cpp_ops/herring_wire.h kFlowWindowBytes; Linux reports twice what was set
-# (SO_RCVBUF's bookkeeping overhead), as ss's "rb".
-FLOW_WINDOW_BYTES = 128 << 10
-
-
 def test_every_herring_connection_bounds_its_receive_window(cluster):
-    """Incast: each receiver grants each sender at most FLOW_WINDOW_BYTES in
-    flight, workers for the servers' results and servers for the pushes.
-    Read from the kernel (ss) on the connections the sums above opened."""
+    """Incast: each receiver grants each sender a bounded window, workers for
+    the servers' results (the transport's default, window.DEFAULT_BYTES) and
+    servers for the pushes (AUTOPAR_HERRING_WINDOW_BYTES, SERVER_WINDOW_BYTES).
+    Read from the kernel (ss) on the connections the sums above opened; Linux
+    reports twice what was set (SO_RCVBUF's bookkeeping overhead) as "rb"."""
     ports = {int(a.rsplit(":", 1)[1]) for a in cluster.addresses[:3]}
     listed = subprocess.run(["ss", "-Htmn", "state", "established"], capture_output=True,
                             text=True, check=True).stdout
@@ -260,7 +264,8 @@ def test_every_herring_connection_bounds_its_receive_window(cluster):
     # Every worker of the sums above connected to the three servers.
     assert len(seen["worker"]) >= NUM_WORKERS * 3 and len(seen["server"]) >= NUM_WORKERS * 3, \
         listed
-    assert set(seen["worker"]) == set(seen["server"]) == {2 * FLOW_WINDOW_BYTES}, seen
+    assert set(seen["worker"]) == {2 * window.DEFAULT_BYTES}, seen
+    assert set(seen["server"]) == {2 * SERVER_WINDOW_BYTES}, seen
 
 
 def test_killed_server_fails_the_op_naming_it(cluster):

@@ -414,3 +414,25 @@ def test_cpu_by_role_sums_each_kind_of_process():
         pass
     assert metrics.cpu_by_role(start, metrics.process_cpu(mine), 1)["me"]["user_ms_per_step"] > 0
     assert metrics.process_cpu({"nobody0": 2 ** 22 + 12345}) == {}
+
+
+def test_link_occupancy_tells_one_direction_busy_from_both():
+    rate = 8.0                      # Mbit/s: 1 MB/s, 100 kB per 0.1 s
+    full, idle = 100_000, 1_000
+    # (receive, send) per 0.1 s interval: 2 intervals sending only, 1 both,
+    # 1 receiving only.
+    steps = [(idle, full), (idle, full), (full, full), (full, idle)]
+    samples, rx, tx = [(0.0, 0, 0)], 0, 0
+    for i, (r, t) in enumerate(steps, start=1):
+        rx, tx = rx + r, tx + t
+        samples.append((0.1 * i, rx, tx))
+    got = metrics.link_occupancy(samples, rate)
+    assert got["seconds"] == pytest.approx(0.4)
+    assert got["send_busy"] == pytest.approx(0.75)
+    assert got["receive_busy"] == pytest.approx(0.5)
+    assert got["both_busy"] == pytest.approx(0.25)
+    assert got["send_utilisation"] == pytest.approx((3 * full + idle) / (4 * full))
+    # Half the rate is still busy; less is not.
+    half = [(0.0, 0, 0), (0.1, 0, full // 2), (0.2, 0, full // 2 + full // 2 - 1)]
+    assert metrics.link_occupancy(half, rate)["send_busy"] == pytest.approx(0.5)
+    assert metrics.link_occupancy([(0.0, 0, 0)], rate) is None

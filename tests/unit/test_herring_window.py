@@ -1,0 +1,65 @@
+"""The Herring flow window (transforms/methods/herring/window.py): from the
+link speed and the flows that share a link, and handed by the launcher to
+every process of a job with summation servers."""
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+
+from autopar.common import env as envvars
+from autopar.common.roles import SUMSERVER_ROLE, WORKER_ROLE
+from autopar.transforms.methods.herring import window
+from tests.integration.cluster import REPO
+
+WIRE_H = (REPO / "cpp_ops" / "herring_wire.h").read_text()
+
+
+def test_the_transport_reads_the_window_the_launcher_sets():
+    assert re.search(r'kFlowWindowEnv = "' + envvars.HERRING_WINDOW + '"', WIRE_H)
+    default = re.search(r"kFlowWindowBytes = (\d+) << (\d+);", WIRE_H)
+    assert int(default.group(1)) << int(default.group(2)) == window.DEFAULT_BYTES
+
+
+def test_unknown_link_speed_keeps_the_transports_default():
+    assert window.flow_window_bytes(None, 8, 8) is None
+    assert window.flow_window_bytes(0, 8, 8) is None
+
+
+@pytest.mark.parametrize("gbps, workers, servers, expected", [
+    # A link holds QUEUE_S of its rate in flight, split over its flows ...
+    (1.0, 4, 4, 125_000),
+    (1.0, 8, 2, 62_500),        # a server's link carries a flow from each of 8 workers
+    (1.0, 2, 8, 62_500),        # a worker's link one from each of 8 servers
+    # ... but no flow less than MIN_BYTES or more than the default.
+    (0.025, 8, 8, window.MIN_BYTES),
+    (0.1, 4, 4, window.MIN_BYTES),
+    (10.0, 4, 4, window.DEFAULT_BYTES),
+])
+def test_window_splits_the_links_bytes_in_flight_over_its_flows(gbps, workers, servers, expected):
+    assert window.flow_window_bytes(gbps, workers, servers) == expected
+
+
+def _children(bandwidth_gbps):
+    from autopar.runtime.commands import plan_children
+    from autopar.runtime.spec import HostSpec, ResourceSpec
+    spec = ResourceSpec(hosts=(HostSpec(address="127.0.0.1", workers=2, servers=0),
+                               HostSpec(address="127.0.0.2", workers=0, servers=1)),
+                        bandwidth_gbps=bandwidth_gbps)
+    cluster = {"worker": ["127.0.0.1:5000", "127.0.0.1:5001"], "ps": ["127.0.0.2:5002"]}
+    return plan_children(spec, cluster, [sys.executable, "train.py"], cwd="/here",
+                         sumservers=["127.0.0.2:5003"])
+
+
+def test_launcher_gives_every_process_the_window_of_its_links(monkeypatch):
+    monkeypatch.delenv(envvars.HERRING_WINDOW, raising=False)
+    plans = _children(1.0)
+    assert {p.role for p in plans} >= {WORKER_ROLE, SUMSERVER_ROLE}
+    expected = str(window.flow_window_bytes(1.0, 2, 1))
+    assert all(p.env[envvars.HERRING_WINDOW] == expected for p in plans), plans
+    # Without a link speed the launcher adds nothing; the user's own setting
+    # (inherited by the local children) wins.
+    assert all(envvars.HERRING_WINDOW not in p.env for p in _children(None))
+    monkeypatch.setenv(envvars.HERRING_WINDOW, "65536")
+    assert all(p.env[envvars.HERRING_WINDOW] == "65536" for p in _children(1.0))
