@@ -71,7 +71,7 @@ def run(workers: int, servers: int, mib: int, iters: int, wire: str,
     workers + k, talking over the emulated links."""
     from autopar.common.env import HERRING_WINDOW
     from autopar.runtime import native
-    from autopar.transforms.methods.herring.window import flow_window_bytes
+    from autopar.transforms.methods.herring.window import job_window_setting
     binary = native.RUNTIME_DIR / native.SUMSERVER_NAME
     if not binary.exists() or not (native.RUNTIME_DIR / native.HERRING_OPS_NAME).exists():
         native.build_sumserver()
@@ -83,8 +83,9 @@ def run(workers: int, servers: int, mib: int, iters: int, wire: str,
         return cluster.popen(host, argv, **kwargs)
 
     # On emulated links, the flow window autopar's launcher would set.
-    window = flow_window_bytes(cluster.rate_mbit / 1000, workers, servers) if cluster else None
-    base_env = dict(os.environ, **({HERRING_WINDOW: str(window)} if window else {}))
+    window = job_window_setting(os.environ, cluster.rate_mbit / 1000, workers, servers) \
+        if cluster else None
+    base_env = dict(os.environ, **({HERRING_WINDOW: window} if window else {}))
     procs: list[subprocess.Popen] = []
     try:
         addresses = []
@@ -122,7 +123,7 @@ def run(workers: int, servers: int, mib: int, iters: int, wire: str,
             "seconds_per_averaging": seconds, "algbw_gbit_s": 8 * g / seconds / 1e9,
             "bytes_per_worker_each_way": g * wire_factor,
             "bytes_per_server_each_way": workers * g * wire_factor / servers,
-            "all_seconds": slowest, "flow_window_bytes": window}
+            "all_seconds": slowest, "flow_window_bytes": int(window) if window else None}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,7 +41,7 @@ from autopar.common import env as envvars
 from autopar.common.procs import stop_processes
 from autopar.common.roles import SERVER_JOB, WORKER_JOB
 from autopar.runtime import forkserver
-from autopar.transforms.methods.herring.window import flow_window_bytes
+from autopar.transforms.methods.herring.window import job_window_setting
 from bench import metrics, models
 from bench.cluster import DEFAULT_CONGESTION_CONTROL
 from bench.peers import common
@@ -449,9 +449,9 @@ def run_point(cluster, spawner, settings: Settings, point: Point, run_dir: Path)
         # push/pull timeout stays inside the harness's phase timeout.
         env.update({envvars.SUMSERVERS: ",".join(sumservers),
                     envvars.HERRING_TIMEOUT: f"{max(10.0, settings.phase_timeout_s / 2):g}"})
-        window = os.environ.get(envvars.HERRING_WINDOW) or flow_window_bytes(
-            point.link_mbit / 1000, point.num_workers, len(sumservers))
-        env[envvars.HERRING_WINDOW] = str(window)
+        window = job_window_setting(os.environ, point.link_mbit / 1000, point.num_workers,
+                                    len(sumservers))
+        env[envvars.HERRING_WINDOW] = window
         record["herring_window_bytes"] = int(window)
     events: queue.Queue = queue.Queue()
     procs: list[Proc] = []

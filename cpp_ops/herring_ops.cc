@@ -306,16 +306,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
         job.op->segments_sent[job.shard_index] = segment + 1;
         job.op->paced.notify_all();
       }
-      if (preempted) {
-        std::lock_guard<std::mutex> lock(mu_);
-        sending_ = nullptr;
-        if (dead_) return;
-        jobs_.emplace(OrderOf(job), std::move(job));
-        continue;
-      }
       {
         std::lock_guard<std::mutex> lock(mu_);
         sending_ = nullptr;
+        if (preempted) {
+          if (dead_) return;
+          jobs_.emplace(OrderOf(job), std::move(job));
+          continue;
+        }
       }
       std::lock_guard<std::mutex> lock(job.op->mu);
       job.op->segments_sent[job.shard_index] = ~uint64_t{0};  // done: never waited for

@@ -374,8 +374,9 @@ def _herring(v: dict) -> None:
     v["herring.load"] = f"{min(loads):.0f}–{max(loads):.0f}"
     # The compute floor does not depend on the link: any rate's point.
     floor = {(p["workload"], p["num_workers"]): p for p in h.points if p["peer"] == "floor"}
+    rates = sorted({p["link_mbit"] for p in h.points}, reverse=True)
     rows, srv = [], []
-    for mbit in sorted({p["link_mbit"] for p in h.points}, reverse=True):
+    for mbit in rates:
         for n in d["settings"]["host_counts"]:
             if not any(p["workload"] == "avg" and p["link_mbit"] == mbit for p in h.points):
                 continue
@@ -390,7 +391,7 @@ def _herring(v: dict) -> None:
                                        "herring of its link limit",
                                        "herring server send / recv MB/step"], rows)
     rows = []
-    for mbit in sorted({p["link_mbit"] for p in h.points}, reverse=True):
+    for mbit in rates:
         for n in d["settings"]["workload_hosts"].get("dense", []):
             rows.append([_f(mbit), n] + [_f(h.thr(p, n, "dense", mbit)) for p in
                                          ("horovod", "autopar-allreduce", "autopar-herring")]
@@ -398,7 +399,7 @@ def _herring(v: dict) -> None:
     v["herring.dense_vs_horovod"] = "; ".join(
         " and ".join(f"{_f(h.ratio('autopar-herring', 'horovod', n, 'dense', mbit), 2)}x (N = {n})"
                      for n in d["settings"]["workload_hosts"].get("dense", []))
-        + f" at {_f(mbit)} Mbit/s" for mbit in sorted({p["link_mbit"] for p in h.points}))
+        + f" at {_f(mbit)} Mbit/s" for mbit in reversed(rates))
     v["table:herring-dense"] = _table(["Mbit/s", "N", "Horovod images/s",
                                        "autopar-allreduce images/s", "autopar-herring images/s",
                                        "herring of its link limit"], rows)

@@ -29,7 +29,7 @@ from autopar.runtime.coordinator_client import DEFAULT_LINK_TIMEOUT_S, LINK_TIME
 from autopar.runtime.ports import is_local_address
 from autopar.runtime.slurm import srun_command
 from autopar.runtime.spec import HostSpec, ResourceSpec
-from autopar.transforms.methods.herring.window import flow_window_bytes
+from autopar.transforms.methods.herring.window import job_window_setting
 
 logger = logging.getLogger("autopar.launcher")
 
@@ -201,11 +201,11 @@ def plan_children(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: Se
     ]
     if sumservers:
         extra_env = {**(extra_env or {}), envvars.SUMSERVERS: ",".join(sumservers)}
-        # The user's own setting wins, and reaches remote children too.
-        window = os.environ.get(envvars.HERRING_WINDOW) or flow_window_bytes(
-            spec.bandwidth_gbps, len(cluster[WORKER_JOB]), len(sumservers))
+        # Given explicitly, so the user's own setting reaches remote children too.
+        window = job_window_setting(os.environ, spec.bandwidth_gbps, len(cluster[WORKER_JOB]),
+                                    len(sumservers))
         if window is not None:
-            extra_env[envvars.HERRING_WINDOW] = str(window)
+            extra_env[envvars.HERRING_WINDOW] = window
     plans: list[ChildPlan] = []
     for role, addresses, hosts, command in jobs:
         if len(addresses) != len(hosts):

@@ -20,6 +20,10 @@ workers and summation servers (cpp_ops/herring_wire.h reads it); a spec
 without `network.bandwidth_gbps` keeps the transport's default."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from autopar.common.env import HERRING_WINDOW
+
 DEFAULT_BYTES = 128 << 10   # cpp_ops/herring_wire.h kFlowWindowBytes: link speed unknown
 MIN_BYTES = 16 << 10
 QUEUE_S = 0.004
@@ -34,3 +38,12 @@ def flow_window_bytes(bandwidth_gbps: float | None, workers: int, servers: int) 
     per_link = bandwidth_gbps * 1e9 / 8 * QUEUE_S
     flows = max(workers, servers, 1)
     return int(min(DEFAULT_BYTES, max(MIN_BYTES, per_link / flows)))
+
+
+def job_window_setting(environ: Mapping[str, str], bandwidth_gbps: float | None, workers: int,
+                       servers: int) -> str | None:
+    """The AUTOPAR_HERRING_WINDOW_BYTES to give a job's processes: the
+    user's own setting in ``environ`` wins, else flow_window_bytes (None: set
+    nothing, the transport's default applies)."""
+    window = environ.get(HERRING_WINDOW) or flow_window_bytes(bandwidth_gbps, workers, servers)
+    return None if window is None else str(window)
