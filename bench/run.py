@@ -449,7 +449,7 @@ def run_point(cluster, spawner, settings: Settings, point: Point, run_dir: Path)
         # push/pull timeout stays inside the harness's phase timeout.
         env.update({envvars.SUMSERVERS: ",".join(sumservers),
                     envvars.HERRING_TIMEOUT: f"{max(10.0, settings.phase_timeout_s / 2):g}"})
-        window = job_window_setting(os.environ, point.link_mbit / 1000, point.num_workers,
+        window = job_window_setting(os.environ.get(envvars.HERRING_WINDOW), point.link_mbit / 1000, point.num_workers,
                                     len(sumservers))
         env[envvars.HERRING_WINDOW] = window
         record["herring_window_bytes"] = int(window)

@@ -20,10 +20,6 @@ workers and summation servers (cpp_ops/herring_wire.h reads it); a spec
 without `network.bandwidth_gbps` keeps the transport's default."""
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from autopar.common.env import HERRING_WINDOW
-
 DEFAULT_BYTES = 128 << 10   # cpp_ops/herring_wire.h kFlowWindowBytes: link speed unknown
 MIN_BYTES = 16 << 10
 QUEUE_S = 0.004
@@ -40,10 +36,10 @@ def flow_window_bytes(bandwidth_gbps: float | None, workers: int, servers: int) 
     return int(min(DEFAULT_BYTES, max(MIN_BYTES, per_link / flows)))
 
 
-def job_window_setting(environ: Mapping[str, str], bandwidth_gbps: float | None, workers: int,
+def job_window_setting(user_setting: str | None, bandwidth_gbps: float | None, workers: int,
                        servers: int) -> str | None:
     """The AUTOPAR_HERRING_WINDOW_BYTES to give a job's processes: the
-    user's own setting in ``environ`` wins, else flow_window_bytes (None: set
-    nothing, the transport's default applies)."""
-    window = environ.get(HERRING_WINDOW) or flow_window_bytes(bandwidth_gbps, workers, servers)
+    user's own setting wins, else flow_window_bytes (None: set nothing, the
+    transport's default applies)."""
+    window = user_setting or flow_window_bytes(bandwidth_gbps, workers, servers)
     return None if window is None else str(window)
