@@ -55,27 +55,33 @@ _PRCTL = libc_function("prctl")   # None: children will not die with the launche
 
 
 def make_preexec(death_signal: int = signal.SIGKILL,
-                 then: Callable[[], None] | None = None) -> Callable[[], None] | None:
-    """A preexec_fn that makes the child receive ``death_signal`` when the
-    launcher dies, then calls ``then`` (e.g. entering the job's network
-    namespace, runtime/netns.py); None when there is nothing to do.
+                 then: Callable[[], None] | None = None) -> Callable[[], None]:
+    """A preexec_fn that gives the child SIGINT as a new process has it,
+    makes it receive ``death_signal`` when the launcher dies, then calls
+    ``then`` (e.g. entering the job's network namespace, runtime/netns.py).
+    The fork server runs it in each child right after its fork.
+
+    SIGINT: a process started with it ignored (``nohup ... &`` from a script)
+    passes the ignore on through fork and exec, and a chief that ignores
+    SIGINT never hears the launcher's request to stop after its step and
+    save (runtime/runner.py). The launcher handles its own SIGINT either way.
 
     The death signal is tied to the *thread* that forked the child, so
     processes must be started from a thread that lives as long as they do
     (the launcher starts them from its calling thread and stops them before
     returning).
     """
-    if _PRCTL is None:
-        return then
     prctl = _PRCTL
     parent_pid = os.getpid()
 
     def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(death_signal), 0, 0, 0)
-        # The parent may have died between fork and prctl, in which case the
-        # signal will never come: we have been re-parented already.
-        if os.getppid() != parent_pid:
-            os._exit(1)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, int(death_signal), 0, 0, 0)
+            # The parent may have died between fork and prctl, in which case
+            # the signal will never come: we have been re-parented already.
+            if os.getppid() != parent_pid:
+                os._exit(1)
         if then is not None:
             then()
 

@@ -161,7 +161,8 @@ def _serve(sock: socket.socket) -> tuple[dict, list[int]] | None:
 
     reply(f"READY {os.getpid()}")
     children: set[int] = set()
-    die_with_server = procs.make_preexec()   # run in each child, right after its fork
+    # run in each child, right after its fork: SIGINT as a new process has it, dying with us
+    die_with_server = procs.make_preexec()
     while True:
         readable, _, _ = select.select([sock], [], [], 0.05)
         if readable:
@@ -194,8 +195,7 @@ def _serve(sock: socket.socket) -> tuple[dict, list[int]] | None:
                 sock.close()
                 os.close(set_up_r)
                 os.setsid()
-                if die_with_server is not None:
-                    die_with_server()
+                die_with_server()
                 _join_namespaces()
                 os.close(set_up_w)
                 return request, fds
@@ -285,8 +285,7 @@ def _fork_spare(request: dict, out_fds: list[int]) -> tuple[dict, list[int]] | N
         os.dup2(devnull, fd)
     os.close(devnull)
     os.setsid()
-    if die_with_child is not None:
-        die_with_child()
+    die_with_child()
     return _wait_adoption(theirs)
 
 

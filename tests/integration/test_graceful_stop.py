@@ -7,6 +7,8 @@ the previous one.
   restart ends where an uninterrupted run ends.
 - A second Ctrl-C while the chief cannot reach a step boundary stops the job
   at once.
+- A launcher started with SIGINT ignored (nohup from a script) still stops
+  its chief after the current step, with a checkpoint.
 - Truncated, bit-flipped and missing-.data checkpoints are reported by name
   and skipped; training resumes from the newest intact one; temporary files
   of killed saves are removed; only keep_checkpoints are kept.
@@ -97,6 +99,32 @@ def test_second_ctrl_c_stops_at_once(tmp_path):
     assert proc.returncode == 130, text[-3000:]
     assert "interrupted again: stopping all processes now" in text, text[-3000:]
     assert len(pids) == 2 and not survivors(pids), text[-3000:]
+
+
+def test_stop_reaches_a_chief_started_with_sigint_ignored(tmp_path):
+    # `nohup autopar launch ... &` from a script starts the launcher with
+    # SIGINT ignored, and fork and exec pass the ignore on: the chief must
+    # still hear the launcher's stop and save before it ends.
+    ignoring = tmp_path / "sigint_ignored.py"
+    ignoring.write_text("import os, signal, sys\n"
+                        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                        "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n")
+    ckpt = tmp_path / "ckpt"
+    command = train_command(MODEL, tmp_path / "out", "--steps", "30", "--pause-at", "7",
+                            "--spec", str(write_spec(tmp_path, workers=2)),
+                            "--checkpoint-dir", str(ckpt), "--save-every", "100")
+    proc = start_job([command[0], str(ignoring), *command[1:]])
+    with LineReader(proc) as reader:
+        reader.wait_for([r"\] step 7 ", r"worker 0 pausing at step 7"], 240)
+        pids = _pids(reader.text)
+        os.kill(proc.pid, signal.SIGINT)   # the launcher only: `kill -INT <pid>`
+        reader.rest(timeout=60)
+    text = reader.text
+    assert proc.returncode == 130, text[-3000:]
+    assert re.search(r"job stopped on SIGINT: the chief stopped at global step 7; "
+                     r"checkpoint \S*model\.ckpt-7", text), text[-3000:]
+    assert len(pids) == 2 and not survivors(pids), text[-3000:]
+    assert _checkpoint_steps(ckpt) == {7}
 
 
 def _train(ckpt: Path | None, steps: int, caplog=None) -> dict:
