@@ -29,12 +29,14 @@ def test_unknown_link_speed_keeps_the_transports_default():
 
 @pytest.mark.parametrize("gbps, workers, servers, expected", [
     # A link holds QUEUE_S of its rate in flight, split over its flows ...
-    (1.0, 4, 4, 125_000),
-    (1.0, 8, 2, 62_500),        # a server's link carries a flow from each of 8 workers
-    (1.0, 2, 8, 62_500),        # a worker's link one from each of 8 servers
+    (0.1, 4, 4, 25_000),
+    (1.0, 8, 2, 125_000),       # a server's link carries a flow from each of 8 workers
+    (1.0, 2, 8, 125_000),       # a worker's link one from each of 8 servers
+    (1.0, 16, 16, 62_500),
     # ... but no flow less than MIN_BYTES or more than the default.
     (0.025, 8, 8, window.MIN_BYTES),
-    (0.1, 4, 4, window.MIN_BYTES),
+    (0.1, 8, 8, window.MIN_BYTES),
+    (1.0, 4, 4, window.DEFAULT_BYTES),
     (10.0, 4, 4, window.DEFAULT_BYTES),
 ])
 def test_window_splits_the_links_bytes_in_flight_over_its_flows(gbps, workers, servers, expected):

@@ -14,6 +14,11 @@ sent in one order: 128 KiB per flow 80 % / 71 % of the link limit (and
 flow against 0.30 s with 128 KiB, the processes' acknowledgements waiting
 for the 2 shared cores for milliseconds. So a link may hold QUEUE_S of its
 rate in flight, split over its flows, within [MIN_BYTES, DEFAULT_BYTES].
+QUEUE_S is 8 ms: with 4 ms, 8 workers averaging 32 MiB at 1 Gbit/s took
+0.50–0.59 s with the 62.5 KiB it gives against 0.47 s with 96 KiB and
+0.44 s with 128 KiB, and the dense CNN at 100 Mbit/s with 4 workers ran at
+85 % of its limit with 16 KiB against 87–88 % with 25 KB (8 ms); below
+100 Mbit/s at N >= 4 both give the 16 KiB floor.
 
 The launcher exports the result as AUTOPAR_HERRING_WINDOW_BYTES to the
 workers and summation servers (cpp_ops/herring_wire.h reads it); a spec
@@ -22,7 +27,7 @@ from __future__ import annotations
 
 DEFAULT_BYTES = 128 << 10   # cpp_ops/herring_wire.h kFlowWindowBytes: link speed unknown
 MIN_BYTES = 16 << 10
-QUEUE_S = 0.004
+QUEUE_S = 0.008
 
 
 def flow_window_bytes(bandwidth_gbps: float | None, workers: int, servers: int) -> int | None:
