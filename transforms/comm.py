@@ -229,6 +229,20 @@ HERRING_LIBRARY = Path(__file__).resolve().parent.parent / "runtime" / "libautop
 # 100 MiB buffer at 1 Gbit/s averages as fast with either (1.10-1.22 s
 # against 1.14-1.15 s, 4 workers, 4 servers).
 SEGMENT_ELEMENTS = 1 << 14
+# ... but a shard of few segments still sends a large part of itself before
+# anything comes back: with 8 servers the sparse LM's 1.3 MB buffer has
+# 163 KiB shards, 3 segments, and at 25 Mbit/s a worker sent for 200 ms
+# before its first result arrived. So a buffer's segments are at most
+# 1/SEGMENTS_PER_SHARD of its largest shard, down to MIN_SEGMENT_ELEMENTS.
+SEGMENTS_PER_SHARD = 16
+MIN_SEGMENT_ELEMENTS = 1 << 11
+
+
+def segment_elements_for(fusion_buffer: FusionBuffer) -> int:
+    """Elements per segment on the wire for ``fusion_buffer`` (the same on
+    every contributor: it depends on the plan's layout only)."""
+    largest = max((s.length for s in fusion_buffer.shards), default=0)
+    return max(MIN_SEGMENT_ELEMENTS, min(SEGMENT_ELEMENTS, -(-largest // SEGMENTS_PER_SHARD)))
 
 _herring_module = None
 _herring_lock = threading.Lock()
@@ -250,7 +264,7 @@ def herring_ops():
 
 def push_pull(buffer: tf.Tensor, fusion_buffer: FusionBuffer, *, num_contributors: int,
               contributor_index: int, wire_dtype: str = "float32", average: bool = True,
-              timeout_s: float = 0.0, segment_elements: int = SEGMENT_ELEMENTS,
+              timeout_s: float = 0.0, segment_elements: int | None = None,
               name: str | None = None) -> tf.Tensor:
     """The element-wise mean (sum if not ``average``) of the 1-D float32
     ``buffer`` over ``num_contributors`` processes, each of which runs this op
@@ -267,8 +281,10 @@ def push_pull(buffer: tf.Tensor, fusion_buffer: FusionBuffer, *, num_contributor
     no host). ``wire_dtype`` float16/bfloat16 halves the bytes sent (workers
     convert, servers accumulate in float32). ``timeout_s`` (0:
     AUTOPAR_HERRING_TIMEOUT_S, else 60 s) bounds the wait for a result; a
-    lost server connection fails the op at once. Every process must run its
-    pushes of one buffer index in the same order (the n-th meets the n-th)."""
+    lost server connection fails the op at once. ``segment_elements``: the
+    unit the server sums and returns (None: segment_elements_for). Every
+    process must run its pushes of one buffer index in the same order (the
+    n-th meets the n-th)."""
     if wire_dtype not in WIRE_DTYPES:
         raise ValueError(f"wire_dtype must be one of {WIRE_DTYPES}, not {wire_dtype!r}")
     if not 0 <= contributor_index < num_contributors:
@@ -288,4 +304,4 @@ def push_pull(buffer: tf.Tensor, fusion_buffer: FusionBuffer, *, num_contributor
         buffer=buffer, fusion_buffer=fusion_buffer.to_proto().SerializeToString(),
         num_contributors=num_contributors, contributor_index=contributor_index,
         wire_dtype=wire_dtype, average=average, timeout_s=timeout_s,
-        segment_elements=segment_elements, name=name)
+        segment_elements=segment_elements or segment_elements_for(fusion_buffer), name=name)
