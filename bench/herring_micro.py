@@ -83,8 +83,8 @@ def run(workers: int, servers: int, mib: int, iters: int, wire: str,
         return cluster.popen(host, argv, **kwargs)
 
     # On emulated links, the flow window autopar's launcher would set.
-    window = job_window_setting(os.environ.get(HERRING_WINDOW), cluster.rate_mbit / 1000, workers, servers) \
-        if cluster else None
+    window = (job_window_setting(os.environ.get(HERRING_WINDOW), cluster.rate_mbit / 1000,
+                                 workers, servers) if cluster else None)
     base_env = dict(os.environ, **({HERRING_WINDOW: window} if window else {}))
     procs: list[subprocess.Popen] = []
     try:

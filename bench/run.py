@@ -449,8 +449,8 @@ def run_point(cluster, spawner, settings: Settings, point: Point, run_dir: Path)
         # push/pull timeout stays inside the harness's phase timeout.
         env.update({envvars.SUMSERVERS: ",".join(sumservers),
                     envvars.HERRING_TIMEOUT: f"{max(10.0, settings.phase_timeout_s / 2):g}"})
-        window = job_window_setting(os.environ.get(envvars.HERRING_WINDOW), point.link_mbit / 1000, point.num_workers,
-                                    len(sumservers))
+        window = job_window_setting(os.environ.get(envvars.HERRING_WINDOW), point.link_mbit / 1000,
+                                    point.num_workers, len(sumservers))
         env[envvars.HERRING_WINDOW] = window
         record["herring_window_bytes"] = int(window)
     events: queue.Queue = queue.Queue()
@@ -566,8 +566,9 @@ def _start_sumserver(cluster, host: int, index: int, address: str, run_dir: Path
                      events: queue.Queue, env: dict) -> Proc:
     """Summation server `index` (runtime/autopar_sumserver, found or built by
     the launcher's helper) in `host`'s namespace, listening on the host's own
-    link address, with the job's environment `env` (its flow window). Like every process of a point it leads its own process
-    group; it also exits with the harness (--parent-pid, PR_SET_PDEATHSIG)."""
+    link address, with the job's environment `env` (its flow window). Like
+    every process of a point it leads its own process group; it also exits
+    with the harness (--parent-pid, PR_SET_PDEATHSIG)."""
     from autopar.runtime.commands import sumserver_path
     host_addr, _, port = address.rpartition(":")
     label = f"sumserver{index}"

@@ -202,8 +202,8 @@ def plan_children(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: Se
     if sumservers:
         extra_env = {**(extra_env or {}), envvars.SUMSERVERS: ",".join(sumservers)}
         # Given explicitly, so the user's own setting reaches remote children too.
-        window = job_window_setting(os.environ.get(envvars.HERRING_WINDOW), spec.bandwidth_gbps, len(cluster[WORKER_JOB]),
-                                    len(sumservers))
+        window = job_window_setting(os.environ.get(envvars.HERRING_WINDOW), spec.bandwidth_gbps,
+                                    len(cluster[WORKER_JOB]), len(sumservers))
         if window is not None:
             extra_env[envvars.HERRING_WINDOW] = window
     plans: list[ChildPlan] = []

@@ -244,6 +244,7 @@ def segment_elements_for(fusion_buffer: FusionBuffer) -> int:
     largest = max((s.length for s in fusion_buffer.shards), default=0)
     return max(MIN_SEGMENT_ELEMENTS, min(SEGMENT_ELEMENTS, -(-largest // SEGMENTS_PER_SHARD)))
 
+
 _herring_module = None
 _herring_lock = threading.Lock()
 

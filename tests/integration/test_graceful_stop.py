@@ -50,6 +50,28 @@ def _no_temporaries(directory: Path) -> None:
     assert not left, left
 
 
+def _interrupt_when_paused(proc, step: int, interrupt, timeout: float) -> tuple[str, set[int]]:
+    """Wait for worker 0 to pause at ``step``, call ``interrupt(proc.pid)``,
+    then read the job's output to its end: (the output, the pids it named)."""
+    with LineReader(proc) as reader:
+        reader.wait_for([rf"\] step {step} ", rf"worker 0 pausing at step {step}"], 240)
+        pids = _pids(reader.text)
+        interrupt(proc.pid)
+        reader.rest(timeout=timeout)
+    return reader.text, pids
+
+
+def _assert_stopped_with_checkpoint(proc, text: str, pids: set[int], processes: int,
+                                    ckpt: Path, step: int) -> None:
+    """The launcher exited 130 naming the chief's checkpoint of ``step``, the
+    only one saved, and none of the job's ``processes`` is left."""
+    assert proc.returncode == 130, text[-3000:]
+    assert re.search(rf"job stopped on SIGINT: the chief stopped at global step {step}; "
+                     rf"checkpoint \S*model\.ckpt-{step}", text), text[-3000:]
+    assert len(pids) == processes and not survivors(pids), text[-3000:]
+    assert _checkpoint_steps(ckpt) == {step}
+
+
 def test_ctrl_c_saves_the_current_step_and_resumes(tmp_path):
     # Every variable on the server: the chief's final save reads it from there,
     # so the server must outlive the save.
@@ -58,17 +80,9 @@ def test_ctrl_c_saves_the_current_step_and_resumes(tmp_path):
     proc = start_job(train_command(MODEL, tmp_path / "first", "--steps", "30", "--spec", spec,
                                    "--run-option", "ps", "--checkpoint-dir", str(ckpt),
                                    "--save-every", "100", "--pause-at", "22"))
-    with LineReader(proc) as reader:
-        reader.wait_for([r"\] step 22 ", r"worker 0 pausing at step 22"], 240)
-        pids = _pids(reader.text)
-        os.killpg(proc.pid, signal.SIGINT)   # what a Ctrl-C at the terminal does
-        reader.rest(timeout=120)
-    text = reader.text
-    assert proc.returncode == 130, text[-3000:]
-    assert re.search(r"job stopped on SIGINT: the chief stopped at global step 22; "
-                     r"checkpoint \S*model\.ckpt-22", text), text[-3000:]
-    assert len(pids) == 3 and not survivors(pids), text[-3000:]
-    assert _checkpoint_steps(ckpt) == {22}
+    # what a Ctrl-C at the terminal does: SIGINT to the launcher's group
+    text, pids = _interrupt_when_paused(proc, 22, lambda pid: os.killpg(pid, signal.SIGINT), 120)
+    _assert_stopped_with_checkpoint(proc, text, pids, 3, ckpt, 22)
     _no_temporaries(ckpt)
     assert not (tmp_path / "first").exists()   # it never finished
 
@@ -114,17 +128,9 @@ def test_stop_reaches_a_chief_started_with_sigint_ignored(tmp_path):
                             "--spec", str(write_spec(tmp_path, workers=2)),
                             "--checkpoint-dir", str(ckpt), "--save-every", "100")
     proc = start_job([command[0], str(ignoring), *command[1:]])
-    with LineReader(proc) as reader:
-        reader.wait_for([r"\] step 7 ", r"worker 0 pausing at step 7"], 240)
-        pids = _pids(reader.text)
-        os.kill(proc.pid, signal.SIGINT)   # the launcher only: `kill -INT <pid>`
-        reader.rest(timeout=60)
-    text = reader.text
-    assert proc.returncode == 130, text[-3000:]
-    assert re.search(r"job stopped on SIGINT: the chief stopped at global step 7; "
-                     r"checkpoint \S*model\.ckpt-7", text), text[-3000:]
-    assert len(pids) == 2 and not survivors(pids), text[-3000:]
-    assert _checkpoint_steps(ckpt) == {7}
+    # the launcher only: `kill -INT <pid>`
+    text, pids = _interrupt_when_paused(proc, 7, lambda pid: os.kill(pid, signal.SIGINT), 60)
+    _assert_stopped_with_checkpoint(proc, text, pids, 2, ckpt, 7)
 
 
 def _train(ckpt: Path | None, steps: int, caplog=None) -> dict:
