@@ -65,7 +65,8 @@ def diagnose(states: Mapping[str, ProcessState], exited: Mapping[str, int],
       off, so the steps that need it wait forever.
     - Stall: a worker has waited inside a step for ``stall_timeout_s`` while
       another has not started that step; or every worker has been inside one
-      step for HUNG_STEP_FACTOR x ``stall_timeout_s``.
+      step for HUNG_STEP_FACTOR x ``stall_timeout_s``. Not while a server has
+      been quiet for SERVER_QUIET_S: it may be the cause, named once silent.
     """
     workers = sorted((s for s in states.values() if s.role == WORKER_ROLE),
                      key=lambda s: s.index)
@@ -87,7 +88,7 @@ def diagnose(states: Mapping[str, ProcessState], exited: Mapping[str, int],
     if (verdict := _silent_server(states, exited, stall_timeout_s, now)) is not None:
         return verdict
     found = _waiting(workers, exited, stall_timeout_s, now)
-    if found is None:
+    if found is None or _quiet_server(states, exited, now) is not None:
         return None
     step, waiting, stuck = found
     if not stuck:
@@ -167,6 +168,21 @@ def stall_warning(states: Mapping[str, ProcessState], exited: Mapping[str, int],
 # A server is declared silent after the stall timeout, but never sooner than
 # this: a few missed heartbeats of a busy machine are not a stopped server.
 SERVER_SILENCE_MIN_S = 10.0
+
+
+# A server not heard from for this long has missed several heartbeats
+# (every HEARTBEAT_S) or launcher probes (every second): while one is that
+# quiet, workers that wait may wait for it (a worker blocked reading a server
+# variable between steps looks like one that never joined the step), so the
+# stall verdict is held until it is heard again or named silent.
+SERVER_QUIET_S = 2.0
+
+
+def _quiet_server(states: Mapping[str, ProcessState], exited: Mapping[str, int],
+                  now: float) -> ProcessState | None:
+    return next((s for s in states.values()
+                 if s.role != WORKER_ROLE and s.registered and s.heard and s.name not in exited
+                 and now - s.heard >= SERVER_QUIET_S), None)
 
 
 def _silent_server(states: Mapping[str, ProcessState], exited: Mapping[str, int],

@@ -14,10 +14,11 @@ import grpc
 import pytest
 
 from autopar.common import env as envvars
-from autopar.runtime.coordinator import (PHASE_CLOSED, PHASE_FAILED, PHASE_SCRIPT, PHASE_STEP,
+from autopar.runtime.coordinator import (PHASE_CLOSED, PHASE_FAILED, PHASE_OTHER, PHASE_SCRIPT, PHASE_STEP,
                                          Coordinator, ProcessState, _grpc_modules)
 from autopar.runtime.coordinator_client import CoordinatorClient, ProgressHook
-from autopar.runtime.health import JobMonitor, diagnose, stall_warning
+from autopar.runtime.health import (SERVER_QUIET_S, SERVER_SILENCE_MIN_S, JobMonitor, diagnose,
+                                    stall_warning)
 from autopar.runtime.commands import bind_env_value, bind_shim_path
 
 
@@ -404,6 +405,32 @@ def test_a_silent_server_is_named_after_the_stall_timeout(role):
     assert diagnose(states(2), {}, 5, 100.0) is None
     assert diagnose(states(12), {}, 0, 100.0) is None
     assert diagnose(states(12), {f"{role} 0": 1}, 5, 100.0) is None
+
+
+@pytest.mark.parametrize("role", ["server", "sumserver"])
+def test_a_stall_waits_for_a_quiet_server_to_be_named(role):
+    """Worker 1 reads a server variable between steps (PHASE_OTHER) when the
+    server stops: worker 0 waits inside the next step for it. The server is
+    the first cause, so while it is quiet the stall is held, and once it has
+    been silent for the minimum it is the verdict; a server heard from lately
+    leaves the stall verdict as it was."""
+    def states(quiet_for: float) -> dict:
+        found = _workers((4, PHASE_STEP, quiet_for), (4, PHASE_OTHER, quiet_for))
+        found[f"{role} 0"] = ProcessState(role, 0, pid=77, address="127.0.0.1:5000",
+                                          registered=True, phase_since=0.0,
+                                          heard=100.0 - quiet_for)
+        return found
+    assert diagnose(states(SERVER_QUIET_S + 1), {}, stall_timeout_s=3, now=100.0) is None
+    verdict = diagnose(states(SERVER_SILENCE_MIN_S), {}, stall_timeout_s=3, now=100.0)
+    assert verdict is not None and verdict.kind == "server", verdict
+    heard_lately = states(SERVER_QUIET_S + 1)
+    heard_lately[f"{role} 0"].heard = 99.5
+    verdict = diagnose(heard_lately, {}, stall_timeout_s=3, now=100.0)
+    assert verdict is not None and verdict.kind == "stall", verdict
+    assert "worker 1, pid 1001: has not started step 5" in verdict.message
+    # A quiet server that has exited is the launcher's to report: the stall stands.
+    verdict = diagnose(states(SERVER_QUIET_S + 1), {f"{role} 0": 1}, 3, 100.0)
+    assert verdict is not None and verdict.kind == "stall", verdict
 
 
 def test_a_stopped_summation_server_does_not_answer_the_probe():
