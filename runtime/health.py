@@ -149,13 +149,14 @@ STALL_WARNING_SHARE = 0.5
 def stall_warning(states: Mapping[str, ProcessState], exited: Mapping[str, int],
                   stall_timeout_s: float, now: float) -> tuple[int, str] | None:
     """(step, warning) when workers have waited inside a step for half the
-    stall timeout while others have not started it; None otherwise. Pure."""
+    stall timeout while others have not started it (and no server is quiet,
+    see SERVER_QUIET_S); None otherwise. Pure."""
     if stall_timeout_s <= 0:
         return None
     workers = sorted((s for s in states.values() if s.role == WORKER_ROLE),
                      key=lambda s: s.index)
     found = _waiting(workers, exited, STALL_WARNING_SHARE * stall_timeout_s, now)
-    if found is None or not found[2]:
+    if found is None or not found[2] or _quiet_server(states, exited, now) is not None:
         return None
     step, waiting, stuck = found
     waited = max(now - s.phase_since for s in waiting)

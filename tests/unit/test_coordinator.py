@@ -427,6 +427,9 @@ def test_a_stall_waits_for_a_quiet_server_to_be_named(role):
     heard_lately[f"{role} 0"].heard = 99.5
     verdict = diagnose(heard_lately, {}, stall_timeout_s=3, now=100.0)
     assert verdict is not None and verdict.kind == "stall", verdict
+    # Nor is the stall warned of while the server is quiet.
+    assert stall_warning(states(SERVER_QUIET_S + 1), {}, 3, 100.0) is None
+    assert stall_warning(heard_lately, {}, 3, 100.0) is not None
     assert "worker 1, pid 1001: has not started step 5" in verdict.message
     # A quiet server that has exited is the launcher's to report: the stall stands.
     verdict = diagnose(states(SERVER_QUIET_S + 1), {f"{role} 0": 1}, 3, 100.0)
