@@ -686,12 +686,23 @@ def _nearest_boundary(graph, update_set: set[str], boundary: set[str], accepts) 
         for t in level:
             if t.name in boundary or in_gradient_scope(t.op.name) or t.op.type in VARIABLE_OP_TYPES:
                 continue
-            for inp in t.op.inputs:
+            for inp in inputs_behind(t):
                 if inp.name not in seen:
                     seen.add(inp.name)
                     following.append(inp)
         level = following
     return found
+
+
+def inputs_behind(t: tf.Tensor) -> list[tf.Tensor]:
+    """The inputs tensor `t`'s value comes from: all its op's inputs, but for
+    IdentityN only the one at t's position. Keras 3's optimizers pass every
+    gradient through one IdentityN (output k is input k); walking back
+    through all its inputs reaches every gradient at once, and two variables
+    of one shape (a batch norm's gamma and beta) took each other's."""
+    if t.op.type == "IdentityN":
+        return [t.op.inputs[t.value_index]]
+    return list(t.op.inputs)
 
 
 def _values_beside(graph, values: str, indices: str, boundary: set[str], shape) -> str:

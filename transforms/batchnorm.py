@@ -188,6 +188,14 @@ def _moments(graph, layer: BatchNormInfo, backend, key: int, rewire: dict, const
     rewire[var.name] = group_var.name
     upstream = [(op, g) for op in (mean_op, var_op)
                 for g in [_upstream_gradient(graph, op)] if g is not None]
+    if len(upstream) < 2 and _differentiated(var_op):
+        missing = sorted({mean_op.name, var_op.name} - {op.name for op, _ in upstream})
+        raise UnsupportedGraphError(
+            f"batch-norm statistics {', '.join(repr(m) for m in missing)}: their gradient "
+            "ops were not found (a backward pass built with static shapes by "
+            "tf.GradientTape), so the group statistics could not be differentiated; use "
+            "Config(batch_norm_group=None) for this graph, or give the model's batch "
+            "dimension as None")
     if not upstream:
         return
     grads = [g for _, g in upstream]
@@ -205,7 +213,16 @@ def _grad_region(graph, op: tf.Operation) -> list[tf.Operation]:
 
 def _upstream_gradient(graph, op: tf.Operation) -> tf.Tensor | None:
     """The gradient of op's output entering op's gradient ops (None when no
-    gradient reaches op)."""
+    gradient reaches op): from data flow (_upstream_from_axes), else from
+    tf.gradients' names (<...>/gradients/<op>_grad/)."""
+    found = _upstream_from_axes(op)
+    if len(found) > 1:
+        raise UnsupportedGraphError(
+            f"batch-norm statistics '{op.name}' are differentiated more than once (several "
+            "backward passes): distributed batch normalisation supports one backward pass; "
+            "use Config(batch_norm_group=None) for this graph")
+    if found:
+        return found[0]
     region = _grad_region(graph, op)
     names = {o.name for o in region}
     upstream = {t.name: t for o in region for t in o.inputs
@@ -220,6 +237,62 @@ def _upstream_gradient(graph, op: tf.Operation) -> tf.Tensor | None:
             "tf.gradients calls): distributed batch normalisation supports one backward pass; "
             "use Config(batch_norm_group=None) for this graph")
     return next(iter(upstream.values()))
+
+
+# The ops TensorFlow's Mean gradient spreads the upstream gradient with
+# (math_grad._SumGrad: a broadcast to the input's shape; Tile in older graphs).
+_SPREAD_TYPES = frozenset({"BroadcastTo", "Tile"})
+_DIVIDE_TYPES = frozenset({"RealDiv", "Div", "TrueDiv"})
+
+
+def _upstream_from_axes(mean: tf.Operation, max_hops: int = 8) -> list[tf.Tensor]:
+    """The upstream gradients of a Mean whose input shape is dynamic, found
+    from data flow whatever built the backward pass (tf.gradients, or
+    tf.GradientTape in a tf.function, which names its ops after the forward
+    op's scope, not <op>_grad): TensorFlow's Mean gradient then counts the
+    averaged elements from the Mean's own reduction axes (mean.inputs[1])
+    and divides the upstream gradient, broadcast to the input's shape, by
+    that count. So every division reached from the axes (within a few ops,
+    not through the Mean itself) is one backward pass's; walking back over
+    the broadcast (and, for a Mean without keep_dims, the reshape to the
+    kept dims) gives the gradient of the Mean's output."""
+    out = mean.outputs[0]
+    seen, frontier, divisions = {mean.name}, [(mean.inputs[1].op, 0)], []
+    while frontier:
+        node, depth = frontier.pop()
+        for t in node.outputs:
+            for c in t.consumers():
+                if c.name in seen:
+                    continue
+                seen.add(c.name)
+                if c.type in _DIVIDE_TYPES:
+                    divisions.append(c)
+                elif depth < max_hops:
+                    frontier.append((c, depth + 1))
+    found = []
+    for div in sorted(divisions, key=lambda d: d.name):
+        t = div.inputs[0]
+        spread = False
+        while t.op.type in _SPREAD_TYPES:
+            t, spread = t.op.inputs[0], True
+        if not spread:
+            continue
+        if not mean.get_attr("keep_dims") and t.op.type == "Reshape":
+            t = t.op.inputs[0]
+        known = t.shape.num_elements(), out.shape.num_elements()
+        if t.dtype == out.dtype and (None in known or known[0] == known[1]):
+            found.append(t)
+    return found
+
+
+def _differentiated(variance: tf.Operation) -> bool:
+    """Whether a backward pass goes through the moments whose variance Mean
+    is `variance`: the gradient of its SquaredDifference(x, StopGradient(mean))
+    reads the StopGradient too (x - y), which the forward pass reads only
+    there."""
+    squared = variance.inputs[0].op
+    stop = squared.inputs[1]
+    return any(c is not squared for c in stop.consumers())
 
 
 def _fused(graph, layer: BatchNormInfo, backend, key: int, rewire: dict) -> None:

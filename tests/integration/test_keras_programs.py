@@ -85,6 +85,27 @@ def test_custom_training_step_matches_one_device(model, optimizer, dtype, run_op
                                what=f"{model} {optimizer} {run_option} worker {i}")
 
 
+def test_batch_norm_over_every_worker_matches_one_device(tmp_path, reference):
+    """Keras 3's BatchNormalization with Config(batch_norm_group="all") in a
+    tf.function step, whose backward pass GradientTape builds (its ops are
+    named after the forward op's scope, not <op>_grad), and a
+    LayerNormalization: every weight, slot and moving statistic equal to one
+    device on the global batch. Each norm's gamma and beta share a shape,
+    and Keras's optimizer passes all gradients through one IdentityN: each
+    must be recognised as its own variable's."""
+    expected = reference("bn_mlp", "adam", "float64")
+    spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
+    log = run_script([sys.executable, str(SCRIPT), "--model", "bn_mlp", "--optimizer", "adam",
+                      "--dtype", "float64", "--steps", str(STEPS), "--batch", str(BATCH),
+                      "--spec", str(spec), "--run-option", "hybrid", "--batch-norm-group", "all",
+                      "--out", str(tmp_path / "dist")])
+    assert "statistics over all 3 workers" in log
+    assert any("moving_variance" in name for name in expected)
+    for i in range(3):
+        assert_same_parameters(expected, load_worker(tmp_path / "dist", i),
+                               what=f"bn_mlp worker {i}")
+
+
 FIT = REPO / "examples" / "keras_fit.py"
 
 

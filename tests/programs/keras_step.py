@@ -10,8 +10,11 @@ Keras optimizer), as TensorFlow 2 users write them:
         return loss
 
 Models: "emb_mlp" (Embedding -> average -> Dense(relu) -> Dense, squared
-error) and "lstm" (Embedding -> LSTM, a While loop in the traced graph ->
-Dense over the vocabulary, cross-entropy: a next-token language model).
+error), "bn_mlp" (the same with a BatchNormalization and a
+LayerNormalization after the hidden Dense: two variables of one shape each,
+gamma and beta, and batch statistics) and "lstm" (Embedding -> LSTM, a While
+loop in the traced graph -> Dense over the vocabulary, cross-entropy: a
+next-token language model).
 Floating point in float64 (keras.config.set_floatx) where Adam-like
 optimizers divide by sqrt(v) (tests.models.model_dtype's arithmetic).
 """
@@ -69,6 +72,19 @@ def build(kind: str = "emb_mlp", optimizer_name: str = "adam",
                                   keras.layers.Dense(VOCAB)])
         loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         y_spec = tf.TensorSpec([None], tf.int32)
+    elif kind == "bn_mlp":
+        # No bias before the batch norm: its gradient would be zero but for
+        # rounding, which Adam's division by sqrt(v) turns into lr-sized steps.
+        model = keras.Sequential([keras.Input((IDS,), dtype="int32"),
+                                  keras.layers.Embedding(VOCAB, 6),
+                                  keras.layers.GlobalAveragePooling1D(),
+                                  keras.layers.Dense(8, use_bias=False),
+                                  keras.layers.BatchNormalization(),
+                                  keras.layers.Activation("relu"),
+                                  keras.layers.LayerNormalization(),
+                                  keras.layers.Dense(1)])
+        loss_fn = keras.losses.MeanSquaredError()
+        y_spec = tf.TensorSpec([None, 1], dtype)
     else:
         model = keras.Sequential([keras.Input((IDS,), dtype="int32"),
                                   keras.layers.Embedding(VOCAB, 6),

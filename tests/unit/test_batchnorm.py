@@ -150,3 +150,62 @@ def test_group_statistics_refuse_a_compute_threshold():
     with pytest.raises(AutoparError, match="cannot be combined with Config.compute_threshold"):
         Config(batch_norm_group="all", micro_batches=4, compute_threshold=0.5)
     assert Config(batch_norm_group="all", micro_batches=4).micro_batches == 4
+
+
+def _keras_step_rewrite(batch):
+    """Worker 1 of 2's rewrite of a Keras 3 tf.function step with a
+    BatchNormalization (tests/programs/keras_step.py "bn_mlp"), traced with
+    a batch dimension of `batch` (None: dynamic)."""
+    from autopar.transforms.lift import lift
+    from tests.programs import keras_step
+    saved = keras.config.floatx()
+    try:
+        program = keras_step.build("bn_mlp", "adam", "float64")
+        concrete = program.train_step.get_concrete_function(
+            tf.TensorSpec([batch, keras_step.IDS], tf.int32), tf.TensorSpec([batch, 1], tf.float64))
+        graph = lift(concrete).graph
+    finally:
+        keras.config.set_floatx(saved)
+    analysis = analyze_graph(graph)
+    plan = make_plan(analysis, 2, options=PlanOptions(run_option="allreduce", batch_norm_group="all"))
+    return rewrite_for_worker(graph, analysis, plan, 1).meta_graph.graph_def
+
+
+def test_a_gradient_tape_backward_pass_takes_the_group_gradient():
+    """GradientTape names the Mean gradients after the forward op's scope
+    (gradient_tape/<layer>/moments/...), not <op>_grad: found from data flow
+    (the Mean's reduction axes count the averaged elements), the upstream
+    gradient each broadcasts is the all-reduced one, scaled."""
+    graph_def = _keras_step_rewrite(None)
+    spreads = [n for n in graph_def.node if n.op == "BroadcastTo"
+               and n.name.startswith("gradient_tape/") and "batch_normalization_1/moments/" in n.name]
+    assert len(spreads) == 2, [n.name for n in spreads]
+    assert all(n.input[0].startswith("autopar/batch_norm/") for n in spreads), \
+        [(n.name, n.input[0]) for n in spreads]
+
+
+def test_a_tape_backward_pass_with_static_shapes_is_refused():
+    """A GradientTape in a graph whose shapes are all static: the Mean
+    gradients take constant counts and multiples, reading nothing of their
+    Mean, and the tape's names do not say which Mean each belongs to.
+    Refused, naming the statistics, rather than differentiated as if they
+    were local."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [6, 4], name="x")
+        y = tf1.placeholder(tf.float32, [6, 1], name="y")
+        w = tf1.get_variable("w", [4, 4], use_resource=True)
+        v = tf1.get_variable("v", [4, 1], use_resource=True)
+        with tf.GradientTape() as tape:
+            h = tf.matmul(x, w)
+            mean, var = tf.nn.moments(h, [0], keepdims=True)
+            h = (h - mean) * tf.math.rsqrt(var + 1e-3)
+            loss = tf.reduce_mean(tf.square(tf.matmul(h, v) - y))
+        grads = tape.gradient(loss, [w, v])
+        tf1.train.GradientDescentOptimizer(0.1).apply_gradients(zip(grads, [w, v]))
+    analysis = analyze_graph(graph)
+    assert [b.kind for b in analysis.batch_norms] == ["moments"]
+    plan = make_plan(analysis, 2, options=PlanOptions(run_option="allreduce", batch_norm_group="all"))
+    with pytest.raises(AutoparError, match=r"batch-norm statistics .*moments/mean.*gradient "
+                                           r"ops were not found"):
+        rewrite_for_worker(graph, analysis, plan, 1)

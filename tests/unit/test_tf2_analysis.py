@@ -121,3 +121,38 @@ def test_a_captured_resource_that_is_no_variable_is_refused():
 
     with pytest.raises(UnsupportedGraphError, match="captures the resource"):
         lift(step.get_concrete_function(tf.TensorSpec([None], tf.int64)))
+
+
+def test_same_shaped_variables_keep_their_own_gradients_through_identity_n():
+    """Keras's optimizer passes every gradient through one IdentityN (output
+    k is input k). A batch norm's and a layer norm's gamma and beta share a
+    shape: each variable's gradient is the IdentityN input at the position
+    its update reads, not the first gradient of its shape by name."""
+    program, lifted = _lifted("bn_mlp", "adam")   # global_clipnorm: an IdentityN
+    graph = lifted.graph
+    analysis = analyze_graph(graph)
+    norms = [v for v in analysis.variables if v.name.endswith(("gamma", "beta"))]
+    assert len(norms) == 4
+    assert len({v.grad_tensor for v in norms}) == 4, [(v.name, v.grad_tensor) for v in norms]
+    identity_n = [op for op in graph.get_operations() if op.type == "IdentityN"]
+    assert len(identity_n) == 1
+    for v in norms:
+        updates = set(v.update_ops)
+        # the outputs of the IdentityN from which v's update is reached
+        feeding = [t for t in identity_n[0].outputs if _reaches(t, updates)]
+        assert len(feeding) == 1, v.name
+        # what enters it there: v's gradient times the global-norm clipping scale
+        passed = feeding[0].op.inputs[feeding[0].value_index]
+        assert v.grad_tensor in {x.name for x in passed.op.inputs}, (v.name, passed.name)
+
+
+def _reaches(t, targets: set) -> bool:
+    seen, frontier = set(), [t]
+    while frontier:
+        for c in frontier.pop().consumers():
+            if c.name in targets:
+                return True
+            if c.name not in seen:
+                seen.add(c.name)
+                frontier.extend(c.outputs)
+    return False

@@ -28,6 +28,7 @@ def main(argv=None) -> None:
     p.add_argument("--spec")
     p.add_argument("--run-option", default="hybrid")
     p.add_argument("--reference", action="store_true")
+    p.add_argument("--batch-norm-group", help="Config.batch_norm_group ('all' or a size)")
     args = p.parse_args(argv)
     program = keras_step.build(args.model, args.optimizer, args.dtype)
     if args.reference:
@@ -36,7 +37,8 @@ def main(argv=None) -> None:
         index = 0
     else:
         runner = autopar.get_runner(program.concrete, args.spec,
-                                    autopar.Config(run_option=args.run_option, log_every_steps=1))
+                                    autopar.Config(run_option=args.run_option, log_every_steps=1,
+                                                   batch_norm_group=_group(args.batch_norm_group)))
         n, index = runner.num_workers, runner.worker_index
         per = args.batch // n
         for k in range(args.steps):
@@ -47,6 +49,10 @@ def main(argv=None) -> None:
     np.savez(os.path.join(args.out, f"worker{index}.npz"),
              **{path: v.numpy() for path, v in program.variables().items()})
     print(f"worker {index} done", flush=True)
+
+
+def _group(value: str | None):
+    return int(value) if value and value.isdigit() else value
 
 
 if __name__ == "__main__":
