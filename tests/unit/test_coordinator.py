@@ -389,14 +389,20 @@ def test_a_stale_report_is_not_a_waiter():
            "(its last report, 300 s ago: it has stopped reporting" in verdict.message
 
 
+def _with_server(role: str, silent_for: float, *workers) -> dict:
+    """_workers(*workers) and server 0 of `role` (pid 77), last heard
+    `silent_for` s before now = 100."""
+    found = _workers(*workers)
+    found[f"{role} 0"] = ProcessState(role, 0, pid=77, address="127.0.0.1:5000",
+                                      registered=True, phase_since=0.0, heard=100.0 - silent_for)
+    return found
+
+
 @pytest.mark.parametrize("role", ["server", "sumserver"])
 def test_a_silent_server_is_named_after_the_stall_timeout(role):
     def states(silent_for: float) -> dict:
-        found = _workers((3, PHASE_STEP, silent_for), (3, PHASE_STEP, silent_for))
-        found[f"{role} 0"] = ProcessState(role, 0, pid=77, address="127.0.0.1:5000",
-                                          registered=True, phase_since=0.0,
-                                          heard=100.0 - silent_for)
-        return found
+        return _with_server(role, silent_for, (3, PHASE_STEP, silent_for),
+                            (3, PHASE_STEP, silent_for))
     verdict = diagnose(states(12), {}, stall_timeout_s=5, now=100.0)
     assert verdict is not None and verdict.kind == "server"
     assert verdict.message.startswith(f"{role} 0 (pid 77) on 127.0.0.1:5000 stopped answering: "
@@ -415,11 +421,8 @@ def test_a_stall_waits_for_a_quiet_server_to_be_named(role):
     been silent for the minimum it is the verdict; a server heard from lately
     leaves the stall verdict as it was."""
     def states(quiet_for: float) -> dict:
-        found = _workers((4, PHASE_STEP, quiet_for), (4, PHASE_OTHER, quiet_for))
-        found[f"{role} 0"] = ProcessState(role, 0, pid=77, address="127.0.0.1:5000",
-                                          registered=True, phase_since=0.0,
-                                          heard=100.0 - quiet_for)
-        return found
+        return _with_server(role, quiet_for, (4, PHASE_STEP, quiet_for),
+                            (4, PHASE_OTHER, quiet_for))
     assert diagnose(states(SERVER_QUIET_S + 1), {}, stall_timeout_s=3, now=100.0) is None
     verdict = diagnose(states(SERVER_SILENCE_MIN_S), {}, stall_timeout_s=3, now=100.0)
     assert verdict is not None and verdict.kind == "server", verdict
