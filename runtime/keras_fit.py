@@ -52,7 +52,7 @@ class History:
 
 def fit(model, x, y, resource_info=None, config=None, *, epochs: int = 1, batch_size: int = 32,
         validation_data=None, callbacks=(), shuffle: bool = True, seed: int = 0,
-        verbose: int = 1) -> History:
+        verbose: int = 1, **unsupported) -> History:
     import keras
     import tensorflow as tf
 
@@ -62,18 +62,32 @@ def fit(model, x, y, resource_info=None, config=None, *, epochs: int = 1, batch_
     if getattr(model, "optimizer", None) is None or getattr(model, "loss", None) is None:
         raise AutoparError("autopar.fit: compile the model first "
                            "(model.compile(optimizer=..., loss=..., metrics=...))")
+    if unsupported:
+        raise AutoparError(f"autopar.fit does not take fit()'s {', '.join(sorted(unsupported))} "
+                           "(it takes x, y, epochs, batch_size, validation_data, callbacks, "
+                           "shuffle, seed, verbose)")
+    if any(isinstance(a, (list, tuple, dict)) for a in (x, y)):
+        raise AutoparError("autopar.fit takes one input array x and one target array y (a model "
+                           "with one input and one output); for several, write the training "
+                           "step as a tf.function and run it with autopar.get_runner "
+                           "(docs/tf2-keras.md)")
     x, y = np.asarray(x), np.asarray(y)
     if len(x) != len(y):
         raise AutoparError(f"autopar.fit: x has {len(x)} examples and y {len(y)}")
-    loss_fn = keras.losses.get(model.loss) if not callable(model.loss) else model.loss
+    # The compiled loss as Keras's own train step computes it: a string or
+    # a loss function reduced over the batch, loss_weights applied, the
+    # model's regularization losses added. Called once on two rows first, so
+    # that Keras builds it (and any state it keeps) outside the traced step.
+    model.compute_loss(x[:2], y[:2], model(x[:2], training=False), training=False)
+
+    def loss_of(xb, yb, y_pred, training: bool):
+        return model.compute_loss(xb, yb, y_pred, training=training)
 
     @tf.function(jit_compile=False)
     def train_step(xb, yb):
         with tf.GradientTape() as tape:
             y_pred = model(xb, training=True)
-            loss = loss_fn(yb, y_pred)
-            if model.losses:
-                loss = loss + tf.add_n(model.losses)
+            loss = loss_of(xb, yb, y_pred, True)
         grads = tape.gradient(loss, model.trainable_variables)
         model.optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss, y_pred
@@ -111,7 +125,7 @@ def fit(model, x, y, resource_info=None, config=None, *, epochs: int = 1, batch_
             if validation_data is not None:
                 runner.sync_python_variables()
                 logs.update({f"val_{k}": v for k, v in
-                             _evaluate(model, loss_fn, *validation_data, batch_size, runner)
+                             _evaluate(model, loss_of, *validation_data, batch_size, runner)
                              .items()})
             history.add(epoch, logs)
             if runner.is_chief:
@@ -158,7 +172,7 @@ class _Metrics:
         return logs
 
 
-def _evaluate(model, loss_fn, x, y, batch_size: int, runner) -> dict:
+def _evaluate(model, loss_of, x, y, batch_size: int, runner) -> dict:
     """Loss and compiled metrics of the model (with this worker's current
     values) over the validation set, each worker on its examples i mod N,
     combined over workers."""
@@ -168,5 +182,6 @@ def _evaluate(model, loss_fn, x, y, batch_size: int, runner) -> dict:
     for start in range(0, len(mine), batch_size):
         rows = mine[start:start + batch_size]
         y_pred = model(x[rows], training=False)
-        metrics.update(y[rows], y_pred, float(np.mean(loss_fn(y[rows], y_pred))), len(rows))
+        metrics.update(y[rows], y_pred, float(loss_of(x[rows], y[rows], y_pred, False)),
+                       len(rows))
     return metrics.result(runner)

@@ -541,14 +541,22 @@ def _reject_hand_written_updates(graph, index: _OpIndex, trainable, updates, bou
 
 
 def _gradient_boundary(graph: tf.Graph) -> set[str]:
-    """Names of tensors produced inside a gradients scope and consumed outside."""
+    """Names of tensors produced inside a gradients scope and consumed outside.
+
+    A GradientTape adds up a tensor's gradients from several consumers with
+    an AddN outside its scope (named "AddN" at the graph's root): a weight
+    with a regularizer gets its data gradient and its penalty's that way.
+    Such a sum of boundary tensors is itself on the boundary, and nearer to
+    the update than its terms, so it is what a variable's gradient is (not
+    one term of it, the other then left out of the averaging)."""
     out = set()
-    for op in graph.get_operations():
+    for op in graph.get_operations():   # creation order: a sum after its terms
         if in_gradient_scope(op.name):
             continue
-        for t in op.inputs:
-            if in_gradient_scope(t.op.name):
-                out.add(t.name)
+        terms = [t.name for t in op.inputs if in_gradient_scope(t.op.name) or t.name in out]
+        out.update(t.name for t in op.inputs if in_gradient_scope(t.op.name))
+        if op.type == "AddN" and terms and len(terms) == len(op.inputs):
+            out.add(op.outputs[0].name)
     return out
 
 

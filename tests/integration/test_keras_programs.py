@@ -4,6 +4,7 @@ uneven hosts with a server each (fit: 2 local workers), end with every
 weight, optimizer slot and the optimizer's iteration count, as the Keras
 objects hold them after training, equal to one device calling the
 tf.function itself. float64 where Adam divides by sqrt(v)."""
+import json
 import os
 import subprocess
 import sys
@@ -140,3 +141,33 @@ def test_fit_matches_one_device(run_option, tmp_path):
             assert_same_parameters(expected, {k: data[k] for k in data.files},
                                    **({"rtol": 1e-9, "atol": 1e-12} if dtype == "float64" else {}),
                                    what=f"fit worker {i}")
+
+
+COMPILED = REPO / "tests" / "integration" / "scripts" / "keras_fit_compiled.py"
+
+
+def test_fit_computes_the_compiled_loss_as_keras_fit_does(tmp_path):
+    """A string loss ("mse": a per-example function), loss_weights and a
+    regularizer: autopar.fit's step computes the loss as Keras's train step
+    does (model.compute_loss), so 4 workers on 2 uneven hosts end with
+    Keras's own model.fit's weights, slots and per-epoch losses, validation
+    included."""
+    def history(log: str) -> dict:
+        line = next(l for l in log.splitlines() if "history " in l)
+        return json.loads(line.split("history ", 1)[1])
+    expected_log = run_script([sys.executable, str(COMPILED), "--keras",
+                               "--out", str(tmp_path / "keras{worker}.npz")])
+    spec = write_two_host_spec(tmp_path, workers=(3, 1), servers=(1, 1))
+    log = run_script([sys.executable, str(COMPILED), "--spec", str(spec),
+                      "--out", str(tmp_path / "dist{worker}.npz")])
+    expected, got = history(expected_log), history(log)
+    assert sorted(got) == ["loss", "val_loss"]
+    for name in expected:
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-12, err_msg=name)
+    with np.load(tmp_path / "keras0.npz") as data:
+        weights = {k: data[k] for k in data.files}
+    for i in range(4):
+        with np.load(tmp_path / f"dist{i}.npz") as data:
+            assert_same_parameters(weights, {k: data[k] for k in data.files}, rtol=1e-9,
+                                   atol=1e-12, what=f"worker {i}")
+

@@ -1,0 +1,48 @@
+"""A Keras 3 model compiled the way many scripts compile it: a string loss
+("mse"), loss_weights and a kernel regularizer. --keras trains it with
+Keras's own model.fit on one device; otherwise with autopar.fit (on every
+worker of --spec, or one device without). Saves the weights and prints the
+per-epoch losses."""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))))
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import autopar  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--keras", action="store_true", help="Keras's own model.fit")
+    p.add_argument("--spec")
+    p.add_argument("--out", required=True, help=".npz; {worker} is replaced")
+    args = p.parse_args()
+    keras.config.set_floatx("float64")
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(64, 6)), rng.normal(size=(64, 1))
+    inp = keras.Input((6,))
+    hidden = keras.layers.Dense(4, activation="tanh",
+                                kernel_regularizer=keras.regularizers.L2(0.01))(inp)
+    model = keras.Model(inp, keras.layers.Dense(1)(hidden))
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.5), loss="mse",
+                  loss_weights=3.0)
+    fit = dict(epochs=2, batch_size=16, shuffle=False, verbose=0, validation_data=(x[:20], y[:20]))
+    if args.keras:
+        history, worker = model.fit(x, y, **fit).history, 0
+    else:
+        result = autopar.fit(model, x, y, args.spec, autopar.Config(log_every_steps=0), **fit)
+        history, worker = result.history, result.worker_index
+    print("history " + json.dumps(history, sort_keys=True), flush=True)
+    np.savez(args.out.format(worker=worker),
+             **{v.path: v.numpy() for v in model.variables + model.optimizer.variables})
+
+
+if __name__ == "__main__":
+    main()
