@@ -438,6 +438,7 @@ def _updates_from_data_flow(graph, index: "_OpIndex", trainable, named: dict[str
         through |= states
         fed |= index.reachable([i for s in states for i in reads_of.get(s, [])])
     fed_writes = {var: [w for w in ws if index.position[w] in fed] for var, ws in writers.items()}
+    backward = {t.split(":")[0] for t in boundary}   # ops whose outputs are gradients
     # the non-trainable variables each candidate's writes read
     read_by: dict[str, set[str]] = {}
     for name in candidates:
@@ -461,7 +462,7 @@ def _updates_from_data_flow(graph, index: "_OpIndex", trainable, named: dict[str
     for name, read in read_by.items():
         slots = sorted(x for x in read if users[x] == 1)
         region = {w for x in [name, *slots] for w in fed_writes[x]}
-        out[name] = sorted(_convex(graph, _exclusive_ancestors(graph, region)))
+        out[name] = sorted(_convex(graph, _exclusive_ancestors(graph, region, backward)))
     return out
 
 
@@ -493,18 +494,19 @@ def _convex(graph, region: set[str]) -> set[str]:
     return region | between
 
 
-def _exclusive_ancestors(graph, region: set[str]) -> set[str]:
+def _exclusive_ancestors(graph, region: set[str], backward: set[str] = frozenset()) -> set[str]:
     """`region` grown by every op all of whose consumers (data and control)
-    are in it, walking back no further than the backward pass and the
-    variables."""
+    are in it, walking back no further than the backward pass (its scopes,
+    and the ops in `backward` producing gradients outside them: a tape's
+    AddN) and the variables."""
     region = set(region)
     frontier = list(region)
     while frontier:
         op = graph.get_operation_by_name(frontier.pop())
         for t in op.inputs:
             p = t.op
-            if (p.name in region or in_gradient_scope(p.name) or p.type in VARIABLE_OP_TYPES
-                    or p.type in _INPUT_OP_TYPES):
+            if (p.name in region or in_gradient_scope(p.name) or p.name in backward
+                    or p.type in VARIABLE_OP_TYPES or p.type in _INPUT_OP_TYPES):
                 continue
             consumers = {c.name for out in p.outputs for c in out.consumers()}
             consumers |= {c.name for c in p._control_outputs}  # pylint: disable=protected-access
@@ -545,19 +547,33 @@ def _gradient_boundary(graph: tf.Graph) -> set[str]:
 
     A GradientTape adds up a tensor's gradients from several consumers with
     an AddN outside its scope (named "AddN" at the graph's root): a weight
-    with a regularizer gets its data gradient and its penalty's that way.
-    Such a sum of boundary tensors is itself on the boundary, and nearer to
-    the update than its terms, so it is what a variable's gradient is (not
-    one term of it, the other then left out of the averaging)."""
+    with a regularizer gets its data gradient and its penalty's that way, a
+    shared layer's weight one per use (an embedding used twice: its rows
+    and ids concatenated). Such a sum of boundary tensors is itself on the
+    boundary, and nearer to the update than its terms, so it is what a
+    variable's gradient is (not one term of it, the others then left out of
+    the averaging)."""
     out = set()
     for op in graph.get_operations():   # creation order: a sum after its terms
         if in_gradient_scope(op.name):
             continue
-        terms = [t.name for t in op.inputs if in_gradient_scope(t.op.name) or t.name in out]
         out.update(t.name for t in op.inputs if in_gradient_scope(t.op.name))
-        if op.type == "AddN" and terms and len(terms) == len(op.inputs):
+        terms = _aggregated_terms(op)
+        if terms and all(t.name in out for t in terms):
             out.add(op.outputs[0].name)
     return out
+
+
+def _aggregated_terms(op) -> list:
+    """The gradients a tape's aggregation op adds up: an AddN's inputs, or
+    the pieces a ConcatV2 joins (an IndexedSlices gradient of a variable
+    used twice, a tied embedding: its values and its indices each
+    concatenated); none for other ops."""
+    if op.type == "AddN":
+        return list(op.inputs)
+    if op.type == "ConcatV2":
+        return list(op.inputs)[:-1]
+    return []
 
 
 def _first_consumer(graph: tf.Graph, boundary: set[str]) -> str:

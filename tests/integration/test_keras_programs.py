@@ -32,6 +32,9 @@ CASES = [
     # an LSTM: a While loop (its weights stay off the servers in ps:
     # tests/unit/test_tf2_analysis.py, and the full matrix)
     ("lstm", "sgd", "float64", "allreduce"),
+    # an embedding and a regularized Dense each used twice: the tape adds up
+    # their gradients outside its scope (the embedding's rows on the servers)
+    ("shared", "sgd", "float64", "ps"),
 ]
 if os.environ.get("AUTOPAR_TEST_MATRIX") == "full":
     CASES = [(model, optimizer, dtype, option)

@@ -5,6 +5,8 @@ Keras optimizer), as TensorFlow 2 users write them:
     def train_step(x, y):
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model(x, training=True))
+            if model.losses:   # regularizers
+                loss += tf.cast(tf.add_n(model.losses), loss.dtype)
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
@@ -12,7 +14,9 @@ Keras optimizer), as TensorFlow 2 users write them:
 Models: "emb_mlp" (Embedding -> average -> Dense(relu) -> Dense, squared
 error), "bn_mlp" (the same with a BatchNormalization and a
 LayerNormalization after the hidden Dense: two variables of one shape each,
-gamma and beta, and batch statistics) and "lstm" (Embedding -> LSTM, a While
+gamma and beta, and batch statistics), "shared" (one Embedding and one
+Dense, with an L2 kernel regularizer, each applied to two halves of the
+ids: the tape adds up every weight's gradients from its uses) and "lstm" (Embedding -> LSTM, a While
 loop in the traced graph -> Dense over the vocabulary, cross-entropy: a
 next-token language model).
 Floating point in float64 (keras.config.set_floatx) where Adam-like
@@ -52,7 +56,8 @@ class KerasProgram:
         if self.kind == "lstm":
             tokens = rng.integers(0, VOCAB, size=(size, WINDOW + 1)).astype(np.int32)
             return tokens[:, :-1], tokens[:, -1]
-        x = rng.integers(0, VOCAB, size=(size, IDS)).astype(np.int32)
+        ids = 2 * IDS if self.kind == "shared" else IDS
+        x = rng.integers(0, VOCAB, size=(size, ids)).astype(np.int32)
         return x, rng.normal(size=(size, 1))
 
     def variables(self) -> dict:
@@ -85,6 +90,17 @@ def build(kind: str = "emb_mlp", optimizer_name: str = "adam",
                                   keras.layers.Dense(1)])
         loss_fn = keras.losses.MeanSquaredError()
         y_spec = tf.TensorSpec([None, 1], dtype)
+    elif kind == "shared":
+        ids = keras.Input((2 * IDS,), dtype="int32")
+        embed = keras.layers.Embedding(VOCAB, 6)
+        dense = keras.layers.Dense(5, activation="tanh",
+                                   kernel_regularizer=keras.regularizers.L2(0.01))
+        halves = [keras.layers.GlobalAveragePooling1D()(embed(part))
+                  for part in (ids[:, :IDS], ids[:, IDS:])]
+        model = keras.Model(ids, keras.layers.Dense(1)(
+            keras.layers.Concatenate()([dense(h) for h in halves])))
+        loss_fn = keras.losses.MeanSquaredError()
+        y_spec = tf.TensorSpec([None, 1], dtype)
     else:
         model = keras.Sequential([keras.Input((IDS,), dtype="int32"),
                                   keras.layers.Embedding(VOCAB, 6),
@@ -98,10 +114,12 @@ def build(kind: str = "emb_mlp", optimizer_name: str = "adam",
     def train_step(x, y):
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model(x, training=True))
+            if model.losses:   # regularizers
+                loss += tf.cast(tf.add_n(model.losses), loss.dtype)
         grads = tape.gradient(loss, model.trainable_variables)
         opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    x_spec = tf.TensorSpec([None, WINDOW if kind == "lstm" else IDS], tf.int32)
+    x_spec = tf.TensorSpec([None, {"lstm": WINDOW, "shared": 2 * IDS}.get(kind, IDS)], tf.int32)
     return KerasProgram(model, opt, train_step, train_step.get_concrete_function(x_spec, y_spec),
                         kind)

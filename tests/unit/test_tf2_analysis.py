@@ -158,32 +158,25 @@ def _reaches(t, targets: set) -> bool:
     return False
 
 
-def test_a_regularized_weight_gradient_is_the_tapes_sum_of_both_terms():
-    """A kernel_regularizer: the tape adds the data gradient and the
-    penalty's with an AddN outside its scope. The variable's gradient is
-    that sum (what the optimizer applies), not one of its terms (the other
-    would then skip the averaging)."""
+def test_a_weight_used_twice_or_regularized_gets_the_tapes_sum():
+    """A tape adds up a weight's gradients from each use and its
+    regularizer's with an AddN outside its scope, and an embedding's
+    IndexedSlices from each lookup by concatenating rows and ids. The
+    variable's gradient is that sum (what the optimizer applies), not one
+    of its terms (the others would then skip the averaging)."""
+    program, lifted = _lifted("shared", "sgd")
+    graph = lifted.graph
+    analysis = analyze_graph(graph)
     import keras
-    keras.config.set_floatx("float64")
-    inp = keras.Input((6,), dtype="float64")
-    hidden = keras.layers.Dense(4, activation="tanh", dtype="float64",
-                                kernel_regularizer=keras.regularizers.L2(0.01))(inp)
-    model = keras.Model(inp, keras.layers.Dense(1, dtype="float64")(hidden))
-    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
-    x0 = np.zeros((2, 6))
-    model.compute_loss(x0, x0[:, :1], model(x0))   # built outside the trace, as autopar.fit does
-
-    @tf.function(jit_compile=False)
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = model.compute_loss(x, y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        model.optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
-    graph = lift(step.get_concrete_function(tf.TensorSpec([None, 6], tf.float64),
-                                            tf.TensorSpec([None, 1], tf.float64))).graph
-    regularized = model.layers[1].kernel.path
-    info = analyze_graph(graph).variable(regularized)
-    summed = graph.get_tensor_by_name(info.grad_tensor)
-    assert summed.op.type == "AddN" and len(summed.op.inputs) == 2, info.grad_tensor
+    shared = next(layer for layer in program.model.layers
+                  if isinstance(layer, keras.layers.Dense) and layer.kernel_regularizer)
+    kernel = graph.get_tensor_by_name(analysis.variable(shared.kernel.path).grad_tensor)
+    # two uses and the L2 penalty
+    assert kernel.op.type == "AddN" and len(kernel.op.inputs) == 3, kernel.name
+    table = next(layer for layer in program.model.layers
+                 if isinstance(layer, keras.layers.Embedding))
+    embedding = analysis.variable(table.embeddings.path)
+    assert embedding.gradient == "sparse"
+    for name in (embedding.grad_values, embedding.grad_indices):
+        joined = graph.get_tensor_by_name(name).op
+        assert joined.type == "ConcatV2" and len(joined.inputs) == 3, name   # 2 pieces, the axis
