@@ -22,8 +22,10 @@ off) that autopar.get_runner lifts and distributes like any tf.function step
 - `validation_data` is evaluated at each epoch's end, each worker on its
   share of it, aggregated the same way ("val_" logs).
 - Callbacks run on the chief only, with the aggregated logs; the chief alone
-  prints one line per epoch. The model and its optimizer hold the trained
-  values on every worker when fit returns (model.save() works anywhere).
+  prints one line per epoch. A callback that stops training
+  (model.stop_training, EarlyStopping) stops every worker after that epoch.
+  The model and its optimizer hold the trained values on every worker when
+  fit returns (model.save() works anywhere).
 """
 from __future__ import annotations
 
@@ -106,6 +108,7 @@ def fit(model, x, y, resource_info=None, config=None, *, epochs: int = 1, batch_
     history = History(me, n)
     callbacks = keras.callbacks.CallbackList(list(callbacks), model=model) if runner.is_chief \
         else None
+    model.stop_training = False
     with runner:
         if callbacks is not None:
             callbacks.on_train_begin()
@@ -133,6 +136,13 @@ def fit(model, x, y, resource_info=None, config=None, *, epochs: int = 1, batch_
                     log.info("epoch %d/%d: %s", epoch + 1, epochs,
                              "  ".join(f"{k} {v:.4f}" for k, v in logs.items()))
                 callbacks.on_epoch_end(epoch, logs)
+            # A callback may stop training (EarlyStopping sets
+            # model.stop_training): callbacks run on the chief, whose
+            # decision every worker follows, so all run the same steps.
+            stop = float(bool(runner.is_chief and model.stop_training))
+            if runner.sum_over_workers(np.array([stop]))[0] > 0:
+                model.stop_training = True
+                break
         if callbacks is not None:
             callbacks.on_train_end(history.history and {k: v[-1] for k, v in
                                                         history.history.items()})
