@@ -82,14 +82,11 @@ def fit(model, x, y, resource_info=None, config=None, *, epochs: int = 1, batch_
     # that Keras builds it (and any state it keeps) outside the traced step.
     model.compute_loss(x[:2], y[:2], model(x[:2], training=False), training=False)
 
-    def loss_of(xb, yb, y_pred, training: bool):
-        return model.compute_loss(xb, yb, y_pred, training=training)
-
     @tf.function(jit_compile=False)
     def train_step(xb, yb):
         with tf.GradientTape() as tape:
             y_pred = model(xb, training=True)
-            loss = loss_of(xb, yb, y_pred, True)
+            loss = model.compute_loss(xb, yb, y_pred, training=True)
         grads = tape.gradient(loss, model.trainable_variables)
         model.optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss, y_pred
@@ -128,7 +125,7 @@ def fit(model, x, y, resource_info=None, config=None, *, epochs: int = 1, batch_
             if validation_data is not None:
                 runner.sync_python_variables()
                 logs.update({f"val_{k}": v for k, v in
-                             _evaluate(model, loss_of, *validation_data, batch_size, runner)
+                             _evaluate(model, *validation_data, batch_size, runner)
                              .items()})
             history.add(epoch, logs)
             if runner.is_chief:
@@ -182,7 +179,7 @@ class _Metrics:
         return logs
 
 
-def _evaluate(model, loss_of, x, y, batch_size: int, runner) -> dict:
+def _evaluate(model, x, y, batch_size: int, runner) -> dict:
     """Loss and compiled metrics of the model (with this worker's current
     values) over the validation set, each worker on its examples i mod N,
     combined over workers."""
@@ -192,6 +189,6 @@ def _evaluate(model, loss_of, x, y, batch_size: int, runner) -> dict:
     for start in range(0, len(mine), batch_size):
         rows = mine[start:start + batch_size]
         y_pred = model(x[rows], training=False)
-        metrics.update(y[rows], y_pred, float(loss_of(x[rows], y[rows], y_pred, False)),
-                       len(rows))
+        loss = model.compute_loss(x[rows], y[rows], y_pred, training=False)
+        metrics.update(y[rows], y_pred, float(loss), len(rows))
     return metrics.result(runner)

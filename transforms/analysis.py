@@ -710,7 +710,7 @@ def _nearest_boundary(graph, update_set: set[str], boundary: set[str], accepts) 
         for t in level:
             if t.name in boundary or in_gradient_scope(t.op.name) or t.op.type in VARIABLE_OP_TYPES:
                 continue
-            for inp in inputs_behind(t):
+            for inp in _inputs_behind(t):
                 if inp.name not in seen:
                     seen.add(inp.name)
                     following.append(inp)
@@ -718,7 +718,7 @@ def _nearest_boundary(graph, update_set: set[str], boundary: set[str], accepts) 
     return found
 
 
-def inputs_behind(t: tf.Tensor) -> list[tf.Tensor]:
+def _inputs_behind(t: tf.Tensor) -> list[tf.Tensor]:
     """The inputs tensor `t`'s value comes from: all its op's inputs, but for
     IdentityN only the one at t's position. Keras 3's optimizers pass every
     gradient through one IdentityN (output k is input k); walking back

@@ -217,10 +217,7 @@ def _upstream_gradient(graph, op: tf.Operation) -> tf.Tensor | None:
     tf.gradients' names (<...>/gradients/<op>_grad/)."""
     found = _upstream_from_axes(op)
     if len(found) > 1:
-        raise UnsupportedGraphError(
-            f"batch-norm statistics '{op.name}' are differentiated more than once (several "
-            "backward passes): distributed batch normalisation supports one backward pass; "
-            "use Config(batch_norm_group=None) for this graph")
+        raise _differentiated_twice(op, "several backward passes")
     if found:
         return found[0]
     region = _grad_region(graph, op)
@@ -232,11 +229,15 @@ def _upstream_gradient(graph, op: tf.Operation) -> tf.Tensor | None:
         return None
     prefixes = {o.name.split(op.name + "_grad/")[0] for o in region}
     if len(upstream) > 1 or len(prefixes) > 1:
-        raise UnsupportedGraphError(
-            f"batch-norm statistics '{op.name}' are differentiated more than once (several "
-            "tf.gradients calls): distributed batch normalisation supports one backward pass; "
-            "use Config(batch_norm_group=None) for this graph")
+        raise _differentiated_twice(op, "several tf.gradients calls")
     return next(iter(upstream.values()))
+
+
+def _differentiated_twice(op: tf.Operation, how: str) -> UnsupportedGraphError:
+    return UnsupportedGraphError(
+        f"batch-norm statistics '{op.name}' are differentiated more than once ({how}): "
+        "distributed batch normalisation supports one backward pass; use "
+        "Config(batch_norm_group=None) for this graph")
 
 
 # The ops TensorFlow's Mean gradient spreads the upstream gradient with

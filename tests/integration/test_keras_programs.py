@@ -174,4 +174,3 @@ def test_fit_computes_the_compiled_loss_as_keras_fit_does(tmp_path):
         with np.load(tmp_path / f"dist{i}.npz") as data:
             assert_same_parameters(weights, {k: data[k] for k in data.files}, rtol=1e-9,
                                    atol=1e-12, what=f"worker {i}")
-

@@ -16,9 +16,9 @@ error), "bn_mlp" (the same with a BatchNormalization and a
 LayerNormalization after the hidden Dense: two variables of one shape each,
 gamma and beta, and batch statistics), "shared" (one Embedding and one
 Dense, with an L2 kernel regularizer, each applied to two halves of the
-ids: the tape adds up every weight's gradients from its uses) and "lstm" (Embedding -> LSTM, a While
-loop in the traced graph -> Dense over the vocabulary, cross-entropy: a
-next-token language model).
+ids: the tape adds up every weight's gradients from its uses) and "lstm"
+(Embedding -> LSTM, a While loop in the traced graph -> Dense over the
+vocabulary, cross-entropy: a next-token language model).
 Floating point in float64 (keras.config.set_floatx) where Adam-like
 optimizers divide by sqrt(v) (tests.models.model_dtype's arithmetic).
 """
@@ -56,13 +56,17 @@ class KerasProgram:
         if self.kind == "lstm":
             tokens = rng.integers(0, VOCAB, size=(size, WINDOW + 1)).astype(np.int32)
             return tokens[:, :-1], tokens[:, -1]
-        ids = 2 * IDS if self.kind == "shared" else IDS
-        x = rng.integers(0, VOCAB, size=(size, ids)).astype(np.int32)
+        x = rng.integers(0, VOCAB, size=(size, _ids(self.kind))).astype(np.int32)
         return x, rng.normal(size=(size, 1))
 
     def variables(self) -> dict:
         """Every variable of the model and the optimizer, by path."""
         return {v.path: v for v in list(self.model.variables) + list(self.optimizer.variables)}
+
+
+def _ids(kind: str) -> int:
+    """Ids per example (columns of x) of a model kind."""
+    return {"lstm": WINDOW, "shared": 2 * IDS}.get(kind, IDS)
 
 
 def build(kind: str = "emb_mlp", optimizer_name: str = "adam",
@@ -120,6 +124,6 @@ def build(kind: str = "emb_mlp", optimizer_name: str = "adam",
         opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    x_spec = tf.TensorSpec([None, {"lstm": WINDOW, "shared": 2 * IDS}.get(kind, IDS)], tf.int32)
+    x_spec = tf.TensorSpec([None, _ids(kind)], tf.int32)
     return KerasProgram(model, opt, train_step, train_step.get_concrete_function(x_spec, y_spec),
                         kind)

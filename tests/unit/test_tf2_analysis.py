@@ -164,10 +164,10 @@ def test_a_weight_used_twice_or_regularized_gets_the_tapes_sum():
     IndexedSlices from each lookup by concatenating rows and ids. The
     variable's gradient is that sum (what the optimizer applies), not one
     of its terms (the others would then skip the averaging)."""
+    import keras
     program, lifted = _lifted("shared", "sgd")
     graph = lifted.graph
     analysis = analyze_graph(graph)
-    import keras
     shared = next(layer for layer in program.model.layers
                   if isinstance(layer, keras.layers.Dense) and layer.kernel_regularizer)
     kernel = graph.get_tensor_by_name(analysis.variable(shared.kernel.path).grad_tensor)

@@ -1,9 +1,8 @@
 """A Keras 3 model compiled the way many scripts compile it: a string loss
 ("mse"), loss_weights and a kernel regularizer; fit with an EarlyStopping
-callback. --keras trains it with
-Keras's own model.fit on one device; otherwise with autopar.fit (on every
-worker of --spec, or one device without). Saves the weights and prints the
-per-epoch losses."""
+callback. --keras trains it with Keras's own model.fit on one device;
+otherwise with autopar.fit (on every worker of --spec, or one device
+without). Saves the weights and prints the per-epoch losses."""
 import argparse
 import json
 import os
