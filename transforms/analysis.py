@@ -642,7 +642,8 @@ def _variable_info(graph, var_op, update_ops, boundary, slot_users) -> VariableI
     def sparse_gradient():   # (values, indices)
         return _nearest_boundary(graph, update_set, boundary,
                                  [lambda t: t.dtype.is_floating and _rows_of(t, shape),
-                                  lambda t: t.dtype.is_integer and t.shape.rank == 1])
+                                  lambda t: (t.dtype.is_integer and t.shape.rank == 1
+                                             and not _is_dense_shape(t, shape))])
 
     sparse = any(m in graph.get_operation_by_name(u).type
                  for u in update_ops for m in _SPARSE_UPDATE_MARKERS)
@@ -742,6 +743,20 @@ def _values_beside(graph, values: str, indices: str, boundary: set[str], shape) 
     if values in paired or len(paired) != 1:
         return values
     return paired.pop()
+
+
+def _is_dense_shape(t: tf.Tensor, var_shape) -> bool:
+    """Whether `t` is an IndexedSlices gradient's dense_shape rather than its
+    indices: the variable's shape, read from it (Shape, VariableShape) or
+    folded into a constant (a ResourceGather's gradient on a variable of
+    static shape). It is as near to a densifying update as the indices (its
+    first element is the segment sum's num_segments)."""
+    while t.op.type in ("Identity", "Cast"):
+        t = t.op.inputs[0]
+    if t.op.type in ("Shape", "VariableShape"):
+        return True
+    value = tf.get_static_value(t)
+    return value is not None and [int(x) for x in value] == list(var_shape)
 
 
 def _rows_of(t: tf.Tensor, var_shape) -> bool:

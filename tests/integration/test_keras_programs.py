@@ -35,6 +35,9 @@ CASES = [
     # an embedding and a regularized Dense each used twice: the tape adds up
     # their gradients outside its scope (the embedding's rows on the servers)
     ("shared", "sgd", "float64", "ps"),
+    # no Keras layers: tf.Variables in a tf.Module, an embedding_lookup whose
+    # IndexedSlices gradient has a constant dense_shape
+    ("module", "adam_noclip", "float64", "hybrid"),
 ]
 if os.environ.get("AUTOPAR_TEST_MATRIX") == "full":
     CASES = [(model, optimizer, dtype, option)

@@ -16,9 +16,13 @@ error), "bn_mlp" (the same with a BatchNormalization and a
 LayerNormalization after the hidden Dense: two variables of one shape each,
 gamma and beta, and batch statistics), "shared" (one Embedding and one
 Dense, with an L2 kernel regularizer, each applied to two halves of the
-ids: the tape adds up every weight's gradients from its uses) and "lstm"
+ids: the tape adds up every weight's gradients from its uses), "lstm"
 (Embedding -> LSTM, a While loop in the traced graph -> Dense over the
-vocabulary, cross-entropy: a next-token language model).
+vocabulary, cross-entropy: a next-token language model) and "module" (no
+Keras layers: a tf.Module holding tf.Variables, an embedding table read by
+tf.nn.embedding_lookup and a linear layer, as TensorFlow's "Introduction to
+modules" guide writes models; the table's IndexedSlices gradient carries
+the table's static shape as a constant dense_shape).
 Floating point in float64 (keras.config.set_floatx) where Adam-like
 optimizers divide by sqrt(v) (tests.models.model_dtype's arithmetic).
 """
@@ -60,8 +64,10 @@ class KerasProgram:
         return x, rng.normal(size=(size, 1))
 
     def variables(self) -> dict:
-        """Every variable of the model and the optimizer, by path."""
-        return {v.path: v for v in list(self.model.variables) + list(self.optimizer.variables)}
+        """Every variable of the model and the optimizer, by path (a
+        tf.Variable's name where it has none)."""
+        return {getattr(v, "path", v.name): v
+                for v in list(self.model.variables) + list(self.optimizer.variables)}
 
 
 def _ids(kind: str) -> int:
@@ -105,6 +111,10 @@ def build(kind: str = "emb_mlp", optimizer_name: str = "adam",
             keras.layers.Concatenate()([dense(h) for h in halves])))
         loss_fn = keras.losses.MeanSquaredError()
         y_spec = tf.TensorSpec([None, 1], dtype)
+    elif kind == "module":
+        model = _linear_over_embedding(tf, dtype)
+        loss_fn = keras.losses.MeanSquaredError()
+        y_spec = tf.TensorSpec([None, 1], dtype)
     else:
         model = keras.Sequential([keras.Input((IDS,), dtype="int32"),
                                   keras.layers.Embedding(VOCAB, 6),
@@ -118,7 +128,7 @@ def build(kind: str = "emb_mlp", optimizer_name: str = "adam",
     def train_step(x, y):
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model(x, training=True))
-            if model.losses:   # regularizers
+            if getattr(model, "losses", None):   # regularizers
                 loss += tf.cast(tf.add_n(model.losses), loss.dtype)
         grads = tape.gradient(loss, model.trainable_variables)
         opt.apply_gradients(zip(grads, model.trainable_variables))
@@ -127,3 +137,22 @@ def build(kind: str = "emb_mlp", optimizer_name: str = "adam",
     x_spec = tf.TensorSpec([None, _ids(kind)], tf.int32)
     return KerasProgram(model, opt, train_step, train_step.get_concrete_function(x_spec, y_spec),
                         kind)
+
+
+def _linear_over_embedding(tf, dtype: str):
+    """A tf.Module: the mean of each example's embedding rows, then a
+    linear layer; variables named as a user names them."""
+    rng = np.random.default_rng(1)
+
+    class LinearOverEmbedding(tf.Module):
+        def __init__(self):
+            super().__init__(name="linear_over_embedding")
+            self.table = tf.Variable(rng.normal(size=(VOCAB, 6)), dtype=dtype, name="table")
+            self.w = tf.Variable(0.3 * rng.normal(size=(6, 1)), dtype=dtype, name="w")
+            self.b = tf.Variable(tf.zeros([1], dtype), name="b")
+
+        def __call__(self, x, training=False):
+            h = tf.reduce_mean(tf.nn.embedding_lookup(self.table, x), 1)
+            return tf.matmul(h, self.w) + self.b
+
+    return LinearOverEmbedding()

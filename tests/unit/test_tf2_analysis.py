@@ -75,6 +75,21 @@ def test_keras_adam_slots_counter_and_gradients_from_data_flow():
     assert analysis.loss_reduction == "mean"
 
 
+def test_a_constant_dense_shape_is_not_taken_for_the_indices():
+    """A tf.Variable read by tf.nn.embedding_lookup: its IndexedSlices
+    gradient's dense_shape is a constant (the table's static shape), an
+    integer vector as near to Keras's densifying segment sum as the indices;
+    taken for the indices, every worker's rows went to the wrong ids."""
+    program, lifted = _lifted("module", optimizer="adam_noclip")
+    analysis = analyze_graph(lifted.graph)
+    table = analysis.variable(program.model.table.name.split(":")[0])
+    assert table.gradient == "sparse"
+    indices = lifted.graph.get_tensor_by_name(table.grad_indices)
+    assert tf.get_static_value(indices) is None
+    ids = lifted.graph.get_tensor_by_name(program.concrete.graph.inputs[0].name)
+    assert _reaches(ids, {indices.op.name})
+
+
 def test_squared_rows_keep_the_embedding_off_the_servers():
     """Keras's Adam squares each row of the IndexedSlices gradient before
     rows of one id are added: servers, which add them first, would differ."""
