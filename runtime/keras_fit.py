@@ -73,6 +73,7 @@ def fit(model, x, y, resource_info=None, config=None, *, epochs: int = 1, batch_
                            "with one input and one output); for several, write the training "
                            "step as a tf.function and run it with autopar.get_runner "
                            "(docs/tf2-keras.md)")
+    _refuse_own_steps(model, validation_data is not None)
     x, y = np.asarray(x), np.asarray(y)
     if len(x) != len(y):
         raise AutoparError(f"autopar.fit: x has {len(x)} examples and y {len(y)}")
@@ -145,6 +146,23 @@ def fit(model, x, y, resource_info=None, config=None, *, epochs: int = 1, batch_
                                                         history.history.items()})
     model.history = history
     return history
+
+
+def _refuse_own_steps(model, validating: bool) -> None:
+    """A model class that overrides Keras's train_step (or test_step, when
+    fit evaluates) computes something this loop does not: running the
+    compiled loss instead would train a different model without a word."""
+    import keras
+
+    from autopar.common.errors import AutoparError
+    steps = ["train_step"] + (["test_step"] if validating else [])
+    own = [name for name in steps if getattr(type(model), name) is not getattr(keras.Model, name)]
+    if own:
+        raise AutoparError(
+            f"autopar.fit: {type(model).__name__} overrides Keras's {' and '.join(own)}, which "
+            "autopar.fit does not run (it trains the compiled loss and optimizer as Keras's own "
+            "step does); write the step as a tf.function and run it with autopar.get_runner "
+            "(docs/tf2-keras.md)")
 
 
 class _Metrics:

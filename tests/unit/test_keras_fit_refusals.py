@@ -1,0 +1,51 @@
+"""What autopar.fit refuses before it starts a job, each by name: a model
+whose own training (or, when fit validates, evaluation) step it would not
+run, fit() arguments it does not take, several inputs, an uncompiled
+model."""
+import numpy as np
+import pytest
+
+import autopar
+from autopar.common.errors import AutoparError
+
+X = np.zeros((8, 3), np.float32)
+Y = np.zeros((8, 1), np.float32)
+
+
+def _model(cls_body=None):
+    import keras
+    cls = type("OwnStepModel", (keras.Model,), cls_body or {})
+    inputs = keras.Input((3,))
+    model = cls(inputs, keras.layers.Dense(1)(inputs))
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def _own_step(self, data):
+    raise AssertionError("autopar.fit ran the model's own step")
+
+
+@pytest.mark.parametrize("overridden,validation", [
+    ("train_step", False), ("train_step", True), ("test_step", True)])
+def test_a_model_with_its_own_step_is_refused(overridden, validation):
+    model = _model({overridden: _own_step})
+    kwargs = {"validation_data": (X, Y)} if validation else {}
+    with pytest.raises(AutoparError, match=f"OwnStepModel overrides Keras's {overridden}"):
+        autopar.fit(model, X, Y, epochs=1, batch_size=4, verbose=0, **kwargs)
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda m: autopar.fit(m, X, Y, sample_weight=np.ones(8)), "does not take fit()'s sample_weight"),
+    (lambda m: autopar.fit(m, [X, X], Y), "one input array x"),
+    (lambda m: autopar.fit(m, X, Y[:5]), "x has 8 examples and y 5"),
+])
+def test_arguments_fit_does_not_take_are_named(call, message):
+    with pytest.raises(AutoparError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        call(_model())
+
+
+def test_an_uncompiled_model_is_refused():
+    import keras
+    inputs = keras.Input((3,))
+    with pytest.raises(AutoparError, match="compile the model first"):
+        autopar.fit(keras.Model(inputs, keras.layers.Dense(1)(inputs)), X, Y)
