@@ -552,16 +552,27 @@ def _gradient_boundary(graph: tf.Graph) -> set[str]:
     and ids concatenated). Such a sum of boundary tensors is itself on the
     boundary, and nearer to the update than its terms, so it is what a
     variable's gradient is (not one term of it, the others then left out of
-    the averaging)."""
+    the averaging). A term may be an IndexedSlices gradient the tape made
+    dense to add it to a dense one (an embedding with a regularizer)."""
     out = set()
     for op in graph.get_operations():   # creation order: a sum after its terms
         if in_gradient_scope(op.name):
             continue
         out.update(t.name for t in op.inputs if in_gradient_scope(t.op.name))
         terms = _aggregated_terms(op)
-        if terms and all(t.name in out for t in terms):
+        if terms and all(t.name in out or _densified(t, out) for t in terms):
             out.add(op.outputs[0].name)
     return out
+
+
+def _densified(t: tf.Tensor, boundary: set[str]) -> bool:
+    """Whether `t` is an IndexedSlices gradient made dense: a segment sum of
+    its values by its indices, both from the backward pass (what
+    tf.convert_to_tensor builds, outside the tape's scope). Only as a term
+    of a sum: an optimizer densifies a gradient the same way, and that one
+    stays sparse."""
+    return (t.op.type == "UnsortedSegmentSum"
+            and all(x.name in boundary for x in t.op.inputs[:2]))
 
 
 def _aggregated_terms(op) -> list:

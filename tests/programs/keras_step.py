@@ -14,7 +14,7 @@ Keras optimizer), as TensorFlow 2 users write them:
 Models: "emb_mlp" (Embedding -> average -> Dense(relu) -> Dense, squared
 error), "bn_mlp" (the same with a BatchNormalization and a
 LayerNormalization after the hidden Dense: two variables of one shape each,
-gamma and beta, and batch statistics), "shared" (one Embedding and one
+gamma and beta, and batch statistics; an L2 penalty on the embedding), "shared" (one Embedding and one
 Dense, with an L2 kernel regularizer, each applied to two halves of the
 ids: the tape adds up every weight's gradients from its uses), "lstm"
 (Embedding -> LSTM, a While loop in the traced graph -> Dense over the
@@ -28,6 +28,7 @@ optimizers divide by sqrt(v) (tests.models.model_dtype's arithmetic).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,6 +71,21 @@ class KerasProgram:
                 for v in list(self.model.variables) + list(self.optimizer.variables)}
 
 
+@contextlib.contextmanager
+def keras_settings_kept():
+    """Keras's global floatx and dtype policy as they were, after builds in
+    this process: build sets floatx, and the first layer built then fixes
+    the global dtype policy from it (a later float32 graph's Keras layers
+    would compute in float64)."""
+    import keras
+    floatx, policy = keras.config.floatx(), keras.config.dtype_policy()
+    try:
+        yield
+    finally:
+        keras.config.set_floatx(floatx)
+        keras.config.set_dtype_policy(policy)
+
+
 def _ids(kind: str) -> int:
     """Ids per example (columns of x) of a model kind."""
     return {"lstm": WINDOW, "shared": 2 * IDS}.get(kind, IDS)
@@ -90,8 +106,11 @@ def build(kind: str = "emb_mlp", optimizer_name: str = "adam",
     elif kind == "bn_mlp":
         # No bias before the batch norm: its gradient would be zero but for
         # rounding, which Adam's division by sqrt(v) turns into lr-sized steps.
+        # The embedding's L2 penalty makes its gradient dense: the tape
+        # densifies the rows' IndexedSlices to add the penalty's gradient.
         model = keras.Sequential([keras.Input((IDS,), dtype="int32"),
-                                  keras.layers.Embedding(VOCAB, 6),
+                                  keras.layers.Embedding(
+                                      VOCAB, 6, embeddings_regularizer=keras.regularizers.L2(1e-3)),
                                   keras.layers.GlobalAveragePooling1D(),
                                   keras.layers.Dense(8, use_bias=False),
                                   keras.layers.BatchNormalization(),

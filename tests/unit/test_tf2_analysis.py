@@ -17,11 +17,9 @@ TOPOLOGY = Topology(("127.0.0.1", "127.0.0.1", "127.0.0.2"), 2)
 
 
 @pytest.fixture(autouse=True)
-def _floatx():
-    import keras
-    saved = keras.config.floatx()
-    yield
-    keras.config.set_floatx(saved)
+def _keras_settings():
+    with keras_step.keras_settings_kept():
+        yield
 
 
 def _lifted(kind="emb_mlp", optimizer="adam", dtype="float64"):
@@ -88,6 +86,19 @@ def test_a_constant_dense_shape_is_not_taken_for_the_indices():
     assert tf.get_static_value(indices) is None
     ids = lifted.graph.get_tensor_by_name(program.concrete.graph.inputs[0].name)
     assert _reaches(ids, {indices.op.name})
+
+
+def test_a_penalised_embedding_gets_the_sum_of_rows_and_penalty():
+    """An embedding with a regularizer: the tape densifies its rows'
+    IndexedSlices (a segment sum outside its scope) to add the penalty's
+    dense gradient; the sum is the gradient, not the penalty's term alone
+    (the rows' term was then applied unaveraged)."""
+    program, lifted = _lifted("bn_mlp", "adam")
+    emb = analyze_graph(lifted.graph).variable(program.model.layers[0].embeddings.path)
+    assert emb.gradient == "dense"
+    total = lifted.graph.get_tensor_by_name(emb.grad_tensor)
+    assert total.op.type == "AddN"
+    assert {t.op.type for t in total.op.inputs} >= {"UnsortedSegmentSum"}
 
 
 def test_squared_rows_keep_the_embedding_off_the_servers():
