@@ -579,8 +579,10 @@ def _aggregated_terms(op) -> list:
     """The gradients a tape's aggregation op adds up: an AddN's inputs, or
     the pieces a ConcatV2 joins (an IndexedSlices gradient of a variable
     used twice, a tied embedding: its values and its indices each
-    concatenated); none for other ops."""
-    if op.type == "AddN":
+    concatenated); none for other ops. A program's own sum of two gradients
+    (micro-batches' tapes added up with `+`) is one too: each term is this
+    worker's, and only their sum is the gradient of its step."""
+    if op.type in ("AddN", "Add", "AddV2"):
         return list(op.inputs)
     if op.type == "ConcatV2":
         return list(op.inputs)[:-1]
@@ -691,6 +693,13 @@ def _variable_info(graph, var_op, update_ops, boundary, slot_users) -> VariableI
                 f"shape {list(shape)} reaching it was found. autopar understands gradients from "
                 "tf.gradients or a GradientTape passed (optionally through clipping/scaling) to "
                 "an optimizer or a write of the variable")
+        terms = _elementwise_gradients(graph, update_set, boundary, shape)
+        if len(terms) > 1:
+            raise UnsupportedGraphError(
+                f"variable '{var_op.name}' is updated from {len(terms)} gradients combined "
+                f"otherwise than by a sum ('{terms[0]}', '{terms[1]}'): autopar averages one "
+                "gradient per variable over the workers. Add them up (+ or tf.add_n) before "
+                "anything else reads them")
     info.slots = sorted(name for name, users in slot_users.items() if users == {var_op.name})
     info.boundary_ops = _boundary_ops(graph, var_op)
     return info
@@ -728,6 +737,30 @@ def _nearest_boundary(graph, update_set: set[str], boundary: set[str], accepts) 
                     following.append(inp)
         level = following
     return found
+
+
+def _elementwise_gradients(graph, update_set: set[str], boundary: set[str], shape) -> list[str]:
+    """The backward-pass tensors of the variable's shape that reach its
+    update through tensors of that shape only. One is its gradient; others
+    beside it (two micro-batches' gradients each clipped, then added) are
+    terms that averaging the one would leave this worker's own. What comes
+    through a reduction (another variable's gradient in a global norm)
+    does not count."""
+    found, seen = set(), set()
+    stack = [t for name in update_set for t in graph.get_operation_by_name(name).inputs
+             if t.op.name not in update_set]
+    while stack:
+        t = stack.pop()
+        if t.name in seen:
+            continue
+        seen.add(t.name)
+        if static_shape(t) != tuple(shape):
+            continue
+        if t.name in boundary:
+            found.add(t.name)
+        elif not in_gradient_scope(t.op.name) and t.op.type not in VARIABLE_OP_TYPES:
+            stack.extend(_inputs_behind(t))
+    return sorted(found)
 
 
 def _inputs_behind(t: tf.Tensor) -> list[tf.Tensor]:

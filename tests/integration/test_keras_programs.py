@@ -38,6 +38,8 @@ CASES = [
     # no Keras layers: tf.Variables in a tf.Module, an embedding_lookup whose
     # IndexedSlices gradient has a constant dense_shape
     ("module", "adam_noclip", "float64", "hybrid"),
+    # two micro-batches' tapes in one step, their gradients added with +
+    ("micro", "sgd", "float64", "ps"),
 ]
 if os.environ.get("AUTOPAR_TEST_MATRIX") == "full":
     CASES = [(model, optimizer, dtype, option)

@@ -22,7 +22,9 @@ vocabulary, cross-entropy: a next-token language model) and "module" (no
 Keras layers: a tf.Module holding tf.Variables, an embedding table read by
 tf.nn.embedding_lookup and a linear layer, as TensorFlow's "Introduction to
 modules" guide writes models; the table's IndexedSlices gradient carries
-the table's static shape as a constant dense_shape).
+the table's static shape as a constant dense_shape). "micro" is "emb_mlp"
+trained by a step that splits its batch into two micro-batches, a tape
+each, and adds up their gradients with `+`.
 Floating point in float64 (keras.config.set_floatx) where Adam-like
 optimizers divide by sqrt(v) (tests.models.model_dtype's arithmetic).
 """
@@ -153,9 +155,24 @@ def build(kind: str = "emb_mlp", optimizer_name: str = "adam",
         opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
+    @tf.function(jit_compile=False)
+    def micro_batch_step(x, y):
+        # Two halves of the batch, a tape each, their mean gradients
+        # averaged (the embedding's IndexedSlices made dense to add them).
+        half = tf.shape(x)[0] // 2
+        losses, grads = [], []
+        for part in (slice(None, half), slice(half, None)):
+            with tf.GradientTape() as tape:
+                losses.append(loss_fn(y[part], model(x[part], training=True)))
+            grads.append([tf.convert_to_tensor(g)
+                          for g in tape.gradient(losses[-1], model.trainable_variables)])
+        opt.apply_gradients(zip([(a + b) / 2 for a, b in zip(*grads)],
+                                model.trainable_variables))
+        return (losses[0] + losses[1]) / 2
+
+    step = micro_batch_step if kind == "micro" else train_step
     x_spec = tf.TensorSpec([None, _ids(kind)], tf.int32)
-    return KerasProgram(model, opt, train_step, train_step.get_concrete_function(x_spec, y_spec),
-                        kind)
+    return KerasProgram(model, opt, step, step.get_concrete_function(x_spec, y_spec), kind)
 
 
 def _linear_over_embedding(tf, dtype: str):

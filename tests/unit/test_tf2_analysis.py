@@ -9,6 +9,7 @@ from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms.analysis import analyze_graph
 from autopar.transforms.lift import CALL_OP, lift
 from autopar.transforms.plan import PlanOptions, make_plan
+from autopar.transforms.rewrite import rewrite_for_worker
 from autopar.transforms.topology import Topology
 from tests.programs import keras_step
 
@@ -99,6 +100,58 @@ def test_a_penalised_embedding_gets_the_sum_of_rows_and_penalty():
     total = lifted.graph.get_tensor_by_name(emb.grad_tensor)
     assert total.op.type == "AddN"
     assert {t.op.type for t in total.op.inputs} >= {"UnsortedSegmentSum"}
+
+
+def test_micro_batch_gradients_added_by_the_program_are_one_gradient():
+    """Two tapes in one step (two micro-batches), each variable's gradients
+    added with +: the sum is the gradient that travels; averaging one term
+    left the other this worker's own."""
+    program, lifted = _lifted("micro", "sgd")
+    analysis = analyze_graph(lifted.graph)
+    for v in analysis.variables:
+        total = lifted.graph.get_tensor_by_name(v.grad_tensor)
+        assert total.op.type == "AddV2", (v.name, v.grad_tensor)
+        assert all(t.op.name.startswith("gradient_tape") or t.op.type == "UnsortedSegmentSum"
+                   for t in total.op.inputs), v.name
+
+
+def test_gradients_combined_otherwise_than_by_a_sum_are_refused():
+    """Each micro-batch's gradient clipped, then added: no one gradient per
+    variable is the step's, so the analysis names two of them."""
+    import keras
+    program = keras_step.build("emb_mlp", "sgd", "float64")
+    model, optimizer = program.model, program.optimizer
+    loss_fn = keras.losses.MeanSquaredError()
+
+    @tf.function
+    def step(x, y):
+        grads = []
+        for part in (slice(None, 3), slice(3, None)):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y[part], model(x[part], training=True))
+            grads.append([tf.clip_by_norm(tf.convert_to_tensor(g), 0.1)
+                          for g in tape.gradient(loss, model.trainable_variables)])
+        optimizer.apply_gradients(zip([a + b for a, b in zip(*grads)], model.trainable_variables))
+        return loss
+
+    concrete = step.get_concrete_function(tf.TensorSpec([None, keras_step.IDS], tf.int32),
+                                          tf.TensorSpec([None, 1], tf.float64))
+    with pytest.raises(UnsupportedGraphError, match=r"from 2 gradients combined otherwise than "
+                                                    r"by a sum \('gradient_tape"):
+        analyze_graph(lift(concrete).graph)
+
+
+def test_a_non_chief_keeps_what_reads_the_ops_before_a_server_update():
+    """ps: a non-chief does not run its server variables' updates, but the
+    ops between gradient and update stay, for Keras's optimizer reads them
+    elsewhere too (an Identity of the first gradient); they were NoOps, and
+    the worker's graph did not import."""
+    program, lifted = _lifted("micro", "sgd")
+    analysis = analyze_graph(lifted.graph)
+    plan = make_plan(analysis, TOPOLOGY, options=PlanOptions(run_option="ps"))
+    worker = rewrite_for_worker(lifted.graph, analysis, plan, 1)
+    with tf.Graph().as_default():
+        tf1.import_graph_def(worker.meta_graph.graph_def, name="")
 
 
 def test_squared_rows_keep_the_embedding_off_the_servers():

@@ -537,8 +537,13 @@ class PsBuilder:
         self._collectives_done[self.group] = self._after_collectives()
         wait = tf.raw_ops.QueueDequeueV2(handle=self._token_queue(self.index),
                                          component_types=[tf.int32])
-        for name in self._regions(ps_vars):
-            self.edits.noop_deps[name] = [wait[0].op.name]
+        # Only the updates: the ops between gradient and update stay, though
+        # this worker's step no longer needs them, because another op may read
+        # them (a Keras optimizer's IdentityN carrying every variable's
+        # gradient, a dead Identity of the first one); a NoOp has no outputs.
+        for vp in ps_vars:
+            for name in self.analysis.variable(vp.name).update_ops:
+                self.edits.noop_deps[name] = [wait[0].op.name]
         return wait[0].op
 
     def _regions(self, ps_vars) -> set[str]:
