@@ -565,13 +565,34 @@ class Runner:
                     parts = [leaf.values, leaf.indices] + (
                         [] if leaf.dense_shape is None else [leaf.dense_shape])
                 else:
-                    feeds[self._map_tensor(leaf)] = leaf_value
+                    mapped = self._map_tensor(leaf)
+                    self._check_feed_shape(mapped, leaf_value)
+                    feeds[mapped] = leaf_value
                     continue
                 # As Session: a SparseTensorValue / IndexedSlicesValue or a
                 # plain tuple, zipped with the component tensors.
                 for part, part_value in zip(parts, leaf_value):
                     feeds[self._map_tensor(part)] = part_value
         return feeds, batch
+
+    def _check_feed_shape(self, tensor, value) -> None:
+        """Refuse, by name, a value whose shape the input cannot take: most
+        often an input traced or declared with the global batch size, which
+        each worker feeds with its own share of the batch."""
+        shape = getattr(value, "shape", None)
+        static = getattr(tensor, "shape", None)
+        if shape is None or static is None or static.is_compatible_with(tuple(shape)):
+            return
+        name = tensor.name.split(":")[0]
+        hint = ""
+        if static.rank and len(shape) == static.rank and static[0] is not None \
+                and static[0] != shape[0]:
+            hint = (f"; its batch dimension is fixed at {static[0]}, and each of the "
+                    f"{self.num_workers} worker(s) feeds its own rows of a step's batch: "
+                    "declare it None (tf.compat.v1.placeholder(dtype, [None, ...]), "
+                    "tf.TensorSpec([None, ...]) for a traced step) or the per-worker batch")
+        raise AutoparError(f"input '{name}' has the shape {static}, worker {self.worker_index} "
+                           f"fed one of shape {tuple(shape)}{hint}")
 
     # -- lifecycle -----------------------------------------------------------
     def close(self) -> None:

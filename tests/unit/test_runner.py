@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import autopar
-from autopar.common.errors import UnsupportedGraphError
+from autopar.common.errors import AutoparError, UnsupportedGraphError
 
 tf1 = tf.compat.v1
 
@@ -148,6 +148,23 @@ def test_feeding_an_unknown_name_is_a_clear_type_error():
     with autopar.get_runner(graph, None) as runner:
         with pytest.raises(TypeError, match="no_such_tensor"):
             runner.run(loss, {sp: SPARSE, "no_such_tensor:0": 1.0})
+
+
+def test_a_batch_the_input_cannot_take_is_refused_by_name():
+    """An input declared with a fixed batch: the feed's shape, the input's and
+    what to declare instead, before TensorFlow's own ValueError; a feed it
+    takes, and a list (no shape to check), run as in a plain Session."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [4, 2], name="x")
+        total = tf.reduce_sum(x)
+    with autopar.get_runner(graph, None) as runner:
+        with pytest.raises(AutoparError, match=r"input 'x' has the shape \(4, 2\), worker 0 fed "
+                                               r"one of shape \(2, 2\); its batch dimension is "
+                                               r"fixed at 4.*declare it None"):
+            runner.run(total, {x: np.ones((2, 2), np.float32)})
+        assert runner.run(total, {x: np.ones((4, 2), np.float32)}) == 8.0
+        assert runner.run(total, {x: [[1.0, 2.0]] * 4}) == 12.0
 
 
 # ------------------------------------------------ graphs a plain Session runs
