@@ -47,7 +47,11 @@ def test_a_hybrid_job_writes_one_merged_timeline(tmp_path):
             # What the step ran on the worker happened within its session.run
             # (1 ms for the clocks read on either side of the call); what it
             # caused on a server, as TensorFlow reports it (a transfer's
-            # record starts when the server posted its side), overlaps it.
+            # record starts when the server posted its side), overlaps it,
+            # within 10 ms besides the clocks' error: under a full test run's
+            # load a server's push record began 7.4 ms before its step. Traced
+            # steps are EVERY steps (> 40 ms) apart, so 10 ms still tells
+            # which step a server's event belongs to.
             start, end = whole["ts"], whole["ts"] + whole["dur"]
             caused = [e for e in mine if e is not whole]
             assert any(e["lane"].startswith("server") for e in caused)
@@ -58,7 +62,7 @@ def test_a_hybrid_job_writes_one_merged_timeline(tmp_path):
                     # Each clock offset is known to half its sample's round trip.
                     slack = 1e6 * (other["clock_rtts_s"][e["lane"]]
                                    + other["clock_rtts_s"][worker]) / 2
-                    assert e["ts"] < end + slack and e["ts"] + e["dur"] > start - 5000 - slack, \
+                    assert e["ts"] < end + slack and e["ts"] + e["dur"] > start - 10000 - slack, \
                         (e, whole, slack)
     assert path.stat().st_size < 2 << 20
     run_single_device(MODEL, tmp_path / "one", "--steps", str(STEPS), "--batch", "12")
