@@ -204,10 +204,11 @@ def _analyze(graph: tf.Graph) -> Analysis:
                             f"{', '.join(o for o in ops if o in set(writers.get(name, [])))})")
     if not updates:
         consumer = _first_consumer(graph, boundary)
+        inside = _inside_a_function(graph, index, boundary)
         raise UnsupportedGraphError(
             f"gradients are computed but no optimizer update was recognised: op '{consumer}' "
-            "consumes a gradient, but no write of a trainable variable is fed by one. Apply "
-            "the gradients with an optimizer (tf.compat.v1.train or Keras).")
+            "consumes a gradient, but no write of a trainable variable is fed by one. "
+            + (inside or "Apply the gradients with an optimizer (tf.compat.v1.train or Keras)."))
     _reject_hand_written_updates(graph, index, trainable, updates, boundary, writers)
     slot_users = _variables_passed_to_updates(graph, updates, {v.name for v in trainable})
     variables = [_variable_info(graph, var_op, updates[var_op.name], boundary, slot_users)
@@ -587,6 +588,21 @@ def _aggregated_terms(op) -> list:
     if op.type == "ConcatV2":
         return list(op.inputs)[:-1]
     return []
+
+
+def _inside_a_function(graph: tf.Graph, index: _OpIndex, boundary: set[str]) -> str:
+    """Why no update was found when the gradients flow into an op that runs
+    a function body (a tf.cond: Keras's LossScaleOptimizer and
+    gradient_accumulation_steps apply the updates inside one), else ""."""
+    starts = [index.position[graph.get_tensor_by_name(t).op.name] for t in sorted(boundary)]
+    for i in sorted(index.reachable(starts)):
+        op = index.ops[i]
+        if op.type in _FUNCTION_OPS and not in_gradient_scope(op.name):
+            return (f"The gradients reach '{op.name}' ({op.type}), which runs a function "
+                    "body: updates applied inside a tf.cond or a loop (as Keras's "
+                    "LossScaleOptimizer and gradient_accumulation_steps apply them) are not "
+                    "ones autopar can distribute; apply the gradients outside one.")
+    return ""
 
 
 def _first_consumer(graph: tf.Graph, boundary: set[str]) -> str:
