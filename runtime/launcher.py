@@ -346,7 +346,7 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
            fork_server: ForkServer | None = None, network: PrivateNetwork | None = None,
            max_restarts: int = 0, min_workers: int = 0,
            replan: Callable[[ResourceSpec], Mapping[str, bytes]] | None = None,
-           timeline: TimelineOptions | None = None) -> int:
+           timeline: TimelineOptions | None = None, keep_handlers: bool = False) -> int:
     """Run ``argv`` once per worker of ``spec`` (plus one server process per
     server) and wait for the job to end. ``published``: values the job
     coordinator serves to every process (Coordinator.publish), e.g. the
@@ -398,7 +398,9 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
     # The job's own handlers (_launch_plans) stay installed after it ends, so
     # a Ctrl-C during the teardown that follows (coordinator, ports, fork
     # server, namespace) is held, not a KeyboardInterrupt half-way through;
-    # the caller's come back last.
+    # the caller's come back last, unless ``keep_handlers`` (a caller that
+    # exits once the job is over: a Ctrl-C between the restore and its exit
+    # was a KeyboardInterrupt traceback).
     callers_handlers = _current_handlers()
     if envvars.JOB_ID not in (extra_env or {}):
         extra_env = {**(extra_env or {}), **new_job()}
@@ -420,7 +422,8 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
                                 network=network, timeline=timeline)
     finally:
         _stop_local(fork_server if own_fork_server else None, network if own_network else None)
-        _restore_handlers(callers_handlers)
+        if not keep_handlers:
+            _restore_handlers(callers_handlers)
 
 
 # The plan of a job for a spec: (CompiledPlan.to_bytes(), the roles it needs
@@ -435,7 +438,8 @@ def run_job(spec: ResourceSpec, argv: list[str], compile_plan: CompilePlan, *,
     it needs: how get_runner's launcher and `autopar launch` start a job.
     The fork server starts first, so its imports overlap the compile step
     (or serve it); it and the job's private network (if any) are gone when
-    this returns."""
+    this returns. Both callers exit then: Ctrl-C and SIGTERM stay held from
+    the job's start to the process's exit."""
     extra_env = {envvars.REPORT_PRINTED: "1", envvars.PLAN: PLAN_KEY, **new_job()}
     network = isolate(spec, extra_env)
     fork_server = start_fork_server(spec, argv, {**extra_env, **isolation_env(spec, network)},
@@ -451,7 +455,8 @@ def run_job(spec: ResourceSpec, argv: list[str], compile_plan: CompilePlan, *,
         return launch(spec, argv, extra_env=extra_env, stall_timeout_s=stall_timeout_s,
                       published={PLAN_KEY: plan}, processes=processes,
                       fork_server=fork_server, network=network, max_restarts=max_restarts,
-                      min_workers=min_workers, replan=replan, timeline=timeline)
+                      min_workers=min_workers, replan=replan, timeline=timeline,
+                      keep_handlers=True)
     finally:
         stop_quietly(fork_server, network)
 
