@@ -733,11 +733,10 @@ def _nearest_boundary(graph, update_set: set[str], boundary: set[str], accepts) 
     found: list[str | None] = [None] * len(accepts)
     seen: set[str] = set()
     level: list[tf.Tensor] = []
-    for name in sorted(update_set):
-        for t in graph.get_operation_by_name(name).inputs:
-            if t.op.name not in update_set and t.name not in seen:
-                seen.add(t.name)
-                level.append(t)
+    for t in _update_inputs(graph, update_set):
+        if t.name not in seen:
+            seen.add(t.name)
+            level.append(t)
     while level and None in found:
         hits = sorted((t for t in level if t.name in boundary), key=lambda t: t.name)
         for k, accept in enumerate(accepts):
@@ -755,6 +754,13 @@ def _nearest_boundary(graph, update_set: set[str], boundary: set[str], accepts) 
     return found
 
 
+def _update_inputs(graph, update_set: set[str]) -> list[tf.Tensor]:
+    """What the update ops read from outside them, in their names' order:
+    where walks back to the gradient start."""
+    return [t for name in sorted(update_set) for t in graph.get_operation_by_name(name).inputs
+            if t.op.name not in update_set]
+
+
 def _elementwise_gradients(graph, update_set: set[str], boundary: set[str], shape) -> list[str]:
     """The backward-pass tensors of the variable's shape that reach its
     update through tensors of that shape only. One is its gradient; others
@@ -763,8 +769,7 @@ def _elementwise_gradients(graph, update_set: set[str], boundary: set[str], shap
     through a reduction (another variable's gradient in a global norm)
     does not count."""
     found, seen = set(), set()
-    stack = [t for name in update_set for t in graph.get_operation_by_name(name).inputs
-             if t.op.name not in update_set]
+    stack = _update_inputs(graph, update_set)
     while stack:
         t = stack.pop()
         if t.name in seen:

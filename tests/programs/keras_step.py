@@ -14,9 +14,10 @@ Keras optimizer), as TensorFlow 2 users write them:
 Models: "emb_mlp" (Embedding -> average -> Dense(relu) -> Dense, squared
 error), "bn_mlp" (the same with a BatchNormalization and a
 LayerNormalization after the hidden Dense: two variables of one shape each,
-gamma and beta, and batch statistics; an L2 penalty on the embedding), "shared" (one Embedding and one
-Dense, with an L2 kernel regularizer, each applied to two halves of the
-ids: the tape adds up every weight's gradients from its uses), "lstm"
+gamma and beta, and batch statistics; an L2 penalty on the embedding),
+"shared" (one Embedding and one Dense, with an L2 kernel regularizer, each
+applied to two halves of the ids: the tape adds up every weight's gradients
+from its uses), "lstm"
 (Embedding -> LSTM, a While loop in the traced graph -> Dense over the
 vocabulary, cross-entropy: a next-token language model) and "module" (no
 Keras layers: a tf.Module holding tf.Variables, an embedding table read by
