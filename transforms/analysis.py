@@ -227,6 +227,8 @@ def _analyze(graph: tf.Graph) -> Analysis:
             info.ps_blocker = _nonlinear_in_rows(graph, info)
         if not info.ps_blocker:
             info.ps_blocker = _read_in_a_function(graph, info.name)
+        if not info.ps_blocker:
+            info.ps_blocker = _written_outside_update(graph, info, writers)
     slot_names = {s for v in variables for s in v.slots}
     all_update_ops = {u for v in variables for u in v.update_ops}
     fetches = {op.name for op in graph.get_collection(FETCHES)}
@@ -410,8 +412,8 @@ def _updates_from_data_flow(graph, index: "_OpIndex", trainable, named: dict[str
       that variable fed too (Keras's Adam writes m and v from the gradient,
       then reads them to write the weight);
     - the update of v is its writes fed by a gradient, the writes fed by a
-      gradient of its slots (non-trainable variables read by those writes
-      and by no other variable's), and every op whose outputs only these
+      gradient of its slots (non-trainable variables read by those writes,
+      or by a slot's, and by no other variable's), and every op whose outputs only these
       ops consume (the arithmetic between, reads of the slots), walking
       back no further than the backward pass and the variables.
 
@@ -440,11 +442,10 @@ def _updates_from_data_flow(graph, index: "_OpIndex", trainable, named: dict[str
         fed |= index.reachable([i for s in states for i in reads_of.get(s, [])])
     fed_writes = {var: [w for w in ws if index.position[w] in fed] for var, ws in writers.items()}
     backward = {t.split(":")[0] for t in boundary}   # ops whose outputs are gradients
-    # the non-trainable variables each candidate's writes read
-    read_by: dict[str, set[str]] = {}
-    for name in candidates:
-        if not fed_writes.get(name):
-            continue
+
+    def fed_state_read_by(name: str) -> set[str]:
+        """The non-trainable variables with writes fed by a gradient that
+        the writes of `name` fed by a gradient read."""
         read = set()
         seen, stack = set(), [graph.get_operation_by_name(w) for w in fed_writes[name]]
         while stack:
@@ -457,7 +458,20 @@ def _updates_from_data_flow(graph, index: "_OpIndex", trainable, named: dict[str
                 read.add(op.inputs[0].op.name)
                 continue
             stack.extend(t.op for t in op.inputs if t.op.type not in VARIABLE_OP_TYPES)
-        read_by[name] = {x for x in read if x not in trainable_names and fed_writes.get(x)}
+        return {x for x in read if x not in trainable_names and fed_writes.get(x)}
+
+    # The state each candidate's writes read, through the writes of that
+    # state in turn: AMSGrad writes the weight from v_hat, and v_hat from v.
+    read_by: dict[str, set[str]] = {}
+    for name in candidates:
+        if not fed_writes.get(name):
+            continue
+        read, stack = set(), [name]
+        while stack:
+            for x in fed_state_read_by(stack.pop()) - read:
+                read.add(x)
+                stack.append(x)
+        read_by[name] = read
     users: dict[str, int] = collections.Counter(x for xs in read_by.values() for x in xs)
     out = {}
     for name, read in read_by.items():
@@ -891,6 +905,22 @@ def _read_in_a_function(graph, var: str) -> str:
             elif c.type in _FUNCTION_OPS and initialization_guard(c) is None:
                 return (f"read inside '{c.name}' ({c.type}): a function body's read of a server "
                         "variable is not ordered by the step's end-of-step barrier")
+    return ""
+
+
+def _written_outside_update(graph, info: VariableInfo, writers: dict[str, list[str]]) -> str:
+    """Why variable `info` cannot live on a server because the program
+    writes it besides its update ("" when it does not): Keras's weight decay
+    (w -= w * wd * lr before the update), a constraint's projection after
+    it, a hand-written assign. Every worker runs such a write, so on a
+    server's single copy it would apply once per worker, where one device
+    applies it once; replicated, each worker applies it to its own copy."""
+    update = set(info.update_ops)
+    for name in writers.get(info.name, []):
+        if name not in update:
+            op = graph.get_operation_by_name(name)
+            return (f"'{name}' ({op.type}) writes it outside its update: every worker would "
+                    "apply that write to the server's one copy")
     return ""
 
 

@@ -38,6 +38,9 @@ CASES = [
     # the servers (Keras's sparse rows on servers: "shared" above; the
     # emb_mlp model in every run option: the full matrix)
     ("micro", "sgd", "float32", "ps"),
+    # AMSGrad (v read only through v_hat) with weight decay, which writes
+    # each weight besides its update: every variable stays off the servers
+    ("emb_mlp", "amsgrad_wd", "float64", "ps"),
 ]
 if os.environ.get("AUTOPAR_TEST_MATRIX") == "full":
     CASES = [(model, optimizer, dtype, option)
@@ -48,7 +51,8 @@ if os.environ.get("AUTOPAR_TEST_MATRIX") == "full":
                                              # tf.Module (its analysis:
                                              # tests/unit/test_tf2_analysis.py)
                                              ("module", "adam_noclip", "float64"),
-                                             ("micro", "sgd", "float32"))
+                                             ("micro", "sgd", "float32"),
+                                             ("emb_mlp", "amsgrad_wd", "float64"))
              for option in ("hybrid", "ps", "allreduce")] + [
         ("emb_mlp", "sgd", "float32", "herring"), ("lstm", "sgd", "float32", "herring")]
 FIT_OPTIONS = (["hybrid", "ps", "allreduce", "herring"]
@@ -91,6 +95,8 @@ def test_custom_training_step_matches_one_device(model, optimizer, dtype, run_op
         # gradients all dense, all-reduced)
         assert {"ps": "5 on servers", "allreduce": "0 on servers"}.get(
             run_option, "1 on servers" if model == "emb_mlp" else "0 on servers") in log
+    if optimizer.endswith("_wd") and run_option != "allreduce":
+        assert "0 on servers" in log and "writes it outside its update" in log
     if model == "lstm" and run_option == "ps":
         assert "kept off the servers: read inside" in log
     assert "iteration" in " ".join(expected)

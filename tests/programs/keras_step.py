@@ -46,6 +46,10 @@ def optimizer(name: str):
         "adam_noclip": lambda: keras.optimizers.Adam(0.01),
         "adamw": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.01, clipnorm=1.0),
         "sgd": lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+        # AMSGrad writes the weight from v_hat, v_hat from v: v is a slot two
+        # writes away; the weight decay writes each weight besides its update
+        "amsgrad_wd": lambda: keras.optimizers.Adam(0.01, amsgrad=True, weight_decay=0.01),
+        "sgd_wd": lambda: keras.optimizers.SGD(0.1, momentum=0.9, weight_decay=0.01),
         "adagrad": lambda: keras.optimizers.Adagrad(0.1),
         "rmsprop": lambda: keras.optimizers.RMSprop(0.01),
     }[name]()

@@ -201,6 +201,35 @@ def test_momentum_sgd_embedding_goes_to_the_servers_whole():
     assert plan.variable(emb.name).method == "ps"
 
 
+def test_amsgrad_velocity_read_through_v_hat_is_a_slot():
+    """AMSGrad updates the weight from v_hat = max(v_hat, v), never from v:
+    v is still the variable's own state, fed by its gradient (it was taken
+    for state shared by all, kept on the workers and updated there from each
+    worker's own rows while the embedding's update ran on a server)."""
+    program, lifted = _lifted(optimizer="amsgrad_wd")
+    analysis = analyze_graph(lifted.graph)
+    for layer, attr in ((0, "embeddings"), (2, "kernel")):
+        info = analysis.variable(getattr(program.model.layers[layer], attr).path)
+        assert sorted(s.split("_")[-1] for s in info.slots) == ["hat", "momentum", "velocity"]
+    assert not [s.name for s in analysis.state if "velocity" in s.name]
+    # v's rows are squared before duplicates add
+    emb = analysis.variable(program.model.layers[0].embeddings.path)
+    assert "(Square) to each row" in emb.ps_blocker
+
+
+def test_a_weight_decayed_besides_its_update_stays_off_the_servers():
+    """Keras's weight decay writes each weight (w -= w * wd * lr) outside
+    the update its gradient feeds: every worker runs that write, so a
+    server's one copy would decay once per worker a step."""
+    program, lifted = _lifted(optimizer="sgd_wd", dtype="float32")
+    analysis = analyze_graph(lifted.graph)
+    for layer, attr in ((0, "embeddings"), (2, "kernel"), (2, "bias")):
+        info = analysis.variable(getattr(program.model.layers[layer], attr).path)
+        assert "writes it outside its update" in info.ps_blocker, info.name
+    plan = make_plan(analysis, TOPOLOGY, options=PlanOptions(run_option="ps"))
+    assert {plan.variable(v.name).method for v in analysis.variables} <= {"allreduce", "allgather"}
+
+
 def test_lstm_weights_read_in_the_while_loop_stay_replicated():
     program, lifted = _lifted(kind="lstm", optimizer="sgd")
     analysis = analyze_graph(lifted.graph)
