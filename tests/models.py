@@ -150,7 +150,15 @@ def build(name: str) -> Model:
                 h = tf.sigmoid(o) * tf.tanh(c)
                 outputs.append(h)
             logits = _dense(tf.reshape(tf.stack(outputs, 1), [-1, 8]), VOCAB, "softmax")
-            loss = _xent(logits, tf.reshape(x[:, 1:], [-1]))
+            targets = tf.reshape(x[:, 1:], [-1])
+            if name.startswith("lmmask"):
+                # Token 0 is padding: tf.compat.v1.losses' default reduction
+                # divides by the number of kept tokens, which differs from
+                # worker to worker.
+                loss = tf1.losses.sparse_softmax_cross_entropy(
+                    targets, logits, weights=tf.cast(tf.not_equal(targets, 0), dtype))
+            else:
+                loss = _xent(logits, targets)
             train_op = _optimize(name, loss, gs)
             return Model(graph, x, y, loss, train_op, gs, "tokens")
         elif name.startswith("embsparse"):

@@ -25,9 +25,11 @@ from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms import serial
 from autopar.transforms.batchnorm import BatchNormInfo, find_batch_norms
 from autopar.transforms.graph_utils import (VARIABLE_OP_TYPES, collector_paused, graph_of,
+                                            reduces_batch_axis,
                                             in_gradient_scope, initialization_guard,
                                             is_restore_assignment, static_shape)
 from autopar.transforms.lift import FETCHES
+from autopar.transforms.loss_counts import find_loss_counts
 
 tf1 = tf.compat.v1
 
@@ -123,6 +125,9 @@ class Analysis:
     # Training-mode batch-norm layers on the input batch (transforms.batchnorm).
     batch_norms: list[BatchNormInfo] = field(default_factory=list)
     train_groups: list[TrainGroup] = field(default_factory=list)
+    # Denominators of the losses that count the batch's values (a mask's
+    # sum): each worker divides by their sum over workers (transforms.loss_counts).
+    loss_counts: list[str] = field(default_factory=list)
     # Every step op that is not an update op of one variable (the train ops
     # a user fetches: minimize()'s op, tf.group()s of them, ops after them)
     # -> the train groups its run updates.
@@ -247,6 +252,7 @@ def _analyze(graph: tf.Graph) -> Analysis:
         loss_reduction_why=why,
         batch_norms=find_batch_norms(graph, _batch_local_ops(graph, averaged), writers),
         train_groups=[TrainGroup(g, l) for g, l in zip(groups, losses)],
+        loss_counts=find_loss_counts(graph, losses, _INPUT_OP_TYPES),
         trains=trains,
     )
 
@@ -700,6 +706,14 @@ def _variable_info(graph, var_op, update_ops, boundary, slot_users) -> VariableI
         if dense is None:
             pair = sparse_gradient()
             sparse = None not in pair
+        if dense is None and not sparse:
+            # A gradient whose static shape the trace left partly unknown (a
+            # Dense layer on a sequence: Tensordot reshapes by a computed
+            # shape, so the kernel's gradient is (None, units)); it is the
+            # variable's shape when it runs.
+            dense = _nearest_boundary(graph, update_set, boundary, [
+                lambda t: t.dtype.is_floating and t.shape.is_compatible_with(shape)
+                and t.shape.rank == len(shape)])[0]
     info = VariableInfo(name=var_op.name, shape=shape, dtype=dtype.name, bytes=nbytes,
                         gradient="sparse" if sparse else "dense", update_ops=sorted(update_ops),
                         resource=var_op.type == "VarHandleOp")
@@ -1159,7 +1173,7 @@ def _reduction_of(t: tf.Tensor, batch_ops: set[str], depth: int) -> tuple[str, s
     if op.type in ("Identity", "Cast", "Reshape", "Squeeze", "Neg", "Snapshot"):
         return _reduction_of(op.inputs[0], batch_ops, depth + 1)
     if op.type in ("Mean", "Sum"):
-        if not _reduces_batch_axis(op):
+        if not reduces_batch_axis(op):
             return _reduction_of(op.inputs[0], batch_ops, depth + 1)
         kind = "mean" if op.type == "Mean" else "sum"
         return kind, f"'{op.name}' is a reduce_{kind} over the batch"
@@ -1227,15 +1241,6 @@ def _constant_value(t: tf.Tensor, batch_ops: set[str]):
                 frontier.append(x_op)
     with tf1.Session(graph=t.graph) as session:
         return session.run(t)
-
-
-def _reduces_batch_axis(op: tf.Operation) -> bool:
-    axes = tf.get_static_value(op.inputs[1])
-    rank = op.inputs[0].shape.rank
-    if axes is None:
-        return True    # a computed axis list: reduce_mean(x) of unknown rank reduces all
-    axes = [int(a) for a in (axes.reshape(-1) if hasattr(axes, "reshape") else [axes])]
-    return any(a == 0 or (rank is not None and a + rank == 0) for a in axes)
 
 
 def _summed_elements(t: tf.Tensor) -> int | None:

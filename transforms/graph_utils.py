@@ -224,6 +224,18 @@ def is_restore_assignment(op: tf.Operation) -> bool:
     return value.type in ("RestoreV2", "Restore", "RestoreSlice")
 
 
+def reduces_batch_axis(op: tf.Operation) -> bool:
+    """Whether a reduction op (Sum, Mean: input 1 the axes) reduces axis 0,
+    the batch's; a computed axis list counts (reduce_mean(x) of unknown rank
+    reduces all)."""
+    axes = tf.get_static_value(op.inputs[1])
+    rank = op.inputs[0].shape.rank
+    if axes is None:
+        return True
+    axes = [int(a) for a in (axes.reshape(-1) if hasattr(axes, "reshape") else [axes])]
+    return any(a == 0 or (rank is not None and a + rank == 0) for a in axes)
+
+
 def static_shape(tensor: tf.Tensor) -> tuple[int | None, ...] | None:
     shape = tensor.shape
     if shape.rank is None:

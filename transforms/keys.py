@@ -20,6 +20,8 @@ Instance keys:
   wus          weight-update sharding: one all-gather per dtype
   evaluation   Runner.evaluate's totals (and DropCompute's agreement without a
                coordinator): one all-reduce per vector length
+  loss_counts  a loss's counts of the batch's values (transforms.loss_counts):
+               one all-reduce per count
 Group keys:
   GROUP_KEY          all workers
   LEADERS_GROUP_KEY  the first worker of every host (2-D summation)
@@ -82,7 +84,8 @@ LOCAL_STATE = KeyRange("local-state averaging", 1 << 20, 1 << 20)
 BATCH_NORM = KeyRange("batch normalisation", 2 << 20, 1 << 20)
 WUS = KeyRange("weight-update sharding", 3 << 20, 1 << 20)
 EVALUATION = KeyRange("evaluation totals", 4 << 20, (1 << 16) + 1)
-INSTANCE_RANGES = (PLAN, LOCAL_STATE, BATCH_NORM, WUS, EVALUATION)
+LOSS_COUNTS = KeyRange("loss counts", 5 << 20, 1 << 10)
+INSTANCE_RANGES = (PLAN, LOCAL_STATE, BATCH_NORM, WUS, EVALUATION, LOSS_COUNTS)
 
 
 def check_disjoint(ranges) -> None:

@@ -58,6 +58,7 @@ class Report:
     sync_local_state: str = "none"
     # Training-mode batch-norm layers: name, kind, group size (0: per worker), moving statistics.
     batch_norms: list[dict] = field(default_factory=list)
+    loss_counts: list[str] = field(default_factory=list)   # transforms.loss_counts
     # Weight-update sharding: optimizer-slot bytes each worker holds (with
     # and without sharding), per worker.
     shard_weight_update: bool = False
@@ -160,6 +161,11 @@ class Report:
                "parallax": "dense averaged and sparse summed over workers"}[self.loss_reduction]
         lines.append(f"gradients: {how} "
                      f"(loss_reduction={self.loss_reduction}: {self.loss_reduction_why})")
+        for count in self.loss_counts:
+            lines.append(f"loss count '{count}' (from the batch's values, e.g. a mask's sum): "
+                         "every worker divides by its sum over workers"
+                         + (" / N" if self.loss_reduction == "mean" else "")
+                         + ", as one device divides by the global batch's")
         for v in self.variables:
             if v.dedup:
                 lines.append(f"{v.name}: deduplicated lookup (one row per distinct id): rows of "
@@ -259,7 +265,7 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
                            for i, (s, r) in enumerate(server_bytes)], run_option=plan.run_option,
                   moved_ops=[m.as_dict() for m in moves or []],
                   loss_reduction=plan.loss_reduction, loss_reduction_why=plan.loss_reduction_why,
-                  sync_local_state=plan.sync_local_state,
+                  sync_local_state=plan.sync_local_state, loss_counts=analysis.loss_counts,
                   shard_weight_update=plan.shard_weight_update,
                   slot_bytes=slot_bytes_per_worker(analysis, plan),
                   slot_bytes_unsharded=slot_bytes_per_worker(analysis, _unsharded(plan)),

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import tensorflow as tf
 
+from autopar.common.errors import UnsupportedGraphError
 from autopar.common.roles import WORKER_JOB
 from autopar.transforms.accumulate import (build_accumulators, check_update_reads_no_input,
                                            redirect_gradients)
@@ -29,7 +30,8 @@ from autopar.transforms.graph_utils import (collector_paused, import_meta_graph,
                                              meta_graph_of, node_input_name)
 from autopar.transforms.partition import copy_region
 from autopar.transforms.placement import Move
-from autopar.transforms.keys import BATCH_NORM_GROUPS
+from autopar.transforms.keys import BATCH_NORM_GROUPS, LOSS_COUNTS
+from autopar.transforms.loss_counts import rewrite_loss_counts
 from autopar.transforms.barrier import cover_server_work
 from autopar.transforms.methods.base import Edits, RewriteContext
 from autopar.transforms.methods.registry import METHODS
@@ -112,6 +114,9 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
         edits.identities.update(_unguarded_initial_values(scratch, edits.server_variables))
         rewire, rewire_exempt = _batch_norms(scratch, analysis, plan, backend, worker_index,
                                              ctx.constants)
+        counts, counts_exempt = _loss_counts(scratch, analysis, plan, backend, micro_batches)
+        rewire.update(counts)
+        rewire_exempt |= counts_exempt
         broadcast = _broadcast_state(_global_variables(meta, scratch), plan, backend, worker_index == 0,
                                      edits.server_variables)
         minus_one = ctx.constants.get([-1]).op.name if worker_index == 0 and broadcast else ""
@@ -401,6 +406,23 @@ def _batch_norms(graph, analysis: Analysis, plan: Plan, backend, worker_index: i
                                plan.group_key, BATCH_NORM_GROUPS.first)
     group = backend if size == plan.num_workers else backend.subgroup(size, group_key)
     return rewrite_batch_norms(graph, analysis.batch_norms, group, plan.batch_norm_key, constants)
+
+
+def _loss_counts(graph, analysis: Analysis, plan: Plan, backend,
+                 micro_batches: int) -> tuple[dict[str, str], set[str]]:
+    """A loss divided by a count of the batch's values (transforms.loss_counts):
+    every worker divides by the count's sum over workers (over N when
+    gradients are averaged), as (tensor -> replacement, ops exempt)."""
+    if not analysis.loss_counts:
+        return {}, set()
+    if micro_batches > 1:
+        raise UnsupportedGraphError(
+            f"the loss divides by '{analysis.loss_counts[0]}', a count of the batch's values "
+            "(a mask's sum): with micro_batches > 1 each micro-batch would divide by its own "
+            "count, not the global batch's. Use micro_batches=1 for this program")
+    rewire, built = rewrite_loss_counts(graph, analysis.loss_counts, backend, LOSS_COUNTS,
+                                        plan.num_workers if plan.averages("dense") else 1)
+    return {node_input_name(k): node_input_name(v) for k, v in rewire.items()}, built
 
 
 def _sync_local_state(graph, analysis: Analysis, plan: Plan, backend,

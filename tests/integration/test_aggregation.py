@@ -8,6 +8,10 @@
   without combining the rows, the allreduce case fails).
 - A loss summed over the batch: one device's gradient is the sum over the
   global batch, so workers' gradients (dense and sparse) are added.
+- A loss averaged over the tokens a mask keeps (tf.compat.v1.losses with
+  weights): one device divides by the global batch's count of kept tokens,
+  each worker holds a different share of them; every worker divides by the
+  count summed over workers (transforms.loss_counts).
 - Batch-norm moving statistics are computed by each worker from its own
   batch; with sync_local_state="average" they are averaged after every step.
 
@@ -27,7 +31,8 @@ BATCH = 12   # divisible by 2 and 3
 # too); a summed loss is scaled differently on the all-gather path and on the
 # server path with dense all-reduce beside it (hybrid).
 CASES = [("embsparse_rmsprop_clip_centered", "allreduce"), ("embsparse_rmsprop_clip_centered", "ps"),
-         ("embsum_adagrad", "allreduce"), ("embsum_adagrad", "hybrid")]
+         ("embsum_adagrad", "allreduce"), ("embsum_adagrad", "hybrid"),
+         ("lmmask_momentum", "hybrid")]
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +48,8 @@ def test_matches_single_device(model, option, tmp_path, single_device):
                        "--spec", str(write_two_host_spec(tmp_path)), "--run-option", option)
     if model.startswith("embsparse"):
         assert "embedding: deduplicated lookup" in log
+    elif model.startswith("lmmask"):
+        assert "loss count 'sparse_softmax_cross_entropy_loss/num_present:0'" in log
     else:
         assert "gradients: summed over workers" in log
     for i in range(3):

@@ -313,3 +313,33 @@ def test_a_weight_used_twice_or_regularized_gets_the_tapes_sum():
     for name in (embedding.grad_values, embedding.grad_indices):
         joined = graph.get_tensor_by_name(name).op
         assert joined.type == "ConcatV2" and len(joined.inputs) == 3, name   # 2 pieces, the axis
+
+
+def test_a_dense_layer_on_a_sequence_has_its_kernel_gradient_found():
+    """Keras's Dense on a [batch, time, features] input multiplies through
+    Tensordot, which reshapes by a computed shape: the kernel's gradient
+    leaves the tape as (None, units), the kernel's shape only when it runs
+    (it was refused: 'no gradient of shape [4, 5] reaching it was found')."""
+    import keras
+    keras.config.set_floatx("float64")
+    ids = keras.Input((3,), dtype="int32")
+    h = keras.layers.Dense(5, activation="tanh")(keras.layers.Embedding(10, 4)(ids))
+    model = keras.Model(ids, keras.layers.Dense(10)(h))
+    xent = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    opt = keras.optimizers.SGD(0.1, momentum=0.9)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = xent(y, model(x, training=True))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                model.trainable_variables))
+        return loss
+    lifted = lift(step.get_concrete_function(tf.TensorSpec([None, 3], tf.int32),
+                                             tf.TensorSpec([None, 3], tf.int32)))
+    analysis = analyze_graph(lifted.graph)
+    kernel = analysis.variable(model.layers[2].kernel.path)
+    grad = lifted.graph.get_tensor_by_name(kernel.grad_tensor)
+    assert grad.shape.as_list() == [None, 5] and kernel.gradient == "dense"
+    assert kernel.grad_tensor.startswith("gradient_tape/")
+    assert analysis.loss_counts == []

@@ -1,0 +1,75 @@
+"""Which losses divide by a count of the batch's values (transforms.loss_counts)."""
+import pytest
+import tensorflow as tf
+
+from autopar.common.errors import UnsupportedGraphError
+from autopar.transforms.analysis import analyze_graph
+from autopar.transforms.lift import lift
+from tests.programs import keras_step
+
+tf1 = tf.compat.v1
+
+
+def _graph(make_loss):
+    g = tf.Graph()
+    with g.as_default():
+        ids = tf1.placeholder(tf.int32, [None, 3], name="ids")
+        emb = tf1.get_variable("emb", [10, 4], tf.float64)
+        w = tf1.get_variable("w", [4, 10], tf.float64)
+        logits = tf.einsum("bti,iv->btv", tf.nn.embedding_lookup(emb, ids), w)
+        targets = tf.roll(ids, 1, axis=1)
+        per = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=logits)
+        mask = tf.cast(tf.not_equal(ids, 0), tf.float64)
+        loss = make_loss(per, mask, targets, logits)
+        tf1.train.MomentumOptimizer(0.1, 0.9).minimize(loss)
+    return g
+
+
+def test_a_token_mean_divides_by_a_count_of_the_batch():
+    analysis = analyze_graph(_graph(lambda per, mask, *_: tf.reduce_sum(per * mask)
+                                    / tf.maximum(tf.reduce_sum(mask), 1.0)))
+    assert analysis.loss_counts == ["Maximum:0"]
+    assert analysis.loss_reduction == "mean"
+
+
+def test_tf1_losses_with_weights_divide_by_the_kept_count():
+    analysis = analyze_graph(_graph(lambda per, mask, targets, logits:
+                                    tf1.losses.sparse_softmax_cross_entropy(
+                                        targets, logits, weights=mask)))
+    assert analysis.loss_counts == ["sparse_softmax_cross_entropy_loss/num_present:0"]
+
+
+@pytest.mark.parametrize("make_loss", [
+    lambda per, mask, *_: tf.reduce_mean(per),                                  # the batch's size
+    lambda per, mask, targets, logits: tf1.losses.sparse_softmax_cross_entropy(targets, logits),
+    # a mean over each example's kept positions: a count per example
+    lambda per, mask, *_: tf.reduce_mean(tf.reduce_sum(per * mask, 1)
+                                         / tf.maximum(tf.reduce_sum(mask, 1), 1.0)),
+], ids=["reduce_mean", "tf1_losses", "per_example"])
+def test_counts_of_shapes_or_of_each_example_are_not_rescaled(make_loss):
+    assert analyze_graph(_graph(make_loss)).loss_counts == []
+
+
+def test_a_keras_loss_over_a_masked_sequence_is_refused_naming_the_count():
+    """Keras weighs each kept position by size / count and differentiates
+    through the weights: no count the backward pass divides by."""
+    import keras
+    with keras_step.keras_settings_kept():
+        keras.config.set_floatx("float64")
+        ids = keras.Input((3,), dtype="int32")
+        h = keras.layers.Embedding(10, 4, mask_zero=True)(ids)
+        model = keras.Model(ids, keras.layers.Dense(10)(h))
+        xent = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        opt = keras.optimizers.SGD(0.1)
+
+        @tf.function
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = xent(y, model(x, training=True))
+            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                    model.trainable_variables))
+            return loss
+        concrete = step.get_concrete_function(tf.TensorSpec([None, 3], tf.int32),
+                                              tf.TensorSpec([None, 3], tf.int32))
+        with pytest.raises(UnsupportedGraphError, match="a count of the batch's values"):
+            analyze_graph(lift(concrete).graph)
