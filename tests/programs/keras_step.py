@@ -93,6 +93,34 @@ def keras_settings_kept():
         keras.config.set_dtype_policy(policy)
 
 
+def sequence_step(mask_zero: bool = False):
+    """(model, optimizer, ConcreteFunction) of a per-position model over 3 ids in
+    float64 (Embedding, then Dense(5, tanh) and Dense(10) on each position)
+    trained by a Keras loss over the [batch, 3] outputs: Dense on a sequence
+    multiplies through Tensordot; with `mask_zero`, Keras's loss weighs each
+    position the Embedding's mask keeps by size / count. Call it inside
+    keras_settings_kept(); hold the optimizer while the function is used
+    (the trace references its variables, not it)."""
+    import keras
+    import tensorflow as tf
+    keras.config.set_floatx("float64")
+    ids = keras.Input((3,), dtype="int32")
+    h = keras.layers.Embedding(10, 4, mask_zero=mask_zero)(ids)
+    model = keras.Model(ids, keras.layers.Dense(10)(keras.layers.Dense(5, activation="tanh")(h)))
+    xent = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    opt = keras.optimizers.SGD(0.1, momentum=0.9)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = xent(y, model(x, training=True))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                model.trainable_variables))
+        return loss
+    spec = tf.TensorSpec([None, 3], tf.int32)
+    return model, opt, step.get_concrete_function(spec, spec)
+
+
 def _ids(kind: str) -> int:
     """Ids per example (columns of x) of a model kind."""
     return {"lstm": WINDOW, "shared": 2 * IDS}.get(kind, IDS)

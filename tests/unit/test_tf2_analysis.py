@@ -320,23 +320,8 @@ def test_a_dense_layer_on_a_sequence_has_its_kernel_gradient_found():
     Tensordot, which reshapes by a computed shape: the kernel's gradient
     leaves the tape as (None, units), the kernel's shape only when it runs
     (it was refused: 'no gradient of shape [4, 5] reaching it was found')."""
-    import keras
-    keras.config.set_floatx("float64")
-    ids = keras.Input((3,), dtype="int32")
-    h = keras.layers.Dense(5, activation="tanh")(keras.layers.Embedding(10, 4)(ids))
-    model = keras.Model(ids, keras.layers.Dense(10)(h))
-    xent = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    opt = keras.optimizers.SGD(0.1, momentum=0.9)
-
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = xent(y, model(x, training=True))
-        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
-                                model.trainable_variables))
-        return loss
-    lifted = lift(step.get_concrete_function(tf.TensorSpec([None, 3], tf.int32),
-                                             tf.TensorSpec([None, 3], tf.int32)))
+    model, _optimizer, concrete = keras_step.sequence_step()
+    lifted = lift(concrete)
     analysis = analyze_graph(lifted.graph)
     kernel = analysis.variable(model.layers[2].kernel.path)
     grad = lifted.graph.get_tensor_by_name(kernel.grad_tensor)
