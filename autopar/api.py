@@ -123,10 +123,11 @@ def _plan_of(compiled: CompiledPlan) -> tuple[bytes, set[str], str]:
 def _lifted(graph):
     """(a tf.Graph, the LiftedGraph it was lifted from or None)."""
     from autopar.transforms.lift import is_traced, lift
+    from autopar.transforms.lower_cond import lowered_graph
     if is_traced(graph):
         lifted = lift(graph)
         return lifted.graph, lifted
-    return graph, None
+    return lowered_graph(graph), None
 
 
 def _join_external(graph, config, lifted=None):

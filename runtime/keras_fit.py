@@ -88,7 +88,10 @@ def fit(model, x, y, resource_info=None, config=None, *, epochs: int = 1, batch_
         with tf.GradientTape() as tape:
             y_pred = model(xb, training=True)
             loss = model.compute_loss(xb, yb, y_pred, training=True)
-        grads = tape.gradient(loss, model.trainable_variables)
+            # As Keras's train step: a LossScaleOptimizer (the "mixed_float16"
+            # policy's) unscales the gradients of the loss it scaled.
+            scaled = model.optimizer.scale_loss(loss)
+        grads = tape.gradient(scaled, model.trainable_variables)
         model.optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss, y_pred
 

@@ -27,7 +27,7 @@ from autopar.transforms.batchnorm import BatchNormInfo, find_batch_norms
 from autopar.transforms.graph_utils import (VARIABLE_OP_TYPES, collector_paused, graph_of,
                                             reduces_batch_axis,
                                             in_gradient_scope, initialization_guard,
-                                            is_restore_assignment, static_shape)
+                                            is_restore_assignment, static_shape, writes_variable)
 from autopar.transforms.lift import FETCHES
 from autopar.transforms.loss_counts import find_loss_counts
 
@@ -220,6 +220,7 @@ def _analyze(graph: tf.Graph) -> Analysis:
                  for var_op in trainable if var_op.name in updates]
     for info in variables:
         info.recognised = recognised[info.name]
+    conditional = _conditional_ops(index)
     paths = _path_ops(index, [([t for t in (v.grad_tensor, v.grad_values, v.grad_indices) if t],
                                set(v.update_ops)) for v in variables])
     for info, path in zip(variables, paths):
@@ -234,6 +235,8 @@ def _analyze(graph: tf.Graph) -> Analysis:
             info.ps_blocker = _read_in_a_function(graph, info.name)
         if not info.ps_blocker:
             info.ps_blocker = _written_outside_update(graph, info, writers)
+        if not info.ps_blocker:
+            info.ps_blocker = _updated_conditionally(info, conditional)
     slot_names = {s for v in variables for s in v.slots}
     all_update_ops = {u for v in variables for u in v.update_ops}
     fetches = {op.name for op in graph.get_collection(FETCHES)}
@@ -612,16 +615,23 @@ def _aggregated_terms(op) -> list:
 
 def _inside_a_function(graph: tf.Graph, index: _OpIndex, boundary: set[str]) -> str:
     """Why no update was found when the gradients flow into an op that runs
-    a function body (a tf.cond: Keras's LossScaleOptimizer and
-    gradient_accumulation_steps apply the updates inside one), else ""."""
+    a function body, else "". A traced tf.cond that writes variables (Keras's
+    LossScaleOptimizer, gradient accumulation) was lowered when the step was
+    lifted (transforms.lower_cond); a loop, a call, or a tf.compat.v1 graph's
+    own functional cond remain."""
     starts = [index.position[graph.get_tensor_by_name(t).op.name] for t in sorted(boundary)]
     for i in sorted(index.reachable(starts)):
         op = index.ops[i]
         if op.type in _FUNCTION_OPS and not in_gradient_scope(op.name):
+            if op.type in ("If", "StatelessIf", "Case", "StatelessCase"):
+                return (f"The gradients reach '{op.name}' ({op.type}), which runs a function "
+                        "body: updates applied inside a tf.cond of a tf.compat.v1 graph in "
+                        "control flow v2 are not ones autopar reads; build the graph after "
+                        "tf.compat.v1.disable_control_flow_v2() (its tf.cond is then Switch and "
+                        "Merge ops), or apply the gradients outside the cond.")
             return (f"The gradients reach '{op.name}' ({op.type}), which runs a function "
-                    "body: updates applied inside a tf.cond or a loop (as Keras's "
-                    "LossScaleOptimizer and gradient_accumulation_steps apply them) are not "
-                    "ones autopar can distribute; apply the gradients outside one.")
+                    "body: updates applied inside a loop or a called function are not ones "
+                    "autopar can distribute; apply the gradients outside one.")
     return ""
 
 
@@ -935,6 +945,42 @@ def _written_outside_update(graph, info: VariableInfo, writers: dict[str, list[s
             op = graph.get_operation_by_name(name)
             return (f"'{name}' ({op.type}) writes it outside its update: every worker would "
                     "apply that write to the server's one copy")
+    return ""
+
+
+def _conditional_ops(index: _OpIndex) -> dict[str, str]:
+    """{op: the Switch it runs under} for every op that runs only when a
+    Switch's output is live: reached from a Switch along data or control
+    edges without passing the Merge (or a loop's Exit) that ends its
+    conditional. A tf.cond in control flow v1, and a functional one lowered
+    to it (transforms.lower_cond)."""
+    out: dict[str, str] = {}
+    ends = ("Merge", "RefMerge", "Exit", "RefExit")
+    for i, op in enumerate(index.ops):
+        if op.type not in ("Switch", "RefSwitch"):
+            continue
+        frontier = [i]
+        while frontier:
+            j = frontier.pop()
+            for k in index.succs[j] + index.control_succs[j]:
+                name = index.names[k]
+                if name not in out and index.ops[k].type not in ends:
+                    out[name] = op.name
+                    frontier.append(k)
+    return out
+
+
+def _updated_conditionally(info: VariableInfo, conditional: dict[str, str]) -> str:
+    """Why variable `info` cannot live on a server because its update runs
+    under a condition ("" when it does not): Keras's LossScaleOptimizer
+    applies the update only when every gradient is finite. The servers'
+    protocol takes the aggregate and applies it every step."""
+    for name in info.update_ops:
+        if name in conditional:
+            return (f"its update '{name}' runs only when '{conditional[name]}' (Switch) lets it "
+                    "(a tf.cond around the update: a loss-scale optimizer skipping steps whose "
+                    "gradients are not finite, gradient accumulation): a server applies its "
+                    "update every step")
     return ""
 
 
@@ -1257,18 +1303,11 @@ def _optimizer_scopes(update_ops) -> set[str]:
     return {u.split("/")[0] for u in update_ops}
 
 
-_WRITE_OPS = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
-                        "Assign", "AssignAdd", "AssignSub", "ResourceScatterAdd", "ScatterAdd"})
-# Fused optimizer updates and scatters write the variable of their first input.
-_WRITE_PREFIXES = ("ResourceApply", "ResourceSparseApply", "ResourceScatter", "Apply",
-                   "SparseApply", "Scatter")
-
-
 def _writers_by_variable(graph) -> dict[str, list[str]]:
     """Ops writing a variable, excluding its initializer."""
     out = collections.defaultdict(list)
     for op in graph.get_operations():
-        if ((op.type in _WRITE_OPS or op.type.startswith(_WRITE_PREFIXES)) and op.inputs
+        if (writes_variable(op.type) and op.inputs
                 and op.inputs[0].op.type in VARIABLE_OP_TYPES):
             var = op.inputs[0].op.name
             if "/Initializer/" in "/" + op.name + "/" or op.name in (f"{var}/Assign", f"{var}/Assign:0"):

@@ -26,6 +26,17 @@ _GRAD_SCOPE = re.compile(r"^(gradients|gradient_tape)(_\d+)?$")
 
 VARIABLE_OP_TYPES = frozenset({"VarHandleOp", "VariableV2", "Variable"})
 
+_WRITE_OPS = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
+                        "Assign", "AssignAdd", "AssignSub", "ResourceScatterAdd", "ScatterAdd"})
+# Fused optimizer updates and scatters write the variable of their first input.
+_WRITE_PREFIXES = ("ResourceApply", "ResourceSparseApply", "ResourceScatter", "Apply",
+                   "SparseApply", "Scatter")
+
+
+def writes_variable(op_type: str) -> bool:
+    """Whether ops of `op_type` write the variable of their first input."""
+    return op_type in _WRITE_OPS or op_type.startswith(_WRITE_PREFIXES)
+
 
 _GUARD_PREDICATES = frozenset({"IsVariableInitialized", "VarIsInitializedOp"})
 

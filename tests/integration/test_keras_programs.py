@@ -41,6 +41,9 @@ CASES = [
     # AMSGrad (v read only through v_hat) with weight decay, which writes
     # each weight besides its update: every variable stays off the servers
     ("emb_mlp", "amsgrad_wd", "float64", "ps"),
+    # Keras's LossScaleOptimizer: updates inside a (nested) tf.cond, which
+    # runs them only for finite gradients; they stay off the servers
+    ("emb_mlp", "lossscale", "float32", "ps"),
 ]
 if os.environ.get("AUTOPAR_TEST_MATRIX") == "full":
     CASES = [(model, optimizer, dtype, option)
@@ -52,7 +55,8 @@ if os.environ.get("AUTOPAR_TEST_MATRIX") == "full":
                                              # tests/unit/test_tf2_analysis.py)
                                              ("module", "adam_noclip", "float64"),
                                              ("micro", "sgd", "float32"),
-                                             ("emb_mlp", "amsgrad_wd", "float64"))
+                                             ("emb_mlp", "amsgrad_wd", "float64"),
+                                             ("emb_mlp", "lossscale", "float32"))
              for option in ("hybrid", "ps", "allreduce")] + [
         ("emb_mlp", "sgd", "float32", "herring"), ("lstm", "sgd", "float32", "herring")]
 FIT_OPTIONS = (["hybrid", "ps", "allreduce", "herring"]
@@ -99,6 +103,10 @@ def test_custom_training_step_matches_one_device(model, optimizer, dtype, run_op
         assert "0 on servers" in log and "writes it outside its update" in log
     if model == "lstm" and run_option == "ps":
         assert "kept off the servers: read inside" in log
+    if optimizer == "lossscale":
+        assert expected["adam/iteration"] == STEPS - 1   # the last step was skipped
+        if run_option != "allreduce":
+            assert "0 on servers" in log and "runs only when" in log
     assert "iteration" in " ".join(expected)
     for i in range(3):
         assert_same_parameters(expected, load_worker(tmp_path / "dist", i),

@@ -9,7 +9,11 @@ steps, then together (a list of both, a tf.group of both); one built inside
 a variable_scope over a user-partitioned embedding (slots named
 "model/model/..."), the other with an ExponentialMovingAverage over an
 embedding autopar partitions and over a reference-variable embedding it is
-asked to partition (kept whole)."""
+asked to partition (kept whole).
+
+loss_scaled: tf.compat.v1's MixedPrecisionLossScaleOptimizer in control
+flow v2, whose functional conds every process lowers into its graph; some
+steps skipped for gradients that overflow float32, a summed loss."""
 import importlib.util
 import sys
 
@@ -66,3 +70,17 @@ def test_two_trainers_match_single_device(run_option, dtype, tmp_path, single_de
         assert f"worker {i} done at global step 8" in log
         assert_same_parameters(expected, load_worker(out, i),
                                what=f"two_trainers {run_option} worker {i}")
+
+
+def test_a_loss_scaled_program_matches_single_device(tmp_path, single_device):
+    expected = single_device("loss_scaled", "float32")
+    assert 0 < int(expected["global_step"]) < STEPS   # steps applied and skipped
+    out = tmp_path / "dist"
+    spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
+    log = run_script([sys.executable, str(SCRIPT), "--program", "loss_scaled", "--dtype",
+                      "float32", "--steps", str(STEPS), "--batch", str(BATCH), "--out", str(out),
+                      "--spec", str(spec), "--run-option", "hybrid"])
+    # the embedding's sparse update would go to a server but for its condition
+    assert "emb: kept off the servers: its update" in log and "runs only when" in log
+    for i in range(3):
+        assert_same_parameters(expected, load_worker(out, i), what=f"loss_scaled worker {i}")

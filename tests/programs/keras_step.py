@@ -7,7 +7,8 @@ Keras optimizer), as TensorFlow 2 users write them:
             loss = loss_fn(y, model(x, training=True))
             if model.losses:   # regularizers
                 loss += tf.cast(tf.add_n(model.losses), loss.dtype)
-        grads = tape.gradient(loss, model.trainable_variables)
+            scaled = optimizer.scale_loss(loss)   # loss scaling, as Keras's own step
+        grads = tape.gradient(scaled, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
@@ -52,6 +53,13 @@ def optimizer(name: str):
         "sgd_wd": lambda: keras.optimizers.SGD(0.1, momentum=0.9, weight_decay=0.01),
         "adagrad": lambda: keras.optimizers.Adagrad(0.1),
         "rmsprop": lambda: keras.optimizers.RMSprop(0.01),
+        # Keras's loss scaling (the "mixed_float16" policy's optimizer): the
+        # update inside a cond on every gradient being finite, the scale's
+        # growth in a cond inside that. In float32 from 2**126, doubled after
+        # every 2 finite steps: steps 1-4 apply (the scale grows twice, to
+        # inf), step 5's gradients are not finite and only halve the scale
+        "lossscale": lambda: keras.optimizers.LossScaleOptimizer(
+            keras.optimizers.Adam(0.01), initial_scale=2.0 ** 126, dynamic_growth_steps=2),
     }[name]()
 
 
@@ -184,7 +192,8 @@ def build(kind: str = "emb_mlp", optimizer_name: str = "adam",
             loss = loss_fn(y, model(x, training=True))
             if getattr(model, "losses", None):   # regularizers
                 loss += tf.cast(tf.add_n(model.losses), loss.dtype)
-        grads = tape.gradient(loss, model.trainable_variables)
+            scaled = opt.scale_loss(loss)   # the loss itself but for loss scaling
+        grads = tape.gradient(scaled, model.trainable_variables)
         opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 

@@ -141,31 +141,6 @@ def test_gradients_combined_otherwise_than_by_a_sum_are_refused():
         analyze_graph(lift(concrete).graph)
 
 
-def test_updates_applied_inside_a_conditional_are_refused_naming_it():
-    """Keras's LossScaleOptimizer applies the updates inside a tf.cond (only
-    when every gradient is finite): refused, naming the conditional."""
-    import keras
-    program = keras_step.build("emb_mlp", "sgd", "float64")
-    model, loss_fn = program.model, keras.losses.MeanSquaredError()
-    optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
-
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-            scaled = optimizer.scale_loss(loss)
-        optimizer.apply_gradients(zip(tape.gradient(scaled, model.trainable_variables),
-                                      model.trainable_variables))
-        return loss
-
-    concrete = step.get_concrete_function(tf.TensorSpec([None, keras_step.IDS], tf.int32),
-                                          tf.TensorSpec([None, 1], tf.float64))
-    with pytest.raises(UnsupportedGraphError,
-                       match=r"The gradients reach '[^']+' \((Stateless)?If\), which runs a "
-                             r"function body.*LossScaleOptimizer"):
-        analyze_graph(lift(concrete).graph)
-
-
 def test_a_non_chief_keeps_what_reads_the_ops_before_a_server_update():
     """ps: a non-chief does not run its server variables' updates, but the
     ops between gradient and update stay, for Keras's optimizer reads them
