@@ -52,7 +52,7 @@ class History:
             self.history.setdefault(name, []).append(value)
 
 
-def fit(model, x, y, resource_info=None, config=None, *, epochs: int = 1, batch_size: int = 32,
+def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1, batch_size: int = 32,
         validation_data=None, callbacks=(), shuffle: bool = True, seed: int = 0,
         verbose: int = 1, **unsupported) -> History:
     import keras
@@ -68,6 +68,12 @@ def fit(model, x, y, resource_info=None, config=None, *, epochs: int = 1, batch_
         raise AutoparError(f"autopar.fit does not take fit()'s {', '.join(sorted(unsupported))} "
                            "(it takes x, y, epochs, batch_size, validation_data, callbacks, "
                            "shuffle, seed, verbose)")
+    if y is None or isinstance(x, tf.data.Dataset) or not hasattr(x, "__len__"):
+        raise AutoparError(
+            f"autopar.fit takes the examples as two arrays, x and y (got x: {type(x).__name__}, "
+            f"y: {type(y).__name__}); for a tf.data.Dataset or a generator, write the training "
+            "step as a tf.function and feed it this worker's batches of "
+            "autopar.shard(dataset) through autopar.get_runner (docs/tf2-keras.md)")
     if any(isinstance(a, (list, tuple, dict)) for a in (x, y)):
         raise AutoparError("autopar.fit takes one input array x and one target array y (a model "
                            "with one input and one output); for several, write the training "

@@ -21,6 +21,11 @@ def _model(cls_body=None):
     return model
 
 
+def _dataset():
+    import tensorflow as tf
+    return tf.data.Dataset.from_tensor_slices((X, Y)).batch(4)
+
+
 def _own_step(self, data):
     raise AssertionError("autopar.fit ran the model's own step")
 
@@ -38,6 +43,8 @@ def test_a_model_with_its_own_step_is_refused(overridden, validation):
     (lambda m: autopar.fit(m, X, Y, sample_weight=np.ones(8)), "does not take fit()'s sample_weight"),
     (lambda m: autopar.fit(m, [X, X], Y), "one input array x"),
     (lambda m: autopar.fit(m, X, Y[:5]), "x has 8 examples and y 5"),
+    (lambda m: autopar.fit(m, _dataset()), "takes the examples as two arrays, x and y (got x: "),
+    (lambda m: autopar.fit(m, (xy for xy in [(X, Y)])), "got x: generator, y: NoneType"),
 ])
 def test_arguments_fit_does_not_take_are_named(call, message):
     with pytest.raises(AutoparError, match=message.replace("(", r"\(").replace(")", r"\)")):
