@@ -41,6 +41,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2, types_pb2
 from tensorflow.python.framework.function_def_to_graph import function_def_to_graph_def
 
+from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms.graph_utils import import_meta_graph, writes_variable
 
 tf1 = tf.compat.v1
@@ -70,7 +71,8 @@ def lower_writing_conds(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
             lowered.extend(_lowered(node, functions))
         del out.node[:]
         out.node.extend(kept + lowered)
-    raise ValueError(f"conds nested more than {_MAX_NESTING} deep")
+    raise UnsupportedGraphError(f"tf.conds that write variables are nested more than "
+                                f"{_MAX_NESTING} deep: autopar lowers at most that many levels")
 
 
 def lowered_graph(graph: tf.Graph) -> tf.Graph:
@@ -193,8 +195,8 @@ def _inlined(fdef, scope: str, args: list[str], pivot: str, device: str):
     body, flat = function_def_to_graph_def(fdef)
     arg_names = [a.name for a in fdef.signature.input_arg]
     if len(arg_names) != len(args):
-        raise ValueError(f"branch '{fdef.signature.name}' takes {len(arg_names)} inputs, "
-                         f"its If passes {len(args)}")
+        raise UnsupportedGraphError(f"the cond's branch '{fdef.signature.name}' takes "
+                                    f"{len(arg_names)} inputs, its If passes {len(args)}")
     bound = dict(zip(arg_names, args))
 
     def renamed(tensor: str) -> str:
