@@ -37,8 +37,8 @@ tf1 = tf.compat.v1
 # inside the function TensorFlow chains every stateful op in program order,
 # and an op in the middle of that chain is no train op of the program).
 FETCHES = "autopar_function_fetches"
-# A NoOp waiting for everything a call of the function runs (its outputs and
-# its control outputs: the variable updates): Runner.call fetches it.
+# A NoOp waiting for the function's control outputs (its stateful ops: the
+# variable updates); Runner.call fetches it beside the outputs.
 CALL_OP = "autopar/function_call"
 
 
@@ -80,6 +80,7 @@ def lift(obj) -> LiftedGraph:
         raise TypeError(f"not a traced function: {obj!r}")
     by_handle = {id(v.handle): v for v in func_graph.variables}
     graph_def = lower_writing_conds(func_graph.as_graph_def())
+    _outputs_after_nothing(graph_def, {t.op.name for t in func_graph.outputs})
     taken = _name_prefixes(graph_def)
     lifted = LiftedGraph(tf.Graph(), function=None if obj is func_graph else obj)
     input_map = {}
@@ -107,7 +108,10 @@ def lift(obj) -> LiftedGraph:
         for op in ran[:len(func_graph.outputs)]:
             tf1.add_to_collection(FETCHES, op)
         with tf1.name_scope(None):
-            tf1.add_to_collection(FETCHES, tf.group(*ran, name=CALL_OP))
+            # The function's stateful ops only: Runner.call fetches the
+            # outputs beside it, and with micro-batches the update's run
+            # reads no input (the outputs come from the micro-batch runs).
+            tf1.add_to_collection(FETCHES, tf.group(*ran[len(func_graph.outputs):], name=CALL_OP))
         loss = _loss_output(func_graph)
         if loss is not None:
             tf1.add_to_collection(tf1.GraphKeys.LOSSES,
@@ -119,6 +123,21 @@ def lift(obj) -> LiftedGraph:
             raise UnsupportedGraphError(f"lifting the traced function renamed its input "
                                         f"'{op.name}': a variable's name collides with it")
     return lifted
+
+
+def _outputs_after_nothing(graph_def, outputs: set[str]) -> None:
+    """Drop the control inputs of the function's output Identities. A
+    tf.function makes each output wait for every stateful op, so that a
+    call returns after its updates; in the lifted graph CALL_OP stands for
+    those (Runner.call fetches it with the outputs), and an output that
+    waited for the updates would make them steps of their own: fetched
+    alone it would train, and with micro-batches the update's run would
+    compute the forward pass once more for it."""
+    for node in graph_def.node:
+        if node.name in outputs and node.op == "Identity":
+            kept = [i for i in node.input if not i.startswith("^")]
+            del node.input[:]
+            node.input.extend(kept)
 
 
 def _loss_output(func_graph):

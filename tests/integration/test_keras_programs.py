@@ -113,6 +113,24 @@ def test_custom_training_step_matches_one_device(model, optimizer, dtype, run_op
                                what=f"{model} {optimizer} {run_option} worker {i}")
 
 
+def test_micro_batches_of_a_custom_step_match_one_device(tmp_path, reference):
+    """Config(micro_batches=2) with a traced step: each worker's two
+    micro-batches accumulate their gradients, one run applies them; the
+    function's outputs come from the micro-batch runs (before: refused, the
+    loss output waited for the updates, so the update's run read the
+    input). Adam with global_clipnorm, hybrid."""
+    expected = reference("emb_mlp", "adam", "float64")
+    spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
+    log = run_script([sys.executable, str(SCRIPT), "--steps", str(STEPS), "--batch",
+                      str(BATCH), "--spec", str(spec), "--run-option", "hybrid",
+                      "--micro-batches", "2", "--out", str(tmp_path / "dist")])
+    for i in range(3):
+        assert f"worker {i}: DropCompute computed {2 * STEPS} of {2 * STEPS} micro-batches" in log
+    for i in range(3):
+        assert_same_parameters(expected, load_worker(tmp_path / "dist", i),
+                               what=f"micro-batches worker {i}")
+
+
 def test_batch_norm_over_every_worker_matches_one_device(tmp_path, reference):
     """Keras 3's BatchNormalization with Config(batch_norm_group="all") in a
     tf.function step, whose backward pass GradientTape builds (its ops are

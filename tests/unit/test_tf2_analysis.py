@@ -54,6 +54,30 @@ def test_lifted_step_runs_in_a_session_as_the_function_runs():
         np.testing.assert_array_equal(lifted_values[name], variable.numpy(), err_msg=name)
 
 
+def test_a_lifted_output_fetched_alone_trains_nothing():
+    """A tf.function's outputs wait for its updates; lifted, only CALL_OP
+    does: the loss fetched alone is computed from the current weights and
+    updates none (so with micro-batches it comes from the micro-batch runs)."""
+    program, lifted = _lifted()
+    graph, cf = lifted.graph, program.concrete
+    loss = graph.get_tensor_by_name(cf.graph.outputs[0].name)
+    assert not loss.op.control_inputs
+    with graph.as_default():
+        init = tf1.global_variables_initializer()
+    session = tf1.Session(graph=graph)
+    session.run(init, lifted.initial_feed())
+    x, y = program.batch(0, 6)
+    feed = {cf.graph.inputs[0].name: x, cf.graph.inputs[1].name: y}
+    kernel = [v for v in program.model.trainable_variables if v.path.endswith("kernel")][0]
+    weights = kernel.path + "/Read/ReadVariableOp:0"
+    before = session.run(weights)
+    first = session.run(loss, feed)
+    np.testing.assert_array_equal(session.run(weights), before)
+    assert session.run(loss, feed) == first
+    session.run(CALL_OP, feed)
+    assert not np.array_equal(session.run(weights), before)
+
+
 def test_keras_adam_slots_counter_and_gradients_from_data_flow():
     program, lifted = _lifted()
     analysis = analyze_graph(lifted.graph)

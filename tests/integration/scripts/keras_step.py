@@ -29,6 +29,7 @@ def main(argv=None) -> None:
     p.add_argument("--run-option", default="hybrid")
     p.add_argument("--reference", action="store_true")
     p.add_argument("--batch-norm-group", help="Config.batch_norm_group ('all' or a size)")
+    p.add_argument("--micro-batches", type=int, default=1, help="Config.micro_batches")
     args = p.parse_args(argv)
     program = keras_step.build(args.model, args.optimizer, args.dtype)
     if args.reference:
@@ -38,7 +39,8 @@ def main(argv=None) -> None:
     else:
         runner = autopar.get_runner(program.concrete, args.spec,
                                     autopar.Config(run_option=args.run_option, log_every_steps=1,
-                                                   batch_norm_group=_group(args.batch_norm_group)))
+                                                   batch_norm_group=_group(args.batch_norm_group),
+                                                   micro_batches=args.micro_batches))
         n, index = runner.num_workers, runner.worker_index
         per = args.batch // n
         for k in range(args.steps):
