@@ -21,9 +21,12 @@ off) that autopar.get_runner lifts and distributes like any tf.function step
   so the logs are the whole epoch's, as one device reports them.
 - `validation_data` is evaluated at each epoch's end, each worker on its
   share of it, aggregated the same way ("val_" logs).
-- Callbacks run on the chief only, with the aggregated logs; the chief alone
-  prints one line per epoch. A callback that stops training
-  (model.stop_training, EarlyStopping) stops every worker after that epoch.
+- Callbacks run on the chief only, with the aggregated logs and the model
+  holding the trained values; the chief alone prints one line per epoch. A
+  callback that stops training (model.stop_training, EarlyStopping) stops
+  every worker after that epoch; what a callback writes to the model's or
+  optimizer's variables (a learning rate, restored weights) is what every
+  worker trains with from then on.
   The model and its optimizer hold the trained values on every worker when
   fit returns (model.save() works anywhere).
 """
@@ -117,11 +120,9 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1, b
         else None
     model.stop_training = False
     with runner:
-        if callbacks is not None:
-            callbacks.on_train_begin()
+        _run_callbacks(runner, model, callbacks, lambda c: c.on_train_begin())
         for epoch in range(epochs):
-            if callbacks is not None:
-                callbacks.on_epoch_begin(epoch)
+            _run_callbacks(runner, model, callbacks, lambda c: c.on_epoch_begin(epoch))
             order = (np.random.default_rng([seed, epoch]).permutation(len(x)) if shuffle
                      else np.arange(len(x)))
             metrics = _Metrics(model)
@@ -138,23 +139,42 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1, b
                              _evaluate(model, *validation_data, batch_size, runner)
                              .items()})
             history.add(epoch, logs)
-            if runner.is_chief:
-                if verbose:
-                    log.info("epoch %d/%d: %s", epoch + 1, epochs,
-                             "  ".join(f"{k} {v:.4f}" for k, v in logs.items()))
-                callbacks.on_epoch_end(epoch, logs)
+            if runner.is_chief and verbose:
+                log.info("epoch %d/%d: %s", epoch + 1, epochs,
+                         "  ".join(f"{k} {v:.4f}" for k, v in logs.items()))
             # A callback may stop training (EarlyStopping sets
             # model.stop_training): callbacks run on the chief, whose
             # decision every worker follows, so all run the same steps.
-            stop = float(bool(runner.is_chief and model.stop_training))
-            if runner.sum_over_workers(np.array([stop]))[0] > 0:
+            if _run_callbacks(runner, model, callbacks, lambda c: c.on_epoch_end(epoch, logs),
+                              stop=lambda: model.stop_training):
                 model.stop_training = True
                 break
-        if callbacks is not None:
-            callbacks.on_train_end(history.history and {k: v[-1] for k, v in
-                                                        history.history.items()})
+        _run_callbacks(runner, model, callbacks, lambda c: c.on_train_end(
+            history.history and {k: v[-1] for k, v in history.history.items()}))
     model.history = history
     return history
+
+
+def _run_callbacks(runner, model, callbacks, call, stop=lambda: False) -> bool:
+    """Run `call(callbacks)` on the chief, where callbacks live, with the
+    model's and optimizer's Python variables holding the trained values
+    (ModelCheckpoint saves them, EarlyStopping keeps the best); what a
+    callback writes to them (LearningRateScheduler's and ReduceLROnPlateau's
+    learning rate, EarlyStopping's restored weights, BackupAndRestore) goes
+    into training on every worker. Every worker calls this at the same
+    point; whether the chief's `stop()` holds afterwards, for all."""
+    changed = stopping = 0.0
+    if callbacks is not None:
+        runner.sync_python_variables()
+        variables = list(model.variables) + list(model.optimizer.variables)
+        before = [v.numpy() for v in variables]
+        call(callbacks)
+        changed = float(any(not np.array_equal(b, v.numpy()) for b, v in zip(before, variables)))
+        stopping = float(bool(stop()))
+    changed, stopping = runner.sum_over_workers(np.array([changed, stopping]))
+    if changed:
+        runner.load_python_variables()
+    return bool(stopping)
 
 
 def _refuse_own_steps(model, validating: bool) -> None:

@@ -43,7 +43,8 @@ from autopar.common.env import STOPPED_LINE
 from autopar.common.errors import AutoparError
 from autopar.runtime.dropcompute.records import StepRecord
 from autopar.transforms.analysis import Analysis
-from autopar.transforms.graph_utils import is_restore_assignment, op_digraph
+from autopar.transforms.graph_utils import (initialization_stages, is_restore_assignment,
+                                            op_digraph)
 from autopar.transforms.lift import CALL_OP
 
 tf1 = tf.compat.v1
@@ -98,6 +99,8 @@ class Runner:
         self._lifted = lifted
         self._python = ({id(v): name for name, v in lifted.python_variables.items()}
                         if lifted is not None else {})
+        self._broadcast_op = None   # start()'s: every replica made equal to the chief's
+        self._reload_ops = None     # load_python_variables(), built on first use
         self._init_ops = _initializer_ops(graph)
         # The loss of each train group, fetched with the steps that update it.
         self._losses = ([graph.get_tensor_by_name(g.loss) if g.loss else None
@@ -121,6 +124,7 @@ class Runner:
         `init_feed`), restore the latest checkpoint (chief), make every
         replica equal to the chief's, and note the global step training
         resumes from."""
+        self._broadcast_op = broadcast_op
         for op in init_ops if isinstance(init_ops, (list, tuple)) else [init_ops]:
             self.session.run(op, init_feed or None)
         if self._checkpointer is not None:
@@ -461,6 +465,28 @@ class Runner:
     def _is_step(self, element) -> bool:
         op = element if isinstance(element, tf.Operation) else getattr(element, "op", None)
         return op is not None and op.name in self._step_ops
+
+    def load_python_variables(self) -> None:
+        """Give training the traced function's Python variables' values as
+        the chief holds them now (a Keras callback's new learning rate,
+        restored weights): the chief initialises every variable from them
+        again, as at start, and the start's broadcast makes every replica
+        equal to the chief's. Every worker calls it at the same point (the
+        broadcast is a collective); the chief's Python variables hold the
+        graph's values but for the changes (sync_python_variables first)."""
+        if not self._python:
+            return
+        if self.is_chief:
+            if self._reload_ops is None:
+                with self.graph.as_default():
+                    self._reload_ops = [tf1.variables_initializer(stage) for stage in
+                                        initialization_stages(
+                                            self.graph.get_collection(
+                                                tf1.GraphKeys.GLOBAL_VARIABLES))]
+            for op in self._reload_ops:
+                self.session.run(op, self._lifted.initial_feed())
+        if self._broadcast_op is not None:
+            self.session.run(self._broadcast_op)
 
     # -- mapping user objects to the rewritten graph ----------------------------
     def call(self, *inputs):

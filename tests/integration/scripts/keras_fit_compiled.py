@@ -1,6 +1,7 @@
 """A Keras 3 model compiled the way many scripts compile it: a string loss
 ("mse"), loss_weights and a kernel regularizer; fit with an EarlyStopping
-callback. --keras trains it with Keras's own model.fit on one device;
+callback that restores the best weights and a learning-rate schedule.
+--keras trains it with Keras's own model.fit on one device;
 otherwise with autopar.fit (on every worker of --spec, or one device
 without). Saves the weights and prints the per-epoch losses."""
 import argparse
@@ -33,10 +34,15 @@ def main() -> None:
     model = keras.Model(inp, keras.layers.Dense(1)(hidden))
     model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.5), loss="mse",
                   loss_weights=3.0)
-    # EarlyStopping ends Keras's fit after epoch 3 of 5, where val_loss rises.
-    stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=0, min_delta=0.05)
+    # Callbacks that read the trained weights and write the model's and the
+    # optimizer's variables: the learning rate halved from the second epoch
+    # on, and EarlyStopping ends Keras's fit after epoch 3 of 5, where
+    # val_loss rises, restoring the best epoch's weights.
+    schedule = keras.callbacks.LearningRateScheduler(lambda epoch, lr: lr / 2 if epoch else lr)
+    stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=0, min_delta=0.05,
+                                         restore_best_weights=True)
     fit = dict(epochs=5, batch_size=16, shuffle=False, verbose=0,
-               validation_data=(x[:20], y[:20]), callbacks=[stop])
+               validation_data=(x[:20], y[:20]), callbacks=[schedule, stop])
     if args.keras:
         history, worker = model.fit(x, y, **fit).history, 0
     else:
