@@ -57,7 +57,7 @@ class History:
 
 def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1, batch_size: int = 32,
         validation_data=None, callbacks=(), shuffle: bool = True, seed: int = 0,
-        verbose: int = 1, **unsupported) -> History:
+        verbose: int = 1, sample_weight=None, class_weight=None, **unsupported) -> History:
     import keras
     import tensorflow as tf
 
@@ -70,7 +70,7 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1, b
     if unsupported:
         raise AutoparError(f"autopar.fit does not take fit()'s {', '.join(sorted(unsupported))} "
                            "(it takes x, y, epochs, batch_size, validation_data, callbacks, "
-                           "shuffle, seed, verbose)")
+                           "shuffle, seed, verbose, sample_weight, class_weight)")
     if y is None or isinstance(x, tf.data.Dataset) or not hasattr(x, "__len__"):
         raise AutoparError(
             f"autopar.fit takes the examples as two arrays, x and y (got x: {type(x).__name__}, "
@@ -86,6 +86,7 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1, b
     x, y = np.asarray(x), np.asarray(y)
     if len(x) != len(y):
         raise AutoparError(f"autopar.fit: x has {len(x)} examples and y {len(y)}")
+    weights = _sample_weights(y, sample_weight, class_weight, keras.config.floatx())
     # The compiled loss as Keras's own train step computes it: a string or
     # a loss function reduced over the batch, loss_weights applied, the
     # model's regularization losses added. Called once on two rows first, so
@@ -93,10 +94,13 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1, b
     model.compute_loss(x[:2], y[:2], model(x[:2], training=False), training=False)
 
     @tf.function(jit_compile=False)
-    def train_step(xb, yb):
+    def train_step(xb, yb, *weighted):
         with tf.GradientTape() as tape:
             y_pred = model(xb, training=True)
-            loss = model.compute_loss(xb, yb, y_pred, training=True)
+            # Keras weighs each example's loss and divides by the batch's
+            # size: a mean over the batch still, averaged over workers.
+            loss = model.compute_loss(xb, yb, y_pred, sample_weight=weighted[0] if weighted
+                                      else None, training=True)
             # As Keras's train step: a LossScaleOptimizer (the "mixed_float16"
             # policy's) unscales the gradients of the loss it scaled.
             scaled = model.optimizer.scale_loss(loss)
@@ -106,6 +110,8 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1, b
 
     spec = [tf.TensorSpec([None, *x.shape[1:]], tf.as_dtype(x.dtype)),
             tf.TensorSpec([None, *y.shape[1:]], tf.as_dtype(y.dtype))]
+    if weights is not None:
+        spec.append(tf.TensorSpec([None], tf.as_dtype(weights.dtype)))
     runner = get_runner(train_step.get_concrete_function(*spec), resource_info, config)
     n, me = runner.num_workers, runner.worker_index
     if batch_size % n:
@@ -130,8 +136,9 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1, b
             for step in range(len(x) // batch_size):
                 rows = order[step * batch_size:(step + 1) * batch_size]
                 mine = rows[me * share:(me + 1) * share]
-                loss, y_pred = runner.call(x[mine], y[mine])
-                metrics.update(y[mine], y_pred, float(loss), len(mine))
+                mine_weights = () if weights is None else (weights[mine],)
+                loss, y_pred = runner.call(x[mine], y[mine], *mine_weights)
+                metrics.update(y[mine], y_pred, float(loss), len(mine), *mine_weights)
             logs = metrics.result(runner)
             if validation_data is not None:
                 runner.sync_python_variables()
@@ -153,6 +160,28 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1, b
             history.history and {k: v[-1] for k, v in history.history.items()}))
     model.history = history
     return history
+
+
+def _sample_weights(y, sample_weight, class_weight, floatx: str):
+    """Each example's weight in the loss (and weighted metrics), as Keras's
+    fit takes them: `sample_weight` one per example, or `class_weight` by
+    class (y's integer class, or its arg-max when one-hot; 1 for a class
+    it does not list); None without either."""
+    from autopar.common.errors import AutoparError
+    if sample_weight is not None and class_weight is not None:
+        raise AutoparError("autopar.fit: give sample_weight or class_weight, not both (as fit)")
+    if class_weight is not None:
+        classes = y.reshape(len(y), -1)
+        classes = (np.argmax(classes, axis=-1) if classes.shape[1] > 1
+                   else classes[:, 0])
+        return np.array([class_weight.get(int(c), 1.0) for c in np.round(classes)], floatx)
+    if sample_weight is None:
+        return None
+    weights = np.asarray(sample_weight, floatx)
+    if weights.shape != (len(y),):
+        raise AutoparError(f"autopar.fit: sample_weight has shape {weights.shape}; it takes one "
+                           f"weight per example, shape ({len(y)},)")
+    return weights
 
 
 def _run_callbacks(runner, model, callbacks, call, stop=lambda: False) -> bool:
@@ -204,10 +233,10 @@ class _Metrics:
         self.loss_sum = 0.0
         self.count = 0
 
-    def update(self, y, y_pred, loss: float, rows: int) -> None:
+    def update(self, y, y_pred, loss: float, rows: int, sample_weight=None) -> None:
         self.loss_sum += loss * rows
         self.count += rows
-        self.model.compute_metrics(None, y, y_pred)
+        self.model.compute_metrics(None, y, y_pred, sample_weight=sample_weight)
 
     def result(self, runner) -> dict:
         variables = [v for m in self.model.metrics for v in m.variables]

@@ -192,9 +192,9 @@ COMPILED = REPO / "tests" / "integration" / "scripts" / "keras_fit_compiled.py"
 
 
 def test_fit_computes_the_compiled_loss_as_keras_fit_does(tmp_path):
-    """A string loss ("mse": a per-example function), loss_weights and a
-    regularizer: autopar.fit's step computes the loss as Keras's train step
-    does (model.compute_loss), so 4 workers on 2 uneven hosts end with
+    """A string loss ("mse": a per-example function), loss_weights, a
+    regularizer and sample weights: autopar.fit's step computes the loss as
+    Keras's train step does (model.compute_loss), so 4 workers on 2 uneven hosts end with
     Keras's own model.fit's weights, slots and per-epoch losses, validation
     included; and an EarlyStopping callback (run by the chief) stops every
     worker after the epoch it stops Keras's fit (4 of 5) and restores the

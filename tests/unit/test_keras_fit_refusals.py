@@ -1,7 +1,8 @@
 """What autopar.fit refuses before it starts a job, each by name: a model
 whose own training (or, when fit validates, evaluation) step it would not
 run, fit() arguments it does not take, several inputs, an uncompiled
-model."""
+model; and the per-example weights it takes (class_weight as Keras's fit
+turns it into weights)."""
 import numpy as np
 import pytest
 
@@ -40,7 +41,11 @@ def test_a_model_with_its_own_step_is_refused(overridden, validation):
 
 
 @pytest.mark.parametrize("call,message", [
-    (lambda m: autopar.fit(m, X, Y, sample_weight=np.ones(8)), "does not take fit()'s sample_weight"),
+    (lambda m: autopar.fit(m, X, Y, validation_split=0.2), "does not take fit()'s validation_split"),
+    (lambda m: autopar.fit(m, X, Y, sample_weight=np.ones(8), class_weight={0: 2.0}),
+     "give sample_weight or class_weight, not both"),
+    (lambda m: autopar.fit(m, X, Y, sample_weight=np.ones((8, 2))),
+     "sample_weight has shape (8, 2); it takes one weight per example, shape (8,)"),
     (lambda m: autopar.fit(m, [X, X], Y), "one input array x"),
     (lambda m: autopar.fit(m, X, Y[:5]), "x has 8 examples and y 5"),
     (lambda m: autopar.fit(m, _dataset()), "takes the examples as two arrays, x and y (got x: "),
@@ -56,3 +61,16 @@ def test_an_uncompiled_model_is_refused():
     inputs = keras.Input((3,))
     with pytest.raises(AutoparError, match="compile the model first"):
         autopar.fit(keras.Model(inputs, keras.layers.Dense(1)(inputs)), X, Y)
+
+
+@pytest.mark.parametrize("y", [np.array([0, 2, 1, 2]), np.array([[0], [2], [1], [2]]),
+                               np.eye(3)[[0, 2, 1, 2]]], ids=["ids", "column", "one-hot"])
+def test_class_weights_become_the_weights_keras_fit_gives_each_example(y):
+    """Keras's own conversion is the reference: a class's weight (1 for a
+    class not listed), of y's integer class or one-hot arg-max."""
+    from keras.src.trainers.data_adapters.data_adapter_utils import class_weight_to_sample_weights
+
+    from autopar.runtime.keras_fit import _sample_weights
+    class_weight = {0: 3.0, 2: 0.5}
+    np.testing.assert_array_equal(_sample_weights(y, None, class_weight, "float32"),
+                                  class_weight_to_sample_weights(y, class_weight))

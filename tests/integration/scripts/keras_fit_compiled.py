@@ -1,7 +1,7 @@
 """A Keras 3 model compiled the way many scripts compile it: a string loss
-("mse"), loss_weights and a kernel regularizer; fit with an EarlyStopping
-callback that restores the best weights and a learning-rate schedule.
---keras trains it with Keras's own model.fit on one device;
+("mse"), loss_weights and a kernel regularizer; fit with sample weights, an
+EarlyStopping callback that restores the best weights and a learning-rate
+schedule. --keras trains it with Keras's own model.fit on one device;
 otherwise with autopar.fit (on every worker of --spec, or one device
 without). Saves the weights and prints the per-epoch losses."""
 import argparse
@@ -28,6 +28,7 @@ def main() -> None:
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(64, 6)), rng.normal(size=(64, 1))
+    weights = rng.uniform(0.5, 1.5, size=64)   # each example's weight in the loss
     inp = keras.Input((6,))
     hidden = keras.layers.Dense(4, activation="tanh",
                                 kernel_regularizer=keras.regularizers.L2(0.01))(inp)
@@ -41,7 +42,7 @@ def main() -> None:
     schedule = keras.callbacks.LearningRateScheduler(lambda epoch, lr: lr / 2 if epoch else lr)
     stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=0, min_delta=0.05,
                                          restore_best_weights=True)
-    fit = dict(epochs=5, batch_size=16, shuffle=False, verbose=0,
+    fit = dict(epochs=5, batch_size=16, shuffle=False, verbose=0, sample_weight=weights,
                validation_data=(x[:20], y[:20]), callbacks=[schedule, stop])
     if args.keras:
         history, worker = model.fit(x, y, **fit).history, 0
