@@ -83,6 +83,10 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1, b
                            "step as a tf.function and run it with autopar.get_runner "
                            "(docs/tf2-keras.md)")
     _refuse_own_steps(model, validation_data is not None)
+    if validation_data is not None and (not isinstance(validation_data, (tuple, list))
+                                        or len(validation_data) not in (2, 3)):
+        raise AutoparError("autopar.fit: validation_data is (x, y) or (x, y, sample_weight), "
+                           f"got {type(validation_data).__name__}")
     x, y = np.asarray(x), np.asarray(y)
     if len(x) != len(y):
         raise AutoparError(f"autopar.fit: x has {len(x)} examples and y {len(y)}")
@@ -143,7 +147,7 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1, b
             if validation_data is not None:
                 runner.sync_python_variables()
                 logs.update({f"val_{k}": v for k, v in
-                             _evaluate(model, *validation_data, batch_size, runner)
+                             _evaluate(model, validation_data, batch_size, runner)
                              .items()})
             history.add(epoch, logs)
             if runner.is_chief and verbose:
@@ -255,16 +259,18 @@ class _Metrics:
         return logs
 
 
-def _evaluate(model, x, y, batch_size: int, runner) -> dict:
+def _evaluate(model, data, batch_size: int, runner) -> dict:
     """Loss and compiled metrics of the model (with this worker's current
-    values) over the validation set, each worker on its examples i mod N,
-    combined over workers."""
-    x, y = np.asarray(x), np.asarray(y)
+    values) over the validation set `data`, (x, y) or (x, y, sample
+    weights), each worker on its examples i mod N, combined over workers."""
+    x, y = np.asarray(data[0]), np.asarray(data[1])
+    weights = np.asarray(data[2]) if len(data) > 2 and data[2] is not None else None
     mine = np.arange(runner.worker_index, len(x), runner.num_workers)
     metrics = _Metrics(model)
     for start in range(0, len(mine), batch_size):
         rows = mine[start:start + batch_size]
+        weighted = () if weights is None else (weights[rows],)
         y_pred = model(x[rows], training=False)
-        loss = model.compute_loss(x[rows], y[rows], y_pred, training=False)
-        metrics.update(y[rows], y_pred, float(loss), len(rows))
+        loss = model.compute_loss(x[rows], y[rows], y_pred, *weighted, training=False)
+        metrics.update(y[rows], y_pred, float(loss), len(rows), *weighted)
     return metrics.result(runner)

@@ -74,3 +74,8 @@ def test_class_weights_become_the_weights_keras_fit_gives_each_example(y):
     class_weight = {0: 3.0, 2: 0.5}
     np.testing.assert_array_equal(_sample_weights(y, None, class_weight, "float32"),
                                   class_weight_to_sample_weights(y, class_weight))
+
+
+def test_validation_data_of_another_form_is_refused():
+    with pytest.raises(AutoparError, match=r"validation_data is \(x, y\) or \(x, y, sample_weight\)"):
+        autopar.fit(_model(), X, Y, validation_data=(X, Y, None, None))

@@ -1,7 +1,7 @@
 """A Keras 3 model compiled the way many scripts compile it: a string loss
-("mse"), loss_weights and a kernel regularizer; fit with sample weights, an
-EarlyStopping callback that restores the best weights and a learning-rate
-schedule. --keras trains it with Keras's own model.fit on one device;
+("mse"), loss_weights and a kernel regularizer; fit with sample weights (the
+validation data's too), an EarlyStopping callback that restores the best
+weights and a learning-rate schedule. --keras trains it with Keras's own model.fit on one device;
 otherwise with autopar.fit (on every worker of --spec, or one device
 without). Saves the weights and prints the per-epoch losses."""
 import argparse
@@ -43,7 +43,7 @@ def main() -> None:
     stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=0, min_delta=0.05,
                                          restore_best_weights=True)
     fit = dict(epochs=5, batch_size=16, shuffle=False, verbose=0, sample_weight=weights,
-               validation_data=(x[:20], y[:20]), callbacks=[schedule, stop])
+               validation_data=(x[:20], y[:20], weights[:20]), callbacks=[schedule, stop])
     if args.keras:
         history, worker = model.fit(x, y, **fit).history, 0
     else:
