@@ -57,7 +57,9 @@ class History:
 
 def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1, batch_size: int = 32,
         validation_data=None, callbacks=(), shuffle: bool = True, seed: int = 0,
-        verbose: int = 1, sample_weight=None, class_weight=None, **unsupported) -> History:
+        verbose: int = 1, sample_weight=None, class_weight=None, validation_split: float = 0.0,
+        validation_freq=1, validation_batch_size: int | None = None, initial_epoch: int = 0,
+        **unsupported) -> History:
     import keras
     import tensorflow as tf
 
@@ -70,7 +72,9 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1, b
     if unsupported:
         raise AutoparError(f"autopar.fit does not take fit()'s {', '.join(sorted(unsupported))} "
                            "(it takes x, y, epochs, batch_size, validation_data, callbacks, "
-                           "shuffle, seed, verbose, sample_weight, class_weight)")
+                           "shuffle, seed, verbose, sample_weight, class_weight, "
+                           "validation_split, validation_freq, validation_batch_size, "
+                           "initial_epoch)")
     if y is None or isinstance(x, tf.data.Dataset) or not hasattr(x, "__len__"):
         raise AutoparError(
             f"autopar.fit takes the examples as two arrays, x and y (got x: {type(x).__name__}, "
@@ -82,7 +86,7 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1, b
                            "with one input and one output); for several, write the training "
                            "step as a tf.function and run it with autopar.get_runner "
                            "(docs/tf2-keras.md)")
-    _refuse_own_steps(model, validation_data is not None)
+    _refuse_own_steps(model, validation_data is not None or bool(validation_split))
     if validation_data is not None and (not isinstance(validation_data, (tuple, list))
                                         or len(validation_data) not in (2, 3)):
         raise AutoparError("autopar.fit: validation_data is (x, y) or (x, y, sample_weight), "
@@ -90,6 +94,10 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1, b
     x, y = np.asarray(x), np.asarray(y)
     if len(x) != len(y):
         raise AutoparError(f"autopar.fit: x has {len(x)} examples and y {len(y)}")
+    if validation_split and validation_data is None:
+        x, y, sample_weight, validation_data = _split_off_validation(x, y, sample_weight,
+                                                                     validation_split)
+    _should_validate(0, validation_freq)   # refused here, before any training, if malformed
     weights = _sample_weights(y, sample_weight, class_weight, keras.config.floatx())
     # The compiled loss as Keras's own train step computes it: a string or
     # a loss function reduced over the batch, loss_weights applied, the
@@ -131,7 +139,7 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1, b
     model.stop_training = False
     with runner:
         _run_callbacks(runner, model, callbacks, lambda c: c.on_train_begin())
-        for epoch in range(epochs):
+        for epoch in range(initial_epoch, epochs):
             _run_callbacks(runner, model, callbacks, lambda c: c.on_epoch_begin(epoch))
             order = (np.random.default_rng([seed, epoch]).permutation(len(x)) if shuffle
                      else np.arange(len(x)))
@@ -144,11 +152,11 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1, b
                 loss, y_pred = runner.call(x[mine], y[mine], *mine_weights)
                 metrics.update(y[mine], y_pred, float(loss), len(mine), *mine_weights)
             logs = metrics.result(runner)
-            if validation_data is not None:
+            if validation_data is not None and _should_validate(epoch, validation_freq):
                 runner.sync_python_variables()
                 logs.update({f"val_{k}": v for k, v in
-                             _evaluate(model, validation_data, batch_size, runner)
-                             .items()})
+                             _evaluate(model, validation_data,
+                                       validation_batch_size or batch_size, runner).items()})
             history.add(epoch, logs)
             if runner.is_chief and verbose:
                 log.info("epoch %d/%d: %s", epoch + 1, epochs,
@@ -164,6 +172,32 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1, b
             history.history and {k: v[-1] for k, v in history.history.items()}))
     model.history = history
     return history
+
+
+def _split_off_validation(x, y, sample_weight, fraction: float):
+    """(x, y, sample_weight) of training and the validation data: the last
+    `fraction` of the examples, before any shuffling, as Keras's fit splits
+    them (class weights apply to training only)."""
+    from autopar.common.errors import AutoparError
+    split_at = int(np.floor(len(x) * (1.0 - fraction)))
+    if split_at in (0, len(x)):
+        raise AutoparError(f"autopar.fit: validation_split={fraction} leaves no training or no "
+                           f"validation examples of the {len(x)}")
+    weights = None if sample_weight is None else np.asarray(sample_weight)
+    return (x[:split_at], y[:split_at], None if weights is None else weights[:split_at],
+            (x[split_at:], y[split_at:], None if weights is None else weights[split_at:]))
+
+
+def _should_validate(epoch: int, freq) -> bool:
+    """Whether epoch `epoch` (from 0) ends with validation: every `freq`-th
+    epoch, or those of a list (counted from 1), as Keras's fit."""
+    from autopar.common.errors import AutoparError
+    if isinstance(freq, int) and not isinstance(freq, bool) and freq > 0:
+        return (epoch + 1) % freq == 0
+    if isinstance(freq, (list, tuple)):
+        return epoch + 1 in freq
+    raise AutoparError(f"autopar.fit: validation_freq is a positive int or a list of epochs, "
+                       f"got {freq!r}")
 
 
 def _sample_weights(y, sample_weight, class_weight, floatx: str):

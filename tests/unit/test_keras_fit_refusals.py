@@ -41,7 +41,11 @@ def test_a_model_with_its_own_step_is_refused(overridden, validation):
 
 
 @pytest.mark.parametrize("call,message", [
-    (lambda m: autopar.fit(m, X, Y, validation_split=0.2), "does not take fit()'s validation_split"),
+    (lambda m: autopar.fit(m, X, Y, steps_per_epoch=2), "does not take fit()'s steps_per_epoch"),
+    (lambda m: autopar.fit(m, X, Y, validation_split=1.0),
+     "validation_split=1.0 leaves no training or no validation examples of the 8"),
+    (lambda m: autopar.fit(m, X, Y, validation_freq=0),
+     "validation_freq is a positive int or a list of epochs, got 0"),
     (lambda m: autopar.fit(m, X, Y, sample_weight=np.ones(8), class_weight={0: 2.0}),
      "give sample_weight or class_weight, not both"),
     (lambda m: autopar.fit(m, X, Y, sample_weight=np.ones((8, 2))),

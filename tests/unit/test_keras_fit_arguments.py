@@ -1,0 +1,47 @@
+"""fit() arguments autopar.fit takes as Keras's model.fit takes them:
+validation_split (the last examples, before shuffling), validation_freq,
+validation_batch_size, initial_epoch, class_weight. One device (the
+cross-worker sums are the distributed tests'), float64, against Keras's own
+model.fit on the same model: every epoch's logs and the weights."""
+import numpy as np
+import pytest
+
+import autopar
+from tests.programs import keras_step
+
+
+@pytest.fixture(autouse=True)
+def _keras_settings():
+    with keras_step.keras_settings_kept():
+        yield
+
+
+def _trained(fit):
+    import keras
+    keras.config.set_floatx("float64")
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 30, size=(60, 4)).astype(np.int32)
+    y = rng.integers(0, 3, size=(60,)).astype(np.int32)
+    inputs = keras.Input((4,), dtype="int32")
+    h = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(30, 6)(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(h))
+    model.compile(optimizer=keras.optimizers.SGD(0.5, momentum=0.5),
+                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    history = fit(model, x, y, epochs=4, batch_size=9, shuffle=False, verbose=0,
+                  validation_split=0.25, validation_freq=2, validation_batch_size=5,
+                  initial_epoch=1, class_weight={0: 2.0, 1: 0.5})
+    return history.history, [v.numpy() for v in model.variables + model.optimizer.variables]
+
+
+def test_validation_and_epoch_arguments_as_keras_fit_takes_them():
+    expected, expected_values = _trained(lambda model, *a, **k: model.fit(*a, **k))
+    got, values = _trained(lambda model, *a, **k: autopar.fit(
+        model, *a, config=autopar.Config(log_every_steps=0), **k))
+    # epochs 2..4 trained (initial_epoch 1), validated after epochs 2 and 4
+    assert len(expected["loss"]) == 3 and len(expected["val_loss"]) == 2
+    assert got.keys() == expected.keys()
+    for name in expected:
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-12, err_msg=name)
+    for value, expected_value in zip(values, expected_values, strict=True):
+        np.testing.assert_allclose(value, expected_value, rtol=1e-9, atol=1e-12)
