@@ -40,6 +40,7 @@ import numpy as np
 import tensorflow as tf
 
 from autopar.common.env import STOPPED_LINE
+from autopar.common.roles import SERVER_JOB
 from autopar.common.errors import AutoparError
 from autopar.runtime.dropcompute.records import StepRecord
 from autopar.transforms.analysis import Analysis
@@ -101,6 +102,11 @@ class Runner:
                         if lifted is not None else {})
         self._broadcast_op = None   # start()'s: every replica made equal to the chief's
         self._reload_ops = None     # load_python_variables(), built on first use
+        # A traced function's scalar settings (a learning rate) a program
+        # may assign from Python between steps, as a custom loop decays it:
+        # name -> the value last seen in Python (_carry_python_writes).
+        self._watched = self._python_settings()
+        self._assign_ops: dict[str, tuple] = {}
         self._init_ops = _initializer_ops(graph)
         # The loss of each train group, fetched with the steps that update it.
         self._losses = ([graph.get_tensor_by_name(g.loss) if g.loss else None
@@ -188,6 +194,8 @@ class Runner:
     def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
         if self._closed:
             raise RuntimeError("this Runner is closed")
+        if self._watched:
+            self._carry_python_writes()
         mapped = tf.nest.map_structure(self._map_fetch, fetches)
         is_step = any(self._is_step(leaf) for leaf in tf.nest.flatten(mapped) if leaf is not None)
         if is_step and self._accumulate is not None:
@@ -466,6 +474,43 @@ class Runner:
         op = element if isinstance(element, tf.Operation) else getattr(element, "op", None)
         return op is not None and op.name in self._step_ops
 
+    def _python_settings(self) -> dict:
+        """{lifted name: its Python variable's value now} of the traced
+        function's non-trainable scalars kept on this worker (a server's
+        one copy is no worker's to set)."""
+        if self._lifted is None:
+            return {}
+        out = {}
+        for name, variable in self._lifted.python_variables.items():
+            ours = self._variables.get(name + ":0")
+            if (variable.shape.num_elements() == 1 and not variable.trainable
+                    and ours is not None and f"/job:{SERVER_JOB}" not in ours.device):
+                out[name] = variable.numpy()
+        return out
+
+    def _carry_python_writes(self) -> None:
+        """Assign to this worker's copy each watched setting the program
+        changed in Python since it was last seen (`opt.learning_rate.assign
+        (lr)` between calls): every worker runs the same script, so each
+        makes the same change to its own copy. Without this the lifted
+        graph's copy would keep training with the old value."""
+        for name, seen in self._watched.items():
+            value = self._lifted.python_variables[name].numpy()
+            if np.array_equal(value, seen):
+                continue
+            if name not in self._assign_ops:
+                ours = self._variables[name + ":0"]
+                with self.graph.as_default(), tf.device(ours.device):
+                    fed = tf1.placeholder(ours.dtype.base_dtype, ours.shape)
+                    self._assign_ops[name] = (fed, ours.assign(fed).op)
+            fed, assign = self._assign_ops[name]
+            self.session.run(assign, {fed: value})
+            self._watched[name] = value
+
+    def _saw_python_values(self) -> None:
+        for name in self._watched:
+            self._watched[name] = self._lifted.python_variables[name].numpy()
+
     def load_python_variables(self) -> None:
         """Give training the traced function's Python variables' values as
         the chief holds them now (a Keras callback's new learning rate,
@@ -485,6 +530,7 @@ class Runner:
                                                 tf1.GraphKeys.GLOBAL_VARIABLES))]
             for op in self._reload_ops:
                 self.session.run(op, self._lifted.initial_feed())
+            self._saw_python_values()
         if self._broadcast_op is not None:
             self.session.run(self._broadcast_op)
 
@@ -523,6 +569,7 @@ class Runner:
                                   for name in self._lifted.python_variables}, {}, None, None)
         for name, variable in self._lifted.python_variables.items():
             variable.assign(values[name])
+        self._saw_python_values()
 
     def _map_fetch(self, fetch):
         if fetch is None:

@@ -65,16 +65,20 @@ if os.environ.get("AUTOPAR_TEST_MATRIX") == "full":
 # come from the micro-batch runs (before: every traced step was refused, its
 # loss output waiting for the updates, so the update's run read the input).
 MICRO_BATCHES = {("emb_mlp", "amsgrad_wd", "float64", "ps"): 2}
+# Cases whose script assigns the learning rate from Python before each step,
+# as custom loops decay it (before: the lifted graph kept the first rate).
+DECAYED_LR = {("shared", "sgd", "float64", "ps")}
 FIT_OPTIONS = (["hybrid", "ps", "allreduce", "herring"]
                if os.environ.get("AUTOPAR_TEST_MATRIX") == "full" else ["hybrid"])
 
 
-def _reference(tmp_path_factory, model, optimizer, dtype):
+def _reference(tmp_path_factory, model, optimizer, dtype, decay_lr=False):
     out = tmp_path_factory.mktemp(f"ref_{model}_{optimizer}")
     env = dict(os.environ, PYTHONPATH=str(REPO))
     subprocess.run([sys.executable, str(SCRIPT), "--reference", "--model", model, "--optimizer",
                     optimizer, "--dtype", dtype, "--steps", str(STEPS), "--batch", str(BATCH),
-                    "--out", str(out)], check=True, env=env, capture_output=True, timeout=240)
+                    "--out", str(out)] + (["--decay-lr"] if decay_lr else []),
+                   check=True, env=env, capture_output=True, timeout=240)
     return load_worker(out, 0)
 
 
@@ -93,13 +97,15 @@ def reference(tmp_path_factory):
                          ids=["-".join(c) for c in CASES])
 def test_custom_training_step_matches_one_device(model, optimizer, dtype, run_option, tmp_path,
                                                   reference):
-    expected = reference(model, optimizer, dtype)
+    decay = (model, optimizer, dtype, run_option) in DECAYED_LR
+    expected = reference(model, optimizer, dtype, decay)
     spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
     micro = MICRO_BATCHES.get((model, optimizer, dtype, run_option), 1)
     log = run_script([sys.executable, str(SCRIPT), "--model", model, "--optimizer", optimizer,
                       "--dtype", dtype, "--steps", str(STEPS), "--batch", str(BATCH),
                       "--spec", str(spec), "--run-option", run_option,
-                      "--micro-batches", str(micro), "--out", str(tmp_path / "dist")])
+                      "--micro-batches", str(micro), "--out", str(tmp_path / "dist")]
+                     + (["--decay-lr"] if decay else []))
     if micro > 1:
         for i in range(3):
             assert (f"worker {i}: DropCompute computed {micro * STEPS} of {micro * STEPS} "
@@ -114,6 +120,9 @@ def test_custom_training_step_matches_one_device(model, optimizer, dtype, run_op
         assert "0 on servers" in log and "writes it outside its update" in log
     if model == "lstm" and run_option == "ps":
         assert "kept off the servers: read inside" in log
+    if decay:   # the reference's rate went 0.1, 0.05, ... 0.1 / STEPS
+        (rate,) = [v for k, v in expected.items() if k.endswith("learning_rate")]
+        assert rate == pytest.approx(0.1 / STEPS)
     if optimizer == "lossscale":
         assert expected["adam/iteration"] == STEPS - 1   # the last step was skipped
         if run_option != "allreduce":

@@ -30,10 +30,18 @@ def main(argv=None) -> None:
     p.add_argument("--reference", action="store_true")
     p.add_argument("--batch-norm-group", help="Config.batch_norm_group ('all' or a size)")
     p.add_argument("--micro-batches", type=int, default=1, help="Config.micro_batches")
+    p.add_argument("--decay-lr", action="store_true",
+                   help="assign the learning rate from Python before each step, lr0 / (k + 1)")
     args = p.parse_args(argv)
     program = keras_step.build(args.model, args.optimizer, args.dtype)
+    lr0 = float(program.optimizer.learning_rate.numpy())
+
+    def decay(k: int) -> None:   # as a custom loop decays its learning rate
+        if args.decay_lr:
+            program.optimizer.learning_rate.assign(lr0 / (k + 1))
     if args.reference:
         for k in range(args.steps):
+            decay(k)
             program.train_step(*program.batch(k, args.batch))
         index = 0
     else:
@@ -44,6 +52,7 @@ def main(argv=None) -> None:
         n, index = runner.num_workers, runner.worker_index
         per = args.batch // n
         for k in range(args.steps):
+            decay(k)
             x, y = program.batch(k, args.batch)
             runner.call(x[index * per:(index + 1) * per], y[index * per:(index + 1) * per])
         runner.close()   # gives the Python variables the trained values
