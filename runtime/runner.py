@@ -40,8 +40,8 @@ import numpy as np
 import tensorflow as tf
 
 from autopar.common.env import STOPPED_LINE
-from autopar.common.roles import SERVER_JOB
 from autopar.common.errors import AutoparError
+from autopar.common.roles import SERVER_JOB
 from autopar.runtime.dropcompute.records import StepRecord
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.graph_utils import (initialization_stages, is_restore_assignment,
