@@ -44,8 +44,8 @@ from autopar.common.errors import AutoparError
 from autopar.common.roles import SERVER_JOB
 from autopar.runtime.dropcompute.records import StepRecord
 from autopar.transforms.analysis import Analysis
-from autopar.transforms.graph_utils import (initialization_stages, is_restore_assignment,
-                                            op_digraph)
+from autopar.transforms.graph_utils import (is_restore_assignment, op_digraph,
+                                            staged_initializers)
 from autopar.transforms.lift import CALL_OP
 
 tf1 = tf.compat.v1
@@ -524,10 +524,8 @@ class Runner:
         if self.is_chief:
             if self._reload_ops is None:
                 with self.graph.as_default():
-                    self._reload_ops = [tf1.variables_initializer(stage) for stage in
-                                        initialization_stages(
-                                            self.graph.get_collection(
-                                                tf1.GraphKeys.GLOBAL_VARIABLES))]
+                    self._reload_ops = staged_initializers(
+                        self.graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES))
             for op in self._reload_ops:
                 self.session.run(op, self._lifted.initial_feed())
             self._saw_python_values()

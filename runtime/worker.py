@@ -35,7 +35,7 @@ from autopar.runtime.session import session_config, start_worker_server, wait_fo
 from autopar.runtime.timeline import Recorder, options_from_env as timeline_options, write_part
 from autopar.transforms.analysis import Analysis, analyze_graph
 from autopar.transforms.compile import CompiledPlan, compile_for_config
-from autopar.transforms.graph_utils import import_meta_graph, initialization_stages
+from autopar.transforms.graph_utils import import_meta_graph, staged_initializers
 from autopar.transforms.evaluate import totals_allreduce
 from autopar.transforms.keys import PLAN_KEY, TIMELINE_KEY_PREFIX
 from autopar.transforms.topology import Topology
@@ -76,7 +76,7 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
         extra = [tf1.local_variables_initializer(), tf1.tables_initializer()]
         if is_chief and plan.server_variables:
             extra.append(worker_graph.get_operation_by_name(COUNTERS_INIT))
-        init = _initializers(mine, extra)
+        init = staged_initializers(mine, extra)
         batch_size = _batch_size_tensor(worker_graph, analysis)
         checkpointer = (Checkpointer(worker_graph, config.checkpoint_dir, config.save_every_steps,
                                      rewritten.partitions, keep=config.keep_checkpoints)
@@ -286,7 +286,7 @@ def single_device_runner(graph: tf.Graph, config, analysis: Analysis | None = No
         except UnsupportedGraphError as e:
             log.debug("single device, graph not analysed (%s); running it unchanged", e)
     with graph.as_default():
-        init = _initializers(tf1.global_variables(),
+        init = staged_initializers(tf1.global_variables(),
                              [tf1.local_variables_initializer(), tf1.tables_initializer()])
         batch_size = _batch_size_tensor(graph, analysis)
         checkpointer = (Checkpointer(graph, config.checkpoint_dir, config.save_every_steps,
@@ -298,16 +298,6 @@ def single_device_runner(graph: tf.Graph, config, analysis: Analysis | None = No
                     checkpointer=checkpointer, batch_size_tensor=batch_size, lifted=lifted)
     runner.start(init, init_feed=lifted.initial_feed() if lifted is not None else None)
     return runner
-
-
-def _initializers(variables, extra) -> list:
-    """The ops that initialise `variables` and run `extra`, one run each in
-    order (graph_utils.initialization_stages: a variable whose initial value
-    reads another is initialised after it), in the default graph."""
-    stages = initialization_stages(variables) or [[]]
-    ops = [tf1.variables_initializer(stage) for stage in stages]
-    ops[-1] = tf.group(ops[-1], *extra)
-    return ops
 
 
 def _batch_size_tensor(graph: tf.Graph, analysis: Analysis | None) -> tf.Tensor | None:

@@ -25,9 +25,9 @@ from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms import serial
 from autopar.transforms.batchnorm import BatchNormInfo, find_batch_norms
 from autopar.transforms.graph_utils import (VARIABLE_OP_TYPES, collector_paused, graph_of,
-                                            reduces_batch_axis,
                                             in_gradient_scope, initialization_guard,
-                                            is_restore_assignment, static_shape, writes_variable)
+                                            is_restore_assignment, reduces_batch_axis,
+                                            static_shape, writes_variable)
 from autopar.transforms.lift import FETCHES
 from autopar.transforms.loss_counts import find_loss_counts
 

@@ -87,6 +87,16 @@ def initialization_stages(variables) -> list[list]:
     return stages
 
 
+def staged_initializers(variables, extra=()) -> list:
+    """The ops that initialise `variables` and run `extra`, one run each in
+    order (initialization_stages: a variable whose initial value reads
+    another is initialised after it), in the default graph."""
+    stages = initialization_stages(variables) or [[]]
+    ops = [tf1.variables_initializer(stage) for stage in stages]
+    ops[-1] = tf.group(ops[-1], *extra)
+    return ops
+
+
 def in_gradient_scope(op_name: str) -> bool:
     if "gradient" not in op_name:   # the common case, without splitting the name
         return False

@@ -43,6 +43,7 @@ from tensorflow.python.framework.function_def_to_graph import function_def_to_gr
 
 from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms.graph_utils import import_meta_graph, writes_variable
+from autopar.transforms.ops import attr_value
 
 tf1 = tf.compat.v1
 
@@ -135,15 +136,10 @@ def _writing_functions(functions: dict) -> set[str]:
     return writing
 
 
-def _node(name: str, op: str, inputs: list[str], device: str, **types) -> node_def_pb2.NodeDef:
+def _node(name: str, op: str, inputs: list[str], device: str, **attrs) -> node_def_pb2.NodeDef:
     node = node_def_pb2.NodeDef(name=name, op=op, input=inputs, device=device)
-    for key, value in types.items():
-        if isinstance(value, list):
-            node.attr[key].list.type.extend(value)
-        elif key == "N":
-            node.attr[key].i = value
-        else:
-            node.attr[key].type = value
+    for key, value in attrs.items():
+        node.attr[key].CopyFrom(attr_value(key, value))
     return node
 
 
@@ -152,16 +148,16 @@ def _lowered(node, functions: dict) -> list[node_def_pb2.NodeDef]:
     data = [i for i in node.input if not i.startswith("^")]
     control = [i for i in node.input if i.startswith("^")]
     pred, args = data[0], data[1:]
-    out_types = list(node.attr["Tout"].list.type)
+    out_types = [tf.as_dtype(t) for t in node.attr["Tout"].list.type]
     lowered_scope = f"{name}/lowered"
     nodes = [_node(f"{lowered_scope}/switch_pred", "Switch", [pred, pred] + control, device,
-                   T=types_pb2.DT_BOOL)]
+                   T=tf.bool)]
     executed = []
     results: list[list[str]] = []
     for branch, port, attr in (("then", 1, "then_branch"), ("else", 0, "else_branch")):
         pivot = f"{lowered_scope}/pivot_{branch[0]}"
         nodes.append(_node(pivot, "Identity", [f"{lowered_scope}/switch_pred:{port}"], device,
-                           T=types_pb2.DT_BOOL))
+                           T=tf.bool))
         body, outputs, stateful = _inlined(functions[node.attr[attr].func.name],
                                            f"{name}/{branch}", args, pivot, device)
         nodes.extend(body)
@@ -172,7 +168,7 @@ def _lowered(node, functions: dict) -> list[node_def_pb2.NodeDef]:
             nodes.append(_node(out, "Identity", [tensor] + after, device, T=dtype))
             results[-1].append(out)
         done = f"{name}/{branch}/executed"
-        nodes.append(_node(done, "Identity", [pivot] + after[1:], device, T=types_pb2.DT_BOOL))
+        nodes.append(_node(done, "Identity", [pivot] + after[1:], device, T=tf.bool))
         executed.append(done)
     merges = []
     for j, dtype in enumerate(out_types):
@@ -180,7 +176,7 @@ def _lowered(node, functions: dict) -> list[node_def_pb2.NodeDef]:
         nodes.append(_node(merge, "Merge", [results[0][j], results[1][j]], device, T=dtype, N=2))
         merges.append(merge)
     branch_executed = f"{lowered_scope}/branch_executed"
-    nodes.append(_node(branch_executed, "Merge", executed, device, T=types_pb2.DT_BOOL, N=2))
+    nodes.append(_node(branch_executed, "Merge", executed, device, T=tf.bool, N=2))
     if merges:
         nodes.append(_node(name, "IdentityN", merges + [f"^{branch_executed}"], device, T=out_types))
     else:

@@ -12,8 +12,8 @@ import tensorflow as tf
 
 def attr_value(key: str, value):
     """The AttrValue of an op attribute given as a tf.DType, bool, int, float,
-    str, for "shape" a list of dims, a list of ints, or a TensorProto (a
-    constant's value)."""
+    str, for "shape" a list of dims, a list of ints or of tf.DTypes, or a
+    TensorProto (a constant's value)."""
     from tensorflow.core.framework import attr_value_pb2, tensor_pb2
     a = attr_value_pb2.AttrValue()
     if isinstance(value, tf.DType):
@@ -32,6 +32,8 @@ def attr_value(key: str, value):
         a.shape.CopyFrom(tf.TensorShape(value).as_proto())
     elif isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value):
         a.list.i.extend(value)
+    elif isinstance(value, (list, tuple)) and all(isinstance(v, tf.DType) for v in value):
+        a.list.type.extend(v.as_datatype_enum for v in value)
     else:
         raise TypeError(f"attribute {key}={value!r}")
     return a
