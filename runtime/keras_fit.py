@@ -138,9 +138,14 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1, b
         else None
     model.stop_training = False
     with runner:
-        _run_callbacks(runner, model, callbacks, lambda c: c.on_train_begin())
+        # Synced here (a restored checkpoint is not the Python values), the
+        # chief's Python variables hold the graph's values until the next
+        # step, and again after each epoch's end: of the later callbacks
+        # only the end of an epoch that did not validate needs a sync.
+        _run_callbacks(runner, model, callbacks, lambda c: c.on_train_begin(), synced=False)
         for epoch in range(initial_epoch, epochs):
-            _run_callbacks(runner, model, callbacks, lambda c: c.on_epoch_begin(epoch))
+            _run_callbacks(runner, model, callbacks, lambda c: c.on_epoch_begin(epoch),
+                           synced=True)
             order = (np.random.default_rng([seed, epoch]).permutation(len(x)) if shuffle
                      else np.arange(len(x)))
             metrics = _Metrics(model)
@@ -152,7 +157,8 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1, b
                 loss, y_pred = runner.call(x[mine], y[mine], *mine_weights)
                 metrics.update(y[mine], y_pred, float(loss), len(mine), *mine_weights)
             logs = metrics.result(runner)
-            if validation_data is not None and _should_validate(epoch, validation_freq):
+            validating = validation_data is not None and _should_validate(epoch, validation_freq)
+            if validating:
                 runner.sync_python_variables()
                 logs.update({f"val_{k}": v for k, v in
                              _evaluate(model, validation_data,
@@ -165,11 +171,11 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1, b
             # model.stop_training): callbacks run on the chief, whose
             # decision every worker follows, so all run the same steps.
             if _run_callbacks(runner, model, callbacks, lambda c: c.on_epoch_end(epoch, logs),
-                              stop=lambda: model.stop_training):
+                              synced=validating, stop=lambda: model.stop_training):
                 model.stop_training = True
                 break
         _run_callbacks(runner, model, callbacks, lambda c: c.on_train_end(
-            history.history and {k: v[-1] for k, v in history.history.items()}))
+            history.history and {k: v[-1] for k, v in history.history.items()}), synced=True)
     model.history = history
     return history
 
@@ -222,17 +228,21 @@ def _sample_weights(y, sample_weight, class_weight, floatx: str):
     return weights
 
 
-def _run_callbacks(runner, model, callbacks, call, stop=lambda: False) -> bool:
+def _run_callbacks(runner, model, callbacks, call, synced: bool,
+                   stop=lambda: False) -> bool:
     """Run `call(callbacks)` on the chief, where callbacks live, with the
     model's and optimizer's Python variables holding the trained values
-    (ModelCheckpoint saves them, EarlyStopping keeps the best); what a
-    callback writes to them (LearningRateScheduler's and ReduceLROnPlateau's
-    learning rate, EarlyStopping's restored weights, BackupAndRestore) goes
-    into training on every worker. Every worker calls this at the same
-    point; whether the chief's `stop()` holds afterwards, for all."""
+    (ModelCheckpoint saves them, EarlyStopping keeps the best; `synced`:
+    they hold them already); what a callback writes to them
+    (LearningRateScheduler's and ReduceLROnPlateau's learning rate,
+    EarlyStopping's restored weights, BackupAndRestore) goes into training
+    on every worker, after which they hold the graph's values again. Every
+    worker calls this at the same point; whether the chief's `stop()` holds
+    afterwards, for all."""
     changed = stopping = 0.0
     if callbacks is not None:
-        runner.sync_python_variables()
+        if not synced:
+            runner.sync_python_variables()
         variables = list(model.variables) + list(model.optimizer.variables)
         before = [v.numpy() for v in variables]
         call(callbacks)
