@@ -11,7 +11,9 @@ off) that autopar.get_runner lifts and distributes like any tf.function step
 - `batch_size` is the global batch: each step's batch is the one one device
   would take (the same shuffled order: a permutation seeded by `seed` and
   the epoch, identical on every worker), and worker i trains on its rows
-  [i*b/N, (i+1)*b/N) of it; b must divide by N. The last, smaller batch of
+  i, i+N, i+2N, ... of it (as autopar.shard splits a dataset, so that a
+  dropout mask drawn per example is one device's: transforms.random_draws);
+  b must divide by N. The last, smaller batch of
   an epoch is dropped on one device as on N (Keras trains on it): workers'
   gradients are averaged with equal weights, which a batch that does not
   split evenly would break.
@@ -149,10 +151,9 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1, b
             order = (np.random.default_rng([seed, epoch]).permutation(len(x)) if shuffle
                      else np.arange(len(x)))
             metrics = _Metrics(model)
-            share = batch_size // n
             for step in range(len(x) // batch_size):
                 rows = order[step * batch_size:(step + 1) * batch_size]
-                mine = rows[me * share:(me + 1) * share]
+                mine = rows[me::n]
                 mine_weights = () if weights is None else (weights[mine],)
                 loss, y_pred = runner.call(x[mine], y[mine], *mine_weights)
                 metrics.update(y[mine], y_pred, float(loss), len(mine), *mine_weights)

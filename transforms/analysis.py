@@ -30,6 +30,7 @@ from autopar.transforms.graph_utils import (VARIABLE_OP_TYPES, collector_paused,
                                             static_shape, writes_variable)
 from autopar.transforms.lift import FETCHES
 from autopar.transforms.loss_counts import find_loss_counts
+from autopar.transforms.random_draws import find_batch_draws
 
 tf1 = tf.compat.v1
 
@@ -128,6 +129,9 @@ class Analysis:
     # Denominators of the losses that count the batch's values (a mask's
     # sum): each worker divides by their sum over workers (transforms.loss_counts).
     loss_counts: list[str] = field(default_factory=list)
+    # Random ops that draw per example (a dropout mask): each worker draws
+    # the global batch's and keeps its examples' rows (transforms.random_draws).
+    batch_draws: list[str] = field(default_factory=list)
     # Every step op that is not an update op of one variable (the train ops
     # a user fetches: minimize()'s op, tf.group()s of them, ops after them)
     # -> the train groups its run updates.
@@ -245,6 +249,7 @@ def _analyze(graph: tf.Graph) -> Analysis:
     loss = losses[0] if losses else None
     reduction, why = _loss_reduction_of_all(graph, losses)
     averaged = {t for v in variables for t in (v.grad_tensor, v.grad_values, v.grad_indices) if t}
+    batch_local = _batch_local_ops(graph, averaged)
     return Analysis(
         variables=variables,
         state=_step_state(graph, trainable, slot_names, all_update_ops, averaged, writers),
@@ -253,9 +258,10 @@ def _analyze(graph: tf.Graph) -> Analysis:
         untrained=[v.name for v in trainable if v.name not in updates],
         loss_reduction=reduction,
         loss_reduction_why=why,
-        batch_norms=find_batch_norms(graph, _batch_local_ops(graph, averaged), writers),
+        batch_norms=find_batch_norms(graph, batch_local, writers),
         train_groups=[TrainGroup(g, l) for g, l in zip(groups, losses)],
         loss_counts=find_loss_counts(graph, losses, _INPUT_OP_TYPES),
+        batch_draws=find_batch_draws(graph, batch_local),
         trains=trains,
     )
 

@@ -51,6 +51,14 @@ def new_op(op_type: str, inputs: list, **attrs) -> "tf.Operation":
     return graph._create_op_internal(op_type, inputs, attrs=protos)  # pylint: disable=protected-access
 
 
+def copy_op(op: "tf.Operation", inputs: list) -> "tf.Operation":
+    """An op of `op`'s type and attributes (a random op's seeds, a
+    generator's algorithm) reading `inputs`, in the default graph."""
+    graph = tf.compat.v1.get_default_graph()
+    return graph._create_op_internal(  # pylint: disable=protected-access
+        op.type, inputs, attrs=dict(op.node_def.attr.items()))
+
+
 def constant(value, dtype=None, name: str = "Const") -> "tf.Tensor":
     """tf.constant(value, dtype) in the default graph, built as new_op builds
     (tf.constant's conversion layers cost about as much as the op itself)."""

@@ -59,6 +59,7 @@ class Report:
     # Training-mode batch-norm layers: name, kind, group size (0: per worker), moving statistics.
     batch_norms: list[dict] = field(default_factory=list)
     loss_counts: list[str] = field(default_factory=list)   # transforms.loss_counts
+    batch_draws: list[str] = field(default_factory=list)   # transforms.random_draws
     # Weight-update sharding: optimizer-slot bytes each worker holds (with
     # and without sharding), per worker.
     shard_weight_update: bool = False
@@ -166,6 +167,12 @@ class Report:
                          "every worker divides by its sum over workers"
                          + (" / N" if self.loss_reduction == "mean" else "")
                          + ", as one device divides by the global batch's")
+        if self.batch_draws and self.num_workers > 1:
+            draws = ", ".join(repr(d) for d in self.batch_draws)
+            lines.append(f"random draws per example ({draws}): "
+                         f"each worker draws the global batch's, N = {self.num_workers} times its "
+                         "own, and keeps rows w, w+N, ...: one device's for its examples when it "
+                         "holds examples w, w+N, ... (autopar.shard, autopar.fit)")
         for v in self.variables:
             if v.dedup:
                 lines.append(f"{v.name}: deduplicated lookup (one row per distinct id): rows of "
@@ -266,6 +273,7 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
                   moved_ops=[m.as_dict() for m in moves or []],
                   loss_reduction=plan.loss_reduction, loss_reduction_why=plan.loss_reduction_why,
                   sync_local_state=plan.sync_local_state, loss_counts=analysis.loss_counts,
+                  batch_draws=analysis.batch_draws,
                   shard_weight_update=plan.shard_weight_update,
                   slot_bytes=slot_bytes_per_worker(analysis, plan),
                   slot_bytes_unsharded=slot_bytes_per_worker(analysis, _unsharded(plan)),

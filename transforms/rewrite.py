@@ -32,6 +32,7 @@ from autopar.transforms.partition import copy_region
 from autopar.transforms.placement import Move
 from autopar.transforms.keys import BATCH_NORM_GROUPS, LOSS_COUNTS
 from autopar.transforms.loss_counts import rewrite_loss_counts
+from autopar.transforms.random_draws import rewrite_batch_draws
 from autopar.transforms.barrier import cover_server_work
 from autopar.transforms.methods.base import Edits, RewriteContext
 from autopar.transforms.methods.registry import METHODS
@@ -117,6 +118,9 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
         counts, counts_exempt = _loss_counts(scratch, analysis, plan, backend, micro_batches)
         rewire.update(counts)
         rewire_exempt |= counts_exempt
+        draws, draws_exempt = _batch_draws(scratch, analysis, plan, worker_index, ctx.constants)
+        rewire.update(draws)
+        rewire_exempt |= draws_exempt
         broadcast = _broadcast_state(_global_variables(meta, scratch), plan, backend, worker_index == 0,
                                      edits.server_variables)
         minus_one = ctx.constants.get([-1]).op.name if worker_index == 0 and broadcast else ""
@@ -422,6 +426,18 @@ def _loss_counts(graph, analysis: Analysis, plan: Plan, backend,
             "count, not the global batch's. Use micro_batches=1 for this program")
     rewire, built = rewrite_loss_counts(graph, analysis.loss_counts, backend, LOSS_COUNTS,
                                         plan.num_workers if plan.averages("dense") else 1)
+    return {node_input_name(k): node_input_name(v) for k, v in rewire.items()}, built
+
+
+def _batch_draws(graph, analysis: Analysis, plan: Plan, worker_index: int,
+                 constants: ConstantPool) -> tuple[dict[str, str], set[str]]:
+    """Per-example random draws (transforms.random_draws): each draws the
+    global batch's rows and this worker reads its examples', as (tensor ->
+    replacement, ops exempt)."""
+    if not analysis.batch_draws or plan.num_workers == 1:
+        return {}, set()
+    rewire, built = rewrite_batch_draws(graph, analysis.batch_draws, plan.num_workers,
+                                        worker_index, constants)
     return {node_input_name(k): node_input_name(v) for k, v in rewire.items()}, built
 
 

@@ -24,9 +24,10 @@
 # - one replica per worker process (Parallax's num_replicas_per_worker lists
 #   are a single array each);
 # - no 1B Word Benchmark data here: synthetic data only, a deterministic
-#   global batch per step of which worker i takes rows [i*b, (i+1)*b), so a
-#   run on N workers with --batch_size b sees the batches of one device with
-#   --batch_size N*b;
+#   global batch per step of which worker i takes rows i, i+N, i+2N, ... (as
+#   autopar.shard deals examples), so a run on N workers with --batch_size b
+#   sees the batches of one device with --batch_size N*b, dropout masks
+#   included;
 # - --resource_info_file is an autopar resource spec (YAML or Parallax's
 #   "host: ids" format; empty: one device), --save_npz saves every variable.
 import os
@@ -90,7 +91,7 @@ def main(_):
             # autopar port: this worker's rows of the step's global batch
             x, y, w = synthetic_batch(local_step, FLAGS.batch_size * num_workers,
                                       model.vocab_size, FLAGS.num_steps)
-            mine = slice(worker_id * FLAGS.batch_size, (worker_id + 1) * FLAGS.batch_size)
+            mine = slice(worker_id, None, num_workers)
             feeds = {}
             feeds[model.x] = x[mine]
             feeds[model.y] = y[mine]

@@ -38,7 +38,7 @@ def test_cnn_reports_throughput_single_device():
 
 
 LM1B_SMALL = ("--vocab_size", "50", "--emb_size", "8", "--state_size", "16", "--projected_size",
-              "8", "--num_steps", "3", "--keep_prob", "1", "--num_sampled", "0",
+              "8", "--num_steps", "3", "--keep_prob", "0.9", "--num_sampled", "0",
               "--num_variable_shards", "2", "--max_steps", "4", "--log_frequency", "1")
 
 
@@ -51,8 +51,12 @@ def test_parallax_lm1b_port_equals_one_device_with_the_global_batch(tmp_path):
     of batch 2 (2 hosts, a server each, hybrid) every variable, Adagrad slot
     and moving average equals one device running the program with batch 6:
     the sum of 3 workers' embedding gradients scaled by 2 is one device's
-    scaled by 6. Small sizes, keep_prob 1 and the full softmax make both
-    runs deterministic."""
+    scaled by 6. The model's dropout is on: each worker takes rows i, i+3,
+    ... of the global batch and draws one device's masks for them
+    (transforms.random_draws; the placeholders' static batch makes the masks'
+    shape a constant). The full softmax: a sampled softmax's gradient is
+    sparse, summed over workers under Parallax's semantics, and the model
+    scales only the embedding's."""
     import numpy as np
 
     from tests.integration.cluster import (assert_same_parameters, run_script,

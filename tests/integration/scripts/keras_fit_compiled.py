@@ -1,5 +1,5 @@
 """A Keras 3 model compiled the way many scripts compile it: a string loss
-("mse"), loss_weights and a kernel regularizer; fit with sample weights (the
+("mse"), loss_weights, a kernel regularizer and dropout; fit with sample weights (the
 validation data's too), an EarlyStopping callback that restores the best
 weights and a learning-rate schedule. --keras trains it with Keras's own model.fit on one device;
 otherwise with autopar.fit (on every worker of --spec, or one device
@@ -32,15 +32,18 @@ def main() -> None:
     inp = keras.Input((6,))
     hidden = keras.layers.Dense(4, activation="tanh",
                                 kernel_regularizer=keras.regularizers.L2(0.01))(inp)
+    # a mask per example, which each worker draws as one device does for
+    # its examples (transforms.random_draws)
+    hidden = keras.layers.Dropout(0.25)(hidden)
     model = keras.Model(inp, keras.layers.Dense(1)(hidden))
     model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.5), loss="mse",
                   loss_weights=3.0)
     # Callbacks that read the trained weights and write the model's and the
     # optimizer's variables: the learning rate halved from the second epoch
-    # on, and EarlyStopping ends Keras's fit after epoch 3 of 5, where
-    # val_loss rises, restoring the best epoch's weights.
+    # on, and EarlyStopping ends Keras's fit after epoch 4 of 5, where
+    # val_loss falls by less than min_delta, restoring epoch 3's weights.
     schedule = keras.callbacks.LearningRateScheduler(lambda epoch, lr: lr / 2 if epoch else lr)
-    stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=0, min_delta=0.05,
+    stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=0, min_delta=0.1,
                                          restore_best_weights=True)
     fit = dict(epochs=5, batch_size=16, shuffle=False, verbose=0, sample_weight=weights,
                validation_data=(x[:20], y[:20], weights[:20]), callbacks=[schedule, stop])

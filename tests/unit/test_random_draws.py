@@ -1,0 +1,121 @@
+"""Random draws per example (transforms.random_draws): which random ops draw
+per example, and that worker w of N, fed examples w, w+N, ... of one
+device's global batch, draws exactly one device's values for them."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from autopar.common.errors import UnsupportedGraphError
+from autopar.transforms.analysis import analyze_graph
+from autopar.transforms.plan import PlanOptions, make_plan
+from autopar.transforms.report import build_report
+from autopar.transforms.rewrite import rewrite_for_worker
+
+tf1 = tf.compat.v1
+N, B = 3, 4          # workers, examples per worker
+
+
+def _graph(draw, batch=None):
+    """x -> draw(x) -> a trained Dense; the draw's result is 'drawn'."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(7)
+        x = tf1.placeholder(tf.float64, [batch, 5], name="x")
+        h = tf.identity(draw(x), name="drawn")
+        w = tf1.get_variable("w", [5, 1], tf.float64)
+        tf1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_mean(tf.matmul(h, w) ** 2))
+    return graph
+
+
+DRAWS = {
+    # TF1's dropout: a stateful RandomUniform of tf.shape(x)
+    "tf1_dropout": lambda x: tf1.nn.dropout(x, rate=0.5),
+    # Keras 3's: stateless, a noise shape packed from tf.shape(x)[0]
+    "stateless_noise_shape": lambda x: tf.nn.experimental.stateless_dropout(
+        x, 0.5, seed=[1, 2], noise_shape=tf.stack([tf.shape(x)[0], 1])),
+    "gaussian_noise": lambda x: x + tf.random.normal(tf.shape(x), dtype=tf.float64),
+    # a tf.random.Generator's op, whose state advances by the draw's size
+    "generator": lambda x: x * tf.random.Generator.from_seed(3).uniform(tf.shape(x),
+                                                                         dtype=tf.float64),
+}
+
+
+def _draw_ops(graph, analysis):
+    return [graph.get_operation_by_name(n).type for n in analysis.batch_draws]
+
+
+def _run(graph_def, xs, runs=2):
+    """'drawn' for each of `runs` runs on each batch of `xs`, in one session
+    on this process (devices cleared), the variables initialised."""
+    graph_def = type(graph_def).FromString(graph_def.SerializeToString())
+    for node in graph_def.node:
+        node.device = ""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.import_graph_def(graph_def, name="")
+        with tf1.Session(graph=graph) as sess:
+            sess.run([op for op in graph.get_operations() if op.name.endswith("/Assign")])
+            return [sess.run("drawn:0", {"x:0": x}) for x in xs for _ in range(runs)]
+
+
+@pytest.mark.parametrize("name", sorted(DRAWS))
+def test_each_worker_draws_one_devices_values_for_its_examples(name):
+    graph = _graph(DRAWS[name])
+    analysis = analyze_graph(graph)
+    types = _draw_ops(graph, analysis)
+    # the generator's state read is advanced by one device's count too
+    assert len(types) - types.count("RngReadAndSkip") == 1, analysis.batch_draws
+    assert types.count("RngReadAndSkip") == (name == "generator")
+    plan = make_plan(analysis, N, options=PlanOptions(run_option="allreduce"))
+    assert (f"random draws per example ('{analysis.batch_draws[0]}'"
+            in build_report(analysis, plan).table())
+    x = np.random.default_rng(0).normal(size=(2, N * B, 5)) + 3.0
+    one_device = _run(graph.as_graph_def(), x)
+    for w in range(N):
+        graph_def = rewrite_for_worker(graph, analysis, plan, w).meta_graph.graph_def
+        mine = _run(graph_def, x[:, w::N])
+        for got, expected in zip(mine, one_device):
+            np.testing.assert_array_equal(got, expected[w::N])
+
+
+def test_a_static_batch_size_folded_into_a_constant_shape():
+    """With the batch's size in the placeholder, tf.shape(x) is a constant:
+    the mask it multiplies the activations by shows it per example. Each
+    worker's graph is built for its own b examples, one device's for N*b."""
+    worker_graph = _graph(DRAWS["tf1_dropout"], batch=B)
+    analysis = analyze_graph(worker_graph)
+    assert _draw_ops(worker_graph, analysis) == ["RandomUniform"]
+    plan = make_plan(analysis, N, options=PlanOptions(run_option="allreduce"))
+    x = np.random.default_rng(1).normal(size=(2, N * B, 5)) + 3.0
+    one_device = _run(_graph(DRAWS["tf1_dropout"], batch=N * B).as_graph_def(), x)
+    for w in range(N):
+        mine = _run(rewrite_for_worker(worker_graph, analysis, plan, w).meta_graph.graph_def,
+                    x[:, w::N])
+        for got, expected in zip(mine, one_device):
+            np.testing.assert_array_equal(got, expected[w::N])
+
+
+@pytest.mark.parametrize("draw", [
+    # a mask shared by every example of the batch: one device draws it once
+    lambda x: tf.nn.experimental.stateless_dropout(x, 0.5, seed=[1, 2], noise_shape=[1, 5]),
+    # noise on a weight, and a draw whose shape depends on nothing
+    lambda x: tf.matmul(x, tf.ones([5, 5], tf.float64)
+                        + tf.random.normal([5, 5], dtype=tf.float64)),
+    # a static batch of 4 and a [4, 4] draw that only meets x through a matmul
+    lambda x: tf.matmul(tf.random.uniform([4, 4], dtype=tf.float64), x),
+], ids=["shared_mask", "weight_noise", "not_combined_with_the_batch"])
+def test_draws_that_are_not_per_example_are_left_as_they_are(draw):
+    graph = _graph(draw, batch=4)
+    assert analyze_graph(graph).batch_draws == []
+
+
+@pytest.mark.parametrize("draw,op,why", [
+    (lambda x: x * tf.random.uniform([tf.shape(x)[1]], dtype=tf.float64),
+     "random_uniform/RandomUniform", "its first element is not the batch's size"),
+    (lambda x: x * tf.cast(tf.random.categorical(x, 5), tf.float64),
+     "categorical/Multinomial", "its inputs come from the input batch"),
+    (lambda x: tf.random.shuffle(x), "RandomShuffle", "its inputs come from the input batch"),
+], ids=["second_dimension", "categorical", "shuffle"])
+def test_a_draw_that_depends_on_the_batch_otherwise_is_refused_by_name(draw, op, why):
+    with pytest.raises(UnsupportedGraphError, match=f"random op '{op}'.*{why}"):
+        analyze_graph(_graph(draw))
