@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms.graph_utils import in_gradient_scope
-from autopar.transforms.lower_cond import lower_writing_conds
+from autopar.transforms.lower_cond import lower_conds
 
 tf1 = tf.compat.v1
 
@@ -79,7 +79,7 @@ def lift(obj) -> LiftedGraph:
     if func_graph is None:
         raise TypeError(f"not a traced function: {obj!r}")
     by_handle = {id(v.handle): v for v in func_graph.variables}
-    graph_def = lower_writing_conds(func_graph.as_graph_def())
+    graph_def = lower_conds(func_graph.as_graph_def())
     _outputs_after_nothing(graph_def, {t.op.name for t in func_graph.outputs})
     taken = _name_prefixes(graph_def)
     lifted = LiftedGraph(tf.Graph(), function=None if obj is func_graph else obj)

@@ -1,4 +1,5 @@
-"""Functional conditionals that write variables, as Switch/Merge control flow.
+"""Functional conditionals that write variables or draw random numbers, as
+Switch/Merge control flow.
 
 Keras's LossScaleOptimizer (every Keras 3 model under the "mixed_float16"
 policy) applies its inner optimizer inside `ops.cond(all gradients finite,
@@ -30,10 +31,16 @@ A traced step is lowered when it is lifted (transforms.lift); a
 tf.compat.v1 graph whose conds are functional (control flow v2, TensorFlow
 2's default) is copied with them lowered (`lowered_graph`).
 
+The same holds for a random draw inside a branch: a TF1 program's dropout
+under `tf.cond(is_training, ...)` (what tf.compat.v1.layers.dropout builds
+for a `training` tensor) draws its mask in a function body, where the
+analysis cannot make each worker draw its own examples' rows
+(transforms.random_draws); lowered, the draw is a node of the graph.
+
 A nested If (the loss scale's own growth cond inside the finite branch) is
 an ordinary If node once its parent is lowered, and is lowered in turn. Only
-Ifs whose branches write a variable are lowered: any other (a model's
-forward cond) stays one op, as the analysis knows it.
+Ifs whose branches write a variable or draw random numbers are lowered: any
+other (a model's forward cond) stays one op, as the analysis knows it.
 """
 from __future__ import annotations
 
@@ -44,22 +51,24 @@ from tensorflow.python.framework.function_def_to_graph import function_def_to_gr
 from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms.graph_utils import import_meta_graph, writes_variable
 from autopar.transforms.ops import attr_value
+from autopar.transforms.random_draws import draws_randomly
 
 tf1 = tf.compat.v1
 
-# Rounds of lowering (each lowers every writing If of the graph as it is,
+# Rounds of lowering (each lowers every such If of the graph as it is,
 # exposing the next level of nesting); no real program nests conds this deep.
 _MAX_NESTING = 32
 
 
-def lower_writing_conds(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
-    """`graph_def` with every If whose branches write a variable lowered
-    (module docstring); `graph_def` itself when there is none."""
+def lower_conds(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
+    """`graph_def` with every If whose branches write a variable or draw
+    random numbers lowered (module docstring); `graph_def` itself when there
+    is none."""
     functions = {f.signature.name: f for f in graph_def.library.function}
-    writing = _writing_functions(functions)
+    stateful = _functions_with_state(functions)
     out = graph_def
     for _ in range(_MAX_NESTING):
-        targets = [n for n in out.node if _lowerable(n, writing)]
+        targets = [n for n in out.node if _lowerable(n, stateful)]
         if not targets:
             return out
         if out is graph_def:
@@ -72,12 +81,13 @@ def lower_writing_conds(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
             lowered.extend(_lowered(node, functions))
         del out.node[:]
         out.node.extend(kept + lowered)
-    raise UnsupportedGraphError(f"tf.conds that write variables are nested more than "
-                                f"{_MAX_NESTING} deep: autopar lowers at most that many levels")
+    raise UnsupportedGraphError(f"tf.conds that write variables or draw random numbers are "
+                                f"nested more than {_MAX_NESTING} deep: autopar lowers at most "
+                                "that many levels")
 
 
 def lowered_graph(graph: tf.Graph) -> tf.Graph:
-    """`graph` with its writing Ifs lowered, as a new graph with the same
+    """`graph` with its Ifs that write or draw lowered, as a new graph with the same
     collections (a tf.compat.v1 graph built in control flow v2, TensorFlow
     2's default: MixedPrecisionLossScaleOptimizer's cond); `graph` itself
     when it has none. Ops keep their names, so a Runner maps the caller's
@@ -85,7 +95,7 @@ def lowered_graph(graph: tf.Graph) -> tf.Graph:
     if not any(op.type == "If" for op in graph.get_operations()):
         return graph
     graph_def = graph.as_graph_def()
-    lowered = lower_writing_conds(graph_def)
+    lowered = lower_conds(graph_def)
     if lowered is graph_def:
         return graph
     # A collection holding an op of a branch's own graph (the train_op
@@ -102,10 +112,10 @@ def lowered_graph(graph: tf.Graph) -> tf.Graph:
     return out
 
 
-def _lowerable(node, writing: set[str]) -> bool:
+def _lowerable(node, stateful: set[str]) -> bool:
     return (node.op == "If" and node.attr["Tcond"].type == types_pb2.DT_BOOL
             and bool({node.attr["then_branch"].func.name,
-                      node.attr["else_branch"].func.name} & writing))
+                      node.attr["else_branch"].func.name} & stateful))
 
 
 def _called(node) -> list[str]:
@@ -119,21 +129,21 @@ def _called(node) -> list[str]:
     return out
 
 
-def _writing_functions(functions: dict) -> set[str]:
-    """Names of the library functions whose bodies write a variable, directly
-    or through a function they run."""
+def _functions_with_state(functions: dict) -> set[str]:
+    """Names of the library functions whose bodies write a variable or draw
+    random numbers, directly or through a function they run."""
     calls = {name: {c for n in f.node_def for c in _called(n) if c in functions}
              for name, f in functions.items()}
-    writing = {name for name, f in functions.items()
-               if any(writes_variable(n.op) for n in f.node_def)}
+    stateful = {name for name, f in functions.items()
+                if any(writes_variable(n.op) or draws_randomly(n.op) for n in f.node_def)}
     changed = True
     while changed:
         changed = False
         for name, callees in calls.items():
-            if name not in writing and callees & writing:
-                writing.add(name)
+            if name not in stateful and callees & stateful:
+                stateful.add(name)
                 changed = True
-    return writing
+    return stateful
 
 
 def _node(name: str, op: str, inputs: list[str], device: str, **attrs) -> node_def_pb2.NodeDef:

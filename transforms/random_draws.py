@@ -62,6 +62,13 @@ OTHER_DRAWS = frozenset({"Multinomial", "StatelessMultinomial", "RandomShuffle",
 # tf.random.Generator's read of its state, advanced by `delta` (input 2): the
 # number of values of the draw that follows, the product of its shape.
 SKIP = "RngReadAndSkip"
+
+
+def draws_randomly(op_type: str) -> bool:
+    """Whether an op of this type draws random numbers."""
+    return op_type in SHAPED_DRAWS or op_type in OTHER_DRAWS or op_type == SKIP
+
+
 # Ops between a shape and its first element that keep it.
 _PASS = frozenset({"Identity", "Cast", "Snapshot"})
 # Elementwise ops through which a draw reaches the batch tensor it is combined with.

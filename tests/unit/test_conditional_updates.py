@@ -13,7 +13,7 @@ import autopar
 from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms.analysis import analyze_graph
 from autopar.transforms.lift import CALL_OP, lift
-from autopar.transforms.lower_cond import lower_writing_conds, lowered_graph
+from autopar.transforms.lower_cond import lower_conds, lowered_graph
 from tests.programs import keras_step
 
 tf1 = tf.compat.v1
@@ -85,7 +85,7 @@ def test_a_cond_that_writes_nothing_stays_one_op():
 
     graph_def = step.get_concrete_function(tf.TensorSpec([None, 3], tf.float64)).graph.as_graph_def()
     assert any(n.op in ("If", "StatelessIf") for n in graph_def.node)
-    assert lower_writing_conds(graph_def) is graph_def
+    assert lower_conds(graph_def) is graph_def
 
 
 def test_an_update_inside_a_loop_is_refused_naming_it():

@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms.analysis import analyze_graph
+from autopar.transforms.lower_cond import lowered_graph
 from autopar.transforms.plan import PlanOptions, make_plan
 from autopar.transforms.report import build_report
 from autopar.transforms.rewrite import rewrite_for_worker
@@ -119,3 +120,30 @@ def test_draws_that_are_not_per_example_are_left_as_they_are(draw):
 def test_a_draw_that_depends_on_the_batch_otherwise_is_refused_by_name(draw, op, why):
     with pytest.raises(UnsupportedGraphError, match=f"random op '{op}'.*{why}"):
         analyze_graph(_graph(draw))
+
+
+def test_a_dropout_under_a_training_cond_is_lowered_and_drawn_per_example():
+    """tf.cond(is_training, dropout, identity), as tf.compat.v1.layers.dropout
+    builds it for a `training` tensor: the mask is drawn in the cond's
+    branch function, which get_runner lowers into the graph
+    (transforms.lower_cond); before, the analysis did not see the draw."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(7)
+        training = tf1.placeholder_with_default(True, [], name="training")
+        x = tf1.placeholder(tf.float64, [None, 5], name="x")
+        h = tf.identity(tf.cond(training, lambda: tf1.nn.dropout(x, rate=0.5), lambda: x),
+                        name="drawn")
+        w = tf1.get_variable("w", [5, 1], tf.float64)
+        tf1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_mean(tf.matmul(h, w) ** 2))
+    assert any(op.type == "If" for op in graph.get_operations())
+    graph = lowered_graph(graph)
+    analysis = analyze_graph(graph)
+    assert _draw_ops(graph, analysis) == ["RandomUniform"]
+    plan = make_plan(analysis, N, options=PlanOptions(run_option="allreduce"))
+    x = np.random.default_rng(2).normal(size=(2, N * B, 5)) + 3.0
+    one_device = _run(graph.as_graph_def(), x)
+    for w in range(N):
+        mine = _run(rewrite_for_worker(graph, analysis, plan, w).meta_graph.graph_def, x[:, w::N])
+        for got, expected in zip(mine, one_device):
+            np.testing.assert_array_equal(got, expected[w::N])
