@@ -17,6 +17,9 @@ off) that autopar.get_runner lifts and distributes like any tf.function step
   an epoch is dropped on one device as on N (Keras trains on it): workers'
   gradients are averaged with equal weights, which a batch that does not
   split evenly would break.
+- `x` may be a tf.data.Dataset of batches instead (runtime/fit_data.py):
+  every worker reads all of it, as Keras's fit does, and trains on its rows
+  of each batch; a batch that does not split over the workers is left out.
 - Metrics and the loss are aggregated over all workers: each worker updates
   the compiled metrics on its rows, then their state variables (sums and
   counts for Mean-like and confusion-count metrics) are summed over workers,
@@ -38,6 +41,8 @@ import logging
 
 import numpy as np
 
+from autopar.runtime.fit_data import ArrayBatches, DatasetBatches
+
 log = logging.getLogger("autopar.fit")
 
 
@@ -57,11 +62,11 @@ class History:
             self.history.setdefault(name, []).append(value)
 
 
-def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1, batch_size: int = 32,
-        validation_data=None, callbacks=(), shuffle: bool = True, seed: int = 0,
-        verbose: int = 1, sample_weight=None, class_weight=None, validation_split: float = 0.0,
-        validation_freq=1, validation_batch_size: int | None = None, initial_epoch: int = 0,
-        **unsupported) -> History:
+def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
+        batch_size: int | None = None, validation_data=None, callbacks=(), shuffle: bool = True,
+        seed: int = 0, verbose: int = 1, sample_weight=None, class_weight=None,
+        validation_split: float = 0.0, validation_freq=1, validation_batch_size: int | None = None,
+        initial_epoch: int = 0, **unsupported) -> History:
     import keras
     import tensorflow as tf
 
@@ -77,35 +82,38 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1, b
                            "shuffle, seed, verbose, sample_weight, class_weight, "
                            "validation_split, validation_freq, validation_batch_size, "
                            "initial_epoch)")
-    if y is None or isinstance(x, tf.data.Dataset) or not hasattr(x, "__len__"):
-        raise AutoparError(
-            f"autopar.fit takes the examples as two arrays, x and y (got x: {type(x).__name__}, "
-            f"y: {type(y).__name__}); for a tf.data.Dataset or a generator, write the training "
-            "step as a tf.function and feed it this worker's batches of "
-            "autopar.shard(dataset) through autopar.get_runner (docs/tf2-keras.md)")
-    if any(isinstance(a, (list, tuple, dict)) for a in (x, y)):
-        raise AutoparError("autopar.fit takes one input array x and one target array y (a model "
-                           "with one input and one output); for several, write the training "
-                           "step as a tf.function and run it with autopar.get_runner "
-                           "(docs/tf2-keras.md)")
     _refuse_own_steps(model, validation_data is not None or bool(validation_split))
-    if validation_data is not None and (not isinstance(validation_data, (tuple, list))
-                                        or len(validation_data) not in (2, 3)):
-        raise AutoparError("autopar.fit: validation_data is (x, y) or (x, y, sample_weight), "
-                           f"got {type(validation_data).__name__}")
-    x, y = np.asarray(x), np.asarray(y)
-    if len(x) != len(y):
-        raise AutoparError(f"autopar.fit: x has {len(x)} examples and y {len(y)}")
-    if validation_split and validation_data is None:
-        x, y, sample_weight, validation_data = _split_off_validation(x, y, sample_weight,
-                                                                     validation_split)
     _should_validate(0, validation_freq)   # refused here, before any training, if malformed
-    weights = _sample_weights(y, sample_weight, class_weight, keras.config.floatx())
+    floatx = keras.config.floatx()
+    inputs = getattr(model, "inputs", None)
+    input_rank = len(inputs[0].shape) if inputs else None
+    if isinstance(x, tf.data.Dataset):
+        for name, value in (("y", y), ("batch_size", batch_size), ("sample_weight", sample_weight),
+                            ("validation_split", validation_split or None)):
+            if value is not None:
+                raise AutoparError(f"autopar.fit: {name} is not given with a tf.data.Dataset x "
+                                   "(its batches hold the targets and weights), as fit")
+        train = DatasetBatches(x, "the dataset x", None if class_weight is None else
+                               lambda yb: _sample_weights(yb, None, class_weight, floatx),
+                               input_rank)
+    else:
+        train, split_off = _array_batches(x, y, batch_size, sample_weight, class_weight,
+                                          validation_split, shuffle, seed, floatx)
+        if validation_data is None:
+            validation_data = split_off
+    if isinstance(validation_data, tf.data.Dataset):
+        validation_data = DatasetBatches(validation_data, "validation_data",
+                                         input_rank=input_rank)
+    if validation_data is not None and not isinstance(validation_data, DatasetBatches) and (
+            not isinstance(validation_data, (tuple, list)) or len(validation_data) not in (2, 3)):
+        raise AutoparError("autopar.fit: validation_data is (x, y), (x, y, sample_weight) or a "
+                           f"tf.data.Dataset, got {type(validation_data).__name__}")
     # The compiled loss as Keras's own train step computes it: a string or
     # a loss function reduced over the batch, loss_weights applied, the
     # model's regularization losses added. Called once on two rows first, so
     # that Keras builds it (and any state it keeps) outside the traced step.
-    model.compute_loss(x[:2], y[:2], model(x[:2], training=False), training=False)
+    x2, y2 = train.sample()
+    model.compute_loss(x2, y2, model(x2, training=False), training=False)
 
     @tf.function(jit_compile=False)
     def train_step(xb, yb, *weighted):
@@ -122,19 +130,13 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1, b
         model.optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss, y_pred
 
-    spec = [tf.TensorSpec([None, *x.shape[1:]], tf.as_dtype(x.dtype)),
-            tf.TensorSpec([None, *y.shape[1:]], tf.as_dtype(y.dtype))]
-    if weights is not None:
-        spec.append(tf.TensorSpec([None], tf.as_dtype(weights.dtype)))
-    runner = get_runner(train_step.get_concrete_function(*spec), resource_info, config)
+    runner = get_runner(train_step.get_concrete_function(*train.specs()), resource_info, config)
     n, me = runner.num_workers, runner.worker_index
-    if batch_size % n:
+    try:
+        train.check(n)
+    except AutoparError:
         runner.close()
-        raise AutoparError(f"autopar.fit: batch_size={batch_size} is the global batch and must "
-                           f"divide by the {n} workers")
-    if len(x) < batch_size:
-        runner.close()
-        raise AutoparError(f"autopar.fit: {len(x)} examples make no batch of {batch_size}")
+        raise
     history = History(me, n)
     callbacks = keras.callbacks.CallbackList(list(callbacks), model=model) if runner.is_chief \
         else None
@@ -148,22 +150,28 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1, b
         for epoch in range(initial_epoch, epochs):
             _run_callbacks(runner, model, callbacks, lambda c: c.on_epoch_begin(epoch),
                            synced=True)
-            order = (np.random.default_rng([seed, epoch]).permutation(len(x)) if shuffle
-                     else np.arange(len(x)))
             metrics = _Metrics(model)
-            for step in range(len(x) // batch_size):
-                rows = order[step * batch_size:(step + 1) * batch_size]
-                mine = rows[me::n]
-                mine_weights = () if weights is None else (weights[mine],)
-                loss, y_pred = runner.call(x[mine], y[mine], *mine_weights)
-                metrics.update(y[mine], y_pred, float(loss), len(mine), *mine_weights)
+            for step, (xb, yb, wb) in enumerate(train.epoch(epoch)):
+                if len(xb) % n:
+                    # equal shares or none: workers' gradients are averaged
+                    # with equal weights
+                    if runner.is_chief:
+                        log.warning("autopar.fit: epoch %d, batch %d has %d examples, which do "
+                                    "not split over %d workers: not trained on (Keras's fit "
+                                    "trains on it)", epoch + 1, step + 1, len(xb), n)
+                    continue
+                mine = slice(me, None, n)
+                weighted = () if wb is None else (wb[mine],)
+                loss, y_pred = runner.call(xb[mine], yb[mine], *weighted)
+                metrics.update(yb[mine], y_pred, float(loss), len(xb[mine]), *weighted)
             logs = metrics.result(runner)
             validating = validation_data is not None and _should_validate(epoch, validation_freq)
             if validating:
                 runner.sync_python_variables()
                 logs.update({f"val_{k}": v for k, v in
                              _evaluate(model, validation_data,
-                                       validation_batch_size or batch_size, runner).items()})
+                                       validation_batch_size or batch_size or 32,
+                                       runner).items()})
             history.add(epoch, logs)
             if runner.is_chief and verbose:
                 log.info("epoch %d/%d: %s", epoch + 1, epochs,
@@ -179,6 +187,33 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1, b
             history.history and {k: v[-1] for k, v in history.history.items()}), synced=True)
     model.history = history
     return history
+
+
+def _array_batches(x, y, batch_size, sample_weight, class_weight, validation_split: float,
+                   shuffle: bool, seed: int, floatx: str) -> tuple[ArrayBatches, tuple | None]:
+    """The global batches of arrays x and y (sample or class weights), and
+    the last `validation_split` of the examples split off (or None)."""
+    from autopar.common.errors import AutoparError
+    if y is None or not hasattr(x, "__len__"):
+        raise AutoparError(
+            f"autopar.fit takes the examples as two arrays, x and y, or a tf.data.Dataset of "
+            f"batches (got x: {type(x).__name__}, y: {type(y).__name__}); for a generator, "
+            "write the training step as a tf.function and feed it this worker's batches of "
+            "autopar.shard(dataset) through autopar.get_runner (docs/tf2-keras.md)")
+    if any(isinstance(a, (list, tuple, dict)) for a in (x, y)):
+        raise AutoparError("autopar.fit takes one input array x and one target array y (a model "
+                           "with one input and one output); for several, write the training "
+                           "step as a tf.function and run it with autopar.get_runner "
+                           "(docs/tf2-keras.md)")
+    x, y = np.asarray(x), np.asarray(y)
+    if len(x) != len(y):
+        raise AutoparError(f"autopar.fit: x has {len(x)} examples and y {len(y)}")
+    validation = None
+    if validation_split:
+        x, y, sample_weight, validation = _split_off_validation(x, y, sample_weight,
+                                                                validation_split)
+    return ArrayBatches(x, y, _sample_weights(y, sample_weight, class_weight, floatx),
+                        32 if batch_size is None else batch_size, shuffle, seed), validation
 
 
 def _split_off_validation(x, y, sample_weight, fraction: float):
@@ -307,15 +342,29 @@ class _Metrics:
 def _evaluate(model, data, batch_size: int, runner) -> dict:
     """Loss and compiled metrics of the model (with this worker's current
     values) over the validation set `data`, (x, y) or (x, y, sample
-    weights), each worker on its examples i mod N, combined over workers."""
+    weights), each worker on its examples i mod N, or a dataset's batches,
+    each worker on its rows w, w+N, ... of each; combined over workers."""
+    metrics = _Metrics(model)
+    for xb, yb, wb in _validation_batches(data, batch_size, runner):
+        if len(xb) == 0:
+            continue
+        weighted = () if wb is None else (wb,)
+        y_pred = model(xb, training=False)
+        loss = model.compute_loss(xb, yb, y_pred, *weighted, training=False)
+        metrics.update(yb, y_pred, float(loss), len(xb), *weighted)
+    return metrics.result(runner)
+
+
+def _validation_batches(data, batch_size: int, runner):
+    """This worker's (x, y, weights or None) batches of the validation set."""
+    me, n = runner.worker_index, runner.num_workers
+    if isinstance(data, DatasetBatches):
+        for xb, yb, wb in data.epoch(0):
+            yield xb[me::n], yb[me::n], None if wb is None else wb[me::n]
+        return
     x, y = np.asarray(data[0]), np.asarray(data[1])
     weights = np.asarray(data[2]) if len(data) > 2 and data[2] is not None else None
-    mine = np.arange(runner.worker_index, len(x), runner.num_workers)
-    metrics = _Metrics(model)
+    mine = np.arange(me, len(x), n)
     for start in range(0, len(mine), batch_size):
         rows = mine[start:start + batch_size]
-        weighted = () if weights is None else (weights[rows],)
-        y_pred = model(x[rows], training=False)
-        loss = model.compute_loss(x[rows], y[rows], y_pred, *weighted, training=False)
-        metrics.update(y[rows], y_pred, float(loss), len(rows), *weighted)
-    return metrics.result(runner)
+        yield x[rows], y[rows], None if weights is None else weights[rows]

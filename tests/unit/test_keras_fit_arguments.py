@@ -1,6 +1,7 @@
 """fit() arguments autopar.fit takes as Keras's model.fit takes them:
 validation_split (the last examples, before shuffling), validation_freq,
-validation_batch_size, initial_epoch, class_weight. One device (the
+validation_batch_size, initial_epoch, class_weight, and a tf.data.Dataset
+for x and validation_data. One device (the
 cross-worker sums are the distributed tests'), float64, against Keras's own
 model.fit on the same model: every epoch's logs and the weights."""
 import numpy as np
@@ -16,8 +17,9 @@ def _keras_settings():
         yield
 
 
-def _trained(fit):
+def _trained(fit, dataset=False):
     import keras
+    import tensorflow as tf
     keras.config.set_floatx("float64")
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(0)
@@ -28,9 +30,19 @@ def _trained(fit):
     model = keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(h))
     model.compile(optimizer=keras.optimizers.SGD(0.5, momentum=0.5),
                   loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-    history = fit(model, x, y, epochs=4, batch_size=9, shuffle=False, verbose=0,
-                  validation_split=0.25, validation_freq=2, validation_batch_size=5,
-                  initial_epoch=1, class_weight={0: 2.0, 1: 0.5})
+    if dataset:
+        # batches of 9 (the last of 6), reshuffled each epoch with a seed;
+        # validation batches of a dataset, shuffled once
+        train = tf.data.Dataset.from_tensor_slices((x[:42], y[:42])).shuffle(
+            42, seed=3).batch(9)
+        valid = tf.data.Dataset.from_tensor_slices((x[42:], y[42:])).shuffle(
+            18, seed=4, reshuffle_each_iteration=False).batch(5)
+        history = fit(model, train, epochs=3, verbose=0, validation_data=valid,
+                      class_weight={0: 2.0, 1: 0.5, 2: 1.0})   # Keras needs every class here
+    else:
+        history = fit(model, x, y, epochs=4, batch_size=9, shuffle=False, verbose=0,
+                      validation_split=0.25, validation_freq=2, validation_batch_size=5,
+                      initial_epoch=1, class_weight={0: 2.0, 1: 0.5})
     return history.history, [v.numpy() for v in model.variables + model.optimizer.variables]
 
 
@@ -40,6 +52,23 @@ def test_validation_and_epoch_arguments_as_keras_fit_takes_them():
         model, *a, config=autopar.Config(log_every_steps=0), **k))
     # epochs 2..4 trained (initial_epoch 1), validated after epochs 2 and 4
     assert len(expected["loss"]) == 3 and len(expected["val_loss"]) == 2
+    _assert_same(got, values, expected, expected_values)
+
+
+def test_a_dataset_is_read_as_keras_fit_reads_it():
+    """Each epoch's batches in the order Keras's fit iterates a reshuffling
+    dataset (its k-th epoch is the dataset's (2k-1)-th iteration), the last,
+    smaller batch trained on, class weights per batch, a validation dataset."""
+    def fit(model, *a, **k):
+        return autopar.fit(model, *a, config=autopar.Config(log_every_steps=0), **k)
+    expected, expected_values = _trained(lambda model, *a, **k: model.fit(*a, **k), dataset=True)
+    got, values = _trained(fit, dataset=True)
+    assert len(expected["loss"]) == 3 and len(expected["val_loss"]) == 3
+    _assert_same(got, values, expected, expected_values)
+
+
+def _assert_same(got, values, expected, expected_values):
+    """Every epoch's logs and every variable of the model and optimizer."""
     assert got.keys() == expected.keys()
     for name in expected:
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-12, err_msg=name)

@@ -24,6 +24,9 @@ def _model(cls_body=None):
 
 def _dataset():
     import tensorflow as tf
+    # no global seed (another test may have set one): a shuffle without a
+    # seed of its own then has none
+    tf.random.set_seed(None)
     return tf.data.Dataset.from_tensor_slices((X, Y)).batch(4)
 
 
@@ -52,8 +55,22 @@ def test_a_model_with_its_own_step_is_refused(overridden, validation):
      "sample_weight has shape (8, 2); it takes one weight per example, shape (8,)"),
     (lambda m: autopar.fit(m, [X, X], Y), "one input array x"),
     (lambda m: autopar.fit(m, X, Y[:5]), "x has 8 examples and y 5"),
-    (lambda m: autopar.fit(m, _dataset()), "takes the examples as two arrays, x and y (got x: "),
     (lambda m: autopar.fit(m, (xy for xy in [(X, Y)])), "got x: generator, y: NoneType"),
+    # a dataset: its batches hold targets and weights, and every worker
+    # must read the same batches
+    (lambda m: autopar.fit(m, _dataset(), Y), "y is not given with a tf.data.Dataset x"),
+    (lambda m: autopar.fit(m, _dataset(), batch_size=4),
+     "batch_size is not given with a tf.data.Dataset x"),
+    (lambda m: autopar.fit(m, _dataset().unbatch()), "the dataset x yields single examples"),
+    (lambda m: autopar.fit(m, _dataset().map(lambda x, y: x)), "the dataset x yields Tensor"),
+    (lambda m: autopar.fit(m, _dataset().repeat()), "the dataset x repeats forever"),
+    (lambda m: autopar.fit(m, _dataset().shuffle(8)),
+     "the dataset x shuffles without a seed ('ShuffleDatasetV3"),
+    (lambda m: autopar.fit(m, _dataset().map(lambda x, y: (x, y), num_parallel_calls=2,
+                                             deterministic=False)),
+     "with deterministic=False: its order may differ between workers"),
+    (lambda m: autopar.fit(m, X, Y, validation_data=_dataset().shuffle(8)),
+     "validation_data shuffles without a seed"),
 ])
 def test_arguments_fit_does_not_take_are_named(call, message):
     with pytest.raises(AutoparError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -81,5 +98,6 @@ def test_class_weights_become_the_weights_keras_fit_gives_each_example(y):
 
 
 def test_validation_data_of_another_form_is_refused():
-    with pytest.raises(AutoparError, match=r"validation_data is \(x, y\) or \(x, y, sample_weight\)"):
+    with pytest.raises(AutoparError, match=r"validation_data is \(x, y\), \(x, y, sample_weight\) "
+                                           r"or a tf.data.Dataset"):
         autopar.fit(_model(), X, Y, validation_data=(X, Y, None, None))

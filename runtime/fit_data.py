@@ -1,0 +1,142 @@
+"""Where autopar.fit's global batches come from: two arrays (and the
+examples' weights), shuffled and batched as Keras's fit does, or a
+tf.data.Dataset of batches, as `model.fit(dataset)` takes it.
+
+Every worker builds the same global batches and trains on its rows w, w+N,
+w+2N, ... of each (transforms.random_draws: a dropout mask per example is
+then one device's). For a dataset that means every worker reads the whole
+dataset, each epoch, in the same order: a shuffle without a seed (none given
+and no global seed set) or a map that may reorder its results would give
+workers different batches, and is refused by name.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from autopar.common.errors import AutoparError
+
+
+class ArrayBatches:
+    """Batches of `batch_size` of the arrays, in a permutation seeded by
+    `seed` and the epoch when shuffling; the last, smaller batch dropped."""
+
+    def __init__(self, x, y, weights, batch_size: int, shuffle: bool, seed: int) -> None:
+        self.x, self.y, self.weights = x, y, weights
+        self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
+
+    def sample(self):
+        """Two examples (x, y), to build the compiled loss before tracing."""
+        return self.x[:2], self.y[:2]
+
+    def specs(self):
+        import tensorflow as tf
+        out = [tf.TensorSpec([None, *a.shape[1:]], tf.as_dtype(a.dtype)) for a in (self.x, self.y)]
+        if self.weights is not None:
+            out.append(tf.TensorSpec([None], tf.as_dtype(self.weights.dtype)))
+        return out
+
+    def check(self, num_workers: int) -> None:
+        if self.batch_size % num_workers:
+            raise AutoparError(f"autopar.fit: batch_size={self.batch_size} is the global batch "
+                               f"and must divide by the {num_workers} workers")
+        if len(self.x) < self.batch_size:
+            raise AutoparError(f"autopar.fit: {len(self.x)} examples make no batch of "
+                               f"{self.batch_size}")
+
+    def epoch(self, epoch: int):
+        """(x, y, weights or None) of each global batch of epoch `epoch`."""
+        n = len(self.x)
+        order = (np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle
+                 else np.arange(n))
+        for step in range(n // self.batch_size):
+            rows = order[step * self.batch_size:(step + 1) * self.batch_size]
+            yield (self.x[rows], self.y[rows],
+                   None if self.weights is None else self.weights[rows])
+
+
+class DatasetBatches:
+    """The batches of a tf.data.Dataset of (x, y) or (x, y, sample_weight),
+    iterated afresh each epoch as Keras's fit iterates it (a dataset
+    shuffled with a seed and reshuffle_each_iteration gives each epoch its
+    own order, Keras's, the same on every worker). `weigh(y)`: each
+    example's weight from class weights, or None. `input_rank`: the model
+    input's rank, batch included, when known."""
+
+    def __init__(self, dataset, what: str, weigh=None, input_rank: int | None = None) -> None:
+        import tensorflow as tf
+        refuse_nondeterministic(dataset, what)
+        spec = dataset.element_spec
+        if not isinstance(spec, tuple) or len(spec) not in (2, 3) or not all(
+                isinstance(s, tf.TensorSpec) for s in spec):
+            raise AutoparError(
+                f"autopar.fit: {what} yields {spec}; it takes a dataset of batches (x, y) or "
+                "(x, y, sample_weight), each one tensor (a model with one input and one output)")
+        if spec[0].shape.rank == 0 or (input_rank is not None
+                                       and spec[0].shape.rank == input_rank - 1):
+            raise AutoparError(f"autopar.fit: {what} yields single examples; batch it "
+                               "(dataset.batch(global batch size))")
+        if len(spec) == 3 and weigh is not None:
+            raise AutoparError(f"autopar.fit: {what} yields sample weights and class_weight is "
+                               "given; give one of them (as fit)")
+        self.dataset, self.what, self.weigh = dataset, what, weigh
+        self.element = spec
+
+    def sample(self):
+        """Two examples of zeros of the elements' shapes: reading one would
+        advance a reshuffling dataset's order (one device's fit reads none)."""
+        return tuple(np.zeros([2] + [d or 1 for d in s.shape[1:]], s.dtype.as_numpy_dtype)
+                     for s in self.element[:2])
+
+    def specs(self):
+        import tensorflow as tf
+        out = [tf.TensorSpec([None, *s.shape[1:]], s.dtype) for s in self.element[:2]]
+        if len(self.element) == 3:
+            out.append(tf.TensorSpec([None], self.element[2].dtype))
+        elif self.weigh is not None:
+            out.append(tf.TensorSpec([None], tf.as_dtype(self.weigh(np.zeros(1)).dtype)))
+        return out
+
+    def check(self, num_workers: int) -> None:
+        if self.dataset.cardinality() == -1:     # tf.data.INFINITE_CARDINALITY
+            raise AutoparError(f"autopar.fit: {self.what} repeats forever; autopar.fit takes "
+                               "a dataset that ends each epoch (no steps_per_epoch)")
+
+    def epoch(self, epoch: int):
+        del epoch   # the dataset's own iteration gives each epoch its order
+        for element in self.dataset.as_numpy_iterator():
+            weights = element[2] if len(element) == 3 else (
+                None if self.weigh is None else self.weigh(element[1]))
+            yield element[0], element[1], weights
+        if self.dataset.cardinality() >= 0:
+            # Keras's epoch iterator (keras/src/trainers/epoch_iterator.py)
+            # makes an iterator at the end of a pass over a dataset of known
+            # size, unused, and a new one at the start of the next: a
+            # reshuffling dataset's k-th epoch under fit() is its (2k-1)-th
+            # iteration. As many here, so that fit()'s order is one device's.
+            iter(self.dataset)
+
+
+def refuse_nondeterministic(dataset, what: str) -> None:
+    """Refuse a dataset whose order may differ between workers: a shuffle
+    without a seed, or an op told it need not keep its order."""
+    import tensorflow as tf
+    from tensorflow.core.framework import graph_pb2
+    serialized = dataset._as_serialized_graph(  # pylint: disable=protected-access
+        external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE)
+    graph = graph_pb2.GraphDef.FromString(serialized.numpy())
+    nodes = {n.name: n for n in graph.node}
+    for node in list(graph.node) + [n for f in graph.library.function for n in f.node_def]:
+        if "deterministic" in node.attr and node.attr["deterministic"].s == b"false":
+            raise AutoparError(
+                f"autopar.fit: {what} runs '{node.name}' ({node.op}) with deterministic=False: "
+                "its order may differ between workers, which must all read the same batches")
+        if "Shuffle" in node.op and len(node.input) >= 4:
+            seeds = [nodes.get(i.split(":")[0]) for i in node.input[2:4]]
+            if all(s is not None and s.op == "Const"
+                   and int(tf.make_ndarray(s.attr["value"].tensor)) == 0 for s in seeds):
+                raise AutoparError(
+                    f"autopar.fit: {what} shuffles without a seed ('{node.name}', {node.op}): "
+                    "each worker would shuffle differently, and every worker must read the "
+                    "same batches; give shuffle a seed (dataset.shuffle(n, seed=...)) or set "
+                    "one (keras.utils.set_random_seed)")
+
