@@ -1,5 +1,6 @@
-"""Where autopar.fit's global batches come from: two arrays (and the
-examples' weights), shuffled and batched as Keras's fit does, or a
+"""Where autopar.fit's global batches come from: x and y (arrays, or a
+list or dict of arrays for a model with several inputs or outputs) and the
+examples' weights, shuffled and batched as Keras's fit does, or a
 tf.data.Dataset of batches, as `model.fit(dataset)` takes it.
 
 Every worker builds the same global batches and trains on its rows w, w+N,
@@ -16,6 +17,29 @@ import numpy as np
 from autopar.common.errors import AutoparError
 
 
+def rows(structure, index):
+    """`index` (rows, a slice) of every array of a structure of arrays."""
+    import tensorflow as tf
+    return tf.nest.map_structure(lambda a: a[index], structure)
+
+
+def size(structure) -> int:
+    """The examples of a structure of arrays (its first array's rows)."""
+    import tensorflow as tf
+    return len(tf.nest.flatten(structure)[0])
+
+
+def flat(structure) -> list:
+    import tensorflow as tf
+    return tf.nest.flatten(structure)
+
+
+def _specs(structure) -> list:
+    """A TensorSpec of any batch size for each array of the structure."""
+    import tensorflow as tf
+    return [tf.TensorSpec([None, *a.shape[1:]], tf.as_dtype(a.dtype)) for a in flat(structure)]
+
+
 class ArrayBatches:
     """Batches of `batch_size` of the arrays, in a permutation seeded by
     `seed` and the epoch when shuffling; the last, smaller batch dropped."""
@@ -26,32 +50,35 @@ class ArrayBatches:
 
     def sample(self):
         """Two examples (x, y), to build the compiled loss before tracing."""
-        return self.x[:2], self.y[:2]
+        return rows(self.x, slice(0, 2)), rows(self.y, slice(0, 2))
+
+    def structure(self):
+        """(x, y) as structures, whose arrays `specs` lists in order."""
+        return self.x, self.y
 
     def specs(self):
-        import tensorflow as tf
-        out = [tf.TensorSpec([None, *a.shape[1:]], tf.as_dtype(a.dtype)) for a in (self.x, self.y)]
+        out = _specs(self.x) + _specs(self.y)
         if self.weights is not None:
-            out.append(tf.TensorSpec([None], tf.as_dtype(self.weights.dtype)))
+            out += _specs(self.weights)
         return out
 
     def check(self, num_workers: int) -> None:
         if self.batch_size % num_workers:
             raise AutoparError(f"autopar.fit: batch_size={self.batch_size} is the global batch "
                                f"and must divide by the {num_workers} workers")
-        if len(self.x) < self.batch_size:
-            raise AutoparError(f"autopar.fit: {len(self.x)} examples make no batch of "
+        if size(self.x) < self.batch_size:
+            raise AutoparError(f"autopar.fit: {size(self.x)} examples make no batch of "
                                f"{self.batch_size}")
 
     def epoch(self, epoch: int):
         """(x, y, weights or None) of each global batch of epoch `epoch`."""
-        n = len(self.x)
+        n = size(self.x)
         order = (np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle
                  else np.arange(n))
         for step in range(n // self.batch_size):
-            rows = order[step * self.batch_size:(step + 1) * self.batch_size]
-            yield (self.x[rows], self.y[rows],
-                   None if self.weights is None else self.weights[rows])
+            batch = order[step * self.batch_size:(step + 1) * self.batch_size]
+            yield (rows(self.x, batch), rows(self.y, batch),
+                   None if self.weights is None else self.weights[batch])
 
 
 class DatasetBatches:
@@ -67,12 +94,15 @@ class DatasetBatches:
         refuse_nondeterministic(dataset, what)
         spec = dataset.element_spec
         if not isinstance(spec, tuple) or len(spec) not in (2, 3) or not all(
-                isinstance(s, tf.TensorSpec) for s in spec):
+                isinstance(s, tf.TensorSpec) for s in tf.nest.flatten(spec)) or not isinstance(
+                    spec[-1], tf.TensorSpec if len(spec) == 3 else object):
             raise AutoparError(
                 f"autopar.fit: {what} yields {spec}; it takes a dataset of batches (x, y) or "
-                "(x, y, sample_weight), each one tensor (a model with one input and one output)")
-        if spec[0].shape.rank == 0 or (input_rank is not None
-                                       and spec[0].shape.rank == input_rank - 1):
+                "(x, y, sample_weight), x and y each a tensor (or a list or dict of them), "
+                "sample_weight a tensor")
+        first = tf.nest.flatten(spec[0])[0]
+        if first.shape.rank == 0 or (input_rank is not None
+                                     and first.shape.rank == input_rank - 1):
             raise AutoparError(f"autopar.fit: {what} yields single examples; batch it "
                                "(dataset.batch(global batch size))")
         if len(spec) == 3 and weigh is not None:
@@ -84,12 +114,17 @@ class DatasetBatches:
     def sample(self):
         """Two examples of zeros of the elements' shapes: reading one would
         advance a reshuffling dataset's order (one device's fit reads none)."""
-        return tuple(np.zeros([2] + [d or 1 for d in s.shape[1:]], s.dtype.as_numpy_dtype)
-                     for s in self.element[:2])
+        import tensorflow as tf
+        return tuple(tf.nest.map_structure(
+            lambda s: np.zeros([2] + [d or 1 for d in s.shape[1:]], s.dtype.as_numpy_dtype), part)
+            for part in self.element[:2])
+
+    def structure(self):
+        return self.element[0], self.element[1]
 
     def specs(self):
         import tensorflow as tf
-        out = [tf.TensorSpec([None, *s.shape[1:]], s.dtype) for s in self.element[:2]]
+        out = [tf.TensorSpec([None, *s.shape[1:]], s.dtype) for s in flat(self.element[:2])]
         if len(self.element) == 3:
             out.append(tf.TensorSpec([None], self.element[2].dtype))
         elif self.weigh is not None:

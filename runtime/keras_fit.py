@@ -17,7 +17,8 @@ off) that autopar.get_runner lifts and distributes like any tf.function step
   an epoch is dropped on one device as on N (Keras trains on it): workers'
   gradients are averaged with equal weights, which a batch that does not
   split evenly would break.
-- `x` may be a tf.data.Dataset of batches instead (runtime/fit_data.py):
+- x and y may be lists or dicts of arrays (several inputs or outputs), or
+  x a tf.data.Dataset of batches (runtime/fit_data.py):
   every worker reads all of it, as Keras's fit does, and trains on its rows
   of each batch; a batch that does not split over the workers is left out.
 - Metrics and the loss are aggregated over all workers: each worker updates
@@ -41,7 +42,7 @@ import logging
 
 import numpy as np
 
-from autopar.runtime.fit_data import ArrayBatches, DatasetBatches
+from autopar.runtime.fit_data import ArrayBatches, DatasetBatches, flat, rows, size
 
 log = logging.getLogger("autopar.fit")
 
@@ -93,6 +94,9 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
             if value is not None:
                 raise AutoparError(f"autopar.fit: {name} is not given with a tf.data.Dataset x "
                                    "(its batches hold the targets and weights), as fit")
+        if class_weight is not None and len(tf.nest.flatten(x.element_spec[1:2])) > 1:
+            raise AutoparError("autopar.fit: class_weight is for a model with one output "
+                               "(as fit)")
         train = DatasetBatches(x, "the dataset x", None if class_weight is None else
                                lambda yb: _sample_weights(yb, None, class_weight, floatx),
                                input_rank)
@@ -114,9 +118,17 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
     # that Keras builds it (and any state it keeps) outside the traced step.
     x2, y2 = train.sample()
     model.compute_loss(x2, y2, model(x2, training=False), training=False)
+    # The step takes x's and y's arrays one by one (Runner.call feeds flat
+    # inputs), then the weights; a model with several inputs or outputs
+    # gets them back as the list or dict it takes.
+    x_structure, y_structure = train.structure()
+    nx, ny = len(flat(x_structure)), len(flat(y_structure))
 
     @tf.function(jit_compile=False)
-    def train_step(xb, yb, *weighted):
+    def train_step(*arrays):
+        xb = tf.nest.pack_sequence_as(x_structure, list(arrays[:nx]))
+        yb = tf.nest.pack_sequence_as(y_structure, list(arrays[nx:nx + ny]))
+        weighted = arrays[nx + ny:]
         with tf.GradientTape() as tape:
             y_pred = model(xb, training=True)
             # Keras weighs each example's loss and divides by the batch's
@@ -138,6 +150,7 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
         runner.close()
         raise
     history = History(me, n)
+    test_step = _test_step(model)
     callbacks = keras.callbacks.CallbackList(list(callbacks), model=model) if runner.is_chief \
         else None
     model.stop_training = False
@@ -152,18 +165,23 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
                            synced=True)
             metrics = _Metrics(model)
             for step, (xb, yb, wb) in enumerate(train.epoch(epoch)):
-                if len(xb) % n:
+                if size(xb) % n:
                     # equal shares or none: workers' gradients are averaged
                     # with equal weights
                     if runner.is_chief:
                         log.warning("autopar.fit: epoch %d, batch %d has %d examples, which do "
                                     "not split over %d workers: not trained on (Keras's fit "
-                                    "trains on it)", epoch + 1, step + 1, len(xb), n)
+                                    "trains on it)", epoch + 1, step + 1, size(xb), n)
                     continue
                 mine = slice(me, None, n)
+                x_mine, y_mine = rows(xb, mine), rows(yb, mine)
                 weighted = () if wb is None else (wb[mine],)
-                loss, y_pred = runner.call(xb[mine], yb[mine], *weighted)
-                metrics.update(yb[mine], y_pred, float(loss), len(xb[mine]), *weighted)
+                loss, y_pred = runner.call(*flat(x_mine), *flat(y_mine), *weighted)
+                if ny > 1:
+                    # each output's loss tracker, which the compiled loss
+                    # updates (the traced step's updates are the graph's)
+                    model.compute_loss(x_mine, y_mine, y_pred, *weighted, training=True)
+                metrics.update(y_mine, y_pred, float(loss), size(x_mine), *weighted)
             logs = metrics.result(runner)
             validating = validation_data is not None and _should_validate(epoch, validation_freq)
             if validating:
@@ -171,7 +189,7 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
                 logs.update({f"val_{k}": v for k, v in
                              _evaluate(model, validation_data,
                                        validation_batch_size or batch_size or 32,
-                                       runner).items()})
+                                       runner, test_step).items()})
             history.add(epoch, logs)
             if runner.is_chief and verbose:
                 log.info("epoch %d/%d: %s", epoch + 1, epochs,
@@ -191,23 +209,26 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
 
 def _array_batches(x, y, batch_size, sample_weight, class_weight, validation_split: float,
                    shuffle: bool, seed: int, floatx: str) -> tuple[ArrayBatches, tuple | None]:
-    """The global batches of arrays x and y (sample or class weights), and
-    the last `validation_split` of the examples split off (or None)."""
+    """The global batches of arrays x and y, or lists or dicts of arrays
+    (sample or class weights), and the last `validation_split` of the
+    examples split off (or None)."""
+    import tensorflow as tf
+
     from autopar.common.errors import AutoparError
-    if y is None or not hasattr(x, "__len__"):
+    if y is None or not all(hasattr(a, "__len__") for a in (x, y)):
         raise AutoparError(
-            f"autopar.fit takes the examples as two arrays, x and y, or a tf.data.Dataset of "
-            f"batches (got x: {type(x).__name__}, y: {type(y).__name__}); for a generator, "
-            "write the training step as a tf.function and feed it this worker's batches of "
-            "autopar.shard(dataset) through autopar.get_runner (docs/tf2-keras.md)")
-    if any(isinstance(a, (list, tuple, dict)) for a in (x, y)):
-        raise AutoparError("autopar.fit takes one input array x and one target array y (a model "
-                           "with one input and one output); for several, write the training "
-                           "step as a tf.function and run it with autopar.get_runner "
-                           "(docs/tf2-keras.md)")
-    x, y = np.asarray(x), np.asarray(y)
-    if len(x) != len(y):
-        raise AutoparError(f"autopar.fit: x has {len(x)} examples and y {len(y)}")
+            f"autopar.fit takes the examples as arrays x and y (or lists or dicts of arrays), "
+            f"or a tf.data.Dataset of batches (got x: {type(x).__name__}, y: "
+            f"{type(y).__name__}); for a generator, write the training step as a tf.function "
+            "and feed it this worker's batches of autopar.shard(dataset) through "
+            "autopar.get_runner (docs/tf2-keras.md)")
+    x, y = (tf.nest.map_structure(np.asarray, a) for a in (x, y))
+    lengths = {len(a) for a in flat(x) + flat(y)}
+    if len(lengths) > 1:
+        raise AutoparError(f"autopar.fit: x and y hold different numbers of examples "
+                           f"({sorted(lengths)})")
+    if class_weight is not None and len(flat(y)) > 1:
+        raise AutoparError("autopar.fit: class_weight is for a model with one output (as fit)")
     validation = None
     if validation_split:
         x, y, sample_weight, validation = _split_off_validation(x, y, sample_weight,
@@ -221,13 +242,14 @@ def _split_off_validation(x, y, sample_weight, fraction: float):
     `fraction` of the examples, before any shuffling, as Keras's fit splits
     them (class weights apply to training only)."""
     from autopar.common.errors import AutoparError
-    split_at = int(np.floor(len(x) * (1.0 - fraction)))
-    if split_at in (0, len(x)):
+    split_at = int(np.floor(size(x) * (1.0 - fraction)))
+    if split_at in (0, size(x)):
         raise AutoparError(f"autopar.fit: validation_split={fraction} leaves no training or no "
-                           f"validation examples of the {len(x)}")
+                           f"validation examples of the {size(x)}")
     weights = None if sample_weight is None else np.asarray(sample_weight)
-    return (x[:split_at], y[:split_at], None if weights is None else weights[:split_at],
-            (x[split_at:], y[split_at:], None if weights is None else weights[split_at:]))
+    train, valid = slice(0, split_at), slice(split_at, None)
+    return (rows(x, train), rows(y, train), None if weights is None else weights[train],
+            (rows(x, valid), rows(y, valid), None if weights is None else weights[valid]))
 
 
 def _should_validate(epoch: int, freq) -> bool:
@@ -258,9 +280,9 @@ def _sample_weights(y, sample_weight, class_weight, floatx: str):
     if sample_weight is None:
         return None
     weights = np.asarray(sample_weight, floatx)
-    if weights.shape != (len(y),):
+    if weights.shape != (size(y),):
         raise AutoparError(f"autopar.fit: sample_weight has shape {weights.shape}; it takes one "
-                           f"weight per example, shape ({len(y)},)")
+                           f"weight per example, shape ({size(y)},)")
     return weights
 
 
@@ -339,19 +361,31 @@ class _Metrics:
         return logs
 
 
-def _evaluate(model, data, batch_size: int, runner) -> dict:
+def _test_step(model):
+    """Keras's test step, traced as Keras traces it: a sigmoid's or
+    softmax's cross-entropy is then computed from its logits, where eagerly
+    Keras computes it from the probabilities (1e-8 apart)."""
+    import tensorflow as tf
+
+    @tf.function(jit_compile=False, reduce_retracing=True)
+    def test_step(xb, yb, *weighted):
+        y_pred = model(xb, training=False)
+        return y_pred, model.compute_loss(xb, yb, y_pred, *weighted, training=False)
+    return test_step
+
+
+def _evaluate(model, data, batch_size: int, runner, test_step) -> dict:
     """Loss and compiled metrics of the model (with this worker's current
     values) over the validation set `data`, (x, y) or (x, y, sample
     weights), each worker on its examples i mod N, or a dataset's batches,
     each worker on its rows w, w+N, ... of each; combined over workers."""
     metrics = _Metrics(model)
     for xb, yb, wb in _validation_batches(data, batch_size, runner):
-        if len(xb) == 0:
+        if size(xb) == 0:
             continue
         weighted = () if wb is None else (wb,)
-        y_pred = model(xb, training=False)
-        loss = model.compute_loss(xb, yb, y_pred, *weighted, training=False)
-        metrics.update(yb, y_pred, float(loss), len(xb), *weighted)
+        y_pred, loss = test_step(xb, yb, *weighted)
+        metrics.update(yb, y_pred, float(loss), size(xb), *weighted)
     return metrics.result(runner)
 
 
@@ -360,11 +394,13 @@ def _validation_batches(data, batch_size: int, runner):
     me, n = runner.worker_index, runner.num_workers
     if isinstance(data, DatasetBatches):
         for xb, yb, wb in data.epoch(0):
-            yield xb[me::n], yb[me::n], None if wb is None else wb[me::n]
+            yield rows(xb, slice(me, None, n)), rows(yb, slice(me, None, n)), (
+                None if wb is None else wb[me::n])
         return
-    x, y = np.asarray(data[0]), np.asarray(data[1])
+    import tensorflow as tf
+    x, y = (tf.nest.map_structure(np.asarray, a) for a in data[:2])
     weights = np.asarray(data[2]) if len(data) > 2 and data[2] is not None else None
-    mine = np.arange(me, len(x), n)
+    mine = np.arange(me, size(x), n)
     for start in range(0, len(mine), batch_size):
-        rows = mine[start:start + batch_size]
-        yield x[rows], y[rows], None if weights is None else weights[rows]
+        batch = mine[start:start + batch_size]
+        yield rows(x, batch), rows(y, batch), None if weights is None else weights[batch]

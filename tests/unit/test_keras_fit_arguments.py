@@ -74,3 +74,43 @@ def _assert_same(got, values, expected, expected_values):
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-12, err_msg=name)
     for value, expected_value in zip(values, expected_values, strict=True):
         np.testing.assert_allclose(value, expected_value, rtol=1e-9, atol=1e-12)
+
+
+def _two_inputs_two_outputs(fit, dataset=False):
+    """A model with named inputs (a dict, as Keras's structured-data
+    examples feed it) and two outputs with a loss each."""
+    import keras
+    import tensorflow as tf
+    keras.config.set_floatx("float64")
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(1)
+    x = {"ids": rng.integers(0, 20, size=(40, 3)).astype(np.int32),
+         "num": rng.normal(size=(40, 2))}
+    y = [rng.normal(size=(40, 1)), rng.integers(0, 2, size=(40, 1)).astype(np.float64)]
+    ids, num = keras.Input((3,), dtype="int32", name="ids"), keras.Input((2,), name="num")
+    h = keras.layers.Concatenate()([keras.layers.Flatten()(keras.layers.Embedding(20, 2)(ids)),
+                                    num])
+    h = keras.layers.Dropout(0.2)(keras.layers.Dense(5, activation="relu")(h))
+    model = keras.Model({"ids": ids, "num": num},
+                        [keras.layers.Dense(1, name="value")(h),
+                         keras.layers.Dense(1, activation="sigmoid", name="label")(h)])
+    model.compile(optimizer=keras.optimizers.Adam(0.01),
+                  loss=["mse", "binary_crossentropy"], loss_weights=[1.0, 0.5])
+    if dataset:
+        train = tf.data.Dataset.from_tensor_slices((x, tuple(y))).shuffle(40, seed=5).batch(8)
+        history = fit(model, train, epochs=2, verbose=0)
+    else:
+        history = fit(model, x, y, epochs=2, batch_size=8, shuffle=False, verbose=0,
+                      validation_split=0.2)
+    return history.history, [v.numpy() for v in model.variables + model.optimizer.variables]
+
+
+@pytest.mark.parametrize("dataset", [False, True], ids=["arrays", "dataset"])
+def test_several_inputs_and_outputs(dataset):
+    expected, expected_values = _two_inputs_two_outputs(
+        lambda model, *a, **k: model.fit(*a, **k), dataset)
+    got, values = _two_inputs_two_outputs(lambda model, *a, **k: autopar.fit(
+        model, *a, config=autopar.Config(log_every_steps=0), **k), dataset)
+    # each output's loss logged too, as Keras's fit logs it
+    assert "label_loss" in got and ("val_value_loss" in got) != dataset
+    _assert_same(got, values, expected, expected_values)

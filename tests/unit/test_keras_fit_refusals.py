@@ -53,8 +53,11 @@ def test_a_model_with_its_own_step_is_refused(overridden, validation):
      "give sample_weight or class_weight, not both"),
     (lambda m: autopar.fit(m, X, Y, sample_weight=np.ones((8, 2))),
      "sample_weight has shape (8, 2); it takes one weight per example, shape (8,)"),
-    (lambda m: autopar.fit(m, [X, X], Y), "one input array x"),
-    (lambda m: autopar.fit(m, X, Y[:5]), "x has 8 examples and y 5"),
+    (lambda m: autopar.fit(m, {"a": X, "b": X[:5]}, Y),
+     "x and y hold different numbers of examples"),
+    (lambda m: autopar.fit(m, X, Y[:5]), "x and y hold different numbers of examples"),
+    (lambda m: autopar.fit(m, X, [Y, Y], class_weight={0: 1.0}),
+     "class_weight is for a model with one output"),
     (lambda m: autopar.fit(m, (xy for xy in [(X, Y)])), "got x: generator, y: NoneType"),
     # a dataset: its batches hold targets and weights, and every worker
     # must read the same batches
