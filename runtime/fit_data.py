@@ -87,9 +87,13 @@ class DatasetBatches:
     shuffled with a seed and reshuffle_each_iteration gives each epoch its
     own order, Keras's, the same on every worker). `weigh(y)`: each
     example's weight from class weights, or None. `input_rank`: the model
-    input's rank, batch included, when known."""
+    input's rank, batch included, when known. `steps` (steps_per_epoch,
+    validation_steps): batches per pass, of a dataset that repeats
+    forever; `persistent`: each pass goes on where the last ended (fit's
+    training, where evaluation starts afresh)."""
 
-    def __init__(self, dataset, what: str, weigh=None, input_rank: int | None = None) -> None:
+    def __init__(self, dataset, what: str, weigh=None, input_rank: int | None = None,
+                 steps: int | None = None, persistent: bool = False) -> None:
         import tensorflow as tf
         refuse_nondeterministic(dataset, what)
         spec = dataset.element_spec
@@ -110,6 +114,19 @@ class DatasetBatches:
                                "given; give one of them (as fit)")
         self.dataset, self.what, self.weigh = dataset, what, weigh
         self.element = spec
+        self.steps, self.persistent, self._iterator = steps, persistent, None
+        infinite = dataset.cardinality() == -1          # tf.data.INFINITE_CARDINALITY
+        if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool)
+                                  or steps < 1):
+            raise AutoparError(f"autopar.fit: the steps of {what} are a positive int, "
+                               f"got {steps!r}")
+        if infinite and steps is None:
+            raise AutoparError(f"autopar.fit: {what} repeats forever; give its steps per "
+                               "pass (steps_per_epoch, validation_steps)")
+        if steps is not None and not infinite:
+            raise AutoparError(f"autopar.fit: steps per pass over {what}, which ends: autopar."
+                               "fit takes steps_per_epoch / validation_steps with a dataset "
+                               "that repeats (dataset.repeat()), or none")
 
     def sample(self):
         """Two examples of zeros of the elements' shapes: reading one would
@@ -132,17 +149,24 @@ class DatasetBatches:
         return out
 
     def check(self, num_workers: int) -> None:
-        if self.dataset.cardinality() == -1:     # tf.data.INFINITE_CARDINALITY
-            raise AutoparError(f"autopar.fit: {self.what} repeats forever; autopar.fit takes "
-                               "a dataset that ends each epoch (no steps_per_epoch)")
+        del num_workers   # batches that do not split are left out, one by one
 
     def epoch(self, epoch: int):
         del epoch   # the dataset's own iteration gives each epoch its order
-        for element in self.dataset.as_numpy_iterator():
+        if self.steps is None:
+            elements = self.dataset.as_numpy_iterator()
+        else:
+            # steps of an endless dataset: fit's training goes on where the
+            # last epoch ended, evaluation starts afresh (as Keras's
+            # epoch iterator with steps_per_epoch / validation steps)
+            if self._iterator is None or not self.persistent:
+                self._iterator = self.dataset.as_numpy_iterator()
+            elements = (next(self._iterator) for _ in range(self.steps))
+        for element in elements:
             weights = element[2] if len(element) == 3 else (
                 None if self.weigh is None else self.weigh(element[1]))
             yield element[0], element[1], weights
-        if self.dataset.cardinality() >= 0:
+        if self.steps is None and self.dataset.cardinality() >= 0:
             # Keras's epoch iterator (keras/src/trainers/epoch_iterator.py)
             # makes an iterator at the end of a pass over a dataset of known
             # size, unused, and a new one at the start of the next: a

@@ -67,7 +67,8 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
         batch_size: int | None = None, validation_data=None, callbacks=(), shuffle: bool = True,
         seed: int = 0, verbose: int = 1, sample_weight=None, class_weight=None,
         validation_split: float = 0.0, validation_freq=1, validation_batch_size: int | None = None,
-        initial_epoch: int = 0, **unsupported) -> History:
+        initial_epoch: int = 0, steps_per_epoch: int | None = None,
+        validation_steps: int | None = None, **unsupported) -> History:
     import keras
     import tensorflow as tf
 
@@ -82,7 +83,7 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
                            "(it takes x, y, epochs, batch_size, validation_data, callbacks, "
                            "shuffle, seed, verbose, sample_weight, class_weight, "
                            "validation_split, validation_freq, validation_batch_size, "
-                           "initial_epoch)")
+                           "initial_epoch, steps_per_epoch, validation_steps)")
     _refuse_own_steps(model, validation_data is not None or bool(validation_split))
     _should_validate(0, validation_freq)   # refused here, before any training, if malformed
     floatx = keras.config.floatx()
@@ -99,15 +100,21 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
                                "(as fit)")
         train = DatasetBatches(x, "the dataset x", None if class_weight is None else
                                lambda yb: _sample_weights(yb, None, class_weight, floatx),
-                               input_rank)
+                               input_rank, steps_per_epoch, persistent=True)
     else:
+        if steps_per_epoch is not None:
+            raise AutoparError("autopar.fit: steps_per_epoch is for a tf.data.Dataset x that "
+                               "repeats; with arrays an epoch is every batch")
         train, split_off = _array_batches(x, y, batch_size, sample_weight, class_weight,
                                           validation_split, shuffle, seed, floatx)
         if validation_data is None:
             validation_data = split_off
     if isinstance(validation_data, tf.data.Dataset):
         validation_data = DatasetBatches(validation_data, "validation_data",
-                                         input_rank=input_rank)
+                                         input_rank=input_rank, steps=validation_steps)
+    elif validation_steps is not None:
+        raise AutoparError("autopar.fit: validation_steps is for validation_data given as a "
+                           "tf.data.Dataset that repeats")
     if validation_data is not None and not isinstance(validation_data, DatasetBatches) and (
             not isinstance(validation_data, (tuple, list)) or len(validation_data) not in (2, 3)):
         raise AutoparError("autopar.fit: validation_data is (x, y), (x, y, sample_weight) or a "

@@ -17,7 +17,7 @@ def _keras_settings():
         yield
 
 
-def _trained(fit, dataset=False):
+def _trained(fit, dataset=False, steps=False):
     import keras
     import tensorflow as tf
     keras.config.set_floatx("float64")
@@ -37,8 +37,14 @@ def _trained(fit, dataset=False):
             42, seed=3).batch(9)
         valid = tf.data.Dataset.from_tensor_slices((x[42:], y[42:])).shuffle(
             18, seed=4, reshuffle_each_iteration=False).batch(5)
+        if steps:
+            # endless: 4 batches an epoch, each going on where the last
+            # ended (5 batches make a pass); 2 validation batches, afresh
+            train, valid = train.repeat(), valid.repeat()
+            steps = dict(steps_per_epoch=4, validation_steps=2)
         history = fit(model, train, epochs=3, verbose=0, validation_data=valid,
-                      class_weight={0: 2.0, 1: 0.5, 2: 1.0})   # Keras needs every class here
+                      class_weight={0: 2.0, 1: 0.5, 2: 1.0},   # Keras needs every class here
+                      **(steps or {}))
     else:
         history = fit(model, x, y, epochs=4, batch_size=9, shuffle=False, verbose=0,
                       validation_split=0.25, validation_freq=2, validation_batch_size=5,
@@ -55,14 +61,18 @@ def test_validation_and_epoch_arguments_as_keras_fit_takes_them():
     _assert_same(got, values, expected, expected_values)
 
 
-def test_a_dataset_is_read_as_keras_fit_reads_it():
+@pytest.mark.parametrize("steps", [False, True], ids=["passes", "steps_per_epoch"])
+def test_a_dataset_is_read_as_keras_fit_reads_it(steps):
     """Each epoch's batches in the order Keras's fit iterates a reshuffling
     dataset (its k-th epoch is the dataset's (2k-1)-th iteration), the last,
-    smaller batch trained on, class weights per batch, a validation dataset."""
+    smaller batch trained on, class weights per batch, a validation dataset;
+    or, of an endless dataset, steps_per_epoch batches going on where the
+    last epoch ended, and validation_steps batches."""
     def fit(model, *a, **k):
         return autopar.fit(model, *a, config=autopar.Config(log_every_steps=0), **k)
-    expected, expected_values = _trained(lambda model, *a, **k: model.fit(*a, **k), dataset=True)
-    got, values = _trained(fit, dataset=True)
+    expected, expected_values = _trained(lambda model, *a, **k: model.fit(*a, **k),
+                                         dataset=True, steps=steps)
+    got, values = _trained(fit, dataset=True, steps=steps)
     assert len(expected["loss"]) == 3 and len(expected["val_loss"]) == 3
     _assert_same(got, values, expected, expected_values)
 

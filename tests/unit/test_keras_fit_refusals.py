@@ -44,7 +44,8 @@ def test_a_model_with_its_own_step_is_refused(overridden, validation):
 
 
 @pytest.mark.parametrize("call,message", [
-    (lambda m: autopar.fit(m, X, Y, steps_per_epoch=2), "does not take fit()'s steps_per_epoch"),
+    (lambda m: autopar.fit(m, X, Y, use_multiprocessing=True),
+     "does not take fit()'s use_multiprocessing"),
     (lambda m: autopar.fit(m, X, Y, validation_split=1.0),
      "validation_split=1.0 leaves no training or no validation examples of the 8"),
     (lambda m: autopar.fit(m, X, Y, validation_freq=0),
@@ -66,7 +67,15 @@ def test_a_model_with_its_own_step_is_refused(overridden, validation):
      "batch_size is not given with a tf.data.Dataset x"),
     (lambda m: autopar.fit(m, _dataset().unbatch()), "the dataset x yields single examples"),
     (lambda m: autopar.fit(m, _dataset().map(lambda x, y: x)), "the dataset x yields Tensor"),
-    (lambda m: autopar.fit(m, _dataset().repeat()), "the dataset x repeats forever"),
+    (lambda m: autopar.fit(m, _dataset().repeat()), "the dataset x repeats forever; give its "
+                                                    "steps per pass (steps_per_epoch"),
+    (lambda m: autopar.fit(m, _dataset(), steps_per_epoch=2),
+     "steps per pass over the dataset x, which ends"),
+    (lambda m: autopar.fit(m, X, Y, steps_per_epoch=2), "steps_per_epoch is for a tf.data.Dataset"),
+    (lambda m: autopar.fit(m, X, Y, validation_data=(X, Y), validation_steps=2),
+     "validation_steps is for validation_data given as a tf.data.Dataset"),
+    (lambda m: autopar.fit(m, _dataset().repeat(), steps_per_epoch=0),
+     "the steps of the dataset x are a positive int, got 0"),
     (lambda m: autopar.fit(m, _dataset().shuffle(8)),
      "the dataset x shuffles without a seed ('ShuffleDatasetV3"),
     (lambda m: autopar.fit(m, _dataset().map(lambda x, y: (x, y), num_parallel_calls=2,
