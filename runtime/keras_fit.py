@@ -38,6 +38,7 @@ off) that autopar.get_runner lifts and distributes like any tf.function step
 """
 from __future__ import annotations
 
+import json
 import logging
 
 import numpy as np
@@ -158,8 +159,11 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
         raise
     history = History(me, n)
     test_step = _test_step(model)
-    callbacks = keras.callbacks.CallbackList(list(callbacks), model=model) if runner.is_chief \
-        else None
+    # Last of the callbacks, as Keras's History: the epoch's logs with what
+    # the others added (LearningRateScheduler's learning_rate).
+    seen = _epoch_logs()
+    callbacks = keras.callbacks.CallbackList(list(callbacks) + [seen], model=model) \
+        if runner.is_chief else None
     model.stop_training = False
     with runner:
         # Synced here (a restored checkpoint is not the Python values), the
@@ -197,15 +201,19 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
                              _evaluate(model, validation_data,
                                        validation_batch_size or batch_size or 32,
                                        runner, test_step).items()})
-            history.add(epoch, logs)
             if runner.is_chief and verbose:
                 log.info("epoch %d/%d: %s", epoch + 1, epochs,
                          "  ".join(f"{k} {v:.4f}" for k, v in logs.items()))
             # A callback may stop training (EarlyStopping sets
             # model.stop_training): callbacks run on the chief, whose
             # decision every worker follows, so all run the same steps.
-            if _run_callbacks(runner, model, callbacks, lambda c: c.on_epoch_end(epoch, logs),
-                              synced=validating, stop=lambda: model.stop_training):
+            stopped = _run_callbacks(runner, model, callbacks,
+                                     lambda c: c.on_epoch_end(epoch, logs), synced=validating,
+                                     stop=lambda: model.stop_training)
+            # What the callbacks added to the logs (LearningRateScheduler's
+            # learning_rate) is in Keras's History, which records them last.
+            history.add(epoch, _chief_logs(runner, seen.logs or logs))
+            if stopped:
                 model.stop_training = True
                 break
         _run_callbacks(runner, model, callbacks, lambda c: c.on_train_end(
@@ -317,6 +325,37 @@ def _run_callbacks(runner, model, callbacks, call, synced: bool,
     if changed:
         runner.load_python_variables()
     return bool(stopping)
+
+
+def _epoch_logs():
+    """A callback keeping the logs of the last epoch's end as the callbacks
+    before it left them."""
+    import keras
+
+    class EpochLogs(keras.callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.logs: dict = {}
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.logs = dict(logs or {})
+    return EpochLogs()
+
+
+def _chief_logs(runner, logs: dict) -> dict:
+    """The chief's numeric logs, the same on every worker (callbacks run on
+    the chief alone and may add to them)."""
+    if runner.num_workers == 1:
+        return logs
+    mine = json.dumps({k: float(v) for k, v in logs.items()
+                       if np.ndim(v) == 0 and np.issubdtype(np.asarray(v).dtype, np.number)})
+    payload = np.frombuffer(mine.encode(), np.uint8) if runner.is_chief else np.zeros(0)
+    length = int(runner.sum_over_workers(np.array([len(payload)], np.float64))[0])
+    # padded to a multiple of 1 KiB: each length is an all-reduce of its own
+    local = np.zeros(-(-length // 1024) * 1024)
+    local[:len(payload)] = payload
+    data = runner.sum_over_workers(local)[:length]
+    return json.loads(data.astype(np.uint8).tobytes().decode())
 
 
 def _refuse_own_steps(model, validating: bool) -> None:
