@@ -35,9 +35,12 @@ def flat(structure) -> list:
 
 
 def _specs(structure) -> list:
-    """A TensorSpec of any batch size for each array of the structure."""
+    """A TensorSpec of any batch size for each array of the structure
+    (NumPy's strings as tf.string)."""
     import tensorflow as tf
-    return [tf.TensorSpec([None, *a.shape[1:]], tf.as_dtype(a.dtype)) for a in flat(structure)]
+    return [tf.TensorSpec([None, *a.shape[1:]],
+                          tf.string if a.dtype.kind in "USO" else tf.as_dtype(a.dtype))
+            for a in flat(structure)]
 
 
 class ArrayBatches:

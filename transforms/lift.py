@@ -84,10 +84,16 @@ def lift(obj) -> LiftedGraph:
     taken = _name_prefixes(graph_def)
     lifted = LiftedGraph(tf.Graph(), function=None if obj is func_graph else obj)
     input_map = {}
+    tables = {internal.name: _table_contents(external, internal)
+              for external, internal in func_graph.captures
+              if id(external) not in by_handle and external.dtype == tf.resource}
     with lifted.graph.as_default():
         for external, internal in func_graph.captures:
             variable = by_handle.get(id(external))
             if variable is None:
+                if tables.get(internal.name) is not None:
+                    input_map[internal.name] = _lifted_table(internal, *tables[internal.name])
+                    continue
                 if external.dtype == tf.resource:
                     raise UnsupportedGraphError(
                         f"the traced function captures the resource '{internal.op.name}', "
@@ -99,7 +105,7 @@ def lift(obj) -> LiftedGraph:
                     raise UnsupportedGraphError(
                         f"the traced function captures '{internal.op.name}', which is neither "
                         "a variable nor a constant")
-                input_map[internal.name] = tf.constant(value, name=internal.op.name + "_value")
+                input_map[internal.name] = tf.constant(value, name=_outside(internal.op.name))
                 continue
             input_map[internal.name] = _lifted_variable(variable, taken, lifted).handle
         tf1.import_graph_def(graph_def, input_map=input_map, name="")
@@ -178,6 +184,50 @@ def _lifted_variable(variable, taken: set[str], lifted: LiftedGraph):
     lifted.python_variables[lifted_var.op.name] = variable
     lifted.initial_values[made[0].name] = variable
     return lifted_var
+
+
+# Ops that only read a lookup table.
+_TABLE_READS = frozenset({"LookupTableFindV2", "LookupTableSizeV2"})
+
+
+def _table_contents(external, internal):
+    """(key dtype, value dtype, keys, values) of a captured lookup table the
+    function only reads (a Keras StringLookup's or IntegerLookup's
+    vocabulary: a tf.lookup.StaticHashTable), read now; None for any other
+    resource."""
+    readers = set(internal.consumers())
+    finds = [op for op in readers if op.type == "LookupTableFindV2"]
+    if not finds or any(op.type not in _TABLE_READS for op in readers):
+        return None
+    key_dtype, value_dtype = finds[0].get_attr("Tin"), finds[0].get_attr("Tout")
+    try:
+        keys, values = tf.raw_ops.LookupTableExportV2(table_handle=external, Tkeys=key_dtype,
+                                                      Tvalues=value_dtype)
+    except (tf.errors.OpError, TypeError, ValueError):
+        return None
+    return key_dtype, value_dtype, keys.numpy(), values.numpy()
+
+
+def _lifted_table(internal, key_dtype, value_dtype, keys, values):
+    """A HashTable of the lifted graph holding a captured table's keys and
+    values, filled by its initializer (tf.compat.v1.tables_initializer,
+    which every process runs at start)."""
+    with tf1.name_scope(None):
+        name = _outside(internal.op.name)
+        table = tf.raw_ops.HashTableV2(key_dtype=key_dtype, value_dtype=value_dtype,
+                                       shared_name=name, name=name)
+        tf1.add_to_collection(tf1.GraphKeys.TABLE_INITIALIZERS, tf.raw_ops.InitializeTableV2(
+            table_handle=table, keys=tf.constant(keys, key_dtype),
+            values=tf.constant(values, value_dtype), name=name + "/init"))
+    return table
+
+
+def _outside(name: str) -> str:
+    """A name for a lifted capture outside every name of the traced
+    function: an op under one of its op's names would make the import
+    rename that op (a captured constant named 'lookup/default_value_value'
+    renamed the table lookup 'lookup' to 'lookup_1')."""
+    return "autopar_lifted/" + name.replace("/", "_")
 
 
 def _name_prefixes(graph_def) -> set[str]:

@@ -124,3 +124,41 @@ def test_several_inputs_and_outputs(dataset):
     # each output's loss logged too, as Keras's fit logs it
     assert "label_loss" in got and ("val_value_loss" in got) != dataset
     _assert_same(got, values, expected, expected_values)
+
+
+def _string_features(fit):
+    """Keras's preprocessing layers inside the model, as its structured-data
+    and text examples build them: a StringLookup vocabulary (a lookup table
+    the traced step captures) and a TextVectorization."""
+    import keras
+    import tensorflow as tf
+    keras.config.set_floatx("float64")
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(2)
+    words = np.array(["red", "green", "blue", "cyan"])
+    x = {"colour": words[rng.integers(0, 4, size=(24, 1))],
+         "text": np.array([" ".join(words[rng.integers(0, 4, size=3)]) for _ in range(24)])}
+    y = rng.normal(size=(24, 1))
+    colour = keras.Input((1,), dtype="string", name="colour")
+    text = keras.Input((), dtype="string", name="text")
+    vectorize = keras.layers.TextVectorization(max_tokens=6, output_mode="multi_hot")
+    vectorize.adapt(x["text"])
+    h = keras.layers.Concatenate()([
+        keras.layers.StringLookup(vocabulary=["red", "green", "blue"], output_mode="one_hot")(
+            colour), vectorize(text)])
+    model = keras.Model({"colour": colour, "text": text}, keras.layers.Dense(1)(h))
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    # strings as tensors: Keras's fit takes no NumPy string arrays
+    x = {k: tf.constant(v) for k, v in x.items()}
+    history = fit(model, x, y, epochs=2, batch_size=6, shuffle=False, verbose=0)
+    return history.history, [v.numpy() for v in model.variables + model.optimizer.variables]
+
+
+def test_a_model_with_lookup_tables():
+    """Before: refused (`the traced function captures the resource ... which
+    is not a tf.Variable`); the tables are now lifted with their keys and
+    values."""
+    expected, expected_values = _string_features(lambda model, *a, **k: model.fit(*a, **k))
+    got, values = _string_features(lambda model, *a, **k: autopar.fit(
+        model, *a, config=autopar.Config(log_every_steps=0), **k))
+    _assert_same(got, values, expected, expected_values)

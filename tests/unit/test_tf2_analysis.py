@@ -238,7 +238,10 @@ def test_lstm_weights_read_in_the_while_loop_stay_replicated():
     assert {plan.variable(v.name).method for v in cell} == {"allreduce"}
 
 
-def test_a_captured_resource_that_is_no_variable_is_refused():
+def test_a_captured_table_the_step_reads_is_lifted_with_its_contents():
+    """A captured static table (a Keras lookup layer's vocabulary) becomes a
+    table of the lifted graph filled by the tables' initializer: the lifted
+    step reads the same values as the function (before: refused)."""
     table = tf.lookup.StaticHashTable(
         tf.lookup.KeyValueTensorInitializer(tf.constant([1, 2], tf.int64),
                                             tf.constant([0.5, 2.0])), 0.0)
@@ -251,8 +254,16 @@ def test_a_captured_resource_that_is_no_variable_is_refused():
         w.assign_sub(0.1 * tape.gradient(loss, w))
         return loss
 
-    with pytest.raises(UnsupportedGraphError, match="captures the resource"):
-        lift(step.get_concrete_function(tf.TensorSpec([None], tf.int64)))
+    cf = step.get_concrete_function(tf.TensorSpec([None], tf.int64))
+    lifted = lift(cf)
+    with lifted.graph.as_default():
+        init = [tf1.global_variables_initializer(), tf1.tables_initializer()]
+    session = tf1.Session(graph=lifted.graph)
+    session.run(init, lifted.initial_feed())
+    ids = np.array([1, 2, 2, 7])
+    got = [session.run([cf.graph.outputs[0].name, CALL_OP], {cf.graph.inputs[0].name: ids})[0]
+           for _ in range(2)]
+    assert got == [step(ids).numpy() for _ in range(2)]   # lookups 0.5, 2, 2 and the default 0
 
 
 def test_same_shaped_variables_keep_their_own_gradients_through_identity_n():
@@ -327,3 +338,18 @@ def test_a_dense_layer_on_a_sequence_has_its_kernel_gradient_found():
     assert grad.shape.as_list() == [None, 5] and kernel.gradient == "dense"
     assert kernel.grad_tensor.startswith("gradient_tape/")
     assert analysis.loss_counts == []
+
+
+def test_a_captured_table_the_step_writes_is_refused_by_name():
+    """A table the step only reads is lifted with its contents
+    (tests/unit/test_keras_fit_arguments.py, Keras's lookup layers); one it
+    writes would be written on each worker's copy: refused."""
+    table = tf.lookup.experimental.MutableHashTable(tf.string, tf.int64, -1)
+
+    @tf.function
+    def step(keys):
+        table.insert(keys, tf.ones_like(keys, tf.int64))
+        return table.lookup(keys)
+
+    with pytest.raises(UnsupportedGraphError, match="captures the resource .*not a tf.Variable"):
+        lift(step.get_concrete_function(tf.TensorSpec([None], tf.string)))
