@@ -217,8 +217,21 @@ class LineReader:
             pending = [p for p in pending if not p.search(line)]
 
     def rest(self, timeout) -> str:
-        """Wait for the process to exit; the output not read yet."""
-        self.proc.wait(timeout=timeout)
+        """Wait for the process to exit; the output not read yet. A process
+        still running after `timeout` s fails the test with the output it
+        wrote (where it hung), not a bare TimeoutExpired."""
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+            self._thread.join(timeout=10)
+            while not self._queue.empty():
+                line = self._queue.get()
+                if line is not None:
+                    self.lines.append(line)
+            raise AssertionError(f"still running after {timeout} s (killed); its output:\n"
+                                 f"{self.text[-6000:]}") from None
         self._thread.join(timeout=10)
         tail = []
         while not self._queue.empty():
