@@ -46,6 +46,8 @@ import numpy as np
 from autopar.runtime.fit_data import ArrayBatches, DatasetBatches, flat, rows, size
 
 log = logging.getLogger("autopar.fit")
+# Keras's fit() batch_size when none is given (arrays, and validation arrays).
+DEFAULT_BATCH_SIZE = 32
 
 
 class History:
@@ -199,7 +201,8 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
                 runner.sync_python_variables()
                 logs.update({f"val_{k}": v for k, v in
                              _evaluate(model, validation_data,
-                                       validation_batch_size or batch_size or 32,
+                                       validation_batch_size or batch_size
+                                       or DEFAULT_BATCH_SIZE,
                                        runner, test_step).items()})
             if runner.is_chief and verbose:
                 log.info("epoch %d/%d: %s", epoch + 1, epochs,
@@ -249,7 +252,8 @@ def _array_batches(x, y, batch_size, sample_weight, class_weight, validation_spl
         x, y, sample_weight, validation = _split_off_validation(x, y, sample_weight,
                                                                 validation_split)
     return ArrayBatches(x, y, _sample_weights(y, sample_weight, class_weight, floatx),
-                        32 if batch_size is None else batch_size, shuffle, seed), validation
+                        DEFAULT_BATCH_SIZE if batch_size is None else batch_size, shuffle,
+                        seed), validation
 
 
 def _split_off_validation(x, y, sample_weight, fraction: float):

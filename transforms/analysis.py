@@ -24,7 +24,8 @@ import tensorflow as tf
 from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms import serial
 from autopar.transforms.batchnorm import BatchNormInfo, find_batch_norms
-from autopar.transforms.graph_utils import (VARIABLE_OP_TYPES, collector_paused, graph_of,
+from autopar.transforms.graph_utils import (INPUT_OP_TYPES, VARIABLE_OP_TYPES, batch_local_ops,
+                                            collector_paused, graph_of,
                                             in_gradient_scope, initialization_guard,
                                             is_restore_assignment, reduces_batch_axis,
                                             static_shape, writes_variable)
@@ -249,10 +250,10 @@ def _analyze(graph: tf.Graph) -> Analysis:
     loss = losses[0] if losses else None
     reduction, why = _loss_reduction_of_all(graph, losses)
     averaged = {t for v in variables for t in (v.grad_tensor, v.grad_values, v.grad_indices) if t}
-    batch_local = _batch_local_ops(graph, averaged)
+    batch_local = batch_local_ops(graph, averaged)
     return Analysis(
         variables=variables,
-        state=_step_state(graph, trainable, slot_names, all_update_ops, averaged, writers),
+        state=_step_state(graph, trainable, slot_names, all_update_ops, batch_local, writers),
         loss=loss,
         step_ops=_step_ops(index, all_update_ops),
         untrained=[v.name for v in trainable if v.name not in updates],
@@ -260,8 +261,8 @@ def _analyze(graph: tf.Graph) -> Analysis:
         loss_reduction_why=why,
         batch_norms=find_batch_norms(graph, batch_local, writers),
         train_groups=[TrainGroup(g, l) for g, l in zip(groups, losses)],
-        loss_counts=find_loss_counts(graph, losses, _INPUT_OP_TYPES),
-        batch_draws=find_batch_draws(graph, batch_local),
+        loss_counts=find_loss_counts(graph, losses, INPUT_OP_TYPES),
+        batch_draws=find_batch_draws(graph, batch_local, averaged),
         trains=trains,
     )
 
@@ -510,7 +511,7 @@ def _convex(graph, region: set[str]) -> set[str]:
         op = stack.pop()
         for p in [t.op for t in op.inputs] + list(op.control_inputs):
             if (p.name in before or p.name in region or in_gradient_scope(p.name)
-                    or p.type in VARIABLE_OP_TYPES or p.type in _INPUT_OP_TYPES):
+                    or p.type in VARIABLE_OP_TYPES or p.type in INPUT_OP_TYPES):
                 continue
             before.add(p.name)
             stack.append(p)
@@ -536,7 +537,7 @@ def _exclusive_ancestors(graph, region: set[str], backward: set[str] = frozenset
         for t in op.inputs:
             p = t.op
             if (p.name in region or in_gradient_scope(p.name) or p.name in backward
-                    or p.type in VARIABLE_OP_TYPES or p.type in _INPUT_OP_TYPES):
+                    or p.type in VARIABLE_OP_TYPES or p.type in INPUT_OP_TYPES):
                 continue
             consumers = {c.name for out in p.outputs for c in out.consumers()}
             consumers |= {c.name for c in p._control_outputs}  # pylint: disable=protected-access
@@ -1121,13 +1122,12 @@ def _boundary_ops(graph, var_op) -> list[str]:
     return sorted(out)
 
 
-def _step_state(graph, trainable, slot_names, update_ops, averaged: set[str],
+def _step_state(graph, trainable, slot_names, update_ops, local_ops: set[str],
                 writers: dict[str, list[str]]) -> list[StateInfo]:
     trainable_names = {v.name for v in trainable}
     gs = tf1.train.get_global_step(graph)
     gs_name = gs.op.name if gs is not None else None
     update_inputs = {t.op.name for u in update_ops for t in graph.get_operation_by_name(u).inputs}
-    local_ops = _batch_local_ops(graph, averaged)
     optimizer_scopes = _optimizer_scopes(update_ops)
     state = []
     for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES):
@@ -1150,31 +1150,6 @@ def _step_state(graph, trainable, slot_names, update_ops, averaged: set[str],
 
 
 # Ops through which a training step's input batch enters the graph.
-_INPUT_OP_TYPES = frozenset({
-    "Placeholder", "PlaceholderWithDefault", "PlaceholderV2", "IteratorGetNext",
-    "IteratorGetNextSync", "OptionalGetValue", "QueueDequeueV2", "QueueDequeueManyV2",
-    "QueueDequeueUpToV2", "QueueDequeue", "QueueDequeueMany", "QueueDequeueUpTo"})
-
-
-def _batch_local_ops(graph, averaged: set[str]) -> set[str]:
-    """Ops whose inputs depend on this worker's own input batch other than
-    through the averaged gradients (`averaged`: the gradient tensors the
-    rewrite replaces by their aggregate). Forward from the input ops along
-    data edges, never crossing an averaged gradient."""
-    frontier = [op for op in graph.get_operations() if op.type in _INPUT_OP_TYPES]
-    seen = {op.name for op in frontier}
-    while frontier:
-        op = frontier.pop()
-        for t in op.outputs:
-            if t.name in averaged:
-                continue
-            for c in t.consumers():
-                if c.name not in seen:
-                    seen.add(c.name)
-                    frontier.append(c)
-    return seen
-
-
 # Ops that only reshape or retype an index tensor on its way to the gradient.
 _INDEX_PASS_THROUGH = frozenset({"Reshape", "Identity", "Cast", "Squeeze", "ExpandDims",
                                  "StopGradient", "Snapshot"})
@@ -1209,7 +1184,7 @@ def loss_reduction(graph, loss: str | None) -> tuple[str, str]:
     SUM_OVER_BATCH_SIZE divide that Sum by a count of the batch)."""
     if loss is None:
         return "unknown", "no loss tensor found"
-    batch_ops = _batch_local_ops(graph, set())
+    batch_ops = batch_local_ops(graph, set())
     kind, why = _reduction_of(graph.get_tensor_by_name(loss), batch_ops, 0)
     if kind == "const":
         return "unknown", f"the loss '{loss}' does not depend on any input placeholder or iterator"

@@ -97,6 +97,32 @@ def staged_initializers(variables, extra=()) -> list:
     return ops
 
 
+# Ops that bring a worker's own input batch into the graph.
+INPUT_OP_TYPES = frozenset({
+    "Placeholder", "PlaceholderWithDefault", "PlaceholderV2", "IteratorGetNext",
+    "IteratorGetNextSync", "OptionalGetValue", "QueueDequeueV2", "QueueDequeueManyV2",
+    "QueueDequeueUpToV2", "QueueDequeue", "QueueDequeueMany", "QueueDequeueUpTo"})
+
+
+def batch_local_ops(graph, stops: set[str]) -> set[str]:
+    """Ops whose inputs depend on this worker's own input batch other than
+    through the tensors `stops` (the analysis's: the gradient tensors the
+    rewrite replaces by their aggregate). Forward from the input ops along
+    data edges, never crossing a stop."""
+    frontier = [op for op in graph.get_operations() if op.type in INPUT_OP_TYPES]
+    seen = {op.name for op in frontier}
+    while frontier:
+        op = frontier.pop()
+        for t in op.outputs:
+            if t.name in stops:
+                continue
+            for c in t.consumers():
+                if c.name not in seen:
+                    seen.add(c.name)
+                    frontier.append(c)
+    return seen
+
+
 def in_gradient_scope(op_name: str) -> bool:
     if "gradient" not in op_name:   # the common case, without splitting the name
         return False

@@ -35,6 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
+from autopar.transforms.graph_utils import batch_local_ops
 from autopar.transforms.ops import copy_op, new_op, reshape
 
 # Random ops whose output's leading dimensions are a shape input: the input's index.
@@ -79,16 +80,19 @@ _ELEMENTWISE = frozenset({"Mul", "Add", "AddV2", "Sub", "RealDiv", "Div", "DivNo
                           "Sqrt", "Exp", "Log", "Snapshot"})
 
 
-def find_batch_draws(graph: tf.Graph, batch_ops: set[str]) -> list[str]:
+def find_batch_draws(graph: tf.Graph, batch_ops: set[str], averaged: set[str]) -> list[str]:
     """The random ops of `graph` that draw per example (see the module's
     docstring), and the tf.random.Generator state reads advanced by such a
     draw's size, in graph order. `batch_ops`: the ops computed from the
-    input batch. Refuses a random op that depends on the batch otherwise."""
+    input batch other than through the `averaged` gradients
+    (graph_utils.batch_local_ops). Refuses a random op that depends on the
+    batch otherwise."""
     skips = [op for op in graph.get_operations() if op.type == SKIP and op.name in batch_ops
              and _counts_a_batch_shape(op.inputs[2], batch_ops)]
     if skips:
         # a draw's key and counter from such a read are one device's
-        batch_ops = _reached_without(graph, batch_ops, {op.name for op in skips})
+        batch_ops = batch_local_ops(graph, averaged | {t.name for op in skips
+                                                       for t in op.outputs})
     out = []
     for op in graph.get_operations():
         if op.type == SKIP and op in skips:
@@ -106,9 +110,13 @@ def find_batch_draws(graph: tf.Graph, batch_ops: set[str]) -> list[str]:
             if not _first_is_batch_size(shape, batch_ops):
                 raise _refusal(op, f"its shape '{shape.name}' comes from the input batch, but "
                                    "its first element is not the batch's size")
-            out.append(op.name)
-        elif _constant_batch_shape(op, shape, batch_ops):
-            out.append(op.name)
+        elif not _constant_batch_shape(op, shape, batch_ops):
+            continue
+        if shape.shape.rank != 1 or shape.shape[0] is None:
+            raise UnsupportedGraphError(
+                f"the random op '{op.name}' ({op.type}) draws per example, but its shape "
+                f"'{shape.name}' has no static length")
+        out.append(op.name)
     return out
 
 
@@ -121,23 +129,6 @@ def _counts_a_batch_shape(delta: tf.Tensor, batch_ops: set[str]) -> bool:
     return (t.op.type == "Prod" and tf.get_static_value(t.op.inputs[1]) is not None
             and list(np.reshape(tf.get_static_value(t.op.inputs[1]), -1)) == [0]
             and _first_is_batch_size(t.op.inputs[0], batch_ops))
-
-
-def _reached_without(graph: tf.Graph, batch_ops: set[str], stops: set[str]) -> set[str]:
-    """The ops of `batch_ops` reached from its roots without passing through
-    the outputs of `stops`."""
-    roots = [op for op in graph.get_operations() if op.name in batch_ops
-             and not any(t.op.name in batch_ops for t in op.inputs)]
-    seen = {op.name for op in roots}
-    while roots:
-        op = roots.pop()
-        if op.name in stops:
-            continue
-        for c in {c for t in op.outputs for c in t.consumers()}:
-            if c.name in batch_ops and c.name not in seen:
-                seen.add(c.name)
-                roots.append(c)
-    return seen
 
 
 def _refusal(op: tf.Operation, why: str) -> UnsupportedGraphError:
@@ -241,11 +232,7 @@ def rewrite_batch_draws(graph: tf.Graph, draws: list[str], num_workers: int,
                 continue
             index = SHAPED_DRAWS[op.type]
             shape = op.inputs[index]
-            rank = shape.shape[0]
-            if rank is None:
-                raise UnsupportedGraphError(
-                    f"the random op '{name}' ({op.type}) draws per example, but its shape "
-                    f"'{shape.name}' has no static length")
+            rank = shape.shape[0]   # static: find_batch_draws refused any other shape
             dtype = shape.dtype.base_dtype
             whole = new_op("Mul", [shape, constants.get([n] + [1] * (rank - 1), dtype)],
                            T=dtype).outputs[0]

@@ -68,6 +68,8 @@ MICRO_BATCHES = {("emb_mlp", "amsgrad_wd", "float64", "ps"): 2}
 # Cases whose script assigns the learning rate from Python before each step,
 # as custom loops decay it (before: the lifted graph kept the first rate).
 DECAYED_LR = {("shared", "sgd", "float64", "ps")}
+# Keras 3's BatchNormalization and LayerNormalization (the batch-norm test)
+BATCH_NORM_PROGRAM = ("bn_mlp", "adam", "float64")
 FIT_OPTIONS = (["hybrid", "ps", "allreduce", "herring"]
                if os.environ.get("AUTOPAR_TEST_MATRIX") == "full" else ["hybrid"])
 
@@ -93,7 +95,7 @@ def reference(tmp_path_factory):
     another)."""
     started = {}
     programs = [(m, o, d, (m, o, d, r) in DECAYED_LR) for m, o, d, r in CASES] + [
-        ("bn_mlp", "adam", "float64", False)]
+        (*BATCH_NORM_PROGRAM, False)]
 
     def get(model, optimizer, dtype, decay=False):
         key = (model, optimizer, dtype, decay)
@@ -159,17 +161,18 @@ def test_batch_norm_over_every_worker_matches_one_device(tmp_path, reference):
     device on the global batch. Each norm's gamma and beta share a shape,
     and Keras's optimizer passes all gradients through one IdentityN: each
     must be recognised as its own variable's."""
-    expected = reference("bn_mlp", "adam", "float64")
+    model, optimizer, dtype = BATCH_NORM_PROGRAM
+    expected = reference(model, optimizer, dtype)
     spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
-    log = run_script([sys.executable, str(SCRIPT), "--model", "bn_mlp", "--optimizer", "adam",
-                      "--dtype", "float64", "--steps", str(STEPS), "--batch", str(BATCH),
+    log = run_script([sys.executable, str(SCRIPT), "--model", model, "--optimizer", optimizer,
+                      "--dtype", dtype, "--steps", str(STEPS), "--batch", str(BATCH),
                       "--spec", str(spec), "--run-option", "hybrid", "--batch-norm-group", "all",
                       "--out", str(tmp_path / "dist")])
     assert "statistics over all 3 workers" in log
     assert any("moving_variance" in name for name in expected)
     for i in range(3):
         assert_same_parameters(expected, load_worker(tmp_path / "dist", i),
-                               what=f"bn_mlp worker {i}")
+                               what=f"{model} worker {i}")
 
 
 FIT = REPO / "examples" / "keras_fit.py"
