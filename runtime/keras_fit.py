@@ -89,6 +89,7 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
                            "initial_epoch, steps_per_epoch, validation_steps)")
     _refuse_own_steps(model, validation_data is not None or bool(validation_split))
     _should_validate(0, validation_freq)   # refused here, before any training, if malformed
+    _refuse_unless_positive_int("validation_batch_size", validation_batch_size)
     floatx = keras.config.floatx()
     inputs = getattr(model, "inputs", None)
     input_rank = len(inputs[0].shape) if inputs else None
@@ -247,6 +248,7 @@ def _array_batches(x, y, batch_size, sample_weight, class_weight, validation_spl
                            f"({sorted(lengths)})")
     if class_weight is not None and len(flat(y)) > 1:
         raise AutoparError("autopar.fit: class_weight is for a model with one output (as fit)")
+    _refuse_unless_positive_int("batch_size", batch_size)
     validation = None
     if validation_split:
         x, y, sample_weight, validation = _split_off_validation(x, y, sample_weight,
@@ -254,6 +256,14 @@ def _array_batches(x, y, batch_size, sample_weight, class_weight, validation_spl
     return ArrayBatches(x, y, _sample_weights(y, sample_weight, class_weight, floatx),
                         DEFAULT_BATCH_SIZE if batch_size is None else batch_size, shuffle,
                         seed), validation
+
+
+def _refuse_unless_positive_int(name: str, value) -> None:
+    """A count fit() takes (batch_size, validation_batch_size), when given."""
+    from autopar.common.errors import AutoparError
+    if value is not None and (not isinstance(value, (int, np.integer))
+                              or isinstance(value, bool) or value < 1):
+        raise AutoparError(f"autopar.fit: {name} is a positive int, got {value!r}")
 
 
 def _split_off_validation(x, y, sample_weight, fraction: float):
