@@ -39,8 +39,9 @@ from pathlib import Path
 
 from autopar.common import env as envvars
 from autopar.common.procs import stop_processes
-from autopar.common.roles import SERVER_JOB, WORKER_JOB
+from autopar.common.roles import SERVER_JOB, SERVER_ROLE, WORKER_JOB, WORKER_ROLE
 from autopar.runtime import forkserver
+from autopar.runtime.commands import bind_shim_path, tcp_window_env
 from autopar.transforms.methods.herring.window import job_window_setting
 from bench import metrics, models
 from bench.cluster import DEFAULT_CONGESTION_CONTROL
@@ -453,6 +454,14 @@ def run_point(cluster, spawner, settings: Settings, point: Point, run_dir: Path)
                                     point.num_workers, len(sumservers))
         env[envvars.HERRING_WINDOW] = window
         record["herring_window_bytes"] = int(window)
+    # What the launcher gives an autopar job's workers and servers: the
+    # receive window of their connections to each other (the bind shim).
+    role_env = {}
+    if peer.name.startswith("autopar"):
+        role_env = {job: tcp_window_env(role, job_cluster, point.link_mbit / 1000)
+                    for job, role in ((WORKER_JOB, WORKER_ROLE), (SERVER_JOB, SERVER_ROLE))}
+        window = role_env[WORKER_JOB].get(envvars.TCP_WINDOW)
+        record["tcp_window_bytes"] = int(window) if window else None
     events: queue.Queue = queue.Queue()
     procs: list[Proc] = []
     workers: list[Proc] = []
@@ -462,7 +471,8 @@ def run_point(cluster, spawner, settings: Settings, point: Point, run_dir: Path)
         label = f"{role}{index}"
         stdout = run_dir / f"{label}.log"
         args = ["--job", str(job_path), "--role", role, "--index", str(index)]
-        pid, poll = spawner.spawn(host, peer.venv, PEERS_DIR / peer.script, args, env, stdout,
+        pid, poll = spawner.spawn(host, peer.venv, PEERS_DIR / peer.script, args,
+                                  {**env, **role_env.get(role, {})}, stdout,
                                   stdout.with_suffix(".err"))
         p = Proc(label, pid, poll, stdout, events)
         procs.append(p)
@@ -623,9 +633,13 @@ def _dump_stacks(procs: list[Proc]) -> str:
 
 
 def _peer_env() -> dict[str, str]:
+    """Every peer process's environment. The bind shim is preloaded as the
+    launcher preloads it (it changes nothing without the variables
+    tcp_window_env gives autopar's workers and servers)."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("TF_CONFIG", "AUTOPAR_", "HOROVOD_", "PYTHONPATH"))}
-    env.update(PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2")
+           if not k.startswith(("TF_CONFIG", "AUTOPAR_", "HOROVOD_", "PYTHONPATH", "LD_PRELOAD"))}
+    env.update(PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
+               LD_PRELOAD=bind_shim_path())
     return env
 
 

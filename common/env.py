@@ -42,6 +42,14 @@ HERRING_TIMEOUT = "AUTOPAR_HERRING_TIMEOUT_S"
 # spec's link speed (transforms/methods/herring/window.py) unless the
 # environment has it.
 HERRING_WINDOW = "AUTOPAR_HERRING_WINDOW_BYTES"
+# The receive window of each TensorFlow connection between a job's processes
+# (the bind shim, cpp_ops/bind_shim.c, sets it on connect() to an endpoint of
+# TCP_WINDOW_PEERS): the launcher sets it from the spec's link speed
+# (transforms/methods/herring/window.py, tcp_window_bytes) unless the
+# environment has it; a spec without a link speed, a link fast enough that the
+# kernel's autotuning should decide, or AUTOPAR_TCP_WINDOW_BYTES=0 sets none.
+TCP_WINDOW = "AUTOPAR_TCP_WINDOW_BYTES"
+TCP_WINDOW_PEERS = "AUTOPAR_TCP_WINDOW_PEERS"   # "addr/port,..." (the shim's format)
 # "0": the launcher starts every local process anew instead of forking it
 # from the job's fork server (runtime/forkserver.py).
 FORK_SERVER = "AUTOPAR_FORK_SERVER"

@@ -29,7 +29,7 @@ from autopar.runtime.coordinator_client import DEFAULT_LINK_TIMEOUT_S, LINK_TIME
 from autopar.runtime.ports import is_local_address
 from autopar.runtime.slurm import srun_command
 from autopar.runtime.spec import HostSpec, ResourceSpec
-from autopar.transforms.methods.herring.window import job_window_setting
+from autopar.transforms.methods.herring.window import job_window_setting, tcp_window_bytes
 
 logger = logging.getLogger("autopar.launcher")
 
@@ -217,7 +217,8 @@ def plan_children(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: Se
                 # Bound to the spec's address, like the other servers (bind shim).
                 command = [sumserver_path(), "--host", host_address(host.address),
                            "--port", address.rpartition(":")[2]]
-            role_env = autopar_env(role, index, cluster, spec, tty=tty)
+            role_env = {**autopar_env(role, index, cluster, spec, tty=tty),
+                        **tcp_window_env(role, cluster, spec.bandwidth_gbps)}
             if host.slurm_node is not None:
                 # srun exports this environment to the step (a shared file
                 # system gives the node the same paths).
@@ -236,12 +237,32 @@ def plan_children(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: Se
 
 def bind_env_value(cluster: Mapping[str, list[str]]) -> str:
     """AUTOPAR_BIND for the shim: "ADDR/PORT" for every endpoint of the job."""
+    return _shim_endpoints([e for addresses in cluster.values() for e in addresses])
+
+def _shim_endpoints(endpoints: Sequence[str]) -> str:
+    """"ADDR/PORT,..." (the bind shim's format) of "host:port" endpoints."""
     entries = []
-    for addresses in cluster.values():
-        for endpoint in addresses:
-            host, _, port = endpoint.rpartition(":")
-            entries.append(f"{host_address(host)}/{port}")
+    for endpoint in endpoints:
+        host, _, port = endpoint.rpartition(":")
+        entries.append(f"{host_address(host)}/{port}")
     return ",".join(dict.fromkeys(entries))
+
+def tcp_window_env(role: str, cluster: Mapping[str, list[str]],
+                   bandwidth_gbps: float | None) -> dict[str, str]:
+    """AUTOPAR_TCP_WINDOW_{BYTES,PEERS} for a worker (its connections to the
+    other workers and to the parameter servers) or a parameter server (to
+    the workers): the receive window of each (window.tcp_window_bytes);
+    nothing when that leaves the kernel's autotuning (no link speed, a fast
+    link) unless the environment gives the bytes, nor when it gives 0."""
+    workers, servers = list(cluster.get(WORKER_JOB, [])), list(cluster.get(SERVER_JOB, []))
+    peers = {WORKER_ROLE: workers + servers, SERVER_ROLE: workers}.get(role)
+    if not peers:
+        return {}
+    window = (os.environ.get(envvars.TCP_WINDOW)
+              or tcp_window_bytes(bandwidth_gbps, len(workers), len(servers)))
+    if not window or str(window) == "0":     # "0": the user turned it off
+        return {}
+    return {envvars.TCP_WINDOW: str(window), envvars.TCP_WINDOW_PEERS: _shim_endpoints(peers)}
 
 def bind_shim_path() -> str:
     """runtime/libautopar_bind.so, built at install time (built now if missing)."""

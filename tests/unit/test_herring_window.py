@@ -1,6 +1,8 @@
 """The Herring flow window (transforms/methods/herring/window.py): from the
 link speed and the flows that share a link, and handed by the launcher to
-every process of a job with summation servers."""
+every process of a job with summation servers; the same rule bounds the
+receive windows of the connections between workers and parameter servers
+(the bind shim)."""
 from __future__ import annotations
 
 import re
@@ -9,7 +11,7 @@ import sys
 import pytest
 
 from autopar.common import env as envvars
-from autopar.common.roles import SUMSERVER_ROLE, WORKER_ROLE
+from autopar.common.roles import SERVER_ROLE, SUMSERVER_ROLE, WORKER_ROLE
 from autopar.transforms.methods.herring import window
 from tests.integration.cluster import REPO
 
@@ -65,3 +67,48 @@ def test_launcher_gives_every_process_the_window_of_its_links(monkeypatch):
     assert all(envvars.HERRING_WINDOW not in p.env for p in _children(None))
     monkeypatch.setenv(envvars.HERRING_WINDOW, "65536")
     assert all(p.env[envvars.HERRING_WINDOW] == "65536" for p in _children(1.0))
+
+
+def test_launcher_bounds_the_windows_of_tensorflows_connections(monkeypatch):
+    """A worker's connections to the other workers and to the parameter
+    servers, and a server's to the workers, get the window of their links,
+    as the shim's "ADDR/PORT" list; the summation servers have their own."""
+    monkeypatch.delenv(envvars.TCP_WINDOW, raising=False)
+    plans = _children(0.025)
+    expected = str(window.flow_window_bytes(0.025, 2, 1))
+    peers = {p.role: p.env.get(envvars.TCP_WINDOW_PEERS) for p in plans}
+    workers = "127.0.0.1/5000,127.0.0.1/5001"
+    assert peers == {WORKER_ROLE: workers + ",127.0.0.2/5002", SERVER_ROLE: workers,
+                     SUMSERVER_ROLE: None}, peers
+    assert {p.role: p.env.get(envvars.TCP_WINDOW) for p in plans} == {
+        WORKER_ROLE: expected, SERVER_ROLE: expected, SUMSERVER_ROLE: None}
+    # No link speed: the kernel's autotuning, unless the user sets the bytes.
+    assert all(envvars.TCP_WINDOW not in p.env for p in _children(None))
+    monkeypatch.setenv(envvars.TCP_WINDOW, "40000")
+    assert all(p.env[envvars.TCP_WINDOW] == "40000" and p.env[envvars.TCP_WINDOW_PEERS]
+               for p in _children(None) if p.role != SUMSERVER_ROLE)
+    monkeypatch.setenv(envvars.TCP_WINDOW, "0")      # turned off
+    assert all(envvars.TCP_WINDOW_PEERS not in p.env for p in _children(0.025))
+
+
+@pytest.mark.parametrize("gbps, workers, servers, expected", [
+    (0.025, 8, 8, window.MIN_BYTES),
+    (0.1, 4, 0, 25_000),        # a ring without servers: the workers' links
+    (1.0, 8, 8, 125_000),
+    # Where the rule reaches the transport's default, the kernel's autotuning
+    # decides (a fixed SO_RCVBUF is capped by net.core.rmem_max).
+    (1.0, 4, 4, None),
+    (10.0, 8, 8, None),
+    (None, 8, 8, None),
+])
+def test_tcp_window_leaves_fast_links_to_the_kernel(gbps, workers, servers, expected):
+    assert window.tcp_window_bytes(gbps, workers, servers) == expected
+
+
+def test_a_job_without_servers_bounds_its_rings_connections(monkeypatch):
+    from autopar.runtime.commands import tcp_window_env
+    monkeypatch.delenv(envvars.TCP_WINDOW, raising=False)
+    ring = tcp_window_env(WORKER_ROLE, {"worker": ["127.0.0.1:1", "127.0.0.2:2"]}, 0.025)
+    assert ring == {envvars.TCP_WINDOW: str(window.MIN_BYTES),
+                    envvars.TCP_WINDOW_PEERS: "127.0.0.1/1,127.0.0.2/2"}
+    assert tcp_window_env(WORKER_ROLE, {"worker": ["127.0.0.1:1"]}, 10.0) == {}

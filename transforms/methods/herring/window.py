@@ -22,7 +22,19 @@ QUEUE_S is 8 ms: with 4 ms, 8 workers averaging 32 MiB at 1 Gbit/s took
 
 The launcher exports the result as AUTOPAR_HERRING_WINDOW_BYTES to the
 workers and summation servers (cpp_ops/herring_wire.h reads it); a spec
-without `network.bandwidth_gbps` keeps the transport's default."""
+without `network.bandwidth_gbps` keeps the transport's default.
+
+The same rule bounds TensorFlow's own connections between a job's workers
+and parameter servers (tcp_window_bytes; set by the bind shim,
+cpp_ops/bind_shim.c): S servers answering one worker's pull at once, N
+workers' pushes into one server, a ring's neighbours. Left to the kernel's
+autotuning those windows grow to megabytes, which only stand in the link's
+queue: at 25 Mbit/s a 1000-frame queue is 0.5 s deep, and a parameter
+server's pulls there had up to 11 retransmission timeouts per 20 steps, none
+with the windows bounded; at 100 Mbit/s with 8 workers, where this
+machine's 2 cores bind, the queued bytes cost CPU (autopar's all-reduce
+used 2321 CPU ms per sparse-LM step, 1181 with the windows bounded, and its
+step went from 1223 to 980 ms; bench/README.md, "Bounded TCP windows")."""
 from __future__ import annotations
 
 DEFAULT_BYTES = 128 << 10   # cpp_ops/herring_wire.h kFlowWindowBytes: link speed unknown
@@ -48,3 +60,14 @@ def job_window_setting(user_setting: str | None, bandwidth_gbps: float | None, w
     transport's default applies)."""
     window = user_setting or flow_window_bytes(bandwidth_gbps, workers, servers)
     return None if window is None else str(window)
+
+
+def tcp_window_bytes(bandwidth_gbps: float | None, workers: int, servers: int) -> int | None:
+    """The receive window of each TensorFlow connection between a job's
+    processes (workers and parameter servers): flow_window_bytes, or None
+    (the kernel's autotuning) when that reaches DEFAULT_BYTES: a fast link
+    needs more in flight than a fixed SO_RCVBUF may give (the kernel caps it
+    at net.core.rmem_max, 208 KiB by default, where autotuning goes to
+    megabytes)."""
+    window = flow_window_bytes(bandwidth_gbps, workers, servers)
+    return window if window is not None and window < DEFAULT_BYTES else None
