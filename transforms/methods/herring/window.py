@@ -29,12 +29,12 @@ and parameter servers (tcp_window_bytes; set by the bind shim,
 cpp_ops/bind_shim.c): S servers answering one worker's pull at once, N
 workers' pushes into one server, a ring's neighbours. Left to the kernel's
 autotuning those windows grow to megabytes, which only stand in the link's
-queue: at 25 Mbit/s a 1000-frame queue is 0.5 s deep, and a parameter
-server's pulls there had up to 11 retransmission timeouts per 20 steps, none
-with the windows bounded; at 100 Mbit/s with 8 workers, where this
-machine's 2 cores bind, the queued bytes cost CPU (autopar's all-reduce
-used 2321 CPU ms per sparse-LM step, 1181 with the windows bounded, and its
-step went from 1223 to 980 ms; bench/README.md, "Bounded TCP windows")."""
+queue: at 25 Mbit/s a 1000-frame queue is 0.5 s deep, and the sparse LM's
+ps path with 8 workers had 22 retransmission timeouts in 20 steps, none with
+the windows bounded; at 100 Mbit/s with 8 workers, where this machine's 2
+cores bind, the queued bytes cost CPU (autopar's all-reduce used 2200 CPU ms
+per sparse-LM step, 1581 with the windows bounded, and its step went from
+1151 to 1022 ms; bench/README.md, "Bounded TCP windows")."""
 from __future__ import annotations
 
 DEFAULT_BYTES = 128 << 10   # cpp_ops/herring_wire.h kFlowWindowBytes: link speed unknown
