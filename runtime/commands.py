@@ -202,7 +202,7 @@ def plan_children(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: Se
     if sumservers:
         extra_env = {**(extra_env or {}), envvars.SUMSERVERS: ",".join(sumservers)}
         # Given explicitly, so the user's own setting reaches remote children too.
-        window = job_window_setting(os.environ.get(envvars.HERRING_WINDOW), spec.bandwidth_gbps,
+        window = job_window_setting(user_window(envvars.HERRING_WINDOW), spec.bandwidth_gbps,
                                     len(cluster[WORKER_JOB]), len(sumservers))
         if window is not None:
             extra_env[envvars.HERRING_WINDOW] = window
@@ -258,11 +258,28 @@ def tcp_window_env(role: str, cluster: Mapping[str, list[str]],
     peers = {WORKER_ROLE: workers + servers, SERVER_ROLE: workers}.get(role)
     if not peers:
         return {}
-    window = (os.environ.get(envvars.TCP_WINDOW)
+    window = (user_window(envvars.TCP_WINDOW, off_ok=True)
               or tcp_window_bytes(bandwidth_gbps, len(workers), len(servers)))
     if not window or str(window) == "0":     # "0": the user turned it off
         return {}
     return {envvars.TCP_WINDOW: str(window), envvars.TCP_WINDOW_PEERS: _shim_endpoints(peers)}
+
+# What cpp_ops/herring_wire.h and bind_shim.c accept as a window (bytes).
+WINDOW_RANGE = (4 << 10, 64 << 20)
+
+def user_window(name: str, off_ok: bool = False) -> str | None:
+    """The window the environment variable ``name`` gives (None: unset or
+    empty), refused by name unless it is a whole number of bytes in
+    WINDOW_RANGE (or "0", turning it off, when ``off_ok``): the transports
+    would ignore it silently."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    low, high = WINDOW_RANGE
+    if value.isdigit() and (low <= int(value) <= high or (off_ok and int(value) == 0)):
+        return str(int(value))
+    raise LaunchError(f"{name}={value!r}: must be a whole number of bytes from {low} to {high}"
+                      + (" (or 0: no bound)" if off_ok else ""))
 
 def bind_shim_path() -> str:
     """runtime/libautopar_bind.so, built at install time (built now if missing)."""

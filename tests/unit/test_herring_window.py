@@ -112,3 +112,16 @@ def test_a_job_without_servers_bounds_its_rings_connections(monkeypatch):
     assert ring == {envvars.TCP_WINDOW: str(window.MIN_BYTES),
                     envvars.TCP_WINDOW_PEERS: "127.0.0.1/1,127.0.0.2/2"}
     assert tcp_window_env(WORKER_ROLE, {"worker": ["127.0.0.1:1"]}, 10.0) == {}
+
+
+@pytest.mark.parametrize("name, value", [
+    (envvars.TCP_WINDOW, "64k"), (envvars.TCP_WINDOW, "1000"), (envvars.TCP_WINDOW, "-5"),
+    (envvars.HERRING_WINDOW, "0"), (envvars.HERRING_WINDOW, str(1 << 30)),
+])
+def test_a_window_the_transports_would_ignore_is_refused_by_name(monkeypatch, name, value):
+    """The shim and the Herring transport fall back silently on a value out
+    of their range; the launcher says so before starting anything."""
+    from autopar.common.errors import LaunchError
+    monkeypatch.setenv(name, value)
+    with pytest.raises(LaunchError, match=f"{name}='{re.escape(value)}': must be a whole number"):
+        _children(0.025)
