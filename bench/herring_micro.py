@@ -71,6 +71,7 @@ def run(workers: int, servers: int, mib: int, iters: int, wire: str,
     workers + k, talking over the emulated links."""
     from autopar.common.env import HERRING_WINDOW
     from autopar.runtime import native
+    from autopar.runtime.commands import user_window
     from autopar.transforms.methods.herring.window import job_window_setting
     binary = native.RUNTIME_DIR / native.SUMSERVER_NAME
     if not binary.exists() or not (native.RUNTIME_DIR / native.HERRING_OPS_NAME).exists():
@@ -83,7 +84,7 @@ def run(workers: int, servers: int, mib: int, iters: int, wire: str,
         return cluster.popen(host, argv, **kwargs)
 
     # On emulated links, the flow window autopar's launcher would set.
-    window = (job_window_setting(os.environ.get(HERRING_WINDOW), cluster.rate_mbit / 1000,
+    window = (job_window_setting(user_window(HERRING_WINDOW), cluster.rate_mbit / 1000,
                                  workers, servers) if cluster else None)
     base_env = dict(os.environ, **({HERRING_WINDOW: window} if window else {}))
     procs: list[subprocess.Popen] = []

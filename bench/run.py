@@ -41,7 +41,7 @@ from autopar.common import env as envvars
 from autopar.common.procs import stop_processes
 from autopar.common.roles import SERVER_JOB, SERVER_ROLE, WORKER_JOB, WORKER_ROLE
 from autopar.runtime import forkserver
-from autopar.runtime.commands import bind_shim_path, tcp_window_env
+from autopar.runtime.commands import bind_shim_path, tcp_window_env, user_window
 from autopar.transforms.methods.herring.window import job_window_setting
 from bench import metrics, models
 from bench.cluster import DEFAULT_CONGESTION_CONTROL
@@ -450,7 +450,7 @@ def run_point(cluster, spawner, settings: Settings, point: Point, run_dir: Path)
         # push/pull timeout stays inside the harness's phase timeout.
         env.update({envvars.SUMSERVERS: ",".join(sumservers),
                     envvars.HERRING_TIMEOUT: f"{max(10.0, settings.phase_timeout_s / 2):g}"})
-        window = job_window_setting(os.environ.get(envvars.HERRING_WINDOW), point.link_mbit / 1000,
+        window = job_window_setting(user_window(envvars.HERRING_WINDOW), point.link_mbit / 1000,
                                     point.num_workers, len(sumservers))
         env[envvars.HERRING_WINDOW] = window
         record["herring_window_bytes"] = int(window)

@@ -29,7 +29,8 @@ from autopar.runtime.coordinator_client import DEFAULT_LINK_TIMEOUT_S, LINK_TIME
 from autopar.runtime.ports import is_local_address
 from autopar.runtime.slurm import srun_command
 from autopar.runtime.spec import HostSpec, ResourceSpec
-from autopar.transforms.methods.herring.window import job_window_setting, tcp_window_bytes
+from autopar.transforms.methods.herring.window import (SETTABLE_BYTES, job_window_setting,
+                                                       tcp_window_bytes)
 
 logger = logging.getLogger("autopar.launcher")
 
@@ -258,24 +259,23 @@ def tcp_window_env(role: str, cluster: Mapping[str, list[str]],
     peers = {WORKER_ROLE: workers + servers, SERVER_ROLE: workers}.get(role)
     if not peers:
         return {}
-    window = (user_window(envvars.TCP_WINDOW, off_ok=True)
-              or tcp_window_bytes(bandwidth_gbps, len(workers), len(servers)))
-    if not window or str(window) == "0":     # "0": the user turned it off
+    window = user_window(envvars.TCP_WINDOW, off_ok=True)
+    if window == "0":     # the user turned it off
+        return {}
+    window = window or tcp_window_bytes(bandwidth_gbps, len(workers), len(servers))
+    if window is None:
         return {}
     return {envvars.TCP_WINDOW: str(window), envvars.TCP_WINDOW_PEERS: _shim_endpoints(peers)}
 
-# What cpp_ops/herring_wire.h and bind_shim.c accept as a window (bytes).
-WINDOW_RANGE = (4 << 10, 64 << 20)
-
 def user_window(name: str, off_ok: bool = False) -> str | None:
     """The window the environment variable ``name`` gives (None: unset or
-    empty), refused by name unless it is a whole number of bytes in
-    WINDOW_RANGE (or "0", turning it off, when ``off_ok``): the transports
-    would ignore it silently."""
+    empty), refused by name unless it is a whole number of bytes the
+    transports take (window.SETTABLE_BYTES; or "0", turning it off, when
+    ``off_ok``): they would ignore it silently."""
     value = os.environ.get(name, "").strip()
     if not value:
         return None
-    low, high = WINDOW_RANGE
+    low, high = SETTABLE_BYTES
     if value.isdigit() and (low <= int(value) <= high or (off_ok and int(value) == 0)):
         return str(int(value))
     raise LaunchError(f"{name}={value!r}: must be a whole number of bytes from {low} to {high}"

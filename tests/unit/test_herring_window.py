@@ -16,12 +16,25 @@ from autopar.transforms.methods.herring import window
 from tests.integration.cluster import REPO
 
 WIRE_H = (REPO / "cpp_ops" / "herring_wire.h").read_text()
+SHIM_C = (REPO / "cpp_ops" / "bind_shim.c").read_text()
 
 
 def test_the_transport_reads_the_window_the_launcher_sets():
     assert re.search(r'kFlowWindowEnv = "' + envvars.HERRING_WINDOW + '"', WIRE_H)
     default = re.search(r"kFlowWindowBytes = (\d+) << (\d+);", WIRE_H)
     assert int(default.group(1)) << int(default.group(2)) == window.DEFAULT_BYTES
+
+
+def test_the_launcher_refuses_exactly_what_the_transports_would_ignore():
+    """window.SETTABLE_BYTES is the range herring_wire.h and bind_shim.c read."""
+    low, high = window.SETTABLE_BYTES
+    wire = re.search(r"value < \((\d+) << (\d+)\) \|\| value > \((\d+) << (\d+)\)", WIRE_H)
+    assert wire, "herring_wire.h's window bounds moved"
+    assert (int(wire.group(1)) << int(wire.group(2)), int(wire.group(3)) << int(wire.group(4))) \
+        == (low, high)
+    shim = re.search(r"value >= (\d+) && value <= \((\d+)L << (\d+)\)", SHIM_C)
+    assert shim, "bind_shim.c's window bounds moved"
+    assert (int(shim.group(1)), int(shim.group(2)) << int(shim.group(3))) == (low, high)
 
 
 def test_unknown_link_speed_keeps_the_transports_default():

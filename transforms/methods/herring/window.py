@@ -38,6 +38,9 @@ per sparse-LM step, 1581 with the windows bounded, and its step went from
 from __future__ import annotations
 
 DEFAULT_BYTES = 128 << 10   # cpp_ops/herring_wire.h kFlowWindowBytes: link speed unknown
+# The windows cpp_ops/herring_wire.h and cpp_ops/bind_shim.c take from the
+# environment (bytes); they ignore any other value.
+SETTABLE_BYTES = (4 << 10, 64 << 20)
 MIN_BYTES = 16 << 10
 QUEUE_S = 0.008
 
