@@ -96,7 +96,7 @@ docs: $(STAMP)
 # bench-setup builds the Horovod peer's own virtualenv once (bench/.venv-horovod,
 # TensorFlow 2.12 + Horovod 0.28.1, a few minutes); the bench targets build it
 # too when it is missing. Results: bench/results/<quick|full>.{json,md,png}.
-.PHONY: bench-setup bench-quick bench bench-herring
+.PHONY: bench-setup bench-quick bench bench-herring bench-messages
 BENCH_ROOT_CHECK = $(PY) -c 'from bench.cluster import require_root; require_root()'
 
 bench-setup: $(STAMP)
@@ -128,13 +128,25 @@ bench-herring: $(STAMP)
 		--workload-hosts dense=4,8 --workload-peers dense=floor,horovod,autopar-allreduce,autopar-herring
 	$(MAKE) docs   # the benchmark page and README numbers from the new results
 
+# What a message costs (issue 31 item 5): the microbenchmark at G = 1 MiB on 1000 Mbit/s
+# links, where every system's step is its messages, not its bytes: 2, 4 and 8 hosts,
+# S = N servers (a PS variable in one partition per server: 2 N S RPCs per step),
+# every peer the simulator models (~3 min). bench/simulate.py fits on it beside
+# full.json and quick.json. Results: bench/results/messages.{json,md,png}.
+bench-messages: $(STAMP)
+	$(BENCH_ROOT_CHECK)
+	$(PY) -m bench.run --name messages --link-mbit 1000 --hosts 2,4,8 --servers equal \
+		--workloads avg,sparse --avg-mib 1 --steps avg=3:30 \
+		--peers floor,tf_mwms,tf_ps,horovod,autopar-allreduce,autopar-ps,autopar-hybrid
+	$(MAKE) docs   # the benchmark page and README numbers from the new results
+
 # Analysis and rewrite time vs graph size: a BERT-style encoder at 3, 6, 12
 # and 24 layers (no root needed; minutes, most of it the rewrite). Results:
 # bench/results/transform_scale.{json,png}. TRANSFORM_ARGS passes options, e.g.
 # TRANSFORM_ARGS="--layers 12 24 --skip-rewrite". transform-scale-e2e: the
 # 24-layer graph on 2 local workers, launch to two finished steps, by phase.
 # The alpha-beta-gamma simulator (bench/simulate.py): fits its constants to the
-# committed bench/results/{full,quick}.json and projects to 16-512 workers and to
+# committed bench/results/{full,quick,messages}.json and projects to 16-512 workers and to
 # Parallax's cluster; writes bench/results/simulate.{json,md,png}. Seconds, no root.
 .PHONY: simulate
 simulate: $(STAMP)

@@ -132,6 +132,8 @@ class Settings:
     workload_hosts: dict = field(default_factory=dict)
     workload_peers: dict = field(default_factory=dict)
     forkserver: bool = True            # import TensorFlow once per interpreter (runtime/forkserver.py)
+    # autopar.Config fields every autopar peer runs with, e.g. {"partitions": {"embedding": 4}}
+    autopar_config: dict = field(default_factory=dict)
 
     @property
     def rate_mbit(self) -> float:
@@ -413,6 +415,21 @@ class Point:
         return self.port + 3          # port + 1: ps tasks, + 2: Horovod's rendezvous
 
 
+def peer_options(peer: PeerDef, settings: Settings, sumservers: list[str],
+                 rendezvous: str | None) -> dict:
+    """The job options a peer's processes get: its own, the run's autopar.Config
+    fields for an autopar peer (--autopar-config), where its summation servers
+    and its rendezvous are."""
+    options = dict(peer.options)
+    if settings.autopar_config and peer.script == "autopar_peer.py":
+        options["config"] = {**options.get("config", {}), **settings.autopar_config}
+    if sumservers:
+        options["sumservers"] = sumservers
+    if rendezvous:
+        options["rendezvous"] = rendezvous
+    return options
+
+
 def run_point(cluster, spawner, settings: Settings, point: Point, run_dir: Path) -> dict:
     """Run one peer on one workload and host count; return its record (never raises)."""
     if run_dir.exists():
@@ -425,11 +442,8 @@ def run_point(cluster, spawner, settings: Settings, point: Point, run_dir: Path)
         job_cluster[SERVER_JOB] = [f"{addr[h]}:{point.port + 1}" for h in point.server_hosts]
     sumservers = ([f"{addr[h]}:{point.sumserver_port()}" for h in point.server_hosts]
                   if peer.sumservers else [])
-    options = dict(peer.options)
-    if sumservers:
-        options["sumservers"] = sumservers
-    if peer.rendezvous:
-        options["rendezvous"] = f"{addr[0]}:{point.port + 2}"
+    options = peer_options(peer, settings, sumservers,
+                           f"{addr[0]}:{point.port + 2}" if peer.rendezvous else None)
     deadline_s = settings.startup_timeout_s + 4 * settings.phase_timeout_s + 60
     job = {"peer": peer.name, "cluster": job_cluster, "workload": models.to_dict(w),
            "warmup": point.warmup, "steps": point.steps, "run_dir": str(run_dir),
@@ -1053,6 +1067,9 @@ def parse_args(argv=None) -> Settings:
     p.add_argument("--prefix", default="apb", help="name prefix of the emulated cluster's namespaces")
     p.add_argument("--no-forkserver", action="store_true",
                    help="start every peer process as a fresh interpreter (slower start-up, same figures)")
+    p.add_argument("--autopar-config", metavar="JSON", default="{}",
+                   help="autopar.Config fields every autopar peer runs with, as a JSON object, "
+                        "e.g. '{\"partitions\": {\"embedding\": 4}}' (default: none)")
     p.add_argument("--update-readme", action="store_true",
                    help="replace the quick-results section of bench/README.md with this run's table")
     args = p.parse_args(argv)
@@ -1106,6 +1123,16 @@ def parse_args(argv=None) -> Settings:
     if args.avg_mib:
         s.avg_mib = args.avg_mib
     s.forkserver = not args.no_forkserver
+    try:
+        s.autopar_config = json.loads(args.autopar_config)
+    except ValueError as e:
+        p.error(f"--autopar-config: not JSON ({e})")
+    if not isinstance(s.autopar_config, dict):
+        p.error(f"--autopar-config: expected a JSON object, got {args.autopar_config!r}")
+    from autopar.config import Config
+    unknown = set(s.autopar_config) - {f.name for f in dataclasses.fields(Config)}
+    if unknown:
+        p.error(f"--autopar-config: not autopar.Config fields: {sorted(unknown)}")
     s.prefix, s.update_readme = args.prefix, args.update_readme
     s.congestion_control = None if args.congestion_control == "machine" else args.congestion_control
     return s

@@ -41,7 +41,8 @@ and the bytes it sums, and the same summed over every process:
 
 Messages: a ring step is one message per worker (2(N-1) per all-reduce, N-1
 per all-gather); a PS step is one push and one pull RPC per sender and
-server, so a server handles 2N (2 per host with local aggregation).
+server, so a server handles 2N (2 per host with local aggregation). A ring
+step and an RPC have their own cost per peer (a hybrid step has both).
 
 Methods: `allreduce` (ring for dense + all-gather of sparse rows: tf_mwms,
 Horovod, autopar-allreduce), `ps` (TF-PS, autopar-ps), `ps_la` (PS with local
@@ -167,7 +168,8 @@ class Cluster:
 class PeerConstants:
     overhead_s: float = 0.0            # CPU s per worker step, independent of bytes
     kappa: float = 0.0                 # CPU s per byte a process sends/receives
-    message_s: float = 0.0             # CPU s per message sent and handled (RPC, ring step)
+    message_s: float = 0.0             # CPU s per ring step (a collective's message) sent and handled
+    rpc_s: float = 0.0                 # CPU s per parameter-server RPC (a push or a pull) sent and served
     wire_factor: float = 1.0           # multiplies beta (1 / fraction of the link rate reached)
     pair_serialised: float = 0.0       # expected share of a 2-rank all-gather's link time paid twice
 
@@ -206,6 +208,7 @@ class Phase:
     total_reduce: float      # bytes summed/applied by all processes
     proc_msgs: float = 0.0   # messages the busiest process sends or serves
     total_msgs: float = 0.0  # messages sent by all processes (each also handled by its receiver)
+    rpc: bool = False        # its messages are parameter-server RPCs, not ring steps
 
 
 def _method(name: str):
@@ -311,6 +314,8 @@ def parameter_server(push: float, pull: float, cl: Cluster, local_aggregation: b
     phases = [Phase(f"{tag}-push", push_link, 1, proc, total, srv_push + update + local_sum,
                     total_push + pull + hosts * local_sum, 2 * max(s, senders), 2 * senders * s),
               Phase(f"{tag}-pull", pull_link, 1, 0.0, 0.0, 0.0, 0.0)]
+    for p in phases:
+        p.rpc = True
     return phases
 
 
@@ -377,7 +382,8 @@ def _terms(method: str, wl: Workload, cl: Cluster) -> dict:
                                                   if shared else 1.0),
         "gamma": cpu(sum(p.total_reduce for p in ph), sum(p.proc_reduce for p in ph)),
         "kappa": cpu(sum(p.total_bytes for p in ph), sum(p.proc_bytes for p in ph)),
-        "mu": cpu(sum(p.total_msgs for p in ph), sum(p.proc_msgs for p in ph)),
+        "mu": cpu(sum(p.total_msgs for p in ph if not p.rpc), sum(p.proc_msgs for p in ph if not p.rpc)),
+        "mu_rpc": cpu(sum(p.total_msgs for p in ph if p.rpc), sum(p.proc_msgs for p in ph if p.rpc)),
         "overhead": cpu(n, 1.0),
         "compute": cpu(n * wl.examples, wl.examples),
         "phases": [asdict(p) for p in ph],
@@ -396,7 +402,7 @@ def step_time(method: str, wl: Workload, cl: Cluster, k: Constants, peer: str | 
         "compute": compute,
         "overhead": t["overhead"] * pc.overhead_s,
         "cpu_bytes": t["kappa"] * pc.kappa,
-        "messages": t["mu"] * pc.message_s,
+        "messages": t["mu"] * pc.message_s + t["mu_rpc"] * pc.rpc_s,
         "reduce": t["gamma"] * k.gamma,
         "wire": sum(w * k.phase_wire_factor.get(name, 1.0) for name, w in t["wire_by_phase"].items())
         * k.wire_factor * pc.wire_factor,
@@ -452,10 +458,12 @@ class Point:
 
 def design(points: list[Point], workloads: list[str], peers: list[str]) -> tuple[np.ndarray, list[str]]:
     """Columns: gamma, compute[w]..., then per aggregating peer p
-    overhead[p], kappa[p], wire[p], message[p] (each transport reaches its own
-    fraction of the link rate and pays its own CPU per RPC: TF's gRPC
-    collectives, Gloo and the parameter servers' RPCs differ by up to 2x in
-    the measured "of limit"). The floor's points have only compute: they
+    overhead[p], kappa[p], wire[p], message[p] and rpc[p] (each transport reaches its own
+    fraction of the link rate and pays its own CPU per ring step and per
+    parameter-server RPC: TF's gRPC collectives, Gloo and the parameter
+    servers' RPCs differ by up to 2x in the measured "of limit", and a
+    hybrid step has both kinds; a peer with one kind has an all-zero column
+    for the other, which the fit leaves at 0). The floor's points have only compute: they
     pin compute per example, so the peers' overheads are what they add to it.
     No alpha column: on shared cores a hop's wait (hops x processes / cores)
     is, for a ring, exactly its messages / cores, so alpha and the peers'
@@ -464,6 +472,7 @@ def design(points: list[Point], workloads: list[str], peers: list[str]) -> tuple
     names = ["gamma", "timeouts"] + [f"compute[{w}]" for w in workloads] + \
             [f"overhead[{p}]" for p in peers] + [f"kappa[{p}]" for p in peers] + \
             [f"wire[{p}]" for p in peers] + [f"message[{p}]" for p in peers] + \
+            [f"rpc[{p}]" for p in peers] + \
             [f"serialised[{p}]" for p in peers if p in PAIR_SERIALISED_PEERS]
     col = {name: i for i, name in enumerate(names)}
     rows = []
@@ -480,6 +489,7 @@ def design(points: list[Point], workloads: list[str], peers: list[str]) -> tuple
         r[col[f"kappa[{pt.peer}]"]] = t["kappa"]
         r[col[f"wire[{pt.peer}]"]] = t["wire"]
         r[col[f"message[{pt.peer}]"]] = t["mu"]
+        r[col[f"rpc[{pt.peer}]"]] = t["mu_rpc"]
         if pt.peer in PAIR_SERIALISED_PEERS:
             # fitted as share x wire factor (linear); _fit_constants divides the factor out
             r[col[f"serialised[{pt.peer}]"]] = t["pair_allgather"]
@@ -552,6 +562,7 @@ def _fit_constants(points: list[Point]) -> Constants:
                      compute_per_example={w: val[f"compute[{w}]"] for w in workloads},
                      peers={p: PeerConstants(overhead_s=val[f"overhead[{p}]"], kappa=val[f"kappa[{p}]"],
                                              wire_factor=val[f"wire[{p}]"], message_s=val[f"message[{p}]"],
+                                             rpc_s=val[f"rpc[{p}]"],
                                              pair_serialised=(val.get(f"serialised[{p}]", 0.0) / val[f"wire[{p}]"]
                                                               if val[f"wire[{p}]"] > 0 else 0.0))
                             for p in peers})
@@ -854,12 +865,12 @@ def markdown(out: dict) -> str:
               "- CPU speed of each run (CPU seconds relative to the first, fitted; the links are "
               "shaped, so only CPU terms scale): " + ", ".join(f"{r} {v:.3f}" for r, v in
                                                                k.get("run_cpu_speed", {}).items()), "",
-              "| peer | overhead ms / worker step | kappa ns / byte | ms / message | "
+              "| peer | overhead ms / worker step | kappa ns / byte | ms / ring step | ms / PS RPC | "
               "wire factor (1 = TCP at the link rate) | 2-rank all-gather paid twice |",
-              "|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|"]
     for p, c in k["peers"].items():
         lines.append(f"| {p} | {1e3 * c['overhead_s']:.2f} | {1e9 * c['kappa']:.3f} | "
-                     f"{1e3 * c['message_s']:.3f} | {c['wire_factor']:.3f} | "
+                     f"{1e3 * c['message_s']:.3f} | {1e3 * c.get('rpc_s', 0.0):.3f} | {c['wire_factor']:.3f} | "
                      + (f"{c.get('pair_serialised', 0.0):.2f} |" if p in PAIR_SERIALISED_PEERS else "– |"))
     lines += ["", "Overheads are what a peer adds to the compute-only floor, whose points "
               "(the slowest worker's mean step) pin compute per example."]
@@ -1027,8 +1038,10 @@ def build(sources: list[Path]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", nargs="*", type=Path,
-                    default=[RESULTS / "full.json", RESULTS / "quick.json"],
-                    help="bench results to fit (default: full.json and quick.json)")
+                    default=[RESULTS / "full.json", RESULTS / "quick.json", RESULTS / "messages.json"],
+                    help="bench results to fit (default: full.json, quick.json and messages.json: "
+                         "the microbenchmark at 1 MiB, where a step is its messages, "
+                         "make bench-messages)")
     ap.add_argument("--out", type=Path, default=RESULTS / "simulate",
                     help="output prefix (writes .json, .md, .png)")
     args = ap.parse_args(argv)

@@ -436,3 +436,23 @@ def test_link_occupancy_tells_one_direction_busy_from_both():
     half = [(0.0, 0, 0), (0.1, 0, full // 2), (0.2, 0, full // 2 + full // 2 - 1)]
     assert metrics.link_occupancy(half, rate)["send_busy"] == pytest.approx(0.5)
     assert metrics.link_occupancy([(0.0, 0, 0)], rate) is None
+
+
+def test_autopar_config_reaches_the_autopar_peers_only(capsys):
+    """--autopar-config: Config fields for every autopar peer (the partition
+    sweep of bench/README.md), checked against autopar.Config's fields."""
+    from bench import run
+    s = run.parse_args(["--autopar-config", '{"partitions": {"embedding": 4}}'])
+    assert s.autopar_config == {"partitions": {"embedding": 4}}
+    for bad, said in (('{"partitionz": 1}', "not autopar.Config fields: ['partitionz']"),
+                      ("[1]", "expected a JSON object"), ("{", "not JSON")):
+        with pytest.raises(SystemExit):
+            run.parse_args(["--autopar-config", bad])
+        assert said in capsys.readouterr().err
+    peers = {p.name: p for p in run.PEERS}
+    from bench.peers.autopar_peer import config_kwargs
+    options = run.peer_options(peers["autopar-hybrid"], s, [], None)
+    assert options["run_option"] == "hybrid"
+    assert config_kwargs(options)["partitions"] == {"embedding": 4}
+    assert "config" not in run.peer_options(peers["tf_ps"], s, [], None)
+    assert "config" not in run.peer_options(peers["autopar-hybrid"], run.parse_args([]), [], None)

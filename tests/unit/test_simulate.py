@@ -143,9 +143,9 @@ def test_fit_recovers_known_constants_from_synthetic_points():
                           peers={"a": sim.PeerConstants(overhead_s=2e-3, kappa=1.7e-9, wire_factor=1.2,
                                                         message_s=0.7e-3),
                                  "b": sim.PeerConstants(overhead_s=1e-3, kappa=0.3e-9, wire_factor=1.9,
-                                                        message_s=1.3e-3),
+                                                        rpc_s=1.3e-3),
                                  "c": sim.PeerConstants(overhead_s=5e-3, kappa=0.8e-9, wire_factor=1.05,
-                                                        message_s=0.2e-3)})
+                                                        message_s=0.2e-3, rpc_s=0.9e-3)})
     points = _synthetic_points(truth, {"a": "allreduce", "b": "ps", "c": "hybrid", "floor": "none"})
     got = sim.fit(points)
     assert got.alpha == 0.0
@@ -159,6 +159,7 @@ def test_fit_recovers_known_constants_from_synthetic_points():
         assert got.peers[p].kappa == pytest.approx(c.kappa, rel=1e-6)
         assert got.peers[p].wire_factor == pytest.approx(c.wire_factor, rel=1e-6)
         assert got.peers[p].message_s == pytest.approx(c.message_s, rel=1e-6)
+        assert got.peers[p].rpc_s == pytest.approx(c.rpc_s, rel=1e-6)
     assert max(abs(r["error"]) for r in sim.errors(points, got)) < 1e-6
 
 
@@ -169,7 +170,7 @@ def test_fit_recovers_a_slower_session_and_the_constants():
                           peers={"a": sim.PeerConstants(overhead_s=2e-3, kappa=1.7e-9, wire_factor=1.2,
                                                         message_s=0.7e-3),
                                  "b": sim.PeerConstants(overhead_s=1e-3, kappa=0.3e-9, wire_factor=1.9,
-                                                        message_s=1.3e-3)})
+                                                        rpc_s=1.3e-3)})
     methods = {"a": "allreduce", "b": "ps", "floor": "none"}
     ref = _synthetic_points(truth, methods)
     slow = [sim.Point("slow", p.workload, sim.replace(p.cluster, cpu_speed=1.4), p.peer, p.method,
@@ -180,7 +181,7 @@ def test_fit_recovers_a_slower_session_and_the_constants():
     got = sim.fit(ref + slow)
     assert got.run_cpu_speed == pytest.approx({"synthetic": 1.0, "slow": 1.4}, rel=1e-4)
     assert got.compute_per_example["dense"] == pytest.approx(6e-4, rel=1e-4)
-    assert got.peers["b"].message_s == pytest.approx(1.3e-3, rel=1e-4)
+    assert got.peers["b"].rpc_s == pytest.approx(1.3e-3, rel=1e-4)
     assert max(abs(r["error"]) for r in sim.errors(ref + slow, got)) < 1e-4
     # one speed for every run would leave the slow run's CPU-heavy points off
     assert max(abs(r["error"]) for r in sim.errors(ref + slow, sim._fit_constants(ref + slow))) > 0.02
@@ -191,7 +192,7 @@ def test_fit_recovers_the_share_of_measured_timeouts_on_the_critical_path():
                           peers={"a": sim.PeerConstants(overhead_s=2e-3, kappa=1.7e-9, wire_factor=1.2,
                                                         message_s=0.7e-3),
                                  "b": sim.PeerConstants(overhead_s=1e-3, kappa=0.3e-9, wire_factor=1.9,
-                                                        message_s=1.3e-3)})
+                                                        rpc_s=1.3e-3)})
     points = []
     for p in _synthetic_points(truth, {"a": "allreduce", "b": "ps", "floor": "none"}):
         if p.method == "ps" and p.cluster.workers == 8:     # the emulator's queues overflow at N = 8
@@ -257,13 +258,17 @@ def test_messages_per_step_a_ring_step_or_an_rpc_each():
     push, pull = sim.parameter_server(MB, MB, cl, local_aggregation=False)
     # a push and a pull RPC from each of 8 workers to each of 4 servers; a server serves 16
     assert (push.proc_msgs, push.total_msgs) == (16, 2 * 8 * 4)
-    assert pull.total_msgs == 0
+    assert pull.total_msgs == 0 and push.rpc and pull.rpc and not ring.rpc and not gather.rpc
     # dense and sparse variables of a PS step share its RPCs
     wl = sim.Workload("h", 20 * MB, 100_000, 1024.0, 1000.0)
     assert sum(p["total_msgs"] for p in sim.step_time("ps", wl, cl, sim.Constants())["phases"]) == 64
-    k = sim.Constants(peers={"p": sim.PeerConstants(message_s=1e-3)})
+    k = sim.Constants(peers={"p": sim.PeerConstants(message_s=5.0, rpc_s=1e-3)})
     r = sim.step_time("ps", wl, sim.Cluster(8, servers=4, link_gbit=1.0, cores=2), k, "p")
     assert r["parts"]["messages"] == pytest.approx(64 * 1e-3 / 2)
+    # a hybrid step pays its ring steps at the ring's cost and its RPCs at theirs
+    k = sim.Constants(peers={"p": sim.PeerConstants(message_s=2e-3, rpc_s=1e-3)})
+    r = sim.step_time("hybrid", wl, sim.Cluster(8, servers=4, link_gbit=1.0, cores=2), k, "p")
+    assert r["parts"]["messages"] == pytest.approx((8 * 14 * 2e-3 + 2 * 8 * 4 * 1e-3) / 2)
 
 
 def test_points_from_the_committed_full_run():
