@@ -458,6 +458,11 @@ def _simulate(v: dict) -> None:
     v["sim.sources"] = " and ".join(f"`{s}`" for s in d["sources"])
     horovod = d["constants"]["peers"]["horovod"]["pair_serialised"]
     v["sim.horovod_pair"] = f"{horovod:.2f}"
+    rpc = {p: c.get("rpc_s", 0.0) for p, c in d["constants"]["peers"].items()}
+    v["sim.rpc"] = (", ".join(f"{p} {rpc[p] * 1e3:.2f} ms" for p in
+                              ("autopar-ps", "autopar-hybrid", "tf_ps")) +
+                    f" (autopar's {rpc['autopar-ps'] / rpc['tf_ps']:.2f}× and "
+                    f"{rpc['autopar-hybrid'] / rpc['tf_ps']:.2f}× TF-PS's)")
     rows = []
     for scenario, data in d["parallax"].items():
         for c in data["comparison"]:
