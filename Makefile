@@ -131,8 +131,9 @@ bench-herring: $(STAMP)
 # What a message costs (issue 31 item 5): the microbenchmark at G = 1 MiB on 1000 Mbit/s
 # links, where every system's step is its messages, not its bytes: 2, 4 and 8 hosts,
 # S = N servers (a PS variable in one partition per server: 2 N S RPCs per step),
-# every peer the simulator models (~3 min). bench/simulate.py fits on it beside
-# full.json and quick.json. Results: bench/results/messages.{json,md,png}.
+# every peer the simulator models; and the sparse LM at 1000 Mbit/s, the configurations
+# of the full run, which pin this run's CPU speed in the fit (~10 min). bench/simulate.py
+# fits on it beside full.json and quick.json. Results: bench/results/messages.{json,md,png}.
 bench-messages: $(STAMP)
 	$(BENCH_ROOT_CHECK)
 	$(PY) -m bench.run --name messages --link-mbit 1000 --hosts 2,4,8 --servers equal \
