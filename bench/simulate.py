@@ -168,8 +168,8 @@ class Cluster:
 class PeerConstants:
     overhead_s: float = 0.0            # CPU s per worker step, independent of bytes
     kappa: float = 0.0                 # CPU s per byte a process sends/receives
-    message_s: float = 0.0             # CPU s per ring step (a collective's message) sent and handled
-    rpc_s: float = 0.0                 # CPU s per parameter-server RPC (a push or a pull) sent and served
+    message_s: float = 0.0             # CPU s per ring step (a collective's message), both ends
+    rpc_s: float = 0.0                 # CPU s per parameter-server RPC (a push or a pull), both ends
     wire_factor: float = 1.0           # multiplies beta (1 / fraction of the link rate reached)
     pair_serialised: float = 0.0       # expected share of a 2-rank all-gather's link time paid twice
 
@@ -382,8 +382,10 @@ def _terms(method: str, wl: Workload, cl: Cluster) -> dict:
                                                   if shared else 1.0),
         "gamma": cpu(sum(p.total_reduce for p in ph), sum(p.proc_reduce for p in ph)),
         "kappa": cpu(sum(p.total_bytes for p in ph), sum(p.proc_bytes for p in ph)),
-        "mu": cpu(sum(p.total_msgs for p in ph if not p.rpc), sum(p.proc_msgs for p in ph if not p.rpc)),
-        "mu_rpc": cpu(sum(p.total_msgs for p in ph if p.rpc), sum(p.proc_msgs for p in ph if p.rpc)),
+        # ring steps and parameter-server RPCs
+        **{term: cpu(sum(p.total_msgs for p in ph if p.rpc == rpc),
+                     sum(p.proc_msgs for p in ph if p.rpc == rpc))
+           for term, rpc in (("mu", False), ("mu_rpc", True))},
         "overhead": cpu(n, 1.0),
         "compute": cpu(n * wl.examples, wl.examples),
         "phases": [asdict(p) for p in ph],
@@ -870,7 +872,8 @@ def markdown(out: dict) -> str:
               "|---|---|---|---|---|---|---|"]
     for p, c in k["peers"].items():
         lines.append(f"| {p} | {1e3 * c['overhead_s']:.2f} | {1e9 * c['kappa']:.3f} | "
-                     f"{1e3 * c['message_s']:.3f} | {1e3 * c.get('rpc_s', 0.0):.3f} | {c['wire_factor']:.3f} | "
+                     f"{1e3 * c['message_s']:.3f} | {1e3 * c.get('rpc_s', 0.0):.3f} | "
+                     f"{c['wire_factor']:.3f} | "
                      + (f"{c.get('pair_serialised', 0.0):.2f} |" if p in PAIR_SERIALISED_PEERS else "– |"))
     lines += ["", "Overheads are what a peer adds to the compute-only floor, whose points "
               "(the slowest worker's mean step) pin compute per example."]
