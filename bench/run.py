@@ -73,6 +73,11 @@ class PeerDef:
     def method(self) -> str:
         return metrics.PEER_METHODS[self.name]
 
+    @property
+    def is_autopar(self) -> bool:
+        """One of autopar's run options (bench/peers/autopar_peer.py)."""
+        return self.script == "autopar_peer.py"
+
 
 # Why a peer's loss is expected to differ from single-device SGD, where the
 # difference is the peer's documented semantics rather than a harness problem.
@@ -421,7 +426,7 @@ def peer_options(peer: PeerDef, settings: Settings, sumservers: list[str],
     fields for an autopar peer (--autopar-config), where its summation servers
     and its rendezvous are."""
     options = dict(peer.options)
-    if settings.autopar_config and peer.script == "autopar_peer.py":
+    if settings.autopar_config and peer.is_autopar:
         options["config"] = {**options.get("config", {}), **settings.autopar_config}
     if sumservers:
         options["sumservers"] = sumservers
@@ -471,7 +476,7 @@ def run_point(cluster, spawner, settings: Settings, point: Point, run_dir: Path)
     # What the launcher gives an autopar job's workers and servers: the
     # receive window of their connections to each other (the bind shim).
     role_env = {}
-    if peer.name.startswith("autopar"):
+    if peer.is_autopar:
         role_env = {job: tcp_window_env(role, job_cluster, point.link_mbit / 1000)
                     for job, role in ((WORKER_JOB, WORKER_ROLE), (SERVER_JOB, SERVER_ROLE))}
         window = role_env[WORKER_JOB].get(envvars.TCP_WINDOW)
@@ -837,7 +842,7 @@ def _run_one(cluster, spawner, settings: Settings, refs: dict, run_options: dict
     why_not = None
     if peer.name == "horovod" and horovod_problem:
         why_not = horovod_problem
-    if peer.name.startswith("autopar-"):
+    if peer.is_autopar:
         why_not = run_options.get(peer.options["run_option"])
     if why_not:
         rec = base | {"status": "failed" if peer.name == "horovod" else "skipped", "error": why_not}

@@ -450,6 +450,8 @@ def test_autopar_config_reaches_the_autopar_peers_only(capsys):
             run.parse_args(["--autopar-config", bad])
         assert said in capsys.readouterr().err
     peers = {p.name: p for p in run.PEERS}
+    assert {n for n, p in peers.items() if p.is_autopar} == {n for n in peers
+                                                             if n.startswith("autopar-")}
     from bench.peers.autopar_peer import config_kwargs
     options = run.peer_options(peers["autopar-hybrid"], s, [], None)
     assert options["run_option"] == "hybrid"
