@@ -9,12 +9,17 @@ from the servers, counted on the rewritten graph.
 - The chief's take of an accumulator waits for the chief's pushes on the
   take's own server, not for a NoOp on the worker (a message from every
   server and one back to every take).
+- A sparse push's indices and rows cross in one tensor (one receive for the
+  server, not two), and arrive bit for bit.
 """
+import numpy as np
 import pytest
 import tensorflow as tf
 
 from tests import models
 from autopar.transforms.analysis import analyze_graph
+from autopar.transforms.methods.ps.rewrite import pack_rows, unpack_rows
+from autopar.transforms.ops import ConstantPool
 from autopar.transforms.plan import PlanOptions, make_plan
 from autopar.transforms.rewrite import rewrite_for_worker
 from autopar.transforms.topology import Topology
@@ -120,6 +125,55 @@ def test_a_push_receives_nothing_but_its_rows_from_the_worker(worker):
         others = [i for i in push.input if not i.startswith("^")]
         others = others[:2] + others[2 + gradient:]
         assert all(nodes[i.split(":")[0]].device == push.device for i in others), push.name
+
+
+@pytest.mark.parametrize("worker", [0, 2])
+def test_a_sparse_push_takes_one_tensor_from_the_worker(worker):
+    """Walking back from each sparse push through the ops on its server, the
+    first ops on the worker are one tensor: the packed indices and rows."""
+    m = models.build("lm_adagrad_clip")
+    nodes, _ = _rewrite(m, worker, partitions=(("embedding", 3),))
+    pushes = [n for n in nodes.values() if n.op == "SparseAccumulatorApplyGradient"]
+    assert len(pushes) >= 3
+    for push in pushes:
+        crossing, seen, stack = set(), set(), [i for i in push.input if not i.startswith("^")]
+        while stack:
+            tensor = stack.pop()
+            name = tensor.split(":")[0]
+            if name in seen:
+                continue
+            seen.add(name)
+            if nodes[name].device != push.device:
+                crossing.add(tensor if ":" in tensor else tensor + ":0")
+            else:
+                stack.extend(i for i in nodes[name].input if not i.startswith("^"))
+        assert len(crossing) == 1, (push.name, crossing)
+        assert nodes[next(iter(crossing)).split(":")[0]].op == "ConcatV2"
+
+
+@pytest.mark.parametrize("dtype,row", [(tf.float32, [3]), (tf.float64, [2, 2]),
+                                       (tf.float16, [5]), (tf.bfloat16, [1])])
+@pytest.mark.parametrize("count", [0, 4])
+def test_packed_rows_arrive_bit_for_bit(dtype, row, count):
+    """Bitcasts and copies only: NaN payloads, -0, infinities, subnormals
+    and the largest indices come back unchanged."""
+    rng = np.random.default_rng(count)
+    bits = {2: np.uint16, 4: np.uint32, 8: np.uint64}[dtype.size]
+    raw = rng.integers(0, np.iinfo(bits).max, size=[count, *row], dtype=bits, endpoint=True)
+    if count:
+        flat = raw.reshape(-1)
+        flat[:4] = [0, 1, np.iinfo(bits).max, 1 << (8 * dtype.size - 1)]   # 0, subnormal, NaN, -0
+    ids = np.array([0, -1, 2**62 + 5, 7][:count], dtype=np.int64)
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        values = tf.bitcast(tf.constant(raw), dtype)
+        values = tf1.placeholder_with_default(values, [None, *row])
+        pool = ConstantPool("/device:CPU:0")
+        packed = pack_rows(values, tf.constant(ids), pool)
+        assert packed.dtype == tf.uint8
+        got_values, got_ids = unpack_rows(packed, row, dtype, pool, "/device:CPU:0")
+        out_bits, out_ids = sess.run([tf.bitcast(got_values, tf.as_dtype(bits)), got_ids])
+    assert out_ids.dtype == np.int64 and out_ids.tolist() == ids.tolist()
+    assert out_bits.shape == raw.shape and (out_bits == raw).all()
 
 
 @pytest.mark.parametrize("model", ["mlp_adam_clip", "lm_adagrad_clip"])

@@ -4,8 +4,8 @@ once per step (planning and cost: transforms.methods.ps.method).
 
 Per step, for a PS variable v:
   every worker   pushes its gradient (sparse: one row per distinct touched
-                 index and the indices; scaled for averaging) into v's
-                 accumulator on v's server —
+                 index and the indices, packed in one tensor; scaled for
+                 averaging) into v's accumulator on v's server —
                  with local aggregation only one worker per host pushes the
                  host's combined rows;
   the chief      takes the aggregate once every contribution is in, runs v's
@@ -60,6 +60,41 @@ _ALWAYS_FRESH = 1 << 62
 # Names (under the "autopar" scope) of the contribution counters' ops.
 COUNTERS_INIT = "autopar/init_contribution_counters"
 CONTRIBUTIONS_OP = "autopar/contributions"
+
+
+def pack_rows(values: tf.Tensor, indices: tf.Tensor, constants: ConstantPool) -> tf.Tensor | None:
+    """A sparse push's indices and rows as one uint8 tensor [n, 8 + row bytes]
+    (each row's int64 index, then its bytes), so that the push costs the
+    server one receive (a RecvTensor RPC) instead of two; None when a row's
+    shape is not fully known. Built on the worker, bitcasts and a concat:
+    the bytes are copied, never converted."""
+    row = values.shape[1:]
+    if not row.is_fully_defined():
+        return None
+    dtype = values.dtype.base_dtype
+    row_bytes = row.num_elements() * dtype.size
+    as_bytes = new_op("Bitcast", [values], T=dtype, type=tf.uint8).outputs[0]
+    flat = new_op("Reshape", [as_bytes, constants.get([-1, row_bytes], tf.int32)],
+                  T=tf.uint8, Tshape=tf.int32).outputs[0]
+    ids = new_op("Bitcast", [indices], T=tf.int64, type=tf.uint8).outputs[0]
+    return new_op("ConcatV2", [ids, flat, constants.get(1, tf.int32)], N=2, T=tf.uint8,
+                  Tidx=tf.int32).outputs[0]
+
+
+def unpack_rows(packed: tf.Tensor, row_shape: list[int], dtype: tf.DType,
+                constants: ConstantPool, device: str) -> tuple[tf.Tensor, tf.Tensor]:
+    """(values, indices) from pack_rows' tensor, built on `device` (the server)."""
+    def cols(start: int, size: int) -> tf.Tensor:
+        return new_op("Slice", [packed, constants.get([0, start], tf.int32, device),
+                                constants.get([-1, size], tf.int32, device)],
+                      T=tf.uint8, Index=tf.int32).outputs[0]
+    with tf.device(device):
+        indices = new_op("Bitcast", [cols(0, 8)], T=tf.uint8, type=tf.int64).outputs[0]
+        shape = [-1, *row_shape] + ([dtype.size] if dtype.size > 1 else [])
+        as_bytes = new_op("Reshape", [cols(8, -1), constants.get(shape, tf.int32, device)],
+                          T=tf.uint8, Tshape=tf.int32).outputs[0]
+        values = new_op("Bitcast", [as_bytes], T=tf.uint8, type=dtype).outputs[0]
+    return values, indices
 
 
 def _joined(ops: list[tf.Operation], name: str) -> tf.Operation:
@@ -408,6 +443,10 @@ class PsBuilder:
                 if len(vp.partitions) > 1:   # this partition's rows, renumbered from 0
                     mine = new_op("Equal", [which, self._const(p, i64)], T=i64).outputs[0]
                     values, indices = rows_where(mine, [values, local], self._const(0, tf.int32))
+                packed = pack_rows(values, indices, self.constants)
+                if packed is not None:
+                    values, indices = unpack_rows(packed, list(values.shape[1:]),
+                                                  values.dtype.base_dtype, self.constants, device)
                 # on the server: a constant on the worker is one more message per push
                 shape = self._const([end - start, *info.shape[1:]], i64, device)
                 with tf.device(device):
