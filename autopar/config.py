@@ -142,6 +142,18 @@ class Config:
     local_aggregation: bool = True
     """LA: workers of a host send one contribution (Parallax §7.4; can be
     turned off for ablation)."""
+    aggregation_group: int | None = None
+    """Workers that meet the parameter servers together, for clusters so
+    large that a server's messages bind (each serves a pull and a push of
+    every group per step: 2N/k instead of 2N): with k, workers [0,k),
+    [k,2k), ... (the last group may be smaller) replace the hosts of local
+    aggregation, and a group also pulls the rows of a partitioned sparse
+    server variable once: its workers gather their ids, its first worker
+    reads the union from the servers and the group shares the rows. Those
+    lookups are then collectives of the group, so every worker of a group
+    must run each of them (train and fetch the same steps; Runner.evaluate
+    refuses; not with micro_batches > 1). ``None`` (default): the hosts,
+    pushes only."""
     opau: bool = True
     """Place post-aggregation ops next to their inputs (Parallax §7.4; can be
     turned off for ablation)."""
@@ -274,6 +286,10 @@ class Config:
                 or (_is_int(self.batch_norm_group) and self.batch_norm_group >= 1)):
             raise AutoparError(f"Config.batch_norm_group must be 'all', a group size >= 1 or None, "
                                f"got {shown(self.batch_norm_group)}")
+        if not (self.aggregation_group is None
+                or (_is_int(self.aggregation_group) and self.aggregation_group >= 1)):
+            raise AutoparError(f"Config.aggregation_group must be a group size >= 1 or None, "
+                               f"got {shown(self.aggregation_group)}")
         for name in ("shard_weight_update", "local_aggregation", "opau", "opsw"):
             if not isinstance(getattr(self, name), bool):
                 raise AutoparError(f"Config.{name} must be True or False, "
@@ -294,6 +310,10 @@ class Config:
         if tau is not None and self.micro_batches < 2:
             raise AutoparError("Config.compute_threshold drops micro-batches, so it needs "
                                f"Config.micro_batches >= 2 (got {self.micro_batches})")
+        if self.micro_batches > 1 and self.aggregation_group not in (None, 1):
+            raise AutoparError("Config.aggregation_group is not supported with "
+                               "Config.micro_batches > 1 (a micro-batch's grouped lookups would "
+                               "need a barrier of their own): use one of them")
         if tau is not None and self.batch_norm_group not in (None, 1):
             # Group statistics are all-reduced in the forward pass: a worker
             # that drops micro-batches would leave its peers waiting there.

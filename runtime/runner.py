@@ -65,7 +65,8 @@ class Runner:
                  num_workers: int = 1, progress=None, checkpointer=None,
                  batch_size_tensor: tf.Tensor | None = None, step_fetches=(), on_close=(),
                  after_step=None, monitor=None, accumulate=None, dropcompute=None,
-                 totals_allreduce=None, lifted=None, timeline=None, meter=None):
+                 totals_allreduce=None, lifted=None, timeline=None, meter=None,
+                 lockstep_lookups=(), lookup_barriers=None):
         self.session = session
         self.graph = graph
         self.analysis = analysis
@@ -84,6 +85,14 @@ class Runner:
         # first use by `totals_allreduce(length)`. None: one worker, no combining.
         self._totals_allreduce = totals_allreduce
         self._totals_ops: dict[int, tuple] = {}
+        # Variables whose lookups are collectives of a group of workers
+        # (Config.aggregation_group): evaluate() cannot run them apart.
+        self._lockstep_lookups = list(lockstep_lookups)
+        # ... each such lookup (an op of `graph`) -> the barrier a run that is
+        # not a training step fetches with it (transforms.rewrite.WorkerGraph)
+        self._lookup_barriers = {name: graph.get_operation_by_name(barrier)
+                                 for name, barrier in (lookup_barriers or {}).items()}
+        self._barriers_of: dict[tuple[str, ...], list[tf.Operation]] = {}
         # Told before and after every run (runtime.coordinator_client.ProgressHook).
         self._monitor = monitor
         # (first micro-batch op, later micro-batches op) with micro_batches > 1.
@@ -215,7 +224,8 @@ class Runner:
 
     def _run(self, mapped, feeds, batch: int | None, options, run_metadata, is_step: bool):
         if not is_step:
-            return self._run_plain(mapped, feeds, options, run_metadata)
+            # (a training step ends with its own barrier)
+            return self._run_plain(mapped, feeds, options, run_metadata, lookup_barriers=True)
         if self._stop_requested:
             self._stop()
         groups = self._groups_of(mapped)
@@ -345,13 +355,33 @@ class Runner:
         set of groups among them."""
         return [op for op_groups, op in self._step_fetches if set(op_groups) <= groups]
 
-    def _run_plain(self, mapped, feeds, options, run_metadata):
+    def _run_plain(self, mapped, feeds, options, run_metadata, lookup_barriers=False):
         # None leaves are skipped fetches (initializers autopar already ran).
         flat = tf.nest.flatten(mapped)
         real = [x for x in flat if x is not None]
-        values = iter(self.session.run(real, feed_dict=feeds or None, options=options,
-                                       run_metadata=run_metadata)) if real else iter(())
+        barriers = self._lookup_barriers_of(real) if lookup_barriers else []
+        values = iter(self.session.run([real, barriers], feed_dict=feeds or None, options=options,
+                                       run_metadata=run_metadata)[0]) if real else iter(())
         return tf.nest.pack_sequence_as(mapped, [None if x is None else next(values) for x in flat])
+
+    def _lookup_barriers_of(self, fetches) -> list[tf.Operation]:
+        """The barriers of the grouped lookups (Config.aggregation_group)
+        that `fetches` run."""
+        if not self._lookup_barriers:
+            return []
+        ops = [x if isinstance(x, tf.Operation) else getattr(x, "op", None) for x in fetches]
+        key = tuple(sorted(op.name for op in ops if op is not None))
+        if key not in self._barriers_of:
+            seen, stack = set(), [op for op in ops if op is not None]
+            while stack:
+                op = stack.pop()
+                if op.name not in seen:
+                    seen.add(op.name)
+                    stack.extend(t.op for t in op.inputs)
+                    stack.extend(op.control_inputs)
+            self._barriers_of[key] = [b for name, b in sorted(self._lookup_barriers.items())
+                                      if name in seen]
+        return self._barriers_of[key]
 
     def _after_step(self, got: dict, fed_batch: int | None) -> None:
         if self._after_step_op is not None:
@@ -402,6 +432,12 @@ class Runner:
         or {name: (total sum, total count)} with ``totals=True``. Every worker
         must call evaluate at the same point with the same metrics (the
         all-reduce waits for all of them); evaluation is not a training step."""
+        if self._lockstep_lookups:
+            raise AutoparError(
+                "Runner.evaluate: Config(aggregation_group) makes each lookup of "
+                f"{', '.join(self._lockstep_lookups[:3])} a collective of a group of workers, "
+                "and workers evaluating their own shards run different numbers of batches; "
+                "evaluate in a job without aggregation_group")
         names, fetches = self._eval_fetches(metrics)
         if max_batches is None and not _reads_iterator(fetches):
             raise AutoparError(

@@ -116,6 +116,8 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
                     monitor=hook, on_close=on_close,
                     **micro_batching,
                     totals_allreduce=_totals_allreduce(worker_graph, plan, worker_index),
+                    lockstep_lookups=plan.grouped_lookups(),
+                    lookup_barriers=rewritten.lookup_barriers,
                     lifted=lifted)
     if isinstance(agreement, CollectiveAgreement):
         agreement.sum_over_workers = runner.sum_over_workers

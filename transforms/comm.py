@@ -157,7 +157,7 @@ class CollectiveOpsBackend:
         # same computation through tf.shape/searchsorted/pad/sequence_mask/
         # boolean_mask cost ~30 ms per gather, a fixed cost per sparse
         # variable that dominated the rewrite of small graphs.
-        i32, i64 = tf.int32, tf.int64
+        i32 = tf.int32
         c = self._const
         rank = values.shape.rank
         count = new_op("StridedSlice", [new_op("Shape", [indices], T=indices.dtype.base_dtype,
@@ -167,23 +167,12 @@ class CollectiveOpsBackend:
         counts = self._gather(count, c(keys[0], i32))                   # [members]
         largest = new_op("Max", [counts, c((0,), i32)], T=i32, Tidx=i32,
                          keep_dims=True).outputs[0]                      # [1]
-        # searchsorted(ROW_LADDER, largest, side="left"): the first rung >= it
-        rung = new_op("Reshape", [new_op("LowerBound", [
-            c((ROW_LADDER,), i64),
-            new_op("Reshape", [new_op("Cast", [largest], SrcT=i32, DstT=i64,
-                                      Truncate=False).outputs[0], c((1, 1), i32)],
-                   T=i64, Tshape=i32).outputs[0]], T=i64, out_type=i32).outputs[0],
-            c((), i32)], T=i32, Tshape=i32).outputs[0]                   # scalar
-        padded = new_op("Cast", [new_op("GatherV2", [c(ROW_LADDER, i64), rung, c(0, i32)],
-                                        Tparams=i64, Tindices=i32, Taxis=i32,
-                                        batch_dims=0).outputs[0]],
-                        SrcT=i64, DstT=i32, Truncate=False).outputs[0]  # scalar
+        rung, padded = self._rung(largest)
         pad = new_op("Sub", [padded, new_op("Reshape", [count, c((), i32)], T=i32,
                                             Tshape=i32).outputs[0]], T=i32).outputs[0]
 
         def padding(r: int) -> tf.Tensor:   # [[0, pad], [0, 0], ...] for rank r
-            return new_op("Mul", [pad, c(((0, 1),) + ((0, 0),) * (r - 1), i32)],
-                          T=i32).outputs[0]
+            return _padding(pad, r, c)
 
         padded_values = new_op("Pad", [values, padding(rank)], T=values.dtype.base_dtype,
                                Tpaddings=i32).outputs[0]
@@ -204,13 +193,74 @@ class CollectiveOpsBackend:
         rows, ids = rows_where(keep, gathered, c(0, i32))
         return rows, ids
 
+    def _rung(self, count: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """(index, rows) of the ROW_LADDER rung at or above `count` (an int32
+        of one element), as int32 scalars: searchsorted(ROW_LADDER, count)."""
+        i32, i64, c = tf.int32, tf.int64, self._const
+        rung = new_op("Reshape", [new_op("LowerBound", [
+            c((ROW_LADDER,), i64),
+            new_op("Reshape", [new_op("Cast", [count], SrcT=i32, DstT=i64,
+                                      Truncate=False).outputs[0], c((1, 1), i32)],
+                   T=i64, Tshape=i32).outputs[0]], T=i64, out_type=i32).outputs[0],
+            c((), i32)], T=i32, Tshape=i32).outputs[0]
+        padded = new_op("Cast", [new_op("GatherV2", [c(ROW_LADDER, i64), rung, c(0, i32)],
+                                        Tparams=i64, Tindices=i32, Taxis=i32,
+                                        batch_dims=0).outputs[0]],
+                        SrcT=i64, DstT=i32, Truncate=False).outputs[0]
+        return rung, padded
+
+    def broadcast_rows(self, rows: tf.Tensor | None, count: tf.Tensor, row_shape: list[int],
+                       dtype: tf.DType, first_key: int) -> tf.Tensor:
+        """The source's `count` rows on every member: `rows` on the source,
+        None elsewhere; every member passes the same `count` (an int32
+        scalar) and row shape. As allgather_rows, the rows travel padded to
+        the ladder rung at or above `count`, with that rung's instance key
+        (first_key + rung: the keys [first_key, first_key + len(ROW_LADDER))
+        belong to this broadcast), so each key only ever sees one shape."""
+        i32, c = tf.int32, self._const
+        rung, padded = self._rung(new_op("Reshape", [count, c((1,), i32)], T=i32,
+                                         Tshape=i32).outputs[0])
+        key = new_op("AddV2", [c(first_key, i32), rung], T=i32).outputs[0]
+        group = self._group()
+        if rows is not None:
+            pad = new_op("Sub", [padded, count], T=i32).outputs[0]
+            rank = 1 + len(row_shape)
+            block = new_op("Pad", [rows, _padding(pad, rank, c)], T=dtype,
+                           Tpaddings=i32).outputs[0]
+            out = new_op("CollectiveBcastSendV2", [block, group["group_size"],
+                                                   group["group_key"], key],
+                         T=dtype, communication_hint=self.hint,
+                         timeout_seconds=float(self.timeout_s)).outputs[0]
+        else:
+            shape = new_op("ConcatV2", [new_op("Reshape", [padded, c((1,), i32)], T=i32,
+                                               Tshape=i32).outputs[0],
+                                        c(tuple(row_shape), i32), c(0, i32)],
+                           N=2, T=i32, Tidx=i32).outputs[0]
+            out = new_op("CollectiveBcastRecvV2", [group["group_size"], group["group_key"],
+                                                   key, shape],
+                         T=dtype, Tshape=i32, communication_hint=self.hint,
+                         timeout_seconds=float(self.timeout_s)).outputs[0]
+        out.set_shape([None, *row_shape])
+        return new_op("Slice", [out, c((0,) * (1 + len(row_shape)), i32),
+                                new_op("ConcatV2", [new_op("Reshape", [count, c((1,), i32)],
+                                                           T=i32, Tshape=i32).outputs[0],
+                                                    c((-1,) * len(row_shape), i32), c(0, i32)],
+                                       N=2, T=i32, Tidx=i32).outputs[0]],
+                      T=dtype, Index=i32).outputs[0]
+
     def _gather(self, tensor: tf.Tensor, instance_key: tf.Tensor) -> tf.Tensor:
         """allgather with the instance key a tensor (as new_op builds it)."""
         group = self._group()
         return new_op("CollectiveGatherV2", [tensor, group["group_size"], group["group_key"],
                                              instance_key],
                       T=tensor.dtype.base_dtype, communication_hint=self.hint,
-                      timeout_seconds=0.0, Nordering_token=0).outputs[0]
+                      timeout_seconds=float(self.timeout_s), Nordering_token=0).outputs[0]
+
+
+def _padding(pad: tf.Tensor, rank: int, const) -> tf.Tensor:
+    """[[0, pad], [0, 0], ...] for a tensor of `rank`: `pad` more rows."""
+    return new_op("Mul", [pad, const(((0, 1),) + ((0, 0),) * (rank - 1), tf.int32)],
+                  T=tf.int32).outputs[0]
 
 
 # ---------------------------------------------------------------------------

@@ -27,6 +27,8 @@ Group keys:
   LEADERS_GROUP_KEY  the first worker of every host (2-D summation)
   host_groups        the workers of host h (local aggregation): first + h
   batch_norm_groups  batch-norm group g smaller than the job: first + g
+  aggregation_groups Config(aggregation_group): the workers of group g, which
+                     meet the parameter servers together: first + g
 Coordinator keys (runtime/coordinator.py: Exchange, Publish/Fetch), distinct:
   PLAN_KEY           the compiled plan (the launcher names it in AUTOPAR_PLAN)
   DROPCOMPUTE_*      DropCompute's warm-up records, threshold and summaries
@@ -75,8 +77,9 @@ GROUP_KEY = 1
 LEADERS_GROUP_KEY = 2
 HOST_GROUPS = KeyRange("host groups", 1000, 1000)
 BATCH_NORM_GROUPS = KeyRange("batch-norm groups", 2000, 1000)
+AGGREGATION_GROUPS = KeyRange("aggregation groups", 3000, 1000)
 GROUP_RANGES = (KeyRange("all workers", GROUP_KEY, 1), KeyRange("leaders", LEADERS_GROUP_KEY, 1),
-                HOST_GROUPS, BATCH_NORM_GROUPS)
+                HOST_GROUPS, BATCH_NORM_GROUPS, AGGREGATION_GROUPS)
 
 # Instance keys (keys below 100 are left free).
 PLAN = KeyRange("plan", 100, (1 << 20) - 100)

@@ -14,7 +14,10 @@ What used the whole variable keeps its name but now reads the partitions:
   a read           -> Identity(the partitions' reads, interleaved back in row order)
   a row gather     -> Identity(the distinct ids' rows gathered on their partitions,
                       stitched back and expanded to every id: a worker pulls
-                      each touched row once per step)
+                      each touched row once per step; with a PullGroup
+                      (Config.aggregation_group) the group's workers gather
+                      their distinct ids, the first pulls the union's rows
+                      and broadcasts them, each worker taking its own)
   its initializer  -> NoOp depending on each partition's rows of the initial value
   "is initialized" -> all partitions initialized
 Its update (and the ops only it uses between gradient and update) is copied
@@ -24,6 +27,7 @@ made local to it. The user's graph, fetches and checkpoint names are unchanged.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import tensorflow as tf
 
@@ -79,6 +83,19 @@ def copy_prefix(p: int) -> str:
     return f"autopar/part_{p}/"
 
 
+@dataclass(frozen=True)
+class PullGroup:
+    """Workers that pull a sparse variable's rows together: the collective
+    backend of their group, this worker's rank in it (rank 0 pulls), its
+    size, and one variable's instance keys: (count, values, indices) of the
+    ids' gather (comm.allgather_rows), the first of the rows' broadcast
+    (comm.broadcast_rows)."""
+    backend: object
+    rank: int
+    size: int
+    keys: tuple = ((), 0)
+
+
 class Partitioner:
     """Builds the partition variables and the ops replacing whole-variable uses
     in `graph` (the scratch graph), recording node edits in `edits`. The
@@ -86,13 +103,16 @@ class Partitioner:
     ops.NodeWriter flushed into the scratch graph's export), except
     a row gather's, which are built in `graph` (on handles in `graph` then)."""
 
-    def __init__(self, graph: tf.Graph, edits, devices_of, constants, nodes):
+    def __init__(self, graph: tf.Graph, edits, devices_of, constants, nodes,
+                 pull_group: PullGroup | None = None):
         self.g = graph
+        self.pull_group = pull_group
         self.edits = edits
         self.devices_of = devices_of   # partition index -> device
         self.constants = constants     # a ops.ConstantPool
         self.nodes = nodes
         self.device = nodes.device     # where the whole-variable replacements run
+        self.lookups: dict[str, tf.Tensor] = {}   # row gather op -> the rows it now reads
         self._whole_reads: dict[tuple, str] = {}   # (variable, control inputs) -> its value
 
     def split(self, var: str, parts: list[list[int]], region: set[str]) -> list[str]:
@@ -145,6 +165,7 @@ class Partitioner:
             with tf.control_dependencies(c.control_inputs):
                 rows = self._gather(c.inputs[1], handles, parts, dtype)
             self.edits.identities[c.name] = rows.name
+            self.lookups[c.name] = rows
         elif c.type == "VarIsInitializedOp":
             flags = [nodes.add("VarIsInitializedOp", [h]) for h in names]
             stacked = nodes.add("Pack", flags, N=len(flags), T=tf.bool, axis=0)
@@ -194,7 +215,43 @@ class Partitioner:
         about half as many distinct ones)."""
         flat = tf.reshape(ids, [-1])
         distinct, expand = tf.unique(flat, out_idx=tf.int32)
-        n = tf.constant(len(parts), dtype=flat.dtype)
+        if self.pull_group is None:
+            rows = self._pull(distinct, handles, parts, dtype)
+        else:
+            rows = self._group_pull(distinct, handles, parts, dtype)
+        stitched = tf.gather(rows, expand)
+        return tf.reshape(stitched, tf.concat([tf.shape(ids), tf.shape(stitched)[1:]], axis=0))
+
+    def _group_pull(self, distinct: tf.Tensor, handles, parts, dtype) -> tf.Tensor:
+        """The rows of this worker's `distinct` ids, pulled once for its group:
+        every member's ids gathered (tagged with the member's rank), their
+        union pulled by rank 0 and broadcast to the group, each member taking
+        its own ids' rows. Every member computes the same union in the same
+        order (tf.unique of the same gathered ids), so positions in it agree.
+        (A broadcast, not a gather of rank 0's rows: a gather pads every
+        member's block to the largest, so each link carried g - 1 unions.)"""
+        group = self.pull_group
+        ids = tf.cast(distinct, tf.int64)
+        rank = tf.fill(tf.stack([tf.size(ids), 1]), tf.constant(group.rank, tf.int64))
+        ranks, all_ids = group.backend.allgather_rows(rank, ids, group.keys[0])
+        union, position = tf.unique(all_ids, out_idx=tf.int32)
+        row = self._row_shape(handles[0])
+        rows = None
+        if group.rank == 0:
+            rows = self._pull(tf.cast(union, distinct.dtype), handles, parts, dtype)
+            rows.set_shape([None, *row])
+        union_rows = group.backend.broadcast_rows(rows, tf.size(union), row, dtype, group.keys[1])
+        mine = tf.equal(ranks[:, 0], group.rank)
+        return tf.gather(union_rows, tf.boolean_mask(position, mine))
+
+    def _row_shape(self, handle) -> list[int]:
+        """The static shape of one row of the partition behind `handle`."""
+        op = handle.op if hasattr(handle, "op") else self.g.get_operation_by_name(handle)
+        return tf.TensorShape(op.get_attr("shape")).as_list()[1:]
+
+    def _pull(self, distinct: tf.Tensor, handles, parts, dtype) -> tf.Tensor:
+        """The rows of `distinct` ids, each read on its partition's server."""
+        n = tf.constant(len(parts), dtype=distinct.dtype)
         which = tf.cast(tf.math.floormod(distinct, n), tf.int32)
         local = tf.math.floordiv(distinct, n)
         positions = tf.dynamic_partition(tf.range(tf.size(distinct)), which, len(parts))
@@ -203,8 +260,7 @@ class Partitioner:
         for p, h in enumerate(handles):
             with tf.device(self.devices_of(p)):
                 rows.append(tf.raw_ops.ResourceGather(resource=h, indices=pieces[p], dtype=dtype))
-        stitched = tf.gather(tf.dynamic_stitch(positions, rows), expand)
-        return tf.reshape(stitched, tf.concat([tf.shape(ids), tf.shape(stitched)[1:]], axis=0))
+        return tf.dynamic_stitch(positions, rows)
 
 
 def copy_region(by_name: dict, region: set[str], p: int, remap: dict[str, str], device_of) -> list:

@@ -42,6 +42,8 @@ class PlanOptions:
     loss_reduction: str = "auto"       # "auto" (from the analysis), "mean", "sum" or "parallax"
     sync_local_state: str = "none"     # "none" or "average" (batch-local state)
     local_aggregation: bool = True     # LA: one contribution per host to the servers
+    # LA's groups of consecutive workers instead of hosts, pulls included (None: hosts)
+    aggregation_group: int | None = None
     opau: bool = True                  # place post-aggregation ops by Parallax's rule
     opsw: bool = True                  # move light boundary ops across the worker/server line
     partitions: tuple[tuple[str, int], ...] = ()   # per-variable partition-count overrides
@@ -61,7 +63,8 @@ class PlanOptions:
         """From an autopar.Config (read by attribute: transforms do not import it)."""
         return cls(run_option=config.run_option, loss_reduction=config.loss_reduction,
                    sync_local_state=config.sync_local_state,
-                   local_aggregation=config.local_aggregation, opau=config.opau,
+                   local_aggregation=config.local_aggregation,
+                   aggregation_group=config.aggregation_group, opau=config.opau,
                    opsw=config.opsw, partitions=tuple(sorted(config.partitions.items())),
                    batch_norm_group=config.batch_norm_group,
                    shard_weight_update=config.shard_weight_update,
@@ -100,6 +103,9 @@ class Plan:
     sync_local_state: str = "none"
     local_state_key: int = keys.LOCAL_STATE.first
     local_aggregation: bool = True
+    # Workers per aggregation group (Config.aggregation_group; 0: the hosts,
+    # pushes only): the groups' keys are keys.AGGREGATION_GROUPS.
+    aggregation_group: int = 0
     opau: bool = True
     opsw: bool = True
     # Workers per batch-norm group (0: each worker normalises by its own
@@ -167,10 +173,37 @@ class Plan:
         host = self.worker_hosts[worker_index]
         return keys.HOST_GROUPS.key(hosts.index(host)), self.topology.workers_on(host)
 
+    def push_group(self, worker_index: int) -> tuple[int, list[int]]:
+        """(group key, members) of the workers whose contributions to the
+        servers worker_index's is combined with (local aggregation): its
+        host's, or its aggregation group's (Config.aggregation_group)."""
+        k = self.aggregation_group
+        if not k:
+            return self.host_group(worker_index)
+        g = worker_index // k
+        return (keys.AGGREGATION_GROUPS.key(g),
+                list(range(g * k, min((g + 1) * k, self.num_workers))))
+
     def contributions_per_step(self) -> int:
-        """Gradients each server accumulator receives per step: one per host with
-        local aggregation, one per worker without."""
-        return len(self.topology.hosts) if self.local_aggregation else self.num_workers
+        """Gradients each server accumulator receives per step: one per host
+        (or aggregation group) with local aggregation, one per worker without."""
+        if not self.local_aggregation:
+            return self.num_workers
+        if self.aggregation_group:
+            return -(-self.num_workers // self.aggregation_group)
+        return len(self.topology.hosts)
+
+    @property
+    def grouped_pulls(self) -> bool:
+        """Whether groups of workers pull sparse server rows together
+        (Config.aggregation_group of more than one worker)."""
+        return self.aggregation_group > 1
+
+    def grouped_lookups(self) -> list[str]:
+        """The variables whose lookups are collectives of an aggregation
+        group (their keys for it: methods.ps.method), which every member must
+        run in the same steps."""
+        return [v.name for v in self.server_variables if "pull_ids_count" in v.keys]
 
     def to_json(self) -> str:
         return serial.dumps(self, indent=1)
@@ -228,7 +261,9 @@ def make_plan(analysis: Analysis, topology: Topology | int, fusion_bytes: int = 
                 barriers=barriers, broadcast_key_base=key, run_option=options.run_option,
                 loss_reduction=reduction, loss_reduction_why=why,
                 sync_local_state=options.sync_local_state,
-                local_aggregation=options.local_aggregation, opau=options.opau, opsw=options.opsw,
+                local_aggregation=options.local_aggregation,
+                aggregation_group=aggregation_group_size(options, topology.num_workers),
+                opau=options.opau, opsw=options.opsw,
                 batch_norm_group=batch_norm_group_size(options.batch_norm_group,
                                                        topology.num_workers),
                 shard_weight_update=options.shard_weight_update,
@@ -294,6 +329,22 @@ def assign_owners(analysis: Analysis, plans: list[VariablePlan], num_workers: in
         vp.owner = owner
         load[owner] += size
         vp.placement = f"replicated; updated by worker {owner} (weight-update sharding)"
+
+
+def aggregation_group_size(options: PlanOptions, num_workers: int) -> int:
+    """Workers per aggregation group (Config.aggregation_group), 0 for the
+    hosts."""
+    k = options.aggregation_group
+    if k is None:
+        return 0
+    if not options.local_aggregation:
+        raise AutoparError("Config.aggregation_group sets the groups of local aggregation: it "
+                           "needs Config.local_aggregation=True")
+    if not isinstance(k, int) or not 1 <= k <= num_workers:
+        raise AutoparError(f"Config.aggregation_group={k!r} must be a group size from 1 to the "
+                           f"job's {num_workers} workers")
+    keys.AGGREGATION_GROUPS.key(-(-num_workers // k) - 1)   # refused past the range
+    return k
 
 
 def batch_norm_group_size(option: str | int | None, num_workers: int) -> int:

@@ -265,8 +265,15 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
         notes.append(f"{num_servers} server process(es) are started but hold no variables "
                      "with every gradient all-reduced")
     if servers_used:
-        notes.append(f"server accumulators receive {contributors} contribution(s) per step "
-                     f"({'one per host: local aggregation' if plan.local_aggregation else 'one per worker'})")
+        how = ("one per worker" if not plan.local_aggregation else
+               f"one per group of {plan.aggregation_group} workers: Config(aggregation_group)"
+               if plan.aggregation_group else "one per host: local aggregation")
+        notes.append(f"server accumulators receive {contributors} contribution(s) per step ({how})")
+        if plan.grouped_lookups():
+            notes.append(f"lookups of {', '.join(plan.grouped_lookups())} are pulled once per "
+                         f"group of {plan.aggregation_group} workers, by its first worker: every "
+                         "worker of a group must run each of them (a fetch by one worker alone "
+                         "waits for its group; Runner.evaluate is refused)")
     return Report(num_workers=n, num_servers=num_servers, variables=variables,
                   servers=[{"server": i, "sent": s, "received": r}
                            for i, (s, r) in enumerate(server_bytes)], run_option=plan.run_option,

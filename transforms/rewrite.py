@@ -61,6 +61,14 @@ class WorkerGraph:
     # partitioned variable -> its partitions' handles, in order (rows dealt
     # round-robin: transforms.partition)
     partitions: dict[str, list] = field(default_factory=dict)
+    # Config.aggregation_group: an original gather op whose lookup is a
+    # collective of the group -> a barrier of every worker waiting for this
+    # worker's part of it. A run that is not a training step (which ends with
+    # its own barrier) fetches it with the lookup: the lookup's collectives
+    # give the run a step id shared with the other workers, and a worker
+    # whose run ended first would clean that id up on a server under another
+    # group's reads.
+    lookup_barriers: dict[str, str] = field(default_factory=dict)
     # Run after every training step, in its own session.run, by every worker
     # (Config(sync_local_state="average")): batch-local state := its mean.
     after_step: str | None = None
@@ -156,6 +164,7 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
                        server_variables=edits.server_variables,
                        step_barriers=edits.step_barriers, step_targets=edits.step_targets,
                        partitions=edits.partitions, after_step=after_step,
+                       lookup_barriers=edits.lookup_barriers,
                        accumulate_first=accumulation and accumulation.first_op,
                        accumulate=accumulation and accumulation.add_op)
 

@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--fusion-bytes", type=int, default=64 << 20)
     p.add_argument("--run-option", default="hybrid")
     p.add_argument("--no-la", action="store_true", help="turn local aggregation off")
+    p.add_argument("--aggregation-group", type=int, default=None, help="Config.aggregation_group")
+    p.add_argument("--chief-forward-alone", action="store_true",
+                   help="after training the chief runs the forward pass while the others wait")
     p.add_argument("--partitions", default="", help="NAME=N,... partition overrides")
     p.add_argument("--sync-local-state", default="none")
     p.add_argument("--micro-batches", type=int, default=1)
@@ -101,6 +104,7 @@ def main(argv: list[str] | None = None) -> None:
                             log_every_steps=1, fusion_bytes=args.fusion_bytes,
                             stall_timeout_s=args.stall_timeout,
                             run_option=args.run_option, local_aggregation=not args.no_la,
+                            aggregation_group=args.aggregation_group,
                             sync_local_state=args.sync_local_state, wire_dtype=args.wire_dtype,
                             micro_batches=args.micro_batches, compute_threshold=args.threshold,
                             dropcompute_log_dir=args.dropcompute_log,
@@ -166,13 +170,25 @@ def main(argv: list[str] | None = None) -> None:
         with model.graph.as_default():
             variables = tf1.global_variables()
         values = runner.run({v.op.name: v for v in variables})
-        if runner.is_chief and args.batch_norm_group == "none":
+        if runner.is_chief and args.batch_norm_group == "none" and args.aggregation_group is None:
             # Predictions of the trained model on a fixed batch, for comparisons.
-            # (With distributed batch norm the forward pass has collectives:
-            # the chief cannot run it alone.)
+            # (With distributed batch norm or aggregation groups the forward
+            # pass has collectives: the chief cannot run it alone.)
             x, y = models.global_batch(args.model, 99, args.batch)
             print(f"eval loss: {float(runner.run(model.loss, models.feed(model, x, y))):.9g}",
                   flush=True)
+        if args.chief_forward_alone:
+            if runner.is_chief:
+                x, y = models.global_batch(args.model, 97, args.batch)
+                runner.run(model.loss, models.feed(model, x, y))
+            time.sleep(3 * args.stall_timeout)
+        if args.aggregation_group is not None:
+            # The group's lookups are its collectives: every worker runs the
+            # forward pass (not a training step: it fetches their barriers).
+            for k in (97, 98):
+                x, y = models.global_batch(args.model, k, args.batch)
+                print(f"worker {i} forward loss {k}: "
+                      f"{float(runner.run(model.loss, models.feed(model, x, y))):.9g}", flush=True)
         if runner.is_chief and "autopar/contributions" in {op.name for op in runner.graph.get_operations()}:
             counts = runner.run("autopar/contributions:0")
             print(f"contributions per accumulator per step: {[int(c) // args.steps for c in counts]}",

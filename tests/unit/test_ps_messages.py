@@ -176,6 +176,15 @@ def test_packed_rows_arrive_bit_for_bit(dtype, row, count):
     assert out_bits.shape == raw.shape and (out_bits == raw).all()
 
 
+def test_rows_of_unknown_or_empty_shape_are_not_packed():
+    """Such a push keeps its two tensors (a reshape needs the row's bytes)."""
+    with tf.Graph().as_default():
+        pool = ConstantPool("/device:CPU:0")
+        ids = tf1.placeholder(tf.int64, [None])
+        for shape in ([None, None], [None, 0, 3]):
+            assert pack_rows(tf1.placeholder(tf.float32, shape), ids, pool) is None
+
+
 @pytest.mark.parametrize("model", ["mlp_adam_clip", "lm_adagrad_clip"])
 def test_a_workers_token_wait_needs_no_message_from_it(model):
     """A non-chief's dequeue of its release token waits for nothing on the

@@ -271,6 +271,51 @@ def test_messages_per_step_a_ring_step_or_an_rpc_each():
     assert r["parts"]["messages"] == pytest.approx((8 * 14 * 2e-3 + 2 * 8 * 4 * 1e-3) / 2)
 
 
+def test_aggregation_groups_cut_the_servers_rpcs_and_pay_the_groups_gathers():
+    """Config(aggregation_group=g): a server serves a push and a pull of each
+    of N/g groups; the first worker of a group pulls and pushes the union of
+    its rows (a server per partition: it sends to S servers) and broadcasts
+    the union's rows down a binary tree; every member takes part in two
+    variable-size gathers (three ring all-gathers of g - 1 steps) over links."""
+    rows, width, touched = 1_000_000, 1024.0, 1000.0    # the union is ~g times the rows
+    wl = sparse_only(rows, width, touched)
+    n, g, s = 16, 4, 2
+    cl = sim.Cluster(n, servers=s, link_gbit=1.0, aggregation_group=g)
+    ph = {p["name"]: p for p in sim.step_time("hybrid", wl, cl, sim.Constants())["phases"]}
+    assert set(ph) == {"ps-sparse-push", "ps-sparse-pull", "group-ids", "group-rows",
+                       "group-push"}
+    assert ph["ps-sparse-push"]["proc_msgs"] == 2 * n // g            # 4 groups > 2 servers
+    assert ph["ps-sparse-push"]["total_msgs"] == 2 * (n // g) * s
+    union = sim.union_rows(rows, touched, g) * width
+    assert union == pytest.approx(g * touched * width, rel=0.01)
+    # the group's first worker's link carries its union each way; each server
+    # receives (n / g) unions / s
+    assert ph["ps-sparse-push"]["link_bytes"] == pytest.approx((n // g) * union / s)
+    # a binary tree of 4: the union crosses the root's link twice, then a level more
+    assert ph["group-rows"]["link_bytes"] == pytest.approx(2 * 2 * union)
+    assert (ph["group-rows"]["hops"], ph["group-rows"]["total_msgs"]) == (2, (n // g) * (g - 1))
+    assert ph["group-push"]["link_bytes"] == pytest.approx((g - 1) * touched * width)
+    assert ph["group-ids"]["link_bytes"] == pytest.approx((g - 1) * 16 * touched)
+    for name in ("group-ids", "group-push"):    # the counts' gather, then values and indices
+        assert (ph[name]["hops"], ph[name]["proc_msgs"]) == (2 * (g - 1), 3 * (g - 1))
+        assert ph[name]["total_msgs"] == 3 * n * (g - 1) and not ph[name]["rpc"]
+    # groups of one are no groups
+    assert (sim.step_time("hybrid", wl, sim.Cluster(n, servers=s, aggregation_group=1),
+                          sim.Constants())["phases"]
+            == sim.step_time("hybrid", wl, sim.Cluster(n, servers=s), sim.Constants())["phases"])
+
+
+def test_the_grouped_projection_picks_the_fastest_groups_and_servers():
+    wl = sim.Workload("s", 1e6, 200_000, 1024.0, 1000.0, examples=100, compute_s=0.01)
+    k = sim.Constants(peers={sim.GROUPED_PEER: sim.PeerConstants(message_s=2e-4, rpc_s=1e-3)})
+    r, g, servers = sim.best_groups(wl, k, 64, 1.0)
+    for g2 in sim.GROUP_SIZES:
+        for s2 in (1, 2, 4, 8, 16, 32, 64):
+            other = sim.Cluster(64, 1, s2, False, 1.0, None, aggregation_group=g2)
+            assert r["step_s"] <= sim.step_time("hybrid", wl, other, k, sim.GROUPED_PEER)["step_s"]
+    assert g > 1 and servers < 64    # where a server's 2N RPCs bind, groups and fewer servers win
+
+
 def test_points_from_the_committed_full_run():
     path = Path(sim.RESULTS) / "full.json"
     res = json.loads(path.read_text())

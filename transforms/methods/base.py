@@ -85,6 +85,9 @@ class Edits:
     noop_deps: dict[str, list[str]] = field(default_factory=dict)  # node -> NoOp(^deps)
     copies: list[tuple] = field(default_factory=list)           # (region, p, remap, device_of)
     partitions: dict[str, list[str]] = field(default_factory=dict)   # variable -> partition handles
+    # grouped lookup (an original gather op, Config.aggregation_group) -> the
+    # barrier a run that is not a training step fetches with it
+    lookup_barriers: dict[str, str] = field(default_factory=dict)
 
     def merge(self, other: "Edits") -> None:
         self.replaced.update(other.replaced)
@@ -100,6 +103,7 @@ class Edits:
         self.noop_deps.update(other.noop_deps)
         self.copies += other.copies
         self.partitions.update(other.partitions)
+        self.lookup_barriers.update(other.lookup_barriers)
 
 
 @dataclass

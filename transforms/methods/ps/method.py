@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from autopar.transforms.comm import row_gather_keys
+from autopar.transforms.comm import ROW_LADDER, row_gather_keys
 from autopar.common.roles import SERVER_ROLE
 from autopar.transforms.methods.base import Edits, RewriteContext, SyncMethod, VariablePlan
 from autopar.transforms.methods.ps.rewrite import PsBuilder
@@ -51,10 +51,12 @@ class ParameterServer(SyncMethod):
                       if v.name in names and not v.resource
                       and overrides.get(v.name, partition_count(v.bytes, _rows(v),
                                                                 topology.num_servers)) > 1}
-        return (place_partitions(analysis, names, topology, overrides), kept_whole), key
+        grouped_pulls = (options.aggregation_group or 0) > 1
+        return (place_partitions(analysis, names, topology, overrides), kept_whole,
+                grouped_pulls), key
 
     def variable_plan(self, v, reason, state, key):
-        layout, kept_whole = state
+        layout, kept_whole, grouped_pulls = state
         parts, servers = layout[v.name]
         if v.name in kept_whole:
             reason += ("; kept whole, not split into partitions: it is a reference variable "
@@ -73,6 +75,18 @@ class ParameterServer(SyncMethod):
             # the global-norm term of deduplicated rows needs every worker's rows
             norm_keys, key = row_gather_keys(key, "norm_")
             keys.update(norm_keys)
+        if grouped_pulls and v.gradient == "sparse" and len(parts) > 1:
+            # Config.aggregation_group: a group's lookups gather its ids, then
+            # broadcast the rows its first worker pulled, a key per ladder rung
+            # (transforms.partition, comm.broadcast_rows)
+            pull_keys, key = row_gather_keys(key, "pull_ids_")
+            keys.update(pull_keys)
+            keys["pull_rows"] = key
+            key += len(ROW_LADDER)
+            # a barrier per lookup (by its place in sorted(boundary_ops)),
+            # fetched with it outside training steps (rewrite.WorkerGraph)
+            keys["pull_barrier"] = key
+            key += max(1, len(v.boundary_ops))
         where = ", ".join(f"server {s}" for s in sorted(set(servers)))
         placement = f"{len(parts)} partitions on {where}" if len(parts) > 1 else where
         if v.name in kept_whole:
@@ -96,10 +110,12 @@ class ParameterServer(SyncMethod):
         return 2
 
     def server_bytes(self, v, vp, num_workers, contributors, alpha):
-        """Each server's share: the byte model on its partitions' rows."""
+        """Each server's share: the byte model on its partitions' rows (read
+        once per aggregation group when its lookups are grouped)."""
         rows = _rows(v)
+        readers = contributors if "pull_ids_count" in vp.keys else num_workers
         return [(server, *self.bytes_at_servers(alpha * v.bytes * (end - start) / max(rows, 1),
-                                                num_workers, contributors))
+                                                readers, contributors))
                 for (start, end), server in zip(vp.partitions, vp.servers)]
 
     def rewrite(self, ctx: RewriteContext) -> Edits:

@@ -33,17 +33,19 @@ worker's own graph refers to the same objects.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
+from autopar.common.errors import UnsupportedGraphError
 from autopar.common.roles import SERVER_JOB
 from autopar.transforms.analysis import Analysis, VariableInfo
 from autopar.transforms.graph_utils import in_gradient_scope, node_input_name
 from autopar.transforms.methods.allgather.method import combine_rows
 from autopar.transforms.methods.base import Edits, VariablePlan
 from autopar.transforms.ops import ConstantPool, NodeWriter, new_op, rows_where
-from autopar.transforms.partition import Partitioner, copy_prefix, read_order
+from autopar.transforms.partition import Partitioner, PullGroup, copy_prefix, read_order
 from autopar.transforms.placement import Move, ps_devices, server_device
 
 if TYPE_CHECKING:   # annotations only: the plan imports the method registry
@@ -66,10 +68,10 @@ def pack_rows(values: tf.Tensor, indices: tf.Tensor, constants: ConstantPool) ->
     """A sparse push's indices and rows as one uint8 tensor [n, 8 + row bytes]
     (each row's int64 index, then its bytes), so that the push costs the
     server one receive (a RecvTensor RPC) instead of two; None when a row's
-    shape is not fully known. Built on the worker, bitcasts and a concat:
-    the bytes are copied, never converted."""
+    shape is not fully known or it has no elements. Built on the worker,
+    bitcasts and a concat: the bytes are copied, never converted."""
     row = values.shape[1:]
-    if not row.is_fully_defined():
+    if not row.is_fully_defined() or row.num_elements() == 0:
         return None
     dtype = values.dtype.base_dtype
     row_bytes = row.num_elements() * dtype.size
@@ -135,9 +137,17 @@ class PsBuilder:
         ps_vars = self.plan.server_variables
         if not ps_vars:
             return self.edits
-        host_key, members = self.plan.host_group(self.index)
+        host_key, members = self.plan.push_group(self.index)
         la = self.plan.local_aggregation and len(members) > 1
         self.is_host_leader = not la or members[0] == self.index
+        # Config.aggregation_group: the group's lookups of partitioned sparse
+        # variables pull once, by its first worker (transforms.partition)
+        # (bounded by the stall timeout: a lookup one member runs alone, e.g. a
+        # fetch of the loss by the chief only, fails naming its collective)
+        self.pull_group = (PullGroup(self.backend.subgroup(len(members), host_key,
+                                                           self.plan.collective_timeout_s),
+                                     members.index(self.index), len(members))
+                           if self.plan.grouped_pulls and len(members) > 1 else None)
         accumulators = {}
         self.part_handles: dict[str, list[str]] = {}
         with tf.name_scope("autopar/partition"):
@@ -481,11 +491,30 @@ class PsBuilder:
     def _split(self, vp: VariablePlan) -> None:
         info = self.analysis.variable(vp.name)
         region = set(info.update_ops) | set(info.own_path_ops)
+        group = None
+        if self.pull_group is not None and info.gradient == "sparse":
+            group = replace(self.pull_group, keys=(
+                tuple(vp.keys[f"pull_ids_{k}"] for k in ("count", "values", "indices")),
+                vp.keys["pull_rows"]))
         partitioner = Partitioner(self.g, self.edits, lambda p: server_device(vp.servers[p]),
-                                  self.constants, self.nodes)
+                                  self.constants, self.nodes, group)
         for name in [info.name, *info.slots]:
             self.part_handles[name] = partitioner.split(name, vp.partitions, region)
             self.edits.partitions[name] = self.part_handles[name]
+        # every worker, in a group of one too: the barriers are all workers'
+        # (bounded as the group's collectives are)
+        everyone = self.backend.subgroup(self.plan.num_workers, self.plan.group_key,
+                                         self.plan.collective_timeout_s)
+        lookups = sorted(info.boundary_ops)
+        for gather, rows in (sorted(partitioner.lookups.items())
+                             if "pull_barrier" in vp.keys else ()):
+            if gather not in lookups:
+                raise UnsupportedGraphError(
+                    f"Config(aggregation_group): the lookup '{gather}' of '{info.name}' is not "
+                    "one the analysis found; use aggregation_group=None for this graph")
+            with tf.control_dependencies([rows]):
+                barrier = everyone.barrier(vp.keys["pull_barrier"] + lookups.index(gather))
+            self.edits.lookup_barriers[gather] = barrier.op.name
 
     # -- chief ---------------------------------------------------------------
     def _take(self, vp, info, accumulators) -> None:
