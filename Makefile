@@ -96,7 +96,7 @@ docs: $(STAMP)
 # bench-setup builds the Horovod peer's own virtualenv once (bench/.venv-horovod,
 # TensorFlow 2.12 + Horovod 0.28.1, a few minutes); the bench targets build it
 # too when it is missing. Results: bench/results/<quick|full>.{json,md,png}.
-.PHONY: bench-setup bench-quick bench bench-herring bench-messages
+.PHONY: bench-setup bench-quick bench bench-herring bench-messages bench-groups
 BENCH_ROOT_CHECK = $(PY) -c 'from bench.cluster import require_root; require_root()'
 
 bench-setup: $(STAMP)
@@ -140,6 +140,18 @@ bench-messages: $(STAMP)
 		--workloads avg,sparse --avg-mib 1 --steps avg=3:30 \
 		--peers floor,tf_mwms,tf_ps,horovod,autopar-allreduce,autopar-ps,autopar-hybrid
 	$(MAKE) docs   # the benchmark page and README numbers from the new results
+
+# Config.aggregation_group on the emulated cluster: hybrid on the sparse LM, 8 hosts, S = 8
+# servers, 1000 and 100 Mbit/s, groups of 1, 2, 4 and 8 workers (one run each, ~6 min).
+# bench/simulate.py compares them with its predictions (not fitted). Results:
+# bench/results/groups_g{1,2,4,8}.{json,md,png}.
+bench-groups: $(STAMP)
+	$(BENCH_ROOT_CHECK)
+	for g in 1 2 4 8; do \
+		$(PY) -m bench.run --name groups_g$$g --hosts 8 --workloads sparse --link-mbit 1000,100 \
+			--servers equal --steps sparse=3:20 --peers autopar-hybrid \
+			--autopar-config "{\"aggregation_group\": $$g}" || exit 1; \
+	done
 
 # Analysis and rewrite time vs graph size: a BERT-style encoder at 3, 6, 12
 # and 24 layers (no root needed; minutes, most of it the rewrite). Results:

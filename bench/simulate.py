@@ -149,6 +149,7 @@ class Cluster:
     server_imbalance: float = 1.0      # most loaded server / even spread (measured: how variables were placed)
     cpu_speed: float = 1.0             # CPU seconds relative to the reference run's cores (> 1: slower)
     timeouts_per_step: float = 0.0     # measured: the emulated links' TCP retransmission timeouts per step
+    aggregation_group: int = 0         # Config.aggregation_group: workers per group (0: the hosts)
 
     @property
     def hosts(self) -> int:
@@ -344,11 +345,51 @@ def phases(method: str, wl: Workload, cl: Cluster) -> list[Phase]:
         return out
     if method in ("hybrid", "hybrid_nola"):
         out = [p for p in (ring_allreduce(b, n, hosts),) if p.hops]
+        if ab and method == "hybrid" and cl.aggregation_group > 1:
+            return out + aggregation_groups(wl, cl)
         if ab:
             la = method == "hybrid"
             out += parameter_server(ab, ab, cl, la, host_push=host_ab if la else None, tag="ps-sparse")
         return out
     raise ValueError(f"unknown method {method!r} (one of {', '.join(METHODS)})")
+
+
+def aggregation_groups(wl: Workload, cl: Cluster) -> list[Phase]:
+    """The sparse rows' phases with Config.aggregation_group = g on hosts of
+    one worker each: the g workers of a group gather their distinct ids
+    (an id and a rank tag, 16 bytes each), the first pulls the union's rows
+    from the servers and broadcasts them, each member's rows are gathered to
+    the first, which pushes their sum (local aggregation over the group).
+    The servers see N/g senders (parameter_server with a group as its
+    "host"); the exchanges within a group cross links over g hosts: a
+    variable-size gather is three ring all-gathers (the counts first, then
+    values and indices together: 2 (g - 1) hops, 3 (g - 1) ring steps); the
+    broadcast is TensorFlow's tree (each member forwards the whole union to
+    at most two others, a level after the other: the last member has it
+    after fan-out x depth unions' link time)."""
+    n, g = cl.workers, min(cl.aggregation_group, cl.workers)
+    groups = math.ceil(n / g)
+    union = union_rows(wl.sparse_rows, wl.touched_rows, g, wl.zipf_s) * wl.row_bytes
+    out = parameter_server(wl.touched_bytes, wl.touched_bytes, replace(cl, workers_per_host=g),
+                           True, host_push=union, tag="ps-sparse")
+    for name, contribution in (("group-ids", 16.0 * wl.touched_rows),
+                               ("group-push", wl.touched_bytes)):
+        ring = ring_allgather(contribution, g, 2)
+        if not ring.hops:
+            continue
+        ring.name = name
+        ring.proc_reduce = ring.total_reduce = 0.0   # concatenated, not applied
+        ring.total_bytes *= groups
+        ring.hops *= 2                                # the counts' gather, then the rows'
+        ring.proc_msgs *= 3
+        ring.total_msgs *= 3 * groups
+        out.append(ring)
+    if g > 1:
+        fanout, depth = min(2, g - 1), math.ceil(math.log2(g))
+        out.append(Phase("group-rows", fanout * depth * union, depth,
+                         (fanout + 1) * union / 2, groups * (g - 1) * union, 0.0, 0.0,
+                         fanout + 1, groups * (g - 1)))
+    return out
 
 
 # --------------------------------------------------------------------------- step time
@@ -592,6 +633,8 @@ def points_from_results(results: dict, source: str) -> list[Point]:
     default_mbit = results["settings"].get("rate_mbit")   # runs before per-point link rates
     distinct = _moves_distinct_rows(results.get("git", {}).get("commit"))
     cores = results.get("machine", {}).get("cpus") or 2
+    # --autopar-config's Config.aggregation_group (0: the hosts)
+    groups = int(results["settings"].get("autopar_config", {}).get("aggregation_group") or 0)
     out = []
     for p in results["points"]:
         if p.get("status") not in ("ok", "wrong-loss") or not p.get("step_s"):
@@ -601,7 +644,8 @@ def points_from_results(results: dict, source: str) -> list[Point]:
         if method not in METHODS or p["peer"] in VARIANT_PEERS:
             continue
         rate = (p.get("link_mbit") or default_mbit) / 1000.0
-        cl = Cluster(p["num_workers"], 1, p["num_servers"], False, rate, cores)
+        cl = Cluster(p["num_workers"], 1, p["num_servers"], False, rate, cores,
+                     aggregation_group=groups if p["peer"].startswith("autopar-") else 0)
         if method in ("ps", "hybrid") and p["num_servers"]:
             srv = p["bytes_per_step"]["server"]
             mean_srv = srv["recv"]
@@ -624,6 +668,32 @@ def points_from_results(results: dict, source: str) -> list[Point]:
             step = float(p["compute_floor_s"])
         out.append(Point(source, wl, cl, p["peer"], method, step, p["status"]))
     return out
+
+
+# Config.aggregation_group measured on the emulated cluster (make bench-groups)
+GROUP_RUNS = tuple(RESULTS / f"groups_g{g}.json" for g in (1, 2, 4, 8))
+
+
+def group_validation(k: Constants, paths=GROUP_RUNS) -> list[dict]:
+    """Config.aggregation_group measured (hybrid on the sparse LM, N = 8, one
+    run per group size) against the model fitted without those runs: each
+    step over the same link's step with groups of one, measured and
+    predicted (so the runs' CPU speeds cancel)."""
+    points = [p for path in paths if Path(path).exists()
+              for p in points_from_results(json.loads(Path(path).read_text()), Path(path).stem)]
+    alone = {p.cluster.link_gbit: p for p in points if p.cluster.aggregation_group <= 1}
+    rows = []
+    for p in sorted(points, key=lambda p: (-p.cluster.link_gbit, p.cluster.aggregation_group)):
+        base = alone.get(p.cluster.link_gbit)
+        if base is None:
+            continue
+        predicted = [step_time(q.method, q.workload, q.cluster, k, q.peer)["step_s"]
+                     for q in (p, base)]
+        rows.append({"link_mbit": 1000 * p.cluster.link_gbit, "N": p.cluster.workers,
+                     "group": max(1, p.cluster.aggregation_group), "measured_s": p.step_s,
+                     "measured_ratio": p.step_s / base.step_s,
+                     "predicted_ratio": predicted[0] / predicted[1]})
+    return rows
 
 
 def _moves_distinct_rows(commit: str | None) -> bool:
@@ -696,7 +766,42 @@ def project_bench(wls: dict[str, Workload], k: Constants, link_gbit: float,
                 r = step_time(method, wl, cl, k, peer)
                 out.append({"workload": wl.name, "N": n, "peer": peer, "method": method,
                             "step_s": r["step_s"], "throughput": r["throughput"], "parts_s": r["parts"]})
+            if wl.touched_bytes and GROUPED_PEER in peers:
+                r, g, servers = best_groups(wl, k, n, link_gbit)
+                out.append({"workload": wl.name, "N": n, "peer": GROUPED_LABEL, "method": "hybrid",
+                            "step_s": r["step_s"], "throughput": r["throughput"],
+                            "parts_s": r["parts"], "aggregation_group": g, "servers": servers})
     return out
+
+
+# autopar-hybrid is also projected with Config.aggregation_group, with the group
+# size and the number of server hosts (the sparse variables' partitions) that
+# the model finds fastest at each N.
+GROUPED_PEER = "autopar-hybrid"
+GROUPED_LABEL = "autopar-hybrid, aggregation groups"
+
+
+# Group sizes the projection may choose (results/groups_g*.json, N = 8 on the
+# emulated cluster, each step over the step without groups: g = 2, 4, 8 predicted
+# 14 %, 2 %, 3 % under the measured at 1000 Mbit/s, 17 %, 21 %, 27 % under at
+# 100 Mbit/s, where a group's exchanges follow one another on the critical path
+# of 16 processes sharing 2 cores). Larger groups are not measured at all.
+GROUP_SIZES = (1, 2, 4)
+
+
+def best_groups(wl: Workload, k: Constants, n: int, link_gbit: float) -> tuple[dict, int, int]:
+    """(step_time, group size g, servers S) of hybrid with Config.aggregation_group
+    = g and S server hosts, minimising the step over g in GROUP_SIZES and S in
+    powers of 2 up to N (g = 1: no groups, S = N: the other projections' servers)."""
+    sizes = [2 ** i for i in range(int(math.log2(n)) + 1)]
+    best = None
+    for g in [g for g in GROUP_SIZES if g <= n]:
+        for servers in sizes:
+            cl = Cluster(n, 1, servers, False, link_gbit, None, aggregation_group=g)
+            r = step_time("hybrid", wl, cl, k, GROUPED_PEER)
+            if best is None or r["step_s"] < best[0]["step_s"]:
+                best = (r, g, servers)
+    return best
 
 
 # Parallax (§7.1): 8 machines x 6 TITAN Xp, 100 Gbit/s InfiniBand; Table 1 sizes
@@ -907,11 +1012,28 @@ def markdown(out: dict) -> str:
               "|---|---|" + "---|" * len(PROJECT_N)]
     proj = out["bench_projection"]
     for w in sorted({r["workload"] for r in proj}):
-        for peer in PEER_METHODS:
+        for peer in [*PEER_METHODS, GROUPED_LABEL]:
             vals = {r["N"]: r["throughput"] for r in proj if r["workload"] == w and r["peer"] == peer}
             if vals:
                 lines.append(f"| {w} | {peer} | " + " | ".join(f"{vals[n]:.0f}" for n in PROJECT_N) + " |")
-    lines += ["", "(examples/s)", "", "## Parallax's setting (6 GPUs per machine, 100 Gbit/s, Table 1 sizes), "
+    grouped = {r["N"]: r for r in proj if r["peer"] == GROUPED_LABEL}
+    lines += ["", "(examples/s)"]
+    if grouped:
+        lines += ["", f"{GROUPED_LABEL}: Config(aggregation_group=g) with S server hosts, the "
+                  f"(g, S) the model finds fastest (g in {', '.join(map(str, GROUP_SIZES))}, S a "
+                  "power of 2 up to N): " + ", ".join(
+                      f"N = {n}: g = {r['aggregation_group']}, S = {r['servers']}"
+                      for n, r in sorted(grouped.items()))]
+    measured = out.get("aggregation_groups_measured") or []
+    if measured:
+        lines += ["", "Aggregation groups measured on the emulated cluster (hybrid, sparse LM, "
+                  f"N = {measured[0]['N']}, S = N; not fitted): each step over the step with "
+                  "groups of one on the same link", "",
+                  "| link | g | measured ms | measured / g = 1 | predicted / g = 1 |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {r['link_mbit']:.0f} Mbit/s | {r['group']} | {1e3 * r['measured_s']:.0f} | "
+                  f"{r['measured_ratio']:.2f} | {r['predicted_ratio']:.2f} |" for r in measured]
+    lines += ["", "## Parallax's setting (6 GPUs per machine, 100 Gbit/s, Table 1 sizes), "
               "48 GPUs", ""]
     for name, var in out["parallax"].items():
         lines += [f"### {name}: {PARALLAX_VARIANTS[name]}", ""]
@@ -1028,6 +1150,7 @@ def build(sources: list[Path]) -> dict:
            "bench_projection_link_gbit": link,
            "examples_per_worker_step": {name: wl.examples for name, wl in workloads.items()},
            "bench_projection": project_bench(workloads, k, link),
+           "aggregation_groups_measured": group_validation(k),
            "parallax": {}}
     for name in PARALLAX_VARIANTS:
         kp, cal = parallax_variant(name)

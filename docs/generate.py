@@ -463,6 +463,17 @@ def _simulate(v: dict) -> None:
                               ("autopar-ps", "autopar-hybrid", "tf_ps")) +
                     f" (autopar's {rpc['autopar-ps'] / rpc['tf_ps']:.2f}× and "
                     f"{rpc['autopar-hybrid'] / rpc['tf_ps']:.2f}× TF-PS's)")
+    sparse = [r for r in d["bench_projection"] if r["workload"] == "sparse"]
+    far = max(r["N"] for r in sparse)
+    at = {r["peer"]: r for r in sparse if r["N"] == far}
+    grouped = at["autopar-hybrid, aggregation groups"]
+    v["sim.groups"] = (
+        f"at N = {far} (1 Gbit/s) hybrid with groups of {grouped['aggregation_group']} and "
+        f"{grouped['servers']} servers {grouped['throughput'] / 1e3:.1f} k words/s, "
+        f"{grouped['throughput'] / at['horovod']['throughput']:.1f}× Horovod's "
+        f"{at['horovod']['throughput'] / 1e3:.1f} k (without groups "
+        f"{at['autopar-hybrid']['throughput'] / 1e3:.1f} k; TF-PS "
+        f"{at['tf_ps']['throughput'] / 1e3:.1f} k)")
     rows = []
     for scenario, data in d["parallax"].items():
         for c in data["comparison"]:
