@@ -84,6 +84,8 @@ class VariableInfo:
     # A resource variable (VarHandleOp); False: a legacy reference variable
     # (VariableV2), which autopar places whole but cannot split into partitions.
     resource: bool = True
+    # Why its update cannot be split into row partitions ("" when it can).
+    partition_blocker: str = ""
     # How its update was recognised (for the report).
     recognised: str = ""
 
@@ -242,6 +244,7 @@ def _analyze(graph: tf.Graph) -> Analysis:
             info.ps_blocker = _written_outside_update(graph, info, writers)
         if not info.ps_blocker:
             info.ps_blocker = _updated_conditionally(info, conditional)
+        info.partition_blocker = _whole_values_in_update(graph, info)
     slot_names = {s for v in variables for s in v.slots}
     all_update_ops = {u for v in variables for u in v.update_ops}
     fetches = {op.name for op in graph.get_collection(FETCHES)}
@@ -1030,6 +1033,36 @@ def _nonlinear_in_rows(graph, info: VariableInfo) -> str:
                         "before rows of one id are added (servers add them first); all-gather "
                         "keeps every row")
             frontier.extend(c.outputs)
+    return ""
+
+
+# Ops a whole-variable value may pass through on its way into an update
+_SHAPE_PASSING = frozenset({"Identity", "StridedSlice", "Slice", "Cast", "Shape", "Pack",
+                            "ConcatV2", "Reshape", "ExpandDims", "Squeeze"})
+
+
+def _whole_values_in_update(graph, info: VariableInfo) -> str:
+    """Why the update cannot run once per row partition ("" when it can): it
+    takes, from outside the ops that write the variable, a value or the shape
+    of the whole variable or of a slot (Keras 3's SGD with momentum reads its
+    momentum before the write, and makes a sparse gradient dense to the
+    variable's shape). A partition's copy of the update would then combine
+    its own rows with every row."""
+    region = set(info.update_ops) | set(info.own_path_ops)
+    handles = {info.name, *info.slots}
+    for name in sorted(region):
+        stack, seen = [t.op for t in graph.get_operation_by_name(name).inputs], set()
+        while stack:
+            op = stack.pop()
+            if op.name in seen or op.name in region:
+                continue
+            seen.add(op.name)
+            if (op.type in ("ReadVariableOp", "VariableShape")
+                    and op.inputs[0].op.name in handles):
+                return (f"its update '{name}' uses '{op.name}' ({op.type}) of the whole "
+                        "variable or a slot, computed outside the ops that write it")
+            if op.type in _SHAPE_PASSING:
+                stack.extend(t.op for t in op.inputs)
     return ""
 
 

@@ -252,3 +252,24 @@ def test_fit_computes_the_compiled_loss_as_keras_fit_does(tmp_path):
         with np.load(tmp_path / f"dist{i}.npz") as data:
             assert_same_parameters(weights, {k: data[k] for k in data.files}, rtol=1e-9,
                                    atol=1e-12, what=f"worker {i}")
+
+
+def test_an_embedding_whose_update_reads_it_whole_is_kept_whole(tmp_path, reference):
+    """Keras 3's SGD with momentum reads the momentum before writing it and
+    makes the embedding's sparse gradient dense to the whole variable's shape:
+    asked for 2 row partitions, autopar keeps the embedding whole on one
+    server and says why (split, each partition's update combined its rows
+    with every row: "Incompatible shapes: [12,6] vs. [24,6]"), and it trains
+    to one device's values."""
+    model, optimizer, dtype = "emb_mlp", "sgd", "float32"
+    expected = reference(model, optimizer, dtype)
+    spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
+    log = run_script([sys.executable, str(SCRIPT), "--model", model, "--optimizer", optimizer,
+                      "--dtype", dtype, "--steps", str(STEPS), "--batch", str(BATCH),
+                      "--spec", str(spec), "--run-option", "hybrid",
+                      "--partitions", "sequential/embedding/embeddings=2",
+                      "--out", str(tmp_path / "dist")])
+    assert "whole (its update reads the whole variable)" in log, log[-3000:]
+    for i in range(3):
+        assert_same_parameters(expected, load_worker(tmp_path / "dist", i),
+                               what=f"{model} {optimizer} partitions worker {i}")

@@ -11,6 +11,7 @@ from autopar.transforms.lift import CALL_OP, lift
 from autopar.transforms.plan import PlanOptions, make_plan
 from autopar.transforms.rewrite import rewrite_for_worker
 from autopar.transforms.topology import Topology
+from tests import models
 from tests.programs import keras_step
 
 tf1 = tf.compat.v1
@@ -192,12 +193,24 @@ def test_squared_rows_keep_the_embedding_off_the_servers():
 
 
 def test_momentum_sgd_embedding_goes_to_the_servers_whole():
+    """Keras 3's SGD with momentum reads the momentum before it writes it and
+    makes the sparse gradient dense to the variable's shape, outside the ops
+    that write them: the update cannot run per row partition, so a request
+    for partitions keeps the embedding whole (the LM's tf.compat.v1 Adam,
+    whose update takes the variables' handles, splits)."""
     program, lifted = _lifted(optimizer="sgd", dtype="float32")
     analysis = analyze_graph(lifted.graph)
     emb = analysis.variable(program.model.layers[0].embeddings.path)
     assert emb.ps_blocker == "" and len(emb.slots) == 1
     plan = make_plan(analysis, TOPOLOGY, options=PlanOptions(run_option="hybrid"))
     assert plan.variable(emb.name).method == "ps"
+    assert "outside the ops that write it" in emb.partition_blocker
+    split = make_plan(analysis, TOPOLOGY, options=PlanOptions(
+        run_option="hybrid", partitions=((emb.name, 2),)))
+    assert len(split.variable(emb.name).partitions) == 1
+    assert "kept whole, not split into partitions: its update" in split.variable(emb.name).reason
+    lm = analyze_graph(models.build("lm_adam_clip").graph).variable("embedding")
+    assert lm.partition_blocker == ""
 
 
 def test_amsgrad_velocity_read_through_v_hat_is_a_slot():

@@ -30,6 +30,8 @@ def main(argv=None) -> None:
     p.add_argument("--reference", action="store_true")
     p.add_argument("--batch-norm-group", help="Config.batch_norm_group ('all' or a size)")
     p.add_argument("--micro-batches", type=int, default=1, help="Config.micro_batches")
+    p.add_argument("--aggregation-group", type=int, help="Config.aggregation_group")
+    p.add_argument("--partitions", default="", help="Config.partitions: NAME=N,...")
     p.add_argument("--decay-lr", action="store_true",
                    help="assign the learning rate from Python before each step, lr0 / (k + 1)")
     args = p.parse_args(argv)
@@ -48,7 +50,12 @@ def main(argv=None) -> None:
         runner = autopar.get_runner(program.concrete, args.spec,
                                     autopar.Config(run_option=args.run_option, log_every_steps=1,
                                                    batch_norm_group=_group(args.batch_norm_group),
-                                                   micro_batches=args.micro_batches))
+                                                   micro_batches=args.micro_batches,
+                                                   aggregation_group=args.aggregation_group,
+                                                   partitions={k: int(n) for k, n in (
+                                                       kv.split("=")
+                                                       for kv in args.partitions.split(",")
+                                                       if kv)}))
         n, index = runner.num_workers, runner.worker_index
         per = args.batch // n
         for k in range(args.steps):

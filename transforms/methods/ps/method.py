@@ -48,7 +48,7 @@ class ParameterServer(SyncMethod):
     def prepare(self, analysis, names, topology, options, fusion_bytes, key, job_why=""):
         overrides = dict(options.partitions)
         kept_whole = {v.name for v in analysis.variables
-                      if v.name in names and not v.resource
+                      if v.name in names and (not v.resource or v.partition_blocker)
                       and overrides.get(v.name, partition_count(v.bytes, _rows(v),
                                                                 topology.num_servers)) > 1}
         grouped_pulls = (options.aggregation_group or 0) > 1
@@ -58,7 +58,9 @@ class ParameterServer(SyncMethod):
     def variable_plan(self, v, reason, state, key):
         layout, kept_whole, grouped_pulls = state
         parts, servers = layout[v.name]
-        if v.name in kept_whole:
+        if v.name in kept_whole and v.partition_blocker:
+            reason += f"; kept whole, not split into partitions: {v.partition_blocker}"
+        elif v.name in kept_whole:
             reason += ("; kept whole, not split into partitions: it is a reference variable "
                        "(VariableV2), which autopar cannot partition (create it as a resource "
                        "variable, e.g. get_variable(..., use_resource=True), to split it)")
@@ -90,7 +92,8 @@ class ParameterServer(SyncMethod):
         where = ", ".join(f"server {s}" for s in sorted(set(servers)))
         placement = f"{len(parts)} partitions on {where}" if len(parts) > 1 else where
         if v.name in kept_whole:
-            placement += ", whole (reference variable: not partitioned)"
+            placement += (", whole (its update reads the whole variable)" if v.partition_blocker
+                          else ", whole (reference variable: not partitioned)")
         return VariablePlan(v.name, self.name, placement, reason, keys=keys,
                             partitions=parts, servers=servers), key
 
@@ -178,8 +181,8 @@ def place_partitions(analysis, names: set[str], topology,
     counts: dict[str, int] = {}      # partitions of the variables placed greedily below
     fixed: set[str] = set()          # ... whose count is not searched (overrides, small sparse)
     for v in chosen:
-        if not v.resource:
-            n = 1      # a reference variable cannot be split (ParameterServer.prepare says so)
+        if not v.resource or v.partition_blocker:
+            n = 1      # cannot be split (ParameterServer.prepare says why)
         elif v.name in overrides:
             n = overrides[v.name]
         elif v.gradient == "sparse":
