@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from autopar.transforms.graph_utils import initialization_guard
+from autopar.transforms.graph_utils import in_gradient_scope, initialization_guard
 from autopar.transforms.ops import new_op
 
 tf1 = tf.compat.v1
@@ -96,6 +96,22 @@ class PullGroup:
     keys: tuple = ((), 0)
 
 
+def _row_gathers_of(read: tf.Operation) -> list[tf.Operation]:
+    """The GatherV2 ops taking rows (axis 0, no batch dimensions) of a
+    ReadVariableOp's value, outside the backward pass (whose ops keep their
+    inputs)."""
+    if read.type not in _READS:
+        return []
+    out = []
+    for g in read.outputs[0].consumers():
+        if (g.type == "GatherV2" and g.inputs[0] is read.outputs[0]
+                and g.get_attr("batch_dims") == 0 and not in_gradient_scope(g.name)):
+            axis = tf.get_static_value(g.inputs[2])
+            if axis is not None and int(axis) == 0:
+                out.append(g)
+    return out
+
+
 class Partitioner:
     """Builds the partition variables and the ops replacing whole-variable uses
     in `graph` (the scratch graph), recording node edits in `edits`. The
@@ -125,7 +141,7 @@ class Partitioner:
         consumers = [c for c in op.outputs[0].consumers() if c.name not in region]
         # A gather's index arithmetic is built through the API, and with it
         # the handles it reads.
-        in_graph = any(c.type in _GATHERS for c in consumers)
+        in_graph = any(c.type in _GATHERS or _row_gathers_of(c) for c in consumers)
         handles = []
         for p, (start, end) in enumerate(parts):
             attrs = dict(dtype=dtype, shape=[end - start, *shape[1:]],
@@ -154,6 +170,19 @@ class Partitioner:
             # inputs see the same value and share one set of partition reads
             # (an unrolled RNN reads its kernel at every time step; see
             # PsBuilder._merge_reads).
+            # A gather of the read's rows (Keras 3's Embedding: tf.gather of
+            # the value, not ResourceGather) reads only its rows too; a read
+            # used for nothing else (a traced function's ops also wait for it)
+            # becomes a NoOp after them instead of a read of every partition.
+            gathers = _row_gathers_of(c)
+            for g in gathers:
+                with tf.control_dependencies(c.control_inputs + g.control_inputs):
+                    rows = self._gather(g.inputs[1], handles, parts, dtype)
+                self.edits.identities[g.name] = rows.name
+                self.lookups[g.name] = rows
+            if gathers and len(gathers) == len(c.outputs[0].consumers()):
+                self.edits.noop_deps[c.name] = [self.lookups[g.name].op.name for g in gathers]
+                return
             key = (var, read_order(c))
             if key not in self._whole_reads:
                 reads = [nodes.add("ReadVariableOp", [h, *c.control_inputs], self.devices_of(p),

@@ -393,6 +393,7 @@ def _make_identity(node, tensor: str) -> None:
     dtype = (tf.bool.as_datatype_enum if node.op == "VarIsInitializedOp"
              else node.attr["out_type"].type if node.op == "VariableShape"
              else node.attr["Tout"].list.type[0] if node.op in ("If", "StatelessIf")
+             else node.attr["Tparams"].type if node.op == "GatherV2"
              else node.attr["dtype"].type)
     node.op = "Identity"
     del node.input[:]

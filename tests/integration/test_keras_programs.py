@@ -254,14 +254,19 @@ def test_fit_computes_the_compiled_loss_as_keras_fit_does(tmp_path):
                                    atol=1e-12, what=f"worker {i}")
 
 
-def test_an_embedding_whose_update_reads_it_whole_is_kept_whole(tmp_path, reference):
-    """Keras 3's SGD with momentum reads the momentum before writing it and
-    makes the embedding's sparse gradient dense to the whole variable's shape:
-    asked for 2 row partitions, autopar keeps the embedding whole on one
-    server and says why (split, each partition's update combined its rows
-    with every row: "Incompatible shapes: [12,6] vs. [24,6]"), and it trains
-    to one device's values."""
-    model, optimizer, dtype = "emb_mlp", "sgd", "float32"
+@pytest.mark.parametrize("optimizer,placement", [
+    # SGD with momentum reads the momentum before writing it and makes the
+    # sparse gradient dense to the whole variable's shape: kept whole (split,
+    # each partition's update combined its rows with every row:
+    # "Incompatible shapes: [12,6] vs. [24,6]")
+    ("sgd", "whole (its update reads the whole variable)"),
+    # plain SGD scatters the rows: split, and the Embedding's gather of the
+    # variable's value reads only its rows from the partitions
+    ("sgd_plain", "2 partitions on server 0, server 1")])
+def test_an_embedding_asked_for_two_partitions(optimizer, placement, tmp_path, reference):
+    """A Keras 3 Embedding on the servers, asked for 2 row partitions, trains
+    to one device's values; the report says where it is."""
+    model, dtype = "emb_mlp", "float32"
     expected = reference(model, optimizer, dtype)
     spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
     log = run_script([sys.executable, str(SCRIPT), "--model", model, "--optimizer", optimizer,
@@ -269,7 +274,7 @@ def test_an_embedding_whose_update_reads_it_whole_is_kept_whole(tmp_path, refere
                       "--spec", str(spec), "--run-option", "hybrid",
                       "--partitions", "sequential/embedding/embeddings=2",
                       "--out", str(tmp_path / "dist")])
-    assert "whole (its update reads the whole variable)" in log, log[-3000:]
+    assert placement in log, log[-3000:]
     for i in range(3):
         assert_same_parameters(expected, load_worker(tmp_path / "dist", i),
                                what=f"{model} {optimizer} partitions worker {i}")

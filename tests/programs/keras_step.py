@@ -47,6 +47,8 @@ def optimizer(name: str):
         "adam_noclip": lambda: keras.optimizers.Adam(0.01),
         "adamw": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.01, clipnorm=1.0),
         "sgd": lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+        # no momentum: the embedding's rows are scattered into it (ResourceScatterSub)
+        "sgd_plain": lambda: keras.optimizers.SGD(0.1),
         # AMSGrad writes the weight from v_hat, v_hat from v: v is a slot two
         # writes away; the weight decay writes each weight besides its update
         "amsgrad_wd": lambda: keras.optimizers.Adam(0.01, amsgrad=True, weight_decay=0.01),

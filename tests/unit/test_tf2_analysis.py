@@ -213,6 +213,32 @@ def test_momentum_sgd_embedding_goes_to_the_servers_whole():
     assert lm.partition_blocker == ""
 
 
+def test_a_split_keras_embedding_reads_only_its_rows():
+    """Keras 3's Embedding gathers rows of the variable's value (GatherV2 of
+    a ReadVariableOp), not ResourceGather: split into partitions, the gather
+    reads its rows on their servers, and the read, which the traced step's
+    ops also wait for, reads no partition whole."""
+    program, lifted = _lifted(optimizer="sgd_plain", dtype="float32")
+    analysis = analyze_graph(lifted.graph)
+    emb = program.model.layers[0].embeddings.path
+    plan = make_plan(analysis, TOPOLOGY, options=PlanOptions(run_option="hybrid",
+                                                              partitions=((emb, 2),)))
+    assert len(plan.variable(emb).partitions) == 2
+    wg = rewrite_for_worker(lifted.graph, analysis, plan, 1)
+    nodes = {n.name: n for n in wg.meta_graph.graph_def.node}
+    parts = {n for n in nodes if nodes[n].op == "VarHandleOp"
+             and nodes[n].attr["shared_name"].s.decode().startswith(emb + "/part_")}
+    seen, stack = set(), [CALL_OP] + [b for _, b in wg.step_barriers + wg.step_targets]
+    while stack:
+        name = stack.pop()
+        if name in nodes and name not in seen:
+            seen.add(name)
+            stack.extend(i.lstrip("^").split(":")[0] for i in nodes[name].input)
+    on_parts = {nodes[n].op for n in seen if nodes[n].input
+                and nodes[n].input[0].split(":")[0] in parts}
+    assert "ResourceGather" in on_parts and "ReadVariableOp" not in on_parts, on_parts
+
+
 def test_amsgrad_velocity_read_through_v_hat_is_a_slot():
     """AMSGrad updates the weight from v_hat = max(v_hat, v), never from v:
     v is still the variable's own state, fed by its gradient (it was taken
