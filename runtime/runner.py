@@ -372,13 +372,7 @@ class Runner:
         ops = [x if isinstance(x, tf.Operation) else getattr(x, "op", None) for x in fetches]
         key = tuple(sorted(op.name for op in ops if op is not None))
         if key not in self._barriers_of:
-            seen, stack = set(), [op for op in ops if op is not None]
-            while stack:
-                op = stack.pop()
-                if op.name not in seen:
-                    seen.add(op.name)
-                    stack.extend(t.op for t in op.inputs)
-                    stack.extend(op.control_inputs)
+            seen = {op.name for op in _upstream(op for op in ops if op is not None)}
             self._barriers_of[key] = [b for name, b in sorted(self._lookup_barriers.items())
                                       if name in seen]
         return self._barriers_of[key]
@@ -816,21 +810,25 @@ def _leading_dim(key, value) -> int | None:
 _ITERATOR_OPS = frozenset({"IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional"})
 
 
-def iterator_read_by(tensors) -> tf.Operation | None:
-    """A tf.data iterator's get-next op that `tensors` depend on (by data or
-    control edges), or None."""
+def _upstream(ops):
+    """`ops` and every op they depend on (by data or control edges), each once."""
     seen: set[str] = set()
-    stack = [t.op for t in tensors]
+    stack = list(ops)
     while stack:
         op = stack.pop()
         if op.name in seen:
             continue
         seen.add(op.name)
-        if op.type in _ITERATOR_OPS:
-            return op
+        yield op
         stack.extend(t.op for t in op.inputs)
         stack.extend(op.control_inputs)
-    return None
+
+
+def iterator_read_by(tensors) -> tf.Operation | None:
+    """A tf.data iterator's get-next op that `tensors` depend on (by data or
+    control edges), or None."""
+    return next((op for op in _upstream(t.op for t in tensors) if op.type in _ITERATOR_OPS),
+                None)
 
 
 def _reads_iterator(tensors) -> bool:

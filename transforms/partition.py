@@ -86,13 +86,12 @@ def copy_prefix(p: int) -> str:
 @dataclass(frozen=True)
 class PullGroup:
     """Workers that pull a sparse variable's rows together: the collective
-    backend of their group, this worker's rank in it (rank 0 pulls), its
-    size, and one variable's instance keys: (count, values, indices) of the
-    ids' gather (comm.allgather_rows), the first of the rows' broadcast
+    backend of their group, this worker's rank in it (rank 0 pulls), and one
+    variable's instance keys: (count, values, indices) of the ids' gather
+    (comm.allgather_rows), the first of the rows' broadcast
     (comm.broadcast_rows)."""
     backend: object
     rank: int
-    size: int
     keys: tuple = ((), 0)
 
 
@@ -164,25 +163,22 @@ class Partitioner:
     def _redirect(self, var: str, c: tf.Operation, handles, names, parts, dtype, shape) -> None:
         nodes = self.nodes
         if c.type in _READS:
-            # The partitions' reads keep the whole read's control inputs: a read
-            # ordered after the update (an ExponentialMovingAverage of the
-            # variable) must see the updated rows. Reads with the same control
-            # inputs see the same value and share one set of partition reads
-            # (an unrolled RNN reads its kernel at every time step; see
-            # PsBuilder._merge_reads).
             # A gather of the read's rows (Keras 3's Embedding: tf.gather of
             # the value, not ResourceGather) reads only its rows too; a read
             # used for nothing else (a traced function's ops also wait for it)
             # becomes a NoOp after them instead of a read of every partition.
             gathers = _row_gathers_of(c)
             for g in gathers:
-                with tf.control_dependencies(c.control_inputs + g.control_inputs):
-                    rows = self._gather(g.inputs[1], handles, parts, dtype)
-                self.edits.identities[g.name] = rows.name
-                self.lookups[g.name] = rows
+                self._row_gather(g, c.control_inputs + g.control_inputs, handles, parts, dtype)
             if gathers and len(gathers) == len(c.outputs[0].consumers()):
                 self.edits.noop_deps[c.name] = [self.lookups[g.name].op.name for g in gathers]
                 return
+            # The partitions' reads keep the whole read's control inputs: a read
+            # ordered after the update (an ExponentialMovingAverage of the
+            # variable) must see the updated rows. Reads with the same control
+            # inputs see the same value and share one set of partition reads
+            # (an unrolled RNN reads its kernel at every time step; see
+            # PsBuilder._merge_reads).
             key = (var, read_order(c))
             if key not in self._whole_reads:
                 reads = [nodes.add("ReadVariableOp", [h, *c.control_inputs], self.devices_of(p),
@@ -191,10 +187,7 @@ class Partitioner:
                 self._whole_reads[key] = self._interleave(reads, dtype, shape)
             self.edits.identities[c.name] = self._whole_reads[key]
         elif c.type in _GATHERS:
-            with tf.control_dependencies(c.control_inputs):
-                rows = self._gather(c.inputs[1], handles, parts, dtype)
-            self.edits.identities[c.name] = rows.name
-            self.lookups[c.name] = rows
+            self._row_gather(c, c.control_inputs, handles, parts, dtype)
         elif c.type == "VarIsInitializedOp":
             flags = [nodes.add("VarIsInitializedOp", [h]) for h in names]
             stacked = nodes.add("Pack", flags, N=len(flags), T=tf.bool, axis=0)
@@ -221,6 +214,14 @@ class Partitioner:
                         "variable (only reads, row gathers, initialisation and shape queries are "
                         "redirected to the partitions); Config(partitions={%r: 1}) keeps it whole",
                         var, c.type, c.name, var)
+
+    def _row_gather(self, gather: tf.Operation, controls, handles, parts, dtype) -> None:
+        """`gather` (ids its second input) becomes the rows _gather reads from
+        the partitions, after `controls`."""
+        with tf.control_dependencies(controls):
+            rows = self._gather(gather.inputs[1], handles, parts, dtype)
+        self.edits.identities[gather.name] = rows.name
+        self.lookups[gather.name] = rows
 
     def _interleave(self, reads: list[str], dtype, shape) -> str:
         """interleave_rows as NodeDefs: the whole value from the partitions' reads."""

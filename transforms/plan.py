@@ -32,6 +32,7 @@ from autopar.transforms.batchnorm import KEYS_PER_LAYER
 from autopar.transforms.keys import GROUP_KEY
 from autopar.transforms.methods.base import VariablePlan
 from autopar.transforms.methods.policy import WIRE_DTYPES, policy
+from autopar.transforms.methods.ps.rewrite import pulls_per_group
 from autopar.transforms.methods.registry import METHODS, variants_of
 from autopar.transforms.topology import Topology
 
@@ -203,7 +204,7 @@ class Plan:
         """The variables whose lookups are collectives of an aggregation
         group (their keys for it: methods.ps.method), which every member must
         run in the same steps."""
-        return [v.name for v in self.server_variables if "pull_ids_count" in v.keys]
+        return [v.name for v in self.server_variables if pulls_per_group(v)]
 
     def to_json(self) -> str:
         return serial.dumps(self, indent=1)

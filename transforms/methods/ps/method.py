@@ -11,7 +11,7 @@ import math
 from autopar.transforms.comm import ROW_LADDER, row_gather_keys
 from autopar.common.roles import SERVER_ROLE
 from autopar.transforms.methods.base import Edits, RewriteContext, SyncMethod, VariablePlan
-from autopar.transforms.methods.ps.rewrite import PsBuilder
+from autopar.transforms.methods.ps.rewrite import PsBuilder, pulls_per_group
 from autopar.transforms.partition import dealt_sizes
 
 # Parallax's cost model for a variable of b bytes in n partitions: b/n + a(n-1) + c.
@@ -116,7 +116,7 @@ class ParameterServer(SyncMethod):
         """Each server's share: the byte model on its partitions' rows (read
         once per aggregation group when its lookups are grouped)."""
         rows = _rows(v)
-        readers = contributors if "pull_ids_count" in vp.keys else num_workers
+        readers = contributors if pulls_per_group(vp) else num_workers
         return [(server, *self.bytes_at_servers(alpha * v.bytes * (end - start) / max(rows, 1),
                                                 readers, contributors))
                 for (start, end), server in zip(vp.partitions, vp.servers)]

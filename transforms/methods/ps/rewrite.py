@@ -64,6 +64,13 @@ COUNTERS_INIT = "autopar/init_contribution_counters"
 CONTRIBUTIONS_OP = "autopar/contributions"
 
 
+def pulls_per_group(vp: VariablePlan) -> bool:
+    """Whether the plan pulls this variable's rows once per aggregation group
+    (Config.aggregation_group): ParameterServer.variable_plan gave it the
+    keys of its lookups' gathers, broadcasts and barriers."""
+    return "pull_barrier" in vp.keys
+
+
 def pack_rows(values: tf.Tensor, indices: tf.Tensor, constants: ConstantPool) -> tf.Tensor | None:
     """A sparse push's indices and rows as one uint8 tensor [n, 8 + row bytes]
     (each row's int64 index, then its bytes), so that the push costs the
@@ -146,7 +153,7 @@ class PsBuilder:
         # fetch of the loss by the chief only, fails naming its collective)
         self.pull_group = (PullGroup(self.backend.subgroup(len(members), host_key,
                                                            self.plan.collective_timeout_s),
-                                     members.index(self.index), len(members))
+                                     members.index(self.index))
                            if self.plan.grouped_pulls and len(members) > 1 else None)
         accumulators = {}
         self.part_handles: dict[str, list[str]] = {}
@@ -492,7 +499,7 @@ class PsBuilder:
         info = self.analysis.variable(vp.name)
         region = set(info.update_ops) | set(info.own_path_ops)
         group = None
-        if self.pull_group is not None and info.gradient == "sparse":
+        if self.pull_group is not None and pulls_per_group(vp):
             group = replace(self.pull_group, keys=(
                 tuple(vp.keys[f"pull_ids_{k}"] for k in ("count", "values", "indices")),
                 vp.keys["pull_rows"]))
@@ -501,19 +508,24 @@ class PsBuilder:
         for name in [info.name, *info.slots]:
             self.part_handles[name] = partitioner.split(name, vp.partitions, region)
             self.edits.partitions[name] = self.part_handles[name]
-        # every worker, in a group of one too: the barriers are all workers'
-        # (bounded as the group's collectives are)
+        if pulls_per_group(vp):
+            self._lookup_barriers(vp, info, partitioner.lookups)
+
+    def _lookup_barriers(self, vp: VariablePlan, info: VariableInfo, lookups: dict) -> None:
+        """A barrier of every worker after each of the variable's lookups (its
+        rows), on every worker, in a group of one too (rewrite.WorkerGraph:
+        fetched with the lookup outside training steps), bounded as the
+        group's collectives are."""
         everyone = self.backend.subgroup(self.plan.num_workers, self.plan.group_key,
                                          self.plan.collective_timeout_s)
-        lookups = sorted(info.boundary_ops)
-        for gather, rows in (sorted(partitioner.lookups.items())
-                             if "pull_barrier" in vp.keys else ()):
-            if gather not in lookups:
+        found = sorted(info.boundary_ops)
+        for gather, rows in sorted(lookups.items()):
+            if gather not in found:
                 raise UnsupportedGraphError(
                     f"Config(aggregation_group): the lookup '{gather}' of '{info.name}' is not "
                     "one the analysis found; use aggregation_group=None for this graph")
             with tf.control_dependencies([rows]):
-                barrier = everyone.barrier(vp.keys["pull_barrier"] + lookups.index(gather))
+                barrier = everyone.barrier(vp.keys["pull_barrier"] + found.index(gather))
             self.edits.lookup_barriers[gather] = barrier.op.name
 
     # -- chief ---------------------------------------------------------------
