@@ -134,6 +134,8 @@ def test_micro_batch_gradients_added_by_the_program_are_one_gradient():
     program, lifted = _lifted("micro", "sgd")
     analysis = analyze_graph(lifted.graph)
     for v in analysis.variables:
+        assert v.gradient == "dense" and v.grad_tensor, (v.name, v.gradient, v.grad_values,
+                                                          v.grad_indices, v.shape)
         total = lifted.graph.get_tensor_by_name(v.grad_tensor)
         assert total.op.type == "AddV2", (v.name, v.grad_tensor)
         assert all(t.op.name.startswith("gradient_tape") or t.op.type == "UnsortedSegmentSum"
