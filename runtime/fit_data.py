@@ -44,12 +44,16 @@ def _specs(structure) -> list:
 
 
 class ArrayBatches:
-    """Batches of `batch_size` of the arrays, in a permutation seeded by
-    `seed` and the epoch when shuffling; the last, smaller batch dropped."""
+    """Batches of `batch_size` of the arrays, the last, smaller batch
+    dropped, in Keras's fit's order (`keras_order`) or, with an int `seed`,
+    in a permutation seeded by `seed` and the epoch. `agree(order)` makes
+    every worker take one order (the chief's: Keras's shuffle draws from
+    each process's own random state)."""
 
-    def __init__(self, x, y, weights, batch_size: int, shuffle: bool, seed: int) -> None:
+    def __init__(self, x, y, weights, batch_size: int, shuffle, seed: int | None) -> None:
         self.x, self.y, self.weights = x, y, weights
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
+        self.agree = lambda order: order
 
     def sample(self):
         """Two examples (x, y), to build the compiled loss before tracing."""
@@ -73,15 +77,36 @@ class ArrayBatches:
             raise AutoparError(f"autopar.fit: {size(self.x)} examples make no batch of "
                                f"{self.batch_size}")
 
+    def order(self, epoch: int) -> np.ndarray:
+        """This process's order of the examples in epoch `epoch`."""
+        n = size(self.x)
+        if not self.shuffle:
+            return np.arange(n)
+        if self.seed is None:
+            return keras_order(n, self.batch_size, self.shuffle)
+        return np.random.default_rng([self.seed, epoch]).permutation(n)
+
     def epoch(self, epoch: int):
         """(x, y, weights or None) of each global batch of epoch `epoch`."""
-        n = size(self.x)
-        order = (np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle
-                 else np.arange(n))
-        for step in range(n // self.batch_size):
+        order = self.agree(self.order(epoch))
+        for step in range(len(order) // self.batch_size):
             batch = order[step * self.batch_size:(step + 1) * self.batch_size]
             yield (rows(self.x, batch), rows(self.y, batch),
                    None if self.weights is None else self.weights[batch])
+
+
+def keras_order(n: int, batch_size: int, shuffle) -> np.ndarray:
+    """The order in which Keras's fit takes n examples given as arrays:
+    its own array data adapter (a tf.random.shuffle of the indices, or of
+    each batch's with shuffle="batch") run on the indices. Drawn from the
+    TensorFlow global seed (keras.utils.set_random_seed): with one set, the
+    order model.fit takes in the same program, each epoch alike, as fit
+    takes it; without, a random one, as fit's."""
+    import tensorflow as tf
+    from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
+    dataset = ArrayDataAdapter(np.arange(n), batch_size=batch_size,
+                               shuffle=shuffle).get_tf_dataset()
+    return np.concatenate([tf.nest.flatten(batch)[0].numpy() for batch in dataset])
 
 
 class DatasetBatches:

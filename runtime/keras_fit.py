@@ -9,8 +9,9 @@ off) that autopar.get_runner lifts and distributes like any tf.function step
 (transforms.lift). What Keras users expect of fit() holds:
 
 - `batch_size` is the global batch: each step's batch is the one one device
-  would take (the same shuffled order: a permutation seeded by `seed` and
-  the epoch, identical on every worker), and worker i trains on its rows
+  would take (Keras's fit's shuffled order, drawn by the chief for every
+  worker: runtime/fit_data.keras_order; with an int `seed`, a permutation
+  seeded by it and the epoch), and worker i trains on its rows
   i, i+N, i+2N, ... of it (as autopar.shard splits a dataset, so that a
   dropout mask drawn per example is one device's: transforms.random_draws);
   b must divide by N. The last, smaller batch of
@@ -68,7 +69,7 @@ class History:
 
 def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
         batch_size: int | None = None, validation_data=None, callbacks=(), shuffle: bool = True,
-        seed: int = 0, verbose: int = 1, sample_weight=None, class_weight=None,
+        seed: int | None = None, verbose: int = 1, sample_weight=None, class_weight=None,
         validation_split: float = 0.0, validation_freq=1, validation_batch_size: int | None = None,
         initial_epoch: int = 0, steps_per_epoch: int | None = None,
         validation_steps: int | None = None, **unsupported) -> History:
@@ -160,6 +161,8 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
     except AutoparError:
         runner.close()
         raise
+    if isinstance(train, ArrayBatches):
+        train.agree = lambda order: _chief_order(runner, order)
     history = History(me, n)
     test_step = _test_step(model)
     # Last of the callbacks, as Keras's History: the epoch's logs with what
@@ -227,7 +230,7 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
 
 
 def _array_batches(x, y, batch_size, sample_weight, class_weight, validation_split: float,
-                   shuffle: bool, seed: int, floatx: str) -> tuple[ArrayBatches, tuple | None]:
+                   shuffle, seed: int | None, floatx: str) -> tuple[ArrayBatches, tuple | None]:
     """The global batches of arrays x and y, or lists or dicts of arrays
     (sample or class weights), and the last `validation_split` of the
     examples split off (or None)."""
@@ -370,6 +373,17 @@ def _chief_logs(runner, logs: dict) -> dict:
     local[:len(payload)] = payload
     data = runner.sum_over_workers(local)[:length]
     return json.loads(data.astype(np.uint8).tobytes().decode())
+
+
+def _chief_order(runner, order: np.ndarray) -> np.ndarray:
+    """The chief's order of the examples, on every worker: Keras's shuffle
+    draws from each process's random state, which nothing makes equal
+    (a program without keras.utils.set_random_seed), and every worker must
+    take the same batches."""
+    if runner.num_workers == 1:
+        return order
+    local = order.astype(np.float64) if runner.is_chief else np.zeros(len(order))
+    return runner.sum_over_workers(local).astype(np.int64)
 
 
 def _refuse_own_steps(model, validating: bool) -> None:

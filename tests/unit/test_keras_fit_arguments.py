@@ -17,7 +17,7 @@ def _keras_settings():
         yield
 
 
-def _trained(fit, dataset=False, steps=False):
+def _trained(fit, dataset=False, steps=False, shuffle=False):
     import keras
     import tensorflow as tf
     keras.config.set_floatx("float64")
@@ -46,7 +46,7 @@ def _trained(fit, dataset=False, steps=False):
                       class_weight={0: 2.0, 1: 0.5, 2: 1.0},   # Keras needs every class here
                       **(steps or {}))
     else:
-        history = fit(model, x, y, epochs=4, batch_size=9, shuffle=False, verbose=0,
+        history = fit(model, x, y, epochs=4, batch_size=9, shuffle=shuffle, verbose=0,
                       validation_split=0.25, validation_freq=2, validation_batch_size=5,
                       initial_epoch=1, class_weight={0: 2.0, 1: 0.5})
     return history.history, [v.numpy() for v in model.variables + model.optimizer.variables]
@@ -58,6 +58,19 @@ def test_validation_and_epoch_arguments_as_keras_fit_takes_them():
         model, *a, config=autopar.Config(log_every_steps=0), **k))
     # epochs 2..4 trained (initial_epoch 1), validated after epochs 2 and 4
     assert len(expected["loss"]) == 3 and len(expected["val_loss"]) == 2
+    _assert_same(got, values, expected, expected_values)
+
+
+@pytest.mark.parametrize("shuffle", [True, "batch"])
+def test_arrays_are_shuffled_as_keras_fit_shuffles_them(shuffle):
+    """Arrays shuffled (every example, or within each batch) in the order
+    Keras's own fit takes them in the same program (keras.utils.set_random_seed
+    before the model is built): the same logs and weights (before, autopar.fit
+    drew a permutation of its own: every epoch's loss differed)."""
+    expected, expected_values = _trained(lambda model, *a, **k: model.fit(*a, **k),
+                                         shuffle=shuffle)
+    got, values = _trained(lambda model, *a, **k: autopar.fit(
+        model, *a, config=autopar.Config(log_every_steps=0), **k), shuffle=shuffle)
     _assert_same(got, values, expected, expected_values)
 
 
