@@ -217,6 +217,14 @@ def refuse_nondeterministic(dataset, what: str) -> None:
             raise AutoparError(
                 f"autopar.fit: {what} runs '{node.name}' ({node.op}) with deterministic=False: "
                 "its order may differ between workers, which must all read the same batches")
+        if node.op == "RandomShuffle" and all(node.attr[k].i == 0 for k in ("seed", "seed2")):
+            # tf.random.shuffle in a map (of each batch, or of the indices a
+            # pipeline gathers by): seeded by neither it nor a global seed
+            raise AutoparError(
+                f"autopar.fit: {what} shuffles without a seed ('{node.name}', {node.op}, "
+                "tf.random.shuffle in one of its functions): each worker would shuffle "
+                "differently, and every worker must read the same batches; give it a seed "
+                "(tf.random.shuffle(t, seed=...)) or set one (keras.utils.set_random_seed)")
         if "Shuffle" in node.op and len(node.input) >= 4:
             seeds = [nodes.get(i.split(":")[0]) for i in node.input[2:4]]
             if all(s is not None and s.op == "Const"

@@ -5,6 +5,7 @@ model; and the per-example weights it takes (class_weight as Keras's fit
 turns it into weights)."""
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import autopar
 from autopar.common.errors import AutoparError
@@ -87,6 +88,10 @@ def test_a_model_with_its_own_step_is_refused(overridden, validation):
      "with deterministic=False: its order may differ between workers"),
     (lambda m: autopar.fit(m, X, Y, validation_data=_dataset().shuffle(8)),
      "validation_data shuffles without a seed"),
+    # rows shuffled within each batch by an op of a map function
+    (lambda m: autopar.fit(m, _dataset().map(
+        lambda x, y: tuple(tf.split(tf.random.shuffle(tf.concat([x, y], 1)), [3, 1], 1)))),
+     "the dataset x shuffles without a seed ('RandomShuffle', RandomShuffle, tf.random.shuffle"),
 ])
 def test_arguments_fit_does_not_take_are_named(call, message):
     with pytest.raises(AutoparError, match=message.replace("(", r"\(").replace(")", r"\)")):
