@@ -90,6 +90,22 @@ def _busy(p: dict) -> str:
             + (f", kernel {kernel:.0f})" if kernel is not None else ")"))
 
 
+def _cores_allow(p: dict, cpus: int | None) -> str:
+    """The share of its limit a point could reach if the machine's cores did
+    nothing but its processes' CPU work of a step: the limit over the CPU ms
+    per step spread over every core (every emulated host shares them).
+    Under its "of limit", the cores leave room; at it, they bind whatever the
+    links allow; "kernel" is the same for the kernel's part alone (the links'
+    TCP and queues), which no change to a system's own code removes."""
+    m, comm = p.get("machine_cpu"), _comm_limit(p)
+    if not m or not cpus or not comm or not m.get("cpu_ms_per_step"):
+        return "–"
+    limit_ms = 1e3 * max(comm, p.get("compute_floor_s") or 0.0)
+    allow = [min(1.0, limit_ms * cpus / m[k]) if m.get(k) else None
+             for k in ("cpu_ms_per_step", "kernel_ms_per_step")]
+    return _pct(allow[0]) + (f" (kernel {_pct(allow[1])})" if allow[1] is not None else "")
+
+
 def _alpha(p: dict) -> str:
     a = p.get("alpha")
     if not a:
@@ -101,9 +117,11 @@ def training_table(results: dict) -> str:
     peers = [p["name"] for p in results.get("peers", [])]
     rows = [p for p in results["points"] if p["workload"] in TRAINING]
     rates = _rates(results)
+    cpus = results.get("machine", {}).get("cpus")
     head = ("workload", "link Mbit/s", "N", "system", "status", "throughput", "step ms", "compute floor ms",
             "worker send / recv MB/step", "Table 3 MB/step", "Δ send / recv", "server send / recv MB/step",
-            "comm limit ms", "of limit (bound)", "cores busy (CPU ms/step)", "α worker / all",
+            "comm limit ms", "of limit (bound)", "cores busy (CPU ms/step)", "of limit the cores allow",
+            "α worker / all",
             "loss (reference)", "idle kB/s")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for p in _order(rows, peers):
@@ -118,7 +136,7 @@ def training_table(results: dict) -> str:
                 f"{p['throughput']:.0f} {p['unit']}/s", _ms(p["step_s"]), _ms(p.get("compute_floor_s")),
                 f"{_mb(wb['send'])} / {_mb(wb['recv'])}", t3s,
                 f"{_signed_pct(p.get('worker_send_vs_table3'))} / {_signed_pct(p.get('worker_recv_vs_table3'))}",
-                server, "–" if comm is None else f"{1e3 * comm:.1f}", _limit(p), _busy(p), _alpha(p), loss,
+                server, "–" if comm is None else f"{1e3 * comm:.1f}", _limit(p), _busy(p), _cores_allow(p, cpus), _alpha(p), loss,
                 _kb(p.get("idle_bytes_per_s_per_host"))]) + " |")
         else:
             lines.append("| " + " | ".join([p["workload"], _rate_cell(p, rates), str(p["num_workers"]), p["peer"],
@@ -258,7 +276,9 @@ def markdown(results: dict, plots: dict[str, str] | None = None) -> str:
              "after it says which term binds. \"cores busy\" = the share of the machine's cores busy "
              "between those barriers (every host's processes share them: near 100% the step is bound by "
              "the cores, whatever the links allow), with all processes' CPU ms per step and the kernel's "
-             "part of them. α = embedding rows a worker's step touches / vocabulary "
+             "part of them; \"of limit the cores allow\" = limit / (CPU ms per step / cores): the share "
+             "of its limit a point could reach were the cores busy with nothing else (its kernel part "
+             "alone in brackets), so an \"of limit\" near it is bound by this machine's cores. α = embedding rows a worker's step touches / vocabulary "
              "(distinct rows, mean over the measured steps), and of the N workers' batches together.", ""]
     if any(p["workload"] in TRAINING for p in results["points"]):
         lines += ["## Training workloads", "", training_table(results), ""]

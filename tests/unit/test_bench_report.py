@@ -103,6 +103,17 @@ def test_training_table_shows_floor_rate_binding_and_alpha(results):
     a = results["points"][0]["alpha"]
     assert hybrid["cores busy (CPU ms/step)"] == "95% (190, kernel 120)"     # the point's machine_cpu
     assert mwms["cores busy (CPU ms/step)"] == "–"                # a result without it
+    # the limit over the CPU per step spread over the 2 cores (capped at 100 %):
+    # ~190 ms of limit, 190.2 CPU ms (95 ms of both cores) -> 100 %; a point
+    # needing more CPU than 2 cores give in its limit is below 100 %
+    point = next(p for p in results["points"] if p["peer"] == "autopar-hybrid")
+    limit_ms = 1e3 * point["comm_limit_s"]
+    assert hybrid["of limit the cores allow"] == "100% (kernel 100%)"
+    point["machine_cpu"] = dict(point["machine_cpu"], cpu_ms_per_step=4 * limit_ms,
+                                kernel_ms_per_step=2 * limit_ms)
+    slow = _rows(report.training_table(results), "autopar-hybrid")[0]
+    assert slow["of limit the cores allow"] == "50% (kernel 100%)"
+    assert mwms["of limit the cores allow"] == "–"
     assert mwms["α worker / all"] == f"{100 * a['worker_unique']:.2f}% / {100 * a['global_unique']:.2f}%"
     md = report.markdown(results)
     assert "1000 and 100 Mbit/s" in md and "compute floor" in md
