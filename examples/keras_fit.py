@@ -4,12 +4,15 @@ fit(): a plain single-device Keras script, plus the one line marked
 
     python examples/keras_fit.py                                          # one device
     python examples/keras_fit.py --spec resource_specs/localhost_2workers.yaml
+    python examples/keras_fit.py --keras        # Keras's own model.fit, to compare
 
 `autopar.fit(model, x, y, spec, ...)` takes fit()'s arguments (epochs,
 batch_size: the global batch, validation_data, callbacks, shuffle); the
 per-epoch logs are aggregated over all workers and printed by the chief.
 The same seeds give the same initial weights and batches on one device and
-on N: the accuracy (and, in float64, every weight) is one device's.
+on N (Keras's fit's shuffled order; each epoch's last, smaller batch of 28
+examples splits over 2 or 4 workers, so it trains as in Keras's fit): the
+accuracy (and, in float64, every weight) is model.fit's on one device.
 """
 import argparse
 
@@ -31,13 +34,15 @@ def main():
     p.add_argument("--run-option", default="hybrid", help="autopar.Config.run_option")
     p.add_argument("--save", help="save the trained weights to this .npz ({worker} is replaced)")
     p.add_argument("--csv", help="log every epoch to this CSV file (a Keras CSVLogger callback)")
+    p.add_argument("--keras", action="store_true",
+                   help="train with Keras's own model.fit on this device (for comparison)")
     args = p.parse_args()
     keras.config.set_floatx(args.dtype)
     keras.utils.set_random_seed(0)
 
     digits = load_digits()
     x_train, x_test, y_train, y_test = train_test_split(
-        digits.data, digits.target, test_size=0.2, random_state=0, stratify=digits.target)
+        digits.data, digits.target, test_size=361, random_state=0, stratify=digits.target)
     scaler = StandardScaler().fit(x_train)
     x_train, x_test = (scaler.transform(a).astype(args.dtype) for a in (x_train, x_test))
 
@@ -46,12 +51,16 @@ def main():
     model.compile(optimizer=keras.optimizers.Adam(1e-3),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
-    # autopar: was model.fit(x_train, y_train, epochs=..., batch_size=..., validation_data=...)
-    history = autopar.fit(model, x_train, y_train, args.spec,
-                          autopar.Config(log_every_steps=0, run_option=args.run_option),
-                          epochs=args.epochs, batch_size=args.batch_size,
-                          validation_data=(x_test, y_test),
-                          callbacks=[keras.callbacks.CSVLogger(args.csv)] if args.csv else [])
+    fit = dict(epochs=args.epochs, batch_size=args.batch_size, validation_data=(x_test, y_test),
+               callbacks=[keras.callbacks.CSVLogger(args.csv)] if args.csv else [])
+    if args.keras:
+        history = model.fit(x_train, y_train, verbose=0, **fit)
+        history.worker_index = 0
+    else:
+        # autopar: was model.fit(x_train, y_train, epochs=..., batch_size=..., validation_data=...)
+        history = autopar.fit(model, x_train, y_train, args.spec,
+                              autopar.Config(log_every_steps=0, run_option=args.run_option),
+                              **fit)
     print("history", {k: [round(v, 6) for v in values] for k, values in history.history.items()},
           flush=True)
     print(f"test accuracy: {history.history['val_accuracy'][-1]:.3f}", flush=True)

@@ -44,11 +44,12 @@ def _specs(structure) -> list:
 
 
 class ArrayBatches:
-    """Batches of `batch_size` of the arrays, the last, smaller batch
-    dropped, in Keras's fit's order (`keras_order`) or, with an int `seed`,
-    in a permutation seeded by `seed` and the epoch. `agree(order)` makes
-    every worker take one order (the chief's: Keras's shuffle draws from
-    each process's own random state)."""
+    """Batches of `batch_size` of the arrays, the last one smaller when the
+    batch size does not divide the examples (as Keras's fit batches them),
+    in Keras's fit's order (`keras_order`) or, with an int `seed`, in a
+    permutation seeded by `seed` and the epoch. `agree(order)` makes every
+    worker take one order (the chief's: Keras's shuffle draws from each
+    process's own random state)."""
 
     def __init__(self, x, y, weights, batch_size: int, shuffle, seed: int | None) -> None:
         self.x, self.y, self.weights = x, y, weights
@@ -69,13 +70,16 @@ class ArrayBatches:
             out += _specs(self.weights)
         return out
 
-    def check(self, num_workers: int) -> None:
-        if self.batch_size % num_workers:
+    def check(self, parts: int, what: str) -> None:
+        """Refuse a batch size that does not split into `parts` equal shares
+        (`what` names them: the workers, and their micro-batches), and
+        examples too few for one batch that does."""
+        if self.batch_size % parts:
             raise AutoparError(f"autopar.fit: batch_size={self.batch_size} is the global batch "
-                               f"and must divide by the {num_workers} workers")
-        if size(self.x) < self.batch_size:
+                               f"and must divide by {what}")
+        if size(self.x) < self.batch_size and size(self.x) % parts:
             raise AutoparError(f"autopar.fit: {size(self.x)} examples make no batch of "
-                               f"{self.batch_size}")
+                               f"{self.batch_size}, and do not divide by {what}")
 
     def order(self, epoch: int) -> np.ndarray:
         """This process's order of the examples in epoch `epoch`."""
@@ -89,7 +93,7 @@ class ArrayBatches:
     def epoch(self, epoch: int):
         """(x, y, weights or None) of each global batch of epoch `epoch`."""
         order = self.agree(self.order(epoch))
-        for step in range(len(order) // self.batch_size):
+        for step in range(-(-len(order) // self.batch_size)):
             batch = order[step * self.batch_size:(step + 1) * self.batch_size]
             yield (rows(self.x, batch), rows(self.y, batch),
                    None if self.weights is None else self.weights[batch])
@@ -176,8 +180,8 @@ class DatasetBatches:
             out.append(tf.TensorSpec([None], tf.as_dtype(self.weigh(np.zeros(1)).dtype)))
         return out
 
-    def check(self, num_workers: int) -> None:
-        del num_workers   # batches that do not split are left out, one by one
+    def check(self, parts: int, what: str) -> None:
+        del parts, what   # batches that do not split are left out, one by one
 
     def epoch(self, epoch: int):
         del epoch   # the dataset's own iteration gives each epoch its order

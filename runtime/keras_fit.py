@@ -14,8 +14,9 @@ off) that autopar.get_runner lifts and distributes like any tf.function step
   seeded by it and the epoch), and worker i trains on its rows
   i, i+N, i+2N, ... of it (as autopar.shard splits a dataset, so that a
   dropout mask drawn per example is one device's: transforms.random_draws);
-  b must divide by N. The last, smaller batch of
-  an epoch is dropped on one device as on N (Keras trains on it): workers'
+  b must divide by N. The last, smaller batch of an epoch trains, as in
+  Keras's fit, when it splits into N equal shares (and each share into
+  its micro-batches); otherwise it is left out with a warning: workers'
   gradients are averaged with equal weights, which a batch that does not
   split evenly would break.
 - x and y may be lists or dicts of arrays (several inputs or outputs), or
@@ -156,8 +157,13 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
 
     runner = get_runner(train_step.get_concrete_function(*train.specs()), resource_info, config)
     n, me = runner.num_workers, runner.worker_index
+    # Each worker's share of a batch is split again into its micro-batches
+    # (Config.micro_batches): a batch trains when it splits into n * m.
+    parts = n * runner.micro_batches
+    shares = f"the {n} workers" + (f" times {runner.micro_batches} micro-batches"
+                                   if runner.micro_batches > 1 else "")
     try:
-        train.check(n)
+        train.check(parts, shares)
     except AutoparError:
         runner.close()
         raise
@@ -182,13 +188,13 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
                            synced=True)
             metrics = _Metrics(model)
             for step, (xb, yb, wb) in enumerate(train.epoch(epoch)):
-                if size(xb) % n:
+                if size(xb) % parts:
                     # equal shares or none: workers' gradients are averaged
                     # with equal weights
                     if runner.is_chief:
                         log.warning("autopar.fit: epoch %d, batch %d has %d examples, which do "
-                                    "not split over %d workers: not trained on (Keras's fit "
-                                    "trains on it)", epoch + 1, step + 1, size(xb), n)
+                                    "not split over %s: not trained on (Keras's fit "
+                                    "trains on it)", epoch + 1, step + 1, size(xb), shares)
                     continue
                 mine = slice(me, None, n)
                 x_mine, y_mine = rows(xb, mine), rows(yb, mine)

@@ -181,15 +181,16 @@ FIT = REPO / "examples" / "keras_fit.py"
 @pytest.mark.parametrize("run_option", FIT_OPTIONS)
 def test_fit_matches_one_device(run_option, tmp_path):
     """autopar.fit on 2 workers: per-epoch loss and metrics (aggregated over
-    workers, training and validation) and the trained weights equal
-    autopar.fit on one device, in float64 (float32 for herring, whose
-    servers add float32: weights to float32 tolerance)."""
+    workers, training and validation) and the trained weights equal Keras's
+    own model.fit on one device (the same shuffled order; each epoch's last,
+    smaller batch trained), in float64 (float32 for herring, whose servers
+    add float32: weights to float32 tolerance)."""
     dtype = "float32" if run_option == "herring" else "float64"
 
     def run(name, *extra):
         return run_script([sys.executable, str(FIT), "--epochs", "2", "--dtype", dtype,
                            "--save", str(tmp_path / (name + "{worker}.npz")), *extra])
-    single = run("single")
+    single = run("single", "--keras")
     spec = (write_spec(tmp_path, 2) if run_option == "hybrid"
             else write_two_host_spec(tmp_path, workers=(1, 1), servers=(1, 1)))
     log = run("dist", "--spec", str(spec), "--run-option", run_option,
@@ -243,7 +244,7 @@ def test_fit_computes_the_compiled_loss_as_keras_fit_does(tmp_path):
     # with the learning rate LearningRateScheduler adds to the logs
     assert sorted(got) == ["learning_rate", "loss", "val_loss"] and len(expected["loss"]) == 3
     # the last batch of each epoch (10 examples) does not split over 4 workers
-    assert "epoch 1, batch 4 has 10 examples, which do not split over 4 workers" in log
+    assert "epoch 1, batch 4 has 10 examples, which do not split over the 4 workers" in log
     for name in got:
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-12, err_msg=name)
     with np.load(tmp_path / "keras0.npz") as data:
