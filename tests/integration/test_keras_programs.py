@@ -212,6 +212,37 @@ def test_fit_matches_one_device(run_option, tmp_path):
                                    what=f"fit worker {i}")
 
 
+CNN = REPO / "tests" / "integration" / "scripts" / "keras_fit_cnn.py"
+
+
+def test_a_convolutional_network_fit_as_keras_fits_it(tmp_path):
+    """A Keras 3 CNN (Conv2D, BatchNormalization over the global batch,
+    MaxPooling2D, Dropout, Dense) compiled with "adam" and fit on arrays
+    with Keras's default shuffle and a validation split: 3 workers on 2
+    uneven hosts, its variables on the servers (ps), end with Keras's own
+    model.fit's weights, slots and per-epoch logs (each epoch's last batch,
+    30 of 45, trained as Keras trains it)."""
+    def history(log: str) -> dict:
+        line = next(l for l in log.splitlines() if "history " in l)
+        return json.loads(line.split("history ", 1)[1])
+    expected_log = run_script([sys.executable, str(CNN), "--keras",
+                               "--out", str(tmp_path / "keras{worker}.npz")])
+    spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
+    log = run_script([sys.executable, str(CNN), "--spec", str(spec), "--run-option", "ps",
+                      "--out", str(tmp_path / "dist{worker}.npz")])
+    assert "statistics over all 3 workers" in log
+    expected, got = history(expected_log), history(log)
+    assert sorted(got) == ["accuracy", "loss", "val_accuracy", "val_loss"]
+    for name in expected:
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-9, err_msg=name)
+    with np.load(tmp_path / "keras0.npz") as data:
+        weights = {k: data[k] for k in data.files}
+    for i in range(3):
+        with np.load(tmp_path / f"dist{i}.npz") as data:
+            assert_same_parameters(weights, {k: data[k] for k in data.files}, rtol=1e-7,
+                                   atol=1e-9, what=f"worker {i}")
+
+
 COMPILED = REPO / "tests" / "integration" / "scripts" / "keras_fit_compiled.py"
 
 
