@@ -97,11 +97,10 @@ def _cores_allow(p: dict, cpus: int | None) -> str:
     Under its "of limit", the cores leave room; at it, they bind whatever the
     links allow; "kernel" is the same for the kernel's part alone (the links'
     TCP and queues), which no change to a system's own code removes."""
-    m, comm = p.get("machine_cpu"), _comm_limit(p)
-    if not m or not cpus or not comm or not m.get("cpu_ms_per_step"):
+    m, limit = p.get("machine_cpu"), p.get("limit_s")   # the limit "of limit" is held to
+    if not m or not cpus or not limit or not m.get("cpu_ms_per_step"):
         return "–"
-    limit_ms = 1e3 * max(comm, p.get("compute_floor_s") or 0.0)
-    allow = [min(1.0, limit_ms * cpus / m[k]) if m.get(k) else None
+    allow = [min(1.0, 1e3 * limit * cpus / m[k]) if m.get(k) else None
              for k in ("cpu_ms_per_step", "kernel_ms_per_step")]
     return _pct(allow[0]) + (f" (kernel {_pct(allow[1])})" if allow[1] is not None else "")
 

@@ -54,18 +54,18 @@ def main():
     fit = dict(epochs=args.epochs, batch_size=args.batch_size, validation_data=(x_test, y_test),
                callbacks=[keras.callbacks.CSVLogger(args.csv)] if args.csv else [])
     if args.keras:
-        history = model.fit(x_train, y_train, verbose=0, **fit)
-        history.worker_index = 0
+        history, worker = model.fit(x_train, y_train, verbose=0, **fit), 0
     else:
         # autopar: was model.fit(x_train, y_train, epochs=..., batch_size=..., validation_data=...)
         history = autopar.fit(model, x_train, y_train, args.spec,
                               autopar.Config(log_every_steps=0, run_option=args.run_option),
                               **fit)
+        worker = history.worker_index
     print("history", {k: [round(v, 6) for v in values] for k, values in history.history.items()},
           flush=True)
     print(f"test accuracy: {history.history['val_accuracy'][-1]:.3f}", flush=True)
     if args.save:
-        np.savez(args.save.format(worker=history.worker_index),
+        np.savez(args.save.format(worker=worker),
                  **{v.path: v.numpy() for v in model.variables})
 
 

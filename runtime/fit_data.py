@@ -47,14 +47,14 @@ class ArrayBatches:
     """Batches of `batch_size` of the arrays, the last one smaller when the
     batch size does not divide the examples (as Keras's fit batches them),
     in Keras's fit's order (`keras_order`) or, with an int `seed`, in a
-    permutation seeded by `seed` and the epoch. `agree(order)` makes every
-    worker take one order (the chief's: Keras's shuffle draws from each
-    process's own random state)."""
+    permutation seeded by `seed` and the epoch. `chief_order(draw, n)`
+    gives every worker the n indices `draw()` gives on the chief (Keras's
+    shuffle draws from each process's own random state)."""
 
     def __init__(self, x, y, weights, batch_size: int, shuffle, seed: int | None) -> None:
         self.x, self.y, self.weights = x, y, weights
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
-        self.agree = lambda order: order
+        self.chief_order = lambda draw, n: draw()
 
     def sample(self):
         """Two examples (x, y), to build the compiled loss before tracing."""
@@ -82,17 +82,17 @@ class ArrayBatches:
                                f"{self.batch_size}, and do not divide by {what}")
 
     def order(self, epoch: int) -> np.ndarray:
-        """This process's order of the examples in epoch `epoch`."""
+        """The order of the examples in epoch `epoch`, the same on every worker."""
         n = size(self.x)
         if not self.shuffle:
             return np.arange(n)
         if self.seed is None:
-            return keras_order(n, self.batch_size, self.shuffle)
+            return self.chief_order(lambda: keras_order(n, self.batch_size, self.shuffle), n)
         return np.random.default_rng([self.seed, epoch]).permutation(n)
 
     def epoch(self, epoch: int):
         """(x, y, weights or None) of each global batch of epoch `epoch`."""
-        order = self.agree(self.order(epoch))
+        order = self.order(epoch)
         for step in range(-(-len(order) // self.batch_size)):
             batch = order[step * self.batch_size:(step + 1) * self.batch_size]
             yield (rows(self.x, batch), rows(self.y, batch),

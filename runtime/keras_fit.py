@@ -168,7 +168,11 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
         runner.close()
         raise
     if isinstance(train, ArrayBatches):
-        train.agree = lambda order: _chief_order(runner, order)
+        # Keras's shuffle draws from each process's random state, which
+        # nothing makes equal (a program without keras.utils.set_random_seed):
+        # the chief draws the order, every worker takes it
+        train.chief_order = lambda draw, n: _chief_array(
+            runner, draw() if runner.is_chief else np.zeros(n)).astype(np.int64)
     history = History(me, n)
     test_step = _test_step(model)
     # Last of the callbacks, as Keras's History: the epoch's logs with what
@@ -373,23 +377,22 @@ def _chief_logs(runner, logs: dict) -> dict:
     mine = json.dumps({k: float(v) for k, v in logs.items()
                        if np.ndim(v) == 0 and np.issubdtype(np.asarray(v).dtype, np.number)})
     payload = np.frombuffer(mine.encode(), np.uint8) if runner.is_chief else np.zeros(0)
-    length = int(runner.sum_over_workers(np.array([len(payload)], np.float64))[0])
+    length = int(_chief_array(runner, np.array([len(payload)]))[0])
     # padded to a multiple of 1 KiB: each length is an all-reduce of its own
     local = np.zeros(-(-length // 1024) * 1024)
     local[:len(payload)] = payload
-    data = runner.sum_over_workers(local)[:length]
+    data = _chief_array(runner, local)[:length]
     return json.loads(data.astype(np.uint8).tobytes().decode())
 
 
-def _chief_order(runner, order: np.ndarray) -> np.ndarray:
-    """The chief's order of the examples, on every worker: Keras's shuffle
-    draws from each process's random state, which nothing makes equal
-    (a program without keras.utils.set_random_seed), and every worker must
-    take the same batches."""
+def _chief_array(runner, local: np.ndarray) -> np.ndarray:
+    """The chief's `local` (float64) on every worker: every worker passes an
+    array of one shape, of which only the chief's values are read (the
+    others' count as zeros in the sum over workers)."""
     if runner.num_workers == 1:
-        return order
-    local = order.astype(np.float64) if runner.is_chief else np.zeros(len(order))
-    return runner.sum_over_workers(local).astype(np.int64)
+        return np.asarray(local, np.float64)
+    return runner.sum_over_workers(np.asarray(local, np.float64) if runner.is_chief
+                                   else np.zeros(np.shape(local)))
 
 
 def _refuse_own_steps(model, validating: bool) -> None:

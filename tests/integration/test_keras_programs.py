@@ -222,25 +222,12 @@ def test_a_convolutional_network_fit_as_keras_fits_it(tmp_path):
     uneven hosts, its variables on the servers (ps), end with Keras's own
     model.fit's weights, slots and per-epoch logs (each epoch's last batch,
     30 of 45, trained as Keras trains it)."""
-    def history(log: str) -> dict:
-        line = next(l for l in log.splitlines() if "history " in l)
-        return json.loads(line.split("history ", 1)[1])
-    expected_log = run_script([sys.executable, str(CNN), "--keras",
-                               "--out", str(tmp_path / "keras{worker}.npz")])
-    spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
-    log = run_script([sys.executable, str(CNN), "--spec", str(spec), "--run-option", "ps",
-                      "--out", str(tmp_path / "dist{worker}.npz")])
+    expected, got, log = _keras_then_autopar(CNN, tmp_path, (2, 1), "--run-option", "ps")
     assert "statistics over all 3 workers" in log
-    expected, got = history(expected_log), history(log)
     assert sorted(got) == ["accuracy", "loss", "val_accuracy", "val_loss"]
     for name in expected:
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-9, err_msg=name)
-    with np.load(tmp_path / "keras0.npz") as data:
-        weights = {k: data[k] for k in data.files}
-    for i in range(3):
-        with np.load(tmp_path / f"dist{i}.npz") as data:
-            assert_same_parameters(weights, {k: data[k] for k in data.files}, rtol=1e-7,
-                                   atol=1e-9, what=f"worker {i}")
+    _assert_workers_hold(tmp_path, 3, rtol=1e-7, atol=1e-9)
 
 
 COMPILED = REPO / "tests" / "integration" / "scripts" / "keras_fit_compiled.py"
@@ -263,27 +250,41 @@ def test_fit_computes_the_compiled_loss_as_keras_fit_does(tmp_path):
     weights, a LearningRateScheduler halves the rate from the second epoch
     on: callbacks see the trained weights, and what they write is what
     every worker trains with."""
-    def history(log: str) -> dict:
-        line = next(l for l in log.splitlines() if "history " in l)
-        return json.loads(line.split("history ", 1)[1])
-    expected_log = run_script([sys.executable, str(COMPILED), "--keras",
-                               "--out", str(tmp_path / "keras{worker}.npz")])
-    spec = write_two_host_spec(tmp_path, workers=(3, 1), servers=(1, 1))
-    log = run_script([sys.executable, str(COMPILED), "--spec", str(spec),
-                      "--out", str(tmp_path / "dist{worker}.npz")])
-    expected, got = history(expected_log), history(log)
+    expected, got, log = _keras_then_autopar(COMPILED, tmp_path, (3, 1))
     # with the learning rate LearningRateScheduler adds to the logs
     assert sorted(got) == ["learning_rate", "loss", "val_loss"] and len(expected["loss"]) == 3
     # the last batch of each epoch (10 examples) does not split over 4 workers
     assert "epoch 1, batch 4 has 10 examples, which do not split over the 4 workers" in log
     for name in got:
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-12, err_msg=name)
+    _assert_workers_hold(tmp_path, 4, rtol=1e-9, atol=1e-12)
+
+
+def _keras_then_autopar(script, tmp_path, workers: tuple[int, int], *extra: str):
+    """`script` fit by Keras's own model.fit on one device (--keras), then by
+    autopar.fit (with `extra` arguments) on 2 hosts of `workers` workers and
+    a server each, each saving its variables under tmp_path: (Keras's
+    per-epoch logs, autopar's, autopar's output)."""
+    def history(log: str) -> dict:
+        line = next(l for l in log.splitlines() if "history " in l)
+        return json.loads(line.split("history ", 1)[1])
+    expected_log = run_script([sys.executable, str(script), "--keras",
+                               "--out", str(tmp_path / "keras{worker}.npz")])
+    spec = write_two_host_spec(tmp_path, workers=workers, servers=(1, 1))
+    log = run_script([sys.executable, str(script), "--spec", str(spec), *extra,
+                      "--out", str(tmp_path / "dist{worker}.npz")])
+    return history(expected_log), history(log), log
+
+
+def _assert_workers_hold(tmp_path, workers: int, rtol: float, atol: float) -> None:
+    """Every one of `workers` workers saved Keras's model.fit's variables
+    (_keras_then_autopar's files)."""
     with np.load(tmp_path / "keras0.npz") as data:
         weights = {k: data[k] for k in data.files}
-    for i in range(4):
+    for i in range(workers):
         with np.load(tmp_path / f"dist{i}.npz") as data:
-            assert_same_parameters(weights, {k: data[k] for k in data.files}, rtol=1e-9,
-                                   atol=1e-12, what=f"worker {i}")
+            assert_same_parameters(weights, {k: data[k] for k in data.files}, rtol=rtol,
+                                   atol=atol, what=f"worker {i}")
 
 
 @pytest.mark.parametrize("optimizer,placement", [

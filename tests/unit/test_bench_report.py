@@ -107,7 +107,7 @@ def test_training_table_shows_floor_rate_binding_and_alpha(results):
     # ~190 ms of limit, 190.2 CPU ms (95 ms of both cores) -> 100 %; a point
     # needing more CPU than 2 cores give in its limit is below 100 %
     point = next(p for p in results["points"] if p["peer"] == "autopar-hybrid")
-    limit_ms = 1e3 * point["comm_limit_s"]
+    limit_ms = 1e3 * point["limit_s"]
     assert hybrid["of limit the cores allow"] == "100% (kernel 100%)"
     point["machine_cpu"] = dict(point["machine_cpu"], cpu_ms_per_step=4 * limit_ms,
                                 kernel_ms_per_step=2 * limit_ms)
