@@ -26,9 +26,11 @@ off) that autopar.get_runner lifts and distributes like any tf.function step
 - Metrics and the loss are aggregated over all workers: each worker updates
   the compiled metrics on its rows, then their state variables (sums and
   counts for Mean-like and confusion-count metrics) are summed over workers,
-  so the logs are the whole epoch's, as one device reports them.
-- `validation_data` is evaluated at each epoch's end, each worker on its
-  share of it, aggregated the same way ("val_" logs).
+  so the logs are the whole epoch's, as one device reports them. Keras logs
+  the mean of its batches' losses weighted by their sizes: a batch's loss is
+  the workers' mean, or their sum when the loss sums over the batch.
+- `validation_data` is evaluated at each epoch's end in Keras's batches,
+  each worker on its rows of each, aggregated the same way ("val_" logs).
 - Callbacks run on the chief only, with the aggregated logs and the model
   holding the trained values; the chief alone prints one line per epoch. A
   callback that stops training (model.stop_training, EarlyStopping) stops
@@ -40,6 +42,7 @@ off) that autopar.get_runner lifts and distributes like any tf.function step
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 
@@ -157,6 +160,7 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
 
     runner = get_runner(train_step.get_concrete_function(*train.specs()), resource_info, config)
     n, me = runner.num_workers, runner.worker_index
+    sums = runner.loss_reduction == "sum"
     # Each worker's share of a batch is split again into its micro-batches
     # (Config.micro_batches): a batch trains when it splits into n * m.
     parts = n * runner.micro_batches
@@ -190,7 +194,7 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
         for epoch in range(initial_epoch, epochs):
             _run_callbacks(runner, model, callbacks, lambda c: c.on_epoch_begin(epoch),
                            synced=True)
-            metrics = _Metrics(model)
+            metrics = _Metrics(model, sums)
             for step, (xb, yb, wb) in enumerate(train.epoch(epoch)):
                 if size(xb) % parts:
                     # equal shares or none: workers' gradients are averaged
@@ -207,8 +211,13 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
                 if ny > 1:
                     # each output's loss tracker, which the compiled loss
                     # updates (the traced step's updates are the graph's)
-                    model.compute_loss(x_mine, y_mine, y_pred, *weighted, training=True)
-                metrics.update(y_mine, y_pred, float(loss), size(x_mine), *weighted)
+                    with metrics.output_losses(size(x_mine), size(xb)):
+                        model.compute_loss(x_mine, y_mine, y_pred, *weighted, training=True)
+                # runner.call's loss is its micro-batches' mean: their sum
+                # is this worker's when the loss sums over the batch
+                metrics.update(y_mine, y_pred,
+                               float(loss) * (runner.micro_batches if sums else 1),
+                               size(x_mine), size(xb), *weighted)
             logs = metrics.result(runner)
             validating = validation_data is not None and _should_validate(epoch, validation_freq)
             if validating:
@@ -217,7 +226,7 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
                              _evaluate(model, validation_data,
                                        validation_batch_size or batch_size
                                        or DEFAULT_BATCH_SIZE,
-                                       runner, test_step).items()})
+                                       runner, test_step, sums).items()})
             if runner.is_chief and verbose:
                 log.info("epoch %d/%d: %s", epoch + 1, epochs,
                          "  ".join(f"{k} {v:.4f}" for k, v in logs.items()))
@@ -414,18 +423,47 @@ def _refuse_own_steps(model, validating: bool) -> None:
 
 class _Metrics:
     """The compiled metrics and the loss over this worker's rows of an
-    epoch, combined over workers by summing their state."""
+    epoch, combined over workers by summing their state.
 
-    def __init__(self, model) -> None:
+    Keras logs the mean of its batches' losses weighted by their sizes. A
+    batch's loss is its workers' mean (weighted by their rows), or, for a
+    loss that sums over the batch (`sums`), their sum: each worker then
+    weighs its loss by the whole batch's size."""
+
+    def __init__(self, model, sums: bool) -> None:
         self.model = model
+        self.sums = sums
         model.reset_metrics()
         self.loss_sum = 0.0
         self.count = 0
 
-    def update(self, y, y_pred, loss: float, rows: int, sample_weight=None) -> None:
-        self.loss_sum += loss * rows
+    def update(self, y, y_pred, loss: float, rows: int, batch_rows: int,
+               sample_weight=None) -> None:
+        """`loss`: this worker's over its `rows` of a batch of `batch_rows`."""
+        self.loss_sum += loss * (batch_rows if self.sums else rows)
         self.count += rows
         self.model.compute_metrics(None, y, y_pred, sample_weight=sample_weight)
+
+    @contextlib.contextmanager
+    def output_losses(self, rows: int, batch_rows: int):
+        """Around Keras's compute_loss of this worker's `rows` of a batch of
+        `batch_rows`: each output's loss tracker (a Mean on the compiled
+        loss, which no public attribute gives) records the share of one
+        device's value for the batch this worker's rows make. Keras weighs
+        those by the batch's static size, which a traced step does not
+        know: every batch of fit counts once (`batch_rows` times when the
+        model runs eagerly)."""
+        trackers = getattr(getattr(self.model, "_compile_loss", None), "metrics", None) or []
+        before = [(m, m.total.numpy(), m.count.numpy()) for m in trackers]
+        yield
+        share = rows / batch_rows
+        weight = batch_rows if self.model.run_eagerly else 1
+        for m, total, count in before:
+            recorded = m.count.numpy() - count
+            if recorded:
+                value = (m.total.numpy() - total) / recorded
+                m.total.assign(total + value * (1 if self.sums else share) * weight)
+                m.count.assign(count + share * weight)
 
     def result(self, runner) -> dict:
         variables = [v for m in self.model.metrics for v in m.variables]
@@ -457,33 +495,35 @@ def _test_step(model):
     return test_step
 
 
-def _evaluate(model, data, batch_size: int, runner, test_step) -> dict:
+def _evaluate(model, data, batch_size: int, runner, test_step, sums: bool) -> dict:
     """Loss and compiled metrics of the model (with this worker's current
     values) over the validation set `data`, (x, y) or (x, y, sample
-    weights), each worker on its examples i mod N, or a dataset's batches,
+    weights) in Keras's batches of `batch_size`, or a dataset's batches,
     each worker on its rows w, w+N, ... of each; combined over workers."""
-    metrics = _Metrics(model)
-    for xb, yb, wb in _validation_batches(data, batch_size, runner):
+    metrics = _Metrics(model, sums)
+    for xb, yb, wb, batch_rows in _validation_batches(data, batch_size, runner):
         if size(xb) == 0:
             continue
         weighted = () if wb is None else (wb,)
-        y_pred, loss = test_step(xb, yb, *weighted)
-        metrics.update(yb, y_pred, float(loss), size(xb), *weighted)
+        with metrics.output_losses(size(xb), batch_rows):
+            y_pred, loss = test_step(xb, yb, *weighted)
+        metrics.update(yb, y_pred, float(loss), size(xb), batch_rows, *weighted)
     return metrics.result(runner)
 
 
 def _validation_batches(data, batch_size: int, runner):
-    """This worker's (x, y, weights or None) batches of the validation set."""
+    """This worker's rows of each batch of the validation set, as Keras's
+    fit batches it: (x, y, weights or None, the batch's size)."""
     me, n = runner.worker_index, runner.num_workers
+    mine = slice(me, None, n)
     if isinstance(data, DatasetBatches):
         for xb, yb, wb in data.epoch(0):
-            yield rows(xb, slice(me, None, n)), rows(yb, slice(me, None, n)), (
-                None if wb is None else wb[me::n])
+            yield rows(xb, mine), rows(yb, mine), None if wb is None else wb[mine], size(xb)
         return
     import tensorflow as tf
     x, y = (tf.nest.map_structure(np.asarray, a) for a in data[:2])
     weights = np.asarray(data[2]) if len(data) > 2 and data[2] is not None else None
-    mine = np.arange(me, size(x), n)
-    for start in range(0, len(mine), batch_size):
-        batch = mine[start:start + batch_size]
-        yield rows(x, batch), rows(y, batch), None if weights is None else weights[batch]
+    for start in range(0, size(x), batch_size):
+        batch = np.arange(start, min(start + batch_size, size(x)))[mine]
+        yield (rows(x, batch), rows(y, batch), None if weights is None else weights[batch],
+               min(batch_size, size(x) - start))

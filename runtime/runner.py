@@ -66,12 +66,16 @@ class Runner:
                  batch_size_tensor: tf.Tensor | None = None, step_fetches=(), on_close=(),
                  after_step=None, monitor=None, accumulate=None, dropcompute=None,
                  totals_allreduce=None, lifted=None, timeline=None, meter=None,
-                 lockstep_lookups=(), lookup_barriers=None):
+                 lockstep_lookups=(), lookup_barriers=None, loss_reduction: str = "mean"):
         self.session = session
         self.graph = graph
         self.analysis = analysis
         self.worker_index = worker_index
         self.num_workers = num_workers
+        # How workers' gradients combine (Plan.loss_reduction): "sum" when the
+        # loss is a sum over the batch, so one device's loss is the sum of
+        # the workers' (autopar.fit logs it so).
+        self.loss_reduction = loss_reduction
         self._progress = progress
         self._checkpointer = checkpointer
         self._batch_size = batch_size_tensor

@@ -133,13 +133,16 @@ def check_update_reads_no_input(graph_def, acc: Accumulation, step_ops) -> None:
     step = ancestors(step_ops)
     reached = sorted(inputs & set(step))
     if reached:
-        # The path from the input up to a step op, for the message.
+        # The path from the input up to a step op, for the message: its
+        # start, and its end, the op of the step that reads the input.
         path, name = [], reached[0]
-        while name is not None and len(path) < 6:
+        while name is not None:
             path.append(name)
             name = step[name]
+        shown = " -> ".join(path if len(path) <= 10 else path[:4] + ["..."] + path[-4:])
         raise UnsupportedGraphError(
             f"Config(micro_batches > 1) applies the accumulated gradients in a run of its own, "
-            f"but the training step also reads the input '{reached[0]}' (through "
-            f"{' -> '.join(path)} ...): e.g. batch-norm moving statistics updated with the train "
-            f"op (UPDATE_OPS). Update such state outside the train op, or use micro_batches=1")
+            f"but the training step also reads the input '{reached[0]}' (through {shown}): "
+            f"e.g. batch-norm moving statistics or a metric updated with the train op "
+            f"(UPDATE_OPS, a Keras metric called in the step). Update such state outside the "
+            f"train op, or use micro_batches=1")

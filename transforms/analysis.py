@@ -1263,7 +1263,10 @@ def _reduction_of(t: tf.Tensor, batch_ops: set[str], depth: int) -> tuple[str, s
             return "mean", f"'{op.name}' divides a sum over the batch by the batch-derived count '{den.name}'"
         return "unknown", f"'{op.name}' divides a sum over the batch by '{den.name}'"
     if op.type in ("Add", "AddV2", "AddN", "Sub"):
-        kinds = [_reduction_of(x, batch_ops, depth + 1) for x in op.inputs]
+        # A constant term (Python's sum() of Keras's per-output losses starts
+        # at 0) has no gradient: only the terms a gradient flows through count.
+        kinds = [_reduction_of(x, batch_ops, depth + 1) for x in op.inputs
+                 if x.op.name in batch_ops or _constant_value(x, batch_ops) is None]
         batch = [k for k in kinds if k[0] != "const"]
         names = {k[0] for k in batch}
         if names == {"mean"}:

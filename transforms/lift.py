@@ -146,19 +146,58 @@ def _outputs_after_nothing(graph_def, outputs: set[str]) -> None:
             node.input.extend(kept)
 
 
+# Ops whose gradient passes the incoming gradient on without reading their
+# inputs: a loss made of several (Keras's compiled loss of several outputs,
+# `0 + a + b`) shows the backward pass reading only the terms' inputs.
+_PASS_THROUGH = frozenset({"Identity", "Add", "AddV2", "AddN", "Sub", "Neg"})
+
+
 def _loss_output(func_graph):
-    """The function's output that is its loss, if one is: a scalar floating
-    output (through Identity) computed by an op some of whose inputs the
-    backward pass reads (the gradient of that op). The first such output."""
+    """The function's loss, if one is found: its first output that is a
+    loss (_is_loss), else, for a step that does not return its loss, the
+    one loss the forward pass computes that no other loss is computed from
+    (two such, several tapes' losses: none)."""
     for t in func_graph.outputs:
-        if not t.dtype.is_floating or t.shape.rank != 0:
-            continue
-        op = t.op
-        while op.type == "Identity" and op.inputs:
-            op = op.inputs[0].op
-        if any(in_gradient_scope(c.name) for x in op.inputs for c in x.consumers()):
+        if _is_loss(t):
             return t
-    return None
+    forward = [op for op in func_graph.get_operations() if not in_gradient_scope(op.name)]
+    losses = {op.outputs[0].name: op.outputs[0] for op in forward
+              if op.outputs and _is_loss(op.outputs[0])}
+    last = [t for t in losses.values() if not _reaches_any(t.op, losses.keys() - {t.name})]
+    return last[0] if len(last) == 1 else None
+
+
+def _is_loss(t) -> bool:
+    """Whether `t` is a scalar floating tensor computed, through sums and
+    Identity, by ops some of whose inputs the backward pass reads (the
+    gradient of those ops)."""
+    if not t.dtype.is_floating or t.shape.rank != 0:
+        return False
+    stack, seen = [t.op], {t.op.name}
+    while stack:
+        op = stack.pop()
+        if any(in_gradient_scope(c.name) for x in op.inputs for c in x.consumers()):
+            return True
+        if op.type in _PASS_THROUGH:
+            for x in op.inputs:
+                if x.op.name not in seen:
+                    seen.add(x.op.name)
+                    stack.append(x.op)
+    return False
+
+
+def _reaches_any(op, tensors) -> bool:
+    """Whether a forward op computed from `op`'s outputs produces one of `tensors`."""
+    stack, seen = [op], {op.name}
+    while stack:
+        for out in stack.pop().outputs:
+            if out.name in tensors:
+                return True
+            for c in out.consumers():
+                if c.name not in seen and not in_gradient_scope(c.name):
+                    seen.add(c.name)
+                    stack.append(c)
+    return False
 
 
 def _lifted_variable(variable, taken: set[str], lifted: LiftedGraph):

@@ -212,7 +212,8 @@ def test_fit_matches_one_device(run_option, tmp_path):
                                    what=f"fit worker {i}")
 
 
-CNN = REPO / "tests" / "integration" / "scripts" / "keras_fit_cnn.py"
+DIGITS = str(REPO / "tests" / "integration" / "scripts" / "keras_fit_digits.py")
+CNN = [DIGITS, "--model", "cnn"]
 
 
 def test_a_convolutional_network_fit_as_keras_fits_it(tmp_path):
@@ -230,7 +231,7 @@ def test_a_convolutional_network_fit_as_keras_fits_it(tmp_path):
     _assert_workers_hold(tmp_path, 3, rtol=1e-7, atol=1e-9)
 
 
-COMPILED = REPO / "tests" / "integration" / "scripts" / "keras_fit_compiled.py"
+COMPILED = [str(REPO / "tests" / "integration" / "scripts" / "keras_fit_compiled.py")]
 
 
 def test_fit_computes_the_compiled_loss_as_keras_fit_does(tmp_path):
@@ -260,18 +261,37 @@ def test_fit_computes_the_compiled_loss_as_keras_fit_does(tmp_path):
     _assert_workers_hold(tmp_path, 4, rtol=1e-9, atol=1e-12)
 
 
-def _keras_then_autopar(script, tmp_path, workers: tuple[int, int], *extra: str):
-    """`script` fit by Keras's own model.fit on one device (--keras), then by
-    autopar.fit (with `extra` arguments) on 2 hosts of `workers` workers and
-    a server each, each saving its variables under tmp_path: (Keras's
-    per-epoch logs, autopar's, autopar's output)."""
+SUMMED = [DIGITS, "--model", "summed"]
+
+
+def test_losses_summed_over_the_batch_fit_as_keras_fits_them(tmp_path):
+    """Two outputs whose losses sum over the batch (reduction="sum", with
+    loss weights), on 3 workers over 2 uneven hosts with the variables on
+    the servers: autopar.fit finds the step's loss through Keras's sum of
+    the outputs' losses and adds the workers' gradients (before: no loss
+    found, a mean assumed, the weights 190x off), and logs what Keras's
+    fit logs: a batch's loss is the workers' sum, each output's loss and
+    the validation's as Keras weighs them (every batch once), in Keras's
+    validation batches (before: a third of Keras's values)."""
+    expected, got, _ = _keras_then_autopar(SUMMED, tmp_path, (2, 1), "--run-option", "ps")
+    assert sorted(got) == sorted(expected) and "val_parity_loss" in got
+    for name in expected:
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-9, err_msg=name)
+    _assert_workers_hold(tmp_path, 3, rtol=1e-7, atol=1e-9)
+
+
+def _keras_then_autopar(script: list[str], tmp_path, workers: tuple[int, int], *extra: str):
+    """`script` (its path and arguments) fit by Keras's own model.fit on one
+    device (--keras), then by autopar.fit (with `extra` arguments) on 2
+    hosts of `workers` workers and a server each, each saving its variables
+    under tmp_path: (Keras's per-epoch logs, autopar's, autopar's output)."""
     def history(log: str) -> dict:
         line = next(l for l in log.splitlines() if "history " in l)
         return json.loads(line.split("history ", 1)[1])
-    expected_log = run_script([sys.executable, str(script), "--keras",
+    expected_log = run_script([sys.executable, *script, "--keras",
                                "--out", str(tmp_path / "keras{worker}.npz")])
     spec = write_two_host_spec(tmp_path, workers=workers, servers=(1, 1))
-    log = run_script([sys.executable, str(script), "--spec", str(spec), *extra,
+    log = run_script([sys.executable, *script, "--spec", str(spec), *extra,
                       "--out", str(tmp_path / "dist{worker}.npz")])
     return history(expected_log), history(log), log
 

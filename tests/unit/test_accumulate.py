@@ -87,6 +87,8 @@ def test_update_that_reads_the_input_is_refused():
         with tf.control_dependencies([stat]):
             train = tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
     analysis = analyze_graph(graph)
-    with graph.as_default(), pytest.raises(UnsupportedGraphError, match="micro_batches"):
+    with graph.as_default(), pytest.raises(UnsupportedGraphError, match="micro_batches") as e:
         rewrite_for_worker(graph, analysis, make_plan(analysis, 2), 0, micro_batches=2)
+    # the path from the input to the step's op that reads it, whatever its length
+    assert "through x -> MatMul -> " in str(e.value) and f"-> {stat.name}" in str(e.value)
     del train

@@ -67,6 +67,8 @@ def _graph(lookup="plain", loss="mean", batch=BATCH, state=None, clip=False):
             "sum/8": lambda: tf.reduce_sum(per_example) / 8.0,
             "sum/24": lambda: tf.reduce_sum(per_example) / 24.0,
             "sum+reg": lambda: tf.reduce_sum(per_example) + 1e-3 * tf.nn.l2_loss(w),
+            # Python's sum() of per-output losses, as Keras's compiled loss adds them
+            "0+sum+sum": lambda: sum([tf.reduce_sum(per_example), 0.5 * tf.reduce_sum(per_example)]),
             "mean+reg": lambda: tf.reduce_mean(per_example) + 1e-3 * tf.nn.l2_loss(w),
             "0.5*sum": lambda: 0.5 * tf.reduce_sum(per_example),
             "losses.SUM": lambda: tf1.losses.sparse_softmax_cross_entropy(
@@ -153,6 +155,7 @@ def test_dedup_rows_are_combined_in_allgather_rewrite():
     ("sum/8", None, "unknown"),
     ("mean+reg", BATCH, "mean"),
     ("sum+reg", BATCH, "neither"),  # a regularizer added N times if summed
+    ("0+sum+sum", BATCH, "sum"),    # a constant term has no gradient
     ("losses.SUM", BATCH, "sum"),
     ("losses.SUM", None, "sum"),
     ("losses.MEAN", BATCH, "mean"),

@@ -99,6 +99,65 @@ def test_keras_adam_slots_counter_and_gradients_from_data_flow():
     assert analysis.loss_reduction == "mean"
 
 
+def test_a_loss_summed_over_outputs_is_found_and_read_as_a_sum():
+    """Keras's compiled loss of two outputs adds them with Python's sum()
+    (0 + a + 0.5 b), whose gradient reads none of its inputs: the step's
+    returned loss is still found, through the sums, and its constant term
+    has no gradient, so losses summed over the batch are a sum (before: no
+    loss found, a mean assumed, and gradients divided by the workers)."""
+    import keras
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(3)(inputs)
+    model = keras.Model(inputs, [keras.layers.Dense(2)(hidden), keras.layers.Dense(2)(hidden)])
+    summed = [keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
+              for _ in range(2)]
+    model.compile(optimizer="sgd", loss=summed, loss_weights=[1.0, 0.5])
+    x, y = np.zeros((2, 4), "float32"), [np.zeros(2, "int64")] * 2
+    model.compute_loss(x, y, model(x), training=False)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True)
+            loss = model.compute_loss(x, y, y_pred, training=True)
+        grads = tape.gradient(loss, model.trainable_variables)
+        model.optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss, y_pred
+
+    lifted = lift(step.get_concrete_function(tf.TensorSpec([None, 4]),
+                                             [tf.TensorSpec([None], tf.int64)] * 2))
+    analysis = analyze_graph(lifted.graph)
+    assert analysis.loss_reduction == "sum", analysis.loss_reduction_why
+
+
+@pytest.mark.parametrize("reduction", ["sum", "sum_over_batch_size"])
+def test_the_loss_of_a_step_that_does_not_return_it(reduction):
+    """TensorFlow's quickstart step: the loss goes to a Keras Mean metric,
+    the function returns nothing. The loss is still found (the one loss
+    no other is computed from), so a summed loss is a sum (before: no loss
+    found, a mean assumed)."""
+    import keras
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+    loss_object = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                             reduction=reduction)
+    optimizer, train_loss = keras.optimizers.SGD(0.1), keras.metrics.Mean()
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_object(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        train_loss(loss)
+
+    lifted = lift(step.get_concrete_function(tf.TensorSpec([None, 4]),
+                                             tf.TensorSpec([None], tf.int64)))
+    analysis = analyze_graph(lifted.graph)
+    assert analysis.loss_reduction == {"sum": "sum"}.get(reduction, "mean"), \
+        analysis.loss_reduction_why
+    assert "no loss tensor" not in analysis.loss_reduction_why
+
+
 def test_a_constant_dense_shape_is_not_taken_for_the_indices():
     """A tf.Variable read by tf.nn.embedding_lookup: its IndexedSlices
     gradient's dense_shape is a constant (the table's static shape), an
