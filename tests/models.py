@@ -237,6 +237,14 @@ def build(name: str) -> Model:
             # Per-example losses summed over the batch: one device's gradient
             # is the sum over the global batch.
             loss = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+        elif name.startswith("embglobal"):
+            # Averaged over a global batch size given as a constant (12, the
+            # global batch of the tests that train it), as TensorFlow's
+            # distributed custom loops write it: each worker divides its own
+            # sum by 12, so one device's loss is the workers' sum.
+            loss = tf.nn.compute_average_loss(
+                tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits),
+                global_batch_size=12)
         else:
             loss = _xent(logits, y)
         train_op = _optimize(name, loss, gs)

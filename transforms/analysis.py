@@ -1252,13 +1252,21 @@ def _reduction_of(t: tf.Tensor, batch_ops: set[str], depth: int) -> tuple[str, s
                 return num, why
             return "unknown", f"'{op.name}' divides a {num} by a batch-dependent tensor"
         if static is not None:
-            summed = _summed_elements(op.inputs[0])
-            if summed is not None and static.size == 1 and float(static) == float(summed):
-                return "mean", (f"'{op.name}' divides the sum by {summed:g}, the number of "
-                                "elements summed (the per-worker batch)")
-            return "unknown", (f"'{op.name}' divides a sum over the batch by the constant "
-                               f"{static!r}: whether that is the per-worker or the global batch "
-                               "size cannot be told from the graph")
+            shape = _summed_shape(op.inputs[0])
+            if static.size != 1:
+                return "unknown", (f"'{op.name}' divides a sum over the batch by the constant "
+                                   f"{static!r}, not a number")
+            if shape is not None and shape.is_fully_defined() and float(static) in (
+                    float(shape.num_elements()), float(shape[0] if shape.rank else 1)):
+                # a static graph's own batch: the program averages over it
+                return "mean", (f"'{op.name}' divides the sum by {float(static):g}, the number "
+                                "of elements or examples summed (the per-worker batch)")
+            # One device runs the same program on the global batch and divides
+            # its sum by the same constant: the workers' losses add up to it.
+            return "sum", (f"'{op.name}' divides a sum over the batch by the constant "
+                           f"{float(static):g}, which is not the per-worker batch: a scaled sum "
+                           "(as tf.nn.compute_average_loss with a global_batch_size), which one "
+                           "device computes on the global batch as the workers' sum")
         if den.op.name in batch_ops:
             return "mean", f"'{op.name}' divides a sum over the batch by the batch-derived count '{den.name}'"
         return "unknown", f"'{op.name}' divides a sum over the batch by '{den.name}'"
@@ -1306,14 +1314,14 @@ def _constant_value(t: tf.Tensor, batch_ops: set[str]):
         return session.run(t)
 
 
-def _summed_elements(t: tf.Tensor) -> int | None:
-    """Elements a full reduce_sum producing `t` adds (static shapes only)."""
+def _summed_shape(t: tf.Tensor) -> tf.TensorShape | None:
+    """The shape of what the reduce_sum producing `t` adds."""
     # (a Sum of a scalar, as tf.compat.v1.losses builds, passes it through)
     while t.op.type in ("Identity", "Cast") or (t.op.type == "Sum" and t.op.inputs[0].shape.rank == 0):
         t = t.op.inputs[0]
     if t.op.type != "Sum":
         return None
-    return t.op.inputs[0].shape.num_elements()
+    return t.op.inputs[0].shape
 
 
 def _optimizer_scopes(update_ops) -> set[str]:

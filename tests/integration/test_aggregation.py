@@ -29,9 +29,10 @@ BATCH = 12   # divisible by 2 and 3
 # Deduplicated rows are combined differently on the all-gather path
 # (allreduce) and the server path (ps; hybrid puts the sparse variable there
 # too); a summed loss is scaled differently on the all-gather path and on the
-# server path with dense all-reduce beside it (hybrid).
+# server path with dense all-reduce beside it (hybrid), there a sum divided
+# by the global batch size as a constant (tf.nn.compute_average_loss).
 CASES = [("embsparse_rmsprop_clip_centered", "allreduce"), ("embsparse_rmsprop_clip_centered", "ps"),
-         ("embsum_adagrad", "allreduce"), ("embsum_adagrad", "hybrid"),
+         ("embsum_adagrad", "allreduce"), ("embglobal_adagrad", "hybrid"),
          ("lmmask_momentum", "hybrid")]
 
 

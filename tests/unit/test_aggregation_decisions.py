@@ -66,6 +66,8 @@ def _graph(lookup="plain", loss="mean", batch=BATCH, state=None, clip=False):
             "sum/size": lambda: tf.reduce_sum(per_example) / tf.cast(tf.size(per_example), tf.float32),
             "sum/8": lambda: tf.reduce_sum(per_example) / 8.0,
             "sum/24": lambda: tf.reduce_sum(per_example) / 24.0,
+            "sum(logits^2)/8": lambda: tf.reduce_sum(tf.square(logits)) / 8.0,
+            "sqrt(sum)": lambda: tf.sqrt(tf.reduce_sum(per_example)),
             "sum+reg": lambda: tf.reduce_sum(per_example) + 1e-3 * tf.nn.l2_loss(w),
             # Python's sum() of per-output losses, as Keras's compiled loss adds them
             "0+sum+sum": lambda: sum([tf.reduce_sum(per_example), 0.5 * tf.reduce_sum(per_example)]),
@@ -151,8 +153,12 @@ def test_dedup_rows_are_combined_in_allgather_rewrite():
     ("sum/size", BATCH, "mean"),
     ("sum/size", None, "mean"),     # tf.size of a dynamic batch: a batch-derived tensor
     ("sum/8", BATCH, "mean"),       # the per-worker batch size of a static graph
-    ("sum/24", BATCH, "unknown"),   # not the elements summed: global batch? cannot tell
-    ("sum/8", None, "unknown"),
+    ("sum(logits^2)/8", BATCH, "mean"),   # its examples, not the elements summed
+    # any other constant: a scaled sum (tf.nn.compute_average_loss with a
+    # global_batch_size), which one device divides by the same constant
+    ("sum/24", BATCH, "sum"),
+    ("sum/8", None, "sum"),
+    ("sqrt(sum)", BATCH, "unknown"),
     ("mean+reg", BATCH, "mean"),
     ("sum+reg", BATCH, "neither"),  # a regularizer added N times if summed
     ("0+sum+sum", BATCH, "sum"),    # a constant term has no gradient
@@ -172,7 +178,7 @@ def test_loss_reduction(loss, batch, expected):
 
 
 @pytest.mark.parametrize("loss,option,decided", [
-    ("sum", "auto", "sum"), ("mean", "auto", "mean"), ("sum/24", "auto", "mean"),
+    ("sum", "auto", "sum"), ("mean", "auto", "mean"), ("sqrt(sum)", "auto", "mean"),
     ("sum/24", "sum", "sum"), ("mean", "sum", "sum"), ("sum", "mean", "mean"),
 ])
 def test_plan_decision_and_report(loss, option, decided):
