@@ -28,7 +28,7 @@ from autopar.transforms.graph_utils import (INPUT_OP_TYPES, VARIABLE_OP_TYPES, b
                                             collector_paused, graph_of,
                                             in_gradient_scope, initialization_guard,
                                             is_restore_assignment, reduces_batch_axis,
-                                            static_shape, writes_variable)
+                                            stacked_terms, static_shape, writes_variable)
 from autopar.transforms.lift import FETCHES
 from autopar.transforms.loss_counts import find_loss_counts
 from autopar.transforms.random_draws import find_batch_draws
@@ -1232,6 +1232,9 @@ def _reduction_of(t: tf.Tensor, batch_ops: set[str], depth: int) -> tuple[str, s
         return "unknown", f"'{op.name}' is too far from a recognised batch reduction"
     if op.type in ("Identity", "Cast", "Reshape", "Squeeze", "Neg", "Snapshot"):
         return _reduction_of(op.inputs[0], batch_ops, depth + 1)
+    terms = stacked_terms(op)
+    if terms is not None:
+        return _reduction_of_terms(op, terms, batch_ops, depth)
     if op.type in ("Mean", "Sum"):
         if not reduces_batch_axis(op):
             return _reduction_of(op.inputs[0], batch_ops, depth + 1)
@@ -1271,23 +1274,29 @@ def _reduction_of(t: tf.Tensor, batch_ops: set[str], depth: int) -> tuple[str, s
             return "mean", f"'{op.name}' divides a sum over the batch by the batch-derived count '{den.name}'"
         return "unknown", f"'{op.name}' divides a sum over the batch by '{den.name}'"
     if op.type in ("Add", "AddV2", "AddN", "Sub"):
-        # A constant term (Python's sum() of Keras's per-output losses starts
-        # at 0) has no gradient: only the terms a gradient flows through count.
-        kinds = [_reduction_of(x, batch_ops, depth + 1) for x in op.inputs
-                 if x.op.name in batch_ops or _constant_value(x, batch_ops) is None]
-        batch = [k for k in kinds if k[0] != "const"]
-        names = {k[0] for k in batch}
-        if names == {"mean"}:
-            return batch[0][0], batch[0][1] + " (other terms are averaged alike)"
-        if names == {"sum"} and len(batch) == len(kinds):
-            return batch[0]
-        if names == {"sum"}:
-            return "neither", (f"'{op.name}' adds a batch-independent term (e.g. a regularizer) "
-                               "to a loss summed over the batch: neither summing nor averaging "
-                               "the workers' gradients gives one device's")
-        return "unknown", f"'{op.name}' combines terms reduced differently over the batch"
+        return _reduction_of_terms(op, list(op.inputs), batch_ops, depth)
     return "unknown", (f"'{op.name}' ({op.type}) does not show how the loss reduces over the "
                        "batch")
+
+
+def _reduction_of_terms(op: tf.Operation, terms: list[tf.Tensor], batch_ops: set[str],
+                        depth: int) -> tuple[str, str]:
+    """How a loss that `op` adds up from `terms` reduces over the batch."""
+    # A constant term (Python's sum() of Keras's per-output losses starts
+    # at 0) has no gradient: only the terms a gradient flows through count.
+    kinds = [_reduction_of(x, batch_ops, depth + 1) for x in terms
+             if x.op.name in batch_ops or _constant_value(x, batch_ops) is None]
+    batch = [k for k in kinds if k[0] != "const"]
+    names = {k[0] for k in batch}
+    if names == {"mean"}:
+        return batch[0][0], batch[0][1] + " (other terms are averaged alike)"
+    if names == {"sum"} and len(batch) == len(kinds):
+        return batch[0]
+    if names == {"sum"}:
+        return "neither", (f"'{op.name}' adds a batch-independent term (e.g. a regularizer) "
+                           "to a loss summed over the batch: neither summing nor averaging "
+                           "the workers' gradients gives one device's")
+    return "unknown", f"'{op.name}' combines terms reduced differently over the batch"
 
 
 def _constant_value(t: tf.Tensor, batch_ops: set[str]):

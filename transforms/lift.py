@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
-from autopar.transforms.graph_utils import in_gradient_scope
+from autopar.transforms.graph_utils import in_gradient_scope, stacked_terms
 from autopar.transforms.lower_cond import lower_conds
 
 tf1 = tf.compat.v1
@@ -148,7 +148,9 @@ def _outputs_after_nothing(graph_def, outputs: set[str]) -> None:
 
 # Ops whose gradient passes the incoming gradient on without reading their
 # inputs: a loss made of several (Keras's compiled loss of several outputs,
-# `0 + a + b`) shows the backward pass reading only the terms' inputs.
+# `0 + a + b`; with regularization losses, the sum of their stack,
+# graph_utils.stacked_terms) shows the backward pass reading only the
+# terms' inputs.
 _PASS_THROUGH = frozenset({"Identity", "Add", "AddV2", "AddN", "Sub", "Neg"})
 
 
@@ -178,8 +180,8 @@ def _is_loss(t) -> bool:
         op = stack.pop()
         if any(in_gradient_scope(c.name) for x in op.inputs for c in x.consumers()):
             return True
-        if op.type in _PASS_THROUGH:
-            for x in op.inputs:
+        if op.type in _PASS_THROUGH or stacked_terms(op) is not None:
+            for x in stacked_terms(op) or op.inputs:
                 if x.op.name not in seen:
                     seen.add(x.op.name)
                     stack.append(x.op)

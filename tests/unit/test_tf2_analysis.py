@@ -99,20 +99,29 @@ def test_keras_adam_slots_counter_and_gradients_from_data_flow():
     assert analysis.loss_reduction == "mean"
 
 
-def test_a_loss_summed_over_outputs_is_found_and_read_as_a_sum():
-    """Keras's compiled loss of two outputs adds them with Python's sum()
-    (0 + a + 0.5 b), whose gradient reads none of its inputs: the step's
-    returned loss is still found, through the sums, and its constant term
-    has no gradient, so losses summed over the batch are a sum (before: no
-    loss found, a mean assumed, and gradients divided by the workers)."""
+@pytest.mark.parametrize("outputs,regularized,reduction,expected", [
+    (2, False, "sum", "sum"),
+    (1, True, "sum", "neither"),
+    (1, True, "sum_over_batch_size", "mean"),
+])
+def test_a_compiled_loss_of_several_terms_is_found_and_read(outputs, regularized, reduction,
+                                                            expected):
+    """Keras's compiled loss adds its outputs' losses with Python's sum()
+    (0 + a + 0.5 b) and the regularization losses as the sum of a stack,
+    whose gradients read none of their inputs: the step's returned loss is
+    still found, through the sums, a constant term has no gradient, and a
+    regularizer beside a loss summed over the batch is the case no
+    aggregation makes one device's (refused). Before: no loss found, a mean
+    assumed, gradients of summed losses divided by the workers."""
     import keras
     inputs = keras.Input((4,))
-    hidden = keras.layers.Dense(3)(inputs)
-    model = keras.Model(inputs, [keras.layers.Dense(2)(hidden), keras.layers.Dense(2)(hidden)])
-    summed = [keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
-              for _ in range(2)]
-    model.compile(optimizer="sgd", loss=summed, loss_weights=[1.0, 0.5])
-    x, y = np.zeros((2, 4), "float32"), [np.zeros(2, "int64")] * 2
+    hidden = keras.layers.Dense(3, kernel_regularizer=keras.regularizers.L2(0.01)
+                                if regularized else None)(inputs)
+    model = keras.Model(inputs, [keras.layers.Dense(2)(hidden) for _ in range(outputs)])
+    losses = [keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=reduction)
+              for _ in range(outputs)]
+    model.compile(optimizer="sgd", loss=losses, loss_weights=[1.0, 0.5][:outputs])
+    x, y = np.zeros((2, 4), "float32"), [np.zeros(2, "int64")] * outputs
     model.compute_loss(x, y, model(x), training=False)
 
     @tf.function
@@ -125,9 +134,9 @@ def test_a_loss_summed_over_outputs_is_found_and_read_as_a_sum():
         return loss, y_pred
 
     lifted = lift(step.get_concrete_function(tf.TensorSpec([None, 4]),
-                                             [tf.TensorSpec([None], tf.int64)] * 2))
+                                             [tf.TensorSpec([None], tf.int64)] * outputs))
     analysis = analyze_graph(lifted.graph)
-    assert analysis.loss_reduction == "sum", analysis.loss_reduction_why
+    assert analysis.loss_reduction == expected, analysis.loss_reduction_why
 
 
 @pytest.mark.parametrize("reduction", ["sum", "sum_over_batch_size"])
