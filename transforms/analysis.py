@@ -251,7 +251,9 @@ def _analyze(graph: tf.Graph) -> Analysis:
     groups, trains = _train_groups(index, variables, fetches)
     losses = _losses(graph, index, variables, groups)
     loss = losses[0] if losses else None
-    reduction, why = _loss_reduction_of_all(graph, losses)
+    # A traced function's losses (several tapes: a GAN's two) all decide.
+    reduction, why = _loss_reduction_of_all(
+        graph, losses + (_declared_losses(graph) if not _loss_seeds(graph) else []))
     averaged = {t for v in variables for t in (v.grad_tensor, v.grad_values, v.grad_indices) if t}
     batch_local = batch_local_ops(graph, averaged)
     return Analysis(
@@ -315,9 +317,8 @@ def _losses(graph, index: "_OpIndex", variables: list[VariableInfo],
     if not seeds:
         # A GradientTape names no seed: a loss the graph declares (a traced
         # function's, transforms.lift) if any.
-        declared = [t for t in graph.get_collection(tf1.GraphKeys.LOSSES)
-                    if t.dtype.is_floating and t.shape.rank == 0]
-        return [declared[0].name if declared else None] * len(groups)
+        declared = _declared_losses(graph)
+        return [declared[0] if declared else None] * len(groups)
     if len(seeds) <= 1:
         return [seeds[0][1]] * len(groups)
     out = []
@@ -332,9 +333,22 @@ def _losses(graph, index: "_OpIndex", variables: list[VariableInfo],
     return out
 
 
+def _declared_losses(graph) -> list[str]:
+    """The scalar losses the graph declares (tf.GraphKeys.LOSSES)."""
+    return [t.name for t in graph.get_collection(tf1.GraphKeys.LOSSES)
+            if t.dtype.is_floating and t.shape.rank == 0]
+
+
 def _loss_reduction_of_all(graph, losses: list[str | None]) -> tuple[str, str]:
     """loss_reduction() of every distinct loss, when they agree."""
-    found = {loss: loss_reduction(graph, loss) for loss in dict.fromkeys(losses)}
+    distinct = list(dict.fromkeys(losses))
+    if None not in distinct and len(distinct) > 1:
+        # a loss no input reaches (a regularizer a step returns beside its
+        # loss) says nothing of the batch
+        batch_ops = batch_local_ops(graph, set())
+        distinct = [loss for loss in distinct
+                    if graph.get_tensor_by_name(loss).op.name in batch_ops] or distinct
+    found = {loss: loss_reduction(graph, loss) for loss in distinct}
     if not found:
         return loss_reduction(graph, None)
     kinds = {kind for kind, _ in found.values()}
@@ -342,6 +356,11 @@ def _loss_reduction_of_all(graph, losses: list[str | None]) -> tuple[str, str]:
         return next(iter(found.values()))
     if "neither" in kinds:
         return next(value for value in found.values() if value[0] == "neither")
+    if {"mean", "sum"} <= kinds:
+        # one aggregation for every gradient: one loss's would be off by N
+        return "neither", ("the train ops' losses reduce differently over the batch (" + "; ".join(
+            f"'{loss}': {kind}" for loss, (kind, _) in found.items()) + "): one aggregation of "
+            "the workers' gradients matches one device for some of them only")
     return "unknown", ("the train ops' losses reduce differently over the batch: " + "; ".join(
         f"'{loss}': {kind}" for loss, (kind, _) in found.items()))
 

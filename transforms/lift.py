@@ -118,10 +118,8 @@ def lift(obj) -> LiftedGraph:
             # outputs beside it, and with micro-batches the update's run
             # reads no input (the outputs come from the micro-batch runs).
             tf1.add_to_collection(FETCHES, tf.group(*ran[len(func_graph.outputs):], name=CALL_OP))
-        loss = _loss_output(func_graph)
-        if loss is not None:
-            tf1.add_to_collection(tf1.GraphKeys.LOSSES,
-                                  lifted.graph.get_tensor_by_name(loss.name))
+        for loss in _loss_outputs(func_graph):
+            tf1.add_to_collection(tf1.GraphKeys.LOSSES, lifted.graph.get_tensor_by_name(loss.name))
     for op in func_graph.get_operations():
         if op.type != "Placeholder" or op.outputs[0].name in input_map:
             continue
@@ -154,19 +152,17 @@ def _outputs_after_nothing(graph_def, outputs: set[str]) -> None:
 _PASS_THROUGH = frozenset({"Identity", "Add", "AddV2", "AddN", "Sub", "Neg"})
 
 
-def _loss_output(func_graph):
-    """The function's loss, if one is found: its first output that is a
-    loss (_is_loss), else, for a step that does not return its loss, the
-    one loss the forward pass computes that no other loss is computed from
-    (two such, several tapes' losses: none)."""
-    for t in func_graph.outputs:
-        if _is_loss(t):
-            return t
+def _loss_outputs(func_graph) -> list:
+    """The function's losses: its outputs that are losses (_is_loss), else,
+    for a step that does not return them, the losses the forward pass
+    computes that no other loss is computed from."""
+    returned = [t for t in func_graph.outputs if _is_loss(t)]
+    if returned:
+        return returned
     forward = [op for op in func_graph.get_operations() if not in_gradient_scope(op.name)]
     losses = {op.outputs[0].name: op.outputs[0] for op in forward
               if op.outputs and _is_loss(op.outputs[0])}
-    last = [t for t in losses.values() if not _reaches_any(t.op, losses.keys() - {t.name})]
-    return last[0] if len(last) == 1 else None
+    return [t for t in losses.values() if not _reaches_any(t.op, losses.keys() - {t.name})]
 
 
 def _is_loss(t) -> bool:

@@ -167,6 +167,47 @@ def test_the_loss_of_a_step_that_does_not_return_it(reduction):
     assert "no loss tensor" not in analysis.loss_reduction_why
 
 
+@pytest.mark.parametrize("reductions,returned,expected", [
+    (("sum", "sum"), True, "sum"),
+    (("sum", "sum"), False, "sum"),
+    (("sum_over_batch_size", "sum"), True, "neither"),
+    (("sum_over_batch_size", "sum"), False, "neither"),
+])
+def test_the_losses_of_two_tapes_all_decide(reductions, returned, expected):
+    """Two tapes, two models, two optimizers (a GAN's step): both losses
+    decide how gradients combine, returned or not, and a regularizer the
+    step returns beside them says nothing of the batch. One mean and one
+    sum: no aggregation matches one device for both, refused (before: the
+    first returned loss alone decided; none returned, a mean was assumed)."""
+    import keras
+    models = [keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]) for _ in range(2)]
+    losses = [keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=r)
+              for r in reductions]
+    optimizers = [keras.optimizers.SGD(0.1) for _ in range(2)]
+
+    @tf.function
+    def step(x, y):
+        values = []
+        for model, loss_fn, optimizer in zip(models, losses, optimizers):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            values.append(loss)
+        if returned:
+            return values[0], values[1], tf.add_n([tf.nn.l2_loss(m.layers[0].kernel)
+                                                   for m in models])
+
+    lifted = lift(step.get_concrete_function(tf.TensorSpec([None, 4]),
+                                             tf.TensorSpec([None], tf.int64)))
+    analysis = analyze_graph(lifted.graph)
+    assert analysis.loss_reduction == expected, analysis.loss_reduction_why
+    if expected == "neither":
+        assert "reduce differently over the batch" in analysis.loss_reduction_why
+        with pytest.raises(UnsupportedGraphError, match="reduce differently"):
+            make_plan(analysis, TOPOLOGY)
+
+
 def test_a_constant_dense_shape_is_not_taken_for_the_indices():
     """A tf.Variable read by tf.nn.embedding_lookup: its IndexedSlices
     gradient's dense_shape is a constant (the table's static shape), an
