@@ -83,6 +83,14 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
     from autopar.api import get_runner
     from autopar.common.errors import AutoparError
 
+    if not isinstance(model, keras.Model):
+        raise AutoparError(
+            f"autopar.fit trains a Keras 3 model (keras.Model); got a "
+            f"{type(model).__module__}.{type(model).__name__}"
+            + (" of Keras 2 (tf.keras under TF_USE_LEGACY_KERAS=1, or tf_keras)"
+               if type(model).__module__.startswith(("tf_keras", "keras.src.engine")) else "")
+            + ": write its training step as a tf.function and run it with autopar.get_runner "
+            "(docs/tf2-keras.md)")
     if getattr(model, "optimizer", None) is None or getattr(model, "loss", None) is None:
         raise AutoparError("autopar.fit: compile the model first "
                            "(model.compile(optimizer=..., loss=..., metrics=...))")

@@ -44,6 +44,14 @@ def test_a_model_with_its_own_step_is_refused(overridden, validation):
         autopar.fit(model, X, Y, epochs=1, batch_size=4, verbose=0, **kwargs)
 
 
+def test_a_model_that_is_not_keras_3s_is_refused():
+    """A Keras 2 model (tf.keras under TF_USE_LEGACY_KERAS=1), or anything
+    else that is not a keras.Model: refused, naming its class."""
+    with pytest.raises(AutoparError, match="autopar.fit trains a Keras 3 model .*got a "
+                                           "tensorflow.python.module.module.Module"):
+        autopar.fit(tf.Module(), X, Y, epochs=1, batch_size=4, verbose=0)
+
+
 @pytest.mark.parametrize("call,message", [
     (lambda m: autopar.fit(m, X, Y, use_multiprocessing=True),
      "does not take fit()'s use_multiprocessing"),
