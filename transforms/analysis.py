@@ -1254,6 +1254,8 @@ def _reduction_of(t: tf.Tensor, batch_ops: set[str], depth: int) -> tuple[str, s
     terms = stacked_terms(op)
     if terms is not None:
         return _reduction_of_terms(op, terms, batch_ops, depth)
+    if op.type == "L2Loss":   # tf.nn.l2_loss: half the sum of squares, the batch's too
+        return "sum", f"'{op.name}' (tf.nn.l2_loss) sums over the batch"
     if op.type in ("Mean", "Sum"):
         if not reduces_batch_axis(op):
             return _reduction_of(op.inputs[0], batch_ops, depth + 1)
@@ -1343,11 +1345,11 @@ def _constant_value(t: tf.Tensor, batch_ops: set[str]):
 
 
 def _summed_shape(t: tf.Tensor) -> tf.TensorShape | None:
-    """The shape of what the reduce_sum producing `t` adds."""
+    """The shape of what the reduce_sum (or tf.nn.l2_loss) producing `t` adds."""
     # (a Sum of a scalar, as tf.compat.v1.losses builds, passes it through)
     while t.op.type in ("Identity", "Cast") or (t.op.type == "Sum" and t.op.inputs[0].shape.rank == 0):
         t = t.op.inputs[0]
-    if t.op.type != "Sum":
+    if t.op.type not in ("Sum", "L2Loss"):
         return None
     return t.op.inputs[0].shape
 
