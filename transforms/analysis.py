@@ -1249,7 +1249,10 @@ def _reduction_of(t: tf.Tensor, batch_ops: set[str], depth: int) -> tuple[str, s
         return "const", ""
     if depth > 50:
         return "unknown", f"'{op.name}' is too far from a recognised batch reduction"
-    if op.type in ("Identity", "Cast", "Reshape", "Squeeze", "Neg", "Snapshot"):
+    if op.type in ("Identity", "Cast", "Reshape", "Squeeze", "ExpandDims", "Neg", "Snapshot",
+                   "CheckNumerics", "CheckNumericsV2", "EnsureShape", "Print"):
+        # ops that pass their first input's value on (tf.debugging.check_numerics,
+        # tf.ensure_shape, tf.compat.v1.Print)
         return _reduction_of(op.inputs[0], batch_ops, depth + 1)
     terms = stacked_terms(op)
     if terms is not None:

@@ -284,10 +284,10 @@ def reduces_batch_axis(op: tf.Operation) -> bool:
 
 
 def stacked_terms(op: tf.Operation) -> list[tf.Tensor] | None:
-    """The scalars a Sum of their stack adds (Keras's compute_loss adds the
-    compiled loss and the regularization losses as ops.sum(ops.stack(...))),
-    or None for any other op."""
-    if op.type != "Sum" or op.inputs[0].op.type != "Pack":
+    """The scalars a Sum (or Mean) of their stack adds (Keras's compute_loss
+    adds the compiled loss and the regularization losses as
+    ops.sum(ops.stack(...))), or None for any other op."""
+    if op.type not in ("Sum", "Mean") or op.inputs[0].op.type != "Pack":
         return None
     terms = list(op.inputs[0].op.inputs)
     return terms if all(t.shape.rank == 0 for t in terms) else None

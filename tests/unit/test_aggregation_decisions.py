@@ -69,6 +69,8 @@ def _graph(lookup="plain", loss="mean", batch=BATCH, state=None, clip=False):
             "sum(logits^2)/8": lambda: tf.reduce_sum(tf.square(logits)) / 8.0,
             "sqrt(sum)": lambda: tf.sqrt(tf.reduce_sum(per_example)),
             "l2_loss": lambda: tf.nn.l2_loss(logits),
+            "checked(mean(stack(sum,sum)))": lambda: tf.debugging.check_numerics(tf.reduce_mean(
+                tf.stack([tf.reduce_sum(per_example), tf.reduce_sum(per_example)])), "loss"),
             "l2_loss/8": lambda: tf.nn.l2_loss(logits) / 8.0,
             "sum+reg": lambda: tf.reduce_sum(per_example) + 1e-3 * tf.nn.l2_loss(w),
             # Python's sum() of per-output losses, as Keras's compiled loss adds them
@@ -162,6 +164,7 @@ def test_dedup_rows_are_combined_in_allgather_rewrite():
     ("sum/8", None, "sum"),
     ("sqrt(sum)", BATCH, "unknown"),
     ("l2_loss", None, "sum"),       # half the sum of squares over the batch
+    ("checked(mean(stack(sum,sum)))", None, "sum"),
     ("l2_loss/8", BATCH, "mean"),
     ("mean+reg", BATCH, "mean"),
     ("sum+reg", BATCH, "neither"),  # a regularizer added N times if summed
