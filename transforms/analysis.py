@@ -1320,6 +1320,10 @@ def _reduction_of_terms(op: tf.Operation, terms: list[tf.Tensor], batch_ops: set
         return "neither", (f"'{op.name}' adds a batch-independent term (e.g. a regularizer) "
                            "to a loss summed over the batch: neither summing nor averaging "
                            "the workers' gradients gives one device's")
+    if names == {"mean", "sum"}:
+        return "neither", (f"'{op.name}' adds a loss averaged over the batch to one summed over "
+                           "it: summing the workers' gradients counts the mean N times, "
+                           "averaging them divides the sum by N")
     return "unknown", f"'{op.name}' combines terms reduced differently over the batch"
 
 

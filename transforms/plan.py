@@ -373,10 +373,9 @@ def resolve_loss_reduction(analysis: Analysis, option: str) -> tuple[str, str]:
     if option == "auto" and analysis.loss_reduction == "neither":
         raise UnsupportedGraphError(
             f"{analysis.loss_reduction_why}. Choose how workers' gradients combine, knowing "
-            "the result will differ from one device: Config(loss_reduction='sum') counts the "
-            "batch-independent term once per worker, 'mean' divides the summed part by the "
-            "worker count; or make the loss a mean over the batch (or add the term once per "
-            "example)")
+            "the result will differ from one device: Config(loss_reduction='sum') adds them, "
+            "'mean' averages them; or make every loss a mean over the batch (and add a "
+            "batch-independent term once per example)")
     if option in ("mean", "sum"):
         note = (f" (the graph shows {analysis.loss_reduction}: {analysis.loss_reduction_why})"
                 if analysis.loss_reduction not in ("unknown", option) else "")

@@ -69,6 +69,7 @@ def _graph(lookup="plain", loss="mean", batch=BATCH, state=None, clip=False):
             "sum(logits^2)/8": lambda: tf.reduce_sum(tf.square(logits)) / 8.0,
             "sqrt(sum)": lambda: tf.sqrt(tf.reduce_sum(per_example)),
             "l2_loss": lambda: tf.nn.l2_loss(logits),
+            "mean+sum": lambda: tf.reduce_mean(per_example) + tf.reduce_sum(per_example),
             "checked(mean(stack(sum,sum)))": lambda: tf.debugging.check_numerics(tf.reduce_mean(
                 tf.stack([tf.reduce_sum(per_example), tf.reduce_sum(per_example)])), "loss"),
             "l2_loss/8": lambda: tf.nn.l2_loss(logits) / 8.0,
@@ -165,6 +166,7 @@ def test_dedup_rows_are_combined_in_allgather_rewrite():
     ("sqrt(sum)", BATCH, "unknown"),
     ("l2_loss", None, "sum"),       # half the sum of squares over the batch
     ("checked(mean(stack(sum,sum)))", None, "sum"),
+    ("mean+sum", BATCH, "neither"),  # no aggregation matches one device
     ("l2_loss/8", BATCH, "mean"),
     ("mean+reg", BATCH, "mean"),
     ("sum+reg", BATCH, "neither"),  # a regularizer added N times if summed
