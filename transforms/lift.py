@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
-from autopar.transforms.graph_utils import in_gradient_scope, stacked_terms
+from autopar.transforms.graph_utils import in_gradient_scope
 from autopar.transforms.lower_cond import lower_conds
 
 tf1 = tf.compat.v1
@@ -144,58 +144,93 @@ def _outputs_after_nothing(graph_def, outputs: set[str]) -> None:
             node.input.extend(kept)
 
 
-# Ops whose gradient passes the incoming gradient on without reading their
-# inputs: a loss made of several (Keras's compiled loss of several outputs,
-# `0 + a + b`; with regularization losses, the sum of their stack,
-# graph_utils.stacked_terms) shows the backward pass reading only the
-# terms' inputs.
-_PASS_THROUGH = frozenset({"Identity", "Add", "AddV2", "AddN", "Sub", "Neg"})
-
-
 def _loss_outputs(func_graph) -> list:
-    """The function's losses: its outputs that are losses (_is_loss), else,
-    for a step that does not return them, the losses the forward pass
-    computes that no other loss is computed from."""
-    returned = [t for t in func_graph.outputs if _is_loss(t)]
-    if returned:
-        return returned
-    forward = [op for op in func_graph.get_operations() if not in_gradient_scope(op.name)]
-    losses = {op.outputs[0].name: op.outputs[0] for op in forward
-              if op.outputs and _is_loss(op.outputs[0])}
-    return [t for t in losses.values() if not _reaches_any(t.op, losses.keys() - {t.name})]
+    """The function's losses: the scalar each GradientTape differentiates
+    (its target), found from the tape's backward pass, whatever the
+    function returns; without a tape (tf.gradients, whose seeds the
+    analysis reads itself) none."""
+    ops = func_graph.get_operations()
+    position = {op.name: i for i, op in enumerate(ops)}
+    # a target the function returns is named as returned
+    returned = {}
+    for t in func_graph.outputs:
+        inner = t
+        while inner.op.type == "Identity" and inner.op.inputs:
+            inner = inner.op.inputs[0]
+        returned.setdefault(inner.name, t)
+    losses: dict[str, object] = {}
+    for seed in _tape_seeds(ops):
+        target = _tape_target(seed, position)
+        if target is not None:
+            target = returned.get(target.name, target)
+            losses.setdefault(target.name, target)
+    return list(losses.values())
 
 
-def _is_loss(t) -> bool:
-    """Whether `t` is a scalar floating tensor computed, through sums and
-    Identity, by ops some of whose inputs the backward pass reads (the
-    gradient of those ops)."""
-    if not t.dtype.is_floating or t.shape.rank != 0:
-        return False
-    stack, seen = [t.op], {t.op.name}
+def _tape_seeds(ops) -> list:
+    """The initial gradients of the tapes' gradient() calls: the scalar
+    ones (`ones`, a Const named so by GradientTape.gradient) that only the
+    backward pass reads."""
+    return [op for op in ops
+            if op.type == "Const" and op.name.rsplit("/", 1)[-1].startswith("ones")
+            and not in_gradient_scope(op.name) and op.outputs[0].shape.rank == 0
+            and op.outputs[0].dtype.is_floating and op.outputs[0].consumers()
+            and all(in_gradient_scope(c.name) for c in op.outputs[0].consumers())]
+
+
+def _tape_target(seed, position: dict):
+    """The tensor a tape's gradient() started from `seed` differentiates.
+    Its backward pass reads forward tensors (a MatMul's inputs, a Relu's
+    output, a shape) only of ops that tensor is computed from, so it is the
+    first scalar floating tensor, in the graph's (topological) order,
+    computed from every forward op the backward pass reads: a loss, not a
+    value computed from it afterwards (a metric's update). None if no such
+    tensor."""
+    # The backward pass: the ops computed from the seed, and the gradient
+    # ops they read beside it (a Square's gradient multiplies by 2x apart).
+    reads, seen, stack = set(), {seed.name}, [seed]
     while stack:
         op = stack.pop()
-        if any(in_gradient_scope(c.name) for x in op.inputs for c in x.consumers()):
-            return True
-        if op.type in _PASS_THROUGH or stacked_terms(op) is not None:
-            for x in stacked_terms(op) or op.inputs:
-                if x.op.name not in seen:
-                    seen.add(x.op.name)
-                    stack.append(x.op)
-    return False
+        linked = [c for t in op.outputs for c in t.consumers()] + [x.op for x in op.inputs]
+        for other in linked:
+            if other.name not in seen and in_gradient_scope(other.name):
+                seen.add(other.name)
+                stack.append(other)
+        if op is not seed:
+            reads |= {x.op for x in op.inputs if not in_gradient_scope(x.op.name)
+                      and x.op.type != "Const" and x.op is not seed}
+    if not reads:
+        return None
+    latest = max(reads, key=lambda op: position[op.name])
+    for op in sorted(_forward_from(latest), key=lambda op: position[op.name]):
+        scalars = [t for t in op.outputs if t.dtype.is_floating and t.shape.rank == 0]
+        if scalars and reads <= _forward_upto(op):
+            return scalars[0]
+    return None
 
 
-def _reaches_any(op, tensors) -> bool:
-    """Whether a forward op computed from `op`'s outputs produces one of `tensors`."""
-    stack, seen = [op], {op.name}
+def _forward_from(op) -> list:
+    """`op` and the forward ops computed from its outputs."""
+    out, seen, stack = [op], {op.name}, [op]
     while stack:
-        for out in stack.pop().outputs:
-            if out.name in tensors:
-                return True
-            for c in out.consumers():
+        for t in stack.pop().outputs:
+            for c in t.consumers():
                 if c.name not in seen and not in_gradient_scope(c.name):
                     seen.add(c.name)
+                    out.append(c)
                     stack.append(c)
-    return False
+    return out
+
+
+def _forward_upto(op) -> set:
+    """`op` and the ops its inputs are computed from."""
+    out, stack = {op}, [op]
+    while stack:
+        for x in stack.pop().inputs:
+            if x.op not in out:
+                out.add(x.op)
+                stack.append(x.op)
+    return out
 
 
 def _lifted_variable(variable, taken: set[str], lifted: LiftedGraph):

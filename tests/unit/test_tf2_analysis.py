@@ -208,6 +208,34 @@ def test_the_losses_of_two_tapes_all_decide(reductions, returned, expected):
             make_plan(analysis, TOPOLOGY)
 
 
+def test_the_loss_is_what_the_tape_differentiates():
+    """A step traced for a static batch, whose summed loss's gradient reads
+    none of the loss's inputs (Sum of a static shape), returning a mean of
+    activations the backward pass reads (a ReLU's output) before the loss:
+    the loss is the tape's target, found from its backward pass, a sum
+    (before: the activations' mean was taken for the loss)."""
+    import keras
+    hidden = keras.layers.Dense(3, activation="relu")
+    model = keras.Sequential([keras.Input((4,)), hidden, keras.layers.Dense(2)])
+    optimizer = keras.optimizers.SGD(0.1)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            activations = hidden(x)
+            loss = tf.reduce_sum(tf.square(model.layers[-1](activations) - y))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return tf.reduce_mean(activations), loss
+
+    cf = step.get_concrete_function(tf.TensorSpec([8, 4]), tf.TensorSpec([8, 2]))
+    lifted = lift(cf)
+    assert [t.name for t in lifted.graph.get_collection(tf1.GraphKeys.LOSSES)] == \
+        [cf.graph.outputs[1].name]
+    analysis = analyze_graph(lifted.graph)
+    assert analysis.loss_reduction == "sum", analysis.loss_reduction_why
+
+
 def test_a_constant_dense_shape_is_not_taken_for_the_indices():
     """A tf.Variable read by tf.nn.embedding_lookup: its IndexedSlices
     gradient's dense_shape is a constant (the table's static shape), an
