@@ -119,7 +119,11 @@ def lift(obj) -> LiftedGraph:
             # reads no input (the outputs come from the micro-batch runs).
             tf1.add_to_collection(FETCHES, tf.group(*ran[len(func_graph.outputs):], name=CALL_OP))
         for loss in _loss_outputs(func_graph):
-            tf1.add_to_collection(tf1.GraphKeys.LOSSES, lifted.graph.get_tensor_by_name(loss.name))
+            loss = lifted.graph.get_tensor_by_name(loss.name)
+            if loss.shape.rank:
+                # a tape differentiates a tensor as the sum of its elements
+                loss = tf.reduce_sum(loss, name=f"{loss.op.name}/autopar_tape_target_sum")
+            tf1.add_to_collection(tf1.GraphKeys.LOSSES, loss)
     for op in func_graph.get_operations():
         if op.type != "Placeholder" or op.outputs[0].name in input_map:
             continue
@@ -168,12 +172,13 @@ def _loss_outputs(func_graph) -> list:
 
 
 def _tape_seeds(ops) -> list:
-    """The initial gradients of the tapes' gradient() calls: the scalar
-    ones (`ones`, a Const named so by GradientTape.gradient) that only the
-    backward pass reads."""
+    """The initial gradients of the tapes' gradient() calls: the ones that
+    GradientTape.gradient makes of its target's shape (a Const `ones` for a
+    scalar, a Fill `ones_like` for a tensor) and only the backward pass
+    reads."""
     return [op for op in ops
-            if op.type == "Const" and op.name.rsplit("/", 1)[-1].startswith("ones")
-            and not in_gradient_scope(op.name) and op.outputs[0].shape.rank == 0
+            if op.type in ("Const", "Fill") and op.name.rsplit("/", 1)[-1].startswith("ones")
+            and not in_gradient_scope(op.name) and op.outputs[0].shape.rank is not None
             and op.outputs[0].dtype.is_floating and op.outputs[0].consumers()
             and all(in_gradient_scope(c.name) for c in op.outputs[0].consumers())]
 
@@ -182,10 +187,10 @@ def _tape_target(seed, position: dict):
     """The tensor a tape's gradient() started from `seed` differentiates.
     Its backward pass reads forward tensors (a MatMul's inputs, a Relu's
     output, a shape) only of ops that tensor is computed from, so it is the
-    first scalar floating tensor, in the graph's (topological) order,
-    computed from every forward op the backward pass reads: a loss, not a
-    value computed from it afterwards (a metric's update). None if no such
-    tensor."""
+    first floating tensor of the seed's rank, in the graph's (topological)
+    order, computed from every forward op the backward pass reads: a loss,
+    not a value computed from it afterwards (a metric's update). None if no
+    such tensor."""
     # The backward pass: the ops computed from the seed, and the gradient
     # ops they read beside it (a Square's gradient multiplies by 2x apart).
     reads, seen, stack = set(), {seed.name}, [seed]
@@ -203,9 +208,10 @@ def _tape_target(seed, position: dict):
         return None
     latest = max(reads, key=lambda op: position[op.name])
     for op in sorted(_forward_from(latest), key=lambda op: position[op.name]):
-        scalars = [t for t in op.outputs if t.dtype.is_floating and t.shape.rank == 0]
-        if scalars and reads <= _forward_upto(op):
-            return scalars[0]
+        rank = seed.outputs[0].shape.rank
+        alike = [t for t in op.outputs if t.dtype.is_floating and t.shape.rank == rank]
+        if alike and reads <= _forward_upto(op):
+            return alike[0]
     return None
 
 

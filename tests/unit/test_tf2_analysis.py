@@ -236,6 +236,28 @@ def test_the_loss_is_what_the_tape_differentiates():
     assert analysis.loss_reduction == "sum", analysis.loss_reduction_why
 
 
+def test_a_tape_that_differentiates_each_examples_loss_sums_them():
+    """tape.gradient of the per-example losses (a Keras loss function's
+    unreduced values): the gradient of their sum, so the workers' gradients
+    add up (before: no loss found, a mean assumed)."""
+    import keras
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    optimizer = keras.optimizers.SGD(0.1)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            losses = keras.losses.sparse_categorical_crossentropy(y, model(x), from_logits=True)
+        grads = tape.gradient(losses, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return tf.reduce_mean(losses)
+
+    lifted = lift(step.get_concrete_function(tf.TensorSpec([None, 4]),
+                                             tf.TensorSpec([None], tf.int64)))
+    analysis = analyze_graph(lifted.graph)
+    assert analysis.loss_reduction == "sum", analysis.loss_reduction_why
+
+
 def test_a_constant_dense_shape_is_not_taken_for_the_indices():
     """A tf.Variable read by tf.nn.embedding_lookup: its IndexedSlices
     gradient's dense_shape is a constant (the table's static shape), an
