@@ -343,8 +343,8 @@ def _loss_reduction_of_all(graph, losses: list[str | None]) -> tuple[str, str]:
     """loss_reduction() of every distinct loss, when they agree."""
     distinct = list(dict.fromkeys(losses))
     if None not in distinct and len(distinct) > 1:
-        # a loss no input reaches (a regularizer a step returns beside its
-        # loss) says nothing of the batch
+        # a loss no input reaches (a tape that differentiates a regularizer
+        # alone) says nothing of the batch
         batch_ops = batch_local_ops(graph, set())
         distinct = [loss for loss in distinct
                     if graph.get_tensor_by_name(loss).op.name in batch_ops] or distinct
