@@ -12,8 +12,8 @@ import sys
 import numpy as np
 import pytest
 
-from tests.integration.cluster import (REPO, assert_same_parameters, load_worker, run_script,
-                                       write_spec, write_two_host_spec)
+from tests.integration.cluster import (REPO, LineReader, assert_same_parameters, load_worker,
+                                       run_script, start_job, write_spec, write_two_host_spec)
 
 SCRIPT = REPO / "tests" / "integration" / "scripts" / "keras_step.py"
 STEPS, BATCH = 5, 6
@@ -187,14 +187,14 @@ def test_fit_matches_one_device(run_option, tmp_path):
     add float32: weights to float32 tolerance)."""
     dtype = "float32" if run_option == "herring" else "float64"
 
-    def run(name, *extra):
-        return run_script([sys.executable, str(FIT), "--epochs", "2", "--dtype", dtype,
-                           "--save", str(tmp_path / (name + "{worker}.npz")), *extra])
-    single = run("single", "--keras")
+    def command(name, *extra):
+        return [sys.executable, str(FIT), "--epochs", "2", "--dtype", dtype,
+                "--save", str(tmp_path / (name + "{worker}.npz")), *extra]
     spec = (write_spec(tmp_path, 2) if run_option == "hybrid"
             else write_two_host_spec(tmp_path, workers=(1, 1), servers=(1, 1)))
-    log = run("dist", "--spec", str(spec), "--run-option", run_option,
-              "--csv", str(tmp_path / "epochs.csv"))
+    single, log = _beside(command("single", "--keras"), command(
+        "dist", "--spec", str(spec), "--run-option", run_option,
+        "--csv", str(tmp_path / "epochs.csv")))
     # a Keras callback (CSVLogger), run by the chief with the aggregated logs
     rows = (tmp_path / "epochs.csv").read_text().splitlines()
     assert rows[0].split(",") == ["epoch", "accuracy", "loss", "val_accuracy", "val_loss"]
@@ -288,12 +288,23 @@ def _keras_then_autopar(script: list[str], tmp_path, workers: tuple[int, int], *
     def history(log: str) -> dict:
         line = next(l for l in log.splitlines() if "history " in l)
         return json.loads(line.split("history ", 1)[1])
-    expected_log = run_script([sys.executable, *script, "--keras",
-                               "--out", str(tmp_path / "keras{worker}.npz")])
     spec = write_two_host_spec(tmp_path, workers=workers, servers=(1, 1))
-    log = run_script([sys.executable, *script, "--spec", str(spec), *extra,
-                      "--out", str(tmp_path / "dist{worker}.npz")])
+    expected_log, log = _beside(
+        [sys.executable, *script, "--keras", "--out", str(tmp_path / "keras{worker}.npz")],
+        [sys.executable, *script, "--spec", str(spec), *extra,
+         "--out", str(tmp_path / "dist{worker}.npz")])
     return history(expected_log), history(log), log
+
+
+def _beside(reference: list[str], job: list[str]) -> tuple[str, str]:
+    """The outputs of Keras's one-device run `reference` and of autopar's
+    `job`, run side by side: the job's processes mostly wait on each other,
+    so the two take little more than the job alone. Each must exit 0."""
+    with LineReader(start_job(reference)) as keras_run:
+        log = run_script(job)
+        expected_log = keras_run.rest(timeout=240)
+    assert keras_run.proc.returncode == 0, expected_log[-4000:]
+    return expected_log, log
 
 
 def _assert_workers_hold(tmp_path, workers: int, rtol: float, atol: float) -> None:
