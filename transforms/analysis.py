@@ -249,11 +249,12 @@ def _analyze(graph: tf.Graph) -> Analysis:
     all_update_ops = {u for v in variables for u in v.update_ops}
     fetches = {op.name for op in graph.get_collection(FETCHES)}
     groups, trains = _train_groups(index, variables, fetches)
-    losses = _losses(graph, index, variables, groups)
+    seeds = _loss_seeds(graph)
+    losses = _losses(graph, index, variables, groups, seeds)
     loss = losses[0] if losses else None
     # A traced function's losses (several tapes: a GAN's two) all decide.
     reduction, why = _loss_reduction_of_all(
-        graph, losses + (_declared_losses(graph) if not _loss_seeds(graph) else []))
+        graph, losses + ([] if seeds else _declared_losses(graph)))
     averaged = {t for v in variables for t in (v.grad_tensor, v.grad_values, v.grad_indices) if t}
     batch_local = batch_local_ops(graph, averaged)
     return Analysis(
@@ -309,11 +310,10 @@ def _train_groups(index: "_OpIndex", variables: list[VariableInfo], fetches: set
 
 
 def _losses(graph, index: "_OpIndex", variables: list[VariableInfo],
-            groups: list[list[str]]) -> list[str | None]:
+            groups: list[list[str]], seeds: list[tuple[str, str]]) -> list[str | None]:
     """The loss of each train group: of the tensors tf.gradients
-    differentiated, the one whose gradient seed reaches the group's
-    gradients."""
-    seeds = _loss_seeds(graph)
+    differentiated (`seeds`: _loss_seeds), the one whose gradient seed
+    reaches the group's gradients."""
     if not seeds:
         # A GradientTape names no seed: a loss the graph declares (a traced
         # function's, transforms.lift) if any.
@@ -341,14 +341,13 @@ def _declared_losses(graph) -> list[str]:
 
 def _loss_reduction_of_all(graph, losses: list[str | None]) -> tuple[str, str]:
     """loss_reduction() of every distinct loss, when they agree."""
-    distinct = list(dict.fromkeys(losses))
-    if None not in distinct and len(distinct) > 1:
+    batch_ops = batch_local_ops(graph, set())
+    found = {loss: loss_reduction(graph, loss, batch_ops) for loss in dict.fromkeys(losses)}
+    if len(found) > 1:
         # a loss no input reaches (a tape that differentiates a regularizer
         # alone) says nothing of the batch
-        batch_ops = batch_local_ops(graph, set())
-        distinct = [loss for loss in distinct
-                    if graph.get_tensor_by_name(loss).op.name in batch_ops] or distinct
-    found = {loss: loss_reduction(graph, loss) for loss in distinct}
+        found = {loss: value for loss, value in found.items()
+                 if loss is None or graph.get_tensor_by_name(loss).op.name in batch_ops} or found
     if not found:
         return loss_reduction(graph, None)
     kinds = {kind for kind, _ in found.values()}
@@ -1227,16 +1226,18 @@ def _deduplicated(indices: tf.Tensor) -> bool:
     return False
 
 
-def loss_reduction(graph, loss: str | None) -> tuple[str, str]:
+def loss_reduction(graph, loss: str | None, batch_ops: set[str] | None = None) -> tuple[str, str]:
     """("mean" | "sum" | "neither" | "unknown", why) for how the loss reduces over the
     batch: walks back from the loss through scaling, casts and added
     batch-independent terms to the first reduction of a batch-dependent
     tensor (reduce_mean / reduce_sum, and what tf.compat.v1.losses builds for
     its reductions: SUM is a Sum; MEAN, SUM_BY_NONZERO_WEIGHTS and
-    SUM_OVER_BATCH_SIZE divide that Sum by a count of the batch)."""
+    SUM_OVER_BATCH_SIZE divide that Sum by a count of the batch). `batch_ops`:
+    batch_local_ops(graph, set()), when the caller has it."""
     if loss is None:
         return "unknown", "no loss tensor found"
-    batch_ops = batch_local_ops(graph, set())
+    if batch_ops is None:
+        batch_ops = batch_local_ops(graph, set())
     kind, why = _reduction_of(graph.get_tensor_by_name(loss), batch_ops, 0)
     if kind == "const":
         return "unknown", f"the loss '{loss}' does not depend on any input placeholder or iterator"

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import networkx as nx
 import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
-from autopar.transforms.graph_utils import in_gradient_scope
+from autopar.transforms.graph_utils import in_gradient_scope, op_digraph
 from autopar.transforms.lower_cond import lower_conds
 
 tf1 = tf.compat.v1
@@ -154,7 +155,12 @@ def _loss_outputs(func_graph) -> list:
     function returns; without a tape (tf.gradients, whose seeds the
     analysis reads itself) none."""
     ops = func_graph.get_operations()
+    seeds = _tape_seeds(ops)
+    if not seeds:
+        return []
     position = {op.name: i for i, op in enumerate(ops)}
+    digraph = op_digraph(func_graph)
+    forward = digraph.subgraph(name for name in digraph if not in_gradient_scope(name))
     # a target the function returns is named as returned
     returned = {}
     for t in func_graph.outputs:
@@ -163,8 +169,8 @@ def _loss_outputs(func_graph) -> list:
             inner = inner.op.inputs[0]
         returned.setdefault(inner.name, t)
     losses: dict[str, object] = {}
-    for seed in _tape_seeds(ops):
-        target = _tape_target(seed, position)
+    for seed in seeds:
+        target = _tape_target(seed, position, digraph, forward)
         if target is not None:
             target = returned.get(target.name, target)
             losses.setdefault(target.name, target)
@@ -183,14 +189,15 @@ def _tape_seeds(ops) -> list:
             and all(in_gradient_scope(c.name) for c in op.outputs[0].consumers())]
 
 
-def _tape_target(seed, position: dict):
-    """The tensor a tape's gradient() started from `seed` differentiates.
-    Its backward pass reads forward tensors (a MatMul's inputs, a Relu's
-    output, a shape) only of ops that tensor is computed from, so it is the
-    first floating tensor of the seed's rank, in the graph's (topological)
-    order, computed from every forward op the backward pass reads: a loss,
-    not a value computed from it afterwards (a metric's update). None if no
-    such tensor."""
+def _tape_target(seed, position: dict, digraph, forward):
+    """The tensor a tape's gradient() started from `seed` differentiates
+    (`digraph`: the function's ops, graph_utils.op_digraph; `forward`: its
+    ops outside the backward pass). Its backward pass reads forward tensors
+    (a MatMul's inputs, a Relu's output, a shape) only of ops that tensor is
+    computed from, so it is the first floating tensor of the seed's rank,
+    in the graph's (topological) order, computed from every forward op the
+    backward pass reads: a loss, not a value computed from it afterwards (a
+    metric's update). None if no such tensor."""
     # The backward pass: the ops computed from the seed, and the gradient
     # ops they read beside it (a Square's gradient multiplies by 2x apart).
     reads, seen, stack = set(), {seed.name}, [seed]
@@ -202,41 +209,19 @@ def _tape_target(seed, position: dict):
                 seen.add(other.name)
                 stack.append(other)
         if op is not seed:
-            reads |= {x.op for x in op.inputs if not in_gradient_scope(x.op.name)
+            reads |= {x.op.name for x in op.inputs if not in_gradient_scope(x.op.name)
                       and x.op.type != "Const" and x.op is not seed}
     if not reads:
         return None
-    latest = max(reads, key=lambda op: position[op.name])
-    for op in sorted(_forward_from(latest), key=lambda op: position[op.name]):
-        rank = seed.outputs[0].shape.rank
-        alike = [t for t in op.outputs if t.dtype.is_floating and t.shape.rank == rank]
-        if alike and reads <= _forward_upto(op):
+    latest = max(reads, key=position.__getitem__)
+    rank = seed.outputs[0].shape.rank
+    graph = seed.graph
+    for name in sorted(nx.descendants(forward, latest) | {latest}, key=position.__getitem__):
+        alike = [t for t in graph.get_operation_by_name(name).outputs
+                 if t.dtype.is_floating and t.shape.rank == rank]
+        if alike and reads <= nx.ancestors(digraph, name) | {name}:
             return alike[0]
     return None
-
-
-def _forward_from(op) -> list:
-    """`op` and the forward ops computed from its outputs."""
-    out, seen, stack = [op], {op.name}, [op]
-    while stack:
-        for t in stack.pop().outputs:
-            for c in t.consumers():
-                if c.name not in seen and not in_gradient_scope(c.name):
-                    seen.add(c.name)
-                    out.append(c)
-                    stack.append(c)
-    return out
-
-
-def _forward_upto(op) -> set:
-    """`op` and the ops its inputs are computed from."""
-    out, stack = {op}, [op]
-    while stack:
-        for x in stack.pop().inputs:
-            if x.op not in out:
-                out.add(x.op)
-                stack.append(x.op)
-    return out
 
 
 def _lifted_variable(variable, taken: set[str], lifted: LiftedGraph):
