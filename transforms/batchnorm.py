@@ -40,7 +40,12 @@ from autopar.transforms.graph_utils import in_gradient_scope, node_input_name
 _FUSED_TYPES = frozenset({"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"})
 _FUSED_GRAD_TYPES = frozenset({"FusedBatchNormGrad", "FusedBatchNormGradV2",
                                "FusedBatchNormGradV3"})
-KEYS_PER_LAYER = 3   # forward mean, forward variance, backward
+# Collectives of one layer: forward mean, forward variance, then one per
+# backward all-reduce: the one backward pass's (the common case), or, for a
+# layer several backward passes go through (a GAN's two tapes), one per
+# pass (fused) or per upstream gradient (moments).
+BACKWARD_KEYS = 8
+KEYS_PER_LAYER = 2 + BACKWARD_KEYS
 
 
 @dataclass
@@ -186,9 +191,8 @@ def _moments(graph, layer: BatchNormInfo, backend, key: int, rewire: dict, const
     group_var = tf.reshape(summed / total, tf.shape(var))
     rewire[mean.name] = group_mean.name
     rewire[var.name] = group_var.name
-    upstream = [(op, g) for op in (mean_op, var_op)
-                for g in [_upstream_gradient(graph, op)] if g is not None]
-    if len(upstream) < 2 and _differentiated(var_op):
+    upstream = [(op, g) for op in (mean_op, var_op) for g in _upstream_gradients(graph, op)]
+    if len({op.name for op, _ in upstream}) < 2 and _differentiated(var_op):
         missing = sorted({mean_op.name, var_op.name} - {op.name for op, _ in upstream})
         raise UnsupportedGraphError(
             f"batch-norm statistics {', '.join(repr(m) for m in missing)}: their gradient "
@@ -199,10 +203,25 @@ def _moments(graph, layer: BatchNormInfo, backend, key: int, rewire: dict, const
     if not upstream:
         return
     grads = [g for _, g in upstream]
-    reduced = backend.allreduce_sum(tf.concat([tf.reshape(g, flat) for g in grads], 0), key + 2)
     share = count / total      # d(group statistic) / d(local statistic)
-    for g, piece in zip(grads, tf.split(reduced, [int(g.shape.num_elements()) for g in grads])):
+    if len(grads) == len({op.name for op, _ in upstream}):   # one backward pass: one all-reduce
+        reduced = backend.allreduce_sum(tf.concat([tf.reshape(g, flat) for g in grads], 0),
+                                        key + 2)
+        pieces = tf.split(reduced, [int(g.shape.num_elements()) for g in grads])
+    else:   # each pass's on its own, so a step that runs one pass needs no other's
+        _check_backward_keys(mean_op, len(grads))
+        pieces = [backend.allreduce_sum(tf.reshape(g, flat), key + 2 + j)
+                  for j, g in enumerate(grads)]
+    for g, piece in zip(grads, pieces):
         rewire[g.name] = tf.reshape(piece * share, tf.shape(g)).name
+
+
+def _check_backward_keys(op: tf.Operation, needed: int) -> None:
+    if needed > BACKWARD_KEYS:
+        raise UnsupportedGraphError(
+            f"batch-norm statistics '{op.name}' are differentiated by {needed} backward "
+            f"gradients (at most {BACKWARD_KEYS} are supported: {BACKWARD_KEYS // 2} backward "
+            "passes); use Config(batch_norm_group=None) for this graph")
 
 
 def _grad_region(graph, op: tf.Operation) -> list[tf.Operation]:
@@ -211,33 +230,21 @@ def _grad_region(graph, op: tf.Operation) -> list[tf.Operation]:
     return [o for o in graph.get_operations() if pattern.search(o.name)]
 
 
-def _upstream_gradient(graph, op: tf.Operation) -> tf.Tensor | None:
-    """The gradient of op's output entering op's gradient ops (None when no
-    gradient reaches op): from data flow (_upstream_from_axes), else from
-    tf.gradients' names (<...>/gradients/<op>_grad/)."""
+def _upstream_gradients(graph, op: tf.Operation) -> list[tf.Tensor]:
+    """The gradients of op's output entering op's gradient ops, one per
+    backward pass that goes through op (none when no gradient reaches op):
+    from data flow (_upstream_from_axes), else from tf.gradients' names
+    (<...>/gradients[_k]/<op>_grad/). Several passes: a GAN's two tapes, of
+    which the discriminator's also differentiates the generator (TensorFlow's
+    tape differentiates every watched variable's path; its result unused)."""
     found = _upstream_from_axes(op)
-    if len(found) > 1:
-        raise _differentiated_twice(op, "several backward passes")
     if found:
-        return found[0]
+        return found
     region = _grad_region(graph, op)
     names = {o.name for o in region}
-    upstream = {t.name: t for o in region for t in o.inputs
-                if t.op.name not in names and in_gradient_scope(t.op.name)
-                and t.dtype == op.outputs[0].dtype}
-    if not upstream:
-        return None
-    prefixes = {o.name.split(op.name + "_grad/")[0] for o in region}
-    if len(upstream) > 1 or len(prefixes) > 1:
-        raise _differentiated_twice(op, "several tf.gradients calls")
-    return next(iter(upstream.values()))
-
-
-def _differentiated_twice(op: tf.Operation, how: str) -> UnsupportedGraphError:
-    return UnsupportedGraphError(
-        f"batch-norm statistics '{op.name}' are differentiated more than once ({how}): "
-        "distributed batch normalisation supports one backward pass; use "
-        "Config(batch_norm_group=None) for this graph")
+    return sorted({t.name: t for o in region for t in o.inputs
+                   if t.op.name not in names and in_gradient_scope(t.op.name)
+                   and t.dtype == op.outputs[0].dtype}.values(), key=lambda t: t.name)
 
 
 # The ops TensorFlow's Mean gradient spreads the upstream gradient with
@@ -298,10 +305,7 @@ def _differentiated(variance: tf.Operation) -> bool:
 
 def _fused(graph, layer: BatchNormInfo, backend, key: int, rewire: dict) -> None:
     op = graph.get_operation_by_name(layer.ops[0])
-    if len(layer.grad_ops) > 1:
-        raise UnsupportedGraphError(
-            f"batch-norm layer '{op.name}' is differentiated more than once: distributed batch "
-            "normalisation supports one backward pass; use Config(batch_norm_group=None)")
+    _check_backward_keys(op, len(layer.grad_ops))
     x, scale, offset = op.inputs[0], op.inputs[1], op.inputs[2]
     u = scale.dtype
     eps = op.get_attr("epsilon")
@@ -330,13 +334,13 @@ def _fused(graph, layer: BatchNormInfo, backend, key: int, rewire: dict) -> None
     rewire[op.outputs[0].name] = tf.cast(y, x.dtype).name
     rewire[op.outputs[1].name] = mean.name
     rewire[op.outputs[2].name] = unbiased.name
-    for name in layer.grad_ops:
+    for j, name in enumerate(layer.grad_ops):   # one per backward pass
         grad = graph.get_operation_by_name(name)
         dy = tf.cast(grad.inputs[0], u)
         x_hat = centred * per_channel(inv)
         d_offset = tf.reduce_sum(dy, axes)          # this worker's share of the
         d_scale = tf.reduce_sum(dy * x_hat, axes)   # parameter gradients
-        sums = backend.allreduce_sum(tf.concat([d_offset, d_scale], 0), key + 2)
+        sums = backend.allreduce_sum(tf.concat([d_offset, d_scale], 0), key + 2 + j)
         group_dy, group_dy_xhat = tf.split(sums, 2)
         dx = per_channel(inv * scale) * (dy - per_channel(group_dy / total)
                                          - x_hat * per_channel(group_dy_xhat / total))

@@ -84,3 +84,21 @@ def test_a_loss_scaled_program_matches_single_device(tmp_path, single_device):
     assert "emb: kept off the servers: its update" in log and "runs only when" in log
     for i in range(3):
         assert_same_parameters(expected, load_worker(out, i), what=f"loss_scaled worker {i}")
+
+
+def test_a_gan_with_batch_norm_over_every_worker_matches_single_device(tmp_path, single_device):
+    """tests/programs/gan.py with Config(batch_norm_group="all"): the
+    discriminator's second call's batch-norm layers are differentiated by
+    both train ops' backward passes, which run on alternate steps (before:
+    refused, "differentiated more than once")."""
+    expected = single_device("gan", "float64")
+    assert int(expected["global_step"]) == 4   # the discriminator's steps
+    out = tmp_path / "dist"
+    spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
+    log = run_script([sys.executable, str(SCRIPT), "--program", "gan", "--dtype", "float64",
+                      "--steps", str(STEPS), "--batch", str(BATCH), "--out", str(out),
+                      "--spec", str(spec), "--run-option", "ps"])
+    assert "batch norm discriminator_1/bn1 (fused): statistics over all 3 workers" in log
+    assert "batch norm discriminator_1/bn2 (moments): statistics over all 3 workers" in log
+    for i in range(3):
+        assert_same_parameters(expected, load_worker(out, i), what=f"gan worker {i}")

@@ -210,3 +210,32 @@ def test_a_tape_backward_pass_with_static_shapes_is_refused():
     with pytest.raises(AutoparError, match=r"batch-norm statistics .*moments/mean.*gradient "
                                            r"ops were not found"):
         rewrite_for_worker(graph, analysis, plan, 1)
+
+
+def test_each_backward_pass_takes_its_own_group_gradient():
+    """tests/programs/gan.py: the discriminator's second call is
+    differentiated by the discriminator's backward pass (tf.gradients'
+    "gradients/") and the generator's ("gradients_1/"). Each pass's
+    gradients of its statistics are all-reduced on their own, so the
+    generator's train op, run alone, runs no op of the other pass."""
+    from tests.programs import gan
+    program = gan.build("float64")
+    analysis = analyze_graph(program.graph)
+    plan = make_plan(analysis, 3, options=PlanOptions(run_option="allreduce",
+                                                      batch_norm_group="all"))
+    graph_def = rewrite_for_worker(program.graph, analysis, plan, 1).meta_graph.graph_def
+    train_g = program.fetches["g"].name
+    needed = tf1.graph_util.extract_sub_graph(graph_def, [train_g]).node
+    names = {n.name for n in needed}
+    assert not {n for n in names if n.startswith("gradients/")}
+    # ...and reads the group's gradient of both layers of the second call
+    reduced = {i for n in needed if n.name.startswith("gradients_1/discriminator_1/")
+               for i in n.input if i.startswith("autopar/batch_norm/")}
+    assert reduced, "the generator's pass reads no all-reduced statistics gradient"
+    collectives = [n.name for n in needed if n.op == "CollectiveReduceV2"
+                   and n.name.startswith("autopar/batch_norm/")]
+    # forward: 2 for each of the 3 layers (the generator's, the second
+    # call's two); backward: the generator's layer (one pass: 1), the second
+    # call's fused layer (one per pass: 1), its moments (one per upstream
+    # gradient, mean and variance: 2)
+    assert len(collectives) == 6 + 1 + 1 + 2, collectives
