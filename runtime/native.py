@@ -114,11 +114,18 @@ def cxx_compiler() -> str:
 
 
 def tensorflow_flags(python: str = sys.executable) -> tuple[list[str], list[str]]:
-    """(compile flags, link flags) of the TensorFlow installed for ``python``.
-    Asked in a subprocess: this module must not import TensorFlow (setup.py
-    loads it before anything is installed, and the import is slow)."""
+    """(compile flags, link flags) of the TensorFlow installed for ``python``."""
+    compile_flags, link_flags, _ = _tensorflow_build_info(python)
+    return compile_flags, link_flags
+
+
+def _tensorflow_build_info(python: str) -> tuple[list[str], list[str], str]:
+    """(compile flags, link flags, version) of the TensorFlow installed for
+    ``python``. Asked in a subprocess: this module must not import
+    TensorFlow (setup.py loads it before anything is installed, and the
+    import is slow)."""
     code = ("import json, tensorflow as tf; print(json.dumps([tf.sysconfig.get_compile_flags(), "
-            "tf.sysconfig.get_link_flags()]))")
+            "tf.sysconfig.get_link_flags(), tf.__version__]))")
     proc = subprocess.run([python, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     if proc.returncode != 0:
@@ -126,18 +133,71 @@ def tensorflow_flags(python: str = sys.executable) -> tuple[list[str], list[str]
                          f"{python} (pip install tensorflow-cpu==2.21.0, or `make install`):\n"
                          + proc.stderr[-2000:])
     import json
-    compile_flags, link_flags = json.loads(proc.stdout.strip().splitlines()[-1])
-    return compile_flags, link_flags
+    compile_flags, link_flags, version = json.loads(proc.stdout.strip().splitlines()[-1])
+    return compile_flags, link_flags, version
 
 
-def _compile(cmd: list[str], source: Path, out: Path) -> Path:
+def build_cache_dir() -> Path | None:
+    """Where compiled outputs are kept by what they were built from
+    ($AUTOPAR_BUILD_CACHE, else $XDG_CACHE_HOME/autopar/native, else
+    ~/.cache/autopar/native; AUTOPAR_BUILD_CACHE=0: none). `make install`
+    builds each output twice (the editable install's build, then `make
+    native`) and a wheel build once more: with the cache the compiler runs
+    once per change of a source, a flag or TensorFlow's version."""
+    configured = os.environ.get("AUTOPAR_BUILD_CACHE")
+    if configured == "0":
+        return None
+    if configured:
+        return Path(configured)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "autopar" / "native"
+
+
+def _cache_key(cmd: list[str], out: Path, *extra: str) -> str:
+    """What an output is built from: the command (its temporary output name
+    left out, cpp_ops/ named by its name: a copy of the sources elsewhere
+    builds the same), every file of cpp_ops/ (the sources and the headers
+    they include), and ``extra`` (TensorFlow's version)."""
+    import hashlib
+    digest = hashlib.sha256()
+    tmp = cmd[cmd.index("-o") + 1]
+    for part in [out.name, *(a.replace(str(CPP_OPS), "cpp_ops") for a in cmd if a != tmp),
+                 *extra]:
+        digest.update(part.encode() + b"\0")
+    for path in sorted(CPP_OPS.iterdir()):
+        if path.is_file():
+            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _compile(cmd: list[str], source: Path, out: Path, *key_extra: str) -> Path:
     """Runs ``cmd`` (which writes ``out``'s temporary name, its last-but-one
-    argument pair) and moves the result into place atomically."""
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    argument pair) and moves the result into place atomically; or copies the
+    output the same command built from the same files before, from the build
+    cache (build_cache_dir). A cache that cannot be read or written is only
+    not used."""
     tmp = Path(cmd[cmd.index("-o") + 1])
+    cache = build_cache_dir()
+    cached = cache / _cache_key(cmd, out, *key_extra) / out.name if cache else None
+    if cached is not None and cached.is_file():
+        try:
+            shutil.copy2(cached, tmp)
+            os.replace(tmp, out)
+            return out
+        except OSError:
+            tmp.unlink(missing_ok=True)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)
         raise BuildError(f"compiling {source} failed ({' '.join(cmd)}):\n{proc.stdout}")
+    if cached is not None:
+        try:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            staged = cached.with_name(f".{out.name}.{os.getpid()}.tmp")
+            shutil.copy2(tmp, staged)
+            os.replace(staged, cached)
+        except OSError:
+            pass
     os.replace(tmp, out)
     return out
 
@@ -146,13 +206,13 @@ def build_herring_ops(dest: Path = RUNTIME_DIR) -> Path:
     """Compile the push/pull kernel into ``dest``/libautopar_herring.so."""
     dest.mkdir(parents=True, exist_ok=True)
     cxx = cxx_compiler()
-    compile_flags, link_flags = tensorflow_flags()
+    compile_flags, link_flags, version = _tensorflow_build_info(sys.executable)
     out = dest / HERRING_OPS_NAME
     tmp = dest / f".{HERRING_OPS_NAME}.{os.getpid()}.tmp"
     # TensorFlow's flags come after ours: its --std=c++17 and ABI define win.
     cmd = [cxx, "-std=c++17", "-shared", "-fPIC", "-O2", "-Wall", f"-I{CPP_OPS}", "-o", str(tmp),
            str(HERRING_OPS_SOURCE), *compile_flags, *link_flags, "-pthread"]
-    return _compile(cmd, HERRING_OPS_SOURCE, out)
+    return _compile(cmd, HERRING_OPS_SOURCE, out, f"tensorflow {version}")
 
 
 def build_sumserver(dest: Path = RUNTIME_DIR) -> Path:
@@ -174,12 +234,7 @@ def build_shim(dest: Path = RUNTIME_DIR) -> Path:
     tmp = dest / f".{SHIM_NAME}.{os.getpid()}.tmp"
     cmd = [compiler(), "-O2", "-Wall", "-Werror", "-shared", "-fPIC", "-o", str(tmp),
            str(SHIM_SOURCE), "-ldl"]
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if proc.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        raise BuildError(f"compiling {SHIM_SOURCE} failed ({' '.join(cmd)}):\n{proc.stdout}")
-    os.replace(tmp, out)
-    return out
+    return _compile(cmd, SHIM_SOURCE, out)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,3 +50,40 @@ def test_wheel_installs_only_the_autopar_namespace(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "None None"
+
+
+def test_the_build_cache_compiles_once_per_source_and_flags(monkeypatch, tmp_path):
+    """runtime/native.py keeps each compiled output under what it was built
+    from: a second build of the same sources with the same command copies
+    it (no compiler run), the same bytes; a changed source file or flag is
+    compiled again."""
+    from autopar.runtime import native
+    monkeypatch.setenv("AUTOPAR_BUILD_CACHE", str(tmp_path / "cache"))
+    runs = []
+    real_run = subprocess.run
+
+    def counting_run(cmd, *args, **kwargs):
+        runs.append(cmd[0])
+        return real_run(cmd, *args, **kwargs)
+    monkeypatch.setattr(native.subprocess, "run", counting_run)
+    first = native.build_shim(tmp_path / "a")
+    again = native.build_shim(tmp_path / "b")
+    assert len(runs) == 1 and again.read_bytes() == first.read_bytes()
+    assert [p.name for p in (tmp_path / "a").iterdir()] == [native.SHIM_NAME]
+
+    # a copy of cpp_ops/ with one header changed: compiled again, then cached
+    sources = tmp_path / "cpp_ops"
+    shutil.copytree(native.CPP_OPS, sources)
+    (sources / "herring_wire.h").write_text((sources / "herring_wire.h").read_text() + "\n")
+    monkeypatch.setattr(native, "CPP_OPS", sources)
+    monkeypatch.setattr(native, "SHIM_SOURCE", sources / native.SHIM_SOURCE.name)
+    native.build_shim(tmp_path / "c")
+    native.build_shim(tmp_path / "d")
+    assert len(runs) == 2
+    monkeypatch.setenv("CC", "gcc")   # another command line
+    native.build_shim(tmp_path / "e")
+    assert len(runs) == 3
+    monkeypatch.setenv("AUTOPAR_BUILD_CACHE", "0")   # no cache
+    native.build_shim(tmp_path / "f")
+    native.build_shim(tmp_path / "g")
+    assert len(runs) == 5
