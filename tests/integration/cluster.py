@@ -89,6 +89,18 @@ def run_script(command: list[str], *, env: dict[str, str] | None = None,
     return output
 
 
+def run_beside(reference: list[str], job: list[str]) -> tuple[str, str]:
+    """The outputs of a one-device run `reference` and of autopar's `job`
+    (both ``python script args``), run side by side: the job's processes
+    mostly wait on each other, so the two take little more than the job
+    alone. Each must exit 0."""
+    with LineReader(start_job(reference)) as reference_run:
+        log = run_script(job)
+        expected_log = reference_run.rest(timeout=240)
+    assert reference_run.proc.returncode == 0, expected_log[-4000:]
+    return expected_log, log
+
+
 def run_single_device(model: str, out: Path, *extra: str) -> str:
     """A single-device run of train_model.py in this process (its output
     returned): the same code as the subprocess, without another TensorFlow

@@ -56,16 +56,32 @@ def test_resnet20_through_tf_compat_v1_layers_legacy_keras(run_option, tmp_path)
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2",
                PYTHONPATH=os.pathsep.join([str(REPO), str(legacy)]))
 
-    def run(out, *extra):
-        proc = subprocess.run([sys.executable, str(SCRIPT), *ARGS, "--use-tf-layers", "--out",
-                               str(out), *extra], cwd=REPO, env=env, capture_output=True,
-                              text=True, timeout=240)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        return proc.stdout + proc.stderr
-    run(tmp_path / "single")
+    def start(out, *extra):
+        return subprocess.Popen([sys.executable, str(SCRIPT), *ARGS, "--use-tf-layers", "--out",
+                                 str(out), *extra], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+
+    def output(proc):
+        try:
+            out, _ = proc.communicate(timeout=240)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 0, out[-6000:]
+        return out
+    # one device beside the job: the job's processes mostly wait on each other
+    single = start(tmp_path / "single")
+    try:
+        log = output(start(tmp_path / "dist", "--spec", str(write_spec(
+            tmp_path, 3, servers=2 if run_option == "ps" else 0)),
+            "--batch-norm-group", "all", "--run-option", run_option))
+        output(single)
+    finally:
+        if single.poll() is None:
+            single.kill()
+            single.wait()
     expected = load_worker(tmp_path / "single", 0)
-    log = run(tmp_path / "dist", "--spec", str(write_spec(tmp_path, 3, servers=2 if run_option == "ps" else 0)),
-              "--batch-norm-group", "all", "--run-option", run_option)
     assert log.count("(moments): statistics over all 3 workers") == LAYERS, log[-3000:]
     assert int(expected["global_step"]) == STEPS
     # weights, batch-norm scales and offsets, the affine layer, a momentum

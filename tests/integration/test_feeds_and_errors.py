@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from tests.integration.cluster import (REPO, assert_same_parameters, child_env, load_worker,
-                                       write_spec)
+                                       run_beside, write_spec)
 
 SCRIPTS = REPO / "tests" / "integration" / "scripts"
 
@@ -20,10 +20,8 @@ def _run(command, **kwargs) -> subprocess.CompletedProcess:
 
 def test_sparse_feed_two_workers_equal_single_device(tmp_path):
     script = [sys.executable, str(SCRIPTS / "sparse_feed.py")]
-    single = _run(script + ["--out", str(tmp_path / "single")])
-    assert single.returncode == 0, single.stdout + single.stderr
-    job = _run(script + ["--out", str(tmp_path / "job"), "--spec", str(write_spec(tmp_path, 2))])
-    assert job.returncode == 0, job.stdout[-4000:] + job.stderr[-4000:]
+    run_beside(script + ["--out", str(tmp_path / "single")],
+               script + ["--out", str(tmp_path / "job"), "--spec", str(write_spec(tmp_path, 2))])
     expected = load_worker(tmp_path / "single", 0)
     assert int(expected["global_step"]) == 4
     for index in range(2):

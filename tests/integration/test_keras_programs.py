@@ -6,14 +6,14 @@ objects hold them after training, equal to one device calling the
 tf.function itself. float64 where Adam divides by sqrt(v)."""
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
 from tests.integration.cluster import (REPO, LineReader, assert_same_parameters, load_worker,
-                                       run_script, start_job, write_spec, write_two_host_spec)
+                                       run_beside, run_script, start_job, write_spec,
+                                       write_two_host_spec)
 
 SCRIPT = REPO / "tests" / "integration" / "scripts" / "keras_step.py"
 STEPS, BATCH = 5, 6
@@ -76,23 +76,21 @@ FIT_OPTIONS = (["hybrid", "ps", "allreduce", "herring"]
 
 def _start_reference(tmp_path_factory, model, optimizer, dtype, decay_lr=False):
     """One device running the step (a process of its own, as every worker
-    is), started; (the process, its output directory)."""
+    is, forked from the tests' fork server), started; (a LineReader of the
+    process, its output directory)."""
     out = tmp_path_factory.mktemp(f"ref_{model}_{optimizer}")
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--reference", "--model", model,
-                             "--optimizer", optimizer, "--dtype", dtype, "--steps", str(STEPS),
-                             "--batch", str(BATCH), "--out", str(out)]
-                            + (["--decay-lr"] if decay_lr else []),
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    return proc, out
+    proc = start_job([sys.executable, str(SCRIPT), "--reference", "--model", model,
+                      "--optimizer", optimizer, "--dtype", dtype, "--steps", str(STEPS),
+                      "--batch", str(BATCH), "--out", str(out)]
+                     + (["--decay-lr"] if decay_lr else []))
+    return LineReader(proc), out
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """The one-device results of every program this module compares with,
-    all started at the first request (each process spends seconds importing
-    Keras: side by side on the two cores they take half as long as one after
-    another)."""
+    all started at the first request (side by side on the two cores they
+    take less time than one after another)."""
     started = {}
     programs = [(m, o, d, (m, o, d, r) in DECAYED_LR) for m, o, d, r in CASES] + [
         (*BATCH_NORM_PROGRAM, False)]
@@ -102,15 +100,13 @@ def reference(tmp_path_factory):
         for k in [key] + ([] if started else programs):
             if k not in started:
                 started[k] = _start_reference(tmp_path_factory, *k)
-        proc, out = started[key]
-        _, err = proc.communicate(timeout=240)
-        assert proc.returncode == 0, err[-3000:]
+        reader, out = started[key]
+        reader.rest(timeout=240)
+        assert reader.proc.returncode == 0, reader.text[-3000:]
         return load_worker(out, 0)
     yield get
-    for proc, _ in started.values():
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    for reader, _ in started.values():
+        reader.__exit__(None, None, None)
 
 
 @pytest.mark.parametrize("model,optimizer,dtype,run_option", CASES,
@@ -119,7 +115,9 @@ def test_custom_training_step_matches_one_device(model, optimizer, dtype, run_op
                                                   reference):
     decay = (model, optimizer, dtype, run_option) in DECAYED_LR
     expected = reference(model, optimizer, dtype, decay)
-    spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
+    # (servers only where the run option puts variables on them)
+    spec = write_two_host_spec(tmp_path, workers=(2, 1),
+                               servers=(0, 0) if run_option == "allreduce" else (1, 1))
     micro = MICRO_BATCHES.get((model, optimizer, dtype, run_option), 1)
     log = run_script([sys.executable, str(SCRIPT), "--model", model, "--optimizer", optimizer,
                       "--dtype", dtype, "--steps", str(STEPS), "--batch", str(BATCH),
@@ -192,7 +190,7 @@ def test_fit_matches_one_device(run_option, tmp_path):
                 "--save", str(tmp_path / (name + "{worker}.npz")), *extra]
     spec = (write_spec(tmp_path, 2) if run_option == "hybrid"
             else write_two_host_spec(tmp_path, workers=(1, 1), servers=(1, 1)))
-    single, log = _beside(command("single", "--keras"), command(
+    single, log = run_beside(command("single", "--keras"), command(
         "dist", "--spec", str(spec), "--run-option", run_option,
         "--csv", str(tmp_path / "epochs.csv")))
     # a Keras callback (CSVLogger), run by the chief with the aggregated logs
@@ -289,22 +287,11 @@ def _keras_then_autopar(script: list[str], tmp_path, workers: tuple[int, int], *
         line = next(l for l in log.splitlines() if "history " in l)
         return json.loads(line.split("history ", 1)[1])
     spec = write_two_host_spec(tmp_path, workers=workers, servers=(1, 1))
-    expected_log, log = _beside(
+    expected_log, log = run_beside(
         [sys.executable, *script, "--keras", "--out", str(tmp_path / "keras{worker}.npz")],
         [sys.executable, *script, "--spec", str(spec), *extra,
          "--out", str(tmp_path / "dist{worker}.npz")])
     return history(expected_log), history(log), log
-
-
-def _beside(reference: list[str], job: list[str]) -> tuple[str, str]:
-    """The outputs of Keras's one-device run `reference` and of autopar's
-    `job`, run side by side: the job's processes mostly wait on each other,
-    so the two take little more than the job alone. Each must exit 0."""
-    with LineReader(start_job(reference)) as keras_run:
-        log = run_script(job)
-        expected_log = keras_run.rest(timeout=240)
-    assert keras_run.proc.returncode == 0, expected_log[-4000:]
-    return expected_log, log
 
 
 def _assert_workers_hold(tmp_path, workers: int, rtol: float, atol: float) -> None:
