@@ -168,6 +168,7 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
 
     runner = get_runner(train_step.get_concrete_function(*train.specs()), resource_info, config)
     n, me = runner.num_workers, runner.worker_index
+    runner.equal_shares = True   # a batch trains only when it splits into equal shares (below)
     sums = runner.loss_reduction == "sum"
     # Each worker's share of a batch is split again into its micro-batches
     # (Config.micro_batches): a batch trains when it splits into n * m.

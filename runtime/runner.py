@@ -133,6 +133,13 @@ class Runner:
         self._global_step = tf1.train.get_global_step(graph)
         self._first_step = 0
         self._steps = 0
+        # The examples of this worker's first training step, and whether a
+        # step of another size was warned about (_note_batch_size).
+        self._first_batch: int | None = None
+        self._batch_warned = False
+        # Set by a caller that splits every step's batch into equal shares
+        # itself (autopar.fit): steps of other sizes are then nothing to warn of.
+        self.equal_shares = False
         self._closed = False
         self._warned_init = False
         self._stop_requested = False
@@ -250,9 +257,38 @@ class Runner:
         if measure is not None:
             self._meter.measured(self._next_step, got["measure"])
         self._after_step(got, batch)
+        self._note_batch_size(int(got["batch"]) if "batch" in got else batch)
         if self._stop_requested:
             self._stop()
         return result
+
+    def _note_batch_size(self, examples: int | None) -> None:
+        """Warn, once, when a training step's batch is not the size of this
+        worker's first: workers' gradients of a loss averaged over each one's
+        batch are combined with equal weights, which is one device's mean
+        over the step's examples only when every worker's batch of the step
+        has the same size (a dataset's last, partial batch, split over the
+        workers, may not). A worker cannot see the others' sizes without
+        another exchange in every step, so it says what it sees. A loss
+        summed over the batch, or divided by a count summed over workers
+        (transforms.loss_counts), combines exactly whatever the sizes."""
+        if (examples is None or self.num_workers == 1 or self.equal_shares
+                or self.loss_reduction != "mean"
+                or (self.analysis is not None and self.analysis.loss_counts)):
+            return
+        if self._first_batch is None:
+            self._first_batch = examples
+        elif examples != self._first_batch and not self._batch_warned:
+            self._batch_warned = True
+            log.warning(
+                "worker %d: training step %d had %d examples where its first had %d. Each "
+                "worker's gradients of the loss, a mean over its own batch, are averaged with "
+                "equal weights: if the %d workers' batches of a step differ in size (a "
+                "dataset's last, partial batch split over them), that step is not one device's "
+                "mean over their examples. Batch with drop_remainder=True after autopar.shard, "
+                "or give every worker equally many examples, to train as one device does "
+                "(warned once)", self.worker_index, self._next_step - 1, examples,
+                self._first_batch, self.num_workers)
 
     def _run_accumulated(self, mapped, feed_dict, options, run_metadata):
         """One training step of up to `micro_batches` accumulate runs, then the

@@ -1,7 +1,8 @@
 """Run a program of tests/programs for its schedule of steps, single-device
 (no --spec) or under autopar, and save every global variable of this worker.
 Worker i of N feeds rows [i*B/N, (i+1)*B/N) of each step's global batch, so
-the workers together see exactly the single-device batch."""
+the workers together see exactly the single-device batch. --uneven-step: one
+more step after saving, whose batch does not split evenly."""
 import argparse
 import importlib
 import os
@@ -27,6 +28,9 @@ def main(argv=None) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--spec")
     p.add_argument("--run-option", default="hybrid")
+    p.add_argument("--uneven-step", action="store_true",
+                   help="after saving, one more step of a global batch one larger, split "
+                        "unevenly (worker 0 one example more)")
     args = p.parse_args(argv)
     program = importlib.import_module(f"tests.programs.{args.program}").build(args.dtype)
     config = autopar.Config(run_option=args.run_option, log_every_steps=1, **program.config)
@@ -42,6 +46,9 @@ def main(argv=None) -> None:
         os.makedirs(args.out, exist_ok=True)
         np.savez(os.path.join(args.out, f"worker{i}.npz"), **values)
         print(f"worker {i} done at global step {int(values['global_step'])}", flush=True)
+        if args.uneven_step:
+            rows = np.array_split(np.arange(args.batch + 1), n)[i]
+            runner.run(*program.step(args.steps, rows, args.batch + 1))
 
 
 if __name__ == "__main__":
