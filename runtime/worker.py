@@ -34,6 +34,7 @@ from autopar.runtime.runner import Runner, iterator_read_by
 from autopar.runtime.session import session_config, start_worker_server, wait_for_peers
 from autopar.runtime.timeline import Recorder, options_from_env as timeline_options, write_part
 from autopar.transforms.analysis import Analysis, analyze_graph
+from autopar.transforms.batch_mixing import mixing_note
 from autopar.transforms.compile import CompiledPlan, compile_for_config
 from autopar.transforms.graph_utils import import_meta_graph, staged_initializers
 from autopar.transforms.evaluate import totals_allreduce
@@ -62,6 +63,8 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
     if print_report:
         log.info("\n%s", compiled.report().table())
     analysis, plan = compiled.analysis, compiled.plan
+    if analysis.batch_mixing and worker_index == 0:
+        log.warning("%s", mixing_note(analysis.batch_mixing, num_workers))
     rewritten = rewrite_for_worker(graph, analysis, plan, worker_index, moves=compiled.moves,
                                    micro_batches=config.micro_batches)
     is_chief = worker_index == 0

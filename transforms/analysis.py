@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms import serial
+from autopar.transforms.batch_mixing import find_batch_mixing
 from autopar.transforms.batchnorm import BatchNormInfo, find_batch_norms
 from autopar.transforms.graph_utils import (INPUT_OP_TYPES, VARIABLE_OP_TYPES, batch_local_ops,
                                             collector_paused, graph_of,
@@ -135,6 +136,10 @@ class Analysis:
     # Random ops that draw per example (a dropout mask): each worker draws
     # the global batch's and keeps its examples' rows (transforms.random_draws).
     batch_draws: list[str] = field(default_factory=list)
+    # Ops at which the losses mix the examples of a batch other than in batch
+    # normalisation (in-batch negatives, a batch statistic fed back into each
+    # example): each worker mixes its own share's only (transforms.batch_mixing).
+    batch_mixing: list[str] = field(default_factory=list)
     # Every step op that is not an update op of one variable (the train ops
     # a user fetches: minimize()'s op, tf.group()s of them, ops after them)
     # -> the train groups its run updates.
@@ -253,10 +258,11 @@ def _analyze(graph: tf.Graph) -> Analysis:
     losses = _losses(graph, index, variables, groups, seeds)
     loss = losses[0] if losses else None
     # A traced function's losses (several tapes: a GAN's two) all decide.
-    reduction, why = _loss_reduction_of_all(
-        graph, losses + ([] if seeds else _declared_losses(graph)))
+    every_loss = losses + ([] if seeds else _declared_losses(graph))
+    reduction, why = _loss_reduction_of_all(graph, every_loss)
     averaged = {t for v in variables for t in (v.grad_tensor, v.grad_values, v.grad_indices) if t}
     batch_local = batch_local_ops(graph, averaged)
+    batch_norms = find_batch_norms(graph, batch_local, writers)
     return Analysis(
         variables=variables,
         state=_step_state(graph, trainable, slot_names, all_update_ops, batch_local, writers),
@@ -265,10 +271,12 @@ def _analyze(graph: tf.Graph) -> Analysis:
         untrained=[v.name for v in trainable if v.name not in updates],
         loss_reduction=reduction,
         loss_reduction_why=why,
-        batch_norms=find_batch_norms(graph, batch_local, writers),
+        batch_norms=batch_norms,
         train_groups=[TrainGroup(g, l) for g, l in zip(groups, losses)],
         loss_counts=find_loss_counts(graph, losses, INPUT_OP_TYPES),
         batch_draws=find_batch_draws(graph, batch_local, averaged),
+        batch_mixing=find_batch_mixing(graph, every_loss, batch_local,
+                                       {op for b in batch_norms for op in b.ops}),
         trains=trains,
     )
 

@@ -49,7 +49,7 @@ def find_loss_counts(graph: tf.Graph, losses: list[str | None],
     forward computation that are counts of the batch's values."""
     out: list[str] = []
     for loss in dict.fromkeys(x for x in losses if x):
-        for op in _forward_ops(graph.get_tensor_by_name(loss)):
+        for op in forward_ops(graph.get_tensor_by_name(loss)):
             if op.type in _DIVISIONS and op.inputs[1].dtype.is_floating:
                 den = op.inputs[1]
                 if den.name in out or not _is_value_count(den, input_types):
@@ -66,7 +66,7 @@ def find_loss_counts(graph: tf.Graph, losses: list[str | None],
     return out
 
 
-def _forward_ops(t: tf.Tensor) -> list[tf.Operation]:
+def forward_ops(t: tf.Tensor) -> list[tf.Operation]:
     """The ops `t` is computed from, not crossing a gradient scope or a variable."""
     seen, stack, out = {t.op.name}, [t.op], []
     while stack:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from autopar.transforms.batch_mixing import mixing_note
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.methods.registry import METHODS, processes
 from autopar.transforms.plan import Plan, wants_servers
@@ -260,6 +261,8 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
                          f"group {i}: {', '.join(g.variables[:3])}"
                          f"{f' (+{len(g.variables) - 3} more)' if len(g.variables) > 3 else ''}"
                          f" (loss {g.loss})" for i, g in enumerate(analysis.train_groups)))
+    if analysis.batch_mixing and n > 1:
+        notes.append(mixing_note(analysis.batch_mixing, n))
     servers_used = bool(processes(plan))   # parameter or summation servers
     if num_servers and not servers_used:
         notes.append(f"{num_servers} server process(es) are started but hold no variables "
