@@ -63,7 +63,7 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
     if print_report:
         log.info("\n%s", compiled.report().table())
     analysis, plan = compiled.analysis, compiled.plan
-    if analysis.batch_mixing and worker_index == 0:
+    if analysis.batch_mixing and worker_index == 0 and num_workers > 1:
         log.warning("%s", mixing_note(analysis.batch_mixing, num_workers))
     rewritten = rewrite_for_worker(graph, analysis, plan, worker_index, moves=compiled.moves,
                                    micro_batches=config.micro_batches)
