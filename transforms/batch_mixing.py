@@ -23,7 +23,8 @@ built for any batch size):
   other scalars only; a reduction that keeps a first dimension of unknown
   size, as over a time-major tensor's axis 0, is not counted);
 - a 2-D MatMul of two such tensors, either transposed (every example
-  against every example: `q @ k^T`, a Gram matrix over the batch).
+  against every example: `q @ k^T`, a Gram matrix over the batch);
+- a top-k (a sort) of one value per example: the batch's hardest examples.
 """
 from __future__ import annotations
 
@@ -34,6 +35,10 @@ from autopar.transforms.loss_counts import forward_ops
 
 # Reductions whose input 1 lists the axes.
 _REDUCTIONS = frozenset({"Mean", "Sum", "Max", "Min", "Prod", "EuclideanNorm", "All", "Any"})
+# Ops that rank the elements of their input's last axis (tf.sort and
+# tf.argsort build TopKV2 too): over a vector of one value per example, a
+# choice among the batch's examples (the k hardest).
+_SELECTIONS = frozenset({"TopKV2", "TopK"})
 # How far past a reduction its result is followed to where it meets an example.
 _MAX_HOPS = 12
 
@@ -64,6 +69,8 @@ def find_batch_mixing(graph: tf.Graph, losses: list[str | None], batch_ops: set[
         if op.name in exempt:
             continue
         if op.type == "MatMul" and all(has_a_batch_dimension(x) for x in op.inputs[:2]):
+            found.append(op.name)
+        elif op.type in _SELECTIONS and per_example(op.inputs[0]) and op.inputs[0].shape.rank == 1:
             found.append(op.name)
         elif (op.type in _REDUCTIONS and per_example(op.inputs[0]) and reduces_batch_axis(op)
               and not (op.outputs[0].shape.rank and op.outputs[0].shape[0] is None)

@@ -33,6 +33,10 @@ def _dual_encoder(kind: str) -> tf.Graph:
             loss = tf.reduce_mean(tf.square(centred - k))
         elif kind == "normalised_over_batch":
             loss = tf.reduce_mean(tf.square(tf.nn.l2_normalize(q, axis=0) - k))
+        elif kind == "hardest_half":       # the loss of the batch's hardest examples
+            per = tf.reduce_sum(tf.square(q - k), axis=1)
+            hardest, _ = tf.nn.top_k(per, k=tf.shape(per)[0] // 2, name="hardest")
+            loss = tf.reduce_mean(hardest)
         elif kind == "per_example":        # a mean and a masked mean of each example's losses
             per = tf.reduce_sum(tf.square(q - k), axis=1)
             mask = tf.cast(tf.reduce_sum(x, axis=1) > 0, tf.float64)
@@ -51,6 +55,7 @@ def _dual_encoder(kind: str) -> tf.Graph:
     ("in_batch_negatives", ["similarity"]),
     ("centred", ["batch_mean"]),
     ("normalised_over_batch", ["l2_normalize/Sum"]),
+    ("hardest_half", ["hardest"]),
     ("per_example", []),
     # a reduction keeping a first dimension of unknown size may be over time
     ("time_major", []),
