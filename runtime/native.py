@@ -113,13 +113,7 @@ def cxx_compiler() -> str:
         "build-base) or set CXX")
 
 
-def tensorflow_flags(python: str = sys.executable) -> tuple[list[str], list[str]]:
-    """(compile flags, link flags) of the TensorFlow installed for ``python``."""
-    compile_flags, link_flags, _ = _tensorflow_build_info(python)
-    return compile_flags, link_flags
-
-
-def _tensorflow_build_info(python: str) -> tuple[list[str], list[str], str]:
+def tensorflow_build_info(python: str = sys.executable) -> tuple[list[str], list[str], str]:
     """(compile flags, link flags, version) of the TensorFlow installed for
     ``python``. Asked in a subprocess: this module must not import
     TensorFlow (setup.py loads it before anything is installed, and the
@@ -206,7 +200,7 @@ def build_herring_ops(dest: Path = RUNTIME_DIR) -> Path:
     """Compile the push/pull kernel into ``dest``/libautopar_herring.so."""
     dest.mkdir(parents=True, exist_ok=True)
     cxx = cxx_compiler()
-    compile_flags, link_flags, version = _tensorflow_build_info(sys.executable)
+    compile_flags, link_flags, version = tensorflow_build_info()
     out = dest / HERRING_OPS_NAME
     tmp = dest / f".{HERRING_OPS_NAME}.{os.getpid()}.tmp"
     # TensorFlow's flags come after ours: its --std=c++17 and ABI define win.

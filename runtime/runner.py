@@ -256,8 +256,9 @@ class Runner:
             self._timeline.record_step(self._next_step, start, time.time(), run_metadata)
         if measure is not None:
             self._meter.measured(self._next_step, got["measure"])
-        self._after_step(got, batch)
-        self._note_batch_size(int(got["batch"]) if "batch" in got else batch)
+        examples = int(got["batch"]) if "batch" in got else batch
+        self._after_step(got, examples)
+        self._note_batch_size(examples)
         if self._stop_requested:
             self._stop()
         return result
@@ -417,13 +418,13 @@ class Runner:
                                       if name in seen]
         return self._barriers_of[key]
 
-    def _after_step(self, got: dict, fed_batch: int | None) -> None:
+    def _after_step(self, got: dict, examples: int | None) -> None:
+        """After a training step of `examples` examples (None: unknown)."""
         if self._after_step_op is not None:
             self.session.run(self._after_step_op)
         self._steps += 1
         step = self._first_step + self._steps
         if self._progress is not None:
-            examples = int(got["batch"]) if "batch" in got else fed_batch
             loss = float(np.mean(got["loss"])) if "loss" in got else None
             self._progress.step(step, loss, examples)
         if self._checkpointer is not None:

@@ -49,10 +49,9 @@ def find_batch_mixing(graph: tf.Graph, losses: list[str | None], batch_ops: set[
     the examples of a batch (module docstring). `batch_ops`: the ops computed
     from the input batch (graph_utils.batch_local_ops); `exempt`: ops handled
     elsewhere (batch-norm moments)."""
-    cone: set[str] = set()
-    for loss in dict.fromkeys(x for x in losses if x):
-        cone.update(op.name for op in forward_ops(graph.get_tensor_by_name(loss)))
-    ops = [graph.get_operation_by_name(name) for name in cone]
+    cone = {op.name: op for loss in dict.fromkeys(x for x in losses if x)
+            for op in forward_ops(graph.get_tensor_by_name(loss))}
+    ops = list(cone.values())
     leading = {t.shape[0] for op in ops if op.type in INPUT_OP_TYPES
                for t in op.outputs if t.shape.rank}
 
@@ -79,7 +78,7 @@ def find_batch_mixing(graph: tf.Graph, losses: list[str | None], batch_ops: set[
     return sorted(found)
 
 
-def _meets_an_example(reduction: tf.Operation, cone: set[str], per_example) -> bool:
+def _meets_an_example(reduction: tf.Operation, cone: dict, per_example) -> bool:
     """Whether the reduction's result, within a few ops of the losses'
     forward computation, enters an op together with a per-example tensor
     that it does not itself produce."""
