@@ -60,6 +60,14 @@ class ArrayBatches:
         """Two examples (x, y), to build the compiled loss before tracing."""
         return rows(self.x, slice(0, 2)), rows(self.y, slice(0, 2))
 
+    @staticmethod
+    def data(x, y, weights):
+        """What Keras's fit hands a model's train_step for a batch of x, y
+        (() when fit was given x alone) and weights (or None)."""
+        from keras.src.trainers.data_adapters.data_adapter_utils import pack_x_y_sample_weight
+        return pack_x_y_sample_weight(x, None if isinstance(y, tuple) and not y else y,
+                                      weights)
+
     def structure(self):
         """(x, y) as structures, whose arrays `specs` lists in order."""
         return self.x, self.y
@@ -125,10 +133,16 @@ class DatasetBatches:
     training, where evaluation starts afresh)."""
 
     def __init__(self, dataset, what: str, weigh=None, input_rank: int | None = None,
-                 steps: int | None = None, persistent: bool = False) -> None:
+                 steps: int | None = None, persistent: bool = False,
+                 x_only: bool = False) -> None:
         import tensorflow as tf
         refuse_nondeterministic(dataset, what)
         spec = dataset.element_spec
+        # A model's own train_step (x_only) takes any element, as Keras's
+        # fit hands it over: one that is not (x, y) or (x, y, weights) is x.
+        self.x_only = x_only and not (isinstance(spec, tuple) and len(spec) in (2, 3))
+        if self.x_only:
+            spec = (spec, ())
         if not isinstance(spec, tuple) or len(spec) not in (2, 3) or not all(
                 isinstance(s, tf.TensorSpec) for s in tf.nest.flatten(spec)) or not isinstance(
                     spec[-1], tf.TensorSpec if len(spec) == 3 else object):
@@ -144,6 +158,9 @@ class DatasetBatches:
         if len(spec) == 3 and weigh is not None:
             raise AutoparError(f"autopar.fit: {what} yields sample weights and class_weight is "
                                "given; give one of them (as fit)")
+        if self.x_only and weigh is not None:
+            raise AutoparError(f"autopar.fit: class_weight weighs examples by their class, and "
+                               f"{what} yields no targets (as fit)")
         self.dataset, self.what, self.weigh = dataset, what, weigh
         self.element = spec
         self.steps, self.persistent, self._iterator = steps, persistent, None
@@ -183,6 +200,13 @@ class DatasetBatches:
     def check(self, parts: int, what: str) -> None:
         del parts, what   # batches that do not split are left out, one by one
 
+    def data(self, x, y, weights):
+        """What Keras's fit hands a model's train_step for a batch: the
+        dataset's element, with weights from class weights added."""
+        if self.x_only:
+            return x
+        return (x, y) if weights is None else (x, y, weights)
+
     def epoch(self, epoch: int):
         del epoch   # the dataset's own iteration gives each epoch its order
         if self.steps is None:
@@ -195,6 +219,8 @@ class DatasetBatches:
                 self._iterator = self.dataset.as_numpy_iterator()
             elements = (next(self._iterator) for _ in range(self.steps))
         for element in elements:
+            if self.x_only:
+                element = (element, ())
             weights = element[2] if len(element) == 3 else (
                 None if self.weigh is None else self.weigh(element[1]))
             yield element[0], element[1], weights

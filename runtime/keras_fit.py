@@ -1,7 +1,7 @@
 """autopar.fit: a compiled Keras 3 model trained as `model.fit` trains it,
 on every worker of a job, with one device's result.
 
-Keras's own fit() runs its own train step, which autopar cannot take over;
+Keras's own fit() runs its train step in a loop autopar cannot take over;
 this loop runs the same computation through a traced step of our own (the
 compiled loss plus the model's regularization losses, differentiated by a
 GradientTape, applied by the compiled optimizer; traced with jit_compile
@@ -39,6 +39,10 @@ off) that autopar.get_runner lifts and distributes like any tf.function step
   worker trains with from then on.
   The model and its optimizer hold the trained values on every worker when
   fit returns (model.save() works anywhere).
+- A model that overrides train_step trains by its own step, traced as
+  Keras's fit traces it (_traced_own_step); the metrics it updates in the
+  graph are reset on every worker at each epoch's start and combined over
+  workers at its end (_Metrics.own_step_result).
 """
 from __future__ import annotations
 
@@ -51,6 +55,8 @@ import numpy as np
 from autopar.runtime.fit_data import ArrayBatches, DatasetBatches, flat, rows, size
 
 log = logging.getLogger("autopar.fit")
+# Logs of a model's own train_step said once to be the workers' mean.
+_MEANS_NOTED: set[str] = set()
 # Keras's fit() batch_size when none is given (arrays, and validation arrays).
 DEFAULT_BATCH_SIZE = 32
 
@@ -91,7 +97,9 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
                if type(model).__module__.startswith(("tf_keras", "keras.src.engine")) else "")
             + ": write its training step as a tf.function and run it with autopar.get_runner "
             "(docs/tf2-keras.md)")
-    if getattr(model, "optimizer", None) is None or getattr(model, "loss", None) is None:
+    own_step = _own_train_step(model, validation_data is not None or bool(validation_split))
+    if (not getattr(model, "compiled", False) if own_step else
+            getattr(model, "optimizer", None) is None or getattr(model, "loss", None) is None):
         raise AutoparError("autopar.fit: compile the model first "
                            "(model.compile(optimizer=..., loss=..., metrics=...))")
     if unsupported:
@@ -100,7 +108,6 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
                            "shuffle, seed, verbose, sample_weight, class_weight, "
                            "validation_split, validation_freq, validation_batch_size, "
                            "initial_epoch, steps_per_epoch, validation_steps)")
-    _refuse_own_steps(model, validation_data is not None or bool(validation_split))
     _should_validate(0, validation_freq)   # refused here, before any training, if malformed
     _refuse_unless_positive_int("validation_batch_size", validation_batch_size)
     floatx = keras.config.floatx()
@@ -117,13 +124,14 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
                                "(as fit)")
         train = DatasetBatches(x, "the dataset x", None if class_weight is None else
                                lambda yb: _sample_weights(yb, None, class_weight, floatx),
-                               input_rank, steps_per_epoch, persistent=True)
+                               input_rank, steps_per_epoch, persistent=True,
+                               x_only=own_step)
     else:
         if steps_per_epoch is not None:
             raise AutoparError("autopar.fit: steps_per_epoch is for a tf.data.Dataset x that "
                                "repeats; with arrays an epoch is every batch")
         train, split_off = _array_batches(x, y, batch_size, sample_weight, class_weight,
-                                          validation_split, shuffle, seed, floatx)
+                                          validation_split, shuffle, seed, floatx, own_step)
         if validation_data is None:
             validation_data = split_off
     if isinstance(validation_data, tf.data.Dataset):
@@ -136,36 +144,11 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
             not isinstance(validation_data, (tuple, list)) or len(validation_data) not in (2, 3)):
         raise AutoparError("autopar.fit: validation_data is (x, y), (x, y, sample_weight) or a "
                            f"tf.data.Dataset, got {type(validation_data).__name__}")
-    # The compiled loss as Keras's own train step computes it: a string or
-    # a loss function reduced over the batch, loss_weights applied, the
-    # model's regularization losses added. Called once on two rows first, so
-    # that Keras builds it (and any state it keeps) outside the traced step.
-    x2, y2 = train.sample()
-    model.compute_loss(x2, y2, model(x2, training=False), training=False)
     # The step takes x's and y's arrays one by one (Runner.call feeds flat
     # inputs), then the weights; a model with several inputs or outputs
     # gets them back as the list or dict it takes.
-    x_structure, y_structure = train.structure()
-    nx, ny = len(flat(x_structure)), len(flat(y_structure))
-
-    @tf.function(jit_compile=False)
-    def train_step(*arrays):
-        xb = tf.nest.pack_sequence_as(x_structure, list(arrays[:nx]))
-        yb = tf.nest.pack_sequence_as(y_structure, list(arrays[nx:nx + ny]))
-        weighted = arrays[nx + ny:]
-        with tf.GradientTape() as tape:
-            y_pred = model(xb, training=True)
-            # Keras weighs each example's loss and divides by the batch's
-            # size: a mean over the batch still, averaged over workers.
-            loss = model.compute_loss(xb, yb, y_pred, sample_weight=weighted[0] if weighted
-                                      else None, training=True)
-            # As Keras's train step: a LossScaleOptimizer (the "mixed_float16"
-            # policy's) unscales the gradients of the loss it scaled.
-            scaled = model.optimizer.scale_loss(loss)
-        grads = tape.gradient(scaled, model.trainable_variables)
-        model.optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss, y_pred
-
+    train_step = (_traced_own_step if own_step else _compiled_step)(model, train)
+    ny = len(flat(train.structure()[1]))
     runner = get_runner(train_step.get_concrete_function(*train.specs()), resource_info, config)
     n, me = runner.num_workers, runner.worker_index
     runner.equal_shares = True   # a batch trains only when it splits into equal shares (below)
@@ -204,6 +187,11 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
             _run_callbacks(runner, model, callbacks, lambda c: c.on_epoch_begin(epoch),
                            synced=True)
             metrics = _Metrics(model, sums)
+            if own_step:
+                # the step's own metric updates run in the graph: each
+                # worker's copies start the epoch from Keras's reset too
+                runner.assign_python_values(metrics.variables())
+            step_logs = {}
             for step, (xb, yb, wb) in enumerate(train.epoch(epoch)):
                 if size(xb) % parts:
                     # equal shares or none: workers' gradients are averaged
@@ -216,6 +204,9 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
                 mine = slice(me, None, n)
                 x_mine, y_mine = rows(xb, mine), rows(yb, mine)
                 weighted = () if wb is None else (wb[mine],)
+                if own_step:
+                    step_logs = runner.call(*flat(x_mine), *flat(y_mine), *weighted)
+                    continue
                 loss, y_pred = runner.call(*flat(x_mine), *flat(y_mine), *weighted)
                 if ny > 1:
                     # each output's loss tracker, which the compiled loss
@@ -227,7 +218,8 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
                 metrics.update(y_mine, y_pred,
                                float(loss) * (runner.micro_batches if sums else 1),
                                size(x_mine), size(xb), *weighted)
-            logs = metrics.result(runner)
+            logs = (metrics.own_step_result(runner, step_logs) if own_step
+                    else metrics.result(runner))
             validating = validation_data is not None and _should_validate(epoch, validation_freq)
             if validating:
                 runner.sync_python_variables()
@@ -258,13 +250,17 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
 
 
 def _array_batches(x, y, batch_size, sample_weight, class_weight, validation_split: float,
-                   shuffle, seed: int | None, floatx: str) -> tuple[ArrayBatches, tuple | None]:
+                   shuffle, seed: int | None, floatx: str,
+                   own_step: bool = False) -> tuple[ArrayBatches, tuple | None]:
     """The global batches of arrays x and y, or lists or dicts of arrays
     (sample or class weights), and the last `validation_split` of the
-    examples split off (or None)."""
+    examples split off (or None). A model's own train_step (`own_step`)
+    may take x alone, as Keras's fit hands it: y is then ()."""
     import tensorflow as tf
 
     from autopar.common.errors import AutoparError
+    if y is None and own_step:
+        y = ()
     if y is None or not all(hasattr(a, "__len__") for a in (x, y)):
         raise AutoparError(
             f"autopar.fit takes the examples as arrays x and y (or lists or dicts of arrays), "
@@ -277,7 +273,7 @@ def _array_batches(x, y, batch_size, sample_weight, class_weight, validation_spl
     if len(lengths) > 1:
         raise AutoparError(f"autopar.fit: x and y hold different numbers of examples "
                            f"({sorted(lengths)})")
-    if class_weight is not None and len(flat(y)) > 1:
+    if class_weight is not None and len(flat(y)) != 1:
         raise AutoparError("autopar.fit: class_weight is for a model with one output (as fit)")
     _refuse_unless_positive_int("batch_size", batch_size)
     validation = None
@@ -361,7 +357,9 @@ def _run_callbacks(runner, model, callbacks, call, synced: bool,
     if callbacks is not None:
         if not synced:
             runner.sync_python_variables()
-        variables = list(model.variables) + list(model.optimizer.variables)
+        # (a model with its own train_step and compile() may have none)
+        optimizer = getattr(model, "optimizer", None)
+        variables = list(model.variables) + list(getattr(optimizer, "variables", []))
         before = [v.numpy() for v in variables]
         call(callbacks)
         changed = float(any(not np.array_equal(b, v.numpy()) for b, v in zip(before, variables)))
@@ -413,21 +411,86 @@ def _chief_array(runner, local: np.ndarray) -> np.ndarray:
                                    else np.zeros(np.shape(local)))
 
 
-def _refuse_own_steps(model, validating: bool) -> None:
-    """A model class that overrides Keras's train_step (or test_step, when
-    fit evaluates) computes something this loop does not: running the
-    compiled loss instead would train a different model without a word."""
+def _flat_logs(logs) -> dict:
+    """A train_step's logs as Keras's fit records them: a dict's dicts
+    (the compiled metrics' result) flattened into it."""
+    out = {}
+    for name, value in (logs.items() if isinstance(logs, dict) else ()):
+        out.update(_flat_logs(value) if isinstance(value, dict) else {name: value})
+    return out
+
+
+def _own_train_step(model, validating: bool) -> bool:
+    """Whether the model's class overrides Keras's train_step, which
+    autopar.fit then traces and runs as Keras's fit does (`_traced_own_step`).
+    An overridden test_step, when fit evaluates, is refused: the
+    evaluation runs Keras's own test step (`_test_step`), and running it
+    instead would report other numbers without a word."""
     import keras
 
     from autopar.common.errors import AutoparError
-    steps = ["train_step"] + (["test_step"] if validating else [])
-    own = [name for name in steps if getattr(type(model), name) is not getattr(keras.Model, name)]
-    if own:
+    if validating and type(model).test_step is not keras.Model.test_step:
         raise AutoparError(
-            f"autopar.fit: {type(model).__name__} overrides Keras's {' and '.join(own)}, which "
-            "autopar.fit does not run (it trains the compiled loss and optimizer as Keras's own "
-            "step does); write the step as a tf.function and run it with autopar.get_runner "
-            "(docs/tf2-keras.md)")
+            f"autopar.fit: {type(model).__name__} overrides Keras's test_step, which "
+            "autopar.fit does not run on validation_data (it evaluates the compiled loss and "
+            "metrics as Keras's own test step does); leave validation_data out and call "
+            "model.evaluate() after fit, or write the step as a tf.function and run it with "
+            "autopar.get_runner (docs/tf2-keras.md)")
+    return type(model).train_step is not keras.Model.train_step
+
+
+def _compiled_step(model, batches):
+    """The compiled loss as Keras's own train step computes it (a string or
+    a loss function reduced over the batch, loss_weights applied, the
+    model's regularization losses added), differentiated and applied by the
+    compiled optimizer; traced on x's, y's and the weights' arrays one by
+    one, returning the loss and the predictions."""
+    import tensorflow as tf
+    # Called once on two rows first, so that Keras builds the loss (and any
+    # state it keeps) outside the traced step.
+    x2, y2 = batches.sample()
+    model.compute_loss(x2, y2, model(x2, training=False), training=False)
+    x_structure, y_structure = batches.structure()
+    nx, ny = len(flat(x_structure)), len(flat(y_structure))
+
+    @tf.function(jit_compile=False)
+    def train_step(*arrays):
+        xb = tf.nest.pack_sequence_as(x_structure, list(arrays[:nx]))
+        yb = tf.nest.pack_sequence_as(y_structure, list(arrays[nx:nx + ny]))
+        weighted = arrays[nx + ny:]
+        with tf.GradientTape() as tape:
+            y_pred = model(xb, training=True)
+            # Keras weighs each example's loss and divides by the batch's
+            # size: a mean over the batch still, averaged over workers.
+            loss = model.compute_loss(xb, yb, y_pred, sample_weight=weighted[0] if weighted
+                                      else None, training=True)
+            # As Keras's train step: a LossScaleOptimizer (the "mixed_float16"
+            # policy's) unscales the gradients of the loss it scaled.
+            scaled = model.optimizer.scale_loss(loss)
+        grads = tape.gradient(scaled, model.trainable_variables)
+        model.optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss, y_pred
+    return train_step
+
+
+def _traced_own_step(model, batches):
+    """The model's own train_step, traced as Keras's fit traces it (on
+    `data`: the dataset's element as it is, or what Keras packs from
+    arrays: (x, y), (x, y, sample_weight) or x alone), taking x's, y's and
+    the weights' arrays one by one. It returns what train_step returns
+    (Keras's logs); its metrics update in the graph, each worker's on its
+    rows (_Metrics.own_step_result combines them)."""
+    import tensorflow as tf
+    x_structure, y_structure = batches.structure()
+    nx, ny = len(flat(x_structure)), len(flat(y_structure))
+
+    @tf.function(jit_compile=False)
+    def train_step(*arrays):
+        xb = tf.nest.pack_sequence_as(x_structure, list(arrays[:nx]))
+        yb = tf.nest.pack_sequence_as(y_structure, list(arrays[nx:nx + ny]))
+        weights = arrays[nx + ny] if len(arrays) > nx + ny else None
+        return model.train_step(batches.data(xb, yb, weights))
+    return train_step
 
 
 class _Metrics:
@@ -445,6 +508,9 @@ class _Metrics:
         model.reset_metrics()
         self.loss_sum = 0.0
         self.count = 0
+
+    def variables(self) -> list:
+        return [v for m in self.model.metrics for v in m.variables]
 
     def update(self, y, y_pred, loss: float, rows: int, batch_rows: int,
                sample_weight=None) -> None:
@@ -474,17 +540,59 @@ class _Metrics:
                 m.total.assign(total + value * (1 if self.sums else share) * weight)
                 m.count.assign(count + share * weight)
 
-    def result(self, runner) -> dict:
-        variables = [v for m in self.model.metrics for v in m.variables]
-        local = np.concatenate([[self.loss_sum, self.count]]
-                               + [np.ravel(v.numpy()).astype(np.float64) for v in variables])
-        total = runner.sum_over_workers(local)
-        logs = {"loss": float(total[0] / max(total[1], 1))}
-        offset = 2
+    def own_step_result(self, runner, step_logs) -> dict:
+        """The epoch's logs of a model's own train_step, one device's: its
+        last step's logs (`step_logs`, this worker's), each the result of
+        the model's metric of its name when it is (the metrics' state
+        summed over workers, as `result`), else the workers' mean of their
+        last step's value (a loss returned as computed: the global batch's
+        mean over equal shares)."""
+        runner.sync_python_variables()
+        mine = self.model.get_metrics_result()
+        # Keras's fit logs its metrics' results when the step's logs have
+        # their names (Trainer._get_metrics_result_or_logs), else the logs
+        every_metric = isinstance(step_logs, dict) and set(step_logs) == set(mine)
+        step_logs = _flat_logs(step_logs)
+        names = [k for k, v in step_logs.items()
+                 if np.ndim(v) == 0 and np.issubdtype(np.asarray(v).dtype, np.number)]
+        is_metric = [float(k in mine and np.ndim(mine[k]) == 0 and (every_metric or np.isclose(
+            float(mine[k]), float(step_logs[k]), rtol=1e-6, atol=1e-12))) for k in names]
+        variables = self.variables()
+        total = runner.sum_over_workers(np.concatenate(
+            [np.ravel(v.numpy()).astype(np.float64) for v in variables]
+            + [is_metric, [float(step_logs[k]) for k in names]]))
+        offset = self._assign_summed(variables, total)
+        combined = self.model.get_metrics_result()
+        logs = {}
+        for i, name in enumerate(names):
+            if total[offset + i] == runner.num_workers:
+                logs[name] = float(combined[name])
+            else:
+                logs[name] = float(total[offset + len(names) + i] / runner.num_workers)
+                if runner.is_chief and name not in _MEANS_NOTED:
+                    _MEANS_NOTED.add(name)
+                    log.info("autopar.fit: train_step's log '%s' is no metric's result: it is "
+                             "the workers' mean of their last step's values", name)
+        return logs
+
+    @staticmethod
+    def _assign_summed(variables, total) -> int:
+        """Give `variables` their values summed over workers, the first of
+        `total`; where the rest of `total` begins."""
+        offset = 0
         for v in variables:
             size = int(np.prod(v.shape))
             v.assign(total[offset:offset + size].reshape(v.shape).astype(v.dtype))
             offset += size
+        return offset
+
+    def result(self, runner) -> dict:
+        variables = self.variables()
+        local = np.concatenate([[self.loss_sum, self.count]]
+                               + [np.ravel(v.numpy()).astype(np.float64) for v in variables])
+        total = runner.sum_over_workers(local)
+        logs = {"loss": float(total[0] / max(total[1], 1))}
+        self._assign_summed(variables, total[2:])
         for name, value in self.model.get_metrics_result().items():
             if name != "loss":   # the loss tracker: the loss above is ours
                 logs[name] = float(value)

@@ -567,15 +567,29 @@ class Runner:
         graph's copy would keep training with the old value."""
         for name, seen in self._watched.items():
             value = self._lifted.python_variables[name].numpy()
-            if np.array_equal(value, seen):
-                continue
-            if name not in self._assign_ops:
-                ours = self._variables[name + ":0"]
-                with self.graph.as_default(), tf.device(ours.device):
-                    fed = tf1.placeholder(ours.dtype.base_dtype, ours.shape)
-                    self._assign_ops[name] = (fed, ours.assign(fed).op)
-            fed, assign = self._assign_ops[name]
-            self.session.run(assign, {fed: value})
+            if not np.array_equal(value, seen):
+                self._assign_from_python(name, value)
+
+    def assign_python_values(self, variables) -> None:
+        """Give this worker's copies of the traced function's Python
+        `variables` their Python values now, each worker its own (no
+        broadcast): autopar.fit resets the metrics a model's own train_step
+        updates at each epoch's start. A variable the function does not
+        capture is skipped."""
+        for variable in variables:
+            name = self._python.get(id(variable))
+            if name is not None:
+                self._assign_from_python(name, variable.numpy())
+
+    def _assign_from_python(self, name: str, value) -> None:
+        if name not in self._assign_ops:
+            ours = self._variables[name + ":0"]
+            with self.graph.as_default(), tf.device(ours.device):
+                fed = tf1.placeholder(ours.dtype.base_dtype, ours.shape)
+                self._assign_ops[name] = (fed, ours.assign(fed).op)
+        fed, assign = self._assign_ops[name]
+        self.session.run(assign, {fed: value})
+        if name in self._watched:
             self._watched[name] = value
 
     def _saw_python_values(self) -> None:

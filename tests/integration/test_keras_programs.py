@@ -261,6 +261,34 @@ def test_fit_computes_the_compiled_loss_as_keras_fit_does(tmp_path):
     _assert_workers_hold(tmp_path, 4, rtol=1e-9, atol=1e-12)
 
 
+OWN_STEP = str(REPO / "tests" / "integration" / "scripts" / "keras_fit_own_step.py")
+
+
+@pytest.mark.parametrize("model,run_option", [("compiled", "hybrid"), ("gan", "ps")])
+def test_a_models_own_train_step_fit_as_keras_fits_it(model, run_option, tmp_path):
+    """A model class that overrides train_step, as Keras's guide to
+    customizing fit() writes one (before: refused): autopar.fit traces the
+    model's own step on what Keras's fit hands it, (x, y, sample_weight)
+    of arrays or a dataset's element (x alone), and 3 workers on 2 uneven
+    hosts end with Keras's own model.fit's variables, slots and per-epoch
+    logs: the metrics the step updates in the graph, each worker's on its
+    rows, are reset at each epoch's start and their state summed over
+    workers at its end (R2Score's arrays too); validation runs Keras's test
+    step; EarlyStopping, watching a metric of the step, stops every worker
+    after epoch 2 of 4. The GAN: two models, an optimizer each, the latent
+    vectors and the labels' noise drawn from a SeedGenerator per example
+    (one device's draws), on the servers."""
+    expected, got, _ = _keras_then_autopar([OWN_STEP, "--model", model], tmp_path, (2, 1),
+                                           "--run-option", run_option)
+    assert sorted(got) == sorted(expected) and len(got[sorted(got)[0]]) == (
+        2 if model == "compiled" else 3)
+    if model == "compiled":
+        assert sorted(got) == ["loss", "mae", "r2_score", "val_loss", "val_mae", "val_r2_score"]
+    for name in got:
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-12, err_msg=name)
+    _assert_workers_hold(tmp_path, 3, rtol=1e-9, atol=1e-12)
+
+
 SUMMED = [DIGITS, "--model", "summed"]
 
 

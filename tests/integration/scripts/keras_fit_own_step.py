@@ -1,0 +1,146 @@
+"""Keras 3 models whose class overrides train_step, as Keras's guide to
+customizing fit() writes them, trained by model.fit (--keras, one device)
+or autopar.fit (on every worker of --spec):
+
+- "compiled": a functional model whose train_step differentiates the
+  compiled loss (model.compute_loss, with sample weights) and updates every
+  metric of model.metrics itself (the loss tracker, the compiled metrics:
+  MeanAbsoluteError and R2Score, whose state is arrays), returning their
+  results; fit on arrays with sample weights, validation data (Keras's own
+  test step) and an EarlyStopping callback watching a metric of the step.
+- "gan": a model of two models with a compile() of its own (an optimizer
+  for each, a loss function), whose train_step takes the batch of real
+  examples alone, draws the latent vectors and the labels' noise from a
+  keras.random.SeedGenerator, trains the discriminator and then the
+  generator, and logs two Mean trackers listed in its `metrics` property;
+  fit on a tf.data.Dataset of x alone, shuffled.
+
+Saves every variable of the models and their optimizers and prints the
+per-epoch logs."""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))))
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import autopar  # noqa: E402
+
+
+class CompiledLossModel(keras.Model):
+    def train_step(self, data):
+        x, y, sample_weight = data if len(data) == 3 else (*data, None)
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(y=y, y_pred=y_pred, sample_weight=sample_weight)
+        self.optimizer.apply(tape.gradient(loss, self.trainable_variables),
+                             self.trainable_variables)
+        for metric in self.metrics:
+            if metric.name == "loss":
+                metric.update_state(loss)
+            else:
+                metric.update_state(y, y_pred, sample_weight=sample_weight)
+        return {m.name: m.result() for m in self.metrics}
+
+
+class GAN(keras.Model):
+    def __init__(self, discriminator, generator, latent_dim):
+        super().__init__()
+        self.discriminator, self.generator = discriminator, generator
+        self.latent_dim = latent_dim
+        self.d_loss_tracker = keras.metrics.Mean(name="d_loss")
+        self.g_loss_tracker = keras.metrics.Mean(name="g_loss")
+        self.seed_generator = keras.random.SeedGenerator(1337)
+
+    @property
+    def metrics(self):
+        return [self.d_loss_tracker, self.g_loss_tracker]
+
+    def compile(self, d_optimizer, g_optimizer, loss_fn):
+        super().compile()
+        self.d_optimizer, self.g_optimizer, self.loss_fn = d_optimizer, g_optimizer, loss_fn
+
+    def train_step(self, real):
+        n = tf.shape(real)[0]
+        latent = keras.random.normal((n, self.latent_dim), seed=self.seed_generator)
+        combined = tf.concat([self.generator(latent), real], axis=0)
+        labels = tf.concat([tf.ones((n, 1), real.dtype), tf.zeros((n, 1), real.dtype)], axis=0)
+        labels += 0.05 * keras.random.uniform(tf.shape(labels), seed=self.seed_generator)
+        with tf.GradientTape() as tape:
+            d_loss = self.loss_fn(labels, self.discriminator(combined))
+        self.d_optimizer.apply(tape.gradient(d_loss, self.discriminator.trainable_weights),
+                               self.discriminator.trainable_weights)
+        latent = keras.random.normal((n, self.latent_dim), seed=self.seed_generator)
+        with tf.GradientTape() as tape:
+            g_loss = self.loss_fn(tf.zeros((n, 1), real.dtype),
+                                  self.discriminator(self.generator(latent)))
+        self.g_optimizer.apply(tape.gradient(g_loss, self.generator.trainable_weights),
+                               self.generator.trainable_weights)
+        self.d_loss_tracker.update_state(d_loss)
+        self.g_loss_tracker.update_state(g_loss)
+        return {"d_loss": self.d_loss_tracker.result(), "g_loss": self.g_loss_tracker.result()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--keras", action="store_true", help="Keras's own model.fit")
+    p.add_argument("--model", choices=["compiled", "gan"], required=True)
+    p.add_argument("--spec")
+    p.add_argument("--run-option", default="hybrid")
+    p.add_argument("--out", required=True, help=".npz; {worker} is replaced")
+    args = p.parse_args()
+    keras.config.set_floatx("float64")
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(48, 6)), rng.normal(size=(48, 1))
+    if args.model == "gan":
+        discriminator = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8),
+                                          keras.layers.LeakyReLU(negative_slope=0.2),
+                                          keras.layers.Dense(1)])
+        generator = keras.Sequential([keras.Input((3,)), keras.layers.Dense(8),
+                                      keras.layers.LeakyReLU(negative_slope=0.2),
+                                      keras.layers.Dense(6)])
+        model = GAN(discriminator, generator, latent_dim=3)
+        model.compile(d_optimizer=keras.optimizers.Adam(3e-3),
+                      g_optimizer=keras.optimizers.Adam(3e-3),
+                      loss_fn=keras.losses.BinaryCrossentropy(from_logits=True))
+        # shuffled without a seed of its own: keras.utils.set_random_seed's
+        data = [tf.data.Dataset.from_tensor_slices(x).shuffle(48).batch(12)]
+        fit = dict(epochs=3)
+        optimizers = [model.d_optimizer, model.g_optimizer]
+    else:
+        inputs = keras.Input((6,))
+        hidden = keras.layers.Dense(5, activation="tanh")(inputs)
+        model = CompiledLossModel(inputs, keras.layers.Dense(1)(hidden))
+        model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse",
+                      metrics=["mae", keras.metrics.R2Score()])
+        data = [x, y]
+        # EarlyStopping ends fit after epoch 2 of 4: the R2 score of epoch 2
+        # does not improve on epoch 1's by 0.5
+        fit = dict(epochs=4, batch_size=12, sample_weight=rng.uniform(0.5, 1.5, size=48),
+                   validation_data=(x[:20], y[:20]),
+                   callbacks=[keras.callbacks.EarlyStopping(monitor="r2_score", mode="max",
+                                                            patience=0, min_delta=0.5)])
+        optimizers = [model.optimizer]
+    if args.keras:
+        history, worker = model.fit(*data, verbose=0, **fit).history, 0
+    else:
+        if len(data) == 1:
+            data.append(None)
+        result = autopar.fit(model, *data, args.spec, autopar.Config(log_every_steps=0,
+                                                                    run_option=args.run_option),
+                             verbose=0, **fit)
+        history, worker = result.history, result.worker_index
+    print("history " + json.dumps(history, sort_keys=True), flush=True)
+    np.savez(args.out.format(worker=worker),
+             **{v.path: v.numpy() for v in model.variables + [
+                 v for o in optimizers for v in o.variables]})
+
+
+if __name__ == "__main__":
+    main()
