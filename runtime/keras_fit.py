@@ -42,7 +42,8 @@ off) that autopar.get_runner lifts and distributes like any tf.function step
 - A model that overrides train_step trains by its own step, traced as
   Keras's fit traces it (_traced_own_step); the metrics it updates in the
   graph are reset on every worker at each epoch's start and combined over
-  workers at its end (_Metrics.own_step_result).
+  workers at its end (_Metrics.own_step_result). An overridden test_step
+  validates, each worker on its rows, combined the same way.
 """
 from __future__ import annotations
 
@@ -97,7 +98,8 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
                if type(model).__module__.startswith(("tf_keras", "keras.src.engine")) else "")
             + ": write its training step as a tf.function and run it with autopar.get_runner "
             "(docs/tf2-keras.md)")
-    own_step = _own_train_step(model, validation_data is not None or bool(validation_split))
+    own_step, own_test_step = (type(model).train_step is not keras.Model.train_step,
+                               type(model).test_step is not keras.Model.test_step)
     if (not getattr(model, "compiled", False) if own_step else
             getattr(model, "optimizer", None) is None or getattr(model, "loss", None) is None):
         raise AutoparError("autopar.fit: compile the model first "
@@ -136,7 +138,8 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
             validation_data = split_off
     if isinstance(validation_data, tf.data.Dataset):
         validation_data = DatasetBatches(validation_data, "validation_data",
-                                         input_rank=input_rank, steps=validation_steps)
+                                         input_rank=input_rank, steps=validation_steps,
+                                         x_only=own_test_step)
     elif validation_steps is not None:
         raise AutoparError("autopar.fit: validation_steps is for validation_data given as a "
                            "tf.data.Dataset that repeats")
@@ -170,7 +173,7 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
         train.chief_order = lambda draw, n: _chief_array(
             runner, draw() if runner.is_chief else np.zeros(n)).astype(np.int64)
     history = History(me, n)
-    test_step = _test_step(model)
+    test_step = _own_test_step(model) if own_test_step else _test_step(model)
     # Last of the callbacks, as Keras's History: the epoch's logs with what
     # the others added (LearningRateScheduler's learning_rate).
     seen = _epoch_logs()
@@ -227,7 +230,7 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
                              _evaluate(model, validation_data,
                                        validation_batch_size or batch_size
                                        or DEFAULT_BATCH_SIZE,
-                                       runner, test_step, sums).items()})
+                                       runner, test_step, sums, own_test_step).items()})
             if runner.is_chief and verbose:
                 log.info("epoch %d/%d: %s", epoch + 1, epochs,
                          "  ".join(f"{k} {v:.4f}" for k, v in logs.items()))
@@ -420,25 +423,6 @@ def _flat_logs(logs) -> dict:
     return out
 
 
-def _own_train_step(model, validating: bool) -> bool:
-    """Whether the model's class overrides Keras's train_step, which
-    autopar.fit then traces and runs as Keras's fit does (`_traced_own_step`).
-    An overridden test_step, when fit evaluates, is refused: the
-    evaluation runs Keras's own test step (`_test_step`), and running it
-    instead would report other numbers without a word."""
-    import keras
-
-    from autopar.common.errors import AutoparError
-    if validating and type(model).test_step is not keras.Model.test_step:
-        raise AutoparError(
-            f"autopar.fit: {type(model).__name__} overrides Keras's test_step, which "
-            "autopar.fit does not run on validation_data (it evaluates the compiled loss and "
-            "metrics as Keras's own test step does); leave validation_data out and call "
-            "model.evaluate() after fit, or write the step as a tf.function and run it with "
-            "autopar.get_runner (docs/tf2-keras.md)")
-    return type(model).train_step is not keras.Model.train_step
-
-
 def _compiled_step(model, batches):
     """The compiled loss as Keras's own train step computes it (a string or
     a loss function reduced over the batch, loss_weights applied, the
@@ -540,14 +524,17 @@ class _Metrics:
                 m.total.assign(total + value * (1 if self.sums else share) * weight)
                 m.count.assign(count + share * weight)
 
-    def own_step_result(self, runner, step_logs) -> dict:
-        """The epoch's logs of a model's own train_step, one device's: its
-        last step's logs (`step_logs`, this worker's), each the result of
-        the model's metric of its name when it is (the metrics' state
-        summed over workers, as `result`), else the workers' mean of their
-        last step's value (a loss returned as computed: the global batch's
-        mean over equal shares)."""
-        runner.sync_python_variables()
+    def own_step_result(self, runner, step_logs, synced: bool = False) -> dict:
+        """The epoch's logs of a model's own train_step (or test_step), one
+        device's: its last step's logs (`step_logs`, this worker's), each
+        the result of the model's metric of its name when it is (the
+        metrics' state summed over workers, as `result`), else the workers'
+        mean of their last step's value (a loss returned as computed: the
+        global batch's mean over equal shares). `synced`: the Python
+        metrics hold this worker's state already (a test step's, which
+        runs eagerly), else the graph's are read."""
+        if not synced:
+            runner.sync_python_variables()
         mine = self.model.get_metrics_result()
         # Keras's fit logs its metrics' results when the step's logs have
         # their names (Trainer._get_metrics_result_or_logs), else the logs
@@ -571,8 +558,8 @@ class _Metrics:
                 logs[name] = float(total[offset + len(names) + i] / runner.num_workers)
                 if runner.is_chief and name not in _MEANS_NOTED:
                     _MEANS_NOTED.add(name)
-                    log.info("autopar.fit: train_step's log '%s' is no metric's result: it is "
-                             "the workers' mean of their last step's values", name)
+                    log.info("autopar.fit: the model's step's log '%s' is no metric's result: "
+                             "it is the workers' mean of their last step's values", name)
         return logs
 
     @staticmethod
@@ -612,19 +599,42 @@ def _test_step(model):
     return test_step
 
 
-def _evaluate(model, data, batch_size: int, runner, test_step, sums: bool) -> dict:
+def _own_test_step(model):
+    """The model's own test_step, traced as Keras's evaluate traces it, on
+    what Keras hands it (`_traced_own_step`'s data)."""
+    import tensorflow as tf
+    return tf.function(model.test_step, jit_compile=False, reduce_retracing=True)
+
+
+def _tf_values(logs):
+    """A step's logs of tensors as NumPy values."""
+    import tensorflow as tf
+    return tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, logs)
+
+
+def _evaluate(model, data, batch_size: int, runner, test_step, sums: bool,
+              own_step: bool = False) -> dict:
     """Loss and compiled metrics of the model (with this worker's current
     values) over the validation set `data`, (x, y) or (x, y, sample
     weights) in Keras's batches of `batch_size`, or a dataset's batches,
-    each worker on its rows w, w+N, ... of each; combined over workers."""
+    each worker on its rows w, w+N, ... of each; combined over workers.
+    With the model's own test step (`own_step`), the logs it gives and the
+    metrics it updates."""
     metrics = _Metrics(model, sums)
+    step_logs = {}
     for xb, yb, wb, batch_rows in _validation_batches(data, batch_size, runner):
         if size(xb) == 0:
+            continue
+        if own_step:
+            step_logs = test_step((data if isinstance(data, DatasetBatches)
+                                   else ArrayBatches).data(xb, yb, wb))
             continue
         weighted = () if wb is None else (wb,)
         with metrics.output_losses(size(xb), batch_rows):
             y_pred, loss = test_step(xb, yb, *weighted)
         metrics.update(yb, y_pred, float(loss), size(xb), batch_rows, *weighted)
+    if own_step:
+        return metrics.own_step_result(runner, _tf_values(step_logs), synced=True)
     return metrics.result(runner)
 
 

@@ -273,8 +273,8 @@ def test_a_models_own_train_step_fit_as_keras_fits_it(model, run_option, tmp_pat
     hosts end with Keras's own model.fit's variables, slots and per-epoch
     logs: the metrics the step updates in the graph, each worker's on its
     rows, are reset at each epoch's start and their state summed over
-    workers at its end (R2Score's arrays too); validation runs Keras's test
-    step; EarlyStopping, watching a metric of the step, stops every worker
+    workers at its end (R2Score's arrays too); validation runs the model's
+    own test step, combined the same way; EarlyStopping, watching a metric of the step, stops every worker
     after epoch 2 of 4. The GAN: two models, an optimizer each, the latent
     vectors and the labels' noise drawn from a SeedGenerator per example
     (one device's draws), on the servers."""

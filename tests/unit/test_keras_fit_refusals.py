@@ -1,8 +1,7 @@
-"""What autopar.fit refuses before it starts a job, each by name: a model
-whose own evaluation step it would not run when fit validates (its own
-training step it runs), fit() arguments it does not take, several inputs, an uncompiled
-model; and the per-example weights it takes (class_weight as Keras's fit
-turns it into weights)."""
+"""What autopar.fit refuses before it starts a job, each by name: fit()
+arguments it does not take, several inputs, an uncompiled model; the
+per-example weights it takes (class_weight as Keras's fit turns it into
+weights); and that it runs a model's own training and evaluation steps."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -35,31 +34,25 @@ def _own_step(self, data):
     raise AssertionError("autopar.fit ran the model's own step")
 
 
-def test_a_model_with_its_own_test_step_is_refused_when_fit_validates():
-    """fit's validation runs Keras's own test step: a model's own would
-    report other numbers."""
-    model = _model({"test_step": _own_step})
-    with pytest.raises(AutoparError, match="OwnStepModel overrides Keras's test_step"):
-        autopar.fit(model, X, Y, epochs=1, batch_size=4, verbose=0, validation_data=(X, Y))
-
-
-def test_a_models_own_train_step_is_what_fit_runs():
-    """A model's own train_step runs (traced) on what Keras's fit hands it,
-    x alone when fit is given no y; its logs are the epoch's logs (the
-    metric it updates, reset at each epoch's start: a count of the
-    examples seen)."""
+def test_a_models_own_steps_are_what_fit_runs():
+    """A model's own train_step and test_step run (traced) on what Keras's
+    fit hands them, x alone when fit is given no y; their logs are the
+    epoch's logs (the metric they update, reset at each epoch's start and
+    each validation's: a count of the examples seen)."""
     import keras
 
-    def train_step(self, data):
-        self.seen.update_state(tf.ones(tf.shape(data)[:1]))
+    def count(self, data):
+        x = data[0] if isinstance(data, tuple) else data
+        self.seen.update_state(tf.ones(tf.shape(x)[:1]))
         return {"examples": self.seen.result()}
 
     def metrics(self):
         return [self.seen]
-    model = _model({"train_step": train_step, "metrics": property(metrics)})
+    model = _model({"train_step": count, "test_step": count, "metrics": property(metrics)})
     model.seen = keras.metrics.Sum(name="examples")
-    history = autopar.fit(model, X, None, epochs=2, batch_size=4, verbose=0)
-    assert history.history == {"examples": [8.0, 8.0]}
+    history = autopar.fit(model, X, None, epochs=2, batch_size=4, verbose=0,
+                          validation_data=(X[:6], Y[:6]))
+    assert history.history == {"examples": [8.0, 8.0], "val_examples": [6.0, 6.0]}
 
 
 def test_a_model_that_is_not_keras_3s_is_refused():

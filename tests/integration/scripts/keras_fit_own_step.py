@@ -6,8 +6,9 @@ or autopar.fit (on every worker of --spec):
   compiled loss (model.compute_loss, with sample weights) and updates every
   metric of model.metrics itself (the loss tracker, the compiled metrics:
   MeanAbsoluteError and R2Score, whose state is arrays), returning their
-  results; fit on arrays with sample weights, validation data (Keras's own
-  test step) and an EarlyStopping callback watching a metric of the step.
+  results, and whose test_step does the same without training; fit on
+  arrays with sample weights, validation data and an EarlyStopping callback
+  watching a metric of the step.
 - "gan": a model of two models with a compile() of its own (an optimizer
   for each, a loss function), whose train_step takes the batch of real
   examples alone, draws the latent vectors and the labels' noise from a
@@ -45,6 +46,17 @@ class CompiledLossModel(keras.Model):
                 metric.update_state(loss)
             else:
                 metric.update_state(y, y_pred, sample_weight=sample_weight)
+        return {m.name: m.result() for m in self.metrics}
+
+    def test_step(self, data):
+        x, y = data
+        y_pred = self(x, training=False)
+        loss = self.compute_loss(y=y, y_pred=y_pred)
+        for metric in self.metrics:
+            if metric.name == "loss":
+                metric.update_state(loss)
+            else:
+                metric.update_state(y, y_pred)
         return {m.name: m.result() for m in self.metrics}
 
 
@@ -123,7 +135,7 @@ def main() -> None:
         # EarlyStopping ends fit after epoch 2 of 4: the R2 score of epoch 2
         # does not improve on epoch 1's by 0.5
         fit = dict(epochs=4, batch_size=12, sample_weight=rng.uniform(0.5, 1.5, size=48),
-                   validation_data=(x[:20], y[:20]),
+                   validation_data=(x[:24], y[:24]),
                    callbacks=[keras.callbacks.EarlyStopping(monitor="r2_score", mode="max",
                                                             patience=0, min_delta=0.5)])
         optimizers = [model.optimizer]
