@@ -100,8 +100,12 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
             "(docs/tf2-keras.md)")
     own_step, own_test_step = (type(model).train_step is not keras.Model.train_step,
                                type(model).test_step is not keras.Model.test_step)
+    # a model computing its own loss (an overridden compute_loss) compiles
+    # none, as does one training by its own step
+    own_loss = type(model).compute_loss is not keras.Model.compute_loss
     if (not getattr(model, "compiled", False) if own_step else
-            getattr(model, "optimizer", None) is None or getattr(model, "loss", None) is None):
+            getattr(model, "optimizer", None) is None
+            or (getattr(model, "loss", None) is None and not own_loss)):
         raise AutoparError("autopar.fit: compile the model first "
                            "(model.compile(optimizer=..., loss=..., metrics=...))")
     if unsupported:
@@ -215,7 +219,7 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
                     # each output's loss tracker, which the compiled loss
                     # updates (the traced step's updates are the graph's)
                     with metrics.output_losses(size(x_mine), size(xb)):
-                        model.compute_loss(x_mine, y_mine, y_pred, *weighted, training=True)
+                        _compute_loss(model, x_mine, y_mine, y_pred, *weighted, training=True)
                 # runner.call's loss is its micro-batches' mean: their sum
                 # is this worker's when the loss sums over the batch
                 metrics.update(y_mine, y_pred,
@@ -423,6 +427,15 @@ def _flat_logs(logs) -> dict:
     return out
 
 
+def _compute_loss(model, x, y, y_pred, sample_weight=None, training=True):
+    """model.compute_loss, called as Keras's own steps call it
+    (Trainer._compute_loss): an override written before Keras 3.3 (a
+    distiller's loss of its student and its teacher) takes no `training`."""
+    if getattr(model, "_compute_loss_has_training_arg", True):
+        return model.compute_loss(x, y, y_pred, sample_weight, training=training)
+    return model.compute_loss(x, y, y_pred, sample_weight)
+
+
 def _compiled_step(model, batches):
     """The compiled loss as Keras's own train step computes it (a string or
     a loss function reduced over the batch, loss_weights applied, the
@@ -433,7 +446,7 @@ def _compiled_step(model, batches):
     # Called once on two rows first, so that Keras builds the loss (and any
     # state it keeps) outside the traced step.
     x2, y2 = batches.sample()
-    model.compute_loss(x2, y2, model(x2, training=False), training=False)
+    _compute_loss(model, x2, y2, model(x2, training=False), training=False)
     x_structure, y_structure = batches.structure()
     nx, ny = len(flat(x_structure)), len(flat(y_structure))
 
@@ -446,8 +459,7 @@ def _compiled_step(model, batches):
             y_pred = model(xb, training=True)
             # Keras weighs each example's loss and divides by the batch's
             # size: a mean over the batch still, averaged over workers.
-            loss = model.compute_loss(xb, yb, y_pred, sample_weight=weighted[0] if weighted
-                                      else None, training=True)
+            loss = _compute_loss(model, xb, yb, y_pred, *weighted, training=True)
             # As Keras's train step: a LossScaleOptimizer (the "mixed_float16"
             # policy's) unscales the gradients of the loss it scaled.
             scaled = model.optimizer.scale_loss(loss)
@@ -595,7 +607,7 @@ def _test_step(model):
     @tf.function(jit_compile=False, reduce_retracing=True)
     def test_step(xb, yb, *weighted):
         y_pred = model(xb, training=False)
-        return y_pred, model.compute_loss(xb, yb, y_pred, *weighted, training=False)
+        return y_pred, _compute_loss(model, xb, yb, y_pred, *weighted, training=False)
     return test_step
 
 

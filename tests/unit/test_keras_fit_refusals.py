@@ -1,7 +1,8 @@
 """What autopar.fit refuses before it starts a job, each by name: fit()
 arguments it does not take, several inputs, an uncompiled model; the
 per-example weights it takes (class_weight as Keras's fit turns it into
-weights); and that it runs a model's own training and evaluation steps."""
+weights); and that it runs a model's own training and evaluation steps
+and its own loss."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -53,6 +54,39 @@ def test_a_models_own_steps_are_what_fit_runs():
     history = autopar.fit(model, X, None, epochs=2, batch_size=4, verbose=0,
                           validation_data=(X[:6], Y[:6]))
     assert history.history == {"examples": [8.0, 8.0], "val_examples": [6.0, 6.0]}
+
+
+def test_a_models_own_compute_loss_is_what_fit_trains():
+    """A model that overrides compute_loss (a distiller's loss of its
+    student's and its teacher's outputs, written before Keras 3.3: no
+    `training` argument) and compiles no loss trains as Keras's fit trains
+    it, with the compiled metrics logged (before: refused as uncompiled)."""
+    import keras
+
+    def build():
+        keras.utils.set_random_seed(1)
+        teacher = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+
+        def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None,
+                         allow_empty=False):
+            return keras.ops.mean(keras.losses.mean_squared_error(y, y_pred)
+                                  + 0.5 * keras.losses.mean_squared_error(teacher(x), y_pred))
+        cls = type("Distiller", (keras.Model,), {"compute_loss": compute_loss})
+        inputs = keras.Input((3,))
+        model = cls(inputs, keras.layers.Dense(2)(inputs))
+        model.compile(optimizer=keras.optimizers.SGD(0.1), metrics=["mae"])
+        return model
+    x = np.random.default_rng(0).normal(size=(8, 3)).astype(np.float32)
+    y = np.random.default_rng(1).normal(size=(8, 2)).astype(np.float32)
+    expected = build()
+    logs = expected.fit(x, y, epochs=2, batch_size=4, shuffle=False, verbose=0).history
+    model = build()
+    history = autopar.fit(model, x, y, epochs=2, batch_size=4, shuffle=False, verbose=0)
+    assert sorted(history.history) == ["loss", "mae"]
+    for name, values in logs.items():
+        np.testing.assert_allclose(history.history[name], values, rtol=1e-5, err_msg=name)
+    for a, b in zip(model.weights, expected.weights):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)
 
 
 def test_a_model_that_is_not_keras_3s_is_refused():
