@@ -265,3 +265,122 @@ def refuse_nondeterministic(dataset, what: str) -> None:
                     "same batches; give shuffle a seed (dataset.shuffle(n, seed=...)) or set "
                     "one (keras.utils.set_random_seed)")
 
+
+
+class PyDatasetBatches:
+    """The batches of a keras.utils.PyDataset, read as Keras's fit reads
+    them (keras/src/trainers/data_adapters/py_dataset_adapter.py): its
+    on_epoch_end once before training, then each epoch on_epoch_begin, the
+    batches `dataset[i]` in order or, with shuffle, in an order Python's
+    random.shuffle draws (on the chief: `chief_order`, for every worker),
+    and on_epoch_end. A batch is x alone, (x,), (x, y) or (x, y,
+    sample_weight) (a list as a tuple, a dict as x); `weigh(y)`: each
+    example's weight from class weights, or None. Every worker reads every
+    batch and trains on its rows w, w+N, ...: a PyDataset is the program's
+    own Python code, run by each worker, so a batch that depends on a
+    process's random state (an on_epoch_end that shuffles without a seed)
+    would differ between workers; autopar.fit compares each epoch's first
+    batch over the workers (`digest`)."""
+
+    def __init__(self, dataset, what: str, weigh=None, x_only: bool = False,
+                 shuffle: bool = False) -> None:
+        try:
+            count = dataset.num_batches
+        except NotImplementedError:
+            count = None
+        if count is None:
+            raise AutoparError(f"autopar.fit: {what} (a PyDataset) has no length: give it "
+                               "__len__ (or num_batches), the batches of an epoch")
+        self.dataset, self.what, self.weigh = dataset, what, weigh
+        self.count, self.shuffle = int(count), shuffle
+        self.chief_order = lambda draw, n: draw()
+        x, y, w = self._batch(0)
+        if y is None and not x_only:
+            raise AutoparError(f"autopar.fit: {what} yields batches of inputs alone; the "
+                               "compiled loss takes (x, y) or (x, y, sample_weight) batches")
+        if w is not None and weigh is not None:
+            raise AutoparError(f"autopar.fit: {what} yields sample weights and class_weight is "
+                               "given; give one of them (as fit)")
+        self.first = (x, () if y is None else y, w)
+        self.single = y is None
+        # Keras's fit resets the dataset's epoch before training starts
+        dataset.on_epoch_end()
+
+    def _batch(self, index: int):
+        """(x, y or None, weights or None) of batch `index`, as Keras's
+        adapter standardizes it."""
+        import tensorflow as tf
+        batch = self.dataset[index]
+        if isinstance(batch, dict):
+            return batch, None, None
+        if isinstance(batch, np.ndarray):
+            batch = (batch,)
+        if isinstance(batch, list):
+            batch = tuple(batch)
+        if not isinstance(batch, tuple) or len(batch) not in (1, 2, 3):
+            raise AutoparError(f"autopar.fit: {self.what}[{index}] is a "
+                               f"{type(batch).__name__}; a PyDataset's batch is (x,), (x, y) "
+                               "or (x, y, sample_weight), or a dict")
+        x = tf.nest.map_structure(np.asarray, batch[0])
+        y = tf.nest.map_structure(np.asarray, batch[1]) if len(batch) > 1 else None
+        w = np.asarray(batch[2]) if len(batch) > 2 else None
+        return x, y, w
+
+    def sample(self):
+        return rows(self.first[0], slice(0, 2)), rows(self.first[1], slice(0, 2))
+
+    def structure(self):
+        return self.first[0], self.first[1]
+
+    def specs(self):
+        import tensorflow as tf
+        x, y, w = self.first
+        out = _specs(x) + _specs(y)
+        if w is not None:
+            out += _specs(w)
+        elif self.weigh is not None:
+            out.append(tf.TensorSpec([None], tf.as_dtype(self.weigh(np.zeros(1)).dtype)))
+        return out
+
+    def check(self, parts: int, what: str) -> None:
+        del parts, what   # batches that do not split are left out, one by one
+
+    def data(self, x, y, weights):
+        """What Keras's fit hands a model's train_step: the batch as the
+        dataset gives it ((x,) for inputs alone), with weights from class
+        weights added."""
+        if self.single:
+            return x if isinstance(x, dict) else (x,)
+        return (x, y) if weights is None else (x, y, weights)
+
+    def epoch(self, epoch: int):
+        """(x, y, weights or None) of each batch of an epoch."""
+        del epoch
+        import random
+        self.dataset.on_epoch_begin()
+        order = list(range(self.count))
+        if self.shuffle:
+            def draw():
+                random.shuffle(order)
+                return np.array(order)
+            order = [int(i) for i in self.chief_order(draw, self.count)]
+        for index in order:
+            x, y, w = self._batch(index)
+            if w is None and self.weigh is not None and y is not None:
+                w = self.weigh(y)
+            yield x, () if y is None else y, w
+        self.dataset.on_epoch_end()
+
+
+def digest(x, y, weights) -> float:
+    """A batch's contents as a number a float64 holds exactly (52 bits of
+    their hash): equal on every worker that read the same batch."""
+    import hashlib
+
+    import tensorflow as tf
+    h = hashlib.blake2b(digest_size=8)
+    for a in tf.nest.flatten((x, y, () if weights is None else weights)):
+        a = np.ascontiguousarray(a)
+        h.update(str((a.dtype, a.shape)).encode())
+        h.update(a.tobytes() if a.dtype.kind != "O" else repr(a.tolist()).encode())
+    return float(int.from_bytes(h.digest(), "little") >> 12)

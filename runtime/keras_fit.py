@@ -53,9 +53,13 @@ import logging
 
 import numpy as np
 
-from autopar.runtime.fit_data import ArrayBatches, DatasetBatches, flat, rows, size
+from autopar.runtime.fit_data import (ArrayBatches, DatasetBatches, PyDatasetBatches, digest, flat,
+                                      rows, size)
 
 log = logging.getLogger("autopar.fit")
+# Batches read by every worker from the program's own dataset, each pass
+# afresh (validation_data given as one)
+BATCHES = (DatasetBatches, PyDatasetBatches)
 # Logs of a model's own train_step said once to be the workers' mean.
 _MEANS_NOTED: set[str] = set()
 # Keras's fit() batch_size when none is given (arrays, and validation arrays).
@@ -132,6 +136,17 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
                                lambda yb: _sample_weights(yb, None, class_weight, floatx),
                                input_rank, steps_per_epoch, persistent=True,
                                x_only=own_step)
+    elif isinstance(x, keras.utils.PyDataset):
+        for name, value in (("y", y), ("batch_size", batch_size), ("sample_weight", sample_weight),
+                            ("validation_split", validation_split or None),
+                            ("steps_per_epoch", steps_per_epoch)):
+            if value is not None:
+                raise AutoparError(f"autopar.fit: {name} is not given with a PyDataset x (its "
+                                   "batches hold the targets and weights; an epoch is every "
+                                   "batch)")
+        train = PyDatasetBatches(x, "x", None if class_weight is None else
+                                 lambda yb: _sample_weights(yb, None, class_weight, floatx),
+                                 x_only=own_step, shuffle=bool(shuffle))
     else:
         if steps_per_epoch is not None:
             raise AutoparError("autopar.fit: steps_per_epoch is for a tf.data.Dataset x that "
@@ -144,13 +159,16 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
         validation_data = DatasetBatches(validation_data, "validation_data",
                                          input_rank=input_rank, steps=validation_steps,
                                          x_only=own_test_step)
+    elif isinstance(validation_data, keras.utils.PyDataset):
+        validation_data = PyDatasetBatches(validation_data, "validation_data",
+                                           x_only=own_test_step)
     elif validation_steps is not None:
         raise AutoparError("autopar.fit: validation_steps is for validation_data given as a "
                            "tf.data.Dataset that repeats")
-    if validation_data is not None and not isinstance(validation_data, DatasetBatches) and (
+    if validation_data is not None and not isinstance(validation_data, BATCHES) and (
             not isinstance(validation_data, (tuple, list)) or len(validation_data) not in (2, 3)):
-        raise AutoparError("autopar.fit: validation_data is (x, y), (x, y, sample_weight) or a "
-                           f"tf.data.Dataset, got {type(validation_data).__name__}")
+        raise AutoparError("autopar.fit: validation_data is (x, y), (x, y, sample_weight), a "
+                           f"tf.data.Dataset or a PyDataset, got {type(validation_data).__name__}")
     # The step takes x's and y's arrays one by one (Runner.call feeds flat
     # inputs), then the weights; a model with several inputs or outputs
     # gets them back as the list or dict it takes.
@@ -170,7 +188,7 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
     except AutoparError:
         runner.close()
         raise
-    if isinstance(train, ArrayBatches):
+    if isinstance(train, (ArrayBatches, PyDatasetBatches)):
         # Keras's shuffle draws from each process's random state, which
         # nothing makes equal (a program without keras.utils.set_random_seed):
         # the chief draws the order, every worker takes it
@@ -200,6 +218,8 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
                 runner.assign_python_values(metrics.variables())
             step_logs = {}
             for step, (xb, yb, wb) in enumerate(train.epoch(epoch)):
+                if step == 0 and isinstance(train, PyDatasetBatches):
+                    _refuse_unless_read_alike(runner, (xb, yb, wb), epoch)
                 if size(xb) % parts:
                     # equal shares or none: workers' gradients are averaged
                     # with equal weights
@@ -271,7 +291,8 @@ def _array_batches(x, y, batch_size, sample_weight, class_weight, validation_spl
     if y is None or not all(hasattr(a, "__len__") for a in (x, y)):
         raise AutoparError(
             f"autopar.fit takes the examples as arrays x and y (or lists or dicts of arrays), "
-            f"or a tf.data.Dataset of batches (got x: {type(x).__name__}, y: "
+            f"a tf.data.Dataset of batches or a keras.utils.PyDataset (got x: "
+            f"{type(x).__name__}, y: "
             f"{type(y).__name__}); for a generator, write the training step as a tf.function "
             "and feed it this worker's batches of autopar.shard(dataset) through "
             "autopar.get_runner (docs/tf2-keras.md)")
@@ -406,6 +427,25 @@ def _chief_logs(runner, logs: dict) -> dict:
     local[:len(payload)] = payload
     data = _chief_array(runner, local)[:length]
     return json.loads(data.astype(np.uint8).tobytes().decode())
+
+
+def _refuse_unless_read_alike(runner, batch, epoch: int) -> None:
+    """Refuse, on every worker, a PyDataset whose first batch of an epoch
+    differs between workers: its Python code runs in each worker, and one
+    whose batches depend on the process's random state would train each
+    worker on batches of its own."""
+    from autopar.common.errors import AutoparError
+    if runner.num_workers == 1:
+        return
+    mine = digest(*batch)
+    chief = float(_chief_array(runner, np.array([mine]))[0])
+    if runner.sum_over_workers(np.array([float(mine != chief)]))[0]:
+        raise AutoparError(
+            f"autopar.fit: the workers read different batches from the PyDataset x (the first "
+            f"of epoch {epoch + 1}): it runs in every worker, and its batches depend on each "
+            "process's state (an on_epoch_end that shuffles with np.random or random without a "
+            "seed of its own); shuffle with a generator seeded by the epoch "
+            "(np.random.default_rng([seed, epoch])), or leave the order to fit's shuffle=True")
 
 
 def _chief_array(runner, local: np.ndarray) -> np.ndarray:
@@ -638,7 +678,7 @@ def _evaluate(model, data, batch_size: int, runner, test_step, sums: bool,
         if size(xb) == 0:
             continue
         if own_step:
-            step_logs = test_step((data if isinstance(data, DatasetBatches)
+            step_logs = test_step((data if isinstance(data, BATCHES)
                                    else ArrayBatches).data(xb, yb, wb))
             continue
         weighted = () if wb is None else (wb,)
@@ -655,7 +695,7 @@ def _validation_batches(data, batch_size: int, runner):
     fit batches it: (x, y, weights or None, the batch's size)."""
     me, n = runner.worker_index, runner.num_workers
     mine = slice(me, None, n)
-    if isinstance(data, DatasetBatches):
+    if isinstance(data, BATCHES):
         for xb, yb, wb in data.epoch(0):
             yield rows(xb, mine), rows(yb, mine), None if wb is None else wb[mine], size(xb)
         return

@@ -289,6 +289,39 @@ def test_a_models_own_train_step_fit_as_keras_fits_it(model, run_option, tmp_pat
     _assert_workers_hold(tmp_path, 3, rtol=1e-9, atol=1e-12)
 
 
+PYDATASET = str(REPO / "tests" / "integration" / "scripts" / "keras_fit_pydataset.py")
+
+
+def test_a_pydataset_fit_as_keras_fits_it(tmp_path):
+    """A keras.utils.PyDataset (before: refused as a generator), its batch
+    order shuffled by fit (drawn by the chief, as Keras draws it) and by the
+    dataset's own on_epoch_end from NumPy's global random state (the same in
+    every worker of a seeded program), validated on a PyDataset: 3 workers
+    on 2 uneven hosts end with Keras's own model.fit's variables, slots and
+    per-epoch logs."""
+    expected, got, _ = _keras_then_autopar([PYDATASET, "--reshuffle", "global"], tmp_path,
+                                           (2, 1))
+    assert sorted(got) == ["loss", "mae", "val_loss", "val_mae"] and len(got["loss"]) == 3
+    for name in got:
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-12, err_msg=name)
+    _assert_workers_hold(tmp_path, 3, rtol=1e-9, atol=1e-12)
+
+
+def test_a_pydataset_read_differently_by_the_workers_is_refused(tmp_path):
+    """A PyDataset whose on_epoch_end shuffles with a generator of each
+    process's own: the workers' first batches differ, and every worker
+    stops with the reason before training on them."""
+    spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
+    with LineReader(start_job([sys.executable, PYDATASET, "--reshuffle", "fresh", "--spec",
+                               str(spec), "--out", str(tmp_path / "dist{worker}.npz")])) as job:
+        output = job.rest(timeout=240)
+    assert job.proc.returncode != 0
+    assert "job failed: worker 0 (pid" in output
+    assert ("autopar.fit: the workers read different batches from the PyDataset x (the first of "
+            "epoch 1)") in output
+    assert not list(tmp_path.glob("dist*.npz"))
+
+
 SUMMED = [DIGITS, "--model", "summed"]
 
 

@@ -1,5 +1,6 @@
 """What autopar.fit refuses before it starts a job, each by name: fit()
-arguments it does not take, several inputs, an uncompiled model; the
+arguments it does not take, several inputs, an uncompiled model, a
+PyDataset it cannot read as fit does; the
 per-example weights it takes (class_weight as Keras's fit turns it into
 weights); and that it runs a model's own training and evaluation steps
 and its own loss."""
@@ -89,6 +90,29 @@ def test_a_models_own_compute_loss_is_what_fit_trains():
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)
 
 
+def _rows(batches, endless=False):
+    import keras
+
+    class Batches(keras.utils.PyDataset):
+        def __getitem__(self, i):
+            return batches[i]
+    if not endless:
+        Batches.__len__ = lambda self: len(batches)
+    return Batches()
+
+
+@pytest.mark.parametrize("x,y,message", [
+    (lambda: _rows([(X, Y)]), Y, "y is not given with a PyDataset x"),
+    (lambda: _rows([(X,)]), None, "x yields batches of inputs alone; the compiled loss takes "
+                                  r"\(x, y\)"),
+    (lambda: _rows([(X, Y)], endless=True), None, r"x \(a PyDataset\) has no length"),
+    (lambda: _rows([[X, Y, Y, Y]]), None, r"x\[0\] is a tuple; a PyDataset's batch is"),
+])
+def test_a_pydataset_it_cannot_read_as_fit_does_is_refused(x, y, message):
+    with pytest.raises(AutoparError, match=message):
+        autopar.fit(_model(), x(), y, epochs=1, verbose=0)
+
+
 def test_a_model_that_is_not_keras_3s_is_refused():
     """A Keras 2 model (tf.keras under TF_USE_LEGACY_KERAS=1), or anything
     else that is not a keras.Model: refused, naming its class."""
@@ -172,6 +196,6 @@ def test_class_weights_become_the_weights_keras_fit_gives_each_example(y):
 
 
 def test_validation_data_of_another_form_is_refused():
-    with pytest.raises(AutoparError, match=r"validation_data is \(x, y\), \(x, y, sample_weight\) "
-                                           r"or a tf.data.Dataset"):
+    with pytest.raises(AutoparError, match=r"validation_data is \(x, y\), \(x, y, sample_weight\), "
+                                           r"a tf.data.Dataset or a PyDataset"):
         autopar.fit(_model(), X, Y, validation_data=(X, Y, None, None))
