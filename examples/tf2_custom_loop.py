@@ -9,8 +9,12 @@ The model is a bag-of-words classifier over token ids: an embedding (its
 gradient is sparse: with momentum SGD it lives on the servers in hybrid
 mode) averaged, then two dense layers. autopar traces the step once
 (`get_concrete_function`), lifts it into a graph it distributes, and
-`runner.call(x, y)` runs one step as `train_step(x, y)` would. When the
-runner closes, the Keras model and optimizer hold the trained values.
+`runner.call(x, y)` runs one step as `train_step(x, y)` would. The step
+updates Keras metrics, as TensorFlow's quickstart does, which the loop
+resets each epoch and reads from Python: after each call they hold this
+worker's values, and `runner.combine_metrics` sums their state over the
+workers (the epoch's global batches). When the runner closes, the Keras
+model and optimizer hold the trained values.
 
 --batch-size is per worker: N workers train with a global batch N times as large.
 """
@@ -39,7 +43,8 @@ def dataset(size, seed):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--spec", help="resource spec (YAML); omit to train on this device only")
-    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--examples", type=int, default=8000, help="training examples per epoch")
     p.add_argument("--batch-size", type=int, default=32, help="examples per worker per step")
     args = p.parse_args()
     keras.utils.set_random_seed(0)
@@ -51,31 +56,41 @@ def main():
                               keras.layers.Dense(CLASSES)])
     optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    train_loss = keras.metrics.Mean(name="loss")
+    train_accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
 
     @tf.function(jit_compile=False)
     def train_step(x, y):
         with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
+            logits = model(x, training=True)
+            loss = loss_fn(y, logits)
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
+        train_loss(loss)
+        train_accuracy(y, logits)
 
     # autopar: trace the step once and distribute it
     step = train_step.get_concrete_function(tf.TensorSpec([None, LENGTH], tf.int32),
                                             tf.TensorSpec([None], tf.int32))
     runner = autopar.get_runner(step, args.spec, autopar.Config(log_every_steps=50))
-    ds = tf.data.Dataset.from_tensor_slices(dataset(20000, seed=1))
+    ds = tf.data.Dataset.from_tensor_slices(dataset(args.examples, seed=1))
     ds = autopar.shard(ds)  # autopar: this worker's disjoint slice of the data
-    batches = iter(ds.shuffle(4096, seed=0).repeat().batch(args.batch_size))
+    ds = ds.shuffle(4096, seed=0).batch(args.batch_size, drop_remainder=True)
     with runner:
-        for _ in range(args.steps):
-            x, y = next(batches)
-            loss = runner.call(x.numpy(), y.numpy())  # was: loss = train_step(x, y)
+        for epoch in range(args.epochs):
+            train_loss.reset_state()
+            train_accuracy.reset_state()
+            for x, y in ds:
+                runner.call(x.numpy(), y.numpy())  # was: train_step(x, y)
+            # autopar: the metrics over every worker's batches, as one device's
+            runner.combine_metrics([train_loss, train_accuracy])
+            if runner.is_chief:
+                print(f"epoch {epoch + 1}: loss {float(train_loss.result()):.4f}, "
+                      f"accuracy {float(train_accuracy.result()):.3f}", flush=True)
     # The runner closed: the Keras model holds the trained weights.
     x_test, y_test = dataset(2000, seed=2)
     accuracy = np.mean(np.argmax(model(x_test), axis=1) == y_test)
-    print(f"worker {runner.worker_index}: loss {float(loss):.4f}, test accuracy {accuracy:.3f}",
-          flush=True)
+    print(f"worker {runner.worker_index}: test accuracy {accuracy:.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -194,7 +194,7 @@ class DatasetBatches:
         if len(self.element) == 3:
             out.append(tf.TensorSpec([None], self.element[2].dtype))
         elif self.weigh is not None:
-            out.append(tf.TensorSpec([None], tf.as_dtype(self.weigh(np.zeros(1)).dtype)))
+            out.append(_weights_spec(self.weigh))
         return out
 
     def check(self, parts: int, what: str) -> None:
@@ -231,6 +231,12 @@ class DatasetBatches:
             # reshuffling dataset's k-th epoch under fit() is its (2k-1)-th
             # iteration. As many here, so that fit()'s order is one device's.
             iter(self.dataset)
+
+
+def _weights_spec(weigh):
+    """The TensorSpec of the weights `weigh` gives a batch's examples."""
+    import tensorflow as tf
+    return tf.TensorSpec([None], tf.as_dtype(weigh(np.zeros(1)).dtype))
 
 
 def refuse_nondeterministic(dataset, what: str) -> None:
@@ -333,13 +339,12 @@ class PyDatasetBatches:
         return self.first[0], self.first[1]
 
     def specs(self):
-        import tensorflow as tf
         x, y, w = self.first
         out = _specs(x) + _specs(y)
         if w is not None:
             out += _specs(w)
         elif self.weigh is not None:
-            out.append(tf.TensorSpec([None], tf.as_dtype(self.weigh(np.zeros(1)).dtype)))
+            out.append(_weights_spec(self.weigh))
         return out
 
     def check(self, parts: int, what: str) -> None:

@@ -177,6 +177,10 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
     runner = get_runner(train_step.get_concrete_function(*train.specs()), resource_info, config)
     n, me = runner.num_workers, runner.worker_index
     runner.equal_shares = True   # a batch trains only when it splits into equal shares (below)
+    # The metrics are read at each epoch's end (the compiled step's in
+    # Python, from its outputs: the compiled loss's trackers it updates in
+    # the graph are not the logs)
+    runner.sync_state_each_call = False
     sums = runner.loss_reduction == "sum"
     # Each worker's share of a batch is split again into its micro-batches
     # (Config.micro_batches): a batch trains when it splits into n * m.
@@ -476,6 +480,21 @@ def _compute_loss(model, x, y, y_pred, sample_weight=None, training=True):
     return model.compute_loss(x, y, y_pred, sample_weight)
 
 
+def _unpacker(batches):
+    """A traced step's inputs (x's arrays, y's, then the weights, as
+    `batches.specs()` lists them) back as (x, y, weights or None), x and y
+    the structures the model takes."""
+    import tensorflow as tf
+    x_structure, y_structure = batches.structure()
+    nx, ny = len(flat(x_structure)), len(flat(y_structure))
+
+    def unpack(arrays):
+        return (tf.nest.pack_sequence_as(x_structure, list(arrays[:nx])),
+                tf.nest.pack_sequence_as(y_structure, list(arrays[nx:nx + ny])),
+                arrays[nx + ny] if len(arrays) > nx + ny else None)
+    return unpack
+
+
 def _compiled_step(model, batches):
     """The compiled loss as Keras's own train step computes it (a string or
     a loss function reduced over the batch, loss_weights applied, the
@@ -487,14 +506,12 @@ def _compiled_step(model, batches):
     # state it keeps) outside the traced step.
     x2, y2 = batches.sample()
     _compute_loss(model, x2, y2, model(x2, training=False), training=False)
-    x_structure, y_structure = batches.structure()
-    nx, ny = len(flat(x_structure)), len(flat(y_structure))
+    unpack = _unpacker(batches)
 
     @tf.function(jit_compile=False)
     def train_step(*arrays):
-        xb = tf.nest.pack_sequence_as(x_structure, list(arrays[:nx]))
-        yb = tf.nest.pack_sequence_as(y_structure, list(arrays[nx:nx + ny]))
-        weighted = arrays[nx + ny:]
+        xb, yb, weights = unpack(arrays)
+        weighted = () if weights is None else (weights,)
         with tf.GradientTape() as tape:
             y_pred = model(xb, training=True)
             # Keras weighs each example's loss and divides by the batch's
@@ -517,15 +534,11 @@ def _traced_own_step(model, batches):
     (Keras's logs); its metrics update in the graph, each worker's on its
     rows (_Metrics.own_step_result combines them)."""
     import tensorflow as tf
-    x_structure, y_structure = batches.structure()
-    nx, ny = len(flat(x_structure)), len(flat(y_structure))
+    unpack = _unpacker(batches)
 
     @tf.function(jit_compile=False)
     def train_step(*arrays):
-        xb = tf.nest.pack_sequence_as(x_structure, list(arrays[:nx]))
-        yb = tf.nest.pack_sequence_as(y_structure, list(arrays[nx:nx + ny]))
-        weights = arrays[nx + ny] if len(arrays) > nx + ny else None
-        return model.train_step(batches.data(xb, yb, weights))
+        return model.train_step(batches.data(*unpack(arrays)))
     return train_step
 
 
@@ -596,42 +609,26 @@ class _Metrics:
                  if np.ndim(v) == 0 and np.issubdtype(np.asarray(v).dtype, np.number)]
         is_metric = [float(k in mine and np.ndim(mine[k]) == 0 and (every_metric or np.isclose(
             float(mine[k]), float(step_logs[k]), rtol=1e-6, atol=1e-12))) for k in names]
-        variables = self.variables()
-        total = runner.sum_over_workers(np.concatenate(
-            [np.ravel(v.numpy()).astype(np.float64) for v in variables]
-            + [is_metric, [float(step_logs[k]) for k in names]]))
-        offset = self._assign_summed(variables, total)
+        runner.combine_metrics(self.model.metrics)
         combined = self.model.get_metrics_result()
+        total = runner.sum_over_workers(np.array(
+            is_metric + [float(step_logs[k]) for k in names])) if names else []
         logs = {}
         for i, name in enumerate(names):
-            if total[offset + i] == runner.num_workers:
+            if total[i] == runner.num_workers:
                 logs[name] = float(combined[name])
             else:
-                logs[name] = float(total[offset + len(names) + i] / runner.num_workers)
+                logs[name] = float(total[len(names) + i] / runner.num_workers)
                 if runner.is_chief and name not in _MEANS_NOTED:
                     _MEANS_NOTED.add(name)
                     log.info("autopar.fit: the model's step's log '%s' is no metric's result: "
                              "it is the workers' mean of their last step's values", name)
         return logs
 
-    @staticmethod
-    def _assign_summed(variables, total) -> int:
-        """Give `variables` their values summed over workers, the first of
-        `total`; where the rest of `total` begins."""
-        offset = 0
-        for v in variables:
-            size = int(np.prod(v.shape))
-            v.assign(total[offset:offset + size].reshape(v.shape).astype(v.dtype))
-            offset += size
-        return offset
-
     def result(self, runner) -> dict:
-        variables = self.variables()
-        local = np.concatenate([[self.loss_sum, self.count]]
-                               + [np.ravel(v.numpy()).astype(np.float64) for v in variables])
-        total = runner.sum_over_workers(local)
+        total = runner.sum_over_workers(np.array([self.loss_sum, self.count]))
         logs = {"loss": float(total[0] / max(total[1], 1))}
-        self._assign_summed(variables, total[2:])
+        runner.combine_metrics(self.model.metrics)
         for name, value in self.model.get_metrics_result().items():
             if name != "loss":   # the loss tracker: the loss above is ours
                 logs[name] = float(value)

@@ -119,6 +119,18 @@ class Runner:
         # may assign from Python between steps, as a custom loop decays it:
         # name -> the value last seen in Python (_carry_python_writes).
         self._watched = self._python_settings()
+        # The traced function's state the step writes besides the
+        # optimizer's (the Keras metrics a step updates: a Mean of the
+        # loss, an accuracy): their Python variables get this worker's
+        # values after every call, as a program reads them
+        # (`train_loss.result()`), and a reset from Python
+        # (`reset_state()`) reaches the graph's copies.
+        self._local_python = self._local_state(analysis)
+        # Cleared by a caller that reads that state itself when it needs it
+        # (autopar.fit: at each epoch's end, its compiled metrics in Python)
+        self.sync_state_each_call = True
+        self._watched.update({name: self._lifted.python_variables[name].numpy()
+                              for name in self._local_python})
         self._assign_ops: dict[str, tuple] = {}
         self._init_ops = _initializer_ops(graph)
         # The loss of each train group, fetched with the steps that update it.
@@ -559,6 +571,49 @@ class Runner:
                 out[name] = variable.numpy()
         return out
 
+    def _local_state(self, analysis) -> list[str]:
+        """Lifted names of the Python variables that are state the step
+        writes besides the optimizer's (Analysis.state of kind "local",
+        from each worker's own batch, or "other": a metric's count, the
+        optimizer's iteration), kept on this worker."""
+        if self._lifted is None or analysis is None:
+            return []
+        local = {s.name for s in analysis.state if s.kind in ("local", "other") and s.update_ops}
+        return sorted(name for name in self._lifted.python_variables
+                      if name in local and name + ":0" in self._variables
+                      and f"/job:{SERVER_JOB}" not in self._variables[name + ":0"].device)
+
+    def _sync_local_state(self) -> None:
+        """This worker's values of the local state into its Python variables."""
+        values = self._run_plain({name: self._map_fetch(self._variables[name + ":0"])
+                                  for name in self._local_python}, {}, None, None)
+        for name, value in values.items():
+            self._lifted.python_variables[name].assign(value)
+            self._watched[name] = value
+
+    def combine_metrics(self, metrics) -> None:
+        """Give the Python variables of Keras `metrics` a traced step
+        updates their state summed over workers (every worker calls it at
+        the same point), so that `metric.result()` is the global batches'
+        (a metric whose state adds up: Mean, Sum, accuracies, AUC's
+        counts). After each call the Python variables hold this worker's
+        own values, which the step goes on counting from."""
+        variables = [v for m in metrics for v in m.variables]
+        if not variables:
+            return
+        total = self.sum_over_workers(np.concatenate(
+            [np.ravel(v.numpy()).astype(np.float64) for v in variables]))
+        offset = 0
+        for v in variables:
+            size = int(np.prod(v.shape))
+            dtype = getattr(v.dtype, "as_numpy_dtype", v.dtype)   # tf's or Keras's
+            v.assign(total[offset:offset + size].reshape(v.shape).astype(dtype))
+            offset += size
+            name = self._python.get(id(v))
+            if name in self._watched:
+                # the sum is Python's view, not a write for the graph
+                self._watched[name] = v.numpy()
+
     def _carry_python_writes(self) -> None:
         """Assign to this worker's copy each watched setting the program
         changed in Python since it was last seen (`opt.learning_rate.assign
@@ -636,6 +691,8 @@ class Runner:
         tensors = [t for t in outputs if isinstance(t, tf.Tensor)]
         values = iter(self.run([t.name for t in tensors] + [CALL_OP],
                                {t.name: v for t, v in zip(fed, inputs)}))
+        if self._local_python and self.sync_state_each_call:
+            self._sync_local_state()
         return tf.nest.pack_sequence_as(
             function.structured_outputs,
             [next(values) if isinstance(t, tf.Tensor) else t for t in outputs],
