@@ -784,6 +784,15 @@ def _variable_info(graph, var_op, update_ops, boundary, slot_users) -> VariableI
                 "tf.gradients or a GradientTape passed (optionally through clipping/scaling) to "
                 "an optimizer or a write of the variable")
         terms = _elementwise_gradients(graph, update_set, boundary, shape)
+        writes = _writes_of(graph, var_op, update_ops)
+        if len(terms) > 1 and len(writes) > 1:
+            # (a GAN's critic trained several times per step: WGAN-GP)
+            raise UnsupportedGraphError(
+                f"variable '{var_op.name}' is updated {len(writes)} times in one step "
+                f"('{writes[0]}', '{writes[1]}'), each from a gradient of its own "
+                f"('{terms[0]}', '{terms[1]}'): autopar averages one gradient per variable per "
+                "step over the workers. Make each update a step of its own (a train op run "
+                "once per update, or the step called once per update)")
         if len(terms) > 1:
             raise UnsupportedGraphError(
                 f"variable '{var_op.name}' is updated from {len(terms)} gradients combined "
@@ -793,6 +802,18 @@ def _variable_info(graph, var_op, update_ops, boundary, slot_users) -> VariableI
     info.slots = sorted(name for name, users in slot_users.items() if users == {var_op.name})
     info.boundary_ops = _boundary_ops(graph, var_op)
     return info
+
+
+def _writes_of(graph, var_op, update_ops) -> list[str]:
+    """The update ops that write the variable itself (not its slots), in
+    the graph's order."""
+    def variable_of(t):
+        while t.op.type == "Identity":
+            t = t.op.inputs[0]
+        return t.op
+    ops = [graph.get_operation_by_name(u) for u in update_ops]
+    return [op.name for op in ops if writes_variable(op.type) and op.inputs
+            and variable_of(op.inputs[0]) is var_op]
 
 
 def _nearest_boundary(graph, update_set: set[str], boundary: set[str], accepts) -> list[str | None]:

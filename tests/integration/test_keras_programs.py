@@ -264,7 +264,8 @@ def test_fit_computes_the_compiled_loss_as_keras_fit_does(tmp_path):
 OWN_STEP = str(REPO / "tests" / "integration" / "scripts" / "keras_fit_own_step.py")
 
 
-@pytest.mark.parametrize("model,run_option", [("compiled", "hybrid"), ("gan", "ps")])
+@pytest.mark.parametrize("model,run_option", [("compiled", "hybrid"), ("gan", "ps"),
+                                              ("wgan", "hybrid")])
 def test_a_models_own_train_step_fit_as_keras_fits_it(model, run_option, tmp_path):
     """A model class that overrides train_step, as Keras's guide to
     customizing fit() writes one (before: refused): autopar.fit traces the
@@ -277,11 +278,14 @@ def test_a_models_own_train_step_fit_as_keras_fits_it(model, run_option, tmp_pat
     own test step, combined the same way; EarlyStopping, watching a metric of the step, stops every worker
     after epoch 2 of 4. The GAN: two models, an optimizer each, the latent
     vectors and the labels' noise drawn from a SeedGenerator per example
-    (one device's draws), on the servers."""
+    (one device's draws), on the servers. WGAN-GP: a gradient penalty
+    differentiated inside the critic's tape, its interpolation weights
+    drawn per example; its losses logged as computed (the workers' mean:
+    one device's for equal shares)."""
     expected, got, _ = _keras_then_autopar([OWN_STEP, "--model", model], tmp_path, (2, 1),
                                            "--run-option", run_option)
     assert sorted(got) == sorted(expected) and len(got[sorted(got)[0]]) == (
-        2 if model == "compiled" else 3)
+        3 if model == "gan" else 2)
     if model == "compiled":
         assert sorted(got) == ["loss", "mae", "r2_score", "val_loss", "val_mae", "val_r2_score"]
     for name in got:

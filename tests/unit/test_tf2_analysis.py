@@ -327,6 +327,32 @@ def test_gradients_combined_otherwise_than_by_a_sum_are_refused():
         analyze_graph(lift(concrete).graph)
 
 
+def test_a_variable_updated_several_times_in_one_step_is_refused_as_such():
+    """A critic trained twice per step (WGAN-GP's several discriminator
+    steps in one train_step): each update from a gradient of its own, taken
+    after the last update. Refused naming the two updates (before: as
+    gradients "combined otherwise than by a sum", advising to add them)."""
+    import keras
+    program = keras_step.build("emb_mlp", "sgd", "float64")
+    model, optimizer = program.model, program.optimizer
+    loss_fn = keras.losses.MeanSquaredError()
+
+    @tf.function
+    def step(x, y):
+        for _ in range(2):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))
+            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                          model.trainable_variables))
+        return loss
+
+    concrete = step.get_concrete_function(tf.TensorSpec([None, keras_step.IDS], tf.int32),
+                                          tf.TensorSpec([None, 1], tf.float64))
+    with pytest.raises(UnsupportedGraphError, match=r"is updated 2 times in one step \('.*', "
+                                                    r"'.*'\), each from a gradient of its own"):
+        analyze_graph(lift(concrete).graph)
+
+
 def test_a_non_chief_keeps_what_reads_the_ops_before_a_server_update():
     """ps: a non-chief does not run its server variables' updates, but the
     ops between gradient and update stay, for Keras's optimizer reads them

@@ -15,6 +15,10 @@ or autopar.fit (on every worker of --spec):
   keras.random.SeedGenerator, trains the discriminator and then the
   generator, and logs two Mean trackers listed in its `metrics` property;
   fit on a tf.data.Dataset of x alone, shuffled.
+- "wgan": WGAN-GP (one critic update per step): a gradient penalty on
+  examples interpolated with a random weight per example, its gradient a
+  tape inside the critic's tape; the step returns its losses as computed
+  (no metric); fit on arrays of x alone.
 
 Saves every variable of the models and their optimizers and prints the
 per-epoch logs."""
@@ -98,10 +102,43 @@ class GAN(keras.Model):
         return {"d_loss": self.d_loss_tracker.result(), "g_loss": self.g_loss_tracker.result()}
 
 
+class WGAN(GAN):
+    def compile(self, d_optimizer, g_optimizer, loss_fn=None):
+        keras.Model.compile(self)
+        self.d_optimizer, self.g_optimizer = d_optimizer, g_optimizer
+
+    def gradient_penalty(self, real, fake):
+        alpha = tf.random.uniform([tf.shape(real)[0], 1], 0.0, 1.0, dtype=real.dtype)
+        interpolated = real + alpha * (fake - real)
+        with tf.GradientTape() as tape:
+            tape.watch(interpolated)
+            critic = self.discriminator(interpolated, training=True)
+        norm = tf.sqrt(tf.reduce_sum(tf.square(tape.gradient(critic, interpolated)), axis=1))
+        return tf.reduce_mean((norm - 1.0) ** 2)
+
+    def train_step(self, real):
+        n = tf.shape(real)[0]
+        latent = tf.random.normal((n, self.latent_dim), dtype=real.dtype)
+        with tf.GradientTape() as tape:
+            fake = self.generator(latent, training=True)
+            d_loss = (tf.reduce_mean(self.discriminator(fake, training=True))
+                      - tf.reduce_mean(self.discriminator(real, training=True))
+                      + 10.0 * self.gradient_penalty(real, fake))
+        self.d_optimizer.apply(tape.gradient(d_loss, self.discriminator.trainable_variables),
+                               self.discriminator.trainable_variables)
+        latent = tf.random.normal((n, self.latent_dim), dtype=real.dtype)
+        with tf.GradientTape() as tape:
+            g_loss = -tf.reduce_mean(self.discriminator(self.generator(latent, training=True),
+                                                        training=True))
+        self.g_optimizer.apply(tape.gradient(g_loss, self.generator.trainable_variables),
+                               self.generator.trainable_variables)
+        return {"d_loss": d_loss, "g_loss": g_loss}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--keras", action="store_true", help="Keras's own model.fit")
-    p.add_argument("--model", choices=["compiled", "gan"], required=True)
+    p.add_argument("--model", choices=["compiled", "gan", "wgan"], required=True)
     p.add_argument("--spec")
     p.add_argument("--run-option", default="hybrid")
     p.add_argument("--out", required=True, help=".npz; {worker} is replaced")
@@ -110,20 +147,22 @@ def main() -> None:
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(48, 6)), rng.normal(size=(48, 1))
-    if args.model == "gan":
+    if args.model in ("gan", "wgan"):
         discriminator = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8),
                                           keras.layers.LeakyReLU(negative_slope=0.2),
                                           keras.layers.Dense(1)])
         generator = keras.Sequential([keras.Input((3,)), keras.layers.Dense(8),
                                       keras.layers.LeakyReLU(negative_slope=0.2),
                                       keras.layers.Dense(6)])
-        model = GAN(discriminator, generator, latent_dim=3)
+        model = (GAN if args.model == "gan" else WGAN)(discriminator, generator, latent_dim=3)
         model.compile(d_optimizer=keras.optimizers.Adam(3e-3),
                       g_optimizer=keras.optimizers.Adam(3e-3),
                       loss_fn=keras.losses.BinaryCrossentropy(from_logits=True))
         # shuffled without a seed of its own: keras.utils.set_random_seed's
         data = [tf.data.Dataset.from_tensor_slices(x).shuffle(48).batch(12)]
         fit = dict(epochs=3)
+        if args.model == "wgan":
+            data, fit = [x], dict(epochs=2, batch_size=12)
         optimizers = [model.d_optimizer, model.g_optimizer]
     else:
         inputs = keras.Input((6,))
