@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, field
 
+import numpy as np
 import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
@@ -203,6 +204,15 @@ def analyze_graph(graph_or_meta) -> Analysis:
 def _analyze(graph: tf.Graph) -> Analysis:
     boundary = _gradient_boundary(graph)
     if not boundary:
+        loop = _loop_computing_gradients(graph)
+        if loop is not None:
+            raise UnsupportedGraphError(
+                f"the step's gradients are computed inside the loop '{loop.name}' ({loop.type}: "
+                "a tf.range or tf.while_loop loop in a tf.function, e.g. accumulating "
+                "micro-batches' gradients), whose body autopar does not see into: it finds "
+                "each variable's gradient where the backward pass ends. Loop in Python (a for "
+                "over range(k) unrolls into the step), or set Config(micro_batches=k) and "
+                "compute one gradient per step")
         raise UnsupportedGraphError(
             "no gradient computation found in the graph: build the train op with a "
             "tf.compat.v1.train optimizer (minimize() or compute_gradients/apply_gradients) "
@@ -619,10 +629,46 @@ def _gradient_boundary(graph: tf.Graph) -> set[str]:
         if in_gradient_scope(op.name):
             continue
         out.update(t.name for t in op.inputs if in_gradient_scope(t.op.name))
-        terms = _aggregated_terms(op)
-        if terms and all(t.name in out or _densified(t, out) for t in terms):
+        terms = [t for t in _aggregated_terms(op) if not _zeros(t)]
+        if terms and all(t.name in out or _densified(t, out) or _scaled_gradient(t.op, out)
+                         for t in terms):
             out.add(op.outputs[0].name)
     return out
+
+
+_SCALINGS = frozenset({"Mul", "RealDiv", "Div"})
+
+
+def _scaled_gradient(op, boundary: set[str]) -> bool:
+    """Whether `op` scales a gradient by a constant, its only reader: as a
+    term of a sum (each of k micro-batches' gradients divided by k before
+    they are added up), averaging the sum over workers is averaging each
+    term. A gradient read by anything else as well (tf.clip_by_norm
+    multiplies it by its constant norm and also takes its norm) is not such
+    a term: every reader must see the average."""
+    if op.type not in _SCALINGS or len(op.inputs) != 2:
+        return False
+    a, b = op.inputs
+    if op.type == "Mul" and _scalar_constant(a):
+        a, b = b, a
+    return ((a.name in boundary or _densified(a, boundary)) and _scalar_constant(b)
+            and a.dtype.is_floating and [c.name for c in a.consumers()] == [op.name])
+
+
+def _scalar_constant(t: tf.Tensor) -> bool:
+    while t.op.type in ("Cast", "Identity"):
+        t = t.op.inputs[0]
+    return t.op.type == "Const" and t.shape.num_elements() == 1
+
+
+def _zeros(t: tf.Tensor) -> bool:
+    """A tensor of zeros an accumulation starts from (tf.zeros_like(v),
+    tf.zeros(shape)): a term of a sum that adds nothing."""
+    if t.op.type == "ZerosLike":
+        return True
+    if t.op.type == "Fill":
+        t = t.op.inputs[1]
+    return t.op.type == "Const" and not np.any(tf.make_ndarray(t.op.get_attr("value")))
 
 
 def _densified(t: tf.Tensor, boundary: set[str]) -> bool:
@@ -764,6 +810,8 @@ def _variable_info(graph, var_op, update_ops, boundary, slot_users) -> VariableI
                         gradient="sparse" if sparse else "dense", update_ops=sorted(update_ops),
                         resource=var_op.type == "VarHandleOp")
     if sparse:
+        _refuse_several_gradients(var_op, _row_gradients(graph, update_set, boundary, shape),
+                                  _writes_of(graph, var_op, update_ops))
         info.grad_values, info.grad_indices = pair or sparse_gradient()
         if info.grad_values is None or info.grad_indices is None:
             raise UnsupportedGraphError(
@@ -783,25 +831,58 @@ def _variable_info(graph, var_op, update_ops, boundary, slot_users) -> VariableI
                 f"shape {list(shape)} reaching it was found. autopar understands gradients from "
                 "tf.gradients or a GradientTape passed (optionally through clipping/scaling) to "
                 "an optimizer or a write of the variable")
-        terms = _elementwise_gradients(graph, update_set, boundary, shape)
-        writes = _writes_of(graph, var_op, update_ops)
-        if len(terms) > 1 and len(writes) > 1:
-            # (a GAN's critic trained several times per step: WGAN-GP)
-            raise UnsupportedGraphError(
-                f"variable '{var_op.name}' is updated {len(writes)} times in one step "
-                f"('{writes[0]}', '{writes[1]}'), each from a gradient of its own "
-                f"('{terms[0]}', '{terms[1]}'): autopar averages one gradient per variable per "
-                "step over the workers. Make each update a step of its own (a train op run "
-                "once per update, or the step called once per update)")
-        if len(terms) > 1:
-            raise UnsupportedGraphError(
-                f"variable '{var_op.name}' is updated from {len(terms)} gradients combined "
-                f"otherwise than by a sum ('{terms[0]}', '{terms[1]}'): autopar averages one "
-                "gradient per variable over the workers. Add them up (+ or tf.add_n) before "
-                "anything else reads them")
+        _refuse_several_gradients(var_op, _elementwise_gradients(graph, update_set, boundary,
+                                                                 shape),
+                                  _writes_of(graph, var_op, update_ops))
     info.slots = sorted(name for name, users in slot_users.items() if users == {var_op.name})
     info.boundary_ops = _boundary_ops(graph, var_op)
     return info
+
+
+def _loop_computing_gradients(graph: tf.Graph) -> tf.Operation | None:
+    """A functional loop op of the graph whose body (or a function it
+    calls) computes gradients, or None."""
+    library = {f.signature.name: f for f in graph.as_graph_def().library.function}
+
+    def computes_gradients(name: str, seen: set[str]) -> bool:
+        if name in seen or name not in library:
+            return False
+        seen.add(name)
+        for node in library[name].node_def:
+            if in_gradient_scope(node.name + "/x"):
+                return True
+            if any(computes_gradients(value.func.name, seen) for value in node.attr.values()
+                   if value.HasField("func")):
+                return True
+        return False
+    for op in graph.get_operations():
+        if op.type in ("While", "StatelessWhile") and computes_gradients(
+                op.get_attr("body").name, set()):
+            return op
+    return None
+
+
+def _refuse_several_gradients(var_op, terms: list[str], writes: list[str]) -> None:
+    """A variable whose update reads several gradients (`terms`, of the
+    backward pass) is refused: autopar averages one gradient per variable.
+    Several `writes` of it, each from a gradient of its own, are several
+    updates in one step (a GAN's critic trained several times per step:
+    WGAN-GP); otherwise the gradients are combined before the update
+    (each micro-batch's clipped, then added)."""
+    if len(terms) < 2:
+        return
+    if len(writes) > 1:
+        raise UnsupportedGraphError(
+            f"variable '{var_op.name}' is updated {len(writes)} times in one step "
+            f"('{writes[0]}', '{writes[1]}'), each from a gradient of its own "
+            f"('{terms[0]}', '{terms[1]}'): autopar averages one gradient per variable per "
+            "step over the workers. Make each update a step of its own (a train op run "
+            "once per update, or the step called once per update)")
+    raise UnsupportedGraphError(
+        f"variable '{var_op.name}' is updated from {len(terms)} gradients combined "
+        f"otherwise than by a sum ('{terms[0]}', '{terms[1]}'): autopar averages one "
+        "gradient per variable over the workers. Add them up (+ or tf.add_n) before "
+        "anything else reads them")
 
 
 def _writes_of(graph, var_op, update_ops) -> list[str]:
@@ -871,6 +952,28 @@ def _elementwise_gradients(graph, update_set: set[str], boundary: set[str], shap
             continue
         seen.add(t.name)
         if static_shape(t) != tuple(shape):
+            continue
+        if t.name in boundary:
+            found.add(t.name)
+        elif not in_gradient_scope(t.op.name) and t.op.type not in VARIABLE_OP_TYPES:
+            stack.extend(_inputs_behind(t))
+    return sorted(found)
+
+
+def _row_gradients(graph, update_set: set[str], boundary: set[str], shape) -> list[str]:
+    """The backward-pass tensors of rows of the variable (an IndexedSlices
+    gradient's values, or a dense gradient) that reach its update through
+    such tensors only: one is its gradient; more (each micro-batch's rows
+    clipped, then made dense and added) are terms of which averaging one
+    would leave the others this worker's own."""
+    found, seen = set(), set()
+    stack = _update_inputs(graph, update_set)
+    while stack:
+        t = stack.pop()
+        if t.name in seen:
+            continue
+        seen.add(t.name)
+        if not (t.dtype.is_floating and _rows_of(t, shape)):
             continue
         if t.name in boundary:
             found.add(t.name)

@@ -38,6 +38,9 @@ CASES = [
     # the servers (Keras's sparse rows on servers: "shared" above; the
     # emb_mlp model in every run option: the full matrix)
     ("micro", "sgd", "float32", "ps"),
+    # gradient accumulation: two micro-batches' gradients, each divided by
+    # 2, added into zeros; every variable on the servers
+    ("accum", "sgd", "float64", "ps"),
     # AMSGrad (v read only through v_hat) with weight decay, which writes
     # each weight besides its update: every variable stays off the servers;
     # trained in 2 micro-batches a step (MICRO_BATCHES)
@@ -56,6 +59,7 @@ if os.environ.get("AUTOPAR_TEST_MATRIX") == "full":
                                              # tests/unit/test_tf2_analysis.py)
                                              ("module", "adam_noclip", "float64"),
                                              ("micro", "sgd", "float32"),
+                                             ("accum", "sgd", "float64"),
                                              ("emb_mlp", "amsgrad_wd", "float64"),
                                              ("emb_mlp", "lossscale", "float32"))
              for option in ("hybrid", "ps", "allreduce")] + [
@@ -129,7 +133,7 @@ def test_custom_training_step_matches_one_device(model, optimizer, dtype, run_op
             assert (f"worker {i}: DropCompute computed {micro * STEPS} of {micro * STEPS} "
                     "micro-batches") in log
     assert "update recognised from writes of it and of its slots" in log
-    if model in ("emb_mlp", "micro") and optimizer == "sgd":   # all 5 in ps, none in allreduce
+    if model in ("emb_mlp", "micro", "accum") and optimizer == "sgd":   # all 5 in ps
         # (hybrid: emb_mlp's sparse embedding on the servers, micro's
         # gradients all dense, all-reduced)
         assert {"ps": "5 on servers", "allreduce": "0 on servers"}.get(

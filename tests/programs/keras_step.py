@@ -26,7 +26,9 @@ tf.nn.embedding_lookup and a linear layer, as TensorFlow's "Introduction to
 modules" guide writes models; the table's IndexedSlices gradient carries
 the table's static shape as a constant dense_shape). "micro" is "emb_mlp"
 trained by a step that splits its batch into two micro-batches, a tape
-each, and adds up their gradients with `+`.
+each, and adds up their gradients with `+`; "accum" is "emb_mlp" trained
+by a step that accumulates two micro-batches' gradients, each divided by
+2, into tensors of zeros.
 Floating point in float64 (keras.config.set_floatx) where Adam-like
 optimizers divide by sqrt(v) (tests.models.model_dtype's arithmetic).
 """
@@ -214,7 +216,23 @@ def build(kind: str = "emb_mlp", optimizer_name: str = "adam",
                                 model.trainable_variables))
         return (losses[0] + losses[1]) / 2
 
-    step = micro_batch_step if kind == "micro" else train_step
+    @tf.function(jit_compile=False)
+    def accumulating_step(x, y):
+        # Gradient accumulation as custom loops write it: an accumulator
+        # from zeros, each micro-batch's gradient divided by their number
+        # and added in.
+        half = tf.shape(x)[0] // 2
+        accumulated = [tf.zeros_like(v) for v in model.trainable_variables]
+        losses = []
+        for part in (slice(None, half), slice(half, None)):
+            with tf.GradientTape() as tape:
+                losses.append(loss_fn(y[part], model(x[part], training=True)))
+            grads = tape.gradient(losses[-1], model.trainable_variables)
+            accumulated = [a + tf.convert_to_tensor(g) / 2 for a, g in zip(accumulated, grads)]
+        opt.apply_gradients(zip(accumulated, model.trainable_variables))
+        return (losses[0] + losses[1]) / 2
+
+    step = {"micro": micro_batch_step, "accum": accumulating_step}.get(kind, train_step)
     x_spec = tf.TensorSpec([None, _ids(kind)], tf.int32)
     return KerasProgram(model, opt, step, step.get_concrete_function(x_spec, y_spec), kind)
 

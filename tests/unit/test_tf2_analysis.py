@@ -327,6 +327,92 @@ def test_gradients_combined_otherwise_than_by_a_sum_are_refused():
         analyze_graph(lift(concrete).graph)
 
 
+def test_gradients_accumulated_from_zeros_each_scaled_are_one_gradient():
+    """Gradient accumulation as custom loops write it: zeros, plus each
+    micro-batch's gradient divided by 2 (before: refused as gradients
+    "combined otherwise than by a sum"). The accumulated sum travels; a
+    gradient the program reads otherwise too (tf.clip_by_norm also takes
+    its norm) is not a scaled term of one: there the gradient itself travels,
+    every reader seeing its average."""
+    program, lifted = _lifted("accum", "sgd")
+    analysis = analyze_graph(lifted.graph)
+    for v in analysis.variables:
+        total = lifted.graph.get_tensor_by_name(v.grad_tensor)
+        assert total.op.type == "AddV2", (v.name, v.grad_tensor)
+        first, scaled = total.op.inputs
+        assert first.op.type == "AddV2" and scaled.op.type == "RealDiv", v.name
+        # tf.zeros_like(v), folded into a constant where v's shape is static
+        assert first.op.inputs[0].op.type in ("ZerosLike", "Const"), v.name
+    import keras
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    optimizer = keras.optimizers.SGD(0.1)
+
+    @tf.function
+    def clipped(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(x) - y) ** 2)
+        grads = [tf.clip_by_norm(g, 0.5) for g in tape.gradient(loss, model.trainable_variables)]
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+    graph = lift(clipped.get_concrete_function(tf.TensorSpec([None, 3]),
+                                               tf.TensorSpec([None, 2]))).graph
+    for v in analyze_graph(graph).variables:
+        assert v.grad_tensor.startswith("gradient_tape/"), (v.name, v.grad_tensor)
+
+
+@pytest.mark.parametrize("combine", ["clip", "square"])
+def test_an_embeddings_gradients_combined_otherwise_than_by_a_sum_are_refused(combine):
+    """Two micro-batches' IndexedSlices gradients of an embedding, each
+    made dense and clipped (or squared), then added. Before: taken for a
+    sparse gradient, the second micro-batch's rows alone, which would have
+    been averaged over the workers while the first's stayed this worker's."""
+    import keras
+    model = keras.Sequential([keras.Input((3,), dtype="int32"), keras.layers.Embedding(24, 6),
+                              keras.layers.GlobalAveragePooling1D()])
+    optimizer = keras.optimizers.SGD(0.1)
+
+    @tf.function
+    def step(x, y):
+        grads = []
+        for part in (slice(None, 2), slice(2, None)):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((model(x[part]) - y[part]) ** 2)
+            g = tf.convert_to_tensor(tape.gradient(loss, model.trainable_variables)[0])
+            grads.append(tf.clip_by_norm(g, 0.1) if combine == "clip" else g ** 2)
+        optimizer.apply_gradients([(grads[0] + grads[1], model.trainable_variables[0])])
+
+    concrete = step.get_concrete_function(tf.TensorSpec([None, 3], tf.int32),
+                                          tf.TensorSpec([None, 6]))
+    with pytest.raises(UnsupportedGraphError, match=r"embeddings' is updated from 2 gradients "
+                                                    r"combined otherwise than by a sum"):
+        analyze_graph(lift(concrete).graph)
+
+
+def test_gradients_computed_inside_a_loop_are_refused_naming_it():
+    """Gradient accumulation in a tf.range loop: the tapes run inside the
+    While op's body, which the analysis does not see into (before: "no
+    gradient computation found ... build the train op with a
+    tf.compat.v1.train optimizer")."""
+    import keras
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    optimizer = keras.optimizers.SGD(0.1)
+
+    @tf.function
+    def step(x, y):
+        accumulated = [tf.zeros_like(v) for v in model.trainable_variables]
+        for i in tf.range(2):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((model(x[i::2]) - y[i::2]) ** 2)
+            grads = tape.gradient(loss, model.trainable_variables)
+            accumulated = [a + g / 2 for a, g in zip(accumulated, grads)]
+        optimizer.apply_gradients(zip(accumulated, model.trainable_variables))
+
+    concrete = step.get_concrete_function(tf.TensorSpec([None, 3]), tf.TensorSpec([None, 2]))
+    with pytest.raises(UnsupportedGraphError, match=r"the step's gradients are computed inside "
+                                                    r"the loop 'while' \(While"):
+        analyze_graph(lift(concrete).graph)
+
+
 def test_a_variable_updated_several_times_in_one_step_is_refused_as_such():
     """A critic trained twice per step (WGAN-GP's several discriminator
     steps in one train_step): each update from a gradient of its own, taken
