@@ -944,28 +944,22 @@ def _elementwise_gradients(graph, update_set: set[str], boundary: set[str], shap
     terms that averaging the one would leave this worker's own. What comes
     through a reduction (another variable's gradient in a global norm)
     does not count."""
-    found, seen = set(), set()
-    stack = _update_inputs(graph, update_set)
-    while stack:
-        t = stack.pop()
-        if t.name in seen:
-            continue
-        seen.add(t.name)
-        if static_shape(t) != tuple(shape):
-            continue
-        if t.name in boundary:
-            found.add(t.name)
-        elif not in_gradient_scope(t.op.name) and t.op.type not in VARIABLE_OP_TYPES:
-            stack.extend(_inputs_behind(t))
-    return sorted(found)
+    return _gradients_reaching(graph, update_set, boundary,
+                               lambda t: static_shape(t) == tuple(shape))
 
 
 def _row_gradients(graph, update_set: set[str], boundary: set[str], shape) -> list[str]:
-    """The backward-pass tensors of rows of the variable (an IndexedSlices
-    gradient's values, or a dense gradient) that reach its update through
-    such tensors only: one is its gradient; more (each micro-batch's rows
+    """The same for rows of the variable (an IndexedSlices gradient's
+    values, or a dense gradient): more than one (each micro-batch's rows
     clipped, then made dense and added) are terms of which averaging one
     would leave the others this worker's own."""
+    return _gradients_reaching(graph, update_set, boundary,
+                               lambda t: t.dtype.is_floating and _rows_of(t, shape))
+
+
+def _gradients_reaching(graph, update_set: set[str], boundary: set[str], kept) -> list[str]:
+    """The boundary tensors that reach the update ops through tensors
+    `kept` accepts only, walking back from the update's inputs."""
     found, seen = set(), set()
     stack = _update_inputs(graph, update_set)
     while stack:
@@ -973,7 +967,7 @@ def _row_gradients(graph, update_set: set[str], boundary: set[str], shape) -> li
         if t.name in seen:
             continue
         seen.add(t.name)
-        if not (t.dtype.is_floating and _rows_of(t, shape)):
+        if not kept(t):
             continue
         if t.name in boundary:
             found.add(t.name)
