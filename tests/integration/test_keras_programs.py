@@ -6,6 +6,7 @@ objects hold them after training, equal to one device calling the
 tf.function itself. float64 where Adam divides by sqrt(v)."""
 import json
 import os
+import re
 import sys
 
 import numpy as np
@@ -324,7 +325,8 @@ def test_a_pydataset_read_differently_by_the_workers_is_refused(tmp_path):
                                str(spec), "--out", str(tmp_path / "dist{worker}.npz")])) as job:
         output = job.rest(timeout=240)
     assert job.proc.returncode != 0
-    assert "job failed: worker 0 (pid" in output
+    # (every worker stops with it; whichever the launcher hears of first)
+    assert re.search(r"job failed: worker \d \(pid \d+\) failed", output), output[-2000:]
     assert ("autopar.fit: the workers read different batches from the PyDataset x (the first of "
             "epoch 1)") in output
     assert not list(tmp_path.glob("dist*.npz"))
