@@ -139,8 +139,11 @@ def test_custom_training_step_matches_one_device(model, optimizer, dtype, run_op
         # gradients all dense, all-reduced)
         assert {"ps": "5 on servers", "allreduce": "0 on servers"}.get(
             run_option, "1 on servers" if model == "emb_mlp" else "0 on servers") in log
+    # (hybrid would put only the embedding on a server, and Adam's squared
+    # rows keep it off first: the report gives that reason)
     if optimizer.endswith("_wd") and run_option != "allreduce":
-        assert "0 on servers" in log and "writes it outside its update" in log
+        assert "0 on servers" in log
+        assert "writes it outside its update" in log or run_option == "hybrid"
     if model == "lstm" and run_option == "ps":
         assert "kept off the servers: read inside" in log
     if decay:   # the reference's rate went 0.1, 0.05, ... 0.1 / STEPS
@@ -149,7 +152,8 @@ def test_custom_training_step_matches_one_device(model, optimizer, dtype, run_op
     if optimizer == "lossscale":
         assert expected["adam/iteration"] == STEPS - 1   # the last step was skipped
         if run_option != "allreduce":
-            assert "0 on servers" in log and "runs only when" in log
+            assert "0 on servers" in log
+            assert "runs only when" in log or run_option == "hybrid"
     assert "iteration" in " ".join(expected)
     for i in range(3):
         assert_same_parameters(expected, load_worker(tmp_path / "dist", i),
