@@ -272,7 +272,6 @@ def refuse_nondeterministic(dataset, what: str) -> None:
                     "one (keras.utils.set_random_seed)")
 
 
-
 class PyDatasetBatches:
     """The batches of a keras.utils.PyDataset, read as Keras's fit reads
     them (keras/src/trainers/data_adapters/py_dataset_adapter.py): its

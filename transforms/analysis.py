@@ -238,7 +238,8 @@ def _analyze(graph: tf.Graph) -> Analysis:
             + (inside or "Apply the gradients with an optimizer (tf.compat.v1.train or Keras)."))
     _reject_hand_written_updates(graph, index, trainable, updates, boundary, writers)
     slot_users = _variables_passed_to_updates(graph, updates, {v.name for v in trainable})
-    variables = [_variable_info(graph, var_op, updates[var_op.name], boundary, slot_users)
+    variables = [_variable_info(graph, var_op, updates[var_op.name], boundary, slot_users,
+                                writers.get(var_op.name, []))
                  for var_op in trainable if var_op.name in updates]
     for info in variables:
         info.recognised = recognised[info.name]
@@ -763,9 +764,11 @@ def _update_ops_by_variable(graph: tf.Graph, var_ops: list[tf.Operation]) -> dic
     return dict(out)
 
 
-def _variable_info(graph, var_op, update_ops, boundary, slot_users) -> VariableInfo:
+def _variable_info(graph, var_op, update_ops, boundary, slot_users,
+                   writers: list[str]) -> VariableInfo:
     """Everything about one variable but its path ops and own region, which
-    analyze_graph finds for all variables together."""
+    analyze_graph finds for all variables together. `writers`: the ops
+    that write it (_writers_by_variable)."""
     var_tensor = var_op.outputs[0]
     if var_op.type == "VarHandleOp":
         shape = tuple(tf.TensorShape(var_op.get_attr("shape")).as_list())
@@ -775,6 +778,8 @@ def _variable_info(graph, var_op, update_ops, boundary, slot_users) -> VariableI
         dtype = var_tensor.dtype.base_dtype
     nbytes = int(dtype.size * _prod(shape))
     update_set = set(update_ops)
+    # its own writes in its update (several: several updates in one step)
+    writes = [w for w in writers if w in update_set]
 
     def dense_gradient():
         return _nearest_boundary(graph, update_set, boundary,
@@ -811,7 +816,7 @@ def _variable_info(graph, var_op, update_ops, boundary, slot_users) -> VariableI
                         resource=var_op.type == "VarHandleOp")
     if sparse:
         _refuse_several_gradients(var_op, _row_gradients(graph, update_set, boundary, shape),
-                                  _writes_of(graph, var_op, update_ops))
+                                  writes)
         info.grad_values, info.grad_indices = pair or sparse_gradient()
         if info.grad_values is None or info.grad_indices is None:
             raise UnsupportedGraphError(
@@ -832,8 +837,7 @@ def _variable_info(graph, var_op, update_ops, boundary, slot_users) -> VariableI
                 "tf.gradients or a GradientTape passed (optionally through clipping/scaling) to "
                 "an optimizer or a write of the variable")
         _refuse_several_gradients(var_op, _elementwise_gradients(graph, update_set, boundary,
-                                                                 shape),
-                                  _writes_of(graph, var_op, update_ops))
+                                                                 shape), writes)
     info.slots = sorted(name for name, users in slot_users.items() if users == {var_op.name})
     info.boundary_ops = _boundary_ops(graph, var_op)
     return info
@@ -883,18 +887,6 @@ def _refuse_several_gradients(var_op, terms: list[str], writes: list[str]) -> No
         f"otherwise than by a sum ('{terms[0]}', '{terms[1]}'): autopar averages one "
         "gradient per variable over the workers. Add them up (+ or tf.add_n) before "
         "anything else reads them")
-
-
-def _writes_of(graph, var_op, update_ops) -> list[str]:
-    """The update ops that write the variable itself (not its slots), in
-    the graph's order."""
-    def variable_of(t):
-        while t.op.type == "Identity":
-            t = t.op.inputs[0]
-        return t.op
-    ops = [graph.get_operation_by_name(u) for u in update_ops]
-    return [op.name for op in ops if writes_variable(op.type) and op.inputs
-            and variable_of(op.inputs[0]) is var_op]
 
 
 def _nearest_boundary(graph, update_set: set[str], boundary: set[str], accepts) -> list[str | None]:
