@@ -597,9 +597,9 @@ class _Metrics:
         mean of their last step's value (a loss returned as computed: the
         global batch's mean over equal shares). `synced`: the Python
         metrics hold this worker's state already (a test step's, which
-        runs eagerly), else the graph's are read."""
+        runs eagerly), else the graph's copies of them are read."""
         if not synced:
-            runner.sync_python_variables()
+            runner.sync_python_variables(self.variables())
         mine = self.model.get_metrics_result()
         # Keras's fit logs its metrics' results when the step's logs have
         # their names (Trainer._get_metrics_result_or_logs), else the logs

@@ -563,13 +563,16 @@ class Runner:
         one copy is no worker's to set)."""
         if self._lifted is None:
             return {}
-        out = {}
-        for name, variable in self._lifted.python_variables.items():
-            ours = self._variables.get(name + ":0")
-            if (variable.shape.num_elements() == 1 and not variable.trainable
-                    and ours is not None and f"/job:{SERVER_JOB}" not in ours.device):
-                out[name] = variable.numpy()
-        return out
+        return {name: variable.numpy()
+                for name, variable in self._lifted.python_variables.items()
+                if variable.shape.num_elements() == 1 and not variable.trainable
+                and self._on_this_worker(name)}
+
+    def _on_this_worker(self, name: str) -> bool:
+        """Whether the lifted variable `name` has a copy on this worker (a
+        server's one copy is no worker's to set)."""
+        ours = self._variables.get(name + ":0")
+        return ours is not None and f"/job:{SERVER_JOB}" not in ours.device
 
     def _local_state(self, analysis) -> list[str]:
         """Lifted names of the Python variables that are state the step
@@ -580,16 +583,7 @@ class Runner:
             return []
         local = {s.name for s in analysis.state if s.kind in ("local", "other") and s.update_ops}
         return sorted(name for name in self._lifted.python_variables
-                      if name in local and name + ":0" in self._variables
-                      and f"/job:{SERVER_JOB}" not in self._variables[name + ":0"].device)
-
-    def _sync_local_state(self) -> None:
-        """This worker's values of the local state into its Python variables."""
-        values = self._run_plain({name: self._map_fetch(self._variables[name + ":0"])
-                                  for name in self._local_python}, {}, None, None)
-        for name, value in values.items():
-            self._lifted.python_variables[name].assign(value)
-            self._watched[name] = value
+                      if name in local and self._on_this_worker(name))
 
     def combine_metrics(self, metrics) -> None:
         """Give the Python variables of Keras `metrics` a traced step
@@ -609,7 +603,7 @@ class Runner:
             dtype = getattr(v.dtype, "as_numpy_dtype", v.dtype)   # tf's or Keras's
             v.assign(total[offset:offset + size].reshape(v.shape).astype(dtype))
             offset += size
-            name = self._python.get(id(v))
+            name = self._lifted_name(v)
             if name in self._watched:
                 # the sum is Python's view, not a write for the graph
                 self._watched[name] = v.numpy()
@@ -632,9 +626,19 @@ class Runner:
         updates at each epoch's start. A variable the function does not
         capture is skipped."""
         for variable in variables:
-            name = self._python.get(id(variable))
+            name = self._lifted_name(variable)
             if name is not None:
                 self._assign_from_python(name, variable.numpy())
+
+    def _lifted_name(self, variable) -> str | None:
+        """The lifted name of a Python variable the traced function
+        captures: a tf.Variable, or a Keras 3 variable, whose tf.Variable
+        (`.value`) is what the function captured. None for another."""
+        for candidate in (variable, getattr(variable, "value", None)):
+            name = self._python.get(id(candidate))
+            if name is not None:
+                return name
+        return None
 
     def _assign_from_python(self, name: str, value) -> None:
         if name not in self._assign_ops:
@@ -692,24 +696,33 @@ class Runner:
         values = iter(self.run([t.name for t in tensors] + [CALL_OP],
                                {t.name: v for t, v in zip(fed, inputs)}))
         if self._local_python and self.sync_state_each_call:
-            self._sync_local_state()
+            self._read_into_python(self._local_python)
         return tf.nest.pack_sequence_as(
             function.structured_outputs,
             [next(values) if isinstance(t, tf.Tensor) else t for t in outputs],
             expand_composites=True)
 
-    def sync_python_variables(self) -> None:
+    def sync_python_variables(self, variables=None) -> None:
         """Give the traced function's Python variables (a Keras model's and
-        optimizer's) this worker's current values, so model.save(),
-        model.evaluate() and checkpoints of them see the trained model. Done
-        by close() too."""
+        optimizer's; `variables` of them alone, when given) this worker's
+        current values, so model.save(), model.evaluate() and checkpoints of
+        them see the trained model. Done by close() too."""
         if not self._python:
             return
+        self._read_into_python(list(self._lifted.python_variables) if variables is None else
+                               [n for n in map(self._lifted_name, variables) if n is not None])
+
+    def _read_into_python(self, names: list[str]) -> None:
+        """This worker's values of the lifted variables `names` into their
+        Python variables (seen there: no write for the graph)."""
+        if not names:
+            return
         values = self._run_plain({name: self._map_fetch(self._variables[name + ":0"])
-                                  for name in self._lifted.python_variables}, {}, None, None)
-        for name, variable in self._lifted.python_variables.items():
-            variable.assign(values[name])
-        self._saw_python_values()
+                                  for name in names}, {}, None, None)
+        for name, value in values.items():
+            self._lifted.python_variables[name].assign(value)
+            if name in self._watched:
+                self._watched[name] = self._lifted.python_variables[name].numpy()
 
     def _map_fetch(self, fetch):
         if fetch is None:

@@ -336,6 +336,28 @@ def test_a_pydataset_read_differently_by_the_workers_is_refused(tmp_path):
     assert not list(tmp_path.glob("dist*.npz"))
 
 
+QUICKSTART = str(REPO / "tests" / "integration" / "scripts" / "quickstart_metrics.py")
+
+
+def test_metrics_combined_over_workers_are_one_devices(tmp_path):
+    """TensorFlow's quickstart loop, its metrics (a Mean of the loss, an
+    accuracy, an AUC's arrays) combined over 3 workers on 2 uneven hosts
+    after each of 2 epochs and never reset: each epoch's results are one
+    device's over the same global batches, the second's counting on from
+    the first's (the combined values are Python's view: each worker's
+    copies go on from their own)."""
+    def results(log: str) -> list:
+        line = next(l for l in log.splitlines() if "results " in l and (
+            "[worker" not in l or "[worker 0]" in l))
+        return json.loads(line.split("results ", 1)[1])
+    spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
+    expected, got = (results(log) for log in run_beside(
+        [sys.executable, QUICKSTART], [sys.executable, QUICKSTART, "--spec", str(spec)]))
+    assert len(got) == 2 and got[1] != got[0]
+    # float64; a mean's sum over workers rounds otherwise than one device's
+    np.testing.assert_allclose(got, expected, rtol=1e-12)
+
+
 SUMMED = [DIGITS, "--model", "summed"]
 
 
