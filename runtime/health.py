@@ -81,7 +81,9 @@ def diagnose(states: Mapping[str, ProcessState], exited: Mapping[str, int],
             return Verdict("mismatch", (
                 f"mismatched step counts: {done.name} stopped after {done.steps_done} steps, "
                 f"{others}. Every worker must run the same number of training steps (a step's "
-                f"collectives need all of them); {done.name} {how}."))
+                f"collectives need all of them); {done.name} {how}. (A finite dataset split by "
+                "autopar.shard whose last global batch has fewer examples than there are "
+                "workers leaves some workers without it: batch with drop_remainder=True.)"))
 
     if stall_timeout_s <= 0:
         return None

@@ -15,10 +15,12 @@ off) that autopar.get_runner lifts and distributes like any tf.function step
   i, i+N, i+2N, ... of it (as autopar.shard splits a dataset, so that a
   dropout mask drawn per example is one device's: transforms.random_draws);
   b must divide by N. The last, smaller batch of an epoch trains, as in
-  Keras's fit, when it splits into N equal shares (and each share into
-  its micro-batches); otherwise it is left out with a warning: workers'
-  gradients are averaged with equal weights, which a batch that does not
-  split evenly would break.
+  Keras's fit: in unequal shares (3/3/2/2 of 10 rows over 4 workers) each
+  worker weighs its gradients by its rows (transforms.batch_weights), so
+  the step is one device's; it is left out with a warning when it has
+  fewer rows than workers, or with micro-batches unless it splits into
+  N equal shares and each share into its micro-batches (their gradients
+  are averaged with equal weights).
 - x and y may be lists or dicts of arrays (several inputs or outputs), or
   x a tf.data.Dataset of batches (runtime/fit_data.py):
   every worker reads all of it, as Keras's fit does, and trains on its rows
@@ -93,6 +95,7 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
 
     from autopar.api import get_runner
     from autopar.common.errors import AutoparError
+    from autopar.transforms.batch_weights import weighs_batches
 
     if not isinstance(model, keras.Model):
         raise AutoparError(
@@ -187,6 +190,13 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
     parts = n * runner.micro_batches
     shares = f"the {n} workers" + (f" times {runner.micro_batches} micro-batches"
                                    if runner.micro_batches > 1 else "")
+    # A batch that does not split into equal shares (an epoch's last) trains
+    # when the workers' gradients combine exactly over shares of any size: a
+    # summed loss, or one averaged over each worker's rows whose gradients
+    # each worker weighs by its rows (transforms.batch_weights); every
+    # worker needs a row of it.
+    any_shares = runner.micro_batches == 1 and (sums or weighs_batches(
+        runner.analysis, runner.loss_reduction, n, runner.micro_batches))
     try:
         train.check(parts, shares)
     except AutoparError:
@@ -220,21 +230,22 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
                 # the step's own metric updates run in the graph: each
                 # worker's copies start the epoch from Keras's reset too
                 runner.assign_python_values(metrics.variables())
-            step_logs = {}
+            step_logs, last_rows = {}, 0
             for step, (xb, yb, wb) in enumerate(train.epoch(epoch)):
                 if step == 0 and isinstance(train, PyDatasetBatches):
                     _refuse_unless_read_alike(runner, (xb, yb, wb), epoch)
-                if size(xb) % parts:
-                    # equal shares or none: workers' gradients are averaged
-                    # with equal weights
+                if size(xb) % parts and not (any_shares and size(xb) >= n):
                     if runner.is_chief:
                         log.warning("autopar.fit: epoch %d, batch %d has %d examples, which do "
                                     "not split over %s: not trained on (Keras's fit "
-                                    "trains on it)", epoch + 1, step + 1, size(xb), shares)
+                                    "trains on it)%s", epoch + 1, step + 1, size(xb), shares,
+                                    "" if not any_shares else
+                                    ": fewer examples than workers")
                     continue
                 mine = slice(me, None, n)
                 x_mine, y_mine = rows(xb, mine), rows(yb, mine)
                 weighted = () if wb is None else (wb[mine],)
+                last_rows = size(x_mine)
                 if own_step:
                     step_logs = runner.call(*flat(x_mine), *flat(y_mine), *weighted)
                     continue
@@ -249,7 +260,7 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
                 metrics.update(y_mine, y_pred,
                                float(loss) * (runner.micro_batches if sums else 1),
                                size(x_mine), size(xb), *weighted)
-            logs = (metrics.own_step_result(runner, step_logs) if own_step
+            logs = (metrics.own_step_result(runner, step_logs, rows=last_rows) if own_step
                     else metrics.result(runner))
             validating = validation_data is not None and _should_validate(epoch, validation_freq)
             if validating:
@@ -589,13 +600,14 @@ class _Metrics:
                 m.total.assign(total + value * (1 if self.sums else share) * weight)
                 m.count.assign(count + share * weight)
 
-    def own_step_result(self, runner, step_logs, synced: bool = False) -> dict:
+    def own_step_result(self, runner, step_logs, synced: bool = False, rows: int = 1) -> dict:
         """The epoch's logs of a model's own train_step (or test_step), one
-        device's: its last step's logs (`step_logs`, this worker's), each
-        the result of the model's metric of its name when it is (the
-        metrics' state summed over workers, as `result`), else the workers'
-        mean of their last step's value (a loss returned as computed: the
-        global batch's mean over equal shares). `synced`: the Python
+        device's: its last step's logs (`step_logs`, this worker's, of its
+        `rows` of the step's batch), each the result of the model's metric
+        of its name when it is (the metrics' state summed over workers, as
+        `result`), else the workers' mean of their last step's values
+        weighted by their rows (a loss returned as computed, a mean over
+        each worker's rows: the global batch's mean). `synced`: the Python
         metrics hold this worker's state already (a test step's, which
         runs eagerly), else the graph's copies of them are read."""
         if not synced:
@@ -612,17 +624,18 @@ class _Metrics:
         runner.combine_metrics(self.model.metrics)
         combined = self.model.get_metrics_result()
         total = runner.sum_over_workers(np.array(
-            is_metric + [float(step_logs[k]) for k in names])) if names else []
+            is_metric + [float(step_logs[k]) * rows for k in names] + [rows])) if names else []
         logs = {}
         for i, name in enumerate(names):
             if total[i] == runner.num_workers:
                 logs[name] = float(combined[name])
             else:
-                logs[name] = float(total[len(names) + i] / runner.num_workers)
+                logs[name] = float(total[len(names) + i] / total[-1])
                 if runner.is_chief and name not in _MEANS_NOTED:
                     _MEANS_NOTED.add(name)
                     log.info("autopar.fit: the model's step's log '%s' is no metric's result: "
-                             "it is the workers' mean of their last step's values", name)
+                             "it is the workers' mean of their last step's values, weighted "
+                             "by their rows", name)
         return logs
 
     def result(self, runner) -> dict:
@@ -670,8 +683,9 @@ def _evaluate(model, data, batch_size: int, runner, test_step, sums: bool,
     With the model's own test step (`own_step`), the logs it gives and the
     metrics it updates."""
     metrics = _Metrics(model, sums)
-    step_logs = {}
+    step_logs, last_rows = {}, 0
     for xb, yb, wb, batch_rows in _validation_batches(data, batch_size, runner):
+        last_rows = size(xb)   # (a worker with no rows of the last batch: none)
         if size(xb) == 0:
             continue
         if own_step:
@@ -683,7 +697,8 @@ def _evaluate(model, data, batch_size: int, runner, test_step, sums: bool,
             y_pred, loss = test_step(xb, yb, *weighted)
         metrics.update(yb, y_pred, float(loss), size(xb), batch_rows, *weighted)
     if own_step:
-        return metrics.own_step_result(runner, _tf_values(step_logs), synced=True)
+        return metrics.own_step_result(runner, _tf_values(step_logs), synced=True,
+                                       rows=last_rows)
     return metrics.result(runner)
 
 

@@ -44,6 +44,7 @@ from autopar.common.errors import AutoparError
 from autopar.common.roles import SERVER_JOB
 from autopar.runtime.dropcompute.records import StepRecord
 from autopar.transforms.analysis import Analysis
+from autopar.transforms.batch_weights import weighs_batches
 from autopar.transforms.graph_utils import (is_restore_assignment, op_digraph,
                                             staged_initializers)
 from autopar.transforms.lift import CALL_OP
@@ -283,11 +284,16 @@ class Runner:
         has the same size (a dataset's last, partial batch, split over the
         workers, may not). A worker cannot see the others' sizes without
         another exchange in every step, so it says what it sees. A loss
-        summed over the batch, or divided by a count summed over workers
-        (transforms.loss_counts), combines exactly whatever the sizes."""
+        summed over the batch, divided by a count summed over workers
+        (transforms.loss_counts), or whose gradients the workers weigh by
+        their batches' sizes (transforms.batch_weights: a batch whose size
+        the graph leaves unknown) combines exactly whatever the sizes."""
         if (examples is None or self.num_workers == 1 or self.equal_shares
                 or self.loss_reduction != "mean"
-                or (self.analysis is not None and self.analysis.loss_counts)):
+                or (self.analysis is not None and (
+                    self.analysis.loss_counts or weighs_batches(
+                        self.analysis, self.loss_reduction, self.num_workers,
+                        self.micro_batches)))):
             return
         if self._first_batch is None:
             self._first_batch = examples
@@ -298,9 +304,10 @@ class Runner:
                 "worker's gradients of the loss, a mean over its own batch, are averaged with "
                 "equal weights: if the %d workers' batches of a step differ in size (a "
                 "dataset's last, partial batch split over them), that step is not one device's "
-                "mean over their examples. Batch with drop_remainder=True after autopar.shard, "
-                "or give every worker equally many examples, to train as one device does "
-                "(warned once)", self.worker_index, self._next_step - 1, examples,
+                "mean over their examples (autopar weighs each worker's gradients by its batch's "
+                "size when the graph leaves that size unknown, without micro-batches). Batch "
+                "with drop_remainder=True after autopar.shard, or give every worker equally "
+                "many examples, to train as one device does (warned once)", self.worker_index, self._next_step - 1, examples,
                 self._first_batch, self.num_workers)
 
     def _run_accumulated(self, mapped, feed_dict, options, run_metadata):

@@ -25,6 +25,7 @@ import tensorflow as tf
 from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms import serial
 from autopar.transforms.batch_mixing import find_batch_mixing
+from autopar.transforms.batch_weights import find_batch_weights
 from autopar.transforms.batchnorm import BatchNormInfo, find_batch_norms
 from autopar.transforms.graph_utils import (INPUT_OP_TYPES, VARIABLE_OP_TYPES, batch_local_ops,
                                             collector_paused, graph_of,
@@ -134,6 +135,11 @@ class Analysis:
     # Denominators of the losses that count the batch's values (a mask's
     # sum): each worker divides by their sum over workers (transforms.loss_counts).
     loss_counts: list[str] = field(default_factory=list)
+    # {seed of a loss's backward pass: the input whose leading dimension is a
+    # worker's batch size}, where the graph leaves that size unknown: workers
+    # whose batches of a step differ in size weigh their gradients by it
+    # (transforms.batch_weights).
+    batch_weights: dict[str, str] = field(default_factory=dict)
     # Random ops that draw per example (a dropout mask): each worker draws
     # the global batch's and keeps its examples' rows (transforms.random_draws).
     batch_draws: list[str] = field(default_factory=list)
@@ -274,6 +280,7 @@ def _analyze(graph: tf.Graph) -> Analysis:
     averaged = {t for v in variables for t in (v.grad_tensor, v.grad_values, v.grad_indices) if t}
     batch_local = batch_local_ops(graph, averaged)
     batch_norms = find_batch_norms(graph, batch_local, writers)
+    trained_losses = [x for x in dict.fromkeys(every_loss) if x]
     return Analysis(
         variables=variables,
         state=_step_state(graph, trainable, slot_names, all_update_ops, batch_local, writers),
@@ -285,6 +292,7 @@ def _analyze(graph: tf.Graph) -> Analysis:
         batch_norms=batch_norms,
         train_groups=[TrainGroup(g, l) for g, l in zip(groups, losses)],
         loss_counts=find_loss_counts(graph, losses, INPUT_OP_TYPES),
+        batch_weights=find_batch_weights(graph, seeds, trained_losses, averaged),
         batch_draws=find_batch_draws(graph, batch_local, averaged),
         batch_mixing=find_batch_mixing(graph, every_loss, batch_local,
                                        {op for b in batch_norms for op in b.ops}),
@@ -342,13 +350,21 @@ def _losses(graph, index: "_OpIndex", variables: list[VariableInfo],
         return [seeds[0][1]] * len(groups)
     out = []
     reached = [index.reachable([index.position[seed]]) for seed, _ in seeds]
+    # A seed whose backward pass computes another's loss is an inner one (a
+    # gradient penalty's tf.gradients inside the loss): its gradients reach
+    # the variables' too, through the outer backward pass, but its target is
+    # not what trains.
+    loss_positions = [index.position.get(loss.split(":")[0], -1) for _, loss in seeds]
+    inner = {i for i, seen in enumerate(reached)
+             if any(p in seen for j, p in enumerate(loss_positions) if j != i)}
     by_name = {v.name: v for v in variables}
     for members in groups:
         v = by_name[members[0]]
         first = (v.grad_tensor or v.grad_values or "").split(":")[0]
         position = index.position.get(first, -1)
-        out.append(next((loss for (_, loss), seen in zip(seeds, reached) if position in seen),
-                        seeds[0][1]))
+        found = [i for i, seen in enumerate(reached) if position in seen]
+        outer = [i for i in found if i not in inner]
+        out.append(seeds[(outer or found or [0])[0]][1])
     return out
 
 

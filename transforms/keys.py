@@ -22,6 +22,8 @@ Instance keys:
                coordinator): one all-reduce per vector length
   loss_counts  a loss's counts of the batch's values (transforms.loss_counts):
                one all-reduce per count
+  batch_weights  the sum of the workers' batch sizes (transforms.batch_weights):
+               one all-reduce per batch input
 Group keys:
   GROUP_KEY          all workers
   LEADERS_GROUP_KEY  the first worker of every host (2-D summation)
@@ -88,7 +90,8 @@ BATCH_NORM = KeyRange("batch normalisation", 2 << 20, 1 << 20)
 WUS = KeyRange("weight-update sharding", 3 << 20, 1 << 20)
 EVALUATION = KeyRange("evaluation totals", 4 << 20, (1 << 16) + 1)
 LOSS_COUNTS = KeyRange("loss counts", 5 << 20, 1 << 10)
-INSTANCE_RANGES = (PLAN, LOCAL_STATE, BATCH_NORM, WUS, EVALUATION, LOSS_COUNTS)
+BATCH_WEIGHTS = KeyRange("batch weights", (5 << 20) + (1 << 10), 1 << 10)
+INSTANCE_RANGES = (PLAN, LOCAL_STATE, BATCH_NORM, WUS, EVALUATION, LOSS_COUNTS, BATCH_WEIGHTS)
 
 
 def check_disjoint(ranges) -> None:

@@ -23,6 +23,7 @@ from autopar.common.roles import WORKER_JOB
 from autopar.transforms.accumulate import (build_accumulators, check_update_reads_no_input,
                                            redirect_gradients)
 from autopar.transforms.analysis import Analysis
+from autopar.transforms.batch_weights import rewrite_batch_weights, weighs_batches
 from autopar.transforms.batchnorm import apply_rewire, group_of, rewrite_batch_norms
 from autopar.transforms.comm import CollectiveOpsBackend
 from autopar.transforms.graph_utils import (collector_paused, import_meta_graph, import_nodes,
@@ -30,7 +31,7 @@ from autopar.transforms.graph_utils import (collector_paused, import_meta_graph,
                                              meta_graph_of, node_input_name)
 from autopar.transforms.partition import copy_region
 from autopar.transforms.placement import Move
-from autopar.transforms.keys import BATCH_NORM_GROUPS, LOSS_COUNTS
+from autopar.transforms.keys import BATCH_NORM_GROUPS, BATCH_WEIGHTS, LOSS_COUNTS
 from autopar.transforms.loss_counts import rewrite_loss_counts
 from autopar.transforms.random_draws import rewrite_batch_draws
 from autopar.transforms.barrier import cover_server_work
@@ -126,6 +127,9 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
         counts, counts_exempt = _loss_counts(scratch, analysis, plan, backend, micro_batches)
         rewire.update(counts)
         rewire_exempt |= counts_exempt
+        weights, weights_exempt = _batch_weights(scratch, analysis, plan, backend, micro_batches)
+        rewire.update(weights)
+        rewire_exempt |= weights_exempt
         draws, draws_exempt = _batch_draws(scratch, analysis, plan, worker_index, ctx.constants)
         rewire.update(draws)
         rewire_exempt |= draws_exempt
@@ -436,6 +440,18 @@ def _loss_counts(graph, analysis: Analysis, plan: Plan, backend,
             "count, not the global batch's. Use micro_batches=1 for this program")
     rewire, built = rewrite_loss_counts(graph, analysis.loss_counts, backend, LOSS_COUNTS,
                                         plan.num_workers if plan.averages("dense") else 1)
+    return {node_input_name(k): node_input_name(v) for k, v in rewire.items()}, built
+
+
+def _batch_weights(graph, analysis: Analysis, plan: Plan, backend,
+                   micro_batches: int) -> tuple[dict[str, str], set[str]]:
+    """Workers whose batches of a step may differ in size weigh their
+    gradients by N * b / B (transforms.batch_weights), as (seed -> weighed
+    seed, ops exempt)."""
+    if not weighs_batches(analysis, plan.loss_reduction, plan.num_workers, micro_batches):
+        return {}, set()
+    rewire, built = rewrite_batch_weights(graph, analysis.batch_weights, backend, BATCH_WEIGHTS,
+                                          plan.num_workers)
     return {node_input_name(k): node_input_name(v) for k, v in rewire.items()}, built
 
 

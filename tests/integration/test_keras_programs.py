@@ -73,13 +73,19 @@ MICRO_BATCHES = {("emb_mlp", "amsgrad_wd", "float64", "ps"): 2}
 # Cases whose script assigns the learning rate from Python before each step,
 # as custom loops decay it (before: the lifted graph kept the first rate).
 DECAYED_LR = {("shared", "sgd", "float64", "ps")}
+# Cases whose last step's global batch is one larger, split 3/2/2 over the
+# workers, as a dataset's last batch is: each worker weighs its gradients by
+# its share of the step's examples (transforms.batch_weights; not with
+# micro-batches, nor for a step that splits its batch in halves itself).
+UNEVEN_LAST = {c for c in CASES if c not in MICRO_BATCHES and c[0] not in ("micro", "accum")}
 # Keras 3's BatchNormalization and LayerNormalization (the batch-norm test)
 BATCH_NORM_PROGRAM = ("bn_mlp", "adam", "float64")
 FIT_OPTIONS = (["hybrid", "ps", "allreduce", "herring"]
                if os.environ.get("AUTOPAR_TEST_MATRIX") == "full" else ["hybrid"])
 
 
-def _start_reference(tmp_path_factory, model, optimizer, dtype, decay_lr=False):
+def _start_reference(tmp_path_factory, model, optimizer, dtype, decay_lr=False,
+                     uneven_last=False):
     """One device running the step (a process of its own, as every worker
     is, forked from the tests' fork server), started; (a LineReader of the
     process, its output directory)."""
@@ -87,7 +93,8 @@ def _start_reference(tmp_path_factory, model, optimizer, dtype, decay_lr=False):
     proc = start_job([sys.executable, str(SCRIPT), "--reference", "--model", model,
                       "--optimizer", optimizer, "--dtype", dtype, "--steps", str(STEPS),
                       "--batch", str(BATCH), "--out", str(out)]
-                     + (["--decay-lr"] if decay_lr else []))
+                     + (["--decay-lr"] if decay_lr else [])
+                     + (["--uneven-last"] if uneven_last else []))
     return LineReader(proc), out
 
 
@@ -97,11 +104,11 @@ def reference(tmp_path_factory):
     all started at the first request (side by side on the two cores they
     take less time than one after another)."""
     started = {}
-    programs = [(m, o, d, (m, o, d, r) in DECAYED_LR) for m, o, d, r in CASES] + [
-        (*BATCH_NORM_PROGRAM, False)]
+    programs = [(m, o, d, (m, o, d, r) in DECAYED_LR, (m, o, d, r) in UNEVEN_LAST)
+                for m, o, d, r in CASES] + [(*BATCH_NORM_PROGRAM, False, False)]
 
-    def get(model, optimizer, dtype, decay=False):
-        key = (model, optimizer, dtype, decay)
+    def get(model, optimizer, dtype, decay=False, uneven=False):
+        key = (model, optimizer, dtype, decay, uneven)
         for k in [key] + ([] if started else programs):
             if k not in started:
                 started[k] = _start_reference(tmp_path_factory, *k)
@@ -119,7 +126,8 @@ def reference(tmp_path_factory):
 def test_custom_training_step_matches_one_device(model, optimizer, dtype, run_option, tmp_path,
                                                   reference):
     decay = (model, optimizer, dtype, run_option) in DECAYED_LR
-    expected = reference(model, optimizer, dtype, decay)
+    uneven = (model, optimizer, dtype, run_option) in UNEVEN_LAST
+    expected = reference(model, optimizer, dtype, decay, uneven)
     # (servers only where the run option puts variables on them)
     spec = write_two_host_spec(tmp_path, workers=(2, 1),
                                servers=(0, 0) if run_option == "allreduce" else (1, 1))
@@ -128,7 +136,11 @@ def test_custom_training_step_matches_one_device(model, optimizer, dtype, run_op
                       "--dtype", dtype, "--steps", str(STEPS), "--batch", str(BATCH),
                       "--spec", str(spec), "--run-option", run_option,
                       "--micro-batches", str(micro), "--out", str(tmp_path / "dist")]
-                     + (["--decay-lr"] if decay else []))
+                     + (["--decay-lr"] if decay else [])
+                     + (["--uneven-last"] if uneven else []))
+    if uneven:   # weighed, not warned of
+        assert "each worker weighs its gradients by N * b / B" in log
+        assert "examples where its first had" not in log
     if micro > 1:
         for i in range(3):
             assert (f"worker {i}: DropCompute computed {micro * STEPS} of {micro * STEPS} "
@@ -249,22 +261,23 @@ def test_fit_computes_the_compiled_loss_as_keras_fit_does(tmp_path):
     of batches that reshuffles each epoch (with a seed): autopar.fit's step
     computes the loss as Keras's train step does (model.compute_loss), each
     worker draws one device's dropout masks for its rows, and every worker
-    reads the dataset's batches in the order Keras's fit does (a last batch
-    that does not split over the workers left out: Keras's fit of the
-    others is the reference), so 4 workers
+    reads the dataset's batches in the order Keras's fit does (the last
+    batch of each epoch, 10 examples, split 3/3/2/2: each worker weighs its
+    gradients by its rows; before, it was left out), so 4 workers
     on 2 uneven hosts end with Keras's own model.fit's weights, slots and
     per-epoch losses, validation included (before: a dataset was refused;
     with arrays, the dropout masks made the losses 0.49 off); and an
     EarlyStopping callback (run by the chief) stops every worker after the
-    epoch it stops Keras's fit (3 of 5) and restores the best epoch's
+    epoch it stops Keras's fit (4 of 5) and restores the best epoch's
     weights, a LearningRateScheduler halves the rate from the second epoch
     on: callbacks see the trained weights, and what they write is what
     every worker trains with."""
     expected, got, log = _keras_then_autopar(COMPILED, tmp_path, (3, 1))
     # with the learning rate LearningRateScheduler adds to the logs
-    assert sorted(got) == ["learning_rate", "loss", "val_loss"] and len(expected["loss"]) == 3
-    # the last batch of each epoch (10 examples) does not split over 4 workers
-    assert "epoch 1, batch 4 has 10 examples, which do not split over the 4 workers" in log
+    assert sorted(got) == ["learning_rate", "loss", "val_loss"] and len(expected["loss"]) == 4
+    # the last batch of each epoch (10 examples) trains in unequal shares
+    assert "not trained on" not in log
+    assert "each worker weighs its gradients by N * b / B" in log
     for name in got:
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-12, err_msg=name)
     _assert_workers_hold(tmp_path, 4, rtol=1e-9, atol=1e-12)

@@ -42,34 +42,40 @@ def _script_main():
 def single_device(tmp_path_factory):
     cache = {}
 
-    def get(program: str, dtype: str):
-        if (program, dtype) not in cache:
+    def get(program: str, dtype: str, uneven: bool = False):
+        if (program, dtype, uneven) not in cache:
             out = tmp_path_factory.mktemp(f"single_{program}_{dtype}")
             run_in_process(_script_main(), ["--program", program, "--dtype", dtype,
-                                            "--steps", str(STEPS), "--batch", str(BATCH),
+                                            *_steps(uneven), "--batch", str(BATCH),
                                             "--out", str(out)])
-            cache[(program, dtype)] = load_worker(out, 0)
-        return cache[(program, dtype)]
+            cache[(program, dtype, uneven)] = load_worker(out, 0)
+        return cache[(program, dtype, uneven)]
     return get
+
+
+def _steps(uneven: bool) -> list[str]:
+    """STEPS steps; `uneven`: the last of a global batch of BATCH + 1, which
+    3 workers split 3/2/2."""
+    return ["--steps", str(STEPS - 1), "--uneven-step"] if uneven else ["--steps", str(STEPS)]
 
 
 @pytest.mark.parametrize("run_option,dtype", CASES, ids=[c[0] for c in CASES])
 def test_two_trainers_match_single_device(run_option, dtype, tmp_path, single_device):
-    expected = single_device("two_trainers", dtype)
+    """The last step, both train ops together, has 7 examples split 3/2/2:
+    mean losses over batches whose size the graph leaves unknown, so each
+    worker weighs its gradients by its share of the step's examples
+    (transforms.batch_weights) and the step is one device's."""
+    expected = single_device("two_trainers", dtype, uneven=True)
     out = tmp_path / "dist"
     spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
     log = run_script([sys.executable, str(SCRIPT),
-                      "--program", "two_trainers", "--dtype", dtype, "--steps", str(STEPS),
+                      "--program", "two_trainers", "--dtype", dtype, *_steps(True),
                       "--batch", str(BATCH), "--out", str(out), "--spec", str(spec),
-                      "--run-option", run_option]
-                     + (["--uneven-step"] if run_option == "allreduce" else []))
+                      "--run-option", run_option])
     assert "2 train ops update different variables" in log
-    if run_option == "allreduce":
-        # one more step, after the saved ones, of 7 examples split 3/2/2: the
-        # worker whose batch is not its first's size says so (mean losses)
-        assert re.search(r"worker 0: training step \d+ had 3 examples where its first had 2",
-                         log), log[-3000:]
-        assert "worker 1: training step" not in log and "worker 2: training step" not in log
+    assert re.search(r"batch sizes: the leading dimension of '(ids|y)_a:0', '(ids|y)_b:0' is "
+                     r"unknown in the graph", log), log[-3000:]
+    assert "examples where its first had" not in log
     if run_option in ("hybrid", "ps", "herring"):
         assert "whole (reference variable: not partitioned)" in log
     # Both trainers increment the global step: 8 increments in 6 steps.
@@ -81,13 +87,13 @@ def test_two_trainers_match_single_device(run_option, dtype, tmp_path, single_de
 
 
 def test_a_loss_scaled_program_matches_single_device(tmp_path, single_device):
-    expected = single_device("loss_scaled", "float32")
+    expected = single_device("loss_scaled", "float32", uneven=True)
     assert 0 < int(expected["global_step"]) < STEPS   # steps applied and skipped
     out = tmp_path / "dist"
     spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
     log = run_script([sys.executable, str(SCRIPT), "--program", "loss_scaled", "--dtype",
-                      "float32", "--steps", str(STEPS), "--batch", str(BATCH), "--out", str(out),
-                      "--spec", str(spec), "--run-option", "hybrid", "--uneven-step"])
+                      "float32", *_steps(True), "--batch", str(BATCH), "--out", str(out),
+                      "--spec", str(spec), "--run-option", "hybrid"])
     # a loss summed over the batch: workers' sums add up whatever their sizes
     assert "examples where its first had" not in log
     # the embedding's sparse update would go to a server but for its condition
@@ -112,3 +118,27 @@ def test_a_gan_with_batch_norm_over_every_worker_matches_single_device(tmp_path,
     assert "batch norm discriminator_1/bn2 (moments): statistics over all 3 workers" in log
     for i in range(3):
         assert_same_parameters(expected, load_worker(out, i), what=f"gan worker {i}")
+
+
+@pytest.mark.parametrize("run_option", ["hybrid", "ps"])
+def test_every_batch_of_a_finite_dataset_matches_single_device(run_option, tmp_path):
+    """A TF1 program trained on a tf.data pipeline (autopar.shard, then
+    .batch(2)) until its iterator ends, 2 epochs of 23 examples: each
+    epoch's last step has 5 examples, which the 3 workers read as 2/2/1.
+    The loss is a mean over each worker's batch, whose size the graph leaves
+    unknown: each worker weighs its gradients by its share of the step's
+    examples, and every step, the last of each epoch too, is one device's
+    with batch 6 (Adam, float64; the embedding's rows on a server)."""
+    script = str(REPO / "tests" / "integration" / "scripts" / "tfdata_epochs.py")
+    run_script([sys.executable, script, "--out", str(tmp_path / "single"), "--batch", "6"])
+    expected = load_worker(tmp_path / "single", 0)
+    assert int(expected["global_step"]) == 8   # 4 steps an epoch, the last of 5
+    spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
+    log = run_script([sys.executable, script, "--out", str(tmp_path / "dist"), "--batch", "2",
+                      "--spec", str(spec), "--run-option", run_option])
+    assert "each worker weighs its gradients by N * b / B" in log
+    assert "examples where its first had" not in log
+    for i in range(3):
+        assert f"worker {i} done at global step 8" in log
+        assert_same_parameters(expected, load_worker(tmp_path / "dist", i),
+                               what=f"{run_option} worker {i}")

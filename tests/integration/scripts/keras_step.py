@@ -2,8 +2,10 @@
 step: --reference calls the tf.function itself (one device, no autopar);
 otherwise the step's ConcreteFunction runs through autopar.get_runner (with
 --spec on every worker, each feeding rows [i*B/N, (i+1)*B/N) of the step's
-global batch). Saves the Keras model's and optimizer's variables as the
-Python objects hold them afterwards."""
+global batch; --uneven-last: the last step's global batch is one larger,
+split 3/2/2 over 3 workers, as a dataset's last batch is). Saves the Keras
+model's and optimizer's variables as the Python objects hold them
+afterwards."""
 import argparse
 import os
 import sys
@@ -32,6 +34,8 @@ def main(argv=None) -> None:
     p.add_argument("--micro-batches", type=int, default=1, help="Config.micro_batches")
     p.add_argument("--aggregation-group", type=int, help="Config.aggregation_group")
     p.add_argument("--partitions", default="", help="Config.partitions: NAME=N,...")
+    p.add_argument("--uneven-last", action="store_true",
+                   help="the last step's global batch is --batch + 1, split unevenly")
     p.add_argument("--decay-lr", action="store_true",
                    help="assign the learning rate from Python before each step, lr0 / (k + 1)")
     args = p.parse_args(argv)
@@ -41,10 +45,12 @@ def main(argv=None) -> None:
     def decay(k: int) -> None:   # as a custom loop decays its learning rate
         if args.decay_lr:
             program.optimizer.learning_rate.assign(lr0 / (k + 1))
+    def global_batch(k: int) -> int:
+        return args.batch + 1 if args.uneven_last and k == args.steps - 1 else args.batch
     if args.reference:
         for k in range(args.steps):
             decay(k)
-            program.train_step(*program.batch(k, args.batch))
+            program.train_step(*program.batch(k, global_batch(k)))
         index = 0
     else:
         runner = autopar.get_runner(program.concrete, args.spec,
@@ -57,11 +63,11 @@ def main(argv=None) -> None:
                                                        for kv in args.partitions.split(",")
                                                        if kv)}))
         n, index = runner.num_workers, runner.worker_index
-        per = args.batch // n
         for k in range(args.steps):
             decay(k)
-            x, y = program.batch(k, args.batch)
-            runner.call(x[index * per:(index + 1) * per], y[index * per:(index + 1) * per])
+            x, y = program.batch(k, global_batch(k))
+            rows = np.array_split(np.arange(global_batch(k)), n)[index]
+            runner.call(x[rows], y[rows])
         runner.close()   # gives the Python variables the trained values
     os.makedirs(args.out, exist_ok=True)
     np.savez(os.path.join(args.out, f"worker{index}.npz"),

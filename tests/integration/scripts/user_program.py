@@ -2,7 +2,8 @@
 (no --spec) or under autopar, and save every global variable of this worker.
 Worker i of N feeds rows [i*B/N, (i+1)*B/N) of each step's global batch, so
 the workers together see exactly the single-device batch. --uneven-step: one
-more step after saving, whose batch does not split evenly."""
+more step before saving, of a global batch one larger, which does not split
+evenly (single-device: the same step of the whole batch)."""
 import argparse
 import importlib
 import os
@@ -29,7 +30,7 @@ def main(argv=None) -> None:
     p.add_argument("--spec")
     p.add_argument("--run-option", default="hybrid")
     p.add_argument("--uneven-step", action="store_true",
-                   help="after saving, one more step of a global batch one larger, split "
+                   help="one more step before saving, of a global batch one larger, split "
                         "unevenly (worker 0 one example more)")
     args = p.parse_args(argv)
     program = importlib.import_module(f"tests.programs.{args.program}").build(args.dtype)
@@ -40,15 +41,15 @@ def main(argv=None) -> None:
         for k in range(args.steps):
             fetch, feed = program.step(k, slice(i * per, (i + 1) * per), args.batch)
             runner.run(fetch, feed)
+        if args.uneven_step:
+            rows = np.array_split(np.arange(args.batch + 1), n)[i]
+            runner.run(*program.step(args.steps, rows, args.batch + 1))
         with program.graph.as_default():
             variables = tf1.global_variables()
         values = runner.run({v.op.name: v for v in variables})
         os.makedirs(args.out, exist_ok=True)
         np.savez(os.path.join(args.out, f"worker{i}.npz"), **values)
         print(f"worker {i} done at global step {int(values['global_step'])}", flush=True)
-        if args.uneven_step:
-            rows = np.array_split(np.arange(args.batch + 1), n)[i]
-            runner.run(*program.step(args.steps, rows, args.batch + 1))
 
 
 if __name__ == "__main__":
