@@ -32,7 +32,7 @@ from autopar.transforms.graph_utils import (INPUT_OP_TYPES, VARIABLE_OP_TYPES, b
                                             in_gradient_scope, initialization_guard,
                                             is_restore_assignment, reduces_batch_axis,
                                             stacked_terms, static_shape, writes_variable)
-from autopar.transforms.lift import FETCHES
+from autopar.transforms.lift import FETCHES, tape_seed_pairs
 from autopar.transforms.loss_counts import find_loss_counts
 from autopar.transforms.random_draws import find_batch_draws
 
@@ -276,11 +276,11 @@ def _analyze(graph: tf.Graph) -> Analysis:
     loss = losses[0] if losses else None
     # A traced function's losses (several tapes: a GAN's two) all decide.
     every_loss = losses + ([] if seeds else _declared_losses(graph))
-    reduction, why = _loss_reduction_of_all(graph, every_loss)
+    input_ops = batch_local_ops(graph, set())
+    reduction, why = _loss_reduction_of_all(graph, every_loss, input_ops)
     averaged = {t for v in variables for t in (v.grad_tensor, v.grad_values, v.grad_indices) if t}
     batch_local = batch_local_ops(graph, averaged)
     batch_norms = find_batch_norms(graph, batch_local, writers)
-    trained_losses = [x for x in dict.fromkeys(every_loss) if x]
     return Analysis(
         variables=variables,
         state=_step_state(graph, trainable, slot_names, all_update_ops, batch_local, writers),
@@ -292,7 +292,9 @@ def _analyze(graph: tf.Graph) -> Analysis:
         batch_norms=batch_norms,
         train_groups=[TrainGroup(g, l) for g, l in zip(groups, losses)],
         loss_counts=find_loss_counts(graph, losses, INPUT_OP_TYPES),
-        batch_weights=find_batch_weights(graph, seeds, trained_losses, averaged),
+        batch_weights=find_batch_weights(
+            graph, seeds + tape_seed_pairs(graph),
+            lambda loss: batch_reduced(graph, loss, input_ops), input_ops, averaged),
         batch_draws=find_batch_draws(graph, batch_local, averaged),
         batch_mixing=find_batch_mixing(graph, every_loss, batch_local,
                                        {op for b in batch_norms for op in b.ops}),
@@ -374,9 +376,10 @@ def _declared_losses(graph) -> list[str]:
             if t.dtype.is_floating and t.shape.rank == 0]
 
 
-def _loss_reduction_of_all(graph, losses: list[str | None]) -> tuple[str, str]:
-    """loss_reduction() of every distinct loss, when they agree."""
-    batch_ops = batch_local_ops(graph, set())
+def _loss_reduction_of_all(graph, losses: list[str | None],
+                           batch_ops: set[str]) -> tuple[str, str]:
+    """loss_reduction() of every distinct loss, when they agree (`batch_ops`:
+    batch_local_ops(graph, set()))."""
     found = {loss: loss_reduction(graph, loss, batch_ops) for loss in dict.fromkeys(losses)}
     if len(found) > 1:
         # a loss no input reaches (a tape that differentiates a regularizer
@@ -1368,22 +1371,38 @@ def loss_reduction(graph, loss: str | None, batch_ops: set[str] | None = None) -
     its reductions: SUM is a Sum; MEAN, SUM_BY_NONZERO_WEIGHTS and
     SUM_OVER_BATCH_SIZE divide that Sum by a count of the batch). `batch_ops`:
     batch_local_ops(graph, set()), when the caller has it."""
+    return _loss_reduction(graph, loss, batch_ops)[:2]
+
+
+def batch_reduced(graph, loss: str, batch_ops: set[str]) -> str | None:
+    """The tensor whose reduction over the batch makes `loss` a mean (its
+    leading dimension is the batch's: the per-example losses a reduce_mean
+    averages, the values a Keras loss sums before dividing by their count),
+    or None when the loss is no mean or shows none."""
+    kind, _, reduced = _loss_reduction(graph, loss, batch_ops)
+    return reduced.name if kind == "mean" and reduced is not None else None
+
+
+def _loss_reduction(graph, loss: str | None, batch_ops: set[str] | None):
+    """loss_reduction() and the tensor the reduction it found reduces."""
     if loss is None:
-        return "unknown", "no loss tensor found"
+        return "unknown", "no loss tensor found", None
     if batch_ops is None:
         batch_ops = batch_local_ops(graph, set())
-    kind, why = _reduction_of(graph.get_tensor_by_name(loss), batch_ops, 0)
+    kind, why, reduced = _reduction_of(graph.get_tensor_by_name(loss), batch_ops, 0)
     if kind == "const":
-        return "unknown", f"the loss '{loss}' does not depend on any input placeholder or iterator"
-    return kind, why
+        return ("unknown", f"the loss '{loss}' does not depend on any input placeholder or "
+                "iterator", None)
+    return kind, why, reduced
 
 
-def _reduction_of(t: tf.Tensor, batch_ops: set[str], depth: int) -> tuple[str, str]:
+def _reduction_of(t: tf.Tensor, batch_ops: set[str], depth: int) -> tuple[str, str, tf.Tensor | None]:
+    """(kind, why, the tensor the reduction found reduces over the batch)."""
     op = t.op
     if op.name not in batch_ops:
-        return "const", ""
+        return "const", "", None
     if depth > 50:
-        return "unknown", f"'{op.name}' is too far from a recognised batch reduction"
+        return "unknown", f"'{op.name}' is too far from a recognised batch reduction", None
     if op.type in ("Identity", "Cast", "Reshape", "Squeeze", "ExpandDims", "Neg", "Snapshot",
                    "CheckNumerics", "CheckNumericsV2", "EnsureShape", "Print"):
         # ops that pass their first input's value on (tf.debugging.check_numerics,
@@ -1393,53 +1412,56 @@ def _reduction_of(t: tf.Tensor, batch_ops: set[str], depth: int) -> tuple[str, s
     if terms is not None:
         return _reduction_of_terms(op, terms, batch_ops, depth)
     if op.type == "L2Loss":   # tf.nn.l2_loss: half the sum of squares, the batch's too
-        return "sum", f"'{op.name}' (tf.nn.l2_loss) sums over the batch"
+        return "sum", f"'{op.name}' (tf.nn.l2_loss) sums over the batch", op.inputs[0]
     if op.type in ("Mean", "Sum"):
         if not reduces_batch_axis(op):
             return _reduction_of(op.inputs[0], batch_ops, depth + 1)
         kind = "mean" if op.type == "Mean" else "sum"
-        return kind, f"'{op.name}' is a reduce_{kind} over the batch"
+        # (a Sum of a scalar, as tf.compat.v1.losses builds, passes it through)
+        reduced = op.inputs[0] if op.inputs[0].shape.rank != 0 else _reduced_in(op.inputs[0])
+        return kind, f"'{op.name}' is a reduce_{kind} over the batch", reduced
     if op.type in ("Mul",):
         kinds = [_reduction_of(x, batch_ops, depth + 1) for x in op.inputs]
         batch = [k for k in kinds if k[0] != "const"]
         if len(batch) == 1:
             return batch[0]
-        return "unknown", f"'{op.name}' multiplies two batch-dependent tensors"
+        return "unknown", f"'{op.name}' multiplies two batch-dependent tensors", None
     if op.type in ("RealDiv", "Div", "DivNoNan", "TrueDiv"):
-        num, why = _reduction_of(op.inputs[0], batch_ops, depth + 1)
+        num, why, reduced = _reduction_of(op.inputs[0], batch_ops, depth + 1)
         den = op.inputs[1]
         static = _constant_value(den, batch_ops)
         if num != "sum":
             if static is not None or den.op.name not in batch_ops:
-                return num, why
-            return "unknown", f"'{op.name}' divides a {num} by a batch-dependent tensor"
+                return num, why, reduced
+            return "unknown", f"'{op.name}' divides a {num} by a batch-dependent tensor", None
         if static is not None:
             shape = _summed_shape(op.inputs[0])
             if static.size != 1:
                 return "unknown", (f"'{op.name}' divides a sum over the batch by the constant "
-                                   f"{static!r}, not a number")
+                                   f"{static!r}, not a number"), None
             if shape is not None and shape.is_fully_defined() and float(static) in (
                     float(shape.num_elements()), float(shape[0] if shape.rank else 1)):
                 # a static graph's own batch: the program averages over it
                 return "mean", (f"'{op.name}' divides the sum by {float(static):g}, the number "
-                                "of elements or examples summed (the per-worker batch)")
+                                "of elements or examples summed (the per-worker batch)"), reduced
             # One device runs the same program on the global batch and divides
             # its sum by the same constant: the workers' losses add up to it.
             return "sum", (f"'{op.name}' divides a sum over the batch by the constant "
                            f"{float(static):g}, which is not the per-worker batch: a scaled sum "
                            "(as tf.nn.compute_average_loss with a global_batch_size), which one "
-                           "device computes on the global batch as the workers' sum")
+                           "device computes on the global batch as the workers' sum"), reduced
         if den.op.name in batch_ops:
-            return "mean", f"'{op.name}' divides a sum over the batch by the batch-derived count '{den.name}'"
-        return "unknown", f"'{op.name}' divides a sum over the batch by '{den.name}'"
+            return "mean", (f"'{op.name}' divides a sum over the batch by the batch-derived "
+                            f"count '{den.name}'"), reduced
+        return "unknown", f"'{op.name}' divides a sum over the batch by '{den.name}'", None
     if op.type in ("Add", "AddV2", "AddN", "Sub"):
         return _reduction_of_terms(op, list(op.inputs), batch_ops, depth)
     return "unknown", (f"'{op.name}' ({op.type}) does not show how the loss reduces over the "
-                       "batch")
+                       "batch"), None
 
 
 def _reduction_of_terms(op: tf.Operation, terms: list[tf.Tensor], batch_ops: set[str],
-                        depth: int) -> tuple[str, str]:
+                        depth: int) -> tuple[str, str, tf.Tensor | None]:
     """How a loss that `op` adds up from `terms` reduces over the batch."""
     # A constant term (Python's sum() of Keras's per-output losses starts
     # at 0) has no gradient: only the terms a gradient flows through count.
@@ -1448,18 +1470,28 @@ def _reduction_of_terms(op: tf.Operation, terms: list[tf.Tensor], batch_ops: set
     batch = [k for k in kinds if k[0] != "const"]
     names = {k[0] for k in batch}
     if names == {"mean"}:
-        return batch[0][0], batch[0][1] + " (other terms are averaged alike)"
+        return batch[0][0], batch[0][1] + " (other terms are averaged alike)", batch[0][2]
     if names == {"sum"} and len(batch) == len(kinds):
         return batch[0]
     if names == {"sum"}:
         return "neither", (f"'{op.name}' adds a batch-independent term (e.g. a regularizer) "
                            "to a loss summed over the batch: neither summing nor averaging "
-                           "the workers' gradients gives one device's")
+                           "the workers' gradients gives one device's"), None
     if names == {"mean", "sum"}:
         return "neither", (f"'{op.name}' adds a loss averaged over the batch to one summed over "
                            "it: summing the workers' gradients counts the mean N times, "
-                           "averaging them divides the sum by N")
-    return "unknown", f"'{op.name}' combines terms reduced differently over the batch"
+                           "averaging them divides the sum by N"), None
+    return "unknown", f"'{op.name}' combines terms reduced differently over the batch", None
+
+
+def _reduced_in(t: tf.Tensor) -> tf.Tensor | None:
+    """What the reduction producing the scalar `t` reduces (through casts
+    and identities), or None."""
+    while t.op.type in ("Identity", "Cast"):
+        t = t.op.inputs[0]
+    if t.op.type in ("Sum", "Mean") and t.op.inputs[0].shape.rank != 0:
+        return t.op.inputs[0]
+    return None
 
 
 def _constant_value(t: tf.Tensor, batch_ops: set[str]):

@@ -20,8 +20,14 @@ stay its own. A seed the losses themselves are computed from (the inner
 tape of a gradient penalty) is not weighed: it is part of the forward
 pass.
 
-Only where batches can differ: the batch's leading dimension must be
-unknown in the graph (a static one is the same on every worker). Not with
+b_w is the leading dimension of what the loss's mean reduces (its
+per-example losses: analysis.batch_reduced), not of the first input the
+loss reads, which may be a flat list of ids whose count differs between
+workers of equal batches. Only where batches can differ: that dimension
+must be unknown in the graph (a static one is the same on every worker).
+A loss of the batch that shows no such mean leaves every gradient
+unweighed (equal weights; the runner warns of batches of another size).
+Not with
 micro-batches (each is weighed 1/M: transforms.accumulate), nor with a
 loss divided by a count of the batch's values (transforms.loss_counts
 makes it exact already), nor with a summed loss (the workers' sums add up
@@ -31,72 +37,45 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from autopar.transforms.graph_utils import (INPUT_OP_TYPES, VARIABLE_OP_TYPES, in_gradient_scope,
-                                            tape_seeds)
+from autopar.transforms.graph_utils import INPUT_OP_TYPES
 
 
-def find_batch_weights(graph: tf.Graph, tf1_seeds: list[tuple[str, str]], losses: list[str],
-                       gradients: set[str]) -> dict[str, str]:
-    """{seed: batch input} for the gradient seeds to weigh (tensor names):
-    of tf.gradients' seeds (`tf1_seeds`: (seed op, the tensor it
-    differentiates)) and the tapes', those whose backward pass reaches a
-    gradient a variable is updated with (`gradients`: tensor names), from
-    which no differentiated tensor is computed (`losses`, the tf.gradients
-    targets and the tapes': tf.GraphKeys.LOSSES), and whose batch can differ
-    in size between workers (_batch_input)."""
+def find_batch_weights(graph: tf.Graph, seeds: list[tuple[str, str]], reduced_of,
+                       batch_ops: set[str], gradients: set[str]) -> dict[str, str]:
+    """{seed: the tensor whose leading dimension is its loss's batch} for
+    the gradient seeds to weigh (tensor names). `seeds`: (seed op, the loss
+    it differentiates) of every tf.gradients call and tape; weighed are
+    those whose backward pass reaches a gradient a variable is updated with
+    (`gradients`: tensor names), from which no differentiated loss is
+    computed, and whose loss is a mean over a batch of a size the graph
+    leaves unknown: `reduced_of(loss)` gives the tensor that mean reduces
+    (analysis.batch_reduced; its leading dimension is the examples the mean
+    divides by, which a flat list of ids read first would not be). A seed
+    of a batch-dependent loss that shows no such mean leaves every gradient
+    unweighed (equal weights, as before; the runner warns of unequal
+    batches); `batch_ops`: the ops that depend on the batch."""
     if not any(t.shape.rank and t.shape[0] is None and t.dtype != tf.resource
                for op in graph.get_operations() if op.type in INPUT_OP_TYPES for t in op.outputs):
         return {}   # every batch's size is known in the graph
-    candidates = [graph.get_operation_by_name(s) for s, _ in tf1_seeds]
-    candidates += [op for op in tape_seeds(graph.get_operations()) if op not in candidates]
-    if not candidates:
+    if not seeds:
         return {}
-    targets = [graph.get_tensor_by_name(t).op for t in losses]
-    targets += [graph.get_tensor_by_name(t).op for _, t in tf1_seeds]
-    targets += [t.op for t in graph.get_collection(tf.compat.v1.GraphKeys.LOSSES)
-                if isinstance(t, tf.Tensor)]
-    before_losses = _ancestors(targets)
+    before_losses = _ancestors([graph.get_tensor_by_name(loss).op for _, loss in seeds])
     wanted = {t.split(":")[0] for t in gradients}
-    position = {op.name: i for i, op in enumerate(graph.get_operations())}
     out = {}
-    for seed in candidates:
-        if seed.name in before_losses:
+    for seed_name, loss in seeds:
+        seed = graph.get_operation_by_name(seed_name)
+        if (seed.name in before_losses or graph.get_tensor_by_name(loss).op.name not in batch_ops
+                or not _backward(seed) & wanted):
             continue
-        backward = _backward(seed)
-        if not backward & wanted:
-            continue
-        batch = _batch_input(graph, backward, position)
-        if batch is not None:
-            out[seed.outputs[0].name] = batch
+        reduced = reduced_of(loss)
+        if reduced is None:
+            return {}
+        shape = graph.get_tensor_by_name(reduced).shape
+        if shape.rank is None:
+            return {}
+        if shape[0] is None:
+            out[seed.outputs[0].name] = reduced
     return out
-
-
-def _batch_input(graph: tf.Graph, backward: set[str], position: dict[str, int]) -> str | None:
-    """The input tensor whose leading dimension is a worker's batch size for
-    the backward pass `backward` (op names): the first, in graph order, of
-    rank one or more that the forward tensors it reads are computed from;
-    None when there is none, or when its leading dimension is known in the
-    graph (every worker's batch then has that size)."""
-    # the forward ops the backward pass reads and what they are computed
-    # from, not crossing a variable
-    stack = [x.op for name in backward for x in graph.get_operation_by_name(name).inputs
-             if not in_gradient_scope(x.op.name)]
-    forward: set[str] = set()
-    while stack:
-        op = stack.pop()
-        if op.name in forward or in_gradient_scope(op.name) or op.type in VARIABLE_OP_TYPES:
-            continue
-        forward.add(op.name)
-        stack.extend(x.op for x in op.inputs)
-    inputs = sorted((name for name in forward
-                     if graph.get_operation_by_name(name).type in INPUT_OP_TYPES),
-                    key=position.__getitem__)
-    for name in inputs:
-        for t in graph.get_operation_by_name(name).outputs:
-            if (t.dtype != tf.resource and t.shape.rank
-                    and any(c.name in forward or c.name in backward for c in t.consumers())):
-                return None if t.shape[0] is not None else t.name
-    return None
 
 
 def weighs_batches(analysis, loss_reduction: str, num_workers: int, micro_batches: int) -> bool:
@@ -109,25 +88,26 @@ def weighs_batches(analysis, loss_reduction: str, num_workers: int, micro_batche
 
 def rewrite_batch_weights(graph: tf.Graph, seeds: dict[str, str], backend, keys,
                           num_workers: int) -> tuple[dict[str, str], set[str]]:
-    """Build this worker's weight N * b / B for each batch input in `graph`
-    (the worker's scratch copy; `seeds`: seed -> its batch input; `keys`:
-    the instance-key range) and each seed times its weight. Returns (seed ->
+    """Build this worker's weight N * b / B for each batch tensor in `graph`
+    (the worker's scratch copy; `seeds`: seed -> the tensor whose leading
+    dimension is its batch; `keys`: the instance-key range) and each seed
+    times its weight. Returns (seed ->
     weighed seed, which the backward pass reads instead; the ops built
     here, which keep reading the seeds)."""
     before = {op.name for op in graph.get_operations()}
     rewire: dict[str, str] = {}
     weights: dict[str, tf.Tensor] = {}
     with tf.name_scope("autopar/batch_weight/"):
-        for name, batch_input in seeds.items():
-            if batch_input not in weights:
-                batch = graph.get_tensor_by_name(batch_input)
+        for name, batch_tensor in seeds.items():
+            if batch_tensor not in weights:
+                batch = graph.get_tensor_by_name(batch_tensor)
                 # float64: the sizes and N * b are exact, so equal sizes give 1.0
                 mine = tf.cast(tf.shape(batch, out_type=tf.int64)[0], tf.float64)
                 total = backend.allreduce_sum(tf.reshape(mine, [1]), keys.key(len(weights)))
-                weights[batch_input] = (tf.constant(float(num_workers), tf.float64) * mine
+                weights[batch_tensor] = (tf.constant(float(num_workers), tf.float64) * mine
                                         / tf.reshape(total, []))
             seed = graph.get_tensor_by_name(name)
-            rewire[name] = (seed * tf.cast(weights[batch_input], seed.dtype)).name
+            rewire[name] = (seed * tf.cast(weights[batch_tensor], seed.dtype)).name
     return rewire, {op.name for op in graph.get_operations()} - before
 
 

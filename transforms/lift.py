@@ -41,6 +41,10 @@ FETCHES = "autopar_function_fetches"
 # A NoOp waiting for the function's control outputs (its stateful ops: the
 # variable updates); Runner.call fetches it beside the outputs.
 CALL_OP = "autopar/function_call"
+# The graph collection pairing each tape's seed with the loss it
+# differentiates, "<seed op>|<loss tensor>" (tape_seed_pairs): a tape names
+# neither, where tf.gradients' scope names both (analysis._loss_seeds).
+TAPE_SEEDS = "autopar_tape_seeds"
 
 
 @dataclass
@@ -119,12 +123,17 @@ def lift(obj) -> LiftedGraph:
             # outputs beside it, and with micro-batches the update's run
             # reads no input (the outputs come from the micro-batch runs).
             tf1.add_to_collection(FETCHES, tf.group(*ran[len(func_graph.outputs):], name=CALL_OP))
-        for loss in _loss_outputs(func_graph):
-            loss = lifted.graph.get_tensor_by_name(loss.name)
-            if loss.shape.rank:
-                # a tape differentiates a tensor as the sum of its elements
-                loss = tf.reduce_sum(loss, name=f"{loss.op.name}/autopar_tape_target_sum")
-            tf1.add_to_collection(tf1.GraphKeys.LOSSES, loss)
+        targets: dict[str, tf.Tensor] = {}
+        for seed, target in _loss_outputs(func_graph):
+            loss = targets.get(target.name)
+            if loss is None:
+                loss = lifted.graph.get_tensor_by_name(target.name)
+                if loss.shape.rank:
+                    # a tape differentiates a tensor as the sum of its elements
+                    loss = tf.reduce_sum(loss, name=f"{loss.op.name}/autopar_tape_target_sum")
+                tf1.add_to_collection(tf1.GraphKeys.LOSSES, loss)
+                targets[target.name] = loss
+            tf1.add_to_collection(TAPE_SEEDS, f"{seed.name}|{loss.name}")
     for op in func_graph.get_operations():
         if op.type != "Placeholder" or op.outputs[0].name in input_map:
             continue
@@ -149,9 +158,15 @@ def _outputs_after_nothing(graph_def, outputs: set[str]) -> None:
             node.input.extend(kept)
 
 
+def tape_seed_pairs(graph) -> list[tuple[str, str]]:
+    """(seed op, loss tensor) of each tape of a lifted function (TAPE_SEEDS)."""
+    return [tuple((entry.decode() if isinstance(entry, bytes) else entry).split("|", 1))
+            for entry in graph.get_collection(TAPE_SEEDS)]
+
+
 def _loss_outputs(func_graph) -> list:
-    """The function's losses: the scalar each GradientTape differentiates
-    (its target), found from the tape's backward pass, whatever the
+    """(seed, target) of each GradientTape's gradient() call: the tensor
+    it differentiates, found from the tape's backward pass, whatever the
     function returns; without a tape (tf.gradients, whose seeds the
     analysis reads itself) none."""
     ops = func_graph.get_operations()
@@ -168,13 +183,12 @@ def _loss_outputs(func_graph) -> list:
         while inner.op.type == "Identity" and inner.op.inputs:
             inner = inner.op.inputs[0]
         returned.setdefault(inner.name, t)
-    losses: dict[str, object] = {}
+    out = []
     for seed in seeds:
         target = _tape_target(seed, position, digraph, forward)
         if target is not None:
-            target = returned.get(target.name, target)
-            losses.setdefault(target.name, target)
-    return list(losses.values())
+            out.append((seed, returned.get(target.name, target)))
+    return out
 
 
 def _tape_target(seed, position: dict, digraph, forward):
@@ -197,7 +211,7 @@ def _tape_target(seed, position: dict, digraph, forward):
                 seen.add(other.name)
                 stack.append(other)
         if op is not seed:
-            reads |= {x.op.name for x in op.inputs if not in_gradient_scope(x.op.name)
+            reads |= {_shaped(x).op.name for x in op.inputs if not in_gradient_scope(x.op.name)
                       and x.op.type != "Const" and x.op is not seed}
     if not reads:
         return None
@@ -210,6 +224,17 @@ def _tape_target(seed, position: dict, digraph, forward):
         if alike and reads <= nx.ancestors(digraph, name) | {name}:
             return alike[0]
     return None
+
+
+def _shaped(t):
+    """What a forward tensor the backward pass reads is computed from when
+    only its shape counts: a While's gradient reads zeros_like(output) for
+    each output the loss does not use, built outside the tape's scope; the
+    output's op is the loss's ancestor, its zeros are not."""
+    while t.op.type in ("ZerosLike", "OnesLike", "Shape", "ShapeN", "Size", "Rank") \
+            and t.op.inputs and not in_gradient_scope(t.op.inputs[0].op.name):
+        t = t.op.inputs[0]
+    return t
 
 
 def _lifted_variable(variable, taken: set[str], lifted: LiftedGraph):

@@ -60,7 +60,7 @@ class Report:
     # Training-mode batch-norm layers: name, kind, group size (0: per worker), moving statistics.
     batch_norms: list[dict] = field(default_factory=list)
     loss_counts: list[str] = field(default_factory=list)   # transforms.loss_counts
-    batch_inputs: list[str] = field(default_factory=list)  # transforms.batch_weights
+    batch_tensors: list[str] = field(default_factory=list)  # transforms.batch_weights
     batch_draws: list[str] = field(default_factory=list)   # transforms.random_draws
     # Weight-update sharding: optimizer-slot bytes each worker holds (with
     # and without sharding), per worker.
@@ -169,15 +169,15 @@ class Report:
                          "every worker divides by its sum over workers"
                          + (" / N" if self.loss_reduction == "mean" else "")
                          + ", as one device divides by the global batch's")
-        if self.batch_inputs and self.num_workers > 1 and self.loss_reduction == "mean" \
+        if self.batch_tensors and self.num_workers > 1 and self.loss_reduction == "mean" \
                 and not self.loss_counts:
-            inputs = ", ".join(repr(b) for b in self.batch_inputs)
-            lines.append(f"batch sizes: the leading dimension of {inputs} is unknown in the "
-                         "graph, so the workers' batches of a step may differ in size (a "
-                         "dataset's last batch): each worker weighs its gradients by N * b / B, "
-                         "its batch size b over their sum B over the workers (one scalar "
-                         "all-reduce per step), so the step is one device's mean (not with "
-                         "micro_batches > 1)")
+            averaged = ", ".join(repr(b) for b in self.batch_tensors)
+            lines.append(f"batch sizes: the loss averages {averaged} over the batch, whose size "
+                         "the graph leaves unknown, so the workers' batches of a step may differ "
+                         "in size (a dataset's last batch): each worker weighs its gradients by "
+                         "N * b / B, its batch size b over their sum B over the workers (one "
+                         "scalar all-reduce per step), so the step is one device's mean (not "
+                         "with micro_batches > 1)")
         if self.batch_draws and self.num_workers > 1:
             draws = ", ".join(repr(d) for d in self.batch_draws)
             lines.append(f"random draws per example ({draws}): "
@@ -294,7 +294,7 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
                   loss_reduction=plan.loss_reduction, loss_reduction_why=plan.loss_reduction_why,
                   sync_local_state=plan.sync_local_state, loss_counts=analysis.loss_counts,
                   batch_draws=analysis.batch_draws,
-                  batch_inputs=sorted(set(analysis.batch_weights.values())),
+                  batch_tensors=sorted(set(analysis.batch_weights.values())),
                   shard_weight_update=plan.shard_weight_update,
                   slot_bytes=slot_bytes_per_worker(analysis, plan),
                   slot_bytes_unsharded=slot_bytes_per_worker(analysis, _unsharded(plan)),

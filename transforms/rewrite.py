@@ -147,6 +147,8 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
               for node in copy_region(by_name, region, p, remap, device_of)]
     _set_devices(graph_def, new_nodes, edits, device)
     _edit_original_nodes(graph_def, new_nodes, edits)
+    if accumulation is None:
+        _updates_wait_for_gradients(graph_def, analysis)
     # After the gradient renames: a renamed consumer reads the aggregate, an
     # op reading a replaced batch-norm output (even a new one) the group's.
     apply_rewire(graph_def, rewire, rewire_exempt)
@@ -275,6 +277,27 @@ def _edit_original_nodes(graph_def, new_nodes: set[str], edits: Edits) -> None:
                 elif inp in rename:
                     node.input[i] = rename[inp]
             node.input.extend("^" + c for c in edits.extra_control.get(node.name, []))
+
+
+def _updates_wait_for_gradients(graph_def, analysis: Analysis) -> None:
+    """Each update op waits for its variable's gradient, this worker's. An
+    update may write a slot from no gradient (tf.compat.v1's Adam decays m
+    of a sparse gradient's variable, m *= beta1, then adds the rows): a run
+    that fails before the gradient exists (a tf.data iterator at its end:
+    OutOfRangeError) could run that write on some workers and not on
+    others, and replicas would differ from then on (a server's copy would
+    have decayed or not, by chance). Waiting, the write runs in no such
+    run; a step that runs an update computes this worker's gradient anyway.
+    (Not with micro-batches: the update's run computes no gradient.)"""
+    by_name = {node.name: node for node in graph_def.node}
+    for v in analysis.variables:
+        gradient = (v.grad_tensor or v.grad_values or "").split(":")[0]
+        if gradient not in by_name:
+            continue
+        for name in v.update_ops:
+            node = by_name.get(name)
+            if node is not None and "^" + gradient not in node.input:
+                node.input.append("^" + gradient)
 
 
 def _meta_graph(graph_or_meta) -> tf1.MetaGraphDef:

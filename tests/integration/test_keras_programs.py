@@ -105,7 +105,7 @@ def reference(tmp_path_factory):
     take less time than one after another)."""
     started = {}
     programs = [(m, o, d, (m, o, d, r) in DECAYED_LR, (m, o, d, r) in UNEVEN_LAST)
-                for m, o, d, r in CASES] + [(*BATCH_NORM_PROGRAM, False, False)]
+                for m, o, d, r in CASES] + [(*BATCH_NORM_PROGRAM, False, True)]
 
     def get(model, optimizer, dtype, decay=False, uneven=False):
         key = (model, optimizer, dtype, decay, uneven)
@@ -177,17 +177,20 @@ def test_batch_norm_over_every_worker_matches_one_device(tmp_path, reference):
     tf.function step, whose backward pass GradientTape builds (its ops are
     named after the forward op's scope, not <op>_grad), and a
     LayerNormalization: every weight, slot and moving statistic equal to one
-    device on the global batch. Each norm's gamma and beta share a shape,
+    device on the global batch, the last step's too, split 3/2/2: the
+    statistics weigh each worker's by its rows, and so do the gradients
+    (transforms.batch_weights). Each norm's gamma and beta share a shape,
     and Keras's optimizer passes all gradients through one IdentityN: each
     must be recognised as its own variable's."""
     model, optimizer, dtype = BATCH_NORM_PROGRAM
-    expected = reference(model, optimizer, dtype)
+    expected = reference(model, optimizer, dtype, uneven=True)
     spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
     log = run_script([sys.executable, str(SCRIPT), "--model", model, "--optimizer", optimizer,
                       "--dtype", dtype, "--steps", str(STEPS), "--batch", str(BATCH),
                       "--spec", str(spec), "--run-option", "hybrid", "--batch-norm-group", "all",
-                      "--out", str(tmp_path / "dist")])
+                      "--uneven-last", "--out", str(tmp_path / "dist")])
     assert "statistics over all 3 workers" in log
+    assert "each worker weighs its gradients by N * b / B" in log
     assert any("moving_variance" in name for name in expected)
     for i in range(3):
         assert_same_parameters(expected, load_worker(tmp_path / "dist", i),

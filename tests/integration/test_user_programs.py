@@ -73,8 +73,8 @@ def test_two_trainers_match_single_device(run_option, dtype, tmp_path, single_de
                       "--batch", str(BATCH), "--out", str(out), "--spec", str(spec),
                       "--run-option", run_option])
     assert "2 train ops update different variables" in log
-    assert re.search(r"batch sizes: the leading dimension of '(ids|y)_a:0', '(ids|y)_b:0' is "
-                     r"unknown in the graph", log), log[-3000:]
+    assert re.search(r"batch sizes: the loss averages '[^']+', '[^']+' over the batch", log), \
+        log[-3000:]
     assert "examples where its first had" not in log
     if run_option in ("hybrid", "ps", "herring"):
         assert "whole (reference variable: not partitioned)" in log
@@ -120,7 +120,7 @@ def test_a_gan_with_batch_norm_over_every_worker_matches_single_device(tmp_path,
         assert_same_parameters(expected, load_worker(out, i), what=f"gan worker {i}")
 
 
-@pytest.mark.parametrize("run_option", ["hybrid", "ps"])
+@pytest.mark.parametrize("run_option", ["hybrid", "ps", "allreduce"])
 def test_every_batch_of_a_finite_dataset_matches_single_device(run_option, tmp_path):
     """A TF1 program trained on a tf.data pipeline (autopar.shard, then
     .batch(2)) until its iterator ends, 2 epochs of 23 examples: each
@@ -128,12 +128,20 @@ def test_every_batch_of_a_finite_dataset_matches_single_device(run_option, tmp_p
     The loss is a mean over each worker's batch, whose size the graph leaves
     unknown: each worker weighs its gradients by its share of the step's
     examples, and every step, the last of each epoch too, is one device's
-    with batch 6 (Adam, float64; the embedding's rows on a server)."""
+    with batch 6 (Adam, float64; the embedding's rows on a server in hybrid
+    and ps, a replica on each worker in allreduce). The run that finds the
+    iterator at its end changes
+    nothing: tf.compat.v1's Adam decays a sparse gradient's m from no
+    gradient, which every update op now waits for (on one device that
+    decay runs in such a run or not, by chance: the reference runs the 8
+    steps alone)."""
     script = str(REPO / "tests" / "integration" / "scripts" / "tfdata_epochs.py")
-    run_script([sys.executable, script, "--out", str(tmp_path / "single"), "--batch", "6"])
+    run_script([sys.executable, script, "--out", str(tmp_path / "single"), "--batch", "6",
+                "--steps", "8"])
     expected = load_worker(tmp_path / "single", 0)
     assert int(expected["global_step"]) == 8   # 4 steps an epoch, the last of 5
-    spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
+    spec = write_two_host_spec(tmp_path, workers=(2, 1),
+                               servers=(0, 0) if run_option == "allreduce" else (1, 1))
     log = run_script([sys.executable, script, "--out", str(tmp_path / "dist"), "--batch", "2",
                       "--spec", str(spec), "--run-option", run_option])
     assert "each worker weighs its gradients by N * b / B" in log

@@ -1,7 +1,8 @@
 """Which gradient seeds the workers weigh by their batches' sizes, and by
-which input's leading dimension (transforms.batch_weights), found from data
-flow: tf.gradients' and a GradientTape's seeds, one input per train op, not
-the inner seed of a gradient penalty, nothing where the batch's size is
+which tensor's leading dimension (transforms.batch_weights: what the loss's
+mean reduces), found from data flow: tf.gradients' and a GradientTape's
+seeds, each train op's own, not the inner seed of a gradient penalty, not a
+flat list of ids read before the batch, nothing where the batch's size is
 known in the graph. Trained on 3 workers with uneven last batches:
 tests/integration/test_user_programs.py, test_keras_programs.py."""
 import pytest
@@ -9,6 +10,7 @@ import tensorflow as tf
 
 from autopar.transforms.analysis import analyze_graph
 from autopar.transforms.batch_weights import weighs_batches
+from autopar.transforms.graph_utils import INPUT_OP_TYPES
 from autopar.transforms.lift import lift
 from tests.programs import keras_step
 
@@ -32,9 +34,10 @@ def _two_trainers(batch=None):
     return graph
 
 
-def test_each_train_ops_seed_is_weighed_by_its_own_input():
+def test_each_train_ops_seed_is_weighed_by_its_own_batch():
     analysis = analyze_graph(_two_trainers())
-    assert sorted(analysis.batch_weights.values()) == ["xa:0", "xb:0"]
+    # the per-example squares each loss averages
+    assert sorted(analysis.batch_weights.values()) == ["Square:0", "Square_1:0"]
     assert all(seed.split("/")[-1].startswith("grad_ys") for seed in analysis.batch_weights)
     assert weighs_batches(analysis, "mean", 3, 1)
     # one worker, a summed loss, micro-batches: nothing to weigh
@@ -63,16 +66,38 @@ def test_a_gradient_penalty_seed_is_part_of_the_forward_pass():
     analysis = analyze_graph(graph)
     assert analysis.loss == loss.name and analysis.loss_reduction == "mean"
     (seed,) = analysis.batch_weights
-    assert seed.startswith("gradients_1/") and analysis.batch_weights[seed] == "x:0"
+    assert seed.startswith("gradients_1/") and analysis.batch_weights[seed] == out.name
 
 
 def test_a_tapes_seed_in_a_traced_keras_step():
     with keras_step.keras_settings_kept():
         program = keras_step.build("emb_mlp", "adam", "float64")
-        analysis = analyze_graph(lift(program.concrete).graph)
+        lifted = lift(program.concrete)
+        analysis = analyze_graph(lifted.graph)
     (seed,) = analysis.batch_weights
-    assert analysis.batch_weights[seed] == program.concrete.graph.inputs[0].name
+    # the per-example errors Keras's loss sums, then divides by their count
+    values = lifted.graph.get_tensor_by_name(analysis.batch_weights[seed])
+    assert values.shape.as_list() == [None] and values.op.type not in INPUT_OP_TYPES
     assert analysis.loss_reduction == "mean" and weighs_batches(analysis, "mean", 2, 1)
+
+
+def test_a_flat_list_of_ids_is_not_the_batch():
+    """Bags of a variable number of ids per example, fed flat and read
+    before the labels: the batch is what the mean over the examples
+    reduces, not the ids' count (which differs between workers of equal
+    batches)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        ids = tf1.placeholder(tf.int32, [None], name="ids")
+        segments = tf1.placeholder(tf.int32, [None], name="segments")
+        y = tf1.placeholder(tf.int32, [None], name="y")
+        emb = tf1.get_variable("emb", [10, 3])
+        bags = tf.math.unsorted_segment_sum(tf.nn.embedding_lookup(emb, ids), segments,
+                                            tf.shape(y)[0])
+        per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=bags)
+        tf1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_mean(per_example))
+    analysis = analyze_graph(graph)
+    assert list(analysis.batch_weights.values()) == [per_example.name]
 
 
 @pytest.mark.parametrize("reduce", ["sum", "count"])
@@ -90,5 +115,5 @@ def test_no_weights_where_the_combination_is_exact_already(reduce):
                 else tf.reduce_sum(per_example) / tf.reduce_sum(mask))
         tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
     analysis = analyze_graph(graph)
-    assert analysis.batch_weights   # found, but
+    assert analysis.loss_reduction == ("sum" if reduce == "sum" else "mean")
     assert not weighs_batches(analysis, analysis.loss_reduction, 3, 1)

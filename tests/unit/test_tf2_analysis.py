@@ -550,6 +550,17 @@ def test_lstm_weights_read_in_the_while_loop_stay_replicated():
     assert {plan.variable(v.name).method for v in cell} == {"allreduce"}
 
 
+def test_an_lstm_steps_loss_is_found_through_the_loops_gradient():
+    """The While's gradient reads zeros_like(output) for each loop output
+    the loss does not use, built outside the tape's scope: they carry a
+    shape, and the tape's target is still the loss (before: none found, so
+    the loss's reduction was unknown)."""
+    program, lifted = _lifted(kind="lstm", optimizer="sgd")
+    analysis = analyze_graph(lifted.graph)
+    assert analysis.loss == program.concrete.graph.outputs[0].name
+    assert analysis.loss_reduction == "mean"
+
+
 def test_a_captured_table_the_step_reads_is_lifted_with_its_contents():
     """A captured static table (a Keras lookup layer's vocabulary) becomes a
     table of the lifted graph filled by the tables' initializer: the lifted

@@ -1,8 +1,9 @@
 """Train a TF1 model on every batch of a finite tf.data pipeline
-(autopar.shard, then .batch(b), for --epochs), until the iterator ends, and
-save every global variable (weights, Adam's slots, the global step).
+(autopar.shard, then .batch(b), for --epochs), until the iterator ends (or
+for --steps), and save every global variable (weights, Adam's slots, the
+global step).
 
-    tfdata_epochs.py --out OUT --batch B [--spec SPEC --run-option R]
+    tfdata_epochs.py --out OUT --batch B [--steps K] [--spec SPEC --run-option R]
 
 One device with --batch N*b reads, step by step, the examples N workers
 with batch b read together (element i goes to worker i mod N), the last
@@ -33,6 +34,10 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--spec")
     p.add_argument("--run-option", default="hybrid")
+    p.add_argument("--steps", type=int,
+                   help="run this many steps, not until the iterator ends: a run that ends "
+                        "it may also run Adam's decay of a sparse gradient's m, which reads "
+                        "no gradient, or not, by chance (TensorFlow on one device)")
     args = p.parse_args()
     rng = np.random.default_rng(0)
     ids = rng.integers(0, VOCAB, size=(args.examples, IDS)).astype(np.int64)
@@ -57,11 +62,13 @@ def main() -> None:
         variables = tf1.global_variables()
     config = autopar.Config(run_option=args.run_option, log_every_steps=1)
     with autopar.get_runner(graph, args.spec, config) as runner:
-        while True:
+        steps = 0
+        while args.steps is None or steps < args.steps:
             try:
                 runner.run(train)
             except tf.errors.OutOfRangeError:
                 break
+            steps += 1
         values = runner.run({v.op.name: v for v in variables})
         os.makedirs(args.out, exist_ok=True)
         np.savez(os.path.join(args.out, f"worker{runner.worker_index}.npz"), **values)
