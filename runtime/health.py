@@ -25,6 +25,12 @@ def _ran(state: ProcessState) -> int:
     return state.steps_done + (1 if state.phase == PHASE_STEP else 0)
 
 
+# A worker inside a step more than a finished worker ran is a mismatch only
+# after this long in it: the step a finite dataset's end fails (each worker's
+# iterator raises OutOfRangeError) ends on some workers a moment after others
+# have closed their Runner. A real mismatch waits forever.
+MISMATCH_GRACE_S = 5.0
+
 # Every worker inside one step that none finishes: a slow step or a deadlock
 # (a collective whose peers launched it in another order, a server op that
 # never completes). Slow steps exist (a first step optimising a large graph),
@@ -56,8 +62,9 @@ def diagnose(states: Mapping[str, ProcessState], exited: Mapping[str, int],
     code. Pure, so it is unit-testable.
 
     - Mismatch: a worker that finished training (closed its Runner or exited
-      0) after N steps while another has started step N+1, which can never
-      complete without it (or died in it). A worker that failed (reported
+      0) after N steps while another has been inside step N+1 for
+      MISMATCH_GRACE_S, which can never complete without it (or died in
+      it). A worker that failed (reported
       PHASE_FAILED) did not finish: its failure is the cause, named by the
       launcher.
     - Silent server: a server or summation server not heard from (heartbeat,
@@ -74,7 +81,8 @@ def diagnose(states: Mapping[str, ProcessState], exited: Mapping[str, int],
                 and (s.phase == PHASE_CLOSED or exited.get(s.name) == 0)]
     for done in finished:
         ahead = [s for s in workers if s is not done and _ran(s) > done.steps_done
-                 and (s.phase == PHASE_STEP or exited.get(s.name, 0) != 0)]
+                 and ((s.phase == PHASE_STEP and now - s.phase_since >= MISMATCH_GRACE_S)
+                      or exited.get(s.name, 0) != 0)]
         if ahead:
             others = ", ".join(f"{s.name} ran {_ran(s)}" for s in ahead)
             how = "has exited" if done.name in exited else "has closed its Runner"

@@ -264,7 +264,13 @@ class Runner:
         if traced:
             options, run_metadata = _trace_options()
         start = time.time()
-        result, got = self._run_plain((mapped, extra), feeds, options, run_metadata)
+        try:
+            result, got = self._run_plain((mapped, extra), feeds, options, run_metadata)
+        except (tf.errors.AbortedError, tf.errors.CancelledError) as aborted:
+            ended = self._ended_iterator(mapped)
+            if ended is not None:
+                raise ended from aborted
+            raise
         if traced:
             self._timeline.record_step(self._next_step, start, time.time(), run_metadata)
         if measure is not None:
@@ -275,6 +281,27 @@ class Runner:
         if self._stop_requested:
             self._stop()
         return result
+
+    def _ended_iterator(self, mapped) -> tf.errors.OutOfRangeError | None:
+        """After a training step was aborted or cancelled: the OutOfRangeError
+        of the tf.data iterator it reads, when that iterator has ended. A
+        step whose servers read the batch (the ids of a server variable's
+        lookup) is cleaned up on them when the iterator ends, and TensorFlow
+        may report their abort ("Cleanup") or the cancelled get-next instead
+        of the end of the data,
+        which a program's `except tf.errors.OutOfRangeError` would not
+        catch. Running the iterator alone tells: an ended one raises at
+        once (a live one gives up a batch, but the step failed anyway)."""
+        iterator = iterator_read_by([x for x in tf.nest.flatten(mapped) if x is not None])
+        if iterator is None:
+            return None
+        try:
+            self.session.run(iterator)
+        except tf.errors.OutOfRangeError as ended:
+            return ended
+        except tf.errors.OpError:
+            return None
+        return None
 
     def _note_batch_size(self, examples: int | None) -> None:
         """Warn, once, when a training step's batch is not the size of this
@@ -957,10 +984,10 @@ def _upstream(ops):
 
 
 def iterator_read_by(tensors) -> tf.Operation | None:
-    """A tf.data iterator's get-next op that `tensors` depend on (by data or
-    control edges), or None."""
-    return next((op for op in _upstream(t.op for t in tensors) if op.type in _ITERATOR_OPS),
-                None)
+    """A tf.data iterator's get-next op that `tensors` (or ops) depend on (by
+    data or control edges), or None."""
+    return next((op for op in _upstream(getattr(t, "op", t) for t in tensors)
+                 if op.type in _ITERATOR_OPS), None)
 
 
 def _reads_iterator(tensors) -> bool:

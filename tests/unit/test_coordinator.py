@@ -17,8 +17,8 @@ from autopar.common import env as envvars
 from autopar.runtime.coordinator import (PHASE_CLOSED, PHASE_FAILED, PHASE_OTHER, PHASE_SCRIPT, PHASE_STEP,
                                          Coordinator, ProcessState, _grpc_modules)
 from autopar.runtime.coordinator_client import CoordinatorClient, ProgressHook
-from autopar.runtime.health import (SERVER_QUIET_S, SERVER_SILENCE_MIN_S, JobMonitor, diagnose,
-                                    stall_warning)
+from autopar.runtime.health import (MISMATCH_GRACE_S, SERVER_QUIET_S, SERVER_SILENCE_MIN_S,
+                                    JobMonitor, diagnose, stall_warning)
 from autopar.runtime.commands import bind_env_value, bind_shim_path
 
 
@@ -223,10 +223,21 @@ def test_every_worker_inside_one_step_for_twenty_timeouts_is_a_hung_step():
 
 @pytest.mark.parametrize("exited", [{}, {"worker 1": 0}])
 def test_mismatch_when_a_finished_worker_ran_fewer_steps(exited):
-    states = _workers((9, PHASE_STEP, 0), (9, PHASE_CLOSED if not exited else PHASE_SCRIPT, 0))
+    states = _workers((9, PHASE_STEP, MISMATCH_GRACE_S),
+                      (9, PHASE_CLOSED if not exited else PHASE_SCRIPT, 0))
     verdict = diagnose(states, exited, stall_timeout_s=0, now=100.0)
     assert verdict is not None and verdict.kind == "mismatch"
     assert "worker 1 stopped after 9 steps, worker 0 ran 10" in verdict.message
+
+
+def test_a_step_just_begun_past_a_finished_worker_is_no_mismatch_yet():
+    """A finite dataset's end: every worker's next step fails (OutOfRangeError),
+    on worker 0 a moment after worker 1 has closed its Runner."""
+    just_begun = _workers((9, PHASE_STEP, 1.0), (9, PHASE_CLOSED, 0))
+    assert diagnose(just_begun, {}, stall_timeout_s=60, now=100.0) is None
+    waited = _workers((9, PHASE_STEP, MISMATCH_GRACE_S), (9, PHASE_CLOSED, 0))
+    verdict = diagnose(waited, {}, stall_timeout_s=60, now=100.0)
+    assert verdict is not None and verdict.kind == "mismatch"
 
 
 def test_mismatch_reported_when_the_waiting_worker_dies():
