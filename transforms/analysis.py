@@ -272,7 +272,10 @@ def _analyze(graph: tf.Graph) -> Analysis:
     fetches = {op.name for op in graph.get_collection(FETCHES)}
     groups, trains = _train_groups(index, variables, fetches)
     seeds = _loss_seeds(graph)
-    losses = _losses(graph, index, variables, groups, seeds)
+    every_seed = seeds + tape_seed_pairs(graph)
+    reached = {seed: index.reachable([index.position[seed]]) for seed, _ in every_seed}
+    inner = _inner_seeds(index, every_seed, reached)
+    losses = _losses(index, variables, groups, seeds, reached, inner, graph)
     loss = losses[0] if losses else None
     # A traced function's losses (several tapes: a GAN's two) all decide.
     every_loss = losses + ([] if seeds else _declared_losses(graph))
@@ -293,8 +296,8 @@ def _analyze(graph: tf.Graph) -> Analysis:
         train_groups=[TrainGroup(g, l) for g, l in zip(groups, losses)],
         loss_counts=find_loss_counts(graph, losses, INPUT_OP_TYPES),
         batch_weights=find_batch_weights(
-            graph, seeds + tape_seed_pairs(graph),
-            lambda loss: batch_reduced(graph, loss, input_ops), input_ops, averaged),
+            graph, _trained_seeds(index, every_seed, reached, inner, averaged),
+            lambda loss: batch_reduced(graph, loss, input_ops), input_ops),
         batch_draws=find_batch_draws(graph, batch_local, averaged),
         batch_mixing=find_batch_mixing(graph, every_loss, batch_local,
                                        {op for b in batch_norms for op in b.ops}),
@@ -338,11 +341,13 @@ def _train_groups(index: "_OpIndex", variables: list[VariableInfo], fetches: set
     return groups, trains
 
 
-def _losses(graph, index: "_OpIndex", variables: list[VariableInfo],
-            groups: list[list[str]], seeds: list[tuple[str, str]]) -> list[str | None]:
+def _losses(index: "_OpIndex", variables: list[VariableInfo], groups: list[list[str]],
+            seeds: list[tuple[str, str]], reached: dict[str, set[int]], inner: set[str],
+            graph) -> list[str | None]:
     """The loss of each train group: of the tensors tf.gradients
-    differentiated (`seeds`: _loss_seeds), the one whose gradient seed
-    reaches the group's gradients."""
+    differentiated (`seeds`: _loss_seeds; `reached`: what each seed's
+    backward pass reaches; `inner`: _inner_seeds), the one whose gradient
+    seed reaches the group's gradients, an outer one first."""
     if not seeds:
         # A GradientTape names no seed: a loss the graph declares (a traced
         # function's, transforms.lift) if any.
@@ -351,23 +356,38 @@ def _losses(graph, index: "_OpIndex", variables: list[VariableInfo],
     if len(seeds) <= 1:
         return [seeds[0][1]] * len(groups)
     out = []
-    reached = [index.reachable([index.position[seed]]) for seed, _ in seeds]
-    # A seed whose backward pass computes another's loss is an inner one (a
-    # gradient penalty's tf.gradients inside the loss): its gradients reach
-    # the variables' too, through the outer backward pass, but its target is
-    # not what trains.
-    loss_positions = [index.position.get(loss.split(":")[0], -1) for _, loss in seeds]
-    inner = {i for i, seen in enumerate(reached)
-             if any(p in seen for j, p in enumerate(loss_positions) if j != i)}
     by_name = {v.name: v for v in variables}
     for members in groups:
         v = by_name[members[0]]
         first = (v.grad_tensor or v.grad_values or "").split(":")[0]
         position = index.position.get(first, -1)
-        found = [i for i, seen in enumerate(reached) if position in seen]
-        outer = [i for i in found if i not in inner]
+        found = [i for i, (seed, _) in enumerate(seeds) if position in reached[seed]]
+        outer = [i for i in found if seeds[i][0] not in inner]
         out.append(seeds[(outer or found or [0])[0]][1])
     return out
+
+
+def _inner_seeds(index: "_OpIndex", seeds: list[tuple[str, str]],
+                 reached: dict[str, set[int]]) -> set[str]:
+    """The seeds (of `seeds`: (seed op, loss)) whose backward pass computes
+    another seed's loss: a gradient penalty's tf.gradients or inner tape
+    inside the loss. Their gradients reach the variables' too, through the
+    outer backward pass, but their targets are not what trains."""
+    losses = {seed: index.position.get(loss.split(":")[0], -1) for seed, loss in seeds}
+    return {seed for seed, _ in seeds
+            if any(p in reached[seed] for other, p in losses.items() if other != seed)}
+
+
+def _trained_seeds(index: "_OpIndex", seeds: list[tuple[str, str]],
+                   reached: dict[str, set[int]], inner: set[str],
+                   gradients: set[str]) -> list[tuple[str, str]]:
+    """The (seed, loss) pairs of `seeds` that are not inner ones and whose
+    backward pass reaches a gradient a variable is updated with
+    (`gradients`: tensor names)."""
+    wanted = {index.position[t.split(":")[0]] for t in gradients
+              if t.split(":")[0] in index.position}
+    return [(seed, loss) for seed, loss in seeds
+            if seed not in inner and not reached[seed].isdisjoint(wanted)]
 
 
 def _declared_losses(graph) -> list[str]:

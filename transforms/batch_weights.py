@@ -41,14 +41,13 @@ from autopar.transforms.graph_utils import INPUT_OP_TYPES
 
 
 def find_batch_weights(graph: tf.Graph, seeds: list[tuple[str, str]], reduced_of,
-                       batch_ops: set[str], gradients: set[str]) -> dict[str, str]:
+                       batch_ops: set[str]) -> dict[str, str]:
     """{seed: the tensor whose leading dimension is its loss's batch} for
     the gradient seeds to weigh (tensor names). `seeds`: (seed op, the loss
-    it differentiates) of every tf.gradients call and tape; weighed are
-    those whose backward pass reaches a gradient a variable is updated with
-    (`gradients`: tensor names), from which no differentiated loss is
-    computed, and whose loss is a mean over a batch of a size the graph
-    leaves unknown: `reduced_of(loss)` gives the tensor that mean reduces
+    it differentiates) of the seeds whose backward pass trains a variable
+    and computes no other seed's loss (analysis._trained_seeds); weighed
+    are those whose loss is a mean over a batch of a size the graph leaves
+    unknown: `reduced_of(loss)` gives the tensor that mean reduces
     (analysis.batch_reduced; its leading dimension is the examples the mean
     divides by, which a flat list of ids read first would not be). A seed
     of a batch-dependent loss that shows no such mean leaves every gradient
@@ -57,15 +56,9 @@ def find_batch_weights(graph: tf.Graph, seeds: list[tuple[str, str]], reduced_of
     if not any(t.shape.rank and t.shape[0] is None and t.dtype != tf.resource
                for op in graph.get_operations() if op.type in INPUT_OP_TYPES for t in op.outputs):
         return {}   # every batch's size is known in the graph
-    if not seeds:
-        return {}
-    before_losses = _ancestors([graph.get_tensor_by_name(loss).op for _, loss in seeds])
-    wanted = {t.split(":")[0] for t in gradients}
     out = {}
-    for seed_name, loss in seeds:
-        seed = graph.get_operation_by_name(seed_name)
-        if (seed.name in before_losses or graph.get_tensor_by_name(loss).op.name not in batch_ops
-                or not _backward(seed) & wanted):
+    for seed, loss in seeds:
+        if graph.get_tensor_by_name(loss).op.name not in batch_ops:
             continue
         reduced = reduced_of(loss)
         if reduced is None:
@@ -74,7 +67,7 @@ def find_batch_weights(graph: tf.Graph, seeds: list[tuple[str, str]], reduced_of
         if shape.rank is None:
             return {}
         if shape[0] is None:
-            out[seed.outputs[0].name] = reduced
+            out[graph.get_operation_by_name(seed).outputs[0].name] = reduced
     return out
 
 
@@ -109,32 +102,3 @@ def rewrite_batch_weights(graph: tf.Graph, seeds: dict[str, str], backend, keys,
             seed = graph.get_tensor_by_name(name)
             rewire[name] = (seed * tf.cast(weights[batch_tensor], seed.dtype)).name
     return rewire, {op.name for op in graph.get_operations()} - before
-
-
-def _ancestors(roots: list[tf.Operation]) -> set[str]:
-    """Every op `roots` are computed from (data edges: not what a read of a
-    variable waits for, such as a GAN's first update before its second
-    loss)."""
-    seen = {op.name for op in roots}
-    stack = list(roots)
-    while stack:
-        op = stack.pop()
-        for x in [t.op for t in op.inputs]:
-            if x.name not in seen:
-                seen.add(x.name)
-                stack.append(x)
-    return seen
-
-
-def _backward(seed: tf.Operation) -> set[str]:
-    """The ops computed from `seed` (data edges): its backward pass and what
-    reads the gradients."""
-    seen, stack = {seed.name}, [seed]
-    while stack:
-        op = stack.pop()
-        for t in op.outputs:
-            for c in t.consumers():
-                if c.name not in seen:
-                    seen.add(c.name)
-                    stack.append(c)
-    return seen

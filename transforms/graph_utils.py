@@ -304,15 +304,3 @@ def node_input_name(tensor_name: str) -> str:
     """How a NodeDef input refers to a tensor: "op" for output 0, else "op:k"."""
     op, _, index = tensor_name.partition(":")
     return op if index in ("", "0") else f"{op}:{index}"
-
-
-def tape_seeds(ops) -> list:
-    """The initial gradients of the tapes' gradient() calls: the ones that
-    GradientTape.gradient makes of its target's shape (a Const `ones` for a
-    scalar, a Fill `ones_like` for a tensor) and only the backward pass
-    reads."""
-    return [op for op in ops
-            if op.type in ("Const", "Fill") and op.name.rsplit("/", 1)[-1].startswith("ones")
-            and not in_gradient_scope(op.name) and op.outputs[0].shape.rank is not None
-            and op.outputs[0].dtype.is_floating and op.outputs[0].consumers()
-            and all(in_gradient_scope(c.name) for c in op.outputs[0].consumers())]

@@ -27,7 +27,7 @@ import networkx as nx
 import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
-from autopar.transforms.graph_utils import in_gradient_scope, op_digraph, tape_seeds
+from autopar.transforms.graph_utils import in_gradient_scope, op_digraph
 from autopar.transforms.lower_cond import lower_conds
 
 tf1 = tf.compat.v1
@@ -170,7 +170,7 @@ def _loss_outputs(func_graph) -> list:
     function returns; without a tape (tf.gradients, whose seeds the
     analysis reads itself) none."""
     ops = func_graph.get_operations()
-    seeds = tape_seeds(ops)
+    seeds = _tape_seeds(ops)
     if not seeds:
         return []
     position = {op.name: i for i, op in enumerate(ops)}
@@ -189,6 +189,18 @@ def _loss_outputs(func_graph) -> list:
         if target is not None:
             out.append((seed, returned.get(target.name, target)))
     return out
+
+
+def _tape_seeds(ops) -> list:
+    """The initial gradients of the tapes' gradient() calls: the ones that
+    GradientTape.gradient makes of its target's shape (a Const `ones` for a
+    scalar, a Fill `ones_like` for a tensor) and only the backward pass
+    reads."""
+    return [op for op in ops
+            if op.type in ("Const", "Fill") and op.name.rsplit("/", 1)[-1].startswith("ones")
+            and not in_gradient_scope(op.name) and op.outputs[0].shape.rank is not None
+            and op.outputs[0].dtype.is_floating and op.outputs[0].consumers()
+            and all(in_gradient_scope(c.name) for c in op.outputs[0].consumers())]
 
 
 def _tape_target(seed, position: dict, digraph, forward):
