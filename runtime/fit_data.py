@@ -192,7 +192,8 @@ class DatasetBatches:
         import tensorflow as tf
         out = [tf.TensorSpec([None, *s.shape[1:]], s.dtype) for s in flat(self.element[:2])]
         if len(self.element) == 3:
-            out.append(tf.TensorSpec([None], self.element[2].dtype))
+            # one weight per example, or per position of a sequence's
+            out.append(tf.TensorSpec([None, *self.element[2].shape[1:]], self.element[2].dtype))
         elif self.weigh is not None:
             out.append(_weights_spec(self.weigh))
         return out

@@ -95,7 +95,6 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
 
     from autopar.api import get_runner
     from autopar.common.errors import AutoparError
-    from autopar.transforms.batch_weights import weighs_batches
 
     if not isinstance(model, keras.Model):
         raise AutoparError(
@@ -191,12 +190,10 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
     shares = f"the {n} workers" + (f" times {runner.micro_batches} micro-batches"
                                    if runner.micro_batches > 1 else "")
     # A batch that does not split into equal shares (an epoch's last) trains
-    # when the workers' gradients combine exactly over shares of any size: a
-    # summed loss, or one averaged over each worker's rows whose gradients
-    # each worker weighs by its rows (transforms.batch_weights); every
-    # worker needs a row of it.
-    any_shares = runner.micro_batches == 1 and (sums or weighs_batches(
-        runner.analysis, runner.loss_reduction, n, runner.micro_batches))
+    # when the workers' gradients combine exactly over shares of any size;
+    # every worker needs a row of it, and micro-batches equal shares of it.
+    any_shares = runner.micro_batches == 1 and runner.combines_unequal_batches()
+    counted = _counts_loss(runner)
     try:
         train.check(parts, shares)
     except AutoparError:
@@ -225,7 +222,7 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
         for epoch in range(initial_epoch, epochs):
             _run_callbacks(runner, model, callbacks, lambda c: c.on_epoch_begin(epoch),
                            synced=True)
-            metrics = _Metrics(model, sums)
+            metrics = _Metrics(model, sums, counted)
             if own_step:
                 # the step's own metric updates run in the graph: each
                 # worker's copies start the epoch from Keras's reset too
@@ -259,7 +256,8 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
                 # is this worker's when the loss sums over the batch
                 metrics.update(y_mine, y_pred,
                                float(loss) * (runner.micro_batches if sums else 1),
-                               size(x_mine), size(xb), *weighted)
+                               size(x_mine), size(xb), *weighted,
+                               loss_count=runner.last_loss_counts[0] if counted else 0.0)
             logs = (metrics.own_step_result(runner, step_logs, rows=last_rows) if own_step
                     else metrics.result(runner))
             validating = validation_data is not None and _should_validate(epoch, validation_freq)
@@ -560,24 +558,40 @@ class _Metrics:
     Keras logs the mean of its batches' losses weighted by their sizes. A
     batch's loss is its workers' mean (weighted by their rows), or, for a
     loss that sums over the batch (`sums`), their sum: each worker then
-    weighs its loss by the whole batch's size."""
+    weighs its loss by the whole batch's size. A loss divided by a count of
+    the batch's values (a masked sequence's kept positions) is the workers'
+    mean weighted by their counts (a term that is no part of the count's
+    mean, a regularizer, stays itself), which needs the batch's count
+    summed over workers: each batch's figures are kept and summed at the
+    epoch's end."""
 
-    def __init__(self, model, sums: bool) -> None:
+    def __init__(self, model, sums: bool, counted: bool = False) -> None:
         self.model = model
         self.sums = sums
         model.reset_metrics()
         self.loss_sum = 0.0
         self.count = 0
+        # with `counted`, per batch: (count x loss, count, rows x loss, rows, batch rows)
+        self.counted: list[tuple[float, float, float, int, int]] | None = [] if counted else None
 
     def variables(self) -> list:
         return [v for m in self.model.metrics for v in m.variables]
 
     def update(self, y, y_pred, loss: float, rows: int, batch_rows: int,
-               sample_weight=None) -> None:
-        """`loss`: this worker's over its `rows` of a batch of `batch_rows`."""
+               sample_weight=None, loss_count: float = 0.0) -> None:
+        """`loss`: this worker's over its `rows` of a batch of `batch_rows`;
+        `loss_count`: the count of the batch's values it divides by."""
+        if self.counted is not None:
+            self.counted.append((loss_count * loss, loss_count, rows * loss, rows, batch_rows))
         self.loss_sum += loss * (batch_rows if self.sums else rows)
         self.count += rows
         self.model.compute_metrics(None, y, y_pred, sample_weight=sample_weight)
+
+    def no_rows(self, batch_rows: int) -> None:
+        """A batch of `batch_rows` this worker has no rows of (the others'
+        figures are summed with its zeros)."""
+        if self.counted is not None:
+            self.counted.append((0.0, 0.0, 0.0, 0, batch_rows))
 
     @contextlib.contextmanager
     def output_losses(self, rows: int, batch_rows: int):
@@ -641,11 +655,28 @@ class _Metrics:
     def result(self, runner) -> dict:
         total = runner.sum_over_workers(np.array([self.loss_sum, self.count]))
         logs = {"loss": float(total[0] / max(total[1], 1))}
+        if self.counted:
+            figures = np.array(self.counted)
+            weighted, counts, by_rows, rows = runner.sum_over_workers(
+                figures[:, :4].T.ravel()).reshape(4, -1)
+            # (a batch whose every value is masked: its loss is what is
+            # left, the same on every worker, a regularizer's)
+            per_batch = np.where(counts > 0, weighted / np.where(counts > 0, counts, 1),
+                                 by_rows / np.maximum(rows, 1))
+            batch_rows = figures[:, 4]
+            logs["loss"] = float(np.sum(per_batch * batch_rows) / np.sum(batch_rows))
         runner.combine_metrics(self.model.metrics)
         for name, value in self.model.get_metrics_result().items():
             if name != "loss":   # the loss tracker: the loss above is ours
                 logs[name] = float(value)
         return logs
+
+
+def _counts_loss(runner) -> bool:
+    """Whether the loss divides by one count of the batch's values
+    (transforms.loss_counts): its log is then the workers' mean weighted by
+    their counts (_Metrics)."""
+    return runner.analysis is not None and len(runner.analysis.loss_counts) == 1
 
 
 def _test_step(model):
@@ -682,11 +713,12 @@ def _evaluate(model, data, batch_size: int, runner, test_step, sums: bool,
     each worker on its rows w, w+N, ... of each; combined over workers.
     With the model's own test step (`own_step`), the logs it gives and the
     metrics it updates."""
-    metrics = _Metrics(model, sums)
+    metrics = _Metrics(model, sums, _counts_loss(runner))
     step_logs, last_rows = {}, 0
     for xb, yb, wb, batch_rows in _validation_batches(data, batch_size, runner):
         last_rows = size(xb)   # (a worker with no rows of the last batch: none)
         if size(xb) == 0:
+            metrics.no_rows(batch_rows)
             continue
         if own_step:
             step_logs = test_step((data if isinstance(data, BATCHES)
@@ -695,7 +727,10 @@ def _evaluate(model, data, batch_size: int, runner, test_step, sums: bool,
         weighted = () if wb is None else (wb,)
         with metrics.output_losses(size(xb), batch_rows):
             y_pred, loss = test_step(xb, yb, *weighted)
-        metrics.update(yb, y_pred, float(loss), size(xb), batch_rows, *weighted)
+        counts = runner.loss_counts_of(*flat(xb), *flat(yb), *weighted) \
+            if metrics.counted is not None else None
+        metrics.update(yb, y_pred, float(loss), size(xb), batch_rows, *weighted,
+                       loss_count=counts[0] if counts else 0.0)
     if own_step:
         return metrics.own_step_result(runner, _tf_values(step_logs), synced=True,
                                        rows=last_rows)

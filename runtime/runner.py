@@ -137,6 +137,11 @@ class Runner:
         # The loss of each train group, fetched with the steps that update it.
         self._losses = ([graph.get_tensor_by_name(g.loss) if g.loss else None
                          for g in analysis.train_groups] if analysis is not None else [])
+        # The losses' counts of the batch's values (transforms.loss_counts),
+        # this worker's, fetched with every step: last_loss_counts.
+        self._loss_counts = ([graph.get_tensor_by_name(c) for c in analysis.loss_counts]
+                             if analysis is not None else [])
+        self.last_loss_counts: list[float] = []
         # Without an Analysis (single device, a graph autopar cannot
         # distribute) a step is any run that writes a trainable variable: a
         # hand-written update is one step, a gradient-accumulation run that only
@@ -303,6 +308,17 @@ class Runner:
             return None
         return None
 
+    def combines_unequal_batches(self) -> bool:
+        """Whether the workers' gradients combine as one device's when their
+        batches of a step differ in size: a loss summed over the batch, one
+        divided by a count summed over workers (transforms.loss_counts), or
+        one whose gradients the workers weigh by their batches' sizes
+        (transforms.batch_weights: a batch whose size the graph leaves
+        unknown; not with micro-batches)."""
+        return self.loss_reduction != "mean" or (self.analysis is not None and bool(
+            self.analysis.loss_counts or weighs_batches(
+                self.analysis, self.loss_reduction, self.num_workers, self.micro_batches)))
+
     def _note_batch_size(self, examples: int | None) -> None:
         """Warn, once, when a training step's batch is not the size of this
         worker's first: workers' gradients of a loss averaged over each one's
@@ -310,17 +326,10 @@ class Runner:
         over the step's examples only when every worker's batch of the step
         has the same size (a dataset's last, partial batch, split over the
         workers, may not). A worker cannot see the others' sizes without
-        another exchange in every step, so it says what it sees. A loss
-        summed over the batch, divided by a count summed over workers
-        (transforms.loss_counts), or whose gradients the workers weigh by
-        their batches' sizes (transforms.batch_weights: a batch whose size
-        the graph leaves unknown) combines exactly whatever the sizes."""
+        another exchange in every step, so it says what it sees (not where
+        the gradients combine exactly whatever the sizes)."""
         if (examples is None or self.num_workers == 1 or self.equal_shares
-                or self.loss_reduction != "mean"
-                or (self.analysis is not None and (
-                    self.analysis.loss_counts or weighs_batches(
-                        self.analysis, self.loss_reduction, self.num_workers,
-                        self.micro_batches)))):
+                or self.combines_unequal_batches()):
             return
         if self._first_batch is None:
             self._first_batch = examples
@@ -426,9 +435,12 @@ class Runner:
 
     def _step_extras(self, groups: set[int], fed: bool) -> dict:
         """What a training step fetches besides the user's fetches: the loss
-        of the first train group it updates (for progress) and, with no feed,
-        the input batch's size."""
+        of the first train group it updates (for progress), the losses'
+        counts of the batch's values and, with no feed, the input batch's
+        size."""
         extra = {}
+        if self._loss_counts:
+            extra["counts"] = self._loss_counts
         loss = next((self._losses[g] for g in sorted(groups) if self._losses[g] is not None),
                     None)
         if loss is not None:
@@ -466,6 +478,8 @@ class Runner:
 
     def _after_step(self, got: dict, examples: int | None) -> None:
         """After a training step of `examples` examples (None: unknown)."""
+        if "counts" in got:
+            self.last_loss_counts = [float(np.sum(c)) for c in got["counts"]]
         if self._after_step_op is not None:
             self.session.run(self._after_step_op)
         self._steps += 1
@@ -735,6 +749,20 @@ class Runner:
             function.structured_outputs,
             [next(values) if isinstance(t, tf.Tensor) else t for t in outputs],
             expand_composites=True)
+
+    def loss_counts_of(self, *inputs) -> list[float] | None:
+        """This worker's counts of the batch's values that the losses
+        divide by (transforms.loss_counts: computed from the input alone) for
+        `inputs` fed to the traced function's inputs as call() feeds them,
+        without a step; None when there are none or `inputs` are not all of
+        the function's inputs."""
+        function = self._lifted.function if self._lifted is not None else None
+        if not self._loss_counts or function is None or \
+                len(inputs) != len(function.graph.inputs) - len(function.graph.captures):
+            return None
+        fed = function.graph.inputs[:len(inputs)]
+        values = self.run(list(self._loss_counts), {t.name: v for t, v in zip(fed, inputs)})
+        return [float(np.sum(v)) for v in values]
 
     def sync_python_variables(self, variables=None) -> None:
         """Give the traced function's Python variables (a Keras model's and

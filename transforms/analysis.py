@@ -135,6 +135,9 @@ class Analysis:
     # Denominators of the losses that count the batch's values (a mask's
     # sum): each worker divides by their sum over workers (transforms.loss_counts).
     loss_counts: list[str] = field(default_factory=list)
+    # {count the backward pass does not read: the forward tensors, weights of
+    # count^-1 (a Keras masked loss's), it reads in its place}.
+    loss_count_reads: dict[str, list[str]] = field(default_factory=dict)
     # {seed of a loss's backward pass: the input whose leading dimension is a
     # worker's batch size}, where the graph leaves that size unknown: workers
     # whose batches of a step differ in size weigh their gradients by it
@@ -284,6 +287,8 @@ def _analyze(graph: tf.Graph) -> Analysis:
     averaged = {t for v in variables for t in (v.grad_tensor, v.grad_values, v.grad_indices) if t}
     batch_local = batch_local_ops(graph, averaged)
     batch_norms = find_batch_norms(graph, batch_local, writers)
+    loss_counts, loss_count_reads = find_loss_counts(graph, losses, INPUT_OP_TYPES,
+                                                     frozenset(averaged))
     return Analysis(
         variables=variables,
         state=_step_state(graph, trainable, slot_names, all_update_ops, batch_local, writers),
@@ -294,7 +299,8 @@ def _analyze(graph: tf.Graph) -> Analysis:
         loss_reduction_why=why,
         batch_norms=batch_norms,
         train_groups=[TrainGroup(g, l) for g, l in zip(groups, losses)],
-        loss_counts=find_loss_counts(graph, losses, INPUT_OP_TYPES),
+        loss_counts=loss_counts,
+        loss_count_reads=loss_count_reads,
         batch_weights=find_batch_weights(
             graph, _trained_seeds(index, every_seed, reached, inner, averaged),
             lambda loss: batch_reduced(graph, loss, input_ops), input_ops),

@@ -462,7 +462,8 @@ def _loss_counts(graph, analysis: Analysis, plan: Plan, backend,
             "(a mask's sum): with micro_batches > 1 each micro-batch would divide by its own "
             "count, not the global batch's. Use micro_batches=1 for this program")
     rewire, built = rewrite_loss_counts(graph, analysis.loss_counts, backend, LOSS_COUNTS,
-                                        plan.num_workers if plan.averages("dense") else 1)
+                                        plan.num_workers if plan.averages("dense") else 1,
+                                        analysis.loss_count_reads)
     return {node_input_name(k): node_input_name(v) for k, v in rewire.items()}, built
 
 

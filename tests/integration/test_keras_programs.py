@@ -49,6 +49,11 @@ CASES = [
     # Keras's LossScaleOptimizer: updates inside a (nested) tf.cond, which
     # runs them only for finite gradients; they stay off the servers
     ("emb_mlp", "lossscale", "float32", "ps"),
+    # a loss over a masked sequence: Keras weighs each kept position by the
+    # batch's size / count of kept positions, which differs between workers
+    # (transforms.loss_counts rebuilds the weights the backward pass reads
+    # from the count summed over workers)
+    ("masked", "sgd", "float64", "hybrid"),
 ]
 if os.environ.get("AUTOPAR_TEST_MATRIX") == "full":
     CASES = [(model, optimizer, dtype, option)
@@ -62,7 +67,8 @@ if os.environ.get("AUTOPAR_TEST_MATRIX") == "full":
                                              ("micro", "sgd", "float32"),
                                              ("accum", "sgd", "float64"),
                                              ("emb_mlp", "amsgrad_wd", "float64"),
-                                             ("emb_mlp", "lossscale", "float32"))
+                                             ("emb_mlp", "lossscale", "float32"),
+                                             ("masked", "sgd", "float64"))
              for option in ("hybrid", "ps", "allreduce")] + [
         ("emb_mlp", "sgd", "float32", "herring"), ("lstm", "sgd", "float32", "herring")]
 # Cases trained with Config(micro_batches=2): each worker's two micro-batches
@@ -138,7 +144,10 @@ def test_custom_training_step_matches_one_device(model, optimizer, dtype, run_op
                       "--micro-batches", str(micro), "--out", str(tmp_path / "dist")]
                      + (["--decay-lr"] if decay else [])
                      + (["--uneven-last"] if uneven else []))
-    if uneven:   # weighed, not warned of
+    if model == "masked":   # the count's weights rebuilt: exact for any split
+        assert "loss count 'sparse_categorical_crossentropy/Sum:0'" in log
+        assert "examples where its first had" not in log
+    elif uneven:   # weighed, not warned of
         assert "each worker weighs its gradients by N * b / B" in log
         assert "examples where its first had" not in log
     if micro > 1:
@@ -391,6 +400,30 @@ def test_losses_summed_over_the_batch_fit_as_keras_fits_them(tmp_path):
     for name in expected:
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-9, err_msg=name)
     _assert_workers_hold(tmp_path, 3, rtol=1e-7, atol=1e-9)
+
+
+MASKED = [str(REPO / "tests" / "integration" / "scripts" / "keras_fit_masked.py")]
+
+
+@pytest.mark.parametrize("weights_mean", [False, True], ids=["mask", "weights_mean"])
+def test_fit_of_a_loss_over_a_count_matches_keras_fit(tmp_path, weights_mean):
+    """A sequence tagger over padded sequences (Embedding(mask_zero=True),
+    a cross-entropy per position): Keras weighs each kept position by the
+    batch's size / count of kept positions, and each worker's count differs.
+    Every worker rebuilds the weights its backward pass reads from the count
+    summed over workers, so 4 workers end with Keras's own model.fit's
+    weights, Adam's slots and per-epoch losses, training and validation
+    (before: refused, "a count of the batch's values"). Likewise a loss
+    divided by its sample weights' sum (reduction="mean_with_sample_weight",
+    no mask): trained as one device before, its logs now are one device's
+    too (before: the workers' mean of their own losses)."""
+    expected, got, log = _keras_then_autopar(
+        MASKED + (["--weights-mean"] if weights_mean else []), tmp_path, (3, 1))
+    assert "loss count '" in log
+    assert sorted(got) == ["loss", "val_loss"] and len(got["loss"]) == 3
+    for name in got:
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-12, err_msg=name)
+    _assert_workers_hold(tmp_path, 4, rtol=1e-9, atol=1e-12)
 
 
 def _keras_then_autopar(script: list[str], tmp_path, workers: tuple[int, int], *extra: str):

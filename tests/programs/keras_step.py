@@ -20,7 +20,10 @@ gamma and beta, and batch statistics; an L2 penalty on the embedding),
 applied to two halves of the ids: the tape adds up every weight's gradients
 from its uses), "lstm"
 (Embedding -> LSTM, a While loop in the traced graph -> Dense over the
-vocabulary, cross-entropy: a next-token language model) and "module" (no
+vocabulary, cross-entropy: a next-token language model), "masked"
+(Embedding(mask_zero=True) over sequences padded with 0, Dense layers on
+each position, cross-entropy per position: Keras weighs each kept position
+by the batch's size / count of kept positions) and "module" (no
 Keras layers: a tf.Module holding tf.Variables, an embedding table read by
 tf.nn.embedding_lookup and a linear layer, as TensorFlow's "Introduction to
 modules" guide writes models; the table's IndexedSlices gradient carries
@@ -80,6 +83,11 @@ class KerasProgram:
         if self.kind == "lstm":
             tokens = rng.integers(0, VOCAB, size=(size, WINDOW + 1)).astype(np.int32)
             return tokens[:, :-1], tokens[:, -1]
+        if self.kind == "masked":
+            # sequences of 1 to IDS ids, padded with 0 (masked) at the end
+            x = rng.integers(1, VOCAB, size=(size, IDS)).astype(np.int32)
+            x[np.arange(IDS) >= rng.integers(1, IDS + 1, size=(size, 1))] = 0
+            return x, rng.integers(0, VOCAB, size=(size, IDS)).astype(np.int32)
         x = rng.integers(0, VOCAB, size=(size, _ids(self.kind))).astype(np.int32)
         return x, rng.normal(size=(size, 1))
 
@@ -177,6 +185,15 @@ def build(kind: str = "emb_mlp", optimizer_name: str = "adam",
             keras.layers.Concatenate()([dense(h) for h in halves])))
         loss_fn = keras.losses.MeanSquaredError()
         y_spec = tf.TensorSpec([None, 1], dtype)
+    elif kind == "masked":
+        # Dense layers on each position carry the Embedding's mask to the
+        # loss, which Keras weighs by size / count of the kept positions
+        model = keras.Sequential([keras.Input((IDS,), dtype="int32"),
+                                  keras.layers.Embedding(VOCAB, 6, mask_zero=True),
+                                  keras.layers.Dense(8, activation="tanh"),
+                                  keras.layers.Dense(VOCAB)])
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        y_spec = tf.TensorSpec([None, IDS], tf.int32)
     elif kind == "module":
         model = _linear_over_embedding(tf, dtype)
         loss_fn = keras.losses.MeanSquaredError()

@@ -50,10 +50,44 @@ def test_counts_of_shapes_or_of_each_example_are_not_rescaled(make_loss):
     assert analyze_graph(_graph(make_loss)).loss_counts == []
 
 
-def test_a_keras_loss_over_a_masked_sequence_is_refused_naming_the_count():
-    """Keras weighs each kept position by size / count and differentiates
-    through the weights: no count the backward pass divides by."""
+def test_a_keras_loss_over_a_masked_sequence_is_rescaled_through_its_weights():
+    """Keras weighs each kept position by size / count (a select on the
+    mask): the backward pass reads the weights, not the count, so they are
+    what the rewrite builds again from the count summed over workers."""
     with keras_step.keras_settings_kept():
         _, _optimizer, concrete = keras_step.sequence_step(mask_zero=True)
-        with pytest.raises(UnsupportedGraphError, match="a count of the batch's values"):
-            analyze_graph(lift(concrete).graph)
+        analysis = analyze_graph(lift(concrete).graph)
+    (count,) = analysis.loss_counts
+    assert count == "sparse_categorical_crossentropy/Sum:0"
+    assert analysis.loss_count_reads == {count: ["sparse_categorical_crossentropy/SelectV2:0"]}
+    assert analysis.loss_reduction == "mean"
+
+
+def _weighted(weight):
+    """A mean over every position of each position's loss times
+    weight(size, count of kept positions, mask)."""
+    def make(per, mask, *_):
+        size = tf.cast(tf.size(mask), tf.float64)
+        return tf.reduce_mean(per * weight(size, tf.reduce_sum(mask), mask))
+    return make
+
+
+def test_weights_of_the_inverse_count_are_what_the_backward_pass_reads():
+    analysis = analyze_graph(_graph(_weighted(lambda size, count, mask: mask * (size / count))))
+    (count,) = analysis.loss_counts
+    assert count == "Sum:0"
+    (read,) = analysis.loss_count_reads[count]
+    assert read.startswith("mul") and read != count   # the product, read by its gradient
+
+
+@pytest.mark.parametrize("weight,op", [
+    (lambda size, count, mask: mask * tf.sqrt(size / count), "Sqrt"),
+    # count^-2
+    (lambda size, count, mask: mask * (size / count) / count, None),
+    (lambda size, count, mask: mask * (size / count) + 1.0, "AddV2"),
+], ids=["sqrt", "squared", "plus_one"])
+def test_a_count_in_weights_that_are_no_inverse_of_it_is_refused_naming_the_op(weight, op):
+    with pytest.raises(UnsupportedGraphError, match="a count of the batch's values") as refused:
+        analyze_graph(_graph(_weighted(weight)))
+    if op:
+        assert f"({op}) computes with it otherwise than as a weight of count^-1" in str(refused.value)

@@ -1,4 +1,5 @@
-"""Shared by the test scripts: who am I, and where to record my pid."""
+"""Shared by the test scripts: who am I, where to record my pid, and how a
+Keras fit script trains and reports."""
 import json
 import os
 
@@ -15,3 +16,21 @@ def write_pid() -> None:
         with open(path + ".tmp", "w") as f:
             f.write(str(os.getpid()))
         os.replace(path + ".tmp", path)  # atomic: the test never reads half a pid
+
+
+def fit_then_save(model, data, fit: dict, keras_own: bool, spec, out: str) -> None:
+    """Train `model` on `data` with `fit`'s arguments: by Keras's own
+    model.fit on one device (`keras_own`), else by autopar.fit on every worker
+    of `spec`. Prints the per-epoch logs ("history {...}") and saves the
+    model's and optimizer's variables to `out` ({worker} replaced)."""
+    import numpy as np
+
+    import autopar
+    if keras_own:
+        history, worker = model.fit(data, **fit).history, 0
+    else:
+        result = autopar.fit(model, data, None, spec, autopar.Config(log_every_steps=0), **fit)
+        history, worker = result.history, result.worker_index
+    print("history " + json.dumps(history, sort_keys=True), flush=True)
+    np.savez(out.format(worker=worker),
+             **{v.path: v.numpy() for v in model.variables + model.optimizer.variables})

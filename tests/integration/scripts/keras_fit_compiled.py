@@ -8,7 +8,6 @@ weights and a learning-rate schedule. --keras trains it with Keras's own model.f
 otherwise with autopar.fit (on every worker of --spec, or one device
 without). Saves the weights and prints the per-epoch losses."""
 import argparse
-import json
 import os
 import sys
 
@@ -19,7 +18,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-import autopar  # noqa: E402
+from _common import fit_then_save  # noqa: E402
 
 
 def main() -> None:
@@ -55,15 +54,7 @@ def main() -> None:
         58, seed=1).batch(16)
     fit = dict(epochs=5, verbose=0, validation_data=(x[:20], y[:20], weights[:20]),
                callbacks=[schedule, stop])
-    if args.keras:
-        history, worker = model.fit(train, **fit).history, 0
-    else:
-        result = autopar.fit(model, train, None, args.spec, autopar.Config(log_every_steps=0),
-                             **fit)
-        history, worker = result.history, result.worker_index
-    print("history " + json.dumps(history, sort_keys=True), flush=True)
-    np.savez(args.out.format(worker=worker),
-             **{v.path: v.numpy() for v in model.variables + model.optimizer.variables})
+    fit_then_save(model, train, fit, args.keras, args.spec, args.out)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ too. --keras trains it with Keras's own model.fit on one device;
 otherwise with autopar.fit on every worker of --spec. Saves the weights
 and prints the per-epoch logs."""
 import argparse
-import json
 import os
 import sys
 
@@ -18,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirna
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-import autopar  # noqa: E402
+from _common import fit_then_save  # noqa: E402
 
 
 class Rows(keras.utils.PyDataset):
@@ -58,15 +57,7 @@ def main() -> None:
     model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse", metrics=["mae"])
     fit = dict(epochs=3, verbose=0, shuffle=True, validation_data=Rows(x[:24], y[:24], 12))
     data = Rows(x, y, 12, args.reshuffle)
-    if args.keras:
-        history, worker = model.fit(data, **fit).history, 0
-    else:
-        result = autopar.fit(model, data, None, args.spec, autopar.Config(log_every_steps=0),
-                             **fit)
-        history, worker = result.history, result.worker_index
-    print("history " + json.dumps(history, sort_keys=True), flush=True)
-    np.savez(args.out.format(worker=worker),
-             **{v.path: v.numpy() for v in model.variables + model.optimizer.variables})
+    fit_then_save(model, data, fit, args.keras, args.spec, args.out)
 
 
 if __name__ == "__main__":
