@@ -119,13 +119,18 @@ def allgather_bytes(ab: float, n: int) -> float:
 @dataclass
 class Traffic:
     """Bytes per step one worker / one server must send and receive, and the
-    number of sequential network hops of the algorithm."""
+    number of sequential network hops of the algorithm. `worker_pull` /
+    `server_pull`: the part of worker_recv / server_send that is variables
+    living on servers, read before the forward pass can use them (so before
+    any gradient exists to send)."""
     method: str
     worker_send: float
     worker_recv: float
     server_send: float = 0.0
     server_recv: float = 0.0
     hops: int = 0
+    worker_pull: float = 0.0
+    server_pull: float = 0.0
 
     def max_link_bytes(self) -> float:
         return max(self.worker_send, self.worker_recv, self.server_send, self.server_recv)
@@ -165,8 +170,15 @@ def required_traffic(method: str, dense_bytes: float, sparse_touched_bytes: floa
     moving = [m for m, nbytes, _ in carried if nbytes]
     hops = (sum(m.hops(n) for m in moving if not m.on_servers)
             + max((m.hops(n) for m in moving if m.on_servers), default=0))
+    # A variable that lives on servers is read before the step computes
+    # with it: a server method's pull is its bytes_per_worker (received; what
+    # it pushes is sent), which its servers send.
+    pulled = [(m, nbytes, c) for m, nbytes, c in carried if not m.replicated]
+    worker_pull = sum(m.bytes_per_worker(nbytes, n) for m, nbytes, _ in pulled)
+    server_pull = sum(m.bytes_at_servers(nbytes, n, c)[0] for m, nbytes, c in pulled)
     return Traffic(method, worker, worker, sum(a for a, _ in at_servers) / s if s else 0.0,
-                   sum(b for _, b in at_servers) / s if s else 0.0, hops=hops)
+                   sum(b for _, b in at_servers) / s if s else 0.0, hops=hops,
+                   worker_pull=worker_pull, server_pull=server_pull / s if s else 0.0)
 
 
 def limit_seconds(traffic: Traffic, rate_mbit: float, latency_s: float = 0.0) -> float:
@@ -174,6 +186,23 @@ def limit_seconds(traffic: Traffic, rate_mbit: float, latency_s: float = 0.0) ->
     link direction at the link rate, plus one latency per sequential hop."""
     beta = 8.0 / (rate_mbit * 1e6)     # seconds per byte
     return traffic.max_link_bytes() * beta + traffic.hops * latency_s
+
+
+def order_limit_seconds(traffic: Traffic, rate_mbit: float, floor_s: float | None = None) -> float:
+    """The shortest step the order of a synchronous step allows: first the
+    pull of what lives on servers (the forward pass needs it, and nothing is
+    sent meanwhile: no gradient exists yet), then the compute floor, then
+    everything sent (and the rest received) on the most loaded link
+    direction. limit_seconds counts both directions busy all the step; a
+    method that pulls before it computes cannot reach that (ps: all its
+    bytes are pulled, so at most half). The backward pass could overlap the
+    first sends by at most its part of the floor."""
+    beta = 8.0 / (rate_mbit * 1e6)
+    t = traffic
+    before = max(t.worker_pull, t.server_pull)
+    after = max(t.worker_send, t.worker_recv - t.worker_pull, t.server_recv,
+                t.server_send - t.server_pull)
+    return (before + after) * beta + (floor_s or 0.0)
 
 
 def fraction_of_limit(limit_s: float, step_s: float | None) -> float | None:
@@ -205,12 +234,19 @@ def apply_floor(point: dict, floor_s: float | None) -> dict:
     """Fill a point's limit figures from its communication limit
     (`comm_limit_s`) and the compute floor of its workload and N:
     compute_floor_s, limit_s = max of the two, binding, fraction_of_limit
-    (limit / measured step time) and comm_to_compute. Returns the point."""
+    (limit / measured step time) and comm_to_compute; and, from its Table 3
+    bytes, order_limit_s (order_limit_seconds) and order_allows (limit /
+    order_limit_s: the share of its limit the step's order leaves reachable).
+    Returns the point."""
     comm = point.get("comm_limit_s")
     limit, binding = limit_with_floor(comm, floor_s)
     point.update(compute_floor_s=floor_s, limit_s=limit, binding=binding,
                  fraction_of_limit=fraction_of_limit(limit, point.get("step_s")),
                  comm_to_compute=comm_to_compute_ratio(comm, floor_s))
+    table3 = point.get("table3")
+    if limit and table3 and "worker_pull" in table3 and point.get("link_mbit"):
+        order = order_limit_seconds(Traffic(**table3), point["link_mbit"], floor_s)
+        point.update(order_limit_s=order, order_allows=min(1.0, limit / order))
     return point
 
 

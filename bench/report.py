@@ -105,6 +105,13 @@ def _cores_allow(p: dict, cpus: int | None) -> str:
     return _pct(allow[0]) + (f" (kernel {_pct(allow[1])})" if allow[1] is not None else "")
 
 
+def _order_allows(p: dict) -> str:
+    """The share of its limit a point's step order leaves reachable
+    (metrics.order_limit_seconds: a pull from servers before the compute,
+    the sends after it); older results: –."""
+    return _pct(p["order_allows"]) if p.get("order_allows") is not None else "–"
+
+
 def _alpha(p: dict) -> str:
     a = p.get("alpha")
     if not a:
@@ -120,7 +127,7 @@ def training_table(results: dict) -> str:
     head = ("workload", "link Mbit/s", "N", "system", "status", "throughput", "step ms", "compute floor ms",
             "worker send / recv MB/step", "Table 3 MB/step", "Δ send / recv", "server send / recv MB/step",
             "comm limit ms", "of limit (bound)", "cores busy (CPU ms/step)", "of limit the cores allow",
-            "α worker / all",
+            "of limit the order allows", "α worker / all",
             "loss (reference)", "idle kB/s")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for p in _order(rows, peers):
@@ -135,7 +142,8 @@ def training_table(results: dict) -> str:
                 f"{p['throughput']:.0f} {p['unit']}/s", _ms(p["step_s"]), _ms(p.get("compute_floor_s")),
                 f"{_mb(wb['send'])} / {_mb(wb['recv'])}", t3s,
                 f"{_signed_pct(p.get('worker_send_vs_table3'))} / {_signed_pct(p.get('worker_recv_vs_table3'))}",
-                server, "–" if comm is None else f"{1e3 * comm:.1f}", _limit(p), _busy(p), _cores_allow(p, cpus), _alpha(p), loss,
+                server, "–" if comm is None else f"{1e3 * comm:.1f}", _limit(p), _busy(p), _cores_allow(p, cpus),
+                _order_allows(p), _alpha(p), loss,
                 _kb(p.get("idle_bytes_per_s_per_host"))]) + " |")
         else:
             lines.append("| " + " | ".join([p["workload"], _rate_cell(p, rates), str(p["num_workers"]), p["peer"],
@@ -277,7 +285,11 @@ def markdown(results: dict, plots: dict[str, str] | None = None) -> str:
              "the cores, whatever the links allow), with all processes' CPU ms per step and the kernel's "
              "part of them; \"of limit the cores allow\" = limit / (CPU ms per step / cores): the share "
              "of its limit a point could reach were the cores busy with nothing else (its kernel part "
-             "alone in brackets), so an \"of limit\" near it is bound by this machine's cores. α = embedding rows a worker's step touches / vocabulary "
+             "alone in brackets), so an \"of limit\" near it is bound by this machine's cores; "
+             "\"of limit the order allows\" = limit / (pull from servers, then the compute floor, then "
+             "the sends, each direction at the link rate): what lives on servers is read before the step "
+             "can compute, with nothing to send meanwhile, so a method that pulls cannot keep both "
+             "directions busy all the step (ps, whose every byte is pulled, at most half). α = embedding rows a worker's step touches / vocabulary "
              "(distinct rows, mean over the measured steps), and of the N workers' batches together.", ""]
     if any(p["workload"] in TRAINING for p in results["points"]):
         lines += ["## Training workloads", "", training_table(results), ""]

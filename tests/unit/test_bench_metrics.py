@@ -54,6 +54,51 @@ def test_required_traffic_rejects_ps_without_servers_and_unknown_methods():
         metrics.required_traffic("gossip", 1, 1, 2, 1)
 
 
+def test_the_step_order_puts_the_pull_from_servers_before_every_send():
+    # 100 Mbit/s: 12.5 bytes per microsecond, so 1.25 MB take 100 ms
+    mb = 1.25e6
+    # ps: every byte is pulled before the forward pass and pushed after it, so
+    # the order needs twice the limit (both directions busy all the step)
+    ps = metrics.required_traffic("ps", dense_bytes=0.8 * mb, sparse_touched_bytes=0.2 * mb,
+                                  num_workers=4, num_servers=4)
+    assert ps.worker_pull == pytest.approx(mb) and ps.server_pull == pytest.approx(mb)
+    assert metrics.limit_seconds(ps, 100.0) == pytest.approx(0.1)
+    assert metrics.order_limit_seconds(ps, 100.0) == pytest.approx(0.2)
+    assert metrics.order_limit_seconds(ps, 100.0, floor_s=0.01) == pytest.approx(0.21)
+    # hybrid: only the rows (20 ms) are pulled; the ring's 1.5 MB (N = 4: 150
+    # ms) and the rows' push follow the compute, the ring's receives beside them
+    hybrid = metrics.required_traffic("hybrid", dense_bytes=mb, sparse_touched_bytes=0.2 * mb,
+                                      num_workers=4, num_servers=4)
+    assert hybrid.worker_pull == pytest.approx(0.2 * mb)
+    assert metrics.limit_seconds(hybrid, 100.0) == pytest.approx(0.17)
+    assert metrics.order_limit_seconds(hybrid, 100.0) == pytest.approx(0.02 + 0.17)
+    # herring: the dense buffers (100 ms each way) go out and come back after
+    # the backward pass, with the rows' push
+    herring = metrics.required_traffic("herring", dense_bytes=mb, sparse_touched_bytes=0.2 * mb,
+                                       num_workers=4, num_servers=4)
+    assert herring.worker_pull == pytest.approx(0.2 * mb)
+    assert metrics.limit_seconds(herring, 100.0) == pytest.approx(0.12)
+    assert metrics.order_limit_seconds(herring, 100.0) == pytest.approx(0.02 + 0.12)
+    # nothing on servers: the order costs nothing beyond the limit
+    ring = metrics.required_traffic("allreduce", mb, 0.0, 4)
+    assert ring.worker_pull == 0.0
+    assert metrics.order_limit_seconds(ring, 100.0) == pytest.approx(metrics.limit_seconds(ring, 100.0))
+
+
+def test_apply_floor_gives_the_share_of_the_limit_the_order_allows():
+    t = metrics.required_traffic("ps", 0.8e6, 0.2e6, 2, 2)       # 80 ms a direction at 100 Mbit/s
+    point = metrics.apply_floor({"comm_limit_s": metrics.limit_seconds(t, 100.0), "step_s": 0.4,
+                                 "table3": t.to_dict(), "link_mbit": 100.0}, 0.04)
+    assert point["order_limit_s"] == pytest.approx(0.2)
+    assert point["order_allows"] == pytest.approx(0.4)
+    assert point["fraction_of_limit"] == pytest.approx(0.2)
+    # older results carry no pull figures: no order figures either
+    old = {k: v for k, v in t.to_dict().items() if not k.endswith("_pull")}
+    point = metrics.apply_floor({"comm_limit_s": 0.08, "step_s": 0.4, "table3": old,
+                                 "link_mbit": 100.0}, 0.04)
+    assert "order_allows" not in point
+
+
 def test_limit_is_most_loaded_link_direction_at_link_rate_plus_hops():
     t = metrics.Traffic("ps", worker_send=125e6, worker_recv=125e6, server_send=250e6, server_recv=10, hops=2)
     # 250 MB at 1 Gbit/s = 2 s; plus two hops of 1 ms

@@ -114,6 +114,13 @@ def test_training_table_shows_floor_rate_binding_and_alpha(results):
     slow = _rows(report.training_table(results), "autopar-hybrid")[0]
     assert slow["of limit the cores allow"] == "50% (kernel 100%)"
     assert mwms["of limit the cores allow"] == "–"
+    # ps pulls every byte before the compute floor and pushes it after: the
+    # order needs 2 x its comm limit + the floor, where the limit is the floor
+    ps_point = next(p for p in results["points"] if p["peer"] == "autopar-ps")
+    ps = _rows(table, "autopar-ps")[0]
+    assert ps["of limit the order allows"] == \
+        f"{100 * 0.05 / (2 * ps_point['comm_limit_s'] + 0.05):.0f}%"
+    assert _rows(table, "tf_ps")[0]["of limit the order allows"] == ps["of limit the order allows"]
     assert mwms["α worker / all"] == f"{100 * a['worker_unique']:.2f}% / {100 * a['global_unique']:.2f}%"
     md = report.markdown(results)
     assert "1000 and 100 Mbit/s" in md and "compute floor" in md
