@@ -789,9 +789,12 @@ class Runner:
     def _map_fetch(self, fetch):
         if fetch is None:
             return None
-        if self._python and isinstance(fetch, tf.Variable) and id(fetch) in self._python:
-            # A traced function's Python variable: its lifted counterpart.
-            return self._map_fetch(self._variables[self._python[id(fetch)] + ":0"])
+        if self._python and not isinstance(fetch, (str, tf.Tensor, tf.Operation)):
+            # A traced function's Python variable (a tf.Variable, or a Keras
+            # 3 variable holding one): its lifted counterpart.
+            name = self._lifted_name(fetch)
+            if name is not None:
+                return self._map_fetch(self._variables[name + ":0"])
         if isinstance(fetch, tf.SparseTensor):
             # Session fetches it as a SparseTensorValue of its three parts.
             with self.graph.as_default():

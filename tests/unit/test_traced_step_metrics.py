@@ -43,3 +43,28 @@ def test_the_metrics_a_traced_step_updates_follow_it_in_python():
         assert int(optimizer.iterations.numpy()) == 6   # the optimizer's count too
     assert all(v > 0 for v in expected[1])
     np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+def test_the_steps_python_variables_fetch_their_trained_values():
+    """runner.run of a Keras 3 variable the step captures (or of the
+    tf.Variable it holds) gives the trained value the runner's graph holds,
+    as eager training would leave it (before: a Keras variable was looked up
+    by its name in the graph, a KeyError)."""
+    batches = quickstart.batches(3, 8)
+    step, _, optimizer = quickstart.build()
+    for x, y in batches:
+        step(x, y)
+    expected = [v.numpy() for v in optimizer.variables]
+    step, _, optimizer = quickstart.build()
+    runner = autopar.get_runner(step.get_concrete_function(
+        tf.TensorSpec([None, 6]), tf.TensorSpec([None], tf.int64)), None,
+        autopar.Config(log_every_steps=0))
+    with runner:
+        for x, y in batches:
+            runner.call(x, y)
+        got = runner.run(list(optimizer.variables))
+        held = runner.run([v.value for v in optimizer.variables])
+    assert len(got) == len(expected) > 2 and int(got[0]) == 3   # the iteration count first
+    for g, h, e in zip(got, held, expected):
+        np.testing.assert_allclose(g, e, rtol=1e-6)
+        np.testing.assert_array_equal(g, h)
