@@ -741,14 +741,22 @@ class Runner:
                                f"inputs, got {len(inputs)}")
         outputs = tf.nest.flatten(function.structured_outputs, expand_composites=True)
         tensors = [t for t in outputs if isinstance(t, tf.Tensor)]
-        values = iter(self.run([t.name for t in tensors] + [CALL_OP],
+        # the chief writes the function's summaries (Python's writers are
+        # this process's; every worker's would write the same steps)
+        summaries = self._lifted.summaries if self.is_chief else []
+        written = [name for write in summaries for name in write.inputs]
+        values = iter(self.run([t.name for t in tensors] + [CALL_OP] + written,
                                {t.name: v for t, v in zip(fed, inputs)}))
         if self._local_python and self.sync_state_each_call:
             self._read_into_python(self._local_python)
-        return tf.nest.pack_sequence_as(
+        result = tf.nest.pack_sequence_as(
             function.structured_outputs,
             [next(values) if isinstance(t, tf.Tensor) else t for t in outputs],
             expand_composites=True)
+        next(values)   # CALL_OP's
+        for write in summaries:
+            write.write([next(values) for _ in write.inputs])
+        return result
 
     def loss_counts_of(self, *inputs) -> list[float] | None:
         """This worker's counts of the batch's values that the losses

@@ -18,6 +18,10 @@ current value when it initialises (values are not copied into the GraphDef,
 which would hold every weight twice), and writes the trained values back to
 the Python variables (`LiftedGraph.python_variables`) so that the Keras
 model and optimizer hold them.
+
+A session cannot use an eager summary writer: the function's writes to a
+captured writer are taken out of the graph (`LiftedGraph.summaries`), and
+Runner.call fetches what each reads and writes it to the Python writer.
 """
 from __future__ import annotations
 
@@ -57,10 +61,36 @@ class LiftedGraph:
     # the traced function's structured outputs and inputs, when lifted from
     # a ConcreteFunction (for Runner.call)
     function: object = None
+    # the function's writes to captured summary writers, taken out of the
+    # graph: Runner.call fetches their inputs and the chief writes them
+    summaries: list["SummaryWrite"] = field(default_factory=list)
 
     def initial_feed(self) -> dict:
         """{initial-value placeholder name: the Python variable's value now}."""
         return {name: var.numpy() for name, var in self.initial_values.items()}
+
+
+# The ops that use a tf.summary writer resource.
+SUMMARY_WRITES = frozenset({"WriteSummary", "WriteScalarSummary", "WriteHistogramSummary",
+                            "WriteImageSummary", "WriteAudioSummary", "WriteRawProtoSummary",
+                            "WriteGraphSummary"})
+_SUMMARY_OPS = SUMMARY_WRITES | {"FlushSummaryWriter"}
+
+
+@dataclass
+class SummaryWrite:
+    """One of a traced function's summary ops on a captured writer, out of
+    the lifted graph: `op` its type, `inputs` the lifted graph's tensors it
+    reads besides the writer (none for a flush), `args` their argument names
+    (tf.raw_ops takes keywords), `writer` the eager handle."""
+    op: str
+    inputs: list[str]
+    args: list[str]
+    writer: object
+
+    def write(self, values: list) -> None:
+        """Run the op eagerly on the Python writer with `values` of its inputs."""
+        getattr(tf.raw_ops, self.op)(writer=self.writer, **dict(zip(self.args, values)))
 
 
 def is_traced(obj) -> bool:
@@ -89,22 +119,32 @@ def lift(obj) -> LiftedGraph:
     taken = _name_prefixes(graph_def)
     lifted = LiftedGraph(tf.Graph(), function=None if obj is func_graph else obj)
     input_map = {}
+    writers = {internal.name: external for external, internal in func_graph.captures
+               if id(external) not in by_handle and external.dtype == tf.resource
+               and internal.consumers()
+               and all(c.type in _SUMMARY_OPS for c in internal.consumers())}
+    lifted.summaries = _take_summaries(graph_def, func_graph, writers)
     tables = {internal.name: _table_contents(external, internal)
               for external, internal in func_graph.captures
-              if id(external) not in by_handle and external.dtype == tf.resource}
+              if id(external) not in by_handle and external.dtype == tf.resource
+              and internal.name not in writers}
     with lifted.graph.as_default():
         for external, internal in func_graph.captures:
             variable = by_handle.get(id(external))
             if variable is None:
+                if internal.name in writers:
+                    continue   # its ops are out of the graph (_take_summaries)
                 if tables.get(internal.name) is not None:
                     input_map[internal.name] = _lifted_table(internal, *tables[internal.name])
                     continue
                 if external.dtype == tf.resource:
                     raise UnsupportedGraphError(
                         f"the traced function captures the resource '{internal.op.name}', "
-                        "which is not a tf.Variable (a lookup table, an iterator, a dataset?): "
-                        "autopar can lift only variables and constants; create that resource "
-                        "inside the function or feed its values")
+                        "which is not a tf.Variable (a lookup table, an iterator, a dataset, "
+                        "a summary writer used inside a condition such as tf.summary.record_if?): "
+                        "autopar can lift only variables, constants, tables it reads and summary "
+                        "writers it writes to unconditionally; create that resource inside the "
+                        "function or feed its values")
                 value = external.numpy() if hasattr(external, "numpy") else None
                 if value is None:
                     raise UnsupportedGraphError(
@@ -114,8 +154,10 @@ def lift(obj) -> LiftedGraph:
                 continue
             input_map[internal.name] = _lifted_variable(variable, taken, lifted).handle
         tf1.import_graph_def(graph_def, input_map=input_map, name="")
+        taken_out = {w.name for w in _summary_ops(func_graph, writers)}
         ran = [lifted.graph.get_operation_by_name(op.name) for op in
-               [t.op for t in func_graph.outputs] + list(func_graph.control_outputs)]
+               [t.op for t in func_graph.outputs] + list(func_graph.control_outputs)
+               if op.name not in taken_out]
         for op in ran[:len(func_graph.outputs)]:
             tf1.add_to_collection(FETCHES, op)
         with tf1.name_scope(None):
@@ -141,6 +183,34 @@ def lift(obj) -> LiftedGraph:
             raise UnsupportedGraphError(f"lifting the traced function renamed its input "
                                         f"'{op.name}': a variable's name collides with it")
     return lifted
+
+
+def _summary_ops(func_graph, writers: dict) -> list:
+    """The function's ops on the captured summary writers `writers`."""
+    return [c for name in writers for c in func_graph.get_tensor_by_name(name).consumers()]
+
+
+def _take_summaries(graph_def, func_graph, writers: dict) -> list[SummaryWrite]:
+    """Take the function's writes to captured summary writers out of
+    `graph_def` (and every control edge to them: TensorFlow orders a
+    function's stateful ops, and nothing else waits for a summary), in the
+    function's order. A lifted graph runs in a session, which cannot use an
+    eager writer; Runner.call fetches what each write reads and writes it to
+    the Python writer itself."""
+    ops = sorted(_summary_ops(func_graph, writers), key=lambda op: op._id)  # pylint: disable=protected-access
+    if not ops:
+        return []
+    names = {op.name for op in ops}
+    kept = [node for node in graph_def.node if node.name not in names]
+    for node in kept:
+        inputs = [i for i in node.input if not (i.startswith("^") and i[1:] in names)]
+        del node.input[:]
+        node.input.extend(inputs)
+    del graph_def.node[:]
+    graph_def.node.extend(kept)
+    return [SummaryWrite(op.type, [x.name for x in op.inputs[1:]],
+                         [a.name for a in op.op_def.input_arg[1:]], writers[op.inputs[0].name])
+            for op in ops]
 
 
 def _outputs_after_nothing(graph_def, outputs: set[str]) -> None:

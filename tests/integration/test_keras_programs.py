@@ -383,6 +383,32 @@ def test_metrics_combined_over_workers_are_one_devices(tmp_path):
     np.testing.assert_allclose(got, expected, rtol=1e-12)
 
 
+SUMMARIES = str(REPO / "tests" / "integration" / "scripts" / "summary_step.py")
+
+
+def test_summaries_written_inside_a_step_are_the_chiefs(tmp_path):
+    """A step writing tf.summary records inside it (a scalar of its loss, a
+    histogram of a kernel), on 3 workers over 2 uneven hosts, each with a
+    writer of its own: the chief's writer gets every record, at the steps
+    one device writes them, the loss its own call returned; the other
+    workers' writers get none (before: refused, the writer being a captured
+    resource)."""
+    from tests.programs.summary_step import events
+    spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
+    log = run_script([sys.executable, SUMMARIES, "--spec", str(spec),
+                      "--logdir", str(tmp_path / "logs")])
+    losses = {int(m.group(1)): json.loads(m.group(2))
+              for m in re.finditer(r"losses (\d) (\[.*\])", log)}
+    assert sorted(losses) == [0, 1, 2]
+    chief = events(tmp_path / "logs" / "worker0")
+    assert [(step, tag) for step, tag, _ in chief] == [
+        (1, "loss"), (0, "kernel"), (2, "loss"), (10, "kernel"), (3, "loss"), (20, "kernel")]
+    assert [float(v) for _, tag, v in chief if tag == "loss"] == pytest.approx(losses[0],
+                                                                               rel=1e-6)
+    for worker in (1, 2):
+        assert events(tmp_path / "logs" / f"worker{worker}") == []
+
+
 SUMMED = [DIGITS, "--model", "summed"]
 
 
