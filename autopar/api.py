@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from autopar.config import Config
 from autopar.console import debug_errors, report_error, setup_logging
-from autopar.common.errors import AutoparError, SpecError
+from autopar.common.errors import AutoparError, SpecError, UnsupportedGraphError
 from autopar.common import env, procs
 from autopar.common.roles import REPORT_ROLE, SERVER_ROLE, WORKER_JOB, WORKER_ROLE
 from autopar.transforms.compile import CompiledPlan, compile_for_config
@@ -63,6 +63,12 @@ def _get_runner(graph, resource_info, config: Config):
     from autopar.runtime import join, launcher, script_plan, spec as specs, worker
     from autopar.runtime.timeline import TimelineOptions
     graph, lifted = _lifted(graph)
+    if lifted is not None and lifted.summaries and config.micro_batches > 1:
+        raise UnsupportedGraphError(
+            f"the traced step writes tf.summary records, which its runner writes after each "
+            f"step from what the step computed; with Config(micro_batches="
+            f"{config.micro_batches}) a step is several runs, whose values are no step's: use "
+            "micro_batches=1, or write the summaries from Python with what the step returns")
     role = env.current_role()
     if role == WORKER_ROLE:
         # The plan comes from the launcher (or the chief) through the job

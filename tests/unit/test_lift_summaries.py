@@ -45,3 +45,13 @@ def test_summaries_under_a_condition_are_refused_by_name(tmp_path):
     _, concrete = build(tmp_path, record_if=lambda k: tf.equal(k % 20, 0))
     with pytest.raises(UnsupportedGraphError, match="summary writer used inside a condition"):
         lift(concrete)
+
+
+def test_summaries_with_micro_batches_are_refused(tmp_path, capsys):
+    """A step of several micro-batch runs has no one run whose values the
+    summaries could take (a distributed run wrote them at steps 2, 5, 8)."""
+    _, concrete = build(tmp_path)
+    with pytest.raises(SystemExit) as ended:
+        autopar.get_runner(concrete, None, autopar.Config(micro_batches=2))
+    assert ended.value.code == 2
+    assert "writes tf.summary records" in capsys.readouterr().err
