@@ -113,6 +113,7 @@ def lift(obj) -> LiftedGraph:
     func_graph = _func_graph(obj)
     if func_graph is None:
         raise TypeError(f"not a traced function: {obj!r}")
+    _check_inputs(func_graph)
     by_handle = {id(v.handle): v for v in func_graph.variables}
     graph_def = lower_conds(func_graph.as_graph_def())
     _outputs_after_nothing(graph_def, {t.op.name for t in func_graph.outputs})
@@ -183,6 +184,21 @@ def lift(obj) -> LiftedGraph:
             raise UnsupportedGraphError(f"lifting the traced function renamed its input "
                                         f"'{op.name}': a variable's name collides with it")
     return lifted
+
+
+def _check_inputs(func_graph) -> None:
+    """Refuse an argument a session cannot feed: an iterator, a dataset, a
+    variable passed to the function rather than captured by it (a resource
+    or variant tensor), naming it."""
+    captured = {internal.name for _, internal in func_graph.captures}
+    for t in func_graph.inputs:
+        if t.name not in captured and t.dtype in (tf.resource, tf.variant):
+            raise UnsupportedGraphError(
+                f"the traced function takes '{t.op.name}' ({t.dtype.name}: an iterator, a "
+                "dataset, or a variable passed as an argument), which a session cannot be "
+                "fed: take the batch from the iterator in Python and pass its tensors "
+                "(runner.call(x, y) for step(x, y)), and use a variable by capture, not as an "
+                "argument")
 
 
 def _summary_ops(func_graph, writers: dict) -> list:

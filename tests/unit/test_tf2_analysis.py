@@ -676,3 +676,23 @@ def test_a_captured_table_the_step_writes_is_refused_by_name():
 
     with pytest.raises(UnsupportedGraphError, match="captures the resource .*not a tf.Variable"):
         lift(step.get_concrete_function(tf.TensorSpec([None], tf.string)))
+
+
+def test_an_iterator_passed_to_the_step_is_refused_by_name():
+    """A step that takes its batch from an iterator it is passed
+    (`x, y = next(iterator)` inside): a session cannot feed an eager
+    iterator (before: a KeyError from deep in Session.run at the first call)."""
+    dataset = tf.data.Dataset.from_tensor_slices(tf.ones([8, 2])).batch(4).repeat()
+    w = tf.Variable(tf.ones([2, 1]))
+
+    @tf.function
+    def step(iterator):
+        x = next(iterator)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.matmul(x, w))
+        w.assign_sub(0.1 * tape.gradient(loss, w))
+        return loss
+
+    with pytest.raises(UnsupportedGraphError, match="the traced function takes 'iterator' "
+                                                    r"\(resource: an iterator"):
+        lift(step.get_concrete_function(iter(dataset)))
