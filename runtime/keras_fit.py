@@ -652,19 +652,26 @@ class _Metrics:
                              "by their rows", name)
         return logs
 
+    def _counted_loss(self, runner) -> float:
+        """The epoch's loss from each batch's workers' losses weighted by
+        their counts (the batch's rows weigh the batches, as Keras's)."""
+        figures = np.array(self.counted)
+        weighted, counts, by_rows, rows = runner.sum_over_workers(
+            figures[:, :4].T.ravel()).reshape(4, -1)
+        # (a batch whose every value is masked: its loss is what is left,
+        # the same on every worker, a regularizer's)
+        per_batch = np.where(counts > 0, weighted / np.where(counts > 0, counts, 1),
+                             by_rows / np.maximum(rows, 1))
+        batch_rows = figures[:, 4]
+        return float(np.sum(per_batch * batch_rows) / np.sum(batch_rows))
+
     def result(self, runner) -> dict:
-        total = runner.sum_over_workers(np.array([self.loss_sum, self.count]))
-        logs = {"loss": float(total[0] / max(total[1], 1))}
+        # (every worker holds as many batches' figures: the same branch)
         if self.counted:
-            figures = np.array(self.counted)
-            weighted, counts, by_rows, rows = runner.sum_over_workers(
-                figures[:, :4].T.ravel()).reshape(4, -1)
-            # (a batch whose every value is masked: its loss is what is
-            # left, the same on every worker, a regularizer's)
-            per_batch = np.where(counts > 0, weighted / np.where(counts > 0, counts, 1),
-                                 by_rows / np.maximum(rows, 1))
-            batch_rows = figures[:, 4]
-            logs["loss"] = float(np.sum(per_batch * batch_rows) / np.sum(batch_rows))
+            logs = {"loss": self._counted_loss(runner)}
+        else:
+            total = runner.sum_over_workers(np.array([self.loss_sum, self.count]))
+            logs = {"loss": float(total[0] / max(total[1], 1))}
         runner.combine_metrics(self.model.metrics)
         for name, value in self.model.get_metrics_result().items():
             if name != "loss":   # the loss tracker: the loss above is ours

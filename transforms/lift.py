@@ -124,7 +124,8 @@ def lift(obj) -> LiftedGraph:
                if id(external) not in by_handle and external.dtype == tf.resource
                and internal.consumers()
                and all(c.type in _SUMMARY_OPS for c in internal.consumers())}
-    lifted.summaries = _take_summaries(graph_def, func_graph, writers)
+    summary_ops = _summary_ops(func_graph, writers)
+    lifted.summaries = _take_summaries(graph_def, summary_ops, writers)
     tables = {internal.name: _table_contents(external, internal)
               for external, internal in func_graph.captures
               if id(external) not in by_handle and external.dtype == tf.resource
@@ -155,7 +156,7 @@ def lift(obj) -> LiftedGraph:
                 continue
             input_map[internal.name] = _lifted_variable(variable, taken, lifted).handle
         tf1.import_graph_def(graph_def, input_map=input_map, name="")
-        taken_out = {w.name for w in _summary_ops(func_graph, writers)}
+        taken_out = {op.name for op in summary_ops}
         ran = [lifted.graph.get_operation_by_name(op.name) for op in
                [t.op for t in func_graph.outputs] + list(func_graph.control_outputs)
                if op.name not in taken_out]
@@ -202,18 +203,19 @@ def _check_inputs(func_graph) -> None:
 
 
 def _summary_ops(func_graph, writers: dict) -> list:
-    """The function's ops on the captured summary writers `writers`."""
-    return [c for name in writers for c in func_graph.get_tensor_by_name(name).consumers()]
+    """The function's ops on the captured summary writers `writers`, in the
+    function's order."""
+    return sorted((c for name in writers for c in func_graph.get_tensor_by_name(name).consumers()),
+                  key=lambda op: op._id)  # pylint: disable=protected-access
 
 
-def _take_summaries(graph_def, func_graph, writers: dict) -> list[SummaryWrite]:
-    """Take the function's writes to captured summary writers out of
-    `graph_def` (and every control edge to them: TensorFlow orders a
-    function's stateful ops, and nothing else waits for a summary), in the
-    function's order. A lifted graph runs in a session, which cannot use an
-    eager writer; Runner.call fetches what each write reads and writes it to
-    the Python writer itself."""
-    ops = sorted(_summary_ops(func_graph, writers), key=lambda op: op._id)  # pylint: disable=protected-access
+def _take_summaries(graph_def, ops: list, writers: dict) -> list[SummaryWrite]:
+    """Take the function's summary ops `ops` on the captured writers
+    `writers` out of `graph_def` (and every control edge to them: TensorFlow
+    orders a function's stateful ops, and nothing else waits for a summary).
+    A lifted graph runs in a session, which cannot use an eager writer;
+    Runner.call fetches what each write reads and writes it to the Python
+    writer itself."""
     if not ops:
         return []
     names = {op.name for op in ops}
