@@ -266,7 +266,6 @@ def _edit_original_nodes(graph_def, new_nodes: set[str], edits: Edits) -> None:
     Identities replace theirs, every other one reads the replaced tensors
     (averaged or aggregated gradients) and waits for the extra controls."""
     rename = {node_input_name(k): node_input_name(v) for k, v in edits.replaced.items()}
-    _through_identity_n(graph_def, new_nodes, rename)
     for node in graph_def.node:
         if node.name in new_nodes or in_gradient_scope(node.name):
             continue   # the backward pass itself keeps using local gradients
@@ -283,21 +282,6 @@ def _edit_original_nodes(graph_def, new_nodes: set[str], edits: Edits) -> None:
                 elif inp in rename:
                     node.input[i] = rename[inp]
             node.input.extend("^" + c for c in edits.extra_control.get(node.name, []))
-
-
-def _through_identity_n(graph_def, new_nodes: set[str], rename: dict[str, str]) -> None:
-    """`rename` also for the outputs of an IdentityN of the original graph
-    whose inputs it renames: output k is input k (Keras's optimizers pass
-    every gradient through one), so a reader of it reads the replacement
-    directly, wherever it runs (an update on a server reads its aggregate
-    there, not through the worker's IdentityN)."""
-    for node in graph_def.node:
-        if node.op != "IdentityN" or node.name in new_nodes or in_gradient_scope(node.name):
-            continue
-        data = [i for i in node.input if not i.startswith("^")]
-        for k, inp in enumerate(data):
-            if inp in rename:
-                rename[node_input_name(f"{node.name}:{k}")] = rename[inp]
 
 
 def _updates_wait_for_gradients(graph_def, analysis: Analysis) -> None:
@@ -530,7 +514,7 @@ def _batch_draws(graph, analysis: Analysis, plan: Plan, backend, worker_index: i
             totals.append(summed)
         return totals[0]
     rewire, built = rewrite_batch_draws(graph, analysis.batch_draws, n, worker_index,
-                                        global_batch)
+                                        global_batch, analysis.batch_input)
     built.add(flag.op.name)
     return ({node_input_name(k): node_input_name(v) for k, v in rewire.items()}, built,
             flag.name)
