@@ -207,7 +207,10 @@ def analyze(graph, resource_info, config: Config | None = None) -> Report:
 
 def _compile(graph, spec, config: Config) -> CompiledPlan:
     # Summation servers: the launcher starts them when the plan's methods
-    # need them (registry.processes), so the planner may count on them.
+    # need them (registry.processes), so the planner may count on them,
+    # unless they cannot be built here (no C++ compiler: runtime/native.py).
+    from autopar.runtime.native import herring_unavailable
+    missing = herring_unavailable()
     topology = Topology(tuple(h.address for h in spec.worker_hosts()), spec.num_servers,
-                        summation_servers=True)
+                        summation_servers=missing is None, summation_servers_why=missing or "")
     return compile_for_config(graph, topology, config)

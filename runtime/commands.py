@@ -282,26 +282,23 @@ def user_window(name: str, off_ok: bool = False) -> str | None:
                       + (" (or 0: no bound)" if off_ok else ""))
 
 def bind_shim_path() -> str:
-    """runtime/libautopar_bind.so, built at install time (built now if missing)."""
+    """runtime/libautopar_bind.so, built at install time (else on first use)."""
     from autopar.runtime import native
-    return _built(native.SHIM_NAME, native.build_shim)
+    return _built(native.shim_path)
 
 def sumserver_path() -> str:
-    """runtime/autopar_sumserver, built at install time (built now if missing)."""
+    """runtime/autopar_sumserver, built at install time (else on first use)."""
     from autopar.runtime import native
-    return _built(native.SUMSERVER_NAME, native.build_sumserver)
+    return _built(native.sumserver_path)
 
-def _built(name: str, build) -> str:
-    """runtime/<name>, building it with ``build`` first if it is missing (a
-    checkout used without `make install`); a build failure is a LaunchError."""
+def _built(path_of) -> str:
+    """The native part ``path_of`` finds or builds (runtime/native.py); a
+    build failure (no compiler) is a LaunchError naming what to install."""
     from autopar.runtime import native
-    path = native.RUNTIME_DIR / name
-    if not path.exists():
-        try:
-            build()
-        except native.BuildError as exc:
-            raise LaunchError(str(exc)) from exc
-    return str(path)
+    try:
+        return str(path_of())
+    except native.BuildError as exc:
+        raise LaunchError(str(exc)) from exc
 
 def job_env(coordinator: Coordinator, cluster: Mapping[str, list[str]]) -> dict[str, str]:
     """Variables every child gets, the token excepted (see give_token): where

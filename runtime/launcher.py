@@ -389,6 +389,8 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
     if not argv:
         raise LaunchError("nothing to launch: the worker command is empty")
     with_sumservers = SUMSERVER_ROLE in processes
+    if with_sumservers:
+        _prepare_herring_ops()
     if with_sumservers and envvars.HERRING_TIMEOUT not in os.environ:
         # A push/pull waiting for a slow peer is the coordinator's stall to
         # report (it names the worker); the transport's own timeout is the
@@ -424,6 +426,20 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
         _stop_local(fork_server if own_fork_server else None, network if own_network else None)
         if not keep_handlers:
             _restore_handlers(callers_handlers)
+
+
+def _prepare_herring_ops() -> None:
+    """Build the Herring op library now, once, when this is its first use
+    and this process has the workers' TensorFlow imported (the script run
+    directly), rather than have every worker wait on one build
+    (runtime/native.py). Under `autopar launch` the first worker builds it."""
+    if "tensorflow" not in sys.modules:
+        return
+    from autopar.runtime import native
+    try:
+        native.herring_ops_path(native.TensorFlowBuild.of_imported())
+    except native.BuildError as exc:
+        raise LaunchError(str(exc)) from exc
 
 
 # The plan of a job for a spec: (CompiledPlan.to_bytes(), the roles it needs
