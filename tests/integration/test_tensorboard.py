@@ -1,12 +1,16 @@
 """Config(tensorboard_dir=...): the chief's event file holds, at every logged
 step, the loss, examples/s, seconds per step, the plan's bytes per step for
 each method and DropCompute's threshold and drop rate, and the plan report
-as text; read back with TensorBoard's own event reader."""
+as text; read back with TensorBoard's own event reader, and served by the
+real TensorBoard over HTTP."""
 from __future__ import annotations
+
+import sys
 
 from tensorboard.backend.event_processing import event_accumulator
 
 from tests.integration.cluster import run_training, write_spec
+from tests.tensorboard_http import served_scalars
 
 STEPS = 6
 
@@ -41,6 +45,11 @@ def test_the_chief_writes_every_scalar_at_every_logged_step(tmp_path):
     # The plan report, as text.
     plan = events.Tensors("autopar/plan")
     assert len(plan) == 1 and b"autopar plan: 2 workers" in plan[0].tensor_proto.string_val[0]
+    # The real TensorBoard of this environment opens the file and serves
+    # the losses (tensorboard < 2.21 with setuptools >= 81 did not start:
+    # no pkg_resources).
+    served = served_scalars(sys.executable, board, "autopar/loss")
+    assert served == [(e.step, e.value) for e in events.Scalars("autopar/loss")], served
 
 
 def test_a_stall_warning_is_logged_and_counted_before_the_job_would_end(tmp_path):
