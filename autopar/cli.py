@@ -2,6 +2,7 @@
 
     autopar launch --spec SPEC -- python train.py [args...]   train on the cluster
     autopar report --spec SPEC -- python train.py [args...]   print the plan, train nothing
+    autopar spec --workers 4 > spec.yaml                      write a resource spec to start from
 
 Instead of --spec, the hosts as MPI and Horovod take them: -H host1:4,host2:4
 or --hostfile FILE ('host slots=N' lines), slots being workers per host, with
@@ -28,6 +29,8 @@ from autopar.common.roles import REPORT_ROLE
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["spec"]:
+        return spec_main(argv[1:])
     command: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
@@ -35,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="autopar", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="action", required=True)
+    sub.add_parser("spec", help="print a resource spec to start from (autopar spec --help)")
     for action, text in (("launch", "start every server and worker of SPEC running the command"),
                          ("report", "print the plan for the command's graph on SPEC, train nothing")):
         p = sub.add_parser(action, help=text)
@@ -114,6 +118,35 @@ def main(argv: list[str] | None = None) -> int:
             raise
         sys.stderr.write("autopar: interrupted\n")
         return 130
+
+
+def spec_main(argv: list[str]) -> int:
+    """`autopar spec`: a resource spec (YAML, docs/resource-specs.md) on
+    stdout, checked as any spec is, for a user to save and edit."""
+    import yaml
+    from autopar.runtime.spec import load_spec
+    parser = argparse.ArgumentParser(
+        prog="autopar spec", description="Print a resource spec: hosts, and the workers and "
+        "servers on each. Save it (autopar spec --workers 4 > spec.yaml) and edit it "
+        "(ports, ssh settings: docs/resource-specs.md).")
+    parser.add_argument("--workers", type=int, default=2, metavar="N",
+                        help="worker processes per host (default 2)")
+    parser.add_argument("--servers", type=int, default=0, metavar="N",
+                        help="server processes per host (default 0)")
+    parser.add_argument("--hosts", default="127.0.0.1", metavar="HOST,...",
+                        help="host names or addresses (default 127.0.0.1: this machine)")
+    args = parser.parse_args(argv)
+    hosts = [{"address": h.strip(), "workers": args.workers, "servers": args.servers}
+             for h in args.hosts.split(",")]
+    try:
+        load_spec({"hosts": hosts})
+    except AutoparError as e:
+        return report_error(e)
+    where = "this machine" if args.hosts == "127.0.0.1" else args.hosts
+    sys.stdout.write(f"# {args.workers} workers and {args.servers} servers per host on {where} "
+                     f"(`autopar spec {' '.join(argv)}`)\n"
+                     + yaml.safe_dump({"hosts": hosts}, sort_keys=False))
+    return 0
 
 
 def _spec(args):
