@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--servers-per-host", type=int, default=0, metavar="N",
                        help="with -H, --hostfile or --spec slurm: server processes on each "
                             "host (default 0)")
+        p.add_argument("--gpus-per-worker", type=int, default=0, metavar="K",
+                       help="with -H or --hostfile: slot k of a host owns its GPUs kK .. kK+K-1 "
+                            "(default 0: CPU workers; docs/gpus.md)")
         if action == "launch":
             p.add_argument("--stall-timeout", type=float, default=60.0, metavar="SECONDS",
                            help="end the job when workers wait this long in a step for others "
@@ -155,6 +158,10 @@ def _spec(args):
     from autopar.runtime.spec import load_spec
     if args.servers_per_host < 0:
         raise AutoparError(f"--servers-per-host must be >= 0, got {args.servers_per_host}")
+    if args.gpus_per_worker and (args.gpus_per_worker < 0 or args.spec is not None):
+        raise AutoparError("--gpus-per-worker takes a count >= 0 and goes with -H or --hostfile; "
+                           "a spec file gives each host's 'gpus' itself, and --spec slurm takes "
+                           "the allocation's")
     if args.spec == "slurm":
         return slurm.spec_from_allocation(os.environ, args.servers_per_host)
     if args.spec is not None:
@@ -171,7 +178,7 @@ def _spec(args):
         except (OSError, UnicodeDecodeError) as exc:
             raise AutoparError(f"hostfile {args.hostfile}: cannot be read ({exc})") from exc
         hosts = hostfile.parse_hostfile(text, args.hostfile)
-    return hostfile.spec_from_hosts(hosts, args.servers_per_host)
+    return hostfile.spec_from_hosts(hosts, args.servers_per_host, args.gpus_per_worker)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from autopar.common.roles import (SERVER_JOB, SERVER_ROLE, SUMSERVER_ROLE, WORKE
                                   process_name)
 from autopar.runtime.coordinator import Coordinator
 from autopar.runtime.coordinator_client import DEFAULT_LINK_TIMEOUT_S, LINK_TIMEOUT
+from autopar.runtime.gpus import launched_worker_env, spec_worker_gpus
 from autopar.runtime.ports import is_local_address
 from autopar.runtime.slurm import srun_command
 from autopar.runtime.spec import HostSpec, ResourceSpec
@@ -208,6 +209,7 @@ def plan_children(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: Se
         if window is not None:
             extra_env[envvars.HERRING_WINDOW] = window
     plans: list[ChildPlan] = []
+    worker_gpus = spec_worker_gpus(spec)
     for role, addresses, hosts, command in jobs:
         if len(addresses) != len(hosts):
             raise LaunchError(
@@ -220,6 +222,8 @@ def plan_children(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: Se
                            "--port", address.rpartition(":")[2]]
             role_env = {**autopar_env(role, index, cluster, spec, tty=tty),
                         **tcp_window_env(role, cluster, spec.bandwidth_gbps)}
+            if role == WORKER_ROLE:   # its GPUs, if the spec gives it some (docs/gpus.md)
+                role_env.update(launched_worker_env(worker_gpus[index]))
             if host.slurm_node is not None:
                 # srun exports this environment to the step (a shared file
                 # system gives the node the same paths).

@@ -28,6 +28,7 @@ from autopar.common.errors import LaunchError
 from autopar.common.roles import SERVER_JOB, SUMSERVER_ROLE, WORKER_JOB, WORKER_ROLE
 from autopar.console import cause_in_output
 from autopar.runtime import firewall
+from autopar.runtime.gpus import report_lines
 from autopar.runtime.children import DRAIN_SECONDS, Child, pump, report_tail, start_child
 from autopar.runtime.commands import (SSH, ChildPlan, give_token, job_env, local_env, new_job,
                                       plan_children, preload_value)
@@ -467,7 +468,7 @@ def run_job(spec: ResourceSpec, argv: list[str], compile_plan: CompilePlan, *,
         return {PLAN_KEY: plan}
     try:
         plan, processes, report = compile_plan(spec, fork_server)
-        logger.info("\n%s", report)
+        logger.info("\n%s", "\n".join([report, *report_lines(spec)]))   # + each worker's GPU
         return launch(spec, argv, extra_env=extra_env, stall_timeout_s=stall_timeout_s,
                       published={PLAN_KEY: plan}, processes=processes,
                       fork_server=fork_server, network=network, max_restarts=max_restarts,
