@@ -83,6 +83,14 @@ test: $(STAMP)
 test-install: $(STAMP)
 	$(PY) -m pytest -q tests/install
 
+# GPU workers on a machine with GPUs (tests/gpu/check.py, docs/gpus.md): 2 workers
+# (a GPU each, or sharing one), hybrid and allreduce, equal to one device, and the
+# device each worker's MatMuls ran on. Exits 77 on a machine without a GPU.
+# Not part of CI (no GPU there).
+.PHONY: gpu-check
+gpu-check: $(STAMP)
+	$(PY) tests/gpu/check.py
+
 # Soaks: ten fresh parameter-server jobs per run option (the start-up race),
 # five rounds of two jobs launched together on one port range.
 stress: $(STAMP)
