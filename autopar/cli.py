@@ -138,8 +138,12 @@ def spec_main(argv: list[str]) -> int:
                         help="server processes per host (default 0)")
     parser.add_argument("--hosts", default="127.0.0.1", metavar="HOST,...",
                         help="host names or addresses (default 127.0.0.1: this machine)")
+    parser.add_argument("--gpus-per-worker", type=int, default=0, metavar="K",
+                        help="GPU ids per worker on each host, in order (default 0: CPU workers)")
     args = parser.parse_args(argv)
-    hosts = [{"address": h.strip(), "workers": args.workers, "servers": args.servers}
+    gpus = ({"gpus": list(range(args.workers * args.gpus_per_worker))}
+            if args.gpus_per_worker > 0 and args.workers > 0 else {})
+    hosts = [{"address": h.strip(), "workers": args.workers, "servers": args.servers, **gpus}
              for h in args.hosts.split(",")]
     try:
         load_spec({"hosts": hosts})

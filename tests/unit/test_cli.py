@@ -69,6 +69,9 @@ def test_spec_command_writes_a_spec_the_launcher_loads(tmp_path, capsys):
     spec = load_spec(str(path))
     assert [(h.address, h.workers, h.servers) for h in spec.hosts] == [
         ("node1", 4, 1), ("10.0.0.2", 4, 1)]
+    assert cli.main(["spec", "--workers", "2", "--gpus-per-worker", "2"]) == 0
+    path.write_text(capsys.readouterr().out)
+    assert load_spec(str(path)).hosts[0].worker_gpus() == [(0, 1), (2, 3)]
     assert cli.main(["spec", "--workers", "-1"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and "workers" in err and "must not be negative" in err
