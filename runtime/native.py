@@ -297,15 +297,24 @@ def _herring_ops_command(tensorflow: TensorFlowBuild) -> Callable[[Path], list[s
 
 
 def build_shim(dest: Path = RUNTIME_DIR) -> Path:
-    """Compile the bind shim into ``dest``/libautopar_bind.so (install time)."""
-    dest.mkdir(parents=True, exist_ok=True)
-    return _compile(_shim_command, SHIM_SOURCE, dest / SHIM_NAME)
+    """The bind shim into ``dest``/libautopar_bind.so (install time), through
+    the build cache: `make install` builds it twice (the editable install's
+    build, then `make native`), a wheel build once more."""
+    return _copy_into(_cached(SHIM_NAME, SHIM_SOURCE, _shim_command), dest)
 
 
 def build_sumserver(dest: Path = RUNTIME_DIR) -> Path:
-    """Compile the summation server into ``dest``/autopar_sumserver (install time)."""
+    """The summation server into ``dest``/autopar_sumserver (install time),
+    through the build cache."""
+    return _copy_into(_cached(SUMSERVER_NAME, SUMSERVER_SOURCE, _sumserver_command), dest)
+
+
+def _copy_into(built: Path, dest: Path) -> Path:
+    """``built`` copied into ``dest`` under its name, atomically."""
     dest.mkdir(parents=True, exist_ok=True)
-    return _compile(_sumserver_command, SUMSERVER_SOURCE, dest / SUMSERVER_NAME)
+    tmp = dest / f".{built.name}.{os.getpid()}.tmp"
+    shutil.copy2(built, tmp)
+    return Path(os.replace(tmp, dest / built.name) or dest / built.name)
 
 
 def shim_path() -> Path:

@@ -81,6 +81,10 @@ def test_the_build_cache_compiles_once_per_source_and_flags(monkeypatch, tmp_pat
     again = native.shim_path()
     assert len(runs) == 1 and again == first and first.is_file()
     assert first.parent.parent == tmp_path / "cache"
+    # An install's build copies it from there (a wheel, `make install`).
+    installed = native.build_shim(tmp_path / "install")
+    assert len(runs) == 1 and installed.read_bytes() == first.read_bytes()
+    assert [p.name for p in (tmp_path / "install").iterdir()] == [native.SHIM_NAME]
 
     # a copy of cpp_ops/ with one header changed: compiled again, then cached
     sources = tmp_path / "cpp_ops"
