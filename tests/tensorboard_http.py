@@ -21,44 +21,65 @@ START_S = 120      # importing TensorFlow on a loaded two-core machine
 SERVE_S = 60       # its first load of the event files (reload every second)
 
 
-def served_scalars(python: str, logdir: Path, tag: str, run: str = ".",
-                   env: dict[str, str] | None = None) -> list[tuple[int, float]]:
-    """[(step, value)] of ``tag`` as `python -m tensorboard.main --logdir
-    logdir` serves it. Raises AssertionError with its output if it does not
-    start or never serves the tag."""
-    proc = subprocess.Popen(
-        [python, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1",
-         "--port", "0", "--load_fast", "false", "--reload_interval", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        env=dict(os.environ if env is None else env, TF_CPP_MIN_LOG_LEVEL="3"))
-    lines: queue.Queue[str | None] = queue.Queue()
-    output: list[str] = []
+class TensorBoard:
+    """`python -m tensorboard.main --logdir logdir` while the context is
+    open: started at once (its TensorFlow import can overlap the job that
+    writes the event files: it reloads them every second), killed at exit."""
 
-    def pump() -> None:
-        for line in proc.stdout:
-            lines.put(line)
-        lines.put(None)
-    threading.Thread(target=pump, daemon=True).start()
-    try:
-        port = _port(lines, output, time.monotonic() + START_S)
-        url = (f"http://127.0.0.1:{port}/data/plugin/scalars/scalars?"
+    def __init__(self, python: str, logdir: Path, env: dict[str, str] | None = None):
+        self._started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [python, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1",
+             "--port", "0", "--load_fast", "false", "--reload_interval", "1"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            env=dict(os.environ if env is None else env, TF_CPP_MIN_LOG_LEVEL="3"))
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self.output: list[str] = []
+        self._port: int | None = None
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def __enter__(self) -> "TensorBoard":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _kill(self.proc)
+
+    def scalars(self, tag: str, run: str = ".", at_least: int = 1) -> list[tuple[int, float]]:
+        """[(step, value)] of ``tag`` as it serves it, once it serves at
+        least ``at_least`` of them (it may have read a file still being
+        written). Raises AssertionError with its output if it does not start
+        or never serves them."""
+        if self._port is None:
+            self._port = _port(self._lines, self.output, self._started + START_S)
+        url = (f"http://127.0.0.1:{self._port}/data/plugin/scalars/scalars?"
                + urllib.parse.urlencode({"run": run, "tag": tag}))
         deadline = time.monotonic() + SERVE_S
         while True:
             try:
                 with urllib.request.urlopen(url, timeout=10) as response:
                     rows = json.loads(response.read())
-                if rows:
+                if len(rows) >= at_least:
                     return [(int(step), float(value)) for _, step, value in rows]
             except urllib.error.HTTPError as exc:
                 if exc.code != 400:   # 400: the run or tag is not loaded yet
                     raise
             if time.monotonic() > deadline:
-                raise AssertionError(f"TensorBoard served no {tag!r} within {SERVE_S} s:\n"
-                                     + "".join(output))
+                raise AssertionError(f"TensorBoard served no {at_least} {tag!r} within {SERVE_S} s:\n"
+                                     + "".join(self.output))
             time.sleep(0.5)
-    finally:
-        _kill(proc)
+
+
+def served_scalars(python: str, logdir: Path, tag: str, run: str = ".",
+                   env: dict[str, str] | None = None) -> list[tuple[int, float]]:
+    """[(step, value)] of ``tag`` in ``logdir`` (written whole) as a
+    TensorBoard started now serves it."""
+    with TensorBoard(python, logdir, env) as board:
+        return board.scalars(tag, run)
 
 
 def _port(lines: queue.Queue, output: list[str], deadline: float) -> int:
