@@ -127,3 +127,24 @@ def test_supported_tensorflow_releases():
     for version in ("2.20.0", "2.22.0rc1", "3.0.0", "nightly"):
         assert "autopar supports TensorFlow 2.21 and this is TensorFlow " + version \
             in r.unsupported(version)
+
+
+def test_the_api_without_tensorflow_says_what_to_install(monkeypatch, caplog):
+    """`pip install autopar` brings no TensorFlow: the API's first use says
+    which extras do; a release outside the supported ones is a warning."""
+    import autopar
+    from autopar.common.errors import AutoparError
+    monkeypatch.setattr(autopar, "_tensorflow_checked", False)
+    monkeypatch.setitem(sys.modules, "tensorflow", None)     # import tensorflow fails
+    with pytest.raises(AutoparError, match=r"autopar needs TensorFlow \(>=2.21,<2.22\), and none "
+                                           r"is installed: pip install 'autopar\[cpu\]'"):
+        autopar.get_runner
+    monkeypatch.undo()
+    import logging
+
+    import tensorflow as tf
+    monkeypatch.setattr(logging.getLogger("autopar"), "propagate", True)   # to caplog
+    monkeypatch.setattr(autopar, "_tensorflow_checked", False)
+    monkeypatch.setattr(tf, "__version__", "2.22.0")
+    autopar._check_tensorflow()
+    assert "this is TensorFlow 2.22.0" in caplog.text
