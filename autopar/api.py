@@ -10,6 +10,7 @@ import sys
 
 import tensorflow as tf
 
+from autopar import overrides
 from autopar.config import Config
 from autopar.console import debug_errors, report_error, setup_logging
 from autopar.common.errors import AutoparError, SpecError, UnsupportedGraphError
@@ -51,7 +52,8 @@ def get_runner(graph, resource_info=None, config: Config | None = None):
     setup_logging()
     procs.skip_final_gc_at_exit()
     try:
-        return _get_runner(graph, resource_info, config or Config())
+        # `autopar launch --config KEY=VALUE` (autopar/overrides.py).
+        return _get_runner(graph, resource_info, overrides.apply(config or Config()))
     except AutoparError as e:
         if debug_errors():
             raise
@@ -61,7 +63,6 @@ def get_runner(graph, resource_info=None, config: Config | None = None):
 def _get_runner(graph, resource_info, config: Config):
     # runtime is heavy; import on use
     from autopar.runtime import join, launcher, script_plan, spec as specs, worker
-    from autopar.runtime.timeline import TimelineOptions
     graph, lifted = _lifted(graph)
     if lifted is not None and lifted.summaries and config.micro_batches > 1:
         raise UnsupportedGraphError(
@@ -84,7 +85,7 @@ def _get_runner(graph, resource_info, config: Config):
         if os.environ.get(env.PLAN_OUT):      # for `autopar launch` (runtime/script_plan.py)
             plan, roles, table = _plan_of(compiled)
             with open(os.environ[env.PLAN_OUT], "w", encoding="utf-8") as f:
-                f.write(script_plan.encode(plan, roles, table))
+                f.write(script_plan.encode(plan, roles, table, config))
         else:
             sys.stdout.write(compiled.report().table() + "\n")
         sys.exit(0)
@@ -102,12 +103,7 @@ def _get_runner(graph, resource_info, config: Config):
     spec = specs.load_spec(resource_info)
     try:
         code = launcher.run_job(spec, [sys.executable, *sys.argv],
-                                lambda s, _: _plan_of(_compile(graph, s, config)),
-                                stall_timeout_s=config.stall_timeout_s,
-                                max_restarts=config.max_restarts, min_workers=config.min_workers,
-                                timeline=TimelineOptions(config.timeline, config.timeline_steps,
-                                                         config.timeline_every)
-                                if config.timeline else None)
+                                lambda s, _: (*_plan_of(_compile(graph, s, config)), config))
     except KeyboardInterrupt:
         # Ctrl-C outside the job's own handling (while compiling): nothing
         # to save, and the processes are stopped already.

@@ -79,6 +79,8 @@ def autopar_env(role: str, index: int, cluster: Mapping[str, list[str]],
         "PYTHONUNBUFFERED": "1",
         # TensorFlow's C++ INFO/WARNING chatter, unless the user asked for it.
         "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
+        # The command line's Config fields and --verbose, on other hosts too.
+        **{name: os.environ[name] for name in envvars.FORWARDED if os.environ.get(name)},
     }
 
 def new_job() -> dict[str, str]:

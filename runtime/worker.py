@@ -23,6 +23,7 @@ from autopar.common.errors import (AutoparError, LaunchError, SpecError, Unsuppo
                                    shown)
 from autopar.common import env
 from autopar.common.roles import SERVER_JOB, WORKER_JOB, WORKER_ROLE, process_name
+from autopar.config import NO_TIMEOUT_S
 from autopar.runtime.checkpoint import Checkpointer
 from autopar.runtime.coordinator_client import CoordinatorClient, ProgressHook
 from autopar.runtime.dropcompute.agreement import Agreement, CollectiveAgreement
@@ -154,7 +155,7 @@ def _micro_batching(graph, rewritten, config, worker_index: int, num_workers: in
     if rewritten.accumulate is None:
         return {}, None
     agreement = (Agreement(client, worker_index, num_workers, config.startup_timeout_s
-                           + config.stall_timeout_s) if client is not None
+                           + (config.peer_timeout_s or NO_TIMEOUT_S)) if client is not None
                  else CollectiveAgreement(worker_index, num_workers))
     return ({"accumulate": (graph.get_operation_by_name(rewritten.accumulate_first),
                             graph.get_operation_by_name(rewritten.accumulate)),

@@ -1,9 +1,11 @@
 """`autopar report` prints the plan without training; `autopar launch` trains;
 processes started by an external launcher (TF_CONFIG) join without spawning."""
 import json
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -53,6 +55,38 @@ def test_launch_command_trains_on_workers(tmp_path, hosts):
         run_single_device("mlp_sgd", single, "--steps", "3", "--batch", "8")
         assert_same_parameters(load_worker(single, 0), load_worker(out, 1),
                                what=f"mlp_sgd launched with {hosts}")
+
+
+def test_launch_np_with_a_virtualenvs_python_forks_and_sets_config_fields(tmp_path):
+    """`autopar launch -np 2 --run-option allreduce --config log_every_steps=1
+    -- python train.py` as typed in an activated virtualenv, the launcher
+    itself started by the virtualenv's python3.X (another name of the same
+    interpreter, as its `autopar` script is): the workers are forked from the
+    fork server (their parent), the run option reaches the plan and the
+    --config field every worker's Config; training equals one device."""
+    bin_dir = Path(sys.executable).parent
+    assert (bin_dir / "pyvenv.cfg").exists() or (bin_dir.parent / "pyvenv.cfg").exists(), \
+        "the tests run in the project's virtualenv (make test)"
+    versioned = bin_dir / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    assert versioned.exists() and (bin_dir / "python").exists()
+    out = tmp_path / "out"
+    env = {**child_env(), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run(
+        [str(versioned), "-m", "autopar.cli", "launch", "-np", "2", "--run-option", "allreduce",
+         "--config", "log_every_steps=1", "--", "python",
+         *train_command("mlp_sgd", out, "--steps", "3", "--batch", "8")[1:]],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    parents = re.findall(r"\[worker \d\] worker \d pid \d+, parent (.*)", proc.stdout)
+    assert len(parents) == 2 and all(re.fullmatch(r"autopar\[[0-9a-f]{6}\] fork server", p)
+                                     for p in parents), proc.stdout[-3000:]
+    assert "autopar plan: 2 workers, 0 servers, run_option=allreduce" in proc.stdout
+    assert [int(s) for s in re.findall(r"\[worker 0\] step (\d+) ", proc.stdout)] == [1, 2, 3]
+    run_single_device("mlp_sgd", tmp_path / "single", "--steps", "3", "--batch", "8")
+    for i in range(2):
+        assert_same_parameters(load_worker(tmp_path / "single", 0), load_worker(out, i),
+                               what=f"worker {i}")
 
 
 def _run_tf_config_workers(command: list[str], workers: int = 2,

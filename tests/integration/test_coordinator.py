@@ -18,8 +18,9 @@ import grpc
 import pytest
 
 from autopar.runtime.coordinator import _grpc_modules
-from tests.integration.cluster import (REPO, LineReader, child_env, start_job, survivors,
-                                       train_command, write_spec)
+from tests.integration.cluster import (REPO, LineReader, assert_same_parameters, child_env,
+                                       load_worker, run_single_device, run_training, start_job,
+                                       survivors, train_command, write_spec)
 
 _CONNECT = ("import socket, sys\n"
             "for port in sys.argv[2:]:\n"
@@ -200,8 +201,11 @@ def _run_until_end(tmp_path, *extra: str, ready: str,
 
 
 def test_stalled_worker_ends_job_naming_it(tmp_path):
+    # Worker 1 stops itself (SIGSTOP) between steps: it stops reporting, so it
+    # is stuck, not busy, and the stall timeout ends the job.
     proc, reader, rest, elapsed, pids, listening = _run_until_end(
-        tmp_path, "--steps", "1000", "--stall-at", "3", ready=r"worker 1 stalling at step 3",
+        tmp_path, "--steps", "1000", "--stall-at", "3", "--stall-how", "stop",
+        ready=r"worker 1 stalling at step 3",
         isolation="none")   # this machine's network, where `ss` sees the listening ports
     assert proc.returncode == 1, reader.text[-3000:]
     assert len(pids) == 4
@@ -212,7 +216,27 @@ def test_stalled_worker_ends_job_naming_it(tmp_path):
     assert set(listening.values()) <= {"127.0.0.1", "[::ffff:127.0.0.1]"}, listening
     assert elapsed < 5 + 10, f"the job ended {elapsed:.1f} s after worker 1 stalled"
     assert re.search(r"job stalled: worker 0 \(in step 4 .*\) waits for worker 1", rest), rest
-    assert re.search(r"worker 1, pid \d+: has not started step 4 .* finished step 3", rest), rest
+    assert re.search(r"worker 1, pid \d+: has not started step 4 .* finished step 3 .* it has "
+                     r"stopped reporting", rest), rest
+
+
+def test_a_chief_evaluating_longer_than_the_stall_timeout_is_waited_for(tmp_path):
+    """The chief runs forward passes (not training steps) for 8 s after step
+    3 while worker 1 waits inside step 4; the stall timeout is 2 s. The chief
+    still reports, so it is busy, not stuck: the launcher warns every 2 s and
+    the job goes on, ending equal to one device."""
+    out = tmp_path / "out"
+    log = run_training("mlp_sgd", out, "--steps", "6", "--stall-timeout", "2",
+                       "--chief-busy-at", "3", "--chief-busy-for", "8",
+                       "--spec", str(write_spec(tmp_path, workers=2)))
+    warnings = [line for line in log.splitlines()
+                if "inside step 4 for worker 0 to join it; it is busy outside a step" in line]
+    assert len(warnings) >= 3, log[-3000:]       # from 1 s, then every 2 s
+    assert "job stalled" not in log
+    run_single_device("mlp_sgd", tmp_path / "single", "--steps", "6")
+    expected = load_worker(tmp_path / "single", 0)
+    for i in range(2):
+        assert_same_parameters(expected, load_worker(out, i), what=f"worker {i}")
 
 
 @pytest.mark.parametrize("after", ["exit", "sleep"])

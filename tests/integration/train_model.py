@@ -38,6 +38,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--stall-worker", type=int, default=1, help="which worker --stall-at stalls")
     p.add_argument("--stall-for", type=float, default=3600.0,
                    help="seconds --stall-at sleeps (default: for good)")
+    p.add_argument("--stall-how", choices=("sleep", "stop"), default="sleep",
+                   help="--stall-at sleeps (busy: the process still reports) or stops itself "
+                        "(SIGSTOP: it stops reporting, as a hung or cut-off process)")
+    p.add_argument("--chief-busy-at", type=int, default=-1,
+                   help="the chief evaluates (forward passes, not training steps) for "
+                        "--chief-busy-for seconds after this global step")
+    p.add_argument("--chief-busy-for", type=float, default=0.0)
     p.add_argument("--raise-at", type=int, default=-1,
                    help="worker --stall-worker raises an exception at this global step "
                         "(for failure-report tests)")
@@ -135,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
             config = dataclasses.replace(config, **{option: ast.literal_eval(value)})
     with autopar.get_runner(model.graph, args.spec, config) as runner:
         n, i = runner.num_workers, runner.worker_index
-        print(f"worker {i} pid {os.getpid()}", flush=True)
+        print(f"worker {i} pid {os.getpid()}, parent {_title(os.getppid())}", flush=True)
         per = args.batch // n
         if evaluation is not None:
             _print_eval(runner, evaluation, "start")
@@ -161,7 +168,17 @@ def main(argv: list[str] | None = None) -> None:
                 raise RuntimeError(f"injected failure at global step {step}")
             if step == args.stall_at and i == args.stall_worker:
                 print(f"worker {i} stalling at step {step}", flush=True)
+                if args.stall_how == "stop":
+                    time.sleep(1.0)    # its state between steps reaches the coordinator first
+                    os.kill(os.getpid(), signal.SIGSTOP)
                 time.sleep(args.stall_for)
+            if step == args.chief_busy_at and runner.is_chief:
+                print(f"worker {i} evaluating after step {step}", flush=True)
+                x, y = models.global_batch(args.model, 97, args.batch)
+                deadline = time.monotonic() + args.chief_busy_for
+                while time.monotonic() < deadline:
+                    runner.run(model.loss, models.feed(model, x, y))
+                    time.sleep(0.05)
             x, y = models.global_batch(args.model, step, args.batch)
             mine = slice(i * per, (i + 1) * per)
             runner.run(model.train_op, models.feed(model, x[mine], y[mine]))
@@ -198,6 +215,15 @@ def main(argv: list[str] | None = None) -> None:
         os.makedirs(args.out, exist_ok=True)
         np.savez(os.path.join(args.out, f"worker{i}.npz"), **values)
         print(f"worker {i} done at global step {int(values['global_step'])}", flush=True)
+
+
+def _title(pid: int) -> str:
+    """The title `ps` shows for process `pid` (its command line)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
 
 
 def _first_time(out: str, what: str) -> bool:
