@@ -176,12 +176,12 @@ def shard(dataset: tf.data.Dataset) -> tf.data.Dataset:
     own elements, and the N per-worker batches of a step together are the
     single-device batch N times as large. A worker started by autopar's
     launcher, through TF_CONFIG, by an MPI launcher or by srun knows its
-    place before get_runner is called. Outside a job: the dataset itself."""
+    place before get_runner is called. Outside a job (the launcher, one
+    device): every element, as `dataset.shard(1, 0)`, so the launcher's
+    graph shows the pipeline sharded (a step reading a dataset with no shard
+    on its way is refused, transforms/input_shards.py)."""
     from autopar.runtime import join
-    position = join.worker_position()
-    if position is None:
-        return dataset
-    num_workers, index = position
+    num_workers, index = join.worker_position() or (1, 0)
     return dataset.shard(num_workers, index)
 
 

@@ -234,6 +234,14 @@ class Config:
     worker per step for each method, the stall warnings the launcher has
     issued so far, and with micro-batches DropCompute's
     threshold τ and drop rate; at the first, the plan report as text."""
+    allow_unsharded_input: bool = False
+    """A training step that reads a tf.data pipeline with no shard on its way
+    (``autopar.shard(ds)`` before ``.batch()``, or ``ds.shard(n, i)``) is
+    refused: every worker would read the same examples, which is not one
+    device's global batch. ``True`` lets it train, for a program whose
+    workers read what they should by other means (each its own files).
+    Arrays fed through ``runner.run``'s feed_dict or ``runner.call`` are
+    the program's to split (docs/programs.md)."""
     measure_steps: int = 10
     """Over its first this many training steps the chief measures how many
     rows each sparse gradient really carried (and how many distinct ids they
@@ -298,7 +306,8 @@ class Config:
                 or (_is_int(self.aggregation_group) and self.aggregation_group >= 1)):
             raise AutoparError(f"Config.aggregation_group must be a group size >= 1 or None, "
                                f"got {shown(self.aggregation_group)}")
-        for name in ("shard_weight_update", "local_aggregation", "opau", "opsw"):
+        for name in ("shard_weight_update", "local_aggregation", "opau", "opsw",
+                     "allow_unsharded_input"):
             if not isinstance(getattr(self, name), bool):
                 raise AutoparError(f"Config.{name} must be True or False, "
                                    f"got {shown(getattr(self, name))}")

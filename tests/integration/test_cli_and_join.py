@@ -89,6 +89,28 @@ def test_launch_np_with_a_virtualenvs_python_forks_and_sets_config_fields(tmp_pa
                                what=f"worker {i}")
 
 
+def test_an_unsharded_dataset_is_refused_before_training_unless_allowed(tmp_path):
+    """A script reading its tf.data pipeline without autopar.shard: run with a
+    spec, its launcher refuses before starting any process, naming the
+    dataset and the fix; with the switch given on `autopar launch`'s command
+    line it trains, each worker reading the same examples."""
+    script = [sys.executable, str(REPO / "tests/integration/scripts/tfdata_accumulate.py"),
+              str(tmp_path / "out"), "4"]
+    refused = subprocess.run([*script, str(write_spec(tmp_path, 2)), "1", "unsharded"], cwd=REPO,
+                             env=child_env(), capture_output=True, text=True, timeout=240)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert refused.stderr.splitlines()[-1].startswith(
+        "autopar: the training step reads its batches through 'IteratorGetNext' from a tf.data "
+        "pipeline that starts at 'TensorSliceDataset'"), refused.stderr
+    assert "autopar.shard(ds) before .batch()" in refused.stderr
+    assert "Traceback" not in refused.stderr and "started worker" not in refused.stdout
+    allowed = _autopar("launch", "-np", "2", "--config", "allow_unsharded_input=True", "--",
+                       *script, "-", "1", "unsharded")
+    assert allowed.returncode == 0, allowed.stdout[-3000:]
+    losses = re.findall(r"\[worker (\d)\] worker \1 losses (.*)", allowed.stdout)
+    assert len(losses) == 2 and losses[0][1] == losses[1][1], allowed.stdout[-3000:]
+
+
 def _run_tf_config_workers(command: list[str], workers: int = 2,
                            extra_env: dict[str, str] | None = None) -> list[str]:
     """Start `command` once per worker with TF_CONFIG describing a loopback
