@@ -205,5 +205,5 @@ def _compile(graph, spec, config: Config) -> CompiledPlan:
     # Summation servers: the launcher starts them when the plan's methods
     # need them (registry.processes), so the planner may count on them.
     topology = Topology(tuple(h.address for h in spec.worker_hosts()), spec.num_servers,
-                        summation_servers=True)
+                        summation_servers=True, link_gbps=spec.bandwidth_gbps)
     return compile_for_config(graph, topology, config)

@@ -198,7 +198,8 @@ def plan_children(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: Se
     cwd = cwd or os.getcwd()
     server_cmd = [sys.executable, "-m", "autopar.runtime.server_main"]
     jobs: list[tuple[str, list[str], list[HostSpec], list[str]]] = [
-        (SERVER_ROLE, list(cluster.get(SERVER_JOB, [])), spec.server_hosts(), server_cmd),
+        (SERVER_ROLE, list(cluster.get(SERVER_JOB, [])),
+         spec.server_hosts() if cluster.get(SERVER_JOB) else [], server_cmd),
         (SUMSERVER_ROLE, list(sumservers), spec.server_hosts() if sumservers else [], []),
         (WORKER_ROLE, list(cluster[WORKER_JOB]), spec.worker_hosts(), list(argv)),
     ]

@@ -26,7 +26,9 @@ from autopar.common import procs
 from autopar.config import NO_TIMEOUT_S, peer_timeout_s
 from autopar.common.addresses import launcher_host
 from autopar.common.errors import LaunchError
-from autopar.common.roles import SERVER_JOB, SUMSERVER_ROLE, WORKER_JOB, WORKER_ROLE
+from autopar.common.text import plural
+from autopar.common.roles import (SERVER_JOB, SERVER_ROLE, SUMSERVER_ROLE, WORKER_JOB,
+                                  WORKER_ROLE)
 from autopar.console import cause_in_output
 from autopar.runtime import firewall
 from autopar.runtime.children import DRAIN_SECONDS, Child, pump, report_tail, start_child
@@ -393,6 +395,13 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
     if not argv:
         raise LaunchError("nothing to launch: the worker command is empty")
     with_sumservers = SUMSERVER_ROLE in processes
+    # The spec's servers start only when the job's plan (when known) puts
+    # variables on them: a process with nothing to do only costs.
+    with_servers = SERVER_ROLE in processes or PLAN_KEY not in (published or {})
+    if not with_servers and spec.num_servers:
+        logger.info("the plan puts no variable on the spec's %s: %s not started",
+                    plural(spec.num_servers, "server"),
+                    "it is" if spec.num_servers == 1 else "they are")
     if with_sumservers and envvars.HERRING_TIMEOUT not in os.environ:
         # A push/pull waiting for a slow peer is the coordinator's stall to
         # report (it names the worker); the transport's own timeout is the
@@ -426,6 +435,7 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
                                 stall_timeout_s=stall_timeout_s,
                                 busy_timeout_s=busy_timeout_s, stop_timeout_s=stop_timeout_s,
                                 published=published, with_sumservers=with_sumservers,
+                                with_servers=with_servers,
                                 network=network, timeline=timeline)
     finally:
         _stop_local(fork_server if own_fork_server else None, network if own_network else None)
@@ -549,11 +559,12 @@ def _without(spec: ResourceSpec, unreachable: Sequence[HostSpec],
 
 def _launch_attempts(spec: ResourceSpec, argv: list[str], extra_env: dict[str, str] | None,
                      fork_server: ForkServer | None, *, with_sumservers: bool,
-                     **options) -> _Ended:
+                     with_servers: bool = True, **options) -> _Ended:
     """``launch`` on fresh ports until no process finds its port taken."""
     taken: set[str] = set()   # endpoints that failed to bind, avoided from then on
     for attempt in range(1, PORT_ATTEMPTS + 1):
-        with reserve_cluster(spec, avoid=taken, sumservers=with_sumservers) as reservation:
+        with reserve_cluster(spec, avoid=taken, sumservers=with_sumservers,
+                             servers=with_servers) as reservation:
             ended = _launch_once(spec, reservation.cluster, argv, extra_env=extra_env,
                                  sumservers=reservation.sumservers,
                                  fork_server=fork_server, **options)

@@ -279,7 +279,8 @@ def choose_methods(analysis: Analysis, topology: Topology, options: PlanOptions
     (the reason then says why an earlier one declined it), taken over by a
     variant of it that wants the variable."""
     rule = policy(options.run_option)
-    verdicts = {name: METHODS[name].job_choice(topology, options, name == rule.required)
+    verdicts = {name: METHODS[name].job_choice(topology, options, name == rule.required,
+                                               analysis)
                 for name in dict.fromkeys(rule.dense + rule.sparse)}
     serving = {name: serves for name, (serves, _) in verdicts.items()}
     out = {}

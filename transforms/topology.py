@@ -16,6 +16,9 @@ class Topology:
     # starts them when the plan uses herring; a job joined through TF_CONFIG
     # has them only if AUTOPAR_SUMSERVERS names them (runtime.worker.job_topology).
     summation_servers: bool = True
+    # The speed of each host's network link (the spec's network.bandwidth_gbps),
+    # None where the spec does not say: hybrid's cost model for herring.
+    link_gbps: float | None = None
 
     @classmethod
     def local(cls, num_workers: int, num_servers: int = 0) -> "Topology":

@@ -224,11 +224,15 @@ def test_a_chief_evaluating_longer_than_the_stall_timeout_is_waited_for(tmp_path
     """The chief runs forward passes (not training steps) for 8 s after step
     3 while worker 1 waits inside step 4; the stall timeout is 2 s. The chief
     still reports, so it is busy, not stuck: the launcher warns every 2 s and
-    the job goes on, ending equal to one device."""
+    the job goes on, ending equal to one device. (The spec also lists a
+    server, which the hybrid plan of this dense model on one machine gives
+    nothing to do: it is not started.)"""
     out = tmp_path / "out"
     log = run_training("mlp_sgd", out, "--steps", "6", "--stall-timeout", "2",
                        "--chief-busy-at", "3", "--chief-busy-for", "8",
-                       "--spec", str(write_spec(tmp_path, workers=2)))
+                       "--spec", str(write_spec(tmp_path, workers=2, servers=1)))
+    assert "the plan puts no variable on the spec's 1 server: it is not started" in log, log
+    assert "started server" not in log and "started sumserver" not in log, log
     warnings = [line for line in log.splitlines()
                 if "inside step 4 for worker 0 to join it; it is busy outside a step" in line]
     assert len(warnings) >= 3, log[-3000:]       # from 1 s, then every 2 s
