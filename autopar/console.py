@@ -13,6 +13,7 @@ from autopar.common.errors import AutoparError
 
 DEBUG = "AUTOPAR_DEBUG"     # "1": autopar errors keep their traceback
 ERROR_STATUS = 2            # exit status of an autopar error, as for a command-line usage error
+INTERRUPTED_STATUS = 130    # after Ctrl-C, as a shell reports SIGINT (128 + 2)
 
 
 def debug_errors() -> bool:
@@ -61,6 +62,12 @@ def _excepthook(kind, value, tb) -> None:
         return
     if isinstance(value, AutoparError):
         raise SystemExit(report_error(value))   # Python exits with it (and runs atexit)
+    if isinstance(value, KeyboardInterrupt):
+        # Ctrl-C before the job's own handling (during `import tensorflow`):
+        # nothing to report but that.
+        sys.stderr.write("autopar: interrupted\n")
+        sys.stderr.flush()
+        raise SystemExit(INTERRUPTED_STATUS)
     _tell_launcher()
     if os.environ.get(_ROLE):
         # A process forked by the fork server (runtime/forkserver.py) runs its

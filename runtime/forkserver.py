@@ -387,6 +387,9 @@ def _become(request: dict, out_fds: list[int]) -> None:
     title = procs.role_title(request["env"], argv)
     if title is not None:
         procs.set_title(title, request["env"])
+    # `import autopar` ran in the server: apply the child's own settings.
+    from autopar import quiet
+    quiet.quiet_repeats(request["env"])
     if argv[1] == "-m":
         sys.argv = [argv[2], *argv[3:]]     # runpy sets argv[0] to the module's file
         sys.path[0] = request["cwd"]

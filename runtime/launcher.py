@@ -33,6 +33,7 @@ from autopar.console import cause_in_output
 from autopar.runtime import firewall
 from autopar.runtime.children import DRAIN_SECONDS, Child, pump, report_tail, start_child
 from autopar.runtime.commands import (SSH, ChildPlan, give_token, job_env, local_env, new_job,
+                                      tf_log_level,
                                       plan_children, preload_value)
 from autopar.runtime.coordinator import (PHASE_INIT, PHASE_STEP, Coordinator, ProcessState,
                                          failed_phase)
@@ -81,7 +82,7 @@ def start_fork_server(spec: ResourceSpec, argv: Sequence[str],
     # Each child gets its whole environment with its request; the server's own
     # is what is read at import and at load (LD_PRELOAD), and what a child's
     # /proc/PID/environ shows (the block a process starts with, copied by fork).
-    env = local_env({"TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")},
+    env = local_env(tf_log_level(),
                     {**(extra_env or {}), "LD_PRELOAD": preload_value(),
                      envvars.FORK_PRELOAD: preload_extras(sys.modules)})
     # A launcher forked from a fork server with a spare (the test suite's)

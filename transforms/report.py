@@ -311,7 +311,8 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
         how = ("one per worker" if not plan.local_aggregation else
                f"one per group of {plan.aggregation_group} workers: Config(aggregation_group)"
                if plan.aggregation_group else "one per host: local aggregation")
-        notes.append(f"server accumulators receive {contributors} contribution(s) per step ({how})")
+        notes.append(f"server accumulators receive {plural(contributors, 'contribution')} per "
+                     f"step ({how})")
         if plan.grouped_lookups():
             notes.append(f"lookups of {', '.join(plan.grouped_lookups())} are pulled once per "
                          f"group of {plan.aggregation_group} workers, by its first worker: every "

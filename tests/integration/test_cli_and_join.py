@@ -112,16 +112,20 @@ def test_an_unsharded_dataset_is_refused_before_training_unless_allowed(tmp_path
 
 
 def _run_tf_config_workers(command: list[str], workers: int = 2,
-                           extra_env: dict[str, str] | None = None) -> list[str]:
+                           extra_env: dict[str, str] | None = None,
+                           drop: tuple[str, ...] = ()) -> list[str]:
     """Start `command` once per worker with TF_CONFIG describing a loopback
     cluster (as an external launcher would), wait for all, and return their
-    outputs; every one must exit 0."""
+    outputs; every one must exit 0. `drop`: variables left out of their
+    environment."""
     ports = free_ports(workers)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     procs = []
     for i in range(workers):
         env = child_env()
         env.update(extra_env or {})
+        for name in drop:
+            env.pop(name, None)
         env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
         procs.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
@@ -136,9 +140,21 @@ def _run_tf_config_workers(command: list[str], workers: int = 2,
 
 
 def test_tf_config_processes_join_without_spawning(tmp_path):
+    """Started by an "external launcher" with no TF_CPP_MIN_LOG_LEVEL of its
+    own: the processes join, train equal to one device, and their output has
+    no TensorFlow C++ or start-up line (the script imports autopar first:
+    autopar/quiet.py), and TensorFlow's deprecation warnings once, from the
+    chief."""
     out = tmp_path / "dist"
-    logs = _run_tf_config_workers(train_command("mlp_adam_clip_ema", out, "--steps", "4"))
+    logs = _run_tf_config_workers(train_command("mlp_adam_clip_ema", out, "--steps", "4"),
+                                  drop=("TF_CPP_MIN_LOG_LEVEL", "AUTOPAR_VERBOSE"))
     assert not any("started worker" in log for log in logs)   # nothing was spawned
+    for log in logs:
+        noise = [line for line in log.splitlines()
+                 if re.match(r"[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ ", line)
+                 or "absl::InitializeLog" in line or "oneDNN" in line]
+        assert not noise, "\n".join(noise)
+    assert "WARNING:tensorflow" not in logs[1], logs[1]
     run_single_device("mlp_adam_clip_ema", tmp_path / "single", "--steps", "4")
     expected = load_worker(tmp_path / "single", 0)
     for i in range(2):

@@ -128,6 +128,7 @@ def test_loopback_job_unreachable_from_outside_and_coordinator_needs_token(tmp_p
     # checked by test_stalled_worker_ends_job_naming_it.
     proc = subprocess.Popen(
         train_command("mlp_sgd", tmp_path / "out", "--steps", "1000", "--stall-at", "3",
+                      "--run-option", "ps",      # the server holds every variable
                       "--stall-timeout", "0", "--spec", str(spec)),
         cwd=REPO, env={**child_env(), "AUTOPAR_FORK_SERVER": "0"}, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -208,11 +209,11 @@ def test_stalled_worker_ends_job_naming_it(tmp_path):
         ready=r"worker 1 stalling at step 3",
         isolation="none")   # this machine's network, where `ss` sees the listening ports
     assert proc.returncode == 1, reader.text[-3000:]
-    assert len(pids) == 4
+    assert len(pids) == 3     # the launcher and 2 workers: the plan gives the server nothing
     assert "(forked)" in reader.text
-    # Forked from the fork server, the workers' and the server's TensorFlow
-    # servers (and the launcher's coordinator) still listen on loopback only.
-    assert len(listening) >= 4, listening
+    # Forked from the fork server, the workers' TensorFlow servers (and the
+    # launcher's coordinator) still listen on loopback only.
+    assert len(listening) >= 3, listening
     assert set(listening.values()) <= {"127.0.0.1", "[::ffff:127.0.0.1]"}, listening
     assert elapsed < 5 + 10, f"the job ended {elapsed:.1f} s after worker 1 stalled"
     assert re.search(r"job stalled: worker 0 \(in step 4 .*\) waits for worker 1", rest), rest
@@ -255,7 +256,7 @@ def test_mismatched_step_counts_end_job(tmp_path, after):
 def _assert_every_process_titled(text: str, launcher: int) -> None:
     """`ps -eo args` shows every process of the running job as
     `autopar[JOB] ...` with the job's id: the launcher, its fork server, the
-    network namespace's anchor, each worker, server and summation server."""
+    network namespace's anchor, each worker and summation server."""
     job = re.search(r"job ([0-9a-f]{6}): its processes show as autopar\[\1\] in ps", text)
     assert job, text[-3000:]
     out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True,
@@ -264,8 +265,9 @@ def _assert_every_process_titled(text: str, launcher: int) -> None:
               (line.strip().partition(" ") for line in out.splitlines() if line.strip())}
     prefix = f"autopar[{job.group(1)}] "
     started = {name: int(pid) for name, pid in re.findall(r"started (\w+ \d+) at \S+, pid (\d+)", text)}
+    # (No parameter server: the herring plan of a dense model puts nothing on it.)
     expected = {"worker 0": "worker 0/2 train_model.py", "worker 1": "worker 1/2 train_model.py",
-                "server 0": "server 0/1", "sumserver 0": "sumserver 0"}
+                "sumserver 0": "sumserver 0"}
     assert set(started) == set(expected), started
     for name, pid in started.items():
         assert titles[pid].startswith(prefix + expected[name]), (name, titles[pid])
@@ -280,7 +282,7 @@ def test_a_stopped_server_ends_the_job_naming_it(tmp_path):
     (it stops answering the launcher's probe) ends the job within the stall
     timeout + 15 s, named with its pid and address, instead of leaving the
     workers inside the step until 20 stall timeouts. (Before that, the
-    herring job, which has every kind of process, shows each one's title.)
+    herring job, with a summation server, shows each process's title.)
     The two jobs run side by side: each waits out the servers' minimum
     silence (health.SERVER_SILENCE_MIN_S, 10 s), once for both."""
     jobs = []

@@ -54,4 +54,4 @@ def test_lm_hybrid_two_workers_one_server(tmp_path):
     sent, received, bound_sent, bound_received = map(float, found.groups())
     assert 0 < sent <= bound_sent and 0 < received <= bound_received, found.group(0)
     assert _words_per_s(out) > 0, out
-    assert "2 worker(s)" in out, out
+    assert "2 workers, global batch" in out, out
