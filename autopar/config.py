@@ -73,8 +73,10 @@ class Config:
     log_every_steps: int = 10
     """Progress on the chief: one line every this many steps (0 disables)."""
     total_steps: int | None = None
-    """Optional, only used to draw a progress bar when the output is a
-    terminal. An integer >= 1 or ``None``."""
+    """Optional, only used when the launcher's output is a terminal: the
+    chief's progress is then one line redrawn in place, a bar with the step
+    out of this total, the rate and the time left. An integer >= 1 or
+    ``None``."""
     startup_timeout_s: float = 60.0
     """Seconds a worker waits for its peers' servers (and for the job's plan
     from the job coordinator) before giving up. Finite, > 0."""

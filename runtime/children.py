@@ -15,7 +15,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import IO
 
-from autopar import quiet
+from autopar.quiet import NOISE, verbose as keep_noise
+from autopar.console import write_line
 from autopar.common import env as envvars
 from autopar.common import procs
 from autopar.common.errors import LaunchError
@@ -36,14 +37,14 @@ DRAIN_SECONDS = 1.0
 # (runtime/worker.py): from then on training may run, and nothing restarts.
 _TRAINING_STARTED = re.compile(r"initial state received from the chief")
 
-# One lock for everything written to sys.stdout, so lines from different
-# children never interleave.
-_OUTPUT_LOCK = threading.Lock()
+# The chief's progress bar (runtime/progress.py, on a terminal with a known
+# total): redrawn in place, one line (autopar/console.py write_line).
+BAR = re.compile(r"\[[#.]+\] +\d+%  step ")
 
 # TensorFlow's start-up lines (printed at import whatever TF_CPP_MIN_LOG_LEVEL
 # says) and C++ INFO/WARNING lines say nothing about the job: kept in the
 # failure tail, not streamed, unless AUTOPAR_VERBOSE=1 (autopar/quiet.py).
-_TF_NOISE = quiet.NOISE
+_TF_NOISE = NOISE
 
 @dataclass
 class Child:
@@ -98,20 +99,15 @@ def discard_stdout() -> None:
     finally:
         os.close(devnull)
 
-def _write_line(text: str) -> None:
-    with _OUTPUT_LOCK:
-        out: IO[str] | None = sys.stdout
-        if out is None:
-            return
-        try:
-            out.write(text)
-            out.flush()
-        except BrokenPipeError:
-            # Our reader closed its end: stop writing to it, and keep draining
-            # the children anyway so they never block on a full pipe.
-            discard_stdout()
-        except (OSError, ValueError):
-            pass  # stdout closed under us: as above, keep draining
+def _write_line(text: str, bar: bool = False) -> None:
+    try:
+        write_line(text, bar)
+    except BrokenPipeError:
+        # Our reader closed its end: stop writing to it, and keep draining
+        # the children anyway so they never block on a full pipe.
+        discard_stdout()
+    except (OSError, ValueError):
+        pass  # stdout closed under us: as above, keep draining
 
 def pump(child: Child, chief_stopped: threading.Event | None = None,
           quiet: threading.Event | None = None) -> None:
@@ -127,7 +123,7 @@ def pump(child: Child, chief_stopped: threading.Event | None = None,
     stream = child.popen.stdout
     assert stream is not None
     secret = child.plan.stdin_secret
-    verbose = quiet.verbose()
+    verbose = keep_noise()
     try:
         for raw in iter(stream.readline, b""):
             # rstrip "\r" too: remote children write through a pty (ssh -tt).
@@ -153,7 +149,7 @@ def pump(child: Child, chief_stopped: threading.Event | None = None,
             if quiet is not None and quiet.is_set():
                 continue
             if verbose or not _TF_NOISE.search(line):
-                _write_line(prefix + line + "\n")
+                _write_line(prefix + line + "\n", bar=is_chief and bool(BAR.match(line)))
                 child.lines_streamed_upto = child.lines_read
     except (OSError, ValueError):
         pass  # pipe closed under us during teardown
