@@ -167,3 +167,14 @@ def test_config_fields_from_the_options_reach_the_scripts_config(monkeypatch):
     assert (config.run_option, config.partitions, config.total_steps, config.dropcompute_warmup,
             config.stall_timeout_s, config.log_every_steps) == ("ps", {"emb": 4}, None, (1, 3),
                                                                 5.0, 3)
+
+
+def test_ctrl_c_before_the_job_starts_is_one_line_with_status_130():
+    """A script interrupted before get_runner (as while it imports TensorFlow):
+    `autopar: interrupted`, exit status 130, no traceback."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import os, signal, time\nimport autopar\n"
+                               "os.kill(os.getpid(), signal.SIGINT)\ntime.sleep(30)\n"],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+        timeout=60)
+    assert (done.returncode, done.stderr) == (130, "autopar: interrupted\n")
