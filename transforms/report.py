@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from autopar.common.text import plural
+from autopar.common.text import human_bytes, plural  # noqa: F401 - human_bytes: the report's
 from autopar.transforms.batch_mixing import mixing_note
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.methods.registry import METHODS, processes
@@ -395,11 +395,3 @@ def _bytes_follow_rows(v, plan: Plan, num_workers: int) -> bool:
     (not when its method sends the whole table: an all-reduce)."""
     method, vp = METHODS[plan.variable(v.name).method], plan.variable(v.name)
     return method.wire_bytes(v, vp, num_workers, 0.5) != method.wire_bytes(v, vp, num_workers, 1.0)
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
+from autopar.common.text import human_bytes
 from autopar.common.errors import SpecError
 from autopar.transforms import comm
 from autopar.common.roles import SUMSERVER_ROLE
@@ -299,7 +300,6 @@ def predicted_faster(num_workers: int, num_hosts: int, num_servers: int,
     too when that is the wire dtype (x w; it has no bfloat16:
     ring_wire_dtype). Servers sharing a host's link with its workers are not
     modelled."""
-    from autopar.transforms.report import human_bytes
     n, s = num_workers, num_servers
     if s == 0:
         return False, "the spec has no server processes"
