@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="worker 1 runs one step fewer, then exits 0, or closes its Runner and "
                         "sleeps (for step-count mismatch tests)")
     p.add_argument("--stall-timeout", type=float, default=60.0, help="Config.stall_timeout_s")
+    p.add_argument("--busy-timeout", type=float, default=3600.0, help="Config.busy_timeout_s")
     p.add_argument("--keep", type=int, default=5, help="checkpoints to keep")
     p.add_argument("--pause-at", type=int, default=-1,
                    help="the chief waits at this global step until a stop is requested "
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> None:
                             keep_checkpoints=args.keep,
                             log_every_steps=1, fusion_bytes=args.fusion_bytes,
                             stall_timeout_s=args.stall_timeout,
+                            busy_timeout_s=args.busy_timeout,
                             run_option=args.run_option, local_aggregation=not args.no_la,
                             aggregation_group=args.aggregation_group,
                             sync_local_state=args.sync_local_state, wire_dtype=args.wire_dtype,
