@@ -173,9 +173,12 @@ class Meter:
             v = self.analysis.variable(name)
             method = METHODS[self.plan.variable(name).method]
             rows, distinct = self.alpha(name, "rows"), self.alpha(name, "distinct")
-            planned_alpha = ("unknown before running (1 estimated, measured "
-                             f"{method.sparse_share(rows if method.sparse_rows == 'rows' else distinct):.2f}x it)"
-                             if v.alpha is None else f"<= {v.alpha:.4f}")
+            if v.alpha is not None:
+                planned_alpha = f"<= {v.alpha:.4f}"
+            elif method.sparse_rows == "distinct":
+                planned_alpha = "unknown before running (1 assumed)"   # a bound: the table
+            else:
+                planned_alpha = f"unknown before running (1 estimated, measured {rows:.2f}x it)"
             moves = "one row per distinct id" if method.sparse_rows == "distinct" else "every row"
             lines.append(f"    {name}: a = {rows:.4f} of its rows per step, {distinct:.4f} "
                          f"distinct ({method.name} moves {moves}); the plan's a {planned_alpha}")
