@@ -104,12 +104,14 @@ def test_aggregation_groups_match_single_device(model, run_option, partitions, t
 
 def test_a_grouped_lookup_run_by_one_worker_alone_fails_naming_its_collective(tmp_path):
     """The chief runs the forward pass alone while its group's other worker
-    waits: the lookup's collective gives up after the stall timeout and the
-    job fails naming it, instead of hanging."""
+    waits: the lookup's collective gives up after the peers' timeout
+    (Config.peer_timeout_s: 5 s, the busy timeout set to the stall timeout)
+    and the job fails naming it, instead of hanging."""
     proc = start_job(train_command(
         "lm_adam_clip", tmp_path / "out", "--steps", "2", "--batch", "8",
         "--spec", str(write_two_host_spec(tmp_path, workers=(2, 2))), "--partitions", "embedding=2",
-        "--aggregation-group", "2", "--stall-timeout", "5", "--chief-forward-alone"))
+        "--aggregation-group", "2", "--stall-timeout", "5", "--busy-timeout", "5",
+        "--chief-forward-alone"))
     with LineReader(proc) as reader:
         rest = reader.rest(timeout=120)
     assert proc.returncode != 0, rest[-3000:]
