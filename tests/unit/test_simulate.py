@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from autopar.transforms import cost
 from bench import simulate as sim
 
 MB = 1e6
@@ -88,10 +89,10 @@ def test_hybrid_is_the_sum_of_the_dense_ring_and_the_sparse_ps():
 
 def test_union_of_uniform_rows():
     # k workers each touching t of R rows uniformly: R (1 - (1 - t/R)^k)
-    assert sim.union_rows(10_000, 500.0, 4) == pytest.approx(10_000 * (1 - (1 - 0.05) ** 4), rel=1e-6)
-    assert sim.union_rows(10_000, 500.0, 1) == 500.0
+    assert cost.union_rows(10_000, 500.0, 4) == pytest.approx(10_000 * (1 - (1 - 0.05) ** 4), rel=1e-6)
+    assert cost.union_rows(10_000, 500.0, 1) == 500.0
     # skewed ids overlap more than uniform ones
-    assert sim.union_rows(10_000, 500.0, 4, 1.0) < sim.union_rows(10_000, 500.0, 4)
+    assert cost.union_rows(10_000, 500.0, 4, 1.0) < cost.union_rows(10_000, 500.0, 4)
 
 
 def test_shared_cores_divide_every_process_cpu_by_the_cores():
@@ -251,11 +252,11 @@ def test_fit_without_floor_points_puts_the_common_overhead_into_compute():
 
 def test_messages_per_step_a_ring_step_or_an_rpc_each():
     cl = sim.Cluster(8, servers=4, link_gbit=1.0)
-    ring = sim.ring_allreduce(MB, 8, 8)
+    ring = cost.ring_allreduce(MB, 8, 8)
     assert (ring.proc_msgs, ring.total_msgs) == (14, 8 * 14)
-    gather = sim.ring_allgather(MB, 8, 8)
+    gather = cost.ring_allgather(MB, 8, 8)
     assert (gather.proc_msgs, gather.total_msgs) == (7, 8 * 7)
-    push, pull = sim.parameter_server(MB, MB, cl, local_aggregation=False)
+    push, pull = cost.parameter_server(MB, MB, cl, local_aggregation=False)
     # a push and a pull RPC from each of 8 workers to each of 4 servers; a server serves 16
     assert (push.proc_msgs, push.total_msgs) == (16, 2 * 8 * 4)
     assert pull.total_msgs == 0 and push.rpc and pull.rpc and not ring.rpc and not gather.rpc
@@ -286,7 +287,7 @@ def test_aggregation_groups_cut_the_servers_rpcs_and_pay_the_groups_gathers():
                        "group-push"}
     assert ph["ps-sparse-push"]["proc_msgs"] == 2 * n // g            # 4 groups > 2 servers
     assert ph["ps-sparse-push"]["total_msgs"] == 2 * (n // g) * s
-    union = sim.union_rows(rows, touched, g) * width
+    union = cost.union_rows(rows, touched, g) * width
     assert union == pytest.approx(g * touched * width, rel=0.01)
     # the group's first worker's link carries its union each way; each server
     # receives (n / g) unions / s
