@@ -212,5 +212,5 @@ def _compile(graph, spec, config: Config) -> CompiledPlan:
     missing = herring_unavailable()
     topology = Topology(tuple(h.address for h in spec.worker_hosts()), spec.num_servers,
                         summation_servers=missing is None, summation_servers_why=missing or "",
-                        link_gbps=spec.bandwidth_gbps)
+                        link_gbps=spec.bandwidth_gbps, shared_cores=spec.shared_cores)
     return compile_for_config(graph, topology, config)

@@ -162,8 +162,14 @@ class Config:
     reads the union from the servers and the group shares the rows. Those
     lookups are then collectives of the group, so every worker of a group
     must run each of them (train and fetch the same steps; Runner.evaluate
-    refuses; not with micro_batches > 1). ``None`` (default): the hosts,
-    pushes only."""
+    refuses; not with micro_batches > 1). ``0``: the hosts, pushes only.
+    ``None`` (default): the planner's cost model chooses, for a hybrid job
+    whose sparse variables are split over the servers on a network (not
+    loopback), the group size (groups only with one worker per host and
+    micro_batches=1) and how many of the servers hold those variables, and
+    keeps the hosts and every server unless another choice is predicted
+    1.1x faster; the report says what it chose and why
+    (transforms.plan.aggregation_structure)."""
     opau: bool = True
     """Place post-aggregation ops next to their inputs (Parallax §7.4; can be
     turned off for ablation)."""
@@ -314,9 +320,9 @@ class Config:
             raise AutoparError(f"Config.batch_norm_group must be 'all', a group size >= 1 or None, "
                                f"got {shown(self.batch_norm_group)}")
         if not (self.aggregation_group is None
-                or (_is_int(self.aggregation_group) and self.aggregation_group >= 1)):
-            raise AutoparError(f"Config.aggregation_group must be a group size >= 1 or None, "
-                               f"got {shown(self.aggregation_group)}")
+                or (_is_int(self.aggregation_group) and self.aggregation_group >= 0)):
+            raise AutoparError(f"Config.aggregation_group must be a group size >= 1, 0 (the "
+                               f"hosts) or None (chosen), got {shown(self.aggregation_group)}")
         for name in ("shard_weight_update", "local_aggregation", "opau", "opsw",
                      "allow_unsharded_input"):
             if not isinstance(getattr(self, name), bool):
@@ -353,7 +359,7 @@ class Config:
         if tau is not None and self.micro_batches < 2:
             raise AutoparError("Config.compute_threshold drops micro-batches, so it needs "
                                f"Config.micro_batches >= 2 (got {self.micro_batches})")
-        if self.micro_batches > 1 and self.aggregation_group not in (None, 1):
+        if self.micro_batches > 1 and self.aggregation_group not in (None, 0, 1):
             raise AutoparError("Config.aggregation_group is not supported with "
                                "Config.micro_batches > 1 (a micro-batch's grouped lookups would "
                                "need a barrier of their own): use one of them")

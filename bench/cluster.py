@@ -506,7 +506,9 @@ class EmulatedCluster:
         data = {
             "hosts": [{"address": a, "workers": int(workers_per_host), "servers": int(servers_per_host),
                        "ports": [int(ports[0]), int(ports[1])]} for a in self.addresses],
-            "network": {"bandwidth_gbps": self.rate_mbit / 1000.0},
+            # every emulated host's processes run on this machine's cores
+            "network": {"bandwidth_gbps": self.rate_mbit / 1000.0,
+                        "shared_cores": float(os.cpu_count() or 1)},
         }
         header = (f"# Emulated cluster '{self.prefix}': {self.num_hosts} hosts, {self.rate_mbit:g} Mbit/s, "
                   f"{self.delay_ms:g} ms (written by bench/cluster.py)\n")

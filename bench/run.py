@@ -477,6 +477,11 @@ def run_point(cluster, spawner, settings: Settings, point: Point, run_dir: Path)
     # receive window of their connections to each other (the bind shim).
     role_env = {}
     if peer.is_autopar:
+        # What a spec would tell the planner (network.bandwidth_gbps and
+        # shared_cores): the links' rate, and that every process of every
+        # emulated host runs on this machine's cores (its cost model).
+        env.update({envvars.LINK_GBPS: f"{point.link_mbit / 1000:g}",
+                    envvars.SHARED_CORES: str(os.cpu_count() or 1)})
         role_env = {job: tcp_window_env(role, job_cluster, point.link_mbit / 1000)
                     for job, role in ((WORKER_JOB, WORKER_ROLE), (SERVER_JOB, SERVER_ROLE))}
         window = role_env[WORKER_JOB].get(envvars.TCP_WINDOW)

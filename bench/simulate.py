@@ -28,15 +28,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from autopar.transforms.cost import (METHODS, RTO_MIN_S, Cluster, Constants, PeerConstants,
-                                     Workload, expected_distinct, step_time, terms)
+from autopar.transforms.cost import (GROUP_SIZES, METHODS, MIN_GAIN, PLANNER_PEER, RTO_MIN_S,
+                                     Cluster, Constants, PeerConstants, Workload, best_structure,
+                                     expected_distinct, step_time, terms)
 from bench.metrics import DISTINCT_ROW_PEERS, PEER_METHODS
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -244,11 +244,17 @@ def points_from_results(results: dict, source: str) -> list[Point]:
         if method not in METHODS or p["peer"] in VARIANT_PEERS:
             continue
         rate = (p.get("link_mbit") or default_mbit) / 1000.0
-        cl = Cluster(p["num_workers"], 1, p["num_servers"], False, rate, cores,
-                     aggregation_group=groups if p["peer"].startswith("autopar-") else 0)
+        # the structure the plan ran: the report's (runs since the planner
+        # chooses it), else the run's hand-set group
+        plan = p.get("autopar_report") or {}
+        group = (plan.get("aggregation_group") or 0) if "aggregation_group" in plan else groups
+        servers = plan.get("sparse_servers") or p["num_servers"]
+        cl = Cluster(p["num_workers"], 1, servers, False, rate, cores,
+                     aggregation_group=group if p["peer"].startswith("autopar-") else 0)
         if method in ("ps", "hybrid") and p["num_servers"]:
             srv = p["bytes_per_step"]["server"]
-            mean_srv = srv["recv"]
+            # the mean over the servers the rows use (the others hold nothing)
+            mean_srv = srv["recv"] * p["num_servers"] / servers
             if mean_srv > 0:
                 # the measured placement: most loaded server over the mean (1 = even spread)
                 cl.server_imbalance = max(1.0, srv["recv_max"] / mean_srv)
@@ -356,52 +362,35 @@ def project_bench(wls: dict[str, Workload], k: Constants, link_gbit: float,
                   ns=PROJECT_N, peers=MODELLED_PEERS) -> list[dict]:
     """The bench's workloads on a real cluster of N hosts (one worker each, S = N
     server hosts for PS systems, servers evenly loaded, every process on its own
-    cores) with the fitted constants."""
+    cores) with the fitted constants. autopar-hybrid runs the aggregation
+    structure its planner chooses (transforms.cost.best_structure, with these
+    constants): its default; FLAT_LABEL is it with the hosts and every server."""
     out = []
     for wl in wls.values():
         for n in ns:
             for peer in peers:
                 method = PEER_METHODS[peer]
                 cl = Cluster(n, 1, n, False, link_gbit, None)
+                extra = {}
+                if peer == PLANNER_PEER and wl.touched_bytes:
+                    r = step_time(method, wl, cl, k, peer)
+                    out.append({"workload": wl.name, "N": n, "peer": FLAT_LABEL, "method": method,
+                                "step_s": r["step_s"], "throughput": r["throughput"],
+                                "parts_s": r["parts"]})
+                    chosen = best_structure(wl, cl, k, peer)
+                    cl = replace(cl, servers=chosen.servers, aggregation_group=chosen.group)
+                    extra = {"aggregation_group": chosen.group, "servers": chosen.servers,
+                             "predicted_gain": chosen.gain}
                 r = step_time(method, wl, cl, k, peer)
                 out.append({"workload": wl.name, "N": n, "peer": peer, "method": method,
-                            "step_s": r["step_s"], "throughput": r["throughput"], "parts_s": r["parts"]})
-            if wl.touched_bytes and GROUPED_PEER in peers:
-                r, g, servers = best_groups(wl, k, n, link_gbit)
-                out.append({"workload": wl.name, "N": n, "peer": GROUPED_LABEL, "method": "hybrid",
                             "step_s": r["step_s"], "throughput": r["throughput"],
-                            "parts_s": r["parts"], "aggregation_group": g, "servers": servers})
+                            "parts_s": r["parts"], **extra})
     return out
 
 
-# autopar-hybrid is also projected with Config.aggregation_group, with the group
-# size and the number of server hosts (the sparse variables' partitions) that
-# the model finds fastest at each N.
-GROUPED_PEER = "autopar-hybrid"
-GROUPED_LABEL = "autopar-hybrid, aggregation groups"
-
-
-# Group sizes the projection may choose (results/groups_g*.json, N = 8 on the
-# emulated cluster, each step over the step without groups: g = 2, 4, 8 predicted
-# 14 %, 2 %, 3 % under the measured at 1000 Mbit/s, 17 %, 21 %, 27 % under at
-# 100 Mbit/s, where a group's exchanges follow one another on the critical path
-# of 16 processes sharing 2 cores). Larger groups are not measured at all.
-GROUP_SIZES = (1, 2, 4)
-
-
-def best_groups(wl: Workload, k: Constants, n: int, link_gbit: float) -> tuple[dict, int, int]:
-    """(step_time, group size g, servers S) of hybrid with Config.aggregation_group
-    = g and S server hosts, minimising the step over g in GROUP_SIZES and S in
-    powers of 2 up to N (g = 1: no groups, S = N: the other projections' servers)."""
-    sizes = [2 ** i for i in range(int(math.log2(n)) + 1)]
-    best = None
-    for g in [g for g in GROUP_SIZES if g <= n]:
-        for servers in sizes:
-            cl = Cluster(n, 1, servers, False, link_gbit, None, aggregation_group=g)
-            r = step_time("hybrid", wl, cl, k, GROUPED_PEER)
-            if best is None or r["step_s"] < best[0]["step_s"]:
-                best = (r, g, servers)
-    return best
+# autopar-hybrid with Config(aggregation_group=0) (the hosts) and every server:
+# the flat structure its planner compares its choice with.
+FLAT_LABEL = "autopar-hybrid, flat (hosts, every server)"
 
 
 # Parallax (§7.1): 8 machines x 6 TITAN Xp, 100 Gbit/s InfiniBand; Table 1 sizes
@@ -612,18 +601,21 @@ def markdown(out: dict) -> str:
               "|---|---|" + "---|" * len(PROJECT_N)]
     proj = out["bench_projection"]
     for w in sorted({r["workload"] for r in proj}):
-        for peer in [*PEER_METHODS, GROUPED_LABEL]:
+        for peer in [*PEER_METHODS, FLAT_LABEL]:
             vals = {r["N"]: r["throughput"] for r in proj if r["workload"] == w and r["peer"] == peer}
             if vals:
                 lines.append(f"| {w} | {peer} | " + " | ".join(f"{vals[n]:.0f}" for n in PROJECT_N) + " |")
-    grouped = {r["N"]: r for r in proj if r["peer"] == GROUPED_LABEL}
+    chosen = {r["N"]: r for r in proj if r["peer"] == PLANNER_PEER and "servers" in r}
     lines += ["", "(examples/s)"]
-    if grouped:
-        lines += ["", f"{GROUPED_LABEL}: Config(aggregation_group=g) with S server hosts, the "
-                  f"(g, S) the model finds fastest (g in {', '.join(map(str, GROUP_SIZES))}, S a "
-                  "power of 2 up to N): " + ", ".join(
-                      f"N = {n}: g = {r['aggregation_group']}, S = {r['servers']}"
-                      for n, r in sorted(grouped.items()))]
+    if chosen:
+        lines += ["", f"{PLANNER_PEER}: the aggregation structure its planner chooses "
+                  "(transforms/cost.py, best_structure, with these constants): Config(aggregation_group=g) "
+                  f"and S of the N servers holding the sparse rows (g in "
+                  f"{', '.join(map(str, GROUP_SIZES))}, S a power of 2 up to N; the hosts and every "
+                  f"server unless predicted {MIN_GAIN:g}x faster): " + ", ".join(
+                      f"N = {n}: g = {r['aggregation_group']}, S = {r['servers']} "
+                      f"({r['predicted_gain']:.2f}x)" for n, r in sorted(chosen.items())),
+                  "", f"{FLAT_LABEL}: the same with Config(aggregation_group=0) and every server."]
     measured = out.get("aggregation_groups_measured") or []
     if measured:
         lines += ["", "Aggregation groups measured on the emulated cluster (hybrid, sparse LM, "

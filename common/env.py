@@ -33,6 +33,13 @@ REPORT_PRINTED = "AUTOPAR_REPORT_PRINTED"
 # server-index order, read by the Herring push/pull kernel at first use: the
 # graph itself names no host.
 SUMSERVERS = "AUTOPAR_SUMSERVERS"
+# What a job joined through TF_CONFIG knows of its cluster besides TF_CONFIG
+# (a spec's network.bandwidth_gbps and network.shared_cores), set by whoever
+# starts its processes, the same in every one: the link speed in Gbit/s and
+# the cores every process shares when the hosts are emulated on one machine.
+# The planner's cost models read them (runtime.worker.job_topology).
+LINK_GBPS = "AUTOPAR_LINK_GBPS"
+SHARED_CORES = "AUTOPAR_SHARED_CORES"
 # Seconds a Herring push/pull (and a summation server holding an incomplete
 # shard) waits before failing (default 60; the launcher sets max(60, 2 x
 # Config.peer_timeout_s) unless the environment has it).

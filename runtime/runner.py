@@ -534,10 +534,11 @@ class Runner:
         all-reduce waits for all of them); evaluation is not a training step."""
         if self._lockstep_lookups:
             raise AutoparError(
-                "Runner.evaluate: Config(aggregation_group) makes each lookup of "
-                f"{', '.join(self._lockstep_lookups[:3])} a collective of a group of workers, "
-                "and workers evaluating their own shards run different numbers of batches; "
-                "evaluate in a job without aggregation_group")
+                "Runner.evaluate: the plan's aggregation groups (Config.aggregation_group, or "
+                "the cost model's choice when it is None: see the plan report) make each "
+                f"lookup of {', '.join(self._lockstep_lookups[:3])} a collective of a group of "
+                "workers, and workers evaluating their own shards run different numbers of "
+                "batches; evaluate in a job with Config(aggregation_group=0) (the hosts)")
         names, fetches = self._eval_fetches(metrics)
         if max_batches is None and not _reads_iterator(fetches):
             raise AutoparError(

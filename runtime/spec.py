@@ -32,8 +32,8 @@ _TOP_KEYS = ("hosts", "network")
 _HOST_KEYS = ("address", "workers", "servers", "ports", "worker_ports", "server_ports", "ssh",
               "slurm_node", "gpus")
 _SSH_KEYS = ("user", "port", "key_file", "known_hosts", "python", "workdir")
-_NETWORK_KEYS = ("bandwidth_gbps", "isolation")
-_DICT_KEYS = ("hosts", "bandwidth_gbps", "isolation", "source")
+_NETWORK_KEYS = ("bandwidth_gbps", "isolation", "shared_cores")
+_DICT_KEYS = ("hosts", "bandwidth_gbps", "isolation", "shared_cores", "source")
 # How a job keeps other users off its ports (runtime/launcher.py `isolate`,
 # docs/security.md): "auto" picks a private network namespace for a
 # job on loopback addresses only and firewall rules otherwise.
@@ -112,13 +112,18 @@ class ResourceSpec:
     bandwidth_gbps: float | None = None
     source: str = "<memory>"  # file name or "TF_CONFIG", used in messages
     isolation: str = "auto"   # one of ISOLATIONS
+    # The cores all the job's processes share when its hosts are emulated on
+    # one machine (bench/cluster.py); None: each host has cores of its own.
+    # Only the planner's cost model reads it (transforms.cost).
+    shared_cores: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.hosts, list):
             object.__setattr__(self, "hosts", tuple(self.hosts))
-        bw = self.bandwidth_gbps
-        if isinstance(bw, int) and not isinstance(bw, bool):
-            object.__setattr__(self, "bandwidth_gbps", float(bw))
+        for name in ("bandwidth_gbps", "shared_cores"):
+            value = getattr(self, name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                object.__setattr__(self, name, float(value))
         _validate(self)
 
     @property
@@ -146,6 +151,7 @@ class ResourceSpec:
             "hosts": [_host_to_dict(h) for h in self.hosts],
             "bandwidth_gbps": self.bandwidth_gbps,
             "isolation": self.isolation,
+            "shared_cores": self.shared_cores,
             "source": self.source,
         }
 
@@ -158,7 +164,8 @@ class ResourceSpec:
         _check_keys(d, _DICT_KEYS, source, "top level")
         hosts = _parse_hosts(d.get("hosts"), source)
         return cls(hosts=hosts, bandwidth_gbps=d.get("bandwidth_gbps"),
-                   isolation=d.get("isolation", "auto"), source=str(source))
+                   isolation=d.get("isolation", "auto"), shared_cores=d.get("shared_cores"),
+                   source=str(source))
 
 
 def _host_to_dict(h: HostSpec) -> dict:
@@ -286,7 +293,8 @@ def _spec_from_mapping(data: Any, source: str) -> ResourceSpec:
               "write 'network: {bandwidth_gbps: 10}'")
     _check_keys(network, _NETWORK_KEYS, source, "network")
     return ResourceSpec(hosts=hosts, bandwidth_gbps=network.get("bandwidth_gbps"),
-                        isolation=network.get("isolation", "auto"), source=source)
+                        isolation=network.get("isolation", "auto"),
+                        shared_cores=network.get("shared_cores"), source=source)
 
 
 def _parse_hosts(raw: Any, source: str) -> tuple[HostSpec, ...]:
@@ -530,6 +538,10 @@ def _validate(spec: ResourceSpec) -> None:
     if bw is not None and (not isinstance(bw, float) or not bw > 0):
         _fail(src, "network.bandwidth_gbps", f"must be a positive number, got {shown(bw)}",
               "give the link speed in Gbit/s, e.g. 'bandwidth_gbps: 10', or remove it")
+    cores = spec.shared_cores
+    if cores is not None and (not isinstance(cores, float) or not cores > 0):
+        _fail(src, "network.shared_cores", f"must be a positive number, got {shown(cores)}",
+              "give the cores of the one machine emulating every host, or remove it")
     if spec.isolation not in ISOLATIONS:
         _fail(src, "network.isolation", f"must be one of {', '.join(ISOLATIONS)}, got "
               f"{shown(spec.isolation)}", "remove it to let autopar choose ('auto')")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 from collections.abc import Callable
 
@@ -268,7 +269,23 @@ def job_topology(cluster: dict[str, list[str]]) -> Topology:
     topology = Topology.from_cluster(cluster)
     sumservers = [a for a in os.environ.get(env.SUMSERVERS, "").split(",") if a.strip()]
     servers = topology.num_servers or len(sumservers)
-    return Topology(topology.worker_hosts, servers, summation_servers=bool(sumservers))
+    return Topology(topology.worker_hosts, servers, summation_servers=bool(sumservers),
+                    link_gbps=_positive_env(env.LINK_GBPS),
+                    shared_cores=_positive_env(env.SHARED_CORES))
+
+
+def _positive_env(name: str) -> float | None:
+    """A positive number from environment variable `name` (None: unset)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise SpecError(f"{name}={raw!r} must be a positive number (or unset)")
+    return value
 
 
 def _check_same_config(compiled: CompiledPlan, config, worker_index: int) -> None:

@@ -417,3 +417,80 @@ def step_time(method: str, wl: Workload, cl: Cluster, k: Constants, peer: str | 
     return {"step_s": total, "parts": parts,
             "throughput": cl.workers * wl.examples / total if total > 0 else math.inf,
             "phases": t["phases"]}
+
+
+# --------------------------------------------------------------------------- the planner's choice
+
+# The constants the planner predicts with: autopar-hybrid's, as `make simulate`
+# last fitted them (bench/results/simulate.json; tests/unit/test_cost.py checks
+# that these are the committed fit).
+PLANNER_PEER = "autopar-hybrid"
+PLANNER_CONSTANTS = Constants(
+    gamma=4.75916407340119e-10,
+    peers={PLANNER_PEER: PeerConstants(kappa=5.431597401113293e-10,
+                                       message_s=0.00019971881690554065,
+                                       rpc_s=0.0011196328609665046,
+                                       wire_factor=1.1280758950007306)})
+
+# Workers per aggregation group the choice considers (1: no groups): the sizes
+# measured on the emulated cluster (make bench-groups, N = 8: g = 2, 4
+# predicted within 14 % of the measured at 1000 Mbit/s); larger groups were
+# never measured.
+GROUP_SIZES = (1, 2, 4)
+# Another structure than the flat one (the hosts, every server) is chosen only
+# when predicted at least this much faster: the model's median error on the
+# measured points is ~5 %, up to 14 % on the grouped steps, and groups bind
+# their workers' lookups together (Config.aggregation_group).
+MIN_GAIN = 1.1
+
+
+@dataclass(frozen=True)
+class Structure:
+    """How a hybrid job's sparse rows meet the servers: workers per
+    aggregation group (1: none) and the servers holding the rows, with the
+    predicted seconds per step of communication and CPU (compute left out:
+    the same for every choice) of it and of the flat choice."""
+    group: int
+    servers: int
+    step_s: float
+    flat_step_s: float
+
+    @property
+    def gain(self) -> float:
+        return self.flat_step_s / self.step_s if self.step_s > 0 else 1.0
+
+    @property
+    def flat(self) -> bool:
+        return self.group <= 1 and self.step_s == self.flat_step_s
+
+
+def server_counts(num_servers: int) -> list[int]:
+    """The numbers of servers the choice considers: powers of 2 below
+    `num_servers`, and all of them."""
+    return sorted({2 ** i for i in range(max(num_servers, 1).bit_length())
+                   if 2 ** i < num_servers} | {max(num_servers, 1)})
+
+
+def sync_seconds(method: str, wl: Workload, cl: Cluster, k: Constants, peer: str) -> float:
+    """Predicted seconds of one step without its compute."""
+    r = step_time(method, wl, cl, k, peer)
+    return r["step_s"] - r["parts"]["compute"]
+
+
+def best_structure(wl: Workload, cl: Cluster, k: Constants = PLANNER_CONSTANTS,
+                   peer: str = PLANNER_PEER, groups=GROUP_SIZES) -> Structure:
+    """The fastest hybrid structure for `wl` on `cl` (its servers: all there
+    are; one worker per host where `groups` has sizes above 1): g in
+    `groups` and S in server_counts, kept flat (no groups, every server)
+    unless one is predicted MIN_GAIN x faster."""
+    flat_cl = replace(cl, aggregation_group=0)
+    flat = sync_seconds("hybrid", wl, flat_cl, k, peer)
+    best = Structure(1, cl.num_servers, flat, flat)
+    for g in (g for g in groups if g <= cl.workers):
+        for s in server_counts(cl.num_servers):
+            if g == 1 and s == cl.num_servers:
+                continue
+            t = sync_seconds("hybrid", wl, replace(cl, servers=s, aggregation_group=g), k, peer)
+            if t < best.step_s:
+                best = Structure(g, s, t, flat)
+    return best if best.gain >= MIN_GAIN else Structure(1, cl.num_servers, flat, flat)

@@ -22,16 +22,19 @@ The blocks cover every row count up to comm.MAX_GATHERED_ROWS (2^40).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autopar.common.errors import AutoparError, UnsupportedGraphError
-from autopar.transforms import keys, serial
+from autopar.common.text import human_bytes
+from autopar.transforms import cost, keys, serial
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.batchnorm import KEYS_PER_LAYER
 from autopar.transforms.keys import GROUP_KEY
 from autopar.transforms.methods.base import VariablePlan
+from autopar.transforms.methods.herring.method import DEFAULT_LINK_GBPS
 from autopar.transforms.methods.policy import WIRE_DTYPES, policy
+from autopar.transforms.methods.ps.method import partition_count
 from autopar.transforms.methods.ps.rewrite import pulls_per_group
 from autopar.transforms.methods.registry import METHODS, variants_of
 from autopar.transforms.topology import Topology
@@ -43,8 +46,15 @@ class PlanOptions:
     loss_reduction: str = "auto"       # "auto" (from the analysis), "mean", "sum" or "parallax"
     sync_local_state: str = "none"     # "none" or "average" (batch-local state)
     local_aggregation: bool = True     # LA: one contribution per host to the servers
-    # LA's groups of consecutive workers instead of hosts, pulls included (None: hosts)
+    # LA's groups of consecutive workers instead of hosts, pulls included (0:
+    # the hosts; None: the cost model chooses, see aggregation_structure)
     aggregation_group: int | None = None
+    # Servers holding the partitions of sparse variables split one per server
+    # (0: every server; set by aggregation_structure, not a Config field)
+    sparse_servers: int = 0
+    # Micro-batches per step (Config.micro_batches): a grouped lookup cannot
+    # run in each micro-batch, so the cost model then forms no groups
+    micro_batches: int = 1
     opau: bool = True                  # place post-aggregation ops by Parallax's rule
     opsw: bool = True                  # move light boundary ops across the worker/server line
     partitions: tuple[tuple[str, int], ...] = ()   # per-variable partition-count overrides
@@ -71,7 +81,8 @@ class PlanOptions:
                    shard_weight_update=config.shard_weight_update,
                    hierarchical_allreduce=config.hierarchical_allreduce,
                    collective_timeout_s=float(config.peer_timeout_s),
-                   wire_dtype=config.wire_dtype, herring_buffer_bytes=config.herring_buffer_bytes)
+                   wire_dtype=config.wire_dtype, herring_buffer_bytes=config.herring_buffer_bytes,
+                   micro_batches=config.micro_batches)
 
 
 @dataclass
@@ -104,9 +115,16 @@ class Plan:
     sync_local_state: str = "none"
     local_state_key: int = keys.LOCAL_STATE.first
     local_aggregation: bool = True
-    # Workers per aggregation group (Config.aggregation_group; 0: the hosts,
-    # pushes only): the groups' keys are keys.AGGREGATION_GROUPS.
+    # Workers per aggregation group (Config.aggregation_group, or the cost
+    # model's choice; 0: the hosts, pushes only): the groups' keys are
+    # keys.AGGREGATION_GROUPS.
     aggregation_group: int = 0
+    # Servers holding the partitions of the sparse variables split one per
+    # server: servers [0, sparse_servers) (0: every server)
+    sparse_servers: int = 0
+    # What the cost model chose for the two above, and why ("" when it had
+    # nothing to choose: no variable on servers)
+    structure_why: str = ""
     opau: bool = True
     opsw: bool = True
     # Workers per batch-norm group (0: each worker normalises by its own
@@ -223,6 +241,9 @@ def make_plan(analysis: Analysis, topology: Topology | int, fusion_bytes: int = 
     if options.wire_dtype not in WIRE_DTYPES:
         raise ValueError(f"wire_dtype must be one of {WIRE_DTYPES}, got {options.wire_dtype!r}")
     methods, job_whys = choose_methods(analysis, topology, options)
+    group, sparse_servers, structure_why = aggregation_structure(analysis, methods, topology,
+                                                                 options)
+    options = replace(options, aggregation_group=group, sparse_servers=sparse_servers)
     reduction, why = resolve_loss_reduction(analysis, options.loss_reduction)
     # Each method lays out its variables and takes its instance keys, in table order.
     key = keys.PLAN.first
@@ -263,8 +284,8 @@ def make_plan(analysis: Analysis, topology: Topology | int, fusion_bytes: int = 
                 loss_reduction=reduction, loss_reduction_why=why,
                 sync_local_state=options.sync_local_state,
                 local_aggregation=options.local_aggregation,
-                aggregation_group=aggregation_group_size(options, topology.num_workers),
-                opau=options.opau, opsw=options.opsw,
+                aggregation_group=group, sparse_servers=sparse_servers,
+                structure_why=structure_why, opau=options.opau, opsw=options.opsw,
                 batch_norm_group=batch_norm_group_size(options.batch_norm_group,
                                                        topology.num_workers),
                 shard_weight_update=options.shard_weight_update,
@@ -334,19 +355,97 @@ def assign_owners(analysis: Analysis, plans: list[VariablePlan], num_workers: in
 
 
 def aggregation_group_size(options: PlanOptions, num_workers: int) -> int:
-    """Workers per aggregation group (Config.aggregation_group), 0 for the
-    hosts."""
+    """Workers per aggregation group of a hand-set Config.aggregation_group,
+    0 for the hosts."""
     k = options.aggregation_group
-    if k is None:
+    if k is None or k == 0:
         return 0
     if not options.local_aggregation:
         raise AutoparError("Config.aggregation_group sets the groups of local aggregation: it "
                            "needs Config.local_aggregation=True")
     if not isinstance(k, int) or not 1 <= k <= num_workers:
         raise AutoparError(f"Config.aggregation_group={k!r} must be a group size from 1 to the "
-                           f"job's {num_workers} workers")
+                           f"job's {num_workers} workers (or 0: the hosts)")
     keys.AGGREGATION_GROUPS.key(-(-num_workers // k) - 1)   # refused past the range
     return k
+
+
+def aggregation_structure(analysis: Analysis, methods: dict[str, tuple[str, str]],
+                          topology: Topology, options: PlanOptions) -> tuple[int, int, str]:
+    """(workers per aggregation group, 0 for the hosts; servers holding the
+    partitions of the sparse server variables split one per server, 0 for
+    every server; why). A hand-set Config.aggregation_group wins; else the
+    cost model (transforms.cost.best_structure, the model bench/simulate.py
+    fits) chooses both for a hybrid job whose sparse variables are split over
+    the servers, from the topology: the link speed, the processes' cores,
+    and the rows the analysis expects per step (ids taken as uniform: the
+    union of several workers' rows is then its largest)."""
+    if options.aggregation_group is not None:
+        k = aggregation_group_size(options, topology.num_workers)
+        return k, 0, f"Config(aggregation_group={options.aggregation_group})"
+    on_servers = [v for v in analysis.variables if not METHODS[methods[v.name][0]].replicated]
+    if not on_servers:
+        return 0, 0, ""
+    keep = "the hosts and every server are kept"
+    if not options.local_aggregation:
+        return 0, 0, f"Config(local_aggregation=False): every worker meets the servers; {keep}"
+    if topology.on_loopback:
+        return 0, 0, (f"every worker host is a loopback address (one machine, no network link "
+                      f"for the cost model): {keep}")
+    dense_on_servers = [v.name for v in on_servers if v.gradient == "dense"]
+    if dense_on_servers:
+        return 0, 0, (f"dense variables live on the servers ({', '.join(dense_on_servers[:3])}), "
+                      f"which the cost model of aggregation groups does not cover: {keep}")
+    overrides = dict(options.partitions)
+    split = [v for v in on_servers if v.resource and not v.partition_blocker
+             and v.name not in overrides
+             and partition_count(v.bytes, v.shape[0] if v.shape else 1, topology.num_servers) > 1]
+    if not split:
+        return 0, 0, ""
+    rows = sum(v.shape[0] for v in split)
+    draws = sum((v.alpha if v.alpha is not None else 1.0) * v.shape[0] for v in split)
+    # The ring's bytes (herring's summation servers have no fitted costs: the
+    # same for every choice, they are left out of the prediction)
+    ring = {"allreduce": 1.0, "allreduce_fp16": 0.5}
+    dense = sum(v.bytes * ring.get(methods[v.name][0], 0.0)
+                for v in analysis.variables if v.gradient == "dense")
+    herring = any(m == "herring" for m, _ in methods.values())
+    per_host = max(len(topology.workers_on(h)) for h in topology.hosts)
+    # Groups: of workers on hosts of their own (the case the model and the
+    # measurements cover), and only where a lookup can be a collective of
+    # its group (not in every micro-batch)
+    groups = cost.GROUP_SIZES if per_host == 1 and options.micro_batches == 1 else (1,)
+    wl = cost.Workload("job", dense, rows, sum(v.bytes for v in split) / rows,
+                       cost.expected_distinct(rows, draws, None), compute_s=0.0)
+    link = topology.link_gbps or DEFAULT_LINK_GBPS
+    cl = cost.Cluster(topology.num_workers, per_host, topology.num_servers, False, link,
+                      topology.shared_cores)
+    best = cost.best_structure(wl, cl, groups=groups)
+    cores = (f"every process on {topology.shared_cores:g} shared cores" if topology.shared_cores
+             else "every process on cores of its own")
+    assumed = [] if topology.link_gbps else ["the link speed (the spec gives none)"]
+    if any(v.alpha is None for v in split):
+        assumed.append("every row touched (rows per step unknown)")
+    assumed = f" (assumed: {'; '.join(assumed)})" if assumed else ""
+    inputs = (f"cost model for {topology.num_workers} workers on {len(topology.hosts)} hosts, "
+              f"{topology.num_servers} servers, {link:g} Gbit/s per link, {cores}{assumed}; "
+              + (f"dense gradients through herring (not predicted: the same for every "
+                 f"choice), " if herring else f"{human_bytes(dense)} of dense gradients, ")
+              + f"{wl.touched_rows:.0f} distinct rows "
+              f"of {rows} per worker and step ({', '.join(v.name for v in split[:3])})")
+    flat_ms = 1e3 * best.flat_step_s
+    if best.flat:
+        return 0, 0, (f"{inputs}: the hosts and every server ({flat_ms:.1f} ms per step of "
+                      f"communication and CPU; no other structure predicted "
+                      f"{cost.MIN_GAIN:g}x faster)")
+    what = ([f"groups of {best.group} workers"] if best.group > 1 else []) + \
+        ([f"{best.servers} of the {topology.num_servers} servers for the sparse rows"]
+         if best.servers < topology.num_servers else [])
+    return ((best.group if best.group > 1 else 0),
+            (best.servers if best.servers < topology.num_servers else 0),
+            f"{inputs}: {' and '.join(what)}, predicted {1e3 * best.step_s:.1f} ms per step of "
+            f"communication and CPU against {flat_ms:.1f} ms with the hosts and every server "
+            f"({best.gain:.2f}x faster)")
 
 
 def batch_norm_group_size(option: str | int | None, num_workers: int) -> int:

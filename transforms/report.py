@@ -83,6 +83,12 @@ class Report:
     # server) and why hybrid chose it or not
     herring_buffers: list[dict] = field(default_factory=list)
     herring_why: str = ""
+    # How workers meet the servers (Plan.aggregation_group, sparse_servers,
+    # structure_why): workers per aggregation group (0: the hosts), servers
+    # holding the sparse variables split over them (0: every server)
+    aggregation_group: int = 0
+    sparse_servers: int = 0
+    structure_why: str = ""
 
     @property
     def sent_per_worker(self) -> float:
@@ -318,10 +324,12 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
                      "(every gradient is all-reduced): autopar's launcher does not start them")
     if servers_used:
         how = ("one per worker" if not plan.local_aggregation else
-               f"one per group of {plan.aggregation_group} workers: Config(aggregation_group)"
-               if plan.aggregation_group else "one per host: local aggregation")
+               f"one per group of {plan.aggregation_group} workers" if plan.aggregation_group
+               else "one per host: local aggregation")
         notes.append(f"server accumulators receive {plural(contributors, 'contribution')} per "
                      f"step ({how})")
+        if plan.structure_why:
+            notes.append(f"aggregation structure: {plan.structure_why}")
         if plan.grouped_lookups():
             notes.append(f"lookups of {', '.join(plan.grouped_lookups())} are pulled once per "
                          f"group of {plan.aggregation_group} workers, by its first worker: every "
@@ -342,7 +350,8 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
                                 "group": plan.batch_norm_group, "moving": b.moving}
                                for b in analysis.batch_norms],
                   state=[asdict(s) for s in analysis.state], untrained=analysis.untrained,
-                  notes=notes, **method_report_fields(plan))
+                  aggregation_group=plan.aggregation_group, sparse_servers=plan.sparse_servers,
+                  structure_why=plan.structure_why, notes=notes, **method_report_fields(plan))
 
 
 def method_report_fields(plan: Plan) -> dict:

@@ -22,6 +22,10 @@ class Topology:
     # The speed of each host's network link (the spec's network.bandwidth_gbps),
     # None where the spec does not say: hybrid's cost model for herring.
     link_gbps: float | None = None
+    # The cores every process of the job shares, when its hosts are emulated
+    # on one machine (the spec's network.shared_cores; None: each host has
+    # cores of its own): the planner's cost model (transforms.cost).
+    shared_cores: float | None = None
 
     @classmethod
     def local(cls, num_workers: int, num_servers: int = 0) -> "Topology":

@@ -72,6 +72,10 @@ def run(job: common.Job) -> None:
         report = {"totals": report.get("totals"), "num_workers": report.get("num_workers"),
                   "num_servers": report.get("num_servers"),
                   "per_server": report.get("per_server") or report.get("servers"),
+                  # the planner's aggregation structure (0: the hosts, every server)
+                  "aggregation_group": report.get("aggregation_group", 0),
+                  "sparse_servers": report.get("sparse_servers", 0),
+                  "structure_why": report.get("structure_why", ""),
                   "variables": [{k: v.get(k) for k in ("name", "kind", "bytes", "method", "alpha",
                                                        "sent_per_worker", "received_per_worker")}
                                 for v in report.get("variables", [])]}

@@ -18,6 +18,7 @@ from autopar.runtime.runner import Runner
 from autopar.transforms import keys
 from autopar.transforms.analysis import analyze_graph
 from autopar.transforms.plan import PlanOptions, make_plan
+from autopar.transforms.report import build_report
 from autopar.transforms.rewrite import rewrite_for_worker
 from autopar.transforms.topology import Topology
 from tests import models
@@ -119,3 +120,82 @@ def test_evaluate_refuses_grouped_lookups():
     with pytest.raises(AutoparError, match="aggregation_group.*embedding"):
         runner.evaluate({"mean": (total, count)}, {x: np.zeros(4, np.float32)}, max_batches=1)
     runner.close()
+
+
+# --- the planner's choice when Config.aggregation_group is None (transforms.plan
+# aggregation_structure): one worker per host on a network, an embedding split
+# over the servers
+
+def _embedding_graph():
+    graph = tf.Graph()
+    with graph.as_default():
+        ids = tf1.placeholder(tf.int64, [256], name="ids")
+        y = tf1.placeholder(tf.float32, [256, 8], name="y")
+        table = tf1.get_variable("embedding", [200_000, 64], use_resource=True)
+        kernel = tf1.get_variable("kernel", [64, 8], use_resource=True)
+        out = tf.matmul(tf.nn.embedding_lookup(table, ids), kernel)
+        tf1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_mean(tf.square(out - y)))
+    return graph
+
+
+def _hosts(n, per_host=1, servers=None, **kw):
+    return Topology(tuple(f"10.0.{i // per_host // 200}.{i // per_host % 200 + 1}"
+                          for i in range(n)), n if servers is None else servers,
+                    summation_servers=False, **kw)
+
+
+def _structure(topology, **options):
+    analysis = analyze_graph(_embedding_graph())
+    plan = make_plan(analysis, topology, options=PlanOptions(run_option="hybrid", **options))
+    return plan, build_report(analysis, plan)
+
+
+def test_where_a_servers_messages_bind_the_plan_chooses_groups_and_fewer_servers():
+    plan, report = _structure(_hosts(256, link_gbps=1.0))
+    assert plan.aggregation_group > 1 and 0 < plan.sparse_servers < 256
+    assert plan.grouped_lookups() == ["embedding"]
+    assert plan.contributions_per_step() == 256 // plan.aggregation_group
+    embedding = plan.variable("embedding")
+    assert embedding.servers == list(range(plan.sparse_servers))
+    assert len(embedding.partitions) == plan.sparse_servers
+    note = next(n for n in report.notes if n.startswith("aggregation structure: "))
+    assert f"groups of {plan.aggregation_group} workers" in note
+    assert f"{plan.sparse_servers} of the 256 servers" in note and "x faster" in note
+    assert (report.aggregation_group, report.sparse_servers) == (plan.aggregation_group,
+                                                                plan.sparse_servers)
+
+
+@pytest.mark.parametrize("group", [0, 2])
+def test_a_hand_set_group_wins(group):
+    plan, report = _structure(_hosts(256, link_gbps=1.0), aggregation_group=group)
+    assert (plan.aggregation_group, plan.sparse_servers) == (group, 0)
+    assert plan.variable("embedding").servers == list(range(256))
+    assert plan.structure_why == f"Config(aggregation_group={group})"
+
+
+@pytest.mark.parametrize("topology, options, why", [
+    (_hosts(4, link_gbps=1.0), {}, "the hosts and every server ("),
+    (Topology(("127.0.0.1",) * 64, 64, summation_servers=False), {}, "loopback"),
+    (_hosts(256, link_gbps=1.0), dict(local_aggregation=False), "local_aggregation=False"),
+])
+def test_small_jobs_loopback_and_no_local_aggregation_keep_the_hosts(topology, options, why):
+    plan, _ = _structure(topology, **options)
+    assert (plan.aggregation_group, plan.sparse_servers) == (0, 0)
+    assert why in plan.structure_why
+    assert plan.variable("embedding").servers == list(range(topology.num_servers))
+
+
+@pytest.mark.parametrize("topology, options", [
+    (_hosts(256, link_gbps=1.0), dict(micro_batches=2)),        # a lookup per micro-batch
+    (_hosts(512, per_host=2, link_gbps=1.0), {}),               # hosts of several workers
+])
+def test_no_groups_where_they_are_not_modelled_or_cannot_run(topology, options):
+    plan, _ = _structure(topology, **options)
+    assert plan.aggregation_group == 0 and not plan.grouped_lookups()
+
+
+def test_dense_variables_on_servers_keep_the_hosts():
+    analysis = analyze_graph(_embedding_graph())
+    plan = make_plan(analysis, _hosts(256, link_gbps=1.0), options=PlanOptions(run_option="ps"))
+    assert (plan.aggregation_group, plan.sparse_servers) == (0, 0)
+    assert "dense variables live on the servers (kernel)" in plan.structure_why

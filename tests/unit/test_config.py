@@ -30,7 +30,7 @@ BAD = [
     ("herring_buffer_bytes", 0), ("herring_buffer_bytes", "1MB"),
     ("sync_local_state", "sum"),
     ("batch_norm_group", 0), ("batch_norm_group", "some"), ("batch_norm_group", True),
-    ("aggregation_group", 0), ("aggregation_group", "2"), ("aggregation_group", 2.0),
+    ("aggregation_group", -1), ("aggregation_group", "2"), ("aggregation_group", 2.0),
     ("shard_weight_update", "yes"), ("hierarchical_allreduce", 1),
     ("local_aggregation", None), ("opau", 0), ("opsw", "no"),
     ("partitions", ["embedding"]), ("partitions", {"embedding": 0}), ("partitions", {1: 2}),

@@ -31,6 +31,23 @@ def test_without_ps_tasks_the_summation_servers_are_the_servers(monkeypatch):
     assert worker.job_topology(with_ps).num_servers == 1
 
 
+def test_the_link_speed_and_shared_cores_of_a_tf_config_job(monkeypatch):
+    """What a spec's network section tells the planner, a TF_CONFIG job's
+    starter sets in every process's environment."""
+    monkeypatch.delenv(env.LINK_GBPS, raising=False)
+    monkeypatch.delenv(env.SHARED_CORES, raising=False)
+    t = worker.job_topology(WORKERS)
+    assert (t.link_gbps, t.shared_cores) == (None, None)
+    monkeypatch.setenv(env.LINK_GBPS, "0.1")
+    monkeypatch.setenv(env.SHARED_CORES, "2")
+    t = worker.job_topology(WORKERS)
+    assert (t.link_gbps, t.shared_cores) == (0.1, 2.0)
+    for bad in ("0", "-1", "fast", "inf"):
+        monkeypatch.setenv(env.SHARED_CORES, bad)
+        with pytest.raises(SpecError, match="AUTOPAR_SHARED_CORES"):
+            worker.job_topology(WORKERS)
+
+
 def test_a_dense_herring_plan_fits_a_cluster_without_ps_tasks(monkeypatch):
     monkeypatch.setenv(env.SUMSERVERS, SUMSERVERS)
     model = models.build("cnn_momentum")

@@ -306,15 +306,18 @@ def test_aggregation_groups_cut_the_servers_rpcs_and_pay_the_groups_gathers():
             == sim.step_time("hybrid", wl, sim.Cluster(n, servers=s), sim.Constants())["phases"])
 
 
-def test_the_grouped_projection_picks_the_fastest_groups_and_servers():
+def test_the_projected_hybrid_runs_its_planners_structure_and_flat_beside_it():
     wl = sim.Workload("s", 1e6, 200_000, 1024.0, 1000.0, examples=100, compute_s=0.01)
-    k = sim.Constants(peers={sim.GROUPED_PEER: sim.PeerConstants(message_s=2e-4, rpc_s=1e-3)})
-    r, g, servers = sim.best_groups(wl, k, 64, 1.0)
-    for g2 in sim.GROUP_SIZES:
-        for s2 in (1, 2, 4, 8, 16, 32, 64):
-            other = sim.Cluster(64, 1, s2, False, 1.0, None, aggregation_group=g2)
-            assert r["step_s"] <= sim.step_time("hybrid", wl, other, k, sim.GROUPED_PEER)["step_s"]
-    assert g > 1 and servers < 64    # where a server's 2N RPCs bind, groups and fewer servers win
+    k = sim.Constants(peers={cost.PLANNER_PEER: sim.PeerConstants(message_s=2e-4, rpc_s=1e-3)})
+    rows = sim.project_bench({"s": wl}, k, 1.0, ns=(64,), peers=(cost.PLANNER_PEER,))
+    by_peer = {r["peer"]: r for r in rows}
+    chosen, flat = by_peer[cost.PLANNER_PEER], by_peer[sim.FLAT_LABEL]
+    cl = sim.Cluster(64, 1, 64, False, 1.0, None)
+    assert flat["step_s"] == sim.step_time("hybrid", wl, cl, k, cost.PLANNER_PEER)["step_s"]
+    structure = cost.best_structure(wl, cl, k)
+    assert (chosen["aggregation_group"], chosen["servers"]) == (structure.group, structure.servers)
+    assert chosen["aggregation_group"] > 1 and chosen["servers"] < 64
+    assert chosen["throughput"] >= cost.MIN_GAIN * flat["throughput"] * 0.99
 
 
 def test_points_from_the_committed_full_run():

@@ -243,6 +243,20 @@ def test_bad_bandwidth(tmp_path, value):
     assert "network.bandwidth_gbps: must be a positive number" in message
 
 
+def test_shared_cores_of_an_emulated_cluster():
+    spec = load_spec({"hosts": [{"address": "10.0.0.1", "workers": 1}],
+                      "network": {"bandwidth_gbps": 1, "shared_cores": 2}})
+    assert spec.shared_cores == 2.0
+    assert ResourceSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+    assert load_spec({"hosts": [{"address": "a", "workers": 1}]}).shared_cores is None
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "many"])
+def test_bad_shared_cores(tmp_path, value):
+    message = yaml_error(tmp_path, f"hosts: [{{address: a, workers: 1}}]\nnetwork: {{shared_cores: {value}}}\n")
+    assert "network.shared_cores: must be a positive number" in message
+
+
 # ----------------------------------------------------------------- Parallax errors
 
 @pytest.mark.parametrize("line, problem", [

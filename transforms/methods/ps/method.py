@@ -52,8 +52,8 @@ class ParameterServer(SyncMethod):
                       and overrides.get(v.name, partition_count(v.bytes, _rows(v),
                                                                 topology.num_servers)) > 1}
         grouped_pulls = (options.aggregation_group or 0) > 1
-        return (place_partitions(analysis, names, topology, overrides), kept_whole,
-                grouped_pulls), key
+        return (place_partitions(analysis, names, topology, overrides, options.sparse_servers),
+                kept_whole, grouped_pulls), key
 
     def variable_plan(self, v, reason, state, key):
         layout, kept_whole, grouped_pulls = state
@@ -149,8 +149,8 @@ def _step_bytes(v) -> float:
     return float(v.bytes)
 
 
-def place_partitions(analysis, names: set[str], topology,
-                     overrides: dict[str, int]) -> dict[str, tuple[list, list]]:
+def place_partitions(analysis, names: set[str], topology, overrides: dict[str, int],
+                     sparse_servers: int = 0) -> dict[str, tuple[list, list]]:
     """Row partitions of every PS variable (rows dealt round-robin, see
     transforms.partition) and the server of each.
 
@@ -167,6 +167,9 @@ def place_partitions(analysis, names: set[str], topology,
     such partitions were placed greedily by their estimated bytes instead,
     two of the LM's four embedding partitions shared a server and the dense
     kernels the other two, and the busiest server carried 1.7x the mean.
+    With `sparse_servers` (the planner's cost model, transforms.plan
+    aggregation_structure) such a variable gets one partition on each of
+    servers [0, sparse_servers) instead (its count overridden: every server).
 
     A dense variable moves whole every step: Parallax's cost model
     (partition_count), but split further, up to one partition per server,
@@ -185,21 +188,23 @@ def place_partitions(analysis, names: set[str], topology,
     counts: dict[str, int] = {}      # partitions of the variables placed greedily below
     fixed: set[str] = set()          # ... whose count is not searched (overrides, small sparse)
     for v in chosen:
+        spread = servers
         if not v.resource or v.partition_blocker:
             n = 1      # cannot be split (ParameterServer.prepare says why)
         elif v.name in overrides:
             n = overrides[v.name]
         elif v.gradient == "sparse":
-            n = servers if partition_count(v.bytes, _rows(v), topology.num_servers) > 1 else 1
+            spread = min(sparse_servers, servers) or servers
+            n = spread if partition_count(v.bytes, _rows(v), topology.num_servers) > 1 else 1
         else:
             counts[v.name] = partition_count(v.bytes, _rows(v), topology.num_servers)
             continue
         n = max(1, min(int(n), _rows(v)))
-        if v.gradient == "sparse" and n % servers == 0:
+        if v.gradient == "sparse" and n % spread == 0:
             # even by construction: every server the same number of partitions
-            layout[v.name] = (_dealt_partitions(_rows(v), n), [p % servers for p in range(n)])
+            layout[v.name] = (_dealt_partitions(_rows(v), n), [p % spread for p in range(n)])
             for nbytes, _, p in _pieces([v], {v.name: n}):
-                load[p % servers] += nbytes
+                load[p % spread] += nbytes
         else:
             counts[v.name] = n
             fixed.add(v.name)

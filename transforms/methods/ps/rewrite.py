@@ -532,7 +532,7 @@ class PsBuilder:
             if gather not in found:
                 raise UnsupportedGraphError(
                     f"Config(aggregation_group): the lookup '{gather}' of '{info.name}' is not "
-                    "one the analysis found; use aggregation_group=None for this graph")
+                    "one the analysis found; use Config(aggregation_group=0) for this graph")
             with tf.control_dependencies([rows]):
                 barrier = everyone.barrier(vp.keys["pull_barrier"] + found.index(gather))
             self.edits.lookup_barriers[gather] = barrier.op.name
