@@ -88,6 +88,13 @@ class VariableInfo:
     # after the labels): each holds the worker's share of the batch's sum,
     # added over workers position by position, as one device has them once.
     shared_rows: int = 0
+    # sparse: its update transforms each row of the gradient before rows of
+    # one id are added (Keras's Adam, Adagrad and RMSprop square them): on
+    # servers it must receive every worker's rows as they left the tapes,
+    # neither summed by id on the worker, nor by local aggregation, nor on
+    # the server (transforms.methods.ps.rewrite). Not with dedup or
+    # shared_rows, whose rows of one id are combined first.
+    row_wise: bool = False
     # The TrainGroup this variable belongs to (Analysis.train_groups).
     group: int = 0
     # A resource variable (VarHandleOp); False: a legacy reference variable
@@ -294,7 +301,14 @@ def _analyze(graph: tf.Graph) -> Analysis:
         if info.gradient == "sparse" and not info.dedup:
             _rows_of_shared_ids(graph, rows, info)
         if info.gradient == "sparse" and not info.ps_blocker and not info.dedup:
-            info.ps_blocker = _nonlinear_in_rows(graph, info)
+            nonlinear = _nonlinear_in_rows(graph, info)
+            if nonlinear and info.shared_rows:
+                # the shared ids' rows would have to be added over workers
+                # before the update's per-row transform, and the examples' not
+                info.ps_blocker = (f"{nonlinear.split(' (servers add')[0]}, and its last "
+                                   f"{info.shared_rows} rows are ids every worker looks up "
+                                   "alike, which one device sees once: all-gather adds them")
+            info.row_wise = bool(nonlinear) and not info.ps_blocker
         if not info.ps_blocker:
             info.ps_blocker = _read_in_a_function(graph, info.name)
         if not info.ps_blocker:

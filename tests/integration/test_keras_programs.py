@@ -58,6 +58,12 @@ CASES = [
     # slots, made outside the function, captured by handle (before: refused
     # as 'not a tf.Variable')
     ("module", "v1_adam", "float64", "ps"),
+    # wide & deep: five embedding tables whose ids repeat within a batch and
+    # across workers, under Keras's Adam and Adagrad, which square each row
+    # before rows of one id add up: the tables on the servers, which receive
+    # every worker's rows unsummed (before: kept off them, all-gathered)
+    ("wide_deep", "adam_noclip", "float64", "hybrid"),
+    ("wide_deep", "adagrad", "float64", "ps"),
 ]
 if os.environ.get("AUTOPAR_TEST_MATRIX") == "full":
     CASES = [(model, optimizer, dtype, option)
@@ -72,7 +78,10 @@ if os.environ.get("AUTOPAR_TEST_MATRIX") == "full":
                                              ("accum", "sgd", "float64"),
                                              ("emb_mlp", "amsgrad_wd", "float64"),
                                              ("emb_mlp", "lossscale", "float32"),
-                                             ("masked", "sgd", "float64"))
+                                             ("masked", "sgd", "float64"),
+                                             ("wide_deep", "adam_noclip", "float64"),
+                                             ("wide_deep", "adagrad", "float64"),
+                                             ("wide_deep", "rmsprop", "float64"))
              for option in ("hybrid", "ps", "allreduce")] + [
         ("emb_mlp", "sgd", "float32", "herring"), ("lstm", "sgd", "float32", "herring")]
 # Cases trained with Config(micro_batches=2): each worker's two micro-batches
@@ -169,6 +178,9 @@ def test_custom_training_step_matches_one_device(model, optimizer, dtype, run_op
     if optimizer.endswith("_wd") and run_option != "allreduce":
         assert "0 on servers" in log
         assert "writes it outside its update" in log or run_option == "hybrid"
+    if model == "wide_deep" and run_option != "allreduce":
+        # the five tables on the servers (with the dense layers in ps)
+        assert {"ps": "9 on servers"}.get(run_option, "5 on servers") in log
     if model == "lstm" and run_option == "ps":
         assert "kept off the servers: read inside" in log
     if decay:   # the reference's rate went 0.1, 0.05, ... 0.1 / STEPS

@@ -13,7 +13,9 @@ Keras optimizer), as TensorFlow 2 users write them:
         return loss
 
 Models: "emb_mlp" (Embedding -> average -> Dense(relu) -> Dense, squared
-error), "bn_mlp" (the same with a BatchNormalization and a
+error), "wide_deep" (wide & deep over categorical columns: an Embedding
+table of width 1 per column summed, plus Embedding tables into an MLP;
+squared error), "bn_mlp" (the same with a BatchNormalization and a
 LayerNormalization after the hidden Dense: two variables of one shape each,
 gamma and beta, and batch statistics; an L2 penalty on the embedding),
 "shared" (one Embedding and one Dense, with an L2 kernel regularizer, each
@@ -208,6 +210,10 @@ def build(kind: str = "emb_mlp", optimizer_name: str = "adam",
                                   keras.layers.Dense(VOCAB)])
         loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         y_spec = tf.TensorSpec([None, IDS], tf.int32)
+    elif kind == "wide_deep":
+        model = _wide_and_deep(keras)
+        loss_fn = keras.losses.MeanSquaredError()
+        y_spec = tf.TensorSpec([None, 1], dtype)
     elif kind == "module":
         model = _linear_over_embedding(tf, dtype)
         loss_fn = keras.losses.MeanSquaredError()
@@ -267,6 +273,22 @@ def build(kind: str = "emb_mlp", optimizer_name: str = "adam",
     step = {"micro": micro_batch_step, "accum": accumulating_step}.get(kind, train_step)
     x_spec = tf.TensorSpec([None, _ids(kind)], tf.int32)
     return KerasProgram(model, opt, step, step.get_concrete_function(x_spec, y_spec), kind)
+
+
+def _wide_and_deep(keras):
+    """Wide & deep over IDS categorical columns of ids: the wide part a
+    linear model of the columns (an Embedding of width 1 per column, a
+    weight per id, summed), the deep part an Embedding per column, the
+    rows concatenated into Dense(8, relu) -> Dense(1); the two logits
+    added. Each column's ids repeat within a batch and across workers."""
+    ids = keras.Input((IDS,), dtype="int32")
+    columns = [keras.layers.Lambda(lambda x, c=c: x[:, c])(ids) for c in range(IDS)]
+    wide = keras.layers.Add()([keras.layers.Embedding(VOCAB, 1, name=f"wide_{c}")(col)
+                               for c, col in enumerate(columns)])
+    deep = keras.layers.Concatenate()([keras.layers.Embedding(VOCAB, 4, name=f"deep_{c}")(col)
+                                       for c, col in enumerate(columns[:2])])
+    deep = keras.layers.Dense(1)(keras.layers.Dense(8, activation="relu")(deep))
+    return keras.Model(ids, keras.layers.Add()([wide, deep]))
 
 
 def _linear_over_embedding(tf, dtype: str):

@@ -452,17 +452,39 @@ def test_a_non_chief_keeps_what_reads_the_ops_before_a_server_update():
         tf1.import_graph_def(worker.meta_graph.graph_def, name="")
 
 
-def test_squared_rows_keep_the_embedding_off_the_servers():
-    """Keras's Adam squares each row of the IndexedSlices gradient before
-    rows of one id are added: servers, which add them first, would differ."""
-    program, lifted = _lifted(optimizer="adam_noclip")
+@pytest.mark.parametrize("optimizer", ["adam_noclip", "adagrad", "rmsprop"])
+def test_squared_rows_reach_the_servers_unsummed(optimizer):
+    """Keras's Adam, Adagrad and RMSprop square each row of the IndexedSlices
+    gradient before rows of one id are added: the embedding goes to the
+    servers all the same (before: kept off them), which get every
+    contributor's rows as they left the tapes: the hosts' leaders (2 + 1
+    workers: 0 and 2) each push their host's gathered rows, not combined by
+    id, into a queue of their own, and the chief's update reads both
+    queues' rows in host order (no accumulator, which adds rows by id)."""
+    program, lifted = _lifted(optimizer=optimizer)
     analysis = analyze_graph(lifted.graph)
     emb = analysis.variable(program.model.layers[0].embeddings.path)
-    assert "(Square) to each row" in emb.ps_blocker
+    assert emb.row_wise and emb.ps_blocker == ""
     kernel = analysis.variable(program.model.layers[2].kernel.path)
-    assert kernel.ps_blocker == ""
+    assert kernel.ps_blocker == "" and not kernel.row_wise
     plan = make_plan(analysis, TOPOLOGY, options=PlanOptions(run_option="hybrid"))
-    assert plan.variable(emb.name).method == "allgather"
+    assert plan.variable(emb.name).method == "ps"
+    assert "unsummed" in plan.variable(emb.name).reason
+    queues = {f"autopar/acc/{emb.name}/part_0/rows_from_{c}" for c in range(2)}
+    for worker, pushed in ((0, 0), (1, None), (2, 1)):
+        nodes = rewrite_for_worker(lifted.graph, analysis, plan, worker).meta_graph.graph_def.node
+        by_name = {n.name: n for n in nodes}
+        shared = {n.name: n.attr["shared_name"].s.decode() for n in nodes
+                  if n.op == "FIFOQueueV2" and "rows_from" in n.attr["shared_name"].s.decode()}
+        assert set(shared.values()) == queues
+        enqueues = [shared[by_name[n.input[0]].name] for n in by_name.values()
+                    if n.op == "QueueEnqueueV2" and n.input[0] in shared]
+        assert enqueues == ([] if pushed is None else [f"autopar/acc/{emb.name}/part_0/rows_from_{pushed}"])
+        dequeues = sorted(shared[n.input[0]] for n in nodes
+                          if n.op == "QueueDequeueV2" and n.input[0] in shared)
+        assert dequeues == (sorted(queues) if worker == 0 else [])
+        assert not [n for n in nodes if n.op == "SparseConditionalAccumulator"
+                    and emb.name in n.attr["shared_name"].s.decode()]
 
 
 def test_momentum_sgd_embedding_goes_to_the_servers_whole():

@@ -38,6 +38,10 @@ class ParameterServer(SyncMethod):
         return ""
 
     def reason(self, v, options):
+        if v.gradient == "sparse" and v.row_wise:
+            return ("sparse gradient whose update transforms each row before rows of one id "
+                    "add up: every worker's rows go to the servers unsummed, which send the "
+                    "touched rows")
         if v.gradient == "sparse":
             return "sparse gradient: servers send/receive only touched rows, 2ab per worker"
         return "run_option='ps': dense variable on servers, 2b per worker"
@@ -115,18 +119,36 @@ class ParameterServer(SyncMethod):
     def hops(self, num_workers):
         return 2
 
+    def wire_bytes(self, v, vp, num_workers, alpha):
+        """The byte model; a row-wise variable (VariableInfo.row_wise) pushes
+        every row it looked up, repeats included, and pulls its distinct rows."""
+        pulled = self.bytes_per_worker(alpha * v.bytes, num_workers)
+        return _pushed_share(v, alpha) * v.bytes, pulled
+
     def server_bytes(self, v, vp, num_workers, contributors, alpha):
         """Each server's share: the byte model on its partitions' rows (read
         once per aggregation group when its lookups are grouped)."""
         rows = _rows(v)
         readers = contributors if pulls_per_group(vp) else num_workers
-        return [(server, *self.bytes_at_servers(alpha * v.bytes * (end - start) / max(rows, 1),
-                                                readers, contributors))
-                for (start, end), server in zip(vp.partitions, vp.servers)]
+        out = []
+        for (start, end), server in zip(vp.partitions, vp.servers):
+            share = v.bytes * (end - start) / max(rows, 1)
+            sent = self.bytes_at_servers(alpha * share, readers, contributors)[0]
+            received = self.bytes_at_servers(_pushed_share(v, alpha) * share, readers,
+                                             contributors)[1]
+            out.append((server, sent, received))
+        return out
 
     def rewrite(self, ctx: RewriteContext) -> Edits:
         return PsBuilder(ctx.graph, ctx.analysis, ctx.plan, ctx.worker_index, ctx.backend,
                          ctx.worker_device, ctx.moves, ctx.constants, ctx.nodes).build()
+
+
+def _pushed_share(v, alpha: float) -> float:
+    """The share of the table a worker's push carries: the rows it pulls,
+    or for a row-wise variable every row it looked up (its alpha, repeats
+    included, when the graph fixes it)."""
+    return v.alpha if v.gradient == "sparse" and v.row_wise and v.alpha is not None else alpha
 
 
 def partition_count(nbytes: int, rows: int, num_servers: int) -> int:

@@ -28,6 +28,14 @@ A global-norm term of a sparse gradient is additive over workers, so every
 worker gets it from one scalar all-reduce and can clip its replicated dense
 variables without waiting for the servers.
 
+A sparse variable whose update transforms each row before rows of one id
+are added (VariableInfo.row_wise: Keras's Adam, Adagrad, RMSprop square
+them) keeps every row: a worker (or its host, its aggregation group) pushes
+its rows as they left the tapes, scaled, into a queue of its own per
+partition (a FIFO of one element per step), and the chief's update reads
+every contributor's rows, in contributor order, concatenated: the rows one
+device's update reads, in the order of the global batch's shards.
+
 Accumulators and token queues are shared by name on the servers, so each
 worker's own graph refers to the same objects.
 """
@@ -36,6 +44,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+import numpy as np
 import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
@@ -104,6 +113,12 @@ def unpack_rows(packed: tf.Tensor, row_shape: list[int], dtype: tf.DType,
                           T=tf.uint8, Tshape=tf.int32).outputs[0]
         values = new_op("Bitcast", [as_bytes], T=tf.uint8, type=dtype).outputs[0]
     return values, indices
+
+
+def _packs_rows(info: VariableInfo) -> bool:
+    """Whether pack_rows packs this variable's gradient rows (a static row
+    shape with elements)."""
+    return all(d is not None for d in info.shape[1:]) and int(np.prod(info.shape[1:])) > 0
 
 
 def _joined(ops: list[tf.Operation], name: str) -> tf.Operation:
@@ -352,13 +367,17 @@ class PsBuilder:
         return joined
 
     # -- shared objects ------------------------------------------------------
-    def _accumulators(self, vp: VariablePlan, info: VariableInfo) -> list[tf.Tensor]:
+    def _accumulators(self, vp: VariablePlan, info: VariableInfo) -> list:
+        """Per partition: its accumulator, or for a row-wise variable its
+        queues, one per contributor (_row_queues)."""
         out = []
         for p, ((start, end), server) in enumerate(zip(vp.partitions, vp.servers)):
             shape = [end - start, *info.shape[1:]]
             with tf.device(server_device(server)):
                 name = f"autopar/acc/{vp.name}/part_{p}"
-                if info.gradient == "sparse":
+                if info.row_wise:
+                    out.append(self._row_queues(name, info))
+                elif info.gradient == "sparse":
                     out.append(tf.raw_ops.SparseConditionalAccumulator(
                         dtype=info.dtype, shape=shape, shared_name=name, reduction_type="SUM"))
                 else:
@@ -366,6 +385,26 @@ class PsBuilder:
                                               dtype=tf.as_dtype(info.dtype), shape=shape,
                                               shared_name=name, reduction_type="SUM"))
         return out
+
+    def _row_queues(self, name: str, info: VariableInfo) -> list[tf.Tensor]:
+        """A row-wise variable's partition's queues, one per contributor (a
+        host or an aggregation group with local aggregation, else a worker),
+        each holding its rows of a step packed as one tensor (pack_rows:
+        one receive per push), or as values and indices when a row's shape
+        is not static. Created on the current device (the partition's
+        server), shared by name."""
+        types = ([tf.uint8] if _packs_rows(info) else [tf.as_dtype(info.dtype), tf.int64])
+        return [tf.raw_ops.FIFOQueueV2(component_types=types, capacity=2,
+                                       shared_name=f"{name}/rows_from_{c}")
+                for c in range(self.plan.contributions_per_step())]
+
+    def _contributor(self) -> int:
+        """This worker's contributor index (its push group's, in order of
+        their first workers; Plan.push_group)."""
+        if not self.plan.local_aggregation:
+            return self.index
+        firsts = sorted({self.plan.push_group(w)[1][0] for w in range(self.plan.num_workers)})
+        return firsts.index(self.plan.push_group(self.index)[1][0])
 
     def _token_queue(self, worker: int) -> tf.Tensor:
         """Worker `worker`'s queue of release tokens of the current train group."""
@@ -437,6 +476,8 @@ class PsBuilder:
             values, indices = host.allgather_rows(
                 values, indices, (vp.keys["la_count"], vp.keys["la_values"], vp.keys["la_indices"]))
             self.collectives.setdefault(self.group, []).extend([values.op, indices.op])
+        if info.row_wise:
+            return values, indices   # every row as it left the tapes
         # Sum rows touched several times (by one worker's lookups or by several
         # workers of the host) before they cross the network: one row per
         # distinct index. A Zipf-skewed batch repeats about half its ids.
@@ -470,6 +511,15 @@ class PsBuilder:
                     mine = new_op("Equal", [which, self._const(p, i64)], T=i64).outputs[0]
                     values, indices = rows_where(mine, [values, local], self._const(0, tf.int32))
                 packed = pack_rows(values, indices, self.constants)
+                if info.row_wise:
+                    queue = accumulators[p][self._contributor()]
+                    with tf.device(device):
+                        push = tf.raw_ops.QueueEnqueueV2(
+                            handle=queue, components=[packed] if packed is not None
+                            else [values, indices]).name
+                    self.pushes.setdefault(self.group, []).append((push, device))
+                    self._count(vp, p, server, push)
+                    continue
                 if packed is not None:
                     values, indices = unpack_rows(packed, list(values.shape[1:]),
                                                   values.dtype.base_dtype, self.constants, device)
@@ -557,11 +607,41 @@ class PsBuilder:
         with tf.device(device):
             values = self.g.get_tensor_by_name(info.grad_values)
             indices = self.g.get_tensor_by_name(info.grad_indices)
-            idx, vals, _ = tf.raw_ops.SparseAccumulatorTakeGradient(
-                handle=accumulators[0], num_required=required, dtype=values.dtype)
-            self.nodes.patch(idx.op.name, self._own_pushes_on(device))
+            if info.row_wise:
+                vals, idx = self._take_rows(info, accumulators[0], device)
+            else:
+                idx, vals, _ = tf.raw_ops.SparseAccumulatorTakeGradient(
+                    handle=accumulators[0], num_required=required, dtype=values.dtype)
+                self.nodes.patch(idx.op.name, self._own_pushes_on(device))
             self.edits.replaced[values.name] = vals.name
             self.edits.replaced[indices.name] = tf.cast(idx, indices.dtype).name
+
+    def _take_rows(self, info, queues: list[tf.Tensor], device: str
+                   ) -> tuple[tf.Tensor, tf.Tensor]:
+        """(values, indices): every contributor's rows of a row-wise
+        variable's partition this step, in contributor order, on `device`
+        (the current device); each dequeue waits for that contributor's push,
+        the chief's own included (control inputs: they stay in its step)."""
+        row = list(info.shape[1:])
+        dtype = tf.as_dtype(info.dtype)
+        packed = _packs_rows(info)
+        values, indices = [], []
+        for queue in queues:
+            got = tf.raw_ops.QueueDequeueV2(
+                handle=queue, component_types=[tf.uint8] if packed else [dtype, tf.int64])
+            self.nodes.patch(got[0].op.name, self._own_pushes_on(device))
+            if packed:
+                got[0].set_shape([None, 8 + int(np.prod(row, dtype=np.int64)) * dtype.size])
+                v, i = unpack_rows(got[0], row, dtype, self.constants, device)
+            else:
+                v, i = got
+                v.set_shape([None, *row])
+                i.set_shape([None])
+            values.append(v)
+            indices.append(i)
+        if len(values) == 1:
+            return values[0], indices[0]
+        return tf.concat(values, 0), tf.concat(indices, 0)
 
     def _take_partitioned(self, vp, info, accumulators) -> None:
         """Each partition's aggregate feeds its own copy of the variable's update
@@ -580,9 +660,12 @@ class PsBuilder:
                     remap[node_input_name(info.grad_tensor)] = total
                 else:
                     indices = self.g.get_tensor_by_name(info.grad_indices)
-                    idx, vals, _ = tf.raw_ops.SparseAccumulatorTakeGradient(
-                        handle=accumulators[p], num_required=required, dtype=info.dtype)
-                    self.nodes.patch(idx.op.name, self._own_pushes_on(device))
+                    if info.row_wise:
+                        vals, idx = self._take_rows(info, accumulators[p], device)
+                    else:
+                        idx, vals, _ = tf.raw_ops.SparseAccumulatorTakeGradient(
+                            handle=accumulators[p], num_required=required, dtype=info.dtype)
+                        self.nodes.patch(idx.op.name, self._own_pushes_on(device))
                     remap[node_input_name(info.grad_values)] = node_input_name(vals.name)
                     local = tf.cast(idx, indices.dtype)
                     remap[node_input_name(info.grad_indices)] = node_input_name(local.name)
