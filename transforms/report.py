@@ -334,7 +334,9 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
             notes.append(f"lookups of {', '.join(plan.grouped_lookups())} are pulled once per "
                          f"group of {plan.aggregation_group} workers, by its first worker: every "
                          "worker of a group must run each of them (a fetch by one worker alone "
-                         "waits for its group; Runner.evaluate is refused)")
+                         "waits for its group; Runner.evaluate is refused)"
+                         + ("" if plan.structure_why.startswith("Config(") else
+                            ": the planner's choice, Config(aggregation_group=0) keeps the hosts"))
     return Report(num_workers=n, num_servers=num_servers, variables=variables,
                   servers=[{"server": i, "sent": s, "received": r}
                            for i, (s, r) in enumerate(server_bytes)], run_option=plan.run_option,

@@ -163,6 +163,8 @@ def test_where_a_servers_messages_bind_the_plan_chooses_groups_and_fewer_servers
     assert f"{plan.sparse_servers} of the 256 servers" in note and "x faster" in note
     assert (report.aggregation_group, report.sparse_servers) == (plan.aggregation_group,
                                                                 plan.sparse_servers)
+    grouped = next(n for n in report.notes if n.startswith("lookups of embedding"))
+    assert grouped.endswith("the planner's choice, Config(aggregation_group=0) keeps the hosts")
 
 
 @pytest.mark.parametrize("group", [0, 2])
