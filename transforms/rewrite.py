@@ -292,6 +292,29 @@ def _edit_original_nodes(graph_def, new_nodes: set[str], edits: Edits) -> None:
                 elif inp in rename:
                     node.input[i] = rename[inp]
             node.input.extend("^" + c for c in edits.extra_control.get(node.name, []))
+    _silence_dead_readers(graph_def, set(edits.noop_deps))
+
+
+def _silence_dead_readers(graph_def, noops: set[str]) -> None:
+    """A node reading a data output of an op made a NoOp (a server update on
+    a worker that does not run it) would not import; when nothing reads it
+    in turn (the Identity of an unused output of Keras's Adagrad's cond, a
+    server update of its embedding), it becomes a NoOp after that op too."""
+    readers: dict[str, list] = {}
+    for node in graph_def.node:
+        for inp in node.input:
+            readers.setdefault(inp.lstrip("^").split(":")[0], []).append(node)
+    stack = sorted(noops)
+    while stack:
+        name = stack.pop()
+        for node in readers.get(name, []):
+            if node.name in noops or node.op == "NoOp" or readers.get(node.name):
+                continue
+            if any(not i.startswith("^") and i.split(":")[0] == name for i in node.input):
+                _make_noop(node)
+                node.input.append("^" + name)
+                noops.add(node.name)
+                stack.append(node.name)
 
 
 def _updates_wait_for_gradients(graph_def, analysis: Analysis) -> None:
