@@ -1,12 +1,20 @@
 """User-facing options. Every field has a default that works on one machine."""
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from autopar.common.errors import AutoparError, shown
+
+# Upper bounds of counts, far above what a job uses and low enough that
+# nothing sized by them runs out of memory (a feed split into micro-batches
+# holds a dict per part; a variable's partitions are ops per step each).
+# docs/config.md and docs/launching.md#limits state them.
+MAX_MICRO_BATCHES = 4096
+MAX_PARTITIONS = 4096
 
 
 @dataclass(frozen=True)
@@ -28,6 +36,10 @@ class SimulatedDelay:
     workers: tuple[int, ...] | None = None
     """The worker indices that are delayed (``None``: all); a list is accepted
     and kept as a tuple."""
+
+    def __new__(cls, *args, **kwargs):
+        _known_keywords(cls, kwargs)     # as Config's
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         for name, zero_ok in (("median_s", False), ("sigma", True), ("max_s", False)):
@@ -234,6 +246,13 @@ class Config:
     private network namespace also every byte the job's processes sent (0
     disables; [inside a job](inside-a-job.md))."""
 
+    def __new__(cls, *args, **kwargs):
+        # A misspelled keyword would be a TypeError from the generated
+        # __init__, with a traceback; it is an autopar error like any bad value
+        # (a launched script then ends as `autopar: ...`, exit status 2).
+        _known_keywords(cls, kwargs)
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
         # Every field is checked, types first (so a wrong type is named, not a
         # TypeError from a comparison), and each message names the field and
@@ -247,6 +266,10 @@ class Config:
         _count("timeline_every", self.timeline_every, 1)
         _count("max_restarts", self.max_restarts, 0)
         _count("min_workers", self.min_workers, 0, "(0: never drop a host)")
+        if self.min_workers and not self.max_restarts:
+            raise AutoparError(f"Config.min_workers={self.min_workers} drops a host only when the "
+                               "job restarts, and max_restarts is 0: give max_restarts >= 1 too, "
+                               "or leave min_workers at 0")
         _count("save_every_steps", self.save_every_steps, 1)
         _count("keep_checkpoints", self.keep_checkpoints, 1)
         _count("log_every_steps", self.log_every_steps, 0, "(0 disables)")
@@ -268,9 +291,9 @@ class Config:
             if not isinstance(name, str):
                 raise AutoparError(f"Config.partitions: keys must be variable names (strings), "
                                    f"got {shown(name)}")
-            if not _is_int(n) or n < 1:
-                raise AutoparError(f"Config.partitions[{shown(name)}] must be an integer >= 1, "
-                                   f"got {shown(n)}")
+            if not _is_int(n) or not 1 <= n <= MAX_PARTITIONS:
+                raise AutoparError(f"Config.partitions[{shown(name)}] must be an integer from 1 "
+                                   f"to {MAX_PARTITIONS}, got {shown(n)}")
         if self.average_sparse is not None:
             warnings.warn("Config.average_sparse is Parallax's option: use loss_reduction='mean' "
                           "(average_sparse=True) or 'parallax' (average_sparse=False)",
@@ -303,6 +326,9 @@ class Config:
 
     def _check_dropcompute(self) -> None:
         _count("micro_batches", self.micro_batches, 1)
+        if self.micro_batches > MAX_MICRO_BATCHES:
+            raise AutoparError(f"Config.micro_batches must be at most {MAX_MICRO_BATCHES}, got "
+                               f"{shown(self.micro_batches)}")
         tau = self.compute_threshold
         if tau is not None and tau != "auto" and not (_is_number(tau) and 0 < tau < math.inf):
             raise AutoparError(f"Config.compute_threshold must be seconds > 0, 'auto' or None, "
@@ -338,6 +364,18 @@ class Config:
             if self.micro_batches < 2:
                 raise AutoparError("Config.simulated_delay is added after each micro-batch: "
                                    "it needs Config.micro_batches >= 2")
+
+
+def _known_keywords(cls, kwargs: dict) -> None:
+    """AutoparError naming the first keyword that is not a field of ``cls``,
+    with the closest field name if one is close."""
+    names = [f.name for f in fields(cls)]
+    for key in kwargs:
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=2)
+            hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+            raise AutoparError(f"{cls.__name__} has no field {shown(key, 60)}{hint}; its fields "
+                               "are listed in docs/config.md")
 
 
 def _is_int(value) -> bool:
