@@ -60,7 +60,7 @@ def get_runner(graph, resource_info=None, config: Config | None = None):
 
 def _get_runner(graph, resource_info, config: Config):
     # runtime is heavy; import on use
-    from autopar.runtime import join, launcher, script_plan, spec as specs, worker
+    from autopar.runtime import join, launcher, outputs, script_plan, spec as specs, worker
     from autopar.runtime.timeline import TimelineOptions
     graph, lifted = _lifted(graph)
     if lifted is not None and lifted.summaries and config.micro_batches > 1:
@@ -80,6 +80,8 @@ def _get_runner(graph, resource_info, config: Config):
             print_report=index == 0 and not os.environ.get(env.REPORT_PRINTED), lifted=lifted)
     if role == REPORT_ROLE:
         spec = specs.ResourceSpec.from_dict(json.loads(os.environ[env.SPEC]))
+        if os.environ.get(env.PLAN_OUT):      # `autopar launch`, before it starts anything
+            outputs.check_job_outputs(config, spec)
         compiled = _compile(graph, spec, config)
         if os.environ.get(env.PLAN_OUT):      # for `autopar launch` (runtime/script_plan.py)
             plan, roles, table = _plan_of(compiled)
@@ -100,6 +102,7 @@ def _get_runner(graph, resource_info, config: Config):
     # The launcher: compile once, print the report from it, serve it to
     # every process of the job from the coordinator.
     spec = specs.load_spec(resource_info)
+    outputs.check_job_outputs(config, spec)     # before anything starts
     try:
         code = launcher.run_job(spec, [sys.executable, *sys.argv],
                                 lambda s, _: _plan_of(_compile(graph, s, config)),

@@ -48,6 +48,7 @@ import tensorflow as tf
 from google.protobuf import text_format
 
 from autopar.common.errors import AutoparError, shown
+from autopar.runtime.outputs import writable_directory
 from autopar.transforms.partition import dealt_rows, interleave_rows
 
 tf1 = tf.compat.v1
@@ -217,16 +218,7 @@ class Checkpointer:
 
     def _check_writable(self) -> None:
         """Refuse, before any training, a checkpoint_dir nothing can be saved in."""
-        try:
-            os.makedirs(self.directory, exist_ok=True)
-            fd, probe = tempfile.mkstemp(prefix=_TEMP_DIR_PREFIX, dir=self.directory)
-            os.close(fd)
-            os.remove(probe)
-        except OSError as exc:
-            raise AutoparError(
-                f"checkpoint_dir {self.directory} is not writable ({exc.strerror or exc}): no "
-                "checkpoint could be saved. Make it a directory this user can write, or point "
-                "Config(checkpoint_dir=...) at one.") from exc
+        writable_directory(self.directory, "checkpoint_dir")
 
     def _check_holds_variables(self, path: str) -> None:
         """AutoparError unless checkpoint ``path`` has every variable of this
