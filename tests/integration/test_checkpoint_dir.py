@@ -164,6 +164,38 @@ def test_nothing_is_deleted_or_said_deleted_when_every_checkpoint_is_damaged(tmp
     assert _snapshot(ckpt) == before
 
 
+def test_an_intact_checkpoint_the_state_file_does_not_list_is_used_last(tmp_path, caplog):
+    # Every listed checkpoint is damaged; the directory still holds an
+    # intact one no state file lists (rotation had not deleted it yet): it
+    # is restored, not "every checkpoint ... corrupt".
+    ckpt = tmp_path / "ckpt"
+    checkpointer, session = _one_variable_graph(ckpt, [3], keep=2)
+    with session.graph.as_default():
+        variable = tf1.global_variables()[0]
+        one_two_three, zeros = variable.assign([1.0, 2.0, 3.0]), variable.assign([0.0] * 3)
+    session.run(one_two_three)
+    checkpointer.save(session, 1)
+    kept = tmp_path / "kept"
+    shutil.copytree(ckpt, kept)
+    for step in (2, 3):
+        checkpointer.save(session, step)     # keep=2: lists 2 and 3, deletes 1
+    for name in ("model.ckpt-1.index", "model.ckpt-1.data-00000-of-00001"):
+        shutil.copy(kept / name, ckpt / name)    # as a kill before the deletion leaves it
+    assert "model.ckpt-1" not in (ckpt / "checkpoint").read_text()
+    for step in (2, 3):
+        (ckpt / f"model.ckpt-{step}.index").write_bytes(b"")
+    session.run(zeros)
+    with caplog.at_level(logging.INFO, logger="autopar.checkpoint"):
+        assert checkpointer.restore(session) == 1
+    assert list(session.run(variable)) == [1.0, 2.0, 3.0]
+    session.close()
+    log = _logged(caplog)
+    assert "every checkpoint" not in log, log
+    assert ("deleted the damaged checkpoint(s) model.ckpt-3, model.ckpt-2; resuming from "
+            "model.ckpt-1 (global step 1), which the state file did not list") in log, log
+    assert _checkpoint_steps(ckpt) == {1}
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
 def test_a_full_disk_says_so_and_keeps_the_previous_checkpoint(tmp_path):
     with small_disk(tmp_path / "disk", "64k") as disk:

@@ -9,8 +9,8 @@ the previous one.
   at once.
 - A launcher started with SIGINT ignored (nohup from a script) still stops
   its chief after the current step, with a checkpoint.
-- Truncated, bit-flipped and missing-.data checkpoints are reported by name
-  and skipped; training resumes from the newest intact one; temporary files
+- Empty-index, truncated, bit-flipped and missing-.data checkpoints are
+  reported by name, with the file that is empty or missing, and skipped; training resumes from the newest intact one; temporary files
   of killed saves are removed; only keep_checkpoints are kept.
 """
 import logging
@@ -133,12 +133,12 @@ def test_stop_reaches_a_chief_started_with_sigint_ignored(tmp_path):
     _assert_stopped_with_checkpoint(proc, text, pids, 2, ckpt, 7)
 
 
-def _train(ckpt: Path | None, steps: int, caplog=None) -> dict:
+def _train(ckpt: Path | None, steps: int, caplog=None, keep: int = 4) -> dict:
     """Single-device training in this process (the checkpoint logic is the
     same Checkpointer the chief uses); every variable after ``steps``."""
     model = models.build(MODEL)
     config = autopar.Config(checkpoint_dir=str(ckpt) if ckpt else None, save_every_steps=1,
-                            keep_checkpoints=4, log_every_steps=0)
+                            keep_checkpoints=keep, log_every_steps=0)
     logger = logging.getLogger("autopar.checkpoint")
     if caplog is not None:
         logger.addHandler(caplog.handler)
@@ -156,10 +156,13 @@ def _train(ckpt: Path | None, steps: int, caplog=None) -> dict:
 
 def test_damaged_checkpoints_are_named_and_skipped(tmp_path, caplog):
     ckpt = tmp_path / "ckpt"
-    _train(ckpt, 5)
-    assert _checkpoint_steps(ckpt) == {2, 3, 4, 5}   # keep_checkpoints=4
+    _train(ckpt, 6, keep=5)
+    assert _checkpoint_steps(ckpt) == {2, 3, 4, 5, 6}   # keep_checkpoints=5
 
     data = "model.ckpt-{}.data-00000-of-00001"
+    # An empty index: TensorFlow's reader raises its base OpError ("file is
+    # too short to be an sstable"), which failed the job instead.
+    (ckpt / "model.ckpt-6.index").write_bytes(b"")
     flipped = bytearray((ckpt / data.format(5)).read_bytes())
     flipped[len(flipped) // 2] ^= 0x04
     (ckpt / data.format(5)).write_bytes(bytes(flipped))
@@ -167,20 +170,26 @@ def test_damaged_checkpoints_are_named_and_skipped(tmp_path, caplog):
         f.truncate(os.path.getsize(ckpt / data.format(4)) // 2)
     (ckpt / data.format(3)).unlink()
     # What a save killed half-way leaves behind.
-    (ckpt / (data.format(6) + ".tempstate8812345")).write_bytes(b"\0" * 1000)
+    (ckpt / (data.format(7) + ".tempstate8812345")).write_bytes(b"\0" * 1000)
     (ckpt / ".autopar-saving-x1y2").mkdir()
-    (ckpt / ".autopar-saving-x1y2" / "model.ckpt-6.index").write_bytes(b"\0")
+    (ckpt / ".autopar-saving-x1y2" / "model.ckpt-7.index").write_bytes(b"\0")
 
     with caplog.at_level(logging.INFO, logger="autopar.checkpoint"):
-        resumed = _train(ckpt, 6, caplog)
+        resumed = _train(ckpt, 7, caplog, keep=5)
     log = caplog.text
-    for step, error in ((5, "DataLossError"), (4, "OutOfRangeError"), (3, "NotFoundError")):
+    for step, error in ((6, r"OpError: file is too short to be an sstable; "
+                            r"model\.ckpt-6\.index is empty"),
+                        (5, "DataLossError"), (4, "OutOfRangeError"),
+                        (3, r"NotFoundError: .*; model\.ckpt-3\.data-\* is missing")):
         assert re.search(rf"checkpoint \S*model\.ckpt-{step} is corrupt or incomplete \({error}",
                          log), log
+    assert re.search(r"deleted the damaged checkpoint\(s\) model\.ckpt-6, model\.ckpt-5, "
+                     r"model\.ckpt-4, model\.ckpt-3; resuming from model\.ckpt-2 \(global "
+                     r"step 2\)", log), log
     assert re.search(r"restored \S*model\.ckpt-2 \(global step 2\)", log), log
     _no_temporaries(ckpt)
-    assert _checkpoint_steps(ckpt) == {3, 4, 5, 6}   # saved again, intact, by the resumed run
-    assert_same_parameters(_train(None, 6), resumed, what="resumed from step 2")
+    assert _checkpoint_steps(ckpt) == {3, 4, 5, 6, 7}   # saved again, intact, by the resumed run
+    assert_same_parameters(_train(None, 7), resumed, what="resumed from step 2")
 
 
 def test_checkpoint_of_another_model_is_refused_not_deleted(tmp_path):
