@@ -25,6 +25,14 @@ def _ran(state: ProcessState) -> int:
     return state.steps_done + (1 if state.phase == PHASE_STEP else 0)
 
 
+def _resumed_at(workers) -> int:
+    """The global step this start of the job began at (a restarted job's
+    restored checkpoint), from any worker that reported its global step; 0
+    when none has. Messages name steps by the global step they make, not
+    by the steps of this start."""
+    return next((s.global_step - s.steps_done for s in workers if s.global_step >= 0), 0)
+
+
 # A worker inside a step more than a finished worker ran is a mismatch only
 # after this long in it: the step a finite dataset's end fails (each worker's
 # iterator raises OutOfRangeError) ends on some workers a moment after others
@@ -45,7 +53,7 @@ def _hung_step(workers, exited, stall_timeout_s: float, now: float) -> Verdict |
     waited = min(now - s.phase_since for s in live)
     if waited < HUNG_STEP_FACTOR * stall_timeout_s:
         return None
-    steps = sorted({_ran(s) for s in live})
+    steps = sorted({_ran(s) + _resumed_at(workers) for s in live})
     return Verdict("stall", (
         f"job stalled: every worker has been inside step {', '.join(map(str, steps))} for "
         f"{waited:.0f} s and none has finished it: an operation of the step never completes "
@@ -103,6 +111,7 @@ def diagnose(states: Mapping[str, ProcessState], exited: Mapping[str, int],
     step, waiting, stuck = found
     if not stuck:
         return _hung_step(workers, exited, stall_timeout_s, now)
+    base = _resumed_at(workers)
     lines = []
     for s in stuck:
         if not s.registered:
@@ -112,24 +121,24 @@ def diagnose(states: Mapping[str, ProcessState], exited: Mapping[str, int],
         elif s.phase == PHASE_INIT:
             where = "it is still initialising"
         elif s.phase == PHASE_STEP:
-            where = f"it is inside step {_ran(s)}"
+            where = f"it is inside step {base + _ran(s)}"
         else:
             place = {PHASE_SCRIPT: "in the training script, outside autopar",
                      PHASE_OTHER: "running ops that are not a training step",
                      PHASE_CLOSED: "its Runner is closed"}.get(s.phase, s.phase)
-            where = f"it finished step {s.steps_done} and is {place}"
+            where = f"it finished step {base + s.steps_done} and is {place}"
         if s.heard and now - s.heard >= 2 * HEARTBEAT_S + RPC_TIMEOUT_S:
             where += (f" (its last report, {now - s.heard:.0f} s ago: it has stopped reporting, "
                       "so it is stopped, hung or cut off)")
         pid = f", pid {s.pid}" if s.pid else ""
-        lines.append(f"  {s.name}{pid}: has not started step {step} for "
+        lines.append(f"  {s.name}{pid}: has not started step {base + step} for "
                      f"{now - s.phase_since:.0f} s; {where}")
-    waits = ", ".join(f"{s.name} (in step {_ran(s)} for {now - s.phase_since:.0f} s)"
+    waits = ", ".join(f"{s.name} (in step {base + _ran(s)} for {now - s.phase_since:.0f} s)"
                       for s in waiting)
     names = ", ".join(s.name for s in stuck)
     return Verdict("stall", (
         f"job stalled: {waits} {'waits' if len(waiting) == 1 else 'wait'} for {names} to join "
-        f"step {step} (a step's collectives need every worker):\n" + "\n".join(lines) +
+        f"step {base + step} (a step's collectives need every worker):\n" + "\n".join(lines) +
         f"\nEnding the job after {stall_timeout_s:g} s without progress "
         f"(Config(stall_timeout_s=...); 0 disables)."))
 
@@ -169,6 +178,7 @@ def stall_warning(states: Mapping[str, ProcessState], exited: Mapping[str, int],
     if found is None or not found[2] or _quiet_server(states, exited, now) is not None:
         return None
     step, waiting, stuck = found
+    step += _resumed_at(workers)
     waited = max(now - s.phase_since for s in waiting)
     return step, (
         f"{', '.join(s.name for s in waiting)} {'has' if len(waiting) == 1 else 'have'} waited "

@@ -179,6 +179,10 @@ class Runner:
         # as the update could see either value.
         if self._global_step is not None:
             self._first_step = int(self.session.run(self._global_step))
+            if self._monitor is not None:
+                # Known from here on: a restarted job's stall messages name
+                # global steps (runtime/health.py).
+                self._monitor.global_step = self._first_step
 
     @property
     def resumed_step(self) -> int:
