@@ -112,8 +112,8 @@ def _get_runner(graph, resource_info, config: Config):
                                                          config.timeline_every)
                                 if config.timeline else None)
     except KeyboardInterrupt:
-        # Ctrl-C outside the job's own handling (while compiling): nothing
-        # to save, and the processes are stopped already.
+        # Ctrl-C before the job's own handling (launcher.run_job installs it
+        # before anything starts): nothing started, nothing to save.
         if debug_errors():
             raise
         sys.stderr.write("autopar: interrupted\n")

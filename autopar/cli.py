@@ -90,15 +90,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.action == "report":
         child_env = dict(os.environ, **{env.ROLE: REPORT_ROLE, env.SPEC: json.dumps(spec.to_dict())})
         return subprocess.run(command, env=child_env).returncode
-    from autopar.runtime.launcher import run_job
-    from autopar.runtime.script_plan import compile_in_script
-    from autopar.runtime.timeline import TimelineOptions
-
     def compile_plan(for_spec, fork_server):
         # The command, run once in the report role, compiles the plan.
         compiled = compile_in_script(command, for_spec, fork_server)
         return compiled.plan, compiled.processes, compiled.report
     try:
+        # Imported inside: a Ctrl-C during these imports is the same 130.
+        from autopar.runtime.launcher import run_job
+        from autopar.runtime.script_plan import compile_in_script
+        from autopar.runtime.timeline import TimelineOptions
         return run_job(spec, command, compile_plan, stall_timeout_s=args.stall_timeout,
                        max_restarts=args.max_restarts, min_workers=args.min_workers,
                        timeline=TimelineOptions(os.path.abspath(args.timeline),

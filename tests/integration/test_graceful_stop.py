@@ -5,6 +5,9 @@ the previous one.
   global step 22 with save_every_steps=100: the chief saves step 22, the
   launcher exits 130 naming the checkpoint, nothing is left running, and a
   restart ends where an uninterrupted run ends.
+- SIGTERM to every process of the job at once (a cluster's stop) at global
+  step 12: the chief saves step 12 and the job ends with 143 within the
+  30 s clusters give before SIGKILL.
 - A second Ctrl-C while the chief cannot reach a step boundary stops the job
   at once.
 - A launcher started with SIGINT ignored (nohup from a script) still stops
@@ -25,11 +28,13 @@ import tensorflow as tf
 import autopar
 from autopar.common.errors import AutoparError
 from autopar.runtime.checkpoint import Checkpointer
+from autopar.runtime.stopping import GRACE_S
 from autopar.runtime.worker import single_device_runner
 from tests import models
 
-from tests.integration.cluster import (LineReader, assert_same_parameters, load_worker,
-                                       run_training, start_job, survivors, train_command, write_spec)
+from tests.integration.cluster import (LineReader, assert_same_parameters, job_processes,
+                                       load_worker, run_training, start_job, survivors,
+                                       train_command, write_spec)
 
 MODEL = "mlp_adam_clip_ema"   # float64: Adam, clipping and EMA slots all checkpointed
 
@@ -93,6 +98,33 @@ def test_ctrl_c_saves_the_current_step_and_resumes(tmp_path):
     for i in range(2):
         assert_same_parameters(expected, load_worker(tmp_path / "resumed", i),
                                what=f"resumed worker {i}")
+
+
+def test_sigterm_to_every_process_saves_the_chief_s_step(tmp_path):
+    """What Slurm (time limit, scancel), systemd and Kubernetes send: SIGTERM
+    to every process of the job at once, SIGKILL 30 s later. The chief saves
+    the step it is at, the server it reads for that staying up, and the job
+    has ended with 143 within the 30 s (before: the fork server died of it
+    and took the chief along, nothing was saved)."""
+    spec = str(write_spec(tmp_path, workers=2, servers=1))
+    ckpt = tmp_path / "ckpt"
+    proc = start_job(train_command(MODEL, tmp_path / "out", "--steps", "30", "--spec", spec,
+                                   "--run-option", "ps", "--checkpoint-dir", str(ckpt),
+                                   "--save-every", "100", "--pause-at", "12"))
+    everyone: set[int] = set()
+
+    def terminate_all(launcher: int) -> None:
+        everyone.update(job_processes(launcher))
+        for pid in sorted(everyone):
+            os.kill(pid, signal.SIGTERM)
+    # The bound is the clusters' grace period before SIGKILL.
+    text, pids = _interrupt_when_paused(proc, 12, terminate_all, GRACE_S)
+    assert len(everyone) >= 6, everyone    # launcher, anchor, fork server, 2 workers, server
+    assert proc.returncode == 143, text[-3000:]
+    assert re.search(r"job stopped on SIGTERM: the chief stopped at global step 12; "
+                     r"checkpoint \S*model\.ckpt-12", text), text[-3000:]
+    assert _checkpoint_steps(ckpt) == {12}
+    assert not survivors(everyone | pids), text[-3000:]
 
 
 def test_second_ctrl_c_stops_at_once(tmp_path):
