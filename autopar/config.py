@@ -60,7 +60,8 @@ class Config:
 
     Every field has a default that works on one machine, and every field is
     checked when the Config is made (types first; an ``AutoparError`` naming
-    the field). Each field's documentation is the string literal after it
+    the field; a keyword that is no field is one too, naming the field it
+    may mean). Each field's documentation is the string literal after it
     (an attribute docstring): docs/config.md is generated from them by
     ``python -m docs.generate``.
     """
@@ -174,7 +175,9 @@ class Config:
     can be turned off for ablation)."""
     partitions: dict = field(default_factory=dict)
     """Partition count per PS variable name, overriding the automatic rule:
-    ``{variable name: count >= 1}``, e.g. ``{"embedding": 8}``."""
+    ``{variable name: count from 1 to 4096}``, e.g. ``{"embedding": 8}``. A
+    name that is no trainable variable of the graph, or a count above the
+    variable's rows, is refused when the plan is compiled."""
     stall_timeout_s: float = 60.0
     """The launcher ends the job when some workers have waited this long
     inside a step for others that have not started it (Horovod's stall
@@ -186,7 +189,7 @@ class Config:
     micro_batches: int = 1
     """DropCompute (docs/dropcompute.md): every training step computes up to
     micro_batches micro-batches per worker, accumulating their gradients,
-    then aggregates and applies once. An integer >= 1."""
+    then aggregates and applies once. An integer from 1 to 4096."""
     compute_threshold: float | str | None = None
     """Seconds of compute after which a worker stops taking micro-batches and
     joins the aggregation; ``"auto"`` picks it from the latencies measured
@@ -218,10 +221,13 @@ class Config:
     drop it and go on with the hosts that remain, re-planned, if they run at
     least this many workers (0: never drop a host; the job fails). The global
     batch shrinks with the workers; the learning rate is the script's to
-    rescale (``autopar.num_workers()``, docs/cluster.md)."""
+    rescale (``autopar.num_workers()``, docs/cluster.md). Refused without
+    ``max_restarts``, and above the spec's worker count."""
     timeline: str | None = None
     """A Chrome trace-event file the launcher writes when the job ends (None:
-    none): every worker's and server's lane with the phases of the last
+    none; a path no file can be written at is refused before anything
+    starts, as are unwritable ``checkpoint_dir``, ``tensorboard_dir`` and
+    ``dropcompute_log_dir``): every worker's and server's lane with the phases of the last
     ``timeline_steps`` traced steps (forward, backward, each all-reduce
     bucket, pushes and pulls, server updates, barriers, micro-batches,
     checkpoint saves), clocks aligned on the launcher's. Open it in
