@@ -11,12 +11,16 @@ checkpoint that cannot be used or saved is named for what it is.
   shapes), an unwritable directory and a full disk are autopar errors naming
   the file, the variable or the directory; a full disk keeps the previous
   checkpoint; when every checkpoint is damaged nothing is deleted (nor said
-  to be).
+  to be), and an intact one the state file does not list is used before
+  that is said. A script's launcher refuses an unwritable directory before
+  it starts anything.
 """
 import hashlib
 import logging
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,7 +28,7 @@ import tensorflow as tf
 
 from autopar.common.errors import AutoparError
 from autopar.runtime.checkpoint import Checkpointer
-from tests.integration.cluster import assert_same_parameters, small_disk
+from tests.integration.cluster import assert_same_parameters, child_env, small_disk
 from tests.integration.test_graceful_stop import _checkpoint_steps, _train
 
 tf1 = tf.compat.v1
@@ -144,6 +148,25 @@ def test_an_unwritable_directory_is_refused_before_training(tmp_path):
     with pytest.raises(AutoparError, match=r"checkpoint_dir .*a_file/ckpt is not writable"):
         checkpointer.restore(session)
     session.close()
+
+
+def test_the_launcher_refuses_an_unwritable_directory_before_it_starts_anything(tmp_path):
+    # As a script's launcher (get_runner) meets it: one line, exit status 2,
+    # no process started (before: the chief refused it once every worker
+    # had started).
+    script = tmp_path / "train.py"
+    script.write_text("import autopar\nfrom tests import models\n"
+                      "autopar.get_runner(models.build('mlp_sgd').graph, {'hosts': [{'address': "
+                      "'127.0.0.1', 'workers': 2}]}, autopar.Config(checkpoint_dir="
+                      "'/proc/version/ck'))\n")
+    env = {k: v for k, v in child_env().items() if k != "AUTOPAR_DEBUG"}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    ours = [line for line in done.stderr.splitlines() if line.startswith("autopar")]
+    assert len(ours) == 1 and ours[0].startswith(
+        "autopar: checkpoint_dir /proc/version/ck is not writable ("), done.stderr
+    assert "started" not in done.stdout, done.stdout
 
 
 def test_nothing_is_deleted_or_said_deleted_when_every_checkpoint_is_damaged(tmp_path, caplog):
