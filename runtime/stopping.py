@@ -150,7 +150,7 @@ class SigtermWatch:
             self._count += 1
             count = self._count
         if count > 1:
-            log.warning("%s: SIGTERM again: exiting now", self._what)
+            log.debug("%s: SIGTERM again: exiting now", self._what)   # the launcher's, usually
             exit_now(self._status)
         timer = threading.Timer(self._bound_s, self._too_late)
         timer.daemon = True

@@ -5,9 +5,10 @@ the previous one.
   global step 22 with save_every_steps=100: the chief saves step 22, the
   launcher exits 130 naming the checkpoint, nothing is left running, and a
   restart ends where an uninterrupted run ends.
-- SIGTERM to every process of the job at once (a cluster's stop) at global
-  step 12: the chief saves step 12 and the job ends with 143 within the
-  30 s clusters give before SIGKILL.
+- SIGTERM to every process of the job at once (a cluster's stop) while the
+  chief is inside global step 12 (ps and herring): every process stays up
+  for that step, the chief saves step 13 and the job ends with 143 within
+  the 30 s clusters give before SIGKILL.
 - A second Ctrl-C while the chief cannot reach a step boundary stops the job
   at once.
 - A launcher started with SIGINT ignored (nohup from a script) still stops
@@ -20,6 +21,7 @@ import logging
 import os
 import re
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -100,31 +102,37 @@ def test_ctrl_c_saves_the_current_step_and_resumes(tmp_path):
                                what=f"resumed worker {i}")
 
 
-def test_sigterm_to_every_process_saves_the_chief_s_step(tmp_path):
+@pytest.mark.parametrize("run_option, model", [("ps", MODEL), ("herring", MODEL + "_f32")])
+def test_sigterm_to_every_process_saves_the_step_the_chief_is_in(tmp_path, run_option, model):
     """What Slurm (time limit, scancel), systemd and Kubernetes send: SIGTERM
-    to every process of the job at once, SIGKILL 30 s later. The chief saves
-    the step it is at, the server it reads for that staying up, and the job
-    has ended with 143 within the 30 s (before: the fork server died of it
-    and took the chief along, nothing was saved)."""
+    to every process of the job at once, SIGKILL 30 s later. The chief is
+    inside global step 12's run, waiting for worker 1 (asleep in its script
+    for 4 s); every process stays up for that step (in ps mode the server
+    holds the variables, with herring the summation server sums the
+    gradients), the chief saves step 13 and the job has ended with 143 within
+    the 30 s (before: the fork server died of it and took the chief along,
+    nothing was saved)."""
     spec = str(write_spec(tmp_path, workers=2, servers=1))
     ckpt = tmp_path / "ckpt"
-    proc = start_job(train_command(MODEL, tmp_path / "out", "--steps", "30", "--spec", spec,
-                                   "--run-option", "ps", "--checkpoint-dir", str(ckpt),
-                                   "--save-every", "100", "--pause-at", "12"))
+    proc = start_job(train_command(model, tmp_path / "out", "--steps", "30", "--spec", spec,
+                                   "--run-option", run_option, "--checkpoint-dir", str(ckpt),
+                                   "--save-every", "100", "--stall-at", "12", "--stall-for", "4"))
     everyone: set[int] = set()
-
-    def terminate_all(launcher: int) -> None:
-        everyone.update(job_processes(launcher))
+    with LineReader(proc) as reader:
+        reader.wait_for(r"worker 1 stalling at step 12", 240)
+        time.sleep(1.0)      # the chief enters step 12's run meanwhile, and waits there
+        everyone.update(job_processes(proc.pid))
         for pid in sorted(everyone):
             os.kill(pid, signal.SIGTERM)
-    # The bound is the clusters' grace period before SIGKILL.
-    text, pids = _interrupt_when_paused(proc, 12, terminate_all, GRACE_S)
-    assert len(everyone) >= 6, everyone    # launcher, anchor, fork server, 2 workers, server
+        reader.rest(timeout=GRACE_S)     # within the clusters' grace period before SIGKILL
+    text = reader.text
+    # launcher, namespace anchor, fork server, 2 workers, a server or summation server
+    assert len(everyone) >= 6, everyone
     assert proc.returncode == 143, text[-3000:]
-    assert re.search(r"job stopped on SIGTERM: the chief stopped at global step 12; "
-                     r"checkpoint \S*model\.ckpt-12", text), text[-3000:]
-    assert _checkpoint_steps(ckpt) == {12}
-    assert not survivors(everyone | pids), text[-3000:]
+    assert re.search(r"job stopped on SIGTERM: the chief stopped at global step 13; "
+                     r"checkpoint \S*model\.ckpt-13", text), text[-3000:]
+    assert _checkpoint_steps(ckpt) == {13}
+    assert not survivors(everyone), text[-3000:]
 
 
 def test_second_ctrl_c_stops_at_once(tmp_path):
