@@ -133,6 +133,8 @@ def test_sigterm_to_every_process_saves_the_step_the_chief_is_in(tmp_path, run_o
                      r"checkpoint \S*model\.ckpt-13", text), text[-3000:]
     assert _checkpoint_steps(ckpt) == {13}
     assert not survivors(everyone), text[-3000:]
+    # Every process left at a SIGTERM: none had to be killed.
+    assert "did not stop within" not in text, text[-3000:]
 
 
 def test_second_ctrl_c_stops_at_once(tmp_path):
