@@ -132,7 +132,7 @@ def _expand_group(group: str, item: str, variable: str) -> list[str]:
     out: list[str] = []
     for part in group.split(","):
         low, dash, high = part.strip().partition("-")
-        if not low.isdigit() or (dash and not high.isdigit()):
+        if not low.isdigit() or (dash and not high.isdigit()) or max(len(low), len(high)) > 12:
             raise SpecError(f"{variable}: node list item {shown(item)}: {shown(part)} is not a "
                             "number or a range such as 01-04")
         if not dash:

@@ -31,6 +31,7 @@ def test_node_lists_expand_as_slurm_writes_them(text, nodes):
     ("", "is empty"),
     ("n[1-100000]", "range '1-100000' has more than 4096 nodes"),
     ("r[1-1000]n[1-1000]", "names more than 4096 nodes"),
+    ("n[1-" + "9" * 5000 + "]", "is not a number or a range"),
 ])
 def test_unknown_node_list_syntax_is_refused_naming_the_item(text, item):
     with pytest.raises(SpecError) as caught:
