@@ -107,7 +107,7 @@ def test_sigterm_to_every_process_saves_the_step_the_chief_is_in(tmp_path, run_o
     """What Slurm (time limit, scancel), systemd and Kubernetes send: SIGTERM
     to every process of the job at once, SIGKILL 30 s later. The chief is
     inside global step 12's run, waiting for worker 1 (asleep in its script
-    for 4 s); every process stays up for that step (in ps mode the server
+    for 3 s); every process stays up for that step (in ps mode the server
     holds the variables, with herring the summation server sums the
     gradients), the chief saves step 13 and the job has ended with 143 within
     the 30 s (before: the fork server died of it and took the chief along,
@@ -116,7 +116,7 @@ def test_sigterm_to_every_process_saves_the_step_the_chief_is_in(tmp_path, run_o
     ckpt = tmp_path / "ckpt"
     proc = start_job(train_command(model, tmp_path / "out", "--steps", "30", "--spec", spec,
                                    "--run-option", run_option, "--checkpoint-dir", str(ckpt),
-                                   "--save-every", "100", "--stall-at", "12", "--stall-for", "4"))
+                                   "--save-every", "100", "--stall-at", "12", "--stall-for", "3"))
     everyone: set[int] = set()
     with LineReader(proc) as reader:
         reader.wait_for(r"worker 1 stalling at step 12", 240)
