@@ -62,7 +62,7 @@ def get_runner(graph, resource_info=None, config: Config | None = None):
 
 def _get_runner(graph, resource_info, config: Config):
     # runtime is heavy; import on use
-    from autopar.runtime import join, launcher, script_plan, spec as specs, worker
+    from autopar.runtime import join, launcher, outputs, script_plan, spec as specs, worker
     graph, lifted = _lifted(graph)
     if lifted is not None and lifted.summaries and config.micro_batches > 1:
         raise UnsupportedGraphError(
@@ -81,6 +81,8 @@ def _get_runner(graph, resource_info, config: Config):
             print_report=index == 0 and not os.environ.get(env.REPORT_PRINTED), lifted=lifted)
     if role == REPORT_ROLE:
         spec = specs.ResourceSpec.from_dict(json.loads(os.environ[env.SPEC]))
+        if os.environ.get(env.PLAN_OUT):      # `autopar launch`, before it starts anything
+            outputs.check_job_outputs(config, spec)
         compiled = _compile(graph, spec, config)
         if os.environ.get(env.PLAN_OUT):      # for `autopar launch` (runtime/script_plan.py)
             plan, roles, table = _plan_of(compiled)
@@ -101,12 +103,13 @@ def _get_runner(graph, resource_info, config: Config):
     # The launcher: compile once, print the report from it, serve it to
     # every process of the job from the coordinator.
     spec = specs.load_spec(resource_info)
+    outputs.check_job_outputs(config, spec)     # before anything starts
     try:
         code = launcher.run_job(spec, [sys.executable, *sys.argv],
                                 lambda s, _: (*_plan_of(_compile(graph, s, config)), config))
     except KeyboardInterrupt:
-        # Ctrl-C outside the job's own handling (while compiling): nothing
-        # to save, and the processes are stopped already.
+        # Ctrl-C before the job's own handling (launcher.run_job installs it
+        # before anything starts): nothing started, nothing to save.
         if debug_errors():
             raise
         sys.stderr.write("autopar: interrupted\n")

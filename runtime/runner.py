@@ -21,11 +21,13 @@ last micro-batch's value. Under a compute threshold a worker stops taking
 micro-batches once its compute time in the step reaches tau.
 
 A stop request (SIGINT to the chief: Ctrl-C on a single-device run, or the
-launcher passing on its own SIGINT/SIGTERM) is acted on at the next step
-boundary: the chief saves a final checkpoint (when checkpointing is on) and
-leaves by raising TrainingStopped, a SystemExit, so the script's ``with`` and
+launcher passing on its own SIGINT/SIGTERM; or SIGTERM, as a cluster sends
+it to every process of a job) is acted on at the next step boundary: the
+chief saves a final checkpoint (when checkpointing is on) and leaves by
+raising TrainingStopped, a SystemExit, so the script's ``with`` and
 ``finally`` blocks run and no traceback is printed. A second SIGINT raises
-KeyboardInterrupt at once.
+KeyboardInterrupt at once; a second SIGTERM ends the process at once. Other
+workers train on after a SIGTERM, until the job stops (runtime/stopping.py).
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ import tensorflow as tf
 from autopar.common.env import STOPPED_LINE
 from autopar.common.errors import AutoparError
 from autopar.common.roles import SERVER_JOB
+from autopar.runtime import stopping
 from autopar.runtime.dropcompute.records import StepRecord
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.batch_weights import weighs_batches
@@ -55,10 +58,11 @@ log = logging.getLogger("autopar.runner")
 
 class TrainingStopped(SystemExit):
     """Raised by Runner.run once a requested stop has been carried out; exits
-    the script with status 130 (the shell's code for Ctrl-C)."""
+    the script with status 128 + the signal that asked (130 for Ctrl-C, 143
+    for SIGTERM), as the shell reports them."""
 
-    def __init__(self) -> None:
-        super().__init__(128 + signal.SIGINT)
+    def __init__(self, signum: int = signal.SIGINT) -> None:
+        super().__init__(128 + signum)
 
 
 class Runner:
@@ -164,7 +168,9 @@ class Runner:
         self._closed = False
         self._warned_init = False
         self._stop_requested = False
+        self._stop_signal = signal.SIGINT    # the signal that asked for the stop
         self._previous_sigint = self._install_stop_handler() if self.is_chief else None
+        self._sigterm = self._watch_sigterm()
 
     def start(self, init_ops, broadcast_op=None, init_feed=None) -> None:
         """Initialise (`init_ops`: an op, or ops run one after the other, fed
@@ -182,6 +188,10 @@ class Runner:
         # as the update could see either value.
         if self._global_step is not None:
             self._first_step = int(self.session.run(self._global_step))
+            if self._monitor is not None:
+                # Known from here on: a restarted job's stall messages name
+                # global steps (runtime/health.py).
+                self._monitor.global_step = self._first_step
 
     @property
     def resumed_step(self) -> int:
@@ -212,13 +222,40 @@ class Runner:
             return None
         return signal.signal(signal.SIGINT, self._on_sigint)
 
+    def _watch_sigterm(self) -> stopping.SigtermWatch:
+        """SIGTERM: the chief's stop request, another worker's cue to train
+        on until the job stops (runtime/stopping.py)."""
+        if self.is_chief:
+            watch = stopping.SigtermWatch(
+                "the chief", lambda: self._request_stop(signal.SIGTERM), stopping.CHIEF_STOP_S)
+        else:
+            watch = stopping.SigtermWatch(
+                f"worker {self.worker_index}", lambda: log.warning(
+                    "worker %d: SIGTERM: training on while the chief finishes its step and "
+                    "saves; exiting when the job stops, at the latest %.0f s from now",
+                    self.worker_index, stopping.PEER_STOP_S), stopping.PEER_STOP_S)
+        watch.install()
+        return watch
+
     def _on_sigint(self, signum, frame) -> None:
-        if self._stop_requested:
+        if self._stop_requested and self._stop_signal == signal.SIGINT:
             raise KeyboardInterrupt
+        # The launcher passes a SIGTERM it got on as SIGINT: after this
+        # process's own SIGTERM, the same request.
+        self._request_stop(signal.SIGINT)
+
+    def _request_stop(self, signum: int) -> None:
+        """The first stop request, by SIGINT or SIGTERM: the chief stops
+        after its current training step (called from a signal handler or
+        the SIGTERM watch's thread)."""
+        if self._stop_requested:
+            return
+        self._stop_signal = signum
         self._stop_requested = True
-        log.warning("stop requested: stopping after the current training step%s "
-                    "(interrupt again to stop at once)",
-                    " with a final checkpoint" if self._checkpointer is not None else "")
+        again = "interrupt again" if signum == signal.SIGINT else "SIGTERM again"
+        log.warning("stop requested (%s): stopping after the current training step%s "
+                    "(%s to stop at once)", signal.Signals(signum).name,
+                    " with a final checkpoint" if self._checkpointer is not None else "", again)
 
     def _stop(self) -> None:
         step = self._first_step + self._steps
@@ -229,7 +266,7 @@ class Runner:
                 self._checkpointer.save(self.session, step)
             where = f"checkpoint {self._checkpointer.prefix}-{step}"
         log.warning("%s%d; %s", STOPPED_LINE, step, where)
-        raise TrainingStopped()
+        raise TrainingStopped(self._stop_signal)
 
     # -- running -------------------------------------------------------------
     def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
@@ -916,6 +953,7 @@ class Runner:
         finally:
             if self._previous_sigint is not None:
                 signal.signal(signal.SIGINT, self._previous_sigint)
+            self._sigterm.uninstall()
             self.session.close()
             for fn in self._on_close:
                 fn()
@@ -936,7 +974,7 @@ def _split_feed(feed_dict, parts: int) -> tuple[dict, list[dict]]:
     """A step's feed as (what every run gets: scalars, [micro-batch i's
     feed]): every other leaf split along axis 0 into `parts` equal parts."""
     common: dict = {}
-    split: list[dict] = [{} for _ in range(parts)]
+    arrays: list[tuple] = []     # (leaf, its value as an array), checked before any split
     for key, value in feed_dict.items():
         for leaf, leaf_value in _flatten_feed(key, value):
             if isinstance(leaf, (tf.SparseTensor, tf.IndexedSlices)):
@@ -955,9 +993,14 @@ def _split_feed(feed_dict, parts: int) -> tuple[dict, list[dict]]:
                     f"equal micro-batches along axis 0, but the value fed to "
                     f"{getattr(leaf, 'name', leaf)!r} has {array.shape[0]} rows: feed a "
                     f"multiple of {parts} rows (Runner.micro_batches)")
-            for i, piece in enumerate(np.split(array, parts)):
-                split[i][leaf] = piece
-    return common, (split if any(split) else [])
+            arrays.append((leaf, array))
+    if not arrays:
+        return common, []
+    split: list[dict] = [{} for _ in range(parts)]
+    for leaf, array in arrays:
+        for i, piece in enumerate(np.split(array, parts)):
+            split[i][leaf] = piece
+    return common, split
 
 
 def _combine(values: list):

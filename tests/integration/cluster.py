@@ -257,6 +257,36 @@ class LineReader:
     def text(self) -> str:
         return "".join(self.lines)
 
+    def lines_so_far(self) -> list[str]:
+        """Every line read by now, without waiting."""
+        while not self._queue.empty():
+            line = self._queue.get()
+            if line is None:
+                self._queue.put(None)    # the end stays for wait_for and rest
+                break
+            self.lines.append(line)
+        return self.lines
+
+
+def job_processes(launcher: int) -> set[int]:
+    """The launcher and every process under it now (namespace anchor, fork
+    server, workers, servers), from /proc."""
+    found, todo = set(), [launcher]
+    while todo:
+        pid = todo.pop()
+        found.add(pid)
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+            except OSError:
+                pass
+    return found
+
 
 def survivors(pids, timeout: float = 30) -> list[int]:
     """The pids still running after waiting up to ``timeout`` s for all of them
