@@ -179,7 +179,7 @@ def test_a_restarted_job_s_stall_names_global_steps():
     verdict = diagnose(states, {}, stall_timeout_s=5, now=100.0)
     assert "worker 0 (in step 17 for 6 s) waits for worker 1 to join step 17" in verdict.message
     assert "finished step 16 and is in the training script" in verdict.message
-    step, text = stall_warning(states, {}, 10, 100.0)
+    (step, _), text = stall_warning(states, {}, 10, 100.0)
     assert step == 17 and "inside step 17 for worker 1" in text
 
 

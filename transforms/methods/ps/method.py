@@ -31,7 +31,7 @@ class ParameterServer(SyncMethod):
     name = "ps"
     replicated = False
 
-    def job_choice(self, topology, options, required):
+    def job_choice(self, topology, options, required, analysis):
         if required and topology.num_servers == 0:
             # Run on all-reduce instead, the job would not be the one asked for
             # (the report's header would still say ps).
