@@ -56,10 +56,6 @@ class ArrayBatches:
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.chief_order = lambda draw, n: draw()
 
-    def sample(self):
-        """Two examples (x, y), to build the compiled loss before tracing."""
-        return rows(self.x, slice(0, 2)), rows(self.y, slice(0, 2))
-
     @staticmethod
     def data(x, y, weights):
         """What Keras's fit hands a model's train_step for a batch of x, y
@@ -176,14 +172,6 @@ class DatasetBatches:
             raise AutoparError(f"autopar.fit: steps per pass over {what}, which ends: autopar."
                                "fit takes steps_per_epoch / validation_steps with a dataset "
                                "that repeats (dataset.repeat()), or none")
-
-    def sample(self):
-        """Two examples of zeros of the elements' shapes: reading one would
-        advance a reshuffling dataset's order (one device's fit reads none)."""
-        import tensorflow as tf
-        return tuple(tf.nest.map_structure(
-            lambda s: np.zeros([2] + [d or 1 for d in s.shape[1:]], s.dtype.as_numpy_dtype), part)
-            for part in self.element[:2])
 
     def structure(self):
         return self.element[0], self.element[1]
@@ -331,9 +319,6 @@ class PyDatasetBatches:
         y = tf.nest.map_structure(np.asarray, batch[1]) if len(batch) > 1 else None
         w = np.asarray(batch[2]) if len(batch) > 2 else None
         return x, y, w
-
-    def sample(self):
-        return rows(self.first[0], slice(0, 2)), rows(self.first[1], slice(0, 2))
 
     def structure(self):
         return self.first[0], self.first[1]

@@ -511,10 +511,12 @@ def _compiled_step(model, batches):
     compiled optimizer; traced on x's, y's and the weights' arrays one by
     one, returning the loss and the predictions."""
     import tensorflow as tf
-    # Called once on two rows first, so that Keras builds the loss (and any
-    # state it keeps) outside the traced step.
-    x2, y2 = batches.sample()
-    _compute_loss(model, x2, y2, model(x2, training=False), training=False)
+    # Keras builds the model and the loss (and any state it keeps) outside
+    # the traced step, from symbolic inputs of the batches' specs: no batch
+    # is read (a reshuffling dataset's order stays fit's), and no value is
+    # made up (a StringLookup without OOV indices rejects any string it
+    # does not know)
+    _build_symbolically(model, batches)
     unpack = _unpacker(batches)
 
     @tf.function(jit_compile=False)
@@ -533,6 +535,25 @@ def _compiled_step(model, batches):
         model.optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss, y_pred
     return train_step
+
+
+def _build_symbolically(model, batches) -> None:
+    """Build the model and its compiled loss from KerasTensors of the
+    batches' specs (x, y), as Keras's fit builds them from a batch's
+    (Trainer._symbolic_build). Keras has no public call for it:
+    keras.src.backend.compute_output_spec, here alone."""
+    import keras
+    import tensorflow as tf
+    from keras.src.backend import compute_output_spec
+    x_structure, y_structure = batches.structure()
+    specs = batches.specs()
+    nx = len(flat(x_structure))
+    symbolic = [keras.KerasTensor(s.shape, s.dtype.name) for s in specs]
+    x = tf.nest.pack_sequence_as(x_structure, symbolic[:nx])
+    y = tf.nest.pack_sequence_as(y_structure, symbolic[nx:nx + len(flat(y_structure))])
+    y_pred = compute_output_spec(model, x, training=False)
+    compute_output_spec(lambda x, y, y_pred: _compute_loss(model, x, y, y_pred, training=False),
+                        x, y, y_pred)
 
 
 def _traced_own_step(model, batches):
