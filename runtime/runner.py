@@ -132,6 +132,13 @@ class Runner:
         self.sync_state_each_call = True
         self._watched.update({name: self._lifted.python_variables[name].numpy()
                               for name in self._local_python})
+        # Lifted name -> this worker's value, of the Python variables that
+        # hold a view of Python's own rather than this worker's values
+        # (combine_metrics: the state summed over workers): neither a write
+        # for the graph nor overwritten by a read of it (close(),
+        # sync_python_variables) until a step changes the graph's copy,
+        # whose values are this worker's again.
+        self._views: dict[str, np.ndarray] = {}
         self._assign_ops: dict[str, tuple] = {}
         self._init_ops = _initializer_ops(graph)
         # The loss of each train group, fetched with the steps that update it.
@@ -236,6 +243,8 @@ class Runner:
             self._carry_python_writes()
         mapped = tf.nest.map_structure(self._map_fetch, fetches)
         is_step = any(self._is_step(leaf) for leaf in tf.nest.flatten(mapped) if leaf is not None)
+        if is_step:
+            self._views.clear()
         if is_step and self._accumulate is not None:
             return self._monitored(is_step, lambda: self._run_accumulated(
                 mapped, feed_dict or {}, options, run_metadata))
@@ -638,20 +647,29 @@ class Runner:
         updates their state summed over workers (every worker calls it at
         the same point), so that `metric.result()` is the global batches'
         (a metric whose state adds up: Mean, Sum, accuracies, AUC's
-        counts). After each call the Python variables hold this worker's
-        own values, which the step goes on counting from."""
+        counts). They keep the sums until the next step (close() and
+        sync_python_variables leave them, so a combine as the last thing
+        inside `with runner:` holds after it), which goes on counting from
+        this worker's own values; their Python variables hold those after
+        it."""
         variables = [v for m in metrics for v in m.variables]
         if not variables:
             return
+        names = [self._lifted_name(v) for v in variables]
+        # this worker's own values (a second call sums them again, not the
+        # sums the first gave)
+        mine = [self._views[name] if name in self._views else v.numpy()
+                for v, name in zip(variables, names)]
         total = self.sum_over_workers(np.concatenate(
-            [np.ravel(v.numpy()).astype(np.float64) for v in variables]))
+            [np.ravel(m).astype(np.float64) for m in mine]))
         offset = 0
-        for v in variables:
+        for v, name, own in zip(variables, names, mine):
             size = int(np.prod(v.shape))
             dtype = getattr(v.dtype, "as_numpy_dtype", v.dtype)   # tf's or Keras's
             v.assign(total[offset:offset + size].reshape(v.shape).astype(dtype))
             offset += size
-            name = self._lifted_name(v)
+            if name is not None:
+                self._views[name] = own
             if name in self._watched:
                 # the sum is Python's view, not a write for the graph
                 self._watched[name] = v.numpy()
@@ -696,6 +714,7 @@ class Runner:
                 self._assign_ops[name] = (fed, ours.assign(fed).op)
         fed, assign = self._assign_ops[name]
         self.session.run(assign, {fed: value})
+        self._views.pop(name, None)
         if name in self._watched:
             self._watched[name] = value
 
@@ -718,8 +737,15 @@ class Runner:
                 with self.graph.as_default():
                     self._reload_ops = staged_initializers(
                         self.graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES))
+            feed = self._lifted.initial_feed()
+            for placeholder, variable in self._lifted.initial_values.items():
+                # a view (combine_metrics) is no value for training: this
+                # worker's own is
+                view = self._views.get(self._python.get(id(variable)))
+                if view is not None:
+                    feed[placeholder] = view
             for op in self._reload_ops:
-                self.session.run(op, self._lifted.initial_feed())
+                self.session.run(op, feed)
             self._saw_python_values()
         if self._broadcast_op is not None:
             self.session.run(self._broadcast_op)
@@ -776,7 +802,11 @@ class Runner:
         """Give the traced function's Python variables (a Keras model's and
         optimizer's; `variables` of them alone, when given) this worker's
         current values, so model.save(), model.evaluate() and checkpoints of
-        them see the trained model. Done by close() too."""
+        them see the trained model. Done by close() too. What the program
+        wrote to them in Python since the last step (a metric's
+        reset_state(), a learning rate) goes into training first, and the
+        results combine_metrics gave stay until the next step: neither is
+        overwritten."""
         if not self._python:
             return
         self._read_into_python(list(self._lifted.python_variables) if variables is None else
@@ -784,7 +814,12 @@ class Runner:
 
     def _read_into_python(self, names: list[str]) -> None:
         """This worker's values of the lifted variables `names` into their
-        Python variables (seen there: no write for the graph)."""
+        Python variables (seen there: no write for the graph), but for
+        views (combine_metrics) and after Python's own writes went into the
+        graph."""
+        if self._watched:
+            self._carry_python_writes()
+        names = [name for name in names if name not in self._views]
         if not names:
             return
         values = self._run_plain({name: self._map_fetch(self._variables[name + ":0"])
