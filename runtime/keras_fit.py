@@ -246,7 +246,8 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
                 if own_step:
                     step_logs = runner.call(*flat(x_mine), *flat(y_mine), *weighted)
                     continue
-                loss, y_pred = runner.call(*flat(x_mine), *flat(y_mine), *weighted)
+                loss, y_pred, masks = runner.call(*flat(x_mine), *flat(y_mine), *weighted)
+                y_pred = _with_masks(y_pred, masks)
                 if ny > 1:
                     # each output's loss tracker, which the compiled loss
                     # updates (the traced step's updates are the graph's)
@@ -363,7 +364,8 @@ def _should_validate(epoch: int, freq) -> bool:
 
 def _sample_weights(y, sample_weight, class_weight, floatx: str):
     """Each example's weight in the loss (and weighted metrics), as Keras's
-    fit takes them: `sample_weight` one per example, or `class_weight` by
+    fit takes them: `sample_weight` one per example (or per position of a
+    sequence), or `class_weight` by
     class (y's integer class, or its arg-max when one-hot; 1 for a class
     it does not list); None without either."""
     from autopar.common.errors import AutoparError
@@ -377,9 +379,13 @@ def _sample_weights(y, sample_weight, class_weight, floatx: str):
     if sample_weight is None:
         return None
     weights = np.asarray(sample_weight, floatx)
-    if weights.shape != (size(y),):
+    # (a sequence's targets, [examples, length], may have one per position)
+    shapes = {(size(y),)} | {tuple(np.shape(a)[:2]) for a in flat(y) if np.ndim(a) == 2}
+    if weights.shape not in shapes:
         raise AutoparError(f"autopar.fit: sample_weight has shape {weights.shape}; it takes one "
-                           f"weight per example, shape ({size(y)},)")
+                           f"weight per example, shape ({size(y)},)" +
+                           ("" if len(shapes) == 1 else ", or per position of the sequence, "
+                            + " or ".join(str(s) for s in sorted(shapes) if len(s) == 2)))
     return weights
 
 
@@ -533,7 +539,7 @@ def _compiled_step(model, batches):
             scaled = model.optimizer.scale_loss(loss)
         grads = tape.gradient(scaled, model.trainable_variables)
         model.optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss, y_pred
+        return loss, y_pred, _masks_of(y_pred)
     return train_step
 
 
@@ -554,6 +560,33 @@ def _build_symbolically(model, batches) -> None:
     y_pred = compute_output_spec(model, x, training=False)
     compute_output_spec(lambda x, y, y_pred: _compute_loss(model, x, y, y_pred, training=False),
                         x, y, y_pred)
+
+
+def _masks_of(y_pred):
+    """The padding masks Keras attached to the predictions (an
+    Embedding(mask_zero=True) upstream), None for each output without one:
+    a traced step returns them beside the predictions, whose tensors leave
+    it without them."""
+    import tensorflow as tf
+    from keras.src.backend.common.masking import get_keras_mask   # no public API
+    return tf.nest.map_structure(get_keras_mask, y_pred)
+
+
+def _with_masks(y_pred, masks):
+    """The predictions a step returned, as tensors holding the masks it
+    returned beside them (`_masks_of`): Keras's metrics and losses read a
+    prediction's mask from it (y_pred._keras_mask), as in Keras's own
+    train step."""
+    import tensorflow as tf
+    from keras.src.backend.common.masking import set_keras_mask   # no public API
+
+    def masked(prediction, mask):
+        if mask is None:
+            return prediction
+        prediction = tf.convert_to_tensor(prediction)
+        set_keras_mask(prediction, tf.convert_to_tensor(mask))
+        return prediction
+    return tf.nest.map_structure(masked, y_pred, masks)
 
 
 def _traced_own_step(model, batches):
@@ -716,7 +749,8 @@ def _test_step(model):
     @tf.function(jit_compile=False, reduce_retracing=True)
     def test_step(xb, yb, *weighted):
         y_pred = model(xb, training=False)
-        return y_pred, _compute_loss(model, xb, yb, y_pred, *weighted, training=False)
+        return (y_pred, _masks_of(y_pred),
+                _compute_loss(model, xb, yb, y_pred, *weighted, training=False))
     return test_step
 
 
@@ -754,7 +788,8 @@ def _evaluate(model, data, batch_size: int, runner, test_step, sums: bool,
             continue
         weighted = () if wb is None else (wb,)
         with metrics.output_losses(size(xb), batch_rows):
-            y_pred, loss = test_step(xb, yb, *weighted)
+            y_pred, masks, loss = test_step(xb, yb, *weighted)
+            y_pred = _with_masks(_tf_values(y_pred), _tf_values(masks))
         counts = runner.loss_counts_of(*flat(xb), *flat(yb), *weighted) \
             if metrics.counted is not None else None
         metrics.update(yb, y_pred, float(loss), size(xb), batch_rows, *weighted,

@@ -445,11 +445,15 @@ def test_fit_of_a_loss_over_a_count_matches_keras_fit(tmp_path, weights_mean):
     (before: refused, "a count of the batch's values"). Likewise a loss
     divided by its sample weights' sum (reduction="mean_with_sample_weight",
     no mask): trained as one device before, its logs now are one device's
-    too (before: the workers' mean of their own losses)."""
+    too (before: the workers' mean of their own losses); the accuracy of
+    the kept positions alone, as Keras's metrics read the mask (before:
+    of every position, the predictions autopar computed the metrics from
+    carrying none)."""
     expected, got, log = _keras_then_autopar(
         MASKED + (["--weights-mean"] if weights_mean else []), tmp_path, (3, 1))
     assert "loss count '" in log
-    assert sorted(got) == ["loss", "val_loss"] and len(got["loss"]) == 3
+    assert sorted(got) == ["accuracy", "loss", "val_accuracy", "val_loss"] and len(
+        got["loss"]) == 3
     for name in got:
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-12, err_msg=name)
     _assert_workers_hold(tmp_path, 4, rtol=1e-9, atol=1e-12)

@@ -224,3 +224,46 @@ def test_string_features_of_a_csv_dataset(tmp_path):
         model, *a, config=autopar.Config(log_every_steps=0), **k), path)
     assert len(got["loss"]) == 2 and "val_sparse_categorical_accuracy" in got
     _assert_same(got, values, expected, expected_values)
+
+
+def _masked_sequences(fit, sample_weights=False):
+    """A tagger over padded sequences (Embedding(mask_zero=True)), its
+    accuracy a compiled metric: Keras's metrics read the padding mask from
+    the predictions (y_pred._keras_mask) and count kept positions alone;
+    with sample weights a weighted metric too, and validation data."""
+    import keras
+    import tensorflow as tf
+    keras.config.set_floatx("float64")
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(4)
+    x = rng.integers(1, 20, size=(30, 6)).astype(np.int32)
+    x[np.arange(6) >= rng.integers(1, 7, size=(30, 1))] = 0
+    y = (x % 4).astype(np.int32)
+    model = keras.Sequential([keras.Input((6,), dtype="int32"),
+                              keras.layers.Embedding(20, 5, mask_zero=True),
+                              keras.layers.Dense(4, activation="softmax")])
+    model.compile(optimizer=keras.optimizers.Adam(0.05), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"], weighted_metrics=(
+                      [keras.metrics.SparseCategoricalAccuracy(name="weighted")]
+                      if sample_weights else None))
+    # one weight per position (Keras's loss takes no per-example weight with a mask)
+    weights = rng.uniform(0.5, 1.5, size=(30, 6)) if sample_weights else None
+    history = fit(model, x[:24], y[:24], epochs=2, batch_size=8, shuffle=False, verbose=0,
+                  sample_weight=None if weights is None else weights[:24],
+                  validation_data=(x[24:], y[24:]) + (() if weights is None else
+                                                      (weights[24:],)))
+    return history.history, [v.numpy() for v in model.variables + model.optimizer.variables]
+
+
+@pytest.mark.parametrize("sample_weights", [False, True], ids=["mask", "mask_and_weights"])
+def test_metrics_of_a_masked_sequence_see_the_mask(sample_weights):
+    """Before: the weights were Keras's but the logged accuracy was not
+    (0.299 against 0.540): autopar computed the metrics from the
+    predictions runner.call returns, which carry no mask; the step returns
+    the mask Keras attached to them now, and the metrics see it."""
+    expected, expected_values = _masked_sequences(
+        lambda model, *a, **k: model.fit(*a, **k), sample_weights)
+    got, values = _masked_sequences(lambda model, *a, **k: autopar.fit(
+        model, *a, config=autopar.Config(log_every_steps=0), **k), sample_weights)
+    assert "val_accuracy" in got and ("val_weighted" in got) == sample_weights
+    _assert_same(got, values, expected, expected_values)
