@@ -132,13 +132,14 @@ class Runner:
         self.sync_state_each_call = True
         self._watched.update({name: self._lifted.python_variables[name].numpy()
                               for name in self._local_python})
-        # Lifted name -> this worker's value, of the Python variables that
-        # hold a view of Python's own rather than this worker's values
-        # (combine_metrics: the state summed over workers): neither a write
-        # for the graph nor overwritten by a read of it (close(),
-        # sync_python_variables) until a step changes the graph's copy,
-        # whose values are this worker's again.
-        self._views: dict[str, np.ndarray] = {}
+        # Lifted name -> (this worker's value, the view), of the Python
+        # variables that hold a view of Python's own rather than this
+        # worker's values (combine_metrics: the state summed over workers):
+        # neither a write for the graph nor overwritten by a read of it
+        # (close(), sync_python_variables) until a step changes the graph's
+        # copy, whose values are this worker's again, or Python writes
+        # another value (_view).
+        self._views: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._assign_ops: dict[str, tuple] = {}
         self._init_ops = _initializer_ops(graph)
         # The loss of each train group, fetched with the steps that update it.
@@ -658,8 +659,7 @@ class Runner:
         names = [self._lifted_name(v) for v in variables]
         # this worker's own values (a second call sums them again, not the
         # sums the first gave)
-        mine = [self._views[name] if name in self._views else v.numpy()
-                for v, name in zip(variables, names)]
+        mine = [self._own_value(name, v) for v, name in zip(variables, names)]
         total = self.sum_over_workers(np.concatenate(
             [np.ravel(m).astype(np.float64) for m in mine]))
         offset = 0
@@ -669,10 +669,18 @@ class Runner:
             v.assign(total[offset:offset + size].reshape(v.shape).astype(dtype))
             offset += size
             if name is not None:
-                self._views[name] = own
+                self._views[name] = (own, v.numpy())
             if name in self._watched:
                 # the sum is Python's view, not a write for the graph
                 self._watched[name] = v.numpy()
+
+    def _own_value(self, name: str | None, variable) -> np.ndarray:
+        """This worker's value of the Python `variable` (lifted as `name`):
+        its value, or the one it had before combine_metrics gave it a view
+        that it still holds."""
+        value = variable.numpy()
+        own, view = self._views.get(name, (None, None))
+        return own if view is not None and np.array_equal(value, view) else value
 
     def _carry_python_writes(self) -> None:
         """Assign to this worker's copy each watched setting the program
@@ -741,9 +749,7 @@ class Runner:
             for placeholder, variable in self._lifted.initial_values.items():
                 # a view (combine_metrics) is no value for training: this
                 # worker's own is
-                view = self._views.get(self._python.get(id(variable)))
-                if view is not None:
-                    feed[placeholder] = view
+                feed[placeholder] = self._own_value(self._python.get(id(variable)), variable)
             for op in self._reload_ops:
                 self.session.run(op, feed)
             self._saw_python_values()
@@ -819,7 +825,9 @@ class Runner:
         graph."""
         if self._watched:
             self._carry_python_writes()
-        names = [name for name in names if name not in self._views]
+        python = self._lifted.python_variables
+        names = [name for name in names if name not in self._views
+                 or not np.array_equal(python[name].numpy(), self._views[name][1])]
         if not names:
             return
         values = self._run_plain({name: self._map_fetch(self._variables[name + ":0"])
