@@ -13,7 +13,7 @@ import tensorflow as tf
 from autopar.config import Config
 from autopar.console import debug_errors, report_error, setup_logging
 from autopar.common.errors import AutoparError, SpecError, UnsupportedGraphError
-from autopar.common import env, procs
+from autopar.common import env, procs, script
 from autopar.common.roles import REPORT_ROLE, SERVER_ROLE, WORKER_JOB, WORKER_ROLE
 from autopar.transforms.compile import CompiledPlan, compile_for_config
 from autopar.transforms.methods.registry import processes
@@ -100,14 +100,19 @@ def _get_runner(graph, resource_info, config: Config):
     # The launcher: compile once, print the report from it, serve it to
     # every process of the job from the coordinator.
     spec = specs.load_spec(resource_info)
+    timeline = (TimelineOptions(os.path.abspath(config.timeline), config.timeline_steps,
+                                config.timeline_every) if config.timeline else None)
+    # The script again as it was started, where it started (it may have
+    # changed directory since, or run through runpy: common/script.py);
+    # the spec and the paths above were read where it is now.
+    command, start_directory = script.command()
+    os.chdir(start_directory)
     try:
-        code = launcher.run_job(spec, [sys.executable, *sys.argv],
+        code = launcher.run_job(spec, command,
                                 lambda s, _: _plan_of(_compile(graph, s, config)),
                                 stall_timeout_s=config.stall_timeout_s,
                                 max_restarts=config.max_restarts, min_workers=config.min_workers,
-                                timeline=TimelineOptions(config.timeline, config.timeline_steps,
-                                                         config.timeline_every)
-                                if config.timeline else None)
+                                timeline=timeline)
     except KeyboardInterrupt:
         # Ctrl-C outside the job's own handling (while compiling): nothing
         # to save, and the processes are stopped already.
