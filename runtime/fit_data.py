@@ -74,10 +74,19 @@ class ArrayBatches:
             out += _specs(self.weights)
         return out
 
-    def check(self, parts: int, what: str) -> None:
+    def check(self, parts: int, what: str, any_of: int | None = None) -> None:
         """Refuse a batch size that does not split into `parts` equal shares
         (`what` names them: the workers, and their micro-batches), and
-        examples too few for one batch that does."""
+        examples too few for one batch that does; with `any_of`, when the
+        step trains shares of any size, one of fewer rows than `any_of`
+        workers (each needs one)."""
+        if any_of is not None:
+            if min(self.batch_size, size(self.x)) < any_of:
+                raise AutoparError(f"autopar.fit: batch_size={self.batch_size} is the global "
+                                   f"batch: each of the {any_of} workers needs a row of each "
+                                   f"batch, and {size(self.x)} examples make a first batch of "
+                                   f"{min(self.batch_size, size(self.x))}")
+            return
         if self.batch_size % parts:
             raise AutoparError(f"autopar.fit: batch_size={self.batch_size} is the global batch "
                                f"and must divide by {what}")
@@ -186,8 +195,8 @@ class DatasetBatches:
             out.append(_weights_spec(self.weigh))
         return out
 
-    def check(self, parts: int, what: str) -> None:
-        del parts, what   # batches that do not split are left out, one by one
+    def check(self, parts: int, what: str, any_of: int | None = None) -> None:
+        del parts, what, any_of   # batches that do not split are left out, one by one
 
     def data(self, x, y, weights):
         """What Keras's fit hands a model's train_step for a batch: the
@@ -332,8 +341,8 @@ class PyDatasetBatches:
             out.append(_weights_spec(self.weigh))
         return out
 
-    def check(self, parts: int, what: str) -> None:
-        del parts, what   # batches that do not split are left out, one by one
+    def check(self, parts: int, what: str, any_of: int | None = None) -> None:
+        del parts, what, any_of   # batches that do not split are left out, one by one
 
     def data(self, x, y, weights):
         """What Keras's fit hands a model's train_step: the batch as the

@@ -13,14 +13,16 @@ off) that autopar.get_runner lifts and distributes like any tf.function step
   worker: runtime/fit_data.keras_order; with an int `seed`, a permutation
   seeded by it and the epoch), and worker i trains on its rows
   i, i+N, i+2N, ... of it (as autopar.shard splits a dataset, so that a
-  dropout mask drawn per example is one device's: transforms.random_draws);
-  b must divide by N. The last, smaller batch of an epoch trains, as in
-  Keras's fit: in unequal shares (3/3/2/2 of 10 rows over 4 workers) each
-  worker weighs its gradients by its rows (transforms.batch_weights), so
-  the step is one device's; it is left out with a warning when it has
-  fewer rows than workers, or with micro-batches unless it splits into
-  N equal shares and each share into its micro-batches (their gradients
-  are averaged with equal weights).
+  dropout mask drawn per example is one device's: transforms.random_draws).
+  A batch that does not divide by N (any batch, as one device takes any:
+  265 on 3 workers; an epoch's last, smaller one, as in Keras's fit) trains
+  in unequal shares (3/3/2/2 of 10 rows over 4 workers), each worker
+  weighing its gradients by its rows (transforms.batch_weights), so the
+  step is one device's; it is left out with a warning when it has fewer
+  rows than workers. With micro-batches b must divide by N times their
+  number, and an epoch's last batch trains only when it splits into N
+  equal shares and each share into its micro-batches (their gradients are
+  averaged with equal weights).
 - x and y may be lists or dicts of arrays (several inputs or outputs), or
   x a tf.data.Dataset of batches (runtime/fit_data.py):
   every worker reads all of it, as Keras's fit does, and trains on its rows
@@ -195,7 +197,9 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
     any_shares = runner.micro_batches == 1 and runner.combines_unequal_batches()
     counted = _counts_loss(runner)
     try:
-        train.check(parts, shares)
+        # (a batch splits over the workers in shares of any size when their
+        # gradients combine exactly, as one device takes any batch)
+        train.check(parts, shares, n if any_shares and n > 1 else None)
     except AutoparError:
         runner.close()
         raise

@@ -418,7 +418,9 @@ SUMMED = [DIGITS, "--model", "summed"]
 def test_losses_summed_over_the_batch_fit_as_keras_fits_them(tmp_path):
     """Two outputs whose losses sum over the batch (reduction="sum", with
     loss weights), on 3 workers over 2 uneven hosts with the variables on
-    the servers: autopar.fit finds the step's loss through Keras's sum of
+    the servers, in global batches of 47 (before: refused, "must divide by
+    the 3 workers"; any batch trains in shares of any size, as one device
+    takes any batch): autopar.fit finds the step's loss through Keras's sum of
     the outputs' losses and adds the workers' gradients (before: no loss
     found, a mean assumed, the weights 190x off), and logs what Keras's
     fit logs: a batch's loss is the workers' sum, each output's loss and
