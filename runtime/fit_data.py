@@ -94,6 +94,10 @@ class ArrayBatches:
             raise AutoparError(f"autopar.fit: {size(self.x)} examples make no batch of "
                                f"{self.batch_size}, and do not divide by {what}")
 
+    def num_batches(self) -> int:
+        """The batches of an epoch (Keras's callbacks' params["steps"])."""
+        return -(-size(self.x) // self.batch_size)
+
     def order(self, epoch: int) -> np.ndarray:
         """The order of the examples in epoch `epoch`, the same on every worker."""
         n = size(self.x)
@@ -197,6 +201,14 @@ class DatasetBatches:
 
     def check(self, parts: int, what: str, any_of: int | None = None) -> None:
         del parts, what, any_of   # batches that do not split are left out, one by one
+
+    def num_batches(self) -> int | None:
+        """The batches of a pass, as Keras's fit counts them: its steps, the
+        dataset's length, or None when unknown."""
+        if self.steps is not None:
+            return self.steps
+        count = int(self.dataset.cardinality())
+        return count if count >= 0 else None
 
     def data(self, x, y, weights):
         """What Keras's fit hands a model's train_step for a batch: the
@@ -343,6 +355,9 @@ class PyDatasetBatches:
 
     def check(self, parts: int, what: str, any_of: int | None = None) -> None:
         del parts, what, any_of   # batches that do not split are left out, one by one
+
+    def num_batches(self) -> int:
+        return self.count
 
     def data(self, x, y, weights):
         """What Keras's fit hands a model's train_step: the batch as the

@@ -35,12 +35,11 @@ off) that autopar.get_runner lifts and distributes like any tf.function step
   the workers' mean, or their sum when the loss sums over the batch.
 - `validation_data` is evaluated at each epoch's end in Keras's batches,
   each worker on its rows of each, aggregated the same way ("val_" logs).
-- Callbacks run on the chief only, with the aggregated logs and the model
-  holding the trained values; the chief alone prints one line per epoch. A
-  callback that stops training (model.stop_training, EarlyStopping) stops
-  every worker after that epoch; what a callback writes to the model's or
-  optimizer's variables (a learning rate, restored weights) is what every
-  worker trains with from then on.
+- Callbacks run on the chief only, every hook at the point Keras's fit
+  runs it, with the aggregated logs and the model holding the trained
+  values; the chief alone prints one line per epoch. What a hook changes
+  (model.stop_training, a learning rate, restored weights) every worker
+  takes before the next step (runtime/fit_callbacks.py).
   The model and its optimizer hold the trained values on every worker when
   fit returns (model.save() works anywhere).
 - A model that overrides train_step trains by its own step, traced as
@@ -57,6 +56,7 @@ import logging
 
 import numpy as np
 
+from autopar.runtime.fit_callbacks import FitCallbacks, chief_array
 from autopar.runtime.fit_data import (ArrayBatches, DatasetBatches, PyDatasetBatches, digest, flat,
                                       rows, size)
 
@@ -207,34 +207,34 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
         # Keras's shuffle draws from each process's random state, which
         # nothing makes equal (a program without keras.utils.set_random_seed):
         # the chief draws the order, every worker takes it
-        train.chief_order = lambda draw, n: _chief_array(
+        train.chief_order = lambda draw, n: chief_array(
             runner, draw() if runner.is_chief else np.zeros(n)).astype(np.int64)
     history = History(me, n)
     test_step = _own_test_step(model) if own_test_step else _test_step(model)
     # Last of the callbacks, as Keras's History: the epoch's logs with what
     # the others added (LearningRateScheduler's learning_rate).
     seen = _epoch_logs()
-    callbacks = keras.callbacks.CallbackList(list(callbacks) + [seen], model=model) \
-        if runner.is_chief else None
+    callbacks = FitCallbacks(runner, model, list(callbacks) + [seen],
+                             dict(verbose=verbose, epochs=epochs, steps=train.num_batches()))
     model.stop_training = False
     with runner:
-        # Synced here (a restored checkpoint is not the Python values), the
-        # chief's Python variables hold the graph's values until the next
-        # step, and again after each epoch's end: of the later callbacks
-        # only the end of an epoch that did not validate needs a sync.
-        _run_callbacks(runner, model, callbacks, lambda c: c.on_train_begin(), synced=False)
+        # (synced here: a restored checkpoint is not the Python values)
+        callbacks.run(lambda c: c.on_train_begin())
         for epoch in range(initial_epoch, epochs):
-            _run_callbacks(runner, model, callbacks, lambda c: c.on_epoch_begin(epoch),
-                           synced=True)
+            # Keras's fit resets the metrics before on_epoch_begin
             metrics = _Metrics(model, sums, counted)
             if own_step:
                 # the step's own metric updates run in the graph: each
                 # worker's copies start the epoch from Keras's reset too
                 runner.assign_python_values(metrics.variables())
+            callbacks.run(lambda c: c.on_epoch_begin(epoch))
             step_logs, last_rows = {}, 0
             for step, (xb, yb, wb) in enumerate(train.epoch(epoch)):
                 if step == 0 and isinstance(train, PyDatasetBatches):
                     _refuse_unless_read_alike(runner, (xb, yb, wb), epoch)
+                # (a callback stops training after the batch, as in Keras's fit)
+                stopping = callbacks.wants("train_begin") and callbacks.run(
+                    lambda c: c.on_train_batch_begin(step))
                 if size(xb) % parts and not (any_shares and size(xb) >= n):
                     if runner.is_chief:
                         log.warning("autopar.fit: epoch %d, batch %d has %d examples, which do "
@@ -242,56 +242,70 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
                                     "trains on it)%s", epoch + 1, step + 1, size(xb), shares,
                                     "" if not any_shares else
                                     ": fewer examples than workers")
-                    continue
-                mine = slice(me, None, n)
-                x_mine, y_mine = rows(xb, mine), rows(yb, mine)
-                weighted = () if wb is None else (wb[mine],)
-                last_rows = size(x_mine)
-                if own_step:
-                    step_logs = runner.call(*flat(x_mine), *flat(y_mine), *weighted)
-                    continue
-                loss, y_pred, masks = runner.call(*flat(x_mine), *flat(y_mine), *weighted)
-                y_pred = _with_masks(y_pred, masks)
-                if ny > 1:
-                    # each output's loss tracker, which the compiled loss
-                    # updates (the traced step's updates are the graph's)
-                    with metrics.output_losses(size(x_mine), size(xb)):
-                        _compute_loss(model, x_mine, y_mine, y_pred, *weighted, training=True)
-                # runner.call's loss is its micro-batches' mean: their sum
-                # is this worker's when the loss sums over the batch
-                metrics.update(y_mine, y_pred,
-                               float(loss) * (runner.micro_batches if sums else 1),
-                               size(x_mine), size(xb), *weighted,
-                               loss_count=runner.last_loss_counts[0] if counted else 0.0)
+                else:
+                    mine = slice(me, None, n)
+                    x_mine, y_mine = rows(xb, mine), rows(yb, mine)
+                    weighted = () if wb is None else (wb[mine],)
+                    last_rows = size(x_mine)
+                    if own_step:
+                        step_logs = runner.call(*flat(x_mine), *flat(y_mine), *weighted)
+                    else:
+                        _train_batch(runner, model, metrics, x_mine, y_mine, weighted, size(xb),
+                                     ny, sums, counted)
+                    callbacks.stepped()
+                if callbacks.wants("train_end"):
+                    batch_logs = (metrics.own_step_result(runner, step_logs, rows=last_rows,
+                                                          keep=True) if own_step
+                                  else metrics.result(runner, keep=True))
+                    stopping = callbacks.run(lambda c: c.on_train_batch_end(step, batch_logs))
+                if stopping or model.stop_training:
+                    break
             logs = (metrics.own_step_result(runner, step_logs, rows=last_rows) if own_step
                     else metrics.result(runner))
             validating = validation_data is not None and _should_validate(epoch, validation_freq)
             if validating:
-                runner.sync_python_variables()
+                callbacks.sync()
                 logs.update({f"val_{k}": v for k, v in
                              _evaluate(model, validation_data,
                                        validation_batch_size or batch_size
                                        or DEFAULT_BATCH_SIZE,
-                                       runner, test_step, sums, own_test_step).items()})
+                                       runner, test_step, sums, own_test_step,
+                                       callbacks).items()})
             if runner.is_chief and verbose:
                 log.info("epoch %d/%d: %s", epoch + 1, epochs,
                          "  ".join(f"{k} {v:.4f}" for k, v in logs.items()))
             # A callback may stop training (EarlyStopping sets
             # model.stop_training): callbacks run on the chief, whose
             # decision every worker follows, so all run the same steps.
-            stopped = _run_callbacks(runner, model, callbacks,
-                                     lambda c: c.on_epoch_end(epoch, logs), synced=validating,
-                                     stop=lambda: model.stop_training)
+            stopped = callbacks.run(lambda c: c.on_epoch_end(epoch, logs))
             # What the callbacks added to the logs (LearningRateScheduler's
             # learning_rate) is in Keras's History, which records them last.
             history.add(epoch, _chief_logs(runner, seen.logs or logs))
             if stopped:
-                model.stop_training = True
                 break
-        _run_callbacks(runner, model, callbacks, lambda c: c.on_train_end(
-            history.history and {k: v[-1] for k, v in history.history.items()}), synced=True)
+        callbacks.run(lambda c: c.on_train_end(
+            history.history and {k: v[-1] for k, v in history.history.items()}))
     model.history = history
     return history
+
+
+def _train_batch(runner, model, metrics, x, y, weighted: tuple, batch_rows: int, ny: int,
+                 sums: bool, counted: bool) -> None:
+    """One step of the compiled step on this worker's rows x, y (and
+    weights) of a batch of `batch_rows`, its loss and predictions handed to
+    the epoch's metrics."""
+    loss, y_pred, masks = runner.call(*flat(x), *flat(y), *weighted)
+    y_pred = _with_masks(y_pred, masks)
+    if ny > 1:
+        # each output's loss tracker, which the compiled loss updates (the
+        # traced step's updates are the graph's)
+        with metrics.output_losses(size(x), batch_rows):
+            _compute_loss(model, x, y, y_pred, *weighted, training=True)
+    # runner.call's loss is its micro-batches' mean: their sum is this
+    # worker's when the loss sums over the batch
+    metrics.update(y, y_pred, float(loss) * (runner.micro_batches if sums else 1),
+                   size(x), batch_rows, *weighted,
+                   loss_count=runner.last_loss_counts[0] if counted else 0.0)
 
 
 def _array_batches(x, y, batch_size, sample_weight, class_weight, validation_split: float,
@@ -393,34 +407,6 @@ def _sample_weights(y, sample_weight, class_weight, floatx: str):
     return weights
 
 
-def _run_callbacks(runner, model, callbacks, call, synced: bool,
-                   stop=lambda: False) -> bool:
-    """Run `call(callbacks)` on the chief, where callbacks live, with the
-    model's and optimizer's Python variables holding the trained values
-    (ModelCheckpoint saves them, EarlyStopping keeps the best; `synced`:
-    they hold them already); what a callback writes to them
-    (LearningRateScheduler's and ReduceLROnPlateau's learning rate,
-    EarlyStopping's restored weights, BackupAndRestore) goes into training
-    on every worker, after which they hold the graph's values again. Every
-    worker calls this at the same point; whether the chief's `stop()` holds
-    afterwards, for all."""
-    changed = stopping = 0.0
-    if callbacks is not None:
-        if not synced:
-            runner.sync_python_variables()
-        # (a model with its own train_step and compile() may have none)
-        optimizer = getattr(model, "optimizer", None)
-        variables = list(model.variables) + list(getattr(optimizer, "variables", []))
-        before = [v.numpy() for v in variables]
-        call(callbacks)
-        changed = float(any(not np.array_equal(b, v.numpy()) for b, v in zip(before, variables)))
-        stopping = float(bool(stop()))
-    changed, stopping = runner.sum_over_workers(np.array([changed, stopping]))
-    if changed:
-        runner.load_python_variables()
-    return bool(stopping)
-
-
 def _epoch_logs():
     """A callback keeping the logs of the last epoch's end as the callbacks
     before it left them."""
@@ -444,11 +430,11 @@ def _chief_logs(runner, logs: dict) -> dict:
     mine = json.dumps({k: float(v) for k, v in logs.items()
                        if np.ndim(v) == 0 and np.issubdtype(np.asarray(v).dtype, np.number)})
     payload = np.frombuffer(mine.encode(), np.uint8) if runner.is_chief else np.zeros(0)
-    length = int(_chief_array(runner, np.array([len(payload)]))[0])
+    length = int(chief_array(runner, np.array([len(payload)]))[0])
     # padded to a multiple of 1 KiB: each length is an all-reduce of its own
     local = np.zeros(-(-length // 1024) * 1024)
     local[:len(payload)] = payload
-    data = _chief_array(runner, local)[:length]
+    data = chief_array(runner, local)[:length]
     return json.loads(data.astype(np.uint8).tobytes().decode())
 
 
@@ -461,7 +447,7 @@ def _refuse_unless_read_alike(runner, batch, epoch: int) -> None:
     if runner.num_workers == 1:
         return
     mine = digest(*batch)
-    chief = float(_chief_array(runner, np.array([mine]))[0])
+    chief = float(chief_array(runner, np.array([mine]))[0])
     if runner.sum_over_workers(np.array([float(mine != chief)]))[0]:
         raise AutoparError(
             f"autopar.fit: the workers read different batches from the PyDataset x (the first "
@@ -469,16 +455,6 @@ def _refuse_unless_read_alike(runner, batch, epoch: int) -> None:
             "process's state (an on_epoch_end that shuffles with np.random or random without a "
             "seed of its own); shuffle with a generator seeded by the epoch "
             "(np.random.default_rng([seed, epoch])), or leave the order to fit's shuffle=True")
-
-
-def _chief_array(runner, local: np.ndarray) -> np.ndarray:
-    """The chief's `local` (float64) on every worker: every worker passes an
-    array of one shape, of which only the chief's values are read (the
-    others' count as zeros in the sum over workers)."""
-    if runner.num_workers == 1:
-        return np.asarray(local, np.float64)
-    return runner.sum_over_workers(np.asarray(local, np.float64) if runner.is_chief
-                                   else np.zeros(np.shape(local)))
 
 
 def _flat_logs(logs) -> dict:
@@ -672,7 +648,8 @@ class _Metrics:
                 m.total.assign(total + value * (1 if self.sums else share) * weight)
                 m.count.assign(count + share * weight)
 
-    def own_step_result(self, runner, step_logs, synced: bool = False, rows: int = 1) -> dict:
+    def own_step_result(self, runner, step_logs, synced: bool = False, rows: int = 1,
+                        keep: bool = False) -> dict:
         """The epoch's logs of a model's own train_step (or test_step), one
         device's: its last step's logs (`step_logs`, this worker's, of its
         `rows` of the step's batch), each the result of the model's metric
@@ -681,9 +658,14 @@ class _Metrics:
         weighted by their rows (a loss returned as computed, a mean over
         each worker's rows: the global batch's mean). `synced`: the Python
         metrics hold this worker's state already (a test step's, which
-        runs eagerly), else the graph's copies of them are read."""
+        runs eagerly), else the graph's copies of them are read. `keep`:
+        the epoch goes on (`_kept`)."""
         if not synced:
             runner.sync_python_variables(self.variables())
+        with self._kept(keep):
+            return self._own_step_logs(runner, step_logs, rows)
+
+    def _own_step_logs(self, runner, step_logs, rows: int) -> dict:
         mine = self.model.get_metrics_result()
         # Keras's fit logs its metrics' results when the step's logs have
         # their names (Trainer._get_metrics_result_or_logs), else the logs
@@ -723,18 +705,31 @@ class _Metrics:
         batch_rows = figures[:, 4]
         return float(np.sum(per_batch * batch_rows) / np.sum(batch_rows))
 
-    def result(self, runner) -> dict:
+    def result(self, runner, keep: bool = False) -> dict:
+        """The logs of the epoch so far, one device's. `keep`: the epoch
+        goes on (`_kept`)."""
         # (every worker holds as many batches' figures: the same branch)
         if self.counted:
             logs = {"loss": self._counted_loss(runner)}
         else:
             total = runner.sum_over_workers(np.array([self.loss_sum, self.count]))
             logs = {"loss": float(total[0] / max(total[1], 1))}
-        runner.combine_metrics(self.model.metrics)
-        for name, value in self.model.get_metrics_result().items():
-            if name != "loss":   # the loss tracker: the loss above is ours
-                logs[name] = float(value)
+        with self._kept(keep):
+            runner.combine_metrics(self.model.metrics)
+            for name, value in self.model.get_metrics_result().items():
+                if name != "loss":   # the loss tracker: the loss above is ours
+                    logs[name] = float(value)
         return logs
+
+    @contextlib.contextmanager
+    def _kept(self, keep: bool):
+        """With `keep` (a batch's logs, the epoch going on), the metrics'
+        own state comes back after combining it over workers: each worker
+        goes on counting its rows."""
+        own = [v.numpy() for v in self.variables()] if keep else []
+        yield
+        for variable, value in zip(self.variables(), own):
+            variable.assign(value)
 
 
 def _counts_loss(runner) -> bool:
@@ -772,36 +767,51 @@ def _tf_values(logs):
 
 
 def _evaluate(model, data, batch_size: int, runner, test_step, sums: bool,
-              own_step: bool = False) -> dict:
+              own_step: bool, callbacks: FitCallbacks) -> dict:
     """Loss and compiled metrics of the model (with this worker's current
     values) over the validation set `data`, (x, y) or (x, y, sample
     weights) in Keras's batches of `batch_size`, or a dataset's batches,
     each worker on its rows w, w+N, ... of each; combined over workers.
     With the model's own test step (`own_step`), the logs it gives and the
-    metrics it updates."""
+    metrics it updates. The callbacks' test hooks run as Keras's evaluate
+    runs them (a batch's logs: the validation's so far)."""
+    model.stop_evaluating = False
+    callbacks.run(lambda c: c.on_test_begin())
     metrics = _Metrics(model, sums, _counts_loss(runner))
     step_logs, last_rows = {}, 0
-    for xb, yb, wb, batch_rows in _validation_batches(data, batch_size, runner):
+
+    def logs_so_far(keep: bool) -> dict:
+        if own_step:
+            return metrics.own_step_result(runner, _tf_values(step_logs), synced=True,
+                                           rows=last_rows, keep=keep)
+        return metrics.result(runner, keep=keep)
+    for step, (xb, yb, wb, batch_rows) in enumerate(
+            _validation_batches(data, batch_size, runner)):
+        if callbacks.wants("test_begin"):
+            callbacks.run(lambda c: c.on_test_batch_begin(step))
         last_rows = size(xb)   # (a worker with no rows of the last batch: none)
         if size(xb) == 0:
             metrics.no_rows(batch_rows)
-            continue
-        if own_step:
+        elif own_step:
             step_logs = test_step((data if isinstance(data, BATCHES)
                                    else ArrayBatches).data(xb, yb, wb))
-            continue
-        weighted = () if wb is None else (wb,)
-        with metrics.output_losses(size(xb), batch_rows):
-            y_pred, masks, loss = test_step(xb, yb, *weighted)
-            y_pred = _with_masks(_tf_values(y_pred), _tf_values(masks))
-        counts = runner.loss_counts_of(*flat(xb), *flat(yb), *weighted) \
-            if metrics.counted is not None else None
-        metrics.update(yb, y_pred, float(loss), size(xb), batch_rows, *weighted,
-                       loss_count=counts[0] if counts else 0.0)
-    if own_step:
-        return metrics.own_step_result(runner, _tf_values(step_logs), synced=True,
-                                       rows=last_rows)
-    return metrics.result(runner)
+        else:
+            weighted = () if wb is None else (wb,)
+            with metrics.output_losses(size(xb), batch_rows):
+                y_pred, masks, loss = test_step(xb, yb, *weighted)
+                y_pred = _with_masks(_tf_values(y_pred), _tf_values(masks))
+            counts = runner.loss_counts_of(*flat(xb), *flat(yb), *weighted) \
+                if metrics.counted is not None else None
+            metrics.update(yb, y_pred, float(loss), size(xb), batch_rows, *weighted,
+                           loss_count=counts[0] if counts else 0.0)
+        if callbacks.wants("test_end"):
+            batch_logs = logs_so_far(keep=True)
+            callbacks.run(lambda c: c.on_test_batch_end(step, batch_logs))
+        if callbacks.stop_evaluating:
+            break
+    logs = logs_so_far(keep=False)
+    callbacks.run(lambda c: c.on_test_end(logs))
+    return logs
 
 
 def _validation_batches(data, batch_size: int, runner):

@@ -730,6 +730,50 @@ class Runner:
         for name in self._watched:
             self._watched[name] = self._lifted.python_variables[name].numpy()
 
+    def take_chief_values(self, variables) -> None:
+        """Give the Python `variables` (of the traced function's, or any:
+        every worker passes the same ones, in the same order, at the same
+        point) the values the chief's hold now, and training's copies of
+        them too: what code run on the chief alone changed (a Keras
+        callback under autopar.fit). Every worker assigns its own copies;
+        a server's one copy the chief assigns before the others go on. The
+        values travel as float64, exactly; one float64 cannot hold (a
+        64-bit count beyond 2**53), or a variable split over servers,
+        reloads every variable from the chief's values instead
+        (load_python_variables)."""
+        if not variables:
+            return
+        names = [self._lifted_name(v) for v in variables]
+        mine = [np.asarray(v.numpy()) for v in variables]
+        sizes = [value.size for value in mine]
+        whole = all(name is None or name + ":0" in self._variables for name in names)
+        if self.is_chief:
+            try:
+                values = [value.astype(np.float64) for value in mine]
+                exact = all(np.array_equal(f.astype(value.dtype), value)
+                            for f, value in zip(values, mine))
+            except (TypeError, ValueError):   # (not a number)
+                values, exact = [np.zeros(size) for size in sizes], False
+            if exact and whole:
+                for name, value in zip(names, mine):
+                    if name is not None and not self._on_this_worker(name):
+                        self._assign_from_python(name, value)
+            local = np.concatenate([np.ravel(f) for f in values] + [[float(exact)]])
+        else:
+            local = np.zeros(sum(sizes) + 1)
+        got = self.sum_over_workers(local)
+        if not (got[-1] and whole):
+            self.load_python_variables()
+            return
+        offset = 0
+        for variable, name, value in zip(variables, names, mine):
+            chiefs = got[offset:offset + value.size].reshape(value.shape).astype(value.dtype)
+            offset += value.size
+            if not self.is_chief:
+                variable.assign(chiefs)
+            if name is not None and self._on_this_worker(name):
+                self._assign_from_python(name, chiefs)
+
     def load_python_variables(self) -> None:
         """Give training the traced function's Python variables' values as
         the chief holds them now (a Keras callback's new learning rate,
