@@ -810,6 +810,8 @@ class Runner:
         if function is None:
             raise AutoparError("Runner.call runs a traced function: make the Runner with "
                                "autopar.get_runner(train_step.get_concrete_function(...), ...)")
+        # (a tf.data dataset's batches are eager tensors: a session feeds arrays)
+        inputs = [v.numpy() if isinstance(v, tf.Tensor) else v for v in inputs]
         fed = function.graph.inputs[:len(inputs)]
         if len(inputs) != len(function.graph.inputs) - len(function.graph.captures):
             raise AutoparError(f"Runner.call: the function takes "
