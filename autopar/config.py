@@ -124,6 +124,14 @@ class Config:
     statistics of the global batch, moving statistics included), a group size
     k >= 1 (workers [0,k), [k,2k)...; must divide the worker count), or
     ``None`` (each worker normalises by its own batch)."""
+    batch_mixing: str = "refuse"
+    """A loss that mixes the examples of a batch otherwise than batch
+    normalisation (in-batch negatives, a statistic of the batch fed back into
+    each example, the batch's hardest examples; transforms/batch_mixing.py)
+    cannot equal one device on several workers: ``"refuse"`` (default) stops
+    the job at start, naming the op; ``"per_worker"`` trains it with each
+    worker mixing only the examples of its own share (what other
+    data-parallel tools do), said in the report and the chief's log."""
     shard_weight_update: bool = False
     """Weight-update sharding (TPU-pod scaling paper §3): each all-reduce
     variable is updated by one owner worker, which alone holds its optimizer
@@ -282,6 +290,7 @@ class Config:
             raise AutoparError(f"Config.loss_reduction must be 'auto', 'mean', 'sum' or "
                                f"'parallax', got {self.loss_reduction!r}")
         _choice("sync_local_state", self.sync_local_state, ("none", "average"))
+        _choice("batch_mixing", self.batch_mixing, ("refuse", "per_worker"))
         if not (self.batch_norm_group is None or self.batch_norm_group == "all"
                 or (_is_int(self.batch_norm_group) and self.batch_norm_group >= 1)):
             raise AutoparError(f"Config.batch_norm_group must be 'all', a group size >= 1 or None, "

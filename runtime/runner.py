@@ -67,7 +67,8 @@ class Runner:
                  batch_size_tensor: tf.Tensor | None = None, step_fetches=(), on_close=(),
                  after_step=None, monitor=None, accumulate=None, dropcompute=None,
                  totals_allreduce=None, lifted=None, timeline=None, meter=None,
-                 lockstep_lookups=(), lookup_barriers=None, loss_reduction: str = "mean"):
+                 lockstep_lookups=(), lookup_barriers=None, loss_reduction: str = "mean",
+                 step_feeds=None):
         self.session = session
         self.graph = graph
         self.analysis = analysis
@@ -85,6 +86,8 @@ class Runner:
         # ops it runs without waiting for them (transforms.methods.ps.rewrite).
         self._step_fetches = list(step_fetches)
         self._after_step_op = after_step   # e.g. averaging batch-local state
+        # fed in every training step's run (WorkerGraph.in_step)
+        self._step_feeds = dict(step_feeds or {})
         self._on_close = list(on_close)
         # length -> (placeholder, sum over workers) for evaluate(); built on
         # first use by `totals_allreduce(length)`. None: one worker, no combining.
@@ -269,6 +272,8 @@ class Runner:
             self._stop()
         groups = self._groups_of(mapped)
         extra = self._step_extras(groups, fed=bool(feeds))
+        if self._step_feeds:
+            feeds = {**(feeds or {}), **self._step_feeds}
         with_step = self._fetched_with(groups)
         if with_step:
             extra["with_step"] = with_step

@@ -27,8 +27,9 @@ from autopar.transforms import serial
 from autopar.transforms.batch_mixing import find_batch_mixing
 from autopar.transforms.batch_weights import find_batch_weights
 from autopar.transforms.batchnorm import BatchNormInfo, find_batch_norms
+from autopar.transforms.example_rows import ExampleRows
 from autopar.transforms.graph_utils import (INPUT_OP_TYPES, VARIABLE_OP_TYPES, batch_local_ops,
-                                            collector_paused, graph_of,
+                                            transforming, graph_of,
                                             in_gradient_scope, initialization_guard,
                                             is_restore_assignment, reduces_batch_axis,
                                             stacked_terms, static_shape, writes_variable)
@@ -143,13 +144,15 @@ class Analysis:
     # whose batches of a step differ in size weigh their gradients by it
     # (transforms.batch_weights).
     batch_weights: dict[str, str] = field(default_factory=dict)
-    # Random ops that draw per example (a dropout mask): each worker draws
-    # the global batch's and keeps its examples' rows (transforms.random_draws).
-    batch_draws: list[str] = field(default_factory=list)
-    # Ops at which the losses mix the examples of a batch other than in batch
-    # normalisation (in-batch negatives, a batch statistic fed back into each
-    # example): each worker mixes its own share's only (transforms.batch_mixing).
-    batch_mixing: list[str] = field(default_factory=list)
+    # {random op that draws per example (a dropout mask): [k, g], its k
+    # blocks of the examples' rows, g rows each}: each worker draws the
+    # global batch's and keeps its examples' rows (transforms.random_draws).
+    batch_draws: dict[str, list[int]] = field(default_factory=dict)
+    # {op: what it does} where the losses mix the examples of a batch other
+    # than in batch normalisation (in-batch negatives, a batch statistic fed
+    # back into each example, an op of no known rule): refused on several
+    # workers unless Config(batch_mixing="per_worker") (transforms.batch_mixing).
+    batch_mixing: dict[str, str] = field(default_factory=dict)
     # Every step op that is not an update op of one variable (the train ops
     # a user fetches: minimize()'s op, tf.group()s of them, ops after them)
     # -> the train groups its run updates.
@@ -206,7 +209,7 @@ def analyze_graph(graph_or_meta) -> Analysis:
     every variable are answered together by one pass in each direction, and
     per-variable walks stay in the variable's own neighbourhood."""
     graph = graph_of(graph_or_meta)
-    with collector_paused():
+    with transforming():
         return _analyze(graph)
 
 
@@ -252,26 +255,6 @@ def _analyze(graph: tf.Graph) -> Analysis:
                  for var_op in trainable if var_op.name in updates]
     for info in variables:
         info.recognised = recognised[info.name]
-    conditional = _conditional_ops(index)
-    paths = _path_ops(index, [([t for t in (v.grad_tensor, v.grad_values, v.grad_indices) if t],
-                               set(v.update_ops)) for v in variables])
-    for info, path in zip(variables, paths):
-        grads = [t for t in (info.grad_tensor, info.grad_values, info.grad_indices) if t]
-        info.path_ops = path
-        first = info.grad_tensor or info.grad_values
-        info.grad_position = index.position.get(first.split(":")[0], -1) if first else -1
-        _own_region(graph, info, set(grads), set(info.update_ops))
-        if info.gradient == "sparse" and not info.ps_blocker and not info.dedup:
-            info.ps_blocker = _nonlinear_in_rows(graph, info)
-        if not info.ps_blocker:
-            info.ps_blocker = _read_in_a_function(graph, info.name)
-        if not info.ps_blocker:
-            info.ps_blocker = _written_outside_update(graph, info, writers)
-        if not info.ps_blocker:
-            info.ps_blocker = _updated_conditionally(info, conditional)
-        info.partition_blocker = _whole_values_in_update(graph, info)
-    slot_names = {s for v in variables for s in v.slots}
-    all_update_ops = {u for v in variables for u in v.update_ops}
     fetches = {op.name for op in graph.get_collection(FETCHES)}
     groups, trains = _train_groups(index, variables, fetches)
     seeds = _loss_seeds(graph)
@@ -289,6 +272,30 @@ def _analyze(graph: tf.Graph) -> Analysis:
     batch_norms = find_batch_norms(graph, batch_local, writers)
     loss_counts, loss_count_reads = find_loss_counts(graph, losses, INPUT_OP_TYPES,
                                                      frozenset(averaged))
+    rows = ExampleRows(graph, stops=averaged, shared=set(loss_counts),
+                       exempt={op for b in batch_norms for op in b.ops})
+    conditional = _conditional_ops(index)
+    paths = _path_ops(index, [([t for t in (v.grad_tensor, v.grad_values, v.grad_indices) if t],
+                               set(v.update_ops)) for v in variables])
+    for info, path in zip(variables, paths):
+        grads = [t for t in (info.grad_tensor, info.grad_values, info.grad_indices) if t]
+        info.path_ops = path
+        first = info.grad_tensor or info.grad_values
+        info.grad_position = index.position.get(first.split(":")[0], -1) if first else -1
+        _own_region(graph, info, set(grads), set(info.update_ops))
+        if info.gradient == "sparse" and not info.dedup:
+            _rows_of_shared_ids(graph, rows, info)
+        if info.gradient == "sparse" and not info.ps_blocker and not info.dedup:
+            info.ps_blocker = _nonlinear_in_rows(graph, info)
+        if not info.ps_blocker:
+            info.ps_blocker = _read_in_a_function(graph, info.name)
+        if not info.ps_blocker:
+            info.ps_blocker = _written_outside_update(graph, info, writers)
+        if not info.ps_blocker:
+            info.ps_blocker = _updated_conditionally(info, conditional)
+        info.partition_blocker = _whole_values_in_update(graph, info)
+    slot_names = {s for v in variables for s in v.slots}
+    all_update_ops = {u for v in variables for u in v.update_ops}
     return Analysis(
         variables=variables,
         state=_step_state(graph, trainable, slot_names, all_update_ops, batch_local, writers),
@@ -304,9 +311,8 @@ def _analyze(graph: tf.Graph) -> Analysis:
         batch_weights=find_batch_weights(
             graph, _trained_seeds(index, every_seed, reached, inner, averaged),
             lambda loss: batch_reduced(graph, loss, input_ops), input_ops),
-        batch_draws=find_batch_draws(graph, batch_local, averaged),
-        batch_mixing=find_batch_mixing(graph, every_loss, batch_local,
-                                       {op for b in batch_norms for op in b.ops}),
+        batch_draws=find_batch_draws(graph, rows, batch_local),
+        batch_mixing=find_batch_mixing(graph, rows, every_loss),
         trains=trains,
     )
 
@@ -1270,6 +1276,14 @@ def _own_region(graph, info: VariableInfo, grads: set[str], update_set: set[str]
                 continue
             if c.type == "L2Loss" and t.name in grads:
                 norms.add(c.name)
+            elif c.type == "IdentityN" and c.name in path:
+                # Keras's optimizers pass every gradient through one
+                # IdentityN, output k being input k: this variable's own
+                # outputs only, the gradient itself (the rewrite reads its
+                # aggregate through it)
+                passed = [o.name for o, x in zip(c.outputs, c.inputs) if x is t]
+                grads = grads | set(passed)
+                frontier.extend(passed)
             elif c.name in path:
                 own.add(c.name)
                 frontier.extend(o.name for o in c.outputs)
@@ -1371,6 +1385,95 @@ _INDEX_PASS_THROUGH = frozenset({"Reshape", "Identity", "Cast", "Squeeze", "Expa
 _DISTINCT_IDS = {("Unique", 0), ("UniqueV2", 0), ("UniqueWithCounts", 0),
                  ("UniqueWithCountsV2", 0), ("SparseSegmentSumGradV2", 1),
                  ("SparseSegmentMeanGradV2", 1), ("SparseSegmentSqrtNGradV2", 1)}
+
+
+def _rows_of_shared_ids(graph, rows: ExampleRows, info: VariableInfo) -> None:
+    """Rows of ids that no example owns. A gradient row of an id looked up
+    for an example belongs to that example: the workers' rows together are
+    one device's, whatever the update does with them. An id every worker
+    looks up alike (tf.range over positions, a constant, a sampler's
+    candidates) gets a row on every worker holding its share of the batch's
+    sum, where one device has one row of the whole sum: an update that
+    transforms each row before adding rows of one id (Keras's Adam squares
+    them) sees N rows where one device sees one. Such rows are combined by
+    id first (as deduplicated rows are: `dedup`) when the ids are distinct,
+    as one device's then are; otherwise they are refused unless the update
+    adds rows of one id before anything else."""
+    origin, ids = _row_origin(graph, rows, graph.get_tensor_by_name(info.grad_indices))
+    if origin == "example":
+        return
+    if origin == "distinct":
+        info.dedup = True
+        return
+    nonlinear = _nonlinear_in_rows(graph, info)
+    if nonlinear or info.norm_ops:
+        what = (nonlinear.split(" (servers add")[0] if nonlinear else
+                f"the global norm reads its rows ('{info.norm_ops[0]}')")
+        raise UnsupportedGraphError(
+            f"variable '{info.name}': its gradient's rows are for ids '{ids.name}' that no "
+            "example of the batch owns (every worker looks them up alike, each row holding "
+            "its share of the batch's sum) and that may repeat, and " + what + ": one device "
+            "would see one row per id and use. Look the ids up once (tf.unique), or apply "
+            "the gradient with an optimizer that adds an id's rows first")
+
+
+def _row_origin(graph, rows: ExampleRows, indices: tf.Tensor) -> tuple[str, tf.Tensor]:
+    """Where a sparse gradient's ids come from: "example" (each one an
+    example's: rows of the batch's forms), "distinct" (ids no example owns
+    that cannot repeat: a tf.range, distinct constants) or "shared" (any
+    other); and the forward tensor of the ids. The backward pass reshapes
+    and concatenates the lookups' ids: followed back to them."""
+    forward, stack = [], [indices]
+    while stack:
+        t = stack.pop()
+        if not in_gradient_scope(t.op.name):
+            forward.append(t)
+        elif t.op.type in _INDEX_PASS_THROUGH and t.op.inputs:
+            stack.append(t.op.inputs[0])
+        elif t.op.type == "ConcatV2":
+            stack.extend(t.op.inputs[:-1])
+        else:
+            forward.append(t)
+    forms = [rows.form(t) for t in forward]
+    if all(f[0] in ("rows", "elems") for f in forms):
+        return "example", forward[0]
+    if len(forward) == 1 and _distinct_ids(forward[0]):
+        return "distinct", forward[0]
+    shared = next((t for t, f in zip(forward, forms) if f[0] not in ("rows", "elems")), forward[0])
+    return "shared", shared
+
+
+def _distinct_ids(t: tf.Tensor) -> bool:
+    """Whether ids `t` cannot repeat: a tf.range, a tf.unique, distinct
+    constants, through reshapes and casts."""
+    for _ in range(64):
+        if (t.op.type, t.value_index) in _DISTINCT_IDS or t.op.type == "Range":
+            return True
+        value = tf.get_static_value(t)
+        if value is not None:
+            return len(np.unique(value)) == np.size(value)
+        wrapped = _negative_ids_wrapped(t)
+        if wrapped is not None:
+            t = wrapped
+            continue
+        if t.op.type not in _INDEX_PASS_THROUGH or not t.op.inputs:
+            return False
+        t = t.op.inputs[0]
+    return False
+
+
+def _negative_ids_wrapped(t: tf.Tensor) -> tf.Tensor | None:
+    """x of where(x < 0, x + n, x) (Keras's take of a table of n rows): one
+    id per distinct x in [-n, n), the only ids a lookup accepts; else None."""
+    op = t.op
+    if op.type not in ("Select", "SelectV2") or len(op.inputs) != 3:
+        return None
+    cond, wrapped, x = op.inputs
+    if (cond.op.type == "Less" and cond.op.inputs[0] is x
+            and tf.get_static_value(cond.op.inputs[1]) == 0
+            and wrapped.op.type in ("Add", "AddV2") and any(i is x for i in wrapped.op.inputs)):
+        return x
+    return None
 
 
 def _deduplicated(indices: tf.Tensor) -> bool:

@@ -14,7 +14,8 @@ from typing import Any
 from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms import serial
 from autopar.transforms.analysis import Analysis, analyze_graph
-from autopar.transforms.graph_utils import graph_of
+from autopar.transforms.batch_mixing import mixing_refusal
+from autopar.transforms.graph_utils import graph_of, transforming
 from autopar.transforms.placement import Move, place_ops
 from autopar.transforms.plan import Plan, PlanOptions, make_plan
 from autopar.transforms.topology import Topology
@@ -93,8 +94,9 @@ def compile_plan(graph_or_meta, topology: Topology | int, options: PlanOptions |
     Pure and deterministic: the same inputs give an equal CompiledPlan."""
     graph = graph_of(graph_or_meta)   # a MetaGraphDef is imported once
     analysis = analyze_graph(graph)
-    plan = make_plan(analysis, topology, fusion_bytes, communication_hint, options)
-    moves = place_ops(graph, analysis, plan)
+    with transforming():
+        plan = make_plan(analysis, topology, fusion_bytes, communication_hint, options)
+        moves = place_ops(graph, analysis, plan)
     return CompiledPlan(analysis=analysis, plan=plan, moves=moves)
 
 
@@ -105,6 +107,15 @@ def compile_for_config(graph_or_meta, topology: Topology | int, config) -> Compi
                             fusion_bytes=config.fusion_bytes,
                             communication_hint=config.communication_hint)
     compiled.job_config = serial.encode(config)
+    mixing = compiled.analysis.batch_mixing
+    if mixing and compiled.plan.num_workers > 1 and config.batch_mixing == "refuse":
+        raise UnsupportedGraphError(mixing_refusal(mixing, compiled.plan.num_workers))
+    if config.micro_batches > 1 and compiled.analysis.batch_draws:
+        raise UnsupportedGraphError(
+            f"Config(micro_batches={config.micro_batches}) with random draws per example "
+            f"('{next(iter(compiled.analysis.batch_draws))}', a dropout mask): each micro-batch "
+            "would draw its own rows, where one device draws the whole batch's at once. Use "
+            "micro_batches=1 for this program")
     groups = compiled.analysis.train_groups
     if config.micro_batches > 1 and len(groups) > 1:
         raise UnsupportedGraphError(

@@ -130,23 +130,45 @@ def in_gradient_scope(op_name: str) -> bool:
 
 
 @contextlib.contextmanager
-def collector_paused():
-    """Python's cyclic garbage collector off for the block, as it was after.
+def transforming():
+    """The state the transforms run in, as it was after the block.
 
-    The analysis and the rewrite allocate tens of thousands of small objects
-    (lists, sets, NodeDef wrappers, Operations); each full pass of the
-    collector they would trigger walks every live object, the user's
-    TensorFlow graph included (hundreds of thousands for a BERT-large graph),
-    which made their time grow faster than the op count and vary by up to
-    half a second from run to run with where the passes fell. The garbage
-    they leave is collected once afterwards."""
+    - Python's cyclic garbage collector off. The analysis and the rewrite
+      allocate tens of thousands of small objects (lists, sets, NodeDef
+      wrappers, Operations); each full pass of the collector they would
+      trigger walks every live object, the user's TensorFlow graph included
+      (hundreds of thousands for a BERT-large graph), which made their time
+      grow faster than the op count and vary by up to half a second from run
+      to run with where the passes fell. The garbage they leave is collected
+      once afterwards.
+    - TensorFlow 2's static shapes: `shape[i]` an int or None. A program
+      that called tf.compat.v1.disable_v2_behavior() gets V1 shapes, whose
+      elements are `Dimension` objects: unhashable, and never `is None`, so
+      every test of a dimension would silently mean something else
+      (_v2_tensor_shapes)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
-        yield
+        with _v2_tensor_shapes():
+            yield
     finally:
         if enabled:
             gc.enable()
+
+
+@contextlib.contextmanager
+def _v2_tensor_shapes():
+    """TensorShape indexing as under TensorFlow 2 for the block, then as it
+    was. tf.compat.v1.enable_v2_tensorshape() is public, but puts back no
+    earlier state: the override it sets (None: follow tf2.enabled()) is
+    read and restored here, the one place autopar touches it."""
+    from tensorflow.python.framework import tensor_shape  # pylint: disable=import-outside-toplevel
+    before = tensor_shape._TENSORSHAPE_V2_OVERRIDE  # pylint: disable=protected-access
+    tf1.enable_v2_tensorshape()
+    try:
+        yield
+    finally:
+        tensor_shape._TENSORSHAPE_V2_OVERRIDE = before  # pylint: disable=protected-access
 
 
 def graph_of(graph_or_meta) -> tf.Graph:

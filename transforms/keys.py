@@ -91,7 +91,9 @@ WUS = KeyRange("weight-update sharding", 3 << 20, 1 << 20)
 EVALUATION = KeyRange("evaluation totals", 4 << 20, (1 << 16) + 1)
 LOSS_COUNTS = KeyRange("loss counts", 5 << 20, 1 << 10)
 BATCH_WEIGHTS = KeyRange("batch weights", (5 << 20) + (1 << 10), 1 << 10)
-INSTANCE_RANGES = (PLAN, LOCAL_STATE, BATCH_NORM, WUS, EVALUATION, LOSS_COUNTS, BATCH_WEIGHTS)
+BATCH_DRAWS = KeyRange("batch draws", (5 << 20) + (2 << 10), 1)
+INSTANCE_RANGES = (PLAN, LOCAL_STATE, BATCH_NORM, WUS, EVALUATION, LOSS_COUNTS, BATCH_WEIGHTS,
+                   BATCH_DRAWS)
 
 
 def check_disjoint(ranges) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import networkx as nx
+from tensorflow.python.ops import handle_data_util   # the dtype and shape a handle holds
 import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
@@ -138,6 +139,12 @@ def lift(obj) -> LiftedGraph:
                     continue   # its ops are out of the graph (_take_summaries)
                 if tables.get(internal.name) is not None:
                     input_map[internal.name] = _lifted_table(internal, *tables[internal.name])
+                    continue
+                held = _captured_variable(external, internal)
+                if held is not None:
+                    # a variable the function does not list (a tf.compat.v1
+                    # optimizer's slot, made outside it): lifted through its handle
+                    input_map[internal.name] = _lifted_variable(held, taken, lifted).handle
                     continue
                 if external.dtype == tf.resource:
                     raise UnsupportedGraphError(
@@ -311,8 +318,12 @@ def _tape_target(seed, position: dict, digraph, forward):
                 seen.add(other.name)
                 stack.append(other)
         if op is not seed:
+            # constants too: a term scaled by one (1e-2 * reduce_sum(x), an
+            # activity regularizer's add_loss) may read nothing else, and
+            # whatever forward tensor the backward pass reads is an input
+            # or output of an op the target is computed from
             reads |= {_shaped(x).op.name for x in op.inputs if not in_gradient_scope(x.op.name)
-                      and x.op.type != "Const" and x.op is not seed}
+                      and x.op is not seed}
     if not reads:
         return None
     latest = max(reads, key=position.__getitem__)
@@ -322,8 +333,58 @@ def _tape_target(seed, position: dict, digraph, forward):
         alike = [t for t in graph.get_operation_by_name(name).outputs
                  if t.dtype.is_floating and t.shape.rank == rank]
         if alike and reads <= nx.ancestors(digraph, name) | {name}:
-            return alike[0]
+            return _with_unread_terms(alike[0], reads, position[seed.name], digraph, forward)
     return None
+
+
+# Ops that add a loss's terms.
+_ADDING = frozenset({"Add", "AddV2", "AddN", "Sub"})
+# Ops whose gradient need read none of their inputs or outputs when shapes
+# are static (a sum's is its incoming gradient tiled, a reshape's reshaped).
+_READ_FREE = frozenset({"Add", "AddV2", "AddN", "Sub", "Neg", "Identity", "Cast", "Reshape",
+                        "Sum", "Mean", "ConcatV2", "Pack", "ExpandDims", "Squeeze", "Snapshot",
+                        "StopGradient", "IdentityN", "Tile", "BroadcastTo", "Transpose",
+                        "StridedSlice", "Slice", "Pad", "Const", "ReadVariableOp",
+                        "ResourceGather", "GatherV2", "Placeholder", "Fill", "ZerosLike",
+                        "OnesLike", "Shape", "ShapeN", "Size", "Rank", "Range"})
+
+
+def _with_unread_terms(target, reads: set, seed_position: int, digraph, forward):
+    """`target` with the terms added to it before the tape's gradient()
+    call whose backward passes read no forward tensor (a regularizer's
+    reduce_sum of activations of static shape, its scale a constant): a
+    tensor of the seed's rank made by adding a term to `target` (created
+    before the seed) is the target instead when every op of the term that
+    is not the target's has a gradient reading nothing or reading one of
+    its inputs or outputs the backward pass does read. A term computed
+    otherwise (another tape's loss, added up for a log) has ops whose
+    gradients would read what this backward pass does not."""
+    graph = target.graph
+    position = {op.name: i for i, op in enumerate(graph.get_operations())}
+    while True:
+        mine = nx.ancestors(digraph, target.op.name) | {target.op.name}
+        grown = []
+        for op in {c for c in target.consumers()}:
+            if (op.type not in _ADDING or op.name not in forward
+                    or position[op.name] > seed_position or len(op.outputs) != 1
+                    or op.outputs[0].shape.rank != target.shape.rank
+                    or not op.outputs[0].dtype.is_floating):
+                continue
+            terms = (nx.ancestors(forward, op.name) | {op.name}) - mine - {op.name}
+            if all(_differentiated_alike(graph.get_operation_by_name(n), reads) for n in terms):
+                grown.append(op.outputs[0])
+        if len(grown) != 1:
+            return target
+        target = grown[0]
+
+
+def _differentiated_alike(op, reads: set) -> bool:
+    """Whether a backward pass reading `reads` may have differentiated `op`:
+    its gradient needs no forward tensor, or reads one of its own."""
+    if op.type in _READ_FREE or not any(t.dtype.is_floating for t in op.outputs):
+        return True
+    return (any(x.op.name in reads for x in op.inputs)
+            or op.name in reads)
 
 
 def _shaped(t):
@@ -335,6 +396,40 @@ def _shaped(t):
             and t.op.inputs and not in_gradient_scope(t.op.inputs[0].op.name):
         t = t.op.inputs[0]
     return t
+
+
+class CapturedVariable:
+    """A variable a traced function captures by its handle alone, no Python
+    tf.Variable of the function's standing for it (a tf.compat.v1
+    optimizer's slot, which the optimizer makes outside the function):
+    what the runner reads and writes of a Python variable (`numpy`,
+    `assign`, `shape`, `dtype`, `trainable`, `name`), done through the
+    handle eagerly."""
+
+    def __init__(self, handle, name: str, dtype: tf.DType, shape: tf.TensorShape) -> None:
+        self.handle, self.name, self.dtype, self.shape = handle, name, dtype, shape
+        self.trainable = False
+
+    def numpy(self):
+        return tf.raw_ops.ReadVariableOp(resource=self.handle, dtype=self.dtype).numpy()
+
+    def assign(self, value) -> None:
+        tf.raw_ops.AssignVariableOp(resource=self.handle,
+                                    value=tf.convert_to_tensor(value, self.dtype))
+
+
+def _captured_variable(external, internal) -> CapturedVariable | None:
+    """The variable behind a captured eager resource handle whose handle
+    data says it holds a tensor of one dtype and shape (a lookup table's
+    says nothing), else None."""
+    if external.dtype != tf.resource or not hasattr(external, "numpy"):
+        return None
+    data = handle_data_util.get_resource_handle_data(internal)
+    if not data.is_set or len(data.shape_and_type) != 1:
+        return None
+    held = data.shape_and_type[0]
+    return CapturedVariable(external, f"{_outside(internal.op.name)}:0",
+                            tf.as_dtype(held.dtype), tf.TensorShape(held.shape))
 
 
 def _lifted_variable(variable, taken: set[str], lifted: LiftedGraph):

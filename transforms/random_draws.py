@@ -1,42 +1,51 @@
-"""Random draws per example: dropout masks, Gaussian noise on activations.
+"""Random draws per example: dropout masks, Gaussian noise on activations,
+a GAN's latent vectors and label noise.
 
-One device draws a mask for the global batch of N*b examples; a worker's
+One device draws a mask for the global batch of B examples; a worker's
 graph draws one for its own b. Seeded the same way on every worker (a graph
 seed, or a Keras seed generator's state, which starts equal everywhere),
 every worker would draw the same b rows: each worker's examples would get
 the masks of the first b examples of one device's batch, the same ones on
 every worker, where one device gives every example its own.
 
-A draw is per example when the first element of its shape is the batch's
-size: the first dimension of a tensor computed from the input batch
-(tf.shape(x), or a noise shape built from tf.shape(x)[0]), or, when
-TensorFlow folded that into a constant because the batch's size is static,
-a constant first element that is neither 1 nor unlike the batch tensor the
+A draw is per example when its shape's first element counts the batch's
+examples (transforms.example_rows): tf.shape(x)[0] of a tensor of the
+batch's rows, a noise shape built from it, the shape of a concatenation of
+such tensors (a GAN's labels for its fake rows then its real ones: 2 blocks
+of b rows), or a tensor whose examples have g rows each (g static); or,
+when TensorFlow folded the batch's static size into a constant shape, a
+constant first element that is neither 1 nor unlike the batch tensor the
 draw is combined with elementwise (a dropout mask multiplying the
 activations). A draw whose first dimension is 1 (a noise shape shared over
 the batch) or whose shape does not depend on the batch (noise on a weight,
-a sampled softmax's candidates) is one device's draw as it is: every
-worker draws the same, as one device draws it once.
+a sampled softmax's candidates) is one device's draw as it is: every worker
+draws the same, as one device draws it once.
 
-The rewrite makes worker w draw the global batch's N*b rows, with the
-op's own seed and state (a stateful op's generator then advances as one
-device's does), and keep rows w, w+N, w+2N, ...: the rows of its examples
+The rewrite makes worker w draw the global batch's k * B * g rows (k
+blocks of B examples of g rows), with the op's own seed and state (a
+stateful op's generator then advances as one device's does), and keep, in
+every block, the rows of examples w, w+N, w+2N, ...: the worker's examples
 when worker w holds examples w, w+N, ... of each global batch, which is how
-autopar.shard and autopar.fit split it. The draws then equal one device's.
+autopar.shard and autopar.fit split it, in equal shares or not (32 examples
+on 3 workers: 11/11/10). B is the sum of the workers' b: where the graph
+leaves the batch's size unknown, a training step adds them up (one scalar
+all-reduce, which the runner asks for by feeding the rewrite's in-step
+flag); a run that is no training step (an evaluation on the chief alone)
+takes B = N * b, so it waits for no other worker.
 
 A random op that depends on the batch otherwise (a categorical draw from
 per-example logits, a shuffle of the batch, a shape whose first element is
-not the batch's size, a per-example rate) is refused by name: no split of
-one device's draw gives each worker its share.
+not a count of the examples, a per-example rate, a shape holding a padded
+length that one device's batch would have otherwise) is refused by name: no
+split of one device's draw gives each worker its share.
 """
 from __future__ import annotations
 
-import numpy as np
 import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
-from autopar.transforms.graph_utils import batch_local_ops
-from autopar.transforms.ops import copy_op, new_op, reshape
+from autopar.transforms.example_rows import SHARED, ExampleRows
+from autopar.transforms.ops import copy_op
 
 # Random ops whose output's leading dimensions are a shape input: the input's index.
 SHAPED_DRAWS = {
@@ -70,8 +79,6 @@ def draws_randomly(op_type: str) -> bool:
     return op_type in SHAPED_DRAWS or op_type in OTHER_DRAWS or op_type == SKIP
 
 
-# Ops between a shape and its first element that keep it.
-_PASS = frozenset({"Identity", "Cast", "Snapshot"})
 # Elementwise ops through which a draw reaches the batch tensor it is combined with.
 _ELEMENTWISE = frozenset({"Mul", "Add", "AddV2", "Sub", "RealDiv", "Div", "DivNoNan",
                           "Maximum", "Minimum", "Select", "SelectV2", "GreaterEqual",
@@ -80,55 +87,58 @@ _ELEMENTWISE = frozenset({"Mul", "Add", "AddV2", "Sub", "RealDiv", "Div", "DivNo
                           "Sqrt", "Exp", "Log", "Snapshot"})
 
 
-def find_batch_draws(graph: tf.Graph, batch_ops: set[str], averaged: set[str]) -> list[str]:
-    """The random ops of `graph` that draw per example (see the module's
-    docstring), and the tf.random.Generator state reads advanced by such a
-    draw's size, in graph order. `batch_ops`: the ops computed from the
-    input batch other than through the `averaged` gradients
-    (graph_utils.batch_local_ops). Refuses a random op that depends on the
-    batch otherwise."""
-    skips = [op for op in graph.get_operations() if op.type == SKIP and op.name in batch_ops
-             and _counts_a_batch_shape(op.inputs[2], batch_ops)]
-    if skips:
-        # a draw's key and counter from such a read are one device's
-        batch_ops = batch_local_ops(graph, averaged | {t.name for op in skips
-                                                       for t in op.outputs})
-    out = []
+def find_batch_draws(graph: tf.Graph, rows: ExampleRows,
+                     batch_ops: set[str]) -> dict[str, list[int]]:
+    """{random op of `graph` that draws per example: [k, g], its k blocks of
+    the examples' rows, g rows each} (the module's docstring), and the
+    tf.random.Generator state reads advanced by such a draw's size (k, and
+    g times the draw's other dimensions), in graph order. `rows`: the
+    tensors' forms; `batch_ops`: the ops computed from the input batch other
+    than through the averaged gradients (graph_utils.batch_local_ops).
+    Refuses a random op that depends on the batch otherwise."""
+    out: dict[str, list[int]] = {}
     for op in graph.get_operations():
-        if op.type == SKIP and op in skips:
-            out.append(op.name)
-        elif (op.type in OTHER_DRAWS or op.type == SKIP) and op.name in batch_ops:
+        if op.type == SKIP and rows.form(op.inputs[2]) != SHARED:
+            form = rows.form(op.inputs[2])
+            if form[0] == "size" and form[2] is not None:
+                out[op.name] = [form[1], form[2]]
+                continue
+            raise _refusal(op, "its inputs come from the input batch")
+        if op.type in OTHER_DRAWS and any(rows.form(t) != SHARED for t in op.inputs):
             raise _refusal(op, "its inputs come from the input batch")
         if op.type not in SHAPED_DRAWS:
             continue
         index = SHAPED_DRAWS[op.type]
         shape = op.inputs[index]
-        others = [t for i, t in enumerate(op.inputs) if i != index and t.op.name in batch_ops]
+        others = [t for i, t in enumerate(op.inputs) if i != index and rows.form(t) != SHARED]
         if others:
             raise _refusal(op, f"its input '{others[0].name}' comes from the input batch")
-        if shape.op.name in batch_ops:
-            if not _first_is_batch_size(shape, batch_ops):
-                raise _refusal(op, f"its shape '{shape.name}' comes from the input batch, but "
-                                   "its first element is not the batch's size")
-        elif not _constant_batch_shape(op, shape, batch_ops):
+        layout = _layout(op, shape, rows, batch_ops)
+        if layout is None:
             continue
         if shape.shape.rank != 1 or shape.shape[0] is None:
             raise UnsupportedGraphError(
                 f"the random op '{op.name}' ({op.type}) draws per example, but its shape "
                 f"'{shape.name}' has no static length")
-        out.append(op.name)
+        out[op.name] = layout
     return out
 
 
-def _counts_a_batch_shape(delta: tf.Tensor, batch_ops: set[str]) -> bool:
-    """Whether a state read's `delta` is the product of a shape whose first
-    element is the batch's size (what tf.random.Generator builds)."""
-    t = delta
-    while t.op.type in _PASS:
-        t = t.op.inputs[0]
-    return (t.op.type == "Prod" and tf.get_static_value(t.op.inputs[1]) is not None
-            and list(np.reshape(tf.get_static_value(t.op.inputs[1]), -1)) == [0]
-            and _first_is_batch_size(t.op.inputs[0], batch_ops))
+def _layout(op: tf.Operation, shape: tf.Tensor, rows: ExampleRows,
+            batch_ops: set[str]) -> list[int] | None:
+    """[k, g] of a per-example draw of shape `shape`, None for a draw that is
+    one device's as it is; refuses any other shape of the batch."""
+    form = rows.form(shape)
+    if form[0] == "shape":
+        if form[2] is None or "d" in form[3]:
+            raise _refusal(op, f"its shape '{shape.name}' holds a length of the worker's "
+                               "batch other than its count of examples (a padded length), "
+                               "which one device's batch would have otherwise")
+        return [form[1], form[2]]
+    if form[0] == "shared":
+        return [1, 1] if _constant_batch_shape(op, shape, batch_ops) else None
+    raise _refusal(op, f"its shape '{shape.name}' comes from the input batch, but its first "
+                       "element is not the batch's size")
 
 
 def _refusal(op: tf.Operation, why: str) -> UnsupportedGraphError:
@@ -138,49 +148,6 @@ def _refusal(op: tf.Operation, why: str) -> UnsupportedGraphError:
         "share (autopar makes each worker draw the rows of its own examples for a draw whose "
         "shape starts with the batch's size, such as a dropout mask: tf.shape(x) or a noise "
         "shape starting with tf.shape(x)[0])")
-
-
-def _first_is_batch_size(shape: tf.Tensor, batch_ops: set[str]) -> bool:
-    """Whether element 0 of the 1-D `shape` is the first dimension of a
-    tensor computed from the input batch (axis 0 is the batch's)."""
-    t = shape
-    while True:
-        op = t.op
-        if op.type in _PASS:
-            t = op.inputs[0]
-        elif op.type == "Pack" and t.shape.rank == 1:
-            return _is_batch_size(op.inputs[0], batch_ops)
-        elif op.type == "ConcatV2" and op.inputs[0].shape.rank == 1 and \
-                (op.inputs[0].shape[0] or 0) > 0:
-            t = op.inputs[0]
-        elif op.type == "StridedSlice" and _from_element_zero(op) and t.shape.rank == 1:
-            t = op.inputs[0]
-        elif op.type in ("Shape", "ShapeN"):
-            return op.inputs[t.value_index].op.name in batch_ops
-        else:
-            return False
-
-
-def _is_batch_size(scalar: tf.Tensor, batch_ops: set[str]) -> bool:
-    """Whether the scalar is the first dimension of a batch tensor:
-    tf.shape(x)[0], through casts."""
-    t = scalar
-    while t.op.type in _PASS:
-        t = t.op.inputs[0]
-    op = t.op
-    return (op.type == "StridedSlice" and _from_element_zero(op)
-            and op.get_attr("shrink_axis_mask") & 1 == 1
-            and _first_is_batch_size(op.inputs[0], batch_ops))
-
-
-def _from_element_zero(op: tf.Operation) -> bool:
-    """A StridedSlice whose first output element is its input's element 0."""
-    begin, strides = tf.get_static_value(op.inputs[1]), tf.get_static_value(op.inputs[3])
-    if begin is None or strides is None or len(begin) == 0:
-        return False
-    starts_at_zero = begin[0] == 0 or op.get_attr("begin_mask") & 1
-    return bool(starts_at_zero and strides[0] == 1 and not op.get_attr("ellipsis_mask")
-                and not op.get_attr("new_axis_mask") & 1)
 
 
 def _constant_batch_shape(op: tf.Operation, shape: tf.Tensor, batch_ops: set[str]) -> bool:
@@ -207,46 +174,44 @@ def _constant_batch_shape(op: tf.Operation, shape: tf.Tensor, batch_ops: set[str
     return False
 
 
-def rewrite_batch_draws(graph: tf.Graph, draws: list[str], num_workers: int,
-                        worker_index: int, constants) -> tuple[dict[str, str], set[str]]:
-    """Worker `worker_index`'s per-example draws: a copy of each draw's op
-    (its seeds and state) draws N times its first dimension, and the op's
-    readers read rows worker_index::N of it; a copy of a generator's state
-    read skips N times as far. Returns (each original op's output -> what
+def rewrite_batch_draws(graph: tf.Graph, draws: dict[str, list[int]], num_workers: int,
+                        worker_index: int, global_batch) -> tuple[dict[str, str], set[str]]:
+    """Worker `worker_index`'s per-example draws (module docstring): a copy
+    of each draw's op (its seeds and state) draws the global batch's rows,
+    and the op's readers read this worker's examples' rows of it; a copy of
+    a generator's state read skips as far as one device's draw. `draws`:
+    find_batch_draws's; `global_batch(b)`: B, the step's examples, from this
+    worker's b (int64 scalars). Returns (each original op's output -> what
     its readers read instead; the ops built here)."""
     before = {op.name for op in graph.get_operations()}
     rewire: dict[str, str] = {}
-    n = num_workers
+    n, w = num_workers, worker_index
     with tf.name_scope("autopar/batch_draws/"):
-        for name in draws:
+        for name, (blocks, group) in draws.items():
             op = graph.get_operation_by_name(name)
             if op.type == SKIP:
-                # the generator's state advances by one device's count
+                # the generator's state advances by one device's count: the
+                # draw's k * b * G values here, k * B * G there
                 delta = op.inputs[2]
-                count = new_op("Cast", [delta], SrcT=delta.dtype.base_dtype,
-                               DstT=tf.int64).outputs[0]
-                whole = new_op("Cast", [new_op("Mul", [count, constants.get(n, tf.int64)],
-                                               T=tf.int64).outputs[0]],
-                               SrcT=tf.int64, DstT=delta.dtype.base_dtype).outputs[0]
+                count = tf.cast(delta, tf.int64)
+                b = count // (blocks * group)
+                whole = tf.cast(count // b * global_batch(b), delta.dtype.base_dtype)
                 rewire[op.outputs[0].name] = copy_op(op, [*op.inputs[:2], whole]).outputs[0].name
                 continue
             index = SHAPED_DRAWS[op.type]
             shape = op.inputs[index]
-            rank = shape.shape[0]   # static: find_batch_draws refused any other shape
             dtype = shape.dtype.base_dtype
-            whole = new_op("Mul", [shape, constants.get([n] + [1] * (rank - 1), dtype)],
-                           T=dtype).outputs[0]
-            # [N*b, ...] as [b, N, ...]: row w + N*i of the global draw is [i, w]
-            split = new_op("ConcatV2", [constants.rows(shape, 0, 1), constants.get([n], dtype),
-                                        constants.rows(shape, 1, rank),
-                                        constants.get(0, tf.int32)],
-                           N=3, T=dtype, Tidx=tf.int32).outputs[0]
-            # the draw of the global batch: the op's own seeds and state
-            drawn = copy_op(op, [whole if i == index else t
-                                 for i, t in enumerate(op.inputs)]).outputs[0]
-            mine = new_op("GatherV2", [reshape(drawn, split), constants.get(worker_index, tf.int32),
-                                       constants.get(1, tf.int32)],
-                          Tparams=drawn.dtype.base_dtype, Tindices=tf.int32, Taxis=tf.int32,
-                          batch_dims=0).outputs[0]
-            rewire[op.outputs[0].name] = mine.name
+            b = tf.cast(shape[0], tf.int64) // (blocks * group)
+            total = global_batch(b)
+            # the global batch's draw, with the op's own seeds and state
+            whole = tf.concat([tf.cast(tf.reshape(total * (blocks * group), [1]), dtype),
+                               shape[1:]], 0)
+            drawn = copy_op(op, [whole if i == index else t for i, t in enumerate(op.inputs)])
+            # [k, B, g, ...]: element (j, e) holds block j's rows of example e
+            blocked = tf.concat([tf.cast(tf.stack([tf.constant(blocks, tf.int64), total,
+                                                   tf.constant(group, tf.int64)]), dtype),
+                                 shape[1:]], 0)
+            mine = tf.gather(tf.reshape(drawn.outputs[0], blocked),
+                             tf.range(w, w + n * b, n, dtype=tf.int64), axis=1)
+            rewire[op.outputs[0].name] = tf.reshape(mine, shape).name
     return rewire, {o.name for o in graph.get_operations()} - before

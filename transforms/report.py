@@ -61,7 +61,7 @@ class Report:
     batch_norms: list[dict] = field(default_factory=list)
     loss_counts: list[str] = field(default_factory=list)   # transforms.loss_counts
     batch_tensors: list[str] = field(default_factory=list)  # transforms.batch_weights
-    batch_draws: list[str] = field(default_factory=list)   # transforms.random_draws
+    batch_draws: list[str] = field(default_factory=list)   # transforms.random_draws: their ops
     # Weight-update sharding: optimizer-slot bytes each worker holds (with
     # and without sharding), per worker.
     shard_weight_update: bool = False
@@ -181,9 +181,9 @@ class Report:
         if self.batch_draws and self.num_workers > 1:
             draws = ", ".join(repr(d) for d in self.batch_draws)
             lines.append(f"random draws per example ({draws}): "
-                         f"each worker draws the global batch's, N = {self.num_workers} times its "
-                         "own, and keeps rows w, w+N, ...: one device's for its examples when it "
-                         "holds examples w, w+N, ... (autopar.shard, autopar.fit)")
+                         "each worker draws the global batch's and keeps the rows of examples "
+                         "w, w+N, ...: one device's for its examples when it holds examples "
+                         "w, w+N, ... (autopar.shard, autopar.fit), in equal shares or not")
         for v in self.variables:
             if v.dedup:
                 lines.append(f"{v.name}: deduplicated lookup (one row per distinct id): rows of "
@@ -293,7 +293,7 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
                   moved_ops=[m.as_dict() for m in moves or []],
                   loss_reduction=plan.loss_reduction, loss_reduction_why=plan.loss_reduction_why,
                   sync_local_state=plan.sync_local_state, loss_counts=analysis.loss_counts,
-                  batch_draws=analysis.batch_draws,
+                  batch_draws=list(analysis.batch_draws),
                   batch_tensors=sorted(set(analysis.batch_weights.values())),
                   shard_weight_update=plan.shard_weight_update,
                   slot_bytes=slot_bytes_per_worker(analysis, plan),

@@ -26,12 +26,12 @@ from autopar.transforms.analysis import Analysis
 from autopar.transforms.batch_weights import rewrite_batch_weights, weighs_batches
 from autopar.transforms.batchnorm import apply_rewire, group_of, rewrite_batch_norms
 from autopar.transforms.comm import CollectiveOpsBackend
-from autopar.transforms.graph_utils import (collector_paused, import_meta_graph, import_nodes,
+from autopar.transforms.graph_utils import (transforming, import_meta_graph, import_nodes,
                                              in_gradient_scope, initialization_guard,
                                              meta_graph_of, node_input_name)
 from autopar.transforms.partition import copy_region
 from autopar.transforms.placement import Move
-from autopar.transforms.keys import BATCH_NORM_GROUPS, BATCH_WEIGHTS, LOSS_COUNTS
+from autopar.transforms.keys import BATCH_DRAWS, BATCH_NORM_GROUPS, BATCH_WEIGHTS, LOSS_COUNTS
 from autopar.transforms.loss_counts import rewrite_loss_counts
 from autopar.transforms.random_draws import rewrite_batch_draws
 from autopar.transforms.barrier import cover_server_work
@@ -77,6 +77,10 @@ class WorkerGraph:
     # later micro-batches run; the user's train op then applies their sum.
     accumulate_first: str | None = None
     accumulate: str | None = None
+    # A bool placeholder (default False) a training step's run feeds True:
+    # per-example random draws then add up the workers' batch sizes
+    # (transforms.random_draws); None when the graph has none.
+    in_step: str | None = None
 
 
 def worker_device(worker_index: int) -> str:
@@ -96,7 +100,7 @@ def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan, worker_ind
     (transforms.comm; TensorFlow's collective ops by default).
     `micro_batches` > 1: gradients go through worker-local accumulators
     (transforms.accumulate) before any method aggregates them."""
-    with collector_paused():
+    with transforming():
         return _rewrite(graph_or_meta, analysis, plan, worker_index, moves, backend, micro_batches)
 
 
@@ -130,7 +134,8 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
         weights, weights_exempt = _batch_weights(scratch, analysis, plan, backend, micro_batches)
         rewire.update(weights)
         rewire_exempt |= weights_exempt
-        draws, draws_exempt = _batch_draws(scratch, analysis, plan, worker_index, ctx.constants)
+        draws, draws_exempt, in_step = _batch_draws(scratch, analysis, plan, backend,
+                                                    worker_index)
         rewire.update(draws)
         rewire_exempt |= draws_exempt
         broadcast = _broadcast_state(_global_variables(meta, scratch), plan, backend, worker_index == 0,
@@ -172,7 +177,7 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
                        partitions=edits.partitions, after_step=after_step,
                        lookup_barriers=edits.lookup_barriers,
                        accumulate_first=accumulation and accumulation.first_op,
-                       accumulate=accumulation and accumulation.add_op)
+                       accumulate=accumulation and accumulation.add_op, in_step=in_step)
 
 
 def _unguarded_initial_values(graph: tf.Graph, server_variables: set[str]) -> dict[str, str]:
@@ -261,6 +266,7 @@ def _edit_original_nodes(graph_def, new_nodes: set[str], edits: Edits) -> None:
     Identities replace theirs, every other one reads the replaced tensors
     (averaged or aggregated gradients) and waits for the extra controls."""
     rename = {node_input_name(k): node_input_name(v) for k, v in edits.replaced.items()}
+    _through_identity_n(graph_def, new_nodes, rename)
     for node in graph_def.node:
         if node.name in new_nodes or in_gradient_scope(node.name):
             continue   # the backward pass itself keeps using local gradients
@@ -277,6 +283,21 @@ def _edit_original_nodes(graph_def, new_nodes: set[str], edits: Edits) -> None:
                 elif inp in rename:
                     node.input[i] = rename[inp]
             node.input.extend("^" + c for c in edits.extra_control.get(node.name, []))
+
+
+def _through_identity_n(graph_def, new_nodes: set[str], rename: dict[str, str]) -> None:
+    """`rename` also for the outputs of an IdentityN of the original graph
+    whose inputs it renames: output k is input k (Keras's optimizers pass
+    every gradient through one), so a reader of it reads the replacement
+    directly, wherever it runs (an update on a server reads its aggregate
+    there, not through the worker's IdentityN)."""
+    for node in graph_def.node:
+        if node.op != "IdentityN" or node.name in new_nodes or in_gradient_scope(node.name):
+            continue
+        data = [i for i in node.input if not i.startswith("^")]
+        for k, inp in enumerate(data):
+            if inp in rename:
+                rename[node_input_name(f"{node.name}:{k}")] = rename[inp]
 
 
 def _updates_wait_for_gradients(graph_def, analysis: Analysis) -> None:
@@ -479,16 +500,40 @@ def _batch_weights(graph, analysis: Analysis, plan: Plan, backend,
     return {node_input_name(k): node_input_name(v) for k, v in rewire.items()}, built
 
 
-def _batch_draws(graph, analysis: Analysis, plan: Plan, worker_index: int,
-                 constants: ConstantPool) -> tuple[dict[str, str], set[str]]:
+def _batch_draws(graph, analysis: Analysis, plan: Plan, backend, worker_index: int
+                 ) -> tuple[dict[str, str], set[str], str | None]:
     """Per-example random draws (transforms.random_draws): each draws the
     global batch's rows and this worker reads its examples', as (tensor ->
-    replacement, ops exempt)."""
+    replacement, ops exempt, the in-step flag the runner feeds True in a
+    training step, or None). B, the step's examples: N * b where the graph
+    fixes b; else, in a training step, the workers' b added up (they may
+    differ: a dataset's last batch, 32 rows on 3 workers), and N * b in any
+    other run, which then waits for no other worker."""
     if not analysis.batch_draws or plan.num_workers == 1:
-        return {}, set()
-    rewire, built = rewrite_batch_draws(graph, analysis.batch_draws, plan.num_workers,
-                                        worker_index, constants)
-    return {node_input_name(k): node_input_name(v) for k, v in rewire.items()}, built
+        return {}, set(), None
+    n = plan.num_workers
+    flag = tf1.placeholder_with_default(False, [], name="autopar/batch_draws/in_step")
+    totals: list[tf.Tensor] = []
+
+    def global_batch(b: tf.Tensor) -> tf.Tensor:
+        static = tf.get_static_value(b)
+        if static is not None:
+            return tf.constant(n * int(static), tf.int64)
+        if not totals:   # every draw's b counts the same examples
+            # the branches' ops run where the cond does (no device of their
+            # own: a function keeps it, and the worker's graph sets devices
+            # only on its own nodes)
+            with tf.control_dependencies(None), tf1.device(None):
+                summed = tf.cond(flag, lambda: tf.cast(tf.reshape(backend.allreduce_sum(
+                    tf.reshape(tf.cast(b, tf.float64), [1]), BATCH_DRAWS.key(0)), []), tf.int64),
+                    lambda: b * n)
+            totals.append(summed)
+        return totals[0]
+    rewire, built = rewrite_batch_draws(graph, analysis.batch_draws, n, worker_index,
+                                        global_batch)
+    built.add(flag.op.name)
+    return ({node_input_name(k): node_input_name(v) for k, v in rewire.items()}, built,
+            flag.name)
 
 
 def _sync_local_state(graph, analysis: Analysis, plan: Plan, backend,

@@ -13,8 +13,14 @@ asked to partition (kept whole).
 
 loss_scaled: tf.compat.v1's MixedPrecisionLossScaleOptimizer in control
 flow v2, whose functional conds every process lowers into its graph; some
-steps skipped for gradients that overflow float32, a summed loss."""
+steps skipped for gradients that overflow float32, a summed loss.
+
+Each program also runs as TF1-era scripts run it, after
+tf.compat.v1.disable_v2_behavior() (reference variables, V1 control flow,
+V1 tensor shapes): some run options under it in `make test`, every one in
+`make test-matrix` (AUTOPAR_TEST_MATRIX=full)."""
 import importlib.util
+import os
 import re
 import sys
 
@@ -27,8 +33,22 @@ SCRIPT = REPO / "tests" / "integration" / "scripts" / "user_program.py"
 STEPS, BATCH = 6, 6
 # float64 where Adam divides by sqrt(v) (tests.models.model_dtype); herring
 # sums float32 only, so its case runs the float32 build (Momentum).
-CASES = [("hybrid", "float64"), ("ps", "float64"), ("allreduce", "float64"),
-         ("herring", "float32")]
+CASES = [("hybrid", "float64", "v2"), ("ps", "float64", "v1"), ("allreduce", "float64", "v2"),
+         ("herring", "float32", "v1")]
+# The finite tf.data program's run options and behaviours.
+DATASET_CASES = [("hybrid", "v1"), ("ps", "v2"), ("allreduce", "v1")]
+FULL = os.environ.get("AUTOPAR_TEST_MATRIX") == "full"
+if FULL:
+    CASES = [(option, dtype, b) for option, dtype, _ in CASES for b in ("v2", "v1")]
+    DATASET_CASES = [(option, b) for option, _ in DATASET_CASES for b in ("v2", "v1")]
+# The behaviours of the programs run in one run option.
+BEHAVIORS = ["v2", "v1"] if FULL else ["v2"]
+
+
+def _behavior(behavior: str) -> list[str]:
+    """The script's arguments for a behaviour: "v1", a program that calls
+    tf.compat.v1.disable_v2_behavior() first."""
+    return ["--v1-behavior"] if behavior == "v1" else []
 
 
 def _script_main():
@@ -42,14 +62,19 @@ def _script_main():
 def single_device(tmp_path_factory):
     cache = {}
 
-    def get(program: str, dtype: str, uneven: bool = False):
-        if (program, dtype, uneven) not in cache:
-            out = tmp_path_factory.mktemp(f"single_{program}_{dtype}")
-            run_in_process(_script_main(), ["--program", program, "--dtype", dtype,
-                                            *_steps(uneven), "--batch", str(BATCH),
-                                            "--out", str(out)])
-            cache[(program, dtype, uneven)] = load_worker(out, 0)
-        return cache[(program, dtype, uneven)]
+    def get(program: str, dtype: str, uneven: bool = False, behavior: str = "v2"):
+        key = (program, dtype, uneven, behavior)
+        if key not in cache:
+            out = tmp_path_factory.mktemp(f"single_{program}_{dtype}_{behavior}")
+            argv = ["--program", program, "--dtype", dtype, *_steps(uneven),
+                    "--batch", str(BATCH), "--out", str(out)]
+            if behavior == "v1":
+                # V1 behaviour is for the whole process: a process of its own
+                run_script([sys.executable, str(SCRIPT), *argv, *_behavior(behavior)])
+            else:
+                run_in_process(_script_main(), argv)
+            cache[key] = load_worker(out, 0)
+        return cache[key]
     return get
 
 
@@ -59,19 +84,19 @@ def _steps(uneven: bool) -> list[str]:
     return ["--steps", str(STEPS - 1), "--uneven-step"] if uneven else ["--steps", str(STEPS)]
 
 
-@pytest.mark.parametrize("run_option,dtype", CASES, ids=[c[0] for c in CASES])
-def test_two_trainers_match_single_device(run_option, dtype, tmp_path, single_device):
+@pytest.mark.parametrize("run_option,dtype,behavior", CASES, ids=[f"{c[0]}-{c[2]}" for c in CASES])
+def test_two_trainers_match_single_device(run_option, dtype, behavior, tmp_path, single_device):
     """The last step, both train ops together, has 7 examples split 3/2/2:
     mean losses over batches whose size the graph leaves unknown, so each
     worker weighs its gradients by its share of the step's examples
     (transforms.batch_weights) and the step is one device's."""
-    expected = single_device("two_trainers", dtype, uneven=True)
+    expected = single_device("two_trainers", dtype, uneven=True, behavior=behavior)
     out = tmp_path / "dist"
     spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
     log = run_script([sys.executable, str(SCRIPT),
                       "--program", "two_trainers", "--dtype", dtype, *_steps(True),
                       "--batch", str(BATCH), "--out", str(out), "--spec", str(spec),
-                      "--run-option", run_option])
+                      "--run-option", run_option, *_behavior(behavior)])
     assert "2 train ops update different variables" in log
     assert re.search(r"batch sizes: the loss averages '[^']+', '[^']+' over the batch", log), \
         log[-3000:]
@@ -86,14 +111,15 @@ def test_two_trainers_match_single_device(run_option, dtype, tmp_path, single_de
                                what=f"two_trainers {run_option} worker {i}")
 
 
-def test_a_loss_scaled_program_matches_single_device(tmp_path, single_device):
-    expected = single_device("loss_scaled", "float32", uneven=True)
+@pytest.mark.parametrize("behavior", BEHAVIORS)
+def test_a_loss_scaled_program_matches_single_device(behavior, tmp_path, single_device):
+    expected = single_device("loss_scaled", "float32", uneven=True, behavior=behavior)
     assert 0 < int(expected["global_step"]) < STEPS   # steps applied and skipped
     out = tmp_path / "dist"
     spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
     log = run_script([sys.executable, str(SCRIPT), "--program", "loss_scaled", "--dtype",
                       "float32", *_steps(True), "--batch", str(BATCH), "--out", str(out),
-                      "--spec", str(spec), "--run-option", "hybrid"])
+                      "--spec", str(spec), "--run-option", "hybrid", *_behavior(behavior)])
     # a loss summed over the batch: workers' sums add up whatever their sizes
     assert "examples where its first had" not in log
     # the embedding's sparse update would go to a server but for its condition
@@ -102,26 +128,29 @@ def test_a_loss_scaled_program_matches_single_device(tmp_path, single_device):
         assert_same_parameters(expected, load_worker(out, i), what=f"loss_scaled worker {i}")
 
 
-def test_a_gan_with_batch_norm_over_every_worker_matches_single_device(tmp_path, single_device):
+@pytest.mark.parametrize("behavior", BEHAVIORS)
+def test_a_gan_with_batch_norm_over_every_worker_matches_single_device(behavior, tmp_path,
+                                                                       single_device):
     """tests/programs/gan.py with Config(batch_norm_group="all"): the
     discriminator's second call's batch-norm layers are differentiated by
     both train ops' backward passes, which run on alternate steps (before:
     refused, "differentiated more than once")."""
-    expected = single_device("gan", "float64")
+    expected = single_device("gan", "float64", behavior=behavior)
     assert int(expected["global_step"]) == 4   # the discriminator's steps
     out = tmp_path / "dist"
     spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
     log = run_script([sys.executable, str(SCRIPT), "--program", "gan", "--dtype", "float64",
                       "--steps", str(STEPS), "--batch", str(BATCH), "--out", str(out),
-                      "--spec", str(spec), "--run-option", "ps"])
+                      "--spec", str(spec), "--run-option", "ps", *_behavior(behavior)])
     assert "batch norm discriminator_1/bn1 (fused): statistics over all 3 workers" in log
     assert "batch norm discriminator_1/bn2 (moments): statistics over all 3 workers" in log
     for i in range(3):
         assert_same_parameters(expected, load_worker(out, i), what=f"gan worker {i}")
 
 
-@pytest.mark.parametrize("run_option", ["hybrid", "ps", "allreduce"])
-def test_every_batch_of_a_finite_dataset_matches_single_device(run_option, tmp_path):
+@pytest.mark.parametrize("run_option,behavior", DATASET_CASES,
+                         ids=[f"{o}-{b}" for o, b in DATASET_CASES])
+def test_every_batch_of_a_finite_dataset_matches_single_device(run_option, behavior, tmp_path):
     """A TF1 program trained on a tf.data pipeline (autopar.shard, then
     .batch(2)) until its iterator ends, 2 epochs of 23 examples: each
     epoch's last step has 5 examples, which the 3 workers read as 2/2/1.
@@ -137,13 +166,13 @@ def test_every_batch_of_a_finite_dataset_matches_single_device(run_option, tmp_p
     steps alone)."""
     script = str(REPO / "tests" / "integration" / "scripts" / "tfdata_epochs.py")
     run_script([sys.executable, script, "--out", str(tmp_path / "single"), "--batch", "6",
-                "--steps", "8"])
+                "--steps", "8", *_behavior(behavior)])
     expected = load_worker(tmp_path / "single", 0)
     assert int(expected["global_step"]) == 8   # 4 steps an epoch, the last of 5
     spec = write_two_host_spec(tmp_path, workers=(2, 1),
                                servers=(0, 0) if run_option == "allreduce" else (1, 1))
     log = run_script([sys.executable, script, "--out", str(tmp_path / "dist"), "--batch", "2",
-                      "--spec", str(spec), "--run-option", run_option])
+                      "--spec", str(spec), "--run-option", run_option, *_behavior(behavior)])
     assert "each worker weighs its gradients by N * b / B" in log
     assert "examples where its first had" not in log
     for i in range(3):

@@ -583,3 +583,54 @@ def test_path_ops_through_a_loop_between_gradient_and_update():
     assert {v.name: v.path_ops for v in a.variables} == path_ops
     assert any("while" in n for n in path_ops["w"])
     assert a.step_ops == step_ops
+
+
+# ------------------------------------------- graphs built under V1 behaviour
+# Most TF1-era scripts call tf.compat.v1.disable_v2_behavior() first: reference
+# variables, V1 control flow and V1 tensor shapes, whose dimensions are
+# Dimension objects (unhashable, never `is None`). The analysis must find the
+# same facts as in the same program built under V2 behaviour.
+_V1_PROGRAM = r'''
+import json, sys
+import tensorflow as tf
+tf1 = tf.compat.v1
+if sys.argv[1] == "v1":
+    tf1.disable_v2_behavior()
+from autopar.transforms.analysis import analyze_graph
+graph = tf.Graph()
+with graph.as_default():
+    x = tf1.placeholder(tf.float32, [None, 3])
+    ids = tf1.placeholder(tf.int64, [None, 2])
+    y = tf1.placeholder(tf.float32, [None, 1])
+    emb = tf1.get_variable("emb", [10, 3])
+    w = tf1.get_variable("w", [6, 1])
+    b = tf1.get_variable("b", [1])
+    h = tf.concat([x, tf.reduce_mean(tf.nn.embedding_lookup(emb, ids), 1)], 1)
+    h = tf1.nn.dropout(h, rate=0.5, seed=1)
+    scores = tf.matmul(h, h, transpose_b=True)          # every example against every one
+    loss = tf.reduce_mean(tf.square(tf.matmul(h, w) + b - y)) + tf.reduce_mean(scores)
+    tf1.train.AdamOptimizer(0.1).minimize(loss)
+a = analyze_graph(graph)
+print(json.dumps({"variables": sorted((v.name, v.gradient, v.shape) for v in a.variables),
+                  "slots": sorted(s for v in a.variables for s in v.slots),
+                  "loss_reduction": a.loss_reduction, "batch_weights": len(a.batch_weights),
+                  "batch_draws": len(a.batch_draws), "batch_mixing": a.batch_mixing}))
+'''
+
+
+def test_a_graph_built_under_v1_behaviour_is_analysed_as_under_v2():
+    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3")
+    procs = {behaviour: subprocess.Popen([sys.executable, "-c", _V1_PROGRAM, behaviour],
+                                         cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, text=True)
+             for behaviour in ("v1", "v2")}
+    found = {}
+    for behaviour, proc in procs.items():
+        out, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err[-3000:]
+        found[behaviour] = json.loads(out.strip().splitlines()[-1])
+    assert found["v1"] == found["v2"]
+    facts = found["v1"]
+    assert [v[0] for v in facts["variables"]] == ["b", "emb", "w"]
+    assert facts["batch_weights"] == 1 and facts["batch_draws"] >= 1
+    assert facts["batch_mixing"]   # the scores matmul

@@ -1,11 +1,16 @@
 """Losses that mix the examples of a batch (transforms/batch_mixing.py): found
-from data flow and reported, where a loss of each example alone, batch
-normalisation (recognised) and the losses' own reductions are not."""
+from data flow (transforms/example_rows.py) whatever the op, and refused on
+several workers unless Config(batch_mixing="per_worker"), where a loss of
+each example alone, batch normalisation (recognised), a masked loss's count
+and the losses' own reductions are not."""
 import keras
 import pytest
 import tensorflow as tf
 
+import autopar
+from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms.analysis import analyze_graph
+from autopar.transforms.compile import compile_for_config
 from autopar.transforms.lift import lift
 from autopar.transforms.plan import make_plan
 from autopar.transforms.report import build_report
@@ -24,8 +29,14 @@ def _dual_encoder(kind: str) -> tf.Graph:
         y = tf1.placeholder(tf.float64, [None, F], name="y")
         q = tf.matmul(x, tf1.get_variable("wq", [F, 4], tf.float64), name="q")
         k = tf.matmul(y, tf1.get_variable("wk", [F, 4], tf.float64), name="k")
-        if kind == "in_batch_negatives":   # every query against every key of the batch
-            logits = tf.matmul(q, k, transpose_b=True, name="similarity")
+        if kind.startswith("in_batch_negatives"):   # every query against every key of the batch
+            if kind.endswith("einsum"):
+                logits = tf.einsum("bd,cd->bc", q, k, name="similarity")
+            elif kind.endswith("batch_matmul"):   # [1, b, d] x [1, d, b]
+                logits = tf.squeeze(tf.linalg.matmul(q[None], tf.transpose(k)[None],
+                                                     name="similarity"), 0)
+            else:
+                logits = tf.matmul(q, k, transpose_b=True, name="similarity")
             loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
                 labels=tf.range(tf.shape(x)[0]), logits=logits))
         elif kind == "centred":            # each query less the batch's mean query
@@ -53,15 +64,19 @@ def _dual_encoder(kind: str) -> tf.Graph:
 
 @pytest.mark.parametrize("kind,found", [
     ("in_batch_negatives", ["similarity"]),
+    ("in_batch_negatives_einsum", ["similarity/Einsum"]),
+    ("in_batch_negatives_batch_matmul", ["similarity"]),
     ("centred", ["batch_mean"]),
     ("normalised_over_batch", ["l2_normalize/Sum"]),
     ("hardest_half", ["hardest"]),
     ("per_example", []),
-    # a reduction keeping a first dimension of unknown size may be over time
-    ("time_major", []),
+    # a fed tensor carries its examples along axis 0: a time-major one's mean
+    # over axis 0 is taken for a mean over the examples (refused; feed
+    # batch-major tensors, or ask for per-worker semantics)
+    ("time_major", ["Mean"]),
 ])
 def test_ops_mixing_the_examples_of_a_batch_are_found(kind, found):
-    assert analyze_graph(_dual_encoder(kind)).batch_mixing == found
+    assert list(analyze_graph(_dual_encoder(kind)).batch_mixing) == found
 
 
 @pytest.mark.parametrize("model", ["bncnn_momentum", "lmmask_momentum", "lm_adam_clip",
@@ -70,17 +85,21 @@ def test_batch_norm_masked_means_and_lookups_mix_nothing(model):
     """Batch normalisation's moments are recognised (and made exact by
     Config(batch_norm_group)); a masked mean's count, an LSTM over time and
     embedding lookups keep each example to itself."""
-    assert analyze_graph(models.build(model).graph).batch_mixing == []
+    assert analyze_graph(models.build(model).graph).batch_mixing == {}
 
 
-def test_a_keras_step_with_in_batch_negatives_is_found():
+@pytest.mark.parametrize("how", ["matmul", "einsum"])
+def test_a_keras_step_with_in_batch_negatives_is_found(how):
     queries, keys = keras.layers.Dense(4, name="queries"), keras.layers.Dense(4, name="keys")
     optimizer = keras.optimizers.SGD(0.1)
 
     @tf.function
     def step(x, y):
         with tf.GradientTape() as tape:
-            logits = keras.ops.matmul(queries(x), keras.ops.transpose(keys(y)))
+            if how == "einsum":
+                logits = keras.ops.einsum("bd,cd->bc", queries(x), keys(y))
+            else:
+                logits = keras.ops.matmul(queries(x), keras.ops.transpose(keys(y)))
             loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(
                 tf.range(tf.shape(x)[0]), logits)
         variables = queries.trainable_variables + keys.trainable_variables
@@ -88,12 +107,22 @@ def test_a_keras_step_with_in_batch_negatives_is_found():
         return loss
     spec = tf.TensorSpec([None, F], tf.float32)
     analysis = analyze_graph(lift(step.get_concrete_function(spec, spec)).graph)
-    assert len(analysis.batch_mixing) == 1 and "MatMul" in analysis.batch_mixing[0]
+    [(op, what)] = analysis.batch_mixing.items()   # Keras writes a 2-D einsum as a MatMul
+    assert "of examples with other examples (in-batch negatives" in what
 
 
-def test_the_report_says_each_worker_mixes_its_own_share():
-    analysis = analyze_graph(_dual_encoder("in_batch_negatives"))
-    text = build_report(analysis, make_plan(analysis, 3)).table()
-    assert ("the loss mixes the examples of a batch at 'similarity' (in-batch negatives" in text
-            and "each of the 3 workers mixes only the examples of its own share" in text)
-    assert "mixes the examples" not in build_report(analysis, make_plan(analysis, 1)).table()
+def test_a_mixing_loss_is_refused_on_several_workers_unless_per_worker_is_asked():
+    graph = _dual_encoder("in_batch_negatives_einsum")
+    with pytest.raises(UnsupportedGraphError) as refused:
+        compile_for_config(graph, 3, autopar.Config())
+    assert ("the loss mixes the examples of a batch at 'similarity/Einsum' (an Einsum of "
+            "examples with other examples" in str(refused.value))
+    assert 'Config(batch_mixing="per_worker")' in str(refused.value)
+    compiled = compile_for_config(graph, 3, autopar.Config(batch_mixing="per_worker"))
+    text = build_report(compiled.analysis, compiled.plan).table()
+    assert ("the loss mixes the examples of a batch at 'similarity/Einsum'; with "
+            'Config(batch_mixing="per_worker") each of the 3 workers mixes only the examples '
+            "of its own share" in text)
+    compile_for_config(graph, 1, autopar.Config())   # one worker: one device's
+    assert "mixes the examples" not in build_report(compiled.analysis,
+                                                    make_plan(compiled.analysis, 1)).table()

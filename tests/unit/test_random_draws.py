@@ -16,12 +16,12 @@ tf1 = tf.compat.v1
 N, B = 3, 4          # workers, examples per worker
 
 
-def _graph(draw, batch=None):
+def _graph(draw, batch=None, width=5):
     """x -> draw(x) -> a trained Dense; the draw's result is 'drawn'."""
     graph = tf.Graph()
     with graph.as_default():
         tf1.set_random_seed(7)
-        x = tf1.placeholder(tf.float64, [batch, 5], name="x")
+        x = tf1.placeholder(tf.float64, [batch, width], name="x")
         h = tf.identity(draw(x), name="drawn")
         w = tf1.get_variable("w", [5, 1], tf.float64)
         tf1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_mean(tf.matmul(h, w) ** 2))
@@ -68,7 +68,7 @@ def test_each_worker_draws_one_devices_values_for_its_examples(name):
     assert len(types) - types.count("RngReadAndSkip") == 1, analysis.batch_draws
     assert types.count("RngReadAndSkip") == (name == "generator")
     plan = make_plan(analysis, N, options=PlanOptions(run_option="allreduce"))
-    assert (f"random draws per example ('{analysis.batch_draws[0]}'"
+    assert (f"random draws per example ('{next(iter(analysis.batch_draws))}'"
             in build_report(analysis, plan).table())
     x = np.random.default_rng(0).normal(size=(2, N * B, 5)) + 3.0
     one_device = _run(graph.as_graph_def(), x)
@@ -104,14 +104,18 @@ def test_a_static_batch_size_folded_into_a_constant_shape():
                         + tf.random.normal([5, 5], dtype=tf.float64)),
     # a static batch of 4 and a [4, 4] draw that only meets x through a matmul
     lambda x: tf.matmul(tf.random.uniform([4, 4], dtype=tf.float64), x),
-], ids=["shared_mask", "weight_noise", "not_combined_with_the_batch"])
+    # a draw per feature, of x's static width: one device draws the same
+    lambda x: x * tf.random.uniform([tf.shape(x)[1]], dtype=tf.float64),
+], ids=["shared_mask", "weight_noise", "not_combined_with_the_batch", "per_feature"])
 def test_draws_that_are_not_per_example_are_left_as_they_are(draw):
     graph = _graph(draw, batch=4)
-    assert analyze_graph(graph).batch_draws == []
+    assert analyze_graph(graph).batch_draws == {}
 
 
 @pytest.mark.parametrize("draw,op,why", [
-    (lambda x: x * tf.random.uniform([tf.shape(x)[1]], dtype=tf.float64),
+    # a draw per feature of a width each worker's batch has its own of
+    (lambda x: tf.matmul(x * tf.random.uniform([tf.shape(x)[1]], dtype=tf.float64),
+                         tf.ones([5, 5], tf.float64)[:tf.shape(x)[1]]),
      "random_uniform/RandomUniform", "its first element is not the batch's size"),
     (lambda x: x * tf.cast(tf.random.categorical(x, 5), tf.float64),
      "categorical/Multinomial", "its inputs come from the input batch"),
@@ -119,7 +123,7 @@ def test_draws_that_are_not_per_example_are_left_as_they_are(draw):
 ], ids=["second_dimension", "categorical", "shuffle"])
 def test_a_draw_that_depends_on_the_batch_otherwise_is_refused_by_name(draw, op, why):
     with pytest.raises(UnsupportedGraphError, match=f"random op '{op}'.*{why}"):
-        analyze_graph(_graph(draw))
+        analyze_graph(_graph(draw, width=None))
 
 
 def test_a_dropout_under_a_training_cond_is_lowered_and_drawn_per_example():
@@ -147,3 +151,59 @@ def test_a_dropout_under_a_training_cond_is_lowered_and_drawn_per_example():
         mine = _run(rewrite_for_worker(graph, analysis, plan, w).meta_graph.graph_def, x[:, w::N])
         for got, expected in zip(mine, one_device):
             np.testing.assert_array_equal(got, expected[w::N])
+
+
+def _label_noise(x):
+    """The two halves of a GAN's discriminator batch, x's rows then 2x's,
+    each row plus noise drawn of their shape (keras-io's DCGAN)."""
+    labels = tf.concat([x, 2 * x], 0)
+    noisy = labels + tf.random.uniform(tf.shape(labels), dtype=tf.float64)
+    return noisy[:tf.shape(x)[0]] + noisy[tf.shape(x)[0]:]
+
+
+def _run_together(graph_defs, xs, in_step: str, runs=2):
+    """'drawn' of every worker's graph for each of `runs` runs on each
+    step's shares `xs[step][w]`, the N graphs in one session, worker w on
+    CPU:w (their collectives between local devices), each run a training
+    step (the in-step flag fed True)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        for w, graph_def in enumerate(graph_defs):
+            graph_def = type(graph_def).FromString(graph_def.SerializeToString())
+            for node in graph_def.node:
+                node.device = f"/device:CPU:{w}"
+            tf1.import_graph_def(graph_def, name=f"w{w}")
+        config = tf1.ConfigProto(device_count={"CPU": len(graph_defs)})
+        with tf1.Session(graph=graph, config=config) as sess:
+            sess.run([op for op in graph.get_operations() if op.name.endswith("/Assign")])
+            out = []
+            for shares in xs:
+                for _ in range(runs):
+                    feed = {f"w{w}/x:0": x for w, x in enumerate(shares)}
+                    feed.update({f"w{w}/{in_step}": True for w in range(len(shares))})
+                    out.append(sess.run([f"w{w}/drawn:0" for w in range(len(shares))], feed))
+            return out
+
+
+@pytest.mark.parametrize("name", ["tf1_dropout", "stateless_noise_shape", "generator",
+                                  "label_noise"])
+def test_unequal_shares_draw_one_devices_values_for_each_workers_examples(name):
+    """7 examples on 3 workers (3/2/2), as autopar.shard splits a dataset's
+    last batch and autopar.fit a batch of 7: each worker's rows of one
+    device's draw. "label_noise": a GAN's labels for its fake rows then its
+    real ones (2 blocks of b rows), noise drawn of their shape."""
+    draws = dict(DRAWS, label_noise=lambda x: _label_noise(x))
+    graph = _graph(draws[name])
+    analysis = analyze_graph(graph)
+    plan = make_plan(analysis, N, options=PlanOptions(run_option="allreduce"))
+    rewritten = [rewrite_for_worker(graph, analysis, plan, w) for w in range(N)]
+    in_step = rewritten[0].in_step
+    assert in_step is not None
+    total = 7
+    x = np.random.default_rng(3).normal(size=(2, total, 5)) + 3.0
+    one_device = _run(graph.as_graph_def(), x)
+    together = _run_together([r.meta_graph.graph_def for r in rewritten],
+                             [[step[w::N] for w in range(N)] for step in x], in_step)
+    for got, expected in zip(together, one_device):
+        for w in range(N):
+            np.testing.assert_array_equal(got[w], expected[w::N], err_msg=f"worker {w}")

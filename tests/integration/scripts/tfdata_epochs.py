@@ -38,7 +38,11 @@ def main() -> None:
                    help="run this many steps, not until the iterator ends: a run that ends "
                         "it may also run Adam's decay of a sparse gradient's m, which reads "
                         "no gradient, or not, by chance (TensorFlow on one device)")
+    p.add_argument("--v1-behavior", action="store_true",
+                   help="call tf.compat.v1.disable_v2_behavior() first, as TF1-era scripts do")
     args = p.parse_args()
+    if args.v1_behavior:
+        tf1.disable_v2_behavior()
     rng = np.random.default_rng(0)
     ids = rng.integers(0, VOCAB, size=(args.examples, IDS)).astype(np.int64)
     dense = rng.normal(size=(args.examples, 4))

@@ -32,7 +32,11 @@ def main(argv=None) -> None:
     p.add_argument("--uneven-step", action="store_true",
                    help="one more step before saving, of a global batch one larger, split "
                         "unevenly (worker 0 one example more)")
+    p.add_argument("--v1-behavior", action="store_true",
+                   help="call tf.compat.v1.disable_v2_behavior() first, as TF1-era scripts do")
     args = p.parse_args(argv)
+    if args.v1_behavior:
+        tf1.disable_v2_behavior()
     program = importlib.import_module(f"tests.programs.{args.program}").build(args.dtype)
     config = autopar.Config(run_option=args.run_option, log_every_steps=1, **program.config)
     with autopar.get_runner(program.graph, args.spec, config) as runner:

@@ -1,0 +1,204 @@
+"""What the analysis decides on TensorFlow 2 steps as public programs write
+them (keras-io's Transformer classifier and its custom-training-loop
+guide, TensorFlow's tf.compat.v1 optimizers used in a tf.function), each
+case one that trained differently from one device, or could not run,
+before: ids no example owns, a loss term whose backward pass reads no
+forward value, Keras's IdentityN over every gradient, a tf.compat.v1
+optimizer's slots captured by handle."""
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from keras import layers, ops
+
+from autopar.common.errors import UnsupportedGraphError
+from autopar.transforms.analysis import analyze_graph
+from autopar.transforms.lift import CALL_OP, lift
+from autopar.transforms.plan import PlanOptions, make_plan
+from autopar.transforms.topology import Topology
+from tests.programs import keras_step
+
+tf1 = tf.compat.v1
+TOPOLOGY = Topology(("127.0.0.1", "127.0.0.1", "127.0.0.2"), 2)
+
+
+@pytest.fixture(autouse=True)
+def _keras_settings():
+    with keras_step.keras_settings_kept():
+        yield
+
+
+def _analysed(model, optimizer, loss_fn, x_spec, y_spec, extra_losses=False):
+    """(the concrete function, the analysis of its lifted graph) of the
+    guide's train_step (the model and optimizer alive while it is lifted:
+    Keras makes the optimizer's variables as the function is traced)."""
+    @tf.function
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+            if extra_losses:
+                loss += sum(model.losses)
+        grads = tape.gradient(loss, model.trainable_weights)
+        optimizer.apply(grads, model.trainable_weights)
+        return loss
+    cf = train_step.get_concrete_function(x_spec, y_spec)
+    return cf, analyze_graph(lift(cf).graph)
+
+
+class TokenAndPositionEmbedding(layers.Layer):
+    """keras-io's text_classification_with_transformer: positions from
+    ops.arange of the sequence's length, looked up in their own table."""
+
+    def __init__(self, maxlen, vocab_size, embed_dim, positions=None):
+        super().__init__()
+        self.token_emb = layers.Embedding(input_dim=vocab_size, output_dim=embed_dim)
+        self.pos_emb = layers.Embedding(input_dim=maxlen, output_dim=embed_dim)
+        self.positions = positions
+
+    def call(self, x):
+        maxlen = ops.shape(x)[-1]
+        positions = (ops.arange(start=0, stop=maxlen, step=1) if self.positions is None
+                     else ops.convert_to_tensor(self.positions))
+        return self.token_emb(x) + self.pos_emb(positions)
+
+
+def _positions_program(optimizer, positions=None):
+    inputs = layers.Input(shape=(6,))
+    x = TokenAndPositionEmbedding(6, 20, 4, positions)(inputs)
+    x = layers.GlobalAveragePooling1D()(x)
+    model = keras.Model(inputs, layers.Dense(2, activation="softmax")(x))
+    return _analysed(model, optimizer, keras.losses.SparseCategoricalCrossentropy(),
+                     tf.TensorSpec([None, 6]), tf.TensorSpec([None], tf.int32))
+
+
+def _by_role(analysis):
+    """(the position table, the token table) of _positions_program."""
+    sparse = analysis.sparse
+    position = next(v for v in sparse if v.shape[0] == 6)
+    token = next(v for v in sparse if v.shape[0] == 20)
+    return position, token
+
+
+def test_position_ids_every_worker_looks_up_are_combined_by_id():
+    """Every worker's rows for positions 0..5 hold its share of the batch's
+    sum; one device has one row per position. Keras's Adam squares each row
+    before rows of one id add: the rows are combined by id first (as a
+    deduplicated lookup's), where the token table's rows, one per
+    example's id, are kept apart (before: every row kept, v got the sum of
+    squares)."""
+    _, analysis = _positions_program(keras.optimizers.Adam(0.01))
+    position, token = _by_role(analysis)
+    assert position.dedup and not token.dedup
+
+
+def test_repeated_ids_no_example_owns_are_refused_under_squared_rows():
+    with pytest.raises(UnsupportedGraphError,
+                       match=r"ids '.*' that no example of the batch owns.*adam(_\d+)?/Square"):
+        _positions_program(keras.optimizers.Adam(0.01), positions=[0, 1, 0, 2, 3, 3])
+
+
+def test_repeated_ids_no_example_owns_train_where_the_update_adds_rows_first():
+    """SGD adds an id's rows before anything else: every worker's rows,
+    gathered, are one device's sum."""
+    _, analysis = _positions_program(keras.optimizers.SGD(0.1), positions=[0, 1, 0, 2, 3, 3])
+    position, _ = _by_role(analysis)
+    assert not position.dedup
+
+
+class ActivityRegularizationLayer(keras.layers.Layer):
+    """The custom-training-loop guide's add_loss layer."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+
+    def call(self, inputs):
+        if self.how == "scaled":
+            self.add_loss(1e-2 * tf.reduce_sum(inputs))
+        elif self.how == "summed":
+            self.add_loss(tf.reduce_sum(inputs))
+        else:
+            self.add_loss(tf.reduce_mean(inputs))
+        return inputs
+
+
+@pytest.mark.parametrize("how,dtype,batch,reduction", [
+    # float64: the scale's gradient reads only the constant (the Mul's
+    # gradient skips the unwatched input)
+    ("scaled", "float64", None, "neither"),
+    # a plain sum of activations of a static shape: a tiled seed, no read
+    ("summed", "float32", 8, "neither"),
+    ("mean", "float32", 8, "mean"),
+])
+def test_a_loss_term_whose_gradient_reads_no_forward_value_is_found(how, dtype, batch,
+                                                                    reduction):
+    """The loss found is the whole target, regularizer included (before:
+    the cross-entropy mean alone, and the term's sum over the batch was
+    averaged over workers)."""
+    keras.config.set_floatx(dtype)
+    keras.config.set_dtype_policy(dtype)
+    inputs = keras.Input(shape=(4,), dtype=dtype)
+    x = keras.layers.Dense(3, activation="relu")(inputs)
+    x = ActivityRegularizationLayer(how)(x)
+    model = keras.Model(inputs, keras.layers.Dense(2)(x))
+    cf, analysis = _analysed(model, keras.optimizers.Adam(1e-3),
+                             keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                             tf.TensorSpec([batch, 4], dtype), tf.TensorSpec([batch], tf.int32),
+                             extra_losses=True)
+    assert analysis.loss == cf.graph.outputs[0].name   # the returned sum
+    assert analysis.loss_reduction == reduction, analysis.loss_reduction_why
+
+
+def test_keras_identity_n_over_every_gradient_keeps_each_variable_on_the_servers():
+    """Keras's optimizer passes every gradient through one IdentityN; each
+    variable's update reads its own output of it (before: every variable
+    was kept off the servers, its IdentityN 'combining' it with the
+    others)."""
+    keras.config.set_floatx("float64")
+    inputs = keras.Input(shape=(5,))
+    x = keras.layers.Dense(4, activation="relu")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(3)(x))
+    _, analysis = _analysed(model, keras.optimizers.Adam(1e-3),
+                            keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                            tf.TensorSpec([None, 5], "float64"), tf.TensorSpec([None], tf.int32))
+    assert [v.ps_blocker for v in analysis.variables] == [""] * 4
+    plan = make_plan(analysis, TOPOLOGY, options=PlanOptions(run_option="ps"))
+    assert {vp.method for vp in plan.variables} == {"ps"}
+
+
+def test_a_tf_compat_v1_optimizer_in_a_tf_function_keeps_its_slots():
+    """tf.compat.v1's Adam makes its slots outside the function, which
+    captures them by handle alone (before: refused as 'not a tf.Variable').
+    Lifted through their handles, they are w's slots, and three steps in a
+    session equal three calls of the function."""
+    w = tf.Variable(np.linspace(-1, 1, 6).reshape(3, 2), name="w")
+    optimizer = tf1.train.AdamOptimizer(0.1)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((x @ w - y) ** 2)
+        optimizer.apply_gradients(zip(tape.gradient(loss, [w]), [w]))
+        return loss
+    cf = step.get_concrete_function(tf.TensorSpec([None, 3], tf.float64),
+                                    tf.TensorSpec([None, 2], tf.float64))
+    lifted = lift(cf)
+    analysis = analyze_graph(lifted.graph)
+    [info] = analysis.variables
+    assert info.name == "w" and len(info.slots) == 2
+    rng = np.random.default_rng(0)
+    batches = [(rng.normal(size=(4, 3)), rng.normal(size=(4, 2))) for _ in range(3)]
+    graph = lifted.graph
+    with graph.as_default():
+        init = tf1.global_variables_initializer()
+    session = tf1.Session(graph=graph)
+    session.run(init, lifted.initial_feed())
+    for x, y in batches:
+        session.run(CALL_OP,
+                    {cf.graph.inputs[0].name: x, cf.graph.inputs[1].name: y})
+    got = {name: session.run(name + "/Read/ReadVariableOp:0")
+           for name in lifted.python_variables}
+    for x, y in batches:
+        step(x, y)
+    for name, variable in lifted.python_variables.items():
+        np.testing.assert_allclose(got[name], variable.numpy(), rtol=1e-12, err_msg=name)

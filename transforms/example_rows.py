@@ -1,0 +1,1029 @@
+"""How each tensor of a training step relates to the examples of the batch.
+
+Data-parallel training gives each worker a share of the global batch; a step
+equals one device's only where what a worker computes from its share is what
+one device computes from those examples. That is a property of data flow, so
+it is decided here once, for every tensor computed from the input batch, by
+one forward pass over the graph with a rule per op type (as sharding
+propagation does for a batch axis), and read by the analyses that need it:
+which ops mix examples (transforms.batch_mixing), which rows of a random draw
+belong to which example (transforms.random_draws), and whether an embedding's
+gradient rows belong to examples or are shared by the batch
+(analysis._row_origin).
+
+A tensor's form is one of (tuples, compared by value):
+
+- SHARED: computed from no input, or only from static shapes: the same on
+  every worker as on one device (constants, variables, a learning rate fed
+  as a scalar).
+- ("rows", axis, rowset, blocks, group): axis `axis` runs over this worker's
+  examples, each element depending on its own example alone (and on SHARED
+  values). `rowset` names the examples ("batch": the whole share, in order;
+  an op's name: the rows a selection kept), along the axis in `blocks`
+  consecutive blocks (a concatenation: a GAN's fake rows then its real
+  ones), each example's rows `group` consecutive ones ([b, L, d] reshaped to
+  [b*L, d]: L; None when that count is only known at run time).
+- ELEMS: every element depends on one example alone, laid out otherwise
+  (rows holding parts of two examples, selected elements, nonzeros).
+- ("size", blocks, group): an integer scalar, blocks * b * group (b the
+  worker's examples): tf.shape(x)[0].
+- ("shape", blocks, group, rest): an integer vector whose element 0 is such a
+  size; `rest`: its other elements, each an int (static), "s" (SHARED, known
+  at run time) or "d" (per worker: DIM).
+- DIM: a per-worker value that is no example's: computed from the batch's
+  shape otherwise (a padded length), or an integer statistic of it (a
+  maximum length); differs between workers and from one device's.
+- ("reduced", op): a reduction over the examples at `op` (a sum, a mean, a
+  count): what a loss is. Combined with an example's values again, it mixes
+  the examples.
+- ("distinct", op): the distinct values of the batch's ids (tf.unique at
+  `op`), or rows gathered for them.
+- ("list", form): a TensorList whose elements have `form` (a loop's
+  per-time-step outputs).
+- ("mixed", op): depends on several examples' values otherwise, first at `op`.
+- ("unknown", op): no rule for `op`, whose inputs depend on the batch.
+
+Functional ops (a While's body, an If's branches, a PartitionedCall) are
+followed into their functions.
+"""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from autopar.transforms.graph_utils import INPUT_OP_TYPES, in_gradient_scope
+
+SHARED = ("shared",)
+ELEMS = ("elems",)
+DIM = ("dim",)
+BATCH = "batch"
+
+# ---------------------------------------------------------------- op tables
+UNARY = frozenset("""Abs Acos Acosh Asin Asinh Atan Atanh Ceil Cos Cosh Digamma Elu Erf Erfc
+Erfinv Exp Expm1 Floor Inv IsFinite IsInf IsNan Lgamma Log Log1p LogicalNot Neg OnesLike
+Reciprocal Relu Relu6 Rint Round Rsqrt Selu Sigmoid Sign Sin Sinh Softplus Softsign Sqrt
+Square Tan Tanh ZerosLike Cast Identity Snapshot StopGradient PreventGradient CheckNumerics
+CheckNumericsV2 LeakyRelu Gelu Real Imag Conj Invert PopulationCount EnsureShape
+DebugIdentity DebugIdentityV2 DebugIdentityV3 Ndtri Bucketize FakeQuantWithMinMaxArgs
+QuantizeAndDequantizeV2 Dawsn Expint FresnelCos FresnelSin Spence BesselI0e BesselI1e
+BesselI0 BesselI1 BesselJ0 BesselJ1 BesselK0 BesselK0e BesselK1 BesselK1e BesselY0 BesselY1
+Angle ComplexAbs Bitcast IdentityN""".split())
+# Elementwise ops of two or more inputs, broadcast.
+NARY = frozenset("""Add AddV2 Sub Mul MulNoNan Div DivNoNan RealDiv FloorDiv FloorMod Mod
+TruncateDiv TruncateMod Maximum Minimum Pow SquaredDifference Atan2 Xdivy Xlogy Xlog1py Equal
+NotEqual Greater GreaterEqual Less LessEqual LogicalAnd LogicalOr BitwiseAnd BitwiseOr
+BitwiseXor LeftShift RightShift ApproximateEqual Igamma Igammac Zeta Polygamma Select
+SelectV2 ClipByValue Betainc AddN Complex BiasAdd""".split())
+# Reductions of input 0 over the axes in input 1.
+REDUCTIONS = frozenset({"Mean", "Sum", "Max", "Min", "Prod", "EuclideanNorm", "All", "Any",
+                        "ArgMax", "ArgMin"})
+# Ops that act on each row of input 0 alone (its last axes), the other inputs
+# parameters: (op type) -> the inputs that must be SHARED.
+ROW_WISE = {
+    **dict.fromkeys(("Softmax", "LogSoftmax", "L2Normalize", "LRN", "MaxPool", "AvgPool",
+                     "MaxPool3D", "AvgPool3D", "MaxPoolWithArgmax", "FractionalMaxPool",
+                     "FractionalAvgPool", "ResizeBilinear", "ResizeNearestNeighbor",
+                     "ResizeBicubic", "ResizeArea", "AdjustContrastv2", "AdjustHue",
+                     "AdjustSaturation", "RGBToHSV", "HSVToRGB", "MatrixDiag",
+                     "MatrixDiagPart", "MatrixBandPart", "FFT", "IFFT", "RFFT", "IRFFT",
+                     "FFT2D", "IFFT2D", "RFFT2D", "IRFFT2D", "FFT3D", "IFFT3D",
+                     "MatrixInverse", "Cholesky", "MatrixDeterminant", "LogMatrixDeterminant",
+                     "MatrixSquareRoot", "MatrixSolve", "ExtractImagePatches"), ()),
+    **dict.fromkeys(("Conv1D", "Conv2D", "Conv3D", "DepthwiseConv2dNative", "Dilation2D",
+                     "MaxPoolV2", "OneHot", "ImageProjectiveTransformV3",
+                     "ImageProjectiveTransformV2", "ResizeBilinearV2", "CropAndResize"),
+                    (1, 2, 3)),
+}
+# Ops whose outputs follow input 0's form (the others SHARED or per-worker lengths).
+FOLLOW_FIRST = frozenset({"Pad", "PadV2", "MirrorPad", "Tile", "Roll", "ReverseV2",
+                          "ReverseSequence", "Cumsum", "Cumprod", "CumulativeLogsumexp",
+                          "TopKV2", "TopK", "InTopKV2", "Squeeze", "ExpandDims", "Transpose",
+                          "Reshape", "StridedSlice", "Slice", "Split", "SplitV", "Unpack",
+                          "MatrixSetDiagV3", "QuantizeV2"})
+SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
+# Ops that make a tensor of a given shape from SHARED values.
+FILLS = {"Fill": 0, "Zeros": 0, "Ones": 0, "BroadcastTo": 1, "Empty": 0,
+         "RandomUniform": 0, "RandomStandardNormal": 0, "TruncatedNormal": 0}
+SOFTMAX_XENT = frozenset({"SparseSoftmaxCrossEntropyWithLogits",
+                          "SoftmaxCrossEntropyWithLogits"})
+SPARSE_SEGMENTS = frozenset({"SparseSegmentSum", "SparseSegmentMean", "SparseSegmentSqrtN",
+                             "SparseSegmentSumWithNumSegments",
+                             "SparseSegmentMeanWithNumSegments",
+                             "SparseSegmentSqrtNWithNumSegments"})
+GATHERS = frozenset({"GatherV2", "Gather", "ResourceGather"})
+UNIQUE = frozenset({"Unique", "UniqueV2", "UniqueWithCounts", "UniqueWithCountsV2"})
+FUNCTION_CALLS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
+IFS = frozenset({"If", "StatelessIf"})
+WHILES = frozenset({"While", "StatelessWhile"})
+# V1 control flow: each output has its data input's form (Merge: the join).
+V1_FLOW = frozenset({"Switch", "RefSwitch", "Enter", "RefEnter", "Exit", "RefExit",
+                     "NextIteration", "RefNextIteration", "Merge", "RefMerge", "LoopCond"})
+
+
+def rows(axis: int = 0, rowset: str = BATCH, blocks: int = 1, group: int | None = 1):
+    return ("rows", axis, rowset, blocks, group)
+
+
+def is_rows(form) -> bool:
+    return form[0] == "rows"
+
+
+def per_example(form) -> bool:
+    """Whether each element of a tensor of this form depends on one example."""
+    return form[0] in ("rows", "elems")
+
+
+def mixing_op(form) -> str | None:
+    """The op at which a form stopped being per example or shared (a
+    mixing, unknown or reducing op), else None."""
+    return form[1] if form[0] in ("mixed", "unknown", "reduced") else None
+
+
+class ExampleRows:
+    """Forms of a graph's tensors (module docstring). `stops`: tensors
+    treated as SHARED (the averaged gradients, which every worker replaces
+    by the same aggregate); `shared`: tensors also treated as SHARED (counts
+    that the rewrite makes the same on every worker); `exempt`: ops whose
+    outputs are taken as computed per example (batch-norm statistics, which
+    transforms.batchnorm handles)."""
+
+    def __init__(self, graph: tf.Graph, stops=frozenset(), shared=frozenset(),
+                 exempt=frozenset()):
+        self.graph = graph
+        self.stops = set(stops) | set(shared)
+        self.exempt = set(exempt)
+        self.forms: dict[str, tuple] = {}
+        self.assumed: dict[str, str] = {}   # op -> the assumption its rule made
+        self.static_batch = _static_batch(graph)
+        self._run(graph.get_operations(), self.forms, inputs=None)
+
+    def form(self, t: tf.Tensor) -> tuple:
+        return self.forms.get(t.name, SHARED)
+
+    # ------------------------------------------------------------ the pass
+    def _run(self, ops, forms: dict, inputs: dict | None) -> None:
+        """Forms of `ops` (topological order) into `forms`. `inputs`: for a
+        function body, the forms of its Placeholder args by name."""
+        loops = [op for op in ops if op.type in ("NextIteration", "RefNextIteration")]
+        for _ in range(2 if loops else 1):   # V1 loops: their back edges, once more
+            for op in ops:
+                if in_gradient_scope(op.name):
+                    continue
+                if inputs is not None and op.type == "Placeholder":
+                    forms[op.outputs[0].name] = inputs.get(op.name, SHARED)
+                    continue
+                if op.type in INPUT_OP_TYPES and inputs is None:
+                    for t in op.outputs:
+                        forms[t.name] = self._input_form(t)
+                    continue
+                ins = [SHARED if x.name in self.stops else forms.get(x.name, SHARED)
+                       for x in op.inputs]
+                if all(f == SHARED for f in ins) and op.type not in ("Merge", "RefMerge"):
+                    continue
+                if op.name in self.exempt:
+                    # batch-norm statistics: made the same everywhere or kept
+                    # per worker by transforms.batchnorm; a fused op's
+                    # normalised output stays the rows it normalised
+                    outs = [SHARED] * len(op.outputs)
+                    if op.type.startswith("FusedBatchNorm"):
+                        outs[0] = ins[0]
+                else:
+                    outs = self._rule(op, ins, forms)
+                for t, f in zip(op.outputs, outs):
+                    if f != SHARED:
+                        forms[t.name] = f
+
+    def _input_form(self, t: tf.Tensor) -> tuple:
+        """A fed or dataset tensor: rows of the batch when it has a first
+        dimension the batch's (unknown, or the static batch size)."""
+        if t.dtype == tf.resource or t.shape.rank is None:
+            return ELEMS if t.dtype != tf.resource else SHARED
+        if t.shape.rank == 0:
+            return SHARED
+        first = t.shape[0]
+        if first is None or first == self.static_batch:
+            return rows()
+        return SHARED
+
+    def _rule(self, op: tf.Operation, ins: list, forms: dict) -> list:
+        t = op.type
+        n_out = len(op.outputs)
+        special = [f for f in ins if f[0] in ("mixed", "unknown")]
+        if special and t not in SHAPE_OPS:
+            return [special[0]] * n_out
+        if t in UNARY or t in V1_FLOW:
+            if t in ("Merge", "RefMerge"):
+                return [_join([f for f in ins])] + [SHARED] * (n_out - 1)
+            if t in ("Switch", "RefSwitch"):
+                return [ins[0]] * n_out
+            if t == "IdentityN":
+                return ins
+            return [ins[0]] * n_out
+        if t in NARY:
+            return [self._elementwise(op, ins)] * n_out
+        if t in SHAPE_OPS:
+            return self._shapes(op, ins)
+        if t in REDUCTIONS:
+            return [self._reduction(op, ins)] * n_out
+        if t == "MatMul":
+            return [self._matmul(op, ins)]
+        if t in ("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"):
+            return [self._batch_matmul(op, ins)]
+        if t == "Einsum":
+            return [self._einsum(op, ins)]
+        if t in ROW_WISE:
+            return [self._row_wise(op, ins, ROW_WISE[t])] * n_out
+        if t in ("Conv2DBackpropInput", "Conv3DBackpropInputV2"):
+            # (input_sizes, filter, out_backprop): a transposed convolution
+            return [self._row_wise(op, [ins[2], ins[1], ins[0]], (1,), sizes=ins[0])]
+        if t in FOLLOW_FIRST:
+            return self._follow_first(op, ins)
+        if t in ("ConcatV2", "Concat"):
+            return [self._concat(op, ins)]
+        if t == "Pack":
+            return [self._pack(op, ins)]
+        if t in FILLS:
+            return [self._fill(op, ins, FILLS[t])]
+        if t in GATHERS or t == "GatherNd" or t == "ResourceGatherNd":
+            return [self._gather(op, ins)]
+        if t in SOFTMAX_XENT:
+            return [self._same_rows(op, ins, ins)] * n_out
+        if t in UNIQUE:
+            form = ("distinct", op.name) if per_example(ins[0]) else self._mixed(op, ins)
+            return [form, ELEMS if per_example(ins[0]) else form] + [form] * (n_out - 2)
+        if t in SPARSE_SEGMENTS:
+            return [self._sparse_segments(op, ins)]
+        if t in ("UnsortedSegmentSum", "UnsortedSegmentMean", "UnsortedSegmentMax",
+                 "UnsortedSegmentMin", "UnsortedSegmentProd", "SegmentSum", "SegmentMean",
+                 "SegmentMax", "SegmentMin", "SegmentProd", "SegmentSumV2"):
+            return [self._segments(op, ins)]
+        if t == "Range":
+            if ins[1][0] == "size" and ins[1][1:] == (1, 1) and ins[0] == SHARED == ins[2] \
+                    and _static_int(op.inputs[0]) == 0 and _static_int(op.inputs[2]) == 1:
+                # tf.range(batch size): each example's place in the worker's
+                # share (not one device's index: what it picks is per example)
+                self.assumed.setdefault(op.name, "tf.range of the batch's size, each "
+                                                 "example's place in the worker's rows")
+                return [rows()]
+            if all(f[0] in ("shared", "size", "dim") for f in ins):
+                return [DIM]
+            return [self._mixed(op, ins)]
+        if t in ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"):
+            training = op.get_attr("is_training")
+            if not training and is_rows(ins[0]) and all(f == SHARED for f in ins[1:]):
+                return [ins[0]] + [SHARED] * (n_out - 1)
+            return [("mixed", op.name)] * n_out
+        if t == "DynamicPartition":
+            if per_example(ins[0]):
+                return [ELEMS] * n_out
+            if ins[0][0] in ("shared", "dim", "size") and per_example(ins[1]):
+                return [DIM] * n_out   # positions of the worker's elements
+            return [self._mixed(op, ins)] * n_out
+        if t in ("DynamicStitch", "ParallelDynamicStitch"):
+            return [self._stitch(op, ins)]
+        if t == "Where":
+            return [ELEMS if per_example(ins[0]) else self._mixed(op, ins)]
+        if t in ("SparseReshape", "SparseTensorDenseMatMul", "SparseToDense",
+                 "SparseFillEmptyRows"):
+            return [ELEMS if all(per_example(f) or f == SHARED or f[0] in ("shape", "dim")
+                                 for f in ins) else self._mixed(op, ins)] * n_out
+        if t in WHILES:
+            return self._while(op, ins)
+        if t in IFS:
+            return self._if(op, ins)
+        if t in FUNCTION_CALLS:
+            return self._call(op, ins, op.get_attr("f").name)
+        if t.startswith("TensorList"):
+            return self._tensor_list(op, ins)
+        if t == "RngReadAndSkip":
+            # a generator's state, advanced by a draw's size: one device's
+            # once transforms.random_draws skips as far as it
+            return [SHARED] * n_out
+        if t.startswith(("Stateless", "Random", "Stateful", "Multinomial")):
+            # a draw (transforms.random_draws decides whether it is per example)
+            return [self._draw(op, ins)] * n_out
+        return [("unknown", op.name)] * n_out
+
+    # ------------------------------------------------------------ rules
+    def _mixed(self, op, ins) -> tuple:
+        return ("mixed", op.name)
+
+    def _elementwise(self, op, ins) -> tuple:
+        kinds = {f[0] for f in ins}
+        if kinds <= {"shared", "size", "dim", "shape"}:
+            return self._arithmetic(op, ins)
+        if kinds & {"reduced", "distinct"}:
+            if kinds & {"rows", "elems"}:
+                # a statistic of the batch meets an example's values
+                source = next(f for f in ins if f[0] in ("reduced", "distinct"))
+                return ("mixed", source[1] if source[0] == "reduced" else op.name)
+            return next(f for f in ins if f[0] in ("reduced", "distinct"))
+        out = op.outputs[0]
+        per = [(f, x) for f, x in zip(ins, op.inputs) if per_example(f)]
+        if any(f == ELEMS for f, _ in per):
+            return ELEMS if out.shape.rank == max(x.shape.rank or 0 for _, x in per) \
+                else self._mixed(op, ins)
+        first, _ = per[0]
+        if any(not aligned(f, first) for f, _ in per):
+            return self._mixed(op, ins)
+        first = _known_group([f for f, _ in per])
+        # broadcast: the example axis keeps its place when no input has a higher rank
+        ranks = [x.shape.rank for _, x in per]
+        if out.shape.rank is None or None in ranks or any(r != out.shape.rank for r in ranks):
+            if out.shape.rank is not None and None not in ranks and len(set(ranks)) == 1:
+                shift = out.shape.rank - ranks[0]
+                return ("rows", first[1] + shift, *first[2:])
+            return ELEMS
+        return first
+
+    def _arithmetic(self, op, ins) -> tuple:
+        """Integer arithmetic on sizes and shapes."""
+        kinds = [f[0] for f in ins]
+        if "dim" in kinds or "shape" in kinds:
+            return DIM
+        sizes = [f for f in ins if f[0] == "size"]
+        if op.type == "Mul" and len(sizes) == 1:
+            factor = _static_int(op.inputs[1 - ins.index(sizes[0])])
+            if factor is not None and factor > 0:
+                return ("size", sizes[0][1] * factor, sizes[0][2])
+        if op.type in ("Add", "AddV2") and len(sizes) == 2 and sizes[0][2] == sizes[1][2]:
+            return ("size", sizes[0][1] + sizes[1][1], sizes[0][2])
+        if op.type in ("Cast", "Identity"):
+            return ins[0]
+        return DIM
+
+    def _shapes(self, op, ins) -> list:
+        out = []
+        for i, t in enumerate(op.outputs):
+            src = ins[i] if op.type == "ShapeN" else ins[0]
+            x = op.inputs[i] if op.type == "ShapeN" else op.inputs[0]
+            if op.type == "Rank" or src == SHARED or not (per_example(src) or src[0] == "list"):
+                static = x.shape.is_fully_defined()
+                out.append(SHARED if static or src == SHARED else DIM)
+                continue
+            if op.type == "Size":
+                out.append(DIM)
+                continue
+            if is_rows(src) and src[1] == 0 and src[2] == BATCH and x.shape.rank is not None:
+                out.append(("shape", src[3], src[4],
+                            tuple(int(d) if d is not None else "d" for d in x.shape[1:])))
+            elif x.shape.is_fully_defined():
+                out.append(SHARED)
+            else:
+                out.append(DIM)
+        return out
+
+    def _reduction(self, op, ins) -> tuple:
+        src = ins[0]
+        if src[0] in ("reduced", "distinct"):
+            return src
+        if src[0] == "shape" and op.type == "Prod":
+            static = [d for d in src[3] if isinstance(d, int)]
+            if len(static) == len(src[3]) and src[2] is not None:
+                return ("size", src[1], src[2] * int(np.prod(static, dtype=np.int64)))
+            return ("size", src[1], None)   # each example's rows: a count known when run
+        if src[0] in ("size", "dim", "shape"):
+            return DIM
+        if not per_example(src):
+            return self._mixed(op, ins)
+        axes = tf.get_static_value(op.inputs[1])
+        rank = op.inputs[0].shape.rank
+        if src == ELEMS or axes is None or rank is None:
+            over = True
+        else:
+            axes = {int(a) % rank for a in np.reshape(axes, -1)}
+            over = src[1] in axes
+            if not over:
+                keep = op.get_attr("keep_dims") if "keep_dims" in op.node_def.attr else False
+                shift = 0 if keep else sum(1 for a in axes if a < src[1])
+                return ("rows", src[1] - shift, *src[2:])
+        if op.outputs[0].dtype.is_integer and op.type in ("Max", "Min"):
+            return DIM   # a length: shapes the batch, no example's value
+        return ("reduced", op.name)
+
+    def _matmul(self, op, ins) -> tuple:
+        a, b = ins
+        ta, tb = op.get_attr("transpose_a"), op.get_attr("transpose_b")
+        if b == SHARED and is_rows(a):
+            return rows(1, *a[2:]) if (a[1] == 1) != ta else \
+                (rows(0, *a[2:]) if not ta else ("reduced", op.name))
+        if a == SHARED and is_rows(b):
+            axis = 1 - b[1] if tb else b[1]
+            return ("rows", axis, *b[2:]) if axis == 1 else ("reduced", op.name)
+        if b == SHARED and a[0] in ("reduced", "distinct"):
+            return a
+        if a == SHARED and b[0] in ("reduced", "distinct"):
+            return b
+        if a == ELEMS or b == ELEMS:
+            return self._mixed(op, ins)
+        return self._mixed(op, ins)
+
+    def _batch_matmul(self, op, ins) -> tuple:
+        a, b = ins
+        if a == SHARED and is_rows(b) and b[1] == 0 and (op.inputs[1].shape.rank or 0) > 2:
+            return b
+        if b == SHARED and is_rows(a) and a[1] == 0 and (op.inputs[0].shape.rank or 0) > 2:
+            return a
+        if is_rows(a) and is_rows(b) and a[1] == b[1] == 0 and aligned(a, b):
+            return _known_group([a, b])     # example by example
+        return self._mixed(op, ins)
+
+    def _einsum(self, op, ins) -> tuple:
+        equation = op.get_attr("equation").decode().replace(" ", "")
+        sides = equation.split("->")
+        if len(sides) != 2 or "." in equation:
+            return ("unknown", op.name)
+        labels, out = sides[0].split(","), sides[1]
+        batch = None
+        for f, lab in zip(ins, labels):
+            if f == SHARED:
+                continue
+            if not is_rows(f) or f[1] >= len(lab):
+                return self._mixed(op, ins)
+            mine = (lab[f[1]], f[2:])
+            if batch is not None and batch != mine:
+                return self._mixed(op, ins)
+            batch = mine
+        if batch is None:
+            return SHARED
+        label, rest = batch
+        if label not in out:
+            return ("reduced", op.name)
+        # every input that has the label must carry the examples on it
+        for f, lab in zip(ins, labels):
+            if f == SHARED and label in lab:
+                return self._mixed(op, ins)
+        return ("rows", out.index(label), *rest)
+
+    def _row_wise(self, op, ins, shared_inputs, sizes=None) -> tuple:
+        src = ins[0]
+        if any(ins[i] != SHARED for i in shared_inputs if i < len(ins)) and sizes is None:
+            if not all(ins[i][0] in ("shared", "shape", "dim") for i in shared_inputs
+                       if i < len(ins)):
+                return self._mixed(op, ins)
+        if is_rows(src) and src[1] == 0:
+            return src
+        if src[0] in ("reduced", "distinct"):
+            return src
+        return ELEMS if src == ELEMS else self._mixed(op, ins)
+
+    def _follow_first(self, op, ins) -> list:
+        src, t, n_out = ins[0], op.type, len(op.outputs)
+        if src[0] in ("reduced", "distinct", "size", "shape", "dim"):
+            if src[0] == "shape" and t in ("StridedSlice", "Slice"):
+                return [self._shape_slice(op, src)]
+            if src[0] in ("shape", "size", "dim"):
+                return [DIM] * n_out
+            return [src] * n_out
+        if t in ("Split", "SplitV"):
+            src, axis_input = (ins[1], op.inputs[0]) if t == "Split" else (ins[0], op.inputs[2])
+            if not per_example(src):
+                return [src if src[0] in ("reduced", "distinct") else DIM] * n_out
+            axis = _static_int(axis_input)
+            if is_rows(src) and axis is not None:
+                rank = op.outputs[0].shape.rank or 1
+                if axis % rank != src[1]:
+                    return [src] * n_out
+            return [ELEMS] * n_out
+        if not per_example(src):
+            return [DIM if src[0] != "list" else ("unknown", op.name)] * n_out
+        if src == ELEMS:
+            if t in ("Cumsum", "Cumprod", "CumulativeLogsumexp", "TopKV2", "TopK",
+                     "ReverseSequence"):
+                return [self._mixed(op, ins)] * n_out
+            return [ELEMS] * n_out
+        axis = src[1]
+        x = op.inputs[0]
+        if t == "Transpose":
+            perm = tf.get_static_value(op.inputs[1])
+            if perm is None:
+                return [ELEMS]
+            return [("rows", int(list(perm).index(axis)), *src[2:])]
+        if t == "ExpandDims":
+            at = _static_int(op.inputs[1])
+            if at is None:
+                return [ELEMS]
+            rank = (x.shape.rank or 0) + 1
+            at %= rank
+            return [("rows", axis + (1 if at <= axis else 0), *src[2:])]
+        if t == "Squeeze":
+            dims = op.get_attr("squeeze_dims")
+            if not dims or x.shape.rank is None:
+                return [ELEMS]
+            dims = {d % x.shape.rank for d in dims}
+            if axis in dims:
+                return [ELEMS]
+            return [("rows", axis - sum(1 for d in dims if d < axis), *src[2:])]
+        if t == "Reshape":
+            return [self._reshape(op, src)]
+        if t in ("StridedSlice", "Slice"):
+            return [self._slice(op, src)]
+        if t == "Unpack":
+            along = op.get_attr("axis") % (x.shape.rank or 1)
+            if along == axis:
+                return [ELEMS] * n_out
+            return [("rows", axis - (1 if along < axis else 0), *src[2:])] * n_out
+        if t in ("Cumsum", "Cumprod", "CumulativeLogsumexp"):
+            along = _static_int(op.inputs[1])
+            if along is None or x.shape.rank is None or along % x.shape.rank == axis:
+                return [self._mixed(op, ins)]
+            return [src]
+        if t in ("TopKV2", "TopK", "InTopKV2"):
+            rank = x.shape.rank
+            if rank is None or rank - 1 == axis or rank < 2:
+                return [self._mixed(op, ins)] * n_out
+            return [src] * n_out
+        if t in ("ReverseV2", "Roll"):
+            along = tf.get_static_value(op.inputs[1])
+            if along is None or x.shape.rank is None or \
+                    axis in {int(a) % x.shape.rank for a in np.reshape(along, -1)}:
+                return [self._mixed(op, ins)]
+            return [src]
+        if t in ("Tile", "Pad", "PadV2", "MirrorPad"):
+            spec = tf.get_static_value(op.inputs[1])
+            if spec is None:
+                return [ELEMS]
+            spec = np.asarray(spec)
+            kept = spec[axis] == 1 if t == "Tile" else not np.any(spec[axis])
+            return [src if kept else ELEMS]
+        if t == "ReverseSequence":
+            batch_dim = op.get_attr("batch_dim")
+            return [src if batch_dim == axis and ins[1] == src else self._mixed(op, ins)]
+        return [src] * n_out
+
+    def _reshape(self, op, src) -> tuple:
+        """Rows through a reshape: kept where each example's elements fill a
+        whole number of the new rows, else ELEMS."""
+        x, out = op.inputs[0], op.outputs[0]
+        if src[1] != 0 or x.shape.rank is None or out.shape.rank is None or out.shape.rank == 0:
+            return ELEMS
+        old_rest, new_rest = _product(x.shape[1:]), _product(out.shape[1:])
+        if src[4] is not None and old_rest is not None and new_rest is not None:
+            elements = src[4] * old_rest   # one example's elements in one block
+            if elements % new_rest:
+                return ELEMS
+            return ("rows", 0, src[2], src[3], elements // new_rest)
+        target = self.forms.get(op.inputs[1].name, SHARED)
+        if target[0] == "shape" and target[1] == src[3]:
+            return ("rows", 0, src[2], src[3], target[2])   # [b * g', ...]
+        first = _first_element(op.inputs[1])
+        if first == -1:
+            # [-1, ...]: TensorFlow's flattening of the outer axes (a loss
+            # over every position); rows per example known when run
+            self.assumed.setdefault(op.name, "reshaped to [-1, ...], each example's elements "
+                                             "fill whole rows")
+            return ("rows", 0, src[2], src[3], None)
+        return ELEMS
+
+    def _slice(self, op, src) -> tuple:
+        """Rows through a slice: kept when the example axis is taken whole,
+        else the kept rows are a rowset of their own (named by how they were
+        taken, so that x[:h] and y[:h] are the same rows)."""
+        axis = src[1]
+        if op.type == "StridedSlice":
+            if op.get_attr("ellipsis_mask") or op.get_attr("new_axis_mask"):
+                return ELEMS
+            shrink = op.get_attr("shrink_axis_mask")
+            begin, strides = tf.get_static_value(op.inputs[1]), tf.get_static_value(op.inputs[3])
+            spec_len = op.inputs[1].shape[0] if op.inputs[1].shape.rank == 1 else None
+            if spec_len is None:
+                return ELEMS
+            gone = sum(1 for i in range(min(axis, spec_len)) if shrink & (1 << i))
+            if axis >= spec_len:
+                return ("rows", axis - gone, *src[2:])
+            if shrink & (1 << axis):
+                return ELEMS
+            whole = (begin is not None and strides is not None
+                     and ((op.get_attr("begin_mask") >> axis) & 1 or begin[axis] == 0)
+                     and (op.get_attr("end_mask") >> axis) & 1 and strides[axis] == 1)
+            if whole:
+                return ("rows", axis - gone, *src[2:])
+            return ("rows", axis - gone, _selection_key(op, src, axis), 1, src[4])
+        begin, size = tf.get_static_value(op.inputs[1]), tf.get_static_value(op.inputs[2])
+        if begin is not None and size is not None and begin[axis] == 0 and size[axis] == -1:
+            return src
+        return ("rows", axis, _selection_key(op, src, axis), 1, src[4])
+
+    def _shape_slice(self, op, src) -> tuple:
+        """tf.shape(x)[0] is a size, tf.shape(x)[:k] a shape; other elements
+        SHARED or DIM."""
+        if op.type != "StridedSlice":
+            return DIM
+        begin = tf.get_static_value(op.inputs[1])
+        end = tf.get_static_value(op.inputs[2])
+        strides = tf.get_static_value(op.inputs[3])
+        if begin is None or strides is None or len(begin) != 1 or strides[0] != 1:
+            return DIM
+        rank = len(src[3]) + 1
+        start = 0 if op.get_attr("begin_mask") & 1 else int(begin[0]) % rank
+        if op.get_attr("shrink_axis_mask") & 1:
+            if start == 0:
+                return ("size", src[1], src[2])
+            return SHARED if src[3][start - 1] != "d" else DIM
+        stop = rank if op.get_attr("end_mask") & 1 or end is None else int(end[0])
+        stop = stop % rank if stop < 0 else min(stop, rank)
+        if start == 0:
+            return ("shape", src[1], src[2], src[3][:max(stop - 1, 0)])
+        return SHARED if all(d != "d" for d in src[3][start - 1:stop - 1]) else DIM
+
+    def _concat(self, op, ins) -> tuple:
+        values, axis_form = ins[:-1], ins[-1]
+        axis = _static_int(op.inputs[-1])
+        if axis_form != SHARED or axis is None:
+            return self._mixed(op, ins)
+        out = op.outputs[0]
+        rank = out.shape.rank
+        if rank is None:
+            return ELEMS if all(per_example(f) or f == SHARED for f in values) \
+                else self._mixed(op, ins)
+        axis %= max(rank, 1)
+        kinds = {f[0] for f in values}
+        if kinds <= {"shared", "size", "dim", "shape"} and rank == 1:
+            # a shape being built: [b, 4] from tf.shape(x)[:1] and a constant
+            head = values[0]
+            if head[0] != "shape":
+                return DIM
+            rest = list(head[3])
+            for f, x in zip(values[1:], op.inputs[1:-1]):
+                if f[0] == "shape" or x.shape.rank != 1 or x.shape[0] is None:
+                    return DIM
+                rest += _entries(x, f, int(x.shape[0]))
+            return ("shape", head[1], head[2], tuple(rest))
+        if kinds & {"reduced", "distinct", "dim", "size", "shape"}:
+            if kinds & {"rows", "elems"}:
+                return self._mixed(op, ins)
+            return next(f for f in values if f[0] in ("reduced", "distinct", "dim", "size",
+                                                      "shape"))
+        per = [f for f in values if per_example(f)]
+        if any(f == ELEMS for f in per):
+            return ELEMS
+        if axis == per[0][1]:
+            if all(f != SHARED for f in values) and all(
+                    f[1] == axis and f[2] == BATCH and f[4] == per[0][4] for f in per):
+                return ("rows", axis, BATCH, sum(f[3] for f in per), per[0][4])
+            return ELEMS
+        if any(f == SHARED for f in values) or any(f[1:] != per[0][1:] for f in per):
+            return ELEMS if all(f[1] == per[0][1] for f in per) else self._mixed(op, ins)
+        return per[0]
+
+    def _pack(self, op, ins) -> tuple:
+        axis = op.get_attr("axis")
+        out = op.outputs[0]
+        if out.shape.rank == 1 and all(f[0] in ("shared", "size", "dim") for f in ins):
+            head = ins[0]
+            if head[0] == "size":
+                return ("shape", head[1], head[2],
+                        tuple(e for f, x in zip(ins[1:], op.inputs[1:]) for e in _entries(x, f, 1)))
+            return DIM
+        kinds = {f[0] for f in ins}
+        if kinds & {"reduced", "distinct"}:
+            return self._mixed(op, ins) if kinds & {"rows", "elems"} else \
+                next(f for f in ins if f[0] in ("reduced", "distinct"))
+        per = [f for f in ins if per_example(f)]
+        if not per or any(f == ELEMS for f in per) or any(f != per[0] for f in per) \
+                or len(per) != len(ins):
+            return ELEMS if all(per_example(f) or f == SHARED for f in ins) \
+                else self._mixed(op, ins)
+        rank = out.shape.rank or 1
+        axis %= rank
+        src = per[0]
+        return ("rows", src[1] + (1 if axis <= src[1] else 0), *src[2:])
+
+    def _fill(self, op, ins, shape_input: int) -> tuple:
+        shape = ins[shape_input]
+        values = [f for i, f in enumerate(ins) if i != shape_input]
+        if any(per_example(f) for f in values) and op.type == "BroadcastTo":
+            src = ins[0]
+            if is_rows(src) and op.outputs[0].shape.rank == op.inputs[0].shape.rank:
+                return src
+            return ELEMS
+        if any(f[0] not in ("shared",) for f in values):
+            return self._mixed(op, ins)
+        if shape[0] == "shape":
+            return ("rows", 0, BATCH, shape[1], shape[2]) if "d" not in shape[3] else DIM
+        return DIM
+
+    def _gather(self, op, ins) -> tuple:
+        params, indices = ins[0], ins[1]
+        t = op.type
+        if t in ("GatherV2",):
+            axis = _static_int(op.inputs[2])
+            batch_dims = op.get_attr("batch_dims")
+        else:
+            axis, batch_dims = 0, op.get_attr("batch_dims") if "batch_dims" in \
+                op.node_def.attr else 0
+        if axis is None:
+            return self._mixed(op, ins)
+        if params[0] in ("shape", "size", "dim") and indices[0] in ("shared", "dim"):
+            picked = tf.get_static_value(op.inputs[1])
+            if params[0] == "shape" and indices == SHARED and picked is not None:
+                picked = [int(i) for i in np.reshape(picked, -1)]
+                if picked and picked[0] == 0 and 0 not in picked[1:]:
+                    return ("shape", params[1], params[2],
+                            tuple(params[3][i - 1] for i in picked[1:]))
+                if 0 not in picked:
+                    return SHARED if all(params[3][i - 1] != "d" for i in picked) else DIM
+            return DIM
+        if params == SHARED and t in ("GatherNd", "ResourceGatherNd"):
+            return ELEMS if per_example(indices) else indices
+        if params == SHARED:
+            if is_rows(indices):
+                return indices    # an embedding lookup: each example's ids' rows
+            if indices[0] in ("distinct", "elems", "dim", "reduced"):
+                return indices if indices[0] != "dim" else DIM
+            return self._mixed(op, ins)
+        if per_example(params) and indices[0] in ("shared", "dim"):
+            rank = op.inputs[0].shape.rank
+            if is_rows(params) and rank is not None and axis % rank != params[1]:
+                return params
+            return ELEMS
+        if is_rows(params) and is_rows(indices) and batch_dims >= 1 and params[1] == 0 \
+                and indices[1] == 0 and params[2:] == indices[2:]:
+            return params    # gathered within each example
+        if per_example(params) and per_example(indices):
+            return ELEMS if t in ("GatherNd", "ResourceGatherNd") else self._mixed(op, ins)
+        if params[0] in ("reduced", "distinct") and indices == SHARED:
+            return params
+        return self._mixed(op, ins)
+
+    def _same_rows(self, op, ins, forms) -> tuple:
+        per = [f for f in forms if f != SHARED]
+        if all(is_rows(f) for f in per) and all(aligned(f, per[0]) for f in per) \
+                and per[0][1] == 0:
+            return _known_group(per)
+        return self._mixed(op, ins)
+
+    def _sparse_segments(self, op, ins) -> tuple:
+        # (data, indices, segment_ids[, num_segments]): embedding_lookup_sparse
+        # sums the rows of each example's ids; segment ids are the rows of the
+        # SparseTensor of ids, one per example
+        data, indices, segments = ins[:3]
+        if per_example(segments) and indices[0] in ("elems", "rows") \
+                and data[0] in ("shared", "distinct", "elems", "rows"):
+            self.assumed[op.name] = "its segment ids are the example rows of a SparseTensor"
+            return rows()
+        return self._mixed(op, ins)
+
+    def _stitch(self, op, ins) -> tuple:
+        """The partitioned lookup's stitch (embedding_lookup over a
+        partitioned variable): the rows gathered for each partition of the
+        ids put back at their ids' places, so they follow the flat ids."""
+        n = len(op.inputs) // 2
+        indices, data = op.inputs[:n], op.inputs[n:]
+        source = _stitched_source(indices, data)
+        if source is None:
+            return ELEMS if all(per_example(f) or f == SHARED for f in ins) \
+                else self._mixed(op, ins)
+        form = self.forms.get(source.name, SHARED)
+        if not is_rows(form) or form[1] != 0:
+            return ELEMS if per_example(form) else form
+        rest = _product(source.shape[1:]) if source.shape.rank is not None else None
+        group = form[4] * rest if form[4] is not None and rest is not None else None
+        return ("rows", 0, form[2], form[3], group)
+
+    def _segments(self, op, ins) -> tuple:
+        """A segment reduction of per-example rows: rows of the examples when
+        there are as many segments as examples (a bag of ids per example, fed
+        flat with each id's example), else a reduction over the examples."""
+        data, segments = ins[0], ins[1]
+        if not per_example(data) and data != SHARED:
+            return self._mixed(op, ins)
+        count = ins[2] if len(ins) > 2 else None
+        if per_example(segments) and count is not None and count[0] == "size" \
+                and count[1:] == (1, 1):
+            self.assumed[op.name] = "its segment ids are the rows of the examples"
+            return rows()
+        return ("reduced", op.name)
+
+    def _draw(self, op, ins) -> tuple:
+        shape = ins[0] if op.type not in ("StatefulUniform", "StatefulStandardNormal",
+                                          "StatefulStandardNormalV2", "StatefulTruncatedNormal",
+                                          "StatefulUniformInt", "StatefulUniformFullInt") \
+            else ins[2]
+        if shape[0] == "shape" and "d" not in shape[3]:
+            return ("rows", 0, BATCH, shape[1], shape[2])
+        if all(f == SHARED for f in ins):
+            return SHARED
+        return DIM if all(f[0] in ("shared", "dim", "shape", "size") for f in ins) \
+            else self._mixed(op, ins)
+
+    # ------------------------------------------------------------ functions
+    def _function_graph(self, name: str):
+        return function_graph(self.graph, name)
+
+    def _body_forms(self, name: str, arg_forms: list) -> list | None:
+        body = self._function_graph(name)
+        if body is None:
+            return None
+        forms: dict[str, tuple] = {}
+        args = {t.op.name: f for t, f in zip(body.inputs, arg_forms)}
+        self._run(body.get_operations(), forms, inputs=args)
+        return [forms.get(t.name, SHARED) if t.op.type != "Placeholder"
+                else args.get(t.op.name, SHARED) for t in body.outputs]
+
+    def _call(self, op, ins, name: str) -> list:
+        outs = self._body_forms(name, ins)
+        return outs if outs is not None else [("unknown", op.name)] * len(op.outputs)
+
+    def _if(self, op, ins) -> list:
+        branches = [op.get_attr("then_branch").name, op.get_attr("else_branch").name]
+        results = [self._body_forms(b, ins[1:]) for b in branches]
+        if any(r is None for r in results):
+            return [("unknown", op.name)] * len(op.outputs)
+        if ins[0] not in (SHARED,) and ins[0][0] != "dim":
+            return [self._mixed(op, ins)] * len(op.outputs)
+        return [_join(list(pair)) for pair in zip(*results)]
+
+    def _while(self, op, ins) -> list:
+        body = op.get_attr("body").name
+        state = list(ins)
+        for _ in range(4):
+            outs = self._body_forms(body, state)
+            if outs is None:
+                return [("unknown", op.name)] * len(op.outputs)
+            joined = [_join([a, b]) for a, b in zip(state, outs)]
+            if joined == state:
+                break
+            state = joined
+        return state
+
+    def _tensor_list(self, op, ins) -> list:
+        t = op.type
+        n_out = len(op.outputs)
+        if t == "TensorListFromTensor":
+            src = ins[0]
+            if is_rows(src):
+                if src[1] == 0:
+                    return [("list", ELEMS)]
+                return [("list", ("rows", src[1] - 1, *src[2:]))]
+            return [("list", src)] if src == SHARED else [("list", ELEMS if per_example(src)
+                                                           else src)]
+        if t in ("TensorListReserve", "EmptyTensorList"):
+            return [("list", SHARED)] if all(f == SHARED for f in ins) else \
+                [("list", SHARED)]
+        lst = ins[0]
+        elem = lst[1] if lst[0] == "list" else (SHARED if lst == SHARED else ELEMS)
+        if t == "TensorListGetItem":
+            return [elem]
+        if t == "TensorListSetItem":
+            return [("list", _join([elem, ins[2]]))]
+        if t == "TensorListPushBack":
+            return [("list", _join([elem, ins[1]]))]
+        if t == "TensorListStack":
+            if is_rows(elem):
+                return [("rows", elem[1] + 1, *elem[2:])]
+            return [elem if elem[0] != "rows" else ELEMS]
+        if t in ("TensorListLength", "TensorListElementShape"):
+            return [SHARED] * n_out
+        if t == "TensorListPopBack":
+            return [lst, elem]
+        return [("unknown", op.name)] * n_out
+
+
+def aligned(a: tuple, b: tuple) -> bool:
+    """Whether two rows forms hold the same examples along the same axis,
+    row for row (a group known only at run time matches any)."""
+    return (a[1:4] == b[1:4] and (a[4] == b[4] or a[4] is None or b[4] is None))
+
+
+def _known_group(forms: list) -> tuple:
+    """Of aligned rows forms, one whose group is known, if any."""
+    return next((f for f in forms if f[4] is not None), forms[0])
+
+
+def _join(forms: list) -> tuple:
+    """The form of a value that is one of `forms` (a Merge's inputs, a loop's
+    state before and after its body, an If's branches)."""
+    known = [f for f in forms if f != SHARED]
+    if not known:
+        return SHARED
+    first = known[0]
+    if all(f == first for f in known):
+        return first
+    if any(f[0] in ("mixed", "unknown") for f in known):
+        return next(f for f in known if f[0] in ("mixed", "unknown"))
+    if first[0] == "list" and all(f[0] == "list" for f in known):
+        return ("list", _join([f[1] for f in known]))
+    if all(per_example(f) for f in known):
+        return ELEMS
+    if all(f[0] in ("dim", "size", "shape") for f in known):
+        return DIM
+    return next((f for f in known if f[0] in ("reduced", "distinct")), ("unknown", "join"))
+
+
+def function_graph(graph: tf.Graph, name: str):
+    """The graph of the function `name` of `graph`'s library (a While's
+    body, an If's branch), or None. Graph._get_function is the only way to
+    the functions a graph holds; every caller goes through here."""
+    try:
+        fn = graph._get_function(name)  # pylint: disable=protected-access
+    except Exception:   # noqa: BLE001 - a library without it
+        fn = None
+    if fn is None:
+        return None
+    body = getattr(fn, "graph", None)
+    if body is None:
+        from tensorflow.python.framework import function_def_to_graph  # noqa: E501 pylint: disable=import-outside-toplevel
+        body = function_def_to_graph.function_def_to_graph(fn.definition)
+    return body
+
+
+def _selection_key(op: tf.Operation, src: tuple, axis: int) -> str:
+    """A name for the rows a slice keeps along the example axis: the rows of
+    `src` and how the slice's bounds were computed (their static values, or
+    the tensors packed into them), so that slices of two tensors with the
+    same bounds keep the same examples."""
+    parts = [src[2], op.type, str(axis)]
+    for t in op.inputs[1:]:
+        value = tf.get_static_value(t)
+        if value is not None:
+            parts.append(str(np.reshape(value, -1).tolist()))
+        elif t.op.type == "Pack":
+            parts.append(str([tf.get_static_value(x).tolist() if tf.get_static_value(x) is not None
+                              else x.name for x in t.op.inputs]))
+        else:
+            parts.append(t.name)
+    if op.type == "StridedSlice":
+        parts += [str(op.get_attr(m)) for m in ("begin_mask", "end_mask", "shrink_axis_mask")]
+    return "|".join(parts)
+
+
+def _entries(t: tf.Tensor, form: tuple, count: int) -> list:
+    """The `count` entries a shape form gets from `t` (module docstring:
+    ints where static, "s" where SHARED, "d" where per worker)."""
+    value = tf.get_static_value(t)
+    if value is not None:
+        return [int(v) for v in np.reshape(value, -1)]
+    return ["s" if form == SHARED else "d"] * count
+
+
+def _stitched_source(indices, data):
+    """The tensor X of a stitch that puts back, at their places, values
+    computed from X's partitions: each index is DynamicPartition of a
+    range over X's elements, each data input is computed from the
+    DynamicPartition of X by the same partitions (through gathers, reads and
+    reshapes). None when the stitch is not of that shape."""
+    partitions, source = None, None
+    for t in indices:
+        if t.op.type != "DynamicPartition" or t.op.inputs[0].op.type != "Range":
+            return None
+        partitions = t.op.inputs[1] if partitions is None else partitions
+        if t.op.inputs[1] is not partitions:
+            return None
+    for t in data:
+        for _ in range(8):
+            if t.op.type == "DynamicPartition":
+                break
+            readers = [x for x in t.op.inputs if x.dtype.is_integer or x.op.type ==
+                       "DynamicPartition"]
+            if not readers:
+                return None
+            t = readers[-1]
+        else:
+            return None
+        if t.op.inputs[1] is not partitions or (source is not None and
+                                                t.op.inputs[0] is not source):
+            return None
+        source = t.op.inputs[0]
+    return source
+
+
+def _first_element(shape: tf.Tensor) -> int | None:
+    """Element 0 of a 1-D shape tensor when it is static (a Pack or a
+    ConcatV2 beginning with a constant), else None."""
+    value = tf.get_static_value(shape)
+    if value is not None:
+        return int(np.reshape(value, -1)[0]) if np.size(value) else None
+    op = shape.op
+    if op.type == "Pack" and op.inputs:
+        return _static_int(op.inputs[0])
+    if op.type == "ConcatV2" and len(op.inputs) > 1:
+        head = tf.get_static_value(op.inputs[0])
+        return int(np.reshape(head, -1)[0]) if head is not None and np.size(head) else None
+    return None
+
+
+def _static_int(t: tf.Tensor) -> int | None:
+    value = tf.get_static_value(t)
+    if value is None or np.ndim(value) != 0:
+        return None
+    return int(value)
+
+
+def _product(dims) -> int | None:
+    out = 1
+    for d in dims:
+        if d is None:
+            return None
+        out *= int(d)
+    return out
+
+
+def _static_batch(graph: tf.Graph) -> int | None:
+    """The inputs' static first dimension when the graph fixes the batch's
+    size (the most common among fed and dataset tensors), else None."""
+    firsts = [t.shape[0] for op in graph.get_operations() if op.type in INPUT_OP_TYPES
+              for t in op.outputs if t.dtype != tf.resource and t.shape.rank]
+    if not firsts or None in firsts:
+        return None
+    return max(set(firsts), key=firsts.count)
