@@ -98,6 +98,11 @@ class ArrayBatches:
         """The batches of an epoch (Keras's callbacks' params["steps"])."""
         return -(-size(self.x) // self.batch_size)
 
+    @staticmethod
+    def read_past_end() -> bool:
+        """Whether Keras's fit reads past an epoch's last batch (`DatasetBatches`)."""
+        return False
+
     def order(self, epoch: int) -> np.ndarray:
         """The order of the examples in epoch `epoch`, the same on every worker."""
         n = size(self.x)
@@ -201,6 +206,14 @@ class DatasetBatches:
 
     def check(self, parts: int, what: str, any_of: int | None = None) -> None:
         del parts, what, any_of   # batches that do not split are left out, one by one
+
+    def read_past_end(self) -> bool:
+        """Whether Keras's fit reads past an epoch's last batch: it calls its
+        train function until one fails to read a batch of a dataset of
+        unknown length (steps_per_epoch not given)."""
+        import tensorflow as tf
+        return self.steps is None and int(self.dataset.cardinality()) == int(
+            tf.data.UNKNOWN_CARDINALITY)
 
     def num_batches(self) -> int | None:
         """The batches of a pass, as Keras's fit counts them: its steps, the
@@ -358,6 +371,10 @@ class PyDatasetBatches:
 
     def num_batches(self) -> int:
         return self.count
+
+    @staticmethod
+    def read_past_end() -> bool:
+        return False
 
     def data(self, x, y, weights):
         """What Keras's fit hands a model's train_step: the batch as the

@@ -260,6 +260,14 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
                     stopping = callbacks.run(lambda c: c.on_train_batch_end(step, batch_logs))
                 if stopping or model.stop_training:
                     break
+            else:
+                if train.read_past_end():
+                    # Keras's fit calls its step once more, past the end of a
+                    # dataset of unknown length: the call fails for want of a
+                    # batch, after the step's writes that wait for none ran
+                    # (its optimizer counts one more iteration, each dropout
+                    # draws from its next seed)
+                    runner.run_input_free_writes()
             logs = (metrics.own_step_result(runner, step_logs, rows=last_rows) if own_step
                     else metrics.result(runner))
             validating = validation_data is not None and _should_validate(epoch, validation_freq)

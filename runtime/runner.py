@@ -144,6 +144,7 @@ class Runner:
         # another value (_view).
         self._views: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._assign_ops: dict[str, tuple] = {}
+        self._input_free: list[tf.Operation] | None = None   # run_input_free_writes'
         self._init_ops = _initializer_ops(graph)
         # The loss of each train group, fetched with the steps that update it.
         self._losses = ([graph.get_tensor_by_name(g.loss) if g.loss else None
@@ -841,6 +842,18 @@ class Runner:
             write.write([next(values) for _ in write.inputs])
         return result
 
+    def run_input_free_writes(self) -> None:
+        """Run, once, the traced function's writes that wait for none of
+        what a step reads or exchanges (an optimizer's iteration count, a
+        dropout's seed): what a call of the function runs when its batch
+        cannot be read. Keras's fit ends each pass over a dataset of
+        unknown length with such a call, whose writes count (autopar.fit).
+        Each worker runs its own copies' writes, the chief a server's."""
+        if self._input_free is None:
+            self._input_free = _input_free_writes(self.graph, self.is_chief)
+        if self._input_free:
+            self.session.run(self._input_free)
+
     def loss_counts_of(self, *inputs) -> list[float] | None:
         """This worker's counts of the batch's values that the losses
         divide by (transforms.loss_counts: computed from the input alone) for
@@ -1100,6 +1113,35 @@ def _leading_dim(key, value) -> int | None:
 
 
 _ITERATOR_OPS = frozenset({"IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional"})
+
+
+# Ops that write state: a variable, or a random generator's.
+_WRITES = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
+                     "RngReadAndSkip", "RngSkip"})
+
+
+def _input_free_writes(graph: tf.Graph, is_chief: bool) -> list[tf.Operation]:
+    """The writes among the traced function's stateful ops (CALL_OP's
+    inputs) that depend, by data or control, on no fed value (its inputs,
+    the runner's own feeds), no dataset and no collective; those of a
+    server's variable on the chief alone."""
+    if CALL_OP not in {op.name for op in graph.get_operations()}:
+        return []
+    # everything downstream of what a step reads or exchanges
+    tainted: set[str] = set()
+    stack = [op for op in graph.get_operations()
+             if op.type in ("Placeholder", "PlaceholderWithDefault", "IteratorGetNext",
+                            "IteratorGetNextSync") or op.type.startswith("Collective")]
+    while stack:
+        op = stack.pop()
+        if op.name in tainted:
+            continue
+        tainted.add(op.name)
+        stack.extend(c for t in op.outputs for c in t.consumers())
+        stack.extend(op._control_outputs)  # pylint: disable=protected-access  (no public API)
+    return [op for op in _upstream([graph.get_operation_by_name(CALL_OP)])
+            if op.type in _WRITES and op.name not in tainted
+            and (is_chief or f"/job:{SERVER_JOB}" not in op.device)]
 
 
 def _upstream(ops):
