@@ -15,7 +15,7 @@ import atexit
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 import tensorflow as tf
@@ -39,7 +39,7 @@ from autopar.transforms.batch_mixing import mixing_note
 from autopar.transforms.compile import CompiledPlan, compile_for_config
 from autopar.transforms.graph_utils import import_meta_graph, staged_initializers
 from autopar.transforms.evaluate import totals_allreduce
-from autopar.transforms.keys import PLAN_KEY, TIMELINE_KEY_PREFIX
+from autopar.transforms.keys import JOB_GROUP_STRIDE, PLAN_KEY, TIMELINE_KEY_PREFIX
 from autopar.transforms.topology import Topology
 from autopar.transforms.methods.ps.rewrite import COUNTERS_INIT
 from autopar.transforms.rewrite import rewrite_for_worker, worker_device
@@ -95,10 +95,13 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
     rewritten = rewrite_for_worker(graph, analysis, plan, worker_index, moves=compiled.moves,
                                    micro_batches=config.micro_batches)
     if job > 1:
-        # The servers' resources outlive a session: an earlier job's
-        # variables of the same names (an optimizer's iteration count, a
-        # metric's total) would be this job's
-        in_container(rewritten.meta_graph.graph_def, f"autopar_job{job}")
+        # The processes' resources and collective groups outlive a session:
+        # an earlier job's variables of the same names (a metric's total)
+        # would be this job's, its collectives' shapes this job's
+        in_container(rewritten.meta_graph.graph_def, f"autopar-job{job}")
+        offset = (job - 1) * JOB_GROUP_STRIDE
+        in_groups_above(rewritten.meta_graph.graph_def, offset)
+        plan = replace(plan, group_key=plan.group_key + offset)   # (collectives built later)
     is_chief = worker_index == 0
 
     worker_graph = tf.Graph()
@@ -215,6 +218,39 @@ def in_container(graph_def, container: str) -> None:
                 a.name == "container" for a in op_def.attr)
         if has_container[node.op] and not node.attr["container"].s:
             node.attr["container"].s = container.encode()
+
+
+def in_groups_above(graph_def, offset: int) -> None:
+    """Give every collective of the graph a group key `offset` higher: a
+    new constant for each key (the graph shares one constant per value
+    among sizes, keys and instance keys)."""
+    from tensorflow.python.framework import op_def_registry   # no public OpDef lookup
+    nodes = {node.name: node for node in graph_def.node}
+    made: dict[tuple[int, str], str] = {}
+    for node in list(graph_def.node):
+        if not node.op.startswith("Collective"):
+            continue
+        if "group_key" in node.attr:   # (the first collective ops: attributes)
+            node.attr["group_key"].i += offset
+            continue
+        names = [a.name for a in op_def_registry.get(node.op).input_arg]
+        if "group_key" not in names:
+            continue
+        index = names.index("group_key")
+        source = nodes.get(node.input[index].split(":")[0])
+        if source is None or source.op != "Const":
+            raise UnsupportedGraphError(f"collective '{node.name}' takes its group key from "
+                                        f"'{node.input[index]}', no constant: a later job of the "
+                                        "script cannot move it to groups of its own")
+        key = int(tf.make_ndarray(source.attr["value"].tensor))
+        if (key, source.device) not in made:
+            name = f"autopar/later_job/group_key_{key}_{len(made)}"
+            const = graph_def.node.add()
+            const.CopyFrom(source)
+            const.name = name
+            const.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(key + offset, tf.int32))
+            made[(key, source.device)] = name
+        node.input[index] = made[(key, source.device)]
 
 
 def _board(compiled: CompiledPlan, config) -> ChiefBoard | None:
