@@ -17,7 +17,8 @@ guide defines without running it, run by the same loop as a second job of the sc
 an optimizer of its own: a Keras 3 optimizer applies only the variables it was built for).
 The eager loops and the GAN are left out; 130 synthetic examples of 64 features in place of
 MNIST's, 2 epochs of batches of 32 (the last of 4 examples, split 2/1/1 over 3 workers),
-float64, fixed seeds. Prints each epoch's accuracies and saves every variable.
+float64, fixed seeds. Prints each epoch's accuracies and saves every variable, after each
+of the two parts.
 """
 
 """
@@ -204,7 +205,10 @@ def train_and_validate(train_step, part):
 
 
 worker = train_and_validate(train_step, "metrics")  # autopar port
-variables = {v.path: v.numpy() for v in model.variables + optimizer.variables}  # autopar port
+# autopar port: this part's accuracies and variables
+print("results " + json.dumps(results, sort_keys=True), flush=True)
+np.savez(args.out.format(worker=worker),
+         **{v.path: v.numpy() for v in model.variables + optimizer.variables})
 
 """
 ## Low-level handling of losses tracked by the model
@@ -250,11 +254,9 @@ def train_step(x, y):
     return loss_value
 
 
-# autopar port: trained by the loop above (the guide leaves it there)
-train_and_validate(train_step, "add_loss")
-variables.update({"add_loss/" + v.path: v.numpy()
-                  for v in model.variables + optimizer.variables})
-
-# autopar port: the per-epoch accuracies and every variable (the GAN is left out)
+# autopar port: trained by the loop above (the guide leaves it there); its accuracies and
+# variables (the GAN is left out)
+worker = train_and_validate(train_step, "add_loss")
 print("results " + json.dumps(results, sort_keys=True), flush=True)
-np.savez(args.out.format(worker=worker), **variables)
+np.savez(args.out.format(worker=worker).replace(".npz", "_add_loss.npz"),
+         **{v.path: v.numpy() for v in model.variables + optimizer.variables})
