@@ -1,23 +1,26 @@
 # Two commands do all set-up on a fresh machine: `make demo` and `make test`.
-# Each creates the virtualenv and installs the pinned packages by itself.
+# Each creates the virtualenv and installs the pinned packages by itself:
+# setup.py states the ranges autopar accepts, constraints.txt the exact
+# versions make and CI install.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+CONSTRAINTS := constraints.txt
 
 .PHONY: demo demo-keras test install clean native stress system-packages
 
-$(STAMP): setup.py pyproject.toml runtime/coordinator.proto transforms/fusion_layout.proto cpp_ops/bind_shim.c \
+$(STAMP): setup.py pyproject.toml $(CONSTRAINTS) runtime/coordinator.proto transforms/fusion_layout.proto cpp_ops/bind_shim.c \
 		cpp_ops/herring_ops.cc cpp_ops/sum_server.cc cpp_ops/herring_wire.h \
 		cpp_ops/fusion_buffer_reader.h
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -c $(CONSTRAINTS) -e ".[cpu,test]"
 	# Legacy Keras for programs built with tf.compat.v1.layers (docs/tf2-keras.md,
 	# "Legacy Keras"), beside the venv, not in it: tf-keras requires
 	# the full tensorflow package (not tensorflow-cpu), and on the default path
 	# it would make every TensorFlow import load it.
-	$(PY) -m pip install -q --no-deps --upgrade --target $(VENV)/legacy-keras tf-keras==2.21.0
+	$(PY) -m pip install -q --no-deps --upgrade --target $(VENV)/legacy-keras -c $(CONSTRAINTS) tf-keras
 	$(MAKE) native
 	$(MAKE) system-packages
 	touch $(STAMP)
@@ -48,10 +51,11 @@ system-packages:
 	fi
 
 # The coordinator's gRPC modules (from runtime/coordinator.proto), the bind
-# shim (cpp_ops/bind_shim.c, needs a C compiler) and the Herring transport
-# (cpp_ops/herring_ops.cc against the installed TensorFlow, cpp_ops/sum_server.cc;
-# needs a C++17 compiler) into runtime/. setup.py's
-# build does the same for `pip install .`.
+# shim (cpp_ops/bind_shim.c, needs a C compiler) and the summation server
+# (cpp_ops/sum_server.cc, needs a C++17 compiler) into runtime/, as setup.py's
+# build does for `pip install .`; and the Herring op library
+# (cpp_ops/herring_ops.cc against the installed TensorFlow) into the per-user
+# build cache, where its first use would otherwise build it (cpp_ops/README.md).
 native:
 	$(PY) -m autopar.runtime.native
 
@@ -68,6 +72,24 @@ demo-keras: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+# autopar as a pip user gets it (tests/install): a fresh virtualenv with the
+# other TensorFlow distribution of the pinned release (`tensorflow`), autopar
+# pip-installed into it from a copy of the sources, a herring job equal to one
+# device there, its TensorBoard, every example from a folder outside the
+# checkout. Minutes (a 570 MB TensorFlow wheel), so not part of `make test`;
+# CI runs both (.ci/run).
+.PHONY: test-install
+test-install: $(STAMP)
+	$(PY) -m pytest -q tests/install
+
+# GPU workers on a machine with GPUs (tests/gpu/check.py, docs/gpus.md): 2 workers
+# (a GPU each, or sharing one), hybrid and allreduce, equal to one device, and the
+# device each worker's MatMuls ran on. Exits 77 on a machine without a GPU.
+# Not part of CI (no GPU there).
+.PHONY: gpu-check
+gpu-check: $(STAMP)
+	$(PY) tests/gpu/check.py
 
 # Soaks: ten fresh parameter-server jobs per run option (the start-up race),
 # five rounds of two jobs launched together on one port range.

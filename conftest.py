@@ -20,3 +20,16 @@ if importlib.util.find_spec("tf_keras") is None:
 # Before any test module imports grpc: autopar turns gRPC's fork support off
 # (autopar/__init__.py), which grpc reads at its first import.
 import autopar  # noqa: E402,F401
+
+
+_INSTALL_TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests", "install")
+
+
+def pytest_ignore_collect(collection_path, config):
+    """tests/install/ (fresh virtualenvs, minutes: `make test-install`) is
+    collected only when named on the command line, not by `pytest tests`."""
+    path = str(collection_path)
+    if path != _INSTALL_TESTS and not path.startswith(_INSTALL_TESTS + os.sep):
+        return None
+    asked = [os.path.abspath(str(a).split("::")[0]) for a in config.args]
+    return not any(a == _INSTALL_TESTS or a.startswith(_INSTALL_TESTS + os.sep) for a in asked)

@@ -1,38 +1,69 @@
 import importlib.util
+import sys
 from pathlib import Path
 
-from setuptools import find_packages, setup
+from setuptools import Distribution, find_packages, setup
+from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
 
 
-def _native():
-    """runtime/native.py, loaded by path: nothing is installed yet."""
-    spec = importlib.util.spec_from_file_location("_autopar_native", HERE / "runtime" / "native.py")
+def _load(relative: str):
+    """A standard-library module of the source tree, loaded by path: nothing
+    is installed yet."""
+    spec = importlib.util.spec_from_file_location(f"_autopar_{Path(relative).stem}", HERE / relative)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module   # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
 
+native = _load("runtime/native.py")
+TENSORFLOW = _load("common/tensorflow_range.py").SPECIFIER
+
+
 class BuildWithNative(build_py):
     """Also generate the coordinator's gRPC modules (grpcio-tools, a build
-    requirement in pyproject.toml), compile the bind shim (the system C
-    compiler) and the Herring transport (C++: the op library against the
-    installed TensorFlow, and the summation server). An editable install builds them in the source tree."""
+    requirement in pyproject.toml) and compile the bind shim (C) and the
+    summation server (C++17) with the system's compilers: neither depends on
+    TensorFlow. The Herring op library is compiled on first use against the
+    TensorFlow the process imports (runtime/native.py). A missing compiler
+    does not stop the install: the part is built on first use, or refused
+    then naming the package to install. An editable install builds them in
+    the source tree."""
 
     def run(self):
         super().run()
-        native = _native()
         dest = HERE / "runtime" if getattr(self, "editable_mode", False) \
             else Path(self.build_lib) / "autopar" / "runtime"
         try:
             native.build_protos(dest)
-            native.build_shim(dest)
-            native.build_sumserver(dest)
-            native.build_herring_ops(dest)
         except native.BuildError as exc:
             raise SystemExit(f"autopar build: {exc}") from exc
+        for build in (native.build_shim, native.build_sumserver):
+            try:
+                build(dest)
+            except native.BuildError as exc:
+                print(f"autopar build: warning: {exc}", file=sys.stderr)
+
+
+class NativeDistribution(Distribution):
+    """Installed as platform-specific (the shim and the summation server are
+    compiled programs), so every file lands in one tree, as a package with
+    extension modules does."""
+
+    def has_ext_modules(self):
+        return True
+
+
+class PlatformWheel(bdist_wheel):
+    """The wheel holds the shim and the summation server, compiled for this
+    platform but for no Python ABI: tagged py3-none-<platform>."""
+
+    def get_tag(self):
+        _, _, platform = super().get_tag()
+        return "py3", "none", platform
 
 
 setup(
@@ -40,31 +71,45 @@ setup(
     version="0.1.0",
     description="Single-device TensorFlow training as synchronous data-parallel training",
     python_requires=">=3.11",
-    # The repository keeps common/, transforms/ and runtime/ at its top level;
-    # they are installed inside autopar, so only `autopar` lands in site-packages.
-    packages=["autopar"] + [f"autopar.{p}" for p in find_packages(include=[
+    # The repository keeps common/, transforms/, runtime/ and cpp_ops/ at its
+    # top level; they are installed inside autopar, so only `autopar` lands in
+    # site-packages (cpp_ops/'s sources: the native parts built on first use).
+    packages=["autopar", "autopar.cpp_ops"] + [f"autopar.{p}" for p in find_packages(include=[
         "common", "common.*", "transforms", "transforms.*", "runtime", "runtime.*"])],
     package_dir={"autopar.common": "common", "autopar.transforms": "transforms",
-                 "autopar.runtime": "runtime"},
-    package_data={"autopar.runtime": ["coordinator.proto"], "autopar.transforms": ["fusion_layout.proto"]},
+                 "autopar.runtime": "runtime", "autopar.cpp_ops": "cpp_ops"},
+    package_data={"autopar.runtime": ["coordinator.proto"], "autopar.transforms": ["fusion_layout.proto"],
+                  "autopar.cpp_ops": ["*.c", "*.cc", "*.h"]},
+    # Ranges, not pins: autopar lives in the user's environment. TensorFlow
+    # comes from the user (any distribution providing the `tensorflow`
+    # module, in TENSORFLOW's releases) or from an extra below. protobuf and
+    # grpcio start at what the generated modules need (pyproject.toml's
+    # grpcio-tools) and stay within what those TensorFlow releases accept.
+    # The exact versions `make` and CI use: constraints.txt.
     install_requires=[
-        "tensorflow-cpu==2.21.0",
-        "networkx==3.6.1",
-        "PyYAML==6.0.3",
-        "protobuf==7.36.2",
-        "grpcio==1.85.1",
-        # The release of grpcio's own version; its generated code requires
-        # grpcio >= its version and runs on protobuf 7.36.
-        "grpcio-tools==1.85.1",
-        "numpy==2.4.6",
+        "networkx>=3.0,<4",
+        "PyYAML>=6.0,<7",
+        "protobuf>=6.31.1,<8",
+        "grpcio>=1.74.0,<2",
+        "numpy>=1.26,<3",
         # Process titles (`autopar[job] worker 1/3 train.py` in ps and top).
-        "setproctitle==1.3.7",
+        "setproctitle>=1.3,<2",
     ],
     extras_require={
-        "test": ["pytest==9.2.0", "pytest-timeout==2.4.0", "scikit-learn==1.9.1", "matplotlib==3.11.2",
+        "cpu": [f"tensorflow-cpu{TENSORFLOW}"],
+        "gpu": [f"tensorflow[and-cuda]{TENSORFLOW}"],
+        # 2.21: the first release that starts without pkg_resources
+        # (setuptools >= 81 has none).
+        "tensorboard": ["tensorboard>=2.21,<3"],
+        # examples/: scikit-learn's bundled data sets, docs/draw_timeline.py's plot.
+        "examples": ["scikit-learn>=1.3", "matplotlib>=3.7", "tensorboard>=2.21,<3"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "scikit-learn>=1.3", "matplotlib>=3.7",
                  # tests read the chief's event files with TensorBoard's own reader
-                 "tensorboard==2.20.0"],
+                 "tensorboard>=2.21,<3",
+                 # `make native` regenerates the coordinator's modules
+                 "grpcio-tools>=1.74.0"],
     },
     entry_points={"console_scripts": ["autopar=autopar.cli:main"]},
-    cmdclass={"build_py": BuildWithNative},
+    cmdclass={"build_py": BuildWithNative, "bdist_wheel": PlatformWheel},
+    distclass=NativeDistribution,
 )

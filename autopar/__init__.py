@@ -45,13 +45,42 @@ __version__ = "0.1.0"
 _install_excepthook()
 
 
+_tensorflow_checked = False
+
+
+def _check_tensorflow() -> None:
+    """Before the API's first import of TensorFlow: none installed is an
+    AutoparError saying what to install; a release outside the supported
+    ones (common/tensorflow_range.py) is a warning."""
+    global _tensorflow_checked
+    if _tensorflow_checked:
+        return
+    import logging
+    from autopar.common import tensorflow_range
+    try:
+        import tensorflow as tf
+    except ModuleNotFoundError as exc:
+        if exc.name != "tensorflow":
+            raise
+        raise AutoparError(
+            f"autopar needs TensorFlow ({tensorflow_range.SPECIFIER}), and none is installed: "
+            "pip install 'autopar[cpu]' (tensorflow-cpu) or 'autopar[gpu]' (tensorflow[and-cuda]), "
+            "or any TensorFlow distribution of those releases") from None
+    problem = tensorflow_range.unsupported(tf.__version__)
+    if problem is not None:
+        logging.getLogger("autopar").warning("%s", problem)
+    _tensorflow_checked = True
+
+
 def __getattr__(name):
     # The API pulls in TensorFlow (seconds to import); a process that only
     # launches or parses specs (`autopar launch`) should not pay for it.
     if name in ("get_runner", "shard", "num_workers", "analyze"):
+        _check_tensorflow()
         from autopar import api
         return getattr(api, name)
     if name == "fit":
+        _check_tensorflow()
         from autopar.runtime.keras_fit import fit
         return fit
     if name == "optimizers":

@@ -156,27 +156,30 @@ def _join_external(graph, config, lifted=None):
 def _join_mpi(graph, resource_info, config, mpi: tuple[int, int], lifted=None):
     """A rank an MPI launcher started (runtime/join.py): worker `rank` of the
     spec's cluster; joins, spawns nothing, compiles the plan itself."""
-    from autopar.runtime import join, spec as specs, worker
+    from autopar.runtime import gpus, join, spec as specs, worker
     if resource_info is None:
         raise SpecError("this process was started by an MPI launcher (mpirun): pass the resource "
                         "spec to get_runner so every rank derives the same cluster from it")
     rank, size = mpi
-    cluster = join.mpi_cluster(specs.load_spec(resource_info), rank, size)
+    spec = specs.load_spec(resource_info)
+    cluster = join.mpi_cluster(spec, rank, size)
     log.info("MPI rank %d of %d: worker %d of %s", rank, size, rank, cluster[WORKER_JOB])
-    return worker.distributed_runner(graph, cluster, rank, config, lifted=lifted)
+    return worker.distributed_runner(graph, cluster, rank, config, lifted=lifted,
+                                     gpus=gpus.mpi_rank_gpus(spec, rank))
 
 
 def _join_slurm(graph, resource_info, config, task: tuple[int, int], lifted=None):
     """A task srun started (runtime/slurm.py): worker `task` of the step's
     nodes; joins, spawns nothing, compiles the plan itself."""
-    from autopar.runtime import slurm, worker
+    from autopar.runtime import gpus, slurm, worker
     rank, size = task
     cluster = slurm.step_cluster(os.environ, rank, size)
     if resource_info is not None and rank == 0:
         log.info("started by srun: the job runs on the step's nodes and tasks; the resource "
                  "spec passed to get_runner is not used")
     log.info("Slurm task %d of %d: worker %d of %s", rank, size, rank, cluster[WORKER_JOB])
-    return worker.distributed_runner(graph, cluster, rank, config, lifted=lifted)
+    return worker.distributed_runner(graph, cluster, rank, config, lifted=lifted,
+                                     gpus=gpus.slurm_task_gpus())
 
 
 def shard(dataset: tf.data.Dataset) -> tf.data.Dataset:
@@ -212,7 +215,10 @@ def analyze(graph, resource_info, config: Config | None = None) -> Report:
 
 def _compile(graph, spec, config: Config) -> CompiledPlan:
     # Summation servers: the launcher starts them when the plan's methods
-    # need them (registry.processes), so the planner may count on them.
+    # need them (registry.processes), so the planner may count on them,
+    # unless they cannot be built here (no C++ compiler: runtime/native.py).
+    from autopar.runtime.native import herring_unavailable
+    missing = herring_unavailable()
     topology = Topology(tuple(h.address for h in spec.worker_hosts()), spec.num_servers,
-                        summation_servers=True)
+                        summation_servers=missing is None, summation_servers_why=missing or "")
     return compile_for_config(graph, topology, config)

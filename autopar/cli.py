@@ -2,6 +2,7 @@
 
     autopar launch --spec SPEC -- python train.py [args...]   train on the cluster
     autopar report --spec SPEC -- python train.py [args...]   print the plan, train nothing
+    autopar spec --workers 4 > spec.yaml                      write a resource spec to start from
 
 Instead of --spec, the hosts as MPI and Horovod take them: -H host1:4,host2:4
 or --hostfile FILE ('host slots=N' lines), slots being workers per host, with
@@ -28,6 +29,8 @@ from autopar.common.roles import REPORT_ROLE
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["spec"]:
+        return spec_main(argv[1:])
     command: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
@@ -35,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="autopar", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="action", required=True)
+    sub.add_parser("spec", help="print a resource spec to start from (autopar spec --help)")
     for action, text in (("launch", "start every server and worker of SPEC running the command"),
                          ("report", "print the plan for the command's graph on SPEC, train nothing")):
         p = sub.add_parser(action, help=text)
@@ -48,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--servers-per-host", type=int, default=0, metavar="N",
                        help="with -H, --hostfile or --spec slurm: server processes on each "
                             "host (default 0)")
+        p.add_argument("--gpus-per-worker", type=int, default=0, metavar="K",
+                       help="with -H or --hostfile: slot k of a host owns its GPUs kK .. kK+K-1 "
+                            "(default 0: CPU workers; docs/gpus.md)")
         if action == "launch":
             p.add_argument("--stall-timeout", type=float, default=60.0, metavar="SECONDS",
                            help="end the job when workers wait this long in a step for others "
@@ -116,12 +123,49 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def spec_main(argv: list[str]) -> int:
+    """`autopar spec`: a resource spec (YAML, docs/resource-specs.md) on
+    stdout, checked as any spec is, for a user to save and edit."""
+    import yaml
+    from autopar.runtime.spec import load_spec
+    parser = argparse.ArgumentParser(
+        prog="autopar spec", description="Print a resource spec: hosts, and the workers and "
+        "servers on each. Save it (autopar spec --workers 4 > spec.yaml) and edit it "
+        "(ports, ssh settings: docs/resource-specs.md).")
+    parser.add_argument("--workers", type=int, default=2, metavar="N",
+                        help="worker processes per host (default 2)")
+    parser.add_argument("--servers", type=int, default=0, metavar="N",
+                        help="server processes per host (default 0)")
+    parser.add_argument("--hosts", default="127.0.0.1", metavar="HOST,...",
+                        help="host names or addresses (default 127.0.0.1: this machine)")
+    parser.add_argument("--gpus-per-worker", type=int, default=0, metavar="K",
+                        help="GPU ids per worker on each host, in order (default 0: CPU workers)")
+    args = parser.parse_args(argv)
+    gpus = ({"gpus": list(range(args.workers * args.gpus_per_worker))}
+            if args.gpus_per_worker > 0 and args.workers > 0 else {})
+    hosts = [{"address": h.strip(), "workers": args.workers, "servers": args.servers, **gpus}
+             for h in args.hosts.split(",")]
+    try:
+        load_spec({"hosts": hosts})
+    except AutoparError as e:
+        return report_error(e)
+    where = "this machine" if args.hosts == "127.0.0.1" else args.hosts
+    sys.stdout.write(f"# {args.workers} workers and {args.servers} servers per host on {where} "
+                     f"(`autopar spec {' '.join(argv)}`)\n"
+                     + yaml.safe_dump({"hosts": hosts}, sort_keys=False))
+    return 0
+
+
 def _spec(args):
     """The job's ResourceSpec from --spec (a file, or 'slurm'), -H or --hostfile."""
     from autopar.runtime import hostfile, slurm
     from autopar.runtime.spec import load_spec
     if args.servers_per_host < 0:
         raise AutoparError(f"--servers-per-host must be >= 0, got {args.servers_per_host}")
+    if args.gpus_per_worker and (args.gpus_per_worker < 0 or args.spec is not None):
+        raise AutoparError("--gpus-per-worker takes a count >= 0 and goes with -H or --hostfile; "
+                           "a spec file gives each host's 'gpus' itself, and --spec slurm takes "
+                           "the allocation's")
     if args.spec == "slurm":
         return slurm.spec_from_allocation(os.environ, args.servers_per_host)
     if args.spec is not None:
@@ -138,7 +182,7 @@ def _spec(args):
         except (OSError, UnicodeDecodeError) as exc:
             raise AutoparError(f"hostfile {args.hostfile}: cannot be read ({exc})") from exc
         hosts = hostfile.parse_hostfile(text, args.hostfile)
-    return hostfile.spec_from_hosts(hosts, args.servers_per_host)
+    return hostfile.spec_from_hosts(hosts, args.servers_per_host, args.gpus_per_worker)
 
 
 if __name__ == "__main__":

@@ -73,10 +73,7 @@ def run(workers: int, servers: int, mib: int, iters: int, wire: str,
     from autopar.runtime import native
     from autopar.runtime.commands import user_window
     from autopar.transforms.methods.herring.window import job_window_setting
-    binary = native.RUNTIME_DIR / native.SUMSERVER_NAME
-    if not binary.exists() or not (native.RUNTIME_DIR / native.HERRING_OPS_NAME).exists():
-        native.build_sumserver()
-        native.build_herring_ops()
+    binary = native.sumserver_path()
 
     def popen(host: int, argv, **kwargs):
         if cluster is None:

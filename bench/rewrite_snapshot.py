@@ -247,9 +247,8 @@ def structural_diff(original_def, before_def, after_def) -> list[str]:
 
 def compare(before: Path, after: Path, verbose: bool = False) -> int:
     from tensorflow.core.framework import graph_pb2
-    from autopar.transforms.comm import HERRING_LIBRARY, herring_ops
-    if HERRING_LIBRARY.exists():
-        herring_ops()   # its ops' attribute defaults
+    from autopar.transforms.comm import herring_ops
+    herring_ops()   # its ops' attribute defaults
     failures = compared = missing = 0
     for path in sorted(before.glob("*.pkl")):
         b = pickle.loads(path.read_bytes())

@@ -50,6 +50,10 @@ HERRING_WINDOW = "AUTOPAR_HERRING_WINDOW_BYTES"
 # kernel's autotuning should decide, or AUTOPAR_TCP_WINDOW_BYTES=0 sets none.
 TCP_WINDOW = "AUTOPAR_TCP_WINDOW_BYTES"
 TCP_WINDOW_PEERS = "AUTOPAR_TCP_WINDOW_PEERS"   # "addr/port,..." (the shim's format)
+# "0,1": the GPU ids (as the process sees them) a worker owns, its replica on
+# the first (runtime/gpus.py): set by the launcher beside CUDA_VISIBLE_DEVICES,
+# or by whoever starts a process joining through TF_CONFIG.
+GPUS = "AUTOPAR_GPUS"
 # "0": the launcher starts every local process anew instead of forking it
 # from the job's fork server (runtime/forkserver.py).
 FORK_SERVER = "AUTOPAR_FORK_SERVER"

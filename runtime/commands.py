@@ -26,6 +26,7 @@ from autopar.common.roles import (SERVER_JOB, SERVER_ROLE, SUMSERVER_ROLE, WORKE
                                   process_name)
 from autopar.runtime.coordinator import Coordinator
 from autopar.runtime.coordinator_client import DEFAULT_LINK_TIMEOUT_S, LINK_TIMEOUT
+from autopar.runtime.gpus import launched_worker_env, spec_worker_gpus
 from autopar.runtime.ports import is_local_address
 from autopar.runtime.slurm import srun_command
 from autopar.runtime.spec import HostSpec, ResourceSpec
@@ -208,6 +209,7 @@ def plan_children(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: Se
         if window is not None:
             extra_env[envvars.HERRING_WINDOW] = window
     plans: list[ChildPlan] = []
+    worker_gpus = spec_worker_gpus(spec)
     for role, addresses, hosts, command in jobs:
         if len(addresses) != len(hosts):
             raise LaunchError(
@@ -220,6 +222,8 @@ def plan_children(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: Se
                            "--port", address.rpartition(":")[2]]
             role_env = {**autopar_env(role, index, cluster, spec, tty=tty),
                         **tcp_window_env(role, cluster, spec.bandwidth_gbps)}
+            if role == WORKER_ROLE:   # its GPUs, if the spec gives it some (docs/gpus.md)
+                role_env.update(launched_worker_env(worker_gpus[index]))
             if host.slurm_node is not None:
                 # srun exports this environment to the step (a shared file
                 # system gives the node the same paths).
@@ -282,26 +286,23 @@ def user_window(name: str, off_ok: bool = False) -> str | None:
                       + (" (or 0: no bound)" if off_ok else ""))
 
 def bind_shim_path() -> str:
-    """runtime/libautopar_bind.so, built at install time (built now if missing)."""
+    """runtime/libautopar_bind.so, built at install time (else on first use)."""
     from autopar.runtime import native
-    return _built(native.SHIM_NAME, native.build_shim)
+    return _built(native.shim_path)
 
 def sumserver_path() -> str:
-    """runtime/autopar_sumserver, built at install time (built now if missing)."""
+    """runtime/autopar_sumserver, built at install time (else on first use)."""
     from autopar.runtime import native
-    return _built(native.SUMSERVER_NAME, native.build_sumserver)
+    return _built(native.sumserver_path)
 
-def _built(name: str, build) -> str:
-    """runtime/<name>, building it with ``build`` first if it is missing (a
-    checkout used without `make install`); a build failure is a LaunchError."""
+def _built(path_of) -> str:
+    """The native part ``path_of`` finds or builds (runtime/native.py); a
+    build failure (no compiler) is a LaunchError naming what to install."""
     from autopar.runtime import native
-    path = native.RUNTIME_DIR / name
-    if not path.exists():
-        try:
-            build()
-        except native.BuildError as exc:
-            raise LaunchError(str(exc)) from exc
-    return str(path)
+    try:
+        return str(path_of())
+    except native.BuildError as exc:
+        raise LaunchError(str(exc)) from exc
 
 def job_env(coordinator: Coordinator, cluster: Mapping[str, list[str]]) -> dict[str, str]:
     """Variables every child gets, the token excepted (see give_token): where

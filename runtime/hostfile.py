@@ -65,10 +65,14 @@ def parse_hostfile(text: str, source: str) -> list[tuple[str, int]]:
     return _no_repeats(hosts, f"hostfile {source}")
 
 
-def spec_from_hosts(hosts: list[tuple[str, int]], servers_per_host: int = 0) -> ResourceSpec:
+def spec_from_hosts(hosts: list[tuple[str, int]], servers_per_host: int = 0,
+                    gpus_per_worker: int = 0) -> ResourceSpec:
     """The resource spec of `hosts` (workers = slots) with `servers_per_host`
-    servers on each."""
-    return load_spec({"hosts": [{"address": host, "workers": slots, "servers": servers_per_host}
+    servers on each; with `gpus_per_worker` K, slot k of a host owns its GPUs
+    kK .. kK+K-1 (the local rank's, as Horovod assigns them)."""
+    return load_spec({"hosts": [{"address": host, "workers": slots, "servers": servers_per_host,
+                                 **({"gpus": list(range(slots * gpus_per_worker))}
+                                    if gpus_per_worker else {})}
                                 for host, slots in hosts]})
 
 

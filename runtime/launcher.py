@@ -28,6 +28,7 @@ from autopar.common.errors import LaunchError
 from autopar.common.roles import SERVER_JOB, SUMSERVER_ROLE, WORKER_JOB, WORKER_ROLE
 from autopar.console import cause_in_output
 from autopar.runtime import firewall
+from autopar.runtime.gpus import report_lines
 from autopar.runtime.children import DRAIN_SECONDS, Child, pump, report_tail, start_child
 from autopar.runtime.commands import (SSH, ChildPlan, give_token, job_env, local_env, new_job,
                                       plan_children, preload_value)
@@ -389,6 +390,8 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
     if not argv:
         raise LaunchError("nothing to launch: the worker command is empty")
     with_sumservers = SUMSERVER_ROLE in processes
+    if with_sumservers:
+        _prepare_herring_ops()
     if with_sumservers and envvars.HERRING_TIMEOUT not in os.environ:
         # A push/pull waiting for a slow peer is the coordinator's stall to
         # report (it names the worker); the transport's own timeout is the
@@ -426,6 +429,20 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
             _restore_handlers(callers_handlers)
 
 
+def _prepare_herring_ops() -> None:
+    """Build the Herring op library now, once, when this is its first use
+    and this process has the workers' TensorFlow imported (the script run
+    directly), rather than have every worker wait on one build
+    (runtime/native.py). Under `autopar launch` the first worker builds it."""
+    if "tensorflow" not in sys.modules:
+        return
+    from autopar.runtime import native
+    try:
+        native.herring_ops_path(native.TensorFlowBuild.of_imported())
+    except native.BuildError as exc:
+        raise LaunchError(str(exc)) from exc
+
+
 # The plan of a job for a spec: (CompiledPlan.to_bytes(), the roles it needs
 # besides the workers, its report), compiled with the fork server at hand.
 CompilePlan = Callable[[ResourceSpec, "ForkServer | None"], tuple[bytes, Collection[str], str]]
@@ -451,7 +468,7 @@ def run_job(spec: ResourceSpec, argv: list[str], compile_plan: CompilePlan, *,
         return {PLAN_KEY: plan}
     try:
         plan, processes, report = compile_plan(spec, fork_server)
-        logger.info("\n%s", report)
+        logger.info("\n%s", "\n".join([report, *report_lines(spec)]))   # + each worker's GPU
         return launch(spec, argv, extra_env=extra_env, stall_timeout_s=stall_timeout_s,
                       published={PLAN_KEY: plan}, processes=processes,
                       fork_server=fork_server, network=network, max_restarts=max_restarts,

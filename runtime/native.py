@@ -1,35 +1,65 @@
-"""Build steps run at install time (``make install`` and setup.py's build):
-the coordinator's gRPC modules from ``runtime/coordinator.proto``, the bind
-shim ``cpp_ops/bind_shim.c``, and the Herring transport: the TensorFlow op
-library ``cpp_ops/herring_ops.cc`` (compiled against the installed
-TensorFlow with its own flags) and the summation server
-``cpp_ops/sum_server.cc`` (plain C++17). Standard library only, so setup.py
-can load this file before anything is installed (TensorFlow is asked for its
-flags in a subprocess).
+"""The native parts: the coordinator's gRPC modules (from
+``runtime/coordinator.proto``), the bind shim ``cpp_ops/bind_shim.c``, and the
+Herring transport: the summation server ``cpp_ops/sum_server.cc`` (plain
+C++17) and the TensorFlow op library ``cpp_ops/herring_ops.cc``. Standard
+library only, so setup.py can load this file before anything is installed
+(TensorFlow is asked for its flags in a subprocess, or by the caller that
+has it imported).
 
-    python -m autopar.runtime.native [--dest DIR]    build all into DIR (default runtime/)
+When each is built:
+
+- the gRPC modules, the shim and the summation server at install (setup.py's
+  build, `make install`), into the package's runtime/ folder; a part that
+  could not be built then (no compiler) is built on first use into the
+  build cache below, or refused then, naming the package to install;
+- the Herring op library on first use, into the build cache, for the
+  TensorFlow the process imports: it is compiled against that TensorFlow's
+  headers and flags, so the wheel holds no binary tied to one TensorFlow,
+  and the user's TensorFlow (any distribution, any supported version)
+  gets its own build.
+
+The build cache is ``$AUTOPAR_BUILD_CACHE``, else
+``$XDG_CACHE_HOME/autopar/native``, else ``~/.cache/autopar/native``: one
+folder per output and what it was built from (the compiler command with
+TensorFlow's folder left out, every file of cpp_ops/, TensorFlow's
+version), so a rebuild of the same sources copies nothing and compiles
+nothing, and processes building the same output at once compile it once
+(a lock). A cache that cannot be written is replaced by a folder of the
+process's own.
+
+    python -m autopar.runtime.native [--dest DIR]    build all: the modules, shim and
+                                                     server into DIR (default runtime/),
+                                                     the op library into the cache
 
 The _pb2 modules are generated, not committed: generated code names the
-grpcio-tools release that made it and refuses to run on an older grpcio, so
-making it from the pinned grpcio-tools at install keeps it matched to the
-pinned grpcio/protobuf, and the .proto stays the one source to edit.
+grpcio-tools release that made it and refuses to run on an older grpcio or
+protobuf; the build requirement (pyproject.toml) is the oldest release the
+package supports, and the .proto stays the one source to edit.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
+import hashlib
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 RUNTIME_DIR = Path(__file__).resolve().parent
+# The repository's root in a checkout; the autopar package once installed
+# (setup.py installs cpp_ops/ as autopar/cpp_ops, beside autopar/runtime).
 REPO_ROOT = RUNTIME_DIR.parent
 PROTO = RUNTIME_DIR / "coordinator.proto"
-SHIM_SOURCE = REPO_ROOT / "cpp_ops" / "bind_shim.c"
-SHIM_NAME = "libautopar_bind.so"
 CPP_OPS = REPO_ROOT / "cpp_ops"
+SHIM_SOURCE = CPP_OPS / "bind_shim.c"
+SHIM_NAME = "libautopar_bind.so"
 HERRING_OPS_SOURCE = CPP_OPS / "herring_ops.cc"
 HERRING_OPS_NAME = "libautopar_herring.so"
 SUMSERVER_SOURCE = CPP_OPS / "sum_server.cc"
@@ -41,6 +71,12 @@ PROTO_PACKAGE = "autopar/runtime"
 LAYOUT_PROTO = REPO_ROOT / "transforms" / "fusion_layout.proto"
 LAYOUT_MODULE = "fusion_layout_pb2.py"
 LAYOUT_PACKAGE = "autopar/transforms"
+# What a job needs that the compiler may be missing for: the shim (every
+# job) and, for herring, the summation server and the op library.
+CC_PACKAGES = ("Debian/Ubuntu: apt-get install gcc; Fedora/RHEL: dnf install gcc; "
+               "Alpine: apk add build-base")
+CXX_PACKAGES = ("Debian/Ubuntu: apt-get install g++; Fedora/RHEL: dnf install gcc-c++; "
+                "Alpine: apk add build-base")
 
 
 class BuildError(RuntimeError):
@@ -54,7 +90,7 @@ def build_protos(dest: Path = RUNTIME_DIR) -> None:
         from grpc_tools import protoc  # type: ignore[import-untyped]
     except ImportError as exc:
         raise BuildError("generating the coordinator's gRPC code needs grpcio-tools "
-                         "(pip install grpcio-tools==1.85.1, or `make install`)") from exc
+                         "(pip install grpcio-tools, or `make install`)") from exc
     import importlib.resources
     well_known = str(importlib.resources.files("grpc_tools") / "_proto")
     # The package installs as autopar.runtime, so the .proto is compiled from
@@ -99,136 +135,219 @@ def _first_on_path(candidates: tuple[str | None, ...], missing: str) -> str:
 def compiler() -> str:
     return _first_on_path(
         (os.environ.get("CC"), "cc", "gcc", "clang"),
-        "building autopar's bind shim (cpp_ops/bind_shim.c) needs a C compiler: "
-        "install one (Debian/Ubuntu: apt-get install gcc; Fedora/RHEL: dnf install gcc; "
-        "Alpine: apk add build-base) or set CC")
+        "building autopar's bind shim (cpp_ops/bind_shim.c), which every job's processes "
+        f"load, needs a C compiler: install one ({CC_PACKAGES}) or set CC")
 
 
 def cxx_compiler() -> str:
     return _first_on_path(
         (os.environ.get("CXX"), "c++", "g++", "clang++"),
         "building autopar's Herring transport (cpp_ops/herring_ops.cc, "
-        "cpp_ops/sum_server.cc) needs a C++17 compiler: install one (Debian/Ubuntu: "
-        "apt-get install g++; Fedora/RHEL: dnf install gcc-c++; Alpine: apk add "
-        "build-base) or set CXX")
+        "cpp_ops/sum_server.cc) needs a C++17 compiler: install one "
+        f"({CXX_PACKAGES}) or set CXX; every run option but herring works without it")
 
 
-def tensorflow_build_info(python: str = sys.executable) -> tuple[list[str], list[str], str]:
-    """(compile flags, link flags, version) of the TensorFlow installed for
-    ``python``. Asked in a subprocess: this module must not import
-    TensorFlow (setup.py loads it before anything is installed, and the
-    import is slow)."""
-    code = ("import json, tensorflow as tf; print(json.dumps([tf.sysconfig.get_compile_flags(), "
-            "tf.sysconfig.get_link_flags(), tf.__version__]))")
-    proc = subprocess.run([python, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    if proc.returncode != 0:
-        raise BuildError("building cpp_ops/herring_ops.cc needs TensorFlow installed for "
-                         f"{python} (pip install tensorflow-cpu==2.21.0, or `make install`):\n"
-                         + proc.stderr[-2000:])
-    import json
-    compile_flags, link_flags, version = json.loads(proc.stdout.strip().splitlines()[-1])
-    return compile_flags, link_flags, version
+@dataclass(frozen=True)
+class TensorFlowBuild:
+    """What an op library is compiled against: the flags and version of
+    one TensorFlow (tf.sysconfig)."""
+    compile_flags: tuple[str, ...]
+    link_flags: tuple[str, ...]
+    version: str
+
+    @classmethod
+    def of_imported(cls) -> TensorFlowBuild:
+        """The TensorFlow this process has imported."""
+        import tensorflow as tf
+        return cls(tuple(tf.sysconfig.get_compile_flags()), tuple(tf.sysconfig.get_link_flags()),
+                   tf.__version__)
+
+    @classmethod
+    def of_python(cls, python: str = sys.executable) -> TensorFlowBuild:
+        """The TensorFlow installed for ``python``, asked in a subprocess (this
+        module must not import TensorFlow: setup.py loads it, and the import
+        is slow)."""
+        code = ("import json, tensorflow as tf; print(json.dumps([tf.sysconfig.get_compile_flags(), "
+                "tf.sysconfig.get_link_flags(), tf.__version__]))")
+        proc = subprocess.run([python, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+        if proc.returncode != 0:
+            raise BuildError("building cpp_ops/herring_ops.cc needs TensorFlow installed for "
+                             f"{python} (pip install autopar[cpu] or autopar[gpu]):\n"
+                             + proc.stderr[-2000:])
+        compile_flags, link_flags, version = json.loads(proc.stdout.strip().splitlines()[-1])
+        return cls(tuple(compile_flags), tuple(link_flags), version)
+
+    def folder(self) -> str:
+        """TensorFlow's package folder (its headers' parent), left out of the
+        cache key: the same TensorFlow in another virtualenv builds the same."""
+        for flag in self.compile_flags:
+            if flag.startswith("-I") and flag.rstrip("/").endswith("include"):
+                return str(Path(flag[2:]).parent)
+        return ""
 
 
-def build_cache_dir() -> Path | None:
-    """Where compiled outputs are kept by what they were built from
-    ($AUTOPAR_BUILD_CACHE, else $XDG_CACHE_HOME/autopar/native, else
-    ~/.cache/autopar/native; AUTOPAR_BUILD_CACHE=0: none). `make install`
-    builds each output twice (the editable install's build, then `make
-    native`) and a wheel build once more: with the cache the compiler runs
-    once per change of a source, a flag or TensorFlow's version."""
+def build_cache_dir() -> Path:
+    """The per-user build cache (module docstring)."""
     configured = os.environ.get("AUTOPAR_BUILD_CACHE")
-    if configured == "0":
-        return None
     if configured:
         return Path(configured)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "autopar" / "native"
 
 
-def _cache_key(cmd: list[str], out: Path, *extra: str) -> str:
-    """What an output is built from: the command (its temporary output name
-    left out, cpp_ops/ named by its name: a copy of the sources elsewhere
-    builds the same), every file of cpp_ops/ (the sources and the headers
-    they include), and ``extra`` (TensorFlow's version)."""
-    import hashlib
+_own_cache: Path | None = None
+
+
+def _writable_cache() -> Path:
+    """build_cache_dir(), or a folder of this process's own when that
+    cannot be written (each process then compiles for itself)."""
+    global _own_cache
+    cache = build_cache_dir()
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        if os.access(cache, os.W_OK | os.X_OK):
+            return cache
+    except OSError:
+        pass
+    if _own_cache is None:
+        _own_cache = Path(tempfile.mkdtemp(prefix="autopar-native-"))
+    return _own_cache
+
+
+def _cache_key(cmd: list[str], name: str, replaced: dict[str, str], *extra: str) -> str:
+    """What an output is built from: the command with ``replaced``'s paths
+    named by their role (cpp_ops/ and TensorFlow's folder: the same sources
+    and the same TensorFlow elsewhere build the same), every file of
+    cpp_ops/ (the sources and the headers they include), and ``extra``."""
     digest = hashlib.sha256()
-    tmp = cmd[cmd.index("-o") + 1]
-    for part in [out.name, *(a.replace(str(CPP_OPS), "cpp_ops") for a in cmd if a != tmp),
-                 *extra]:
+    parts = [name]
+    for arg in cmd:
+        for path, role in replaced.items():
+            if path:
+                arg = arg.replace(path, role)
+        parts.append(arg)
+    for part in [*parts, *extra]:
         digest.update(part.encode() + b"\0")
     for path in sorted(CPP_OPS.iterdir()):
         if path.is_file():
             digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
+    return digest.hexdigest()[:32]
 
 
-def _compile(cmd: list[str], source: Path, out: Path, *key_extra: str) -> Path:
-    """Runs ``cmd`` (which writes ``out``'s temporary name, its last-but-one
-    argument pair) and moves the result into place atomically; or copies the
-    output the same command built from the same files before, from the build
-    cache (build_cache_dir). A cache that cannot be read or written is only
-    not used."""
-    tmp = Path(cmd[cmd.index("-o") + 1])
-    cache = build_cache_dir()
-    cached = cache / _cache_key(cmd, out, *key_extra) / out.name if cache else None
-    if cached is not None and cached.is_file():
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """Held while one process compiles into ``folder``: the others wait,
+    then find the output."""
+    with open(folder / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            shutil.copy2(cached, tmp)
-            os.replace(tmp, out)
-            return out
-        except OSError:
-            tmp.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _compile(command: Callable[[Path], list[str]], source: Path, out: Path) -> Path:
+    """Runs ``command(tmp)`` (which writes ``tmp``) and moves the result to
+    ``out`` atomically."""
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    cmd = command(tmp)
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)
         raise BuildError(f"compiling {source} failed ({' '.join(cmd)}):\n{proc.stdout}")
-    if cached is not None:
-        try:
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            staged = cached.with_name(f".{out.name}.{os.getpid()}.tmp")
-            shutil.copy2(tmp, staged)
-            os.replace(staged, cached)
-        except OSError:
-            pass
     os.replace(tmp, out)
     return out
 
 
-def build_herring_ops(dest: Path = RUNTIME_DIR) -> Path:
-    """Compile the push/pull kernel into ``dest``/libautopar_herring.so."""
-    dest.mkdir(parents=True, exist_ok=True)
-    cxx = cxx_compiler()
-    compile_flags, link_flags, version = tensorflow_build_info()
-    out = dest / HERRING_OPS_NAME
-    tmp = dest / f".{HERRING_OPS_NAME}.{os.getpid()}.tmp"
-    # TensorFlow's flags come after ours: its --std=c++17 and ABI define win.
-    cmd = [cxx, "-std=c++17", "-shared", "-fPIC", "-O2", "-Wall", f"-I{CPP_OPS}", "-o", str(tmp),
-           str(HERRING_OPS_SOURCE), *compile_flags, *link_flags, "-pthread"]
-    return _compile(cmd, HERRING_OPS_SOURCE, out, f"tensorflow {version}")
+def _cached(name: str, source: Path, command: Callable[[Path], list[str]],
+            replaced: dict[str, str] | None = None, *extra: str) -> Path:
+    """``name`` built by ``command`` from ``source``, from the build cache
+    (built into it first if this is its first use)."""
+    replaced = {str(CPP_OPS): "cpp_ops", **(replaced or {})}
+    key = _cache_key(command(Path(name)), name, replaced, *extra)
+    folder = _writable_cache() / key
+    out = folder / name
+    if out.is_file():
+        return out
+    folder.mkdir(parents=True, exist_ok=True)
+    with _locked(folder):
+        if not out.is_file():
+            _compile(command, source, out)
+    return out
 
 
-def build_sumserver(dest: Path = RUNTIME_DIR) -> Path:
-    """Compile the summation server into ``dest``/autopar_sumserver."""
-    dest.mkdir(parents=True, exist_ok=True)
-    out = dest / SUMSERVER_NAME
-    tmp = dest / f".{SUMSERVER_NAME}.{os.getpid()}.tmp"
+def _shim_command(tmp: Path) -> list[str]:
+    return [compiler(), "-O2", "-Wall", "-Werror", "-shared", "-fPIC", "-o", str(tmp),
+            str(SHIM_SOURCE), "-ldl"]
+
+
+def _sumserver_command(tmp: Path) -> list[str]:
     # -O3: the accumulate/average loops are vectorised for the baseline ISA,
     # so the binary runs on any x86-64.
-    cmd = [cxx_compiler(), "-std=c++17", "-O3", "-Wall", "-pthread", f"-I{CPP_OPS}", "-o", str(tmp),
-           str(SUMSERVER_SOURCE)]
-    return _compile(cmd, SUMSERVER_SOURCE, out)
+    return [cxx_compiler(), "-std=c++17", "-O3", "-Wall", "-pthread", f"-I{CPP_OPS}", "-o",
+            str(tmp), str(SUMSERVER_SOURCE)]
+
+
+def _herring_ops_command(tensorflow: TensorFlowBuild) -> Callable[[Path], list[str]]:
+    # TensorFlow's flags come after ours: its --std=c++17 and ABI define win.
+    return lambda tmp: [cxx_compiler(), "-std=c++17", "-shared", "-fPIC", "-O2", "-Wall",
+                        f"-I{CPP_OPS}", "-o", str(tmp), str(HERRING_OPS_SOURCE),
+                        *tensorflow.compile_flags, *tensorflow.link_flags, "-pthread"]
 
 
 def build_shim(dest: Path = RUNTIME_DIR) -> Path:
-    """Compile the bind shim into ``dest``/libautopar_bind.so; returns its path."""
+    """The bind shim into ``dest``/libautopar_bind.so (install time), through
+    the build cache: `make install` builds it twice (the editable install's
+    build, then `make native`), a wheel build once more."""
+    return _copy_into(_cached(SHIM_NAME, SHIM_SOURCE, _shim_command), dest)
+
+
+def build_sumserver(dest: Path = RUNTIME_DIR) -> Path:
+    """The summation server into ``dest``/autopar_sumserver (install time),
+    through the build cache."""
+    return _copy_into(_cached(SUMSERVER_NAME, SUMSERVER_SOURCE, _sumserver_command), dest)
+
+
+def _copy_into(built: Path, dest: Path) -> Path:
+    """``built`` copied into ``dest`` under its name, atomically."""
     dest.mkdir(parents=True, exist_ok=True)
-    out = dest / SHIM_NAME
-    tmp = dest / f".{SHIM_NAME}.{os.getpid()}.tmp"
-    cmd = [compiler(), "-O2", "-Wall", "-Werror", "-shared", "-fPIC", "-o", str(tmp),
-           str(SHIM_SOURCE), "-ldl"]
-    return _compile(cmd, SHIM_SOURCE, out)
+    tmp = dest / f".{built.name}.{os.getpid()}.tmp"
+    shutil.copy2(built, tmp)
+    return Path(os.replace(tmp, dest / built.name) or dest / built.name)
+
+
+def shim_path() -> Path:
+    """The bind shim: the one built at install, else from the build cache."""
+    installed = RUNTIME_DIR / SHIM_NAME
+    return installed if installed.is_file() else _cached(SHIM_NAME, SHIM_SOURCE, _shim_command)
+
+
+def sumserver_path() -> Path:
+    """The summation server: the one built at install, else from the build cache."""
+    installed = RUNTIME_DIR / SUMSERVER_NAME
+    return installed if installed.is_file() else _cached(SUMSERVER_NAME, SUMSERVER_SOURCE,
+                                                          _sumserver_command)
+
+
+def herring_ops_path(tensorflow: TensorFlowBuild | None = None) -> Path:
+    """The Herring op library built for ``tensorflow`` (default: the one
+    this process's interpreter has installed), from the build cache."""
+    tensorflow = tensorflow or TensorFlowBuild.of_python()
+    return _cached(HERRING_OPS_NAME, HERRING_OPS_SOURCE, _herring_ops_command(tensorflow),
+                   {tensorflow.folder(): "<tensorflow>"}, f"tensorflow {tensorflow.version}")
+
+
+def herring_unavailable() -> str | None:
+    """Why herring cannot run here (no summation server and no C++
+    compiler to build one), or None."""
+    if (RUNTIME_DIR / SUMSERVER_NAME).is_file():
+        return None
+    try:
+        cxx_compiler()
+    except BuildError as exc:
+        return str(exc)
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -240,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         build_protos(args.dest)
         build_shim(args.dest)
         build_sumserver(args.dest)
-        build_herring_ops(args.dest)
+        print(f"autopar build: {herring_ops_path()}")
     except BuildError as exc:
         print(f"autopar build: {exc}", file=sys.stderr)
         return 1

@@ -21,8 +21,20 @@ COLLECTIVE_GROUP_LEADER = f"/job:{WORKER_JOB}/replica:0/task:0"
 
 
 def session_config(cluster: dict[str, list[str]], worker_index: int,
-                   all_workers: bool = False) -> tf1.ConfigProto:
+                   all_workers: bool = False, gpus: tuple[int, ...] | None = None
+                   ) -> tf1.ConfigProto:
+    """`gpus`: a worker whose replica is placed on its GPU
+    (transforms.accelerator): the ids (as this process sees them) of the
+    GPUs it owns and sees, its replica on the first. Only those are made
+    devices, their memory grows as used instead of being taken whole, and
+    an op with no GPU kernel (or every op, when `gpus` is empty: the process
+    sees none) runs on the CPU: soft placement."""
     config = tf1.ConfigProto()
+    if gpus is not None:
+        config.allow_soft_placement = True
+    if gpus:
+        config.gpu_options.visible_device_list = ",".join(map(str, gpus))
+        config.gpu_options.allow_growth = True
     config.experimental.collective_group_leader = COLLECTIVE_GROUP_LEADER
     share_cores(config, cluster, WORKER_JOB, worker_index)
     # This worker's session only places ops on itself; peers are reached by the
@@ -68,12 +80,13 @@ def share_cores(config: tf1.ConfigProto, cluster: dict[str, list[str]], job: str
 
 
 def start_worker_server(cluster: dict[str, list[str]], worker_index: int,
-                        all_workers: bool = False) -> tf.distribute.Server:
+                        all_workers: bool = False,
+                        gpus: tuple[int, ...] | None = None) -> tf.distribute.Server:
     guard_this_process(cluster)   # before the port opens (runtime/firewall.py)
     try:
         return tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name=WORKER_JOB,
                                     task_index=worker_index, protocol="grpc",
-                                    config=session_config(cluster, worker_index, all_workers),
+                                    config=session_config(cluster, worker_index, all_workers, gpus),
                                     start=True)
     except (tf.errors.UnknownError, tf.errors.InternalError, tf.errors.AlreadyExistsError) as e:
         address = cluster[WORKER_JOB][worker_index]

@@ -174,16 +174,32 @@ def node_addresses(nodes: Sequence[str], run: Callable = subprocess.run) -> dict
     return addresses
 
 
+def allocation_gpus(environ: Mapping[str, str]) -> int:
+    """GPUs the allocation has on each node (SLURM_GPUS_PER_NODE, `4` or
+    `a100:4`, else SLURM_GPUS_ON_NODE); 0 for none."""
+    for variable in ("SLURM_GPUS_PER_NODE", "SLURM_GPUS_ON_NODE"):
+        text = environ.get(variable, "").strip()
+        if text:
+            count = text.rpartition(":")[2]
+            if not count.isdigit():
+                raise SpecError(f"{variable}={shown(text)} is not a GPU count such as 4 or a100:4")
+            return int(count)
+    return 0
+
+
 def spec_from_allocation(environ: Mapping[str, str], servers_per_host: int = 0,
                          addresses: Callable[[Sequence[str]], dict[str, str]] = node_addresses
                          ) -> ResourceSpec:
-    """`--spec slurm`: the allocation's nodes, workers = tasks per node."""
+    """`--spec slurm`: the allocation's nodes, workers = tasks per node, and
+    each node's GPUs (allocation_gpus) shared out over its workers."""
     if not environ.get("SLURM_JOB_ID"):
         raise SpecError("--spec slurm needs a Slurm allocation, and SLURM_JOB_ID is not set: "
                         "run `autopar launch --spec slurm` in an sbatch script or an salloc shell")
     nodes, counts = _nodes_and_counts(environ, "SLURM_JOB_NODELIST", "SLURM_TASKS_PER_NODE")
     where = addresses(nodes)
-    hosts = [HostSpec(address=where[n], workers=c, servers=servers_per_host, slurm_node=n)
+    gpus = tuple(range(allocation_gpus(environ))) or None
+    hosts = [HostSpec(address=where[n], workers=c, servers=servers_per_host, slurm_node=n,
+                      gpus=gpus if c else None)
              for n, c in zip(nodes, counts) if c or servers_per_host]
     return ResourceSpec(hosts=tuple(hosts), source=f"Slurm job {environ['SLURM_JOB_ID']}")
 

@@ -29,7 +29,7 @@ MIN_PORT, MAX_PORT = 1, 65535
 
 _TOP_KEYS = ("hosts", "network")
 _HOST_KEYS = ("address", "workers", "servers", "ports", "worker_ports", "server_ports", "ssh",
-              "slurm_node")
+              "slurm_node", "gpus")
 _SSH_KEYS = ("user", "port", "key_file", "known_hosts", "python", "workdir")
 _NETWORK_KEYS = ("bandwidth_gbps", "isolation")
 _DICT_KEYS = ("hosts", "bandwidth_gbps", "isolation", "source")
@@ -75,14 +75,34 @@ class HostSpec:
     ssh: SSHSettings | None = None
     # Started by srun on this Slurm node (runtime/slurm.py), not over ssh.
     slurm_node: str | None = None
+    # The host's GPU ids its workers use (docs/gpus.md): ids shared out in
+    # order (worker_gpus), or one list of ids per worker.
+    gpus: tuple[int, ...] | tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         # Accept lists from callers building specs in code; tuples keep the
         # dataclass hashable and make to_dict/from_dict round-trips exact.
-        for name in ("ports", "worker_ports", "server_ports"):
+        for name in ("ports", "worker_ports", "server_ports", "gpus"):
             value = getattr(self, name)
             if isinstance(value, list):
-                object.__setattr__(self, name, tuple(value))
+                object.__setattr__(self, name, tuple(tuple(v) if isinstance(v, list) else v
+                                                     for v in value))
+
+    def worker_gpus(self) -> list[tuple[int, ...]]:
+        """The GPU ids of each of this host's workers, in order (() for
+        none): a list per worker as given, or the host's ids dealt out: L
+        ids over W workers give each L/W consecutive ids (L a multiple of
+        W), or let W/L consecutive workers share each id (W a multiple of L)."""
+        ids = self.gpus
+        if not ids:
+            return [()] * self.workers
+        if isinstance(ids[0], tuple):
+            return list(ids)
+        count, workers = len(ids), self.workers
+        if count >= workers:
+            per = count // workers
+            return [tuple(ids[k * per:(k + 1) * per]) for k in range(workers)]
+        return [(ids[k * count // workers],) for k in range(workers)]
 
 
 @dataclass(frozen=True)
@@ -149,7 +169,9 @@ def _host_to_dict(h: HostSpec) -> dict:
         ssh = {k: getattr(h.ssh, k) for k in _SSH_KEYS}
     return {"address": h.address, "workers": h.workers, "servers": h.servers,
             "ports": lst(h.ports), "worker_ports": lst(h.worker_ports),
-            "server_ports": lst(h.server_ports), "ssh": ssh, "slurm_node": h.slurm_node}
+            "server_ports": lst(h.server_ports), "ssh": ssh, "slurm_node": h.slurm_node,
+            "gpus": None if h.gpus is None else [list(g) if isinstance(g, tuple) else g
+                                                 for g in h.gpus]}
 
 
 # --------------------------------------------------------------------------- errors
@@ -311,7 +333,8 @@ def _parse_host(raw: Any, source: str, where: str) -> HostSpec:
         ssh = SSHSettings(**{k: v for k, v in ssh_raw.items() if not (k == "port" and v is None)})
     return HostSpec(address=raw["address"], workers=raw["workers"], servers=_default(raw.get("servers"), 0),
                     ports=ports, worker_ports=port_list("worker_ports"),
-                    server_ports=port_list("server_ports"), ssh=ssh, slurm_node=raw.get("slurm_node"))
+                    server_ports=port_list("server_ports"), ssh=ssh, slurm_node=raw.get("slurm_node"),
+                    gpus=raw.get("gpus"))
 
 
 def _default(value: Any, default: Any) -> Any:
@@ -360,7 +383,9 @@ def parse_parallax_spec(text: str, source: str) -> ResourceSpec:
             _fail(source, where, f"host {address} already listed on line {seen[address.lower()]}",
                   "list each host once, with all its device ids")
         seen[address.lower()] = lineno
-        hosts.append(HostSpec(address=address, workers=workers, servers=1))
+        # `host: 0,1`: one worker per listed GPU id (docs/gpus.md).
+        hosts.append(HostSpec(address=address, workers=workers, servers=1,
+                              gpus=tuple(map(int, ids)) if has_ids else None))
     if not hosts:
         _fail(source, "file", "is empty (no host lines)", "write one host per line as 'host' or 'host: 0,1'")
     return ResourceSpec(hosts=tuple(hosts), source=source)
@@ -512,6 +537,44 @@ def _validate(spec: ResourceSpec) -> None:
               "(127.x.x.x, ::1, localhost): a private namespace has no other interface",
               "use 'firewall' for a job on other addresses")
     _check_port_clashes(spec)
+    _check_gpus_everywhere(spec)
+
+
+def _check_gpus_everywhere(spec: ResourceSpec) -> None:
+    """GPUs for every host with workers, or for none: TensorFlow's
+    collectives need one device type over a group of workers."""
+    with_workers = [(i, h) for i, h in enumerate(spec.hosts) if h.workers]
+    given = [i for i, h in with_workers if h.gpus]
+    if given and len(given) != len(with_workers):
+        missing = next(i for i, h in with_workers if not h.gpus)
+        _fail(spec.source, f"hosts[{missing}].gpus", f"is missing while hosts[{given[0]}] gives "
+              "GPUs", "give every host that runs workers its GPU ids (workers on GPUs and on "
+              "CPUs cannot sum gradients together), or none")
+
+
+def _validate_gpus(h: HostSpec, src: str, where: str) -> None:
+    ids = h.gpus
+    if not isinstance(ids, tuple) or not ids:
+        _fail(src, where, f"must be a non-empty list of GPU ids, got {shown(ids)}",
+              "write e.g. 'gpus: [0, 1]' (ids dealt out to the workers in order) or one list "
+              "per worker, 'gpus: [[0], [1]]'")
+    if h.workers == 0:
+        _fail(src, where, "is given for a host that runs no worker", "remove it")
+    per_worker = isinstance(ids[0], tuple)
+    for group in (ids if per_worker else (ids,)):
+        if not isinstance(group, tuple) or not group or not all(
+                _is_int(i) and 0 <= i < 1024 for i in group):
+            _fail(src, where, f"must hold GPU ids (integers from 0 to 1023), got {shown(list(ids))}",
+                  "write e.g. 'gpus: [0, 1]' or 'gpus: [[0], [1]]'")
+        if len(set(group)) != len(group):
+            _fail(src, where, f"lists an id twice in {shown(list(group))}", "list each GPU once")
+    if per_worker and len(ids) != h.workers:
+        _fail(src, where, f"has {len(ids)} lists for {h.workers} workers",
+              "give one list of ids per worker, or one flat list the workers share out")
+    if not per_worker and len(ids) % h.workers and h.workers % len(ids):
+        _fail(src, where, f"has {len(ids)} ids for {h.workers} workers, which share them out "
+              "unevenly", "give a multiple of the workers' count (each its own ids) or a "
+              "divisor of it (workers sharing a GPU), or one list per worker")
 
 
 def is_loopback_job(spec: ResourceSpec) -> bool:
@@ -554,6 +617,8 @@ def _validate_host(h: HostSpec, src: str, where: str) -> None:
                   f"needs {need}", "widen the range to at least one port per worker and server")
     if h.ssh is not None:
         _validate_ssh(h.ssh, src, f"{where}.ssh")
+    if h.gpus is not None:
+        _validate_gpus(h, src, f"{where}.gpus")
     if h.slurm_node is not None:
         if not isinstance(h.slurm_node, str) or not _NODE_RE.fullmatch(h.slurm_node):
             _fail(src, f"{where}.slurm_node", f"must be a Slurm node name, got {shown(h.slurm_node)}",

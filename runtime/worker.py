@@ -24,6 +24,7 @@ from autopar.common.errors import (AutoparError, LaunchError, SpecError, Unsuppo
                                    shown)
 from autopar.common import env
 from autopar.common.roles import SERVER_JOB, WORKER_JOB, WORKER_ROLE, process_name
+from autopar.runtime import gpus as gpu_ids
 from autopar.runtime.checkpoint import Checkpointer
 from autopar.runtime.coordinator_client import CoordinatorClient, ProgressHook
 from autopar.runtime.dropcompute.agreement import Agreement, CollectiveAgreement
@@ -40,6 +41,7 @@ from autopar.transforms.compile import CompiledPlan, compile_for_config
 from autopar.transforms.graph_utils import import_meta_graph, staged_initializers
 from autopar.transforms.evaluate import totals_allreduce
 from autopar.transforms.keys import JOB_GROUP_STRIDE, PLAN_KEY, TIMELINE_KEY_PREFIX
+from autopar.transforms.accelerator import Accelerator
 from autopar.transforms.topology import Topology
 from autopar.transforms.methods.ps.rewrite import COUNTERS_INIT
 from autopar.transforms.rewrite import rewrite_for_worker, worker_device
@@ -68,11 +70,14 @@ _PROCESS = _ThisProcess()
 
 def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, config,
                        tty: bool = False, *, print_report: bool = False,
-                       lifted=None) -> Runner:
+                       lifted=None, gpus: tuple[int, ...] | None = None) -> Runner:
     """The job's plan comes from the job coordinator, or is compiled here
     (module docstring). `print_report`: log the Report (the chief, when no
-    launcher printed it)."""
+    launcher printed it). `gpus`: the GPU ids (as this process sees them)
+    the worker owns (None: as its launcher said, runtime/gpus.py)."""
     num_workers = len(cluster[WORKER_JOB])
+    accelerator, visible = _accelerator(worker_index, gpu_ids.from_environment()
+                                        if gpus is None else gpus)
     _PROCESS.jobs += 1
     job = _PROCESS.jobs
     if job == 1:
@@ -93,7 +98,7 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
     if analysis.batch_mixing and worker_index == 0 and num_workers > 1:
         log.warning("%s", mixing_note(analysis.batch_mixing, num_workers))
     rewritten = rewrite_for_worker(graph, analysis, plan, worker_index, moves=compiled.moves,
-                                   micro_batches=config.micro_batches)
+                                   micro_batches=config.micro_batches, accelerator=accelerator)
     if job > 1:
         # The processes' resources and collective groups outlive a session:
         # an earlier job's variables of the same names (a metric's total)
@@ -119,14 +124,16 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
         checkpointer = (Checkpointer(worker_graph, config.checkpoint_dir, config.save_every_steps,
                                      rewritten.partitions, keep=config.keep_checkpoints)
                         if is_chief and config.checkpoint_dir else None)
-    server = _server(cluster, worker_index, plan.shard_weight_update, job)
-    log.info("worker %d/%d serving on %s; %d variables (%s), %d on servers (%s)",
+    server = _server(cluster, worker_index, plan.shard_weight_update, visible, job)
+    log.info("worker %d/%d serving on %s; %d variables (%s), %d on servers (%s)%s",
              worker_index, num_workers, cluster[WORKER_JOB][worker_index],
              len(analysis.variables), plan.method_counts(), len(plan.server_variables),
-             plan.run_option)
+             plan.run_option, f"; replica on GPU {visible[0]} of {','.join(map(str, visible))}"
+             if visible else "")
     wait_for_peers(cluster[WORKER_JOB] + cluster.get(SERVER_JOB, []), config.startup_timeout_s)
     session = tf1.Session(server.target, graph=worker_graph,
-                          config=session_config(cluster, worker_index, plan.shard_weight_update))
+                          config=session_config(cluster, worker_index, plan.shard_weight_update,
+                                                visible))
     micro_batching, agreement = _micro_batching(worker_graph, rewritten, config, worker_index,
                                                 num_workers, client)
     progress = meter = None
@@ -176,11 +183,11 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
 
 
 def _server(cluster: dict[str, list[str]], worker_index: int, all_workers: bool,
-            job: int) -> tf.distribute.Server:
+            visible, job: int) -> tf.distribute.Server:
     """This process's TensorFlow server: started by its first job, the
     same for the later ones (its port is the process's)."""
     if _PROCESS.server is None:
-        _PROCESS.server = start_worker_server(cluster, worker_index, all_workers)
+        _PROCESS.server = start_worker_server(cluster, worker_index, all_workers, visible)
         _PROCESS.all_workers = all_workers
     elif all_workers != _PROCESS.all_workers:
         raise UnsupportedGraphError(
@@ -251,6 +258,30 @@ def in_groups_above(graph_def, offset: int) -> None:
             const.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(key + offset, tf.int32))
             made[(key, source.device)] = name
         node.input[index] = made[(key, source.device)]
+
+
+def _accelerator(worker_index: int, gpus: tuple[int, ...]
+                 ) -> tuple[Accelerator | None, tuple[int, ...] | None]:
+    """(how the rewrite places the replica, the ids the session makes
+    devices) for a worker owning GPU ids `gpus` (as this process sees them):
+    (None, None) for none, today's CPU placement. Where the process sees
+    no GPU, the GPU placement runs on the CPU by soft placement, with the
+    ring for its collectives (docs/gpus.md)."""
+    if not gpus:
+        return None, None
+    seen = len(tf.config.list_physical_devices("GPU"))
+    if not seen:
+        log.warning("worker %d was given GPU %s, but TensorFlow sees no GPU in this process "
+                    "(CUDA_VISIBLE_DEVICES=%s; a CPU-only TensorFlow, or no driver): it trains on "
+                    "its CPU", worker_index, ",".join(map(str, gpus)),
+                    os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
+        return Accelerator(hint="ring"), ()
+    if max(gpus) >= seen:
+        raise LaunchError(f"worker {worker_index} was given GPU {','.join(map(str, gpus))}, but "
+                          f"this process sees {seen} GPU(s) (ids from 0, after "
+                          f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"
+                          ": give ids of its host's GPUs in the spec")
+    return Accelerator(hint="nccl"), gpus
 
 
 def _board(compiled: CompiledPlan, config) -> ChiefBoard | None:

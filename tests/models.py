@@ -21,6 +21,7 @@ CLASSES = 5
 VOCAB = 40
 IMAGE = (8, 8, 3)
 LM_WINDOW = 3
+LM_SAMPLED = 6   # a sampled softmax's candidates per step (lmsampled)
 BAG_MAX = 4    # ids per example of the "bag" models: 0 to BAG_MAX
 
 
@@ -149,8 +150,22 @@ def build(name: str) -> Model:
                 c = tf.sigmoid(f + 1.0) * c + tf.sigmoid(i) * tf.tanh(j)
                 h = tf.sigmoid(o) * tf.tanh(c)
                 outputs.append(h)
-            logits = _dense(tf.reshape(tf.stack(outputs, 1), [-1, 8]), VOCAB, "softmax")
+            hidden = tf.reshape(tf.stack(outputs, 1), [-1, 8])
             targets = tf.reshape(x[:, 1:], [-1])
+            if name.startswith("lmsampled"):
+                # A sampled softmax (examples/lm.py's): the softmax weights'
+                # gradient rows are the labels', then the sampler's
+                # candidates', which every worker draws alike
+                w = tf1.get_variable("softmax/w", [VOCAB, 8], dtype=dtype,
+                                     initializer=tf1.glorot_uniform_initializer(seed=6))
+                b = tf1.get_variable("softmax/b", [VOCAB], dtype=dtype,
+                                     initializer=tf1.zeros_initializer())
+                loss = tf.reduce_mean(tf.nn.sampled_softmax_loss(
+                    w, b, tf.cast(targets[:, None], tf.int64), hidden, num_sampled=LM_SAMPLED,
+                    num_classes=VOCAB, seed=7))
+                train_op = _optimize(name, loss, gs)
+                return Model(graph, x, y, loss, train_op, gs, "tokens")
+            logits = _dense(hidden, VOCAB, "softmax")
             if name.startswith("lmmask"):
                 # Token 0 is padding: tf.compat.v1.losses' default reduction
                 # divides by the number of kept tokens, which differs from

@@ -83,6 +83,11 @@ class VariableInfo:
     # does). On one device the distinct ids are those of the global batch, so
     # workers' rows for the same id must be combined before anything uses them.
     dedup: bool = False
+    # sparse: the gradient's last `shared_rows` rows are for ids every worker
+    # looks up alike after its examples' (a sampled softmax's candidates
+    # after the labels): each holds the worker's share of the batch's sum,
+    # added over workers position by position, as one device has them once.
+    shared_rows: int = 0
     # The TrainGroup this variable belongs to (Analysis.train_groups).
     group: int = 0
     # A resource variable (VarHandleOp); False: a legacy reference variable
@@ -148,6 +153,9 @@ class Analysis:
     # blocks of the examples' rows, g rows each}: each worker draws the
     # global batch's and keeps its examples' rows (transforms.random_draws).
     batch_draws: dict[str, list[int]] = field(default_factory=dict)
+    # A fed or dataset tensor of the batch's rows (the draws' b where their
+    # rows per example are known only when run).
+    batch_input: str | None = None
     # {op: what it does} where the losses mix the examples of a batch other
     # than in batch normalisation (in-batch negatives, a batch statistic fed
     # back into each example, an op of no known rule): refused on several
@@ -312,6 +320,7 @@ def _analyze(graph: tf.Graph) -> Analysis:
             graph, _trained_seeds(index, every_seed, reached, inner, averaged),
             lambda loss: batch_reduced(graph, loss, input_ops), input_ops),
         batch_draws=find_batch_draws(graph, rows, batch_local),
+        batch_input=rows.batch_input,
         batch_mixing=find_batch_mixing(graph, rows, every_loss),
         trains=trains,
     )
@@ -1268,7 +1277,7 @@ def _own_region(graph, info: VariableInfo, grads: set[str], update_set: set[str]
     scale); a non-scalar from elsewhere means the update needs more than this
     variable's aggregated gradient, so it cannot simply move to a server."""
     path = set(info.path_ops)
-    own, norms, frontier = set(), set(), list(grads)
+    own, norms, frontier, passes = set(), set(), list(grads), set()
     while frontier:
         t = graph.get_tensor_by_name(frontier.pop())
         for c in t.consumers():
@@ -1279,16 +1288,18 @@ def _own_region(graph, info: VariableInfo, grads: set[str], update_set: set[str]
             elif c.type == "IdentityN" and c.name in path:
                 # Keras's optimizers pass every gradient through one
                 # IdentityN, output k being input k: this variable's own
-                # outputs only, the gradient itself (the rewrite reads its
-                # aggregate through it)
+                # outputs only, the gradient itself (the other inputs are
+                # other variables' gradients, not combined with this one)
+                own.add(c.name)
                 passed = [o.name for o, x in zip(c.outputs, c.inputs) if x is t]
                 grads = grads | set(passed)
+                passes.add(c.name)
                 frontier.extend(passed)
             elif c.name in path:
                 own.add(c.name)
                 frontier.extend(o.name for o in c.outputs)
     inside = own | update_set
-    for name in sorted(inside):
+    for name in sorted(inside - passes):
         for t in graph.get_operation_by_name(name).inputs:
             if t.name in grads or t.op.name in inside or t.op.type in VARIABLE_OP_TYPES:
                 continue
@@ -1405,6 +1416,9 @@ def _rows_of_shared_ids(graph, rows: ExampleRows, info: VariableInfo) -> None:
     if origin == "distinct":
         info.dedup = True
         return
+    if isinstance(origin, int):
+        info.shared_rows = origin
+        return
     nonlinear = _nonlinear_in_rows(graph, info)
     if nonlinear or info.norm_ops:
         what = (nonlinear.split(" (servers add")[0] if nonlinear else
@@ -1420,9 +1434,11 @@ def _rows_of_shared_ids(graph, rows: ExampleRows, info: VariableInfo) -> None:
 def _row_origin(graph, rows: ExampleRows, indices: tf.Tensor) -> tuple[str, tf.Tensor]:
     """Where a sparse gradient's ids come from: "example" (each one an
     example's: rows of the batch's forms), "distinct" (ids no example owns
-    that cannot repeat: a tf.range, distinct constants) or "shared" (any
-    other); and the forward tensor of the ids. The backward pass reshapes
-    and concatenates the lookups' ids: followed back to them."""
+    that cannot repeat: a tf.range, distinct constants), the number of ids
+    every worker looks up alike after its examples' (an int: a sampled
+    softmax's candidates after its labels) or "shared" (any other); and the
+    forward tensor of the ids. The backward pass reshapes and concatenates
+    the lookups' ids: followed back to them."""
     forward, stack = [], [indices]
     while stack:
         t = stack.pop()
@@ -1435,12 +1451,46 @@ def _row_origin(graph, rows: ExampleRows, indices: tf.Tensor) -> tuple[str, tf.T
         else:
             forward.append(t)
     forms = [rows.form(t) for t in forward]
-    if all(f[0] in ("rows", "elems") for f in forms):
+    if len(forms) == 1 and forms[0][0] == "cat" and forms[0][2]:
+        return int(forms[0][2]), forward[0]
+    if all(f[0] in ("rows", "elems") or _looked_up_per_example(rows, t)
+           for t, f in zip(forward, forms)):
         return "example", forward[0]
     if len(forward) == 1 and _distinct_ids(forward[0]):
         return "distinct", forward[0]
     shared = next((t for t, f in zip(forward, forms) if f[0] not in ("rows", "elems")), forward[0])
     return "shared", shared
+
+
+# Ops through which looked-up rows reach the examples they are combined with.
+_ROWS_PASS = frozenset({"Identity", "Cast", "Reshape", "Snapshot", "Mul", "Add", "AddV2",
+                        "Sub", "RealDiv", "Div", "Maximum", "Minimum", "SelectV2", "Select"})
+
+
+def _looked_up_per_example(rows: ExampleRows, ids: tf.Tensor) -> bool:
+    """Whether the rows looked up for `ids`, ids that no example's values
+    gave (a constant), are still each an example's: combined elementwise
+    with a tensor of the examples' rows of their own rank and first
+    dimension, not broadcast over it (zeros_like of the batch's ids, folded
+    into a constant for a batch of static size, as BERT's segment ids)."""
+    lookups = [c.outputs[0] for c in ids.consumers()
+               if c.type in ("GatherV2", "ResourceGather", "Gather") and c.inputs[1] is ids]
+    for looked_up in lookups:
+        seen, frontier = set(), [looked_up]
+        while frontier and len(seen) < 32:
+            t = frontier.pop()
+            for c in t.consumers():
+                if c.type not in _ROWS_PASS or c.name in seen or in_gradient_scope(c.name):
+                    continue
+                seen.add(c.name)
+                for x in c.inputs:
+                    form = rows.form(x)
+                    if (form[0] == "rows" and form[1] == 0 and x.shape.rank == t.shape.rank
+                            and x.shape.rank and x.shape[0] is not None
+                            and x.shape[0] == t.shape[0]):
+                        return True
+                frontier.extend(c.outputs)
+    return False
 
 
 def _distinct_ids(t: tf.Tensor) -> bool:

@@ -6,7 +6,6 @@ Horovod) means adding a class here, never touching analysis or planning.
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import tensorflow as tf
@@ -268,7 +267,6 @@ def _padding(pad: tf.Tensor, rank: int, const) -> tf.Tensor:
 # (cpp_ops/herring_ops.cc, cpp_ops/sum_server.cc).
 # ---------------------------------------------------------------------------
 
-HERRING_LIBRARY = Path(__file__).resolve().parent.parent / "runtime" / "libautopar_herring.so"
 # Elements per segment on the wire (64 KiB of float32): the server sums a
 # segment as soon as every contributor's copy is in, so sending, summing and
 # returning overlap segment by segment. A shard of a small model is only a
@@ -300,16 +298,18 @@ _herring_lock = threading.Lock()
 
 
 def herring_ops():
-    """The loaded op library (tf.load_op_library, once per process)."""
+    """The loaded op library (tf.load_op_library, once per process), built
+    for the TensorFlow this process imported on its first use
+    (runtime/native.py; the one build step a graph transform may start)."""
     global _herring_module
     with _herring_lock:
         if _herring_module is None:
-            if not HERRING_LIBRARY.exists():
-                raise AutoparError(
-                    f"autopar's Herring transport is not built ({HERRING_LIBRARY} is missing): "
-                    "run `make install` (or `python -m autopar.runtime.native`), which needs a "
-                    "C++17 compiler")
-            _herring_module = tf.load_op_library(str(HERRING_LIBRARY))
+            from autopar.runtime import native
+            try:
+                path = native.herring_ops_path(native.TensorFlowBuild.of_imported())
+            except native.BuildError as exc:
+                raise AutoparError(f"autopar's Herring transport is unavailable: {exc}") from exc
+            _herring_module = tf.load_op_library(str(path))
         return _herring_module
 
 

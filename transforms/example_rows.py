@@ -25,6 +25,11 @@ A tensor's form is one of (tuples, compared by value):
   [b*L, d]: L; None when that count is only known at run time).
 - ELEMS: every element depends on one example alone, laid out otherwise
   (rows holding parts of two examples, selected elements, nonzeros).
+- PARTS: every element depends on one example or on none (SHARED), laid
+  out otherwise: the ids of a sampled softmax's lookup, partitioned.
+- ("cat", head, count): the examples' rows `head` (a rows form along axis
+  0), then SHARED rows, `count` of them (None: known when run), along axis
+  0: a sampled softmax's ids, the labels' then the sampler's candidates.
 - ("size", blocks, group): an integer scalar, blocks * b * group (b the
   worker's examples): tf.shape(x)[0].
 - ("shape", blocks, group, rest): an integer vector whose element 0 is such a
@@ -55,6 +60,7 @@ from autopar.transforms.graph_utils import INPUT_OP_TYPES, in_gradient_scope
 
 SHARED = ("shared",)
 ELEMS = ("elems",)
+PARTS = ("parts",)
 DIM = ("dim",)
 BATCH = "batch"
 
@@ -116,6 +122,9 @@ GATHERS = frozenset({"GatherV2", "Gather", "ResourceGather"})
 LOOKUPS = frozenset({"LookupTableFind", "LookupTableFindV2"})
 UNIQUE = frozenset({"Unique", "UniqueV2", "UniqueWithCounts", "UniqueWithCountsV2"})
 FUNCTION_CALLS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
+CANDIDATE_SAMPLERS = frozenset({"UniformCandidateSampler", "LogUniformCandidateSampler",
+                                "LearnedUnigramCandidateSampler", "FixedUnigramCandidateSampler",
+                                "ThreadUnsafeUnigramCandidateSampler", "AllCandidateSampler"})
 IFS = frozenset({"If", "StatelessIf"})
 WHILES = frozenset({"While", "StatelessWhile"})
 # V1 control flow: each output has its data input's form (Merge: the join).
@@ -132,8 +141,9 @@ def is_rows(form) -> bool:
 
 
 def per_example(form) -> bool:
-    """Whether each element of a tensor of this form depends on one example."""
-    return form[0] in ("rows", "elems")
+    """Whether each element of a tensor of this form depends on one example
+    at most (no element on several)."""
+    return form[0] in ("rows", "elems", "parts", "cat")
 
 
 def mixing_op(form) -> str | None:
@@ -158,6 +168,11 @@ class ExampleRows:
         self.forms: dict[str, tuple] = {}
         self.assumed: dict[str, str] = {}   # op -> the assumption its rule made
         self.static_batch = _static_batch(graph)
+        # No fed or dataset tensor has a length of its own beyond the
+        # examples' (a padded sequence's): every dimension the graph leaves
+        # unknown, but the batch's, is then the same on every worker as on
+        # one device (an einsum's output whose shape TensorFlow did not infer)
+        self.fixed_lengths, self.batch_input = _inputs_of(graph, self.static_batch)
         self._run(graph.get_operations(), self.forms, inputs=None)
 
     def form(self, t: tf.Tensor) -> tuple:
@@ -210,7 +225,30 @@ class ExampleRows:
 
     def _rule(self, op: tf.Operation, ins: list, forms: dict) -> list:
         t = op.type
+        if ins and ins[0][0] == "cat":
+            kept = self._of_cat(op, ins)
+            if kept is not None:
+                return kept
+        if (t in GATHERS and len(ins) > 1 and ins[1][0] == "cat" and ins[0] == SHARED
+                and op.inputs[1].shape.rank == 1 and (t != "GatherV2" or
+                                                      _static_int(op.inputs[2]) == 0)):
+            return [ins[1]]   # the head's ids' rows, then the shared ids'
+        if any(f[0] in ("parts", "cat") for f in ins):
+            # the rules read PARTS as ELEMS; rows of no example stay among
+            # what they give
+            outs = self._rule_of(op, [ELEMS if f[0] in ("parts", "cat") else f for f in ins],
+                                 forms)
+            return [PARTS if f[0] in ("rows", "elems") else f for f in outs]
+        return self._rule_of(op, ins, forms)
+
+    def _rule_of(self, op: tf.Operation, ins: list, forms: dict) -> list:
+        t = op.type
         n_out = len(op.outputs)
+        if t in CANDIDATE_SAMPLERS:
+            # (true classes): the candidates and their expected counts drawn
+            # alike on every worker, as one device draws them; the true
+            # classes' expected counts each an example's
+            return [SHARED, ins[0] if is_rows(ins[0]) else ELEMS, SHARED]
         special = [f for f in ins if f[0] in ("mixed", "unknown")]
         if special and t not in SHAPE_OPS:
             return [special[0]] * n_out
@@ -288,6 +326,20 @@ class ExampleRows:
             return [self._stitch(op, ins)]
         if t == "Where":
             return [ELEMS if per_example(ins[0]) else self._mixed(op, ins)]
+        if t == "ComputeAccidentalHits" and per_example(ins[0]) and ins[1] == SHARED:
+            # each hit is a true class's, one example's (its indices are the
+            # example's row, SparseToDense puts it back there)
+            return [ELEMS] * n_out
+        if t == "SparseToDense" and ins[1][0] == "shape" and "d" not in ins[1][3] \
+                and per_example(ins[0]) and ins[3] == SHARED:
+            self.assumed[op.name] = "its indices' first column is each value's example row"
+            return [rows(0, BATCH, ins[1][1], ins[1][2])]
+        if t == "SparseTensorDenseMatMul" and not op.get_attr("adjoint_a") \
+                and per_example(ins[0]) and ins[3] == SHARED:
+            # (indices, values, dense shape, b): row i of the product sums
+            # the sparse row i's entries, one per example
+            self.assumed[op.name] = "the SparseTensor's rows are the examples"
+            return [rows()]
         if t in ("SparseReshape", "SparseTensorDenseMatMul", "SparseToDense",
                  "SparseFillEmptyRows"):
             return [ELEMS if all(per_example(f) or f == SHARED or f[0] in ("shape", "dim")
@@ -370,8 +422,9 @@ class ExampleRows:
                 out.append(DIM)
                 continue
             if is_rows(src) and src[1] == 0 and src[2] == BATCH and x.shape.rank is not None:
+                unknown = "s" if self.fixed_lengths else "d"
                 out.append(("shape", src[3], src[4],
-                            tuple(int(d) if d is not None else "d" for d in x.shape[1:])))
+                            tuple(int(d) if d is not None else unknown for d in x.shape[1:])))
             elif x.shape.is_fully_defined():
                 out.append(SHARED)
             else:
@@ -586,24 +639,34 @@ class ExampleRows:
         taken, so that x[:h] and y[:h] are the same rows)."""
         axis = src[1]
         if op.type == "StridedSlice":
-            if op.get_attr("ellipsis_mask") or op.get_attr("new_axis_mask"):
+            if op.get_attr("ellipsis_mask"):
                 return ELEMS
-            shrink = op.get_attr("shrink_axis_mask")
-            begin, strides = tf.get_static_value(op.inputs[1]), tf.get_static_value(op.inputs[3])
             spec_len = op.inputs[1].shape[0] if op.inputs[1].shape.rank == 1 else None
             if spec_len is None:
                 return ELEMS
-            gone = sum(1 for i in range(min(axis, spec_len)) if shrink & (1 << i))
-            if axis >= spec_len:
-                return ("rows", axis - gone, *src[2:])
-            if shrink & (1 << axis):
+            shrink, new_axis = op.get_attr("shrink_axis_mask"), op.get_attr("new_axis_mask")
+            # walk the spec: which entry takes the example axis, and where it lands
+            consumed, produced, entry = 0, 0, None
+            for i in range(spec_len):
+                if new_axis & (1 << i):
+                    produced += 1
+                    continue
+                if consumed == axis:
+                    entry = i
+                    break
+                consumed += 1
+                produced += 0 if shrink & (1 << i) else 1
+            if entry is None:   # past the spec: taken whole
+                return ("rows", produced + axis - consumed, *src[2:])
+            if shrink & (1 << entry):
                 return ELEMS
+            begin, strides = tf.get_static_value(op.inputs[1]), tf.get_static_value(op.inputs[3])
             whole = (begin is not None and strides is not None
-                     and ((op.get_attr("begin_mask") >> axis) & 1 or begin[axis] == 0)
-                     and (op.get_attr("end_mask") >> axis) & 1 and strides[axis] == 1)
+                     and ((op.get_attr("begin_mask") >> entry) & 1 or begin[entry] == 0)
+                     and (op.get_attr("end_mask") >> entry) & 1 and strides[entry] == 1)
             if whole:
-                return ("rows", axis - gone, *src[2:])
-            return ("rows", axis - gone, _selection_key(op, src, axis), 1, src[4])
+                return ("rows", produced, *src[2:])
+            return ("rows", produced, _selection_key(op, src, axis), 1, src[4])
         begin, size = tf.get_static_value(op.inputs[1]), tf.get_static_value(op.inputs[2])
         if begin is not None and size is not None and begin[axis] == 0 and size[axis] == -1:
             return src
@@ -660,16 +723,45 @@ class ExampleRows:
             return next(f for f in values if f[0] in ("reduced", "distinct", "dim", "size",
                                                       "shape"))
         per = [f for f in values if per_example(f)]
-        if any(f == ELEMS for f in per):
-            return ELEMS
+        if (axis == 0 and len(values) == 2 and is_rows(values[0]) and values[0][1] == 0
+                and values[1] == SHARED):
+            return ("cat", values[0], _cat_count(op.inputs[1]))
+        if any(f[0] != "rows" for f in per):
+            return ELEMS if all(f[0] in ("rows", "elems") for f in per) and \
+                SHARED not in values else PARTS
         if axis == per[0][1]:
             if all(f != SHARED for f in values) and all(
                     f[1] == axis and f[2] == BATCH and f[4] == per[0][4] for f in per):
                 return ("rows", axis, BATCH, sum(f[3] for f in per), per[0][4])
             return ELEMS
         if any(f == SHARED for f in values) or any(f[1:] != per[0][1:] for f in per):
-            return ELEMS if all(f[1] == per[0][1] for f in per) else self._mixed(op, ins)
+            return ELEMS if all(f[1] == per[0][1] for f in per) and SHARED not in values \
+                else self._mixed(op, ins)
         return per[0]
+
+    def _of_cat(self, op, ins) -> list | None:
+        """The ops that keep a ("cat", head, count) form apart: reads,
+        casts, a flattening reshape of the ids, a lookup of them, and the
+        slices that take the head or the rest back (sampled_softmax_loss's
+        true_w and sampled_w); None for any other (PARTS then)."""
+        cat, t = ins[0], op.type
+        if t in ("Identity", "Cast", "Snapshot", "StopGradient"):
+            return [cat]
+        if t == "Reshape" and op.outputs[0].shape.rank == op.inputs[0].shape.rank and \
+                op.inputs[0].shape.rank == 1:
+            return [cat]
+        if t in GATHERS and ins[0] != SHARED:
+            return None
+        if t == "Slice":
+            begin, size = op.inputs[1], op.inputs[2]
+            head_count = ("size", cat[1][3], cat[1][4])
+            first_begin = _element(begin, 0, self.forms)
+            first_size = _element(size, 0, self.forms)
+            if first_begin == 0 and first_size == head_count:
+                return [cat[1]]
+            if first_begin == head_count and first_size == -1:
+                return [SHARED]
+        return None
 
     def _pack(self, op, ins) -> tuple:
         axis = op.get_attr("axis")
@@ -896,6 +988,11 @@ def _known_group(forms: list) -> tuple:
     return next((f for f in forms if f[4] is not None), forms[0])
 
 
+def _cat_count(t: tf.Tensor) -> int | None:
+    """The static number of rows of a concatenation's shared part."""
+    return t.shape[0] if t.shape.rank else None
+
+
 def _join(forms: list) -> tuple:
     """The form of a value that is one of `forms` (a Merge's inputs, a loop's
     state before and after its body, an If's branches)."""
@@ -979,11 +1076,14 @@ def _stitched_source(indices, data):
         for _ in range(8):
             if t.op.type == "DynamicPartition":
                 break
-            readers = [x for x in t.op.inputs if x.dtype.is_integer or x.op.type ==
-                       "DynamicPartition"]
-            if not readers:
+            if t.op.type in GATHERS:     # the rows gathered for a partition's ids
+                t = t.op.inputs[1]
+                continue
+            ids = [x for x in t.op.inputs if x.dtype.is_integer
+                   and tf.get_static_value(x) is None]
+            if len(ids) != 1:
                 return None
-            t = readers[-1]
+            t = ids[0]
         else:
             return None
         if t.op.inputs[1] is not partitions or (source is not None and
@@ -991,6 +1091,22 @@ def _stitched_source(indices, data):
             return None
         source = t.op.inputs[0]
     return source
+
+
+def _element(t: tf.Tensor, i: int, forms: dict):
+    """Element i of a 1-D tensor built by a Pack or held as a constant: its
+    static value, or the form of the scalar packed there."""
+    value = tf.get_static_value(t)
+    if value is not None:
+        return int(np.reshape(value, -1)[i])
+    whole = forms.get(t.name, SHARED)
+    if whole[0] == "shape" and i == 0:
+        return ("size", whole[1], whole[2])
+    if t.op.type == "Pack" and len(t.op.inputs) > i:
+        x = t.op.inputs[i]
+        static = tf.get_static_value(x)
+        return int(static) if static is not None else forms.get(x.name, SHARED)
+    return None
 
 
 def _first_element(shape: tf.Tensor) -> int | None:
@@ -1022,6 +1138,22 @@ def _product(dims) -> int | None:
             return None
         out *= int(d)
     return out
+
+
+def _inputs_of(graph: tf.Graph, static_batch: int | None) -> tuple[bool, str | None]:
+    """(whether every fed or dataset tensor's dimensions but the first are
+    static, a tensor of the batch's rows among them (None if none))."""
+    fixed, batch = True, None
+    for op in graph.get_operations():
+        if op.type not in INPUT_OP_TYPES:
+            continue
+        for t in op.outputs:
+            if t.dtype == tf.resource or not t.shape.rank:
+                continue
+            if t.shape[0] is None or t.shape[0] == static_batch:
+                batch = batch or t.name
+                fixed = fixed and all(d is not None for d in t.shape[1:])
+    return fixed, batch
 
 
 def _static_batch(graph: tf.Graph) -> int | None:

@@ -31,6 +31,10 @@ Group keys (each later job of a script: all of them JOB_GROUP_STRIDE higher):
   batch_norm_groups  batch-norm group g smaller than the job: first + g
   aggregation_groups Config(aggregation_group): the workers of group g, which
                      meet the parameter servers together: first + g
+  accelerator_groups on workers with GPUs, the GPU twin of every group above
+                     (first + its key): TensorFlow wants one device type per
+                     group, and a GPU worker's collectives of other dtypes
+                     stay on its CPU (transforms.accelerator)
 Coordinator keys (runtime/coordinator.py: Exchange, Publish/Fetch), distinct:
   PLAN_KEY           the compiled plan (the launcher names it in AUTOPAR_PLAN)
   DROPCOMPUTE_*      DropCompute's warm-up records, threshold and summaries
@@ -80,8 +84,9 @@ LEADERS_GROUP_KEY = 2
 HOST_GROUPS = KeyRange("host groups", 1000, 1000)
 BATCH_NORM_GROUPS = KeyRange("batch-norm groups", 2000, 1000)
 AGGREGATION_GROUPS = KeyRange("aggregation groups", 3000, 1000)
+ACCELERATOR_GROUPS = KeyRange("accelerator groups", 10000, 4000)
 GROUP_RANGES = (KeyRange("all workers", GROUP_KEY, 1), KeyRange("leaders", LEADERS_GROUP_KEY, 1),
-                HOST_GROUPS, BATCH_NORM_GROUPS, AGGREGATION_GROUPS)
+                HOST_GROUPS, BATCH_NORM_GROUPS, AGGREGATION_GROUPS, ACCELERATOR_GROUPS)
 
 # Instance keys (keys below 100 are left free).
 PLAN = KeyRange("plan", 100, (1 << 20) - 100)
@@ -109,7 +114,7 @@ check_disjoint(INSTANCE_RANGES)
 # A later job of one script (its processes' second autopar.fit) takes every
 # group key this far above its previous job's: TensorFlow pins an instance
 # key of a group to its first use's shape in a process, beyond one session.
-JOB_GROUP_STRIDE = 10_000
+JOB_GROUP_STRIDE = 100_000
 if max(r.end for r in GROUP_RANGES) > JOB_GROUP_STRIDE:
     raise AssertionError(f"group keys reach past JOB_GROUP_STRIDE ({JOB_GROUP_STRIDE})")
 

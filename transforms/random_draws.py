@@ -90,7 +90,8 @@ _ELEMENTWISE = frozenset({"Mul", "Add", "AddV2", "Sub", "RealDiv", "Div", "DivNo
 def find_batch_draws(graph: tf.Graph, rows: ExampleRows,
                      batch_ops: set[str]) -> dict[str, list[int]]:
     """{random op of `graph` that draws per example: [k, g], its k blocks of
-    the examples' rows, g rows each} (the module's docstring), and the
+    the examples' rows, g rows each (0: known when run)} (the module's
+    docstring), and the
     tf.random.Generator state reads advanced by such a draw's size (k, and
     g times the draw's other dimensions), in graph order. `rows`: the
     tensors' forms; `batch_ops`: the ops computed from the input batch other
@@ -130,11 +131,11 @@ def _layout(op: tf.Operation, shape: tf.Tensor, rows: ExampleRows,
     one device's as it is; refuses any other shape of the batch."""
     form = rows.form(shape)
     if form[0] == "shape":
-        if form[2] is None or "d" in form[3]:
+        if "d" in form[3] or (form[2] is None and not rows.fixed_lengths):
             raise _refusal(op, f"its shape '{shape.name}' holds a length of the worker's "
                                "batch other than its count of examples (a padded length), "
                                "which one device's batch would have otherwise")
-        return [form[1], form[2]]
+        return [form[1], form[2] or 0]   # 0: each example's rows, known when run
     if form[0] == "shared":
         return [1, 1] if _constant_batch_shape(op, shape, batch_ops) else None
     raise _refusal(op, f"its shape '{shape.name}' comes from the input batch, but its first "
@@ -175,14 +176,17 @@ def _constant_batch_shape(op: tf.Operation, shape: tf.Tensor, batch_ops: set[str
 
 
 def rewrite_batch_draws(graph: tf.Graph, draws: dict[str, list[int]], num_workers: int,
-                        worker_index: int, global_batch) -> tuple[dict[str, str], set[str]]:
+                        worker_index: int, global_batch, batch_input: str | None
+                        ) -> tuple[dict[str, str], set[str]]:
     """Worker `worker_index`'s per-example draws (module docstring): a copy
     of each draw's op (its seeds and state) draws the global batch's rows,
     and the op's readers read this worker's examples' rows of it; a copy of
     a generator's state read skips as far as one device's draw. `draws`:
     find_batch_draws's; `global_batch(b)`: B, the step's examples, from this
-    worker's b (int64 scalars). Returns (each original op's output -> what
-    its readers read instead; the ops built here)."""
+    worker's b (int64 scalars); `batch_input`: a tensor of the batch's rows,
+    whose first dimension is b where a draw's rows per example are known
+    only when run. Returns (each original op's output -> what its readers
+    read instead; the ops built here)."""
     before = {op.name for op in graph.get_operations()}
     rewire: dict[str, str] = {}
     n, w = num_workers, worker_index
@@ -201,16 +205,21 @@ def rewrite_batch_draws(graph: tf.Graph, draws: dict[str, list[int]], num_worker
             index = SHAPED_DRAWS[op.type]
             shape = op.inputs[index]
             dtype = shape.dtype.base_dtype
-            b = tf.cast(shape[0], tf.int64) // (blocks * group)
+            first = tf.cast(shape[0], tf.int64)
+            if group:
+                b = first // (blocks * group)
+                rows = tf.constant(group, tf.int64)
+            else:   # each example's rows, from the batch's size
+                b = tf.shape(graph.get_tensor_by_name(batch_input), out_type=tf.int64)[0]
+                rows = first // (blocks * b)
             total = global_batch(b)
             # the global batch's draw, with the op's own seeds and state
-            whole = tf.concat([tf.cast(tf.reshape(total * (blocks * group), [1]), dtype),
+            whole = tf.concat([tf.cast(tf.reshape(total * blocks * rows, [1]), dtype),
                                shape[1:]], 0)
             drawn = copy_op(op, [whole if i == index else t for i, t in enumerate(op.inputs)])
             # [k, B, g, ...]: element (j, e) holds block j's rows of example e
-            blocked = tf.concat([tf.cast(tf.stack([tf.constant(blocks, tf.int64), total,
-                                                   tf.constant(group, tf.int64)]), dtype),
-                                 shape[1:]], 0)
+            blocked = tf.concat([tf.cast(tf.stack([tf.constant(blocks, tf.int64), total, rows]),
+                                         dtype), shape[1:]], 0)
             mine = tf.gather(tf.reshape(drawn.outputs[0], blocked),
                              tf.range(w, w + n * b, n, dtype=tf.int64), axis=1)
             rewire[op.outputs[0].name] = tf.reshape(mine, shape).name

@@ -35,6 +35,7 @@ class VariableReport:
     received_per_worker: float
     bucket: int | None = None
     dedup: bool = False       # sparse rows are one per distinct id of the batch
+    shared_rows: int = 0      # sparse: last rows for ids every worker looks up alike
     owner: int | None = None  # weight-update sharding: the worker applying the update
     # How the analysis recognised its update and slots (data flow or a
     # tf.compat.v1 optimizer's update scope)
@@ -189,6 +190,11 @@ class Report:
                 lines.append(f"{v.name}: deduplicated lookup (one row per distinct id): rows of "
                              "ids several workers touched are combined before clipping and the "
                              "update")
+            if v.shared_rows:
+                lines.append(f"{v.name}: its gradient's last {v.shared_rows} rows are for ids "
+                             "every worker looks up alike (a sampler's candidates): added over "
+                             "workers row by row before clipping and the update, as one device "
+                             "has them once")
         grouped = {}
         for b in self.batch_norms:
             lines.append(f"batch norm {b['name']} ({b['kind']}): {_batch_norm_line(b, self.num_workers)}")
@@ -246,6 +252,7 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
             name=v.name, kind=v.gradient, shape=list(v.shape), dtype=v.dtype, bytes=v.bytes,
             method=vp.method, placement=vp.placement, reason=vp.reason, alpha=v.alpha,
             sent_per_worker=sent, received_per_worker=recv, bucket=vp.bucket, dedup=v.dedup,
+            shared_rows=v.shared_rows,
             owner=vp.owner, recognised=v.recognised, slots=list(v.slots)))
         if v.recognised.startswith("writes"):
             notes.append(f"{v.name}: update recognised from {v.recognised}; slots "

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
 from autopar.common.roles import WORKER_JOB
+from autopar.transforms.accelerator import Accelerator, accelerator_device, place_on_accelerator
 from autopar.transforms.accumulate import (build_accumulators, check_update_reads_no_input,
                                            redirect_gradients)
 from autopar.transforms.analysis import Analysis
@@ -93,19 +94,24 @@ def worker_device(worker_index: int) -> str:
 
 def rewrite_for_worker(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
                        moves: list[Move] | None = None, backend=None,
-                       micro_batches: int = 1) -> WorkerGraph:
+                       micro_batches: int = 1,
+                       accelerator: Accelerator | None = None) -> WorkerGraph:
     """Worker `worker_index`'s graph. `moves`: the plan's OPAU/OPSW placement
     when already computed (placement.place_ops), else computed here.
     `backend`: the communication backend building every collective
     (transforms.comm; TensorFlow's collective ops by default).
     `micro_batches` > 1: gradients go through worker-local accumulators
-    (transforms.accumulate) before any method aggregates them."""
+    (transforms.accumulate) before any method aggregates them.
+    `accelerator`: the worker owns a GPU; its replica runs there
+    (transforms.accelerator; None: on its CPU)."""
     with transforming():
-        return _rewrite(graph_or_meta, analysis, plan, worker_index, moves, backend, micro_batches)
+        return _rewrite(graph_or_meta, analysis, plan, worker_index, moves, backend, micro_batches,
+                        accelerator)
 
 
 def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
-             moves: list[Move] | None, backend, micro_batches: int) -> WorkerGraph:
+             moves: list[Move] | None, backend, micro_batches: int,
+             accelerator: Accelerator | None = None) -> WorkerGraph:
     meta = _meta_graph(graph_or_meta)
     # A fresh import: never mutate the user's graph. Only weight-update
     # sharding and local-state averaging use the collections' Variables.
@@ -170,6 +176,10 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
                                                if set(analysis.groups_of(op)) <= set(groups)],
                           done=[t for t_groups, t in edits.step_targets
                                 if set(t_groups) <= set(groups)])
+    if accelerator is not None:
+        ordered = {key for method in METHODS.values() for key in method.ordered_collectives(plan)}
+        place_on_accelerator(graph_def, device, accelerator_device(worker_index), ordered,
+                             accelerator)
     out = _with_graph_def(meta, graph_def)
     return WorkerGraph(meta_graph=out, broadcast_op=BROADCAST_OP, replaced=edits.replaced,
                        server_variables=edits.server_variables,
@@ -266,7 +276,6 @@ def _edit_original_nodes(graph_def, new_nodes: set[str], edits: Edits) -> None:
     Identities replace theirs, every other one reads the replaced tensors
     (averaged or aggregated gradients) and waits for the extra controls."""
     rename = {node_input_name(k): node_input_name(v) for k, v in edits.replaced.items()}
-    _through_identity_n(graph_def, new_nodes, rename)
     for node in graph_def.node:
         if node.name in new_nodes or in_gradient_scope(node.name):
             continue   # the backward pass itself keeps using local gradients
@@ -283,21 +292,6 @@ def _edit_original_nodes(graph_def, new_nodes: set[str], edits: Edits) -> None:
                 elif inp in rename:
                     node.input[i] = rename[inp]
             node.input.extend("^" + c for c in edits.extra_control.get(node.name, []))
-
-
-def _through_identity_n(graph_def, new_nodes: set[str], rename: dict[str, str]) -> None:
-    """`rename` also for the outputs of an IdentityN of the original graph
-    whose inputs it renames: output k is input k (Keras's optimizers pass
-    every gradient through one), so a reader of it reads the replacement
-    directly, wherever it runs (an update on a server reads its aggregate
-    there, not through the worker's IdentityN)."""
-    for node in graph_def.node:
-        if node.op != "IdentityN" or node.name in new_nodes or in_gradient_scope(node.name):
-            continue
-        data = [i for i in node.input if not i.startswith("^")]
-        for k, inp in enumerate(data):
-            if inp in rename:
-                rename[node_input_name(f"{node.name}:{k}")] = rename[inp]
 
 
 def _updates_wait_for_gradients(graph_def, analysis: Analysis) -> None:
@@ -530,7 +524,7 @@ def _batch_draws(graph, analysis: Analysis, plan: Plan, backend, worker_index: i
             totals.append(summed)
         return totals[0]
     rewire, built = rewrite_batch_draws(graph, analysis.batch_draws, n, worker_index,
-                                        global_batch)
+                                        global_batch, analysis.batch_input)
     built.add(flag.op.name)
     return ({node_input_name(k): node_input_name(v) for k, v in rewire.items()}, built,
             flag.name)

@@ -16,6 +16,9 @@ class Topology:
     # starts them when the plan uses herring; a job joined through TF_CONFIG
     # has them only if AUTOPAR_SUMSERVERS names them (runtime.worker.job_topology).
     summation_servers: bool = True
+    # Why there are none when summation_servers is False and it is not
+    # that case (no compiler for the native transport: runtime/native.py).
+    summation_servers_why: str = ""
 
     @classmethod
     def local(cls, num_workers: int, num_servers: int = 0) -> "Topology":

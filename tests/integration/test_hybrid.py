@@ -20,10 +20,12 @@ BATCH = 12
 # test_sparse_varlen.py, test_correctness.py, test_compile_once.py); here the
 # LM shapes: Adam with sparse rows partitioned over both servers and dense
 # all-reduce, and Adagrad's server-side update of sparse and dense variables
-# partitioned over both servers.
+# partitioned over both servers, with a sampled softmax (examples/lm.py's):
+# its weights' last rows are the sampler's candidates, which every worker
+# draws alike, added over workers row by row for the global norm.
 CASES = [
     ("lm_adam_clip", "hybrid", "embedding=3"),
-    ("lm_adagrad_clip", "ps", "embedding=3,softmax/kernel=2"),
+    ("lmsampled_adagrad_clip", "ps", "embedding=3,softmax/w=2,lstm/kernel=2"),
 ]
 
 

@@ -54,6 +54,10 @@ CASES = [
     # (transforms.loss_counts rebuilds the weights the backward pass reads
     # from the count summed over workers)
     ("masked", "sgd", "float64", "hybrid"),
+    # a tf.compat.v1 Adam inside the tf.function over tf.Variables: its
+    # slots, made outside the function, captured by handle (before: refused
+    # as 'not a tf.Variable')
+    ("module", "v1_adam", "float64", "ps"),
 ]
 if os.environ.get("AUTOPAR_TEST_MATRIX") == "full":
     CASES = [(model, optimizer, dtype, option)

@@ -1,22 +1,31 @@
 """Config(tensorboard_dir=...): the chief's event file holds, at every logged
 step, the loss, examples/s, seconds per step, the plan's bytes per step for
 each method and DropCompute's threshold and drop rate, and the plan report
-as text; read back with TensorBoard's own event reader."""
+as text; read back with TensorBoard's own event reader, and served by the
+real TensorBoard over HTTP."""
 from __future__ import annotations
+
+import sys
 
 from tensorboard.backend.event_processing import event_accumulator
 
 from tests.integration.cluster import run_training, write_spec
+from tests.tensorboard_http import TensorBoard
 
 STEPS = 6
 
 
 def test_the_chief_writes_every_scalar_at_every_logged_step(tmp_path):
     board = tmp_path / "board"
+    board.mkdir()
+    # The real TensorBoard of this environment, started beside the job.
+    tensorboard = TensorBoard(sys.executable, board)
     # Micro-batches with a fixed compute threshold: DropCompute's values too.
-    run_training("mlp_sgd", tmp_path / "out", "--steps", str(STEPS), "--micro-batches", "2",
-                 "--threshold", "30", "--spec", str(write_spec(tmp_path, workers=2)),
-                 "--tensorboard-dir", str(board))
+    with tensorboard:
+        run_training("mlp_sgd", tmp_path / "out", "--steps", str(STEPS), "--micro-batches", "2",
+                     "--threshold", "30", "--spec", str(write_spec(tmp_path, workers=2)),
+                     "--tensorboard-dir", str(board))
+        served = tensorboard.scalars("autopar/loss", at_least=STEPS)
     files = list(board.glob("events.out.tfevents.*"))
     assert len(files) == 1, files   # the chief's alone
     events = event_accumulator.EventAccumulator(
@@ -41,6 +50,9 @@ def test_the_chief_writes_every_scalar_at_every_logged_step(tmp_path):
     # The plan report, as text.
     plan = events.Tensors("autopar/plan")
     assert len(plan) == 1 and b"autopar plan: 2 workers" in plan[0].tensor_proto.string_val[0]
+    # The real TensorBoard served the losses over HTTP (tensorboard < 2.21
+    # with setuptools >= 81 did not start: no pkg_resources).
+    assert served == [(e.step, e.value) for e in events.Scalars("autopar/loss")], served
 
 
 def test_a_stall_warning_is_logged_and_counted_before_the_job_would_end(tmp_path):

@@ -67,7 +67,15 @@ def optimizer(name: str):
         # inf), step 5's gradients are not finite and only halve the scale
         "lossscale": lambda: keras.optimizers.LossScaleOptimizer(
             keras.optimizers.Adam(0.01), initial_scale=2.0 ** 126, dynamic_growth_steps=2),
+        # a tf.compat.v1 optimizer in the tf.function: its slots are made
+        # outside it, captured by handle alone
+        "v1_adam": lambda: _v1_optimizer(),
     }[name]()
+
+
+def _v1_optimizer():
+    import tensorflow as tf
+    return tf.compat.v1.train.AdamOptimizer(0.01)
 
 
 @dataclass
@@ -95,7 +103,13 @@ class KerasProgram:
         """Every variable of the model and the optimizer, by path (a
         tf.Variable's name where it has none)."""
         return {getattr(v, "path", v.name): v
-                for v in list(self.model.variables) + list(self.optimizer.variables)}
+                for v in list(self.model.variables) + list(_variables_of(self.optimizer))}
+
+
+def _variables_of(optimizer) -> list:
+    """A Keras optimizer's variables, or a tf.compat.v1 one's (a method)."""
+    found = optimizer.variables
+    return found() if callable(found) else found
 
 
 @contextlib.contextmanager
@@ -213,7 +227,8 @@ def build(kind: str = "emb_mlp", optimizer_name: str = "adam",
             loss = loss_fn(y, model(x, training=True))
             if getattr(model, "losses", None):   # regularizers
                 loss += tf.cast(tf.add_n(model.losses), loss.dtype)
-            scaled = opt.scale_loss(loss)   # the loss itself but for loss scaling
+            # the loss itself but for loss scaling (a tf.compat.v1 optimizer has none)
+            scaled = opt.scale_loss(loss) if hasattr(opt, "scale_loss") else loss
         grads = tape.gradient(scaled, model.trainable_variables)
         opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss

@@ -634,3 +634,27 @@ def test_a_graph_built_under_v1_behaviour_is_analysed_as_under_v2():
     assert [v[0] for v in facts["variables"]] == ["b", "emb", "w"]
     assert facts["batch_weights"] == 1 and facts["batch_draws"] >= 1
     assert facts["batch_mixing"]   # the scores matmul
+
+
+def test_constant_ids_of_the_batchs_shape_are_looked_up_per_example():
+    """BERT's segment ids, zeros_like(input_ids) with the batch's size in
+    the placeholder, fold into a constant: no example's values give them,
+    but each looked-up row is added to its example's token row (not
+    broadcast over the batch), so its gradient row is that example's and
+    the rows of every worker together are one device's, under a global
+    norm too."""
+    graph = tf.Graph()
+    with graph.as_default():
+        ids = tf1.placeholder(tf.int32, [4, 3])
+        tokens = tf1.get_variable("tokens", [10, 2])
+        segments = tf1.get_variable("segments", [2, 2])
+        h = tf.nn.embedding_lookup(tokens, ids) + tf.nn.embedding_lookup(segments,
+                                                                         tf.zeros_like(ids))
+        loss = tf.reduce_mean(tf.square(h))
+        grads = tf.gradients(loss, [tokens, segments])
+        clipped, _ = tf.clip_by_global_norm(grads, 1.0)
+        tf1.train.AdamOptimizer(0.1).apply_gradients(zip(clipped, [tokens, segments]))
+    assert tf.get_static_value(graph.get_tensor_by_name("zeros_like:0")) is not None
+    analysis = analyze_graph(graph)
+    assert [(v.name, v.gradient, v.dedup) for v in analysis.sparse] == [
+        ("tokens", "sparse", False), ("segments", "sparse", False)]

@@ -55,3 +55,23 @@ def test_unreadable_spec_starts_nothing(tmp_path, capsys):
 def test_command_is_required(tmp_path):
     with pytest.raises(SystemExit):
         cli.main(["launch", "--spec", str(tmp_path / "x.yaml")])
+
+
+def test_spec_command_writes_a_spec_the_launcher_loads(tmp_path, capsys):
+    """`autopar spec --workers 4 > spec.yaml`: the file is a resource spec
+    (loaded as `autopar launch --spec` would) with those processes; a count
+    no spec may have is refused by the spec's own check, nothing written."""
+    from autopar.runtime.spec import load_spec
+    assert cli.main(["spec", "--workers", "4", "--servers", "1",
+                     "--hosts", "node1,10.0.0.2"]) == 0
+    path = tmp_path / "spec.yaml"
+    path.write_text(capsys.readouterr().out)
+    spec = load_spec(str(path))
+    assert [(h.address, h.workers, h.servers) for h in spec.hosts] == [
+        ("node1", 4, 1), ("10.0.0.2", 4, 1)]
+    assert cli.main(["spec", "--workers", "2", "--gpus-per-worker", "2"]) == 0
+    path.write_text(capsys.readouterr().out)
+    assert load_spec(str(path)).hosts[0].worker_gpus() == [(0, 1), (2, 3)]
+    assert cli.main(["spec", "--workers", "-1"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "workers" in err and "must not be negative" in err

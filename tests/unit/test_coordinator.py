@@ -333,13 +333,41 @@ def test_missing_compiler_names_what_to_install(monkeypatch, tmp_path):
 
 
 def test_missing_cxx_compiler_names_what_to_install(monkeypatch, tmp_path):
+    """Without a C++ compiler, herring is unavailable, said with the package
+    to install, and the planner keeps every other run option: hybrid stays on
+    the ring, run_option='herring' is refused naming the package."""
+    from autopar.common.errors import SpecError
     from autopar.runtime import native
+    from autopar.transforms.compile import compile_plan
+    from autopar.transforms.methods.registry import METHODS
+    from autopar.transforms.plan import PlanOptions
+    from autopar.transforms.topology import Topology
+    from tests import models
     monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setattr(native.shutil, "which", lambda name: None)
-    for build in (native.build_sumserver, native.build_herring_ops):
-        with pytest.raises(native.BuildError, match="needs a C\\+\\+17 compiler: install one.*apt-get install g\\+\\+"):
-            build(tmp_path)
-    assert not list(tmp_path.iterdir())
+    monkeypatch.setattr(native, "RUNTIME_DIR", tmp_path / "installed")   # none built at install
+    monkeypatch.setenv("AUTOPAR_BUILD_CACHE", str(tmp_path / "cache"))
+    tensorflow = native.TensorFlowBuild(("-I/tf/include",), ("-L/tf",), "2.21.0")
+    for build in (lambda: native.build_sumserver(tmp_path / "out"), native.sumserver_path,
+                  lambda: native.herring_ops_path(tensorflow)):
+        with pytest.raises(native.BuildError, match="needs a C\\+\\+17 compiler: install one.*"
+                                                    "apt-get install g\\+\\+"):
+            build()
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+    missing = native.herring_unavailable()
+    assert "apt-get install g++" in missing and "every run option but herring works" in missing
+    # 4 workers on 4 hosts and 4 servers: with summation servers hybrid picks herring.
+    model = models.build("cnn_momentum")
+    hosts = tuple(f"10.0.0.{i}" for i in range(1, 5))
+    c = compile_plan(model.graph, Topology(hosts, 4, summation_servers=False,
+                                           summation_servers_why=missing),
+                     PlanOptions(run_option="hybrid"))
+    assert {v.method for v in c.plan.variables} == {"allreduce"}
+    assert "apt-get install g++" in METHODS["herring"].state(c.plan).why
+    with pytest.raises(SpecError, match="run_option='herring' needs summation servers: .*g\\+\\+"):
+        compile_plan(model.graph, Topology(hosts, 4, summation_servers=False,
+                                           summation_servers_why=missing),
+                     PlanOptions(run_option="herring"))
 
 
 def test_coordinator_address_is_this_hosts_spec_address_never_the_wildcard():

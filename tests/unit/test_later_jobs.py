@@ -25,13 +25,13 @@ def _graph_def():
 
 def test_a_later_jobs_collectives_are_in_groups_of_their_own():
     graph_def = _graph_def()
-    in_groups_above(graph_def, 10_000)
+    in_groups_above(graph_def, 100_000)
     nodes = {n.name: n for n in graph_def.node}
     (reduce,) = [n for n in graph_def.node if n.op == "CollectiveReduceV2"]
     size, key, instance = (int(tf.make_ndarray(nodes[name].attr["value"].tensor))
                            for name in reduce.input[1:4])
     # only the group key moved: its size and instance key share its constant
-    assert (size, key, instance) == (1, 10_001, 1)
+    assert (size, key, instance) == (1, 100_001, 1)
 
 
 def test_a_later_jobs_resources_are_in_a_container_of_their_own():

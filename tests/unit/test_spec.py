@@ -87,9 +87,17 @@ def test_yaml_content_without_yaml_extension(tmp_path):
 
 
 def test_parallax_format_variants():
-    spec = parse_parallax_spec("# cluster\n\nhost-a: 0,1,2\nhost-b   # one worker\n[::1]: 0, 1\n", "p.txt")
+    spec = parse_parallax_spec("# cluster\n\nhost-a: 0,1,2\n[::1]: 0, 1\n", "p.txt")
     assert [(h.address, h.workers, h.servers) for h in spec.hosts] == [
-        ("host-a", 3, 1), ("host-b", 1, 1), ("::1", 2, 1)]
+        ("host-a", 3, 1), ("::1", 2, 1)]
+    # One worker per listed GPU id (docs/gpus.md); a bare host, one CPU worker.
+    assert [h.worker_gpus() for h in spec.hosts] == [[(0,), (1,), (2,)], [(0,), (1,)]]
+    spec = parse_parallax_spec("host-b   # one worker\nhost-c\n", "p.txt")
+    assert [(h.address, h.workers, h.worker_gpus()) for h in spec.hosts] == [
+        ("host-b", 1, [()]), ("host-c", 1, [()])]
+    # GPU workers and CPU workers cannot sum gradients together.
+    with pytest.raises(SpecError, match=r"hosts\[1\].gpus: is missing while hosts\[0\] gives GPUs"):
+        parse_parallax_spec("host-a: 0,1,2\nhost-b   # one worker\n", "p.txt")
 
 
 def test_tf_config_chief_worker_ps():

@@ -241,5 +241,12 @@ class SyncMethod:
         role (common.roles: SERVER_ROLE, SUMSERVER_ROLE)."""
         return set()
 
+    def ordered_collectives(self, plan: "Plan") -> set[int]:
+        """Instance keys of the collectives this method launches in one order
+        on every worker (chained: RewriteContext.chains). On GPUs these ask
+        for NCCL, which deadlocks when workers launch its collectives in
+        different orders (transforms.accelerator)."""
+        return set()
+
     def rewrite(self, ctx: RewriteContext) -> Edits:
         raise NotImplementedError

@@ -40,7 +40,7 @@ def main(argv=None) -> None:
                    help="assign the learning rate from Python before each step, lr0 / (k + 1)")
     args = p.parse_args(argv)
     program = keras_step.build(args.model, args.optimizer, args.dtype)
-    lr0 = float(program.optimizer.learning_rate.numpy())
+    lr0 = float(program.optimizer.learning_rate.numpy()) if args.decay_lr else None
 
     def decay(k: int) -> None:   # as a custom loop decays its learning rate
         if args.decay_lr:

@@ -16,6 +16,8 @@ class AllGather(SyncMethod):
 
     def variable_plan(self, v, reason, state, key):
         keys, key = row_gather_keys(key, "")
+        if v.shared_rows:
+            keys["shared_rows"], key = key, key + 1
         return VariablePlan(v.name, self.name, "replicated on every worker", reason,
                             keys=keys), key
 
@@ -36,9 +38,15 @@ class AllGather(SyncMethod):
                 info = analysis.variable(vp.name)
                 values = graph.get_tensor_by_name(info.grad_values)
                 indices = graph.get_tensor_by_name(info.grad_indices)
-                # Row counts differ by worker and step: see CollectiveOpsBackend.allgather_rows.
-                all_values, all_indices = backend.allgather_rows(
-                    values, indices, (vp.keys["count"], vp.keys["values"], vp.keys["indices"]))
+                keys = (vp.keys["count"], vp.keys["values"], vp.keys["indices"])
+                if info.shared_rows:
+                    all_values, all_indices = _gather_then_add_shared(
+                        backend, values, indices, info.shared_rows, keys,
+                        vp.keys["shared_rows"])
+                else:
+                    # Row counts differ by worker and step: see
+                    # CollectiveOpsBackend.allgather_rows.
+                    all_values, all_indices = backend.allgather_rows(values, indices, keys)
                 # The single-device gradient over the global batch (mean or sum).
                 all_values = all_values * tf.constant(plan.gradient_scale("sparse"), dtype=values.dtype)
                 if info.dedup:
@@ -49,6 +57,25 @@ class AllGather(SyncMethod):
                 edits.replaced[values.name] = all_values.name
                 edits.replaced[indices.name] = tf.cast(all_indices, indices.dtype).name
         return edits
+
+
+def split_shared_rows(values: tf.Tensor, indices: tf.Tensor, shared: int):
+    """((values, indices) of the examples' rows, (values, indices) of the
+    last `shared` rows: ids every worker looks up alike, analysis
+    VariableInfo.shared_rows)."""
+    head = tf.shape(values, out_type=tf.int64)[0] - shared
+    return ((values[:head], tf.cast(indices[:head], tf.int64)),
+            (values[head:], tf.cast(indices[head:], tf.int64)))
+
+
+def _gather_then_add_shared(backend, values, indices, shared: int, keys, add_key: int):
+    """One device's rows: every worker's rows of its examples, gathered, then
+    the shared ids' rows added over workers position by position (each a
+    worker's share of the batch's sum)."""
+    (head, head_ids), (tail, tail_ids) = split_shared_rows(values, indices, shared)
+    rows, ids = backend.allgather_rows(head, head_ids, keys)
+    summed = backend.allreduce_sum(tail, add_key)
+    return tf.concat([rows, summed], 0), tf.concat([tf.cast(ids, tf.int64), tail_ids], 0)
 
 
 def combine_rows(values: tf.Tensor, indices: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:

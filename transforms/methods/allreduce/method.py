@@ -120,6 +120,13 @@ class AllReduce(SyncMethod):
         return {"buckets": [{**asdict(b), "method": self.name} for b in buckets],
                 "host_link_bytes": links, "hierarchical_why": self.state(plan).hierarchical_why}
 
+    def ordered_collectives(self, plan):
+        # Each bucket's all-reduce continues its train group's chain, and
+        # 2-D summation chains each kind (the host sum, the broadcast).
+        state = self.state(plan)
+        return {k for b in (state.buckets if state else ())
+                for k in (b.instance_key, *((b.host_key, b.host_key + 1) if b.hierarchical else ()))}
+
     def rewrite(self, ctx: RewriteContext) -> Edits:
         """Each bucket's gradients concatenated, all-reduced, split back; every
         consumer outside the backward pass reads the reduced piece."""

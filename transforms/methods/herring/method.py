@@ -55,6 +55,9 @@ class Herring(SyncMethod):
                 raise SpecError("run_option='herring' sums gradients on server processes, but "
                                 "the resource spec has none: give some hosts `servers: 1` (one "
                                 "per host is a good start), or use run_option='allreduce'")
+            if not topology.summation_servers and topology.summation_servers_why:
+                raise SpecError(f"run_option='herring' needs summation servers: "
+                                f"{topology.summation_servers_why}")
             if not topology.summation_servers:
                 raise SpecError("run_option='herring' needs summation servers, but this job was "
                                 "started without them: a job joined through TF_CONFIG starts one "
@@ -64,6 +67,9 @@ class Herring(SyncMethod):
             return True, "run_option='herring'"
         if topology.num_servers == 0:
             return False, ""
+        if not topology.summation_servers and topology.summation_servers_why:
+            return False, (f"no summation servers ({topology.summation_servers_why}), so dense "
+                           "gradients stay on ring all-reduce")
         if not topology.summation_servers:
             return False, ("no summation servers in this job (joined through TF_CONFIG without "
                            "AUTOPAR_SUMSERVERS), so dense gradients stay on ring all-reduce")

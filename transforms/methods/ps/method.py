@@ -77,6 +77,9 @@ class ParameterServer(SyncMethod):
             # the global-norm term of deduplicated rows needs every worker's rows
             norm_keys, key = row_gather_keys(key, "norm_")
             keys.update(norm_keys)
+        if v.shared_rows and v.norm_ops:
+            # ... and that of rows every worker has alike, their sum
+            keys["norm_shared"], key = key, key + 1
         if grouped_pulls and v.gradient == "sparse" and len(parts) > 1:
             # Config.aggregation_group: a group's lookups gather its ids, then
             # broadcast the rows its first worker pulled, a key per ladder rung

@@ -42,7 +42,7 @@ from autopar.common.errors import UnsupportedGraphError
 from autopar.common.roles import SERVER_JOB
 from autopar.transforms.analysis import Analysis, VariableInfo
 from autopar.transforms.graph_utils import in_gradient_scope, node_input_name
-from autopar.transforms.methods.allgather.method import combine_rows
+from autopar.transforms.methods.allgather.method import combine_rows, split_shared_rows
 from autopar.transforms.methods.base import Edits, VariablePlan
 from autopar.transforms.ops import ConstantPool, NodeWriter, new_op, rows_where
 from autopar.transforms.partition import Partitioner, PullGroup, copy_prefix, read_order
@@ -400,6 +400,15 @@ class PsBuilder:
                                   vp.keys["norm_indices"]))
             self.collectives.setdefault(self.group, []).extend([rows.op, ids.op])
             total = tf.nn.l2_loss(combine_rows(rows, ids)[0])
+        elif info.shared_rows:
+            # the examples' rows' terms add up; the shared ids' rows add up
+            # first, position by position, then square
+            (head, _), (tail, _) = split_shared_rows(
+                scaled, self.g.get_tensor_by_name(info.grad_indices), info.shared_rows)
+            heads = self.backend.allreduce_sum(tf.nn.l2_loss(head), vp.keys["norm"])
+            tails = self.backend.allreduce_sum(tail, vp.keys["norm_shared"])
+            self.collectives.setdefault(self.group, []).extend([heads.op, tails.op])
+            total = heads + tf.nn.l2_loss(tails)
         else:
             total = self.backend.allreduce_sum(tf.nn.l2_loss(scaled), vp.keys["norm"])
             self.collectives.setdefault(self.group, []).append(total.op)

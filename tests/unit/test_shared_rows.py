@@ -1,0 +1,80 @@
+"""A sampled softmax's gradient rows (examples/lm.py's loss): the labels'
+rows, each an example's, then the sampler's candidates', which every worker
+draws alike and holds its share of the batch's sum of (analysis
+VariableInfo.shared_rows). One device has those once: all-gathered, they
+are added over workers row by row, so the global norm (and an update that
+transforms each row) sees one device's rows. Run for real: three workers'
+rewritten graphs in one session, each on a CPU device of its own (their
+collectives between local devices), against one device on the global
+batch."""
+import numpy as np
+import tensorflow as tf
+
+from autopar.transforms.analysis import analyze_graph
+from autopar.transforms.plan import PlanOptions, make_plan
+from autopar.transforms.report import build_report
+from autopar.transforms.rewrite import rewrite_for_worker
+from tests import models
+
+tf1 = tf.compat.v1
+N, STEPS, BATCH = 3, 4, 6
+MODEL = "lmsampled_adagrad_clip"
+
+
+def _one_device() -> dict:
+    model = models.build(MODEL)
+    with model.graph.as_default():
+        init, variables = tf1.global_variables_initializer(), tf1.global_variables()
+    with tf1.Session(graph=model.graph) as session:
+        session.run(init)
+        for step in range(STEPS):
+            x, y = models.global_batch(MODEL, step, BATCH)
+            session.run(model.train_op, models.feed(model, x, y))
+        return session.run({v.op.name: v for v in variables})
+
+
+def _workers_together(run_option: str) -> tuple[list[dict], object]:
+    model = models.build(MODEL)
+    analysis = analyze_graph(model.graph)
+    plan = make_plan(analysis, N, options=PlanOptions(run_option=run_option))
+    rewritten = [rewrite_for_worker(model.graph, analysis, plan, w) for w in range(N)]
+    graph = tf.Graph()
+    with graph.as_default():
+        for w, r in enumerate(rewritten):
+            graph_def = r.meta_graph.graph_def
+            for node in graph_def.node:
+                node.device = f"/device:CPU:{w}"
+            tf1.import_graph_def(graph_def, name=f"w{w}")
+    with model.graph.as_default():
+        names = [v.op.name for v in tf1.global_variables()]
+    config = tf1.ConfigProto(device_count={"CPU": N})
+    with tf1.Session(graph=graph, config=config) as session:
+        session.run([op for op in graph.get_operations()
+                     if op.type in ("AssignVariableOp", "Assign") and "/Initializer/" in op.name
+                     or op.name.endswith("/Assign")])
+        session.run([f"w{w}/{r.broadcast_op}" for w, r in enumerate(rewritten)])
+        per = BATCH // N
+        for step in range(STEPS):
+            x, y = models.global_batch(MODEL, step, BATCH)
+            feeds = {}
+            for w in range(N):
+                rows = slice(w * per, (w + 1) * per)
+                feeds.update({f"w{w}/{t.name}": value for t, value in
+                              models.feed(model, x[rows], y[rows]).items()})
+            session.run([f"w{w}/{model.train_op.name}" for w in range(N)], feeds)
+        values = session.run([{n: f"w{w}/{n}/Read/ReadVariableOp:0" for n in names}
+                              for w in range(N)])
+    return values, build_report(analysis, plan)
+
+
+def test_a_sampled_softmax_trains_as_one_device_under_a_global_norm():
+    expected = _one_device()
+    got, report = _workers_together("allreduce")
+    assert [(v.name, v.shared_rows) for v in report.variables if v.kind == "sparse"] == [
+        ("embedding", 0), ("softmax/w", models.LM_SAMPLED), ("softmax/b", models.LM_SAMPLED)]
+    assert (f"softmax/w: its gradient's last {models.LM_SAMPLED} rows are for ids every worker "
+            "looks up alike" in report.table())
+    for w, values in enumerate(got):
+        for name, value in expected.items():
+            np.testing.assert_allclose(values[name], value, rtol=1e-5, atol=1e-6,
+                                       err_msg=f"worker {w}: {name}")
