@@ -44,6 +44,12 @@ __version__ = "0.1.0"
 # (autopar/console.py).
 _install_excepthook()
 
+# TensorFlow's C++ start-up and INFO/WARNING lines, and deprecation warnings
+# repeated by every worker, off unless AUTOPAR_VERBOSE=1 (autopar/quiet.py):
+# before the script imports TensorFlow, when it imports autopar first.
+from autopar import quiet as _quiet  # noqa: E402
+_quiet.quiet_tensorflow()
+
 
 _tensorflow_checked = False
 

@@ -2,6 +2,7 @@
 which role this process plays and wire the layers below."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -10,6 +11,7 @@ import sys
 
 import tensorflow as tf
 
+from autopar import overrides
 from autopar.config import Config
 from autopar.console import debug_errors, report_error, setup_logging
 from autopar.common.errors import AutoparError, SpecError, UnsupportedGraphError
@@ -51,7 +53,8 @@ def get_runner(graph, resource_info=None, config: Config | None = None):
     setup_logging()
     procs.skip_final_gc_at_exit()
     try:
-        return _get_runner(graph, resource_info, config or Config())
+        # `autopar launch --config KEY=VALUE` (autopar/overrides.py).
+        return _get_runner(graph, resource_info, overrides.apply(config or Config()))
     except AutoparError as e:
         if debug_errors():
             raise
@@ -61,7 +64,6 @@ def get_runner(graph, resource_info=None, config: Config | None = None):
 def _get_runner(graph, resource_info, config: Config):
     # runtime is heavy; import on use
     from autopar.runtime import join, launcher, script_plan, spec as specs, worker
-    from autopar.runtime.timeline import TimelineOptions
     graph, lifted = _lifted(graph)
     if lifted is not None and lifted.summaries and config.micro_batches > 1:
         raise UnsupportedGraphError(
@@ -84,7 +86,7 @@ def _get_runner(graph, resource_info, config: Config):
         if os.environ.get(env.PLAN_OUT):      # for `autopar launch` (runtime/script_plan.py)
             plan, roles, table = _plan_of(compiled)
             with open(os.environ[env.PLAN_OUT], "w", encoding="utf-8") as f:
-                f.write(script_plan.encode(plan, roles, table))
+                f.write(script_plan.encode(plan, roles, table, config))
         else:
             sys.stdout.write(compiled.report().table() + "\n")
         sys.exit(0)
@@ -100,19 +102,16 @@ def _get_runner(graph, resource_info, config: Config):
     # The launcher: compile once, print the report from it, serve it to
     # every process of the job from the coordinator.
     spec = specs.load_spec(resource_info)
-    timeline = (TimelineOptions(os.path.abspath(config.timeline), config.timeline_steps,
-                                config.timeline_every) if config.timeline else None)
     # The script again as it was started, where it started (it may have
-    # changed directory since, or run through runpy: common/script.py);
-    # the spec and the paths above were read where it is now.
+    # changed directory since, or run through runpy: common/script.py); the
+    # spec was read, and the timeline's path is taken, where it is now.
     command, start_directory = script.command()
+    launched = (dataclasses.replace(config, timeline=os.path.abspath(config.timeline))
+                if config.timeline else config)
     os.chdir(start_directory)
     try:
         code = launcher.run_job(spec, command,
-                                lambda s, _: _plan_of(_compile(graph, s, config)),
-                                stall_timeout_s=config.stall_timeout_s,
-                                max_restarts=config.max_restarts, min_workers=config.min_workers,
-                                timeline=timeline)
+                                lambda s, _: (*_plan_of(_compile(graph, s, config)), launched))
     except KeyboardInterrupt:
         # Ctrl-C outside the job's own handling (while compiling): nothing
         # to save, and the processes are stopped already.
@@ -188,12 +187,12 @@ def shard(dataset: tf.data.Dataset) -> tf.data.Dataset:
     own elements, and the N per-worker batches of a step together are the
     single-device batch N times as large. A worker started by autopar's
     launcher, through TF_CONFIG, by an MPI launcher or by srun knows its
-    place before get_runner is called. Outside a job: the dataset itself."""
+    place before get_runner is called. Outside a job (the launcher, one
+    device): every element, as `dataset.shard(1, 0)`, so the launcher's
+    graph shows the pipeline sharded (a step reading a dataset with no shard
+    on its way is refused, transforms/input_shards.py)."""
     from autopar.runtime import join
-    position = join.worker_position()
-    if position is None:
-        return dataset
-    num_workers, index = position
+    num_workers, index = join.worker_position() or (1, 0)
     return dataset.shard(num_workers, index)
 
 
@@ -220,5 +219,6 @@ def _compile(graph, spec, config: Config) -> CompiledPlan:
     from autopar.runtime.native import herring_unavailable
     missing = herring_unavailable()
     topology = Topology(tuple(h.address for h in spec.worker_hosts()), spec.num_servers,
-                        summation_servers=missing is None, summation_servers_why=missing or "")
+                        summation_servers=missing is None, summation_servers_why=missing or "",
+                        link_gbps=spec.bandwidth_gbps)
     return compile_for_config(graph, topology, config)

@@ -1,116 +1,104 @@
-"""`autopar` command line.
+"""autopar: a single-device TensorFlow training script, run as synchronous
+data-parallel training on many processes and machines.
 
-    autopar launch --spec SPEC -- python train.py [args...]   train on the cluster
-    autopar report --spec SPEC -- python train.py [args...]   print the plan, train nothing
-    autopar spec --workers 4 > spec.yaml                      write a resource spec to start from
+    autopar launch -np 4 -- python train.py [args...]     4 workers on this machine
+    autopar launch -H host1:4,host2:4 python train.py     hosts and workers per host
+    autopar launch --spec SPEC -- python train.py         a resource spec file
+    autopar report -np 4 -- python train.py               print the plan, train nothing
+    autopar spec --workers 4 > spec.yaml                  write a resource spec to start from
 
-Instead of --spec, the hosts as MPI and Horovod take them: -H host1:4,host2:4
-or --hostfile FILE ('host slots=N' lines), slots being workers per host, with
---servers-per-host N (default 0). Inside a Slurm allocation (sbatch, salloc),
---spec slurm takes the allocation's nodes, workers being its tasks per node,
-and starts every process with srun.
+The hosts as MPI and Horovod take them: -np N alone runs N workers on this
+machine; with -H host1:4,host2:4 or --hostfile FILE ('host slots=N' lines),
+slots being workers per host, it takes the first N slots. --servers-per-host N
+(default 0) adds server processes on each host. Inside a Slurm allocation
+(sbatch, salloc), --spec slurm takes the allocation's nodes, workers being its
+tasks per node, and starts every process with srun.
+
+The training command follows '--', or directly after the options when its
+first word is not an option. --config KEY=VALUE sets any autopar.Config field
+for every process of the job, over the Config the script passes to
+get_runner (a Python literal, or text: --config run_option=ps
+--config partitions="{'embedding': 8}").
 """
 from __future__ import annotations
 
 import argparse
 import json
 import logging
-import math
 import os
 import subprocess
 import sys
 
-from autopar.config import Config
-from autopar.console import StdoutHandler, debug_errors, report_error
-from autopar.common.errors import AutoparError
+from autopar import __version__, overrides
 from autopar.common import env
+from autopar.common.errors import AutoparError
 from autopar.common.roles import REPORT_ROLE
+from autopar.console import ERROR_STATUS, StdoutHandler, debug_errors, report_error
+
+# Options that set a Config field: (flag, field, type, help).
+_CONFIG_FLAGS = (
+    ("--run-option", "run_option", str,
+     "how gradients travel: hybrid (default), ps, allreduce or herring"),
+    ("--stall-timeout", "stall_timeout_s", float,
+     "end the job when workers wait this long in a step for a process that stopped "
+     "answering (default 60; 0 disables the timed checks)"),
+    ("--busy-timeout", "busy_timeout_s", float,
+     "end the job when workers wait this long in a step for a process that is busy "
+     "outside one, still reporting (default 3600; 0: never)"),
+    ("--max-restarts", "max_restarts", int,
+     "start the job again, at most N times, when a process dies, fails or stalls once "
+     "training has begun (the chief restores its last checkpoint; default 0)"),
+    ("--min-workers", "min_workers", int,
+     "with --max-restarts: a host ssh cannot reach on a restart is dropped if the others "
+     "run at least M workers (default 0: never)"),
+    ("--timeline", "timeline", str, "write the job's merged Chrome trace (timeline) to PATH"),
+    ("--timeline-steps", "timeline_steps", int,
+     "with --timeline: traced steps kept, the last (default 10)"),
+    ("--timeline-every", "timeline_every", int,
+     "with --timeline: trace one step in N (default 10)"),
+)
+_LAUNCH_ONLY = {"--stall-timeout", "--busy-timeout", "--max-restarts", "--min-workers",
+                "--timeline", "--timeline-steps", "--timeline-every"}
+
+
+class UsageError(Exception):
+    """A command line autopar cannot run: said as `autopar: ...`, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise UsageError(message)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["spec"]:
         return spec_main(argv[1:])
-    command: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, command = argv[:cut], argv[cut + 1:]
-    parser = argparse.ArgumentParser(prog="autopar", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="action", required=True)
-    sub.add_parser("spec", help="print a resource spec to start from (autopar spec --help)")
-    for action, text in (("launch", "start every server and worker of SPEC running the command"),
-                         ("report", "print the plan for the command's graph on SPEC, train nothing")):
-        p = sub.add_parser(action, help=text)
-        hosts = p.add_mutually_exclusive_group(required=True)
-        hosts.add_argument("--spec", help="resource spec (YAML or Parallax text), or 'slurm' "
-                                          "for the nodes and tasks of this Slurm allocation")
-        hosts.add_argument("-H", "--hosts", metavar="HOST:SLOTS,...",
-                           help="hosts and workers per host, as horovodrun -H takes them")
-        hosts.add_argument("--hostfile", metavar="FILE",
-                           help="a hostfile of 'host slots=N' lines (OpenMPI and Horovod)")
-        p.add_argument("--servers-per-host", type=int, default=0, metavar="N",
-                       help="with -H, --hostfile or --spec slurm: server processes on each "
-                            "host (default 0)")
-        p.add_argument("--gpus-per-worker", type=int, default=0, metavar="K",
-                       help="with -H or --hostfile: slot k of a host owns its GPUs kK .. kK+K-1 "
-                            "(default 0: CPU workers; docs/gpus.md)")
-        if action == "launch":
-            p.add_argument("--stall-timeout", type=float, default=60.0, metavar="SECONDS",
-                           help="end the job when workers wait this long in a step for others "
-                                "(default 60; 0 disables)")
-            p.add_argument("--max-restarts", type=int, default=0, metavar="N",
-                           help="start the job again, at most N times, when a process dies, "
-                                "fails or stalls once training has begun (the chief restores "
-                                "its last checkpoint; default 0)")
-            p.add_argument("--timeline", metavar="PATH",
-                           help="write the job's merged Chrome trace (timeline) to PATH")
-            p.add_argument("--timeline-steps", type=int, default=Config.timeline_steps,
-                           metavar="K", help="with --timeline: traced steps kept, the last "
-                                             f"(default {Config.timeline_steps})")
-            p.add_argument("--timeline-every", type=int, default=Config.timeline_every,
-                           metavar="N", help="with --timeline: trace one step in N "
-                                             f"(default {Config.timeline_every})")
-            p.add_argument("--min-workers", type=int, default=0, metavar="M",
-                           help="with --max-restarts: a host ssh cannot reach on a restart is "
-                                "dropped if the others run at least M workers (default 0: never)")
-    args = parser.parse_args(argv)
-    if not command:
-        parser.error("give the training command after '--', e.g. -- python train.py")
-    if not 0 <= getattr(args, "stall_timeout", 0) < math.inf:
-        parser.error("--stall-timeout must be a finite number >= 0 (0 disables the stall check)")
-    if getattr(args, "max_restarts", 0) < 0:
-        parser.error("--max-restarts must be an integer >= 0")
-    if getattr(args, "min_workers", 0) < 0:
-        parser.error("--min-workers must be an integer >= 0")
-    if min(getattr(args, "timeline_steps", 1), getattr(args, "timeline_every", 1)) < 1:
-        parser.error("--timeline-steps and --timeline-every must be integers >= 1")
+    parser = _parser()
+    try:
+        if not argv:
+            sys.stdout.write(parser.format_help())
+            return 0
+        args = _parse(parser, argv)
+        fields, origins = _config_fields(args)
+        overrides.checked(fields, origins)     # Config's own checks, before anything starts
+        spec = _spec(args)
+    except (UsageError, AutoparError) as e:
+        if debug_errors() and isinstance(e, AutoparError):
+            raise
+        return _usage_error(e)
+    # The job's processes read these from their environment (common/env.py).
+    if fields:
+        os.environ[env.CONFIG] = overrides.to_env(fields)
+    if args.verbose:
+        os.environ[env.VERBOSE] = "1"
     # This process is only the launcher: its log lines go to stdout, through a
     # handler that survives a reader closing the pipe (`| head`).
     logging.basicConfig(level=logging.INFO, handlers=[StdoutHandler()])
     try:
-        spec = _spec(args)
-    except AutoparError as e:
-        if debug_errors():
-            raise
-        return report_error(e)
-    if args.action == "report":
-        child_env = dict(os.environ, **{env.ROLE: REPORT_ROLE, env.SPEC: json.dumps(spec.to_dict())})
-        return subprocess.run(command, env=child_env).returncode
-    from autopar.runtime.launcher import run_job
-    from autopar.runtime.script_plan import compile_in_script
-    from autopar.runtime.timeline import TimelineOptions
-
-    def compile_plan(for_spec, fork_server):
-        # The command, run once in the report role, compiles the plan.
-        compiled = compile_in_script(command, for_spec, fork_server)
-        return compiled.plan, compiled.processes, compiled.report
-    try:
-        return run_job(spec, command, compile_plan, stall_timeout_s=args.stall_timeout,
-                       max_restarts=args.max_restarts, min_workers=args.min_workers,
-                       timeline=TimelineOptions(os.path.abspath(args.timeline),
-                                                args.timeline_steps, args.timeline_every)
-                       if args.timeline else None)
+        if args.action == "report":
+            return _report(spec, args.command)
+        return _launch(spec, args.command)
     except AutoparError as e:
         if debug_errors():
             raise
@@ -156,23 +144,128 @@ def spec_main(argv: list[str]) -> int:
     return 0
 
 
+def _usage_error(error: Exception) -> int:
+    sys.stderr.write(f"autopar: {error}\n")
+    sys.stderr.flush()
+    return ERROR_STATUS
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="autopar", description=__doc__, allow_abbrev=False,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"autopar {__version__}")
+    sub = parser.add_subparsers(dest="action", metavar="{launch,report}")
+    for action, text in (("launch", "start every server and worker of the job running the "
+                                    "command"),
+                         ("report", "print the plan for the command's graph, train nothing")):
+        p = sub.add_parser(action, help=text, description=f"autopar {action}: {text}.",
+                           allow_abbrev=False)
+        p.add_argument("-np", "--num-proc", type=int, metavar="N",
+                       help="workers: N on this machine, or the first N slots of -H / "
+                            "--hostfile (as horovodrun -np)")
+        hosts = p.add_mutually_exclusive_group()
+        hosts.add_argument("--spec", help="resource spec (YAML or Parallax text), or 'slurm' "
+                                          "for the nodes and tasks of this Slurm allocation")
+        hosts.add_argument("-H", "--hosts", metavar="HOST:SLOTS,...",
+                           help="hosts and workers per host, as horovodrun -H takes them")
+        hosts.add_argument("--hostfile", metavar="FILE",
+                           help="a hostfile of 'host slots=N' lines (OpenMPI and Horovod)")
+        p.add_argument("--servers-per-host", type=int, default=0, metavar="N",
+                       help="with -np, -H, --hostfile or --spec slurm: server processes on "
+                            "each host (default 0)")
+        p.add_argument("--gpus-per-worker", type=int, default=0, metavar="K",
+                       help="with -np, -H or --hostfile: slot k of a host owns its GPUs kK .. "
+                            "kK+K-1 (default 0: CPU workers; docs/gpus.md)")
+        p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                       help="set the autopar.Config field KEY for every process of the job "
+                            "(repeatable)")
+        for flag, _, kind, text in _CONFIG_FLAGS:
+            if action == "launch" or flag not in _LAUNCH_ONLY:
+                p.add_argument(flag, type=kind, default=None,
+                               metavar="PATH" if kind is str and flag != "--run-option" else None,
+                               help=text)
+        p.add_argument("-v", "--verbose", action="store_true",
+                       help="keep TensorFlow's C++ and start-up lines and its deprecation "
+                            "warnings (AUTOPAR_VERBOSE=1)")
+        p.add_argument("command", nargs=argparse.REMAINDER,
+                       help="the training command, e.g. python train.py --steps 100")
+    return parser
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """The options and the command: after the first '--', or (without one)
+    from the first word that is not an option on. A '--' after the command
+    has begun is the command's own."""
+    before, after = argv, None
+    if "--" in argv:
+        cut = argv.index("--")
+        before, after = argv[:cut], argv[cut + 1:]
+    args, unknown = parser.parse_known_args(before)
+    if args.action is None:
+        raise UsageError("give an action: autopar launch or autopar report (autopar -h)")
+    if unknown:
+        raise UsageError(f"unrecognized arguments: {' '.join(unknown)} (autopar {args.action} -h "
+                         "lists the options; a training command that starts with an option "
+                         "goes after '--')")
+    if after is not None:
+        args.command = args.command + ["--"] + after if args.command else after
+    if not args.command:
+        raise UsageError(f"give the training command, e.g. autopar {args.action} -np 2 -- "
+                         "python train.py")
+    return args
+
+
+def _config_fields(args: argparse.Namespace) -> tuple[dict, dict[str, str]]:
+    """{Config field: value} the command line sets, and for each the option
+    that set it (for messages)."""
+    fields: dict = {}
+    origins: dict[str, str] = {}
+    for setting in args.config:
+        key, value = overrides.parse(setting)
+        fields[key], origins[key] = value, f"--config {setting}"
+    for flag, name, _, _ in _CONFIG_FLAGS:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"), None)
+        if value is None:
+            continue
+        if name in fields:
+            raise UsageError(f"{flag} and --config {name}=... both set Config.{name}: give one")
+        if name == "timeline":
+            value = os.path.abspath(value)    # the workers may run elsewhere than here
+        fields[name], origins[name] = value, f"{flag} {value}"
+    return fields, origins
+
+
 def _spec(args):
-    """The job's ResourceSpec from --spec (a file, or 'slurm'), -H or --hostfile."""
+    """The job's ResourceSpec from -np, --spec (a file, or 'slurm'), -H or --hostfile."""
     from autopar.runtime import hostfile, slurm
     from autopar.runtime.spec import load_spec
     if args.servers_per_host < 0:
-        raise AutoparError(f"--servers-per-host must be >= 0, got {args.servers_per_host}")
+        raise UsageError(f"--servers-per-host must be >= 0, got {args.servers_per_host}")
+    if args.num_proc is not None and args.num_proc < 1:
+        raise UsageError(f"-np must be a number of workers >= 1, got {args.num_proc}")
     if args.gpus_per_worker and (args.gpus_per_worker < 0 or args.spec is not None):
-        raise AutoparError("--gpus-per-worker takes a count >= 0 and goes with -H or --hostfile; "
-                           "a spec file gives each host's 'gpus' itself, and --spec slurm takes "
-                           "the allocation's")
-    if args.spec == "slurm":
-        return slurm.spec_from_allocation(os.environ, args.servers_per_host)
+        raise UsageError("--gpus-per-worker takes a count >= 0 and goes with -np, -H or "
+                         "--hostfile; a spec file gives each host's 'gpus' itself, and --spec "
+                         "slurm takes the allocation's")
+    if args.spec is None and args.hosts is None and args.hostfile is None:
+        if args.num_proc is None:
+            raise UsageError("give the workers: -np N (on this machine), -H host:slots,..., "
+                             "--hostfile FILE or --spec FILE")
+        return hostfile.spec_from_hosts([("127.0.0.1", args.num_proc)], args.servers_per_host,
+                                        args.gpus_per_worker)
     if args.spec is not None:
-        if args.servers_per_host:
-            raise AutoparError("--servers-per-host goes with -H, --hostfile or --spec slurm; a "
-                               "spec file gives each host's 'servers' itself")
-        return load_spec(args.spec)
+        if args.spec == "slurm":
+            spec = slurm.spec_from_allocation(os.environ, args.servers_per_host)
+        elif args.servers_per_host:
+            raise UsageError("--servers-per-host goes with -np, -H, --hostfile or --spec slurm; "
+                             "a spec file gives each host's 'servers' itself")
+        else:
+            spec = load_spec(args.spec)
+        if args.num_proc is not None and args.num_proc != spec.num_workers:
+            raise UsageError(f"-np {args.num_proc}, but --spec {args.spec} gives "
+                             f"{spec.num_workers} worker(s): leave -np out, or use it with -H, "
+                             "--hostfile or alone")
+        return spec
     if args.hosts is not None:
         hosts = hostfile.parse_host_list(args.hosts)
     else:
@@ -182,7 +275,43 @@ def _spec(args):
         except (OSError, UnicodeDecodeError) as exc:
             raise AutoparError(f"hostfile {args.hostfile}: cannot be read ({exc})") from exc
         hosts = hostfile.parse_hostfile(text, args.hostfile)
+    if args.num_proc is not None:
+        hosts = _first_slots(hosts, args.num_proc)
     return hostfile.spec_from_hosts(hosts, args.servers_per_host, args.gpus_per_worker)
+
+
+def _first_slots(hosts: list[tuple[str, int]], n: int) -> list[tuple[str, int]]:
+    """The hosts' first ``n`` slots, in order (horovodrun's -np with -H)."""
+    total = sum(slots for _, slots in hosts)
+    if n > total:
+        raise UsageError(f"-np {n}, but the hosts give {total} slot(s): give more slots "
+                         "(host:slots) or a smaller -np")
+    taken = []
+    for host, slots in hosts:
+        if n <= 0:
+            break
+        taken.append((host, min(slots, n)))
+        n -= slots
+    return taken
+
+
+def _report(spec, command: list[str]) -> int:
+    child_env = dict(os.environ, **{env.ROLE: REPORT_ROLE, env.SPEC: json.dumps(spec.to_dict())})
+    try:
+        return subprocess.run(command, env=child_env).returncode
+    except OSError as exc:
+        raise AutoparError(f"cannot run {command[0]}: {exc.strerror or exc}") from None
+
+
+def _launch(spec, command: list[str]) -> int:
+    from autopar.runtime.launcher import run_job
+    from autopar.runtime.script_plan import compile_in_script
+
+    def compile_plan(for_spec, fork_server):
+        # The command, run once in the report role, compiles the plan.
+        compiled = compile_in_script(command, for_spec, fork_server)
+        return compiled.plan, compiled.processes, compiled.report, compiled.config
+    return run_job(spec, command, compile_plan)
 
 
 if __name__ == "__main__":

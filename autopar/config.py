@@ -73,8 +73,10 @@ class Config:
     log_every_steps: int = 10
     """Progress on the chief: one line every this many steps (0 disables)."""
     total_steps: int | None = None
-    """Optional, only used to draw a progress bar when the output is a
-    terminal. An integer >= 1 or ``None``."""
+    """Optional, only used when the launcher's output is a terminal: the
+    chief's progress is then one line redrawn in place, a bar with the step
+    out of this total, the rate and the time left. An integer >= 1 or
+    ``None``."""
     startup_timeout_s: float = 60.0
     """Seconds a worker waits for its peers' servers (and for the job's plan
     from the job coordinator) before giving up. Finite, > 0."""
@@ -173,12 +175,20 @@ class Config:
     ``{variable name: count >= 1}``, e.g. ``{"embedding": 8}``."""
     stall_timeout_s: float = 60.0
     """The launcher ends the job when some workers have waited this long
-    inside a step for others that have not started it (Horovod's stall
-    inspector, but ending the job instead of warning); 0 disables. Finite,
-    >= 0 (docs/stalls.md). Every other wait for peers is bounded from it,
-    so the coordinator's diagnosis comes first: 2-D summation's collectives
-    give up after it, herring's transport after twice it (at least 60 s),
-    DropCompute's agreement after it plus startup_timeout_s."""
+    inside a step for a process that has stopped answering (killed,
+    stopped, cut off) or has failed; a process still reporting from outside
+    a step (the chief evaluating or saving) is busy, not stuck: see
+    busy_timeout_s. Before, and every this many seconds while they wait for
+    a busy one, the launcher warns (Horovod's stall inspector); 0 disables
+    the timed checks. Finite, >= 0 (docs/stalls.md)."""
+    busy_timeout_s: float = 3600.0
+    """How long workers may wait inside a step for a process that is busy
+    outside one (still reporting: the chief evaluating, saving a checkpoint,
+    logging) before the launcher ends the job as stalled; 0: never (they
+    wait as long as it takes, warned of every stall_timeout_s). Finite,
+    0 or >= stall_timeout_s. Every wait for peers inside an operation is
+    bounded by the longer of the two (Config.peer_timeout_s), so the
+    coordinator's diagnosis comes first."""
     micro_batches: int = 1
     """DropCompute (docs/dropcompute.md): every training step computes up to
     micro_batches micro-batches per worker, accumulating their gradients,
@@ -234,6 +244,14 @@ class Config:
     worker per step for each method, the stall warnings the launcher has
     issued so far, and with micro-batches DropCompute's
     threshold τ and drop rate; at the first, the plan report as text."""
+    allow_unsharded_input: bool = False
+    """A training step that reads a tf.data pipeline with no shard on its way
+    (``autopar.shard(ds)`` before ``.batch()``, or ``ds.shard(n, i)``) is
+    refused: every worker would read the same examples, which is not one
+    device's global batch. ``True`` lets it train, for a program whose
+    workers read what they should by other means (each its own files).
+    Arrays fed through ``runner.run``'s feed_dict or ``runner.call`` are
+    the program's to split (docs/programs.md)."""
     measure_steps: int = 10
     """Over its first this many training steps the chief measures how many
     rows each sparse gradient really carried (and how many distinct ids they
@@ -299,7 +317,8 @@ class Config:
                 or (_is_int(self.aggregation_group) and self.aggregation_group >= 1)):
             raise AutoparError(f"Config.aggregation_group must be a group size >= 1 or None, "
                                f"got {shown(self.aggregation_group)}")
-        for name in ("shard_weight_update", "local_aggregation", "opau", "opsw"):
+        for name in ("shard_weight_update", "local_aggregation", "opau", "opsw",
+                     "allow_unsharded_input"):
             if not isinstance(getattr(self, name), bool):
                 raise AutoparError(f"Config.{name} must be True or False, "
                                    f"got {shown(getattr(self, name))}")
@@ -307,8 +326,23 @@ class Config:
             raise AutoparError(f"Config.hierarchical_allreduce must be True, False or None "
                                f"(automatic), got {shown(self.hierarchical_allreduce)}")
         _seconds("stall_timeout_s", self.stall_timeout_s, zero_ok=True)
+        _seconds("busy_timeout_s", self.busy_timeout_s, zero_ok=True)
+        if 0 < self.busy_timeout_s < self.stall_timeout_s:
+            raise AutoparError(f"Config.busy_timeout_s must be 0 (never) or at least "
+                               f"stall_timeout_s ({self.stall_timeout_s:g}), got "
+                               f"{shown(self.busy_timeout_s)}")
         _set_path(self, "dropcompute_log_dir")
         self._check_dropcompute()
+
+    @property
+    def peer_timeout_s(self) -> float:
+        """How long an operation may wait for its peers before it gives up (0:
+        no bound): the longest the launcher lets workers wait inside a step
+        (busy_timeout_s, or stall_timeout_s when that is longer), so that
+        the coordinator's diagnosis naming the process comes first. Bounds
+        2-D summation's collectives, herring's transport (twice it, at
+        least 60 s) and DropCompute's agreement (plus startup_timeout_s)."""
+        return peer_timeout_s(self.stall_timeout_s, self.busy_timeout_s)
 
     def _check_dropcompute(self) -> None:
         _count("micro_batches", self.micro_batches, 1)
@@ -347,6 +381,17 @@ class Config:
             if self.micro_batches < 2:
                 raise AutoparError("Config.simulated_delay is added after each micro-batch: "
                                    "it needs Config.micro_batches >= 2")
+
+
+# A bound for a wait that has none, where a transport needs a number.
+NO_TIMEOUT_S = 1e9
+
+
+def peer_timeout_s(stall_timeout_s: float, busy_timeout_s: float) -> float:
+    """Config.peer_timeout_s of these two settings (0: no bound)."""
+    if not stall_timeout_s or not busy_timeout_s:
+        return 0.0
+    return float(max(stall_timeout_s, busy_timeout_s))
 
 
 def _is_int(value) -> bool:

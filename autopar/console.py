@@ -7,12 +7,14 @@ import logging
 import os
 import re
 import sys
+import threading
 import traceback
 
 from autopar.common.errors import AutoparError
 
 DEBUG = "AUTOPAR_DEBUG"     # "1": autopar errors keep their traceback
 ERROR_STATUS = 2            # exit status of an autopar error, as for a command-line usage error
+INTERRUPTED_STATUS = 130    # after Ctrl-C, as a shell reports SIGINT (128 + 2)
 
 
 def debug_errors() -> bool:
@@ -61,6 +63,12 @@ def _excepthook(kind, value, tb) -> None:
         return
     if isinstance(value, AutoparError):
         raise SystemExit(report_error(value))   # Python exits with it (and runs atexit)
+    if isinstance(value, KeyboardInterrupt):
+        # Ctrl-C before the job's own handling (during `import tensorflow`):
+        # nothing to report but that.
+        sys.stderr.write("autopar: interrupted\n")
+        sys.stderr.flush()
+        raise SystemExit(INTERRUPTED_STATUS)
     _tell_launcher()
     if os.environ.get(_ROLE):
         # A process forked by the fork server (runtime/forkserver.py) runs its
@@ -173,6 +181,35 @@ def cause_in_output(lines: list[str]) -> str | None:
     return None
 
 
+# One lock for everything written to stdout by the launcher (its log lines and
+# its children's, streamed), and whether the last line written is a progress
+# bar, which the next bar replaces in place on a terminal.
+OUTPUT_LOCK = threading.Lock()
+_bar_shown = False
+
+
+def write_line(text: str, bar: bool = False) -> None:
+    """Write one line (``text`` ends with a newline) to stdout; a progress
+    ``bar`` right after another replaces it on a terminal (cursor up, erase)."""
+    global _bar_shown
+    with OUTPUT_LOCK:
+        out = sys.stdout
+        if out is None:
+            return
+        if bar and _bar_shown and _is_terminal(out):
+            out.write("\x1b[1A\x1b[2K")
+        out.write(text)
+        out.flush()
+        _bar_shown = bar
+
+
+def _is_terminal(out) -> bool:
+    try:
+        return out.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
 class StdoutHandler(logging.StreamHandler):
     """A StreamHandler on stdout that survives its reader going away: on a
     closed pipe (`... | head`) it sends stdout to /dev/null and carries on,
@@ -192,6 +229,12 @@ class StdoutHandler(logging.StreamHandler):
     @stream.setter
     def stream(self, value) -> None:
         pass
+
+    def emit(self, record: logging.LogRecord) -> None:
+        global _bar_shown
+        with OUTPUT_LOCK:
+            super().emit(record)
+            _bar_shown = False
 
     def handleError(self, record: logging.LogRecord) -> None:
         if isinstance(sys.exc_info()[1], BrokenPipeError):

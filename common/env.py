@@ -34,8 +34,8 @@ REPORT_PRINTED = "AUTOPAR_REPORT_PRINTED"
 # graph itself names no host.
 SUMSERVERS = "AUTOPAR_SUMSERVERS"
 # Seconds a Herring push/pull (and a summation server holding an incomplete
-# shard) waits before failing (default 60; the launcher sets max(60, 2 x the
-# stall timeout) unless the environment has it).
+# shard) waits before failing (default 60; the launcher sets max(60, 2 x
+# Config.peer_timeout_s) unless the environment has it).
 HERRING_TIMEOUT = "AUTOPAR_HERRING_TIMEOUT_S"
 # Bytes each Herring flow may have in flight (its TCP receive window and a
 # worker's send buffer; cpp_ops/herring_wire.h): the launcher sets it from the
@@ -60,6 +60,16 @@ FORK_SERVER = "AUTOPAR_FORK_SERVER"
 # Modules a job's fork server imports besides its own list (runtime/forkserver.py):
 # heavy libraries the launching script had imported (comma-separated).
 FORK_PRELOAD = "AUTOPAR_FORK_PRELOAD"
+
+# JSON {Config field: value}: the fields `autopar launch --config KEY=VALUE`
+# (and its --run-option, --stall-timeout...) set, applied over the Config
+# every process of the job passes to get_runner (autopar/overrides.py).
+CONFIG = "AUTOPAR_CONFIG"
+# "1": TensorFlow's C++ and start-up lines and its deprecation warnings are
+# kept (`autopar launch --verbose`; autopar/quiet.py).
+VERBOSE = "AUTOPAR_VERBOSE"
+# Set by the user or `autopar launch`: every child gets them, on other hosts too.
+FORWARDED = (CONFIG, VERBOSE)
 
 # The chief's last line after a requested stop (Ctrl-C); the launcher reports
 # what follows it (where the final checkpoint is).

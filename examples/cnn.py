@@ -10,10 +10,9 @@ the two lines marked "autopar" that make it train on every worker of a cluster.
 import argparse
 import time
 
+import autopar  # autopar: first, so TensorFlow starts quiet
 import numpy as np
 import tensorflow as tf
-
-import autopar
 
 tf1 = tf.compat.v1
 
@@ -89,7 +88,7 @@ def main():
         elapsed = time.perf_counter() - start
         if runner.is_chief:
             images_done = (args.steps - warmup) * args.batch_size * runner.num_workers
-            print(f"{runner.num_workers} worker(s), global batch {args.batch_size * runner.num_workers}, "
+            print(f"{runner.num_workers} worker{'s' * (runner.num_workers != 1)}, global batch {args.batch_size * runner.num_workers}, "
                   f"width {args.width}: {images_done / elapsed:.1f} images/s "
                   f"over {args.steps - warmup} steps after {warmup} warm-up steps", flush=True)
 

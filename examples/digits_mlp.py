@@ -19,13 +19,13 @@ make up the dropped samples; --delay S adds the simulated log-normal delay
 import argparse
 import time
 
+import autopar  # autopar: first, so TensorFlow starts quiet
 import numpy as np
 import tensorflow as tf
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import StandardScaler
 
-import autopar
 
 tf1 = tf.compat.v1
 
@@ -110,7 +110,7 @@ def main():
         acc = runner.evaluate({"accuracy": accuracy})["accuracy"]
         if runner.is_chief:
             print(f"training took {trained_s:.1f} s ({extra} compensation steps)")
-            print(f"trained {args.steps + extra} steps on {runner.num_workers} worker(s), "
+            print(f"trained {args.steps + extra} steps on {runner.num_workers} worker{'s' * (runner.num_workers != 1)}, "
                   f"global batch {args.batch_size * runner.num_workers * runner.micro_batches}")
             print(f"test accuracy: {acc:.4f} ({len(y_test)} test examples)", flush=True)
 

@@ -16,13 +16,13 @@ accuracy (and, in float64, every weight) is model.fit's on one device.
 """
 import argparse
 
+import autopar  # autopar: first, so TensorFlow starts quiet
 import keras
 import numpy as np
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import StandardScaler
 
-import autopar
 
 
 def main():

@@ -37,10 +37,9 @@ import sysconfig
 import time
 from pathlib import Path
 
+import autopar  # autopar: first, so TensorFlow starts quiet
 import numpy as np
 import tensorflow as tf
-
-import autopar
 
 tf1 = tf.compat.v1
 
@@ -237,7 +236,7 @@ def main():
         if runner.is_chief:
             measured = args.steps - args.warmup
             words = measured * args.batch_size * runner.num_workers * args.seq_len
-            print(f"{runner.num_workers} worker(s), global batch {args.batch_size * runner.num_workers} "
+            print(f"{runner.num_workers} worker{'s' * (runner.num_workers != 1)}, global batch {args.batch_size * runner.num_workers} "
                   f"x {args.seq_len} words, run option {args.run_option if args.spec else 'none'}: "
                   f"{measured} steps after {args.warmup} warm-up steps in {elapsed:.2f} s", flush=True)
             print(f"words/s: {words / elapsed:.1f}", flush=True)

@@ -20,11 +20,11 @@ model and optimizer hold the trained values.
 """
 import argparse
 
+import autopar  # autopar: first, so TensorFlow starts quiet
 import keras
 import numpy as np
 import tensorflow as tf
 
-import autopar
 
 VOCAB, LENGTH, CLASSES = 1000, 12, 4
 

@@ -13,8 +13,9 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import IO
 
+from autopar.quiet import NOISE, verbose as keep_noise
+from autopar.console import write_line
 from autopar.common import env as envvars
 from autopar.common import procs
 from autopar.common.errors import LaunchError
@@ -35,14 +36,14 @@ DRAIN_SECONDS = 1.0
 # (runtime/worker.py): from then on training may run, and nothing restarts.
 _TRAINING_STARTED = re.compile(r"initial state received from the chief")
 
-# One lock for everything written to sys.stdout, so lines from different
-# children never interleave.
-_OUTPUT_LOCK = threading.Lock()
+# The chief's progress bar (runtime/progress.py, on a terminal with a known
+# total): redrawn in place, one line (autopar/console.py write_line).
+BAR = re.compile(r"\[[#.]+\] +\d+%  step ")
 
-# Lines TensorFlow prints at import whatever TF_CPP_MIN_LOG_LEVEL says. They say
-# nothing about the job, so they are kept in the failure tail but not streamed.
-_TF_NOISE = re.compile(r"All log messages before absl::InitializeLog|oneDNN custom operations are on"
-                       r"|cpu_feature_guard|rebuild TensorFlow with the appropriate compiler flags")
+# TensorFlow's start-up lines (printed at import whatever TF_CPP_MIN_LOG_LEVEL
+# says) and C++ INFO/WARNING lines say nothing about the job: kept in the
+# failure tail, not streamed, unless AUTOPAR_VERBOSE=1 (autopar/quiet.py).
+_TF_NOISE = NOISE
 
 @dataclass
 class Child:
@@ -54,6 +55,8 @@ class Child:
     bind_failed: bool = False      # said its server could not bind its port
     past_startup: bool = False     # said it received the initial state
     ended_at: float | None = None  # monotonic time its output ended (it exited)
+    lines_read: int = 0            # lines of its output so far
+    lines_streamed_upto: int = 0   # lines_read when the last line was streamed to stdout
 
     @property
     def name(self) -> str:
@@ -95,20 +98,15 @@ def discard_stdout() -> None:
     finally:
         os.close(devnull)
 
-def _write_line(text: str) -> None:
-    with _OUTPUT_LOCK:
-        out: IO[str] | None = sys.stdout
-        if out is None:
-            return
-        try:
-            out.write(text)
-            out.flush()
-        except BrokenPipeError:
-            # Our reader closed its end: stop writing to it, and keep draining
-            # the children anyway so they never block on a full pipe.
-            discard_stdout()
-        except (OSError, ValueError):
-            pass  # stdout closed under us: as above, keep draining
+def _write_line(text: str, bar: bool = False) -> None:
+    try:
+        write_line(text, bar)
+    except BrokenPipeError:
+        # Our reader closed its end: stop writing to it, and keep draining
+        # the children anyway so they never block on a full pipe.
+        discard_stdout()
+    except (OSError, ValueError):
+        pass  # stdout closed under us: as above, keep draining
 
 def pump(child: Child, chief_stopped: threading.Event | None = None,
           quiet: threading.Event | None = None) -> None:
@@ -124,6 +122,7 @@ def pump(child: Child, chief_stopped: threading.Event | None = None,
     stream = child.popen.stdout
     assert stream is not None
     secret = child.plan.stdin_secret
+    verbose = keep_noise()
     try:
         for raw in iter(stream.readline, b""):
             # rstrip "\r" too: remote children write through a pty (ssh -tt).
@@ -136,6 +135,7 @@ def pump(child: Child, chief_stopped: threading.Event | None = None,
                 line = line.replace(secret, "<token>")
             with child.tail_lock:
                 child.tail.append(line)
+                child.lines_read += 1
             if is_bind_failure(line):
                 child.bind_failed = True
             elif _TRAINING_STARTED.search(line):
@@ -147,8 +147,9 @@ def pump(child: Child, chief_stopped: threading.Event | None = None,
                     continue
             if quiet is not None and quiet.is_set():
                 continue
-            if not _TF_NOISE.search(line):
-                _write_line(prefix + line + "\n")
+            if verbose or not _TF_NOISE.search(line):
+                _write_line(prefix + line + "\n", bar=is_chief and bool(BAR.match(line)))
+                child.lines_streamed_upto = child.lines_read
     except (OSError, ValueError):
         pass  # pipe closed under us during teardown
     finally:
@@ -193,11 +194,19 @@ def report_tail(child: Child, returncode: int | None, pid: int) -> None:
     if child.reader is not None:
         # Let the reader catch the last lines the process wrote before it died.
         child.reader.join(timeout=DRAIN_SECONDS)
-    tail = child.tail_text()
+    with child.tail_lock:
+        # Lines streamed already are not printed again (a traceback once).
+        unseen = child.lines_read - child.lines_streamed_upto
+        tail = "\n".join(list(child.tail)[-unseen:]) if unseen else ""
+        said = child.lines_streamed_upto > 0
     hint = ""
     if child.plan.via == SSH and returncode == 255:
         hint = " (255 is also how ssh reports a connection failure)"
     status = ("has not exited" if returncode is None
               else f"exited with {procs.describe_returncode(returncode)}")
-    logger.error("%s (pid %d) %s%s; last lines of its output:\n%s",
-                 child.name, pid, status, hint, tail or "(no output)")
+    if tail:
+        logger.error("%s (pid %d) %s%s; %s lines of its output:\n%s", child.name, pid, status,
+                     hint, "the last" if said else "the", tail)
+    else:
+        logger.error("%s (pid %d) %s%s%s", child.name, pid, status, hint,
+                     " (its output is above)" if said else "; it printed nothing")

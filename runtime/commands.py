@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import autopar
+from autopar import quiet
 from autopar.common import env as envvars
 from autopar.common import procs
 from autopar.common.addresses import host_address
@@ -79,8 +80,18 @@ def autopar_env(role: str, index: int, cluster: Mapping[str, list[str]],
         envvars.TTY: "1" if tty else "0",
         "PYTHONUNBUFFERED": "1",
         # TensorFlow's C++ INFO/WARNING chatter, unless the user asked for it.
-        "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
+        **tf_log_level(),
+        # The command line's Config fields and --verbose, on other hosts too.
+        **{name: os.environ[name] for name in envvars.FORWARDED if os.environ.get(name)},
     }
+
+def tf_log_level() -> dict[str, str]:
+    """TF_CPP_MIN_LOG_LEVEL for a child: the user's, else 2 (C++ INFO and
+    WARNING lines off), none with AUTOPAR_VERBOSE=1 (autopar/quiet.py)."""
+    if "TF_CPP_MIN_LOG_LEVEL" in os.environ:
+        return {"TF_CPP_MIN_LOG_LEVEL": os.environ["TF_CPP_MIN_LOG_LEVEL"]}
+    return {} if quiet.verbose() else {"TF_CPP_MIN_LOG_LEVEL": "2"}
+
 
 def new_job() -> dict[str, str]:
     """A new job's id, as the variable every child gets (AUTOPAR_JOB_ID): six
@@ -197,7 +208,8 @@ def plan_children(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: Se
     cwd = cwd or os.getcwd()
     server_cmd = [sys.executable, "-m", "autopar.runtime.server_main"]
     jobs: list[tuple[str, list[str], list[HostSpec], list[str]]] = [
-        (SERVER_ROLE, list(cluster.get(SERVER_JOB, [])), spec.server_hosts(), server_cmd),
+        (SERVER_ROLE, list(cluster.get(SERVER_JOB, [])),
+         spec.server_hosts() if cluster.get(SERVER_JOB) else [], server_cmd),
         (SUMSERVER_ROLE, list(sumservers), spec.server_hosts() if sumservers else [], []),
         (WORKER_ROLE, list(cluster[WORKER_JOB]), spec.worker_hosts(), list(argv)),
     ]

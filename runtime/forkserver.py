@@ -104,12 +104,35 @@ _spare: tuple[socket.socket, int, int] | None = None
 def forkable(argv: Sequence[str]) -> bool:
     """Whether ``argv`` is what a fork server can become: this interpreter
     running a script file or a module (``-m``), without interpreter options."""
-    if len(argv) < 2 or sys.executable not in (argv[0], shutil.which(argv[0])):
+    if len(argv) < 2 or not same_interpreter(argv[0], sys.executable):
         return False
     if argv[1] == "-m":
         return len(argv) >= 3
     return not argv[1].startswith("-") and os.path.isfile(argv[1])
 
+
+
+def same_interpreter(command: str, executable: str) -> bool:
+    """Whether running ``command`` (a path, or a name looked up on PATH) starts
+    the interpreter ``executable`` is, with the same installation: a
+    virtualenv's ``python``, ``python3`` and ``python3.11`` are symlinks to
+    one binary and are the same interpreter there. Symlinks alone do not
+    decide it: a virtualenv's ``python`` resolves to the base installation's
+    binary, which run by that path is another environment (no virtualenv's
+    packages), so the virtualenv each path belongs to is compared too."""
+    found = command if os.sep in command else shutil.which(command)
+    return found is not None and _interpreter_identity(found) == _interpreter_identity(executable)
+
+
+def _interpreter_identity(path: str) -> tuple[str, str | None]:
+    """(the binary ``path`` resolves to, the virtualenv it starts or None). As
+    Python finds its virtualenv: a pyvenv.cfg beside the path as it was
+    named (not resolved) or in the directory above."""
+    named = os.path.abspath(path)
+    here = os.path.dirname(named)
+    venv = next((d for d in (here, os.path.dirname(here))
+                 if os.path.isfile(os.path.join(d, "pyvenv.cfg"))), None)
+    return os.path.realpath(named), None if venv is None else os.path.realpath(venv)
 
 # ---------------------------------------------------------------------------
 # The server (its own process: python -m autopar.runtime.forkserver --fd N)
@@ -365,6 +388,9 @@ def _become(request: dict, out_fds: list[int]) -> None:
     title = procs.role_title(request["env"], argv)
     if title is not None:
         procs.set_title(title, request["env"])
+    # `import autopar` ran in the server: apply the child's own settings.
+    from autopar import quiet
+    quiet.quiet_repeats(request["env"])
     if argv[1] == "-m":
         sys.argv = [argv[2], *argv[3:]]     # runpy sets argv[0] to the module's file
         sys.path[0] = request["cwd"]

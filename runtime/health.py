@@ -25,6 +25,41 @@ def _ran(state: ProcessState) -> int:
     return state.steps_done + (1 if state.phase == PHASE_STEP else 0)
 
 
+# A process reports at least every HEARTBEAT_S, each report taking at most
+# RPC_TIMEOUT_S: one not heard from for this long has stopped reporting.
+SILENT_AFTER_S = 2 * HEARTBEAT_S + RPC_TIMEOUT_S
+
+
+def _busy(state: ProcessState, now: float) -> bool:
+    """Outside a step and still reporting: working (the chief evaluating,
+    saving a checkpoint, logging), not stuck. A process that stopped
+    reporting (killed, SIGSTOPped, cut off), failed, never registered or
+    closed its Runner is not."""
+    return (state.registered and state.phase in (PHASE_INIT, PHASE_SCRIPT, PHASE_OTHER)
+            and bool(state.heard) and now - state.heard < SILENT_AFTER_S)
+
+
+def _where(state: ProcessState, now: float) -> str:
+    """Where a process that has not started the step others wait in is."""
+    if not state.registered:
+        where = "it never registered with the coordinator (still starting, or hung before)"
+    elif failed_phase(state.phase) is not None:
+        where = f"it failed after {state.steps_done} steps and has not exited"
+    elif state.phase == PHASE_INIT:
+        where = "it is still initialising"
+    elif state.phase == PHASE_STEP:
+        where = f"it is inside step {_ran(state)}"
+    else:
+        place = {PHASE_SCRIPT: "in the training script, outside autopar",
+                 PHASE_OTHER: "running ops that are not a training step",
+                 PHASE_CLOSED: "its Runner is closed"}.get(state.phase, state.phase)
+        where = f"it finished step {state.steps_done} and is {place}"
+    if state.heard and now - state.heard >= SILENT_AFTER_S:
+        where += (f" (its last report, {now - state.heard:.0f} s ago: it has stopped reporting, "
+                  "so it is stopped, hung or cut off)")
+    return where
+
+
 # A worker inside a step more than a finished worker ran is a mismatch only
 # after this long in it: the step a finite dataset's end fails (each worker's
 # iterator raises OutOfRangeError) ends on some workers a moment after others
@@ -55,7 +90,7 @@ def _hung_step(workers, exited, stall_timeout_s: float, now: float) -> Verdict |
 
 
 def diagnose(states: Mapping[str, ProcessState], exited: Mapping[str, int],
-             stall_timeout_s: float, now: float) -> Verdict | None:
+             stall_timeout_s: float, now: float, busy_timeout_s: float = 0.0) -> Verdict | None:
     """Why the job cannot go on, or None if nothing is known to be wrong.
 
     ``exited`` maps the name of each process that has exited to its return
@@ -71,7 +106,10 @@ def diagnose(states: Mapping[str, ProcessState], exited: Mapping[str, int],
       or the launcher's probe) for ``stall_timeout_s``: stopped, hung or cut
       off, so the steps that need it wait forever.
     - Stall: a worker has waited inside a step for ``stall_timeout_s`` while
-      another has not started that step; or every worker has been inside one
+      another, stuck (not reporting, failed, never registered), has not
+      started that step; or for ``busy_timeout_s`` (0: never) while every
+      one that has not started it is busy (outside a step and still
+      reporting: the chief evaluating); or every worker has been inside one
       step for HUNG_STEP_FACTOR x ``stall_timeout_s``. Not while a server has
       been quiet for SERVER_QUIET_S: it may be the cause, named once silent.
     """
@@ -103,35 +141,26 @@ def diagnose(states: Mapping[str, ProcessState], exited: Mapping[str, int],
     step, waiting, stuck = found
     if not stuck:
         return _hung_step(workers, exited, stall_timeout_s, now)
+    waited = max(now - s.phase_since for s in waiting)
+    busy = all(_busy(s, now) for s in stuck)
+    if busy and (not busy_timeout_s or waited < busy_timeout_s):
+        return None
     lines = []
     for s in stuck:
-        if not s.registered:
-            where = "it never registered with the coordinator (still starting, or hung before)"
-        elif failed_phase(s.phase) is not None:
-            where = f"it failed after {s.steps_done} steps and has not exited"
-        elif s.phase == PHASE_INIT:
-            where = "it is still initialising"
-        elif s.phase == PHASE_STEP:
-            where = f"it is inside step {_ran(s)}"
-        else:
-            place = {PHASE_SCRIPT: "in the training script, outside autopar",
-                     PHASE_OTHER: "running ops that are not a training step",
-                     PHASE_CLOSED: "its Runner is closed"}.get(s.phase, s.phase)
-            where = f"it finished step {s.steps_done} and is {place}"
-        if s.heard and now - s.heard >= 2 * HEARTBEAT_S + RPC_TIMEOUT_S:
-            where += (f" (its last report, {now - s.heard:.0f} s ago: it has stopped reporting, "
-                      "so it is stopped, hung or cut off)")
         pid = f", pid {s.pid}" if s.pid else ""
         lines.append(f"  {s.name}{pid}: has not started step {step} for "
-                     f"{now - s.phase_since:.0f} s; {where}")
+                     f"{now - s.phase_since:.0f} s; {_where(s, now)}")
     waits = ", ".join(f"{s.name} (in step {_ran(s)} for {now - s.phase_since:.0f} s)"
                       for s in waiting)
     names = ", ".join(s.name for s in stuck)
+    ending = (f"Ending the job after {busy_timeout_s:g} s of waiting for a busy process "
+              "(Config(busy_timeout_s=...); 0: never)." if busy else
+              f"Ending the job after {stall_timeout_s:g} s without progress "
+              "(Config(stall_timeout_s=...); 0 disables).")
     return Verdict("stall", (
         f"job stalled: {waits} {'waits' if len(waiting) == 1 else 'wait'} for {names} to join "
         f"step {step} (a step's collectives need every worker):\n" + "\n".join(lines) +
-        f"\nEnding the job after {stall_timeout_s:g} s without progress "
-        f"(Config(stall_timeout_s=...); 0 disables)."))
+        f"\n{ending}"))
 
 
 def _waiting(workers, exited, after_s: float, now: float):
@@ -152,15 +181,18 @@ def _waiting(workers, exited, after_s: float, now: float):
 
 
 # Workers waiting this share of the stall timeout for others to join a step
-# are warned about (once per step), before the job is ended at the timeout.
+# are warned about, before the job is ended at the timeout; while those they
+# wait for are busy, again every stall timeout after that.
 STALL_WARNING_SHARE = 0.5
 
 
 def stall_warning(states: Mapping[str, ProcessState], exited: Mapping[str, int],
-                  stall_timeout_s: float, now: float) -> tuple[int, str] | None:
-    """(step, warning) when workers have waited inside a step for half the
-    stall timeout while others have not started it (and no server is quiet,
-    see SERVER_QUIET_S); None otherwise. Pure."""
+                  stall_timeout_s: float, now: float,
+                  busy_timeout_s: float = 0.0) -> tuple[tuple[int, int], str] | None:
+    """((step, round), warning) when workers have waited inside a step for
+    half the stall timeout (round 0), or for k more stall timeouts (round
+    k) while those they wait for are busy, and others have not started it
+    (and no server is quiet, see SERVER_QUIET_S); None otherwise. Pure."""
     if stall_timeout_s <= 0:
         return None
     workers = sorted((s for s in states.values() if s.role == WORKER_ROLE),
@@ -170,10 +202,20 @@ def stall_warning(states: Mapping[str, ProcessState], exited: Mapping[str, int],
         return None
     step, waiting, stuck = found
     waited = max(now - s.phase_since for s in waiting)
-    return step, (
-        f"{', '.join(s.name for s in waiting)} {'has' if len(waiting) == 1 else 'have'} waited "
-        f"{waited:.0f} s inside step {step} for {', '.join(s.name for s in stuck)} to join it; "
-        f"the job is ended as stalled after {stall_timeout_s:g} s (Config(stall_timeout_s=...))")
+    names = ", ".join(s.name for s in stuck)
+    head = (f"{', '.join(s.name for s in waiting)} {'has' if len(waiting) == 1 else 'have'} "
+            f"waited {waited:.0f} s inside step {step} for {names} to join it")
+    if not all(_busy(s, now) for s in stuck):
+        return (step, 0), (f"{head}; the job is ended as stalled after {stall_timeout_s:g} s "
+                           "(Config(stall_timeout_s=...))")
+    limit = (f"after {busy_timeout_s:g} s (Config(busy_timeout_s=...); 0: never)"
+             if busy_timeout_s else "never for waiting alone (Config(busy_timeout_s=0))")
+    where = "; ".join(f"{s.name}: {_where(s, now)}" for s in stuck)
+    return (step, int(waited / stall_timeout_s - STALL_WARNING_SHARE)), (
+        f"{head}; {'it is' if len(stuck) == 1 else 'they are'} busy outside a step and still "
+        f"reporting ({where}), so the job waits, warning every {stall_timeout_s:g} s: it is "
+        f"ended as stalled {limit}, or {stall_timeout_s:g} s after "
+        f"{'it stops' if len(stuck) == 1 else 'one stops'} reporting")
 
 
 # A server is declared silent after the stall timeout, but never sooner than
@@ -218,23 +260,26 @@ def _silent_server(states: Mapping[str, ProcessState], exited: Mapping[str, int]
 class JobMonitor:
     """Checked by the launcher's supervision loop: the verdict ending the job
     on a stall, a step-count mismatch or a silent server; before a stall
-    ends the job, a warning (logged once per step, and counted by the
-    coordinator, which tells the workers: the chief's TensorBoard scalar)."""
+    ends the job, a warning (logged once per step and round, and counted by
+    the coordinator, which tells the workers: the chief's TensorBoard
+    scalar)."""
 
     def __init__(self, coordinator: Coordinator, stall_timeout_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 busy_timeout_s: float = 0.0) -> None:
         self.coordinator = coordinator
         self.stall_timeout_s = stall_timeout_s
+        self.busy_timeout_s = busy_timeout_s
         self._clock = clock
-        self._warned_steps: set[int] = set()
+        self._warned: set[tuple[int, int]] = set()
 
     def check(self, exited: Mapping[str, int]) -> Verdict | None:
         states, now = self.coordinator.snapshot(), self._clock()
-        verdict = diagnose(states, exited, self.stall_timeout_s, now)
+        verdict = diagnose(states, exited, self.stall_timeout_s, now, self.busy_timeout_s)
         if verdict is None:
-            warning = stall_warning(states, exited, self.stall_timeout_s, now)
-            if warning is not None and warning[0] not in self._warned_steps:
-                self._warned_steps.add(warning[0])
+            warning = stall_warning(states, exited, self.stall_timeout_s, now, self.busy_timeout_s)
+            if warning is not None and warning[0] not in self._warned:
+                self._warned.add(warning[0])
                 self.coordinator.count_stall_warning()
                 logging.getLogger("autopar.launcher").warning("%s", warning[1])
         return verdict

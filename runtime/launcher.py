@@ -23,14 +23,18 @@ from typing import Any, Callable
 
 from autopar.common import env as envvars
 from autopar.common import procs
+from autopar.config import NO_TIMEOUT_S, peer_timeout_s
 from autopar.common.addresses import launcher_host
 from autopar.common.errors import LaunchError
-from autopar.common.roles import SERVER_JOB, SUMSERVER_ROLE, WORKER_JOB, WORKER_ROLE
+from autopar.common.text import plural
+from autopar.common.roles import (SERVER_JOB, SERVER_ROLE, SUMSERVER_ROLE, WORKER_JOB,
+                                  WORKER_ROLE)
 from autopar.console import cause_in_output
 from autopar.runtime import firewall
 from autopar.runtime.gpus import report_lines
 from autopar.runtime.children import DRAIN_SECONDS, Child, pump, report_tail, start_child
 from autopar.runtime.commands import (SSH, ChildPlan, give_token, job_env, local_env, new_job,
+                                      tf_log_level,
                                       plan_children, preload_value)
 from autopar.runtime.coordinator import (PHASE_INIT, PHASE_STEP, Coordinator, ProcessState,
                                          failed_phase)
@@ -79,7 +83,7 @@ def start_fork_server(spec: ResourceSpec, argv: Sequence[str],
     # Each child gets its whole environment with its request; the server's own
     # is what is read at import and at load (LD_PRELOAD), and what a child's
     # /proc/PID/environ shows (the block a process starts with, copied by fork).
-    env = local_env({"TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")},
+    env = local_env(tf_log_level(),
                     {**(extra_env or {}), "LD_PRELOAD": preload_value(),
                      envvars.FORK_PRELOAD: preload_extras(sys.modules)})
     # A launcher forked from a fork server with a spare (the test suite's)
@@ -342,7 +346,8 @@ def _stdout_is_tty() -> bool:
 
 def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | None = None,
            grace_seconds: float = 3.0, log_tail_lines: int = 30,
-           stall_timeout_s: float = 60.0, stop_timeout_s: float = 60.0,
+           stall_timeout_s: float = 60.0, busy_timeout_s: float = 0.0,
+           stop_timeout_s: float = 60.0,
            published: Mapping[str, bytes] | None = None, processes: Collection[str] = (),
            fork_server: ForkServer | None = None, network: PrivateNetwork | None = None,
            max_restarts: int = 0, min_workers: int = 0,
@@ -385,18 +390,29 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
     (runtime/ports.py). If a process reports that its port was taken anyway
     (by another program, after allocation) before any worker received the
     initial state, every process is stopped and the job starts again on
-    fresh ports, at most PORT_ATTEMPTS times in all.
+    fresh ports, at most PORT_ATTEMPTS times in all. Workers waiting for a
+    process that is busy outside a step (still reporting) end the job after
+    ``busy_timeout_s`` (0: never; runtime/health.py).
     """
     if not argv:
         raise LaunchError("nothing to launch: the worker command is empty")
     with_sumservers = SUMSERVER_ROLE in processes
     if with_sumservers:
         _prepare_herring_ops()
+    # The spec's servers start only when the job's plan (when known) puts
+    # variables on them: a process with nothing to do only costs.
+    with_servers = SERVER_ROLE in processes or PLAN_KEY not in (published or {})
+    if not with_servers and spec.num_servers:
+        logger.info("the plan puts no variable on the spec's %s: %s not started",
+                    plural(spec.num_servers, "server"),
+                    "it is" if spec.num_servers == 1 else "they are")
     if with_sumservers and envvars.HERRING_TIMEOUT not in os.environ:
         # A push/pull waiting for a slow peer is the coordinator's stall to
         # report (it names the worker); the transport's own timeout is the
-        # backstop behind it, for a stalled server.
-        timeout = max(60.0, 2 * stall_timeout_s)
+        # backstop behind it, for a stalled server: past the longest the
+        # coordinator lets workers wait (Config.peer_timeout_s; none: never).
+        peer = peer_timeout_s(stall_timeout_s, busy_timeout_s)
+        timeout = max(60.0, 2 * peer) if peer else NO_TIMEOUT_S
         extra_env = {**(extra_env or {}), envvars.HERRING_TIMEOUT: f"{timeout:g}"}
     # The job's own handlers (_launch_plans) stay installed after it ends, so
     # a Ctrl-C during the teardown that follows (coordinator, ports, fork
@@ -420,8 +436,10 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
         return _launch_restarts(spec, argv, extra_env, fork_server, max_restarts=max_restarts,
                                 min_workers=min_workers, replan=replan,
                                 grace_seconds=grace_seconds, log_tail_lines=log_tail_lines,
-                                stall_timeout_s=stall_timeout_s, stop_timeout_s=stop_timeout_s,
+                                stall_timeout_s=stall_timeout_s,
+                                busy_timeout_s=busy_timeout_s, stop_timeout_s=stop_timeout_s,
                                 published=published, with_sumservers=with_sumservers,
+                                with_servers=with_servers,
                                 network=network, timeline=timeline)
     finally:
         _stop_local(fork_server if own_fork_server else None, network if own_network else None)
@@ -444,36 +462,39 @@ def _prepare_herring_ops() -> None:
 
 
 # The plan of a job for a spec: (CompiledPlan.to_bytes(), the roles it needs
-# besides the workers, its report), compiled with the fork server at hand.
-CompilePlan = Callable[[ResourceSpec, "ForkServer | None"], tuple[bytes, Collection[str], str]]
+# besides the workers, its report, the autopar.Config it was compiled with),
+# compiled with the fork server at hand.
+CompilePlan = Callable[[ResourceSpec, "ForkServer | None"],
+                       tuple[bytes, Collection[str], str, Any]]
 
 
-def run_job(spec: ResourceSpec, argv: list[str], compile_plan: CompilePlan, *,
-            stall_timeout_s: float, max_restarts: int = 0, min_workers: int = 0,
-            timeline: TimelineOptions | None = None) -> int:
+def run_job(spec: ResourceSpec, argv: list[str], compile_plan: CompilePlan) -> int:
     """Compile the job's plan, log its report, and run exactly the processes
-    it needs: how get_runner's launcher and `autopar launch` start a job.
-    The fork server starts first, so its imports overlap the compile step
-    (or serve it); it and the job's private network (if any) are gone when
-    this returns. Both callers exit then: Ctrl-C and SIGTERM stay held from
-    the job's start to the process's exit."""
+    it needs: how get_runner's launcher and `autopar launch` start a job,
+    with the settings of the Config the plan was compiled with (stall and
+    busy timeouts, restarts, timeline). The fork server starts first, so its
+    imports overlap the compile step (or serve it); it and the job's private
+    network (if any) are gone when this returns. Both callers exit then:
+    Ctrl-C and SIGTERM stay held from the job's start to the process's
+    exit."""
     extra_env = {envvars.REPORT_PRINTED: "1", envvars.PLAN: PLAN_KEY, **new_job()}
     network = isolate(spec, extra_env)
     fork_server = start_fork_server(spec, argv, {**extra_env, **isolation_env(spec, network)},
                                     network)
 
     def replan(smaller: ResourceSpec) -> dict[str, bytes]:
-        plan, _, report = compile_plan(smaller, fork_server)
+        plan, _, report, _ = compile_plan(smaller, fork_server)
         logger.info("the plan for the %d remaining worker(s):\n%s", smaller.num_workers, report)
         return {PLAN_KEY: plan}
     try:
-        plan, processes, report = compile_plan(spec, fork_server)
+        plan, processes, report, config = compile_plan(spec, fork_server)
         logger.info("\n%s", "\n".join([report, *report_lines(spec)]))   # + each worker's GPU
-        return launch(spec, argv, extra_env=extra_env, stall_timeout_s=stall_timeout_s,
+        return launch(spec, argv, extra_env=extra_env, stall_timeout_s=config.stall_timeout_s,
+                      busy_timeout_s=config.busy_timeout_s,
                       published={PLAN_KEY: plan}, processes=processes,
-                      fork_server=fork_server, network=network, max_restarts=max_restarts,
-                      min_workers=min_workers, replan=replan, timeline=timeline,
-                      keep_handlers=True)
+                      fork_server=fork_server, network=network,
+                      max_restarts=config.max_restarts, min_workers=config.min_workers,
+                      replan=replan, timeline=TimelineOptions.of(config), keep_handlers=True)
     finally:
         stop_quietly(fork_server, network)
 
@@ -556,11 +577,12 @@ def _without(spec: ResourceSpec, unreachable: Sequence[HostSpec],
 
 def _launch_attempts(spec: ResourceSpec, argv: list[str], extra_env: dict[str, str] | None,
                      fork_server: ForkServer | None, *, with_sumservers: bool,
-                     **options) -> _Ended:
+                     with_servers: bool = True, **options) -> _Ended:
     """``launch`` on fresh ports until no process finds its port taken."""
     taken: set[str] = set()   # endpoints that failed to bind, avoided from then on
     for attempt in range(1, PORT_ATTEMPTS + 1):
-        with reserve_cluster(spec, avoid=taken, sumservers=with_sumservers) as reservation:
+        with reserve_cluster(spec, avoid=taken, sumservers=with_sumservers,
+                             servers=with_servers) as reservation:
             ended = _launch_once(spec, reservation.cluster, argv, extra_env=extra_env,
                                  sumservers=reservation.sumservers,
                                  fork_server=fork_server, **options)
@@ -579,7 +601,7 @@ def _launch_attempts(spec: ResourceSpec, argv: list[str], extra_env: dict[str, s
 
 def _launch_once(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: list[str], *,
                  extra_env: dict[str, str] | None, grace_seconds: float,
-                 log_tail_lines: int, stall_timeout_s: float,
+                 log_tail_lines: int, stall_timeout_s: float, busy_timeout_s: float,
                  stop_timeout_s: float,
                  published: Mapping[str, bytes] | None = None,
                  sumservers: Sequence[str] = (),
@@ -595,7 +617,8 @@ def _launch_once(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: lis
                               extra_env={**(extra_env or {}), **job_env(coordinator, cluster)})
         plans = give_token(plans, coordinator)
         ended = _launch_plans(plans, grace_seconds, log_tail_lines,
-                              JobMonitor(coordinator, stall_timeout_s), stop_timeout_s,
+                              JobMonitor(coordinator, stall_timeout_s,
+                                         busy_timeout_s=busy_timeout_s), stop_timeout_s,
                               fork_server, network)
         ended.reached = max((s.global_step for s in coordinator.snapshot().values()
                              if s.role == WORKER_ROLE), default=-1)

@@ -2,7 +2,9 @@
 
 The report's bytes per step are a prediction: exact for dense gradients,
 an upper bound for sparse ones, whose rows the analysis counts as one per
-looked-up id of the batch (``a`` = those rows / the table's rows). Over its
+looked-up id of the batch (``a`` = those rows / the table's rows), or, where
+the graph leaves the batch size open (a traced step's inputs), an estimate
+at a = 1, which this log shows beside the measured figure with its error. Over its
 first training steps the chief fetches, with each step, how many rows each
 sparse gradient of the step had and how many distinct ids they were; then it
 logs, per synchronisation method, the bytes the step's gradients carried
@@ -153,18 +155,30 @@ class Meter:
         lines = [f"measured over steps {self._first}-{last} (the chief's batches) against the "
                  "plan, bytes per worker per step:"]
         for method in sorted(planned):
-            kinds = sorted({v.kind for v in plan_report.variables if v.method == method})
+            mine = [v for v in plan_report.variables if v.method == method]
+            kinds = sorted({v.kind for v in mine})
             (s, r), (ps, pr) = seen[method], planned[method]
-            bound = " (an upper bound)" if "sparse" in kinds else ""
+            if "sparse" not in kinds:
+                what = "the plan's"
+            elif all(v.bytes_bound for v in mine):
+                what = "the plan's (an upper bound)"
+            else:
+                # Rows unknown before running: an estimate at a = 1, its error shown.
+                error = f", measured {s / ps:.2f}x it" if ps else ""
+                what = f"the plan's (an estimate{error})"
             lines.append(f"  {method} ({', '.join(kinds)}): sent {human_bytes(s)}, received "
-                         f"{human_bytes(r)}; the plan's{bound}: {human_bytes(ps)}, {human_bytes(pr)}")
+                         f"{human_bytes(r)}; {what}: {human_bytes(ps)}, {human_bytes(pr)}")
         scalars = {}
         for name in sorted(self._rows):
             v = self.analysis.variable(name)
             method = METHODS[self.plan.variable(name).method]
             rows, distinct = self.alpha(name, "rows"), self.alpha(name, "distinct")
-            planned_alpha = "unknown before running (1 assumed)" if v.alpha is None \
-                else f"<= {v.alpha:.4f}"
+            if v.alpha is not None:
+                planned_alpha = f"<= {v.alpha:.4f}"
+            elif method.sparse_rows == "distinct":
+                planned_alpha = "unknown before running (1 assumed)"   # a bound: the table
+            else:
+                planned_alpha = f"unknown before running (1 estimated, measured {rows:.2f}x it)"
             moves = "one row per distinct id" if method.sparse_rows == "distinct" else "every row"
             lines.append(f"    {name}: a = {rows:.4f} of its rows per step, {distinct:.4f} "
                          f"distinct ({method.name} moves {moves}); the plan's a {planned_alpha}")

@@ -111,28 +111,30 @@ class PortReservation:
 
 
 def reserve_cluster(spec: ResourceSpec, avoid: Collection[str] = (), *,
-                    sumservers: bool = False) -> PortReservation:
+                    sumservers: bool = False, servers: bool = True) -> PortReservation:
     """{WORKER_JOB: [...num_workers], SERVER_JOB: [...num_servers]} as "addr:port"
     strings, numbered like spec.worker_hosts() / spec.server_hosts(), with
     every port reserved until the reservation is released. Ports chosen by
     autopar are never one of the ``avoid`` endpoints (that failed to bind
     before: on a remote host nothing else would tell). With ``sumservers``,
-    also one port per server for a summation server (``.sumservers``)."""
+    also one port per server for a summation server (``.sumservers``).
+    Without ``servers``, no server job (a plan with nothing on servers)."""
     remove_stale_locks()
     alloc = _Allocator(spec, avoid)
     try:
         alloc.reserve_explicit()
         workers: list[str] = []
-        servers: list[str] = []
+        server_endpoints: list[str] = []
         for i, host in enumerate(spec.hosts):
             workers += alloc.endpoints(i, host, host.workers, host.worker_ports)
-            servers += alloc.endpoints(i, host, host.servers, host.server_ports)
+            if servers:
+                server_endpoints += alloc.endpoints(i, host, host.servers, host.server_ports)
         for i, host in enumerate(spec.hosts if sumservers else ()):
             alloc.reservation.sumservers += alloc.endpoints(i, host, host.servers, None)
     except BaseException:
         alloc.reservation.release()
         raise
-    cluster = _cluster(workers, servers)
+    cluster = _cluster(workers, server_endpoints if servers else [])
     alloc.reservation.cluster = cluster
     logger.info("allocated ports for %s: %s%s", spec.source, cluster,
                 f", summation servers {alloc.reservation.sumservers}" if sumservers else "")

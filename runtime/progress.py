@@ -27,6 +27,7 @@ class Progress:
         self._last_time = time.monotonic()
         self._examples = 0
         self._steps = 0
+        self._last_steps = 0
 
     def step(self, step: int, loss: float | None, local_examples: int | None) -> None:
         """Record one training step; every `every` steps log a line. Examples/s
@@ -44,7 +45,7 @@ class Progress:
             self.board.step(step, loss, rate if local_examples else None, elapsed / self._steps,
                             self._drop_rate(),
                             None if self._stall_warnings is None else self._stall_warnings())
-        self._last_time, self._examples, self._steps = now, 0, 0
+        self._last_time, self._examples, self._last_steps, self._steps = now, 0, self._steps, 0
         parts = [f"step {step}"]
         if loss is not None:
             parts.append(f"loss {loss:.4f}")
@@ -52,9 +53,13 @@ class Progress:
             parts.append(f"{rate:.1f} examples/s")
         line = "  ".join(parts)
         if self.tty and self.total_steps:
+            # One line the launcher redraws in place (runtime/children.py, BAR).
             done = min(step / self.total_steps, 1.0)
             filled = int(done * _BAR_WIDTH)
-            line = f"[{'#' * filled}{'.' * (_BAR_WIDTH - filled)}] {100 * done:3.0f}%  {line}"
+            left = max(self.total_steps - step, 0) * elapsed / max(self._last_steps, 1)
+            line = (f"[{'#' * filled}{'.' * (_BAR_WIDTH - filled)}] {100 * done:3.0f}%  "
+                    f"{line.replace(f'step {step}', f'step {step}/{self.total_steps}', 1)}  "
+                    f"ETA {_clock(left)}")
         log.info("%s", line)
 
     def _drop_rate(self) -> tuple[float | None, float] | None:
@@ -66,3 +71,9 @@ class Progress:
         self._dropped_before = (computed, possible)
         possible, computed = possible - before_possible, computed - before_computed
         return tau, (1 - computed / possible) if possible else 0.0
+
+
+def _clock(seconds: float) -> str:
+    """``0:01:05`` (h:mm:ss)."""
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"

@@ -7,7 +7,9 @@ plan. `autopar launch` has no graph: it runs the command once in the report
 role (common/roles.py), forked from the job's fork server where there is
 one (TensorFlow is imported there already). The script builds its graph as
 usual; get_runner compiles it for the spec, writes the plan, the roles it
-needs and its report to AUTOPAR_PLAN_OUT, and exits without training.
+needs, its report and the script's Config (whose stall timeouts, restarts
+and timeline the launcher then applies) to AUTOPAR_PLAN_OUT, and exits
+without training.
 """
 from __future__ import annotations
 
@@ -20,12 +22,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autopar.common import env as envvars
+from autopar.config import Config
 from autopar.common.errors import AutoparError, LaunchError
 from autopar.console import ERROR_STATUS, cause_in_output
 from autopar.common.roles import REPORT_ROLE
 from autopar.runtime.commands import local_env
 from autopar.runtime.forkserver import ForkServer, ForkServerError, forkable
 from autopar.runtime.spec import ResourceSpec
+from autopar.transforms import serial
 
 TIMEOUT_S = 600.0
 
@@ -35,12 +39,13 @@ class ScriptPlan:
     plan: bytes               # transforms.compile.CompiledPlan.to_bytes()
     processes: frozenset[str]  # roles besides the workers (registry.processes)
     report: str               # the plan report's table
+    config: Config            # the Config the script compiled it with (the launcher's settings)
 
 
-def encode(plan: bytes, processes: Sequence[str], report: str) -> str:
+def encode(plan: bytes, processes: Sequence[str], report: str, config: Config) -> str:
     """What the report-role script writes (compile_in_script reads it)."""
     return json.dumps({"plan": base64.b64encode(plan).decode(), "processes": sorted(processes),
-                       "report": report})
+                       "report": report, "config": serial.encode(config)})
 
 
 def compile_in_script(argv: Sequence[str], spec: ResourceSpec,
@@ -71,7 +76,8 @@ def compile_in_script(argv: Sequence[str], spec: ResourceSpec,
         raise LaunchError(f"compiling the job's plan: {' '.join(argv)} {why}; its last lines:\n"
                           f"{tail or '(no output)'}")
     data = json.loads(text)
-    return ScriptPlan(base64.b64decode(data["plan"]), frozenset(data["processes"]), data["report"])
+    return ScriptPlan(base64.b64decode(data["plan"]), frozenset(data["processes"]), data["report"],
+                      serial.decode(Config, data["config"]))
 
 
 def _run(argv: Sequence[str], child_env: dict[str, str],

@@ -119,8 +119,10 @@ def _register(task_index: int, address: str) -> None:
 
 def main() -> int:
     """Entry point of ``python -m autopar.runtime.server_main``: role from the environment."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # The workers' format: the message alone, on stdout (the launcher
+    # prefixes every line with the process's name).
+    from autopar.console import setup_logging
+    setup_logging()
     index = envvars.current_task_index()
     # Before anything slow (importing TensorFlow takes seconds), so a stop
     # that arrives early is clean too.

@@ -21,6 +21,7 @@ import yaml
 
 from autopar.common.addresses import is_loopback_address
 from autopar.common.errors import SpecError, shown
+from autopar.common.text import plural
 from autopar.common.roles import CHIEF_JOB, SERVER_JOB, SERVER_ROLE, WORKER_JOB, WORKER_ROLE
 
 logger = logging.getLogger(__name__)
@@ -421,8 +422,8 @@ def load_spec(resource_info: Any) -> ResourceSpec:
         spec = parse_yaml_spec(text, source)
     else:
         spec = parse_parallax_spec(text, source)
-    logger.info("loaded %s: %d hosts, %d workers, %d servers",
-                source, spec.num_hosts(), spec.num_workers, spec.num_servers)
+    logger.info("loaded %s: %s, %s, %s", source, plural(spec.num_hosts(), "host"),
+                plural(spec.num_workers, "worker"), plural(spec.num_servers, "server"))
     return spec
 
 

@@ -70,6 +70,13 @@ class TimelineOptions:
     def env(self) -> dict[str, str]:
         return {STEPS: str(self.steps), EVERY: str(self.every)}
 
+    @classmethod
+    def of(cls, config) -> "TimelineOptions | None":
+        """An autopar.Config's (None: it asks for no timeline)."""
+        if not config.timeline:
+            return None
+        return cls(os.path.abspath(config.timeline), config.timeline_steps, config.timeline_every)
+
 
 def options_from_env(environ: Mapping[str, str] = os.environ) -> tuple[int, int] | None:
     """(steps, every) in a worker of a traced job, else None."""

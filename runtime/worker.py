@@ -25,6 +25,8 @@ from autopar.common.errors import (AutoparError, LaunchError, SpecError, Unsuppo
 from autopar.common import env
 from autopar.common.roles import SERVER_JOB, WORKER_JOB, WORKER_ROLE, process_name
 from autopar.runtime import gpus as gpu_ids
+from autopar.common.text import plural
+from autopar.config import NO_TIMEOUT_S
 from autopar.runtime.checkpoint import Checkpointer
 from autopar.runtime.coordinator_client import CoordinatorClient, ProgressHook
 from autopar.runtime.dropcompute.agreement import Agreement, CollectiveAgreement
@@ -36,6 +38,7 @@ from autopar.runtime.runner import Runner, iterator_read_by
 from autopar.runtime.session import session_config, start_worker_server, wait_for_peers
 from autopar.runtime.timeline import Recorder, options_from_env as timeline_options, write_part
 from autopar.transforms.analysis import Analysis, analyze_graph
+from autopar.transforms.methods.registry import processes
 from autopar.transforms.batch_mixing import mixing_note
 from autopar.transforms.compile import CompiledPlan, compile_for_config
 from autopar.transforms.graph_utils import import_meta_graph, staged_initializers
@@ -300,7 +303,7 @@ def _micro_batching(graph, rewritten, config, worker_index: int, num_workers: in
     if rewritten.accumulate is None:
         return {}, None
     agreement = (Agreement(client, worker_index, num_workers, config.startup_timeout_s
-                           + config.stall_timeout_s) if client is not None
+                           + (config.peer_timeout_s or NO_TIMEOUT_S)) if client is not None
                  else CollectiveAgreement(worker_index, num_workers))
     return ({"accumulate": (graph.get_operation_by_name(rewritten.accumulate_first),
                             graph.get_operation_by_name(rewritten.accumulate)),
@@ -399,12 +402,15 @@ def _check_same_config(compiled: CompiledPlan, config, worker_index: int) -> Non
 
 
 def _check_fits(plan, cluster: dict[str, list[str]]) -> None:
-    """A plan made for another cluster shape would hang in its collectives."""
+    """A plan made for another cluster shape would hang in its collectives. A
+    plan that puts nothing on servers runs without the spec's (the launcher
+    does not start them)."""
     workers, servers = len(cluster[WORKER_JOB]), job_topology(cluster).num_servers
-    if (plan.num_workers, plan.num_servers) != (workers, servers):
-        raise LaunchError(f"the job's plan is for {plan.num_workers} workers and "
-                          f"{plan.num_servers} servers, but the cluster has {workers} and "
-                          f"{servers}: every process of a job must be started from one spec")
+    unused = servers == 0 and not processes(plan)
+    if plan.num_workers != workers or (plan.num_servers != servers and not unused):
+        raise LaunchError(f"the job's plan is for {plural(plan.num_workers, 'worker')} and "
+                          f"{plural(plan.num_servers, 'server')}, but the cluster has {workers} "
+                          f"and {servers}: every process of a job must be started from one spec")
     if plan.server_variables and SERVER_JOB not in cluster:
         names = ", ".join(v.name for v in plan.server_variables[:3])
         raise SpecError(f"the plan places {len(plan.server_variables)} variable(s) ({names}) on parameter "

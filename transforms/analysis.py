@@ -65,7 +65,7 @@ class VariableInfo:
     grad_position: int = -1
     grad_values: str | None = None   # sparse: IndexedSlices values / indices
     grad_indices: str | None = None
-    alpha: float | None = None     # sparse: estimated fraction of rows touched per step
+    alpha: float | None = None     # sparse: gradient rows per step / table rows (may exceed 1)
     update_ops: list[str] = field(default_factory=list)
     slots: list[str] = field(default_factory=list)
     path_ops: list[str] = field(default_factory=list)     # between gradient and update
@@ -887,7 +887,9 @@ def _variable_info(graph, var_op, update_ops, boundary, slot_users,
         info.dedup = _deduplicated(graph.get_tensor_by_name(info.grad_indices))
         rows = static_shape(graph.get_tensor_by_name(info.grad_values))
         if rows and rows[0] is not None and shape and shape[0]:
-            info.alpha = min(1.0, rows[0] / shape[0])
+            # One row per looked-up id, repeats included: more than the
+            # table's rows when a batch looks up more ids than it has.
+            info.alpha = rows[0] / shape[0]
     else:
         info.grad_tensor = dense
         if info.grad_tensor is None:

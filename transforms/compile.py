@@ -16,6 +16,7 @@ from autopar.transforms import serial
 from autopar.transforms.analysis import Analysis, analyze_graph
 from autopar.transforms.batch_mixing import mixing_refusal
 from autopar.transforms.graph_utils import graph_of, transforming
+from autopar.transforms.input_shards import unsharded_inputs
 from autopar.transforms.placement import Move, place_ops
 from autopar.transforms.plan import Plan, PlanOptions, make_plan
 from autopar.transforms.topology import Topology
@@ -116,6 +117,8 @@ def compile_for_config(graph_or_meta, topology: Topology | int, config) -> Compi
             f"('{next(iter(compiled.analysis.batch_draws))}', a dropout mask): each micro-batch "
             "would draw its own rows, where one device draws the whole batch's at once. Use "
             "micro_batches=1 for this program")
+    if not config.allow_unsharded_input:
+        _refuse_unsharded_input(graph_of(graph_or_meta), compiled.analysis)
     groups = compiled.analysis.train_groups
     if config.micro_batches > 1 and len(groups) > 1:
         raise UnsupportedGraphError(
@@ -124,3 +127,24 @@ def compile_for_config(graph_or_meta, topology: Topology | int, config) -> Compi
             f"different variables (first variables: "
             f"{', '.join(repr(g.variables[0]) for g in groups)}): use micro_batches=1")
     return compiled
+
+
+def _refuse_unsharded_input(graph, analysis: Analysis) -> None:
+    """Refuse a step whose tf.data input every worker would read whole
+    (transforms.input_shards), naming the dataset and the fix."""
+    roots = [op for v in analysis.variables for op in v.update_ops]
+    found = unsharded_inputs(graph, roots)
+    if not found:
+        return
+    first = found[0]
+    kind = f" ({first.source_type})" if first.source_type != first.source else ""
+    where = f" (built by the dataset function of '{first.where}')" if first.where else ""
+    more = (f"; also {', '.join(repr(f.source) for f in found[1:4])}"
+            f"{' ...' if len(found) > 4 else ''}" if len(found) > 1 else "")
+    raise UnsupportedGraphError(
+        f"the training step reads its batches through '{first.get_next}' from a tf.data "
+        f"pipeline that starts at '{first.source}'{kind}{where} with no shard "
+        f"on its way{more}: every worker would read the same examples, which is not one "
+        "device's global batch. Split it: ds = autopar.shard(ds) before .batch() (each worker "
+        "then batches its own elements); or, if every worker must read them all (each "
+        "already reads its own files), Config(allow_unsharded_input=True)")

@@ -27,9 +27,10 @@ A tensor's form is one of (tuples, compared by value):
   (rows holding parts of two examples, selected elements, nonzeros).
 - PARTS: every element depends on one example or on none (SHARED), laid
   out otherwise: the ids of a sampled softmax's lookup, partitioned.
-- ("cat", head, count): the examples' rows `head` (a rows form along axis
-  0), then SHARED rows, `count` of them (None: known when run), along axis
-  0: a sampled softmax's ids, the labels' then the sampler's candidates.
+- ("cat", head, count, rows): the examples' rows `head` (a rows form along
+  axis 0; `rows` of them where static, else None), then SHARED rows, `count`
+  of them (None: known when run), along axis 0: a sampled softmax's ids,
+  the labels' then the sampler's candidates.
 - ("size", blocks, group): an integer scalar, blocks * b * group (b the
   worker's examples): tf.shape(x)[0].
 - ("shape", blocks, group, rest): an integer vector whose element 0 is such a
@@ -330,10 +331,17 @@ class ExampleRows:
             # each hit is a true class's, one example's (its indices are the
             # example's row, SparseToDense puts it back there)
             return [ELEMS] * n_out
-        if t == "SparseToDense" and ins[1][0] == "shape" and "d" not in ins[1][3] \
-                and per_example(ins[0]) and ins[3] == SHARED:
-            self.assumed[op.name] = "its indices' first column is each value's example row"
-            return [rows(0, BATCH, ins[1][1], ins[1][2])]
+        if t == "SparseToDense" and per_example(ins[0]) and ins[3] == SHARED:
+            first = _element(op.inputs[1], 0, forms)
+            if ins[1][0] == "shape" and "d" not in ins[1][3]:
+                layout = (ins[1][1], ins[1][2])
+            elif isinstance(first, int) and self.static_batch and first % self.static_batch == 0:
+                layout = (1, first // self.static_batch)   # a static batch, folded
+            else:
+                layout = None
+            if layout is not None:
+                self.assumed[op.name] = "its indices' first column is each value's example row"
+                return [rows(0, BATCH, *layout)]
         if t == "SparseTensorDenseMatMul" and not op.get_attr("adjoint_a") \
                 and per_example(ins[0]) and ins[3] == SHARED:
             # (indices, values, dense shape, b): row i of the product sums
@@ -725,7 +733,7 @@ class ExampleRows:
         per = [f for f in values if per_example(f)]
         if (axis == 0 and len(values) == 2 and is_rows(values[0]) and values[0][1] == 0
                 and values[1] == SHARED):
-            return ("cat", values[0], _cat_count(op.inputs[1]))
+            return ("cat", values[0], _cat_count(op.inputs[1]), _cat_count(op.inputs[0]))
         if any(f[0] != "rows" for f in per):
             return ELEMS if all(f[0] in ("rows", "elems") for f in per) and \
                 SHARED not in values else PARTS
@@ -734,10 +742,12 @@ class ExampleRows:
                     f[1] == axis and f[2] == BATCH and f[4] == per[0][4] for f in per):
                 return ("rows", axis, BATCH, sum(f[3] for f in per), per[0][4])
             return ELEMS
-        if any(f == SHARED for f in values) or any(f[1:] != per[0][1:] for f in per):
+        if any(not aligned(f, per[0]) for f in per):
             return ELEMS if all(f[1] == per[0][1] for f in per) and SHARED not in values \
                 else self._mixed(op, ins)
-        return per[0]
+        # along another axis: row i of each input, SHARED ones included (they
+        # have the examples' count of rows there), makes row i
+        return _known_group(per)
 
     def _of_cat(self, op, ins) -> list | None:
         """The ops that keep a ("cat", head, count) form apart: reads,
@@ -754,12 +764,13 @@ class ExampleRows:
             return None
         if t == "Slice":
             begin, size = op.inputs[1], op.inputs[2]
-            head_count = ("size", cat[1][3], cat[1][4])
+            # the head's row count, as a size of the batch or a static number
+            head = (("size", cat[1][3], cat[1][4]), cat[3])
             first_begin = _element(begin, 0, self.forms)
             first_size = _element(size, 0, self.forms)
-            if first_begin == 0 and first_size == head_count:
+            if first_begin == 0 and first_size in head and first_size is not None:
                 return [cat[1]]
-            if first_begin == head_count and first_size == -1:
+            if first_begin in head and first_begin is not None and first_size == -1:
                 return [SHARED]
         return None
 
@@ -989,7 +1000,7 @@ def _known_group(forms: list) -> tuple:
 
 
 def _cat_count(t: tf.Tensor) -> int | None:
-    """The static number of rows of a concatenation's shared part."""
+    """The static number of rows of a concatenated part (None: unknown)."""
     return t.shape[0] if t.shape.rank else None
 
 
@@ -1104,8 +1115,52 @@ def _element(t: tf.Tensor, i: int, forms: dict):
         return ("size", whole[1], whole[2])
     if t.op.type == "Pack" and len(t.op.inputs) > i:
         x = t.op.inputs[i]
-        static = tf.get_static_value(x)
-        return int(static) if static is not None else forms.get(x.name, SHARED)
+        static = _static_scalar(x)
+        return static if static is not None else forms.get(x.name, SHARED)
+    if t.op.type == "ConcatV2":
+        for piece in t.op.inputs[:-1]:
+            length = piece.shape[0] if piece.shape.rank == 1 else None
+            if length is None:
+                return None
+            if i < length:
+                vector = _static_vector(piece)
+                return int(vector[i]) if vector is not None else _element(piece, i, forms)
+            i -= length
+    return None
+
+
+def _static_vector(t: tf.Tensor):
+    """A 1-D tensor's static value: TensorFlow's, or a constant sliced by a
+    StridedSlice with static bounds (tf.shape(x)[:1] of a static shape)."""
+    value = tf.get_static_value(t)
+    if value is not None:
+        return np.reshape(value, -1)
+    op = t.op
+    if op.type == "StridedSlice" and not (op.get_attr("shrink_axis_mask")
+                                          or op.get_attr("ellipsis_mask")
+                                          or op.get_attr("new_axis_mask")):
+        source, begin, end, strides = (tf.get_static_value(x) for x in op.inputs)
+        if source is not None and begin is not None and end is not None and strides is not None \
+                and np.ndim(source) == 1:
+            start = None if op.get_attr("begin_mask") & 1 else int(begin[0])
+            stop = None if op.get_attr("end_mask") & 1 else int(end[0])
+            return np.asarray(source)[start:stop:int(strides[0])]
+    return None
+
+
+def _static_scalar(t: tf.Tensor) -> int | None:
+    """A scalar's static value: TensorFlow's, or element k of a constant
+    (tf.shape of a tensor of static shape folds into one, and
+    tf.get_static_value does not follow the StridedSlice taking its k)."""
+    value = tf.get_static_value(t)
+    if value is not None:
+        return int(value) if np.ndim(value) == 0 else None
+    op = t.op
+    if op.type == "StridedSlice" and op.get_attr("shrink_axis_mask") == 1 \
+            and not op.get_attr("ellipsis_mask") and not op.get_attr("new_axis_mask"):
+        source, begin = tf.get_static_value(op.inputs[0]), tf.get_static_value(op.inputs[1])
+        if source is not None and begin is not None and np.ndim(source) == 1:
+            return int(np.reshape(source, -1)[int(begin[0])])
     return None
 
 

@@ -70,7 +70,7 @@ class PlanOptions:
                    batch_norm_group=config.batch_norm_group,
                    shard_weight_update=config.shard_weight_update,
                    hierarchical_allreduce=config.hierarchical_allreduce,
-                   collective_timeout_s=float(config.stall_timeout_s),
+                   collective_timeout_s=float(config.peer_timeout_s),
                    wire_dtype=config.wire_dtype, herring_buffer_bytes=config.herring_buffer_bytes)
 
 
@@ -121,7 +121,7 @@ class Plan:
     # herring's buffers), as JSON: SyncMethod.state(plan) reads it back.
     method_states: dict[str, Any] = field(default_factory=dict)
     # 2-D summation's collectives fail (DeadlineExceeded) after waiting this
-    # long for their peers (Config.stall_timeout_s; 0: no bound), so a
+    # long for their peers (Config.peer_timeout_s; 0: no bound), so a
     # worker that never arrives ends the job instead of hanging it.
     collective_timeout_s: float = 0.0
 
@@ -279,7 +279,8 @@ def choose_methods(analysis: Analysis, topology: Topology, options: PlanOptions
     (the reason then says why an earlier one declined it), taken over by a
     variant of it that wants the variable."""
     rule = policy(options.run_option)
-    verdicts = {name: METHODS[name].job_choice(topology, options, name == rule.required)
+    verdicts = {name: METHODS[name].job_choice(topology, options, name == rule.required,
+                                               analysis)
                 for name in dict.fromkeys(rule.dense + rule.sparse)}
     serving = {name: serves for name, (serves, _) in verdicts.items()}
     out = {}

@@ -191,7 +191,7 @@ def rewrite_batch_draws(graph: tf.Graph, draws: dict[str, list[int]], num_worker
     rewire: dict[str, str] = {}
     n, w = num_workers, worker_index
     with tf.name_scope("autopar/batch_draws/"):
-        for name, (blocks, group) in draws.items():
+        for name, (blocks, group) in _upstream_first(graph, draws):
             op = graph.get_operation_by_name(name)
             if op.type == SKIP:
                 # the generator's state advances by one device's count: the
@@ -224,3 +224,24 @@ def rewrite_batch_draws(graph: tf.Graph, draws: dict[str, list[int]], num_worker
                              tf.range(w, w + n * b, n, dtype=tf.int64), axis=1)
             rewire[op.outputs[0].name] = tf.reshape(mine, shape).name
     return rewire, {o.name for o in graph.get_operations()} - before
+
+
+def _upstream_first(graph: tf.Graph, draws: dict[str, list[int]]) -> list:
+    """`draws`' items, one whose shape is computed from no other draw first:
+    the global batch's size every draw shares is computed from that first
+    draw's (a later draw's would make the earlier ones wait on the forward
+    pass after them: a cycle). A graph's op order need not follow its data
+    flow (a traced function's, imported)."""
+    ops = {name: graph.get_operation_by_name(name) for name in draws}
+    for name, op in ops.items():
+        seen, stack, clean = set(), [t.op for t in op.inputs], True
+        while stack and clean:
+            x = stack.pop()
+            if x.name in seen:
+                continue
+            seen.add(x.name)
+            clean = x.name not in ops
+            stack.extend(t.op for t in x.inputs)
+        if clean:
+            return [(name, draws[name])] + [item for item in draws.items() if item[0] != name]
+    return list(draws.items())

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from autopar.common.text import human_bytes, plural  # noqa: F401 - human_bytes: the report's
 from autopar.transforms.batch_mixing import mixing_note
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.methods.registry import METHODS, processes
@@ -37,6 +38,11 @@ class VariableReport:
     dedup: bool = False       # sparse rows are one per distinct id of the batch
     shared_rows: int = 0      # sparse: last rows for ids every worker looks up alike
     owner: int | None = None  # weight-update sharding: the worker applying the update
+    on_servers: bool = False  # it lives on servers (parameter servers), not on every worker
+    # sparse: its bytes are an upper bound (one row per looked-up id, the
+    # rows the graph shows per step) or, rows unknown before running, an
+    # estimate at a = 1
+    bytes_bound: bool = True
     # How the analysis recognised its update and slots (data flow or a
     # tf.compat.v1 optimizer's update scope)
     recognised: str = ""
@@ -83,6 +89,16 @@ class Report:
         return sum(v.sent_per_worker for v in self.variables)
 
     @property
+    def held_per_worker(self) -> int:
+        """Bytes of the variables every worker holds (not those on servers)."""
+        return sum(v.bytes for v in self.variables if not v.on_servers)
+
+    @property
+    def held_on_servers(self) -> int:
+        """Bytes of the variables the parameter servers hold, all together."""
+        return sum(v.bytes for v in self.variables if v.on_servers)
+
+    @property
     def received_per_worker(self) -> float:
         return sum(v.received_per_worker for v in self.variables)
 
@@ -103,7 +119,9 @@ class Report:
     def to_json(self) -> str:
         d = asdict(self)
         d["totals"] = {"sent_per_worker": self.sent_per_worker,
-                       "received_per_worker": self.received_per_worker}
+                       "received_per_worker": self.received_per_worker,
+                       "held_per_worker": self.held_per_worker,
+                       "held_on_servers": self.held_on_servers}
         return json.dumps(d, indent=1)
 
     def table(self) -> str:
@@ -112,12 +130,15 @@ class Report:
                  "x".join(map(str, v.shape)) or "scalar", human_bytes(v.bytes),
                  v.method + (f" #{v.bucket}" if v.bucket is not None else ""), v.placement,
                  human_bytes(v.sent_per_worker), human_bytes(v.received_per_worker)) for v in self.variables]
-        rows.append(("TOTAL per worker", "", "", human_bytes(sum(v.bytes for v in self.variables)),
+        rows.append(("TOTAL per worker", "", "", human_bytes(self.held_per_worker),
                      "", "", human_bytes(self.sent_per_worker), human_bytes(self.received_per_worker)))
+        if self.held_on_servers:
+            rows.append(("TOTAL on servers", "", "", human_bytes(self.held_on_servers), "", "",
+                         "", ""))
         widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
         fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-        lines = [f"autopar plan: {self.num_workers} workers, {self.num_servers} servers, "
-                 f"run_option={self.run_option}",
+        lines = [f"autopar plan: {plural(self.num_workers, 'worker')}, "
+                 f"{plural(self.num_servers, 'server')}, run_option={self.run_option}",
                  fmt.format(*head), fmt.format(*("-" * w for w in widths))]
         lines += [fmt.format(*r) for r in rows]
         for s in self.servers:
@@ -127,7 +148,7 @@ class Report:
         for b in self.buckets:
             label = f"{b['method']} bucket" if several else "bucket"
             lines.append(f"{label} #{b['index']}: {b['dtype']}, {human_bytes(b['bytes'])}, "
-                         f"{len(b['variables'])} gradients fused into one all-reduce"
+                         f"{plural(len(b['variables']), 'gradient')} fused into one all-reduce"
                          + (" (2-D summation)" if b.get("host_key") else "")
                          + (f", sent and summed as {b['wire_dtype']}" if b.get("wire_dtype")
                             else ""))
@@ -234,13 +255,19 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
     contributors = plan.contributions_per_step()
     for v in analysis.variables:
         vp = plan.variable(v.name)
-        alpha = 1.0 if v.gradient == "dense" else (v.alpha if v.alpha is not None else 1.0)
-        if v.gradient == "sparse" and alphas and v.name in alphas:
-            alpha = alphas[v.name]
-        elif v.gradient == "sparse" and v.alpha is None:
-            notes.append(f"{v.name}: rows touched per step unknown before running; "
-                         "bytes shown for the worst case a=1")
         method = METHODS[vp.method]
+        alpha = 1.0 if v.gradient == "dense" else (v.alpha if v.alpha is not None else 1.0)
+        measured = v.gradient == "sparse" and bool(alphas) and v.name in alphas
+        if measured:
+            alpha = alphas[v.name]
+        elif v.gradient == "sparse":
+            alpha = method.sparse_share(alpha)
+            if v.alpha is None and method.sparse_rows == "rows" and _bytes_follow_rows(v, plan, n):
+                notes.append(f"{v.name}: its rows per step are unknown before running (the "
+                             "graph does not fix the batch size), so its bytes are an estimate "
+                             "at a=1 (as many rows as the table), not a bound: a batch looking "
+                             "up more ids carries more; the chief logs the measured rows beside "
+                             "it (Config.measure_steps)")
         sent, recv = method.wire_bytes(v, vp, n, alpha)
         if vp.owner is not None:
             # the all-gather of the new values: ring, (N-1)/N of the bytes each way
@@ -253,7 +280,11 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
             method=vp.method, placement=vp.placement, reason=vp.reason, alpha=v.alpha,
             sent_per_worker=sent, received_per_worker=recv, bucket=vp.bucket, dedup=v.dedup,
             shared_rows=v.shared_rows,
-            owner=vp.owner, recognised=v.recognised, slots=list(v.slots)))
+            owner=vp.owner, recognised=v.recognised, slots=list(v.slots),
+            on_servers=not vp.replicated,
+            # One row per distinct id: at most the table, unknown rows or not.
+            bytes_bound=(measured or v.gradient == "dense" or v.alpha is not None
+                         or method.sparse_rows == "distinct")))
         if v.recognised.startswith("writes"):
             notes.append(f"{v.name}: update recognised from {v.recognised}; slots "
                          f"{', '.join(v.slots) or 'none'} (the variables only its update writes)")
@@ -263,8 +294,9 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
     if any(v.gradient == "sparse" and v.alpha is not None and _bytes_follow_rows(v, plan, n)
            for v in analysis.variables):
         notes.append("sparse gradients: bytes counted at one row per looked-up id of the batch "
-                     "(a), an upper bound where ids repeat; the chief logs the rows its first "
-                     "steps measured (Config.measure_steps)")
+                     "(a: those rows / the table's rows; at most the table's for a method moving "
+                     "one row per distinct id), an upper bound where ids repeat; the chief logs "
+                     "the rows its first steps measured (Config.measure_steps)")
     if plan.batch_norm_group and not analysis.batch_norms:
         notes.append("Config(batch_norm_group) is set but the graph has no training-mode "
                      "batch-norm layer on the input batch: nothing to synchronise")
@@ -282,13 +314,14 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
         notes.append(mixing_note(analysis.batch_mixing, n))
     servers_used = bool(processes(plan))   # parameter or summation servers
     if num_servers and not servers_used:
-        notes.append(f"{num_servers} server process(es) are started but hold no variables "
-                     "with every gradient all-reduced")
+        notes.append(f"the spec's {plural(num_servers, 'server')} get nothing to do in this plan "
+                     "(every gradient is all-reduced): autopar's launcher does not start them")
     if servers_used:
         how = ("one per worker" if not plan.local_aggregation else
                f"one per group of {plan.aggregation_group} workers: Config(aggregation_group)"
                if plan.aggregation_group else "one per host: local aggregation")
-        notes.append(f"server accumulators receive {contributors} contribution(s) per step ({how})")
+        notes.append(f"server accumulators receive {plural(contributors, 'contribution')} per "
+                     f"step ({how})")
         if plan.grouped_lookups():
             notes.append(f"lookups of {', '.join(plan.grouped_lookups())} are pulled once per "
                          f"group of {plan.aggregation_group} workers, by its first worker: every "
@@ -371,11 +404,3 @@ def _bytes_follow_rows(v, plan: Plan, num_workers: int) -> bool:
     (not when its method sends the whole table: an all-reduce)."""
     method, vp = METHODS[plan.variable(v.name).method], plan.variable(v.name)
     return method.wire_bytes(v, vp, num_workers, 0.5) != method.wire_bytes(v, vp, num_workers, 1.0)
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"

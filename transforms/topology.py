@@ -19,6 +19,9 @@ class Topology:
     # Why there are none when summation_servers is False and it is not
     # that case (no compiler for the native transport: runtime/native.py).
     summation_servers_why: str = ""
+    # The speed of each host's network link (the spec's network.bandwidth_gbps),
+    # None where the spec does not say: hybrid's cost model for herring.
+    link_gbps: float | None = None
 
     @classmethod
     def local(cls, num_workers: int, num_servers: int = 0) -> "Topology":

@@ -1,9 +1,11 @@
 """`autopar report` prints the plan without training; `autopar launch` trains;
 processes started by an external launcher (TF_CONFIG) join without spawning."""
 import json
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -55,17 +57,75 @@ def test_launch_command_trains_on_workers(tmp_path, hosts):
                                what=f"mlp_sgd launched with {hosts}")
 
 
+def test_launch_np_with_a_virtualenvs_python_forks_and_sets_config_fields(tmp_path):
+    """`autopar launch -np 2 --run-option allreduce --config log_every_steps=1
+    -- python train.py` as typed in an activated virtualenv, the launcher
+    itself started by the virtualenv's python3.X (another name of the same
+    interpreter, as its `autopar` script is): the workers are forked from the
+    fork server (their parent), the run option reaches the plan and the
+    --config field every worker's Config; training equals one device."""
+    bin_dir = Path(sys.executable).parent
+    assert (bin_dir / "pyvenv.cfg").exists() or (bin_dir.parent / "pyvenv.cfg").exists(), \
+        "the tests run in the project's virtualenv (make test)"
+    versioned = bin_dir / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    assert versioned.exists() and (bin_dir / "python").exists()
+    out = tmp_path / "out"
+    env = {**child_env(), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run(
+        [str(versioned), "-m", "autopar.cli", "launch", "-np", "2", "--run-option", "allreduce",
+         "--config", "log_every_steps=1", "--", "python",
+         *train_command("mlp_sgd", out, "--steps", "3", "--batch", "8")[1:]],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    parents = re.findall(r"\[worker \d\] worker \d pid \d+, parent (.*)", proc.stdout)
+    assert len(parents) == 2 and all(re.fullmatch(r"autopar\[[0-9a-f]{6}\] fork server", p)
+                                     for p in parents), proc.stdout[-3000:]
+    assert "autopar plan: 2 workers, 0 servers, run_option=allreduce" in proc.stdout
+    assert [int(s) for s in re.findall(r"\[worker 0\] step (\d+) ", proc.stdout)] == [1, 2, 3]
+    run_single_device("mlp_sgd", tmp_path / "single", "--steps", "3", "--batch", "8")
+    for i in range(2):
+        assert_same_parameters(load_worker(tmp_path / "single", 0), load_worker(out, i),
+                               what=f"worker {i}")
+
+
+def test_an_unsharded_dataset_is_refused_before_training_unless_allowed(tmp_path):
+    """A script reading its tf.data pipeline without autopar.shard: run with a
+    spec, its launcher refuses before starting any process, naming the
+    dataset and the fix; with the switch given on `autopar launch`'s command
+    line it trains, each worker reading the same examples."""
+    script = [sys.executable, str(REPO / "tests/integration/scripts/tfdata_accumulate.py"),
+              str(tmp_path / "out"), "4"]
+    refused = subprocess.run([*script, str(write_spec(tmp_path, 2)), "1", "unsharded"], cwd=REPO,
+                             env=child_env(), capture_output=True, text=True, timeout=240)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert refused.stderr.splitlines()[-1].startswith(
+        "autopar: the training step reads its batches through 'IteratorGetNext' from a tf.data "
+        "pipeline that starts at 'TensorSliceDataset'"), refused.stderr
+    assert "autopar.shard(ds) before .batch()" in refused.stderr
+    assert "Traceback" not in refused.stderr and "started worker" not in refused.stdout
+    allowed = _autopar("launch", "-np", "2", "--config", "allow_unsharded_input=True", "--",
+                       *script, "-", "1", "unsharded")
+    assert allowed.returncode == 0, allowed.stdout[-3000:]
+    losses = re.findall(r"\[worker (\d)\] worker \1 losses (.*)", allowed.stdout)
+    assert len(losses) == 2 and losses[0][1] == losses[1][1], allowed.stdout[-3000:]
+
+
 def _run_tf_config_workers(command: list[str], workers: int = 2,
-                           extra_env: dict[str, str] | None = None) -> list[str]:
+                           extra_env: dict[str, str] | None = None,
+                           drop: tuple[str, ...] = ()) -> list[str]:
     """Start `command` once per worker with TF_CONFIG describing a loopback
     cluster (as an external launcher would), wait for all, and return their
-    outputs; every one must exit 0."""
+    outputs; every one must exit 0. `drop`: variables left out of their
+    environment."""
     ports = free_ports(workers)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     procs = []
     for i in range(workers):
         env = child_env()
         env.update(extra_env or {})
+        for name in drop:
+            env.pop(name, None)
         env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
         procs.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
@@ -80,9 +140,21 @@ def _run_tf_config_workers(command: list[str], workers: int = 2,
 
 
 def test_tf_config_processes_join_without_spawning(tmp_path):
+    """Started by an "external launcher" with no TF_CPP_MIN_LOG_LEVEL of its
+    own: the processes join, train equal to one device, and their output has
+    no TensorFlow C++ or start-up line (the script imports autopar first:
+    autopar/quiet.py), and TensorFlow's deprecation warnings once, from the
+    chief."""
     out = tmp_path / "dist"
-    logs = _run_tf_config_workers(train_command("mlp_adam_clip_ema", out, "--steps", "4"))
+    logs = _run_tf_config_workers(train_command("mlp_adam_clip_ema", out, "--steps", "4"),
+                                  drop=("TF_CPP_MIN_LOG_LEVEL", "AUTOPAR_VERBOSE"))
     assert not any("started worker" in log for log in logs)   # nothing was spawned
+    for log in logs:
+        noise = [line for line in log.splitlines()
+                 if re.match(r"[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ ", line)
+                 or "absl::InitializeLog" in line or "oneDNN" in line]
+        assert not noise, "\n".join(noise)
+    assert "WARNING:tensorflow" not in logs[1], logs[1]
     run_single_device("mlp_adam_clip_ema", tmp_path / "single", "--steps", "4")
     expected = load_worker(tmp_path / "single", 0)
     for i in range(2):

@@ -18,8 +18,9 @@ import grpc
 import pytest
 
 from autopar.runtime.coordinator import _grpc_modules
-from tests.integration.cluster import (REPO, LineReader, child_env, start_job, survivors,
-                                       train_command, write_spec)
+from tests.integration.cluster import (REPO, LineReader, assert_same_parameters, child_env,
+                                       load_worker, run_single_device, run_training, start_job,
+                                       survivors, train_command, write_spec)
 
 _CONNECT = ("import socket, sys\n"
             "for port in sys.argv[2:]:\n"
@@ -127,6 +128,7 @@ def test_loopback_job_unreachable_from_outside_and_coordinator_needs_token(tmp_p
     # checked by test_stalled_worker_ends_job_naming_it.
     proc = subprocess.Popen(
         train_command("mlp_sgd", tmp_path / "out", "--steps", "1000", "--stall-at", "3",
+                      "--run-option", "ps",      # the server holds every variable
                       "--stall-timeout", "0", "--spec", str(spec)),
         cwd=REPO, env={**child_env(), "AUTOPAR_FORK_SERVER": "0"}, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -200,19 +202,46 @@ def _run_until_end(tmp_path, *extra: str, ready: str,
 
 
 def test_stalled_worker_ends_job_naming_it(tmp_path):
+    # Worker 1 stops itself (SIGSTOP) between steps: it stops reporting, so it
+    # is stuck, not busy, and the stall timeout ends the job.
     proc, reader, rest, elapsed, pids, listening = _run_until_end(
-        tmp_path, "--steps", "1000", "--stall-at", "3", ready=r"worker 1 stalling at step 3",
+        tmp_path, "--steps", "1000", "--stall-at", "3", "--stall-how", "stop",
+        ready=r"worker 1 stalling at step 3",
         isolation="none")   # this machine's network, where `ss` sees the listening ports
     assert proc.returncode == 1, reader.text[-3000:]
-    assert len(pids) == 4
+    assert len(pids) == 3     # the launcher and 2 workers: the plan gives the server nothing
     assert "(forked)" in reader.text
-    # Forked from the fork server, the workers' and the server's TensorFlow
-    # servers (and the launcher's coordinator) still listen on loopback only.
-    assert len(listening) >= 4, listening
+    # Forked from the fork server, the workers' TensorFlow servers (and the
+    # launcher's coordinator) still listen on loopback only.
+    assert len(listening) >= 3, listening
     assert set(listening.values()) <= {"127.0.0.1", "[::ffff:127.0.0.1]"}, listening
     assert elapsed < 5 + 10, f"the job ended {elapsed:.1f} s after worker 1 stalled"
     assert re.search(r"job stalled: worker 0 \(in step 4 .*\) waits for worker 1", rest), rest
-    assert re.search(r"worker 1, pid \d+: has not started step 4 .* finished step 3", rest), rest
+    assert re.search(r"worker 1, pid \d+: has not started step 4 .* finished step 3 .* it has "
+                     r"stopped reporting", rest), rest
+
+
+def test_a_chief_evaluating_longer_than_the_stall_timeout_is_waited_for(tmp_path):
+    """The chief runs forward passes (not training steps) for 8 s after step
+    3 while worker 1 waits inside step 4; the stall timeout is 2 s. The chief
+    still reports, so it is busy, not stuck: the launcher warns every 2 s and
+    the job goes on, ending equal to one device. (The spec also lists a
+    server, which the hybrid plan of this dense model on one machine gives
+    nothing to do: it is not started.)"""
+    out = tmp_path / "out"
+    log = run_training("mlp_sgd", out, "--steps", "6", "--stall-timeout", "2",
+                       "--chief-busy-at", "3", "--chief-busy-for", "8",
+                       "--spec", str(write_spec(tmp_path, workers=2, servers=1)))
+    assert "the plan puts no variable on the spec's 1 server: it is not started" in log, log
+    assert "started server" not in log and "started sumserver" not in log, log
+    warnings = [line for line in log.splitlines()
+                if "inside step 4 for worker 0 to join it; it is busy outside a step" in line]
+    assert len(warnings) >= 3, log[-3000:]       # from 1 s, then every 2 s
+    assert "job stalled" not in log
+    run_single_device("mlp_sgd", tmp_path / "single", "--steps", "6")
+    expected = load_worker(tmp_path / "single", 0)
+    for i in range(2):
+        assert_same_parameters(expected, load_worker(out, i), what=f"worker {i}")
 
 
 @pytest.mark.parametrize("after", ["exit", "sleep"])
@@ -227,7 +256,7 @@ def test_mismatched_step_counts_end_job(tmp_path, after):
 def _assert_every_process_titled(text: str, launcher: int) -> None:
     """`ps -eo args` shows every process of the running job as
     `autopar[JOB] ...` with the job's id: the launcher, its fork server, the
-    network namespace's anchor, each worker, server and summation server."""
+    network namespace's anchor, each worker and summation server."""
     job = re.search(r"job ([0-9a-f]{6}): its processes show as autopar\[\1\] in ps", text)
     assert job, text[-3000:]
     out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True,
@@ -236,8 +265,9 @@ def _assert_every_process_titled(text: str, launcher: int) -> None:
               (line.strip().partition(" ") for line in out.splitlines() if line.strip())}
     prefix = f"autopar[{job.group(1)}] "
     started = {name: int(pid) for name, pid in re.findall(r"started (\w+ \d+) at \S+, pid (\d+)", text)}
+    # (No parameter server: the herring plan of a dense model puts nothing on it.)
     expected = {"worker 0": "worker 0/2 train_model.py", "worker 1": "worker 1/2 train_model.py",
-                "server 0": "server 0/1", "sumserver 0": "sumserver 0"}
+                "sumserver 0": "sumserver 0"}
     assert set(started) == set(expected), started
     for name, pid in started.items():
         assert titles[pid].startswith(prefix + expected[name]), (name, titles[pid])
@@ -252,7 +282,7 @@ def test_a_stopped_server_ends_the_job_naming_it(tmp_path):
     (it stops answering the launcher's probe) ends the job within the stall
     timeout + 15 s, named with its pid and address, instead of leaving the
     workers inside the step until 20 stall timeouts. (Before that, the
-    herring job, which has every kind of process, shows each one's title.)
+    herring job, with a summation server, shows each process's title.)
     The two jobs run side by side: each waits out the servers' minimum
     silence (health.SERVER_SILENCE_MIN_S, 10 s), once for both."""
     jobs = []

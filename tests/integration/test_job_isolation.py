@@ -65,8 +65,11 @@ def _environ(pid: int) -> dict[str, str]:
 def _stalled_job(tmp_path, spec: Path, **env: str):
     """A job whose worker 1 stalls at step 3 (the job waits there, its
     ports open, until the test stops it)."""
-    proc = start_job(train_command("mlp_sgd", tmp_path / "out", "--steps", "1000",
-                                   "--stall-at", "3", "--stall-timeout", "0", "--spec", str(spec)),
+    # ps: every variable on the server, which the plan so gives work (a
+    # server with nothing to do is not started).
+    proc = start_job(train_command("mlp_sgd", tmp_path / "out", "--steps", "1000", "--run-option",
+                                   "ps", "--stall-at", "3", "--stall-timeout", "0",
+                                   "--spec", str(spec)),
                      env={**child_env(), **env})
     reader = LineReader(proc)
     reader.wait_for(r"worker 1 stalling at step 3", 180)

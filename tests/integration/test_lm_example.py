@@ -47,5 +47,11 @@ def test_lm_hybrid_two_workers_one_server(tmp_path):
     spec.write_text("hosts:\n  - {address: 127.0.0.1, workers: 2, servers: 1}\n")
     out = _run_lm("--spec", str(spec), "--run-option", "hybrid")
     assert "[worker 0] words/s:" in out, out
+    # The chief's measured sparse bytes stay under the plan's bound.
+    found = re.search(r"ps \(sparse\): sent ([0-9.]+) KB, received ([0-9.]+) KB; the plan's "
+                      r"\(an upper bound\): ([0-9.]+) KB, ([0-9.]+) KB", out)
+    assert found, out
+    sent, received, bound_sent, bound_received = map(float, found.groups())
+    assert 0 < sent <= bound_sent and 0 < received <= bound_received, found.group(0)
     assert _words_per_s(out) > 0, out
-    assert "2 worker(s)" in out, out
+    assert "2 workers, global batch" in out, out

@@ -85,7 +85,8 @@ def test_remote_workers_report_with_the_token_and_stall_detection_names_them(
         tmp_path, remote_host):
     net, env, ssh_log = remote_host
     proc = _launch(train_command("mlp_sgd", tmp_path / "out", "--steps", "1000",
-                                 "--stall-at", "3", "--stall-timeout", "5",
+                                 "--run-option", "ps",     # the server holds every variable
+                                 "--stall-at", "3", "--stall-how", "stop", "--stall-timeout", "5",
                                  "--spec", str(_spec(tmp_path, net.ns_ip, servers=1))), env)
     reader = LineReader(proc)
     pids: set[int] = {proc.pid}

@@ -15,10 +15,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+import autopar  # noqa: E402 - first: TensorFlow then starts quiet (autopar/quiet.py)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-import autopar  # noqa: E402
 from tests import models  # noqa: E402
 
 tf1 = tf.compat.v1
@@ -38,6 +38,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--stall-worker", type=int, default=1, help="which worker --stall-at stalls")
     p.add_argument("--stall-for", type=float, default=3600.0,
                    help="seconds --stall-at sleeps (default: for good)")
+    p.add_argument("--stall-how", choices=("sleep", "stop"), default="sleep",
+                   help="--stall-at sleeps (busy: the process still reports) or stops itself "
+                        "(SIGSTOP: it stops reporting, as a hung or cut-off process)")
+    p.add_argument("--chief-busy-at", type=int, default=-1,
+                   help="the chief evaluates (forward passes, not training steps) for "
+                        "--chief-busy-for seconds after this global step")
+    p.add_argument("--chief-busy-for", type=float, default=0.0)
     p.add_argument("--raise-at", type=int, default=-1,
                    help="worker --stall-worker raises an exception at this global step "
                         "(for failure-report tests)")
@@ -45,6 +52,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="worker 1 runs one step fewer, then exits 0, or closes its Runner and "
                         "sleeps (for step-count mismatch tests)")
     p.add_argument("--stall-timeout", type=float, default=60.0, help="Config.stall_timeout_s")
+    p.add_argument("--busy-timeout", type=float, default=3600.0, help="Config.busy_timeout_s")
     p.add_argument("--keep", type=int, default=5, help="checkpoints to keep")
     p.add_argument("--pause-at", type=int, default=-1,
                    help="the chief waits at this global step until a stop is requested "
@@ -103,6 +111,7 @@ def main(argv: list[str] | None = None) -> None:
                             keep_checkpoints=args.keep,
                             log_every_steps=1, fusion_bytes=args.fusion_bytes,
                             stall_timeout_s=args.stall_timeout,
+                            busy_timeout_s=args.busy_timeout,
                             run_option=args.run_option, local_aggregation=not args.no_la,
                             aggregation_group=args.aggregation_group,
                             sync_local_state=args.sync_local_state, wire_dtype=args.wire_dtype,
@@ -135,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
             config = dataclasses.replace(config, **{option: ast.literal_eval(value)})
     with autopar.get_runner(model.graph, args.spec, config) as runner:
         n, i = runner.num_workers, runner.worker_index
-        print(f"worker {i} pid {os.getpid()}", flush=True)
+        print(f"worker {i} pid {os.getpid()}, parent {_title(os.getppid())}", flush=True)
         per = args.batch // n
         if evaluation is not None:
             _print_eval(runner, evaluation, "start")
@@ -161,7 +170,17 @@ def main(argv: list[str] | None = None) -> None:
                 raise RuntimeError(f"injected failure at global step {step}")
             if step == args.stall_at and i == args.stall_worker:
                 print(f"worker {i} stalling at step {step}", flush=True)
+                if args.stall_how == "stop":
+                    time.sleep(1.0)    # its state between steps reaches the coordinator first
+                    os.kill(os.getpid(), signal.SIGSTOP)
                 time.sleep(args.stall_for)
+            if step == args.chief_busy_at and runner.is_chief:
+                print(f"worker {i} evaluating after step {step}", flush=True)
+                x, y = models.global_batch(args.model, 97, args.batch)
+                deadline = time.monotonic() + args.chief_busy_for
+                while time.monotonic() < deadline:
+                    runner.run(model.loss, models.feed(model, x, y))
+                    time.sleep(0.05)
             x, y = models.global_batch(args.model, step, args.batch)
             mine = slice(i * per, (i + 1) * per)
             runner.run(model.train_op, models.feed(model, x[mine], y[mine]))
@@ -198,6 +217,15 @@ def main(argv: list[str] | None = None) -> None:
         os.makedirs(args.out, exist_ok=True)
         np.savez(os.path.join(args.out, f"worker{i}.npz"), **values)
         print(f"worker {i} done at global step {int(values['global_step'])}", flush=True)
+
+
+def _title(pid: int) -> str:
+    """The title `ps` shows for process `pid` (its command line)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
 
 
 def _first_time(out: str, what: str) -> bool:

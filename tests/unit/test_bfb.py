@@ -13,7 +13,7 @@ from autopar.transforms.methods.herring import bfb
 from autopar.transforms.analysis import analyze_graph
 from autopar.transforms.methods.herring.bfb import FusionBuffer, FusionLayout, Segment, Shard
 from autopar.transforms.compile import CompiledPlan, compile_plan
-from autopar.transforms.methods.herring.method import Herring
+from autopar.transforms.methods.herring.method import Herring, predicted_faster
 from autopar.transforms.plan import Plan, PlanOptions, make_plan
 from autopar.transforms.topology import Topology
 from autopar.transforms.report import build_report
@@ -170,23 +170,56 @@ def test_sparse_variables_keep_their_path():
 
 @pytest.mark.parametrize("hosts,servers,la,expected", [
     # 4 workers on 2 hosts, 2 servers: ring 2*3/4 = 1.5 M; herring max(1, 2/2) = 1 M
-    ((1, 1, 2, 2), 2, True, "herring"),
+    ((1, 1, 2, 2), 2, True, True),
     # without local aggregation 4 contributors over 2 servers: 2 M per server link > 1.5
-    ((1, 1, 2, 2), 2, False, "allreduce"),
+    ((1, 1, 2, 2), 2, False, False),
     # 2 workers: ring 1 M = herring 1 M, not faster
-    ((1, 2), 2, True, "allreduce"),
+    ((1, 2), 2, True, False),
     # 8 hosts, 1 server: 8 M on its link against the ring's 1.75 M
-    ((1, 2, 3, 4, 5, 6, 7, 8), 1, True, "allreduce"),
+    ((1, 2, 3, 4, 5, 6, 7, 8), 1, True, False),
     # no servers: the ring
-    ((1, 1, 2, 2), 0, True, "allreduce"),
+    ((1, 1, 2, 2), 0, True, False),
 ])
-def test_hybrid_chooses_by_the_cost_model(hosts, servers, la, expected):
-    topology = Topology(tuple(f"10.0.0.{h}" for h in hosts), servers)
-    _, _, plan = _plan(topology, run_option="hybrid", local_aggregation=la)
-    assert {vp.method for vp in plan.variables} == {expected}
+def test_the_cost_model_compares_the_busiest_links_bytes(hosts, servers, la, expected):
+    """For a model whose bytes matter (100 MB at 10 Gbit/s: 80 ms per M)."""
+    faster, why = predicted_faster(len(hosts), len(set(hosts)), servers, la, "float32",
+                                   100e6, 10.0)
+    assert faster is expected, why
     if servers:
-        verdict = "herring" if expected == "herring" else "ring all-reduce"
-        assert f"{verdict} is predicted faster" in METHODS["herring"].state(plan).why
+        assert ("herring is predicted faster by" in why) is expected, why
+
+
+def test_a_tiny_model_keeps_the_ring_saying_by_how_much_herring_would_save():
+    """The shape that sends a large model to herring (4 workers on 2 hosts, 2
+    servers), for a model of 32 bytes: herring's busiest link would save
+    16 bytes per step, far below what its servers must pay back."""
+    faster, why = predicted_faster(4, 2, 2, True, "float32", 32, None)
+    assert not faster
+    assert why.startswith("cost model for M = 32 B of dense float32 gradients at 10 Gbit/s per "
+                          "link (assumed: the spec gives none)"), why
+    assert why.endswith("herring would save 0.000 ms per step, less than the 1 ms its servers "
+                        "and buffers must pay back: ring all-reduce is kept"), why
+    # The test model (a few KB) on real hosts: the same in a plan, and its report says why.
+    topology = Topology(tuple(f"10.0.0.{h}" for h in (1, 1, 2, 2)), 2)
+    case, analysis, plan = _plan(topology, run_option="hybrid")
+    assert {vp.method for vp in plan.variables} == {"allreduce"}
+    assert "less than the 1 ms its servers" in build_report(analysis, plan).table()
+    # On a 1 Mbit/s link its bytes are worth it.
+    slow = Topology(topology.worker_hosts, 2, link_gbps=0.001)
+    _, _, plan = _plan(slow, run_option="hybrid")
+    assert {vp.method for vp in plan.variables} == {"herring"}
+    assert "herring is predicted faster by" in METHODS["herring"].state(plan).why
+
+
+def test_every_worker_on_one_host_keeps_the_ring():
+    """`-H node1:4 --servers-per-host 1`: the workers' ring never leaves the
+    host, whatever the model; run_option='herring' still forces herring."""
+    topology = Topology(("10.0.0.1",) * 4, 1, link_gbps=0.001)
+    _, _, plan = _plan(topology, run_option="hybrid")
+    assert {vp.method for vp in plan.variables} == {"allreduce"}
+    assert "every worker runs on one host (10.0.0.1)" in METHODS["herring"].state(plan).why
+    _, _, forced = _plan(topology, run_option="herring")
+    assert {vp.method for vp in forced.variables} == {"herring"}
 
 
 @pytest.mark.parametrize("option", ["ps", "allreduce"])
@@ -200,7 +233,7 @@ def test_run_options_without_herring_say_nothing_of_it(option):
     assert METHODS["herring"].state(plan).why == ""
     assert "herring:" not in build_report(analysis, plan).table()
     _, _, hybrid = _plan(topology, run_option="hybrid")
-    assert "predicted faster" in METHODS["herring"].state(hybrid).why
+    assert "cost model" in METHODS["herring"].state(hybrid).why
 
 
 @pytest.mark.parametrize("hosts", [("127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.2"),
@@ -218,11 +251,12 @@ def test_hybrid_keeps_the_ring_when_every_host_is_loopback(hosts):
 
 @pytest.mark.parametrize("wire, method", [("bfloat16", "herring"), ("float16", "allreduce_fp16")])
 def test_hybrid_with_half_precision_wire(wire, method):
-    """2 workers, 2 hosts, 2 servers: a half-precision wire halves herring's
-    bytes to 0.5 M. bfloat16 leaves the ring at 1 M (TensorFlow's collectives
-    carry no bfloat16), so herring; float16 halves the ring's too (0.5 M
-    each), and a tie keeps the ring."""
-    topology = Topology(("10.0.0.1", "10.0.0.2"), 2)
+    """2 workers, 2 hosts, 2 servers (on a 1 Mbit/s link, where the test
+    model's bytes are worth herring's servers): a half-precision wire halves
+    herring's bytes to 0.5 M. bfloat16 leaves the ring at 1 M (TensorFlow's
+    collectives carry no bfloat16), so herring; float16 halves the ring's
+    too (0.5 M each), and a tie keeps the ring."""
+    topology = Topology(("10.0.0.1", "10.0.0.2"), 2, link_gbps=0.001)
     _, _, plan = _plan(topology, run_option="hybrid", wire_dtype=wire)
     assert {vp.method for vp in plan.variables} == {method}
 

@@ -41,7 +41,7 @@ def test_transforms_take_only_errors_and_roles_from_common():
             imported.setdefault(path.name, set()).update(m.strip() for m in module.split(","))
         assert not re.search(r"\bos\.environ\b|\bgetenv\b|\bsubprocess\b", text), path.name
     assert imported   # the scan sees the imports that exist
-    assert set().union(*imported.values()) <= {"errors", "roles", "addresses"}, imported
+    assert set().union(*imported.values()) <= {"errors", "roles", "addresses", "text"}, imported
 
 
 class _Polled:

@@ -182,8 +182,9 @@ def test_a_stall_is_warned_of_from_half_the_timeout_once_per_step(caplog):
     # Half of the 10 s timeout: not yet at 4 s, warned at 6 s, not for a
     # step everybody is inside, nor when the timed checks are off.
     assert stall_warning(_workers((3, PHASE_STEP, 4), (3, PHASE_SCRIPT, 4)), {}, 10, 100.0) is None
-    step, text = stall_warning(_workers((3, PHASE_STEP, 6), (3, PHASE_SCRIPT, 6)), {}, 10, 100.0)
-    assert step == 4
+    (step, round_), text = stall_warning(_workers((3, PHASE_STEP, 6), (3, PHASE_SCRIPT, 6)), {},
+                                         10, 100.0)
+    assert (step, round_) == (4, 0)
     assert text.startswith("worker 0 has waited 6 s inside step 4 for worker 1 to join it")
     assert "ended as stalled after 10 s" in text
     assert stall_warning(_workers((3, PHASE_STEP, 6), (3, PHASE_STEP, 6)), {}, 10, 100.0) is None
@@ -210,6 +211,77 @@ def test_a_stall_is_warned_of_from_half_the_timeout_once_per_step(caplog):
     assert coordinator.warnings == 2     # and once for step 5
     assert [r.getMessage()[:40] for r in caplog.records if r.levelname == "WARNING"] == [
         "worker 0 has waited 6 s inside step 4 fo", "worker 0 has waited 7 s inside step 5 fo"]
+
+
+def _busy_chief(waited: float, silent_for: float = 0.2, phase: str = PHASE_OTHER) -> dict:
+    """Worker 1 has waited `waited` s inside step 5 for worker 0, which
+    finished step 4 and runs other ops (evaluates), last heard `silent_for`
+    s before now = 100."""
+    states = _workers((4, phase, waited), (4, PHASE_STEP, waited))
+    for state in states.values():
+        state.heard = 100.0 - 0.1
+    states["worker 0"].heard = 100.0 - silent_for
+    return states
+
+
+def test_a_process_busy_outside_a_step_is_waited_for_with_a_warning_every_timeout():
+    """The chief evaluating while worker 1 waits inside the next step: past
+    the 10 s stall timeout no verdict, a warning from 5 s and again every
+    10 s (rounds 0, 1, 2 ...), the job ended only after busy_timeout_s (100 s),
+    never with 0."""
+    for waited in (11, 60, 99):
+        assert diagnose(_busy_chief(waited), {}, 10, 100.0, busy_timeout_s=100) is None
+    assert diagnose(_busy_chief(5000), {}, 10, 100.0, busy_timeout_s=0) is None
+    rounds = [stall_warning(_busy_chief(w), {}, 10, 100.0, 100)[0] for w in (5, 14, 15, 26, 36)]
+    assert rounds == [(5, 0), (5, 0), (5, 1), (5, 2), (5, 3)]
+    _, text = stall_warning(_busy_chief(15), {}, 10, 100.0, 100)
+    assert text.startswith("worker 1 has waited 15 s inside step 5 for worker 0 to join it; it "
+                           "is busy outside a step and still reporting (worker 0: it finished "
+                           "step 4 and is running ops that are not a training step)"), text
+    assert "ended as stalled after 100 s (Config(busy_timeout_s=...); 0: never)" in text
+    verdict = diagnose(_busy_chief(100), {}, 10, 100.0, busy_timeout_s=100)
+    assert verdict is not None and verdict.kind == "stall"
+    assert verdict.message.startswith("job stalled: worker 1 (in step 5 for 100 s) waits for "
+                                      "worker 0 to join step 5")
+    assert verdict.message.endswith("Ending the job after 100 s of waiting for a busy process "
+                                    "(Config(busy_timeout_s=...); 0: never).")
+    # In the script between steps, or still initialising, is busy too.
+    assert diagnose(_busy_chief(50, phase=PHASE_SCRIPT), {}, 10, 100.0, 100) is None
+
+
+def test_a_process_that_stopped_reporting_ends_the_job_after_the_stall_timeout():
+    """The same wait for a chief not heard from for 8 s (SIGSTOPped, hung,
+    cut off): stuck, not busy, so the stall timeout ends the job as before,
+    whatever busy_timeout_s says, and the warning says so."""
+    verdict = diagnose(_busy_chief(11, silent_for=8), {}, 10, 100.0, busy_timeout_s=0)
+    assert verdict is not None and verdict.kind == "stall"
+    assert "worker 0, pid 1000: has not started step 5 for 11 s; it finished step 4 and is " \
+           "running ops that are not a training step (its last report, 8 s ago: it has " \
+           "stopped reporting" in verdict.message, verdict.message
+    assert verdict.message.endswith("Ending the job after 10 s without progress "
+                                    "(Config(stall_timeout_s=...); 0 disables).")
+    key, text = stall_warning(_busy_chief(6, silent_for=8), {}, 10, 100.0, 0)
+    assert key == (5, 0) and text.endswith("the job is ended as stalled after 10 s "
+                                           "(Config(stall_timeout_s=...))")
+
+
+def test_the_monitor_warns_once_per_round_while_a_busy_process_is_waited_for(caplog):
+    class Coordinator:
+        warnings = 0
+        states = _busy_chief(6)
+
+        def snapshot(self):
+            return self.states
+
+        def count_stall_warning(self):
+            self.warnings += 1
+
+    coordinator = Coordinator()
+    monitor = JobMonitor(coordinator, 10, clock=lambda: 100.0, busy_timeout_s=0)
+    for waited in (6, 9, 16, 24, 26):
+        coordinator.states = _busy_chief(waited)
+        assert monitor.check({}) is None
+    assert coordinator.warnings == 3      # from 5 s, 15 s and 25 s
 
 
 def test_every_worker_inside_one_step_for_twenty_timeouts_is_a_hung_step():

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from autopar import cli
 from autopar.common import env
-from autopar.common.errors import AutoparError, SpecError
+from autopar.common.errors import SpecError
 from autopar.runtime import gpus, hostfile, session, slurm
 from autopar.runtime.commands import plan_children
 from autopar.runtime.spec import ResourceSpec, load_spec, parse_parallax_spec
@@ -76,15 +76,15 @@ def test_host_lists_and_hostfiles_give_slot_k_its_local_ranks_gpus(tmp_path):
     assert gpus.spec_worker_gpus(hostfile.spec_from_hosts(hosts, 0, 2)) == [(0, 1), (2, 3)] * 2
     assert gpus.spec_worker_gpus(hostfile.spec_from_hosts(hosts)) == [()] * 4
     args = cli.argparse.Namespace(spec=None, hosts="node1:2", hostfile=None, servers_per_host=0,
-                                  gpus_per_worker=1)
+                                  gpus_per_worker=1, num_proc=None)
     assert gpus.spec_worker_gpus(cli._spec(args)) == [(0,), (1,)]
     (tmp_path / "hosts").write_text("node1 slots=2\n")
     args = cli.argparse.Namespace(spec=None, hosts=None, hostfile=str(tmp_path / "hosts"),
-                                  servers_per_host=0, gpus_per_worker=1)
+                                  servers_per_host=0, gpus_per_worker=1, num_proc=None)
     assert gpus.spec_worker_gpus(cli._spec(args)) == [(0,), (1,)]
-    with pytest.raises(AutoparError, match="--gpus-per-worker .* goes with -H or --hostfile"):
+    with pytest.raises(cli.UsageError, match="--gpus-per-worker .* goes with -np, -H or --hostfile"):
         cli._spec(cli.argparse.Namespace(spec="s.yaml", hosts=None, hostfile=None,
-                                         servers_per_host=0, gpus_per_worker=1))
+                                         servers_per_host=0, gpus_per_worker=1, num_proc=None))
 
 
 def test_a_slurm_allocation_shares_each_nodes_gpus_over_its_tasks():

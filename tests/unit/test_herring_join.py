@@ -2,6 +2,8 @@
 variables that live on servers: with no ps task and AUTOPAR_SUMSERVERS set,
 the plan's servers are the summation servers (runtime/worker.job_topology),
 and a plan that would still put a variable on a server is refused."""
+from dataclasses import replace
+
 import pytest
 
 from autopar.common import env
@@ -10,6 +12,7 @@ from autopar.common.roles import SERVER_JOB, WORKER_JOB
 from autopar.runtime import worker
 from autopar.transforms.compile import compile_plan
 from autopar.transforms.plan import PlanOptions
+from autopar.transforms.topology import Topology
 from autopar.transforms.methods.registry import METHODS
 from tests import models
 
@@ -55,12 +58,13 @@ def test_without_summation_servers_hybrid_keeps_the_ring_and_herring_is_refused(
     (it would fail at the first step), and run_option='herring' says what to
     start."""
     # 4 workers on 4 hosts, 4 servers: herring's busiest link moves M, the
-    # ring's 1.5 M, so the cost model favours herring for a dense model.
+    # ring's 1.5 M, so the cost model favours herring for a dense model whose
+    # bytes matter (on a 10 Mbit/s link).
     with_ps = {WORKER_JOB: [f"10.0.0.{i}:2222" for i in range(1, 5)],
                SERVER_JOB: [f"10.0.0.{i}:2223" for i in range(5, 9)]}
     model = models.build("cnn_momentum")
     monkeypatch.delenv(env.SUMSERVERS, raising=False)
-    topology = worker.job_topology(with_ps)
+    topology = replace(worker.job_topology(with_ps), link_gbps=0.01)
     c = compile_plan(model.graph, topology, PlanOptions(run_option="hybrid"))
     assert METHODS["herring"].state(c.plan).layout is None and "AUTOPAR_SUMSERVERS" in METHODS["herring"].state(c.plan).why
     assert {v.method for v in c.plan.variables} == {"allreduce"}
@@ -68,5 +72,21 @@ def test_without_summation_servers_hybrid_keeps_the_ring_and_herring_is_refused(
         compile_plan(model.graph, topology, PlanOptions(run_option="herring"))
     # The same cluster with its summation servers named: hybrid picks herring.
     monkeypatch.setenv(env.SUMSERVERS, ",".join(f"10.0.0.{i}:2300" for i in range(5, 9)))
-    c = compile_plan(model.graph, worker.job_topology(with_ps), PlanOptions(run_option="hybrid"))
+    c = compile_plan(model.graph, replace(worker.job_topology(with_ps), link_gbps=0.01),
+                     PlanOptions(run_option="hybrid"))
     assert METHODS["herring"].state(c.plan).layout is not None
+
+
+def test_a_plan_with_nothing_on_servers_runs_on_a_cluster_without_them():
+    """The launcher starts no server for a plan that puts nothing on them (a
+    dense model on one machine, herring declined): the plan, compiled for the
+    spec's servers, fits the cluster without its ps job; a plan that uses
+    servers does not."""
+    model = models.build("mlp_sgd")
+    topology = Topology(("127.0.0.1", "127.0.0.1"), 1)
+    dense = compile_plan(model.graph, topology, PlanOptions(run_option="hybrid")).plan
+    cluster = {WORKER_JOB: ["127.0.0.1:1", "127.0.0.1:2"]}
+    worker._check_fits(dense, cluster)
+    on_servers = compile_plan(model.graph, topology, PlanOptions(run_option="ps")).plan
+    with pytest.raises(LaunchError, match="for 2 workers and 1 server,"):
+        worker._check_fits(on_servers, cluster)

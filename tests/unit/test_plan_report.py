@@ -303,3 +303,59 @@ def test_table_mentions_every_variable_state_and_untrained():
     assert "TOTAL" in table
     assert "40x8" in table and "8x2" in table
     assert "2 workers" in table
+
+
+def test_a_batch_looking_up_more_ids_than_the_table_has_rows_is_bounded_by_its_rows():
+    """40 ids per step into a table of 10 rows: the gradient carries 40 rows
+    (a = 4), which an all-gather moves every one of; the servers' push and
+    pull move one row per distinct id, at most the table. (Before, a was cut
+    to 1 and the report's "upper bound" was 4x below what the all-gather
+    moved.)"""
+    import tensorflow as tf
+    from autopar.transforms.plan import PlanOptions
+    from autopar.transforms.topology import Topology
+    tf1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default():
+        ids = tf1.placeholder(tf.int32, [40])
+        y = tf1.placeholder(tf.float32, [40])
+        table = tf1.get_variable("table", [10, 4])
+        w = tf1.get_variable("w", [4, 1])
+        loss = tf.reduce_mean(tf.square(tf.matmul(tf.gather(table, ids), w)[:, 0] - y))
+        tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    analysis = analyze_graph(graph)
+    assert analysis.variable("table").alpha == pytest.approx(4.0)
+    table_bytes = 10 * 4 * 4
+    gathered = build_report(analysis, make_plan(analysis, Topology.local(2),
+                                                options=PlanOptions(run_option="allreduce")))
+    row = next(v for v in gathered.variables if v.name == "table")
+    assert (row.method, row.bytes_bound) == ("allgather", True)
+    assert row.sent_per_worker == pytest.approx((2 - 1) * 4.0 * table_bytes)
+    on_servers = build_report(analysis, make_plan(analysis, Topology.local(2, 1),
+                                                  options=PlanOptions(run_option="ps")))
+    row = next(v for v in on_servers.variables if v.name == "table")
+    assert row.method == "ps" and row.sent_per_worker == pytest.approx(table_bytes)
+
+
+def test_unknown_rows_are_an_estimate_not_a_bound():
+    a = analysis_of(var("emb", [40, 8], gradient="sparse", alpha=None), var("w", [8, 2]))
+    report = build_report(a, make_plan(a, 3), 3)
+    emb = next(v for v in report.variables if v.name == "emb")
+    assert not emb.bytes_bound
+    assert any(note.startswith("emb: its rows per step are unknown before running") and
+               "an estimate at a=1" in note and "not a bound" in note for note in report.notes)
+
+
+def test_totals_separate_what_a_worker_holds_from_what_servers_hold():
+    from autopar.transforms.plan import PlanOptions
+    from autopar.transforms.topology import Topology
+    a = analysis_of(var("emb", [1000, 8], gradient="sparse", alpha=0.1), var("w", [8, 2]))
+    report = build_report(a, make_plan(a, Topology.local(2, 1),
+                                       options=PlanOptions(run_option="hybrid")))
+    assert (report.held_per_worker, report.held_on_servers) == (8 * 2 * 4, 1000 * 8 * 4)
+    table = report.table()
+    per_worker = [line for line in table.splitlines() if line.startswith("TOTAL per worker")]
+    assert per_worker[0].split()[3:5] == ["64", "B"], table
+    on_servers = [line for line in table.splitlines() if line.startswith("TOTAL on servers")]
+    assert len(on_servers) == 1 and "31.2 KB" in on_servers[0]
+    assert json.loads(report.to_json())["totals"]["held_on_servers"] == 32000

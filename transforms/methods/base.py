@@ -146,10 +146,11 @@ class SyncMethod:
     shards_weight_update: ClassVar[bool] = False
 
     def job_choice(self, topology: "Topology", options: "PlanOptions",
-                   required: bool) -> tuple[bool, str]:
+                   required: bool, analysis: "Analysis") -> tuple[bool, str]:
         """(whether it serves this job, why). `required`: the run option asks
         for this method by name; one that cannot serve the job then raises,
-        saying what to change."""
+        saying what to change. `analysis`: the graph's (its variables' sizes
+        for a cost model)."""
         return True, ""
 
     def declines(self, v: "VariableInfo", topology: "Topology", options: "PlanOptions") -> str:
@@ -201,6 +202,13 @@ class SyncMethod:
     # repeats included: the analysis's alpha) or "distinct" (one per distinct
     # id). The chief measures both (runtime/measured.py).
     sparse_rows: ClassVar[str] = "rows"
+
+    def sparse_share(self, alpha: float) -> float:
+        """The share of a sparse variable's table its gradient moves per step
+        at most, given ``alpha`` rows per table row (one per looked-up id,
+        repeats included: it may exceed 1): all of them, or for a method
+        moving one row per distinct id, at most the table's."""
+        return min(alpha, 1.0) if self.sparse_rows == "distinct" else alpha
 
     def bytes_per_worker(self, nbytes: float, num_workers: int) -> float:
         """Bytes one worker sends per step, and as many it receives."""

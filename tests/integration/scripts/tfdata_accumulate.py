@@ -1,7 +1,10 @@
 """Train a small MLP from a tf.data pipeline (autopar.shard, then .batch(b)),
 optionally with Config(micro_batches=M), and save the parameters.
 
-    tfdata_accumulate.py OUT BATCH [SPEC M]
+    tfdata_accumulate.py OUT BATCH [SPEC M [unsharded]]
+
+SPEC "-": none (under `autopar launch`); "unsharded": without autopar.shard
+(refused unless Config(allow_unsharded_input=True)).
 
 Single device with BATCH = N*M*b sees, step by step, the same examples as N
 workers with batch b and M micro-batches (element i goes to worker i mod N).
@@ -23,15 +26,17 @@ STEPS = 3
 
 def main() -> None:
     out, batch = sys.argv[1], int(sys.argv[2])
-    spec = sys.argv[3] if len(sys.argv) > 3 else None
+    spec = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "-" else None
     micro = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+    sharded = sys.argv[5:6] != ["unsharded"]
     rng = np.random.default_rng(0)
     xs = rng.normal(size=(512, 6)).astype(np.float32)
     ys = rng.integers(0, 3, size=512).astype(np.int64)
     graph = tf.Graph()
     with graph.as_default():
         tf1.set_random_seed(0)
-        ds = autopar.shard(tf.data.Dataset.from_tensor_slices((xs, ys)))
+        ds = tf.data.Dataset.from_tensor_slices((xs, ys))
+        ds = autopar.shard(ds) if sharded else ds
         x, y = tf1.data.make_one_shot_iterator(ds.batch(batch).repeat()).get_next()
         w1 = tf1.get_variable("w1", [6, 8], initializer=tf1.glorot_uniform_initializer(seed=1))
         w2 = tf1.get_variable("w2", [8, 3], initializer=tf1.glorot_uniform_initializer(seed=2))

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
+from autopar.common.text import human_bytes
 from autopar.common.errors import SpecError
 from autopar.transforms import comm
 from autopar.common.roles import SUMSERVER_ROLE
@@ -48,7 +49,7 @@ class Herring(SyncMethod):
     name = "herring"
     State = HerringState
 
-    def job_choice(self, topology, options, required):
+    def job_choice(self, topology, options, required, analysis):
         """Whether dense float32 gradients go through herring, and why."""
         if required:
             if topology.num_servers == 0:
@@ -80,8 +81,17 @@ class Herring(SyncMethod):
             return False, ("every worker host is a loopback address: one machine, no network "
                            "link for herring to save bytes on, so dense gradients stay on ring "
                            "all-reduce (run_option='herring' forces herring)")
+        if len(topology.hosts) == 1:
+            # The ring among one host's workers stays in its memory; herring
+            # would send the gradients out to servers and back.
+            return False, (f"every worker runs on one host ({topology.hosts[0]}): their ring "
+                           "all-reduce crosses no network link, so dense gradients stay on it "
+                           "(run_option='herring' forces herring)")
+        model = sum(v.bytes for v in analysis.variables
+                    if v.gradient == "dense" and v.dtype == HERRING_DTYPE)
         return predicted_faster(topology.num_workers, len(topology.hosts), topology.num_servers,
-                                options.local_aggregation, options.wire_dtype)
+                                options.local_aggregation, options.wire_dtype, model,
+                                topology.link_gbps)
 
     def declines(self, v, topology, options):
         if v.dtype != HERRING_DTYPE:
@@ -272,16 +282,30 @@ def _wire_bytes_per_element(vp: VariablePlan) -> int:
     return WIRE_BYTES[vp.wire_dtype or HERRING_DTYPE]
 
 
+# The cost model's assumption where the spec gives no link speed: a fast
+# link, where herring's byte savings weigh least.
+DEFAULT_LINK_GBPS = 10.0
+# Herring is chosen when its busiest link saves at least this much time per
+# step at the link speed: it starts S more processes and packs the
+# gradients into buffers every step, which a model of a few kilobytes does
+# not pay back (measured on loopback, 2 workers, a 1 KB model: the same step
+# time as the ring, so no gain to pay for them).
+MIN_SAVING_S = 1e-3
+
+
 def predicted_faster(num_workers: int, num_hosts: int, num_servers: int,
-                     local_aggregation: bool, wire_dtype: str) -> tuple[bool, str]:
+                     local_aggregation: bool, wire_dtype: str, model_bytes: float,
+                     link_gbps: float | None = None) -> tuple[bool, str]:
     """Hybrid's choice for dense float32 gradients: herring when its busiest
-    link moves fewer bytes per step than ring all-reduce's, for a model of M
-    bytes with every link equally fast. Ring: 2(N-1)/N x M per worker link.
-    Herring: M x w per contributor link (w = wire bytes / 4) and M x w x C / S
-    per server link (C contributors: hosts with local aggregation, else
-    workers; S servers). The ring sends float16 too when that is the wire
-    dtype (x w; it has no bfloat16: ring_wire_dtype). Servers sharing a
-    host's link with its workers are not modelled."""
+    link moves fewer bytes per step than ring all-reduce's by at least
+    MIN_SAVING_S of link time, for a model of M = ``model_bytes`` with every
+    link equally fast (the spec's speed, else DEFAULT_LINK_GBPS). Ring:
+    2(N-1)/N x M per worker link. Herring: M x w per contributor link (w =
+    wire bytes / 4) and M x w x C / S per server link (C contributors: hosts
+    with local aggregation, else workers; S servers). The ring sends float16
+    too when that is the wire dtype (x w; it has no bfloat16:
+    ring_wire_dtype). Servers sharing a host's link with its workers are not
+    modelled."""
     n, s = num_workers, num_servers
     if s == 0:
         return False, "the spec has no server processes"
@@ -290,9 +314,25 @@ def predicted_faster(num_workers: int, num_hosts: int, num_servers: int,
     w_ring = WIRE_BYTES[ring_wire_dtype("float32", wire_dtype) or "float32"] / 4
     ring = 2 * (n - 1) / n * w_ring
     herring = max(w, w * c / s)
-    verdict = "herring" if herring < ring else "ring all-reduce"
-    why = (f"cost model, per step in units of the model's bytes M: ring all-reduce moves "
-           f"2(N-1)/N{' x w' if w_ring != 1 else ''} = {ring:.2f} M per worker link; herring moves {w:.2f} M per contributor "
-           f"link and {w * c / s:.2f} M per server link ({c} contributors, {s} servers): "
-           f"{verdict} is predicted faster")
-    return herring < ring, why
+    gbps = link_gbps or DEFAULT_LINK_GBPS
+    seconds_per_m = model_bytes * 8 / (gbps * 1e9)
+    ring_s, herring_s = ring * seconds_per_m, herring * seconds_per_m
+    saving = ring_s - herring_s
+    faster = saving >= MIN_SAVING_S
+    if faster:
+        verdict = (f"herring is predicted faster by {saving * 1e3:.1f} ms per step "
+                   f"({ring_s / herring_s:.2f}x less link time)")
+    elif saving > 0:
+        verdict = (f"herring would save {saving * 1e3:.3f} ms per step, less than the "
+                   f"{MIN_SAVING_S * 1e3:g} ms its servers and buffers must pay back: ring "
+                   "all-reduce is kept")
+    else:
+        verdict = (f"ring all-reduce is predicted faster"
+                   + (f" by {-saving * 1e3:.1f} ms per step" if saving < 0 else " (a tie)"))
+    why = (f"cost model for M = {human_bytes(model_bytes)} of dense float32 gradients at "
+           f"{gbps:g} Gbit/s per link{'' if link_gbps else ' (assumed: the spec gives none)'}: "
+           f"ring all-reduce moves 2(N-1)/N{' x w' if w_ring != 1 else ''} = {ring:.2f} M per "
+           f"worker link ({ring_s * 1e3:.3f} ms); herring moves {w:.2f} M per contributor link "
+           f"and {w * c / s:.2f} M per server link ({c} contributors, {s} servers; "
+           f"{herring_s * 1e3:.3f} ms): {verdict}")
+    return faster, why

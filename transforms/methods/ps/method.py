@@ -142,9 +142,10 @@ def partition_count(nbytes: int, rows: int, num_servers: int) -> int:
 def _step_bytes(v) -> float:
     """Bytes of a server variable one worker moves each way per step: the
     whole variable, or for a sparse gradient the touched rows (the
-    analysis's alpha, 1 when unknown)."""
+    analysis's alpha, at most the whole table: one row per distinct id; 1
+    when unknown)."""
     if v.gradient == "sparse":
-        return (v.alpha if v.alpha is not None else 1.0) * v.bytes
+        return min(v.alpha if v.alpha is not None else 1.0, 1.0) * v.bytes
     return float(v.bytes)
 
 
