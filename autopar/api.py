@@ -2,6 +2,7 @@
 which role this process plays and wire the layers below."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -14,7 +15,7 @@ from autopar import overrides
 from autopar.config import Config
 from autopar.console import debug_errors, report_error, setup_logging
 from autopar.common.errors import AutoparError, SpecError, UnsupportedGraphError
-from autopar.common import env, procs
+from autopar.common import env, procs, script
 from autopar.common.roles import REPORT_ROLE, SERVER_ROLE, WORKER_JOB, WORKER_ROLE
 from autopar.transforms.compile import CompiledPlan, compile_for_config
 from autopar.transforms.methods.registry import processes
@@ -104,9 +105,16 @@ def _get_runner(graph, resource_info, config: Config):
     # every process of the job from the coordinator.
     spec = specs.load_spec(resource_info)
     outputs.check_job_outputs(config, spec)     # before anything starts
+    # The script again as it was started, where it started (it may have
+    # changed directory since, or run through runpy: common/script.py); the
+    # spec was read, and the timeline's path is taken, where it is now.
+    command, start_directory = script.command()
+    launched = (dataclasses.replace(config, timeline=os.path.abspath(config.timeline))
+                if config.timeline else config)
+    os.chdir(start_directory)
     try:
-        code = launcher.run_job(spec, [sys.executable, *sys.argv],
-                                lambda s, _: (*_plan_of(_compile(graph, s, config)), config))
+        code = launcher.run_job(spec, command,
+                                lambda s, _: (*_plan_of(_compile(graph, s, config)), launched))
     except KeyboardInterrupt:
         # Ctrl-C before the job's own handling (launcher.run_job installs it
         # before anything starts): nothing started, nothing to save.

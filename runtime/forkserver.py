@@ -393,7 +393,8 @@ def _become(request: dict, out_fds: list[int]) -> None:
     import numpy
     numpy.random.seed()     # a fresh process's state, not the server's
     argv = list(request["argv"])
-    from autopar.common import procs
+    from autopar.common import procs, script
+    script.note(argv, request["cwd"])   # (sys.orig_argv is the fork server's)
     title = procs.role_title(request["env"], argv)
     if title is not None:
         procs.set_title(title, request["env"])
