@@ -107,7 +107,7 @@ test-matrix: $(STAMP)
 	AUTOPAR_TEST_MATRIX=full $(PY) -m pytest -q tests/integration/test_keras_programs.py \
 		tests/integration/test_user_programs.py tests/integration/test_cnn_benchmarks_resnet.py \
 		tests/integration/test_ported_programs.py tests/integration/test_keras_io_ports.py \
-		tests/integration/test_script_shapes.py
+		tests/integration/test_script_shapes.py tests/integration/test_examples.py
 
 clean:
 	rm -rf $(VENV) *.egg-info
