@@ -92,17 +92,22 @@ gpu-check: $(STAMP)
 	$(PY) tests/gpu/check.py
 
 # Soaks: ten fresh parameter-server jobs per run option (the start-up race),
-# five rounds of two jobs launched together on one port range.
+# five rounds of two jobs launched together on one port range, Ctrl-C at each
+# point of the launcher's start-up twenty times.
 stress: $(STAMP)
-	AUTOPAR_STRESS_REPEATS=10 AUTOPAR_PORT_ROUNDS=5 $(PY) -m pytest -q \
-		tests/integration/test_ps_stress.py tests/integration/test_ports_launch.py
+	AUTOPAR_STRESS_REPEATS=10 AUTOPAR_PORT_ROUNDS=5 AUTOPAR_STARTUP_PRESSES=20 \
+		$(PY) -m pytest -q tests/integration/test_ps_stress.py \
+		tests/integration/test_ports_launch.py \
+		"tests/integration/test_launcher.py::test_ctrl_c_at_each_point_of_the_start_up_stops_the_job"
 
 # Programs users bring in every run option (the suite runs each run option
 # once): the Keras 3 custom step and fit() tests over the full matrix.
 .PHONY: test-matrix
 test-matrix: $(STAMP)
 	AUTOPAR_TEST_MATRIX=full $(PY) -m pytest -q tests/integration/test_keras_programs.py \
-		tests/integration/test_user_programs.py tests/integration/test_cnn_benchmarks_resnet.py
+		tests/integration/test_user_programs.py tests/integration/test_cnn_benchmarks_resnet.py \
+		tests/integration/test_ported_programs.py tests/integration/test_keras_io_ports.py \
+		tests/integration/test_script_shapes.py tests/integration/test_examples.py
 
 clean:
 	rm -rf $(VENV) *.egg-info

@@ -24,6 +24,11 @@ if not _os.path.isdir(_os.path.join(__path__[0], "runtime")) and all(
 # child uses the parent's gRPC state, so the handlers are not needed.
 _os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
+# The command and directory the launcher re-runs this script with, before
+# the script can change directory (common/script.py).
+from autopar.common import script as _script  # noqa: E402
+if _script._started is None:
+    _script.note()
 from autopar.config import Config, SimulatedDelay  # noqa: E402
 from autopar.console import install_excepthook as _install_excepthook  # noqa: E402
 from autopar.common.errors import (AutoparError, LaunchError, SpecError,  # noqa: E402

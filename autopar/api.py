@@ -2,6 +2,7 @@
 which role this process plays and wire the layers below."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -14,7 +15,7 @@ from autopar import overrides
 from autopar.config import Config
 from autopar.console import debug_errors, report_error, setup_logging
 from autopar.common.errors import AutoparError, SpecError, UnsupportedGraphError
-from autopar.common import env, procs
+from autopar.common import env, procs, script
 from autopar.common.roles import REPORT_ROLE, SERVER_ROLE, WORKER_JOB, WORKER_ROLE
 from autopar.transforms.compile import CompiledPlan, compile_for_config
 from autopar.transforms.methods.registry import processes
@@ -62,7 +63,7 @@ def get_runner(graph, resource_info=None, config: Config | None = None):
 
 def _get_runner(graph, resource_info, config: Config):
     # runtime is heavy; import on use
-    from autopar.runtime import join, launcher, script_plan, spec as specs, worker
+    from autopar.runtime import join, launcher, outputs, script_plan, spec as specs, worker
     graph, lifted = _lifted(graph)
     if lifted is not None and lifted.summaries and config.micro_batches > 1:
         raise UnsupportedGraphError(
@@ -81,6 +82,8 @@ def _get_runner(graph, resource_info, config: Config):
             print_report=index == 0 and not os.environ.get(env.REPORT_PRINTED), lifted=lifted)
     if role == REPORT_ROLE:
         spec = specs.ResourceSpec.from_dict(json.loads(os.environ[env.SPEC]))
+        if os.environ.get(env.PLAN_OUT):      # `autopar launch`, before it starts anything
+            outputs.check_job_outputs(config, spec)
         compiled = _compile(graph, spec, config)
         if os.environ.get(env.PLAN_OUT):      # for `autopar launch` (runtime/script_plan.py)
             plan, roles, table = _plan_of(compiled)
@@ -101,12 +104,20 @@ def _get_runner(graph, resource_info, config: Config):
     # The launcher: compile once, print the report from it, serve it to
     # every process of the job from the coordinator.
     spec = specs.load_spec(resource_info)
+    outputs.check_job_outputs(config, spec)     # before anything starts
+    # The script again as it was started, where it started (it may have
+    # changed directory since, or run through runpy: common/script.py); the
+    # spec was read, and the timeline's path is taken, where it is now.
+    command, start_directory = script.command()
+    launched = (dataclasses.replace(config, timeline=os.path.abspath(config.timeline))
+                if config.timeline else config)
+    os.chdir(start_directory)
     try:
-        code = launcher.run_job(spec, [sys.executable, *sys.argv],
-                                lambda s, _: (*_plan_of(_compile(graph, s, config)), config))
+        code = launcher.run_job(spec, command,
+                                lambda s, _: (*_plan_of(_compile(graph, s, config)), launched))
     except KeyboardInterrupt:
-        # Ctrl-C outside the job's own handling (while compiling): nothing
-        # to save, and the processes are stopped already.
+        # Ctrl-C before the job's own handling (launcher.run_job installs it
+        # before anything starts): nothing started, nothing to save.
         if debug_errors():
             raise
         sys.stderr.write("autopar: interrupted\n")

@@ -81,8 +81,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         args = _parse(parser, argv)
         fields, origins = _config_fields(args)
-        overrides.checked(fields, origins)     # Config's own checks, before anything starts
+        config = overrides.checked(fields, origins)   # Config's own checks, before anything starts
         spec = _spec(args)
+        _check_against_the_spec(fields, config, spec)
     except (UsageError, AutoparError) as e:
         if debug_errors() and isinstance(e, AutoparError):
             raise
@@ -109,6 +110,19 @@ def main(argv: list[str] | None = None) -> int:
             raise
         sys.stderr.write("autopar: interrupted\n")
         return 130
+
+
+def _check_against_the_spec(fields: dict, config, spec) -> None:
+    """What the command line's Config fields contradict in the spec, and the
+    paths they name that cannot be written, refused before anything starts
+    (the script's own Config is checked when its plan compiles)."""
+    from autopar.runtime import outputs
+    from autopar.runtime.launcher import check_restart_options
+    if "max_restarts" in fields or "min_workers" in fields:
+        check_restart_options(spec, config.max_restarts, config.min_workers)
+    if config.timeline is not None and "timeline" in fields:
+        outputs.writable_file(config.timeline, "timeline")
+    outputs.check_job_outputs(config, spec)
 
 
 def spec_main(argv: list[str]) -> int:

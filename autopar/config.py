@@ -1,12 +1,20 @@
 """User-facing options. Every field has a default that works on one machine."""
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from autopar.common.errors import AutoparError, shown
+
+# Upper bounds of counts, far above what a job uses and low enough that
+# nothing sized by them runs out of memory (a feed split into micro-batches
+# holds a dict per part; a variable's partitions are ops per step each).
+# docs/config.md and docs/launching.md#limits state them.
+MAX_MICRO_BATCHES = 4096
+MAX_PARTITIONS = 4096
 
 
 @dataclass(frozen=True)
@@ -29,6 +37,10 @@ class SimulatedDelay:
     """The worker indices that are delayed (``None``: all); a list is accepted
     and kept as a tuple."""
 
+    def __new__(cls, *args, **kwargs):
+        _known_keywords(cls, kwargs)     # as Config's
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
         for name, zero_ok in (("median_s", False), ("sigma", True), ("max_s", False)):
             _seconds(name, getattr(self, name), zero_ok=zero_ok, owner="SimulatedDelay")
@@ -48,7 +60,8 @@ class Config:
 
     Every field has a default that works on one machine, and every field is
     checked when the Config is made (types first; an ``AutoparError`` naming
-    the field). Each field's documentation is the string literal after it
+    the field; a keyword that is no field is one too, naming the field it
+    may mean). Each field's documentation is the string literal after it
     (an attribute docstring): docs/config.md is generated from them by
     ``python -m docs.generate``.
     """
@@ -178,7 +191,9 @@ class Config:
     can be turned off for ablation)."""
     partitions: dict = field(default_factory=dict)
     """Partition count per PS variable name, overriding the automatic rule:
-    ``{variable name: count >= 1}``, e.g. ``{"embedding": 8}``."""
+    ``{variable name: count from 1 to 4096}``, e.g. ``{"embedding": 8}``. A
+    name that is no trainable variable of the graph, or a count above the
+    variable's rows, is refused when the plan is compiled."""
     stall_timeout_s: float = 60.0
     """The launcher ends the job when some workers have waited this long
     inside a step for a process that has stopped answering (killed,
@@ -198,7 +213,7 @@ class Config:
     micro_batches: int = 1
     """DropCompute (docs/dropcompute.md): every training step computes up to
     micro_batches micro-batches per worker, accumulating their gradients,
-    then aggregates and applies once. An integer >= 1."""
+    then aggregates and applies once. An integer from 1 to 4096."""
     compute_threshold: float | str | None = None
     """Seconds of compute after which a worker stops taking micro-batches and
     joins the aggregation; ``"auto"`` picks it from the latencies measured
@@ -230,10 +245,13 @@ class Config:
     drop it and go on with the hosts that remain, re-planned, if they run at
     least this many workers (0: never drop a host; the job fails). The global
     batch shrinks with the workers; the learning rate is the script's to
-    rescale (``autopar.num_workers()``, docs/cluster.md)."""
+    rescale (``autopar.num_workers()``, docs/cluster.md). Refused without
+    ``max_restarts``, and above the spec's worker count."""
     timeline: str | None = None
     """A Chrome trace-event file the launcher writes when the job ends (None:
-    none): every worker's and server's lane with the phases of the last
+    none; a path no file can be written at is refused before anything
+    starts, as are unwritable ``checkpoint_dir``, ``tensorboard_dir`` and
+    ``dropcompute_log_dir``): every worker's and server's lane with the phases of the last
     ``timeline_steps`` traced steps (forward, backward, each all-reduce
     bucket, pushes and pulls, server updates, barriers, micro-batches,
     checkpoint saves), clocks aligned on the launcher's. Open it in
@@ -266,6 +284,13 @@ class Config:
     private network namespace also every byte the job's processes sent (0
     disables; [inside a job](inside-a-job.md))."""
 
+    def __new__(cls, *args, **kwargs):
+        # A misspelled keyword would be a TypeError from the generated
+        # __init__, with a traceback; it is an autopar error like any bad value
+        # (a launched script then ends as `autopar: ...`, exit status 2).
+        _known_keywords(cls, kwargs)
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
         # Every field is checked, types first (so a wrong type is named, not a
         # TypeError from a comparison), and each message names the field and
@@ -279,6 +304,10 @@ class Config:
         _count("timeline_every", self.timeline_every, 1)
         _count("max_restarts", self.max_restarts, 0)
         _count("min_workers", self.min_workers, 0, "(0: never drop a host)")
+        if self.min_workers and not self.max_restarts:
+            raise AutoparError(f"Config.min_workers={self.min_workers} drops a host only when the "
+                               "job restarts, and max_restarts is 0: give max_restarts >= 1 too, "
+                               "or leave min_workers at 0")
         _count("save_every_steps", self.save_every_steps, 1)
         _count("keep_checkpoints", self.keep_checkpoints, 1)
         _count("log_every_steps", self.log_every_steps, 0, "(0 disables)")
@@ -300,9 +329,9 @@ class Config:
             if not isinstance(name, str):
                 raise AutoparError(f"Config.partitions: keys must be variable names (strings), "
                                    f"got {shown(name)}")
-            if not _is_int(n) or n < 1:
-                raise AutoparError(f"Config.partitions[{shown(name)}] must be an integer >= 1, "
-                                   f"got {shown(n)}")
+            if not _is_int(n) or not 1 <= n <= MAX_PARTITIONS:
+                raise AutoparError(f"Config.partitions[{shown(name)}] must be an integer from 1 "
+                                   f"to {MAX_PARTITIONS}, got {shown(n)}")
         if self.average_sparse is not None:
             warnings.warn("Config.average_sparse is Parallax's option: use loss_reduction='mean' "
                           "(average_sparse=True) or 'parallax' (average_sparse=False)",
@@ -352,6 +381,9 @@ class Config:
 
     def _check_dropcompute(self) -> None:
         _count("micro_batches", self.micro_batches, 1)
+        if self.micro_batches > MAX_MICRO_BATCHES:
+            raise AutoparError(f"Config.micro_batches must be at most {MAX_MICRO_BATCHES}, got "
+                               f"{shown(self.micro_batches)}")
         tau = self.compute_threshold
         if tau is not None and tau != "auto" and not (_is_number(tau) and 0 < tau < math.inf):
             raise AutoparError(f"Config.compute_threshold must be seconds > 0, 'auto' or None, "
@@ -398,6 +430,18 @@ def peer_timeout_s(stall_timeout_s: float, busy_timeout_s: float) -> float:
     if not stall_timeout_s or not busy_timeout_s:
         return 0.0
     return float(max(stall_timeout_s, busy_timeout_s))
+
+
+def _known_keywords(cls, kwargs: dict) -> None:
+    """AutoparError naming the first keyword that is not a field of ``cls``,
+    with the closest field name if one is close."""
+    names = [f.name for f in fields(cls)]
+    for key in kwargs:
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=2)
+            hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+            raise AutoparError(f"{cls.__name__} has no field {shown(key, 60)}{hint}; its fields "
+                               "are listed in docs/config.md")
 
 
 def _is_int(value) -> bool:

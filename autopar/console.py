@@ -118,15 +118,9 @@ def condensed_traceback(error: BaseException, total_lines: int) -> str:
 def error_line(error: BaseException) -> str:
     """``TypeName: first line of its message`` (at most 400 characters); for a
     TensorFlow op error the kernel's own words and the op's name."""
-    message = getattr(error, "message", None) if _is_op_error(error) else None
-    if message is not None:
-        kept = [line.strip() for line in message.splitlines()
-                if line.strip() and not line[0].isspace()
-                and not line.startswith(("Graph execution error", "Detected at node", "Node:",
-                                         "Hint:", "\t"))]
-        text = kept[0] if kept else type(error).__name__
-        if text.endswith(":") and len(kept) > 1:
-            text += " " + kept[1]     # "From /job:worker/replica:0/task:0:" says where, not what
+    text = op_error_text(error) if _is_op_error(error) else None
+    if text is not None:
+        text = text or type(error).__name__
         node = getattr(getattr(error, "node_def", None), "name", "")
         if node:
             text += f" (op '{node}')"
@@ -134,6 +128,20 @@ def error_line(error: BaseException) -> str:
         text = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
     text = f"{type(error).__name__}: {text}" if text else type(error).__name__
     return text if len(text) <= 400 else text[:397] + "..."
+
+
+def op_error_text(error: BaseException) -> str:
+    """A TensorFlow op error's own words: the kernel's message without the
+    "Graph execution error / Detected at node" framing, the op's creation
+    stack and hints; "" when it has none."""
+    kept = [line.strip() for line in (getattr(error, "message", None) or "").splitlines()
+            if line.strip() and not line[0].isspace()
+            and not line.startswith(("Graph execution error", "Detected at node", "Node:",
+                                     "Hint:", "\t"))]
+    text = kept[0] if kept else ""
+    if text.endswith(":") and len(kept) > 1:
+        text += " " + kept[1]     # "From /job:worker/replica:0/task:0:" says where, not what
+    return text
 
 
 def _is_op_error(error: BaseException) -> bool:

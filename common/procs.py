@@ -10,13 +10,14 @@ Every child runs in its own session (hence its own process group), so that
 
 On Linux each child also asks the kernel for SIGKILL when its parent dies
 (PR_SET_PDEATHSIG), which covers the one path no ``finally`` can: the
-launcher itself being SIGKILLed.
+launcher itself being SIGKILLed. And it gets SIGINT and SIGTERM as a new
+process has them, whatever the launcher (or the fork server, which ignores
+SIGTERM) had.
 """
 from __future__ import annotations
 
 import atexit
 import ctypes
-import ctypes.util
 import gc
 import json
 import logging
@@ -44,7 +45,10 @@ def libc_function(name: str) -> Callable[..., int] | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        # The process's own symbols, the C library's among them. (Not
+        # ctypes.util.find_library("c"): it runs /sbin/ldconfig, a fork at
+        # import time, where a Ctrl-C became a traceback.)
+        libc = ctypes.CDLL(None, use_errno=True)
         return getattr(libc, name)
     except (OSError, AttributeError):
         logger.debug("%s unavailable in the C library", name)
@@ -56,8 +60,9 @@ _PRCTL = libc_function("prctl")   # None: children will not die with the launche
 
 def make_preexec(death_signal: int = signal.SIGKILL,
                  then: Callable[[], None] | None = None) -> Callable[[], None]:
-    """A preexec_fn that gives the child SIGINT as a new process has it,
-    makes it receive ``death_signal`` when the launcher dies, then calls
+    """A preexec_fn that gives the child SIGINT and SIGTERM as a new
+    process has them, makes it receive ``death_signal`` when the launcher
+    dies, then calls
     ``then`` (e.g. entering the job's network namespace, runtime/netns.py).
     The fork server runs it in each child right after its fork.
 
@@ -76,6 +81,7 @@ def make_preexec(death_signal: int = signal.SIGKILL,
 
     def preexec() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if prctl is not None:
             prctl(_PR_SET_PDEATHSIG, int(death_signal), 0, 0, 0)
             # The parent may have died between fork and prctl, in which case
@@ -173,11 +179,18 @@ def _wait_all(procs: Sequence[Stoppable], seconds: float) -> None:
         time.sleep(0.05)
 
 
+# A job's workers and servers take a first SIGTERM as a request to stop once
+# the chief has saved (runtime/stopping.py): a cluster sends it to every
+# process of a job at once. The second, this long after the first, ends them.
+SECOND_SIGTERM_S = 0.2
+
+
 def stop_processes(procs: Sequence[Stoppable], grace_seconds: float,
                    reap_timeout: float = 5.0) -> None:
-    """Stop every process (and its process group): SIGTERM, up to
-    ``grace_seconds`` to exit, then SIGKILL; wait up to ``reap_timeout`` for
-    them all (a Popen is reaped by its poll).
+    """Stop every process (and its process group): SIGTERM, a second
+    SIGTERM to those still running SECOND_SIGTERM_S later, up to
+    ``grace_seconds`` in all to exit, then SIGKILL; wait up to
+    ``reap_timeout`` for them all (a Popen is reaped by its poll).
 
     Groups whose leader has already exited are signalled too, since something
     the leader started may still be in them; a caller that keeps processes
@@ -186,8 +199,13 @@ def stop_processes(procs: Sequence[Stoppable], grace_seconds: float,
     """
     for proc in procs:
         _signal_group(proc.pid, signal.SIGTERM)
+    first = min(grace_seconds, SECOND_SIGTERM_S)
+    _wait_all(procs, first)
+    for proc in procs:
+        if proc.poll() is None:
+            _signal_group(proc.pid, signal.SIGTERM)
 
-    _wait_all(procs, grace_seconds)
+    _wait_all(procs, grace_seconds - first)
 
     for proc in procs:
         if proc.poll() is None or group_exists(proc.pid):

@@ -20,6 +20,12 @@
 // server exits when its parent process does (the launcher, or ssh on a remote
 // host), so it never outlives its job.
 //
+// SIGTERM is a stop request, as in every process of a job
+// (runtime/stopping.py): clusters send it to all of a job's processes at
+// once, and the step the chief is in needs this server to finish. The
+// first is noted and ends the process kPeerStopS later; the second (the
+// launcher's, once the chief has saved) ends it at once.
+//
 // On start it prints "autopar_sumserver listening on HOST:PORT" (the real
 // port when --port 0) and flushes stdout.
 #include <arpa/inet.h>
@@ -354,9 +360,24 @@ void sweeper_loop() {
 }
 
 // Exits once the process that started us is gone (reparented).
+constexpr int kPeerStopS = 25;      // runtime/stopping.py PEER_STOP_S
+std::atomic<int> g_sigterms{0};
+
+void on_sigterm(int) {
+  if (g_sigterms.fetch_add(1) >= 1) _exit(0);
+}
+
+// Also ends the process kPeerStopS after its first SIGTERM.
 void parent_watch_loop(pid_t parent) {
+  bool terminating = false;
+  Clock::time_point since;
   while (true) {
     if (getppid() != parent) std::_Exit(0);
+    if (!terminating && g_sigterms.load() > 0) {
+      terminating = true;
+      since = Clock::now();
+    }
+    if (terminating && Clock::now() - since > std::chrono::seconds(kPeerStopS)) std::_Exit(0);
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
 }
@@ -399,9 +420,14 @@ int main(int argc, char** argv) {
     }
   }
   if (port < 0) usage("--port is required");
-  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) return 0;  // the parent died before prctl
   ::signal(SIGPIPE, SIG_IGN);
+  struct sigaction term {};
+  term.sa_handler = on_sigterm;
+  term.sa_flags = SA_RESTART;
+  sigemptyset(&term.sa_mask);
+  ::sigaction(SIGTERM, &term, nullptr);
 
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;

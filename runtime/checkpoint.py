@@ -19,8 +19,10 @@ restore or save removes, never a listed checkpoint with missing parts; a save
 that fails (a full disk) raises AutoparError saying so and leaves the state
 file, and with it the previous checkpoint, as it was. The newest ``keep``
 checkpoints are kept. Restoring tries the newest listed checkpoint first; one
-that is truncated, has a missing file or fails TensorFlow's per-tensor CRC32C
-check is reported by name and the previous one is tried (the damaged ones are
+that is truncated, has a missing or empty file or fails TensorFlow's
+per-tensor CRC32C check (whatever error TensorFlow raises reading it) is
+reported by name, with the file that is missing or empty, and the previous
+one is tried, then those the state file does not list (the damaged ones are
 deleted once one restores). One whose variables are not this graph's (names,
 shapes, dtypes) is refused, never deleted.
 
@@ -48,6 +50,8 @@ import tensorflow as tf
 from google.protobuf import text_format
 
 from autopar.common.errors import AutoparError, shown
+from autopar.console import op_error_text
+from autopar.runtime.outputs import writable_directory
 from autopar.transforms.partition import dealt_rows, interleave_rows
 
 tf1 = tf.compat.v1
@@ -61,10 +65,10 @@ _CheckpointState = type(tf1.train.generate_checkpoint_state_proto(
     "/", "x", all_model_checkpoint_paths=["x"]))
 # Temporary directories of saves in progress (or killed), inside the checkpoint directory.
 _TEMP_DIR_PREFIX = ".autopar-saving-"
-# What a damaged checkpoint raises on restore: a truncated file (OutOfRange, or
-# DataLoss for a truncated index), a flipped bit (DataLoss: CRC32C mismatch),
-# a missing .data or .index file (NotFound).
-_DAMAGED = (tf.errors.DataLossError, tf.errors.OutOfRangeError, tf.errors.NotFoundError)
+# A damaged checkpoint raises any tf.errors.OpError on restore: a truncated
+# file OutOfRange (DataLoss for a truncated index), a flipped bit DataLoss
+# (CRC32C mismatch), a missing .data or .index file NotFound, an empty or
+# garbled index the base OpError ("file is too short to be an sstable").
 _DATA_SHARD = re.compile(r"\.data-\d{5}-of-\d{5}")
 
 
@@ -116,11 +120,13 @@ class Checkpointer:
         """Restore the newest intact checkpoint if there is one; its step, else None.
 
         First checks that checkpoints can be written at all (an unwritable
-        directory is an AutoparError before any training). Damaged
-        checkpoints newer than the restored one are reported, then deleted
-        and dropped from the state file; if every checkpoint is damaged this
-        raises AutoparError (deleting nothing) rather than silently starting
-        from initial values.
+        directory is an AutoparError before any training). The listed
+        checkpoints are tried newest first, then, if every one is damaged,
+        those the state file does not list. Damaged checkpoints newer than
+        the restored one are reported (what is damaged, TensorFlow's words),
+        then deleted and dropped from the state file, and the one used is
+        named; if every checkpoint is damaged this raises AutoparError
+        (deleting nothing) rather than silently starting from initial values.
         """
         self._check_writable()
         self._remove_temporaries()
@@ -128,12 +134,17 @@ class Checkpointer:
         if not candidates:
             log.info("no checkpoint in %s: starting from initial values", self.directory)
             return None
+        # When every listed checkpoint is damaged, those of the directory the
+        # state file does not list (a save killed before it listed its
+        # checkpoint, an old one not deleted yet) are tried, newest first.
+        unlisted = [p for p in self._index_files() if p not in candidates]
+        order = [*reversed(candidates), *reversed(unlisted)]
         damaged = []
-        for path in reversed(candidates):
+        for path in order:
             try:
                 self._check_holds_variables(path)
                 session.run(self._restore, {self._path: path})
-            except _DAMAGED as exc:
+            except tf.errors.OpError as exc:
                 reason = _reason(exc)
                 if isinstance(exc, tf.errors.NotFoundError) and not _files_missing(path):
                     # Intact files without this graph's variables: another model's
@@ -142,17 +153,22 @@ class Checkpointer:
                         f"checkpoint {path} does not hold this graph's variables ({reason}). "
                         "Point checkpoint_dir at a directory of this model's checkpoints "
                         "or an empty one.") from exc
-                log.warning("checkpoint %s is corrupt or incomplete (%s: %s); trying the "
-                            "previous one", path, type(exc).__name__, reason)
+                damage = _damaged_files(path)
+                log.warning("checkpoint %s is corrupt or incomplete (%s: %s%s)%s", path,
+                            type(exc).__name__, reason, f"; {damage}" if damage else "",
+                            "; trying the previous one" if path != order[-1] else "")
                 damaged.append(path)
                 continue
             step = _step_of(path)
             if damaged:
                 for bad in damaged:
                     self._delete(bad)
-                log.warning("deleted the damaged checkpoint(s) %s",
-                            ", ".join(os.path.basename(p) for p in damaged))
-                self._write_state([p for p in candidates if p not in damaged])
+                kept = sorted({*(p for p in candidates if p not in damaged), path}, key=_step_of)
+                self._write_state(kept)
+                log.warning("deleted the damaged checkpoint(s) %s; resuming from %s (global "
+                            "step %d)%s", ", ".join(os.path.basename(p) for p in damaged),
+                            os.path.basename(path), step,
+                            ", which the state file did not list" if path in unlisted else "")
             self.last_saved = step
             log.info("restored %s (global step %d)", path, step)
             return step
@@ -217,23 +233,20 @@ class Checkpointer:
 
     def _check_writable(self) -> None:
         """Refuse, before any training, a checkpoint_dir nothing can be saved in."""
-        try:
-            os.makedirs(self.directory, exist_ok=True)
-            fd, probe = tempfile.mkstemp(prefix=_TEMP_DIR_PREFIX, dir=self.directory)
-            os.close(fd)
-            os.remove(probe)
-        except OSError as exc:
-            raise AutoparError(
-                f"checkpoint_dir {self.directory} is not writable ({exc.strerror or exc}): no "
-                "checkpoint could be saved. Make it a directory this user can write, or point "
-                "Config(checkpoint_dir=...) at one.") from exc
+        writable_directory(self.directory, "checkpoint_dir")
 
     def _check_holds_variables(self, path: str) -> None:
         """AutoparError unless checkpoint ``path`` has every variable of this
         graph with its shape and dtype (its index only; damage to the index
         raises as restoring would)."""
-        reader = tf.train.load_checkpoint(path)
-        shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
+        try:
+            reader = tf.train.load_checkpoint(path)
+            shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
+        except tf.errors.OpError:
+            raise
+        except Exception as exc:   # noqa: BLE001 - whatever else TensorFlow's reader raises
+            raise tf.errors.DataLossError(None, None, f"its index cannot be read "
+                                                      f"({type(exc).__name__}: {exc})") from exc
         for name, (shape, dtype) in self._expected.items():
             if name not in shapes:
                 problem = f"it has no variable '{name}'"
@@ -256,6 +269,11 @@ class Checkpointer:
         names = self._read_state()
         if names:
             return [os.path.join(self.directory, n) for n in names]
+        return self._index_files()
+
+    def _index_files(self) -> list[str]:
+        """Every checkpoint of this prefix in the directory (by its index
+        file), oldest first, listed or not."""
         found = [p[:-len(".index")] for p in glob.glob(glob.escape(self.prefix) + "-*.index")]
         return sorted((p for p in found if re.fullmatch(r"\d+", p.rsplit("-", 1)[-1])),
                       key=_step_of)
@@ -373,20 +391,31 @@ def _step_of(path: str) -> int:
 
 
 def _reason(exc: tf.errors.OpError) -> str:
-    """The kernel's own words from a graph-mode error, without TensorFlow's
-    "Graph execution error / Detected at node" framing and traceback."""
-    lines = [line.strip() for line in (exc.message or "").splitlines()
-             if line.strip() and not line[0].isspace()
-             and not line.startswith(("Graph execution error", "Detected at node", "Node:"))]
-    return lines[0] if lines else type(exc).__name__
+    """The kernel's own words from a graph-mode error (autopar/console.py)."""
+    return op_error_text(exc) or type(exc).__name__
+
+
+def _damaged_files(path: str) -> str:
+    """Which of checkpoint ``path``'s files is missing or empty ("" when
+    none: the damage is inside one)."""
+    index = os.path.basename(path) + ".index"
+    if not os.path.exists(path + ".index"):
+        return f"{index} is missing"
+    if os.path.getsize(path + ".index") == 0:
+        return f"{index} is empty"
+    shards = glob.glob(glob.escape(path) + ".data-*-of-*")
+    if not shards:
+        return f"{os.path.basename(path)}.data-* is missing"
+    total = int(shards[0].rsplit("-of-", 1)[1])
+    for i in range(total):
+        name = f"{path}.data-{i:05d}-of-{total:05d}"
+        if not os.path.exists(name):
+            return f"{os.path.basename(name)} is missing"
+        if os.path.getsize(name) == 0:
+            return f"{os.path.basename(name)} is empty"
+    return ""
 
 
 def _files_missing(path: str) -> bool:
     """Whether the index or any data shard of checkpoint ``path`` is missing."""
-    if not os.path.exists(path + ".index"):
-        return True
-    shards = glob.glob(glob.escape(path) + ".data-*-of-*")
-    if not shards:
-        return True
-    total = int(shards[0].rsplit("-of-", 1)[1])
-    return any(not os.path.exists(f"{path}.data-{i:05d}-of-{total:05d}") for i in range(total))
+    return _damaged_files(path).endswith("is missing")

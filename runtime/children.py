@@ -13,7 +13,6 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import IO
 
 from autopar.quiet import NOISE, verbose as keep_noise
 from autopar.console import write_line

@@ -261,6 +261,11 @@ class ProgressHook:
             self.global_step = global_step
         self.client.report(self.steps_done, PHASE_SCRIPT, self.global_step)
 
+    def began_job(self) -> None:
+        """A later job of the script begins (its steps count on): this
+        worker trains again, no longer closed."""
+        self.client.report(self.steps_done, PHASE_INIT, self.global_step)
+
     def closed(self) -> None:
         if _failing():
             # Closed on the way out of an exception (the Runner's `with`, a

@@ -56,10 +56,6 @@ class ArrayBatches:
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.chief_order = lambda draw, n: draw()
 
-    def sample(self):
-        """Two examples (x, y), to build the compiled loss before tracing."""
-        return rows(self.x, slice(0, 2)), rows(self.y, slice(0, 2))
-
     @staticmethod
     def data(x, y, weights):
         """What Keras's fit hands a model's train_step for a batch of x, y
@@ -78,16 +74,34 @@ class ArrayBatches:
             out += _specs(self.weights)
         return out
 
-    def check(self, parts: int, what: str) -> None:
+    def check(self, parts: int, what: str, any_of: int | None = None) -> None:
         """Refuse a batch size that does not split into `parts` equal shares
         (`what` names them: the workers, and their micro-batches), and
-        examples too few for one batch that does."""
+        examples too few for one batch that does; with `any_of`, when the
+        step trains shares of any size, one of fewer rows than `any_of`
+        workers (each needs one)."""
+        if any_of is not None:
+            if min(self.batch_size, size(self.x)) < any_of:
+                raise AutoparError(f"autopar.fit: batch_size={self.batch_size} is the global "
+                                   f"batch: each of the {any_of} workers needs a row of each "
+                                   f"batch, and {size(self.x)} examples make a first batch of "
+                                   f"{min(self.batch_size, size(self.x))}")
+            return
         if self.batch_size % parts:
             raise AutoparError(f"autopar.fit: batch_size={self.batch_size} is the global batch "
                                f"and must divide by {what}")
         if size(self.x) < self.batch_size and size(self.x) % parts:
             raise AutoparError(f"autopar.fit: {size(self.x)} examples make no batch of "
                                f"{self.batch_size}, and do not divide by {what}")
+
+    def num_batches(self) -> int:
+        """The batches of an epoch (Keras's callbacks' params["steps"])."""
+        return -(-size(self.x) // self.batch_size)
+
+    @staticmethod
+    def read_past_end() -> bool:
+        """Whether Keras's fit reads past an epoch's last batch (`DatasetBatches`)."""
+        return False
 
     def order(self, epoch: int) -> np.ndarray:
         """The order of the examples in epoch `epoch`, the same on every worker."""
@@ -177,14 +191,6 @@ class DatasetBatches:
                                "fit takes steps_per_epoch / validation_steps with a dataset "
                                "that repeats (dataset.repeat()), or none")
 
-    def sample(self):
-        """Two examples of zeros of the elements' shapes: reading one would
-        advance a reshuffling dataset's order (one device's fit reads none)."""
-        import tensorflow as tf
-        return tuple(tf.nest.map_structure(
-            lambda s: np.zeros([2] + [d or 1 for d in s.shape[1:]], s.dtype.as_numpy_dtype), part)
-            for part in self.element[:2])
-
     def structure(self):
         return self.element[0], self.element[1]
 
@@ -198,8 +204,24 @@ class DatasetBatches:
             out.append(_weights_spec(self.weigh))
         return out
 
-    def check(self, parts: int, what: str) -> None:
-        del parts, what   # batches that do not split are left out, one by one
+    def check(self, parts: int, what: str, any_of: int | None = None) -> None:
+        del parts, what, any_of   # batches that do not split are left out, one by one
+
+    def read_past_end(self) -> bool:
+        """Whether Keras's fit reads past an epoch's last batch: it calls its
+        train function until one fails to read a batch of a dataset of
+        unknown length (steps_per_epoch not given)."""
+        import tensorflow as tf
+        return self.steps is None and int(self.dataset.cardinality()) == int(
+            tf.data.UNKNOWN_CARDINALITY)
+
+    def num_batches(self) -> int | None:
+        """The batches of a pass, as Keras's fit counts them: its steps, the
+        dataset's length, or None when unknown."""
+        if self.steps is not None:
+            return self.steps
+        count = int(self.dataset.cardinality())
+        return count if count >= 0 else None
 
     def data(self, x, y, weights):
         """What Keras's fit hands a model's train_step for a batch: the
@@ -332,9 +354,6 @@ class PyDatasetBatches:
         w = np.asarray(batch[2]) if len(batch) > 2 else None
         return x, y, w
 
-    def sample(self):
-        return rows(self.first[0], slice(0, 2)), rows(self.first[1], slice(0, 2))
-
     def structure(self):
         return self.first[0], self.first[1]
 
@@ -347,8 +366,15 @@ class PyDatasetBatches:
             out.append(_weights_spec(self.weigh))
         return out
 
-    def check(self, parts: int, what: str) -> None:
-        del parts, what   # batches that do not split are left out, one by one
+    def check(self, parts: int, what: str, any_of: int | None = None) -> None:
+        del parts, what, any_of   # batches that do not split are left out, one by one
+
+    def num_batches(self) -> int:
+        return self.count
+
+    @staticmethod
+    def read_past_end() -> bool:
+        return False
 
     def data(self, x, y, weights):
         """What Keras's fit hands a model's train_step: the batch as the

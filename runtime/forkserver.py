@@ -21,7 +21,9 @@ global random state is re-seeded in each child, as a fresh process would be
 (Python's ``random`` re-seeds itself after fork).
 
 Processes die with their parent: the server with the launcher (it is started
-like any child, PR_SET_PDEATHSIG), its children with the server. Commands that
+like any child, PR_SET_PDEATHSIG), its children with the server. The server
+ignores SIGTERM (runtime/stopping.py: a cluster's stop must not kill the
+job's processes through it). Commands that
 are not a Python script or module run by the launcher's own interpreter (the
 summation server, a different Python, remote hosts) are started directly.
 Set AUTOPAR_FORK_SERVER=0 to start every process directly.
@@ -75,6 +77,7 @@ import os
 import runpy
 import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -182,9 +185,16 @@ def _serve(sock: socket.socket) -> tuple[dict, list[int]] | None:
         except OSError:
             pass   # the launcher went away; its hang-up ends the loop
 
+    # A cluster stopping the job sends SIGTERM to every process at once; dying
+    # of it, this server would take every process it forked along
+    # (PR_SET_PDEATHSIG: SIGKILL), the chief's final save with them. It
+    # leaves when the launcher hangs up, or dies with the launcher. Each
+    # child gets SIGTERM back as a new process has it (die_with_server).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     reply(f"READY {os.getpid()}")
     children: set[int] = set()
-    # run in each child, right after its fork: SIGINT as a new process has it, dying with us
+    # run in each child, right after its fork: SIGINT and SIGTERM as a new
+    # process has them, dying with us
     die_with_server = procs.make_preexec()
     while True:
         readable, _, _ = select.select([sock], [], [], 0.05)
@@ -383,7 +393,8 @@ def _become(request: dict, out_fds: list[int]) -> None:
     import numpy
     numpy.random.seed()     # a fresh process's state, not the server's
     argv = list(request["argv"])
-    from autopar.common import procs
+    from autopar.common import procs, script
+    script.note(argv, request["cwd"])   # (sys.orig_argv is the fork server's)
     title = procs.role_title(request["env"], argv)
     if title is not None:
         procs.set_title(title, request["env"])
@@ -659,11 +670,18 @@ class ForkServer:
         exits) and reap it."""
         from autopar.common import procs
         self._stopping = True
+        with self._cond:
+            idle = not self._ready and not self._forked_any
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
         self._sock.close()
+        if idle:
+            # Still importing (a job stopped at its start): it hears nothing
+            # before its imports are done, and has forked nothing to stop.
+            procs.stop_processes([self.popen], 0.0)
+            return
         try:
             self.popen.wait(timeout=grace_seconds + 2.0)
         except Exception:   # noqa: BLE001 - subprocess.TimeoutExpired: stop it the hard way

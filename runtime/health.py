@@ -39,7 +39,7 @@ def _busy(state: ProcessState, now: float) -> bool:
             and bool(state.heard) and now - state.heard < SILENT_AFTER_S)
 
 
-def _where(state: ProcessState, now: float) -> str:
+def _where(state: ProcessState, now: float, base: int) -> str:
     """Where a process that has not started the step others wait in is."""
     if not state.registered:
         where = "it never registered with the coordinator (still starting, or hung before)"
@@ -48,16 +48,24 @@ def _where(state: ProcessState, now: float) -> str:
     elif state.phase == PHASE_INIT:
         where = "it is still initialising"
     elif state.phase == PHASE_STEP:
-        where = f"it is inside step {_ran(state)}"
+        where = f"it is inside step {base + _ran(state)}"
     else:
         place = {PHASE_SCRIPT: "in the training script, outside autopar",
                  PHASE_OTHER: "running ops that are not a training step",
                  PHASE_CLOSED: "its Runner is closed"}.get(state.phase, state.phase)
-        where = f"it finished step {state.steps_done} and is {place}"
+        where = f"it finished step {base + state.steps_done} and is {place}"
     if state.heard and now - state.heard >= SILENT_AFTER_S:
         where += (f" (its last report, {now - state.heard:.0f} s ago: it has stopped reporting, "
                   "so it is stopped, hung or cut off)")
     return where
+
+
+def _resumed_at(workers) -> int:
+    """The global step this start of the job began at (a restarted job's
+    restored checkpoint), from any worker that reported its global step; 0
+    when none has. Messages name steps by the global step they make, not
+    by the steps of this start."""
+    return next((s.global_step - s.steps_done for s in workers if s.global_step >= 0), 0)
 
 
 # A worker inside a step more than a finished worker ran is a mismatch only
@@ -80,7 +88,7 @@ def _hung_step(workers, exited, stall_timeout_s: float, now: float) -> Verdict |
     waited = min(now - s.phase_since for s in live)
     if waited < HUNG_STEP_FACTOR * stall_timeout_s:
         return None
-    steps = sorted({_ran(s) for s in live})
+    steps = sorted({_ran(s) + _resumed_at(workers) for s in live})
     return Verdict("stall", (
         f"job stalled: every worker has been inside step {', '.join(map(str, steps))} for "
         f"{waited:.0f} s and none has finished it: an operation of the step never completes "
@@ -145,12 +153,13 @@ def diagnose(states: Mapping[str, ProcessState], exited: Mapping[str, int],
     busy = all(_busy(s, now) for s in stuck)
     if busy and (not busy_timeout_s or waited < busy_timeout_s):
         return None
+    base = _resumed_at(workers)
     lines = []
     for s in stuck:
         pid = f", pid {s.pid}" if s.pid else ""
-        lines.append(f"  {s.name}{pid}: has not started step {step} for "
-                     f"{now - s.phase_since:.0f} s; {_where(s, now)}")
-    waits = ", ".join(f"{s.name} (in step {_ran(s)} for {now - s.phase_since:.0f} s)"
+        lines.append(f"  {s.name}{pid}: has not started step {base + step} for "
+                     f"{now - s.phase_since:.0f} s; {_where(s, now, base)}")
+    waits = ", ".join(f"{s.name} (in step {base + _ran(s)} for {now - s.phase_since:.0f} s)"
                       for s in waiting)
     names = ", ".join(s.name for s in stuck)
     ending = (f"Ending the job after {busy_timeout_s:g} s of waiting for a busy process "
@@ -159,7 +168,7 @@ def diagnose(states: Mapping[str, ProcessState], exited: Mapping[str, int],
               "(Config(stall_timeout_s=...); 0 disables).")
     return Verdict("stall", (
         f"job stalled: {waits} {'waits' if len(waiting) == 1 else 'wait'} for {names} to join "
-        f"step {step} (a step's collectives need every worker):\n" + "\n".join(lines) +
+        f"step {base + step} (a step's collectives need every worker):\n" + "\n".join(lines) +
         f"\n{ending}"))
 
 
@@ -201,6 +210,8 @@ def stall_warning(states: Mapping[str, ProcessState], exited: Mapping[str, int],
     if found is None or not found[2] or _quiet_server(states, exited, now) is not None:
         return None
     step, waiting, stuck = found
+    base = _resumed_at(workers)
+    step += base
     waited = max(now - s.phase_since for s in waiting)
     names = ", ".join(s.name for s in stuck)
     head = (f"{', '.join(s.name for s in waiting)} {'has' if len(waiting) == 1 else 'have'} "
@@ -210,7 +221,7 @@ def stall_warning(states: Mapping[str, ProcessState], exited: Mapping[str, int],
                            "(Config(stall_timeout_s=...))")
     limit = (f"after {busy_timeout_s:g} s (Config(busy_timeout_s=...); 0: never)"
              if busy_timeout_s else "never for waiting alone (Config(busy_timeout_s=0))")
-    where = "; ".join(f"{s.name}: {_where(s, now)}" for s in stuck)
+    where = "; ".join(f"{s.name}: {_where(s, now, base)}" for s in stuck)
     return (step, int(waited / stall_timeout_s - STALL_WARNING_SHARE)), (
         f"{head}; {'it is' if len(stuck) == 1 else 'they are'} busy outside a step and still "
         f"reporting ({where}), so the job waits, warning every {stall_timeout_s:g} s: it is "

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 
 from autopar.common.errors import SpecError, shown
-from autopar.runtime.spec import ResourceSpec, load_spec
+from autopar.runtime.spec import MAX_PROCESSES_PER_HOST, ResourceSpec, load_spec
 
 # Keys an OpenMPI hostfile line may carry besides slots (ignored here).
 _IGNORED_KEYS = ("max_slots", "max-slots", "count", "cpu", "cpus")
@@ -54,6 +54,8 @@ def parse_hostfile(text: str, source: str) -> list[tuple[str, int]]:
             if not eq:
                 raise SpecError(f"{where}: {shown(f)} is not key=value; write 'host slots=N'")
             if key == "slots":
+                if slots is not None:
+                    raise SpecError(f"{where}: slots given twice; write 'host slots=N' once")
                 slots = _count(value, where)
             elif key not in _IGNORED_KEYS:
                 raise SpecError(f"{where}: unknown key {shown(key)}; write 'host slots=N'")
@@ -70,6 +72,7 @@ def spec_from_hosts(hosts: list[tuple[str, int]], servers_per_host: int = 0,
     """The resource spec of `hosts` (workers = slots) with `servers_per_host`
     servers on each; with `gpus_per_worker` K, slot k of a host owns its GPUs
     kK .. kK+K-1 (the local rank's, as Horovod assigns them)."""
+    check_servers_per_host(servers_per_host)
     return load_spec({"hosts": [{"address": host, "workers": slots, "servers": servers_per_host,
                                  **({"gpus": list(range(slots * gpus_per_worker))}
                                     if gpus_per_worker else {})}
@@ -89,9 +92,19 @@ def _split_slots(item: str) -> tuple[str, str | None]:
     return (host, slots) if colon else (item, None)
 
 
+def check_servers_per_host(count: int) -> None:
+    """--servers-per-host: a count from 0 to MAX_PROCESSES_PER_HOST."""
+    if not 0 <= count <= MAX_PROCESSES_PER_HOST:
+        raise SpecError(f"--servers-per-host must be from 0 to {MAX_PROCESSES_PER_HOST} (the "
+                        f"processes one host can have), got {shown(count, 40)}")
+
+
 def _count(value: str, where: str) -> int:
     if not value.isdigit() or int(value) < 1:
         raise SpecError(f"{where}: the slot count {shown(value)} is not a whole number >= 1")
+    if len(value) > 12 or int(value) > MAX_PROCESSES_PER_HOST:
+        raise SpecError(f"{where}: {shown(value, 40)} slots, more than the "
+                        f"{MAX_PROCESSES_PER_HOST} processes one host can have")
     return int(value)
 
 

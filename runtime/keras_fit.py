@@ -13,14 +13,16 @@ off) that autopar.get_runner lifts and distributes like any tf.function step
   worker: runtime/fit_data.keras_order; with an int `seed`, a permutation
   seeded by it and the epoch), and worker i trains on its rows
   i, i+N, i+2N, ... of it (as autopar.shard splits a dataset, so that a
-  dropout mask drawn per example is one device's: transforms.random_draws);
-  b must divide by N. The last, smaller batch of an epoch trains, as in
-  Keras's fit: in unequal shares (3/3/2/2 of 10 rows over 4 workers) each
-  worker weighs its gradients by its rows (transforms.batch_weights), so
-  the step is one device's; it is left out with a warning when it has
-  fewer rows than workers, or with micro-batches unless it splits into
-  N equal shares and each share into its micro-batches (their gradients
-  are averaged with equal weights).
+  dropout mask drawn per example is one device's: transforms.random_draws).
+  A batch that does not divide by N (any batch, as one device takes any:
+  265 on 3 workers; an epoch's last, smaller one, as in Keras's fit) trains
+  in unequal shares (3/3/2/2 of 10 rows over 4 workers), each worker
+  weighing its gradients by its rows (transforms.batch_weights), so the
+  step is one device's; it is left out with a warning when it has fewer
+  rows than workers. With micro-batches b must divide by N times their
+  number, and an epoch's last batch trains only when it splits into N
+  equal shares and each share into its micro-batches (their gradients are
+  averaged with equal weights).
 - x and y may be lists or dicts of arrays (several inputs or outputs), or
   x a tf.data.Dataset of batches (runtime/fit_data.py):
   every worker reads all of it, as Keras's fit does, and trains on its rows
@@ -33,12 +35,11 @@ off) that autopar.get_runner lifts and distributes like any tf.function step
   the workers' mean, or their sum when the loss sums over the batch.
 - `validation_data` is evaluated at each epoch's end in Keras's batches,
   each worker on its rows of each, aggregated the same way ("val_" logs).
-- Callbacks run on the chief only, with the aggregated logs and the model
-  holding the trained values; the chief alone prints one line per epoch. A
-  callback that stops training (model.stop_training, EarlyStopping) stops
-  every worker after that epoch; what a callback writes to the model's or
-  optimizer's variables (a learning rate, restored weights) is what every
-  worker trains with from then on.
+- Callbacks run on the chief only, every hook at the point Keras's fit
+  runs it, with the aggregated logs and the model holding the trained
+  values; the chief alone prints one line per epoch. What a hook changes
+  (model.stop_training, a learning rate, restored weights) every worker
+  takes before the next step (runtime/fit_callbacks.py).
   The model and its optimizer hold the trained values on every worker when
   fit returns (model.save() works anywhere).
 - A model that overrides train_step trains by its own step, traced as
@@ -55,6 +56,7 @@ import logging
 
 import numpy as np
 
+from autopar.runtime.fit_callbacks import FitCallbacks, chief_array
 from autopar.runtime.fit_data import (ArrayBatches, DatasetBatches, PyDatasetBatches, digest, flat,
                                       rows, size)
 
@@ -195,7 +197,9 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
     any_shares = runner.micro_batches == 1 and runner.combines_unequal_batches()
     counted = _counts_loss(runner)
     try:
-        train.check(parts, shares)
+        # (a batch splits over the workers in shares of any size when their
+        # gradients combine exactly, as one device takes any batch)
+        train.check(parts, shares, n if any_shares and n > 1 else None)
     except AutoparError:
         runner.close()
         raise
@@ -203,34 +207,34 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
         # Keras's shuffle draws from each process's random state, which
         # nothing makes equal (a program without keras.utils.set_random_seed):
         # the chief draws the order, every worker takes it
-        train.chief_order = lambda draw, n: _chief_array(
+        train.chief_order = lambda draw, n: chief_array(
             runner, draw() if runner.is_chief else np.zeros(n)).astype(np.int64)
     history = History(me, n)
     test_step = _own_test_step(model) if own_test_step else _test_step(model)
     # Last of the callbacks, as Keras's History: the epoch's logs with what
     # the others added (LearningRateScheduler's learning_rate).
     seen = _epoch_logs()
-    callbacks = keras.callbacks.CallbackList(list(callbacks) + [seen], model=model) \
-        if runner.is_chief else None
+    callbacks = FitCallbacks(runner, model, list(callbacks) + [seen],
+                             dict(verbose=verbose, epochs=epochs, steps=train.num_batches()))
     model.stop_training = False
     with runner:
-        # Synced here (a restored checkpoint is not the Python values), the
-        # chief's Python variables hold the graph's values until the next
-        # step, and again after each epoch's end: of the later callbacks
-        # only the end of an epoch that did not validate needs a sync.
-        _run_callbacks(runner, model, callbacks, lambda c: c.on_train_begin(), synced=False)
+        # (synced here: a restored checkpoint is not the Python values)
+        callbacks.run(lambda c: c.on_train_begin())
         for epoch in range(initial_epoch, epochs):
-            _run_callbacks(runner, model, callbacks, lambda c: c.on_epoch_begin(epoch),
-                           synced=True)
+            # Keras's fit resets the metrics before on_epoch_begin
             metrics = _Metrics(model, sums, counted)
             if own_step:
                 # the step's own metric updates run in the graph: each
                 # worker's copies start the epoch from Keras's reset too
                 runner.assign_python_values(metrics.variables())
+            callbacks.run(lambda c: c.on_epoch_begin(epoch))
             step_logs, last_rows = {}, 0
             for step, (xb, yb, wb) in enumerate(train.epoch(epoch)):
                 if step == 0 and isinstance(train, PyDatasetBatches):
                     _refuse_unless_read_alike(runner, (xb, yb, wb), epoch)
+                # (a callback stops training after the batch, as in Keras's fit)
+                stopping = callbacks.wants("train_begin") and callbacks.run(
+                    lambda c: c.on_train_batch_begin(step))
                 if size(xb) % parts and not (any_shares and size(xb) >= n):
                     if runner.is_chief:
                         log.warning("autopar.fit: epoch %d, batch %d has %d examples, which do "
@@ -238,55 +242,78 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
                                     "trains on it)%s", epoch + 1, step + 1, size(xb), shares,
                                     "" if not any_shares else
                                     ": fewer examples than workers")
-                    continue
-                mine = slice(me, None, n)
-                x_mine, y_mine = rows(xb, mine), rows(yb, mine)
-                weighted = () if wb is None else (wb[mine],)
-                last_rows = size(x_mine)
-                if own_step:
-                    step_logs = runner.call(*flat(x_mine), *flat(y_mine), *weighted)
-                    continue
-                loss, y_pred = runner.call(*flat(x_mine), *flat(y_mine), *weighted)
-                if ny > 1:
-                    # each output's loss tracker, which the compiled loss
-                    # updates (the traced step's updates are the graph's)
-                    with metrics.output_losses(size(x_mine), size(xb)):
-                        _compute_loss(model, x_mine, y_mine, y_pred, *weighted, training=True)
-                # runner.call's loss is its micro-batches' mean: their sum
-                # is this worker's when the loss sums over the batch
-                metrics.update(y_mine, y_pred,
-                               float(loss) * (runner.micro_batches if sums else 1),
-                               size(x_mine), size(xb), *weighted,
-                               loss_count=runner.last_loss_counts[0] if counted else 0.0)
+                else:
+                    mine = slice(me, None, n)
+                    x_mine, y_mine = rows(xb, mine), rows(yb, mine)
+                    weighted = () if wb is None else (wb[mine],)
+                    last_rows = size(x_mine)
+                    if own_step:
+                        step_logs = runner.call(*flat(x_mine), *flat(y_mine), *weighted)
+                    else:
+                        _train_batch(runner, model, metrics, x_mine, y_mine, weighted, size(xb),
+                                     ny, sums, counted)
+                    callbacks.stepped()
+                if callbacks.wants("train_end"):
+                    batch_logs = (metrics.own_step_result(runner, step_logs, rows=last_rows,
+                                                          keep=True) if own_step
+                                  else metrics.result(runner, keep=True))
+                    stopping = callbacks.run(lambda c: c.on_train_batch_end(step, batch_logs))
+                if stopping or model.stop_training:
+                    break
+            else:
+                if train.read_past_end():
+                    # Keras's fit calls its step once more, past the end of a
+                    # dataset of unknown length: the call fails for want of a
+                    # batch, after the step's writes that wait for none ran
+                    # (its optimizer counts one more iteration, each dropout
+                    # draws from its next seed)
+                    runner.run_input_free_writes()
             logs = (metrics.own_step_result(runner, step_logs, rows=last_rows) if own_step
                     else metrics.result(runner))
             validating = validation_data is not None and _should_validate(epoch, validation_freq)
             if validating:
-                runner.sync_python_variables()
+                callbacks.sync()
                 logs.update({f"val_{k}": v for k, v in
                              _evaluate(model, validation_data,
                                        validation_batch_size or batch_size
                                        or DEFAULT_BATCH_SIZE,
-                                       runner, test_step, sums, own_test_step).items()})
+                                       runner, test_step, sums, own_test_step,
+                                       callbacks).items()})
             if runner.is_chief and verbose:
                 log.info("epoch %d/%d: %s", epoch + 1, epochs,
                          "  ".join(f"{k} {v:.4f}" for k, v in logs.items()))
             # A callback may stop training (EarlyStopping sets
             # model.stop_training): callbacks run on the chief, whose
             # decision every worker follows, so all run the same steps.
-            stopped = _run_callbacks(runner, model, callbacks,
-                                     lambda c: c.on_epoch_end(epoch, logs), synced=validating,
-                                     stop=lambda: model.stop_training)
+            stopped = callbacks.run(lambda c: c.on_epoch_end(epoch, logs))
             # What the callbacks added to the logs (LearningRateScheduler's
             # learning_rate) is in Keras's History, which records them last.
             history.add(epoch, _chief_logs(runner, seen.logs or logs))
             if stopped:
-                model.stop_training = True
                 break
-        _run_callbacks(runner, model, callbacks, lambda c: c.on_train_end(
-            history.history and {k: v[-1] for k, v in history.history.items()}), synced=True)
+        callbacks.run(lambda c: c.on_train_end(
+            history.history and {k: v[-1] for k, v in history.history.items()}))
     model.history = history
     return history
+
+
+def _train_batch(runner, model, metrics, x, y, weighted: tuple, batch_rows: int, ny: int,
+                 sums: bool, counted: bool) -> None:
+    """One step of the compiled step on this worker's rows x, y (and
+    weights) of a batch of `batch_rows`, its loss and predictions handed to
+    the epoch's metrics."""
+    loss, y_pred, masks = runner.call(*flat(x), *flat(y), *weighted)
+    y_pred = _with_masks(y_pred, masks)
+    if ny > 1:
+        # each output's loss tracker, which the compiled loss updates (the
+        # traced step's updates are the graph's)
+        with metrics.output_losses(size(x), batch_rows):
+            _compute_loss(model, x, y, y_pred, *weighted, training=True)
+    # runner.call's loss is its micro-batches' mean: their sum is this
+    # worker's when the loss sums over the batch
+    metrics.update(y, y_pred, float(loss) * (runner.micro_batches if sums else 1),
+                   size(x), batch_rows, *weighted,
+                   loss_count=runner.last_loss_counts[0] if counted else 0.0)
 
 
 def _array_batches(x, y, batch_size, sample_weight, class_weight, validation_split: float,
@@ -363,7 +390,8 @@ def _should_validate(epoch: int, freq) -> bool:
 
 def _sample_weights(y, sample_weight, class_weight, floatx: str):
     """Each example's weight in the loss (and weighted metrics), as Keras's
-    fit takes them: `sample_weight` one per example, or `class_weight` by
+    fit takes them: `sample_weight` one per example (or per position of a
+    sequence), or `class_weight` by
     class (y's integer class, or its arg-max when one-hot; 1 for a class
     it does not list); None without either."""
     from autopar.common.errors import AutoparError
@@ -377,38 +405,14 @@ def _sample_weights(y, sample_weight, class_weight, floatx: str):
     if sample_weight is None:
         return None
     weights = np.asarray(sample_weight, floatx)
-    if weights.shape != (size(y),):
+    # (a sequence's targets, [examples, length], may have one per position)
+    shapes = {(size(y),)} | {tuple(np.shape(a)[:2]) for a in flat(y) if np.ndim(a) == 2}
+    if weights.shape not in shapes:
         raise AutoparError(f"autopar.fit: sample_weight has shape {weights.shape}; it takes one "
-                           f"weight per example, shape ({size(y)},)")
+                           f"weight per example, shape ({size(y)},)" +
+                           ("" if len(shapes) == 1 else ", or per position of the sequence, "
+                            + " or ".join(str(s) for s in sorted(shapes) if len(s) == 2)))
     return weights
-
-
-def _run_callbacks(runner, model, callbacks, call, synced: bool,
-                   stop=lambda: False) -> bool:
-    """Run `call(callbacks)` on the chief, where callbacks live, with the
-    model's and optimizer's Python variables holding the trained values
-    (ModelCheckpoint saves them, EarlyStopping keeps the best; `synced`:
-    they hold them already); what a callback writes to them
-    (LearningRateScheduler's and ReduceLROnPlateau's learning rate,
-    EarlyStopping's restored weights, BackupAndRestore) goes into training
-    on every worker, after which they hold the graph's values again. Every
-    worker calls this at the same point; whether the chief's `stop()` holds
-    afterwards, for all."""
-    changed = stopping = 0.0
-    if callbacks is not None:
-        if not synced:
-            runner.sync_python_variables()
-        # (a model with its own train_step and compile() may have none)
-        optimizer = getattr(model, "optimizer", None)
-        variables = list(model.variables) + list(getattr(optimizer, "variables", []))
-        before = [v.numpy() for v in variables]
-        call(callbacks)
-        changed = float(any(not np.array_equal(b, v.numpy()) for b, v in zip(before, variables)))
-        stopping = float(bool(stop()))
-    changed, stopping = runner.sum_over_workers(np.array([changed, stopping]))
-    if changed:
-        runner.load_python_variables()
-    return bool(stopping)
 
 
 def _epoch_logs():
@@ -434,11 +438,11 @@ def _chief_logs(runner, logs: dict) -> dict:
     mine = json.dumps({k: float(v) for k, v in logs.items()
                        if np.ndim(v) == 0 and np.issubdtype(np.asarray(v).dtype, np.number)})
     payload = np.frombuffer(mine.encode(), np.uint8) if runner.is_chief else np.zeros(0)
-    length = int(_chief_array(runner, np.array([len(payload)]))[0])
+    length = int(chief_array(runner, np.array([len(payload)]))[0])
     # padded to a multiple of 1 KiB: each length is an all-reduce of its own
     local = np.zeros(-(-length // 1024) * 1024)
     local[:len(payload)] = payload
-    data = _chief_array(runner, local)[:length]
+    data = chief_array(runner, local)[:length]
     return json.loads(data.astype(np.uint8).tobytes().decode())
 
 
@@ -451,7 +455,7 @@ def _refuse_unless_read_alike(runner, batch, epoch: int) -> None:
     if runner.num_workers == 1:
         return
     mine = digest(*batch)
-    chief = float(_chief_array(runner, np.array([mine]))[0])
+    chief = float(chief_array(runner, np.array([mine]))[0])
     if runner.sum_over_workers(np.array([float(mine != chief)]))[0]:
         raise AutoparError(
             f"autopar.fit: the workers read different batches from the PyDataset x (the first "
@@ -459,16 +463,6 @@ def _refuse_unless_read_alike(runner, batch, epoch: int) -> None:
             "process's state (an on_epoch_end that shuffles with np.random or random without a "
             "seed of its own); shuffle with a generator seeded by the epoch "
             "(np.random.default_rng([seed, epoch])), or leave the order to fit's shuffle=True")
-
-
-def _chief_array(runner, local: np.ndarray) -> np.ndarray:
-    """The chief's `local` (float64) on every worker: every worker passes an
-    array of one shape, of which only the chief's values are read (the
-    others' count as zeros in the sum over workers)."""
-    if runner.num_workers == 1:
-        return np.asarray(local, np.float64)
-    return runner.sum_over_workers(np.asarray(local, np.float64) if runner.is_chief
-                                   else np.zeros(np.shape(local)))
 
 
 def _flat_logs(logs) -> dict:
@@ -511,10 +505,12 @@ def _compiled_step(model, batches):
     compiled optimizer; traced on x's, y's and the weights' arrays one by
     one, returning the loss and the predictions."""
     import tensorflow as tf
-    # Called once on two rows first, so that Keras builds the loss (and any
-    # state it keeps) outside the traced step.
-    x2, y2 = batches.sample()
-    _compute_loss(model, x2, y2, model(x2, training=False), training=False)
+    # Keras builds the model and the loss (and any state it keeps) outside
+    # the traced step, from symbolic inputs of the batches' specs: no batch
+    # is read (a reshuffling dataset's order stays fit's), and no value is
+    # made up (a StringLookup without OOV indices rejects any string it
+    # does not know)
+    _build_symbolically(model, batches)
     unpack = _unpacker(batches)
 
     @tf.function(jit_compile=False)
@@ -531,8 +527,54 @@ def _compiled_step(model, batches):
             scaled = model.optimizer.scale_loss(loss)
         grads = tape.gradient(scaled, model.trainable_variables)
         model.optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss, y_pred
+        return loss, y_pred, _masks_of(y_pred)
     return train_step
+
+
+def _build_symbolically(model, batches) -> None:
+    """Build the model and its compiled loss from KerasTensors of the
+    batches' specs (x, y), as Keras's fit builds them from a batch's
+    (Trainer._symbolic_build). Keras has no public call for it:
+    keras.src.backend.compute_output_spec, here alone."""
+    import keras
+    import tensorflow as tf
+    from keras.src.backend import compute_output_spec
+    x_structure, y_structure = batches.structure()
+    specs = batches.specs()
+    nx = len(flat(x_structure))
+    symbolic = [keras.KerasTensor(s.shape, s.dtype.name) for s in specs]
+    x = tf.nest.pack_sequence_as(x_structure, symbolic[:nx])
+    y = tf.nest.pack_sequence_as(y_structure, symbolic[nx:nx + len(flat(y_structure))])
+    y_pred = compute_output_spec(model, x, training=False)
+    compute_output_spec(lambda x, y, y_pred: _compute_loss(model, x, y, y_pred, training=False),
+                        x, y, y_pred)
+
+
+def _masks_of(y_pred):
+    """The padding masks Keras attached to the predictions (an
+    Embedding(mask_zero=True) upstream), None for each output without one:
+    a traced step returns them beside the predictions, whose tensors leave
+    it without them."""
+    import tensorflow as tf
+    from keras.src.backend.common.masking import get_keras_mask   # no public API
+    return tf.nest.map_structure(get_keras_mask, y_pred)
+
+
+def _with_masks(y_pred, masks):
+    """The predictions a step returned, as tensors holding the masks it
+    returned beside them (`_masks_of`): Keras's metrics and losses read a
+    prediction's mask from it (y_pred._keras_mask), as in Keras's own
+    train step."""
+    import tensorflow as tf
+    from keras.src.backend.common.masking import set_keras_mask   # no public API
+
+    def masked(prediction, mask):
+        if mask is None:
+            return prediction
+        prediction = tf.convert_to_tensor(prediction)
+        set_keras_mask(prediction, tf.convert_to_tensor(mask))
+        return prediction
+    return tf.nest.map_structure(masked, y_pred, masks)
 
 
 def _traced_own_step(model, batches):
@@ -614,7 +656,8 @@ class _Metrics:
                 m.total.assign(total + value * (1 if self.sums else share) * weight)
                 m.count.assign(count + share * weight)
 
-    def own_step_result(self, runner, step_logs, synced: bool = False, rows: int = 1) -> dict:
+    def own_step_result(self, runner, step_logs, synced: bool = False, rows: int = 1,
+                        keep: bool = False) -> dict:
         """The epoch's logs of a model's own train_step (or test_step), one
         device's: its last step's logs (`step_logs`, this worker's, of its
         `rows` of the step's batch), each the result of the model's metric
@@ -623,9 +666,14 @@ class _Metrics:
         weighted by their rows (a loss returned as computed, a mean over
         each worker's rows: the global batch's mean). `synced`: the Python
         metrics hold this worker's state already (a test step's, which
-        runs eagerly), else the graph's copies of them are read."""
+        runs eagerly), else the graph's copies of them are read. `keep`:
+        the epoch goes on (`_kept`)."""
         if not synced:
             runner.sync_python_variables(self.variables())
+        with self._kept(keep):
+            return self._own_step_logs(runner, step_logs, rows)
+
+    def _own_step_logs(self, runner, step_logs, rows: int) -> dict:
         mine = self.model.get_metrics_result()
         # Keras's fit logs its metrics' results when the step's logs have
         # their names (Trainer._get_metrics_result_or_logs), else the logs
@@ -665,18 +713,31 @@ class _Metrics:
         batch_rows = figures[:, 4]
         return float(np.sum(per_batch * batch_rows) / np.sum(batch_rows))
 
-    def result(self, runner) -> dict:
+    def result(self, runner, keep: bool = False) -> dict:
+        """The logs of the epoch so far, one device's. `keep`: the epoch
+        goes on (`_kept`)."""
         # (every worker holds as many batches' figures: the same branch)
         if self.counted:
             logs = {"loss": self._counted_loss(runner)}
         else:
             total = runner.sum_over_workers(np.array([self.loss_sum, self.count]))
             logs = {"loss": float(total[0] / max(total[1], 1))}
-        runner.combine_metrics(self.model.metrics)
-        for name, value in self.model.get_metrics_result().items():
-            if name != "loss":   # the loss tracker: the loss above is ours
-                logs[name] = float(value)
+        with self._kept(keep):
+            runner.combine_metrics(self.model.metrics)
+            for name, value in self.model.get_metrics_result().items():
+                if name != "loss":   # the loss tracker: the loss above is ours
+                    logs[name] = float(value)
         return logs
+
+    @contextlib.contextmanager
+    def _kept(self, keep: bool):
+        """With `keep` (a batch's logs, the epoch going on), the metrics'
+        own state comes back after combining it over workers: each worker
+        goes on counting its rows."""
+        own = [v.numpy() for v in self.variables()] if keep else []
+        yield
+        for variable, value in zip(self.variables(), own):
+            variable.assign(value)
 
 
 def _counts_loss(runner) -> bool:
@@ -695,7 +756,8 @@ def _test_step(model):
     @tf.function(jit_compile=False, reduce_retracing=True)
     def test_step(xb, yb, *weighted):
         y_pred = model(xb, training=False)
-        return y_pred, _compute_loss(model, xb, yb, y_pred, *weighted, training=False)
+        return (y_pred, _masks_of(y_pred),
+                _compute_loss(model, xb, yb, y_pred, *weighted, training=False))
     return test_step
 
 
@@ -713,35 +775,51 @@ def _tf_values(logs):
 
 
 def _evaluate(model, data, batch_size: int, runner, test_step, sums: bool,
-              own_step: bool = False) -> dict:
+              own_step: bool, callbacks: FitCallbacks) -> dict:
     """Loss and compiled metrics of the model (with this worker's current
     values) over the validation set `data`, (x, y) or (x, y, sample
     weights) in Keras's batches of `batch_size`, or a dataset's batches,
     each worker on its rows w, w+N, ... of each; combined over workers.
     With the model's own test step (`own_step`), the logs it gives and the
-    metrics it updates."""
+    metrics it updates. The callbacks' test hooks run as Keras's evaluate
+    runs them (a batch's logs: the validation's so far)."""
+    model.stop_evaluating = False
+    callbacks.run(lambda c: c.on_test_begin())
     metrics = _Metrics(model, sums, _counts_loss(runner))
     step_logs, last_rows = {}, 0
-    for xb, yb, wb, batch_rows in _validation_batches(data, batch_size, runner):
+
+    def logs_so_far(keep: bool) -> dict:
+        if own_step:
+            return metrics.own_step_result(runner, _tf_values(step_logs), synced=True,
+                                           rows=last_rows, keep=keep)
+        return metrics.result(runner, keep=keep)
+    for step, (xb, yb, wb, batch_rows) in enumerate(
+            _validation_batches(data, batch_size, runner)):
+        if callbacks.wants("test_begin"):
+            callbacks.run(lambda c: c.on_test_batch_begin(step))
         last_rows = size(xb)   # (a worker with no rows of the last batch: none)
         if size(xb) == 0:
             metrics.no_rows(batch_rows)
-            continue
-        if own_step:
+        elif own_step:
             step_logs = test_step((data if isinstance(data, BATCHES)
                                    else ArrayBatches).data(xb, yb, wb))
-            continue
-        weighted = () if wb is None else (wb,)
-        with metrics.output_losses(size(xb), batch_rows):
-            y_pred, loss = test_step(xb, yb, *weighted)
-        counts = runner.loss_counts_of(*flat(xb), *flat(yb), *weighted) \
-            if metrics.counted is not None else None
-        metrics.update(yb, y_pred, float(loss), size(xb), batch_rows, *weighted,
-                       loss_count=counts[0] if counts else 0.0)
-    if own_step:
-        return metrics.own_step_result(runner, _tf_values(step_logs), synced=True,
-                                       rows=last_rows)
-    return metrics.result(runner)
+        else:
+            weighted = () if wb is None else (wb,)
+            with metrics.output_losses(size(xb), batch_rows):
+                y_pred, masks, loss = test_step(xb, yb, *weighted)
+                y_pred = _with_masks(_tf_values(y_pred), _tf_values(masks))
+            counts = runner.loss_counts_of(*flat(xb), *flat(yb), *weighted) \
+                if metrics.counted is not None else None
+            metrics.update(yb, y_pred, float(loss), size(xb), batch_rows, *weighted,
+                           loss_count=counts[0] if counts else 0.0)
+        if callbacks.wants("test_end"):
+            batch_logs = logs_so_far(keep=True)
+            callbacks.run(lambda c: c.on_test_batch_end(step, batch_logs))
+        if callbacks.stop_evaluating:
+            break
+    logs = logs_so_far(keep=False)
+    callbacks.run(lambda c: c.on_test_end(logs))
+    return logs
 
 
 def _validation_batches(data, batch_size: int, runner):

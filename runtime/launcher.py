@@ -42,7 +42,9 @@ from autopar.runtime.forkserver import ForkServer, forkable, preload_extras
 from autopar.runtime.health import JobMonitor
 from autopar.runtime.netns import (NamespaceUnavailable, PrivateNetwork, answers,
                                    private_network_or_none)
+from autopar.runtime.outputs import writable_file
 from autopar.runtime.ports import is_local_address, reserve_cluster
+from autopar.runtime import stopping
 from autopar.runtime.spec import HostSpec, ResourceSpec, is_loopback_job
 from autopar.runtime.timeline import TimelineOptions, merge as merge_timeline
 from autopar.runtime.timeline import write as write_timeline
@@ -103,15 +105,42 @@ def start_fork_server(spec: ResourceSpec, argv: Sequence[str],
 
 @dataclass
 class _SignalState:
+    """The launcher's SIGINT and SIGTERM, for the whole of its life: installed
+    before its first fork (run_job, launch), read before every start of a
+    process and between the starts of a restart, so a signal at any moment
+    stops the job with 128 + its number and nothing starts after it."""
     signum: int | None = None
     count: int = 0
+    # True only while the plan compiles: a signal then also raises
+    # KeyboardInterrupt, so a long compile ends at once. Never while the
+    # launcher forks: a KeyboardInterrupt raised in CPython's at-fork
+    # callbacks is printed and dropped, and the start-up went on.
+    interruptible: bool = False
 
     def handler(self, signum: int, frame: FrameType | None) -> None:
-        # Only record: teardown happens in the main loop, and a second Ctrl-C
-        # must not interrupt it half-way.
+        # Otherwise only record: teardown happens in the main loop, and a
+        # second Ctrl-C must not interrupt it half-way.
         if self.signum is None:
             self.signum = signum
         self.count += 1
+        if self.interruptible:
+            self.interruptible = False
+            raise KeyboardInterrupt
+
+    @property
+    def status(self) -> int:
+        """The launcher's exit status for the signal received (128 + N)."""
+        assert self.signum is not None
+        return 128 + self.signum
+
+    def stops(self, before: str) -> bool:
+        """Whether a signal came: then say that ``before`` (what would start
+        next) does not happen."""
+        if self.signum is None:
+            return False
+        logger.warning("received %s: stopping the job; %s", signal.Signals(self.signum).name,
+                       before)
+        return True
 
 
 _Handler = Callable[[int, FrameType | None], Any] | int | None
@@ -157,6 +186,12 @@ def _stop_with_checkpoint(chief: Child, state: _SignalState, timeout: float,
     name = signal.Signals(state.signum).name
     if chief.popen.poll() is not None:
         logger.warning("received %s; stopping all processes", name)
+        return status
+    if not chief.past_startup:
+        # Its Runner, which turns SIGINT into a stop after the step, is not
+        # there yet (a KeyboardInterrupt traceback from the script), and
+        # nothing has trained: nothing to save.
+        logger.warning("received %s before training began; stopping all processes", name)
         return status
     logger.warning("received %s: the chief stops after its current step, saving a checkpoint if "
                    "checkpoint_dir is set (at most %.0f s; interrupt again to stop at once)",
@@ -211,6 +246,8 @@ class _Ended:
     # Hosts ssh could not reach (exit 255 before the process got the initial
     # state): Config.min_workers may drop them.
     unreachable: list[HostSpec] = field(default_factory=list)
+    # It ended on the launcher's SIGINT or SIGTERM.
+    asked_to_stop: bool = False
 
 
 # A failed process that reported its failure gets this long to exit (its
@@ -224,14 +261,21 @@ def _supervise(children: list[Child], state: _SignalState, stop_timeout: float,
                monitor: JobMonitor, quiet: threading.Event) -> _Outcome:
     """Wait until the job ends; how it ended."""
     workers = [c for c in children if c.plan.role == WORKER_ROLE]
+    chief = workers[0]
     while True:
         exited = {c.name: rc for c in children if (rc := c.popen.poll()) is not None}
         # First, so a worker that died of a step-count mismatch is reported as one.
-        if (verdict := monitor.check(exited)) is not None:
+        verdict = monitor.check(exited)
+        if (verdict is not None or exited.get(chief.name, 0) != 0) and _said_stopped(chief):
+            # The chief stopped on a SIGTERM of its own (sent to it alone):
+            # the job stops, as if the launcher had been signalled, not a
+            # mismatch of step counts or a failure to restart.
+            return _chief_stopped(chief)
+        if verdict is not None:
             quiet.set()
             return _Outcome(1, [verdict.message], restartable=True)
         if state.signum is not None:
-            return _Outcome(_stop_with_checkpoint(workers[0], state, stop_timeout,
+            return _Outcome(_stop_with_checkpoint(chief, state, stop_timeout,
                                                   monitor.coordinator))
         if any(exited.get(c.name, 0) != 0 for c in workers):
             quiet.set()
@@ -243,6 +287,34 @@ def _supervise(children: list[Child], state: _SignalState, stop_timeout: float,
             quiet.set()
             return _failure(children, monitor)
         time.sleep(_POLL_SECONDS)
+
+
+def _said_stopped(chief: Child) -> bool:
+    """Whether the chief's output says it stopped on request; the line may
+    reach this side after its exit or its last report: waits for it up to
+    DRAIN_SECONDS."""
+    deadline = time.monotonic() + DRAIN_SECONDS
+    while envvars.STOPPED_LINE not in chief.tail_text():
+        if time.monotonic() > deadline or (chief.ended_at is not None
+                                           and chief.popen.poll() is not None):
+            return envvars.STOPPED_LINE in chief.tail_text()
+        time.sleep(0.02)
+    return True
+
+
+def _chief_stopped(chief: Child) -> _Outcome:
+    """The chief stopped after a stop request the launcher did not send:
+    the job's status is its exit status (143 after a SIGTERM), and it is
+    not restarted."""
+    deadline = time.monotonic() + DRAIN_SECONDS * 5
+    while chief.popen.poll() is None and time.monotonic() < deadline:
+        time.sleep(_POLL_SECONDS)    # saved already: what is left is its exit
+    line = next(line for line in reversed(chief.tail_text().splitlines())
+                if envvars.STOPPED_LINE in line)
+    rc = chief.popen.poll()
+    logger.warning("job stopped: the chief was asked to stop and %s",
+                   line[line.index(envvars.STOPPED_LINE):])
+    return _Outcome(procs.exit_status(rc) if rc else 128 + signal.SIGTERM)
 
 
 def _failure(children: list[Child], monitor: JobMonitor) -> _Outcome:
@@ -347,12 +419,13 @@ def _stdout_is_tty() -> bool:
 def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | None = None,
            grace_seconds: float = 3.0, log_tail_lines: int = 30,
            stall_timeout_s: float = 60.0, busy_timeout_s: float = 0.0,
-           stop_timeout_s: float = 60.0,
+           stop_timeout_s: float = stopping.CHIEF_STOP_S,
            published: Mapping[str, bytes] | None = None, processes: Collection[str] = (),
            fork_server: ForkServer | None = None, network: PrivateNetwork | None = None,
            max_restarts: int = 0, min_workers: int = 0,
            replan: Callable[[ResourceSpec], Mapping[str, bytes]] | None = None,
-           timeline: TimelineOptions | None = None, keep_handlers: bool = False) -> int:
+           timeline: TimelineOptions | None = None, keep_handlers: bool = False,
+           signals: _SignalState | None = None) -> int:
     """Run ``argv`` once per worker of ``spec`` (plus one server process per
     server) and wait for the job to end. ``published``: values the job
     coordinator serves to every process (Coordinator.publish), e.g. the
@@ -375,11 +448,15 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
     spec)`` gives in place of ``published`` (the plan compiled for it).
     ``timeline``: trace the workers' steps and write the job's merged
     timeline (runtime/timeline.py) after each start of the job.
+    ``signals``: the launcher's signal state (run_job's, installed before it
+    forked anything); without one ``launch`` installs its own.
 
     Returns 0 when every worker exited 0; otherwise the exit status of the
     first process that failed (a signal death N becomes 128+N), 130 after
     Ctrl-C, 143 after SIGTERM (the chief first gets up to ``stop_timeout_s``
-    to save a final checkpoint; a second signal stops everything at once).
+    to save a final checkpoint; a second signal stops everything at once;
+    runtime/stopping.py). A signal between two starts of a restart, or
+    while processes start, starts nothing more.
     Every child is stopped and reaped before this
     returns, whatever the path. Raises LaunchError if a process cannot be
     started (after stopping those that were). A job in which some workers
@@ -421,6 +498,9 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
     # exits once the job is over: a Ctrl-C between the restore and its exit
     # was a KeyboardInterrupt traceback).
     callers_handlers = _current_handlers()
+    if signals is None:
+        signals = _SignalState()
+        _install_handlers(signals)
     if envvars.JOB_ID not in (extra_env or {}):
         extra_env = {**(extra_env or {}), **new_job()}
     if timeline is not None:
@@ -431,9 +511,10 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
         if own_network:
             network = isolate(spec, extra_env)
         extra_env = {**extra_env, **isolation_env(spec, network)}
-        if own_fork_server:
+        if own_fork_server and signals.signum is None:
             fork_server = start_fork_server(spec, argv, extra_env, network)
-        return _launch_restarts(spec, argv, extra_env, fork_server, max_restarts=max_restarts,
+        return _launch_restarts(spec, argv, extra_env, fork_server, signals,
+                                max_restarts=max_restarts,
                                 min_workers=min_workers, replan=replan,
                                 grace_seconds=grace_seconds, log_tail_lines=log_tail_lines,
                                 stall_timeout_s=stall_timeout_s,
@@ -472,31 +553,68 @@ def run_job(spec: ResourceSpec, argv: list[str], compile_plan: CompilePlan) -> i
     """Compile the job's plan, log its report, and run exactly the processes
     it needs: how get_runner's launcher and `autopar launch` start a job,
     with the settings of the Config the plan was compiled with (stall and
-    busy timeouts, restarts, timeline). The fork server starts first, so its
-    imports overlap the compile step (or serve it); it and the job's private
-    network (if any) are gone when this returns. Both callers exit then:
-    Ctrl-C and SIGTERM stay held from the job's start to the process's
-    exit."""
+    busy timeouts, restarts, timeline), checked before any process of the
+    job starts. The fork server starts first, so its imports overlap the
+    compile step (or serve it); it and the job's private network (if any)
+    are gone when this returns. Both callers exit then: Ctrl-C and SIGTERM
+    stay held from the job's start to the process's exit."""
+    # Before the first fork (the namespace's anchor, the fork server), for
+    # good: both callers exit when this returns.
+    signals = _SignalState()
+    _install_handlers(signals)
     extra_env = {envvars.REPORT_PRINTED: "1", envvars.PLAN: PLAN_KEY, **new_job()}
-    network = isolate(spec, extra_env)
-    fork_server = start_fork_server(spec, argv, {**extra_env, **isolation_env(spec, network)},
-                                    network)
+    network = fork_server = None
 
     def replan(smaller: ResourceSpec) -> dict[str, bytes]:
         plan, _, report, _ = compile_plan(smaller, fork_server)
         logger.info("the plan for the %d remaining worker(s):\n%s", smaller.num_workers, report)
         return {PLAN_KEY: plan}
     try:
-        plan, processes, report, config = compile_plan(spec, fork_server)
+        if signals.stops("starting nothing"):
+            return signals.status
+        network = isolate(spec, extra_env)
+        if signals.stops("starting nothing more"):
+            return signals.status
+        fork_server = start_fork_server(spec, argv,
+                                        {**extra_env, **isolation_env(spec, network)}, network)
+        if signals.stops("compiling nothing, starting nothing more"):
+            return signals.status
+        try:
+            signals.interruptible = True
+            plan, processes, report, config = compile_plan(spec, fork_server)
+        except KeyboardInterrupt:
+            if signals.signum is None:
+                raise
+        finally:
+            signals.interruptible = False
+        if signals.stops("no process of the job started"):
+            return signals.status
+        check_restart_options(spec, config.max_restarts, config.min_workers)
+        timeline = TimelineOptions.of(config)
+        if timeline is not None:
+            writable_file(timeline.path, "timeline")
         logger.info("\n%s", "\n".join([report, *report_lines(spec)]))   # + each worker's GPU
         return launch(spec, argv, extra_env=extra_env, stall_timeout_s=config.stall_timeout_s,
                       busy_timeout_s=config.busy_timeout_s,
                       published={PLAN_KEY: plan}, processes=processes,
                       fork_server=fork_server, network=network,
                       max_restarts=config.max_restarts, min_workers=config.min_workers,
-                      replan=replan, timeline=TimelineOptions.of(config), keep_handlers=True)
+                      replan=replan, timeline=timeline, keep_handlers=True, signals=signals)
     finally:
         stop_quietly(fork_server, network)
+
+
+def check_restart_options(spec: ResourceSpec, max_restarts: int, min_workers: int) -> None:
+    """LaunchError for restart options that contradict each other or the
+    spec (Config.max_restarts, min_workers; --max-restarts, --min-workers)."""
+    if min_workers and not max_restarts:
+        raise LaunchError(f"min_workers={min_workers} drops a host only when the job restarts, "
+                          "and max_restarts is 0: give max_restarts >= 1 too (--max-restarts), "
+                          "or leave min_workers at 0")
+    if min_workers > spec.num_workers:
+        raise LaunchError(f"min_workers={min_workers} is more than the {spec.num_workers} "
+                          f"worker(s) of {spec.source}: a job never has more than it starts "
+                          "with; give at most that many")
 
 
 def stop_quietly(fork_server: ForkServer | None, network: PrivateNetwork | None = None) -> None:
@@ -521,7 +639,8 @@ def _stop_local(fork_server: ForkServer | None, network: PrivateNetwork | None) 
 
 
 def _launch_restarts(spec: ResourceSpec, argv: list[str], extra_env: dict[str, str],
-                     fork_server: ForkServer | None, *, max_restarts: int, min_workers: int,
+                     fork_server: ForkServer | None, signals: _SignalState, *,
+                     max_restarts: int, min_workers: int,
                      replan: Callable[[ResourceSpec], Mapping[str, bytes]] | None,
                      published: Mapping[str, bytes] | None, **options) -> int:
     """``launch``, started again after a process died, failed or stalled
@@ -531,8 +650,17 @@ def _launch_restarts(spec: ResourceSpec, argv: list[str], extra_env: dict[str, s
     ``min_workers`` workers remain."""
     restart = 0
     while True:
-        ended = _launch_attempts(spec, argv, extra_env, fork_server, published=published,
-                                 **options)
+        if signals.stops("starting nothing" if not restart else
+                         f"restart {restart} of {max_restarts} does not start"):
+            return signals.status
+        ended = _launch_attempts(spec, argv, extra_env, fork_server, signals,
+                                 published=published, **options)
+        if ended.status and signals.signum is not None:
+            # A stop asked for as the job failed (its verdict being said, its
+            # processes stopped): nothing starts again.
+            if not ended.asked_to_stop:
+                signals.stops("no restart")
+            return signals.status
         if restart and ended.status and ended.unreachable:
             smaller = _without(spec, ended.unreachable, min_workers)
             if smaller is not None:
@@ -576,18 +704,18 @@ def _without(spec: ResourceSpec, unreachable: Sequence[HostSpec],
 
 
 def _launch_attempts(spec: ResourceSpec, argv: list[str], extra_env: dict[str, str] | None,
-                     fork_server: ForkServer | None, *, with_sumservers: bool,
-                     with_servers: bool = True, **options) -> _Ended:
+                     fork_server: ForkServer | None, signals: _SignalState, *,
+                     with_sumservers: bool, with_servers: bool = True, **options) -> _Ended:
     """``launch`` on fresh ports until no process finds its port taken."""
     taken: set[str] = set()   # endpoints that failed to bind, avoided from then on
     for attempt in range(1, PORT_ATTEMPTS + 1):
         with reserve_cluster(spec, avoid=taken, sumservers=with_sumservers,
                              servers=with_servers) as reservation:
-            ended = _launch_once(spec, reservation.cluster, argv, extra_env=extra_env,
+            ended = _launch_once(spec, reservation.cluster, argv, signals, extra_env=extra_env,
                                  sumservers=reservation.sumservers,
                                  fork_server=fork_server, **options)
         clash = ended.clash
-        if not clash:
+        if not clash or signals.signum is not None:
             return ended
         taken.update(plan.address for plan in clash)
         if attempt < PORT_ATTEMPTS:
@@ -599,8 +727,8 @@ def _launch_attempts(spec: ResourceSpec, argv: list[str], extra_env: dict[str, s
     return ended
 
 
-def _launch_once(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: list[str], *,
-                 extra_env: dict[str, str] | None, grace_seconds: float,
+def _launch_once(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: list[str],
+                 signals: _SignalState, *, extra_env: dict[str, str] | None, grace_seconds: float,
                  log_tail_lines: int, stall_timeout_s: float, busy_timeout_s: float,
                  stop_timeout_s: float,
                  published: Mapping[str, bytes] | None = None,
@@ -616,7 +744,7 @@ def _launch_once(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: lis
         plans = plan_children(spec, cluster, argv, tty=_stdout_is_tty(), sumservers=sumservers,
                               extra_env={**(extra_env or {}), **job_env(coordinator, cluster)})
         plans = give_token(plans, coordinator)
-        ended = _launch_plans(plans, grace_seconds, log_tail_lines,
+        ended = _launch_plans(plans, signals, grace_seconds, log_tail_lines,
                               JobMonitor(coordinator, stall_timeout_s,
                                          busy_timeout_s=busy_timeout_s), stop_timeout_s,
                               fork_server, network)
@@ -650,32 +778,26 @@ def _write_timeline(options: TimelineOptions, coordinator: Coordinator,
                 len(workers), options.path, os.path.getsize(options.path) // 1024)
 
 
-def _launch_plans(plans: list[ChildPlan], grace_seconds: float, log_tail_lines: int,
-                  monitor: JobMonitor, stop_timeout_s: float,
+def _launch_plans(plans: list[ChildPlan], state: _SignalState, grace_seconds: float,
+                  log_tail_lines: int, monitor: JobMonitor, stop_timeout_s: float,
                   fork_server: ForkServer | None = None,
                   network: PrivateNetwork | None = None) -> _Ended:
     interrupted = False
-    state = _SignalState()
-    _install_handlers(state)   # left installed for the teardown; ``launch`` restores the caller's
     children: list[Child] = []
     outcome = _Outcome(1)
     quiet = threading.Event()        # set once the job's end is decided
     try:
         try:
             for plan in plans:
+                if state.stops(f"{plan.name} and the processes after it do not start"):
+                    break
                 children.append(start_child(plan, log_tail_lines, fork_server, network))
-            # Readers start only once every process is forked: preexec_fn runs
-            # between fork and exec, best done while this is the only thread.
-            chief_stopped = threading.Event()
-            for child in children:
-                child.reader = threading.Thread(target=pump, args=(child, chief_stopped, quiet),
-                                                name=f"autopar-log-{child.name}", daemon=True)
-                child.reader.start()
-            probe = _SumserverProbe(children, monitor, network.answers if network else answers)
-            try:
-                outcome = _supervise(children, state, stop_timeout_s, monitor, quiet)
-            finally:
-                probe.stop()
+            if len(children) < len(plans):
+                # Stopped half-way through the start: nothing trained, nothing to save.
+                outcome = _Outcome(state.status)
+            else:
+                outcome = _run_started(children, state, stop_timeout_s, monitor, quiet,
+                                       network)
         except KeyboardInterrupt:
             # Defensive: our SIGINT handler normally prevents this, but a
             # KeyboardInterrupt from anywhere must still tear the job down.
@@ -693,6 +815,31 @@ def _launch_plans(plans: list[ChildPlan], grace_seconds: float, log_tail_lines: 
                     child.reader.join(timeout=DRAIN_SECONDS)
                 elif child.popen.stdout is not None:
                     child.popen.stdout.close()
+    return _ended(children, outcome, state, interrupted)
+
+
+def _run_started(children: list[Child], state: _SignalState, stop_timeout_s: float,
+                 monitor: JobMonitor, quiet: threading.Event,
+                 network: PrivateNetwork | None) -> _Outcome:
+    """Stream the started processes' output and supervise them to the job's end."""
+    # Readers start only once every process is forked: preexec_fn runs
+    # between fork and exec, best done while this is the only thread.
+    chief_stopped = threading.Event()
+    for child in children:
+        child.reader = threading.Thread(target=pump, args=(child, chief_stopped, quiet),
+                                        name=f"autopar-log-{child.name}", daemon=True)
+        child.reader.start()
+    probe = _SumserverProbe(children, monitor, network.answers if network else answers)
+    try:
+        return _supervise(children, state, stop_timeout_s, monitor, quiet)
+    finally:
+        probe.stop()
+
+
+def _ended(children: list[Child], outcome: _Outcome, state: _SignalState,
+           interrupted: bool) -> _Ended:
+    """How one start of the job ended, once its processes are stopped; the
+    verdict logged last."""
     status = outcome.status
     if status == 0:
         logger.info("all %d workers finished", sum(c.plan.role == WORKER_ROLE for c in children))
@@ -709,7 +856,7 @@ def _launch_plans(plans: list[ChildPlan], grace_seconds: float, log_tail_lines: 
     unreachable = {c.plan.host.address: c.plan.host for c in children
                    if c.plan.via == SSH and c.popen.poll() == 255 and not c.past_startup}
     return _Ended(status, clash, restartable=outcome.restartable and started and not asked_to_stop,
-                  unreachable=list(unreachable.values()))
+                  unreachable=list(unreachable.values()), asked_to_stop=asked_to_stop)
 
 
 class _SumserverProbe:

@@ -21,11 +21,13 @@ last micro-batch's value. Under a compute threshold a worker stops taking
 micro-batches once its compute time in the step reaches tau.
 
 A stop request (SIGINT to the chief: Ctrl-C on a single-device run, or the
-launcher passing on its own SIGINT/SIGTERM) is acted on at the next step
-boundary: the chief saves a final checkpoint (when checkpointing is on) and
-leaves by raising TrainingStopped, a SystemExit, so the script's ``with`` and
+launcher passing on its own SIGINT/SIGTERM; or SIGTERM, as a cluster sends
+it to every process of a job) is acted on at the next step boundary: the
+chief saves a final checkpoint (when checkpointing is on) and leaves by
+raising TrainingStopped, a SystemExit, so the script's ``with`` and
 ``finally`` blocks run and no traceback is printed. A second SIGINT raises
-KeyboardInterrupt at once.
+KeyboardInterrupt at once; a second SIGTERM ends the process at once. Other
+workers train on after a SIGTERM, until the job stops (runtime/stopping.py).
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ import tensorflow as tf
 from autopar.common.env import STOPPED_LINE
 from autopar.common.errors import AutoparError
 from autopar.common.roles import SERVER_JOB
+from autopar.runtime import stopping
 from autopar.runtime.dropcompute.records import StepRecord
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.batch_weights import weighs_batches
@@ -55,10 +58,11 @@ log = logging.getLogger("autopar.runner")
 
 class TrainingStopped(SystemExit):
     """Raised by Runner.run once a requested stop has been carried out; exits
-    the script with status 130 (the shell's code for Ctrl-C)."""
+    the script with status 128 + the signal that asked (130 for Ctrl-C, 143
+    for SIGTERM), as the shell reports them."""
 
-    def __init__(self) -> None:
-        super().__init__(128 + signal.SIGINT)
+    def __init__(self, signum: int = signal.SIGINT) -> None:
+        super().__init__(128 + signum)
 
 
 class Runner:
@@ -135,7 +139,16 @@ class Runner:
         self.sync_state_each_call = True
         self._watched.update({name: self._lifted.python_variables[name].numpy()
                               for name in self._local_python})
+        # Lifted name -> (this worker's value, the view), of the Python
+        # variables that hold a view of Python's own rather than this
+        # worker's values (combine_metrics: the state summed over workers):
+        # neither a write for the graph nor overwritten by a read of it
+        # (close(), sync_python_variables) until a step changes the graph's
+        # copy, whose values are this worker's again, or Python writes
+        # another value (_view).
+        self._views: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._assign_ops: dict[str, tuple] = {}
+        self._input_free: list[tf.Operation] | None = None   # run_input_free_writes'
         self._init_ops = _initializer_ops(graph)
         # The loss of each train group, fetched with the steps that update it.
         self._losses = ([graph.get_tensor_by_name(g.loss) if g.loss else None
@@ -164,7 +177,9 @@ class Runner:
         self._closed = False
         self._warned_init = False
         self._stop_requested = False
+        self._stop_signal = signal.SIGINT    # the signal that asked for the stop
         self._previous_sigint = self._install_stop_handler() if self.is_chief else None
+        self._sigterm = self._watch_sigterm()
 
     def start(self, init_ops, broadcast_op=None, init_feed=None) -> None:
         """Initialise (`init_ops`: an op, or ops run one after the other, fed
@@ -182,6 +197,10 @@ class Runner:
         # as the update could see either value.
         if self._global_step is not None:
             self._first_step = int(self.session.run(self._global_step))
+            if self._monitor is not None:
+                # Known from here on: a restarted job's stall messages name
+                # global steps (runtime/health.py).
+                self._monitor.global_step = self._first_step
 
     @property
     def resumed_step(self) -> int:
@@ -212,13 +231,40 @@ class Runner:
             return None
         return signal.signal(signal.SIGINT, self._on_sigint)
 
+    def _watch_sigterm(self) -> stopping.SigtermWatch:
+        """SIGTERM: the chief's stop request, another worker's cue to train
+        on until the job stops (runtime/stopping.py)."""
+        if self.is_chief:
+            watch = stopping.SigtermWatch(
+                "the chief", lambda: self._request_stop(signal.SIGTERM), stopping.CHIEF_STOP_S)
+        else:
+            watch = stopping.SigtermWatch(
+                f"worker {self.worker_index}", lambda: log.warning(
+                    "worker %d: SIGTERM: training on while the chief finishes its step and "
+                    "saves; exiting when the job stops, at the latest %.0f s from now",
+                    self.worker_index, stopping.PEER_STOP_S), stopping.PEER_STOP_S)
+        watch.install()
+        return watch
+
     def _on_sigint(self, signum, frame) -> None:
-        if self._stop_requested:
+        if self._stop_requested and self._stop_signal == signal.SIGINT:
             raise KeyboardInterrupt
+        # The launcher passes a SIGTERM it got on as SIGINT: after this
+        # process's own SIGTERM, the same request.
+        self._request_stop(signal.SIGINT)
+
+    def _request_stop(self, signum: int) -> None:
+        """The first stop request, by SIGINT or SIGTERM: the chief stops
+        after its current training step (called from a signal handler or
+        the SIGTERM watch's thread)."""
+        if self._stop_requested:
+            return
+        self._stop_signal = signum
         self._stop_requested = True
-        log.warning("stop requested: stopping after the current training step%s "
-                    "(interrupt again to stop at once)",
-                    " with a final checkpoint" if self._checkpointer is not None else "")
+        again = "interrupt again" if signum == signal.SIGINT else "SIGTERM again"
+        log.warning("stop requested (%s): stopping after the current training step%s "
+                    "(%s to stop at once)", signal.Signals(signum).name,
+                    " with a final checkpoint" if self._checkpointer is not None else "", again)
 
     def _stop(self) -> None:
         step = self._first_step + self._steps
@@ -229,7 +275,7 @@ class Runner:
                 self._checkpointer.save(self.session, step)
             where = f"checkpoint {self._checkpointer.prefix}-{step}"
         log.warning("%s%d; %s", STOPPED_LINE, step, where)
-        raise TrainingStopped()
+        raise TrainingStopped(self._stop_signal)
 
     # -- running -------------------------------------------------------------
     def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
@@ -239,6 +285,8 @@ class Runner:
             self._carry_python_writes()
         mapped = tf.nest.map_structure(self._map_fetch, fetches)
         is_step = any(self._is_step(leaf) for leaf in tf.nest.flatten(mapped) if leaf is not None)
+        if is_step:
+            self._views.clear()
         if is_step and self._accumulate is not None:
             return self._monitored(is_step, lambda: self._run_accumulated(
                 mapped, feed_dict or {}, options, run_metadata))
@@ -644,23 +692,39 @@ class Runner:
         updates their state summed over workers (every worker calls it at
         the same point), so that `metric.result()` is the global batches'
         (a metric whose state adds up: Mean, Sum, accuracies, AUC's
-        counts). After each call the Python variables hold this worker's
-        own values, which the step goes on counting from."""
+        counts). They keep the sums until the next step (close() and
+        sync_python_variables leave them, so a combine as the last thing
+        inside `with runner:` holds after it), which goes on counting from
+        this worker's own values; their Python variables hold those after
+        it."""
         variables = [v for m in metrics for v in m.variables]
         if not variables:
             return
+        names = [self._lifted_name(v) for v in variables]
+        # this worker's own values (a second call sums them again, not the
+        # sums the first gave)
+        mine = [self._own_value(name, v) for v, name in zip(variables, names)]
         total = self.sum_over_workers(np.concatenate(
-            [np.ravel(v.numpy()).astype(np.float64) for v in variables]))
+            [np.ravel(m).astype(np.float64) for m in mine]))
         offset = 0
-        for v in variables:
+        for v, name, own in zip(variables, names, mine):
             size = int(np.prod(v.shape))
             dtype = getattr(v.dtype, "as_numpy_dtype", v.dtype)   # tf's or Keras's
             v.assign(total[offset:offset + size].reshape(v.shape).astype(dtype))
             offset += size
-            name = self._lifted_name(v)
+            if name is not None:
+                self._views[name] = (own, v.numpy())
             if name in self._watched:
                 # the sum is Python's view, not a write for the graph
                 self._watched[name] = v.numpy()
+
+    def _own_value(self, name: str | None, variable) -> np.ndarray:
+        """This worker's value of the Python `variable` (lifted as `name`):
+        its value, or the one it had before combine_metrics gave it a view
+        that it still holds."""
+        value = variable.numpy()
+        own, view = self._views.get(name, (None, None))
+        return own if view is not None and np.array_equal(value, view) else value
 
     def _carry_python_writes(self) -> None:
         """Assign to this worker's copy each watched setting the program
@@ -702,12 +766,57 @@ class Runner:
                 self._assign_ops[name] = (fed, ours.assign(fed).op)
         fed, assign = self._assign_ops[name]
         self.session.run(assign, {fed: value})
+        self._views.pop(name, None)
         if name in self._watched:
             self._watched[name] = value
 
     def _saw_python_values(self) -> None:
         for name in self._watched:
             self._watched[name] = self._lifted.python_variables[name].numpy()
+
+    def take_chief_values(self, variables) -> None:
+        """Give the Python `variables` (of the traced function's, or any:
+        every worker passes the same ones, in the same order, at the same
+        point) the values the chief's hold now, and training's copies of
+        them too: what code run on the chief alone changed (a Keras
+        callback under autopar.fit). Every worker assigns its own copies;
+        a server's one copy the chief assigns before the others go on. The
+        values travel as float64, exactly; one float64 cannot hold (a
+        64-bit count beyond 2**53), or a variable split over servers,
+        reloads every variable from the chief's values instead
+        (load_python_variables)."""
+        if not variables:
+            return
+        names = [self._lifted_name(v) for v in variables]
+        mine = [np.asarray(v.numpy()) for v in variables]
+        sizes = [value.size for value in mine]
+        whole = all(name is None or name + ":0" in self._variables for name in names)
+        if self.is_chief:
+            try:
+                values = [value.astype(np.float64) for value in mine]
+                exact = all(np.array_equal(f.astype(value.dtype), value)
+                            for f, value in zip(values, mine))
+            except (TypeError, ValueError):   # (not a number)
+                values, exact = [np.zeros(size) for size in sizes], False
+            if exact and whole:
+                for name, value in zip(names, mine):
+                    if name is not None and not self._on_this_worker(name):
+                        self._assign_from_python(name, value)
+            local = np.concatenate([np.ravel(f) for f in values] + [[float(exact)]])
+        else:
+            local = np.zeros(sum(sizes) + 1)
+        got = self.sum_over_workers(local)
+        if not (got[-1] and whole):
+            self.load_python_variables()
+            return
+        offset = 0
+        for variable, name, value in zip(variables, names, mine):
+            chiefs = got[offset:offset + value.size].reshape(value.shape).astype(value.dtype)
+            offset += value.size
+            if not self.is_chief:
+                variable.assign(chiefs)
+            if name is not None and self._on_this_worker(name):
+                self._assign_from_python(name, chiefs)
 
     def load_python_variables(self) -> None:
         """Give training the traced function's Python variables' values as
@@ -724,8 +833,13 @@ class Runner:
                 with self.graph.as_default():
                     self._reload_ops = staged_initializers(
                         self.graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES))
+            feed = self._lifted.initial_feed()
+            for placeholder, variable in self._lifted.initial_values.items():
+                # a view (combine_metrics) is no value for training: this
+                # worker's own is
+                feed[placeholder] = self._own_value(self._python.get(id(variable)), variable)
             for op in self._reload_ops:
-                self.session.run(op, self._lifted.initial_feed())
+                self.session.run(op, feed)
             self._saw_python_values()
         if self._broadcast_op is not None:
             self.session.run(self._broadcast_op)
@@ -740,6 +854,8 @@ class Runner:
         if function is None:
             raise AutoparError("Runner.call runs a traced function: make the Runner with "
                                "autopar.get_runner(train_step.get_concrete_function(...), ...)")
+        # (a tf.data dataset's batches are eager tensors: a session feeds arrays)
+        inputs = [v.numpy() if isinstance(v, tf.Tensor) else v for v in inputs]
         fed = function.graph.inputs[:len(inputs)]
         if len(inputs) != len(function.graph.inputs) - len(function.graph.captures):
             raise AutoparError(f"Runner.call: the function takes "
@@ -764,6 +880,18 @@ class Runner:
             write.write([next(values) for _ in write.inputs])
         return result
 
+    def run_input_free_writes(self) -> None:
+        """Run, once, the traced function's writes that wait for none of
+        what a step reads or exchanges (an optimizer's iteration count, a
+        dropout's seed): what a call of the function runs when its batch
+        cannot be read. Keras's fit ends each pass over a dataset of
+        unknown length with such a call, whose writes count (autopar.fit).
+        Each worker runs its own copies' writes, the chief a server's."""
+        if self._input_free is None:
+            self._input_free = _input_free_writes(self.graph, self.is_chief)
+        if self._input_free:
+            self.session.run(self._input_free)
+
     def loss_counts_of(self, *inputs) -> list[float] | None:
         """This worker's counts of the batch's values that the losses
         divide by (transforms.loss_counts: computed from the input alone) for
@@ -782,7 +910,11 @@ class Runner:
         """Give the traced function's Python variables (a Keras model's and
         optimizer's; `variables` of them alone, when given) this worker's
         current values, so model.save(), model.evaluate() and checkpoints of
-        them see the trained model. Done by close() too."""
+        them see the trained model. Done by close() too. What the program
+        wrote to them in Python since the last step (a metric's
+        reset_state(), a learning rate) goes into training first, and the
+        results combine_metrics gave stay until the next step: neither is
+        overwritten."""
         if not self._python:
             return
         self._read_into_python(list(self._lifted.python_variables) if variables is None else
@@ -790,7 +922,14 @@ class Runner:
 
     def _read_into_python(self, names: list[str]) -> None:
         """This worker's values of the lifted variables `names` into their
-        Python variables (seen there: no write for the graph)."""
+        Python variables (seen there: no write for the graph), but for
+        views (combine_metrics) and after Python's own writes went into the
+        graph."""
+        if self._watched:
+            self._carry_python_writes()
+        python = self._lifted.python_variables
+        names = [name for name in names if name not in self._views
+                 or not np.array_equal(python[name].numpy(), self._views[name][1])]
         if not names:
             return
         values = self._run_plain({name: self._map_fetch(self._variables[name + ":0"])
@@ -917,6 +1056,7 @@ class Runner:
         finally:
             if self._previous_sigint is not None:
                 signal.signal(signal.SIGINT, self._previous_sigint)
+            self._sigterm.uninstall()
             self.session.close()
             for fn in self._on_close:
                 fn()
@@ -937,7 +1077,7 @@ def _split_feed(feed_dict, parts: int) -> tuple[dict, list[dict]]:
     """A step's feed as (what every run gets: scalars, [micro-batch i's
     feed]): every other leaf split along axis 0 into `parts` equal parts."""
     common: dict = {}
-    split: list[dict] = [{} for _ in range(parts)]
+    arrays: list[tuple] = []     # (leaf, its value as an array), checked before any split
     for key, value in feed_dict.items():
         for leaf, leaf_value in _flatten_feed(key, value):
             if isinstance(leaf, (tf.SparseTensor, tf.IndexedSlices)):
@@ -956,9 +1096,14 @@ def _split_feed(feed_dict, parts: int) -> tuple[dict, list[dict]]:
                     f"equal micro-batches along axis 0, but the value fed to "
                     f"{getattr(leaf, 'name', leaf)!r} has {array.shape[0]} rows: feed a "
                     f"multiple of {parts} rows (Runner.micro_batches)")
-            for i, piece in enumerate(np.split(array, parts)):
-                split[i][leaf] = piece
-    return common, (split if any(split) else [])
+            arrays.append((leaf, array))
+    if not arrays:
+        return common, []
+    split: list[dict] = [{} for _ in range(parts)]
+    for leaf, array in arrays:
+        for i, piece in enumerate(np.split(array, parts)):
+            split[i][leaf] = piece
+    return common, split
 
 
 def _combine(values: list):
@@ -1012,6 +1157,35 @@ def _leading_dim(key, value) -> int | None:
 
 
 _ITERATOR_OPS = frozenset({"IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional"})
+
+
+# Ops that write state: a variable, or a random generator's.
+_WRITES = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
+                     "RngReadAndSkip", "RngSkip"})
+
+
+def _input_free_writes(graph: tf.Graph, is_chief: bool) -> list[tf.Operation]:
+    """The writes among the traced function's stateful ops (CALL_OP's
+    inputs) that depend, by data or control, on no fed value (its inputs,
+    the runner's own feeds), no dataset and no collective; those of a
+    server's variable on the chief alone."""
+    if CALL_OP not in {op.name for op in graph.get_operations()}:
+        return []
+    # everything downstream of what a step reads or exchanges
+    tainted: set[str] = set()
+    stack = [op for op in graph.get_operations()
+             if op.type in ("Placeholder", "PlaceholderWithDefault", "IteratorGetNext",
+                            "IteratorGetNextSync") or op.type.startswith("Collective")]
+    while stack:
+        op = stack.pop()
+        if op.name in tainted:
+            continue
+        tainted.add(op.name)
+        stack.extend(c for t in op.outputs for c in t.consumers())
+        stack.extend(op._control_outputs)  # pylint: disable=protected-access  (no public API)
+    return [op for op in _upstream([graph.get_operation_by_name(CALL_OP)])
+            if op.type in _WRITES and op.name not in tainted
+            and (is_chief or f"/job:{SERVER_JOB}" not in op.device)]
 
 
 def _upstream(ops):

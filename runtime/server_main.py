@@ -15,6 +15,7 @@ from types import FrameType
 
 from autopar.common import env as envvars
 from autopar.common.roles import SERVER_JOB, SERVER_ROLE, process_name
+from autopar.runtime import stopping
 
 logger = logging.getLogger("autopar.server")
 
@@ -27,16 +28,19 @@ def _exit_now(code: int) -> None:
     crash in native destructors; the process has nothing to save, so exit
     directly.
     """
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError, AttributeError):
-            pass
-    os._exit(code)
+    stopping.exit_now(code)
+
+
+_sigterm: stopping.SigtermWatch | None = None
 
 
 def _install_stop_handlers(index: int) -> None:
+    """SIGINT stops the server at once. SIGTERM, which a cluster sends to
+    every process of a job at once, does at the second (the launcher's, once
+    the chief has saved: a ps-mode save reads this server) or PEER_STOP_S
+    after the first (runtime/stopping.py)."""
+    global _sigterm
+
     def on_signal(signum: int, frame: FrameType | None) -> None:
         logger.info("server %d stopping on %s", index, signal.Signals(signum).name)
         _exit_now(0)
@@ -44,8 +48,14 @@ def _install_stop_handlers(index: int) -> None:
     # signal.signal works only in the main thread; elsewhere the embedding
     # program owns signal handling.
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        if _sigterm is None:
+            _sigterm = stopping.SigtermWatch(
+                f"server {index}", lambda: logger.info(
+                    "server %d: SIGTERM: serving on while the chief finishes its step and "
+                    "saves; stopping when the job stops, at the latest %.0f s from now", index,
+                    stopping.PEER_STOP_S), stopping.PEER_STOP_S, status=0)
+            _sigterm.install()
 
 
 def serve(cluster: dict[str, list[str]], task_index: int) -> None:

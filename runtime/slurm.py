@@ -28,6 +28,7 @@ else is refused naming the variable and the item, before anything starts.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import re
 import shutil
@@ -37,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from autopar.common.errors import SpecError, shown
 from autopar.common.roles import WORKER_JOB
 from autopar.runtime.ports import explicit_cluster
-from autopar.runtime.spec import HostSpec, ResourceSpec
+from autopar.runtime.spec import MAX_HOSTS, MAX_PROCESSES_PER_HOST, HostSpec, ResourceSpec
 from autopar.transforms.keys import SLURM_STEP_PORTS
 
 PORT_BASE = "AUTOPAR_PORT_BASE"
@@ -45,7 +46,7 @@ PORT_BASE = "AUTOPAR_PORT_BASE"
 # of PORTS_PER_STEP ports.
 FIRST_PORT, PORTS_PER_STEP = SLURM_STEP_PORTS.first, 40
 PORT_SLOTS = SLURM_STEP_PORTS.size // PORTS_PER_STEP
-MAX_NODES = 100_000
+MAX_NODES = MAX_HOSTS
 _COUNT = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 _NAME_PART = re.compile(r"^[A-Za-z0-9_.\-]*$")
 
@@ -70,7 +71,10 @@ def tasks_per_node(text: str, variable: str) -> list[int]:
         if not match or (match.group(2) is not None and int(match.group(2)) < 1):
             raise SpecError(f"{variable}={shown(text)}: {shown(item)} is not a count such as "
                             "'2' or '2(x3)'")
-        repeat = int(match.group(2) or 1)
+        if len(match.group(1)) > 12 or int(match.group(1)) > MAX_PROCESSES_PER_HOST:
+            raise SpecError(f"{variable}={shown(text)}: {shown(item)} tasks on a node, more than "
+                            f"the {MAX_PROCESSES_PER_HOST} processes one host can have")
+        repeat = int(match.group(2) or 1) if len(match.group(2) or "") <= 12 else MAX_NODES + 1
         if len(counts) + repeat > MAX_NODES:
             raise SpecError(f"{variable}={shown(text)} counts more than {MAX_NODES} nodes")
         counts += [int(match.group(1))] * repeat
@@ -113,6 +117,9 @@ def _expand_item(item: str, variable: str) -> list[str]:
         else:
             raise SpecError(f"{variable}: node list item {shown(item)} has a character a node "
                             f"name cannot have in {shown(piece)}")
+    if math.prod(len(p) for p in parts) > MAX_NODES:
+        raise SpecError(f"{variable}: node list item {shown(item)} names more than {MAX_NODES} "
+                        "nodes")
     names = ["".join(p) for p in itertools.product(*parts)]
     if not names or not names[0] or (len(parts) == 1 and not parts[0][0]):
         raise SpecError(f"{variable}: node list item {shown(item)} names no node")
@@ -125,7 +132,7 @@ def _expand_group(group: str, item: str, variable: str) -> list[str]:
     out: list[str] = []
     for part in group.split(","):
         low, dash, high = part.strip().partition("-")
-        if not low.isdigit() or (dash and not high.isdigit()):
+        if not low.isdigit() or (dash and not high.isdigit()) or max(len(low), len(high)) > 12:
             raise SpecError(f"{variable}: node list item {shown(item)}: {shown(part)} is not a "
                             "number or a range such as 01-04")
         if not dash:
@@ -195,7 +202,13 @@ def spec_from_allocation(environ: Mapping[str, str], servers_per_host: int = 0,
     if not environ.get("SLURM_JOB_ID"):
         raise SpecError("--spec slurm needs a Slurm allocation, and SLURM_JOB_ID is not set: "
                         "run `autopar launch --spec slurm` in an sbatch script or an salloc shell")
+    from autopar.runtime.hostfile import check_servers_per_host
+    check_servers_per_host(servers_per_host)
     nodes, counts = _nodes_and_counts(environ, "SLURM_JOB_NODELIST", "SLURM_TASKS_PER_NODE")
+    if not any(counts):
+        raise SpecError(f"SLURM_TASKS_PER_NODE={shown(environ['SLURM_TASKS_PER_NODE'])} gives no "
+                        "node a task, and tasks are the job's workers: allocate tasks "
+                        "(sbatch --ntasks-per-node=N)")
     where = addresses(nodes)
     gpus = tuple(range(allocation_gpus(environ))) or None
     hosts = [HostSpec(address=where[n], workers=c, servers=servers_per_host, slurm_node=n,

@@ -12,6 +12,7 @@ import difflib
 import ipaddress
 import json
 import logging
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -27,6 +28,14 @@ from autopar.common.roles import CHIEF_JOB, SERVER_JOB, SERVER_ROLE, WORKER_JOB,
 logger = logging.getLogger(__name__)
 
 MIN_PORT, MAX_PORT = 1, 65535
+# Upper bounds of a spec's counts (docs/resource-specs.md#limits): above any
+# cluster a job of autopar's runs on (thousands of machines, a few hundred
+# processes on one), and low enough that checking, planning and starting a
+# job at the bound cannot exhaust the launcher's memory or time.
+MAX_HOSTS = 4096
+MAX_PROCESSES_PER_HOST = 1024   # workers + servers on one host
+MAX_WORKERS = 16384
+MAX_SERVERS = 4096
 
 _TOP_KEYS = ("hosts", "network")
 _HOST_KEYS = ("address", "workers", "servers", "ports", "worker_ports", "server_ports", "ssh",
@@ -529,14 +538,22 @@ def _validate(spec: ResourceSpec) -> None:
     src = spec.source
     if not spec.hosts:
         _fail(src, "hosts", "is empty", "list at least one host")
+    if len(spec.hosts) > MAX_HOSTS:
+        _fail(src, "hosts", f"lists {len(spec.hosts)} hosts, more than the {MAX_HOSTS} a job can "
+              "have", "check the spec (or the host list it was made from)")
     for i, h in enumerate(spec.hosts):
         _validate_host(h, src, f"hosts[{i}]")
     if spec.num_workers == 0:
         _fail(src, "hosts", "no host runs a worker (zero workers in total)",
               "give at least one host 'workers: 1' or more")
+    for what, count, limit in (("workers", spec.num_workers, MAX_WORKERS),
+                               ("servers", spec.num_servers, MAX_SERVERS)):
+        if count > limit:
+            _fail(src, "hosts", f"{count} {what} in all, more than the {limit} a job can have",
+                  f"check the hosts' '{what}' counts")
     bw = spec.bandwidth_gbps
-    if bw is not None and (not isinstance(bw, float) or not bw > 0):
-        _fail(src, "network.bandwidth_gbps", f"must be a positive number, got {shown(bw)}",
+    if bw is not None and (not isinstance(bw, float) or not 0 < bw < math.inf):
+        _fail(src, "network.bandwidth_gbps", f"must be a positive finite number, got {shown(bw)}",
               "give the link speed in Gbit/s, e.g. 'bandwidth_gbps: 10', or remove it")
     cores = spec.shared_cores
     if cores is not None and (not isinstance(cores, float) or not cores > 0):
@@ -605,6 +622,10 @@ def _validate_host(h: HostSpec, src: str, where: str) -> None:
             _fail(src, f"{where}.{field}", f"must be an integer count, got {shown(n)}", f"write e.g. '{field}: 2'")
         if n < 0:
             _fail(src, f"{where}.{field}", f"must not be negative, got {shown(n)}", "use 0 or a positive count")
+    if h.workers + h.servers > MAX_PROCESSES_PER_HOST:
+        _fail(src, where, f"host {h.address} runs {h.workers} workers and {h.servers} servers, "
+              f"more than the {MAX_PROCESSES_PER_HOST} processes one host can have",
+              "check its 'workers' and 'servers' counts")
     if h.workers == 0 and h.servers == 0:
         _fail(src, where, f"host {h.address} runs no process (workers: 0, servers: 0)",
               "give it workers or servers, or remove it")
@@ -736,26 +757,49 @@ def _check_address(address: Any, src: str, where: str) -> None:
     _fail(src, where, problem, todo)
 
 
+def _address_keys(address: str) -> tuple[str, ...]:
+    """The addresses a spec address stands for, written one way each: an IP
+    literal normalised (``::0001`` is ``::1``), ``localhost`` both loopback
+    addresses, a host name itself (lower case). Two hosts sharing a key are
+    one address to a port."""
+    bare = address.lower()
+    if bare.rstrip(".") == "localhost":
+        return ("127.0.0.1", "::1")
+    base, sep, zone = bare.partition("%")
+    try:
+        return (str(ipaddress.ip_address(base)) + sep + zone,)
+    except ValueError:
+        return (bare,)
+
+
 def _check_port_clashes(spec: ResourceSpec) -> None:
-    """Two processes on one address must never be given the same port."""
+    """Two processes on one address must never be given the same port, also
+    when two names of the address (``localhost``, ``127.0.0.1``) list it."""
     src = spec.source
-    explicit: dict[tuple[str, int], str] = {}
-    ranges: dict[str, list[tuple[int, int, str]]] = {}
+    explicit: dict[tuple[str, int], tuple[str, str]] = {}
+    ranges: dict[str, list[tuple[int, int, str, str]]] = {}
     for i, h in enumerate(spec.hosts):
-        addr = h.address.lower()
+        keys = _address_keys(h.address)
         for field in ("worker_ports", "server_ports"):
             for j, p in enumerate(getattr(h, field) or ()):
                 where = f"hosts[{i}].{field}[{j}]"
-                if (addr, p) in explicit:
-                    _fail(src, where, f"duplicate address:port {h.address}:{p} (also {explicit[(addr, p)]})",
-                          "give every process on one address its own port")
-                explicit[(addr, p)] = where
+                for key in keys:
+                    if (key, p) in explicit:
+                        other, name = explicit[(key, p)]
+                        also = f"also {other}" + (f", as {name}" if name != h.address else "")
+                        _fail(src, where, f"duplicate address:port {h.address}:{p} ({also})",
+                              "give every process on one address its own port")
+                for key in keys:
+                    explicit[(key, p)] = (where, h.address)
         if h.ports is not None:
             start, end = h.ports
-            for other_start, other_end, other in ranges.get(addr, []):
-                if start <= other_end and other_start <= end:
-                    _fail(src, f"hosts[{i}].ports",
-                          f"duplicate address:port: range {start}-{end} on {h.address} overlaps {other} "
-                          f"({other_start}-{other_end})",
-                          "use disjoint port ranges when an address is listed more than once, or merge the entries")
-            ranges.setdefault(addr, []).append((start, end, f"hosts[{i}].ports"))
+            for key in keys:
+                for other_start, other_end, other, name in ranges.get(key, []):
+                    if start <= other_end and other_start <= end:
+                        _fail(src, f"hosts[{i}].ports",
+                              f"duplicate address:port: range {start}-{end} on {h.address} "
+                              f"overlaps {other} ({other_start}-{other_end} on {name})",
+                              "use disjoint port ranges when an address is listed more than "
+                              "once, or merge the entries")
+            for key in keys:
+                ranges.setdefault(key, []).append((start, end, f"hosts[{i}].ports", h.address))

@@ -23,6 +23,8 @@ import time
 
 import tensorflow as tf
 
+from autopar.runtime.outputs import writable_directory
+
 log = logging.getLogger("autopar.tensorboard")
 tf1 = tf.compat.v1
 
@@ -31,7 +33,7 @@ class EventWriter:
     """One event file in ``directory``; each ``scalars`` call is one step."""
 
     def __init__(self, directory: str) -> None:
-        os.makedirs(directory, exist_ok=True)
+        writable_directory(directory, "tensorboard_dir")
         self.path = os.path.join(
             directory, f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}."
                        f"{os.getpid()}.autopar")

@@ -16,6 +16,7 @@ import logging
 import math
 import os
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import grpc
 import tensorflow as tf
@@ -43,7 +44,7 @@ from autopar.transforms.batch_mixing import mixing_note
 from autopar.transforms.compile import CompiledPlan, compile_for_config
 from autopar.transforms.graph_utils import import_meta_graph, staged_initializers
 from autopar.transforms.evaluate import totals_allreduce
-from autopar.transforms.keys import PLAN_KEY, TIMELINE_KEY_PREFIX
+from autopar.transforms.keys import JOB_GROUP_STRIDE, PLAN_KEY, TIMELINE_KEY_PREFIX
 from autopar.transforms.accelerator import Accelerator
 from autopar.transforms.topology import Topology
 from autopar.transforms.methods.ps.rewrite import COUNTERS_INIT
@@ -51,6 +52,24 @@ from autopar.transforms.rewrite import rewrite_for_worker, worker_device
 
 tf1 = tf.compat.v1
 log = logging.getLogger("autopar.worker")
+
+
+@dataclass
+class _ThisProcess:
+    """What a worker process keeps from one job of its script to the next:
+    a script may hold several in sequence (autopar.fit called for each of
+    its models, get_runner called again). The process's TensorFlow server
+    (one, on the port its cluster gives it), its coordinator client and
+    progress hook (the launcher's view of it goes on), and how many jobs it
+    began."""
+    jobs: int = 0
+    server: tf.distribute.Server | None = None
+    all_workers: bool = False   # the server's session config (weight-update sharding)
+    client: CoordinatorClient | None = None
+    hook: ProgressHook | None = None
+
+
+_PROCESS = _ThisProcess()
 
 
 def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, config,
@@ -63,19 +82,35 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
     num_workers = len(cluster[WORKER_JOB])
     accelerator, visible = _accelerator(worker_index, gpu_ids.from_environment()
                                         if gpus is None else gpus)
-    client = CoordinatorClient.from_env(WORKER_ROLE, worker_index)
-    hook = _register(client, cluster, worker_index)
-    compiled = _receive_plan(graph, cluster, worker_index, config, client)
+    _PROCESS.jobs += 1
+    job = _PROCESS.jobs
+    if job == 1:
+        _PROCESS.client = CoordinatorClient.from_env(WORKER_ROLE, worker_index)
+        _PROCESS.hook = _register(_PROCESS.client, cluster, worker_index)
+    else:
+        _refuse_in_later_job(config, job, worker_index)
+        if _PROCESS.hook is not None:
+            _PROCESS.hook.began_job()
+    client, hook = _PROCESS.client, _PROCESS.hook
+    compiled = _receive_plan(graph, cluster, worker_index, config, client, job)
     _check_same_config(compiled, config, worker_index)
     _check_fits(compiled.plan, cluster)
     compiled.check_graph(graph)
-    if print_report:
+    if print_report or (job > 1 and worker_index == 0):   # (no launcher printed a later one)
         log.info("\n%s", compiled.report().table())
     analysis, plan = compiled.analysis, compiled.plan
     if analysis.batch_mixing and worker_index == 0 and num_workers > 1:
         log.warning("%s", mixing_note(analysis.batch_mixing, num_workers))
     rewritten = rewrite_for_worker(graph, analysis, plan, worker_index, moves=compiled.moves,
                                    micro_batches=config.micro_batches, accelerator=accelerator)
+    if job > 1:
+        # The processes' resources and collective groups outlive a session:
+        # an earlier job's variables of the same names (a metric's total)
+        # would be this job's, its collectives' shapes this job's
+        in_container(rewritten.meta_graph.graph_def, f"autopar-job{job}")
+        offset = (job - 1) * JOB_GROUP_STRIDE
+        in_groups_above(rewritten.meta_graph.graph_def, offset)
+        plan = replace(plan, group_key=plan.group_key + offset)   # (collectives built later)
     is_chief = worker_index == 0
 
     worker_graph = tf.Graph()
@@ -93,7 +128,7 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
         checkpointer = (Checkpointer(worker_graph, config.checkpoint_dir, config.save_every_steps,
                                      rewritten.partitions, keep=config.keep_checkpoints)
                         if is_chief and config.checkpoint_dir else None)
-    server = start_worker_server(cluster, worker_index, plan.shard_weight_update, visible)
+    server = _server(cluster, worker_index, plan.shard_weight_update, visible, job)
     log.info("worker %d/%d serving on %s; %d variables (%s), %d on servers (%s)%s",
              worker_index, num_workers, cluster[WORKER_JOB][worker_index],
              len(analysis.variables), plan.method_counts(), len(plan.server_variables),
@@ -115,7 +150,7 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
         if config.measure_steps:
             meter = Meter(worker_graph, analysis, plan, num_workers, config.measure_steps,
                           board=board)
-    recorder, hand_in = _timeline(client, worker_index, config)
+    recorder, hand_in = _timeline(client, worker_index, config) if job == 1 else (None, None)
     # The timeline's events go before the last report says the worker closed.
     on_close = [f for f in (meter.close if meter else None, hand_in,
                             hook.closed if hook else None) if f is not None]
@@ -149,6 +184,84 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
         log.info("restart %s of %s: resumed at global step %d%s", restart, limit,
                  runner.resumed_step, recomputed)
     return runner
+
+
+def _server(cluster: dict[str, list[str]], worker_index: int, all_workers: bool,
+            visible, job: int) -> tf.distribute.Server:
+    """This process's TensorFlow server: started by its first job, the
+    same for the later ones (its port is the process's)."""
+    if _PROCESS.server is None:
+        _PROCESS.server = start_worker_server(cluster, worker_index, all_workers, visible)
+        _PROCESS.all_workers = all_workers
+    elif all_workers != _PROCESS.all_workers:
+        raise UnsupportedGraphError(
+            f"job {job} of this script {'shards' if all_workers else 'does not shard'} the "
+            f"weight update (Config(shard_weight_update)) and an earlier one "
+            f"{'did not' if all_workers else 'did'}: a process's server serves every job of "
+            "its script one way; give every job of the script the same shard_weight_update")
+    return _PROCESS.server
+
+
+def _refuse_in_later_job(config, job: int, worker_index: int) -> None:
+    """What a later job of a script cannot do, by name: DropCompute's
+    agreement (micro-batches) and the timeline are keyed per process by the
+    coordinator, taken by the first job."""
+    if config.micro_batches > 1:
+        raise AutoparError(
+            f"worker {worker_index}: job {job} of this script (its get_runner or autopar.fit "
+            f"number {job}) uses Config(micro_batches={config.micro_batches}), whose workers "
+            "agree on DropCompute's threshold through the job coordinator once per process: "
+            "only a script's first job may use micro-batches")
+    if worker_index == 0 and config.timeline:
+        log.warning("worker 0: job %d of this script is not traced (Config.timeline): the "
+                    "timeline is the script's first job's", job)
+
+
+def in_container(graph_def, container: str) -> None:
+    """Put every resource the graph's ops make on a device (variables,
+    accumulators, queues, tables) in `container`, unless the op names one."""
+    from tensorflow.python.framework import op_def_registry   # no public OpDef lookup
+    has_container: dict[str, bool] = {}
+    for node in graph_def.node:
+        if node.op not in has_container:
+            op_def = op_def_registry.get(node.op)
+            has_container[node.op] = op_def is not None and any(
+                a.name == "container" for a in op_def.attr)
+        if has_container[node.op] and not node.attr["container"].s:
+            node.attr["container"].s = container.encode()
+
+
+def in_groups_above(graph_def, offset: int) -> None:
+    """Give every collective of the graph a group key `offset` higher: a
+    new constant for each key (the graph shares one constant per value
+    among sizes, keys and instance keys)."""
+    from tensorflow.python.framework import op_def_registry   # no public OpDef lookup
+    nodes = {node.name: node for node in graph_def.node}
+    made: dict[tuple[int, str], str] = {}
+    for node in list(graph_def.node):
+        if not node.op.startswith("Collective"):
+            continue
+        if "group_key" in node.attr:   # (the first collective ops: attributes)
+            node.attr["group_key"].i += offset
+            continue
+        names = [a.name for a in op_def_registry.get(node.op).input_arg]
+        if "group_key" not in names:
+            continue
+        index = names.index("group_key")
+        source = nodes.get(node.input[index].split(":")[0])
+        if source is None or source.op != "Const":
+            raise UnsupportedGraphError(f"collective '{node.name}' takes its group key from "
+                                        f"'{node.input[index]}', no constant: a later job of the "
+                                        "script cannot move it to groups of its own")
+        key = int(tf.make_ndarray(source.attr["value"].tensor))
+        if (key, source.device) not in made:
+            name = f"autopar/later_job/group_key_{key}_{len(made)}"
+            const = graph_def.node.add()
+            const.CopyFrom(source)
+            const.name = name
+            const.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(key + offset, tf.int32))
+            made[(key, source.device)] = name
+        node.input[index] = made[(key, source.device)]
 
 
 def _accelerator(worker_index: int, gpus: tuple[int, ...]
@@ -229,23 +342,27 @@ def _timeline(client: CoordinatorClient | None, worker_index: int,
 
 
 def _receive_plan(graph, cluster: dict[str, list[str]], worker_index: int, config,
-                  client: CoordinatorClient | None) -> CompiledPlan:
-    """The job's one compiled plan (module docstring says who computes it)."""
+                  client: CoordinatorClient | None, job: int = 1) -> CompiledPlan:
+    """The job's one compiled plan (module docstring says who computes it).
+    The launcher compiled a script's first job only (it runs the script up
+    to it): the chief compiles each later job's and publishes it under a
+    key of its own."""
     if client is None:
         # Joined through TF_CONFIG: no launcher compiled for everyone, so each
         # process compiles the same plan by the same deterministic function.
         log.info("worker %d: no job coordinator to receive the plan from; compiling it here",
                  worker_index)
         return compile_for_config(graph, job_topology(cluster), config)
-    key = os.environ.get(env.PLAN)
+    key = os.environ.get(env.PLAN) if job == 1 else None
+    published = PLAN_KEY if job == 1 else f"{PLAN_KEY}/job{job}"
     if not key and worker_index == 0:
         compiled = compile_for_config(graph, job_topology(cluster), config)
-        _rpc(lambda: client.publish(PLAN_KEY, compiled.to_bytes()), worker_index,
+        _rpc(lambda: client.publish(published, compiled.to_bytes()), worker_index,
              "publish the plan to the job coordinator")
-        log.debug("worker 0: compiled and published the plan")
+        log.debug("worker 0: compiled and published the plan of job %d", job)
         return compiled
     source = "the launcher" if key else "the chief (worker 0)"
-    data = _rpc(lambda: client.fetch(key or PLAN_KEY, config.startup_timeout_s),
+    data = _rpc(lambda: client.fetch(key or published, config.startup_timeout_s),
                 worker_index, f"receive the plan from {source}")
     log.info("worker %d: plan received from %s (%d bytes)", worker_index, source, len(data))
     return CompiledPlan.from_bytes(data)

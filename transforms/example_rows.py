@@ -118,6 +118,9 @@ SPARSE_SEGMENTS = frozenset({"SparseSegmentSum", "SparseSegmentMean", "SparseSeg
                              "SparseSegmentMeanWithNumSegments",
                              "SparseSegmentSqrtNWithNumSegments"})
 GATHERS = frozenset({"GatherV2", "Gather", "ResourceGather"})
+# Lookups of each key (input 1) in a table (a StringLookup's vocabulary): the
+# keys' form, the table and the default value SHARED.
+LOOKUPS = frozenset({"LookupTableFind", "LookupTableFindV2"})
 UNIQUE = frozenset({"Unique", "UniqueV2", "UniqueWithCounts", "UniqueWithCountsV2"})
 FUNCTION_CALLS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
 CANDIDATE_SAMPLERS = frozenset({"UniformCandidateSampler", "LogUniformCandidateSampler",
@@ -260,6 +263,8 @@ class ExampleRows:
             return [ins[0]] * n_out
         if t in NARY:
             return [self._elementwise(op, ins)] * n_out
+        if t in LOOKUPS and ins[0] == SHARED and ins[2] == SHARED:
+            return [ins[1]] * n_out
         if t in SHAPE_OPS:
             return self._shapes(op, ins)
         if t in REDUCTIONS:

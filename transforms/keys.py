@@ -24,7 +24,7 @@ Instance keys:
                one all-reduce per count
   batch_weights  the sum of the workers' batch sizes (transforms.batch_weights):
                one all-reduce per batch input
-Group keys:
+Group keys (each later job of a script: all of them JOB_GROUP_STRIDE higher):
   GROUP_KEY          all workers
   LEADERS_GROUP_KEY  the first worker of every host (2-D summation)
   host_groups        the workers of host h (local aggregation): first + h
@@ -111,6 +111,12 @@ def check_disjoint(ranges) -> None:
 
 check_disjoint(GROUP_RANGES)
 check_disjoint(INSTANCE_RANGES)
+# A later job of one script (its processes' second autopar.fit) takes every
+# group key this far above its previous job's: TensorFlow pins an instance
+# key of a group to its first use's shape in a process, beyond one session.
+JOB_GROUP_STRIDE = 100_000
+if max(r.end for r in GROUP_RANGES) > JOB_GROUP_STRIDE:
+    raise AssertionError(f"group keys reach past JOB_GROUP_STRIDE ({JOB_GROUP_STRIDE})")
 
 # Coordinator keys: two features sharing one would read each other's values.
 PLAN_KEY = "compiled-plan"                                 # the compiled plan

@@ -22,10 +22,11 @@ The blocks cover every row count up to comm.MAX_GATHERED_ROWS (2^40).
 """
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from autopar.common.errors import AutoparError, UnsupportedGraphError
+from autopar.common.errors import AutoparError, UnsupportedGraphError, shown
 from autopar.common.text import human_bytes
 from autopar.transforms import cost, keys, serial
 from autopar.transforms.analysis import Analysis
@@ -240,6 +241,7 @@ def make_plan(analysis: Analysis, topology: Topology | int, fusion_bytes: int = 
     options = options or PlanOptions()
     if options.wire_dtype not in WIRE_DTYPES:
         raise ValueError(f"wire_dtype must be one of {WIRE_DTYPES}, got {options.wire_dtype!r}")
+    _check_partition_names(analysis, options.partitions)
     methods, job_whys = choose_methods(analysis, topology, options)
     group, sparse_servers, structure_why = aggregation_structure(analysis, methods, topology,
                                                                  options)
@@ -290,6 +292,18 @@ def make_plan(analysis: Analysis, topology: Topology | int, fusion_bytes: int = 
                                                        topology.num_workers),
                 shard_weight_update=options.shard_weight_update,
                 collective_timeout_s=options.collective_timeout_s)
+
+
+def _check_partition_names(analysis: Analysis, partitions) -> None:
+    """AutoparError for a Config.partitions entry naming no variable of the
+    graph (a misspelled name would leave the variable it meant unsplit)."""
+    names = [v.name for v in analysis.variables]
+    for name, _ in partitions:
+        if name not in names:
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise AutoparError(f"Config.partitions names {shown(name, 120)}, which is not a "
+                               f"trainable variable of the graph{hint}; the report lists them")
 
 
 def choose_methods(analysis: Analysis, topology: Topology, options: PlanOptions

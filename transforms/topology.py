@@ -2,6 +2,7 @@
 many servers and summation servers it has."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from autopar.common.addresses import is_loopback_address
@@ -45,7 +46,16 @@ class Topology:
         return list(dict.fromkeys(self.worker_hosts))
 
     def workers_on(self, host: str) -> list[int]:
-        return [i for i, h in enumerate(self.worker_hosts) if h == host]
+        return list(self._workers_by_host.get(host, ()))
+
+    @functools.cached_property
+    def _workers_by_host(self) -> dict[str, list[int]]:
+        # Once: a question per host over every worker was quadratic in the
+        # job's size (minutes at thousands of workers).
+        hosts: dict[str, list[int]] = {}
+        for i, h in enumerate(self.worker_hosts):
+            hosts.setdefault(h, []).append(i)
+        return hosts
 
     @property
     def on_loopback(self) -> bool:

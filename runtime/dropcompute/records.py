@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from autopar.runtime.outputs import writable_directory
+
 
 # -- simulated delay (appendix B.1) --------------------------------------------
 class DelaySampler:
@@ -44,7 +46,7 @@ class StepLog:
     HEADER = ("step", "computed", "dropped", "compute_s", "step_s", "tau")
 
     def __init__(self, directory: str, worker_index: int) -> None:
-        os.makedirs(directory, exist_ok=True)
+        writable_directory(directory, "dropcompute_log_dir")
         self.path = os.path.join(directory, f"dropcompute_worker{worker_index}.csv")
         self._file = open(self.path, "w", newline="")
         self._writer = csv.writer(self._file)

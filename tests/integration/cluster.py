@@ -78,11 +78,12 @@ def run_training(model: str, out: Path, *extra: str, timeout: float = 240) -> st
 
 
 def run_script(command: list[str], *, env: dict[str, str] | None = None,
-               timeout: float = 240) -> str:
+               timeout: float = 240, cwd: Path | None = None) -> str:
     """``python script args`` (or ``-m module``) run to completion, forked from
-    the tests' fork server; its merged stdout and stderr. Fails the test with
-    the output's tail unless it exited 0."""
-    with LineReader(start_job(command, env)) as reader:
+    the tests' fork server (in `cwd`, default the repository); its merged
+    stdout and stderr. Fails the test with the output's tail unless it
+    exited 0."""
+    with LineReader(start_job(command, env, cwd)) as reader:
         output = reader.rest(timeout=timeout)
     returncode = reader.proc.returncode
     assert returncode == 0, f"{Path(command[1]).name} exited {returncode}:\n{output[-4000:]}"
@@ -176,12 +177,14 @@ def _tests_fork_server() -> ForkServer:
     return _fork_server
 
 
-def start_job(cmd: list[str], env: dict[str, str] | None = None) -> ForkedProcess:
+def start_job(cmd: list[str], env: dict[str, str] | None = None,
+              cwd: Path | None = None) -> ForkedProcess:
     """Start a job (``python script args``) in its own session, so it can be
     stopped as a group, output merged into one text pipe for a LineReader.
-    ``env``: its environment (default child_env())."""
-    proc = _tests_fork_server().start(cmd, child_env() if env is None else env, str(REPO),
-                                      spare=True)
+    ``env``: its environment (default child_env()); ``cwd``: its directory
+    (default the repository)."""
+    proc = _tests_fork_server().start(cmd, child_env() if env is None else env,
+                                      str(cwd or REPO), spare=True)
     assert proc.stdout is not None
     proc.stdout = io.TextIOWrapper(proc.stdout, encoding="utf-8", errors="replace")
     return proc
@@ -256,6 +259,36 @@ class LineReader:
     @property
     def text(self) -> str:
         return "".join(self.lines)
+
+    def lines_so_far(self) -> list[str]:
+        """Every line read by now, without waiting."""
+        while not self._queue.empty():
+            line = self._queue.get()
+            if line is None:
+                self._queue.put(None)    # the end stays for wait_for and rest
+                break
+            self.lines.append(line)
+        return self.lines
+
+
+def job_processes(launcher: int) -> set[int]:
+    """The launcher and every process under it now (namespace anchor, fork
+    server, workers, servers), from /proc."""
+    found, todo = set(), [launcher]
+    while todo:
+        pid = todo.pop()
+        found.add(pid)
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+            except OSError:
+                pass
+    return found
 
 
 def survivors(pids, timeout: float = 30) -> list[int]:

@@ -11,12 +11,16 @@ checkpoint that cannot be used or saved is named for what it is.
   shapes), an unwritable directory and a full disk are autopar errors naming
   the file, the variable or the directory; a full disk keeps the previous
   checkpoint; when every checkpoint is damaged nothing is deleted (nor said
-  to be).
+  to be), and an intact one the state file does not list is used before
+  that is said. A script's launcher refuses an unwritable directory before
+  it starts anything.
 """
 import hashlib
 import logging
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,7 +28,7 @@ import tensorflow as tf
 
 from autopar.common.errors import AutoparError
 from autopar.runtime.checkpoint import Checkpointer
-from tests.integration.cluster import assert_same_parameters, small_disk
+from tests.integration.cluster import assert_same_parameters, child_env, small_disk
 from tests.integration.test_graceful_stop import _checkpoint_steps, _train
 
 tf1 = tf.compat.v1
@@ -146,6 +150,25 @@ def test_an_unwritable_directory_is_refused_before_training(tmp_path):
     session.close()
 
 
+def test_the_launcher_refuses_an_unwritable_directory_before_it_starts_anything(tmp_path):
+    # As a script's launcher (get_runner) meets it: one line, exit status 2,
+    # no process started (before: the chief refused it once every worker
+    # had started).
+    script = tmp_path / "train.py"
+    script.write_text("import autopar\nfrom tests import models\n"
+                      "autopar.get_runner(models.build('mlp_sgd').graph, {'hosts': [{'address': "
+                      "'127.0.0.1', 'workers': 2}]}, autopar.Config(checkpoint_dir="
+                      "'/proc/version/ck'))\n")
+    env = {k: v for k, v in child_env().items() if k != "AUTOPAR_DEBUG"}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    ours = [line for line in done.stderr.splitlines() if line.startswith("autopar")]
+    assert len(ours) == 1 and ours[0].startswith(
+        "autopar: checkpoint_dir /proc/version/ck is not writable ("), done.stderr
+    assert "started" not in done.stdout, done.stdout
+
+
 def test_nothing_is_deleted_or_said_deleted_when_every_checkpoint_is_damaged(tmp_path, caplog):
     ckpt = tmp_path / "ckpt"
     checkpointer, session = _one_variable_graph(ckpt, [3])
@@ -162,6 +185,38 @@ def test_nothing_is_deleted_or_said_deleted_when_every_checkpoint_is_damaged(tmp
     assert "is corrupt or incomplete" in log, log
     assert "deleting it" not in log and "deleted the" not in log, log
     assert _snapshot(ckpt) == before
+
+
+def test_an_intact_checkpoint_the_state_file_does_not_list_is_used_last(tmp_path, caplog):
+    # Every listed checkpoint is damaged; the directory still holds an
+    # intact one no state file lists (rotation had not deleted it yet): it
+    # is restored, not "every checkpoint ... corrupt".
+    ckpt = tmp_path / "ckpt"
+    checkpointer, session = _one_variable_graph(ckpt, [3], keep=2)
+    with session.graph.as_default():
+        variable = tf1.global_variables()[0]
+        one_two_three, zeros = variable.assign([1.0, 2.0, 3.0]), variable.assign([0.0] * 3)
+    session.run(one_two_three)
+    checkpointer.save(session, 1)
+    kept = tmp_path / "kept"
+    shutil.copytree(ckpt, kept)
+    for step in (2, 3):
+        checkpointer.save(session, step)     # keep=2: lists 2 and 3, deletes 1
+    for name in ("model.ckpt-1.index", "model.ckpt-1.data-00000-of-00001"):
+        shutil.copy(kept / name, ckpt / name)    # as a kill before the deletion leaves it
+    assert "model.ckpt-1" not in (ckpt / "checkpoint").read_text()
+    for step in (2, 3):
+        (ckpt / f"model.ckpt-{step}.index").write_bytes(b"")
+    session.run(zeros)
+    with caplog.at_level(logging.INFO, logger="autopar.checkpoint"):
+        assert checkpointer.restore(session) == 1
+    assert list(session.run(variable)) == [1.0, 2.0, 3.0]
+    session.close()
+    log = _logged(caplog)
+    assert "every checkpoint" not in log, log
+    assert ("deleted the damaged checkpoint(s) model.ckpt-3, model.ckpt-2; resuming from "
+            "model.ckpt-1 (global step 1), which the state file did not list") in log, log
+    assert _checkpoint_steps(ckpt) == {1}
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")

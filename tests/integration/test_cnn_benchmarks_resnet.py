@@ -35,14 +35,18 @@ ARGS = ["--dtype", "float64", "--image-size", "8", "--batch", "6", "--steps", st
 LAYERS = 19   # batch-norm layers of ResNet-20
 
 
+V1_BEHAVIOR = REPO / "tests" / "integration" / "scripts" / "v1_behavior.py"
+
 # AUTOPAR_TEST_MATRIX=full (`make test-matrix`): with the variables on
-# servers too (herring keeps float64 gradients on the ring: allreduce's case).
-RUN_OPTIONS = ["allreduce", "ps"] if os.environ.get("AUTOPAR_TEST_MATRIX") == "full" \
-    else ["allreduce"]
+# servers too (herring keeps float64 gradients on the ring: allreduce's
+# case), and each as a TF1-era script runs, after
+# tf.compat.v1.disable_v2_behavior() (reference variables, V1 control flow).
+CASES = ([(o, b) for o in ("allreduce", "ps") for b in ("v2", "v1")]
+         if os.environ.get("AUTOPAR_TEST_MATRIX") == "full" else [("allreduce", "v2")])
 
 
-@pytest.mark.parametrize("run_option", RUN_OPTIONS)
-def test_resnet20_through_tf_compat_v1_layers_legacy_keras(run_option, tmp_path):
+@pytest.mark.parametrize("run_option,behavior", CASES, ids=[f"{o}-{b}" for o, b in CASES])
+def test_resnet20_through_tf_compat_v1_layers_legacy_keras(run_option, behavior, tmp_path):
     """The model built the way tf_cnn_benchmarks builds it by default,
     with tf.compat.v1.layers (conv2d, batch_normalization, dense), which
     under TensorFlow 2.21 need legacy Keras: the tf-keras package (installed
@@ -50,14 +54,17 @@ def test_resnet20_through_tf_compat_v1_layers_legacy_keras(run_option, tmp_path)
     dependency on the full tensorflow package) and TF_USE_LEGACY_KERAS=1.
     Fresh interpreters (not the tests' fork server, which imported
     TensorFlow without tf-keras on its path) on 3 workers, batch-norm
-    statistics over all of them, equal one device."""
+    statistics over all of them, equal one device. Behaviour "v1": both
+    runs through a wrapper that disables V2 behaviour first and runs the
+    script with runpy (the launcher re-runs the wrapper)."""
     legacy = REPO / ".venv" / "legacy-keras"
     assert (legacy / "tf_keras").is_dir(), f"{legacy} is missing: run `make install`"
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2",
                PYTHONPATH=os.pathsep.join([str(REPO), str(legacy)]))
 
     def start(out, *extra):
-        return subprocess.Popen([sys.executable, str(SCRIPT), *ARGS, "--use-tf-layers", "--out",
+        wrapper = [str(V1_BEHAVIOR)] if behavior == "v1" else []
+        return subprocess.Popen([sys.executable, *wrapper, str(SCRIPT), *ARGS, "--use-tf-layers", "--out",
                                  str(out), *extra], cwd=REPO, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
 

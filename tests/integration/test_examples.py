@@ -9,13 +9,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 120
+# The V1-behaviour lane (`make test-matrix`): the TF1 examples run as
+# TF1-era scripts do, tf.compat.v1.disable_v2_behavior() first, through a
+# runpy wrapper (the launcher re-runs the wrapper in every process).
+V1_BEHAVIOR = str(REPO_ROOT / "tests" / "integration" / "scripts" / "v1_behavior.py")
+BEHAVIORS = ["v2", "v1"] if os.environ.get("AUTOPAR_TEST_MATRIX") == "full" else ["v2"]
 
 
-def _run_example(script: str, *args: str) -> str:
+def _run_example(script: str, *args: str, behavior: str = "v2") -> str:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, f"examples/{script}", *args], cwd=REPO_ROOT, env=env,
+    wrapper = [V1_BEHAVIOR] if behavior == "v1" else []
+    proc = subprocess.run([sys.executable, *wrapper, f"examples/{script}", *args], cwd=REPO_ROOT,
+                          env=env,
                           capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, (f"{script} exited {proc.returncode}\n"
                                   f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}")
@@ -28,6 +37,18 @@ def test_digits_mlp_learns_single_device():
     match = re.search(r"test accuracy: ([0-9.]+)", out)
     assert match, f"no accuracy line in output:\n{out}"
     assert float(match.group(1)) > 0.85, out
+
+
+if "v1" in BEHAVIORS:
+    def test_digits_mlp_learns_on_uneven_hosts_as_a_v1_behaviour_script(tmp_path):
+        """examples/digits_mlp.py after disable_v2_behavior() (its variables
+        reference variables) on 3 workers over 2 hosts with servers: it
+        trains and reaches the accuracy it reaches on one device."""
+        from tests.integration.cluster import write_two_host_spec
+        spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
+        out = _run_example("digits_mlp.py", "--steps", "150", "--spec", str(spec), behavior="v1")
+        accuracies = re.findall(r"test accuracy: ([0-9.]+)", out)
+        assert accuracies and all(float(a) > 0.85 for a in accuracies), out[-3000:]
 
 
 def test_cnn_reports_throughput_single_device():
@@ -63,7 +84,8 @@ LM1B_SMALL = ("--vocab_size", "50", "--emb_size", "8", "--state_size", "16", "--
               "--num_variable_shards", "2", "--max_steps", "4", "--log_frequency", "1")
 
 
-def test_parallax_lm1b_port_equals_one_device_with_the_global_batch(tmp_path):
+@pytest.mark.parametrize("behavior", BEHAVIORS)
+def test_parallax_lm1b_port_equals_one_device_with_the_global_batch(behavior, tmp_path):
     """examples/lm1b, Parallax's own LM example ported with its semantics
     (Config(loss_reduction="parallax"): sparse gradients summed over
     workers, dense ones averaged; the model scales its embedding gradient by
@@ -77,16 +99,18 @@ def test_parallax_lm1b_port_equals_one_device_with_the_global_batch(tmp_path):
     (transforms.random_draws; the placeholders' static batch makes the masks'
     shape a constant). The full softmax: a sampled softmax's gradient is
     sparse, summed over workers under Parallax's semantics, and the model
-    scales only the embedding's."""
+    scales only the embedding's. Behaviour "v1": both runs after
+    disable_v2_behavior(), through a runpy wrapper."""
     import numpy as np
 
     from tests.integration.cluster import (assert_same_parameters, run_script,
                                            write_two_host_spec)
     script = str(REPO_ROOT / "examples" / "lm1b" / "lm1b_distributed_driver.py")
     _run_example("lm1b/lm1b_distributed_driver.py", *LM1B_SMALL, "--batch_size", "6",
-                 "--save_npz", str(tmp_path / "single.npz"))
+                 "--save_npz", str(tmp_path / "single.npz"), behavior=behavior)
+    wrapper = [V1_BEHAVIOR] if behavior == "v1" else []
     spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
-    log = run_script([sys.executable, script, *LM1B_SMALL, "--batch_size", "2",
+    log = run_script([sys.executable, *wrapper, script, *LM1B_SMALL, "--batch_size", "2",
                       "--resource_info_file", str(spec), "--run_option", "hybrid",
                       "--save_npz", str(tmp_path / "worker{worker}.npz")])
     assert "dense averaged and sparse summed over workers" in log

@@ -5,18 +5,23 @@ the previous one.
   global step 22 with save_every_steps=100: the chief saves step 22, the
   launcher exits 130 naming the checkpoint, nothing is left running, and a
   restart ends where an uninterrupted run ends.
+- SIGTERM to every process of the job at once (a cluster's stop) while the
+  chief is inside global step 12 (ps and herring): every process stays up
+  for that step, the chief saves step 13 and the job ends with 143 within
+  the 30 s clusters give before SIGKILL.
 - A second Ctrl-C while the chief cannot reach a step boundary stops the job
   at once.
 - A launcher started with SIGINT ignored (nohup from a script) still stops
   its chief after the current step, with a checkpoint.
-- Truncated, bit-flipped and missing-.data checkpoints are reported by name
-  and skipped; training resumes from the newest intact one; temporary files
+- Empty-index, truncated, bit-flipped and missing-.data checkpoints are
+  reported by name, with the file that is empty or missing, and skipped; training resumes from the newest intact one; temporary files
   of killed saves are removed; only keep_checkpoints are kept.
 """
 import logging
 import os
 import re
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -25,11 +30,13 @@ import tensorflow as tf
 import autopar
 from autopar.common.errors import AutoparError
 from autopar.runtime.checkpoint import Checkpointer
+from autopar.runtime.stopping import GRACE_S
 from autopar.runtime.worker import single_device_runner
 from tests import models
 
-from tests.integration.cluster import (LineReader, assert_same_parameters, load_worker,
-                                       run_training, start_job, survivors, train_command, write_spec)
+from tests.integration.cluster import (LineReader, assert_same_parameters, job_processes,
+                                       load_worker, run_training, start_job, survivors,
+                                       train_command, write_spec)
 
 MODEL = "mlp_adam_clip_ema"   # float64: Adam, clipping and EMA slots all checkpointed
 
@@ -95,6 +102,41 @@ def test_ctrl_c_saves_the_current_step_and_resumes(tmp_path):
                                what=f"resumed worker {i}")
 
 
+@pytest.mark.parametrize("run_option, model", [("ps", MODEL), ("herring", MODEL + "_f32")])
+def test_sigterm_to_every_process_saves_the_step_the_chief_is_in(tmp_path, run_option, model):
+    """What Slurm (time limit, scancel), systemd and Kubernetes send: SIGTERM
+    to every process of the job at once, SIGKILL 30 s later. The chief is
+    inside global step 12's run, waiting for worker 1 (asleep in its script
+    for 3 s); every process stays up for that step (in ps mode the server
+    holds the variables, with herring the summation server sums the
+    gradients), the chief saves step 13 and the job has ended with 143 within
+    the 30 s (before: the fork server died of it and took the chief along,
+    nothing was saved)."""
+    spec = str(write_spec(tmp_path, workers=2, servers=1))
+    ckpt = tmp_path / "ckpt"
+    proc = start_job(train_command(model, tmp_path / "out", "--steps", "30", "--spec", spec,
+                                   "--run-option", run_option, "--checkpoint-dir", str(ckpt),
+                                   "--save-every", "100", "--stall-at", "12", "--stall-for", "3"))
+    everyone: set[int] = set()
+    with LineReader(proc) as reader:
+        reader.wait_for(r"worker 1 stalling at step 12", 240)
+        time.sleep(1.0)      # the chief enters step 12's run meanwhile, and waits there
+        everyone.update(job_processes(proc.pid))
+        for pid in sorted(everyone):
+            os.kill(pid, signal.SIGTERM)
+        reader.rest(timeout=GRACE_S)     # within the clusters' grace period before SIGKILL
+    text = reader.text
+    # launcher, namespace anchor, fork server, 2 workers, a server or summation server
+    assert len(everyone) >= 6, everyone
+    assert proc.returncode == 143, text[-3000:]
+    assert re.search(r"job stopped on SIGTERM: the chief stopped at global step 13; "
+                     r"checkpoint \S*model\.ckpt-13", text), text[-3000:]
+    assert _checkpoint_steps(ckpt) == {13}
+    assert not survivors(everyone), text[-3000:]
+    # Every process left at a SIGTERM: none had to be killed.
+    assert "did not stop within" not in text, text[-3000:]
+
+
 def test_second_ctrl_c_stops_at_once(tmp_path):
     # The chief's own code hangs between steps 3 and 4, so it never reaches
     # the step boundary where it would stop.
@@ -133,12 +175,12 @@ def test_stop_reaches_a_chief_started_with_sigint_ignored(tmp_path):
     _assert_stopped_with_checkpoint(proc, text, pids, 2, ckpt, 7)
 
 
-def _train(ckpt: Path | None, steps: int, caplog=None) -> dict:
+def _train(ckpt: Path | None, steps: int, caplog=None, keep: int = 4) -> dict:
     """Single-device training in this process (the checkpoint logic is the
     same Checkpointer the chief uses); every variable after ``steps``."""
     model = models.build(MODEL)
     config = autopar.Config(checkpoint_dir=str(ckpt) if ckpt else None, save_every_steps=1,
-                            keep_checkpoints=4, log_every_steps=0)
+                            keep_checkpoints=keep, log_every_steps=0)
     logger = logging.getLogger("autopar.checkpoint")
     if caplog is not None:
         logger.addHandler(caplog.handler)
@@ -156,10 +198,13 @@ def _train(ckpt: Path | None, steps: int, caplog=None) -> dict:
 
 def test_damaged_checkpoints_are_named_and_skipped(tmp_path, caplog):
     ckpt = tmp_path / "ckpt"
-    _train(ckpt, 5)
-    assert _checkpoint_steps(ckpt) == {2, 3, 4, 5}   # keep_checkpoints=4
+    _train(ckpt, 6, keep=5)
+    assert _checkpoint_steps(ckpt) == {2, 3, 4, 5, 6}   # keep_checkpoints=5
 
     data = "model.ckpt-{}.data-00000-of-00001"
+    # An empty index: TensorFlow's reader raises its base OpError ("file is
+    # too short to be an sstable"), which failed the job instead.
+    (ckpt / "model.ckpt-6.index").write_bytes(b"")
     flipped = bytearray((ckpt / data.format(5)).read_bytes())
     flipped[len(flipped) // 2] ^= 0x04
     (ckpt / data.format(5)).write_bytes(bytes(flipped))
@@ -167,20 +212,26 @@ def test_damaged_checkpoints_are_named_and_skipped(tmp_path, caplog):
         f.truncate(os.path.getsize(ckpt / data.format(4)) // 2)
     (ckpt / data.format(3)).unlink()
     # What a save killed half-way leaves behind.
-    (ckpt / (data.format(6) + ".tempstate8812345")).write_bytes(b"\0" * 1000)
+    (ckpt / (data.format(7) + ".tempstate8812345")).write_bytes(b"\0" * 1000)
     (ckpt / ".autopar-saving-x1y2").mkdir()
-    (ckpt / ".autopar-saving-x1y2" / "model.ckpt-6.index").write_bytes(b"\0")
+    (ckpt / ".autopar-saving-x1y2" / "model.ckpt-7.index").write_bytes(b"\0")
 
     with caplog.at_level(logging.INFO, logger="autopar.checkpoint"):
-        resumed = _train(ckpt, 6, caplog)
+        resumed = _train(ckpt, 7, caplog, keep=5)
     log = caplog.text
-    for step, error in ((5, "DataLossError"), (4, "OutOfRangeError"), (3, "NotFoundError")):
+    for step, error in ((6, r"OpError: file is too short to be an sstable; "
+                            r"model\.ckpt-6\.index is empty"),
+                        (5, "DataLossError"), (4, "OutOfRangeError"),
+                        (3, r"NotFoundError: .*; model\.ckpt-3\.data-\* is missing")):
         assert re.search(rf"checkpoint \S*model\.ckpt-{step} is corrupt or incomplete \({error}",
                          log), log
+    assert re.search(r"deleted the damaged checkpoint\(s\) model\.ckpt-6, model\.ckpt-5, "
+                     r"model\.ckpt-4, model\.ckpt-3; resuming from model\.ckpt-2 \(global "
+                     r"step 2\)", log), log
     assert re.search(r"restored \S*model\.ckpt-2 \(global step 2\)", log), log
     _no_temporaries(ckpt)
-    assert _checkpoint_steps(ckpt) == {3, 4, 5, 6}   # saved again, intact, by the resumed run
-    assert_same_parameters(_train(None, 6), resumed, what="resumed from step 2")
+    assert _checkpoint_steps(ckpt) == {3, 4, 5, 6, 7}   # saved again, intact, by the resumed run
+    assert_same_parameters(_train(None, 7), resumed, what="resumed from step 2")
 
 
 def test_checkpoint_of_another_model_is_refused_not_deleted(tmp_path):

@@ -388,7 +388,7 @@ def test_metrics_combined_over_workers_are_one_devices(tmp_path):
     after each of 2 epochs and never reset: each epoch's results are one
     device's over the same global batches, the second's counting on from
     the first's (the combined values are Python's view: each worker's
-    copies go on from their own)."""
+    copies go on from their own), and they hold after the runner closes."""
     def results(log: str) -> list:
         line = next(l for l in log.splitlines() if "results " in l and (
             "[worker" not in l or "[worker 0]" in l))
@@ -396,7 +396,10 @@ def test_metrics_combined_over_workers_are_one_devices(tmp_path):
     spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
     expected, got = (results(log) for log in run_beside(
         [sys.executable, QUICKSTART], [sys.executable, QUICKSTART, "--spec", str(spec)]))
-    assert len(got) == 2 and got[1] != got[0]
+    # the third: read after the runner closed, the last combine_metrics the
+    # last thing inside its block (before: close() copied each worker's own
+    # values back over them)
+    assert len(got) == 3 and got[1] != got[0] and expected[2] == expected[1]
     # float64; a mean's sum over workers rounds otherwise than one device's
     np.testing.assert_allclose(got, expected, rtol=1e-12)
 
@@ -433,7 +436,9 @@ SUMMED = [DIGITS, "--model", "summed"]
 def test_losses_summed_over_the_batch_fit_as_keras_fits_them(tmp_path):
     """Two outputs whose losses sum over the batch (reduction="sum", with
     loss weights), on 3 workers over 2 uneven hosts with the variables on
-    the servers: autopar.fit finds the step's loss through Keras's sum of
+    the servers, in global batches of 47 (before: refused, "must divide by
+    the 3 workers"; any batch trains in shares of any size, as one device
+    takes any batch): autopar.fit finds the step's loss through Keras's sum of
     the outputs' losses and adds the workers' gradients (before: no loss
     found, a mean assumed, the weights 190x off), and logs what Keras's
     fit logs: a batch's loss is the workers' sum, each output's loss and
@@ -460,11 +465,15 @@ def test_fit_of_a_loss_over_a_count_matches_keras_fit(tmp_path, weights_mean):
     (before: refused, "a count of the batch's values"). Likewise a loss
     divided by its sample weights' sum (reduction="mean_with_sample_weight",
     no mask): trained as one device before, its logs now are one device's
-    too (before: the workers' mean of their own losses)."""
+    too (before: the workers' mean of their own losses); the accuracy of
+    the kept positions alone, as Keras's metrics read the mask (before:
+    of every position, the predictions autopar computed the metrics from
+    carrying none)."""
     expected, got, log = _keras_then_autopar(
         MASKED + (["--weights-mean"] if weights_mean else []), tmp_path, (3, 1))
     assert "loss count '" in log
-    assert sorted(got) == ["loss", "val_loss"] and len(got["loss"]) == 3
+    assert sorted(got) == ["accuracy", "loss", "val_accuracy", "val_loss"] and len(
+        got["loss"]) == 3
     for name in got:
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-12, err_msg=name)
     _assert_workers_hold(tmp_path, 4, rtol=1e-9, atol=1e-12)

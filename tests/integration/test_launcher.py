@@ -27,7 +27,8 @@ from autopar.common.errors import SpecError
 from autopar.runtime.commands import REPO_ROOT, build_ssh_command, plan_children
 from autopar.runtime.launcher import launch
 from autopar.runtime.spec import HostSpec, ResourceSpec, SSHSettings, load_spec
-from tests.integration.cluster import pid_alive
+from tests.integration.cluster import (LineReader, child_env, job_processes, pid_alive, start_job,
+                                       survivors, train_command)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="uses /proc and PR_SET_PDEATHSIG")
@@ -294,6 +295,77 @@ def test_sigkilled_launcher_takes_children_down(tmp_path, tag, pid_dir):
     finally:
         _stop_launcher(proc)
     assert _tagged_pids(tag) == []
+
+
+# --------------------------------------------------------------------------- Ctrl-C while starting
+
+# The points of `autopar launch`'s start-up where Ctrl-C is pressed: its
+# first and second forks (the namespace's anchor, then the fork server; a
+# KeyboardInterrupt raised in CPython's at-fork callbacks was dropped and
+# the job trained to its end), the run of the script that compiles the plan
+# (the fork server's first child), the first worker started, every process
+# started. The first two in a launcher started anew (it starts its fork
+# server itself), the others in one forked from the tests' fork server (its
+# spare is ready at once).
+STARTUP_POINTS = ["first fork", "second fork", "compiling", "worker 0 started",
+                  "worker 1 started"]
+# Presses at each point: AUTOPAR_STARTUP_PRESSES (20 in `make stress`, the
+# acceptance run); `make test` presses once at the two forks (a second each;
+# the later points cost seconds of start-up each).
+PRESSES = int(os.environ.get("AUTOPAR_STARTUP_PRESSES", "0"))
+CASES = [(point, press) for point in STARTUP_POINTS for press in range(PRESSES)] if PRESSES \
+    else [(point, 0) for point in STARTUP_POINTS[:2]]
+
+
+def _launch_command(tmp_path: Path) -> list[str]:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("hosts:\n  - address: 127.0.0.1\n    workers: 2\n")
+    return [sys.executable, "-m", "autopar.cli", "launch", "--spec", str(spec), "--",
+            *train_command("mlp_sgd", tmp_path / "out", "--steps", "300")]
+
+
+def _wait_until_point(proc, reader: LineReader, point: str, seen: set[int]) -> None:
+    """Until the launcher reached ``point``, polling its process tree
+    tightly (a fork is over in milliseconds)."""
+    deadline = time.monotonic() + 180
+    forks = {"first fork": 1, "second fork": 2}.get(point)
+    while time.monotonic() < deadline and proc.poll() is None:
+        tree = job_processes(proc.pid)
+        seen |= tree
+        if forks is not None and len(tree) > forks:
+            return
+        if point == "compiling" and any(job_processes(child) - {child} for child in
+                                        tree - {proc.pid}):
+            return
+        if point.endswith(" started") and any(f"started {point[:-8]} at" in line
+                                              for line in reader.lines_so_far()):
+            return
+        time.sleep(0.0002)
+    raise AssertionError(f"the launcher never reached {point}:\n{reader.text[-3000:]}")
+
+
+@pytest.mark.parametrize("point, press", CASES, ids=[f"{p}-{i}" for p, i in CASES])
+def test_ctrl_c_at_each_point_of_the_start_up_stops_the_job(tmp_path, point, press):
+    command = _launch_command(tmp_path)
+    if point in ("first fork", "second fork"):
+        proc = subprocess.Popen(command, cwd=REPO_ROOT, env=child_env(), text=True,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    else:
+        proc = start_job(command)
+    seen: set[int] = set()
+    with LineReader(proc) as reader:
+        _wait_until_point(proc, reader, point, seen)
+        os.killpg(proc.pid, signal.SIGINT)       # what a terminal's Ctrl-C sends
+        while proc.poll() is None:
+            seen |= job_processes(proc.pid)
+            time.sleep(0.01)
+        reader.rest(timeout=60)
+    text = reader.text
+    assert proc.returncode == 130, text[-3000:]
+    assert "Traceback" not in text and "Exception ignored" not in text, text[-3000:]
+    assert "done at global step" not in text, text[-3000:]
+    assert not survivors(seen), text[-3000:]
 
 
 # --------------------------------------------------------------------------- ssh commands (not run)

@@ -100,8 +100,8 @@ def test_port_taken_after_allocation_is_retried_with_real_servers(tmp_path, monk
     foreign = socket.socket()
     clusters = []
 
-    def reserve_then_steal(spec, avoid=(), sumservers=False):
-        reservation = ports.reserve_cluster(spec, avoid, sumservers=sumservers)
+    def reserve_then_steal(spec, avoid=(), **kinds):
+        reservation = ports.reserve_cluster(spec, avoid, **kinds)
         clusters.append(reservation.cluster)
         if len(clusters) == 1:
             port = int(reservation.cluster["worker"][1].rsplit(":", 1)[1])

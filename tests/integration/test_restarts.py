@@ -2,7 +2,8 @@
 by itself (every process anew, on fresh ports), the chief restores the last
 checkpoint, and the finished job equals an uninterrupted one: a worker
 killed with SIGKILL at global step 7 of 20, checkpoints every 5 steps, then
-a parameter server killed while the chief waits at step 7."""
+a parameter server killed while the chief waits at step 7. A SIGTERM
+between two starts stops the job: nothing starts again."""
 from __future__ import annotations
 
 import os
@@ -70,3 +71,23 @@ def test_a_killed_server_is_restarted_from_the_last_checkpoint(tmp_path):
     assert proc.returncode == 0, log[-3000:]
     assert re.search(r"job failed: server 0 \(pid \d+\) failed", log), log[-3000:]
     _check(reader.text, out, _uninterrupted(tmp_path))
+
+
+def test_sigterm_between_two_starts_stops_the_job(tmp_path):
+    # Worker 1 fails at global step 2 at every start, a fault no restart gets
+    # past. A SIGTERM as the launcher says the job failed, before it starts
+    # the job again, was lost: the handlers it reached belonged to the start
+    # that had ended, and five more starts ran (exit 1, "no restart left").
+    proc = start_job(train_command("mlp_sgd", tmp_path / "out", "--steps", "20",
+                                   "--raise-at", "2", "--max-restarts", "5",
+                                   "--spec", str(write_spec(tmp_path, workers=2))))
+    with LineReader(proc) as reader:
+        reader.wait_for(r"job failed: worker 1 \(pid \d+\) failed", 240)
+        os.kill(proc.pid, signal.SIGTERM)
+        reader.rest(timeout=120)
+    log = reader.text
+    assert proc.returncode == 143, log[-3000:]
+    assert "restart 2 of 5" not in log and "no restart left" not in log, log[-3000:]
+    # At most the start under way when the signal came: none after it.
+    assert log.count("started worker 0 at") <= 2, log[-3000:]
+    assert "received SIGTERM" in log, log[-3000:]

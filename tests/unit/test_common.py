@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from autopar.common import procs
 from tests.integration.cluster import survivors
 
@@ -68,3 +70,21 @@ def test_stop_processes_kills_a_group_that_ignores_sigterm():
             popen.kill()
             popen.wait()
         popen.stdout.close()
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["python3", "train.py", "--spec", "s.yaml"], ["/start/train.py", "--spec", "s.yaml"]),
+    (["python3", "-u", "-X", "dev", "sub/train.py", "-u"], ["-u", "-X", "dev",
+                                                           "/start/sub/train.py", "-u"]),
+    (["python3", "/abs/train.py"], ["/abs/train.py"]),
+    (["python3", "-m", "pkg.train", "x.py"], ["-m", "pkg.train", "x.py"]),
+    (["python3", "-c", "import train"], ["-c", "import train"]),
+])
+def test_the_script_is_rerun_as_it_was_started(argv, expected, monkeypatch):
+    """The launcher's command for the workers: this interpreter, its
+    options, the script's path resolved where it started (a script that
+    changes directory before get_runner is re-run all the same)."""
+    from autopar.common import script
+    monkeypatch.setattr(script, "_started", None)
+    script.note(argv, "/start")
+    assert script.command() == ([sys.executable, *expected], "/start")

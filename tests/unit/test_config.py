@@ -37,6 +37,8 @@ BAD = [
     ("stall_timeout_s", math.nan), ("stall_timeout_s", math.inf), ("stall_timeout_s", -1),
     ("stall_timeout_s", "60"),
     ("micro_batches", 0), ("micro_batches", "4"), ("micro_batches", 2.0),
+    ("micro_batches", 1_000_000_000), ("partitions", {"embedding": 1_000_000_000}),
+    ("min_workers", 2),     # without max_restarts: it would never apply
     ("compute_threshold", math.nan), ("compute_threshold", 0), ("compute_threshold", "fast"),
     ("dropcompute_warmup", 5), ("dropcompute_warmup", (5, 5)), ("dropcompute_warmup", (1, 2, 3)),
     ("drop_compensation", "more"),
@@ -90,6 +92,22 @@ def test_a_bad_config_ends_the_script_with_its_message_not_a_traceback(tmp_path)
     debug = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                            env=_env(AUTOPAR_DEBUG="1"), timeout=60)
     assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr
+
+
+def test_a_misspelled_keyword_is_named_with_the_field_it_may_mean(tmp_path):
+    with pytest.raises(AutoparError, match=r"^Config has no field 'max_restart' \(did you mean "
+                                           r"'max_restarts'\?\)"):
+        autopar.Config(max_restart=2)
+    with pytest.raises(AutoparError, match=r"^SimulatedDelay has no field 'median'"):
+        autopar.SimulatedDelay(median=0.1)
+    # As a script meets it: one line, exit status 2, no traceback.
+    done = subprocess.run([sys.executable, str(_script(tmp_path,
+                                                       "autopar.Config(no_such_option=1)"))],
+                          capture_output=True, text=True, env=_env(), timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("autopar: Config has no field 'no_such_option' (did you mean "), \
+        done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
 
 
 def test_a_bad_config_under_autopar_launch_is_refused_before_any_process_starts(tmp_path):

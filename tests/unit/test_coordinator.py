@@ -171,6 +171,18 @@ def test_stall_names_the_stuck_worker_and_its_step():
     assert "finished step 3 and is in the training script" in verdict.message
 
 
+def test_a_restarted_job_s_stall_names_global_steps():
+    # Resumed from the checkpoint of global step 9: its 8th step makes 17.
+    states = _workers((7, PHASE_STEP, 6), (7, PHASE_SCRIPT, 6))
+    for state in states.values():
+        state.global_step = 16
+    verdict = diagnose(states, {}, stall_timeout_s=5, now=100.0)
+    assert "worker 0 (in step 17 for 6 s) waits for worker 1 to join step 17" in verdict.message
+    assert "finished step 16 and is in the training script" in verdict.message
+    (step, _), text = stall_warning(states, {}, 10, 100.0)
+    assert step == 17 and "inside step 17 for worker 1" in text
+
+
 def test_no_stall_before_the_timeout_or_when_disabled_or_all_in_the_step():
     assert diagnose(_workers((3, PHASE_STEP, 4), (3, PHASE_SCRIPT, 4)), {}, 5, 100.0) is None
     assert diagnose(_workers((3, PHASE_STEP, 60), (3, PHASE_SCRIPT, 60)), {}, 0, 100.0) is None

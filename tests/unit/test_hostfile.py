@@ -24,6 +24,12 @@ node2 slots=2 max_slots=8   # OpenMPI's cap, ignored
     assert hostfile.parse_hostfile(text, "hosts.txt") == [("node1", 4), ("node2", 2)]
 
 
+def test_servers_per_host_beyond_a_host_s_processes_are_refused():
+    with pytest.raises(SpecError, match=r"--servers-per-host must be from 0 to 1024 \(the "
+                                        r"processes one host can have\), got 100000000"):
+        hostfile.spec_from_hosts([("127.0.0.1", 1)], servers_per_host=100_000_000)
+
+
 def test_spec_from_hosts_gives_workers_and_servers_per_host():
     spec = hostfile.spec_from_hosts([("127.0.0.1", 2), ("localhost", 1)], servers_per_host=1)
     assert [(h.address, h.workers, h.servers) for h in spec.hosts] == [
@@ -38,6 +44,7 @@ def test_spec_from_hosts_gives_workers_and_servers_per_host():
     ("node1:2,node1:2", "listed twice"),
     ("[::1:2", "closing ']'"),
     ("no de:2", "'no de'"),
+    ("127.0.0.1:100000000", "'100000000' slots, more than the 1024 processes one host can have"),
 ])
 def test_bad_host_list_names_the_item(text, named):
     with pytest.raises(SpecError, match=named.replace("[", r"\[").replace("]", r"\]")):
@@ -50,6 +57,8 @@ def test_bad_host_list_names_the_item(text, named):
     ("node1 slots=2 colour=red\n", "unknown key 'colour'"),
     ("node1 4\n", "'4' is not key=value"),
     ("# nothing\n\n", "lists no host"),
+    ("node1 slots=100000000\n", "line 1 ('node1 slots=100000000'): '100000000' slots, more than"),
+    ("node1 slots=1 slots=2\n", "line 1 ('node1 slots=1 slots=2'): slots given twice"),
 ])
 def test_bad_hostfile_names_the_line(text, named):
     with pytest.raises(SpecError, match=named.replace("(", r"\(").replace(")", r"\)")):

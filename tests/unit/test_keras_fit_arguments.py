@@ -175,3 +175,186 @@ def test_a_model_with_lookup_tables():
     got, values = _string_features(lambda model, *a, **k: autopar.fit(
         model, *a, config=autopar.Config(log_every_steps=0), **k))
     _assert_same(got, values, expected, expected_values)
+
+
+def _csv_features(fit, path, known_length=True):
+    """keras-io's structured-data examples' input pipeline: a CSV file read
+    by tf.data.experimental.make_csv_dataset (a dict of numeric and string
+    columns, shuffled with the global seed), string columns looked up by a
+    StringLookup that has no OOV index (it rejects any string it does not
+    know), the validation set a CSV dataset too."""
+    import keras
+    import tensorflow as tf
+    keras.config.set_floatx("float64")
+    keras.utils.set_random_seed(0)
+    header = ["size", "colour", "kind"]
+
+    def dataset(shuffle):
+        dataset = tf.data.experimental.make_csv_dataset(
+            str(path), batch_size=7, column_names=header, column_defaults=[0.0, "NA", 0],
+            label_name="kind", num_epochs=1, header=True, shuffle=shuffle).map(
+                lambda features, target: (dict(features), target))
+        return dataset.apply(tf.data.experimental.assert_cardinality(4)) if known_length \
+            else dataset
+    inputs = {"size": keras.Input((), name="size", dtype="float64"),
+              "colour": keras.Input((), name="colour", dtype="string")}
+    lookup = keras.layers.StringLookup(vocabulary=["red", "green", "blue"], mask_token=None,
+                                       num_oov_indices=0, output_mode="binary")
+    h = keras.layers.Concatenate()([keras.ops.expand_dims(inputs["size"], -1),
+                                    lookup(keras.ops.expand_dims(inputs["colour"], -1))])
+    h = keras.layers.Dropout(0.3)(keras.layers.Dense(4, activation="relu")(h))
+    model = keras.Model(inputs, keras.layers.Dense(2, activation="softmax")(h))
+    model.compile(optimizer=keras.optimizers.Adam(0.05), loss="sparse_categorical_crossentropy",
+                  metrics=[keras.metrics.SparseCategoricalAccuracy()])
+    history = fit(model, dataset(True), epochs=2, verbose=0, validation_data=dataset(False))
+    return history.history, [v.numpy() for v in model.variables + model.optimizer.variables]
+
+
+def _csv_file(tmp_path):
+    rng = np.random.default_rng(3)
+    path = tmp_path / "rows.csv"
+    path.write_text("size,colour,kind\n" + "".join(
+        f"{rng.normal():.3f},{rng.choice(['red', 'green', 'blue'])},{rng.integers(0, 2)}\n"
+        for _ in range(26)))
+    return path
+
+
+def test_an_epoch_of_unknown_length_counts_as_keras_fit_counts(tmp_path):
+    """A dataset of unknown length (make_csv_dataset's): Keras's fit calls
+    its step until one finds no batch, and that call's writes that wait
+    for no batch run (the optimizer's iteration count, the dropout's seed).
+    Before: autopar.fit counted one Adam iteration less each epoch, and
+    the second epoch's weights differed (Adam's bias correction)."""
+    path = _csv_file(tmp_path)
+    expected, expected_values = _csv_features(lambda model, *a, **k: model.fit(*a, **k), path,
+                                              known_length=False)
+    got, values = _csv_features(lambda model, *a, **k: autopar.fit(
+        model, *a, config=autopar.Config(log_every_steps=0), **k), path, known_length=False)
+    _assert_same(got, values, expected, expected_values)
+
+
+def test_string_features_of_a_csv_dataset(tmp_path):
+    """Before: autopar.fit crashed building the loss before tracing (it
+    called the model on zeros of each feature's dtype: an object array of
+    ints for a string column); the model is built from symbolic inputs of
+    the dataset's specs now, as Keras's fit builds it, reading no batch."""
+    path = _csv_file(tmp_path)
+    expected, expected_values = _csv_features(lambda model, *a, **k: model.fit(*a, **k), path)
+    got, values = _csv_features(lambda model, *a, **k: autopar.fit(
+        model, *a, config=autopar.Config(log_every_steps=0), **k), path)
+    assert len(got["loss"]) == 2 and "val_sparse_categorical_accuracy" in got
+    _assert_same(got, values, expected, expected_values)
+
+
+def _masked_sequences(fit, sample_weights=False):
+    """A tagger over padded sequences (Embedding(mask_zero=True)), its
+    accuracy a compiled metric: Keras's metrics read the padding mask from
+    the predictions (y_pred._keras_mask) and count kept positions alone;
+    with sample weights a weighted metric too, and validation data."""
+    import keras
+    import tensorflow as tf
+    keras.config.set_floatx("float64")
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(4)
+    x = rng.integers(1, 20, size=(30, 6)).astype(np.int32)
+    x[np.arange(6) >= rng.integers(1, 7, size=(30, 1))] = 0
+    y = (x % 4).astype(np.int32)
+    model = keras.Sequential([keras.Input((6,), dtype="int32"),
+                              keras.layers.Embedding(20, 5, mask_zero=True),
+                              keras.layers.Dense(4, activation="softmax")])
+    model.compile(optimizer=keras.optimizers.Adam(0.05), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"], weighted_metrics=(
+                      [keras.metrics.SparseCategoricalAccuracy(name="weighted")]
+                      if sample_weights else None))
+    # one weight per position (Keras's loss takes no per-example weight with a mask)
+    weights = rng.uniform(0.5, 1.5, size=(30, 6)) if sample_weights else None
+    history = fit(model, x[:24], y[:24], epochs=2, batch_size=8, shuffle=False, verbose=0,
+                  sample_weight=None if weights is None else weights[:24],
+                  validation_data=(x[24:], y[24:]) + (() if weights is None else
+                                                      (weights[24:],)))
+    return history.history, [v.numpy() for v in model.variables + model.optimizer.variables]
+
+
+@pytest.mark.parametrize("sample_weights", [False, True], ids=["mask", "mask_and_weights"])
+def test_metrics_of_a_masked_sequence_see_the_mask(sample_weights):
+    """Before: the weights were Keras's but the logged accuracy was not
+    (0.299 against 0.540): autopar computed the metrics from the
+    predictions runner.call returns, which carry no mask; the step returns
+    the mask Keras attached to them now, and the metrics see it."""
+    expected, expected_values = _masked_sequences(
+        lambda model, *a, **k: model.fit(*a, **k), sample_weights)
+    got, values = _masked_sequences(lambda model, *a, **k: autopar.fit(
+        model, *a, config=autopar.Config(log_every_steps=0), **k), sample_weights)
+    assert "val_accuracy" in got and ("val_weighted" in got) == sample_weights
+    _assert_same(got, values, expected, expected_values)
+
+
+def _with_callbacks(fit):
+    """Callbacks with every hook Keras's fit runs: one recording each call
+    and its logs, a per-batch learning-rate warm-up (Horovod's
+    LearningRateWarmupCallback's arithmetic: each batch's rate from the
+    epoch's fraction done) and one that stops training in the middle of an
+    epoch (model.stop_training in on_train_batch_end), with validation."""
+    import keras
+    keras.config.set_floatx("float64")
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(5)
+    x, y = rng.normal(size=(50, 4)), rng.integers(0, 3, size=(50,))
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(6, activation="relu"),
+                              keras.layers.Dense(3)])
+    model.compile(optimizer=keras.optimizers.Adam(0.05), metrics=["accuracy"],
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    calls = []
+
+    class Record(keras.callbacks.Callback):
+        def __getattribute__(self, name):
+            hook = super().__getattribute__(name)
+            if not name.startswith("on_") or name in ("on_batch_begin", "on_batch_end"):
+                return hook
+
+            def recorded(*args, **kwargs):
+                logs = kwargs.get("logs", args[-1] if args and isinstance(args[-1], dict)
+                                  else None)
+                calls.append((name, [a for a in args if not isinstance(a, dict)],
+                              {k: round(float(v), 9) for k, v in (logs or {}).items()}))
+                return hook(*args, **kwargs)
+            return recorded
+
+    class WarmUp(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_begin(self, batch, logs=None):
+            done = self.epoch + batch / self.params["steps"]
+            self.model.optimizer.learning_rate.assign(0.05 * min(1.0, (1 + done) / 2))
+
+    class StopInTheMiddle(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if len(calls) and self.model.optimizer.iterations.numpy() == 9:
+                self.model.stop_training = True
+    history = fit(model, x[:40], y[:40], epochs=3, batch_size=6, shuffle=False, verbose=0,
+                  validation_data=(x[40:], y[40:]), validation_batch_size=4,
+                  callbacks=[Record(), WarmUp(), StopInTheMiddle()])
+    return history.history, [v.numpy() for v in model.variables + model.optimizer.variables], calls
+
+
+def test_callbacks_run_every_hook_keras_fit_runs():
+    """Before: only on_train_begin, on_epoch_begin/_end and on_train_end
+    ran; a per-batch warm-up never changed the learning rate (Horovod's
+    MNIST example ended at another rate, the weights 2,460 % off), no
+    batch hook saw a log, nothing stopped training inside an epoch. Now
+    each hook runs where Keras's fit runs it, with Keras's logs (a batch's:
+    the epoch's so far), and what it changes trains."""
+    expected, expected_values, expected_calls = _with_callbacks(
+        lambda model, *a, **k: model.fit(*a, **k))
+    got, values, calls = _with_callbacks(lambda model, *a, **k: autopar.fit(
+        model, *a, config=autopar.Config(log_every_steps=0), **k))
+    # stopped after the 9th batch: the 2nd epoch's 2nd, validated, then ended
+    assert [c[0] for c in expected_calls].count("on_train_batch_end") == 9
+    assert [c[0] for c in expected_calls].count("on_test_batch_end") == 6
+    assert [c[:2] for c in calls] == [c[:2] for c in expected_calls]
+    for (name, args, logs), (_, _, expected_logs) in zip(calls, expected_calls):
+        assert logs.keys() == expected_logs.keys(), name
+        np.testing.assert_allclose(list(logs.values()), list(expected_logs.values()),
+                                   rtol=1e-9, err_msg=f"{name} {args}")
+    _assert_same(got, values, expected, expected_values)

@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from autopar.common.errors import AutoparError, SpecError
 from tests import models
 from autopar.transforms.analysis import analyze_graph
 from autopar.transforms.plan import PlanOptions, make_plan
@@ -46,10 +47,28 @@ def test_collective_keys_never_overlap(lm, run_option):
 
 
 def test_no_servers_keeps_everything_replicated_and_says_why(lm):
-    plan = make_plan(lm, Topology(("a", "b"), num_servers=0), options=PlanOptions(run_option="ps"))
+    plan = make_plan(lm, Topology(("a", "b"), num_servers=0), options=PlanOptions())
     emb = plan.variable("embedding")
     assert emb.method == "allgather" and "no server" in emb.reason
     assert plan.variable("lstm/kernel").method == "allreduce"
+
+
+def test_run_option_ps_without_servers_is_refused(lm):
+    # All-reduce in its place would train while the report's header says ps.
+    with pytest.raises(SpecError, match=r"run_option='ps' keeps every variable on server "
+                                        r"processes, but the resource spec has none"):
+        make_plan(lm, Topology(("a", "b"), num_servers=0), options=PlanOptions(run_option="ps"))
+
+
+@pytest.mark.parametrize("partitions, message", [
+    ((("embeding", 2),), r"Config.partitions names 'embeding', which is not a trainable "
+                         r"variable of the graph \(did you mean 'embedding'\?\)"),
+    ((("embedding", 10**6),), r"Config.partitions asks for 1000000 partitions of 'embedding', "
+                              r"which has \d+ rows"),
+])
+def test_partitions_of_no_variable_or_beyond_its_rows_are_refused(lm, partitions, message):
+    with pytest.raises(AutoparError, match=message):
+        make_plan(lm, TWO_HOSTS, options=PlanOptions(run_option="ps", partitions=partitions))
 
 
 def test_partition_count_follows_the_cost_model():

@@ -207,3 +207,22 @@ def test_unequal_shares_draw_one_devices_values_for_each_workers_examples(name):
     for got, expected in zip(together, one_device):
         for w in range(N):
             np.testing.assert_array_equal(got[w], expected[w::N], err_msg=f"worker {w}")
+
+
+
+def test_a_string_lookup_keeps_each_example_to_itself():
+    """keras-io's wide & deep model looks string ids up in a StringLookup's
+    vocabulary (a lifted table): each key's value is its example's (before:
+    no rule for LookupTableFindV2, its output of no example)."""
+    import keras
+
+    from autopar.transforms.example_rows import ExampleRows, is_rows
+    from autopar.transforms.lift import lift
+    words = keras.Input((), dtype="string")
+    lookup = keras.layers.StringLookup(vocabulary=["a", "b", "c"], mask_token=None,
+                                       num_oov_indices=0)
+    model = keras.Model(words, lookup(words))
+    graph = lift(tf.function(model).get_concrete_function(
+        tf.TensorSpec([None], tf.string))).graph
+    (find,) = [op for op in graph.get_operations() if op.type == "LookupTableFindV2"]
+    assert is_rows(ExampleRows(graph).form(find.outputs[0]))

@@ -29,6 +29,9 @@ def test_node_lists_expand_as_slurm_writes_them(text, nodes):
     ("n1,,n2", "an empty item between commas"),
     ("n 1", "a character a node name cannot have"),
     ("", "is empty"),
+    ("n[1-100000]", "range '1-100000' has more than 4096 nodes"),
+    ("r[1-1000]n[1-1000]", "names more than 4096 nodes"),
+    ("n[1-" + "9" * 5000 + "]", "is not a number or a range"),
 ])
 def test_unknown_node_list_syntax_is_refused_naming_the_item(text, item):
     with pytest.raises(SpecError) as caught:
@@ -42,6 +45,11 @@ def test_tasks_per_node_repeat_counts_and_refuse_other_forms():
     for bad in ("2(3)", "x", "2,", "2(x0)"):
         with pytest.raises(SpecError, match="is not a count"):
             slurm.tasks_per_node(bad, "V")
+    with pytest.raises(SpecError, match=r"V='100000000': '100000000' tasks on a node, more "
+                                        r"than the 1024 processes one host can have"):
+        slurm.tasks_per_node("100000000", "V")
+    with pytest.raises(SpecError, match="counts more than 4096 nodes"):
+        slurm.tasks_per_node("1(x100000000000000000000)", "V")
 
 
 ALLOCATION = {"SLURM_JOB_ID": "41", "SLURM_JOB_NODELIST": "n[1-2]",
@@ -71,6 +79,8 @@ def test_an_allocation_becomes_a_spec_of_its_nodes_and_tasks():
     ({**ALLOCATION, "SLURM_TASKS_PER_NODE": "2(x2),1"}, "names 2 node(s)"),
     ({**ALLOCATION, "SLURM_JOB_NODELIST": "n[1-2"}, "without its closing"),
     ({"SLURM_JOB_ID": "41", "SLURM_JOB_NODELIST": "n1"}, "SLURM_TASKS_PER_NODE is not set"),
+    ({**ALLOCATION, "SLURM_TASKS_PER_NODE": "0(x2)"},
+     "SLURM_TASKS_PER_NODE='0(x2)' gives no node a task"),
 ])
 def test_an_allocation_that_cannot_be_read_is_refused(environ, message):
     with pytest.raises(SpecError) as caught:

@@ -237,10 +237,40 @@ def test_port_out_of_range(tmp_path, field, value, where):
 
 # ----------------------------------------------------------------- bandwidth
 
-@pytest.mark.parametrize("value", ["0", "-1", "fast"])
+@pytest.mark.parametrize("value", ["0", "-1", "fast", ".inf", ".nan"])
 def test_bad_bandwidth(tmp_path, value):
     message = yaml_error(tmp_path, f"hosts: [{{address: a, workers: 1}}]\nnetwork: {{bandwidth_gbps: {value}}}\n")
-    assert "network.bandwidth_gbps: must be a positive number" in message
+    assert "network.bandwidth_gbps: must be a positive finite number" in message
+
+
+# ----------------------------------------------------------------- limits
+
+@pytest.mark.parametrize("hosts, fragment", [
+    ("[{address: a, workers: 100000000}]", "hosts[0]: host a runs 100000000 workers and 0 servers, "
+                                            "more than the 1024 processes"),
+    ("[{address: a, workers: 1, servers: 1024}]", "more than the 1024 processes one host can have"),
+    ("[" + ", ".join(f"{{address: h{i}, workers: 1000}}" for i in range(17)) + "]",
+     "hosts: 17000 workers in all, more than the 16384 a job can have"),
+    ("[" + ", ".join(f"{{address: h{i}, workers: 1, servers: 1000}}" for i in range(5)) + "]",
+     "hosts: 5000 servers in all, more than the 4096"),
+])
+def test_counts_beyond_the_limits_are_refused(tmp_path, hosts, fragment):
+    assert fragment in yaml_error(tmp_path, f"hosts: {hosts}\n")
+
+
+def test_too_many_hosts_are_refused():
+    with pytest.raises(SpecError, match=r"hosts: lists 4097 hosts, more than the 4096"):
+        ResourceSpec(hosts=tuple(HostSpec(f"h{i}", 1) for i in range(4097)))
+
+
+@pytest.mark.parametrize("first, second", [
+    ("localhost", "127.0.0.1"), ("127.0.0.1", "localhost"), ("::1", "localhost"),
+    ("::1", "0:0::1"), ("NODE1", "node1")])
+def test_one_port_under_two_names_of_an_address_is_refused(tmp_path, first, second):
+    message = yaml_error(tmp_path, f"hosts:\n  - {{address: '{first}', workers: 1, worker_ports: [24001]}}\n"
+                                   f"  - {{address: '{second}', workers: 0, servers: 1, server_ports: [24001]}}\n")
+    assert f"hosts[1].server_ports[0]: duplicate address:port {second}:24001 (also " \
+           f"hosts[0].worker_ports[0]" in message, message
 
 
 def test_shared_cores_of_an_emulated_cluster():

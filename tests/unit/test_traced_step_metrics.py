@@ -68,3 +68,36 @@ def test_the_steps_python_variables_fetch_their_trained_values():
     for g, h, e in zip(got, held, expected):
         np.testing.assert_allclose(g, e, rtol=1e-6)
         np.testing.assert_array_equal(g, h)
+
+
+def test_a_reset_from_python_is_not_undone_by_a_sync():
+    """keras-io's custom-loop guide's epoch: read the training metric,
+    reset it in Python, then read the trained weights for validation
+    (runner.sync_python_variables()). Before: the sync copied the graph's
+    metric state back over the reset, and the next epoch's result counted
+    both epochs; the reset goes into the graph first now, and each epoch's
+    result is its own."""
+    batches = quickstart.batches(4, 8)
+    step, metrics, _ = quickstart.build()
+    expected = []
+    for epoch in range(2):
+        for x, y in batches[2 * epoch:2 * epoch + 2]:
+            step(x, y)
+        expected.append([float(m.result()) for m in metrics])
+        for m in metrics:
+            m.reset_state()
+    step, metrics, _ = quickstart.build()
+    runner = autopar.get_runner(step.get_concrete_function(
+        tf.TensorSpec([None, 6]), tf.TensorSpec([None], tf.int64)), None,
+        autopar.Config(log_every_steps=0))
+    got = []
+    with runner:
+        for epoch in range(2):
+            for x, y in batches[2 * epoch:2 * epoch + 2]:
+                runner.call(x, y)
+            got.append([float(m.result()) for m in metrics])
+            for m in metrics:
+                m.reset_state()
+            runner.sync_python_variables()
+            assert all(float(m.result()) == 0 for m in metrics)
+    np.testing.assert_allclose(got, expected, rtol=1e-6)

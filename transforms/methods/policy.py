@@ -31,7 +31,7 @@ class Policy:
 # summation servers.
 POLICIES: dict[str, Policy] = {
     "hybrid": Policy(dense=("herring", "allreduce"), sparse=("ps", "allgather")),
-    "ps": Policy(dense=("ps", "allreduce"), sparse=("ps", "allgather")),
+    "ps": Policy(dense=("ps", "allreduce"), sparse=("ps", "allgather"), required="ps"),
     "allreduce": Policy(dense=("allreduce",), sparse=("allgather",)),
     "herring": Policy(dense=("herring", "allreduce"), sparse=("ps", "allgather"),
                       required="herring"),

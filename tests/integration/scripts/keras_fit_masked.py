@@ -3,8 +3,8 @@ are: Embedding(mask_zero=True), whose mask the Dense layers on each position
 carry to the loss, and a sparse categorical cross-entropy per position, so
 Keras weighs each kept position by the batch's size / count of kept
 positions; fit on a tf.data.Dataset of batches (a last one of 10 rows) for
-3 epochs, with validation data. With --weights-mean no mask: each position
-has a sample weight and the loss divides by their sum
+3 epochs, with validation data, its accuracy a metric. With --weights-mean
+no mask: each position has a sample weight and the loss divides by their sum
 (reduction="mean_with_sample_weight"). --keras trains it with Keras's own
 model.fit on one device; otherwise with autopar.fit on every worker of
 --spec. Saves the weights and prints the per-epoch losses."""
@@ -46,7 +46,9 @@ def main() -> None:
     model.compile(optimizer=keras.optimizers.Adam(0.01),
                   loss=keras.losses.SparseCategoricalCrossentropy(
                       from_logits=True, reduction=("mean_with_sample_weight" if args.weights_mean
-                                                   else "sum_over_batch_size")))
+                                                   else "sum_over_batch_size")),
+                  # (of the kept positions alone: Keras's metrics read the mask)
+                  metrics=["accuracy"])
     # 48 examples in batches of 16 and a last of 10, which 4 workers split
     # 3/3/2/2: their counts of kept positions differ in every batch
     data = (x[:58], y[:58]) + ((weights[:58],) if args.weights_mean else ())

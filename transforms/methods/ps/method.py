@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import math
 
+from autopar.common.errors import AutoparError, SpecError
 from autopar.transforms.comm import ROW_LADDER, row_gather_keys
 from autopar.common.roles import SERVER_ROLE
 from autopar.transforms.methods.base import Edits, RewriteContext, SyncMethod, VariablePlan
@@ -29,6 +30,15 @@ SPLIT_MIN_EXCESS_BYTES = 128 << 10
 class ParameterServer(SyncMethod):
     name = "ps"
     replicated = False
+
+    def job_choice(self, topology, options, required, analysis):
+        if required and topology.num_servers == 0:
+            # Run on all-reduce instead, the job would not be the one asked for
+            # (the report's header would still say ps).
+            raise SpecError("run_option='ps' keeps every variable on server processes, but the "
+                            "resource spec has none: give some hosts `servers: 1` (one per host "
+                            "is a good start), or use run_option='allreduce'")
+        return True, ""
 
     def declines(self, v, topology, options):
         if topology.num_servers == 0:
@@ -215,6 +225,10 @@ def place_partitions(analysis, names: set[str], topology, overrides: dict[str, i
             n = 1      # cannot be split (ParameterServer.prepare says why)
         elif v.name in overrides:
             n = overrides[v.name]
+            if n > _rows(v):
+                raise AutoparError(f"Config.partitions asks for {n} partitions of '{v.name}', "
+                                   f"which has {_rows(v)} rows: give at most one partition "
+                                   "per row")
         elif v.gradient == "sparse":
             spread = min(sparse_servers, servers) or servers
             n = spread if partition_count(v.bytes, _rows(v), topology.num_servers) > 1 else 1
