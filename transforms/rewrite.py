@@ -13,13 +13,14 @@ public API (no in-place mutation of tf.Operation inputs).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
 import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
-from autopar.common.roles import WORKER_JOB
+from autopar.common.roles import SERVER_JOB, WORKER_JOB
 from autopar.transforms.accelerator import Accelerator, accelerator_device, place_on_accelerator
 from autopar.transforms.accumulate import (build_accumulators, check_update_reads_no_input,
                                            redirect_gradients)
@@ -164,6 +165,7 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
     # op reading a replaced batch-norm output (even a new one) the group's.
     apply_rewire(graph_def, rewire, rewire_exempt)
     graph_def.node.extend(copies)
+    _constants_on_servers(graph_def)
     if accumulation is not None:
         # Before the barrier covers the step's server work: the step then no
         # longer reaches the forward pass (see transforms.accumulate).
@@ -293,6 +295,37 @@ def _edit_original_nodes(graph_def, new_nodes: set[str], edits: Edits) -> None:
                     node.input[i] = rename[inp]
             node.input.extend("^" + c for c in edits.extra_control.get(node.name, []))
     _silence_dead_readers(graph_def, set(edits.noop_deps))
+
+
+def _constants_on_servers(graph_def) -> None:
+    """Each server gets its own copy of every constant of the worker its
+    ops read (a constant with no control input). Read across, it was a
+    message per step, and a server's functional cond (Keras's Adagrad's
+    sparse division) passing such a constant through to an output no op
+    reads left that transfer pending past the step's barrier: a peer
+    finishing its step cleaned the step up on the server under it
+    ("Aborted: Cleanup <step id>")."""
+    nodes = {n.name: n for n in graph_def.node}
+    server = f"/job:{SERVER_JOB}"
+    clones: dict[tuple[str, str], str] = {}
+    for node in list(graph_def.node):
+        if not node.device.startswith(server):
+            continue
+        for i, inp in enumerate(node.input):
+            name, _, port = inp.partition(":")
+            source = None if inp.startswith("^") else nodes.get(name)
+            if (source is None or source.op != "Const" or source.device.startswith(server)
+                    or any(x.startswith("^") for x in source.input)):
+                continue
+            key = (name, node.device)
+            if key not in clones:
+                clone = graph_def.node.add()
+                clone.CopyFrom(source)
+                clone.name = f"{name}/on_{'_'.join(filter(None, re.split(r'[^A-Za-z0-9]+', node.device)))}"
+                clone.device = node.device
+                nodes[clone.name] = clone
+                clones[key] = clone.name
+            node.input[i] = clones[key] + (f":{port}" if port else "")
 
 
 def _silence_dead_readers(graph_def, noops: set[str]) -> None:

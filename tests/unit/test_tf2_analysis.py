@@ -492,6 +492,31 @@ def test_squared_rows_reach_the_servers_unsummed(optimizer):
                     and emb.name in n.attr["shared_name"].s.decode()]
 
 
+def test_server_ops_read_constants_of_their_own_server():
+    """Keras's Adagrad's sparse division is a cond taking the table's shape,
+    a constant of the worker's backward pass; split in two partitions, each
+    copy on its server. Read across, a constant is a message per step, and
+    the cond's pass-through of it to an unused output left a transfer
+    pending past the barrier (a peer's cleanup then aborted the chief's
+    step, one run in three): each server has its own copy."""
+    program, lifted = _lifted(optimizer="adagrad", dtype="float32")
+    analysis = analyze_graph(lifted.graph)
+    emb = program.model.layers[0].embeddings.path
+    plan = make_plan(analysis, TOPOLOGY, options=PlanOptions(run_option="hybrid",
+                                                              partitions=((emb, 2),)))
+    graph_def = rewrite_for_worker(lifted.graph, analysis, plan, 0).meta_graph.graph_def
+    nodes = {n.name: n for n in graph_def.node}
+    conds = [n for n in graph_def.node if n.op == "StatelessIf" and n.device.startswith("/job:ps")]
+    assert len(conds) == 2
+    for node in graph_def.node:
+        if not node.device.startswith("/job:ps"):
+            continue
+        for inp in node.input:
+            source = nodes[inp.lstrip("^").split(":")[0]]
+            if not inp.startswith("^") and source.op == "Const":
+                assert source.device == node.device, (node.name, inp)
+
+
 def test_momentum_sgd_embedding_goes_to_the_servers_whole():
     """Keras 3's SGD with momentum reads the momentum before it writes it and
     makes the sparse gradient dense to the variable's shape, outside the ops
@@ -550,9 +575,11 @@ def test_amsgrad_velocity_read_through_v_hat_is_a_slot():
         info = analysis.variable(getattr(program.model.layers[layer], attr).path)
         assert sorted(s.split("_")[-1] for s in info.slots) == ["hat", "momentum", "velocity"]
     assert not [s.name for s in analysis.state if "velocity" in s.name]
-    # v's rows are squared before duplicates add
+    # v's rows are squared before duplicates add (a server would take them
+    # unsummed), and weight decay's write keeps the table off the servers
     emb = analysis.variable(program.model.layers[0].embeddings.path)
-    assert "(Square) to each row" in emb.ps_blocker
+    assert emb.row_wise
+    assert "writes it outside its update" in emb.ps_blocker
 
 
 def test_a_weight_decayed_besides_its_update_stays_off_the_servers():
