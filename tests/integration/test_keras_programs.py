@@ -514,7 +514,10 @@ def _assert_workers_hold(tmp_path, workers: int, rtol: float, atol: float) -> No
     ("sgd", "whole (its update reads the whole variable)"),
     # plain SGD scatters the rows: split, and the Embedding's gather of the
     # variable's value reads only its rows from the partitions
-    ("sgd_plain", "2 partitions on server 0, server 1")])
+    ("sgd_plain", "2 partitions on server 0, server 1"),
+    # Adagrad squares each row, then scatters the squares and the steps: its
+    # rows, unsummed, dealt to the partitions' queues
+    ("adagrad", "2 partitions on server 0, server 1")])
 def test_an_embedding_asked_for_two_partitions(optimizer, placement, tmp_path, reference):
     """A Keras 3 Embedding on the servers, asked for 2 row partitions, trains
     to one device's values; the report says where it is."""
