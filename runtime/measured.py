@@ -175,11 +175,13 @@ class Meter:
             rows, distinct = self.alpha(name, "rows"), self.alpha(name, "distinct")
             if v.alpha is not None:
                 planned_alpha = f"<= {v.alpha:.4f}"
-            elif method.sparse_rows == "distinct":
+            elif not method.pushes_every_row(v):
                 planned_alpha = "unknown before running (1 assumed)"   # a bound: the table
             else:
                 planned_alpha = f"unknown before running (1 estimated, measured {rows:.2f}x it)"
-            moves = "one row per distinct id" if method.sparse_rows == "distinct" else "every row"
+            moves = ("every row" if method.sparse_rows == "rows" else
+                     "every row to the servers, one per distinct id back"
+                     if method.pushes_every_row(v) else "one row per distinct id")
             lines.append(f"    {name}: a = {rows:.4f} of its rows per step, {distinct:.4f} "
                          f"distinct ({method.name} moves {moves}); the plan's a {planned_alpha}")
             scalars[f"autopar/measured/alpha/{name}"] = rows

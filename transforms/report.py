@@ -268,7 +268,7 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
             alpha = alphas[v.name]
         elif v.gradient == "sparse":
             alpha = method.sparse_share(alpha)
-            if v.alpha is None and method.sparse_rows == "rows" and _bytes_follow_rows(v, plan, n):
+            if v.alpha is None and method.pushes_every_row(v) and _bytes_follow_rows(v, plan, n):
                 notes.append(f"{v.name}: its rows per step are unknown before running (the "
                              "graph does not fix the batch size), so its bytes are an estimate "
                              "at a=1 (as many rows as the table), not a bound: a batch looking "
@@ -290,7 +290,7 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
             on_servers=not vp.replicated,
             # One row per distinct id: at most the table, unknown rows or not.
             bytes_bound=(measured or v.gradient == "dense" or v.alpha is not None
-                         or method.sparse_rows == "distinct")))
+                         or not method.pushes_every_row(v))))
         if v.recognised.startswith("writes"):
             notes.append(f"{v.name}: update recognised from {v.recognised}; slots "
                          f"{', '.join(v.slots) or 'none'} (the variables only its update writes)")

@@ -9,6 +9,7 @@ from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms.analysis import analyze_graph
 from autopar.transforms.lift import CALL_OP, lift
 from autopar.transforms.plan import PlanOptions, make_plan
+from autopar.transforms.report import build_report
 from autopar.transforms.rewrite import rewrite_for_worker
 from autopar.transforms.topology import Topology
 from tests import models
@@ -490,6 +491,24 @@ def test_squared_rows_reach_the_servers_unsummed(optimizer):
         assert dequeues == (sorted(queues) if worker == 0 else [])
         assert not [n for n in nodes if n.op == "SparseConditionalAccumulator"
                     and emb.name in n.attr["shared_name"].s.decode()]
+
+
+def test_unsummed_rows_bytes_are_an_estimate():
+    """A row-wise table's push carries every row a worker looked up,
+    repeats included: with the batch's size unknown, its bytes are an
+    estimate at a=1, not a bound (before: called an upper bound, as a push
+    of one row per distinct id is); an SGD table's stay a bound."""
+    for optimizer, bound in (("adagrad", False), ("sgd_plain", True)):
+        program, lifted = _lifted(optimizer=optimizer)
+        analysis = analyze_graph(lifted.graph)
+        emb = analysis.variable(program.model.layers[0].embeddings.path)
+        assert emb.alpha is None and emb.row_wise is not bound
+        report = build_report(analysis, make_plan(analysis, TOPOLOGY,
+                                                  options=PlanOptions(run_option="hybrid")))
+        row = next(v for v in report.variables if v.name == emb.name)
+        assert (row.method, row.bytes_bound) == ("ps", bound)
+        assert any(note.startswith(emb.name) and "not a bound" in note
+                   for note in report.notes) is not bound
 
 
 def test_server_ops_read_constants_of_their_own_server():

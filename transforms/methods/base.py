@@ -210,6 +210,12 @@ class SyncMethod:
         moving one row per distinct id, at most the table's."""
         return min(alpha, 1.0) if self.sparse_rows == "distinct" else alpha
 
+    def pushes_every_row(self, v) -> bool:
+        """Whether a worker's share of sparse variable ``v`` carries every row
+        it looked up, repeats included: its bytes follow the batch, not
+        bounded by the table."""
+        return self.sparse_rows == "rows"
+
     def bytes_per_worker(self, nbytes: float, num_workers: int) -> float:
         """Bytes one worker sends per step, and as many it receives."""
         raise NotImplementedError

@@ -117,6 +117,10 @@ class ParameterServer(SyncMethod):
     on_servers = True
     sparse_rows = "distinct"    # PsBuilder pushes one row per distinct id, pulls those rows
 
+    def pushes_every_row(self, v):
+        # a row-wise variable's rows go to the servers unsummed
+        return v.gradient == "sparse" and v.row_wise
+
     def bytes_per_worker(self, nbytes, num_workers):
         # Parallax Table 3, 2ab in all: push the touched rows' gradient, read
         # the touched rows.
