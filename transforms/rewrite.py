@@ -297,9 +297,15 @@ def _edit_original_nodes(graph_def, new_nodes: set[str], edits: Edits) -> None:
     _silence_dead_readers(graph_def, set(edits.noop_deps))
 
 
+# The largest constant (its serialized value) a server gets a copy of: the
+# scalars and shapes a step reads; a large one (a table's initial value, read
+# once) would be copied into every worker's graph once per server reading it.
+_SERVER_CONST_BYTES = 1024
+
+
 def _constants_on_servers(graph_def) -> None:
-    """Each server gets its own copy of every constant of the worker its
-    ops read (a constant with no control input). Read across, it was a
+    """Each server gets its own copy of every small constant of the worker
+    its ops read (a constant with no control input). Read across, it was a
     message per step, and a server's functional cond (Keras's Adagrad's
     sparse division) passing such a constant through to an output no op
     reads left that transfer pending past the step's barrier: a peer
@@ -315,7 +321,8 @@ def _constants_on_servers(graph_def) -> None:
             name, _, port = inp.partition(":")
             source = None if inp.startswith("^") else nodes.get(name)
             if (source is None or source.op != "Const" or source.device.startswith(server)
-                    or any(x.startswith("^") for x in source.input)):
+                    or any(x.startswith("^") for x in source.input)
+                    or source.attr["value"].ByteSize() > _SERVER_CONST_BYTES):
                 continue
             key = (name, node.device)
             if key not in clones:

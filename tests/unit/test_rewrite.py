@@ -325,3 +325,31 @@ def test_gradient_also_used_inside_the_backward_pass():
         apply_c = g.get_operation_by_name(
             next(u for u in analysis.variable("c").update_ops if "Apply" in u))
         assert input_by_arg(apply_c, "delta").name.startswith("autopar/average/")
+
+
+def test_a_server_copies_small_constants_it_reads_not_large_ones():
+    """A server's op reading a worker's constant reads a copy on its own
+    server when the constant is small (a scalar, a shape: a message per step
+    otherwise), the worker's own when large (an initial value read once,
+    which a copy per server would add to every worker's graph)."""
+    import numpy as np
+    from autopar.transforms.plan import PlanOptions
+    from autopar.transforms.topology import Topology
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 50], name="x")
+        w = tf1.get_variable("w", initializer=tf.constant(np.ones((50, 10), np.float32),
+                                                          name="big"), use_resource=True)
+        b = tf1.get_variable("b", initializer=tf.constant(np.zeros(10, np.float32),
+                                                          name="small"), use_resource=True)
+        loss = tf.reduce_mean(tf.square(tf.matmul(x, w) + b))
+        tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    analysis = analyze_graph(graph)
+    plan = make_plan(analysis, Topology(("127.0.0.1",) * 2, 2),
+                     options=PlanOptions(run_option="ps"))
+    nodes = {n.name: n for n in rewrite_for_worker(graph, analysis, plan, 0).meta_graph.graph_def.node}
+    for assign, const in (("w/Assign", "big"), ("b/Assign", "small")):
+        source = nodes[nodes[assign].input[1].split(":")[0]]
+        assert nodes[assign].device.startswith("/job:ps")
+        assert source.op == "Const" and source.name.startswith(const)
+        assert (source.device == nodes[assign].device) is (const == "small"), source.device
