@@ -364,3 +364,30 @@ def test_parallax_transport_calibration_reproduces_table1_lm():
     assert sim.step_time("ps", wl, cl, kp)["throughput"] == pytest.approx(101.2e3, rel=1e-6)
     assert sim.step_time("allreduce", wl, cl, kp)["throughput"] == pytest.approx(39.0e3, rel=1e-6)
     assert cal["grpc_factor"] > 1 and cal["allgather_factor"] > 1
+
+
+def test_the_projected_default_is_what_the_planner_chooses_for_the_bench_graph():
+    """The committed projection's autopar-hybrid row (the sparse LM) runs,
+    at every N, the structure make_plan chooses for the bench's own graph on
+    N hosts of one worker and one server each at the projection's link
+    speed: a user's default, not a hand-set one."""
+    from bench import models
+    from bench.peers import graph_model
+    from autopar.transforms.analysis import analyze_graph
+    from autopar.transforms.plan import PlanOptions, make_plan
+    from autopar.transforms.topology import Topology
+    out = json.loads((Path(sim.RESULTS) / "simulate.json").read_text())
+    rows = [r for r in out["bench_projection"]
+            if r["peer"] == cost.PLANNER_PEER and r["workload"] == "sparse"]
+    assert [r["N"] for r in rows] == [16, 32, 64, 128, 256, 512]
+    analysis = analyze_graph(graph_model.build(models.get("sparse")).graph)
+    chosen = []
+    for r in rows:
+        n = r["N"]
+        topology = Topology(tuple(f"10.{i // 250}.{i % 250}.1" for i in range(n)), n,
+                            link_gbps=out["bench_projection_link_gbit"])
+        plan = make_plan(analysis, topology, options=PlanOptions(run_option="hybrid"))
+        assert (plan.aggregation_group or 1, plan.sparse_servers or n) == (
+            r["aggregation_group"], r["servers"]), n
+        chosen.append(plan.aggregation_group)
+    assert chosen[0] == 0 and chosen[-1] > 1    # flat at 16, groups at 512
