@@ -72,7 +72,7 @@ class Runner:
                  after_step=None, monitor=None, accumulate=None, dropcompute=None,
                  totals_allreduce=None, lifted=None, timeline=None, meter=None,
                  lockstep_lookups=(), lookup_barriers=None, loss_reduction: str = "mean",
-                 step_feeds=None):
+                 step_feeds=None, constant_copies=None):
         self.session = session
         self.graph = graph
         self.analysis = analysis
@@ -92,6 +92,8 @@ class Runner:
         self._after_step_op = after_step   # e.g. averaging batch-local state
         # fed in every training step's run (WorkerGraph.in_step)
         self._step_feeds = dict(step_feeds or {})
+        # a worker constant's name -> its servers' copies (WorkerGraph.constant_copies)
+        self._constant_copies = dict(constant_copies or {})
         self._on_close = list(on_close)
         # length -> (placeholder, sum over workers) for evaluate(); built on
         # first use by `totals_allreduce(length)`. None: one worker, no combining.
@@ -1012,6 +1014,9 @@ class Runner:
                     mapped = self._map_tensor(leaf)
                     self._check_feed_shape(mapped, leaf_value)
                     feeds[mapped] = leaf_value
+                    # a fed constant's copies on the servers read the value fed too
+                    for copy in self._constant_copies.get(mapped.name, ()):
+                        feeds[self._map_tensor(copy)] = leaf_value
                     continue
                 # As Session: a SparseTensorValue / IndexedSlicesValue or a
                 # plain tuple, zipped with the component tensors.

@@ -169,7 +169,8 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
                     lookup_barriers=rewritten.lookup_barriers,
                     lifted=lifted, loss_reduction=plan.loss_reduction,
                     step_feeds=({worker_graph.get_tensor_by_name(rewritten.in_step): True}
-                                if rewritten.in_step else None))
+                                if rewritten.in_step else None),
+                    constant_copies=rewritten.constant_copies)
     if isinstance(agreement, CollectiveAgreement):
         agreement.sum_over_workers = runner.sum_over_workers
     # The Python variables' values (a traced function's) are the chief's to

@@ -83,6 +83,10 @@ class WorkerGraph:
     # per-example random draws then add up the workers' batch sizes
     # (transforms.random_draws); None when the graph has none.
     in_step: str | None = None
+    # A worker constant -> the copies of it on the servers that read it
+    # (_constants_on_servers), tensor names: a feed of the constant feeds
+    # them too (Runner), so a server's op reads the value fed.
+    constant_copies: dict[str, list[str]] = field(default_factory=dict)
 
 
 def worker_device(worker_index: int) -> str:
@@ -165,7 +169,7 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
     # op reading a replaced batch-norm output (even a new one) the group's.
     apply_rewire(graph_def, rewire, rewire_exempt)
     graph_def.node.extend(copies)
-    _constants_on_servers(graph_def)
+    constant_copies = _constants_on_servers(graph_def)
     if accumulation is not None:
         # Before the barrier covers the step's server work: the step then no
         # longer reaches the forward pass (see transforms.accumulate).
@@ -189,7 +193,8 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
                        partitions=edits.partitions, after_step=after_step,
                        lookup_barriers=edits.lookup_barriers,
                        accumulate_first=accumulation and accumulation.first_op,
-                       accumulate=accumulation and accumulation.add_op, in_step=in_step)
+                       accumulate=accumulation and accumulation.add_op, in_step=in_step,
+                       constant_copies=constant_copies)
 
 
 def _unguarded_initial_values(graph: tf.Graph, server_variables: set[str]) -> dict[str, str]:
@@ -303,14 +308,14 @@ def _edit_original_nodes(graph_def, new_nodes: set[str], edits: Edits) -> None:
 _SERVER_CONST_BYTES = 1024
 
 
-def _constants_on_servers(graph_def) -> None:
+def _constants_on_servers(graph_def) -> dict[str, list[str]]:
     """Each server gets its own copy of every small constant of the worker
-    its ops read (a constant with no control input). Read across, it was a
-    message per step, and a server's functional cond (Keras's Adagrad's
-    sparse division) passing such a constant through to an output no op
-    reads left that transfer pending past the step's barrier: a peer
-    finishing its step cleaned the step up on the server under it
-    ("Aborted: Cleanup <step id>")."""
+    its ops read (a constant with no control input); {constant's tensor:
+    its copies' tensors}. Read across, it was a message per step, and a
+    server's functional cond (Keras's Adagrad's sparse division) passing
+    such a constant through to an output no op reads left that transfer
+    pending past the step's barrier: a peer finishing its step cleaned the
+    step up on the server under it ("Aborted: Cleanup <step id>")."""
     nodes = {n.name: n for n in graph_def.node}
     server = f"/job:{SERVER_JOB}"
     clones: dict[tuple[str, str], str] = {}
@@ -333,6 +338,10 @@ def _constants_on_servers(graph_def) -> None:
                 nodes[clone.name] = clone
                 clones[key] = clone.name
             node.input[i] = clones[key] + (f":{port}" if port else "")
+    copies: dict[str, list[str]] = {}
+    for (name, _), clone in sorted(clones.items()):
+        copies.setdefault(f"{name}:0", []).append(f"{clone}:0")
+    return copies
 
 
 def _silence_dead_readers(graph_def, noops: set[str]) -> None:

@@ -19,9 +19,14 @@ def _run(command, **kwargs) -> subprocess.CompletedProcess:
 
 
 def test_sparse_feed_two_workers_equal_single_device(tmp_path):
+    """Also the learning rate, a constant fed each step, read by the
+    updates on the server (ps): the server's copy of the constant is fed
+    too (before: the server read 0.5 every step)."""
     script = [sys.executable, str(SCRIPTS / "sparse_feed.py")]
-    run_beside(script + ["--out", str(tmp_path / "single")],
-               script + ["--out", str(tmp_path / "job"), "--spec", str(write_spec(tmp_path, 2))])
+    _, log = run_beside(script + ["--out", str(tmp_path / "single")],
+                        script + ["--out", str(tmp_path / "job"), "--run-option", "ps",
+                                  "--spec", str(write_spec(tmp_path, 2, servers=1))])
+    assert "2 on servers" in log
     expected = load_worker(tmp_path / "single", 0)
     assert int(expected["global_step"]) == 4
     for index in range(2):

@@ -347,9 +347,13 @@ def test_a_server_copies_small_constants_it_reads_not_large_ones():
     analysis = analyze_graph(graph)
     plan = make_plan(analysis, Topology(("127.0.0.1",) * 2, 2),
                      options=PlanOptions(run_option="ps"))
-    nodes = {n.name: n for n in rewrite_for_worker(graph, analysis, plan, 0).meta_graph.graph_def.node}
+    worker = rewrite_for_worker(graph, analysis, plan, 0)
+    nodes = {n.name: n for n in worker.meta_graph.graph_def.node}
     for assign, const in (("w/Assign", "big"), ("b/Assign", "small")):
         source = nodes[nodes[assign].input[1].split(":")[0]]
         assert nodes[assign].device.startswith("/job:ps")
         assert source.op == "Const" and source.name.startswith(const)
         assert (source.device == nodes[assign].device) is (const == "small"), source.device
+    # the copies a feed of the constant feeds too (Runner)
+    copy = nodes["b/Assign"].input[1]
+    assert worker.constant_copies["small:0"] == [f"{copy}:0"] and "big:0" not in worker.constant_copies

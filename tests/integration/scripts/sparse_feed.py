@@ -1,7 +1,8 @@
 """Train a small model fed through a sparse placeholder (the gradient of its
 weights flows through sparse_dense_matmul) for a few steps, single-device or
 under autopar with --spec, and save every global variable of this worker.
-Worker i of N feeds rows [i*B/N, (i+1)*B/N) of each step's global batch."""
+Worker i of N feeds rows [i*B/N, (i+1)*B/N) of each step's global batch,
+and every worker feeds the learning rate, a constant, a value of its step."""
 import argparse
 import os
 import sys
@@ -41,6 +42,7 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--run-option", default="hybrid")
     args = p.parse_args()
     graph = tf.Graph()
     with graph.as_default():
@@ -53,14 +55,17 @@ def main() -> None:
         logits = tf.sparse.sparse_dense_matmul(sp, w) + b
         loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y,
                                                                              logits=logits))
-        train = tf1.train.MomentumOptimizer(0.5, 0.9).minimize(loss, global_step=gs)
-    with autopar.get_runner(graph, args.spec) as runner:
+        # a constant fed each step (a decay written by feeding it)
+        rate = tf.constant(0.5, name="learning_rate")
+        train = tf1.train.MomentumOptimizer(rate, 0.9).minimize(loss, global_step=gs)
+    with autopar.get_runner(graph, args.spec, autopar.Config(run_option=args.run_option)) as runner:
         n, i = runner.num_workers, runner.worker_index
         per = args.batch // n
         for step in range(args.steps):
             rows, values, labels = global_batch(step, args.batch)
             mine = slice(i * per, (i + 1) * per)
-            runner.run(train, {sp: sparse_value(rows[mine], values[mine]), y: labels[mine]})
+            runner.run(train, {sp: sparse_value(rows[mine], values[mine]), y: labels[mine],
+                               rate: 0.5 / (step + 1)})
         with graph.as_default():
             variables = tf1.global_variables()
         saved = runner.run({v.op.name: v for v in variables})
