@@ -25,7 +25,8 @@ def test_a_keras_io_program_fits_as_on_one_device(program, run_option, tmp_path)
     rows holding its share of the batch's sum; Keras's Adam squares each
     row before rows of one id add, so the rows are combined by id first
     (before: kept apart, Adam's v got the sum of their squares, every
-    variable off). Dropout draws per example. dcgan
+    variable off); the token embedding's rows, squared by Adam before an
+    id's rows add, reach the servers unsummed. Dropout draws per example. dcgan
     (dcgan_overriding_train_step): its own train_step draws the latent
     vectors (tf.random.normal, stateful) per example, and the labels' noise
     over its fake rows then its real ones; batches of 32 split 11/11/10, so
@@ -40,3 +41,7 @@ def test_a_keras_io_program_fits_as_on_one_device(program, run_option, tmp_path)
     _assert_workers_hold(tmp_path, 3, rtol=1e-7, atol=1e-10)
     if program == "transformer":
         assert "deduplicated lookup" in log
+        # both tables on the servers: the tokens' rows pushed unsummed, the
+        # positions' combined by id (before: the tokens' kept off, all-gathered)
+        assert {"hybrid": "2 on servers", "ps": "22 on servers"}.get(
+            run_option, "0 on servers") in log
