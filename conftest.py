@@ -17,9 +17,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 if importlib.util.find_spec("tf_keras") is None:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
-# Before any test module imports grpc: autopar turns gRPC's fork support off
-# (autopar/__init__.py), which grpc reads at its first import.
-import autopar  # noqa: E402,F401
+# Before any test module imports grpc: gRPC's fork support off, which grpc
+# reads at its first import (runtime/rpc.py; the tests fork job processes).
+import autopar.runtime.rpc  # noqa: E402,F401
 
 
 _INSTALL_TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests", "install")

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from autopar import overrides
 from autopar.config import Config
-from autopar.console import debug_errors, report_error, setup_logging
+from autopar.runtime.console import debug_errors, report_error, setup_logging
 from autopar.common.errors import AutoparError, SpecError, UnsupportedGraphError
 from autopar.common import env, procs, script
 from autopar.common.roles import REPORT_ROLE, SERVER_ROLE, WORKER_JOB, WORKER_ROLE

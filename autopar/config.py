@@ -8,6 +8,7 @@ import warnings
 from dataclasses import dataclass, field, fields
 
 from autopar.common.errors import AutoparError, shown
+from autopar.common.timeouts import peer_timeout_s
 
 # Upper bounds of counts, far above what a job uses and low enough that
 # nothing sized by them runs out of memory (a feed split into micro-batches
@@ -413,17 +414,6 @@ class Config:
             if self.micro_batches < 2:
                 raise AutoparError("Config.simulated_delay is added after each micro-batch: "
                                    "it needs Config.micro_batches >= 2")
-
-
-# A bound for a wait that has none, where a transport needs a number.
-NO_TIMEOUT_S = 1e9
-
-
-def peer_timeout_s(stall_timeout_s: float, busy_timeout_s: float) -> float:
-    """Config.peer_timeout_s of these two settings (0: no bound)."""
-    if not stall_timeout_s or not busy_timeout_s:
-        return 0.0
-    return float(max(stall_timeout_s, busy_timeout_s))
 
 
 def _known_keywords(cls, kwargs: dict) -> None:

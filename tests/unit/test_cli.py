@@ -170,10 +170,12 @@ def test_config_fields_from_the_options_reach_the_scripts_config(monkeypatch):
 
 
 def test_ctrl_c_before_the_job_starts_is_one_line_with_status_130():
-    """A script interrupted before get_runner (as while it imports TensorFlow):
-    `autopar: interrupted`, exit status 130, no traceback."""
+    """A script interrupted after it first used autopar's API, before
+    get_runner (as while it builds its model): `autopar: interrupted`, exit
+    status 130, no traceback."""
     done = subprocess.run(
         [sys.executable, "-c", "import os, signal, time\nimport autopar\n"
+                               "config = autopar.Config()\n"
                                "os.kill(os.getpid(), signal.SIGINT)\ntime.sleep(30)\n"],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
         timeout=60)
