@@ -111,7 +111,7 @@ def _check_tensorflow() -> None:
 # launch`, does not pay for it).
 _ERRORS = ("AutoparError", "SpecError", "UnsupportedGraphError", "LaunchError",
            "WorkerFailedError")
-_WITH_TENSORFLOW = ("get_runner", "shard", "num_workers", "analyze")
+_WITH_TENSORFLOW = ("get_runner", "shard", "num_workers", "analyze", "fit")
 
 
 def __getattr__(name):
@@ -123,11 +123,6 @@ def __getattr__(name):
         _check_tensorflow()
         from autopar import api
         return getattr(api, name)
-    if name == "fit":
-        _api_used()
-        _check_tensorflow()
-        from autopar.runtime.keras_fit import fit
-        return fit
     if name in ("Config", "SimulatedDelay"):
         module = "autopar.config"
     elif name in _ERRORS:
