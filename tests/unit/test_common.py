@@ -89,3 +89,17 @@ def test_the_script_is_rerun_as_it_was_started(argv, expected, monkeypatch):
     monkeypatch.setattr(script, "_started", None)
     script.note(argv, "/start")
     assert script.command() == ([sys.executable, *expected], "/start")
+
+
+def test_no_layer_below_the_api_imports_it():
+    """Layers import downwards only: no module of common/, transforms/ or
+    runtime/ imports autopar's API modules (autopar/*.py), only
+    autopar.common, autopar.transforms and autopar.runtime."""
+    upward = re.compile(r"^\s*(?:import autopar(?!\.(?:common|transforms|runtime)\b)"
+                        r"|from autopar(?!\.(?:common|transforms|runtime)\b)[\w.]* import)",
+                        re.MULTILINE)
+    found = {str(path.relative_to(REPO)): upward.findall(path.read_text())
+             for layer in ("common", "transforms", "runtime")
+             for path in sorted((REPO / layer).rglob("*.py"))}
+    assert len(found) > 90   # the scan reads the layers' modules
+    assert {path: lines for path, lines in found.items() if lines} == {}
