@@ -269,7 +269,7 @@ def test_config_loss_reduction_and_deprecated_average_sparse():
         assert Config(average_sparse=False).loss_reduction == "parallax"
         assert Config(average_sparse=True).loss_reduction == "mean"
     assert any(issubclass(w.category, DeprecationWarning) for w in caught)
-    assert PlanOptions.from_config(Config(loss_reduction="sum")).loss_reduction == "sum"
+    assert Config(loss_reduction="sum").loss_reduction == "sum"
 
 
 # ------------------------------------------------------- batch-local state

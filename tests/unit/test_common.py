@@ -32,7 +32,8 @@ def test_common_imports_no_other_layer():
 
 def test_transforms_take_only_errors_and_roles_from_common():
     """transforms/ (method packages included) are pure graph functions: of
-    common/ they use the errors, the job names and the address predicates,
+    common/ they use the errors, the job names, the address predicates and
+    the option checks (transforms/options.py),
     never the environment contract or process handling."""
     imported = {}
     for path in sorted((REPO / "transforms").rglob("*.py")):
@@ -42,7 +43,8 @@ def test_transforms_take_only_errors_and_roles_from_common():
             imported.setdefault(path.name, set()).update(m.strip() for m in module.split(","))
         assert not re.search(r"\bos\.environ\b|\bgetenv\b|\bsubprocess\b", text), path.name
     assert imported   # the scan sees the imports that exist
-    assert set().union(*imported.values()) <= {"errors", "roles", "addresses", "text"}, imported
+    assert set().union(*imported.values()) <= {"errors", "roles", "addresses", "text",
+                                                "checks"}, imported
 
 
 class _Polled:
