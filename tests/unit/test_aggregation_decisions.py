@@ -222,7 +222,7 @@ def test_summed_loss_with_a_batch_independent_term_is_refused_unless_chosen():
     report says it cannot match one device."""
     analysis = analyze_graph(_graph(loss="sum+reg"))
     with pytest.raises(UnsupportedGraphError, match="adds a batch-independent term.*"
-                                                    "Config\(loss_reduction='sum'\)"):
+                                                    r"Config\(loss_reduction='sum'\)"):
         make_plan(analysis, 4, options=PlanOptions(run_option="allreduce"))
     plan = make_plan(analysis, 4, options=PlanOptions(run_option="allreduce",
                                                       loss_reduction="sum"))

@@ -46,7 +46,7 @@ def _fork(body) -> tuple[int, int]:
         try:
             body(w)
             code = 0
-        except BaseException as exc:   # reported through the pipe, then _exit
+        except BaseException as exc:   # noqa: BLE001 - reported through the pipe, then _exit
             os.write(w, f"error {exc!r}\n".encode())
         finally:
             os._exit(code)

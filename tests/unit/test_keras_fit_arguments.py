@@ -252,7 +252,6 @@ def _masked_sequences(fit, sample_weights=False):
     the predictions (y_pred._keras_mask) and count kept positions alone;
     with sample weights a weighted metric too, and validation data."""
     import keras
-    import tensorflow as tf
     keras.config.set_floatx("float64")
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(4)
