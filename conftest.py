@@ -12,6 +12,8 @@ import importlib.util
 import os
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 if importlib.util.find_spec("tf_keras") is None:
@@ -22,7 +24,18 @@ if importlib.util.find_spec("tf_keras") is None:
 import autopar.runtime.rpc  # noqa: E402,F401
 
 
-_INSTALL_TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests", "install")
+_TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests")
+_INSTALL_TESTS = os.path.join(_TESTS, "install")
+# Folders whose every test starts jobs (or a virtualenv): pytest.ini's `slow`.
+_SLOW_FOLDERS = ("integration", "cluster", "install")
+
+
+def pytest_collection_modifyitems(config, items):
+    slow = pytest.mark.slow
+    for item in items:
+        relative = os.path.relpath(str(item.path), _TESTS).split(os.sep)
+        if relative[0] in _SLOW_FOLDERS:
+            item.add_marker(slow)
 
 
 def pytest_ignore_collect(collection_path, config):

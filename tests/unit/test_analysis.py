@@ -504,6 +504,7 @@ print(json.dumps(failures))
 """
 
 
+@pytest.mark.slow
 def test_transforms_modules_import_on_their_own():
     """Each transforms module must be importable first (as `python -c
     "import autopar.transforms.analysis"` or a tool importing only the
@@ -618,6 +619,7 @@ print(json.dumps({"variables": sorted((v.name, v.gradient, v.shape) for v in a.v
 '''
 
 
+@pytest.mark.slow
 def test_a_graph_built_under_v1_behaviour_is_analysed_as_under_v2():
     env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3")
     procs = {behaviour: subprocess.Popen([sys.executable, "-c", _V1_PROGRAM, behaviour],

@@ -13,6 +13,7 @@ from tests.integration.cluster import survivors
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_common_imports_no_other_layer():
     """A leaf: importing every common module pulls in neither TensorFlow nor
     a module of the transforms, runtime or API layers (so bench and
@@ -56,6 +57,7 @@ class _Polled:
         self.poll = popen.poll
 
 
+@pytest.mark.slow
 def test_stop_processes_kills_a_group_that_ignores_sigterm():
     # The shell and the sleep it starts both ignore SIGTERM (an ignored signal
     # stays ignored across exec): only the escalation to SIGKILL, sent to the

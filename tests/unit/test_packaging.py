@@ -17,6 +17,7 @@ from autopar.runtime import native
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_wheel_installs_only_the_autopar_namespace(tmp_path):
     # The same build `pip install .` runs (setup.py, including the generated
@@ -64,6 +65,7 @@ def test_wheel_installs_only_the_autopar_namespace(tmp_path):
     assert proc.stdout.strip() == "None None"
 
 
+@pytest.mark.slow
 def test_the_build_cache_compiles_once_per_source_and_flags(monkeypatch, tmp_path):
     """runtime/native.py builds a part on first use into the build cache,
     under what it was built from: a second use of the same sources and
@@ -158,6 +160,7 @@ def _in_checkout(code: str, **env) -> subprocess.CompletedProcess:
                           env={**clean, "PYTHONPATH": str(REPO), **env}, timeout=120)
 
 
+@pytest.mark.slow
 def test_the_package_is_autopar_and_its_three_layers_only():
     """From a checkout, autopar.common, autopar.transforms and
     autopar.runtime are the checkout's folders; its other folders (bench,
@@ -176,6 +179,7 @@ def test_the_package_is_autopar_and_its_three_layers_only():
     assert done.stdout.split() == [str(REPO / layer) for layer in ("common", "transforms", "runtime")]
 
 
+@pytest.mark.slow
 def test_importing_autopar_leaves_the_process_alone_until_a_job_starts():
     """Importing any of autopar's modules installs no excepthook and sets no
     gRPC setting (bench/ and tools import common/ alone); the program's
@@ -183,7 +187,7 @@ def test_importing_autopar_leaves_the_process_alone_until_a_job_starts():
     its fork setting; in a process a launcher started the hook is there at
     `import autopar`."""
     probe = ("import os, sys\n"
-             "import autopar, autopar.common.roles, autopar.common.procs, autopar.transforms.plan\n"
+             "import autopar, autopar.common.roles, autopar.common.procs, autopar.transforms.options\n"
              "print(sys.excepthook is sys.__excepthook__, os.environ.get('GRPC_ENABLE_FORK_SUPPORT'))\n"
              "autopar.Config\n"
              "import autopar.runtime.coordinator_client\n"
