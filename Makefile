@@ -74,9 +74,9 @@ test: $(STAMP)
 	$(PY) -m pytest -q tests
 
 # Before a commit (under 3 minutes on 2 cores): ruff's lint (pyproject.toml)
-# and the unit tests that start no process (pytest.ini's `slow` marker: the
-# integration, cluster and install folders and the unit tests that start
-# processes or build a wheel, which `make test` runs too).
+# and the fast unit tests (not pytest.ini's `slow` ones: the integration,
+# cluster and install folders, and the unit tests that start processes,
+# build a wheel or take seconds, which `make test` runs too).
 .PHONY: check
 check: $(STAMP)
 	$(VENV)/bin/ruff check .

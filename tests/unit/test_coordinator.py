@@ -124,6 +124,7 @@ def test_unknown_process_is_refused(coordinator):
         client.close()
 
 
+@pytest.mark.slow
 def test_stop_request_reaches_only_the_asked_process_without_new_reports(coordinator):
     # Neither client reports after registering: the heartbeat carries the
     # request to worker 0, paused between steps; worker 1 is not asked.

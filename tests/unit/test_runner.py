@@ -345,6 +345,7 @@ def test_evaluate_rejects_what_it_cannot_evaluate():
             runner.evaluate([], initializer=init)
 
 
+@pytest.mark.slow
 def test_each_train_op_runs_with_its_own_inputs_and_logs_its_own_loss(steps_logged):
     """Two train ops over different variables (tests/programs/two_trainers):
     a step of one is fed only its own placeholders; the progress line's loss
