@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CONSTRAINTS := constraints.txt
 
-.PHONY: demo demo-keras test install clean native stress system-packages
+.PHONY: demo demo-keras test check install clean native stress system-packages
 
 $(STAMP): setup.py pyproject.toml $(CONSTRAINTS) runtime/coordinator.proto transforms/fusion_layout.proto cpp_ops/bind_shim.c \
 		cpp_ops/herring_ops.cc cpp_ops/sum_server.cc cpp_ops/herring_wire.h \
@@ -72,6 +72,15 @@ demo-keras: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+# Before a commit (under 3 minutes on 2 cores): ruff's lint (pyproject.toml)
+# and the fast unit tests (not pytest.ini's `slow` ones: the integration,
+# cluster and install folders, and the unit tests that start processes,
+# build a wheel or take seconds, which `make test` runs too).
+.PHONY: check
+check: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q -m "not slow" tests/unit
 
 # autopar as a pip user gets it (tests/install): a fresh virtualenv with the
 # other TensorFlow distribution of the pinned release (`tensorflow`), autopar

@@ -12,17 +12,30 @@ import importlib.util
 import os
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 if importlib.util.find_spec("tf_keras") is None:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
-# Before any test module imports grpc: autopar turns gRPC's fork support off
-# (autopar/__init__.py), which grpc reads at its first import.
-import autopar  # noqa: E402,F401
+# Before any test module imports grpc: gRPC's fork support off, which grpc
+# reads at its first import (runtime/rpc.py; the tests fork job processes).
+import autopar.runtime.rpc  # noqa: E402,F401
 
 
-_INSTALL_TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests", "install")
+_TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests")
+_INSTALL_TESTS = os.path.join(_TESTS, "install")
+# Folders whose every test starts jobs (or a virtualenv): pytest.ini's `slow`.
+_SLOW_FOLDERS = ("integration", "cluster", "install")
+
+
+def pytest_collection_modifyitems(config, items):
+    slow = pytest.mark.slow
+    for item in items:
+        relative = os.path.relpath(str(item.path), _TESTS).split(os.sep)
+        if relative[0] in _SLOW_FOLDERS:
+            item.add_marker(slow)
 
 
 def pytest_ignore_collect(collection_path, config):

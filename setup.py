@@ -107,7 +107,9 @@ setup(
                  # tests read the chief's event files with TensorBoard's own reader
                  "tensorboard>=2.21,<3",
                  # `make native` regenerates the coordinator's modules
-                 "grpcio-tools>=1.74.0"],
+                 "grpcio-tools>=1.74.0",
+                 # `make check` lints with it (pyproject.toml)
+                 "ruff>=0.17,<0.18"],
     },
     entry_points={"console_scripts": ["autopar=autopar.cli:main"]},
     cmdclass={"build_py": BuildWithNative, "bdist_wheel": PlatformWheel},

@@ -3,51 +3,78 @@ training on many processes and machines.
 
     ds = autopar.shard(ds)
     runner = autopar.get_runner(graph, "resource_specs/localhost_2workers.yaml")
+
+Importing autopar (or any of its modules) changes nothing of the process but
+TensorFlow's noise (below). The process-wide settings a job needs are made
+where the job starts: the hook that ends the script on an autopar error when
+the program first uses the API (any public name of this module) or in a
+process a launcher started, gRPC's fork support where gRPC is first imported
+(runtime/rpc.py).
 """
+import importlib.util as _util
 import os as _os
+import sys as _sys
 
-# setup.py installs the repository's common/, transforms/ and runtime/ folders
-# as autopar.common, autopar.transforms and autopar.runtime. Imported from a source checkout (the
-# tests, the launcher's children with the checkout on PYTHONPATH), take them
-# from that same checkout, not from wherever an editable install points.
-_checkout = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
-_LAYERS = ("common", "transforms", "runtime")
-if not _os.path.isdir(_os.path.join(__path__[0], "runtime")) and all(
-        _os.path.isfile(_os.path.join(_checkout, layer, "__init__.py")) for layer in _LAYERS):
-    __path__.append(_checkout)
 
-# Before any import of grpc (read then): the launcher starts children with
-# fork+exec while the coordinator's gRPC threads run. With gRPC's fork support
-# on, the child's post-fork handler restarts gRPC's epoll poller, which
-# subprocess then closes before exec: the child aborts ("epoll_wait error: Bad
-# file descriptor", SIGABRT; grpc/grpc#43055, seen here with grpcio 1.85). No
-# child uses the parent's gRPC state, so the handlers are not needed.
-_os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+def _bind_checkout_layers() -> None:
+    """setup.py installs the repository's common/, transforms/ and runtime/
+    folders as autopar.common, autopar.transforms and autopar.runtime.
+    Imported from a source checkout (the tests, the launcher's children with
+    the checkout on PYTHONPATH), those three names are bound here to that
+    same checkout's folders (not to wherever an editable install points);
+    nothing else of the checkout becomes part of the package."""
+    here = _os.path.dirname(_os.path.abspath(__file__))
+    if _os.path.isdir(_os.path.join(here, "runtime")):
+        return      # installed: they are subpackages
+    checkout = _os.path.dirname(here)
+    for layer in ("common", "transforms", "runtime"):
+        name, folder = f"{__name__}.{layer}", _os.path.join(checkout, layer)
+        init = _os.path.join(folder, "__init__.py")
+        if name in _sys.modules or not _os.path.isfile(init):
+            continue
+        spec = _util.spec_from_file_location(name, init, submodule_search_locations=[folder])
+        module = _util.module_from_spec(spec)
+        _sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del _sys.modules[name]
+            raise
+        globals()[layer] = module
+
+
+_bind_checkout_layers()
 
 # The command and directory the launcher re-runs this script with, before
 # the script can change directory (common/script.py).
-from autopar.common import script as _script  # noqa: E402
+from autopar.common import env as _env, script as _script  # noqa: E402
 if _script._started is None:
     _script.note()
-from autopar.config import Config, SimulatedDelay  # noqa: E402
-from autopar.console import install_excepthook as _install_excepthook  # noqa: E402
-from autopar.common.errors import (AutoparError, LaunchError, SpecError,  # noqa: E402
-                                   UnsupportedGraphError, WorkerFailedError)
 
 __all__ = ["get_runner", "shard", "num_workers", "analyze", "fit", "Config", "SimulatedDelay", "Report", "AutoparError", "SpecError",
            "UnsupportedGraphError", "LaunchError", "WorkerFailedError"]
 __version__ = "0.1.0"
 
-# An AutoparError nobody catches (a bad Config in the script, a checkpoint that
-# cannot be saved) ends the script as `autopar: <message>`, exit status 2, as
-# errors through get_runner do; AUTOPAR_DEBUG=1 keeps the traceback
-# (autopar/console.py).
-_install_excepthook()
+
+def _api_used() -> None:
+    """An AutoparError nobody catches (a bad Config in the script, a
+    checkpoint that cannot be saved) ends the script as `autopar: <message>`,
+    exit status 2, as errors through get_runner do; AUTOPAR_DEBUG=1 keeps the
+    traceback (runtime/console.py). The hook is installed when the program
+    first uses the API, and at once in a process of a launched job (below)."""
+    from autopar.runtime.console import install_excepthook
+    install_excepthook()
+
+
+if _env.current_role():
+    # A process the launcher started anew (here, over ssh, through srun):
+    # the job's process starts here, before the script can fail.
+    _api_used()
 
 # TensorFlow's C++ start-up and INFO/WARNING lines, and deprecation warnings
-# repeated by every worker, off unless AUTOPAR_VERBOSE=1 (autopar/quiet.py):
+# repeated by every worker, off unless AUTOPAR_VERBOSE=1 (common/quiet.py):
 # before the script imports TensorFlow, when it imports autopar first.
-from autopar import quiet as _quiet  # noqa: E402
+from autopar.common import quiet as _quiet  # noqa: E402
 _quiet.quiet_tensorflow()
 
 
@@ -63,6 +90,7 @@ def _check_tensorflow() -> None:
         return
     import logging
     from autopar.common import tensorflow_range
+    from autopar.common.errors import AutoparError
     try:
         import tensorflow as tf
     except ModuleNotFoundError as exc:
@@ -78,21 +106,36 @@ def _check_tensorflow() -> None:
     _tensorflow_checked = True
 
 
+# Where each public name is defined (the API's modules pull in TensorFlow,
+# seconds to import: a process that only launches or parses specs, `autopar
+# launch`, does not pay for it).
+_ERRORS = ("AutoparError", "SpecError", "UnsupportedGraphError", "LaunchError",
+           "WorkerFailedError")
+_WITH_TENSORFLOW = ("get_runner", "shard", "num_workers", "analyze", "fit")
+
+
 def __getattr__(name):
-    # The API pulls in TensorFlow (seconds to import); a process that only
-    # launches or parses specs (`autopar launch`) should not pay for it.
-    if name in ("get_runner", "shard", "num_workers", "analyze"):
+    import importlib
+    if name == "optimizers":
+        return importlib.import_module("autopar.optimizers")
+    if name in _WITH_TENSORFLOW:
+        _api_used()
         _check_tensorflow()
         from autopar import api
         return getattr(api, name)
-    if name == "fit":
-        _check_tensorflow()
-        from autopar.runtime.keras_fit import fit
-        return fit
-    if name == "optimizers":
-        import importlib
-        return importlib.import_module("autopar.optimizers")
-    if name == "Report":
-        from autopar.transforms.report import Report
-        return Report
-    raise AttributeError(f"module 'autopar' has no attribute {name!r}")
+    if name in ("Config", "SimulatedDelay"):
+        module = "autopar.config"
+    elif name in _ERRORS:
+        module = "autopar.common.errors"
+    elif name == "Report":
+        module = "autopar.transforms.report"
+    else:
+        raise AttributeError(f"module 'autopar' has no attribute {name!r}")
+    _api_used()
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

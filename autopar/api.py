@@ -1,4 +1,4 @@
-"""get_runner, shard and analyze: the public entry points. They only decide
+"""get_runner, fit, shard and analyze: the public entry points. They only decide
 which role this process plays and wire the layers below."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from autopar import overrides
 from autopar.config import Config
-from autopar.console import debug_errors, report_error, setup_logging
+from autopar.runtime.console import debug_errors, report_error, setup_logging
 from autopar.common.errors import AutoparError, SpecError, UnsupportedGraphError
 from autopar.common import env, procs, script
 from autopar.common.roles import REPORT_ROLE, SERVER_ROLE, WORKER_JOB, WORKER_ROLE
@@ -182,6 +182,21 @@ def _join_slurm(graph, resource_info, config, task: tuple[int, int], lifted=None
     log.info("Slurm task %d of %d: worker %d of %s", rank, size, rank, cluster[WORKER_JOB])
     return worker.distributed_runner(graph, cluster, rank, config, lifted=lifted,
                                      gpus=gpus.slurm_task_gpus())
+
+
+def fit(model, x, y=None, resource_info=None, config: Config | None = None, **options):
+    """Train a compiled Keras 3 model as ``model.fit(x, y, **options)`` trains
+    it, on the cluster `resource_info` describes, with one device's result;
+    returns its History (``history.history``, the same on every worker).
+    ``options`` are fit()'s: epochs, batch_size (the global batch),
+    validation_data, callbacks (run on the chief), shuffle, seed, verbose,
+    sample_weight, class_weight, validation_split, validation_freq,
+    validation_batch_size, initial_epoch, steps_per_epoch,
+    validation_steps; another is refused naming it (docs/tf2-keras.md,
+    runtime/keras_fit.py). Launches and joins as get_runner does."""
+    from autopar.runtime import keras_fit
+    job = keras_fit.prepare(model, x, y, **options)
+    return keras_fit.train_on(job, get_runner(job.step(), resource_info, config))
 
 
 def shard(dataset: tf.data.Dataset) -> tf.data.Dataset:

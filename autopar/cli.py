@@ -33,7 +33,7 @@ from autopar import __version__, overrides
 from autopar.common import env
 from autopar.common.errors import AutoparError
 from autopar.common.roles import REPORT_ROLE
-from autopar.console import ERROR_STATUS, StdoutHandler, debug_errors, report_error
+from autopar.runtime.console import ERROR_STATUS, StdoutHandler, debug_errors, report_error
 
 # Options that set a Config field: (flag, field, type, help).
 _CONFIG_FLAGS = (
@@ -318,13 +318,16 @@ def _report(spec, command: list[str]) -> int:
 
 
 def _launch(spec, command: list[str]) -> int:
+    from autopar.config import Config
     from autopar.runtime.launcher import run_job
     from autopar.runtime.script_plan import compile_in_script
+    from autopar.transforms import serial
 
     def compile_plan(for_spec, fork_server):
         # The command, run once in the report role, compiles the plan.
         compiled = compile_in_script(command, for_spec, fork_server)
-        return compiled.plan, compiled.processes, compiled.report, compiled.config
+        return (compiled.plan, compiled.processes, compiled.report,
+                serial.decode(Config, compiled.config))
     return run_job(spec, command, compile_plan)
 
 

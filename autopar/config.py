@@ -5,16 +5,19 @@ import difflib
 import math
 import os
 import warnings
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
+from autopar.common.checks import choice as _choice, count as _count, is_int as _is_int
+from autopar.common.checks import is_number as _is_number, seconds as _seconds
 from autopar.common.errors import AutoparError, shown
+from autopar.common.timeouts import peer_timeout_s
+from autopar.transforms.options import PlanOptions
 
-# Upper bounds of counts, far above what a job uses and low enough that
-# nothing sized by them runs out of memory (a feed split into micro-batches
-# holds a dict per part; a variable's partitions are ops per step each).
-# docs/config.md and docs/launching.md#limits state them.
+# Upper bound of micro-batches, far above what a job uses and low enough that
+# nothing sized by it runs out of memory (a feed split into micro-batches
+# holds a dict per part). docs/config.md and docs/launching.md#limits state
+# it (and the partitions' bound, transforms/options.py).
 MAX_MICRO_BATCHES = 4096
-MAX_PARTITIONS = 4096
 
 
 @dataclass(frozen=True)
@@ -55,22 +58,18 @@ class SimulatedDelay:
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(PlanOptions):
     """Options of a job, passed as ``get_runner(graph, spec, config)``.
 
     Every field has a default that works on one machine, and every field is
     checked when the Config is made (types first; an ``AutoparError`` naming
     the field; a keyword that is no field is one too, naming the field it
-    may mean). Each field's documentation is the string literal after it
-    (an attribute docstring): docs/config.md is generated from them by
-    ``python -m docs.generate``.
+    may mean). The fields that shape the plan (run_option, wire_dtype,
+    loss_reduction, partitions...) are PlanOptions' (transforms/options.py),
+    declared and checked there; the others are declared here. Each field's
+    documentation is the string literal after it (an attribute docstring):
+    docs/config.md is generated from them by ``python -m docs.generate``.
     """
-    fusion_bytes: int = 64 * 1024 * 1024
-    """Dense gradients are averaged in fused buckets of at most this many bytes
-    (Horovod-style tensor fusion): fewer, larger collectives. An integer >= 1."""
-    communication_hint: str = "ring"
-    """The TensorFlow collective implementation the collective ops ask for:
-    ``"ring"`` or ``"auto"``."""
     checkpoint_dir: str | None = None
     """Directory of the chief-only checkpoints (a path, ``os.PathLike``
     accepted and kept as a string); ``None`` disables checkpointing. A
@@ -93,52 +92,6 @@ class Config:
     startup_timeout_s: float = 60.0
     """Seconds a worker waits for its peers' servers (and for the job's plan
     from the job coordinator) before giving up. Finite, > 0."""
-    run_option: str = "hybrid"
-    """How gradients travel (Parallax): ``"hybrid"`` = dense by all-reduce,
-    sparse on parameter servers; ``"ps"`` = every variable on servers;
-    ``"allreduce"`` = no servers (sparse by all-gather); ``"herring"`` = dense
-    float32 gradients in balanced fusion buffers summed by sharded summation
-    servers (sparse as in hybrid). Hybrid with no sparse variables is
-    all-reduce, or herring when the spec has servers and the cost model
-    predicts it faster than the ring; PS methods and herring need servers in
-    the spec (docs/run-options.md)."""
-    wire_dtype: str = "float32"
-    """The dtype dense float gradients travel in (``"float32"``, ``"float16"``,
-    ``"bfloat16"``). ``"float16"`` on the ring all-reduce (flat or 2-D): a
-    float32 or float64 bucket is cast to float16, summed in it and cast
-    back, then averaged in full precision, as Horovod's fp16 compression
-    (half the bytes of float32, about 3 significant digits per gradient,
-    overflow past 65504); the report shows each bucket's wire dtype. The ring
-    has no bfloat16 (TensorFlow's collective ops carry none): ``"bfloat16"``
-    compresses herring only. Herring's servers sum in float32."""
-    herring_buffer_bytes: int | None = None
-    """herring: the fusion buffer size in bytes of float32 (an integer >= 1),
-    or ``None``: chosen from model and cluster size."""
-    loss_reduction: str = "auto"
-    """How workers' gradients combine, dense and sparse alike: ``"mean"`` (the
-    loss is a mean over the batch: one device's gradient is the mean over the
-    global batch), ``"sum"`` (the loss is summed over the batch), or
-    ``"auto"``: what the analysis reads from the graph (reduce_mean /
-    reduce_sum, the tf.compat.v1.losses reductions, a division by the batch
-    size), ``"mean"`` where the graph does not show it (the report says so; a
-    graph where neither can match one device, a summed loss plus a
-    batch-independent term, is refused). ``"parallax"``: Parallax's
-    semantics, not one device's: dense gradients averaged, sparse
-    (IndexedSlices) ones summed, as Parallax's average_sparse=False did
-    (docs/parallax.md)."""
-    sync_local_state: str = "none"
-    """State each worker updates from its own batch (batch-norm moving
-    statistics...): ``"none"`` leaves every replica with its own values;
-    ``"average"`` replaces them by their mean over workers after every step
-    (identical replicas; not equal to one device's statistics of the global
-    batch)."""
-    batch_norm_group: str | int | None = None
-    """Distributed batch normalisation: training-mode batch-norm layers
-    (tf.nn.moments / Keras BatchNormalization, FusedBatchNorm) take their
-    batch statistics over a group of workers: ``"all"`` (one device's
-    statistics of the global batch, moving statistics included), a group size
-    k >= 1 (workers [0,k), [k,2k)...; must divide the worker count), or
-    ``None`` (each worker normalises by its own batch)."""
     batch_mixing: str = "refuse"
     """A loss that mixes the examples of a batch otherwise than batch
     normalisation (in-batch negatives, a statistic of the batch fed back into
@@ -147,53 +100,11 @@ class Config:
     the job at start, naming the op; ``"per_worker"`` trains it with each
     worker mixing only the examples of its own share (what other
     data-parallel tools do), said in the report and the chief's log."""
-    shard_weight_update: bool = False
-    """Weight-update sharding (TPU-pod scaling paper §3): each all-reduce
-    variable is updated by one owner worker, which alone holds its optimizer
-    slots; the new values are all-gathered from the owners."""
-    hierarchical_allreduce: bool | None = None
-    """2-D summation of the all-reduce buckets (TPU-pod scaling paper §2): sum
-    within each host, all-reduce among one worker per host, broadcast within
-    the host. ``True`` forces it, ``False`` keeps the flat ring, ``None``
-    (default) chooses it when some host has several workers and it moves
-    fewer bytes over host links (transforms.methods.allreduce.method.two_dimensional_choice)."""
     average_sparse: bool | None = None
     """Parallax's option, kept for programs ported from it (a
     DeprecationWarning): ``True`` = loss_reduction ``"mean"``, ``False`` =
     ``"parallax"`` (sparse gradients summed, dense averaged). It applies only
     while loss_reduction is ``"auto"``."""
-    local_aggregation: bool = True
-    """LA: workers of a host send one contribution (Parallax §7.4; can be
-    turned off for ablation)."""
-    aggregation_group: int | None = None
-    """Workers that meet the parameter servers together, for clusters so
-    large that a server's messages bind (each serves a pull and a push of
-    every group per step: 2N/k instead of 2N): with k, workers [0,k),
-    [k,2k), ... (the last group may be smaller) replace the hosts of local
-    aggregation, and a group also pulls the rows of a partitioned sparse
-    server variable once: its workers gather their ids, its first worker
-    reads the union from the servers and the group shares the rows. Those
-    lookups are then collectives of the group, so every worker of a group
-    must run each of them (train and fetch the same steps; Runner.evaluate
-    refuses; not with micro_batches > 1). ``0``: the hosts, pushes only.
-    ``None`` (default): the planner's cost model chooses, for a hybrid job
-    whose sparse variables are split over the servers on a network (not
-    loopback), the group size (groups only with one worker per host and
-    micro_batches=1) and how many of the servers hold those variables, and
-    keeps the hosts and every server unless another choice is predicted
-    1.1x faster; the report says what it chose and why
-    (transforms.plan.aggregation_structure)."""
-    opau: bool = True
-    """Place post-aggregation ops next to their inputs (Parallax §7.4; can be
-    turned off for ablation)."""
-    opsw: bool = True
-    """Move light boundary ops to the side that saves bytes (Parallax §7.4;
-    can be turned off for ablation)."""
-    partitions: dict = field(default_factory=dict)
-    """Partition count per PS variable name, overriding the automatic rule:
-    ``{variable name: count from 1 to 4096}``, e.g. ``{"embedding": 8}``. A
-    name that is no trainable variable of the graph, or a count above the
-    variable's rows, is refused when the plan is compiled."""
     stall_timeout_s: float = 60.0
     """The launcher ends the job when some workers have waited this long
     inside a step for a process that has stopped answering (killed,
@@ -295,8 +206,6 @@ class Config:
         # Every field is checked, types first (so a wrong type is named, not a
         # TypeError from a comparison), and each message names the field and
         # shows the value at most briefly (common.errors.shown).
-        _count("fusion_bytes", self.fusion_bytes, 1)
-        _choice("communication_hint", self.communication_hint, ("ring", "auto"))
         _set_path(self, "checkpoint_dir")
         _set_path(self, "tensorboard_dir")
         _set_path(self, "timeline")
@@ -315,23 +224,6 @@ class Config:
         if self.total_steps is not None:
             _count("total_steps", self.total_steps, 1, "or None")
         _seconds("startup_timeout_s", self.startup_timeout_s, zero_ok=False)
-        # The policy table (pure: no TensorFlow) is the one list of run
-        # options; imported here so `import autopar` stays light.
-        from autopar.transforms.methods.policy import RUN_OPTIONS, WIRE_DTYPES
-        _choice("run_option", self.run_option, RUN_OPTIONS)
-        _choice("wire_dtype", self.wire_dtype, WIRE_DTYPES)
-        if self.herring_buffer_bytes is not None:
-            _count("herring_buffer_bytes", self.herring_buffer_bytes, 1, "or None")
-        if not isinstance(self.partitions, dict):
-            raise AutoparError(f"Config.partitions must be a dict {{variable name: count}}, "
-                               f"got {shown(self.partitions)}")
-        for name, n in self.partitions.items():
-            if not isinstance(name, str):
-                raise AutoparError(f"Config.partitions: keys must be variable names (strings), "
-                                   f"got {shown(name)}")
-            if not _is_int(n) or not 1 <= n <= MAX_PARTITIONS:
-                raise AutoparError(f"Config.partitions[{shown(name)}] must be an integer from 1 "
-                                   f"to {MAX_PARTITIONS}, got {shown(n)}")
         if self.average_sparse is not None:
             warnings.warn("Config.average_sparse is Parallax's option: use loss_reduction='mean' "
                           "(average_sparse=True) or 'parallax' (average_sparse=False)",
@@ -339,27 +231,11 @@ class Config:
             if self.loss_reduction == "auto":
                 object.__setattr__(self, "loss_reduction",
                                    "mean" if self.average_sparse else "parallax")
-        if self.loss_reduction not in ("auto", "mean", "sum", "parallax"):
-            raise AutoparError(f"Config.loss_reduction must be 'auto', 'mean', 'sum' or "
-                               f"'parallax', got {self.loss_reduction!r}")
-        _choice("sync_local_state", self.sync_local_state, ("none", "average"))
+        super().__post_init__()     # the plan's fields (transforms/options.py)
         _choice("batch_mixing", self.batch_mixing, ("refuse", "per_worker"))
-        if not (self.batch_norm_group is None or self.batch_norm_group == "all"
-                or (_is_int(self.batch_norm_group) and self.batch_norm_group >= 1)):
-            raise AutoparError(f"Config.batch_norm_group must be 'all', a group size >= 1 or None, "
-                               f"got {shown(self.batch_norm_group)}")
-        if not (self.aggregation_group is None
-                or (_is_int(self.aggregation_group) and self.aggregation_group >= 0)):
-            raise AutoparError(f"Config.aggregation_group must be a group size >= 1, 0 (the "
-                               f"hosts) or None (chosen), got {shown(self.aggregation_group)}")
-        for name in ("shard_weight_update", "local_aggregation", "opau", "opsw",
-                     "allow_unsharded_input"):
-            if not isinstance(getattr(self, name), bool):
-                raise AutoparError(f"Config.{name} must be True or False, "
-                                   f"got {shown(getattr(self, name))}")
-        if not (self.hierarchical_allreduce is None or isinstance(self.hierarchical_allreduce, bool)):
-            raise AutoparError(f"Config.hierarchical_allreduce must be True, False or None "
-                               f"(automatic), got {shown(self.hierarchical_allreduce)}")
+        if not isinstance(self.allow_unsharded_input, bool):
+            raise AutoparError(f"Config.allow_unsharded_input must be True or False, "
+                               f"got {shown(self.allow_unsharded_input)}")
         _seconds("stall_timeout_s", self.stall_timeout_s, zero_ok=True)
         _seconds("busy_timeout_s", self.busy_timeout_s, zero_ok=True)
         if 0 < self.busy_timeout_s < self.stall_timeout_s:
@@ -368,6 +244,11 @@ class Config:
                                f"{shown(self.busy_timeout_s)}")
         _set_path(self, "dropcompute_log_dir")
         self._check_dropcompute()
+
+    @property
+    def collective_timeout_s(self) -> float:
+        """The plan's bound on 2-D summation's collectives: peer_timeout_s."""
+        return float(self.peer_timeout_s)
 
     @property
     def peer_timeout_s(self) -> float:
@@ -421,17 +302,6 @@ class Config:
                                    "it needs Config.micro_batches >= 2")
 
 
-# A bound for a wait that has none, where a transport needs a number.
-NO_TIMEOUT_S = 1e9
-
-
-def peer_timeout_s(stall_timeout_s: float, busy_timeout_s: float) -> float:
-    """Config.peer_timeout_s of these two settings (0: no bound)."""
-    if not stall_timeout_s or not busy_timeout_s:
-        return 0.0
-    return float(max(stall_timeout_s, busy_timeout_s))
-
-
 def _known_keywords(cls, kwargs: dict) -> None:
     """AutoparError naming the first keyword that is not a field of ``cls``,
     with the closest field name if one is close."""
@@ -442,36 +312,6 @@ def _known_keywords(cls, kwargs: dict) -> None:
             hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
             raise AutoparError(f"{cls.__name__} has no field {shown(key, 60)}{hint}; its fields "
                                "are listed in docs/config.md")
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _count(name: str, value, minimum: int, note: str = "") -> None:
-    if not _is_int(value) or value < minimum:
-        raise AutoparError(f"Config.{name} must be an integer >= {minimum}"
-                           f"{' ' + note if note else ''}, got {shown(value)}")
-
-
-def _seconds(name: str, value, *, zero_ok: bool, owner: str = "Config") -> None:
-    """A finite number of seconds, > 0 (or >= 0 with ``zero_ok``): NaN and
-    infinity are refused (a NaN compares false with everything, so it would
-    silently disable every check it takes part in)."""
-    if not (_is_number(value) and math.isfinite(value) and (value >= 0 if zero_ok else value > 0)):
-        raise AutoparError(f"{owner}.{name} must be a finite number {'>= 0' if zero_ok else '> 0'}"
-                           f"{' (0 disables)' if zero_ok and owner == 'Config' else ''}, "
-                           f"got {shown(value)}")
-
-
-def _choice(name: str, value, choices: tuple[str, ...]) -> None:
-    if not isinstance(value, str) or value not in choices:
-        names = ", ".join(repr(c) for c in choices[:-1]) + f" or {choices[-1]!r}"
-        raise AutoparError(f"Config.{name} must be {names}, got {shown(value)}")
 
 
 def _set_path(config: "Config", name: str) -> None:

@@ -126,7 +126,8 @@ def main() -> int:
         per = {"lm.py": [], "server": []}
         for proc in r["processes"]:
             per.setdefault(proc["runs"], []).append(proc["user_ms_per_step"] + proc["system_ms_per_step"])
-        fmt = lambda xs: " / ".join(f"{x:.0f}" for x in xs) or "-"
+        def fmt(xs):
+            return " / ".join(f"{x:.0f}" for x in xs) or "-"
         print(f"| {r['run_option']} | {r['wall_ms_per_step']:.0f} | {r['cpu_ms_per_step']:.0f} | "
               f"{r['cpu_ms_per_step_over_cores']:.0f} | {fmt(per['lm.py'])} | {fmt(per['server'])} |")
     out = Path(args.out)

@@ -120,7 +120,8 @@ def summarise(runs: list[dict]) -> dict:
 def table(summary: dict, repeats: int) -> str:
     head = ["run option", *[f"run {i + 1}" for i in range(repeats)], "mean", "stdev", "wall s per run"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    fmt = lambda v: "failed" if v is None else f"{v:,.0f}"
+    def fmt(v):
+        return "failed" if v is None else f"{v:,.0f}"
     for option, s in summary.items():
         cells = [f"`{option}`", *[fmt(v) for v in s["words_per_s"]], fmt(s["mean_words_per_s"]),
                  fmt(s["stdev_words_per_s"]) if s["stdev_words_per_s"] is not None else "-",
@@ -196,7 +197,8 @@ def merge(out: Path, entry: dict) -> dict:
     if out.exists():
         old = json.loads(out.read_text())
         entries = old.get("results", [old] if "config" in old else [])
-    key = lambda e: tuple(e["config"].get(k) for k in SAME_CONFIG)
+    def key(e):
+        return tuple(e["config"].get(k) for k in SAME_CONFIG)
     entries = [{k: v for k, v in e.items() if k not in ("benchmark", "machine")}
                for e in entries if key(e) != key(entry)] + [entry]
     entries.sort(key=lambda e: -e["config"]["vocab"] * e["config"]["dim"])

@@ -45,7 +45,7 @@ VARIANTS = (
     ("mlp_adam_clip", "allreduce", {"shard_weight_update": True}, 1),
     ("emb_adam_clip", "ps", {"local_aggregation": False}, 1),
     ("emb_adam_clip", "ps", {"opau": False, "opsw": False}, 1),
-    ("emb_adam_clip", "ps", {"partitions": (("embedding", 2),)}, 1),
+    ("emb_adam_clip", "ps", {"partitions": {"embedding": 2}}, 1),
     ("mlp_adam_clip", "hybrid", {}, 2),
     ("emb_adam_clip", "ps", {}, 2),
 )

@@ -73,7 +73,7 @@ FORK_PRELOAD = "AUTOPAR_FORK_PRELOAD"
 # every process of the job passes to get_runner (autopar/overrides.py).
 CONFIG = "AUTOPAR_CONFIG"
 # "1": TensorFlow's C++ and start-up lines and its deprecation warnings are
-# kept (`autopar launch --verbose`; autopar/quiet.py).
+# kept (`autopar launch --verbose`; common/quiet.py).
 VERBOSE = "AUTOPAR_VERBOSE"
 # Set by the user or `autopar launch`: every child gets them, on other hosts too.
 FORWARDED = (CONFIG, VERBOSE)

@@ -1,9 +1,10 @@
 """Generates the parts of the documentation that must not drift from the code
 and the measurements:
 
-- ``docs/config.md``: the Config reference, from ``autopar/config.py`` (each
-  field's type and default from the dataclass, its documentation from the
-  string literal that follows it, an attribute docstring);
+- ``docs/config.md``: the Config reference, from ``autopar/config.py`` and
+  ``transforms/options.py`` (the plan's fields; each field's type and default
+  from the dataclass, its documentation from the string literal that
+  follows it, an attribute docstring);
 - ``docs/benchmarks.md``: the benchmark page, from the template
   ``docs/templates/benchmarks.md.in`` with every ``{{name}}`` replaced by a
   figure or table computed from ``bench/results/*.json``;
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import inspect
 import json
 import re
 import statistics
@@ -30,7 +32,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 RESULTS = REPO / "bench" / "results"
-CONFIG_SOURCE = REPO / "autopar" / "config.py"
 TEMPLATE = DOCS / "templates" / "benchmarks.md.in"
 README = REPO / "README.md"
 
@@ -102,14 +103,27 @@ def _default_text(f: dataclasses.Field, written: str) -> str:
     return f"`{shown}`"
 
 
-def _class_reference(cls, source: str, heading: str) -> list[str]:
-    docs = attribute_docs(source, cls.__name__)
-    written = _source_defaults(source, cls.__name__)
+def declarations(cls) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
+    """({field: docstring}, {field: (annotation, default expression)}) of
+    `cls`'s fields, each read from the source of the class that declares it
+    (Config's plan fields: PlanOptions, transforms/options.py)."""
+    docs: dict[str, str] = {}
+    written: dict[str, tuple[str, str]] = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            source = Path(inspect.getsourcefile(klass)).read_text()
+            docs.update(attribute_docs(source, klass.__name__))
+            written.update(_source_defaults(source, klass.__name__))
+    return docs, written
+
+
+def _class_reference(cls, heading: str) -> list[str]:
+    docs, written = declarations(cls)
     fields = dataclasses.fields(cls)
     missing = [f.name for f in fields if f.name not in docs]
     if missing:
-        raise SystemExit(f"docs.generate: {cls.__name__} fields without a docstring in "
-                         f"{CONFIG_SOURCE.relative_to(REPO)}: {', '.join(missing)}")
+        raise SystemExit(f"docs.generate: {cls.__name__} fields without a docstring: "
+                         f"{', '.join(missing)}")
     out = [heading, "", _markdown(_dedent(cls.__doc__ or "")), "",
            "| field | type | default |", "|---|---|---|"]
     for f in fields:
@@ -128,15 +142,15 @@ def config_reference() -> str:
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
     from autopar import config   # light: no TensorFlow
-    source = CONFIG_SOURCE.read_text()
     out = ["# Config reference", "",
-           GENERATED_NOTE.format(source="the field docstrings of autopar/config.py"), "",
+           GENERATED_NOTE.format(source="the field docstrings of autopar/config.py and "
+                                        "transforms/options.py"), "",
            "`autopar.Config` and `autopar.SimulatedDelay` are frozen dataclasses. A value of "
            "the wrong type or out of range raises `AutoparError` naming the field when the "
            "object is made, e.g. `Config.run_option must be 'hybrid', 'ps', 'allreduce' or "
            "'herring', got 'nope'`; NaN and infinity are refused for seconds.", ""]
-    out += _class_reference(config.Config, source, "## Config")
-    out += _class_reference(config.SimulatedDelay, source, "## SimulatedDelay")
+    out += _class_reference(config.Config, "## Config")
+    out += _class_reference(config.SimulatedDelay, "## SimulatedDelay")
     return "\n".join(out).rstrip("\n") + "\n"
 
 

@@ -50,7 +50,7 @@ import tensorflow as tf
 from google.protobuf import text_format
 
 from autopar.common.errors import AutoparError, shown
-from autopar.console import op_error_text
+from autopar.runtime.console import op_error_text
 from autopar.runtime.outputs import writable_directory
 from autopar.transforms.partition import dealt_rows, interleave_rows
 
@@ -391,7 +391,7 @@ def _step_of(path: str) -> int:
 
 
 def _reason(exc: tf.errors.OpError) -> str:
-    """The kernel's own words from a graph-mode error (autopar/console.py)."""
+    """The kernel's own words from a graph-mode error (runtime/console.py)."""
     return op_error_text(exc) or type(exc).__name__
 
 

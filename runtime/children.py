@@ -14,8 +14,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from autopar.quiet import NOISE, verbose as keep_noise
-from autopar.console import write_line
+from autopar.common.quiet import NOISE, verbose as keep_noise
+from autopar.runtime.console import write_line
 from autopar.common import env as envvars
 from autopar.common import procs
 from autopar.common.errors import LaunchError
@@ -37,12 +37,12 @@ DRAIN_SECONDS = 1.0
 _TRAINING_STARTED = re.compile(r"initial state received from the chief")
 
 # The chief's progress bar (runtime/progress.py, on a terminal with a known
-# total): redrawn in place, one line (autopar/console.py write_line).
+# total): redrawn in place, one line (runtime/console.py write_line).
 BAR = re.compile(r"\[[#.]+\] +\d+%  step ")
 
 # TensorFlow's start-up lines (printed at import whatever TF_CPP_MIN_LOG_LEVEL
 # says) and C++ INFO/WARNING lines say nothing about the job: kept in the
-# failure tail, not streamed, unless AUTOPAR_VERBOSE=1 (autopar/quiet.py).
+# failure tail, not streamed, unless AUTOPAR_VERBOSE=1 (common/quiet.py).
 _TF_NOISE = NOISE
 
 @dataclass

@@ -15,10 +15,7 @@ import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
-import autopar
-from autopar import quiet
 from autopar.common import env as envvars
 from autopar.common import procs
 from autopar.common.addresses import host_address
@@ -27,7 +24,9 @@ from autopar.common.roles import (SERVER_JOB, SERVER_ROLE, SUMSERVER_ROLE, WORKE
                                   process_name)
 from autopar.runtime.coordinator import Coordinator
 from autopar.runtime.coordinator_client import DEFAULT_LINK_TIMEOUT_S, LINK_TIMEOUT
+from autopar.common import quiet
 from autopar.runtime.gpus import launched_worker_env, spec_worker_gpus
+from autopar.runtime.native import PACKAGE_PARENT
 from autopar.runtime.ports import is_local_address
 from autopar.runtime.slurm import srun_command
 from autopar.runtime.spec import HostSpec, ResourceSpec
@@ -39,7 +38,7 @@ logger = logging.getLogger("autopar.launcher")
 
 # The directory holding the autopar package (a source checkout's root, or
 # site-packages): put first on every child's PYTHONPATH.
-REPO_ROOT = str(Path(autopar.__file__).resolve().parent.parent)
+REPO_ROOT = str(PACKAGE_PARENT)
 
 # How a child starts: this machine's process, over ssh, or as a Slurm step.
 LOCAL, SSH, SRUN = "local", "ssh", "srun"
@@ -87,7 +86,7 @@ def autopar_env(role: str, index: int, cluster: Mapping[str, list[str]],
 
 def tf_log_level() -> dict[str, str]:
     """TF_CPP_MIN_LOG_LEVEL for a child: the user's, else 2 (C++ INFO and
-    WARNING lines off), none with AUTOPAR_VERBOSE=1 (autopar/quiet.py)."""
+    WARNING lines off), none with AUTOPAR_VERBOSE=1 (common/quiet.py)."""
     if "TF_CPP_MIN_LOG_LEVEL" in os.environ:
         return {"TF_CPP_MIN_LOG_LEVEL": os.environ["TF_CPP_MIN_LOG_LEVEL"]}
     return {} if quiet.verbose() else {"TF_CPP_MIN_LOG_LEVEL": "2"}

@@ -40,11 +40,9 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-import grpc  # noqa: E402 - GRPC_ENABLE_FORK_SUPPORT is set by autopar/__init__.py
-
-from autopar.common import env as envvars  # noqa: E402
-from autopar.common.roles import (SERVER_ROLE, SUMSERVER_ROLE, WORKER_ROLE,  # noqa: E402
-                                  process_name)
+from autopar.common import env as envvars
+from autopar.common.roles import SERVER_ROLE, SUMSERVER_ROLE, WORKER_ROLE, process_name
+from autopar.runtime.rpc import grpc
 
 logger = logging.getLogger("autopar.coordinator")
 

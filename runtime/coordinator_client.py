@@ -13,13 +13,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import grpc  # noqa: E402 - GRPC_ENABLE_FORK_SUPPORT is set by autopar/__init__.py
-
 from autopar.common import env as envvars
 from autopar.common.roles import WORKER_ROLE
 from autopar.runtime.coordinator import (PHASE_CLOSED, PHASE_FAILED, PHASE_INIT, PHASE_OTHER,
                                          PHASE_SCRIPT, PHASE_STEP, TOKEN_METADATA, _grpc_modules,
                                          HEARTBEAT_S, REPORT_INTERVAL_S, RPC_TIMEOUT_S)
+from autopar.runtime.rpc import grpc
 
 logger = logging.getLogger("autopar.coordinator")
 

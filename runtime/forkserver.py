@@ -398,9 +398,13 @@ def _become(request: dict, out_fds: list[int]) -> None:
     title = procs.role_title(request["env"], argv)
     if title is not None:
         procs.set_title(title, request["env"])
-    # `import autopar` ran in the server: apply the child's own settings.
-    from autopar import quiet
+    # `import autopar` ran in the server: apply the child's own settings;
+    # a process of a job starts here (autopar/__init__.py).
+    from autopar.common import env, quiet
     quiet.quiet_repeats(request["env"])
+    if request["env"].get(env.ROLE):
+        from autopar.runtime.console import install_excepthook
+        install_excepthook()
     if argv[1] == "-m":
         sys.argv = [argv[2], *argv[3:]]     # runpy sets argv[0] to the module's file
         sys.path[0] = request["cwd"]

@@ -1,5 +1,8 @@
-"""autopar.fit: a compiled Keras 3 model trained as `model.fit` trains it,
-on every worker of a job, with one device's result.
+"""The loop behind autopar.fit (autopar/api.py): a compiled Keras 3 model
+trained as `model.fit` trains it, on every worker of a job, with one
+device's result. `prepare` checks fit()'s arguments and traces the step,
+the API hands the step to get_runner, `train_on` runs the epochs on the
+Runner it returns.
 
 Keras's own fit() runs its train step in a loop autopar cannot take over;
 this loop runs the same computation through a traced step of our own (the
@@ -53,6 +56,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -86,16 +90,43 @@ class History:
             self.history.setdefault(name, []).append(value)
 
 
-def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
-        batch_size: int | None = None, validation_data=None, callbacks=(), shuffle: bool = True,
-        seed: int | None = None, verbose: int = 1, sample_weight=None, class_weight=None,
-        validation_split: float = 0.0, validation_freq=1, validation_batch_size: int | None = None,
-        initial_epoch: int = 0, steps_per_epoch: int | None = None,
-        validation_steps: int | None = None, **unsupported) -> History:
+@dataclass
+class FitJob:
+    """A fit() prepared (`prepare`): the model's traced step, which the API
+    distributes (autopar.fit hands `step()` to get_runner), and what
+    `train` runs it on."""
+    model: object
+    train: object                 # the training batches (runtime/fit_data.py)
+    validation_data: object       # None, arrays (x, y[, weights]) or batches
+    train_step: object            # the traced step (a tf.function)
+    own_step: bool                # the model overrides train_step
+    own_test_step: bool           # ... test_step
+    # fit()'s arguments the loop reads
+    epochs: int
+    batch_size: int | None
+    callbacks: list
+    verbose: int
+    validation_freq: object
+    validation_batch_size: int | None
+    initial_epoch: int
+
+    def step(self):
+        """The ConcreteFunction of one training step on one batch."""
+        return self.train_step.get_concrete_function(*self.train.specs())
+
+
+def prepare(model, x, y=None, *, epochs: int = 1,
+            batch_size: int | None = None, validation_data=None, callbacks=(),
+            shuffle: bool = True, seed: int | None = None, verbose: int = 1, sample_weight=None,
+            class_weight=None, validation_split: float = 0.0, validation_freq=1,
+            validation_batch_size: int | None = None, initial_epoch: int = 0,
+            steps_per_epoch: int | None = None, validation_steps: int | None = None,
+            **unsupported) -> FitJob:
+    """fit()'s arguments checked (refused, before anything starts, naming
+    the argument) and its batches and traced step made."""
     import keras
     import tensorflow as tf
 
-    from autopar.api import get_runner
     from autopar.common.errors import AutoparError
 
     if not isinstance(model, keras.Model):
@@ -177,8 +208,19 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
     # inputs), then the weights; a model with several inputs or outputs
     # gets them back as the list or dict it takes.
     train_step = (_traced_own_step if own_step else _compiled_step)(model, train)
+    return FitJob(model, train, validation_data, train_step, own_step, own_test_step, epochs,
+                  batch_size, list(callbacks), verbose, validation_freq, validation_batch_size,
+                  initial_epoch)
+
+
+def train_on(job: FitJob, runner) -> History:
+    """Run the prepared fit on `runner` (the Runner get_runner made of
+    job.step()): Keras's fit loop, every worker on its rows of each batch."""
+    from autopar.common.errors import AutoparError
+    model, train, validation_data = job.model, job.train, job.validation_data
+    own_step, own_test_step = job.own_step, job.own_test_step
+    epochs, verbose = job.epochs, job.verbose
     ny = len(flat(train.structure()[1]))
-    runner = get_runner(train_step.get_concrete_function(*train.specs()), resource_info, config)
     n, me = runner.num_workers, runner.worker_index
     runner.equal_shares = True   # a batch trains only when it splits into equal shares (below)
     # The metrics are read at each epoch's end (the compiled step's in
@@ -214,13 +256,13 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
     # Last of the callbacks, as Keras's History: the epoch's logs with what
     # the others added (LearningRateScheduler's learning_rate).
     seen = _epoch_logs()
-    callbacks = FitCallbacks(runner, model, list(callbacks) + [seen],
+    callbacks = FitCallbacks(runner, model, job.callbacks + [seen],
                              dict(verbose=verbose, epochs=epochs, steps=train.num_batches()))
     model.stop_training = False
     with runner:
         # (synced here: a restored checkpoint is not the Python values)
         callbacks.run(lambda c: c.on_train_begin())
-        for epoch in range(initial_epoch, epochs):
+        for epoch in range(job.initial_epoch, epochs):
             # Keras's fit resets the metrics before on_epoch_begin
             metrics = _Metrics(model, sums, counted)
             if own_step:
@@ -270,12 +312,12 @@ def fit(model, x, y=None, resource_info=None, config=None, *, epochs: int = 1,
                     runner.run_input_free_writes()
             logs = (metrics.own_step_result(runner, step_logs, rows=last_rows) if own_step
                     else metrics.result(runner))
-            validating = validation_data is not None and _should_validate(epoch, validation_freq)
+            validating = validation_data is not None and _should_validate(epoch, job.validation_freq)
             if validating:
                 callbacks.sync()
                 logs.update({f"val_{k}": v for k, v in
                              _evaluate(model, validation_data,
-                                       validation_batch_size or batch_size
+                                       job.validation_batch_size or job.batch_size
                                        or DEFAULT_BATCH_SIZE,
                                        runner, test_step, sums, own_test_step,
                                        callbacks).items()})

@@ -23,13 +23,13 @@ from typing import Any, Callable
 
 from autopar.common import env as envvars
 from autopar.common import procs
-from autopar.config import NO_TIMEOUT_S, peer_timeout_s
+from autopar.common.timeouts import NO_TIMEOUT_S, peer_timeout_s
 from autopar.common.addresses import launcher_host
 from autopar.common.errors import LaunchError
 from autopar.common.text import plural
 from autopar.common.roles import (SERVER_JOB, SERVER_ROLE, SUMSERVER_ROLE, WORKER_JOB,
                                   WORKER_ROLE)
-from autopar.console import cause_in_output
+from autopar.runtime.console import cause_in_output
 from autopar.runtime import firewall
 from autopar.runtime.gpus import report_lines
 from autopar.runtime.children import DRAIN_SECONDS, Child, pump, report_tail, start_child
@@ -323,7 +323,7 @@ def _failure(children: list[Child], monitor: JobMonitor) -> _Outcome:
     collectives aborted), and say which process, which error, at which step.
 
     A worker reports its failure to the coordinator before it exits (an
-    uncaught exception, an error closing its Runner: autopar/console.py,
+    uncaught exception, an error closing its Runner: runtime/console.py,
     runtime/coordinator_client.py report_failure), so its peers' failures, which
     it causes only by exiting, come later; a process killed without a word
     failed when its output ended."""

@@ -56,6 +56,9 @@ RUNTIME_DIR = Path(__file__).resolve().parent
 # The repository's root in a checkout; the autopar package once installed
 # (setup.py installs cpp_ops/ as autopar/cpp_ops, beside autopar/runtime).
 REPO_ROOT = RUNTIME_DIR.parent
+# The folder holding the autopar package: that checkout's root, or
+# site-packages (the first entry of every launched child's PYTHONPATH).
+PACKAGE_PARENT = REPO_ROOT.parent if (REPO_ROOT / "__init__.py").is_file() else REPO_ROOT
 PROTO = RUNTIME_DIR / "coordinator.proto"
 CPP_OPS = REPO_ROOT / "cpp_ops"
 SHIM_SOURCE = CPP_OPS / "bind_shim.c"

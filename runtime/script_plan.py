@@ -22,9 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autopar.common import env as envvars
-from autopar.config import Config
 from autopar.common.errors import AutoparError, LaunchError
-from autopar.console import ERROR_STATUS, cause_in_output
+from autopar.runtime.console import ERROR_STATUS, cause_in_output
 from autopar.common.roles import REPORT_ROLE
 from autopar.runtime.commands import local_env
 from autopar.runtime.forkserver import ForkServer, ForkServerError, forkable
@@ -39,10 +38,12 @@ class ScriptPlan:
     plan: bytes               # transforms.compile.CompiledPlan.to_bytes()
     processes: frozenset[str]  # roles besides the workers (registry.processes)
     report: str               # the plan report's table
-    config: Config            # the Config the script compiled it with (the launcher's settings)
+    # The autopar.Config the script compiled it with (the launcher's
+    # settings), as transforms.serial encoded it: the caller decodes it.
+    config: dict
 
 
-def encode(plan: bytes, processes: Sequence[str], report: str, config: Config) -> str:
+def encode(plan: bytes, processes: Sequence[str], report: str, config) -> str:
     """What the report-role script writes (compile_in_script reads it)."""
     return json.dumps({"plan": base64.b64encode(plan).decode(), "processes": sorted(processes),
                        "report": report, "config": serial.encode(config)})
@@ -77,7 +78,7 @@ def compile_in_script(argv: Sequence[str], spec: ResourceSpec,
                           f"{tail or '(no output)'}")
     data = json.loads(text)
     return ScriptPlan(base64.b64decode(data["plan"]), frozenset(data["processes"]), data["report"],
-                      serial.decode(Config, data["config"]))
+                      data["config"])
 
 
 def _run(argv: Sequence[str], child_env: dict[str, str],

@@ -107,7 +107,7 @@ def serve(cluster: dict[str, list[str]], task_index: int) -> None:
 def _register(task_index: int, address: str) -> None:
     """Tell the launcher's job coordinator this server is up (nothing to do
     outside a launched job)."""
-    import grpc
+    from autopar.runtime.rpc import grpc
 
     from autopar.runtime.coordinator_client import CoordinatorClient
     client = CoordinatorClient.from_env(SERVER_ROLE, task_index)
@@ -131,7 +131,7 @@ def main() -> int:
     """Entry point of ``python -m autopar.runtime.server_main``: role from the environment."""
     # The workers' format: the message alone, on stdout (the launcher
     # prefixes every line with the process's name).
-    from autopar.console import setup_logging
+    from autopar.runtime.console import setup_logging
     setup_logging()
     index = envvars.current_task_index()
     # Before anything slow (importing TensorFlow takes seconds), so a stop

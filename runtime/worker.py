@@ -18,7 +18,6 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-import grpc
 import tensorflow as tf
 
 from autopar.common.errors import (AutoparError, LaunchError, SpecError, UnsupportedGraphError,
@@ -27,13 +26,14 @@ from autopar.common import env
 from autopar.common.roles import SERVER_JOB, WORKER_JOB, WORKER_ROLE, process_name
 from autopar.runtime import gpus as gpu_ids
 from autopar.common.text import plural
-from autopar.config import NO_TIMEOUT_S
+from autopar.common.timeouts import NO_TIMEOUT_S
 from autopar.runtime.checkpoint import Checkpointer
 from autopar.runtime.coordinator_client import CoordinatorClient, ProgressHook
 from autopar.runtime.dropcompute.agreement import Agreement, CollectiveAgreement
 from autopar.runtime.dropcompute.worker_state import DropCompute
 from autopar.runtime.measured import Meter
 from autopar.runtime.progress import Progress
+from autopar.runtime.rpc import grpc
 from autopar.runtime.tensorboard import ChiefBoard
 from autopar.runtime.runner import Runner, iterator_read_by
 from autopar.runtime.session import session_config, start_worker_server, wait_for_peers

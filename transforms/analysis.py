@@ -327,7 +327,7 @@ def _analyze(graph: tf.Graph) -> Analysis:
         loss_reduction=reduction,
         loss_reduction_why=why,
         batch_norms=batch_norms,
-        train_groups=[TrainGroup(g, l) for g, l in zip(groups, losses)],
+        train_groups=[TrainGroup(g, loss) for g, loss in zip(groups, losses)],
         loss_counts=loss_counts,
         loss_count_reads=loss_count_reads,
         batch_weights=find_batch_weights(

@@ -89,24 +89,23 @@ class CompiledPlan:
         return cls.from_json(zlib.decompress(data).decode("utf-8"))
 
 
-def compile_plan(graph_or_meta, topology: Topology | int, options: PlanOptions | None = None, *,
-                 fusion_bytes: int = 64 << 20, communication_hint: str = "ring") -> CompiledPlan:
+def compile_plan(graph_or_meta, topology: Topology | int,
+                 options: PlanOptions | None = None) -> CompiledPlan:
     """Analyse `graph_or_meta`, plan it for `topology` and place its ops.
     Pure and deterministic: the same inputs give an equal CompiledPlan."""
     graph = graph_of(graph_or_meta)   # a MetaGraphDef is imported once
     analysis = analyze_graph(graph)
     with transforming():
-        plan = make_plan(analysis, topology, fusion_bytes, communication_hint, options)
+        plan = make_plan(analysis, topology, options)
         moves = place_ops(graph, analysis, plan)
     return CompiledPlan(analysis=analysis, plan=plan, moves=moves)
 
 
 def compile_for_config(graph_or_meta, topology: Topology | int, config) -> CompiledPlan:
-    """`compile_plan` with the options of an autopar.Config (read by attribute:
-    transforms do not import the API layer)."""
-    compiled = compile_plan(graph_or_meta, topology, PlanOptions.from_config(config),
-                            fusion_bytes=config.fusion_bytes,
-                            communication_hint=config.communication_hint)
+    """`compile_plan` with an autopar.Config (its plan fields are PlanOptions';
+    the others read by attribute: transforms do not import the API layer),
+    and the refusals that need the graph and the job's other fields."""
+    compiled = compile_plan(graph_or_meta, topology, config)
     compiled.job_config = serial.encode(config)
     mixing = compiled.analysis.batch_mixing
     if mixing and compiled.plan.num_workers > 1 and config.batch_mixing == "refuse":

@@ -174,6 +174,7 @@ class ExampleRows:
         # unknown, but the batch's, is then the same on every worker as on
         # one device (an einsum's output whose shape TensorFlow did not infer)
         self.fixed_lengths, self.batch_input = _inputs_of(graph, self.static_batch)
+        self._shape_sources: dict = {}
         self._run(graph.get_operations(), self.forms, inputs=None)
 
     def form(self, t: tf.Tensor) -> tuple:
@@ -261,10 +262,21 @@ class ExampleRows:
             if t == "IdentityN":
                 return ins
             return [ins[0]] * n_out
+        if t in ("Minimum", "Maximum") and _clamped_to_a_constant(op):
+            return [SHARED]
         if t in NARY:
             return [self._elementwise(op, ins)] * n_out
         if t in LOOKUPS and ins[0] == SHARED and ins[2] == SHARED:
             return [ins[1]] * n_out
+        if t == "DenseBincount" and ins[1] == SHARED and ins[2] in (SHARED, ins[0]):
+            # counts of each row's values (a StringLookup's multi-hot
+            # output): a matrix's row i counts row i; a vector's counts are
+            # of the whole batch
+            rank = self._rank(op.inputs[0])
+            if rank == 2 and is_rows(ins[0]) and ins[0][1] == 0:
+                return [ins[0]]
+            if rank == 1 and per_example(ins[0]):
+                return [("reduced", op.name)]
         if t in SHAPE_OPS:
             return self._shapes(op, ins)
         if t in REDUCTIONS:
@@ -369,6 +381,14 @@ class ExampleRows:
             return [self._draw(op, ins)] * n_out
         return [("unknown", op.name)] * n_out
 
+    def _rank(self, t: tf.Tensor) -> int | None:
+        """`t`'s rank, or that of a tensor it provably has the shape of (a
+        table lookup's output has its keys' shape, which TensorFlow's shape
+        function leaves unknown)."""
+        if t.shape.rank is not None:
+            return t.shape.rank
+        return shape_source(t, self._shape_sources).shape.rank
+
     # ------------------------------------------------------------ rules
     def _mixed(self, op, ins) -> tuple:
         return ("mixed", op.name)
@@ -398,6 +418,11 @@ class ExampleRows:
             if out.shape.rank is not None and None not in ranks and len(set(ranks)) == 1:
                 shift = out.shape.rank - ranks[0]
                 return ("rows", first[1] + shift, *first[2:])
+            if _key(shape_source(out, self._shape_sources)) != _key(out):
+                # of unknown rank, but provably of its inputs' one shape
+                # (a scalar beside them broadcasts to nothing new): Keras's
+                # Embedding wrapping negative ids of a StringLookup's output
+                return first
             return ELEMS
         return first
 
@@ -997,6 +1022,72 @@ def aligned(a: tuple, b: tuple) -> bool:
 def _known_group(forms: list) -> tuple:
     """Of aligned rows forms, one whose group is known, if any."""
     return next((f for f in forms if f[4] is not None), forms[0])
+
+
+def _clamped_to_a_constant(op: tf.Operation) -> bool:
+    """Whether a scalar Minimum(c, Maximum(d, x)) with constants d >= c (a
+    Maximum(c, Minimum(d, x)) with d <= c) is c whatever x is:
+    tf.math.bincount's size with minlength == maxlength, a StringLookup's
+    multi-hot depth, computed from the batch's largest id."""
+    inner_type = "Maximum" if op.type == "Minimum" else "Minimum"
+    for outer, inner in (op.inputs, reversed(op.inputs)):
+        c = tf.get_static_value(outer)
+        if c is None or np.ndim(c) != 0 or inner.op.type != inner_type:
+            continue
+        for x in inner.op.inputs:
+            d = tf.get_static_value(x)
+            if d is not None and np.ndim(d) == 0 and (d >= c if op.type == "Minimum" else d <= c):
+                return True
+    return False
+
+
+# Elementwise ops whose output has the shape of input 0 whatever the others'.
+_SHAPE_OF_FIRST = frozenset({"BiasAdd"})
+
+
+def _key(t: tf.Tensor) -> tuple:
+    return (id(t.graph), t.name)
+
+
+def _shape_deps(t: tf.Tensor) -> list | None:
+    """The tensors whose one shape `t` provably has (None: no rule, `t` is
+    its own): an elementwise op's inputs of rank other than 0 (a scalar
+    broadcasts to nothing new), a lookup's keys (its default a scalar)."""
+    op = t.op
+    if op.type == "IdentityN":
+        return [op.inputs[t.value_index]]
+    if op.type in UNARY and op.type != "Bitcast":
+        return [op.inputs[0]]
+    if op.type in _SHAPE_OF_FIRST:
+        return [op.inputs[0]]
+    if op.type in NARY and op.type != "Select":   # Select's condition may be a vector
+        shaped = [x for x in op.inputs if x.shape.rank != 0]
+        return shaped or None
+    if op.type in LOOKUPS and op.inputs[2].shape.rank == 0:
+        return [op.inputs[1]]
+    return None
+
+
+def shape_source(t: tf.Tensor, memo: dict) -> tf.Tensor:
+    """The first tensor up `t`'s chain of shape-keeping ops that `t` provably
+    has the shape of (`t` itself when none): two tensors with one source have
+    one shape, whatever their rank. `memo` caches by tensor; the walk is
+    iterative (a chain may be longer than Python's recursion limit)."""
+    stack = [t]
+    while stack:
+        x = stack[-1]
+        if _key(x) in memo:
+            stack.pop()
+            continue
+        deps = _shape_deps(x)
+        pending = [d for d in deps or () if _key(d) not in memo]
+        if pending:
+            stack.extend(pending)
+            continue
+        stack.pop()
+        sources = {_key(memo[_key(d)]): memo[_key(d)] for d in deps or ()}
+        memo[_key(x)] = next(iter(sources.values())) if len(sources) == 1 else x
+    return memo[_key(t)]
 
 
 def _cat_count(t: tf.Tensor) -> int | None:

@@ -23,7 +23,7 @@ The blocks cover every row count up to comm.MAX_GATHERED_ROWS (2^40).
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from autopar.common.errors import AutoparError, UnsupportedGraphError, shown
@@ -34,56 +34,31 @@ from autopar.transforms.batchnorm import KEYS_PER_LAYER
 from autopar.transforms.keys import GROUP_KEY
 from autopar.transforms.methods.base import VariablePlan
 from autopar.transforms.methods.herring.method import DEFAULT_LINK_GBPS
-from autopar.transforms.methods.policy import WIRE_DTYPES, policy
+from autopar.transforms.methods.policy import policy
 from autopar.transforms.methods.ps.method import partition_count
 from autopar.transforms.methods.ps.rewrite import pulls_per_group
 from autopar.transforms.methods.registry import METHODS, variants_of
+from autopar.transforms.options import PlanOptions
 from autopar.transforms.topology import Topology
 
 
 @dataclass(frozen=True)
-class PlanOptions:
-    run_option: str = "hybrid"
-    loss_reduction: str = "auto"       # "auto" (from the analysis), "mean", "sum" or "parallax"
-    sync_local_state: str = "none"     # "none" or "average" (batch-local state)
-    local_aggregation: bool = True     # LA: one contribution per host to the servers
-    # LA's groups of consecutive workers instead of hosts, pulls included (0:
-    # the hosts; None: the cost model chooses, see aggregation_structure)
-    aggregation_group: int | None = None
-    # Servers holding the partitions of sparse variables split one per server
-    # (0: every server; set by aggregation_structure, not a Config field)
+class ResolvedOptions(PlanOptions):
+    """The options a plan is laid out with (what the methods' prepare
+    reads): the aggregation structure resolved (aggregation_group 0 for the
+    hosts or a group size; sparse_servers: the servers holding the
+    partitions of the sparse variables split one per server, 0 for every
+    server), and a Config's micro-batches and collective bound carried over."""
     sparse_servers: int = 0
-    # Micro-batches per step (Config.micro_batches): a grouped lookup cannot
-    # run in each micro-batch, so the cost model then forms no groups
     micro_batches: int = 1
-    opau: bool = True                  # place post-aggregation ops by Parallax's rule
-    opsw: bool = True                  # move light boundary ops across the worker/server line
-    partitions: tuple[tuple[str, int], ...] = ()   # per-variable partition-count overrides
-    # Distributed batch normalisation: "all", a group size, or None (off).
-    batch_norm_group: str | int | None = None
-    # Weight-update sharding of all-reduce variables (transforms.wus).
-    shard_weight_update: bool = False
-    # 2-D summation of all-reduce buckets: True, False or None (automatic).
-    hierarchical_allreduce: bool | None = None
-    # Seconds a 2-D summation collective may wait for its peers (0: no bound).
     collective_timeout_s: float = 0.0
-    wire_dtype: str = "float32"        # dtype dense float gradients travel in (ring and herring)
-    herring_buffer_bytes: int | None = None   # herring: fusion buffer size override
 
     @classmethod
-    def from_config(cls, config) -> "PlanOptions":
-        """From an autopar.Config (read by attribute: transforms do not import it)."""
-        return cls(run_option=config.run_option, loss_reduction=config.loss_reduction,
-                   sync_local_state=config.sync_local_state,
-                   local_aggregation=config.local_aggregation,
-                   aggregation_group=config.aggregation_group, opau=config.opau,
-                   opsw=config.opsw, partitions=tuple(sorted(config.partitions.items())),
-                   batch_norm_group=config.batch_norm_group,
-                   shard_weight_update=config.shard_weight_update,
-                   hierarchical_allreduce=config.hierarchical_allreduce,
-                   collective_timeout_s=float(config.peer_timeout_s),
-                   wire_dtype=config.wire_dtype, herring_buffer_bytes=config.herring_buffer_bytes,
-                   micro_batches=config.micro_batches)
+    def of(cls, options: PlanOptions, group: int, sparse_servers: int) -> "ResolvedOptions":
+        given = {f.name: getattr(options, f.name) for f in fields(PlanOptions)}
+        return cls(**{**given, "aggregation_group": group}, sparse_servers=sparse_servers,
+                   micro_batches=options.micro_batches,
+                   collective_timeout_s=options.collective_timeout_s)
 
 
 @dataclass
@@ -234,18 +209,20 @@ class Plan:
         return serial.loads(cls, text)
 
 
-def make_plan(analysis: Analysis, topology: Topology | int, fusion_bytes: int = 64 << 20,
-              communication_hint: str = "ring", options: PlanOptions | None = None) -> Plan:
+def make_plan(analysis: Analysis, topology: Topology | int,
+              options: PlanOptions | None = None) -> Plan:
+    """The plan for `analysis` on `topology` with `options` (a Config, or
+    plain PlanOptions; their values were checked when they were made: what
+    needs the graph or the topology is checked here)."""
     if isinstance(topology, int):
         topology = Topology.local(topology)
     options = options or PlanOptions()
-    if options.wire_dtype not in WIRE_DTYPES:
-        raise ValueError(f"wire_dtype must be one of {WIRE_DTYPES}, got {options.wire_dtype!r}")
+    fusion_bytes = options.fusion_bytes
     _check_partition_names(analysis, options.partitions)
     methods, job_whys = choose_methods(analysis, topology, options)
     group, sparse_servers, structure_why = aggregation_structure(analysis, methods, topology,
                                                                  options)
-    options = replace(options, aggregation_group=group, sparse_servers=sparse_servers)
+    options = ResolvedOptions.of(options, group, sparse_servers)
     reduction, why = resolve_loss_reduction(analysis, options.loss_reduction)
     # Each method lays out its variables and takes its instance keys, in table order.
     key = keys.PLAN.first
@@ -281,7 +258,8 @@ def make_plan(analysis: Analysis, topology: Topology | int, fusion_bytes: int = 
                 "(sparse variables then use all-gather) or turn weight-update sharding off")
         assign_owners(analysis, plans, topology.num_workers)
     return Plan(topology=topology, fusion_bytes=fusion_bytes,
-                communication_hint=communication_hint, variables=plans, method_states=kept,
+                communication_hint=options.communication_hint, variables=plans,
+                method_states=kept,
                 barriers=barriers, broadcast_key_base=key, run_option=options.run_option,
                 loss_reduction=reduction, loss_reduction_why=why,
                 sync_local_state=options.sync_local_state,
@@ -298,7 +276,7 @@ def _check_partition_names(analysis: Analysis, partitions) -> None:
     """AutoparError for a Config.partitions entry naming no variable of the
     graph (a misspelled name would leave the variable it meant unsplit)."""
     names = [v.name for v in analysis.variables]
-    for name, _ in partitions:
+    for name in partitions:
         if name not in names:
             close = difflib.get_close_matches(name, names, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -374,9 +352,6 @@ def aggregation_group_size(options: PlanOptions, num_workers: int) -> int:
     k = options.aggregation_group
     if k is None or k == 0:
         return 0
-    if not options.local_aggregation:
-        raise AutoparError("Config.aggregation_group sets the groups of local aggregation: it "
-                           "needs Config.local_aggregation=True")
     if not isinstance(k, int) or not 1 <= k <= num_workers:
         raise AutoparError(f"Config.aggregation_group={k!r} must be a group size from 1 to the "
                            f"job's {num_workers} workers (or 0: the hosts)")
@@ -443,8 +418,8 @@ def aggregation_structure(analysis: Analysis, methods: dict[str, tuple[str, str]
     assumed = f" (assumed: {'; '.join(assumed)})" if assumed else ""
     inputs = (f"cost model for {topology.num_workers} workers on {len(topology.hosts)} hosts, "
               f"{topology.num_servers} servers, {link:g} Gbit/s per link, {cores}{assumed}; "
-              + (f"dense gradients through herring (not predicted: the same for every "
-                 f"choice), " if herring else f"{human_bytes(dense)} of dense gradients, ")
+              + ("dense gradients through herring (not predicted: the same for every "
+                 "choice), " if herring else f"{human_bytes(dense)} of dense gradients, ")
               + f"{wl.touched_rows:.0f} distinct rows "
               f"of {rows} per worker and step ({', '.join(v.name for v in split[:3])})")
     flat_ms = 1e3 * best.flat_step_s

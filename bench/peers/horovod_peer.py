@@ -15,7 +15,6 @@ The Gloo interface is the one holding this host's address, found here.
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys

@@ -189,7 +189,7 @@ class DropCompute:
         """Every worker posts its totals; the chief logs the job's drop rate
         beside its measured and predicted effective speedup. Best effort: a
         worker that never closes its Runner only costs SUMMARY_TIMEOUT_S."""
-        import grpc
+        from autopar.runtime.rpc import grpc
         try:
             blobs = self._agreement.gather(self.SUMMARY_KEY,
                                            json.dumps([int(self._computed), int(self._possible)]).encode(),

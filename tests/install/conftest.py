@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import venv
 from dataclasses import dataclass
 from pathlib import Path

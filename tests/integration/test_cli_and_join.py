@@ -143,7 +143,7 @@ def test_tf_config_processes_join_without_spawning(tmp_path):
     """Started by an "external launcher" with no TF_CPP_MIN_LOG_LEVEL of its
     own: the processes join, train equal to one device, and their output has
     no TensorFlow C++ or start-up line (the script imports autopar first:
-    autopar/quiet.py), and TensorFlow's deprecation warnings once, from the
+    common/quiet.py), and TensorFlow's deprecation warnings once, from the
     chief."""
     out = tmp_path / "dist"
     logs = _run_tf_config_workers(train_command("mlp_adam_clip_ema", out, "--steps", "4"),

@@ -79,7 +79,7 @@ class Recorder:
                     expected -= seg_len
                     fields[1] = RESULT
                     conn.sendall(HEADER.pack(*fields) + payload)
-        except BaseException as exc:   # reported by the test
+        except BaseException as exc:   # noqa: BLE001 - reported by the test
             self.error = exc
         finally:
             self.listener.close()

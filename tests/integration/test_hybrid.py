@@ -22,10 +22,13 @@ BATCH = 12
 # all-reduce, and Adagrad's server-side update of sparse variables
 # partitioned over both servers, with a sampled softmax (examples/lm.py's):
 # its weights' last rows are the sampler's candidates, which every worker
-# draws alike, added over workers row by row for the global norm.
+# draws alike, added over workers row by row for the global norm; and the
+# LSTM's dense kernel partitioned over both servers, its global-norm term
+# read from the partitions' aggregates (once the chief's own gradient: the
+# clip, which engages from step 2, scaled every variable by the chief's norm).
 CASES = [
     ("lm_adam_clip", "hybrid", "embedding=3"),
-    ("lmsampled_adagrad_clip", "ps", "embedding=3,softmax/w=2"),
+    ("lmsampled_adagrad_clip", "ps", "embedding=3,softmax/w=2,lstm/kernel=2"),
 ]
 
 

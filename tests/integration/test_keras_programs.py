@@ -390,8 +390,8 @@ def test_metrics_combined_over_workers_are_one_devices(tmp_path):
     the first's (the combined values are Python's view: each worker's
     copies go on from their own), and they hold after the runner closes."""
     def results(log: str) -> list:
-        line = next(l for l in log.splitlines() if "results " in l and (
-            "[worker" not in l or "[worker 0]" in l))
+        line = next(line for line in log.splitlines() if "results " in line and (
+            "[worker" not in line or "[worker 0]" in line))
         return json.loads(line.split("results ", 1)[1])
     spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
     expected, got = (results(log) for log in run_beside(
@@ -485,7 +485,7 @@ def _keras_then_autopar(script: list[str], tmp_path, workers: tuple[int, int], *
     hosts of `workers` workers and a server each, each saving its variables
     under tmp_path: (Keras's per-epoch logs, autopar's, autopar's output)."""
     def history(log: str) -> dict:
-        line = next(l for l in log.splitlines() if "history " in l)
+        line = next(line for line in log.splitlines() if "history " in line)
         return json.loads(line.split("history ", 1)[1])
     spec = write_two_host_spec(tmp_path, workers=workers, servers=(1, 1))
     expected_log, log = run_beside(

@@ -64,7 +64,7 @@ def test_two_models_fit_one_after_the_other_in_one_script(run_option, tmp_path):
     compiled from'. 3 workers on 2 uneven hosts end with Keras's own fit's
     logs and variables for both models."""
     def history(log: str) -> list:
-        line = next(l for l in log.splitlines() if "history " in l)
+        line = next(line for line in log.splitlines() if "history " in line)
         return json.loads(line.split("history ", 1)[1])
     spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
     expected_log, log = run_beside(

@@ -15,7 +15,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-import autopar  # noqa: E402 - first: TensorFlow then starts quiet (autopar/quiet.py)
+import autopar  # noqa: E402 - first: TensorFlow then starts quiet (common/quiet.py)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 

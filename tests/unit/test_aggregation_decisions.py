@@ -222,7 +222,7 @@ def test_summed_loss_with_a_batch_independent_term_is_refused_unless_chosen():
     report says it cannot match one device."""
     analysis = analyze_graph(_graph(loss="sum+reg"))
     with pytest.raises(UnsupportedGraphError, match="adds a batch-independent term.*"
-                                                    "Config\(loss_reduction='sum'\)"):
+                                                    r"Config\(loss_reduction='sum'\)"):
         make_plan(analysis, 4, options=PlanOptions(run_option="allreduce"))
     plan = make_plan(analysis, 4, options=PlanOptions(run_option="allreduce",
                                                       loss_reduction="sum"))
@@ -269,7 +269,7 @@ def test_config_loss_reduction_and_deprecated_average_sparse():
         assert Config(average_sparse=False).loss_reduction == "parallax"
         assert Config(average_sparse=True).loss_reduction == "mean"
     assert any(issubclass(w.category, DeprecationWarning) for w in caught)
-    assert PlanOptions.from_config(Config(loss_reduction="sum")).loss_reduction == "sum"
+    assert Config(loss_reduction="sum").loss_reduction == "sum"
 
 
 # ------------------------------------------------------- batch-local state

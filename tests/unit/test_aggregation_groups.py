@@ -30,7 +30,7 @@ TOPOLOGY = Topology(("127.0.0.1",) * 3 + ("127.0.0.2",) * 2, num_servers=2)
 
 def _plan(model, **options):
     analysis = analyze_graph(model.graph)
-    options = {"run_option": "hybrid", "partitions": (("embedding", 2),), **options}
+    options = {"run_option": "hybrid", "partitions": {"embedding": 2}, **options}
     return analysis, make_plan(analysis, TOPOLOGY, options=PlanOptions(**options))
 
 
@@ -53,7 +53,7 @@ def test_only_a_partitioned_sparse_variable_gets_keys_for_its_grouped_lookup():
     used = [k for v in plan.variables for k in v.keys.values()]
     assert len(used) == len(set(used))
     _, whole = _plan(models.build("lm_adam_clip"), aggregation_group=2,
-                     partitions=(("embedding", 1),))
+                     partitions={"embedding": 1})
     assert whole.grouped_lookups() == []
     _, single = _plan(models.build("lm_adam_clip"), aggregation_group=1)
     assert single.grouped_lookups() == [] and single.contributions_per_step() == 5
@@ -146,7 +146,8 @@ def _hosts(n, per_host=1, servers=None, **kw):
 
 def _structure(topology, **options):
     analysis = analyze_graph(_embedding_graph())
-    plan = make_plan(analysis, topology, options=PlanOptions(run_option="hybrid", **options))
+    # a Config, as a user's: micro_batches is a Config field (DropCompute)
+    plan = make_plan(analysis, topology, options=autopar.Config(run_option="hybrid", **options))
     return plan, build_report(analysis, plan)
 
 

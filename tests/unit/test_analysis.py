@@ -167,6 +167,7 @@ def test_compute_apply_gradients_names_the_returned_gradients(optimizer, use_res
 
 
 # ----------------------------------------------------------------- clipping
+@pytest.mark.slow
 @pytest.mark.parametrize("use_resource", [True, False], ids=["resource", "ref"])
 @pytest.mark.parametrize("optimizer", ["momentum", "adam", "lars"])
 def test_clip_by_global_norm_each_variable_gets_its_own_gradient(optimizer, use_resource):
@@ -245,6 +246,7 @@ def test_embedding_with_dynamic_batch_has_unknown_alpha():
 
 
 # ---------------------------------------------------- moving averages, dtypes
+@pytest.mark.slow
 @pytest.mark.parametrize("use_resource", [True, False], ids=["resource", "ref"])
 def test_exponential_moving_average_and_global_step(use_resource):
     case = build_case("mlp", "momentum", clip=True, ema=True, use_resource=use_resource)
@@ -264,6 +266,7 @@ def test_exponential_moving_average_and_global_step(use_resource):
                 assert u in a.step_ops
 
 
+@pytest.mark.slow
 def test_float64_variables_have_their_own_dtype_and_size():
     case = build_case("f64", "adam")
     a = analyze_graph(case.graph)
@@ -384,6 +387,7 @@ def test_loss_named_with_tf_identity():
     ("emb", "adagrad", dict(clip=True, ema=True)),
     ("mlp", "momentum", dict(minimize=True, use_resource=False)),
 ], ids=["sgd-nostate", "adam-clip", "emb-clip-ema", "ref-momentum"])
+@pytest.mark.slow
 def test_meta_graph_def_gives_the_same_analysis(kind, optimizer, kwargs):
     case = build_case(kind, optimizer, **kwargs)
     with case.graph.as_default():
@@ -394,6 +398,7 @@ def test_meta_graph_def_gives_the_same_analysis(kind, optimizer, kwargs):
     assert from_meta.to_dict() == from_graph.to_dict()
 
 
+@pytest.mark.slow
 def test_state_update_ops_exclude_saver_restore_ops():
     """A tf.compat.v1.train.Saver in the user's graph writes every variable when it
     restores; that is not a per-step update of the state."""
@@ -504,6 +509,7 @@ print(json.dumps(failures))
 """
 
 
+@pytest.mark.slow
 def test_transforms_modules_import_on_their_own():
     """Each transforms module must be importable first (as `python -c
     "import autopar.transforms.analysis"` or a tool importing only the
@@ -618,6 +624,7 @@ print(json.dumps({"variables": sorted((v.name, v.gradient, v.shape) for v in a.v
 '''
 
 
+@pytest.mark.slow
 def test_a_graph_built_under_v1_behaviour_is_analysed_as_under_v2():
     env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3")
     procs = {behaviour: subprocess.Popen([sys.executable, "-c", _V1_PROGRAM, behaviour],

@@ -81,6 +81,7 @@ def test_ops_mixing_the_examples_of_a_batch_are_found(kind, found):
 
 @pytest.mark.parametrize("model", ["bncnn_momentum", "lmmask_momentum", "lm_adam_clip",
                                    "embsparse_rmsprop_clip_centered"])
+@pytest.mark.slow
 def test_batch_norm_masked_means_and_lookups_mix_nothing(model):
     """Batch normalisation's moments are recognised (and made exact by
     Config(batch_norm_group)); a masked mean's count, an LSTM over time and

@@ -379,6 +379,7 @@ def test_floor_runs_at_least_its_minimum_steps():
     assert run.floor_steps(lo_warm + 3, lo_steps + 40) == (lo_warm + 3, lo_steps + 40)
 
 
+@pytest.mark.slow
 def test_reference_gives_the_floor_its_own_step_count(tmp_path):
     """The floor trains floor_steps(...) steps, more than the other peers: the
     reference run's floor_local_only_loss must be the local-only loss after

@@ -291,7 +291,7 @@ def test_config_validation():
         Config(wire_dtype="int8")
     with pytest.raises(AutoparError, match="herring_buffer_bytes"):
         Config(herring_buffer_bytes=0)
-    options = PlanOptions.from_config(Config(run_option="herring", herring_buffer_bytes=1024))
+    options = Config(run_option="herring", herring_buffer_bytes=1024)
     assert (options.run_option, options.herring_buffer_bytes) == ("herring", 1024)
 
 

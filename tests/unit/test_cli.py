@@ -74,6 +74,7 @@ def _typed(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=60)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [(), ("-h",)])
 def test_bare_autopar_and_h_print_the_help(args):
     done = _typed(*args)
@@ -83,11 +84,13 @@ def test_bare_autopar_and_h_print_the_help(args):
     assert done.stderr == ""
 
 
+@pytest.mark.slow
 def test_version():
     done = _typed("--version")
     assert (done.returncode, done.stdout, done.stderr) == (0, f"autopar {autopar.__version__}\n", "")
 
 
+@pytest.mark.slow
 def test_a_misspelled_config_keyword_is_a_usage_error_without_traceback(tmp_path):
     marker = tmp_path / "started"
     done = _typed("launch", "-np", "2", "--config", "stal_timeout_s=5", "--", sys.executable,
@@ -98,6 +101,7 @@ def test_a_misspelled_config_keyword_is_a_usage_error_without_traceback(tmp_path
     assert done.stderr.count("\n") == 1 and not marker.exists()
 
 
+@pytest.mark.slow
 def test_a_missing_command_is_a_usage_error():
     done = _typed("launch", "-np", "2")
     assert (done.returncode, done.stdout) == (2, "")
@@ -169,11 +173,14 @@ def test_config_fields_from_the_options_reach_the_scripts_config(monkeypatch):
                                                                 5.0, 3)
 
 
+@pytest.mark.slow
 def test_ctrl_c_before_the_job_starts_is_one_line_with_status_130():
-    """A script interrupted before get_runner (as while it imports TensorFlow):
-    `autopar: interrupted`, exit status 130, no traceback."""
+    """A script interrupted after it first used autopar's API, before
+    get_runner (as while it builds its model): `autopar: interrupted`, exit
+    status 130, no traceback."""
     done = subprocess.run(
         [sys.executable, "-c", "import os, signal, time\nimport autopar\n"
+                               "config = autopar.Config()\n"
                                "os.kill(os.getpid(), signal.SIGINT)\ntime.sleep(30)\n"],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
         timeout=60)

@@ -13,15 +13,17 @@ from tests.integration.cluster import survivors
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_common_imports_no_other_layer():
     """A leaf: importing every common module pulls in neither TensorFlow nor
-    the transforms, runtime or API layers (so bench and launch-only processes
-    can use it cheaply)."""
+    a module of the transforms, runtime or API layers (so bench and
+    launch-only processes can use it cheaply; in a checkout the layers'
+    packages are bound, empty, when autopar is imported)."""
     probe = ("import sys\n"
              "import autopar.common.env, autopar.common.errors, autopar.common.procs, "
-             "autopar.common.roles\n"
+             "autopar.common.roles, autopar.common.quiet\n"
              "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'tensorflow' or "
-             "m.startswith(('autopar.runtime', 'autopar.transforms', 'autopar.api')))\n"
+             "m.startswith(('autopar.runtime.', 'autopar.transforms.', 'autopar.api')))\n"
              "print(bad)\n")
     proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
@@ -31,7 +33,8 @@ def test_common_imports_no_other_layer():
 
 def test_transforms_take_only_errors_and_roles_from_common():
     """transforms/ (method packages included) are pure graph functions: of
-    common/ they use the errors, the job names and the address predicates,
+    common/ they use the errors, the job names, the address predicates and
+    the option checks (transforms/options.py),
     never the environment contract or process handling."""
     imported = {}
     for path in sorted((REPO / "transforms").rglob("*.py")):
@@ -41,7 +44,8 @@ def test_transforms_take_only_errors_and_roles_from_common():
             imported.setdefault(path.name, set()).update(m.strip() for m in module.split(","))
         assert not re.search(r"\bos\.environ\b|\bgetenv\b|\bsubprocess\b", text), path.name
     assert imported   # the scan sees the imports that exist
-    assert set().union(*imported.values()) <= {"errors", "roles", "addresses", "text"}, imported
+    assert set().union(*imported.values()) <= {"errors", "roles", "addresses", "text",
+                                                "checks"}, imported
 
 
 class _Polled:
@@ -53,6 +57,7 @@ class _Polled:
         self.poll = popen.poll
 
 
+@pytest.mark.slow
 def test_stop_processes_kills_a_group_that_ignores_sigterm():
     # The shell and the sleep it starts both ignore SIGTERM (an ignored signal
     # stays ignored across exec): only the escalation to SIGKILL, sent to the
@@ -88,3 +93,17 @@ def test_the_script_is_rerun_as_it_was_started(argv, expected, monkeypatch):
     monkeypatch.setattr(script, "_started", None)
     script.note(argv, "/start")
     assert script.command() == ([sys.executable, *expected], "/start")
+
+
+def test_no_layer_below_the_api_imports_it():
+    """Layers import downwards only: no module of common/, transforms/ or
+    runtime/ imports autopar's API modules (autopar/*.py), only
+    autopar.common, autopar.transforms and autopar.runtime."""
+    upward = re.compile(r"^\s*(?:import autopar(?!\.(?:common|transforms|runtime)\b)"
+                        r"|from autopar(?!\.(?:common|transforms|runtime)\b)[\w.]* import)",
+                        re.MULTILINE)
+    found = {str(path.relative_to(REPO)): upward.findall(path.read_text())
+             for layer in ("common", "transforms", "runtime")
+             for path in sorted((REPO / layer).rglob("*.py"))}
+    assert len(found) > 90   # the scan reads the layers' modules
+    assert {path: lines for path, lines in found.items() if lines} == {}

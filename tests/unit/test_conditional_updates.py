@@ -182,6 +182,7 @@ def test_a_tf1_graph_in_control_flow_v2_is_lowered_and_runs_as_before():
     assert "runs only when" in info.ps_blocker
 
 
+@pytest.mark.slow
 def test_fit_scales_the_loss_as_keras_fit_does():
     """autopar.fit under the "mixed_float16" policy: compile wraps the
     optimizer in a LossScaleOptimizer, which unscales the gradients;

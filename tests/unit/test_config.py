@@ -82,6 +82,7 @@ def _env(**extra) -> dict[str, str]:
     return {**env, "PYTHONPATH": str(REPO), **extra}
 
 
+@pytest.mark.slow
 def test_a_bad_config_ends_the_script_with_its_message_not_a_traceback(tmp_path):
     script = _script(tmp_path, "autopar.Config(run_option='nope')")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
@@ -94,6 +95,7 @@ def test_a_bad_config_ends_the_script_with_its_message_not_a_traceback(tmp_path)
     assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr
 
 
+@pytest.mark.slow
 def test_a_misspelled_keyword_is_named_with_the_field_it_may_mean(tmp_path):
     with pytest.raises(AutoparError, match=r"^Config has no field 'max_restart' \(did you mean "
                                            r"'max_restarts'\?\)"):
@@ -110,6 +112,7 @@ def test_a_misspelled_keyword_is_named_with_the_field_it_may_mean(tmp_path):
     assert done.stderr.count("\n") == 1, done.stderr
 
 
+@pytest.mark.slow
 def test_a_bad_config_under_autopar_launch_is_refused_before_any_process_starts(tmp_path):
     """`autopar launch` compiles the plan in one run of the script, which
     meets the bad Config first: the launcher says the script's message,

@@ -124,6 +124,7 @@ def test_unknown_process_is_refused(coordinator):
         client.close()
 
 
+@pytest.mark.slow
 def test_stop_request_reaches_only_the_asked_process_without_new_reports(coordinator):
     # Neither client reports after registering: the heartbeat carries the
     # request to worker 0, paused between steps; worker 1 is not asked.
@@ -365,6 +366,7 @@ def _free_port() -> int:
     ("127.0.0.1", "10.214.255.254", {"v4": "127.0.0.1", "v6": "EAFNOSUPPORT"}),
     ("::1", "fd00:214::1", {"v4": "EAFNOSUPPORT", "v6": "::1"}),
 ])
+@pytest.mark.slow
 def test_bind_shim_rewrites_wildcard_binds_of_job_ports_only(address, elsewhere, expected):
     port, other = _free_port(), _free_port()
     # Another host's address on the same port is tried first and skipped.
@@ -562,6 +564,7 @@ def test_a_stall_waits_for_a_quiet_server_to_be_named(role):
     assert verdict is not None and verdict.kind == "stall", verdict
 
 
+@pytest.mark.slow
 def test_a_stopped_summation_server_does_not_answer_the_probe():
     """The launcher's liveness probe of a summation server (it sends no
     heartbeats): a running one closes the probe's connection, a SIGSTOPped

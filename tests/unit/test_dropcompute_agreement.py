@@ -40,7 +40,7 @@ def _run_workers(config: Config, steps: int, tmp_path):
                                        lat[:computed]))
             d.close()
             controllers[i] = d
-        except Exception as e:   # reported by the test thread below
+        except Exception as e:   # noqa: BLE001 - reported by the test thread below
             errors.append(e)
         finally:
             client.close()

@@ -60,6 +60,7 @@ def test_empirical_speedup_counts_what_each_rule_computes():
     assert preempt.step_time == pytest.approx(2.5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", threshold.RULES)
 @pytest.mark.parametrize("n", [4, 8, 64])
 def test_threshold_search_returns_the_empirical_maximiser(n, rule):

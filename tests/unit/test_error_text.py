@@ -1,10 +1,10 @@
-"""TensorFlow's own words from an op error (autopar/console.py
+"""TensorFlow's own words from an op error (runtime/console.py
 op_error_text), past its framing and past a "From /job:...:" line, which
 says where, not what: a damaged checkpoint's warning gave that line alone
 as its reason."""
 import tensorflow as tf
 
-from autopar.console import error_line, op_error_text
+from autopar.runtime.console import error_line, op_error_text
 from autopar.runtime.checkpoint import _reason
 
 MESSAGE = ("Graph execution error:\n\nDetected at node 'autopar/checkpoint/RestoreV2' defined at "

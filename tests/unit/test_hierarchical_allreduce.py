@@ -4,6 +4,7 @@ report, and the collectives each worker's rewritten graph holds."""
 import pytest
 from tensorflow.core.framework import graph_pb2
 
+from autopar.config import Config
 from autopar.transforms.methods.allreduce.method import two_dimensional_choice
 from autopar.transforms.analysis import analyze_graph
 from autopar.transforms.keys import GROUP_KEY, LEADERS_GROUP_KEY
@@ -39,11 +40,11 @@ def test_auto_choice_compares_the_busiest_host_link():
     assert "flat ring 1.50" in why and "2-D summation 1.00" in why
 
 
-def _plan(topology, **options):
+def _plan(topology, options_type=PlanOptions, **options):
     case = models.build("mlp_adam_clip")
     analysis = analyze_graph(case.graph)
-    plan = make_plan(analysis, topology, fusion_bytes=256,
-                     options=PlanOptions(run_option="allreduce", **options))
+    plan = make_plan(analysis, topology,
+                     options=options_type(run_option="allreduce", fusion_bytes=256, **options))
     return case, analysis, plan
 
 
@@ -83,8 +84,9 @@ def _collectives(graph_def: graph_pb2.GraphDef) -> list[tuple]:
 
 @pytest.mark.parametrize("worker", [0, 1, 2])
 def test_each_worker_builds_its_host_and_leader_steps(worker):
-    case, analysis, plan = _plan(TWO_PLUS_ONE, hierarchical_allreduce=True,
-                                 collective_timeout_s=7.0)
+    # a Config's collectives wait at most its peer_timeout_s
+    case, analysis, plan = _plan(TWO_PLUS_ONE, Config, hierarchical_allreduce=True,
+                                 stall_timeout_s=7.0, busy_timeout_s=7.0)
     graph_def = rewrite_for_worker(case.graph, analysis, plan, worker).meta_graph.graph_def
     host_key, members = plan.host_group(worker)
     steps = [(op, key, size) for node, op, key, size in _collectives(graph_def)

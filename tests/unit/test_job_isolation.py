@@ -46,7 +46,7 @@ def _fork(body) -> tuple[int, int]:
         try:
             body(w)
             code = 0
-        except BaseException as exc:   # reported through the pipe, then _exit
+        except BaseException as exc:   # noqa: BLE001 - reported through the pipe, then _exit
             os.write(w, f"error {exc!r}\n".encode())
         finally:
             os._exit(code)
@@ -64,6 +64,7 @@ def _read_line(fd: int) -> str:
     return data.decode().strip()
 
 
+@pytest.mark.slow
 def test_an_unprivileged_private_network_is_joined_by_its_own_user_only():
     "localhost".encode("idna")   # loaded now: nobody may not read this interpreter's library
     release_r, release_w = os.pipe()
@@ -124,6 +125,7 @@ def test_an_unprivileged_private_network_is_joined_by_its_own_user_only():
             os.close(fd)
 
 
+@pytest.mark.slow
 def test_without_rights_the_firewall_warns_what_stays_exposed():
     """A process that may not administer the network installs nothing and
     names the ports that stay open."""
@@ -158,6 +160,7 @@ def test_without_rights_the_firewall_warns_what_stays_exposed():
     assert firewall.guard_this_process(cluster, {}) is False
 
 
+@pytest.mark.slow
 def test_a_killed_launchers_job_directory_is_removed_by_the_next(tmp_path, monkeypatch):
     """The directory of a launcher killed with SIGKILL (it holds the
     coordinator's socket) goes at the next job's start; a live one stays."""

@@ -52,6 +52,7 @@ def _trained(fit, dataset=False, steps=False, shuffle=False):
     return history.history, [v.numpy() for v in model.variables + model.optimizer.variables]
 
 
+@pytest.mark.slow
 def test_validation_and_epoch_arguments_as_keras_fit_takes_them():
     expected, expected_values = _trained(lambda model, *a, **k: model.fit(*a, **k))
     got, values = _trained(lambda model, *a, **k: autopar.fit(
@@ -61,6 +62,7 @@ def test_validation_and_epoch_arguments_as_keras_fit_takes_them():
     _assert_same(got, values, expected, expected_values)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shuffle", [True, "batch"])
 def test_arrays_are_shuffled_as_keras_fit_shuffles_them(shuffle):
     """Arrays shuffled (every example, or within each batch) in the order
@@ -128,6 +130,7 @@ def _two_inputs_two_outputs(fit, dataset=False):
     return history.history, [v.numpy() for v in model.variables + model.optimizer.variables]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dataset", [False, True], ids=["arrays", "dataset"])
 def test_several_inputs_and_outputs(dataset):
     expected, expected_values = _two_inputs_two_outputs(
@@ -219,6 +222,7 @@ def _csv_file(tmp_path):
     return path
 
 
+@pytest.mark.slow
 def test_an_epoch_of_unknown_length_counts_as_keras_fit_counts(tmp_path):
     """A dataset of unknown length (make_csv_dataset's): Keras's fit calls
     its step until one finds no batch, and that call's writes that wait
@@ -233,6 +237,7 @@ def test_an_epoch_of_unknown_length_counts_as_keras_fit_counts(tmp_path):
     _assert_same(got, values, expected, expected_values)
 
 
+@pytest.mark.slow
 def test_string_features_of_a_csv_dataset(tmp_path):
     """Before: autopar.fit crashed building the loss before tracing (it
     called the model on zeros of each feature's dtype: an object array of
@@ -252,7 +257,6 @@ def _masked_sequences(fit, sample_weights=False):
     the predictions (y_pred._keras_mask) and count kept positions alone;
     with sample weights a weighted metric too, and validation data."""
     import keras
-    import tensorflow as tf
     keras.config.set_floatx("float64")
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(4)
@@ -275,6 +279,7 @@ def _masked_sequences(fit, sample_weights=False):
     return history.history, [v.numpy() for v in model.variables + model.optimizer.variables]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sample_weights", [False, True], ids=["mask", "mask_and_weights"])
 def test_metrics_of_a_masked_sequence_see_the_mask(sample_weights):
     """Before: the weights were Keras's but the logged accuracy was not
@@ -338,6 +343,7 @@ def _with_callbacks(fit):
     return history.history, [v.numpy() for v in model.variables + model.optimizer.variables], calls
 
 
+@pytest.mark.slow
 def test_callbacks_run_every_hook_keras_fit_runs():
     """Before: only on_train_begin, on_epoch_begin/_end and on_train_end
     ran; a per-batch warm-up never changed the learning rate (Horovod's

@@ -18,6 +18,7 @@ def _no_job(monkeypatch):
         monkeypatch.delenv(var, raising=False)
 
 
+@pytest.mark.slow
 def test_a_steps_summaries_are_written_as_the_function_writes_them(tmp_path):
     step, _ = build(tmp_path / "eager")
     for batch in batches():

@@ -17,6 +17,7 @@ from autopar.runtime import native
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_wheel_installs_only_the_autopar_namespace(tmp_path):
     # The same build `pip install .` runs (setup.py, including the generated
@@ -64,6 +65,7 @@ def test_wheel_installs_only_the_autopar_namespace(tmp_path):
     assert proc.stdout.strip() == "None None"
 
 
+@pytest.mark.slow
 def test_the_build_cache_compiles_once_per_source_and_flags(monkeypatch, tmp_path):
     """runtime/native.py builds a part on first use into the build cache,
     under what it was built from: a second use of the same sources and
@@ -148,3 +150,51 @@ def test_the_api_without_tensorflow_says_what_to_install(monkeypatch, caplog):
     monkeypatch.setattr(tf, "__version__", "2.22.0")
     autopar._check_tensorflow()
     assert "this is TensorFlow 2.22.0" in caplog.text
+
+
+def _in_checkout(code: str, **env) -> subprocess.CompletedProcess:
+    """`code` run by a fresh interpreter importing this checkout, outside a job."""
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("AUTOPAR_ROLE", "GRPC_ENABLE_FORK_SUPPORT")}
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          env={**clean, "PYTHONPATH": str(REPO), **env}, timeout=120)
+
+
+@pytest.mark.slow
+def test_the_package_is_autopar_and_its_three_layers_only():
+    """From a checkout, autopar.common, autopar.transforms and
+    autopar.runtime are the checkout's folders; its other folders (bench,
+    tests, setup.py) are no part of the package."""
+    done = _in_checkout(
+        "import importlib, autopar.common.roles, autopar.transforms.serial, autopar.runtime.spec\n"
+        "for layer in ('common', 'transforms', 'runtime'):\n"
+        "    print(importlib.import_module('autopar.' + layer).__path__[0])\n"
+        "for name in ('bench', 'tests', 'setup', 'docs', 'examples'):\n"
+        "    try:\n"
+        "        importlib.import_module('autopar.' + name)\n"
+        "    except ModuleNotFoundError:\n"
+        "        continue\n"
+        "    print('imports', name)\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(REPO / layer) for layer in ("common", "transforms", "runtime")]
+
+
+@pytest.mark.slow
+def test_importing_autopar_leaves_the_process_alone_until_a_job_starts():
+    """Importing any of autopar's modules installs no excepthook and sets no
+    gRPC setting (bench/ and tools import common/ alone); the program's
+    first use of the API installs the hook, gRPC's first import in autopar
+    its fork setting; in a process a launcher started the hook is there at
+    `import autopar`."""
+    probe = ("import os, sys\n"
+             "import autopar, autopar.common.roles, autopar.common.procs, autopar.transforms.options\n"
+             "print(sys.excepthook is sys.__excepthook__, os.environ.get('GRPC_ENABLE_FORK_SUPPORT'))\n"
+             "autopar.Config\n"
+             "import autopar.runtime.coordinator_client\n"
+             "print(sys.excepthook is sys.__excepthook__, os.environ.get('GRPC_ENABLE_FORK_SUPPORT'))\n")
+    done = _in_checkout(probe)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "None", "False", "0"]
+    launched = _in_checkout("import sys, autopar.common.roles\nprint(sys.excepthook is sys.__excepthook__)",
+                            AUTOPAR_ROLE="worker")
+    assert launched.returncode == 0 and launched.stdout.split() == ["False"], launched.stderr

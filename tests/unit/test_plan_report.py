@@ -11,7 +11,7 @@ import pytest
 from tests.models import build_case
 from autopar.transforms.analysis import Analysis, StateInfo, VariableInfo, analyze_graph
 from autopar.transforms.comm import ROW_LADDER
-from autopar.transforms.plan import Plan, make_plan
+from autopar.transforms.plan import Plan, PlanOptions, make_plan
 from autopar.transforms.methods.allreduce.method import Bucket
 from autopar.transforms.methods.base import VariablePlan
 from autopar.transforms.report import build_report
@@ -91,7 +91,7 @@ def test_greedy_buckets_last_created_first():
     b+a = 600 > 500 -> new bucket."""
     a = analysis_of(var("a", [100]), var("b", [50]), var("c", [75]), var("d", [25]))
     assert [v.bytes for v in a.variables] == [400, 200, 300, 100]
-    plan = make_plan(a, 2, fusion_bytes=500)
+    plan = make_plan(a, 2, PlanOptions(fusion_bytes=500))
     assert [b.variables for b in METHODS["allreduce"].state(plan).buckets] == [["d", "c"], ["b"], ["a"]]
     assert [b.bytes for b in METHODS["allreduce"].state(plan).buckets] == [400, 200, 400]
     assert [plan.variable(n).bucket for n in "abcd"] == [2, 1, 0, 0]
@@ -100,10 +100,10 @@ def test_greedy_buckets_last_created_first():
 
 def test_bucket_exactly_full_is_allowed():
     a = analysis_of(var("a", [25]), var("b", [25]))          # 100 + 100 bytes
-    plan = make_plan(a, 2, fusion_bytes=200)
+    plan = make_plan(a, 2, PlanOptions(fusion_bytes=200))
     assert [b.variables for b in METHODS["allreduce"].state(plan).buckets] == [["b", "a"]]
     assert METHODS["allreduce"].state(plan).buckets[0].bytes == 200
-    plan = make_plan(a, 2, fusion_bytes=199)
+    plan = make_plan(a, 2, PlanOptions(fusion_bytes=199))
     assert [b.variables for b in METHODS["allreduce"].state(plan).buckets] == [["b"], ["a"]]
 
 
@@ -114,7 +114,7 @@ def test_variable_larger_than_fusion_bytes_is_alone(position):
     order = {"first": [big, *small], "middle": [small[0], big, *small[1:]],
              "last": [*small, big]}[position]
     a = analysis_of(*order)
-    plan = make_plan(a, 4, fusion_bytes=100)
+    plan = make_plan(a, 4, PlanOptions(fusion_bytes=100))
     (bucket,) = [b for b in METHODS["allreduce"].state(plan).buckets if "big" in b.variables]
     assert bucket.variables == ["big"] and bucket.bytes == 1600
     check_plan_invariants(plan, a)
@@ -125,7 +125,7 @@ def test_one_dtype_per_bucket():
     a = analysis_of(var("f32a", [6, 4]), var("f64a", [4, 4], "float64"),
                     var("f32b", [4]), var("f16a", [8], "float16"),
                     var("f64b", [4], "float64"), var("f32c", [4, 3]))
-    plan = make_plan(a, 2, fusion_bytes=1 << 20)
+    plan = make_plan(a, 2, PlanOptions(fusion_bytes=1 << 20))
     by_dtype = {b.dtype: b for b in METHODS["allreduce"].state(plan).buckets}
     assert len(METHODS["allreduce"].state(plan).buckets) == 3 == len(by_dtype)
     assert by_dtype["float32"].variables == ["f32c", "f32b", "f32a"]
@@ -137,17 +137,17 @@ def test_one_dtype_per_bucket():
     check_plan_invariants(plan, a)
 
 
-@pytest.mark.parametrize("fusion_bytes", [0, 1, 16, 50, 100, 250, 1000, 64 << 20])
+@pytest.mark.parametrize("fusion_bytes", [1, 16, 50, 100, 250, 1000, 64 << 20])
 def test_invariants_for_many_fusion_sizes(fusion_bytes):
     a = analysis_of(var("emb", [50, 5], gradient="sparse", alpha=0.48),
                     var("l1/kernel", [6, 4]), var("l1/bias", [4]),
                     var("wide/kernel", [4, 4], "float64"), var("wide/bias", [4], "float64"),
                     var("emb2", [30, 5], gradient="sparse"),
                     var("out/kernel", [4, 3]), var("out/bias", [3]))
-    plan = make_plan(a, 3, fusion_bytes=fusion_bytes)
+    plan = make_plan(a, 3, PlanOptions(fusion_bytes=fusion_bytes))
     assert plan.fusion_bytes == fusion_bytes and plan.num_workers == 3
     check_plan_invariants(plan, a)
-    if fusion_bytes == 0:
+    if fusion_bytes == 1:     # (Config.fusion_bytes' least) every variable a bucket of its own
         assert all(len(b.variables) == 1 for b in METHODS["allreduce"].state(plan).buckets)
         assert len(METHODS["allreduce"].state(plan).buckets) == 6
 
@@ -167,7 +167,7 @@ def test_sparse_variables_use_allgather_with_distinct_keys():
 def test_plan_of_a_real_graph():
     case = build_case("emb", "adam", clip=True, ema=True)
     analysis = analyze_graph(case.graph)
-    plan = make_plan(analysis, 2, fusion_bytes=50)
+    plan = make_plan(analysis, 2, PlanOptions(fusion_bytes=50))
     # head/bias 3*4 = 12 bytes, head/kernel 5*3*4 = 60 bytes: 12 + 60 > 50
     assert [b.variables for b in METHODS["allreduce"].state(plan).buckets] == [["head/bias"], ["head/kernel"]]
     assert plan.variable("embedding").method == "allgather"
@@ -179,11 +179,13 @@ def test_plan_of_a_real_graph():
 # -------------------------------------------------- determinism, serialisation
 def test_deterministic():
     a = analysis_of(var("e", [50, 5], gradient="sparse"), var("w", [6, 4]), var("b", [4]))
-    assert make_plan(a, 4, 64).to_json() == make_plan(a, 4, 64).to_json()
+    assert make_plan(a, 4, PlanOptions(fusion_bytes=64)).to_json() == make_plan(
+        a, 4, PlanOptions(fusion_bytes=64)).to_json()
 
 
 def test_every_process_derives_the_same_plan_from_its_own_graph():
-    plans = [make_plan(analyze_graph(build_case("emb", "adagrad", clip=True).graph), 3, 40)
+    plans = [make_plan(analyze_graph(build_case("emb", "adagrad", clip=True).graph), 3,
+                       PlanOptions(fusion_bytes=40))
              for _ in range(2)]
     assert plans[0].to_json() == plans[1].to_json()
 
@@ -191,7 +193,7 @@ def test_every_process_derives_the_same_plan_from_its_own_graph():
 def test_json_round_trip():
     a = analysis_of(var("e", [50, 5], gradient="sparse", alpha=0.5), var("w", [6, 4]),
                     var("d", [4, 4], "float64"), var("b", [4]))
-    plan = make_plan(a, 3, fusion_bytes=70, communication_hint="nccl")
+    plan = make_plan(a, 3, PlanOptions(fusion_bytes=70, communication_hint="auto"))
     text = plan.to_json()
     again = Plan.from_json(text)
     assert again == plan
@@ -201,7 +203,7 @@ def test_json_round_trip():
     d = json.loads(text)
     assert len(d["topology"]["worker_hosts"]) == 3 and d["fusion_bytes"] == 70
     assert isinstance(again.topology.worker_hosts, tuple)
-    assert d["communication_hint"] == "nccl"
+    assert d["communication_hint"] == "auto"
     assert d["group_key"] == plan.group_key
     assert d["broadcast_key_base"] == plan.broadcast_key_base
     assert [b["instance_key"] for b in d["method_states"]["allreduce"]["buckets"]] == [b.instance_key for b in METHODS["allreduce"].state(plan).buckets]
@@ -271,7 +273,7 @@ def test_unknown_alpha_is_counted_as_every_row():
 
 def test_report_json_carries_everything(emb_analysis):
     n = 3
-    plan = make_plan(emb_analysis, n, fusion_bytes=50)
+    plan = make_plan(emb_analysis, n, PlanOptions(fusion_bytes=50))
     report = build_report(emb_analysis, plan, n, num_servers=2)
     d = json.loads(report.to_json())
     assert d["num_workers"] == 3 and d["num_servers"] == 2

@@ -177,6 +177,7 @@ def test_reservation_keeps_ports_from_a_second_allocation_until_released():
     assert not list(Path(lock_dir()).glob(f"local-{min(held)}.lock"))
 
 
+@pytest.mark.slow
 def test_reservation_of_another_launcher_process_is_respected(tmp_path):
     """A separate process holding a reservation (as a running launcher does)
     is never handed the same ports, although they are not bound yet."""
@@ -258,6 +259,7 @@ def test_summation_servers_get_their_own_reserved_ports_on_the_servers_hosts():
     assert is_bind_failure("autopar_sumserver: cannot listen on 127.0.0.1:5000: Address in use")
 
 
+@pytest.mark.slow
 def test_reservations_of_a_killed_launcher_are_cleaned_up_at_the_next_start(tmp_path, monkeypatch):
     """A launcher killed with SIGKILL cannot remove its lock files; the next
     reservation removes every lock file no launcher holds, never a held one."""

@@ -1,11 +1,11 @@
 """The chief's progress lines, and the launcher drawing its bar as one line
-on a terminal (runtime/progress.py, autopar/console.py write_line)."""
+on a terminal (runtime/progress.py, runtime/console.py write_line)."""
 from __future__ import annotations
 
 import io
 import logging
 
-from autopar import console
+from autopar.runtime import console
 from autopar.runtime import progress
 from autopar.runtime.children import BAR
 

@@ -27,10 +27,10 @@ def ancestors(producers: dict, roots) -> set:
 
 @pytest.mark.parametrize("model,run_option,partitions", [
     # EMA of server variables: worker ops read them after the update.
-    ("emb_adam_clip_ema", "ps", ()),
-    ("emb_adam_clip_ema", "hybrid", ()),
+    ("emb_adam_clip_ema", "ps", {}),
+    ("emb_adam_clip_ema", "hybrid", {}),
     # Partition copies of the update region, placed on servers in the rewrite.
-    ("lm_adagrad_clip", "ps", (("embedding", 3), ("softmax/kernel", 2))),
+    ("lm_adagrad_clip", "ps", {"embedding": 3, "softmax/kernel": 2}),
 ])
 def test_barrier_waits_for_all_server_work_of_the_step(model, run_option, partitions):
     m = models.build(model)

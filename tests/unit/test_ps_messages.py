@@ -72,7 +72,7 @@ def test_the_unrolled_lstm_kernel_crosses_once_per_step():
 
 def test_a_split_kernel_is_read_once_per_partition():
     m = models.build("lm_adagrad_clip")
-    nodes, plan = _rewrite(m, 1, partitions=((KERNEL, 2),))
+    nodes, plan = _rewrite(m, 1, partitions={KERNEL: 2})
     assert len(plan.variable(KERNEL).partitions) == 2
     step = _step(nodes, [m.train_op.name, m.loss.op.name])
     parts = {n for n in nodes if nodes[n].op == "VarHandleOp"
@@ -117,7 +117,7 @@ def test_a_push_receives_nothing_but_its_rows_from_the_worker(worker):
     """Every input of a push that is not the worker's gradient (the
     accumulator, its step, the dense shape) is made on the push's server."""
     m = models.build("lm_adagrad_clip")
-    nodes, _ = _rewrite(m, worker, partitions=(("embedding", 3),))
+    nodes, _ = _rewrite(m, worker, partitions={"embedding": 3})
     pushes = [n for n in nodes.values() if n.op.endswith("AccumulatorApplyGradient")]
     assert pushes
     for push in pushes:
@@ -132,7 +132,7 @@ def test_a_sparse_push_takes_one_tensor_from_the_worker(worker):
     """Walking back from each sparse push through the ops on its server, the
     first ops on the worker are one tensor: the packed indices and rows."""
     m = models.build("lm_adagrad_clip")
-    nodes, _ = _rewrite(m, worker, partitions=(("embedding", 3),))
+    nodes, _ = _rewrite(m, worker, partitions={"embedding": 3})
     pushes = [n for n in nodes.values() if n.op == "SparseAccumulatorApplyGradient"]
     assert len(pushes) >= 3
     for push in pushes:

@@ -226,3 +226,81 @@ def test_a_string_lookup_keeps_each_example_to_itself():
         tf.TensorSpec([None], tf.string))).graph
     (find,) = [op for op in graph.get_operations() if op.type == "LookupTableFindV2"]
     assert is_rows(ExampleRows(graph).form(find.outputs[0]))
+
+
+def test_ids_of_unknown_rank_keep_their_examples_through_keras_embedding():
+    """keras-io's wide & deep model: a StringLookup's ids (of unknown rank in
+    the lifted graph) go through Keras's Embedding, which wraps negative ids
+    (SelectV2(ids < 0, ids + n, ids)): ops of unknown rank but provably the
+    ids' one shape (a scalar beside them), so the looked-up rows stay each
+    example's and a dropout after them is drawn per example (before: every
+    elementwise op of unknown rank was 'elems', the concatenation after it
+    'mixed', and the dropout refused)."""
+    import keras
+
+    from autopar.transforms.example_rows import ExampleRows, is_rows
+    from autopar.transforms.lift import lift
+    words = keras.Input((), dtype="string")
+    ids = keras.layers.StringLookup(vocabulary=["a", "b", "c"], mask_token=None,
+                                    num_oov_indices=0)(words)
+    numbers = keras.Input((), dtype="float32")
+    features = keras.layers.concatenate([keras.layers.Embedding(3, 2)(ids),
+                                         keras.ops.expand_dims(numbers, -1)])
+    model = keras.Model([words, numbers], keras.layers.Dense(2)(features))
+    graph = lift(tf.function(model).get_concrete_function(
+        [tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.float32)])).graph
+    rows = ExampleRows(graph)
+    (select,) = [op for op in graph.get_operations() if op.type == "SelectV2"]
+    assert select.outputs[0].shape.rank is None
+    (matmul,) = [op for op in graph.get_operations() if op.type == "MatMul"]
+    assert is_rows(rows.form(select.outputs[0])) and is_rows(rows.form(matmul.outputs[0]))
+
+
+def test_only_what_provably_keeps_a_shape_shares_its_source():
+    """shape_source: elementwise ops with scalars, a lookup with a scalar
+    default, keep their input's shape; two tensors of unknown shape, or a
+    V1 Select (its condition may be a vector), do not."""
+    from autopar.transforms.example_rows import shape_source
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.int64, None)
+        y = tf1.placeholder(tf.int64, None)
+        kept = tf.where(tf.less(x, 0), x + 3, tf.identity(x))
+        both = x + y
+        select = tf1.where(tf1.placeholder(tf.bool, None), x, x)
+    memo = {}
+    assert shape_source(kept, memo) is x
+    assert shape_source(both, memo) is both
+    assert shape_source(select, memo) is select
+
+
+def test_a_string_lookups_multi_hot_rows_are_each_examples():
+    """keras-io's wide & deep baseline: a StringLookup's multi-hot output
+    (output_mode='binary': tf.math.bincount along the last axis, its size
+    min(depth, max(depth, the batch's largest id + 1))) counts each example's
+    row alone, and its size is the vocabulary's on every worker (before: no
+    rule for DenseBincount, its size a value of the batch; the dropout after
+    it was refused). A vector's counts are of the whole batch."""
+    import keras
+
+    from autopar.transforms.example_rows import ExampleRows, is_rows
+    from autopar.transforms.lift import lift
+    words = keras.Input((), dtype="string")
+    lookup = keras.layers.StringLookup(vocabulary=["a", "b", "c"], mask_token=None,
+                                       num_oov_indices=0, output_mode="binary")
+    model = keras.Model(words, keras.layers.Dense(2)(lookup(keras.ops.expand_dims(words, -1))))
+    graph = lift(tf.function(model).get_concrete_function(
+        tf.TensorSpec([None], tf.string))).graph
+    rows = ExampleRows(graph)
+    (count,) = [op for op in graph.get_operations() if op.type == "DenseBincount"]
+    assert is_rows(rows.form(count.outputs[0])) and rows.form(count.inputs[1]) == ("shared",)
+
+    vector = tf.Graph()
+    with vector.as_default():
+        ids = tf1.placeholder(tf.int32, [None])
+        counts = tf.math.bincount(ids, minlength=5, maxlength=5, axis=-1)
+        uneven = tf.math.bincount(ids, minlength=3, maxlength=5)
+    rows = ExampleRows(vector)
+    assert rows.form(counts)[0] == "reduced"
+    # min(5, max(3, largest + 1)) depends on the batch's largest id
+    assert rows.form(uneven.op.inputs[1]) != ("shared",)

@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from tests.models import build_case, build_shared_gradient_case
 from autopar.transforms.analysis import analyze_graph
-from autopar.transforms.plan import make_plan
+from autopar.transforms.plan import PlanOptions, make_plan
 from autopar.transforms.rewrite import rewrite_for_worker
 from autopar.transforms.methods.registry import METHODS
 
@@ -106,7 +106,7 @@ class Rewritten:
         self.case = build_case(**kwargs)
         self.graph = self.case.graph
         self.analysis = analyze_graph(self.graph)
-        self.plan = make_plan(self.analysis, num_workers, fusion_bytes=fusion)
+        self.plan = make_plan(self.analysis, num_workers, PlanOptions(fusion_bytes=fusion))
         self.num_workers = num_workers
         self.before = [(n.name, n.op, list(n.input)) for n in self.graph.as_graph_def().node]
         self.workers = {}
@@ -315,7 +315,7 @@ def test_gradient_also_used_inside_the_backward_pass():
     assert analysis.variable("c").grad_tensor == gc.name
     assert analysis.variable("w").grad_tensor == case.grads["w"].name
     for fusion in (64 << 20, 16):   # one bucket for both / one bucket each
-        plan = make_plan(analysis, 2, fusion_bytes=fusion)
+        plan = make_plan(analysis, 2, PlanOptions(fusion_bytes=fusion))
         with case.graph.as_default():
             wg = rewrite_for_worker(case.graph, analysis, plan, 0)
         nodes = {n.name: list(n.input) for n in wg.meta_graph.graph_def.node}

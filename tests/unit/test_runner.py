@@ -256,6 +256,7 @@ def _spec(tmp_path):
     return str(path)
 
 
+@pytest.mark.slow
 def test_distributing_an_unsupported_graph_exits_2_with_the_message(tmp_path, capsys):
     graph = _gradient_accumulation()[0]
     with pytest.raises(SystemExit) as info:
@@ -266,12 +267,14 @@ def test_distributing_an_unsupported_graph_exits_2_with_the_message(tmp_path, ca
     assert "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_autopar_debug_raises_the_error_itself(tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOPAR_DEBUG", "1")
     with pytest.raises(UnsupportedGraphError):
         autopar.get_runner(_gradient_accumulation()[0], _spec(tmp_path))
 
 
+@pytest.mark.slow
 def test_launch_failure_exits_2_with_the_message(tmp_path, capsys):
     """Every port of the spec's range is taken: the launcher cannot start the
     job, and says so without a traceback."""
@@ -342,6 +345,7 @@ def test_evaluate_rejects_what_it_cannot_evaluate():
             runner.evaluate([], initializer=init)
 
 
+@pytest.mark.slow
 def test_each_train_op_runs_with_its_own_inputs_and_logs_its_own_loss(steps_logged):
     """Two train ops over different variables (tests/programs/two_trainers):
     a step of one is fed only its own placeholders; the progress line's loss

@@ -8,6 +8,7 @@ rewritten graphs in one session, each on a CPU device of its own (their
 collectives between local devices), against one device on the global
 batch."""
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from autopar.transforms.analysis import analyze_graph
@@ -67,6 +68,7 @@ def _workers_together(run_option: str) -> tuple[list[dict], object]:
     return values, build_report(analysis, plan)
 
 
+@pytest.mark.slow
 def test_a_sampled_softmax_trains_as_one_device_under_a_global_norm():
     expected = _one_device()
     got, report = _workers_together("allreduce")

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 # The main thread then waits in C for good, as in a TensorFlow step, where
@@ -44,6 +46,7 @@ def _line(proc: subprocess.Popen, timeout: float = 30) -> str:
     return proc.stdout.readline()
 
 
+@pytest.mark.slow
 def test_the_first_sigterm_asks_and_the_bound_ends_the_process():
     proc = _start(bound_s=1.0)
     proc.send_signal(signal.SIGTERM)
@@ -54,6 +57,7 @@ def test_the_first_sigterm_asks_and_the_bound_ends_the_process():
     proc.stdout.close()
 
 
+@pytest.mark.slow
 def test_a_second_sigterm_ends_it_at_once():
     proc = _start(bound_s=600.0)
     proc.send_signal(signal.SIGTERM)

@@ -522,7 +522,7 @@ def test_server_ops_read_constants_of_their_own_server():
     analysis = analyze_graph(lifted.graph)
     emb = program.model.layers[0].embeddings.path
     plan = make_plan(analysis, TOPOLOGY, options=PlanOptions(run_option="hybrid",
-                                                              partitions=((emb, 2),)))
+                                                              partitions={emb: 2}))
     graph_def = rewrite_for_worker(lifted.graph, analysis, plan, 0).meta_graph.graph_def
     nodes = {n.name: n for n in graph_def.node}
     conds = [n for n in graph_def.node if n.op == "StatelessIf" and n.device.startswith("/job:ps")]
@@ -550,7 +550,7 @@ def test_momentum_sgd_embedding_goes_to_the_servers_whole():
     assert plan.variable(emb.name).method == "ps"
     assert "outside the ops that write it" in emb.partition_blocker
     split = make_plan(analysis, TOPOLOGY, options=PlanOptions(
-        run_option="hybrid", partitions=((emb.name, 2),)))
+        run_option="hybrid", partitions={emb.name: 2}))
     assert len(split.variable(emb.name).partitions) == 1
     assert "kept whole, not split into partitions: its update" in split.variable(emb.name).reason
     lm = analyze_graph(models.build("lm_adam_clip").graph).variable("embedding")
@@ -566,7 +566,7 @@ def test_a_split_keras_embedding_reads_only_its_rows():
     analysis = analyze_graph(lifted.graph)
     emb = program.model.layers[0].embeddings.path
     plan = make_plan(analysis, TOPOLOGY, options=PlanOptions(run_option="hybrid",
-                                                              partitions=((emb, 2),)))
+                                                              partitions={emb: 2}))
     assert len(plan.variable(emb).partitions) == 2
     wg = rewrite_for_worker(lifted.graph, analysis, plan, 1)
     nodes = {n.name: n for n in wg.meta_graph.graph_def.node}

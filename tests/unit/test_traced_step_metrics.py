@@ -70,6 +70,7 @@ def test_the_steps_python_variables_fetch_their_trained_values():
         np.testing.assert_array_equal(g, h)
 
 
+@pytest.mark.slow
 def test_a_reset_from_python_is_not_undone_by_a_sync():
     """keras-io's custom-loop guide's epoch: read the training metric,
     reset it in Python, then read the trained weights for validation

@@ -34,7 +34,7 @@ def analysis(program):
 
 def _plan(analysis, run_option, topology=UNEVEN, **options):
     return make_plan(analysis, topology, options=PlanOptions(
-        run_option=run_option, partitions=tuple(two_trainers.PARTITIONS.items()), **options))
+        run_option=run_option, partitions=dict(two_trainers.PARTITIONS), **options))
 
 
 def test_train_groups_from_data_flow(program, analysis):

@@ -327,7 +327,7 @@ def predicted_faster(num_workers: int, num_hosts: int, num_servers: int,
                    f"{MIN_SAVING_S * 1e3:g} ms its servers and buffers must pay back: ring "
                    "all-reduce is kept")
     else:
-        verdict = (f"ring all-reduce is predicted faster"
+        verdict = ("ring all-reduce is predicted faster"
                    + (f" by {-saving * 1e3:.1f} ms per step" if saving < 0 else " (a tie)"))
     why = (f"cost model for M = {human_bytes(model_bytes)} of dense float32 gradients at "
            f"{gbps:g} Gbit/s per link{'' if link_gbps else ' (assumed: the spec gives none)'}: "

@@ -648,6 +648,7 @@ class PsBuilder:
         region; the original region becomes NoOps waiting for the copies."""
         need = self.plan.contributions_per_step()
         region = set(info.update_ops) | set(info.own_path_ops)
+        totals = []
         for p, server in enumerate(vp.servers):
             remap = {name: self.part_handles[name][p] for name in [info.name, *info.slots]}
             device = server_device(server)
@@ -658,6 +659,7 @@ class PsBuilder:
                         accumulators[p], required, *self._own_pushes_on(device)], device,
                         dtype=tf.as_dtype(info.dtype))
                     remap[node_input_name(info.grad_tensor)] = total
+                    totals.append(total)
                 else:
                     indices = self.g.get_tensor_by_name(info.grad_indices)
                     if info.row_wise:
@@ -675,6 +677,26 @@ class PsBuilder:
                                       else self.worker_device))
         for name in region:
             self.edits.noop_deps[name] = [copy_prefix(p) + name for p in range(len(vp.servers))]
+        if info.gradient == "dense":
+            self._whole_aggregate(vp, info, totals)
+
+    def _whole_aggregate(self, vp, info, totals: list[str]) -> None:
+        """What reads a partitioned dense gradient outside its update regions
+        (a global norm's term of it, which the other gradients' terms join)
+        reads the aggregate, as it does for a variable kept whole: the
+        partitions' takes dealt back into place (partition p holds rows p,
+        p + n, ...) (before: the chief's own gradient, and the norm that
+        clips every variable was the chief's)."""
+        grad = self.g.get_tensor_by_name(info.grad_tensor)
+        dtype = grad.dtype.base_dtype
+        device = server_device(vp.servers[0])
+        n = len(vp.servers)
+        rows = [self._const(list(range(p, info.shape[0], n)), tf.int32, device)
+                for p in range(n)]
+        whole = self.nodes.add("DynamicStitch", [*rows, *totals], device, N=n, T=dtype)
+        self.edits.replaced[grad.name] = self.nodes.add(
+            "Reshape", [whole, self.constants.shape_of(grad, device)], device, T=dtype,
+            Tshape=tf.int32) + ":0"
 
     def _release(self, ps_vars) -> tf.Operation:
         updates = [self.g.get_operation_by_name(u)

@@ -1,6 +1,8 @@
-"""How autopar talks to the terminal: its log lines on stdout, its errors on
-stderr without a traceback. Shared by `get_runner` and the `autopar` command,
-and light (no TensorFlow) so the command stays quick to start."""
+"""How autopar's processes talk to the terminal: their log lines on stdout,
+their errors on stderr without a traceback, the last error line of a failed
+process's output. Shared by the API (`get_runner`, the `autopar` command) and
+the runtime (the launcher streaming its children, the servers), and light (no
+TensorFlow) so the command stays quick to start."""
 from __future__ import annotations
 
 import logging
@@ -160,12 +162,11 @@ def _library_file(filename: str) -> bool:
 
 def _library_roots() -> tuple[str, ...]:
     import sysconfig
-    here = os.path.dirname(os.path.abspath(__file__))          # autopar/
-    roots = [here, sysconfig.get_paths()["stdlib"]]
-    autopar = sys.modules.get("autopar")
-    for path in getattr(autopar, "__path__", ()):
-        # A source checkout: its common/, transforms/ and runtime/ are autopar too.
-        roots += [os.path.join(path, layer) for layer in ("common", "transforms", "runtime")]
+    roots = [sysconfig.get_paths()["stdlib"]]
+    # The package's folders (in a source checkout its common/, transforms/
+    # and runtime/ are folders of their own: autopar/__init__.py).
+    for name in ("autopar", "autopar.common", "autopar.transforms", "autopar.runtime"):
+        roots += getattr(sys.modules.get(name), "__path__", ())
     return tuple(roots)
 
 
