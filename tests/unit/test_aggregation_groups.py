@@ -108,6 +108,14 @@ def test_groups_are_refused_with_micro_batches():
     with pytest.raises(AutoparError, match="Config.aggregation_group .* Config.micro_batches > 1"):
         autopar.Config(aggregation_group=2, micro_batches=2)
     autopar.Config(aggregation_group=1, micro_batches=2)     # groups of one pull alone
+    autopar.Config(aggregation_group=0, micro_batches=2)     # the hosts
+
+
+def test_the_hosts_need_no_local_aggregation():
+    """aggregation_group=0 keeps the hosts, which also holds without local
+    aggregation (every worker a contributor); a group size needs it."""
+    _, plan = _plan(models.build("lm_adam_clip"), aggregation_group=0, local_aggregation=False)
+    assert plan.aggregation_group == 0 and plan.contributions_per_step() == 5
 
 
 def test_evaluate_refuses_grouped_lookups():
