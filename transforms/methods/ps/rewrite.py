@@ -600,9 +600,7 @@ class PsBuilder:
             dtype = grad.dtype.base_dtype
             total = self.nodes.add("AccumulatorTakeGradient", [
                 accumulators[0], required, *self._own_pushes_on(device)], device, dtype=dtype)
-            self.edits.replaced[grad.name] = self.nodes.add(
-                "Reshape", [total, self.constants.shape_of(grad, device)], device, T=dtype,
-                Tshape=tf.int32) + ":0"
+            self._read_as_gradient(grad, total, device)
             return
         with tf.device(device):
             values = self.g.get_tensor_by_name(info.grad_values)
@@ -694,9 +692,14 @@ class PsBuilder:
         rows = [self._const(list(range(p, info.shape[0], n)), tf.int32, device)
                 for p in range(n)]
         whole = self.nodes.add("DynamicStitch", [*rows, *totals], device, N=n, T=dtype)
+        self._read_as_gradient(grad, whole, device)
+
+    def _read_as_gradient(self, grad: tf.Tensor, aggregate: str, device: str) -> None:
+        """What reads the dense gradient `grad` outside the backward pass reads
+        the node `aggregate` instead, in `grad`'s shape."""
         self.edits.replaced[grad.name] = self.nodes.add(
-            "Reshape", [whole, self.constants.shape_of(grad, device)], device, T=dtype,
-            Tshape=tf.int32) + ":0"
+            "Reshape", [aggregate, self.constants.shape_of(grad, device)], device,
+            T=grad.dtype.base_dtype, Tshape=tf.int32) + ":0"
 
     def _release(self, ps_vars) -> tf.Operation:
         updates = [self.g.get_operation_by_name(u)
