@@ -27,6 +27,14 @@ REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "tests" / "integration" / "train_model.py"
 
 
+def python_as(behavior: str) -> list[str]:
+    """The interpreter's command for a script run as a program of
+    `behavior`: "v1" runs it through scripts/v1_behavior.py, which calls
+    tf.compat.v1.disable_v2_behavior() first, as TF1-era scripts do."""
+    wrapper = REPO / "tests" / "integration" / "scripts" / "v1_behavior.py"
+    return [sys.executable, *([str(wrapper)] if behavior == "v1" else [])]
+
+
 def write_spec(directory: Path, workers: int, servers: int = 0,
                address: str = "127.0.0.1", isolation: str | None = None) -> Path:
     """``isolation``: the spec's network.isolation (runtime/launcher.py

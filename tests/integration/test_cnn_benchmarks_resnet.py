@@ -22,20 +22,18 @@ in float64).
 """
 import os
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from tests.integration.cluster import REPO, assert_same_parameters, load_worker, write_spec
+from tests.integration.cluster import (REPO, assert_same_parameters, load_worker, python_as,
+                                       write_spec)
 
 SCRIPT = REPO / "tests" / "integration" / "scripts" / "cnn_benchmarks_resnet.py"
 STEPS = 3
 ARGS = ["--dtype", "float64", "--image-size", "8", "--batch", "6", "--steps", str(STEPS)]
 LAYERS = 19   # batch-norm layers of ResNet-20
 
-
-V1_BEHAVIOR = REPO / "tests" / "integration" / "scripts" / "v1_behavior.py"
 
 # AUTOPAR_TEST_MATRIX=full (`make test-matrix`): with the variables on
 # servers too (herring keeps float64 gradients on the ring: allreduce's
@@ -63,8 +61,7 @@ def test_resnet20_through_tf_compat_v1_layers_legacy_keras(run_option, behavior,
                PYTHONPATH=os.pathsep.join([str(REPO), str(legacy)]))
 
     def start(out, *extra):
-        wrapper = [str(V1_BEHAVIOR)] if behavior == "v1" else []
-        return subprocess.Popen([sys.executable, *wrapper, str(SCRIPT), *ARGS, "--use-tf-layers", "--out",
+        return subprocess.Popen([*python_as(behavior), str(SCRIPT), *ARGS, "--use-tf-layers", "--out",
                                  str(out), *extra], cwd=REPO, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
 

@@ -6,24 +6,23 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.integration.cluster import python_as
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 120
 # The V1-behaviour lane (`make test-matrix`): the TF1 examples run as
 # TF1-era scripts do, tf.compat.v1.disable_v2_behavior() first, through a
 # runpy wrapper (the launcher re-runs the wrapper in every process).
-V1_BEHAVIOR = str(REPO_ROOT / "tests" / "integration" / "scripts" / "v1_behavior.py")
 BEHAVIORS = ["v2", "v1"] if os.environ.get("AUTOPAR_TEST_MATRIX") == "full" else ["v2"]
 
 
 def _run_example(script: str, *args: str, behavior: str = "v2") -> str:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    wrapper = [V1_BEHAVIOR] if behavior == "v1" else []
-    proc = subprocess.run([sys.executable, *wrapper, f"examples/{script}", *args], cwd=REPO_ROOT,
+    proc = subprocess.run([*python_as(behavior), f"examples/{script}", *args], cwd=REPO_ROOT,
                           env=env,
                           capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, (f"{script} exited {proc.returncode}\n"
@@ -108,9 +107,8 @@ def test_parallax_lm1b_port_equals_one_device_with_the_global_batch(behavior, tm
     script = str(REPO_ROOT / "examples" / "lm1b" / "lm1b_distributed_driver.py")
     _run_example("lm1b/lm1b_distributed_driver.py", *LM1B_SMALL, "--batch_size", "6",
                  "--save_npz", str(tmp_path / "single.npz"), behavior=behavior)
-    wrapper = [V1_BEHAVIOR] if behavior == "v1" else []
     spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
-    log = run_script([sys.executable, *wrapper, script, *LM1B_SMALL, "--batch_size", "2",
+    log = run_script([*python_as(behavior), script, *LM1B_SMALL, "--batch_size", "2",
                       "--resource_info_file", str(spec), "--run_option", "hybrid",
                       "--save_npz", str(tmp_path / "worker{worker}.npz")])
     assert "dense averaged and sparse summed over workers" in log
