@@ -41,6 +41,8 @@ from autopar.transforms.methods.base import Edits, RewriteContext
 from autopar.transforms.methods.registry import METHODS
 from autopar.transforms.ops import ConstantPool, NodeWriter
 from autopar.transforms.plan import Plan
+from autopar.transforms.update_order import (reference_updates_after_the_gradients,
+                                              updates_wait_for_gradients)
 from autopar.transforms.wus import shard_weight_updates
 
 tf1 = tf.compat.v1
@@ -164,7 +166,8 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
     _set_devices(graph_def, new_nodes, edits, device)
     _edit_original_nodes(graph_def, new_nodes, edits)
     if accumulation is None:
-        _updates_wait_for_gradients(graph_def, analysis)
+        updates_wait_for_gradients(graph_def, analysis)
+        reference_updates_after_the_gradients(graph_def, analysis, edits.server_variables)
     # After the gradient renames: a renamed consumer reads the aggregate, an
     # op reading a replaced batch-norm output (even a new one) the group's.
     apply_rewire(graph_def, rewire, rewire_exempt)
@@ -364,27 +367,6 @@ def _silence_dead_readers(graph_def, noops: set[str]) -> None:
                 node.input.append("^" + name)
                 noops.add(node.name)
                 stack.append(node.name)
-
-
-def _updates_wait_for_gradients(graph_def, analysis: Analysis) -> None:
-    """Each update op waits for its variable's gradient, this worker's. An
-    update may write a slot from no gradient (tf.compat.v1's Adam decays m
-    of a sparse gradient's variable, m *= beta1, then adds the rows): a run
-    that fails before the gradient exists (a tf.data iterator at its end:
-    OutOfRangeError) could run that write on some workers and not on
-    others, and replicas would differ from then on (a server's copy would
-    have decayed or not, by chance). Waiting, the write runs in no such
-    run; a step that runs an update computes this worker's gradient anyway.
-    (Not with micro-batches: the update's run computes no gradient.)"""
-    by_name = {node.name: node for node in graph_def.node}
-    for v in analysis.variables:
-        gradient = (v.grad_tensor or v.grad_values or "").split(":")[0]
-        if gradient not in by_name:
-            continue
-        for name in v.update_ops:
-            node = by_name.get(name)
-            if node is not None and "^" + gradient not in node.input:
-                node.input.append("^" + gradient)
 
 
 def _meta_graph(graph_or_meta) -> tf1.MetaGraphDef:

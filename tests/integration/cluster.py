@@ -30,9 +30,18 @@ TRAIN = REPO / "tests" / "integration" / "train_model.py"
 def python_as(behavior: str) -> list[str]:
     """The interpreter's command for a script run as a program of
     `behavior`: "v1" runs it through scripts/v1_behavior.py, which calls
-    tf.compat.v1.disable_v2_behavior() first, as TF1-era scripts do."""
+    tf.compat.v1.disable_v2_behavior() first, as TF1-era scripts do;
+    "v1-resource" also keeps resource variables on: the one-device
+    reference of a V1 program (see v1_behavior.py)."""
     wrapper = REPO / "tests" / "integration" / "scripts" / "v1_behavior.py"
-    return [sys.executable, *([str(wrapper)] if behavior == "v1" else [])]
+    flags = {"v2": [], "v1": [str(wrapper)],
+             "v1-resource": [str(wrapper), "--resource-variables"]}[behavior]
+    return [sys.executable, *flags]
+
+
+def reference_of(behavior: str) -> str:
+    """The behaviour of a program's one-device reference run."""
+    return "v1-resource" if behavior == "v1" else behavior
 
 
 def write_spec(directory: Path, workers: int, servers: int = 0,

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 from tests.integration.cluster import (REPO, assert_same_parameters, load_worker, python_as,
-                                       write_spec)
+                                       reference_of, write_spec)
 
 SCRIPT = REPO / "tests" / "integration" / "scripts" / "cnn_benchmarks_resnet.py"
 STEPS = 3
@@ -60,7 +60,7 @@ def test_resnet20_through_tf_compat_v1_layers_legacy_keras(run_option, behavior,
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2",
                PYTHONPATH=os.pathsep.join([str(REPO), str(legacy)]))
 
-    def start(out, *extra):
+    def start(out, *extra, behavior=behavior):
         return subprocess.Popen([*python_as(behavior), str(SCRIPT), *ARGS, "--use-tf-layers", "--out",
                                  str(out), *extra], cwd=REPO, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
@@ -75,7 +75,7 @@ def test_resnet20_through_tf_compat_v1_layers_legacy_keras(run_option, behavior,
         assert proc.returncode == 0, out[-6000:]
         return out
     # one device beside the job: the job's processes mostly wait on each other
-    single = start(tmp_path / "single")
+    single = start(tmp_path / "single", behavior=reference_of(behavior))
     try:
         log = output(start(tmp_path / "dist", "--spec", str(write_spec(
             tmp_path, 3, servers=2 if run_option == "ps" else 0)),

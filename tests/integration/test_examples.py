@@ -102,11 +102,11 @@ def test_parallax_lm1b_port_equals_one_device_with_the_global_batch(behavior, tm
     disable_v2_behavior(), through a runpy wrapper."""
     import numpy as np
 
-    from tests.integration.cluster import (assert_same_parameters, run_script,
+    from tests.integration.cluster import (assert_same_parameters, reference_of, run_script,
                                            write_two_host_spec)
     script = str(REPO_ROOT / "examples" / "lm1b" / "lm1b_distributed_driver.py")
     _run_example("lm1b/lm1b_distributed_driver.py", *LM1B_SMALL, "--batch_size", "6",
-                 "--save_npz", str(tmp_path / "single.npz"), behavior=behavior)
+                 "--save_npz", str(tmp_path / "single.npz"), behavior=reference_of(behavior))
     spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
     log = run_script([*python_as(behavior), script, *LM1B_SMALL, "--batch_size", "2",
                       "--resource_info_file", str(spec), "--run_option", "hybrid",

@@ -51,6 +51,12 @@ def _behavior(behavior: str) -> list[str]:
     return ["--v1-behavior"] if behavior == "v1" else []
 
 
+def _reference_behavior(behavior: str) -> list[str]:
+    """The one-device reference's arguments: a "v1" program with resource
+    variables, whose reads no update overtakes (scripts/v1_behavior.py)."""
+    return [*_behavior(behavior), "--resource-variables"] if behavior == "v1" else []
+
+
 def _script_main():
     spec = importlib.util.spec_from_file_location("user_program", SCRIPT)
     module = importlib.util.module_from_spec(spec)
@@ -70,7 +76,7 @@ def single_device(tmp_path_factory):
                     "--batch", str(BATCH), "--out", str(out)]
             if behavior == "v1":
                 # V1 behaviour is for the whole process: a process of its own
-                run_script([sys.executable, str(SCRIPT), *argv, *_behavior(behavior)])
+                run_script([sys.executable, str(SCRIPT), *argv, *_reference_behavior(behavior)])
             else:
                 run_in_process(_script_main(), argv)
             cache[key] = load_worker(out, 0)
@@ -166,7 +172,7 @@ def test_every_batch_of_a_finite_dataset_matches_single_device(run_option, behav
     steps alone)."""
     script = str(REPO / "tests" / "integration" / "scripts" / "tfdata_epochs.py")
     run_script([sys.executable, script, "--out", str(tmp_path / "single"), "--batch", "6",
-                "--steps", "8", *_behavior(behavior)])
+                "--steps", "8", *_reference_behavior(behavior)])
     expected = load_worker(tmp_path / "single", 0)
     assert int(expected["global_step"]) == 8   # 4 steps an epoch, the last of 5
     spec = write_two_host_spec(tmp_path, workers=(2, 1),

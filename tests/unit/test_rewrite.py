@@ -101,8 +101,8 @@ def gradient_names(analysis) -> list:
 
 
 class Rewritten:
-    def __init__(self, name, num_workers=2):
-        kwargs, fusion = SCENARIOS[name]
+    def __init__(self, name, num_workers=2, scenario=None):
+        kwargs, fusion = scenario or SCENARIOS[name]
         self.case = build_case(**kwargs)
         self.graph = self.case.graph
         self.analysis = analyze_graph(self.graph)
@@ -357,3 +357,53 @@ def test_a_server_copies_small_constants_it_reads_not_large_ones():
     # the copies a feed of the constant feeds too (Runner)
     copy = nodes["b/Assign"].input[1]
     assert worker.constant_copies["small:0"] == [f"{copy}:0"] and "big:0" not in worker.constant_copies
+
+
+def _ungated_reference_mlp() -> tuple[tf.Graph, tf.Operation]:
+    """Two layers of reference variables differentiated as tf_cnn_benchmarks
+    does, tf.gradients without gating (an optimizer's compute_gradients
+    groups each op's input and weight gradients, which orders the reads
+    of a layer's weights before its update by chance)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 4])
+        y = tf1.placeholder(tf.float32, [None, 1])
+        h = x
+        for i, width in enumerate((8, 1)):
+            w = tf1.Variable(tf.ones([int(h.shape[1]), width]) * 0.1, name=f"w{i}",
+                             use_resource=False)
+            h = tf.matmul(h, w)
+        loss = tf.reduce_mean(tf.square(h - y))
+        params = tf1.trainable_variables()
+        grads = tf.gradients(loss, params)
+        train = tf1.train.MomentumOptimizer(0.1, 0.9).apply_gradients(zip(grads, params))
+    return graph, train
+
+
+def test_no_read_of_a_reference_variable_is_left_for_its_update_to_overtake():
+    """A reference variable's reads share its buffer, which its update
+    writes in place (transforms.update_order): every op of the step that
+    reads the variable (its read Identity and what consumes that) runs
+    before any update of it, in each worker's graph. In the user's graph
+    the upper layer's update waits only for its own gradient, while the
+    lower layer's gradient still reads the upper layer's weights."""
+    graph, train = _ungated_reference_mlp()
+    analysis = analyze_graph(graph)
+    plan = make_plan(analysis, 2, PlanOptions(fusion_bytes=1))   # a bucket each
+    for i in range(2):
+        with graph.as_default():
+            worker = import_meta(rewrite_for_worker(graph, analysis, plan, i).meta_graph)
+        step = all_ancestors(worker.get_operation_by_name(train.name))
+        checked = 0
+        for v in analysis.variables:
+            var = worker.get_operation_by_name(v.name)
+            assert var.type == "VariableV2"
+            updates = [worker.get_operation_by_name(u) for u in v.update_ops]
+            reads = [c for c in var.outputs[0].consumers() if c not in updates]
+            readers = {r.name for r in reads} | {c.name for r in reads for t in r.outputs
+                                                 for c in t.consumers()}
+            for u in updates:
+                late = sorted((readers & step) - all_ancestors(u))
+                assert not late, (i, u.name, late)
+                checked += 1
+        assert checked == 2

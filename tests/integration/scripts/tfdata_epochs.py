@@ -21,6 +21,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import autopar  # noqa: E402
+from tests.integration.scripts.v1_behavior import behave_as_tf1  # noqa: E402
 
 tf1 = tf.compat.v1
 VOCAB, IDS, CLASSES = 20, 3, 3
@@ -40,9 +41,11 @@ def main() -> None:
                         "no gradient, or not, by chance (TensorFlow on one device)")
     p.add_argument("--v1-behavior", action="store_true",
                    help="call tf.compat.v1.disable_v2_behavior() first, as TF1-era scripts do")
+    p.add_argument("--resource-variables", action="store_true",
+                   help="with --v1-behavior: the one-device reference (v1_behavior.py)")
     args = p.parse_args()
     if args.v1_behavior:
-        tf1.disable_v2_behavior()
+        behave_as_tf1(args.resource_variables)
     rng = np.random.default_rng(0)
     ids = rng.integers(0, VOCAB, size=(args.examples, IDS)).astype(np.int64)
     dense = rng.normal(size=(args.examples, 4))

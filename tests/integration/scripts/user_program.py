@@ -16,6 +16,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import autopar  # noqa: E402
+from tests.integration.scripts.v1_behavior import behave_as_tf1  # noqa: E402
 
 tf1 = tf.compat.v1
 
@@ -34,9 +35,11 @@ def main(argv=None) -> None:
                         "unevenly (worker 0 one example more)")
     p.add_argument("--v1-behavior", action="store_true",
                    help="call tf.compat.v1.disable_v2_behavior() first, as TF1-era scripts do")
+    p.add_argument("--resource-variables", action="store_true",
+                   help="with --v1-behavior: the one-device reference (v1_behavior.py)")
     args = p.parse_args(argv)
     if args.v1_behavior:
-        tf1.disable_v2_behavior()
+        behave_as_tf1(args.resource_variables)
     program = importlib.import_module(f"tests.programs.{args.program}").build(args.dtype)
     config = autopar.Config(run_option=args.run_option, log_every_steps=1, **program.config)
     with autopar.get_runner(program.graph, args.spec, config) as runner:

@@ -1,0 +1,100 @@
+"""When a worker's update ops run relative to the step's gradients.
+
+Two orders are added to a worker's rewritten graph (not with micro-batches,
+where the run that updates computes no gradient):
+
+- Each update op waits for its own variable's gradient, this worker's
+  (`updates_wait_for_gradients`).
+- Each update of a reference variable (tf.compat.v1 without resource
+  variables: VariableV2, what every graph built after
+  `tf.compat.v1.disable_v2_behavior()` holds) waits for every gradient of
+  its train group (`reference_updates_after_the_gradients`). A reference
+  variable's reads (`v/read`, an Identity) share the variable's buffer, and
+  its update ops (ApplyMomentum, Assign...) write that buffer in place. The
+  backward pass reads a layer's weights (the input gradient of a MatMul or
+  Conv2D) after the weights' own gradient exists, so on one device TensorFlow
+  may apply a layer's update while the layers below it are still being
+  differentiated through the same buffer: which values they read is decided
+  by thread timing (ResNet-20 from tf_cnn_benchmarks, float64, one step: two
+  single-device runs differ by up to 1.1 in a momentum slot). A program's
+  meaning is the gradient at the step's weights, which is what resource
+  variables give (their reads copy before a write) and what one device gives
+  when no update overtakes a read. Every op reading a variable in the step
+  leads to one of its train group's gradients, so once all of them exist no
+  read is left for an update to overtake.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from autopar.transforms.analysis import Analysis
+
+_REFERENCE_VARIABLE_TYPES = frozenset({"VariableV2", "Variable"})
+
+
+def _gradient_node(variable) -> str:
+    return (variable.grad_tensor or variable.grad_values or "").split(":")[0]
+
+
+def _add_control_input(node, name: str) -> None:
+    if "^" + name not in node.input:
+        node.input.append("^" + name)
+
+
+def updates_wait_for_gradients(graph_def, analysis: Analysis) -> None:
+    """Each update op waits for its variable's gradient, this worker's. An
+    update may write a slot from no gradient (tf.compat.v1's Adam decays m
+    of a sparse gradient's variable, m *= beta1, then adds the rows): a run
+    that fails before the gradient exists (a tf.data iterator at its end:
+    OutOfRangeError) could run that write on some workers and not on
+    others, and replicas would differ from then on (a server's copy would
+    have decayed or not, by chance). Waiting, the write runs in no such
+    run; a step that runs an update computes this worker's gradient anyway."""
+    by_name = {node.name: node for node in graph_def.node}
+    for v in analysis.variables:
+        gradient = _gradient_node(v)
+        if gradient not in by_name:
+            continue
+        for name in v.update_ops:
+            node = by_name.get(name)
+            if node is not None:
+                _add_control_input(node, gradient)
+
+
+def reference_updates_after_the_gradients(graph_def, analysis: Analysis,
+                                          server_variables: set[str]) -> None:
+    """Each update op of a reference variable this worker updates (not one
+    on a server: a server's variable reaches workers as a copy) waits for
+    every gradient of its train group, except one computed after the update
+    (a gradient under the update's control dependencies)."""
+    by_name = {node.name: node for node in graph_def.node}
+    gradients_of_group: dict[int, list[str]] = defaultdict(list)
+    for v in analysis.variables:
+        if _gradient_node(v) in by_name:
+            gradients_of_group[v.group].append(_gradient_node(v))
+    updates = [(name, v.group) for v in analysis.variables
+               if v.name not in server_variables and v.name in by_name
+               and by_name[v.name].op in _REFERENCE_VARIABLE_TYPES
+               for name in v.update_ops if name in by_name]
+    if not updates:
+        return
+    consumers: dict[str, list[str]] = defaultdict(list)
+    for node in graph_def.node:
+        for inp in node.input:
+            consumers[inp.lstrip("^").split(":")[0]].append(node.name)
+    for name, group in updates:
+        after = _descendants(name, consumers)
+        node = by_name[name]
+        for gradient in gradients_of_group[group]:
+            if gradient not in after:
+                _add_control_input(node, gradient)
+
+
+def _descendants(name: str, consumers: dict[str, list[str]]) -> set[str]:
+    seen, stack = set(), [name]
+    while stack:
+        for c in consumers.get(stack.pop(), ()):
+            if c not in seen:
+                seen.add(c)
+                stack.append(c)
+    return seen
