@@ -71,7 +71,7 @@ demo-keras: $(STAMP)
 	$(PY) examples/keras_fit.py --spec resource_specs/localhost_2workers.yaml
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=30 tests
 
 # Before a commit (under 3 minutes on 2 cores): ruff's lint (pyproject.toml)
 # and the fast unit tests (not pytest.ini's `slow` ones: the integration,
