@@ -35,7 +35,10 @@ from autopar.runtime.measured import Meter
 from autopar.runtime.progress import Progress
 from autopar.runtime.rpc import grpc
 from autopar.runtime.tensorboard import ChiefBoard
-from autopar.runtime.runner import Runner, iterator_read_by
+from autopar.runtime.runner import Runner
+from autopar.runtime.step.graph_queries import iterator_read_by
+from autopar.runtime.step.hooks import step_hooks
+from autopar.runtime.step.training_step import StepFetches
 from autopar.runtime.session import session_config, start_worker_server, wait_for_peers
 from autopar.runtime.timeline import Recorder, options_from_env as timeline_options, write_part
 from autopar.transforms.analysis import Analysis, analyze_graph
@@ -140,9 +143,9 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
                                                 visible))
     micro_batching, agreement = _micro_batching(worker_graph, rewritten, config, worker_index,
                                                 num_workers, client)
+    dc = micro_batching.get("dropcompute")
     progress = meter = None
     if is_chief:
-        dc = micro_batching.get("dropcompute")
         board = _board(compiled, config)
         progress = Progress(config.log_every_steps, num_workers, config.total_steps, tty,
                             board=board, drops=dc.totals if dc else None,
@@ -151,26 +154,22 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
             meter = Meter(worker_graph, analysis, plan, num_workers, config.measure_steps,
                           board=board)
     recorder, hand_in = _timeline(client, worker_index, config) if job == 1 else (None, None)
-    # The timeline's events go before the last report says the worker closed.
-    on_close = [f for f in (meter.close if meter else None, hand_in,
-                            hook.closed if hook else None) if f is not None]
+    hooks = step_hooks(worker_index, reports=hook, checkpointer=checkpointer, progress=progress,
+                       timeline=recorder, hand_in=hand_in, meter=meter, dropcompute=dc)
+    training = StepFetches(
+        worker_graph, analysis, num_workers=num_workers, batch_size=batch_size,
+        with_step=[(groups, worker_graph.get_operation_by_name(op))
+                   for groups, op in rewritten.step_barriers + rewritten.step_targets],
+        after_step=(worker_graph.get_operation_by_name(rewritten.after_step)
+                    if rewritten.after_step else None),
+        step_feeds=({worker_graph.get_tensor_by_name(rewritten.in_step): True}
+                    if rewritten.in_step else None),
+        lookup_barriers=rewritten.lookup_barriers)
     runner = Runner(session, worker_graph, analysis, worker_index=worker_index,
-                    num_workers=num_workers, progress=progress, checkpointer=checkpointer,
-                    batch_size_tensor=batch_size, timeline=recorder, meter=meter,
-                    step_fetches=[(groups, worker_graph.get_operation_by_name(op))
-                                  for groups, op in rewritten.step_barriers
-                                  + rewritten.step_targets],
-                    after_step=(worker_graph.get_operation_by_name(rewritten.after_step)
-                                if rewritten.after_step else None),
-                    monitor=hook, on_close=on_close,
-                    **micro_batching,
+                    num_workers=num_workers, hooks=hooks, training=training, **micro_batching,
                     totals_allreduce=_totals_allreduce(worker_graph, plan, worker_index),
-                    lockstep_lookups=plan.grouped_lookups(),
-                    lookup_barriers=rewritten.lookup_barriers,
-                    lifted=lifted, loss_reduction=plan.loss_reduction,
-                    step_feeds=({worker_graph.get_tensor_by_name(rewritten.in_step): True}
-                                if rewritten.in_step else None),
-                    constant_copies=rewritten.constant_copies)
+                    lockstep_lookups=plan.grouped_lookups(), lifted=lifted,
+                    loss_reduction=plan.loss_reduction, constant_copies=rewritten.constant_copies)
     if isinstance(agreement, CollectiveAgreement):
         agreement.sum_over_workers = runner.sum_over_workers
     # The Python variables' values (a traced function's) are the chief's to
@@ -472,9 +471,10 @@ def single_device_runner(graph: tf.Graph, config, analysis: Analysis | None = No
                                      keep=config.keep_checkpoints)
                         if config.checkpoint_dir else None)
     session = tf1.Session(graph=graph)
-    runner = Runner(session, graph, analysis,
-                    progress=Progress(config.log_every_steps, 1, config.total_steps),
-                    checkpointer=checkpointer, batch_size_tensor=batch_size, lifted=lifted)
+    hooks = step_hooks(0, checkpointer=checkpointer,
+                       progress=Progress(config.log_every_steps, 1, config.total_steps))
+    runner = Runner(session, graph, analysis, hooks=hooks, lifted=lifted,
+                    training=StepFetches(graph, analysis, batch_size=batch_size))
     runner.start(init, init_feed=lifted.initial_feed() if lifted is not None else None)
     return runner
 
