@@ -25,7 +25,7 @@ from autopar.runtime.step.fetch_map import FetchMapper
 from autopar.runtime.step.hook import RunHook, StepRun
 from autopar.runtime.step.hooks import step_hooks
 from autopar.runtime.step.python_bridge import PythonVariables
-from autopar.runtime.step.stop import StopHook, TrainingStopped  # noqa: F401  (raised by run)
+from autopar.runtime.step.stop import StopHook
 from autopar.runtime.step.training_step import StepFetches
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.batch_weights import weighs_batches
