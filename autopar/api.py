@@ -14,13 +14,12 @@ import tensorflow as tf
 from autopar import overrides
 from autopar.config import Config
 from autopar.runtime.console import debug_errors, report_error, setup_logging
-from autopar.common.errors import AutoparError, SpecError, UnsupportedGraphError
+from autopar.common.errors import AutoparError, UnsupportedGraphError
 from autopar.common import env, procs, script
-from autopar.common.roles import REPORT_ROLE, SERVER_ROLE, WORKER_JOB, WORKER_ROLE
+from autopar.common.roles import REPORT_ROLE, SERVER_ROLE
 from autopar.transforms.compile import CompiledPlan, compile_for_config
 from autopar.transforms.methods.registry import processes
 from autopar.transforms.report import Report
-from autopar.transforms.topology import Topology
 
 log = logging.getLogger("autopar")
 
@@ -63,7 +62,8 @@ def get_runner(graph, resource_info=None, config: Config | None = None):
 
 def _get_runner(graph, resource_info, config: Config):
     # runtime is heavy; import on use
-    from autopar.runtime import join, launcher, outputs, script_plan, spec as specs, worker
+    from autopar.runtime import (launcher, membership, outputs, script_plan, server_main,
+                                 spec as specs, worker)
     graph, lifted = _lifted(graph)
     if lifted is not None and lifted.summaries and config.micro_batches > 1:
         raise UnsupportedGraphError(
@@ -72,14 +72,6 @@ def _get_runner(graph, resource_info, config: Config):
             f"{config.micro_batches}) a step is several runs, whose values are no step's: use "
             "micro_batches=1, or write the summaries from Python with what the step returns")
     role = env.current_role()
-    if role == WORKER_ROLE:
-        # The plan comes from the launcher (or the chief) through the job
-        # coordinator; the chief prints the report when the launcher did not.
-        index = env.current_task_index()
-        procs.set_title(procs.role_title(os.environ, sys.argv) or "worker")   # forked: set already
-        return worker.distributed_runner(
-            graph, env.current_cluster(), index, config, tty=os.environ.get(env.TTY) == "1",
-            print_report=index == 0 and not os.environ.get(env.REPORT_PRINTED), lifted=lifted)
     if role == REPORT_ROLE:
         spec = specs.ResourceSpec.from_dict(json.loads(os.environ[env.SPEC]))
         if os.environ.get(env.PLAN_OUT):      # `autopar launch`, before it starts anything
@@ -92,13 +84,16 @@ def _get_runner(graph, resource_info, config: Config):
         else:
             sys.stdout.write(compiled.report().table() + "\n")
         sys.exit(0)
-    if os.environ.get("TF_CONFIG"):
-        return _join_external(graph, config, lifted)
-    joined = join.external_rank(os.environ)
-    if joined is not None and joined[0] == "slurm":
-        return _join_slurm(graph, resource_info, config, joined[1:], lifted)
-    if joined is not None:
-        return _join_mpi(graph, resource_info, config, joined[1:], lifted)
+    # A process started by autopar's launcher, TF_CONFIG, srun or mpirun joins
+    # its job and spawns nothing (runtime/membership.py).
+    member = membership.resolve(resource_info)
+    if member is not None and member.role == SERVER_ROLE:
+        server_main.serve(member.cluster, member.index)
+        sys.exit(0)
+    if member is not None:
+        if member.how == membership.LaunchedResolver.name:   # (forked: its title is set)
+            procs.set_title(procs.role_title(os.environ, sys.argv) or "worker")
+        return worker.distributed_runner(graph, member, config, lifted=lifted)
     if resource_info is None:
         return worker.single_device_runner(graph, config, lifted=lifted)
     # The launcher: compile once, print the report from it, serve it to
@@ -143,47 +138,6 @@ def _lifted(graph):
     return lowered_graph(graph), None
 
 
-def _join_external(graph, config, lifted=None):
-    """A process started by an external launcher (TF_CONFIG): join, spawn nothing."""
-    from autopar.runtime import ports, server_main, spec as specs, worker
-    spec, task_type, index = specs.spec_from_tf_config(os.environ["TF_CONFIG"])
-    cluster = ports.explicit_cluster(spec)
-    if task_type == SERVER_ROLE:
-        server_main.serve(cluster, index)
-        sys.exit(0)
-    # The worker compiles the job's plan itself (no coordinator: worker._receive_plan).
-    return worker.distributed_runner(graph, cluster, index, config, lifted=lifted)
-
-
-def _join_mpi(graph, resource_info, config, mpi: tuple[int, int], lifted=None):
-    """A rank an MPI launcher started (runtime/join.py): worker `rank` of the
-    spec's cluster; joins, spawns nothing, compiles the plan itself."""
-    from autopar.runtime import gpus, join, spec as specs, worker
-    if resource_info is None:
-        raise SpecError("this process was started by an MPI launcher (mpirun): pass the resource "
-                        "spec to get_runner so every rank derives the same cluster from it")
-    rank, size = mpi
-    spec = specs.load_spec(resource_info)
-    cluster = join.mpi_cluster(spec, rank, size)
-    log.info("MPI rank %d of %d: worker %d of %s", rank, size, rank, cluster[WORKER_JOB])
-    return worker.distributed_runner(graph, cluster, rank, config, lifted=lifted,
-                                     gpus=gpus.mpi_rank_gpus(spec, rank))
-
-
-def _join_slurm(graph, resource_info, config, task: tuple[int, int], lifted=None):
-    """A task srun started (runtime/slurm.py): worker `task` of the step's
-    nodes; joins, spawns nothing, compiles the plan itself."""
-    from autopar.runtime import gpus, slurm, worker
-    rank, size = task
-    cluster = slurm.step_cluster(os.environ, rank, size)
-    if resource_info is not None and rank == 0:
-        log.info("started by srun: the job runs on the step's nodes and tasks; the resource "
-                 "spec passed to get_runner is not used")
-    log.info("Slurm task %d of %d: worker %d of %s", rank, size, rank, cluster[WORKER_JOB])
-    return worker.distributed_runner(graph, cluster, rank, config, lifted=lifted,
-                                     gpus=gpus.slurm_task_gpus())
-
-
 def fit(model, x, y=None, resource_info=None, config: Config | None = None, **options):
     """Train a compiled Keras 3 model as ``model.fit(x, y, **options)`` trains
     it, on the cluster `resource_info` describes, with one device's result;
@@ -209,8 +163,8 @@ def shard(dataset: tf.data.Dataset) -> tf.data.Dataset:
     device): every element, as `dataset.shard(1, 0)`, so the launcher's
     graph shows the pipeline sharded (a step reading a dataset with no shard
     on its way is refused, transforms/input_shards.py)."""
-    from autopar.runtime import join
-    num_workers, index = join.worker_position() or (1, 0)
+    from autopar.runtime import membership
+    num_workers, index = membership.worker_position() or (1, 0)
     return dataset.shard(num_workers, index)
 
 
@@ -218,8 +172,8 @@ def num_workers() -> int:
     """The number of workers of the job this process is a worker of (1
     outside a job), known before get_runner: a script scales its learning
     rate by it when a job may go on with fewer workers (Config.min_workers)."""
-    from autopar.runtime import join
-    position = join.worker_position()
+    from autopar.runtime import membership
+    position = membership.worker_position()
     return 1 if position is None else position[0]
 
 
@@ -231,12 +185,5 @@ def analyze(graph, resource_info, config: Config | None = None) -> Report:
 
 
 def _compile(graph, spec, config: Config) -> CompiledPlan:
-    # Summation servers: the launcher starts them when the plan's methods
-    # need them (registry.processes), so the planner may count on them,
-    # unless they cannot be built here (no C++ compiler: runtime/native.py).
-    from autopar.runtime.native import herring_unavailable
-    missing = herring_unavailable()
-    topology = Topology(tuple(h.address for h in spec.worker_hosts()), spec.num_servers,
-                        summation_servers=missing is None, summation_servers_why=missing or "",
-                        link_gbps=spec.bandwidth_gbps, shared_cores=spec.shared_cores)
-    return compile_for_config(graph, topology, config)
+    from autopar.runtime.membership import spec_topology
+    return compile_for_config(graph, spec_topology(spec), config)

@@ -37,7 +37,7 @@ SUMSERVERS = "AUTOPAR_SUMSERVERS"
 # (a spec's network.bandwidth_gbps and network.shared_cores), set by whoever
 # starts its processes, the same in every one: the link speed in Gbit/s and
 # the cores every process shares when the hosts are emulated on one machine.
-# The planner's cost models read them (runtime.worker.job_topology).
+# The planner's cost models read them (runtime.membership.cluster_topology).
 LINK_GBPS = "AUTOPAR_LINK_GBPS"
 SHARED_CORES = "AUTOPAR_SHARED_CORES"
 # Seconds a Herring push/pull (and a summation server holding an incomplete

@@ -69,7 +69,7 @@ def make_preexec(death_signal: int = signal.SIGKILL,
     SIGINT: a process started with it ignored (``nohup ... &`` from a script)
     passes the ignore on through fork and exec, and a chief that ignores
     SIGINT never hears the launcher's request to stop after its step and
-    save (runtime/runner.py). The launcher handles its own SIGINT either way.
+    save (runtime/step/stop.py). The launcher handles its own SIGINT either way.
 
     The death signal is tied to the *thread* that forked the child, so
     processes must be started from a thread that lives as long as they do

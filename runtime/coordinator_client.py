@@ -283,7 +283,7 @@ def _failing() -> bool:
     if error is None or isinstance(error, (StopIteration, GeneratorExit)):
         return False
     if isinstance(error, SystemExit):
-        # TrainingStopped (runtime/runner.py) is a requested stop, not a failure.
+        # TrainingStopped (runtime/step/stop.py) is a requested stop, not a failure.
         return error.code not in (None, 0) and type(error).__name__ != "TrainingStopped"
     return type(error).__name__ != "OutOfRangeError"
 
@@ -291,7 +291,7 @@ def _failing() -> bool:
 def _interrupt_self() -> None:
     """A stop request from the launcher becomes the SIGINT a local chief
     gets: the Runner's handler then stops after the current step, saving a
-    checkpoint (runtime/runner.py), exactly as on the local path."""
+    checkpoint (runtime/step/stop.py), exactly as on the local path."""
     logger.info("the launcher asked this process to stop")
     os.kill(os.getpid(), signal.SIGINT)
 

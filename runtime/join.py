@@ -17,12 +17,11 @@ import os
 from collections.abc import Mapping
 from dataclasses import replace
 
-from autopar.common import env
 from autopar.common.errors import SpecError, shown
-from autopar.common.roles import WORKER_JOB, WORKER_ROLE
+from autopar.common.roles import WORKER_JOB
 from autopar.runtime import slurm
 from autopar.runtime.ports import explicit_cluster, is_local_address
-from autopar.runtime.spec import ResourceSpec, spec_from_tf_config
+from autopar.runtime.spec import ResourceSpec
 
 # (rank, size) variables of the MPI launchers, first found wins.
 MPI_VARIABLES = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),   # OpenMPI
@@ -53,25 +52,6 @@ def external_rank(environ: Mapping[str, str] = os.environ) -> tuple[str, int, in
                                              and "OMPI_COMM_WORLD_RANK" not in environ)):
         return ("slurm", *step)
     return None if mpi is None else ("mpi", *mpi)
-
-
-def worker_position() -> tuple[int, int] | None:
-    """(number of workers, this worker's index) when this process is a worker
-    of a job (launched by autopar, joined through TF_CONFIG or started by an
-    MPI launcher); None in any other process."""
-    role = env.current_role()
-    if role is not None:
-        if role != WORKER_ROLE:
-            return None
-        return len(env.current_cluster()[WORKER_JOB]), env.current_task_index()
-    if os.environ.get("TF_CONFIG"):
-        spec, role, index = spec_from_tf_config(os.environ["TF_CONFIG"])
-        return (spec.num_workers, index) if role == WORKER_ROLE else None
-    joined = external_rank(os.environ)
-    if joined is not None:
-        _, rank, size = joined
-        return size, rank
-    return None
 
 
 def mpi_cluster(spec: ResourceSpec, rank: int, size: int) -> dict[str, list[str]]:

@@ -176,7 +176,7 @@ def _stop_with_checkpoint(chief: Child, state: _SignalState, timeout: float,
     ps-mode save reads the servers); give up after ``timeout`` s or a second
     signal. The caller then stops everything.
 
-    A local chief gets SIGINT (runtime/runner.py). A signal cannot be sent
+    A local chief gets SIGINT (runtime/step/stop.py). A signal cannot be sent
     through ssh, so a remote chief is asked through the job coordinator: the
     reply to its next report or heartbeat makes it send itself that SIGINT.
     Children run in their own sessions, so a Ctrl-C typed at the terminal

@@ -9,7 +9,7 @@ which needs every other worker, and in ps mode the servers for the save too;
 a process that died at the first SIGTERM took that step with it. So:
 
 - the chief stops after the training step it is in, saving a checkpoint
-  (runtime/runner.py), and exits with status 143; if it has not left
+  (runtime/step/stop.py), and exits with status 143; if it has not left
   CHIEF_STOP_S after the SIGTERM (a peer hangs), it exits then, unsaved;
 - every other worker and every server keeps running, and exits at once at
   its second SIGTERM (the launcher's, once the chief has stopped:

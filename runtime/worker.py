@@ -7,13 +7,13 @@ give: the launcher compiles it once (transforms/compile.py; `autopar launch`
 in one run of the script, runtime/script_plan.py) and serves it from the job
 coordinator. A job started by calling runtime.launcher.launch without a plan
 has its chief compile and publish it, the others fetch. Only a process with no
-coordinator to ask (joined through TF_CONFIG) compiles for itself, by the
-same deterministic function."""
+coordinator to ask (joined through TF_CONFIG, srun or mpirun) compiles for
+itself, by the same deterministic function. Where this process stands and
+where its plan comes from is its Membership (runtime/membership.py)."""
 from __future__ import annotations
 
 import atexit
 import logging
-import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -24,7 +24,7 @@ from autopar.common.errors import (AutoparError, LaunchError, SpecError, Unsuppo
                                    shown)
 from autopar.common import env
 from autopar.common.roles import SERVER_JOB, WORKER_JOB, WORKER_ROLE, process_name
-from autopar.runtime import gpus as gpu_ids
+from autopar.runtime.membership import Membership, PlanSource
 from autopar.common.text import plural
 from autopar.common.timeouts import NO_TIMEOUT_S
 from autopar.runtime.checkpoint import Checkpointer
@@ -35,7 +35,10 @@ from autopar.runtime.measured import Meter
 from autopar.runtime.progress import Progress
 from autopar.runtime.rpc import grpc
 from autopar.runtime.tensorboard import ChiefBoard
-from autopar.runtime.runner import Runner, iterator_read_by
+from autopar.runtime.runner import Runner
+from autopar.runtime.step.graph_queries import iterator_read_by
+from autopar.runtime.step.hooks import step_hooks
+from autopar.runtime.step.training_step import StepFetches
 from autopar.runtime.session import session_config, start_worker_server, wait_for_peers
 from autopar.runtime.timeline import Recorder, options_from_env as timeline_options, write_part
 from autopar.transforms.analysis import Analysis, analyze_graph
@@ -46,7 +49,6 @@ from autopar.transforms.graph_utils import import_meta_graph, staged_initializer
 from autopar.transforms.evaluate import totals_allreduce
 from autopar.transforms.keys import JOB_GROUP_STRIDE, PLAN_KEY, TIMELINE_KEY_PREFIX
 from autopar.transforms.accelerator import Accelerator
-from autopar.transforms.topology import Topology
 from autopar.transforms.methods.ps.rewrite import COUNTERS_INIT
 from autopar.transforms.rewrite import rewrite_for_worker, worker_device
 
@@ -72,16 +74,14 @@ class _ThisProcess:
 _PROCESS = _ThisProcess()
 
 
-def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, config,
-                       tty: bool = False, *, print_report: bool = False,
-                       lifted=None, gpus: tuple[int, ...] | None = None) -> Runner:
-    """The job's plan comes from the job coordinator, or is compiled here
-    (module docstring). `print_report`: log the Report (the chief, when no
-    launcher printed it). `gpus`: the GPU ids (as this process sees them)
-    the worker owns (None: as its launcher said, runtime/gpus.py)."""
-    num_workers = len(cluster[WORKER_JOB])
-    accelerator, visible = _accelerator(worker_index, gpu_ids.from_environment()
-                                        if gpus is None else gpus)
+def distributed_runner(graph, member: Membership, config, *, lifted=None) -> Runner:
+    """This process's Runner in the job `member` places it in
+    (runtime/membership.py): the plan comes from where the membership says
+    (module docstring), made for its topology; the chief logs the Report
+    when no launcher printed it."""
+    cluster, worker_index = member.cluster, member.index
+    num_workers = member.num_workers
+    accelerator, visible = _accelerator(worker_index, member.gpus)
     _PROCESS.jobs += 1
     job = _PROCESS.jobs
     if job == 1:
@@ -92,11 +92,11 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
         if _PROCESS.hook is not None:
             _PROCESS.hook.began_job()
     client, hook = _PROCESS.client, _PROCESS.hook
-    compiled = _receive_plan(graph, cluster, worker_index, config, client, job)
+    compiled = _receive_plan(graph, member, config, client, job)
     _check_same_config(compiled, config, worker_index)
-    _check_fits(compiled.plan, cluster)
+    _check_fits(compiled.plan, member)
     compiled.check_graph(graph)
-    if print_report or (job > 1 and worker_index == 0):   # (no launcher printed a later one)
+    if member.print_report or (job > 1 and worker_index == 0):   # (no launcher printed a later one)
         log.info("\n%s", compiled.report().table())
     analysis, plan = compiled.analysis, compiled.plan
     if analysis.batch_mixing and worker_index == 0 and num_workers > 1:
@@ -140,37 +140,33 @@ def distributed_runner(graph, cluster: dict[str, list[str]], worker_index: int, 
                                                 visible))
     micro_batching, agreement = _micro_batching(worker_graph, rewritten, config, worker_index,
                                                 num_workers, client)
+    dc = micro_batching.get("dropcompute")
     progress = meter = None
     if is_chief:
-        dc = micro_batching.get("dropcompute")
         board = _board(compiled, config)
-        progress = Progress(config.log_every_steps, num_workers, config.total_steps, tty,
+        progress = Progress(config.log_every_steps, num_workers, config.total_steps, member.tty,
                             board=board, drops=dc.totals if dc else None,
                             stall_warnings=(lambda: client.stall_warnings) if client else None)
         if config.measure_steps:
             meter = Meter(worker_graph, analysis, plan, num_workers, config.measure_steps,
                           board=board)
     recorder, hand_in = _timeline(client, worker_index, config) if job == 1 else (None, None)
-    # The timeline's events go before the last report says the worker closed.
-    on_close = [f for f in (meter.close if meter else None, hand_in,
-                            hook.closed if hook else None) if f is not None]
+    hooks = step_hooks(worker_index, reports=hook, checkpointer=checkpointer, progress=progress,
+                       timeline=recorder, hand_in=hand_in, meter=meter, dropcompute=dc)
+    training = StepFetches(
+        worker_graph, analysis, num_workers=num_workers, batch_size=batch_size,
+        with_step=[(groups, worker_graph.get_operation_by_name(op))
+                   for groups, op in rewritten.step_barriers + rewritten.step_targets],
+        after_step=(worker_graph.get_operation_by_name(rewritten.after_step)
+                    if rewritten.after_step else None),
+        step_feeds=({worker_graph.get_tensor_by_name(rewritten.in_step): True}
+                    if rewritten.in_step else None),
+        lookup_barriers=rewritten.lookup_barriers)
     runner = Runner(session, worker_graph, analysis, worker_index=worker_index,
-                    num_workers=num_workers, progress=progress, checkpointer=checkpointer,
-                    batch_size_tensor=batch_size, timeline=recorder, meter=meter,
-                    step_fetches=[(groups, worker_graph.get_operation_by_name(op))
-                                  for groups, op in rewritten.step_barriers
-                                  + rewritten.step_targets],
-                    after_step=(worker_graph.get_operation_by_name(rewritten.after_step)
-                                if rewritten.after_step else None),
-                    monitor=hook, on_close=on_close,
-                    **micro_batching,
+                    num_workers=num_workers, hooks=hooks, training=training, **micro_batching,
                     totals_allreduce=_totals_allreduce(worker_graph, plan, worker_index),
-                    lockstep_lookups=plan.grouped_lookups(),
-                    lookup_barriers=rewritten.lookup_barriers,
-                    lifted=lifted, loss_reduction=plan.loss_reduction,
-                    step_feeds=({worker_graph.get_tensor_by_name(rewritten.in_step): True}
-                                if rewritten.in_step else None),
-                    constant_copies=rewritten.constant_copies)
+                    lockstep_lookups=plan.grouped_lookups(), lifted=lifted,
+                    loss_reduction=plan.loss_reduction, constant_copies=rewritten.constant_copies)
     if isinstance(agreement, CollectiveAgreement):
         agreement.sum_over_workers = runner.sum_over_workers
     # The Python variables' values (a traced function's) are the chief's to
@@ -342,30 +338,31 @@ def _timeline(client: CoordinatorClient | None, worker_index: int,
     return recorder, lambda: write_part(config.timeline, recorder)
 
 
-def _receive_plan(graph, cluster: dict[str, list[str]], worker_index: int, config,
-                  client: CoordinatorClient | None, job: int = 1) -> CompiledPlan:
-    """The job's one compiled plan (module docstring says who computes it).
-    The launcher compiled a script's first job only (it runs the script up
-    to it): the chief compiles each later job's and publishes it under a
-    key of its own."""
-    if client is None:
-        # Joined through TF_CONFIG: no launcher compiled for everyone, so each
-        # process compiles the same plan by the same deterministic function.
+def _receive_plan(graph, member: Membership, config, client: CoordinatorClient | None,
+                  job: int = 1) -> CompiledPlan:
+    """The job's one compiled plan, from where `member` says (module
+    docstring). The launcher compiled a script's first job only (it runs the
+    script up to it): the chief compiles each later job's and publishes it
+    under a key of its own."""
+    worker_index = member.index
+    if client is None or member.plan_source is PlanSource.OWN:
+        # No launcher compiled for everyone, so each process compiles the same
+        # plan by the same deterministic function.
         log.info("worker %d: no job coordinator to receive the plan from; compiling it here",
                  worker_index)
-        return compile_for_config(graph, job_topology(cluster), config)
-    key = os.environ.get(env.PLAN) if job == 1 else None
+        return compile_for_config(graph, member.topology, config)
+    source = member.plan_source if job == 1 else PlanSource.CHIEF
     published = PLAN_KEY if job == 1 else f"{PLAN_KEY}/job{job}"
-    if not key and worker_index == 0:
-        compiled = compile_for_config(graph, job_topology(cluster), config)
+    if source is PlanSource.CHIEF and worker_index == 0:
+        compiled = compile_for_config(graph, member.topology, config)
         _rpc(lambda: client.publish(published, compiled.to_bytes()), worker_index,
              "publish the plan to the job coordinator")
         log.debug("worker 0: compiled and published the plan of job %d", job)
         return compiled
-    source = "the launcher" if key else "the chief (worker 0)"
-    data = _rpc(lambda: client.fetch(key or published, config.startup_timeout_s),
-                worker_index, f"receive the plan from {source}")
-    log.info("worker %d: plan received from %s (%d bytes)", worker_index, source, len(data))
+    key = member.plan_key if source is PlanSource.LAUNCHER else published
+    data = _rpc(lambda: client.fetch(key, config.startup_timeout_s),
+                worker_index, f"receive the plan from {source.value}")
+    log.info("worker %d: plan received from %s (%d bytes)", worker_index, source.value, len(data))
     return CompiledPlan.from_bytes(data)
 
 
@@ -375,35 +372,6 @@ def _rpc(call, worker_index: int, what: str):
     except grpc.RpcError as exc:
         raise LaunchError(f"worker {worker_index} could not {what}: "
                           f"{exc.code().name} {exc.details()}") from exc
-
-
-def job_topology(cluster: dict[str, list[str]]) -> Topology:
-    """The Topology a plan for `cluster` is made for. A job with no server
-    tasks but summation servers (AUTOPAR_SUMSERVERS, set by whoever started
-    them: a TF_CONFIG job running herring on dense variables needs no
-    TensorFlow server process) has one server per summation server. Without
-    AUTOPAR_SUMSERVERS the job has no summation servers: hybrid keeps dense
-    gradients on the ring and run_option='herring' is refused."""
-    topology = Topology.from_cluster(cluster)
-    sumservers = [a for a in os.environ.get(env.SUMSERVERS, "").split(",") if a.strip()]
-    servers = topology.num_servers or len(sumservers)
-    return Topology(topology.worker_hosts, servers, summation_servers=bool(sumservers),
-                    link_gbps=_positive_env(env.LINK_GBPS),
-                    shared_cores=_positive_env(env.SHARED_CORES))
-
-
-def _positive_env(name: str) -> float | None:
-    """A positive number from environment variable `name` (None: unset)."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not 0 < value < math.inf:
-        raise SpecError(f"{name}={raw!r} must be a positive number (or unset)")
-    return value
 
 
 def _check_same_config(compiled: CompiledPlan, config, worker_index: int) -> None:
@@ -419,11 +387,12 @@ def _check_same_config(compiled: CompiledPlan, config, worker_index: int) -> Non
             "Config (nothing in it may depend on the process's role or index)")
 
 
-def _check_fits(plan, cluster: dict[str, list[str]]) -> None:
+def _check_fits(plan, member: Membership) -> None:
     """A plan made for another cluster shape would hang in its collectives. A
     plan that puts nothing on servers runs without the spec's (the launcher
     does not start them)."""
-    workers, servers = len(cluster[WORKER_JOB]), job_topology(cluster).num_servers
+    cluster = member.cluster
+    workers, servers = member.num_workers, member.topology.num_servers
     unused = servers == 0 and not processes(plan)
     if plan.num_workers != workers or (plan.num_servers != servers and not unused):
         raise LaunchError(f"the job's plan is for {plural(plan.num_workers, 'worker')} and "
@@ -472,9 +441,10 @@ def single_device_runner(graph: tf.Graph, config, analysis: Analysis | None = No
                                      keep=config.keep_checkpoints)
                         if config.checkpoint_dir else None)
     session = tf1.Session(graph=graph)
-    runner = Runner(session, graph, analysis,
-                    progress=Progress(config.log_every_steps, 1, config.total_steps),
-                    checkpointer=checkpointer, batch_size_tensor=batch_size, lifted=lifted)
+    hooks = step_hooks(0, checkpointer=checkpointer,
+                       progress=Progress(config.log_every_steps, 1, config.total_steps))
+    runner = Runner(session, graph, analysis, hooks=hooks, lifted=lifted,
+                    training=StepFetches(graph, analysis, batch_size=batch_size))
     runner.start(init, init_feed=lifted.initial_feed() if lifted is not None else None)
     return runner
 

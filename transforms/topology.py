@@ -15,7 +15,7 @@ class Topology:
     num_servers: int = 0
     # Whether herring's summation servers can serve this job: the launcher
     # starts them when the plan uses herring; a job joined through TF_CONFIG
-    # has them only if AUTOPAR_SUMSERVERS names them (runtime.worker.job_topology).
+    # has them only if AUTOPAR_SUMSERVERS names them (runtime.membership.cluster_topology).
     summation_servers: bool = True
     # Why there are none when summation_servers is False and it is not
     # that case (no compiler for the native transport: runtime/native.py).

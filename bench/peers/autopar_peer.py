@@ -65,9 +65,9 @@ def run(job: common.Job) -> None:
         # TF_CONFIG and AUTOPAR_SUMSERVERS (without summation servers hybrid
         # keeps dense gradients on the ring; autopar.analyze of a spec assumes
         # the launcher starts them).
-        from autopar.runtime.worker import job_topology
+        from autopar.runtime.membership import cluster_topology
         from autopar.transforms.compile import compile_for_config
-        report = json.loads(compile_for_config(model.graph, job_topology(job.cluster),
+        report = json.loads(compile_for_config(model.graph, cluster_topology(job.cluster),
                                                config).report().to_json())
         report = {"totals": report.get("totals"), "num_workers": report.get("num_workers"),
                   "num_servers": report.get("num_servers"),

@@ -2,4 +2,4 @@
 threshold.py (the arithmetic of a compute threshold: pure numpy/math),
 records.py (simulated delay, step records, the per-worker CSV, warm-up
 records as exchanged), agreement.py (how workers agree on the threshold),
-worker_state.py (one worker's state across steps, used by runtime.runner)."""
+worker_state.py (one worker's state across steps, used by runtime/step/)."""

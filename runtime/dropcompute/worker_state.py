@@ -1,4 +1,5 @@
-"""One worker's DropCompute state across steps (used by runtime.runner)."""
+"""One worker's DropCompute state across steps (used by runtime/step/:
+the accumulated step and its hook)."""
 from __future__ import annotations
 
 import json
@@ -20,9 +21,10 @@ log = logging.getLogger("autopar.dropcompute")
 
 
 class DropCompute:
-    """One worker's DropCompute state across steps (used by runtime.runner):
-    the threshold in force, the maximum number of micro-batches, the
-    simulated delay, the warm-up records, the CSV and the summary.
+    """One worker's DropCompute state across steps (used by runtime/step/:
+    the accumulated step and its hook): the threshold in force, the maximum
+    number of micro-batches, the simulated delay, the warm-up records, the
+    CSV and the summary.
 
     At the end of the warm-up window (steps [first, last) of this run), when
     the threshold is "auto" or a compensation needs the measured drop rate,

@@ -1,11 +1,11 @@
 """How the Runner splits a step's feed into micro-batches and combines the
-micro-batches' fetched values (runtime/runner.py)."""
+micro-batches' fetched values (runtime/step/executor.py)."""
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from autopar.common.errors import AutoparError
-from autopar.runtime.runner import _combine, _split_feed
+from autopar.runtime.step.executor import combine as _combine, split_feed as _split_feed
 
 tf1 = tf.compat.v1
 
