@@ -26,7 +26,9 @@ from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms import serial
 from autopar.transforms.batch_mixing import find_batch_mixing
 from autopar.transforms.batch_weights import find_batch_weights
-from autopar.transforms.batchnorm import BatchNormInfo, find_batch_norms
+from autopar.transforms.batchnorm import BatchNormInfo
+from autopar.transforms.features import registry as features
+from autopar.transforms.features.base import Facts
 from autopar.transforms.example_rows import ExampleRows
 from autopar.transforms.graph_utils import (INPUT_OP_TYPES, VARIABLE_OP_TYPES, batch_local_ops,
                                             transforming, graph_of,
@@ -284,7 +286,10 @@ def _analyze(graph: tf.Graph) -> Analysis:
     reduction, why = _loss_reduction_of_all(graph, every_loss, input_ops)
     averaged = {t for v in variables for t in (v.grad_tensor, v.grad_values, v.grad_indices) if t}
     batch_local = batch_local_ops(graph, averaged)
-    batch_norms = find_batch_norms(graph, batch_local, writers)
+    facts = Facts(graph, index, writers, losses, every_loss, frozenset(averaged), input_ops,
+                  batch_local)
+    found = features.find(facts)
+    batch_norms = found["batch_norms"]
     loss_counts, loss_count_reads = find_loss_counts(graph, losses, INPUT_OP_TYPES,
                                                      frozenset(averaged))
     rows = ExampleRows(graph, stops=averaged, shared=set(loss_counts),
@@ -326,7 +331,6 @@ def _analyze(graph: tf.Graph) -> Analysis:
         untrained=[v.name for v in trainable if v.name not in updates],
         loss_reduction=reduction,
         loss_reduction_why=why,
-        batch_norms=batch_norms,
         train_groups=[TrainGroup(g, loss) for g, loss in zip(groups, losses)],
         loss_counts=loss_counts,
         loss_count_reads=loss_count_reads,
@@ -337,6 +341,7 @@ def _analyze(graph: tf.Graph) -> Analysis:
         batch_input=rows.batch_input,
         batch_mixing=find_batch_mixing(graph, rows, every_loss),
         trains=trains,
+        **found,
     )
 
 

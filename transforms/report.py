@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from autopar.common.text import human_bytes, plural  # noqa: F401 - human_bytes: the report's
 from autopar.transforms.batch_mixing import mixing_note
 from autopar.transforms.analysis import Analysis
+from autopar.transforms.features.registry import FEATURES
 from autopar.transforms.methods.registry import METHODS, processes
 from autopar.transforms.plan import Plan, wants_servers
 from autopar.transforms.wus import slot_bytes_per_worker
@@ -303,9 +304,8 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
                      "(a: those rows / the table's rows; at most the table's for a method moving "
                      "one row per distinct id), an upper bound where ids repeat; the chief logs "
                      "the rows its first steps measured (Config.measure_steps)")
-    if plan.batch_norm_group and not analysis.batch_norms:
-        notes.append("Config(batch_norm_group) is set but the graph has no training-mode "
-                     "batch-norm layer on the input batch: nothing to synchronise")
+    for feature in FEATURES.values():
+        notes += feature.notes(analysis, plan)
     if plan.shard_weight_update and all(vp.owner is None for vp in plan.variables):
         notes.append("Config(shard_weight_update=True) is set but no variable is all-reduced: "
                      "nothing to shard")
@@ -348,12 +348,18 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
                   shard_weight_update=plan.shard_weight_update,
                   slot_bytes=slot_bytes_per_worker(analysis, plan),
                   slot_bytes_unsharded=slot_bytes_per_worker(analysis, _unsharded(plan)),
-                  batch_norms=[{"name": b.name, "kind": b.kind, "ops": b.ops,
-                                "group": plan.batch_norm_group, "moving": b.moving}
-                               for b in analysis.batch_norms],
                   state=[asdict(s) for s in analysis.state], untrained=analysis.untrained,
                   aggregation_group=plan.aggregation_group, sparse_servers=plan.sparse_servers,
-                  structure_why=plan.structure_why, notes=notes, **method_report_fields(plan))
+                  structure_why=plan.structure_why, notes=notes, **method_report_fields(plan),
+                  **feature_report_fields(analysis, plan))
+
+
+def feature_report_fields(analysis: Analysis, plan: Plan) -> dict:
+    """The report fields the graph features fill (transforms.features)."""
+    out: dict = {}
+    for feature in FEATURES.values():
+        out.update(feature.report_fields(analysis, plan))
+    return out
 
 
 def method_report_fields(plan: Plan) -> dict:

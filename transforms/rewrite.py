@@ -26,18 +26,20 @@ from autopar.transforms.accumulate import (build_accumulators, check_update_read
                                            redirect_gradients)
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.batch_weights import rewrite_batch_weights, weighs_batches
-from autopar.transforms.batchnorm import apply_rewire, group_of, rewrite_batch_norms
+from autopar.transforms.batchnorm import apply_rewire
 from autopar.transforms.comm import CollectiveOpsBackend
 from autopar.transforms.graph_utils import (transforming, import_meta_graph, import_nodes,
                                              in_gradient_scope, initialization_guard,
                                              meta_graph_of, node_input_name)
 from autopar.transforms.partition import copy_region
 from autopar.transforms.placement import Move
-from autopar.transforms.keys import BATCH_DRAWS, BATCH_NORM_GROUPS, BATCH_WEIGHTS, LOSS_COUNTS
+from autopar.transforms.features.base import FeatureContext, Rewiring
+from autopar.transforms.features.registry import FEATURES
+from autopar.transforms.keys import BATCH_DRAWS, BATCH_WEIGHTS, LOSS_COUNTS
 from autopar.transforms.loss_counts import rewrite_loss_counts
 from autopar.transforms.random_draws import rewrite_batch_draws
 from autopar.transforms.barrier import cover_server_work
-from autopar.transforms.methods.base import Edits, RewriteContext
+from autopar.transforms.methods.base import Edits
 from autopar.transforms.methods.registry import METHODS
 from autopar.transforms.ops import ConstantPool, NodeWriter
 from autopar.transforms.plan import Plan
@@ -128,8 +130,9 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
     if backend is None:
         backend = CollectiveOpsBackend(plan.num_workers, plan.group_key, plan.communication_hint)
     device = worker_device(worker_index)
-    ctx = RewriteContext(scratch, analysis, plan, worker_index, backend, device, moves)
-    edits = Edits()   # all methods' edits
+    edits = Edits()   # all methods' and features' edits
+    ctx = FeatureContext(scratch, analysis, plan, worker_index, backend, device, moves,
+                         micro_batches=micro_batches, edits=edits, device_of=worker_device)
     with scratch.as_default(), tf.device(device):
         accumulation = (build_accumulators(scratch, analysis, _micro_batch_weight(plan, micro_batches))
                         if micro_batches > 1 else None)
@@ -137,8 +140,16 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
             edits.merge(method.rewrite(ctx))
         edits.merge(shard_weight_updates(ctx, worker_device, edits.replaced))
         edits.identities.update(_unguarded_initial_values(scratch, edits.server_variables))
-        rewire, rewire_exempt = _batch_norms(scratch, analysis, plan, backend, worker_index,
-                                             ctx.constants)
+        rewiring = Rewiring()   # all features'
+        built = []   # (feature, its rewiring)
+        for feature in FEATURES.values():
+            mine = feature.rewrite(ctx)
+            if mine is not None:
+                rewiring.merge(mine)
+                if mine.edits is not None:
+                    edits.merge(mine.edits)
+                built.append((feature, mine))
+        rewire, rewire_exempt = rewiring.rewire, rewiring.exempt
         counts, counts_exempt = _loss_counts(scratch, analysis, plan, backend, micro_batches)
         rewire.update(counts)
         rewire_exempt |= counts_exempt
@@ -522,18 +533,6 @@ def _make_noop(node) -> None:
     node.op = "NoOp"
     del node.input[:]
     node.attr.clear()
-
-
-def _batch_norms(graph, analysis: Analysis, plan: Plan, backend, worker_index: int,
-                 constants: ConstantPool) -> tuple[dict[str, str], set[str]]:
-    """Config(batch_norm_group=...): the batch-norm layers' group statistics
-    (transforms.batchnorm), as (tensor -> replacement, ops exempt)."""
-    if not plan.batch_norm_group or not analysis.batch_norms:
-        return {}, set()
-    size, group_key = group_of(worker_index, plan.batch_norm_group, plan.num_workers,
-                               plan.group_key, BATCH_NORM_GROUPS.first)
-    group = backend if size == plan.num_workers else backend.subgroup(size, group_key)
-    return rewrite_batch_norms(graph, analysis.batch_norms, group, plan.batch_norm_key, constants)
 
 
 def _loss_counts(graph, analysis: Analysis, plan: Plan, backend,
