@@ -48,6 +48,7 @@ from autopar.runtime import stopping
 from autopar.runtime.dropcompute.records import StepRecord
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.batch_weights import weighs_batches
+from autopar.transforms.features.registry import feature_fetches
 from autopar.transforms.graph_utils import (is_restore_assignment, op_digraph,
                                             staged_initializers)
 from autopar.transforms.lift import CALL_OP
@@ -157,8 +158,8 @@ class Runner:
                          for g in analysis.train_groups] if analysis is not None else [])
         # The losses' counts of the batch's values (transforms.loss_counts),
         # this worker's, fetched with every step: last_loss_counts.
-        self._loss_counts = ([graph.get_tensor_by_name(c) for c in analysis.loss_counts]
-                             if analysis is not None else [])
+        self._loss_counts = [graph.get_tensor_by_name(c)
+                             for c in feature_fetches(analysis).get("loss_counts", [])]
         self.last_loss_counts: list[float] = []
         # Without an Analysis (single device, a graph autopar cannot
         # distribute) a step is any run that writes a trainable variable: a

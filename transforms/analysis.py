@@ -36,7 +36,6 @@ from autopar.transforms.graph_utils import (INPUT_OP_TYPES, VARIABLE_OP_TYPES, b
                                             is_restore_assignment, reduces_batch_axis,
                                             stacked_terms, static_shape, writes_variable)
 from autopar.transforms.lift import FETCHES, tape_seed_pairs
-from autopar.transforms.loss_counts import find_loss_counts
 from autopar.transforms.random_draws import find_batch_draws
 
 tf1 = tf.compat.v1
@@ -290,8 +289,7 @@ def _analyze(graph: tf.Graph) -> Analysis:
                   batch_local)
     found = features.find(facts)
     batch_norms = found["batch_norms"]
-    loss_counts, loss_count_reads = find_loss_counts(graph, losses, INPUT_OP_TYPES,
-                                                     frozenset(averaged))
+    loss_counts = found["loss_counts"]
     rows = ExampleRows(graph, stops=averaged, shared=set(loss_counts),
                        exempt={op for b in batch_norms for op in b.ops})
     conditional = _conditional_ops(index)
@@ -332,8 +330,6 @@ def _analyze(graph: tf.Graph) -> Analysis:
         loss_reduction=reduction,
         loss_reduction_why=why,
         train_groups=[TrainGroup(g, loss) for g, loss in zip(groups, losses)],
-        loss_counts=loss_counts,
-        loss_count_reads=loss_count_reads,
         batch_weights=find_batch_weights(
             graph, _trained_seeds(index, every_seed, reached, inner, averaged),
             lambda loss: batch_reduced(graph, loss, input_ops), input_ops),

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import tensorflow as tf
 
-from autopar.common.errors import UnsupportedGraphError
 from autopar.common.roles import SERVER_JOB, WORKER_JOB
 from autopar.transforms.accelerator import Accelerator, accelerator_device, place_on_accelerator
 from autopar.transforms.accumulate import (build_accumulators, check_update_reads_no_input,
@@ -35,8 +34,7 @@ from autopar.transforms.partition import copy_region
 from autopar.transforms.placement import Move
 from autopar.transforms.features.base import FeatureContext, Rewiring
 from autopar.transforms.features.registry import FEATURES
-from autopar.transforms.keys import BATCH_DRAWS, BATCH_WEIGHTS, LOSS_COUNTS
-from autopar.transforms.loss_counts import rewrite_loss_counts
+from autopar.transforms.keys import BATCH_DRAWS, BATCH_WEIGHTS
 from autopar.transforms.random_draws import rewrite_batch_draws
 from autopar.transforms.barrier import cover_server_work
 from autopar.transforms.methods.base import Edits
@@ -150,9 +148,6 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
                     edits.merge(mine.edits)
                 built.append((feature, mine))
         rewire, rewire_exempt = rewiring.rewire, rewiring.exempt
-        counts, counts_exempt = _loss_counts(scratch, analysis, plan, backend, micro_batches)
-        rewire.update(counts)
-        rewire_exempt |= counts_exempt
         weights, weights_exempt = _batch_weights(scratch, analysis, plan, backend, micro_batches)
         rewire.update(weights)
         rewire_exempt |= weights_exempt
@@ -533,24 +528,6 @@ def _make_noop(node) -> None:
     node.op = "NoOp"
     del node.input[:]
     node.attr.clear()
-
-
-def _loss_counts(graph, analysis: Analysis, plan: Plan, backend,
-                 micro_batches: int) -> tuple[dict[str, str], set[str]]:
-    """A loss divided by a count of the batch's values (transforms.loss_counts):
-    every worker divides by the count's sum over workers (over N when
-    gradients are averaged), as (tensor -> replacement, ops exempt)."""
-    if not analysis.loss_counts:
-        return {}, set()
-    if micro_batches > 1:
-        raise UnsupportedGraphError(
-            f"the loss divides by '{analysis.loss_counts[0]}', a count of the batch's values "
-            "(a mask's sum): with micro_batches > 1 each micro-batch would divide by its own "
-            "count, not the global batch's. Use micro_batches=1 for this program")
-    rewire, built = rewrite_loss_counts(graph, analysis.loss_counts, backend, LOSS_COUNTS,
-                                        plan.num_workers if plan.averages("dense") else 1,
-                                        analysis.loss_count_reads)
-    return {node_input_name(k): node_input_name(v) for k, v in rewire.items()}, built
 
 
 def _batch_weights(graph, analysis: Analysis, plan: Plan, backend,

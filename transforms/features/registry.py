@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from autopar.transforms.batchnorm import BatchNorm
 from autopar.transforms.features.base import Facts, GraphFeature
+from autopar.transforms.loss_counts import LossCounts
 
 
 def check_table(features: tuple[GraphFeature, ...]) -> dict[str, GraphFeature]:
@@ -45,6 +46,7 @@ def check_table(features: tuple[GraphFeature, ...]) -> dict[str, GraphFeature]:
 
 FEATURES: dict[str, GraphFeature] = check_table((
     BatchNorm(),
+    LossCounts(),
 ))
 
 
@@ -56,7 +58,7 @@ def find(facts: Facts) -> dict:
     return facts.found
 
 
-def step_fetches(analysis) -> dict[str, list[str]]:
+def feature_fetches(analysis) -> dict[str, list[str]]:
     """{what: tensors} every feature's training steps fetch (`analysis`:
     None on one device, where there are none)."""
     out: dict[str, list[str]] = {}
