@@ -288,10 +288,7 @@ def _analyze(graph: tf.Graph) -> Analysis:
     facts = Facts(graph, index, writers, losses, every_loss, frozenset(averaged), input_ops,
                   batch_local)
     found = features.find(facts)
-    batch_norms = found["batch_norms"]
-    loss_counts = found["loss_counts"]
-    rows = ExampleRows(graph, stops=averaged, shared=set(loss_counts),
-                       exempt={op for b in batch_norms for op in b.ops})
+    rows = facts.shared["rows"]
     conditional = _conditional_ops(index)
     paths = _path_ops(index, [([t for t in (v.grad_tensor, v.grad_values, v.grad_indices) if t],
                                set(v.update_ops)) for v in variables])
@@ -334,7 +331,6 @@ def _analyze(graph: tf.Graph) -> Analysis:
             graph, _trained_seeds(index, every_seed, reached, inner, averaged),
             lambda loss: batch_reduced(graph, loss, input_ops), input_ops),
         batch_draws=find_batch_draws(graph, rows, batch_local),
-        batch_input=rows.batch_input,
         batch_mixing=find_batch_mixing(graph, rows, every_loss),
         trains=trains,
         **found,

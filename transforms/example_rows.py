@@ -57,6 +57,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from autopar.transforms.features.base import GraphFeature
 from autopar.transforms.graph_utils import INPUT_OP_TYPES, in_gradient_scope
 
 SHARED = ("shared",)
@@ -151,6 +152,24 @@ def mixing_op(form) -> str | None:
     """The op at which a form stopped being per example or shared (a
     mixing, unknown or reducing op), else None."""
     return form[1] if form[0] in ("mixed", "unknown", "reduced") else None
+
+
+class ExampleRowsFeature(GraphFeature):
+    """Not a rewrite of its own: the forms of the graph's tensors, which the
+    features after it and the analysis of sparse gradients read
+    (facts.shared["rows"]), and the batch's input tensor."""
+    name = "example_rows"
+    fields = ("batch_input",)
+    # loss counts: the rewrite makes them the same on every worker;
+    # batch-norm statistics: the rewrite takes them over the group
+    after = ("batch_norm", "loss_counts")
+
+    def find(self, facts):
+        rows = ExampleRows(facts.graph, stops=facts.gradients,
+                           shared=set(facts.found["loss_counts"]),
+                           exempt={op for b in facts.found["batch_norms"] for op in b.ops})
+        facts.shared["rows"] = rows
+        return {"batch_input": rows.batch_input}
 
 
 class ExampleRows:

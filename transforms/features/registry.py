@@ -10,6 +10,7 @@ no two features may claim one Analysis field or one key range.
 from __future__ import annotations
 
 from autopar.transforms.batchnorm import BatchNorm
+from autopar.transforms.example_rows import ExampleRowsFeature
 from autopar.transforms.features.base import Facts, GraphFeature
 from autopar.transforms.loss_counts import LossCounts
 
@@ -47,6 +48,7 @@ def check_table(features: tuple[GraphFeature, ...]) -> dict[str, GraphFeature]:
 FEATURES: dict[str, GraphFeature] = check_table((
     BatchNorm(),
     LossCounts(),
+    ExampleRowsFeature(),
 ))
 
 
