@@ -25,7 +25,6 @@ import tensorflow as tf
 from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms import serial
 from autopar.transforms.batch_mixing import find_batch_mixing
-from autopar.transforms.batch_weights import find_batch_weights
 from autopar.transforms.batchnorm import BatchNormInfo
 from autopar.transforms.features import registry as features
 from autopar.transforms.features.base import Facts
@@ -286,7 +285,9 @@ def _analyze(graph: tf.Graph) -> Analysis:
     averaged = {t for v in variables for t in (v.grad_tensor, v.grad_values, v.grad_indices) if t}
     batch_local = batch_local_ops(graph, averaged)
     facts = Facts(graph, index, writers, losses, every_loss, frozenset(averaged), input_ops,
-                  batch_local)
+                  batch_local, trained_seeds=_trained_seeds(index, every_seed, reached, inner,
+                                                            averaged),
+                  reduced_of=lambda loss: batch_reduced(graph, loss, input_ops))
     found = features.find(facts)
     rows = facts.shared["rows"]
     conditional = _conditional_ops(index)
@@ -327,9 +328,6 @@ def _analyze(graph: tf.Graph) -> Analysis:
         loss_reduction=reduction,
         loss_reduction_why=why,
         train_groups=[TrainGroup(g, loss) for g, loss in zip(groups, losses)],
-        batch_weights=find_batch_weights(
-            graph, _trained_seeds(index, every_seed, reached, inner, averaged),
-            lambda loss: batch_reduced(graph, loss, input_ops), input_ops),
         batch_draws=find_batch_draws(graph, rows, batch_local),
         batch_mixing=find_batch_mixing(graph, rows, every_loss),
         trains=trains,

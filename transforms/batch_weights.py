@@ -37,7 +37,35 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from autopar.transforms.graph_utils import INPUT_OP_TYPES
+from autopar.transforms.features.base import GraphFeature, Rewiring
+from autopar.transforms.graph_utils import INPUT_OP_TYPES, node_input_name
+from autopar.transforms.keys import BATCH_WEIGHTS
+
+
+class BatchWeights(GraphFeature):
+    """Workers whose batches of a step may differ in size weigh their
+    gradients by N * b / B."""
+    name = "batch_weights"
+    fields = ("batch_weights",)
+    keys = (BATCH_WEIGHTS,)
+    after = ("loss_counts",)   # a loss divided by a count needs no weights
+
+    def find(self, facts):
+        return {"batch_weights": find_batch_weights(facts.graph, facts.trained_seeds,
+                                                    facts.reduced_of, facts.input_ops)}
+
+    def rewrite(self, ctx):
+        plan = ctx.plan
+        if not weighs_batches(ctx.analysis, plan.loss_reduction, plan.num_workers,
+                              ctx.micro_batches):
+            return None
+        rewire, built = rewrite_batch_weights(ctx.graph, ctx.analysis.batch_weights, ctx.backend,
+                                              BATCH_WEIGHTS, plan.num_workers)
+        return Rewiring({node_input_name(k): node_input_name(v) for k, v in rewire.items()},
+                        built)
+
+    def report_fields(self, analysis, plan):
+        return {"batch_tensors": sorted(set(analysis.batch_weights.values()))}
 
 
 def find_batch_weights(graph: tf.Graph, seeds: list[tuple[str, str]], reduced_of,

@@ -24,7 +24,6 @@ from autopar.transforms.accelerator import Accelerator, accelerator_device, plac
 from autopar.transforms.accumulate import (build_accumulators, check_update_reads_no_input,
                                            redirect_gradients)
 from autopar.transforms.analysis import Analysis
-from autopar.transforms.batch_weights import rewrite_batch_weights, weighs_batches
 from autopar.transforms.batchnorm import apply_rewire
 from autopar.transforms.comm import CollectiveOpsBackend
 from autopar.transforms.graph_utils import (transforming, import_meta_graph, import_nodes,
@@ -34,7 +33,7 @@ from autopar.transforms.partition import copy_region
 from autopar.transforms.placement import Move
 from autopar.transforms.features.base import FeatureContext, Rewiring
 from autopar.transforms.features.registry import FEATURES
-from autopar.transforms.keys import BATCH_DRAWS, BATCH_WEIGHTS
+from autopar.transforms.keys import BATCH_DRAWS
 from autopar.transforms.random_draws import rewrite_batch_draws
 from autopar.transforms.barrier import cover_server_work
 from autopar.transforms.methods.base import Edits
@@ -148,9 +147,6 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
                     edits.merge(mine.edits)
                 built.append((feature, mine))
         rewire, rewire_exempt = rewiring.rewire, rewiring.exempt
-        weights, weights_exempt = _batch_weights(scratch, analysis, plan, backend, micro_batches)
-        rewire.update(weights)
-        rewire_exempt |= weights_exempt
         draws, draws_exempt, in_step = _batch_draws(scratch, analysis, plan, backend,
                                                     worker_index)
         rewire.update(draws)
@@ -528,18 +524,6 @@ def _make_noop(node) -> None:
     node.op = "NoOp"
     del node.input[:]
     node.attr.clear()
-
-
-def _batch_weights(graph, analysis: Analysis, plan: Plan, backend,
-                   micro_batches: int) -> tuple[dict[str, str], set[str]]:
-    """Workers whose batches of a step may differ in size weigh their
-    gradients by N * b / B (transforms.batch_weights), as (seed -> weighed
-    seed, ops exempt)."""
-    if not weighs_batches(analysis, plan.loss_reduction, plan.num_workers, micro_batches):
-        return {}, set()
-    rewire, built = rewrite_batch_weights(graph, analysis.batch_weights, backend, BATCH_WEIGHTS,
-                                          plan.num_workers)
-    return {node_input_name(k): node_input_name(v) for k, v in rewire.items()}, built
 
 
 def _batch_draws(graph, analysis: Analysis, plan: Plan, backend, worker_index: int
