@@ -24,7 +24,6 @@ import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms import serial
-from autopar.transforms.batch_mixing import find_batch_mixing
 from autopar.transforms.batchnorm import BatchNormInfo
 from autopar.transforms.features import registry as features
 from autopar.transforms.features.base import Facts
@@ -329,7 +328,6 @@ def _analyze(graph: tf.Graph) -> Analysis:
         loss_reduction_why=why,
         train_groups=[TrainGroup(g, loss) for g, loss in zip(groups, losses)],
         batch_draws=find_batch_draws(graph, rows, batch_local),
-        batch_mixing=find_batch_mixing(graph, rows, every_loss),
         trains=trains,
         **found,
     )

@@ -26,7 +26,29 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms.example_rows import ExampleRows
+from autopar.transforms.features.base import GraphFeature
+
+
+class BatchMixing(GraphFeature):
+    """Losses that mix the examples of a batch: refused on several workers
+    unless Config(batch_mixing="per_worker"), which the report notes."""
+    name = "batch_mixing"
+    fields = ("batch_mixing",)
+    after = ("example_rows",)
+
+    def find(self, facts):
+        return {"batch_mixing": find_batch_mixing(facts.graph, facts.shared["rows"],
+                                                  facts.every_loss)}
+
+    def check(self, analysis, plan, config):
+        if analysis.batch_mixing and plan.num_workers > 1 and config.batch_mixing == "refuse":
+            raise UnsupportedGraphError(mixing_refusal(analysis.batch_mixing, plan.num_workers))
+
+    def notes(self, analysis, plan, num_workers):
+        return [mixing_note(analysis.batch_mixing, num_workers)] if (
+            analysis.batch_mixing and num_workers > 1) else []
 
 
 def find_batch_mixing(graph: tf.Graph, rows: ExampleRows,

@@ -166,7 +166,7 @@ class BatchNorm(GraphFeature):
                                              plan.batch_norm_key, ctx.constants)
         return Rewiring(rewire, exempt)
 
-    def notes(self, analysis, plan):
+    def notes(self, analysis, plan, num_workers):
         if plan.batch_norm_group and not analysis.batch_norms:
             return ["Config(batch_norm_group) is set but the graph has no training-mode "
                     "batch-norm layer on the input batch: nothing to synchronise"]

@@ -14,7 +14,6 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from autopar.common.text import human_bytes, plural  # noqa: F401 - human_bytes: the report's
-from autopar.transforms.batch_mixing import mixing_note
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.features.registry import FEATURES
 from autopar.transforms.methods.registry import METHODS, processes
@@ -305,7 +304,7 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
                      "one row per distinct id), an upper bound where ids repeat; the chief logs "
                      "the rows its first steps measured (Config.measure_steps)")
     for feature in FEATURES.values():
-        notes += feature.notes(analysis, plan)
+        notes += feature.notes(analysis, plan, n)
     if plan.shard_weight_update and all(vp.owner is None for vp in plan.variables):
         notes.append("Config(shard_weight_update=True) is set but no variable is all-reduced: "
                      "nothing to shard")
@@ -316,8 +315,6 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
                          f"group {i}: {', '.join(g.variables[:3])}"
                          f"{f' (+{len(g.variables) - 3} more)' if len(g.variables) > 3 else ''}"
                          f" (loss {g.loss})" for i, g in enumerate(analysis.train_groups)))
-    if analysis.batch_mixing and n > 1:
-        notes.append(mixing_note(analysis.batch_mixing, n))
     servers_used = bool(processes(plan))   # parameter or summation servers
     if num_servers and not servers_used:
         notes.append(f"the spec's {plural(num_servers, 'server')} get nothing to do in this plan "

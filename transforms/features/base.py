@@ -122,7 +122,8 @@ class GraphFeature:
         """A pass over the worker's GraphDef after the original nodes are
         edited and the rewirings applied (only when rewrite built something)."""
 
-    def notes(self, analysis: "Analysis", plan: "Plan") -> list[str]:
+    def notes(self, analysis: "Analysis", plan: "Plan", num_workers: int) -> list[str]:
+        """The report's notes (`num_workers`: the report's, usually the plan's)."""
         return []
 
     def report_fields(self, analysis: "Analysis", plan: "Plan") -> dict[str, Any]:

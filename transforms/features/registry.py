@@ -10,6 +10,7 @@ no two features may claim one Analysis field or one key range.
 from __future__ import annotations
 
 from autopar.transforms.batchnorm import BatchNorm
+from autopar.transforms.batch_mixing import BatchMixing
 from autopar.transforms.batch_weights import BatchWeights
 from autopar.transforms.example_rows import ExampleRowsFeature
 from autopar.transforms.features.base import Facts, GraphFeature
@@ -51,6 +52,7 @@ FEATURES: dict[str, GraphFeature] = check_table((
     LossCounts(),
     ExampleRowsFeature(),
     BatchWeights(),
+    BatchMixing(),
 ))
 
 
