@@ -34,7 +34,6 @@ from autopar.transforms.graph_utils import (INPUT_OP_TYPES, VARIABLE_OP_TYPES, b
                                             is_restore_assignment, reduces_batch_axis,
                                             stacked_terms, static_shape, writes_variable)
 from autopar.transforms.lift import FETCHES, tape_seed_pairs
-from autopar.transforms.random_draws import find_batch_draws
 
 tf1 = tf.compat.v1
 
@@ -327,7 +326,6 @@ def _analyze(graph: tf.Graph) -> Analysis:
         loss_reduction=reduction,
         loss_reduction_why=why,
         train_groups=[TrainGroup(g, loss) for g, loss in zip(groups, losses)],
-        batch_draws=find_batch_draws(graph, rows, batch_local),
         trains=trains,
         **found,
     )

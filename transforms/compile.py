@@ -109,12 +109,6 @@ def compile_for_config(graph_or_meta, topology: Topology | int, config) -> Compi
     compiled.job_config = serial.encode(config)
     for feature in FEATURES.values():
         feature.check(compiled.analysis, compiled.plan, config)
-    if config.micro_batches > 1 and compiled.analysis.batch_draws:
-        raise UnsupportedGraphError(
-            f"Config(micro_batches={config.micro_batches}) with random draws per example "
-            f"('{next(iter(compiled.analysis.batch_draws))}', a dropout mask): each micro-batch "
-            "would draw its own rows, where one device draws the whole batch's at once. Use "
-            "micro_batches=1 for this program")
     if not config.allow_unsharded_input:
         _refuse_unsharded_input(graph_of(graph_or_meta), compiled.analysis)
     groups = compiled.analysis.train_groups

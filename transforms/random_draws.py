@@ -45,7 +45,12 @@ import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms.example_rows import SHARED, ExampleRows
+from autopar.transforms.features.base import GraphFeature, Rewiring
+from autopar.transforms.graph_utils import node_input_name
+from autopar.transforms.keys import BATCH_DRAWS
 from autopar.transforms.ops import copy_op
+
+tf1 = tf.compat.v1
 
 # Random ops whose output's leading dimensions are a shape input: the input's index.
 SHAPED_DRAWS = {
@@ -72,6 +77,64 @@ OTHER_DRAWS = frozenset({"Multinomial", "StatelessMultinomial", "RandomShuffle",
 # tf.random.Generator's read of its state, advanced by `delta` (input 2): the
 # number of values of the draw that follows, the product of its shape.
 SKIP = "RngReadAndSkip"
+
+
+class RandomDraws(GraphFeature):
+    """Per-example random draws: each worker draws the global batch's rows
+    and keeps its examples'."""
+    name = "random_draws"
+    fields = ("batch_draws",)
+    keys = (BATCH_DRAWS,)
+    after = ("example_rows",)
+
+    def find(self, facts):
+        return {"batch_draws": find_batch_draws(facts.graph, facts.shared["rows"],
+                                                facts.batch_local)}
+
+    def check(self, analysis, plan, config):
+        if config.micro_batches > 1 and analysis.batch_draws:
+            raise UnsupportedGraphError(
+                f"Config(micro_batches={config.micro_batches}) with random draws per example "
+                f"('{next(iter(analysis.batch_draws))}', a dropout mask): each micro-batch "
+                "would draw its own rows, where one device draws the whole batch's at once. Use "
+                "micro_batches=1 for this program")
+
+    def rewrite(self, ctx):
+        """(tensor -> replacement, ops exempt, and the in-step flag the
+        runner feeds True in a training step: WorkerGraph.in_step). B, the
+        step's examples: N * b where the graph fixes b; else, in a training
+        step, the workers' b added up (they may differ: a dataset's last
+        batch, 32 rows on 3 workers), and N * b in any other run, which then
+        waits for no other worker."""
+        analysis, plan, backend = ctx.analysis, ctx.plan, ctx.backend
+        if not analysis.batch_draws or plan.num_workers == 1:
+            return None
+        n = plan.num_workers
+        flag = tf1.placeholder_with_default(False, [], name="autopar/batch_draws/in_step")
+        totals: list[tf.Tensor] = []
+
+        def global_batch(b: tf.Tensor) -> tf.Tensor:
+            static = tf.get_static_value(b)
+            if static is not None:
+                return tf.constant(n * int(static), tf.int64)
+            if not totals:   # every draw's b counts the same examples
+                # the branches' ops run where the cond does (no device of their
+                # own: a function keeps it, and the worker's graph sets devices
+                # only on its own nodes)
+                with tf.control_dependencies(None), tf1.device(None):
+                    summed = tf.cond(flag, lambda: tf.cast(tf.reshape(backend.allreduce_sum(
+                        tf.reshape(tf.cast(b, tf.float64), [1]), BATCH_DRAWS.key(0)), []),
+                        tf.int64), lambda: b * n)
+                totals.append(summed)
+            return totals[0]
+        rewire, built = rewrite_batch_draws(ctx.graph, analysis.batch_draws, n, ctx.worker_index,
+                                            global_batch, analysis.batch_input)
+        built.add(flag.op.name)
+        return Rewiring({node_input_name(k): node_input_name(v) for k, v in rewire.items()},
+                        built, outputs={"in_step": flag.name})
+
+    def report_fields(self, analysis, plan):
+        return {"batch_draws": list(analysis.batch_draws)}
 
 
 def draws_randomly(op_type: str) -> bool:

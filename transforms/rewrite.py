@@ -33,8 +33,6 @@ from autopar.transforms.partition import copy_region
 from autopar.transforms.placement import Move
 from autopar.transforms.features.base import FeatureContext, Rewiring
 from autopar.transforms.features.registry import FEATURES
-from autopar.transforms.keys import BATCH_DRAWS
-from autopar.transforms.random_draws import rewrite_batch_draws
 from autopar.transforms.barrier import cover_server_work
 from autopar.transforms.methods.base import Edits
 from autopar.transforms.methods.registry import METHODS
@@ -147,10 +145,6 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
                     edits.merge(mine.edits)
                 built.append((feature, mine))
         rewire, rewire_exempt = rewiring.rewire, rewiring.exempt
-        draws, draws_exempt, in_step = _batch_draws(scratch, analysis, plan, backend,
-                                                    worker_index)
-        rewire.update(draws)
-        rewire_exempt |= draws_exempt
         broadcast = _broadcast_state(_global_variables(meta, scratch), plan, backend, worker_index == 0,
                                      edits.server_variables)
         minus_one = ctx.constants.get([-1]).op.name if worker_index == 0 and broadcast else ""
@@ -195,8 +189,8 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
                        partitions=edits.partitions, after_step=after_step,
                        lookup_barriers=edits.lookup_barriers,
                        accumulate_first=accumulation and accumulation.first_op,
-                       accumulate=accumulation and accumulation.add_op, in_step=in_step,
-                       constant_copies=constant_copies)
+                       accumulate=accumulation and accumulation.add_op,
+                       constant_copies=constant_copies, **rewiring.outputs)
 
 
 def _unguarded_initial_values(graph: tf.Graph, server_variables: set[str]) -> dict[str, str]:
@@ -524,42 +518,6 @@ def _make_noop(node) -> None:
     node.op = "NoOp"
     del node.input[:]
     node.attr.clear()
-
-
-def _batch_draws(graph, analysis: Analysis, plan: Plan, backend, worker_index: int
-                 ) -> tuple[dict[str, str], set[str], str | None]:
-    """Per-example random draws (transforms.random_draws): each draws the
-    global batch's rows and this worker reads its examples', as (tensor ->
-    replacement, ops exempt, the in-step flag the runner feeds True in a
-    training step, or None). B, the step's examples: N * b where the graph
-    fixes b; else, in a training step, the workers' b added up (they may
-    differ: a dataset's last batch, 32 rows on 3 workers), and N * b in any
-    other run, which then waits for no other worker."""
-    if not analysis.batch_draws or plan.num_workers == 1:
-        return {}, set(), None
-    n = plan.num_workers
-    flag = tf1.placeholder_with_default(False, [], name="autopar/batch_draws/in_step")
-    totals: list[tf.Tensor] = []
-
-    def global_batch(b: tf.Tensor) -> tf.Tensor:
-        static = tf.get_static_value(b)
-        if static is not None:
-            return tf.constant(n * int(static), tf.int64)
-        if not totals:   # every draw's b counts the same examples
-            # the branches' ops run where the cond does (no device of their
-            # own: a function keeps it, and the worker's graph sets devices
-            # only on its own nodes)
-            with tf.control_dependencies(None), tf1.device(None):
-                summed = tf.cond(flag, lambda: tf.cast(tf.reshape(backend.allreduce_sum(
-                    tf.reshape(tf.cast(b, tf.float64), [1]), BATCH_DRAWS.key(0)), []), tf.int64),
-                    lambda: b * n)
-            totals.append(summed)
-        return totals[0]
-    rewire, built = rewrite_batch_draws(graph, analysis.batch_draws, n, worker_index,
-                                        global_batch, analysis.batch_input)
-    built.add(flag.op.name)
-    return ({node_input_name(k): node_input_name(v) for k, v in rewire.items()}, built,
-            flag.name)
 
 
 def _sync_local_state(graph, analysis: Analysis, plan: Plan, backend,

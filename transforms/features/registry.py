@@ -15,6 +15,7 @@ from autopar.transforms.batch_weights import BatchWeights
 from autopar.transforms.example_rows import ExampleRowsFeature
 from autopar.transforms.features.base import Facts, GraphFeature
 from autopar.transforms.loss_counts import LossCounts
+from autopar.transforms.random_draws import RandomDraws
 
 
 def check_table(features: tuple[GraphFeature, ...]) -> dict[str, GraphFeature]:
@@ -53,6 +54,7 @@ FEATURES: dict[str, GraphFeature] = check_table((
     ExampleRowsFeature(),
     BatchWeights(),
     BatchMixing(),
+    RandomDraws(),
 ))
 
 
