@@ -36,14 +36,13 @@ from autopar.transforms.features.registry import FEATURES
 from autopar.transforms.barrier import cover_server_work
 from autopar.transforms.methods.base import Edits
 from autopar.transforms.methods.registry import METHODS
-from autopar.transforms.ops import ConstantPool, NodeWriter
+from autopar.transforms.ops import NodeWriter
 from autopar.transforms.plan import Plan
 from autopar.transforms.wus import shard_weight_updates
 
 tf1 = tf.compat.v1
 
 BROADCAST_OP = "autopar/broadcast_from_chief"
-SYNC_LOCAL_STATE_OP = "autopar/sync_local_state"
 
 
 @dataclass
@@ -115,10 +114,10 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
              moves: list[Move] | None, backend, micro_batches: int,
              accelerator: Accelerator | None = None) -> WorkerGraph:
     meta = _meta_graph(graph_or_meta)
-    # A fresh import: never mutate the user's graph. Only weight-update
-    # sharding and local-state averaging use the collections' Variables.
-    scratch = _scratch_copy(meta, collections=plan.shard_weight_update
-                            or plan.sync_local_state == "average",
+    # A fresh import: never mutate the user's graph. Only features (weight-
+    # update sharding, local-state averaging) use the collections' Variables.
+    scratch = _scratch_copy(meta, collections=plan.shard_weight_update or any(
+                                f.reads_collections(plan) for f in FEATURES.values()),
                             devices=not isinstance(graph_or_meta, tf.Graph)
                             or any(op.device for op in graph_or_meta.get_operations()))
     n_original = len(scratch.get_operations())
@@ -148,7 +147,6 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
         broadcast = _broadcast_state(_global_variables(meta, scratch), plan, backend, worker_index == 0,
                                      edits.server_variables)
         minus_one = ctx.constants.get([-1]).op.name if worker_index == 0 and broadcast else ""
-        after_step = _sync_local_state(scratch, analysis, plan, backend, ctx.constants)
     graph_def, new_nodes = _export(meta, scratch, n_original)
     new_nodes.update(ctx.nodes.flush(graph_def))
     by_name = {node.name: node for node in graph_def.node}
@@ -186,7 +184,7 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
     return WorkerGraph(meta_graph=out, broadcast_op=BROADCAST_OP, replaced=edits.replaced,
                        server_variables=edits.server_variables,
                        step_barriers=edits.step_barriers, step_targets=edits.step_targets,
-                       partitions=edits.partitions, after_step=after_step,
+                       partitions=edits.partitions,
                        lookup_barriers=edits.lookup_barriers,
                        accumulate_first=accumulation and accumulation.first_op,
                        accumulate=accumulation and accumulation.add_op,
@@ -520,54 +518,6 @@ def _make_noop(node) -> None:
     node.attr.clear()
 
 
-def _sync_local_state(graph, analysis: Analysis, plan: Plan, backend,
-                      constants: ConstantPool) -> str | None:
-    """With sync_local_state="average": an op replacing every batch-local
-    state variable (kind "local", e.g. batch-norm moving statistics) by its
-    mean over workers, one all-reduce per dtype. It has no feed and does not
-    run the state's own updates: the runner runs it after each step, so every
-    replica then holds the same values (the mean of the workers' values, not
-    the statistics one device would compute on the global batch)."""
-    if plan.sync_local_state != "average":
-        return None
-    local = {s.name for s in analysis.state if s.kind == "local"}
-    groups = _variables_by_dtype(graph, lambda name: name in local)
-    if not groups:
-        return None
-    assigns, previous = [], []
-    with tf.name_scope("autopar/sync_local"):
-        for i, variables in enumerate(groups):
-            with tf.control_dependencies(previous):   # one launch order on every worker
-                mean = backend.allreduce_mean(_flatten(variables, constants),
-                                              plan.local_state_key + i)
-            previous = [mean]
-            assigns += _assign_pieces(variables, mean, constants)
-    return tf.group(*assigns, name=SYNC_LOCAL_STATE_OP).name
-
-
-def _variables_by_dtype(graph, keep) -> list[list]:
-    """The global variables whose op name ``keep`` accepts, one list per
-    dtype, in dtype-name order: one flat collective per list, keyed by its
-    position, identically on every worker."""
-    by_dtype: dict[str, list] = {}
-    for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES):
-        if keep(v.op.name):
-            by_dtype.setdefault(v.dtype.base_dtype.name, []).append(v)
-    return [by_dtype[dtype] for dtype in sorted(by_dtype)]
-
-
-def _flatten(variables, constants: ConstantPool):
-    """The variables' values as one flat tensor, in list order."""
-    return tf.concat([tf.reshape(v.value(), constants.get([-1])) for v in variables], axis=0)
-
-
-def _assign_pieces(variables, flat, shapes: ConstantPool) -> list:
-    """Assign ops giving each variable its piece of ``flat`` (as _flatten laid it out)."""
-    sizes = [int(v.shape.num_elements()) for v in variables]
-    return [v.assign(tf.reshape(piece, shapes.get(v.shape.as_list(), tf.int32))).op
-            for v, piece in zip(variables, tf.split(flat, sizes))]
-
-
 def _broadcast_state(variables: list[_Variable], plan: Plan, backend, is_chief: bool,
                      skip: set[str]) -> list["_BroadcastGroup"]:
     """The collectives of an op that overwrites every replicated global
@@ -581,7 +531,7 @@ def _broadcast_state(variables: list[_Variable], plan: Plan, backend, is_chief: 
     reshapes and assignments: a few per variable, thousands in a large model)
     are written as NodeDefs by _splice_broadcast: building them through
     TensorFlow's Python API cost ~1 ms each, a quarter of a rewrite."""
-    by_dtype: dict[str, list[_Variable]] = {}   # as _variables_by_dtype orders them
+    by_dtype: dict[str, list[_Variable]] = {}   # as local_state._variables_by_dtype orders them
     for v in variables:
         if v.name not in skip:
             by_dtype.setdefault(v.dtype.name, []).append(v)
@@ -614,8 +564,8 @@ def _splice_broadcast(graph_def, groups: list[_BroadcastGroup], is_chief: bool,
     """Write _broadcast_state's per-variable ops into `graph_def` and the
     BROADCAST_OP NoOp; return the new nodes' names. The chief concatenates its
     flattened values into each collective; a receiver splits what it receives
-    and assigns each variable its piece (as _flatten and _assign_pieces lay
-    them out). Nodes are the ones TensorFlow's API would build, minus the
+    and assigns each variable its piece (as transforms.local_state lays out
+    its flat tensors). Nodes are the ones TensorFlow's API would build, minus the
     value read back after each assignment, which nothing consumes. `by_name`:
     an index of graph_def's nodes, kept up to date."""
     nodes = NodeWriter(graph_def, device, "autopar/broadcast/", by_name=by_name)

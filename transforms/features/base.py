@@ -19,6 +19,7 @@ Hooks (all have working defaults: a feature implements those it needs):
   plan_fields   the Plan fields it sets (its keys, group sizes), refusing
                 what the plan cannot do
   check         refusals that need the job's Config (compile time)
+  reads_collections  whether its rewrite needs the collections' Variables
   rewrite       its ops in the worker's scratch graph, returned as a Rewiring
                 (tensors the original nodes read instead, ops exempt from
                 that, edits of original nodes, the ops the runner runs)
@@ -113,6 +114,11 @@ class GraphFeature:
     def check(self, analysis: "Analysis", plan: "Plan", config) -> None:
         """Refuse (an autopar.errors exception) what the job's Config asks
         and this feature cannot do on this graph."""
+
+    def reads_collections(self, plan: "Plan") -> bool:
+        """Whether its rewrite reads the graph's collections (their
+        tf.Variables), which the scratch copy then imports too."""
+        return False
 
     def rewrite(self, ctx: FeatureContext) -> Rewiring | None:
         """Its ops in ctx.graph (None: nothing to do for this plan)."""

@@ -14,6 +14,7 @@ from autopar.transforms.batch_mixing import BatchMixing
 from autopar.transforms.batch_weights import BatchWeights
 from autopar.transforms.example_rows import ExampleRowsFeature
 from autopar.transforms.features.base import Facts, GraphFeature
+from autopar.transforms.local_state import LocalStateAveraging
 from autopar.transforms.loss_counts import LossCounts
 from autopar.transforms.random_draws import RandomDraws
 
@@ -55,6 +56,7 @@ FEATURES: dict[str, GraphFeature] = check_table((
     BatchWeights(),
     BatchMixing(),
     RandomDraws(),
+    LocalStateAveraging(),
 ))
 
 
