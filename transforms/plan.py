@@ -243,19 +243,6 @@ def make_plan(analysis: Analysis, topology: Topology | int,
     barriers = [StepBarrier(list(groups), key + i) for i, groups in enumerate(analysis.step_sets)]
     key += max(1, len(barriers))
     keys.PLAN.check_end(key + len(_dtypes(analysis)))   # the broadcast's, from key on
-    if options.shard_weight_update and len(analysis.train_groups) > 1:
-        raise AutoparError(
-            f"Config(shard_weight_update=True) with {len(analysis.train_groups)} train ops "
-            "updating different variables is not supported (the owners' new values are "
-            "gathered in one collective per dtype): turn weight-update sharding off")
-    if options.shard_weight_update:
-        on_servers = [vp.name for vp in plans if not vp.replicated]
-        if on_servers:
-            raise AutoparError(
-                f"Config(shard_weight_update=True) with variables on parameter servers "
-                f"({', '.join(on_servers[:3])}) is not supported: use run_option='allreduce' "
-                "(sparse variables then use all-gather) or turn weight-update sharding off")
-        assign_owners(analysis, plans, topology.num_workers)
     feature_fields: dict = {}
     for feature in FEATURES.values():
         feature_fields.update(feature.plan_fields(analysis, options, topology, plans))
@@ -267,7 +254,6 @@ def make_plan(analysis: Analysis, topology: Topology | int,
                 local_aggregation=options.local_aggregation,
                 aggregation_group=group, sparse_servers=sparse_servers,
                 structure_why=structure_why, opau=options.opau, opsw=options.opsw,
-                shard_weight_update=options.shard_weight_update,
                 collective_timeout_s=options.collective_timeout_s, **feature_fields)
 
 
@@ -329,20 +315,6 @@ def wants_servers(gradient: str, run_option: str) -> bool:
 def _dtypes(analysis: Analysis) -> set[str]:
     """Dtypes of the trainable variables: a lower bound of the broadcast's keys."""
     return {v.dtype for v in analysis.variables}
-
-
-def assign_owners(analysis: Analysis, plans: list[VariablePlan], num_workers: int) -> None:
-    """Weight-update sharding: each all-reduce variable gets one owner,
-    whole variables balanced by bytes (largest first to the least loaded
-    worker, ties to the lower index: the same on every process)."""
-    load = [0] * num_workers
-    sharded = [(analysis.variable(vp.name).bytes, i, vp) for i, vp in enumerate(plans)
-               if METHODS[vp.method].shards_weight_update]
-    for size, _, vp in sorted(sharded, key=lambda t: (-t[0], t[1])):
-        owner = min(range(num_workers), key=lambda w: (load[w], w))
-        vp.owner = owner
-        load[owner] += size
-        vp.placement = f"replicated; updated by worker {owner} (weight-update sharding)"
 
 
 def aggregation_group_size(options: PlanOptions, num_workers: int) -> int:

@@ -18,7 +18,6 @@ from autopar.transforms.analysis import Analysis
 from autopar.transforms.features.registry import FEATURES
 from autopar.transforms.methods.registry import METHODS, processes
 from autopar.transforms.plan import Plan, wants_servers
-from autopar.transforms.wus import slot_bytes_per_worker
 
 
 @dataclass
@@ -305,9 +304,6 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
                      "the rows its first steps measured (Config.measure_steps)")
     for feature in FEATURES.values():
         notes += feature.notes(analysis, plan, n)
-    if plan.shard_weight_update and all(vp.owner is None for vp in plan.variables):
-        notes.append("Config(shard_weight_update=True) is set but no variable is all-reduced: "
-                     "nothing to shard")
     if len(analysis.train_groups) > 1:
         notes.append(f"{len(analysis.train_groups)} train ops update different variables; each "
                      "step aggregates, buckets and waits for exactly the variables its fetch "
@@ -339,9 +335,6 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
                            for i, (s, r) in enumerate(server_bytes)], run_option=plan.run_option,
                   moved_ops=[m.as_dict() for m in moves or []],
                   loss_reduction=plan.loss_reduction, loss_reduction_why=plan.loss_reduction_why,
-                  shard_weight_update=plan.shard_weight_update,
-                  slot_bytes=slot_bytes_per_worker(analysis, plan),
-                  slot_bytes_unsharded=slot_bytes_per_worker(analysis, _unsharded(plan)),
                   state=[asdict(s) for s in analysis.state], untrained=analysis.untrained,
                   aggregation_group=plan.aggregation_group, sparse_servers=plan.sparse_servers,
                   structure_why=plan.structure_why, notes=notes, **method_report_fields(plan),
@@ -374,11 +367,6 @@ def _joined(a, b):
     if isinstance(a, str):
         return a or b
     return a + b
-
-
-def _unsharded(plan: Plan) -> Plan:
-    from dataclasses import replace
-    return replace(plan, variables=[replace(vp, owner=None) for vp in plan.variables])
 
 
 def _batch_norm_line(layer: dict, num_workers: int) -> str:

@@ -38,7 +38,6 @@ from autopar.transforms.methods.base import Edits
 from autopar.transforms.methods.registry import METHODS
 from autopar.transforms.ops import NodeWriter
 from autopar.transforms.plan import Plan
-from autopar.transforms.wus import shard_weight_updates
 
 tf1 = tf.compat.v1
 
@@ -116,8 +115,8 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
     meta = _meta_graph(graph_or_meta)
     # A fresh import: never mutate the user's graph. Only features (weight-
     # update sharding, local-state averaging) use the collections' Variables.
-    scratch = _scratch_copy(meta, collections=plan.shard_weight_update or any(
-                                f.reads_collections(plan) for f in FEATURES.values()),
+    scratch = _scratch_copy(meta, collections=any(f.reads_collections(plan)
+                                                  for f in FEATURES.values()),
                             devices=not isinstance(graph_or_meta, tf.Graph)
                             or any(op.device for op in graph_or_meta.get_operations()))
     n_original = len(scratch.get_operations())
@@ -132,8 +131,6 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
                         if micro_batches > 1 else None)
         for method in METHODS.values():
             edits.merge(method.rewrite(ctx))
-        edits.merge(shard_weight_updates(ctx, worker_device, edits.replaced))
-        edits.identities.update(_unguarded_initial_values(scratch, edits.server_variables))
         rewiring = Rewiring()   # all features'
         built = []   # (feature, its rewiring)
         for feature in FEATURES.values():
@@ -143,6 +140,8 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
                 if mine.edits is not None:
                     edits.merge(mine.edits)
                 built.append((feature, mine))
+        # (after weight-update sharding put the slots on their owners)
+        edits.identities.update(_unguarded_initial_values(scratch, edits.server_variables))
         rewire, rewire_exempt = rewiring.rewire, rewiring.exempt
         broadcast = _broadcast_state(_global_variables(meta, scratch), plan, backend, worker_index == 0,
                                      edits.server_variables)

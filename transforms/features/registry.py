@@ -17,6 +17,7 @@ from autopar.transforms.features.base import Facts, GraphFeature
 from autopar.transforms.local_state import LocalStateAveraging
 from autopar.transforms.loss_counts import LossCounts
 from autopar.transforms.random_draws import RandomDraws
+from autopar.transforms.wus import WeightUpdateSharding
 
 
 def check_table(features: tuple[GraphFeature, ...]) -> dict[str, GraphFeature]:
@@ -50,6 +51,7 @@ def check_table(features: tuple[GraphFeature, ...]) -> dict[str, GraphFeature]:
 
 
 FEATURES: dict[str, GraphFeature] = check_table((
+    WeightUpdateSharding(),
     BatchNorm(),
     LossCounts(),
     ExampleRowsFeature(),
