@@ -236,6 +236,12 @@ def _node_hashes(graph_def, original: set[str]) -> dict[str, str]:
                     # A function's name ends in a process-wide counter.
                     h.update(re.sub(r"_\d+$", "", value.func.name).encode())
                     continue
+                if key == "_gradient_op_type":
+                    # "CustomGradient-<a process-wide uid>": which uid a
+                    # traced program's op got depends on what the process
+                    # built before it, not on the rewrite.
+                    h.update(re.sub(rb"-\d+$", b"", value.s))
+                    continue
                 h.update(value.SerializeToString(deterministic=True))
             data = [f"{memo.get(p, 'missing:' + p)}:{i}" for p, i in
                     (producer(x) for x in node.input if not x.startswith("^"))]
