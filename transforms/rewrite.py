@@ -21,8 +21,6 @@ import tensorflow as tf
 
 from autopar.common.roles import SERVER_JOB, WORKER_JOB
 from autopar.transforms.accelerator import Accelerator, accelerator_device, place_on_accelerator
-from autopar.transforms.accumulate import (build_accumulators, check_update_reads_no_input,
-                                           redirect_gradients)
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.batchnorm import apply_rewire
 from autopar.transforms.comm import CollectiveOpsBackend
@@ -127,8 +125,6 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
     ctx = FeatureContext(scratch, analysis, plan, worker_index, backend, device, moves,
                          micro_batches=micro_batches, edits=edits, device_of=worker_device)
     with scratch.as_default(), tf.device(device):
-        accumulation = (build_accumulators(scratch, analysis, _micro_batch_weight(plan, micro_batches))
-                        if micro_batches > 1 else None)
         for method in METHODS.values():
             edits.merge(method.rewrite(ctx))
         rewiring = Rewiring()   # all features'
@@ -156,18 +152,15 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
               for node in copy_region(by_name, region, p, remap, device_of)]
     _set_devices(graph_def, new_nodes, edits, device)
     _edit_original_nodes(graph_def, new_nodes, edits)
-    if accumulation is None:
+    if micro_batches == 1:   # (accumulated gradients are applied in a run of their own)
         _updates_wait_for_gradients(graph_def, analysis)
     # After the gradient renames: a renamed consumer reads the aggregate, an
     # op reading a replaced batch-norm output (even a new one) the group's.
     apply_rewire(graph_def, rewire, rewire_exempt)
     graph_def.node.extend(copies)
     constant_copies = _constants_on_servers(graph_def)
-    if accumulation is not None:
-        # Before the barrier covers the step's server work: the step then no
-        # longer reaches the forward pass (see transforms.accumulate).
-        redirect_gradients(graph_def, accumulation)
-        check_update_reads_no_input(graph_def, accumulation, analysis.step_ops)
+    for feature, mine in built:
+        feature.edit_graph_def(graph_def, ctx, mine)
     for groups, barrier in edits.step_barriers:
         # What a step of exactly these groups may run: the step ops whose
         # groups are among them.
@@ -185,8 +178,6 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
                        step_barriers=edits.step_barriers, step_targets=edits.step_targets,
                        partitions=edits.partitions,
                        lookup_barriers=edits.lookup_barriers,
-                       accumulate_first=accumulation and accumulation.first_op,
-                       accumulate=accumulation and accumulation.add_op,
                        constant_copies=constant_copies, **rewiring.outputs)
 
 
@@ -211,13 +202,6 @@ def _unguarded_initial_values(graph: tf.Graph, server_variables: set[str]) -> di
                                     or guarded.type != "VarHandleOp"):
             out[op.name] = op.inputs[2].name
     return out
-
-
-def _micro_batch_weight(plan: Plan, micro_batches: int) -> float:
-    """Algorithm 1's g <- g + g_m / M for a mean loss (the worker's gradient is
-    then the mean over its M micro-batches, which the methods average over
-    workers); a summed loss adds micro-batches as it adds workers."""
-    return 1.0 / micro_batches if plan.averages("dense") else 1.0
 
 
 # The GraphDef passes, in the order rewrite_for_worker applies them. Each

@@ -10,6 +10,7 @@ no two features may claim one Analysis field or one key range.
 from __future__ import annotations
 
 from autopar.transforms.batchnorm import BatchNorm
+from autopar.transforms.accumulate import MicroBatches
 from autopar.transforms.batch_mixing import BatchMixing
 from autopar.transforms.batch_weights import BatchWeights
 from autopar.transforms.example_rows import ExampleRowsFeature
@@ -59,6 +60,7 @@ FEATURES: dict[str, GraphFeature] = check_table((
     BatchMixing(),
     RandomDraws(),
     LocalStateAveraging(),
+    MicroBatches(),
 ))
 
 
