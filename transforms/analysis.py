@@ -17,6 +17,7 @@ reach it only through the global norm.
 from __future__ import annotations
 
 import collections
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,6 +28,7 @@ from autopar.transforms import serial
 from autopar.transforms.batchnorm import BatchNormInfo
 from autopar.transforms.features import registry as features
 from autopar.transforms.features.base import Facts
+from autopar.transforms.graph_index import GraphIndex
 from autopar.transforms.example_rows import ExampleRows
 from autopar.transforms.graph_utils import (INPUT_OP_TYPES, VARIABLE_OP_TYPES, batch_local_ops,
                                             transforming, graph_of,
@@ -216,18 +218,36 @@ class Analysis:
         return serial.loads(cls, text)
 
 
-def analyze_graph(graph_or_meta) -> Analysis:
-    """Linear in the graph's size (plus the size of the answer): the op
-    adjacency is indexed once (_OpIndex), reachability questions asked for
-    every variable are answered together by one pass in each direction, and
-    per-variable walks stay in the variable's own neighbourhood."""
+def analyze_graph(graph_or_meta, timings: dict[str, float] | None = None) -> Analysis:
+    """Linear in the graph's size (plus the size of the answer): the ops are
+    indexed once (GraphIndex) for the analysis and every graph feature,
+    reachability questions asked for every variable are answered together
+    by one pass in each direction, and per-variable walks stay in the
+    variable's own neighbourhood. `timings`: filled with the seconds each
+    phase took, each graph feature's find its own ("feature <name>")."""
     graph = graph_of(graph_or_meta)
     with transforming():
-        return _analyze(graph)
+        return _analyze(graph, _Clock(timings))
 
 
-def _analyze(graph: tf.Graph) -> Analysis:
-    boundary = _gradient_boundary(graph)
+class _Clock:
+    """Seconds since the previous mark, by phase (no-op without a dict)."""
+
+    def __init__(self, timings: dict[str, float] | None):
+        self.timings = timings
+        self.last = time.perf_counter()
+
+    def __call__(self, phase: str) -> None:
+        if self.timings is not None:
+            now = time.perf_counter()
+            self.timings[phase] = self.timings.get(phase, 0.0) + now - self.last
+            self.last = now
+
+
+def _analyze(graph: tf.Graph, clock: _Clock) -> Analysis:
+    index = GraphIndex(graph)   # every walk below and every feature's reads it
+    clock("index")
+    boundary = _gradient_boundary(index)
     if not boundary:
         loop = _loop_computing_gradients(graph)
         if loop is not None:
@@ -243,12 +263,11 @@ def _analyze(graph: tf.Graph) -> Analysis:
             "tf.compat.v1.train optimizer (minimize() or compute_gradients/apply_gradients) "
             "before calling autopar")
     trainable = _trainable_variable_ops(graph)
-    updates = _update_ops_by_variable(graph, trainable)
+    updates = _update_ops_by_variable(index, trainable)
     recognised = {name: "its tf.compat.v1 optimizer's update (the ops under "
                         f"'{ops[0].rsplit('/update_', 1)[0]}/update_{name}')"
                   for name, ops in updates.items()}
-    index = _OpIndex(graph)
-    writers = _writers_by_variable(graph)
+    writers = _writers_by_variable(index)
     from_data_flow = _updates_from_data_flow(graph, index, trainable, updates, boundary, writers)
     for name, ops in from_data_flow.items():
         updates[name] = ops
@@ -263,14 +282,19 @@ def _analyze(graph: tf.Graph) -> Analysis:
             + (inside or "Apply the gradients with an optimizer (tf.compat.v1.train or Keras)."))
     _reject_hand_written_updates(graph, index, trainable, updates, boundary, writers)
     slot_users = _variables_passed_to_updates(graph, updates, {v.name for v in trainable})
-    variables = [_variable_info(graph, var_op, updates[var_op.name], boundary, slot_users,
+    slots_of: dict[str, list[str]] = collections.defaultdict(list)   # of one variable only
+    for slot, users in slot_users.items():
+        if len(users) == 1:
+            slots_of[next(iter(users))].append(slot)
+    variables = [_variable_info(graph, var_op, updates[var_op.name], boundary, slots_of,
                                 writers.get(var_op.name, []))
                  for var_op in trainable if var_op.name in updates]
     for info in variables:
         info.recognised = recognised[info.name]
+    clock("gradients and updates")
     fetches = {op.name for op in graph.get_collection(FETCHES)}
     groups, trains = _train_groups(index, variables, fetches)
-    seeds = _loss_seeds(graph)
+    seeds = _loss_seeds(index)
     every_seed = seeds + tape_seed_pairs(graph)
     reached = {seed: index.reachable([index.position[seed]]) for seed, _ in every_seed}
     inner = _inner_seeds(index, every_seed, reached)
@@ -278,15 +302,16 @@ def _analyze(graph: tf.Graph) -> Analysis:
     loss = losses[0] if losses else None
     # A traced function's losses (several tapes: a GAN's two) all decide.
     every_loss = losses + ([] if seeds else _declared_losses(graph))
-    input_ops = batch_local_ops(graph, set())
+    input_ops = index.batch_local(set())
     reduction, why = _loss_reduction_of_all(graph, every_loss, input_ops)
     averaged = {t for v in variables for t in (v.grad_tensor, v.grad_values, v.grad_indices) if t}
-    batch_local = batch_local_ops(graph, averaged)
+    batch_local = index.batch_local(averaged)
     facts = Facts(graph, index, writers, losses, every_loss, frozenset(averaged), input_ops,
                   batch_local, trained_seeds=_trained_seeds(index, every_seed, reached, inner,
                                                             averaged),
                   reduced_of=lambda loss: batch_reduced(graph, loss, input_ops))
-    found = features.find(facts)
+    clock("train groups, losses, batch")
+    found = features.find(facts, clock)
     rows = facts.shared["rows"]
     conditional = _conditional_ops(index)
     paths = _path_ops(index, [([t for t in (v.grad_tensor, v.grad_values, v.grad_indices) if t],
@@ -315,13 +340,17 @@ def _analyze(graph: tf.Graph) -> Analysis:
         if not info.ps_blocker:
             info.ps_blocker = _updated_conditionally(info, conditional)
         info.partition_blocker = _whole_values_in_update(graph, info)
+    clock("per-variable checks")
     slot_names = {s for v in variables for s in v.slots}
     all_update_ops = {u for v in variables for u in v.update_ops}
+    state = _step_state(graph, trainable, slot_names, all_update_ops, batch_local, writers)
+    step_ops = _step_ops(index, all_update_ops)
+    clock("state and step ops")
     return Analysis(
         variables=variables,
-        state=_step_state(graph, trainable, slot_names, all_update_ops, batch_local, writers),
+        state=state,
         loss=loss,
-        step_ops=_step_ops(index, all_update_ops),
+        step_ops=step_ops,
         untrained=[v.name for v in trainable if v.name not in updates],
         loss_reduction=reduction,
         loss_reduction_why=why,
@@ -331,7 +360,7 @@ def _analyze(graph: tf.Graph) -> Analysis:
     )
 
 
-def _train_groups(index: "_OpIndex", variables: list[VariableInfo], fetches: set[str] = frozenset()
+def _train_groups(index: GraphIndex, variables: list[VariableInfo], fetches: set[str] = frozenset()
                   ) -> tuple[list[list[str]], dict[str, list[int]]]:
     """(the variables of each train group, step op -> its groups), from data
     and control flow: one forward pass carries from every update op the bit
@@ -367,7 +396,7 @@ def _train_groups(index: "_OpIndex", variables: list[VariableInfo], fetches: set
     return groups, trains
 
 
-def _losses(index: "_OpIndex", variables: list[VariableInfo], groups: list[list[str]],
+def _losses(index: GraphIndex, variables: list[VariableInfo], groups: list[list[str]],
             seeds: list[tuple[str, str]], reached: dict[str, set[int]], inner: set[str],
             graph) -> list[str | None]:
     """The loss of each train group: of the tensors tf.gradients
@@ -393,7 +422,7 @@ def _losses(index: "_OpIndex", variables: list[VariableInfo], groups: list[list[
     return out
 
 
-def _inner_seeds(index: "_OpIndex", seeds: list[tuple[str, str]],
+def _inner_seeds(index: GraphIndex, seeds: list[tuple[str, str]],
                  reached: dict[str, set[int]]) -> set[str]:
     """The seeds (of `seeds`: (seed op, loss)) whose backward pass computes
     another seed's loss: a gradient penalty's tf.gradients or inner tape
@@ -404,7 +433,7 @@ def _inner_seeds(index: "_OpIndex", seeds: list[tuple[str, str]],
             if any(p in reached[seed] for other, p in losses.items() if other != seed)}
 
 
-def _trained_seeds(index: "_OpIndex", seeds: list[tuple[str, str]],
+def _trained_seeds(index: GraphIndex, seeds: list[tuple[str, str]],
                    reached: dict[str, set[int]], inner: set[str],
                    gradients: set[str]) -> list[tuple[str, str]]:
     """The (seed, loss) pairs of `seeds` that are not inner ones and whose
@@ -448,79 +477,7 @@ def _loss_reduction_of_all(graph, losses: list[str | None],
         f"'{loss}': {kind}" for loss, (kind, _) in found.items()))
 
 
-class _OpIndex:
-    """The graph's op adjacency by op position, built in one pass: data edges
-    both ways and control edges forward. Positions follow
-    graph.get_operations(), i.e. creation order, which is a topological order
-    of the data edges except for a while loop's back edges."""
-
-    def __init__(self, graph: tf.Graph):
-        self.ops = graph.get_operations()
-        self.names = [op.name for op in self.ops]
-        self.position = {name: i for i, name in enumerate(self.names)}
-        n = len(self.ops)
-        self.preds: list[list[int]] = [[] for _ in range(n)]
-        self.succs: list[list[int]] = [[] for _ in range(n)]
-        self.control_succs: list[list[int]] = [[] for _ in range(n)]
-        position = self.position
-        for i, op in enumerate(self.ops):
-            for t in op.inputs:
-                p = position[t.op.name]
-                self.preds[i].append(p)
-                self.succs[p].append(i)
-            for c in op.control_inputs:
-                self.control_succs[position[c.name]].append(i)
-
-    def reachable(self, starts, edges=None, extra=None) -> set[int]:
-        """Positions reachable from `starts` (included) along `edges` (data
-        successors by default) and `extra` (more successor lists)."""
-        edges = edges or self.succs
-        seen = set(starts)
-        frontier = list(seen)
-        while frontier:
-            i = frontier.pop()
-            for j in edges[i]:
-                if j not in seen:
-                    seen.add(j)
-                    frontier.append(j)
-            if extra is not None:
-                for j in extra[i]:
-                    if j not in seen:
-                        seen.add(j)
-                        frontier.append(j)
-        return seen
-
-    def propagate(self, seeds: dict[int, int], forward: bool, control: bool = False) -> list[int]:
-        """reach[i]: OR of the seed bits of every op with a path of one or
-        more data edges (and forward control edges, with `control`) to i
-        (forward) or from i (backward). A worklist in (reverse) creation
-        order: each op is visited once on an acyclic graph; a loop's back
-        edge re-queues only what it changes."""
-        n = len(self.ops)
-        edges = self.succs if forward else self.preds
-        if control:
-            edges = [a + b for a, b in zip(edges, self.control_succs)]
-        reach = [0] * n
-        order = range(n) if forward else range(n - 1, -1, -1)
-        queue = collections.deque(i for i in order)
-        queued = [True] * n
-        while queue:
-            i = queue.popleft()
-            queued[i] = False
-            out = reach[i] | seeds.get(i, 0)
-            if not out:
-                continue
-            for j in edges[i]:
-                new = reach[j] | out
-                if new != reach[j]:
-                    reach[j] = new
-                    if not queued[j]:
-                        queued[j] = True
-                        queue.append(j)
-        return reach
-
-
-def _updates_from_data_flow(graph, index: "_OpIndex", trainable, named: dict[str, list[str]],
+def _updates_from_data_flow(graph, index: GraphIndex, trainable, named: dict[str, list[str]],
                             boundary: set[str], writers: dict[str, list[str]]
                             ) -> dict[str, list[str]]:
     """{trainable variable: its update ops} for the trainable variables no
@@ -548,8 +505,8 @@ def _updates_from_data_flow(graph, index: "_OpIndex", trainable, named: dict[str
     if not candidates:
         return {}
     reads_of: dict[str, list[int]] = collections.defaultdict(list)
-    for op in graph.get_operations():
-        if op.type in _READ_OP_TYPES and op.inputs and op.inputs[0].op.type in VARIABLE_OP_TYPES:
+    for op in index.of_types(_READ_OP_TYPES):
+        if op.inputs and op.inputs[0].op.type in VARIABLE_OP_TYPES:
             reads_of[op.inputs[0].op.name].append(index.position[op.name])
     writer_of = {w: var for var, ws in writers.items() for w in ws}
     fed = index.reachable({index.position[t.split(":")[0]] for t in boundary})
@@ -652,7 +609,7 @@ def _exclusive_ancestors(graph, region: set[str], backward: set[str] = frozenset
     return region
 
 
-def _reject_hand_written_updates(graph, index: _OpIndex, trainable, updates, boundary,
+def _reject_hand_written_updates(graph, index: GraphIndex, trainable, updates, boundary,
                                  writers) -> None:
     """A trainable variable written from a gradient outside any optimizer
     would be updated from this worker's gradient alone: replicas would drift
@@ -678,7 +635,7 @@ def _reject_hand_written_updates(graph, index: _OpIndex, trainable, updates, bou
                 "diverge. Apply that gradient with an optimizer's apply_gradients.")
 
 
-def _gradient_boundary(graph: tf.Graph) -> set[str]:
+def _gradient_boundary(index: GraphIndex) -> set[str]:
     """Names of tensors produced inside a gradients scope and consumed outside.
 
     A GradientTape adds up a tensor's gradients from several consumers with
@@ -691,10 +648,15 @@ def _gradient_boundary(graph: tf.Graph) -> set[str]:
     the averaging). A term may be an IndexedSlices gradient the tape made
     dense to add it to a dense one (an embedding with a regularizer)."""
     out = set()
-    for op in graph.get_operations():   # creation order: a sum after its terms
-        if in_gradient_scope(op.name):
+    in_gradient = index.in_gradient
+    for i, op in enumerate(index.ops):   # creation order: a sum after its terms
+        if in_gradient[i]:
             continue
-        out.update(t.name for t in op.inputs if in_gradient_scope(t.op.name))
+        preds = index.preds[i]
+        if any(in_gradient[p] for p in preds):
+            out.update(t.name for t, p in zip(op.inputs, preds) if in_gradient[p])
+        if index.types[i] not in _AGGREGATING:
+            continue
         terms = [t for t in _aggregated_terms(op) if not _zeros(t)]
         if terms and all(t.name in out or _densified(t, out) or _scaled_gradient(t.op, out)
                          for t in terms):
@@ -747,6 +709,9 @@ def _densified(t: tf.Tensor, boundary: set[str]) -> bool:
             and all(x.name in boundary for x in t.op.inputs[:2]))
 
 
+_AGGREGATING = frozenset({"AddN", "Add", "AddV2", "ConcatV2"})
+
+
 def _aggregated_terms(op) -> list:
     """The gradients a tape's aggregation op adds up: an AddN's inputs, or
     the pieces a ConcatV2 joins (an IndexedSlices gradient of a variable
@@ -761,7 +726,7 @@ def _aggregated_terms(op) -> list:
     return []
 
 
-def _inside_a_function(graph: tf.Graph, index: _OpIndex, boundary: set[str]) -> str:
+def _inside_a_function(graph: tf.Graph, index: GraphIndex, boundary: set[str]) -> str:
     """Why no update was found when the gradients flow into an op that runs
     a function body, else "". A traced tf.cond that writes variables (Keras's
     LossScaleOptimizer, gradient accumulation) was lowered when the step was
@@ -799,7 +764,7 @@ def _trainable_variable_ops(graph: tf.Graph) -> list[tf.Operation]:
     return out
 
 
-def _update_ops_by_variable(graph: tf.Graph, var_ops: list[tf.Operation]) -> dict[str, list[str]]:
+def _update_ops_by_variable(index: GraphIndex, var_ops: list[tf.Operation]) -> dict[str, list[str]]:
     """Ops under "<opt>/update_<var>/", assigned to the longest matching var name
     (so "update_a/b/..." belongs to variable "a/b", not "a")."""
     # Rank of each name: longest first, then creation order (the order a
@@ -807,8 +772,8 @@ def _update_ops_by_variable(graph: tf.Graph, var_ops: list[tf.Operation]) -> dic
     names = sorted((v.name for v in var_ops), key=len, reverse=True)
     rank = {name: i for i, name in reversed(list(enumerate(names)))}
     out: dict[str, list[str]] = collections.defaultdict(list)
-    for op in graph.get_operations():
-        padded = "/" + op.name
+    for name in index.names:
+        padded = "/" + name
         start = padded.find("/update_")
         if start < 0:
             continue
@@ -825,11 +790,11 @@ def _update_ops_by_variable(graph: tf.Graph, var_ops: list[tf.Operation]) -> dic
                 end = padded.find("/", end + 1)
             start = padded.find("/update_", start + 1)
         if best is not None:
-            out[best].append(op.name)
+            out[best].append(name)
     return dict(out)
 
 
-def _variable_info(graph, var_op, update_ops, boundary, slot_users,
+def _variable_info(graph, var_op, update_ops, boundary, slots_of: dict[str, list[str]],
                    writers: list[str]) -> VariableInfo:
     """Everything about one variable but its path ops and own region, which
     analyze_graph finds for all variables together. `writers`: the ops
@@ -905,7 +870,7 @@ def _variable_info(graph, var_op, update_ops, boundary, slot_users,
                 "an optimizer or a write of the variable")
         _refuse_several_gradients(var_op, _elementwise_gradients(graph, update_set, boundary,
                                                                  shape), writes)
-    info.slots = sorted(name for name, users in slot_users.items() if users == {var_op.name})
+    info.slots = sorted(slots_of.get(var_op.name, []))
     info.boundary_ops = _boundary_ops(graph, var_op)
     return info
 
@@ -1080,7 +1045,7 @@ def _rows_of(t: tf.Tensor, var_shape) -> bool:
     return s is not None and len(s) == len(var_shape) and tuple(s[1:]) == tuple(var_shape[1:])
 
 
-def _path_ops(index: _OpIndex, variables: list[tuple[list[str], set[str]]]) -> list[list[str]]:
+def _path_ops(index: GraphIndex, variables: list[tuple[list[str], set[str]]]) -> list[list[str]]:
     """For each (gradient tensors, update ops) pair: the ops outside the
     gradients scope that lie on a data path from a gradient's op to an update
     op (a descendant of the one and an ancestor of the other), update ops
@@ -1161,7 +1126,7 @@ def _written_outside_update(graph, info: VariableInfo, writers: dict[str, list[s
     return ""
 
 
-def _conditional_ops(index: _OpIndex) -> dict[str, str]:
+def _conditional_ops(index: GraphIndex) -> dict[str, str]:
     """{op: the Switch it runs under} for every op that runs only when a
     Switch's output is live: reached from a Switch along data or control
     edges without passing the Merge (or a loop's Exit) that ends its
@@ -1269,7 +1234,7 @@ def _whole_values_in_update(graph, info: VariableInfo) -> str:
     return ""
 
 
-def _reached_from_other(index: _OpIndex, target: int, starts: set[int]) -> bool:
+def _reached_from_other(index: GraphIndex, target: int, starts: set[int]) -> bool:
     """Whether `target` is a descendant of a start other than itself (the
     forward pass also reports a start on a loop as its own descendant)."""
     others = [s for s in starts if s != target]
@@ -1718,11 +1683,11 @@ def _optimizer_scopes(update_ops) -> set[str]:
     return {u.split("/")[0] for u in update_ops}
 
 
-def _writers_by_variable(graph) -> dict[str, list[str]]:
+def _writers_by_variable(index: GraphIndex) -> dict[str, list[str]]:
     """Ops writing a variable, excluding its initializer."""
     out = collections.defaultdict(list)
-    for op in graph.get_operations():
-        if (writes_variable(op.type) and op.inputs
+    for op in index.of_types(t for t in index.op_types() if writes_variable(t)):
+        if (op.inputs
                 and op.inputs[0].op.type in VARIABLE_OP_TYPES):
             var = op.inputs[0].op.name
             if "/Initializer/" in "/" + op.name + "/" or op.name in (f"{var}/Assign", f"{var}/Assign:0"):
@@ -1733,14 +1698,16 @@ def _writers_by_variable(graph) -> dict[str, list[str]]:
     return out
 
 
-def _loss_seeds(graph) -> list[tuple[str, str]]:
+def _loss_seeds(index: GraphIndex) -> list[tuple[str, str]]:
     """(seed op, loss tensor) of every tf.gradients call: the tensor it
     differentiated. The seed "<scope>/grad_ys_0" is consumed by
     "<scope>/<loss op>_grad/..." ops, which name the loss op."""
     out = []
-    for op in graph.get_operations():
-        if not (op.name.endswith("grad_ys_0") and in_gradient_scope(op.name)):
+    graph = index.graph
+    for i, name in enumerate(index.names):
+        if not (name.endswith("grad_ys_0") and index.in_gradient[i]):
             continue
+        op = index.ops[i]
         scope = op.name[: -len("grad_ys_0")]
         for consumer in op.outputs[0].consumers():
             rest = consumer.name[len(scope):]
@@ -1765,7 +1732,7 @@ def _named_alias(t: tf.Tensor) -> tf.Tensor:
         t = forward[0].outputs[0]
 
 
-def _step_ops(index: _OpIndex, update_ops: set[str]) -> frozenset[str]:
+def _step_ops(index: GraphIndex, update_ops: set[str]) -> frozenset[str]:
     """The update ops and everything after them along data and control edges."""
     reached = index.reachable((index.position[u] for u in update_ops),
                               extra=index.control_succs)

@@ -51,8 +51,9 @@ class BatchWeights(GraphFeature):
     after = ("loss_counts",)   # a loss divided by a count needs no weights
 
     def find(self, facts):
-        return {"batch_weights": find_batch_weights(facts.graph, facts.trained_seeds,
-                                                    facts.reduced_of, facts.input_ops)}
+        return {"batch_weights": find_batch_weights(
+            facts.graph, facts.trained_seeds, facts.reduced_of, facts.input_ops,
+            facts.index.of_types(INPUT_OP_TYPES))}
 
     def rewrite(self, ctx):
         plan = ctx.plan
@@ -69,7 +70,7 @@ class BatchWeights(GraphFeature):
 
 
 def find_batch_weights(graph: tf.Graph, seeds: list[tuple[str, str]], reduced_of,
-                       batch_ops: set[str]) -> dict[str, str]:
+                       batch_ops: set[str], input_ops=None) -> dict[str, str]:
     """{seed: the tensor whose leading dimension is its loss's batch} for
     the gradient seeds to weigh (tensor names). `seeds`: (seed op, the loss
     it differentiates) of the seeds whose backward pass trains a variable
@@ -80,9 +81,12 @@ def find_batch_weights(graph: tf.Graph, seeds: list[tuple[str, str]], reduced_of
     divides by, which a flat list of ids read first would not be). A seed
     of a batch-dependent loss that shows no such mean leaves every gradient
     unweighed (equal weights, as before; the runner warns of unequal
-    batches); `batch_ops`: the ops that depend on the batch."""
+    batches); `batch_ops`: the ops that depend on the batch; `input_ops`:
+    the graph's ops of INPUT_OP_TYPES, when the caller's index has them."""
+    if input_ops is None:
+        input_ops = [op for op in graph.get_operations() if op.type in INPUT_OP_TYPES]
     if not any(t.shape.rank and t.shape[0] is None and t.dtype != tf.resource
-               for op in graph.get_operations() if op.type in INPUT_OP_TYPES for t in op.outputs):
+               for op in input_ops for t in op.outputs):
         return {}   # every batch's size is known in the graph
     out = {}
     for seed, loss in seeds:

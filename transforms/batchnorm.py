@@ -61,13 +61,15 @@ class BatchNormInfo:
 
 
 def find_batch_norms(graph: tf.Graph, batch_local: set[str],
-                     writers: dict[str, list[str]]) -> list[BatchNormInfo]:
+                     writers: dict[str, list[str]], candidates=None) -> list[BatchNormInfo]:
     """Training-mode batch-norm layers whose input depends on the input batch
     (`batch_local`: ops fed by it), in graph order. `writers`: variable ->
-    the ops writing it (to name the moving statistics each layer updates)."""
+    the ops writing it (to name the moving statistics each layer updates).
+    `candidates`: the graph's Mean and fused batch-norm ops in graph order,
+    when the caller's index has them (else every op is looked at)."""
     written = {w: var for var, ws in writers.items() for w in ws}
     out = []
-    for op in graph.get_operations():
+    for op in graph.get_operations() if candidates is None else candidates:
         if in_gradient_scope(op.name) or op.name not in batch_local:
             continue
         info = None
@@ -148,7 +150,8 @@ class BatchNorm(GraphFeature):
     keys = (BATCH_NORM, BATCH_NORM_GROUPS)
 
     def find(self, facts):
-        return {"batch_norms": find_batch_norms(facts.graph, facts.batch_local, facts.writers)}
+        return {"batch_norms": find_batch_norms(facts.graph, facts.batch_local, facts.writers,
+                                                facts.index.of_types(("Mean", *_FUSED_TYPES)))}
 
     def plan_fields(self, analysis, options, topology, variables):
         BATCH_NORM.check_end(BATCH_NORM.first + KEYS_PER_LAYER * len(analysis.batch_norms))

@@ -88,8 +88,9 @@ class RandomDraws(GraphFeature):
     after = ("example_rows",)
 
     def find(self, facts):
-        return {"batch_draws": find_batch_draws(facts.graph, facts.shared["rows"],
-                                                facts.batch_local)}
+        return {"batch_draws": find_batch_draws(
+            facts.graph, facts.shared["rows"], facts.batch_local,
+            facts.index.of_types({SKIP, *OTHER_DRAWS, *SHAPED_DRAWS}))}
 
     def check(self, analysis, plan, config):
         if config.micro_batches > 1 and analysis.batch_draws:
@@ -150,8 +151,8 @@ _ELEMENTWISE = frozenset({"Mul", "Add", "AddV2", "Sub", "RealDiv", "Div", "DivNo
                           "Sqrt", "Exp", "Log", "Snapshot"})
 
 
-def find_batch_draws(graph: tf.Graph, rows: ExampleRows,
-                     batch_ops: set[str]) -> dict[str, list[int]]:
+def find_batch_draws(graph: tf.Graph, rows: ExampleRows, batch_ops: set[str],
+                     candidates=None) -> dict[str, list[int]]:
     """{random op of `graph` that draws per example: [k, g], its k blocks of
     the examples' rows, g rows each (0: known when run)} (the module's
     docstring), and the
@@ -159,9 +160,11 @@ def find_batch_draws(graph: tf.Graph, rows: ExampleRows,
     g times the draw's other dimensions), in graph order. `rows`: the
     tensors' forms; `batch_ops`: the ops computed from the input batch other
     than through the averaged gradients (graph_utils.batch_local_ops).
-    Refuses a random op that depends on the batch otherwise."""
+    Refuses a random op that depends on the batch otherwise. `candidates`:
+    the graph's ops of those types in graph order, when the caller's index
+    has them (else every op is looked at)."""
     out: dict[str, list[int]] = {}
-    for op in graph.get_operations():
+    for op in graph.get_operations() if candidates is None else candidates:
         if op.type == SKIP and rows.form(op.inputs[2]) != SHARED:
             form = rows.form(op.inputs[2])
             if form[0] == "size" and form[2] is not None:

@@ -64,11 +64,14 @@ FEATURES: dict[str, GraphFeature] = check_table((
 ))
 
 
-def find(facts: Facts) -> dict:
+def find(facts: Facts, clock=None) -> dict:
     """{Analysis field: value} of every feature, found in table order (each
-    sees what the ones before it found in facts.found)."""
+    sees what the ones before it found in facts.found). `clock(phase)`, if
+    given, is called after each feature's find ("feature <name>")."""
     for f in FEATURES.values():
         facts.found.update(f.find(facts))
+        if clock is not None and f.fields:
+            clock(f"feature {f.name}")
     return facts.found
 
 
