@@ -5,7 +5,9 @@ Builds bench/bert_graph.py's BERT-style encoder at several depths and, for an
 plan, OPAU/OPSW placement: what the launcher does before anything starts) and
 the rewrite of worker 0's graph for each run option (what every worker does
 before its first step). Also records the op count, the GraphDef sizes before
-and after, and peak memory. Writes bench/results/transform_scale.json and a
+and after, peak memory, and the seconds of each phase of the analysis, each
+graph feature's detection on its own (transforms/features). Writes
+bench/results/transform_scale.json and a
 log-log plot of time vs ops (same name, .png).
 
     .venv/bin/python -m bench.transform_scale                       # 3, 6, 12, 24 layers
