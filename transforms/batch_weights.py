@@ -21,7 +21,7 @@ tape of a gradient penalty) is not weighed: it is part of the forward
 pass.
 
 b_w is the leading dimension of what the loss's mean reduces (its
-per-example losses: analysis.batch_reduced), not of the first input the
+per-example losses: loss_reduction.batch_reduced), not of the first input the
 loss reads, which may be a flat list of ids whose count differs between
 workers of equal batches. Only where batches can differ: that dimension
 must be unknown in the graph (a static one is the same on every worker).
@@ -77,7 +77,7 @@ def find_batch_weights(graph: tf.Graph, seeds: list[tuple[str, str]], reduced_of
     and computes no other seed's loss (analysis._trained_seeds); weighed
     are those whose loss is a mean over a batch of a size the graph leaves
     unknown: `reduced_of(loss)` gives the tensor that mean reduces
-    (analysis.batch_reduced; its leading dimension is the examples the mean
+    (loss_reduction.batch_reduced; its leading dimension is the examples the mean
     divides by, which a flat list of ids read first would not be). A seed
     of a batch-dependent loss that shows no such mean leaves every gradient
     unweighed (equal weights, as before; the runner warns of unequal
