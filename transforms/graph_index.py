@@ -25,8 +25,15 @@ class GraphIndex:
         self.names = [op.name for op in self.ops]
         self.types = [op.type for op in self.ops]
         self.position = {name: i for i, name in enumerate(self.names)}
-        # in a gradients scope (the backward pass tf.gradients builds)
-        self.in_gradient = [in_gradient_scope(name) for name in self.names]
+        # in a gradients scope (the backward pass tf.gradients builds), decided
+        # once per scope
+        scopes: dict[str, bool] = {}
+        self.in_gradient = []
+        for name in self.names:
+            scope = name.rpartition("/")[0]
+            if scope not in scopes:
+                scopes[scope] = in_gradient_scope(name)
+            self.in_gradient.append(scopes[scope])
         n = len(self.ops)
         # preds[i]: the producers of op i's inputs, one per input, in order
         self.preds: list[list[int]] = [[] for _ in range(n)]
@@ -34,16 +41,21 @@ class GraphIndex:
         self.control_succs: list[list[int]] = [[] for _ in range(n)]
         # consumers[i][k]: the ops reading output k of op i (once per read)
         self.consumers: list[dict[int, list[int]]] = [{} for _ in range(n)]
-        position = self.position
+        # A graph keeps one Python Operation per op: a tensor's op is one of
+        # self.ops (found by identity, cheaper than asking its name).
+        by_id = {id(op): i for i, op in enumerate(self.ops)}
         for i, op in enumerate(self.ops):
             preds = self.preds[i]
             for t in op.inputs:
-                p = position[t.op.name]
+                p = by_id[id(t.op)]
                 preds.append(p)
                 self.succs[p].append(i)
                 self.consumers[p].setdefault(t.value_index, []).append(i)
-            for c in op.control_inputs:
-                self.control_succs[position[c.name]].append(i)
+            # (an op's control outputs are a cheap read, its control inputs
+            # an expensive one: 0.3 s on a 24,000-op graph)
+            controlled = op._control_outputs
+            if controlled:
+                self.control_succs[i] = sorted(by_id[id(c)] for c in controlled)
         self._by_type: dict[str, list[int]] = collections.defaultdict(list)
         for i, t in enumerate(self.types):
             self._by_type[t].append(i)
