@@ -9,7 +9,7 @@ propagation does for a batch axis), and read by the analyses that need it:
 which ops mix examples (transforms.batch_mixing), which rows of a random draw
 belong to which example (transforms.random_draws), and whether an embedding's
 gradient rows belong to examples or are shared by the batch
-(analysis._row_origin).
+(transforms.sparse_rows).
 
 A tensor's form is one of (tuples, compared by value):
 
