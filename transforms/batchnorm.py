@@ -403,16 +403,3 @@ def _fused(graph, layer: BatchNormInfo, backend, key: int, rewire: dict) -> None
         rewire[grad.outputs[0].name] = tf.cast(dx, x.dtype).name
         rewire[grad.outputs[1].name] = d_scale.name
         rewire[grad.outputs[2].name] = d_offset.name
-
-
-def apply_rewire(graph_def, rewire: dict[str, str], exempt: set[str]) -> None:
-    """Point every data input naming a key of `rewire` at its value, in every
-    node but `exempt` (the ops that compute the replacements from the originals)."""
-    if not rewire:
-        return
-    for node in graph_def.node:
-        if node.name in exempt:
-            continue
-        for i, inp in enumerate(node.input):
-            if inp in rewire:
-                node.input[i] = rewire[inp]

@@ -22,7 +22,6 @@ import tensorflow as tf
 from autopar.common.roles import SERVER_JOB, WORKER_JOB
 from autopar.transforms.accelerator import Accelerator, accelerator_device, place_on_accelerator
 from autopar.transforms.analysis import Analysis
-from autopar.transforms.batchnorm import apply_rewire
 from autopar.transforms.comm import CollectiveOpsBackend
 from autopar.transforms.graph_utils import (transforming, import_meta_graph, import_nodes,
                                              in_gradient_scope, initialization_guard,
@@ -138,7 +137,6 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
                 built.append((feature, mine))
         # (after weight-update sharding put the slots on their owners)
         edits.identities.update(_unguarded_initial_values(scratch, edits.server_variables))
-        rewire, rewire_exempt = rewiring.rewire, rewiring.exempt
         broadcast = _broadcast_state(_global_variables(meta, scratch), plan, backend, worker_index == 0,
                                      edits.server_variables)
         minus_one = ctx.constants.get([-1]).op.name if worker_index == 0 and broadcast else ""
@@ -154,9 +152,10 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
     _edit_original_nodes(graph_def, new_nodes, edits)
     if micro_batches == 1:   # (accumulated gradients are applied in a run of their own)
         _updates_wait_for_gradients(graph_def, analysis)
-    # After the gradient renames: a renamed consumer reads the aggregate, an
-    # op reading a replaced batch-norm output (even a new one) the group's.
-    apply_rewire(graph_def, rewire, rewire_exempt)
+    # The features' rewirings, after the gradient renames: a renamed consumer
+    # reads the aggregate, an op reading a replaced tensor (a batch-norm
+    # statistic, even from a new op) the feature's replacement.
+    rewiring.apply(graph_def)
     graph_def.node.extend(copies)
     constant_copies = _constants_on_servers(graph_def)
     for feature, mine in built:

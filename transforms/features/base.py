@@ -94,6 +94,19 @@ class Rewiring:
         self.exempt |= other.exempt
         self.outputs.update(other.outputs)
 
+    def apply(self, graph_def) -> None:
+        """Point every data input of `graph_def` naming a key of `rewire` at
+        its value, in every node but `exempt` (the ops that compute the
+        replacements from the originals)."""
+        if not self.rewire:
+            return
+        for node in graph_def.node:
+            if node.name in self.exempt:
+                continue
+            for i, inp in enumerate(node.input):
+                if inp in self.rewire:
+                    node.input[i] = self.rewire[inp]
+
 
 class GraphFeature:
     name: ClassVar[str] = ""
