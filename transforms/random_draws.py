@@ -44,7 +44,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
-from autopar.transforms.example_rows import SHARED, ExampleRows
+from autopar.transforms.example_rows import BATCH, SHARED, ExampleRows
 from autopar.transforms.features.base import GraphFeature, Rewiring
 from autopar.transforms.graph_utils import node_input_name
 from autopar.transforms.keys import BATCH_DRAWS
@@ -203,7 +203,7 @@ def _layout(op: tf.Operation, shape: tf.Tensor, rows: ExampleRows,
                                "which one device's batch would have otherwise")
         return [form[1], form[2] or 0]   # 0: each example's rows, known when run
     if form[0] == "shared":
-        return [1, 1] if _constant_batch_shape(op, shape, batch_ops) else None
+        return _constant_batch_layout(op, shape, batch_ops, rows)
     raise _refusal(op, f"its shape '{shape.name}' comes from the input batch, but its first "
                        "element is not the batch's size")
 
@@ -217,13 +217,17 @@ def _refusal(op: tf.Operation, why: str) -> UnsupportedGraphError:
         "shape starting with tf.shape(x)[0])")
 
 
-def _constant_batch_shape(op: tf.Operation, shape: tf.Tensor, batch_ops: set[str]) -> bool:
-    """A constant shape (tf.shape of a batch of static size, folded) whose
-    first element is not 1 and that the draw, through elementwise ops, is
-    combined with a batch tensor of its rank and first dimension."""
+def _constant_batch_layout(op: tf.Operation, shape: tf.Tensor, batch_ops: set[str],
+                           rows: ExampleRows) -> list[int] | None:
+    """[k, g] of a draw of a constant shape (tf.shape of a batch of static
+    size, folded) whose first element is not 1 and that the draw, through
+    elementwise ops, combines with a batch tensor of its rank and first
+    dimension: that tensor's blocks and rows per example where its form says
+    (BERT's [b * L, d] activations: L rows each), else one row each; None
+    for any other draw."""
     value = tf.get_static_value(shape)
     if value is None or value.ndim != 1 or len(value) == 0 or int(value[0]) == 1:
-        return False
+        return None
     rank, first = len(value), int(value[0])
     mine, frontier = {op.name}, [op]
     while frontier and len(mine) < 64:
@@ -235,10 +239,14 @@ def _constant_batch_shape(op: tf.Operation, shape: tf.Tensor, batch_ops: set[str
                     continue
                 dims = t.shape
                 if dims.rank == rank and dims[0] is not None and int(dims[0]) == first:
-                    return True
+                    form = rows.form(t)
+                    if (form[0] == "rows" and form[1] == 0 and form[2] == BATCH
+                            and isinstance(form[4], int) and form[4] >= 1):
+                        return [form[3], form[4]]
+                    return [1, 1]
             mine.add(consumer.name)
             frontier.append(consumer)
-    return False
+    return None
 
 
 def rewrite_batch_draws(graph: tf.Graph, draws: dict[str, list[int]], num_workers: int,
