@@ -223,15 +223,18 @@ def _constant_batch_layout(op: tf.Operation, shape: tf.Tensor, batch_ops: set[st
     size, folded) whose first element is not 1 and that the draw, through
     elementwise ops, combines with a batch tensor of its rank and first
     dimension: that tensor's blocks and rows per example where its form says
-    (BERT's [b * L, d] activations: L rows each), else one row each; None
-    for any other draw."""
+    (BERT's [b * L, d] activations: L rows each; the backward pass, which
+    reads the mask too, has no forms), else one row each; None for any
+    other draw. Consumers are visited in name order: the same answer on
+    every process."""
     value = tf.get_static_value(shape)
     if value is None or value.ndim != 1 or len(value) == 0 or int(value[0]) == 1:
         return None
     rank, first = len(value), int(value[0])
-    mine, frontier = {op.name}, [op]
+    mine, frontier, combined = {op.name}, [op], False
     while frontier and len(mine) < 64:
-        for consumer in {c for t in frontier.pop().outputs for c in t.consumers()}:
+        consumers = {c.name: c for t in frontier.pop().outputs for c in t.consumers()}
+        for consumer in (consumers[name] for name in sorted(consumers)):
             if consumer.type not in _ELEMENTWISE or consumer.name in mine:
                 continue
             for t in consumer.inputs:
@@ -243,10 +246,10 @@ def _constant_batch_layout(op: tf.Operation, shape: tf.Tensor, batch_ops: set[st
                     if (form[0] == "rows" and form[1] == 0 and form[2] == BATCH
                             and isinstance(form[4], int) and form[4] >= 1):
                         return [form[3], form[4]]
-                    return [1, 1]
+                    combined = True
             mine.add(consumer.name)
             frontier.append(consumer)
-    return None
+    return [1, 1] if combined else None
 
 
 def rewrite_batch_draws(graph: tf.Graph, draws: dict[str, list[int]], num_workers: int,

@@ -103,8 +103,11 @@ def _positions_graph(batch: int, length: int = 3):
     with graph.as_default():
         tf1.set_random_seed(7)
         x = tf1.placeholder(tf.float64, [batch, length, 5], name="x")
-        h = tf.identity(tf1.nn.dropout(tf.reshape(x, [batch * length, 5]), rate=0.5),
-                        name="drawn")
+        # (its scope after "gradients": the backward pass's reads of the
+        # mask, which have no forms, come first in name order)
+        with tf.name_scope("layer"):
+            dropped = tf1.nn.dropout(tf.reshape(x, [batch * length, 5]), rate=0.5)
+        h = tf.identity(dropped, name="drawn")
         w = tf1.get_variable("w", [5, 1], tf.float64)
         tf1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_mean(tf.matmul(h, w) ** 2))
     return graph
