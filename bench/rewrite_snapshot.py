@@ -9,8 +9,12 @@ graphs (not what they compute).
 Cases: every model of tests/models.py used by the tests x run option
 (allreduce, hybrid, ps, herring) x workers 0, 1, 2 of a 3-worker, 2-host,
 2-server topology, a few option variants (local-state averaging, batch-norm
-groups, weight-update sharding, micro-batches, no local aggregation) and the
-3-layer BERT-style graph (hidden 64).
+groups, weight-update sharding, micro-batches, no local aggregation), the
+3-layer BERT-style graph (hidden 64), and small graphs of the cross-cutting
+graph features the models lack (transforms/features: loss counts, batch
+weights, per-example random draws, batch mixing; TF1 graphs and lifted Keras
+steps). Each case also records its analysis (Analysis.to_json), compared as
+text.
 
 The comparison (`structural_diff`) identifies every node by a hash of what
 it computes: op type, attributes, device and the hashes of its data inputs
@@ -62,6 +66,78 @@ def _cases():
     yield "bert3-allreduce", "bert3", "allreduce", {}, 1
     yield "bert3-hybrid", "bert3", "hybrid", {}, 1
     yield "bert3-ps", "bert3", "ps", {}, 1
+    for model, option, extra, micro in FEATURE_CASES:
+        tag = "".join(f"-{k}={v}" for k, v in extra.items()) + (f"-mb{micro}" if micro > 1 else "")
+        yield f"{model}-{option}{tag}", model, option, extra, micro
+
+
+# Graphs of the cross-cutting features (transforms/features), built here
+# small: name -> a function returning the graph.
+FEATURE_CASES = (
+    ("loss_count_tf1", "allreduce", {}, 1),
+    ("loss_count_tf1", "allreduce", {}, 2),
+    ("loss_count_keras_masked", "allreduce", {}, 1),
+    ("batch_weights_two_trainers", "allreduce", {}, 1),
+    ("batch_weights_keras_emb", "hybrid", {}, 1),
+    ("draws_dropout", "allreduce", {}, 1),
+    ("draws_dropout_static", "ps", {}, 1),
+    ("mixing_centred", "allreduce", {}, 1),
+)
+
+
+_KEEP: list = []
+
+
+def _feature_graph(name: str):
+    import tensorflow as tf
+    tf1 = tf.compat.v1
+    from autopar.transforms.lift import lift
+    from tests.programs import keras_step
+    if name in ("loss_count_keras_masked", "batch_weights_keras_emb"):
+        with keras_step.keras_settings_kept():
+            if name == "loss_count_keras_masked":
+                _, keep, concrete = keras_step.sequence_step(mask_zero=True)
+            else:
+                keep = keras_step.build("emb_mlp", "adam", "float64")
+                concrete = keep.concrete
+            graph = lift(concrete).graph
+            _KEEP.append(keep)   # the trace references the optimizer's variables
+            return graph
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(7)
+        if name == "loss_count_tf1":   # a token mean: divided by a mask's sum
+            ids = tf1.placeholder(tf.int32, [None, 3], name="ids")
+            emb = tf1.get_variable("emb", [10, 4], tf.float64)
+            w = tf1.get_variable("w", [4, 10], tf.float64)
+            logits = tf.einsum("bti,iv->btv", tf.nn.embedding_lookup(emb, ids), w)
+            per = tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=tf.roll(ids, 1, axis=1), logits=logits)
+            mask = tf.cast(tf.not_equal(ids, 0), tf.float64)
+            loss = tf.reduce_sum(per * mask) / tf.maximum(tf.reduce_sum(mask), 1.0)
+            tf1.train.MomentumOptimizer(0.1, 0.9).minimize(loss)
+        elif name == "batch_weights_two_trainers":   # batches of unknown size, two train ops
+            for part in ("a", "b"):
+                x = tf1.placeholder(tf.float32, [None, 3], name=f"x{part}")
+                w = tf1.get_variable(f"w{part}", [3, 1])
+                train = tf1.train.GradientDescentOptimizer(0.1).minimize(
+                    tf.reduce_mean(tf.square(tf.matmul(x, w))))
+                tf1.add_to_collection("train", train)
+        elif name.startswith("draws_dropout"):   # a dropout mask per example
+            x = tf1.placeholder(tf.float64, [6 if name.endswith("static") else None, 5], name="x")
+            h = tf.identity(tf1.nn.dropout(x, rate=0.5), name="drawn")
+            w = tf1.get_variable("w", [5, 1], tf.float64)
+            tf1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_mean(tf.matmul(h, w) ** 2))
+        elif name == "mixing_centred":   # each query less the batch's mean query
+            x = tf1.placeholder(tf.float64, [None, 3], name="x")
+            y = tf1.placeholder(tf.float64, [None, 3], name="y")
+            q = tf.matmul(x, tf1.get_variable("wq", [3, 4], tf.float64), name="q")
+            k = tf.matmul(y, tf1.get_variable("wk", [3, 4], tf.float64), name="k")
+            centred = q - tf.reduce_mean(q, axis=0, keepdims=True, name="batch_mean")
+            tf1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_mean(tf.square(centred - k)))
+        else:
+            raise KeyError(name)
+    return graph
 
 
 def dump(out: Path, only: str | None = None) -> None:
@@ -80,11 +156,13 @@ def dump(out: Path, only: str | None = None) -> None:
             continue
         if model not in graphs:
             graphs[model] = (build_bert(3, 64, heads=1)[0] if model == "bert3"
+                             else _feature_graph(model) if model in {c[0] for c in FEATURE_CASES}
                              else models.build(model).graph)
         graph = graphs[model]
         record = {"original": graph.as_graph_def().SerializeToString(), "workers": {}}
         try:
             analysis = analyze_graph(graph)
+            record["analysis"] = analysis.to_json()
             plan = make_plan(analysis, topology, options=PlanOptions(run_option=option, **extra))
             moves = place_ops(graph, analysis, plan)
             for w in WORKERS:
@@ -96,7 +174,8 @@ def dump(out: Path, only: str | None = None) -> None:
                     "partitions": dict(wg.partitions), "broadcast_op": wg.broadcast_op,
                     "step_barriers": list(wg.step_barriers),
                     "step_targets": list(wg.step_targets), "after_step": wg.after_step,
-                    "accumulate_first": wg.accumulate_first, "accumulate": wg.accumulate,
+                    "in_step": wg.in_step, "accumulate_first": wg.accumulate_first,
+                    "accumulate": wg.accumulate,
                     "collections": sorted(wg.meta_graph.collection_def.keys())}
         except Exception as e:   # noqa: BLE001 - an unsupported combination is part of the record
             record["error"] = f"{type(e).__name__}: {str(e)[:200]}"
@@ -156,6 +235,12 @@ def _node_hashes(graph_def, original: set[str]) -> dict[str, str]:
                 if value.HasField("func"):
                     # A function's name ends in a process-wide counter.
                     h.update(re.sub(r"_\d+$", "", value.func.name).encode())
+                    continue
+                if key == "_gradient_op_type":
+                    # "CustomGradient-<a process-wide uid>": which uid a
+                    # traced program's op got depends on what the process
+                    # built before it, not on the rewrite.
+                    h.update(re.sub(rb"-\d+$", b"", value.s))
                     continue
                 h.update(value.SerializeToString(deterministic=True))
             data = [f"{memo.get(p, 'missing:' + p)}:{i}" for p, i in
@@ -258,6 +343,10 @@ def compare(before: Path, after: Path, verbose: bool = False) -> int:
             continue
         compared += 1
         a = pickle.loads(other.read_bytes())
+        if "analysis" in b and "analysis" in a and b["analysis"] != a["analysis"]:
+            print(f"{path.stem}: the analysis differs")
+            failures += 1
+            continue
         if b.get("error") or a.get("error"):
             if b.get("error") != a.get("error"):
                 print(f"{path.stem}: error before {b.get('error')!r}, after {a.get('error')!r}")
@@ -294,9 +383,11 @@ def compare(before: Path, after: Path, verbose: bool = False) -> int:
             if ([(tuple(g), hb.get(op)) for g, op in targets_b]
                     != [(tuple(g), ha.get(op)) for g, op in targets_a]):
                 problems.append("step targets differ")
-            for key in ("broadcast_op", "after_step", "accumulate_first", "accumulate"):
-                if (wb[key] is None) != (wa[key] is None) or (
-                        wb[key] and hb.get(wb[key]) != ha.get(wa[key])):
+            for key in ("broadcast_op", "after_step", "accumulate_first", "accumulate", "in_step"):
+                # (a snapshot taken before in_step was recorded has none)
+                vb, va = wb.get(key), wa.get(key, None) if key in wb else None
+                if (vb is None) != (va is None) or (
+                        vb and hb.get(vb.split(":")[0]) != ha.get(va.split(":")[0])):
                     problems.append(f"{key} differs")
             status = "same" if not problems else "; ".join(problems[:4]) + (
                 f" (+{len(problems) - 4} more)" if len(problems) > 4 else "")

@@ -5,7 +5,9 @@ Builds bench/bert_graph.py's BERT-style encoder at several depths and, for an
 plan, OPAU/OPSW placement: what the launcher does before anything starts) and
 the rewrite of worker 0's graph for each run option (what every worker does
 before its first step). Also records the op count, the GraphDef sizes before
-and after, and peak memory. Writes bench/results/transform_scale.json and a
+and after, peak memory, and the seconds of each phase of the analysis, each
+graph feature's detection on its own (transforms/features). Writes
+bench/results/transform_scale.json and a
 log-log plot of time vs ops (same name, .png).
 
     .venv/bin/python -m bench.transform_scale                       # 3, 6, 12, 24 layers
@@ -91,8 +93,9 @@ def measure(layers: int, hidden: int, options, profile_dir: str | None,
     row = {"layers": layers, "hidden": hidden, "ops": ops, "trainable_variables": trainable,
            "graph_def_bytes": original.ByteSize(), "graph_def_nodes": len(original.node),
            # analyze_graph alone, the first time on this graph (what a
-           # fresh launcher or worker process pays), then again
-           "analyze_graph_s": {}, "analyze_graph_cpu_s": {},
+           # fresh launcher or worker process pays), then again; and the
+           # seconds of each of its phases, each graph feature's find its own
+           "analyze_graph_s": {}, "analyze_graph_cpu_s": {}, "analyze_graph_phases_s": {},
            # analyze_graph + make_plan + place_ops: autopar.analyze
            "analyze_s": {}, "plan_s": {}, "place_s": {},
            # rewrite: the median of `repeats` rewrites (a worker does one; the
@@ -110,7 +113,10 @@ def measure(layers: int, hidden: int, options, profile_dir: str | None,
 
     for option in options:
         plan_options = PlanOptions(run_option=option)
-        analysis, t_graph, c_graph = _timed(lambda: analyze_graph(graph), prof(f"analyze-{option}"))
+        phases: dict[str, float] = {}
+        analysis, t_graph, c_graph = _timed(lambda: analyze_graph(graph, timings=phases),
+                                            prof(f"analyze-{option}"))
+        row["analyze_graph_phases_s"][option] = phases
         plan, t_plan, _ = _timed(lambda: make_plan(analysis, TOPOLOGY, options=plan_options))
         moves, t_place, _ = _timed(lambda: place_ops(graph_of(graph), analysis, plan))
         row["analyze_graph_s"][option] = t_graph
@@ -147,6 +153,8 @@ def measure(layers: int, hidden: int, options, profile_dir: str | None,
                      f"{row['rewritten_nodes'][option]} nodes)")
             del worker
         print(line, flush=True)
+        print("      analyze_graph by phase: " + "  ".join(
+            f"{name} {seconds:.3f}" for name, seconds in phases.items()), flush=True)
     row["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return row
 

@@ -544,6 +544,8 @@ def _transform_scale(v: dict) -> None:
     last = d["rows"][-1]
     v["ts.24.rewrite"] = " / ".join(_f(last["rewrite_cpu_s"][o], 2) for o in opts)
     v["ts.24.analyze"] = " / ".join(_f(last["analyze_s"][o], 2) for o in opts)
+    phases = last.get("analyze_graph_phases_s", {}).get("allreduce", {})
+    v["ts.24.phases"] = ", ".join(f"{name} {_f(seconds, 3)} s" for name, seconds in phases.items())
     v["ts.24.ops"] = _c(last["ops"])
     v["ts.24.extra_nodes"] = ", ".join(
         f"{o} +{_c(last['rewritten_nodes'][o] - last['graph_def_nodes'])}" for o in opts)

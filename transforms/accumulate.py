@@ -27,15 +27,47 @@ Pure graph code, no processes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
-from autopar.transforms.analysis import Analysis
+from autopar.transforms.features.base import GraphFeature, Rewiring
 from autopar.transforms.graph_utils import in_gradient_scope, node_input_name
+
+if TYPE_CHECKING:   # annotations only: the analysis imports the features
+    from autopar.transforms.analysis import Analysis
 
 ACCUMULATE_FIRST_OP = "autopar/accumulate/first"
 ACCUMULATE_OP = "autopar/accumulate/add"
+
+
+class MicroBatches(GraphFeature):
+    """Config(micro_batches=M > 1): gradients accumulate in worker-local
+    variables over M runs; the user's train op then applies their sum."""
+    name = "micro_batches"
+
+    def rewrite(self, ctx):
+        if ctx.micro_batches <= 1:
+            return None
+        acc = build_accumulators(ctx.graph, ctx.analysis,
+                                 micro_batch_weight(ctx.plan, ctx.micro_batches))
+        return Rewiring(outputs={"accumulate_first": acc.first_op, "accumulate": acc.add_op},
+                        state=acc)
+
+    def edit_graph_def(self, graph_def, ctx, rewiring):
+        # After the methods' renames and the features' rewirings, and before
+        # the barrier covers the step's server work: the step then no longer
+        # reaches the forward pass.
+        redirect_gradients(graph_def, rewiring.state)
+        check_update_reads_no_input(graph_def, rewiring.state, ctx.analysis.step_ops)
+
+
+def micro_batch_weight(plan, micro_batches: int) -> float:
+    """Algorithm 1's g <- g + g_m / M for a mean loss (the worker's gradient is
+    then the mean over its M micro-batches, which the methods average over
+    workers); a summed loss adds micro-batches as it adds workers."""
+    return 1.0 / micro_batches if plan.averages("dense") else 1.0
 
 
 @dataclass
@@ -46,7 +78,7 @@ class Accumulation:
     nodes: set[str] = field(default_factory=set)           # ops built here (not redirected)
 
 
-def build_accumulators(graph: tf.Graph, analysis: Analysis, weight: float) -> Accumulation:
+def build_accumulators(graph: tf.Graph, analysis: "Analysis", weight: float) -> Accumulation:
     """The accumulators and the two accumulate ops, in `graph` (the rewrite's
     scratch graph, inside its worker device scope)."""
     n_before = len(graph.get_operations())

@@ -17,6 +17,7 @@ reach it only through the global norm.
 from __future__ import annotations
 
 import collections
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,18 +25,19 @@ import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms import serial
-from autopar.transforms.batch_mixing import find_batch_mixing
-from autopar.transforms.batch_weights import find_batch_weights
-from autopar.transforms.batchnorm import BatchNormInfo, find_batch_norms
-from autopar.transforms.example_rows import ExampleRows
-from autopar.transforms.graph_utils import (INPUT_OP_TYPES, VARIABLE_OP_TYPES, batch_local_ops,
-                                            transforming, graph_of,
-                                            in_gradient_scope, initialization_guard,
-                                            is_restore_assignment, reduces_batch_axis,
-                                            stacked_terms, static_shape, writes_variable)
+from autopar.transforms.batchnorm import BatchNormInfo
+from autopar.transforms.features import registry as features
+from autopar.transforms.features.base import Facts
+from autopar.transforms.graph_index import GraphIndex
+from autopar.transforms.graph_utils import (INPUT_OP_TYPES, VARIABLE_OP_TYPES, transforming,
+                                            graph_of, in_gradient_scope, is_restore_assignment,
+                                            static_shape, writes_variable)
 from autopar.transforms.lift import FETCHES, tape_seed_pairs
-from autopar.transforms.loss_counts import find_loss_counts
-from autopar.transforms.random_draws import find_batch_draws
+from autopar.transforms.loss_reduction import batch_reduced, loss_reduction_of_all
+from autopar.transforms.server_blockers import (FUNCTION_OPS, conditional_ops, read_in_a_function,
+                                                updated_conditionally, whole_values_in_update,
+                                                written_outside_update)
+from autopar.transforms.sparse_rows import deduplicated, nonlinear_in_rows, rows_of_shared_ids
 
 tf1 = tf.compat.v1
 
@@ -218,18 +220,36 @@ class Analysis:
         return serial.loads(cls, text)
 
 
-def analyze_graph(graph_or_meta) -> Analysis:
-    """Linear in the graph's size (plus the size of the answer): the op
-    adjacency is indexed once (_OpIndex), reachability questions asked for
-    every variable are answered together by one pass in each direction, and
-    per-variable walks stay in the variable's own neighbourhood."""
+def analyze_graph(graph_or_meta, timings: dict[str, float] | None = None) -> Analysis:
+    """Linear in the graph's size (plus the size of the answer): the ops are
+    indexed once (GraphIndex) for the analysis and every graph feature,
+    reachability questions asked for every variable are answered together
+    by one pass in each direction, and per-variable walks stay in the
+    variable's own neighbourhood. `timings`: filled with the seconds each
+    phase took, each graph feature's find its own ("feature <name>")."""
     graph = graph_of(graph_or_meta)
     with transforming():
-        return _analyze(graph)
+        return _analyze(graph, _Clock(timings))
 
 
-def _analyze(graph: tf.Graph) -> Analysis:
-    boundary = _gradient_boundary(graph)
+class _Clock:
+    """Seconds since the previous mark, by phase (no-op without a dict)."""
+
+    def __init__(self, timings: dict[str, float] | None):
+        self.timings = timings
+        self.last = time.perf_counter()
+
+    def __call__(self, phase: str) -> None:
+        if self.timings is not None:
+            now = time.perf_counter()
+            self.timings[phase] = self.timings.get(phase, 0.0) + now - self.last
+            self.last = now
+
+
+def _analyze(graph: tf.Graph, clock: _Clock) -> Analysis:
+    index = GraphIndex(graph)   # every walk below and every feature's reads it
+    clock("index")
+    boundary = _gradient_boundary(index)
     if not boundary:
         loop = _loop_computing_gradients(graph)
         if loop is not None:
@@ -245,12 +265,11 @@ def _analyze(graph: tf.Graph) -> Analysis:
             "tf.compat.v1.train optimizer (minimize() or compute_gradients/apply_gradients) "
             "before calling autopar")
     trainable = _trainable_variable_ops(graph)
-    updates = _update_ops_by_variable(graph, trainable)
+    updates = _update_ops_by_variable(index, trainable)
     recognised = {name: "its tf.compat.v1 optimizer's update (the ops under "
                         f"'{ops[0].rsplit('/update_', 1)[0]}/update_{name}')"
                   for name, ops in updates.items()}
-    index = _OpIndex(graph)
-    writers = _writers_by_variable(graph)
+    writers = _writers_by_variable(index)
     from_data_flow = _updates_from_data_flow(graph, index, trainable, updates, boundary, writers)
     for name, ops in from_data_flow.items():
         updates[name] = ops
@@ -265,14 +284,19 @@ def _analyze(graph: tf.Graph) -> Analysis:
             + (inside or "Apply the gradients with an optimizer (tf.compat.v1.train or Keras)."))
     _reject_hand_written_updates(graph, index, trainable, updates, boundary, writers)
     slot_users = _variables_passed_to_updates(graph, updates, {v.name for v in trainable})
-    variables = [_variable_info(graph, var_op, updates[var_op.name], boundary, slot_users,
+    slots_of: dict[str, list[str]] = collections.defaultdict(list)   # of one variable only
+    for slot, users in slot_users.items():
+        if len(users) == 1:
+            slots_of[next(iter(users))].append(slot)
+    variables = [_variable_info(graph, var_op, updates[var_op.name], boundary, slots_of,
                                 writers.get(var_op.name, []))
                  for var_op in trainable if var_op.name in updates]
     for info in variables:
         info.recognised = recognised[info.name]
+    clock("gradients and updates")
     fetches = {op.name for op in graph.get_collection(FETCHES)}
     groups, trains = _train_groups(index, variables, fetches)
-    seeds = _loss_seeds(graph)
+    seeds = _loss_seeds(index)
     every_seed = seeds + tape_seed_pairs(graph)
     reached = {seed: index.reachable([index.position[seed]]) for seed, _ in every_seed}
     inner = _inner_seeds(index, every_seed, reached)
@@ -280,16 +304,18 @@ def _analyze(graph: tf.Graph) -> Analysis:
     loss = losses[0] if losses else None
     # A traced function's losses (several tapes: a GAN's two) all decide.
     every_loss = losses + ([] if seeds else _declared_losses(graph))
-    input_ops = batch_local_ops(graph, set())
-    reduction, why = _loss_reduction_of_all(graph, every_loss, input_ops)
+    input_ops = index.batch_local(set())
+    reduction, why = loss_reduction_of_all(graph, every_loss, input_ops)
     averaged = {t for v in variables for t in (v.grad_tensor, v.grad_values, v.grad_indices) if t}
-    batch_local = batch_local_ops(graph, averaged)
-    batch_norms = find_batch_norms(graph, batch_local, writers)
-    loss_counts, loss_count_reads = find_loss_counts(graph, losses, INPUT_OP_TYPES,
-                                                     frozenset(averaged))
-    rows = ExampleRows(graph, stops=averaged, shared=set(loss_counts),
-                       exempt={op for b in batch_norms for op in b.ops})
-    conditional = _conditional_ops(index)
+    batch_local = index.batch_local(averaged)
+    facts = Facts(graph, index, writers, losses, every_loss, frozenset(averaged), input_ops,
+                  batch_local, trained_seeds=_trained_seeds(index, every_seed, reached, inner,
+                                                            averaged),
+                  reduced_of=lambda loss: batch_reduced(graph, loss, input_ops))
+    clock("train groups, losses, batch")
+    found = features.find(facts, clock)
+    rows = facts.shared["rows"]
+    conditional = conditional_ops(index)
     paths = _path_ops(index, [([t for t in (v.grad_tensor, v.grad_values, v.grad_indices) if t],
                                set(v.update_ops)) for v in variables])
     for info, path in zip(variables, paths):
@@ -299,9 +325,9 @@ def _analyze(graph: tf.Graph) -> Analysis:
         info.grad_position = index.position.get(first.split(":")[0], -1) if first else -1
         _own_region(graph, info, set(grads), set(info.update_ops))
         if info.gradient == "sparse" and not info.dedup:
-            _rows_of_shared_ids(graph, rows, info)
+            rows_of_shared_ids(graph, rows, info)
         if info.gradient == "sparse" and not info.ps_blocker and not info.dedup:
-            nonlinear = _nonlinear_in_rows(graph, info)
+            nonlinear = nonlinear_in_rows(graph, info)
             if nonlinear and info.shared_rows:
                 # the shared ids' rows would have to be added over workers
                 # before the update's per-row transform, and the examples' not
@@ -310,37 +336,33 @@ def _analyze(graph: tf.Graph) -> Analysis:
                                    "alike, which one device sees once: all-gather adds them")
             info.row_wise = bool(nonlinear) and not info.ps_blocker
         if not info.ps_blocker:
-            info.ps_blocker = _read_in_a_function(graph, info.name)
+            info.ps_blocker = read_in_a_function(graph, info.name)
         if not info.ps_blocker:
-            info.ps_blocker = _written_outside_update(graph, info, writers)
+            info.ps_blocker = written_outside_update(graph, info, writers)
         if not info.ps_blocker:
-            info.ps_blocker = _updated_conditionally(info, conditional)
-        info.partition_blocker = _whole_values_in_update(graph, info)
+            info.ps_blocker = updated_conditionally(info, conditional)
+        info.partition_blocker = whole_values_in_update(graph, info)
+    clock("per-variable checks")
     slot_names = {s for v in variables for s in v.slots}
     all_update_ops = {u for v in variables for u in v.update_ops}
+    state = _step_state(graph, trainable, slot_names, all_update_ops, batch_local, writers)
+    step_ops = _step_ops(index, all_update_ops)
+    clock("state and step ops")
     return Analysis(
         variables=variables,
-        state=_step_state(graph, trainable, slot_names, all_update_ops, batch_local, writers),
+        state=state,
         loss=loss,
-        step_ops=_step_ops(index, all_update_ops),
+        step_ops=step_ops,
         untrained=[v.name for v in trainable if v.name not in updates],
         loss_reduction=reduction,
         loss_reduction_why=why,
-        batch_norms=batch_norms,
         train_groups=[TrainGroup(g, loss) for g, loss in zip(groups, losses)],
-        loss_counts=loss_counts,
-        loss_count_reads=loss_count_reads,
-        batch_weights=find_batch_weights(
-            graph, _trained_seeds(index, every_seed, reached, inner, averaged),
-            lambda loss: batch_reduced(graph, loss, input_ops), input_ops),
-        batch_draws=find_batch_draws(graph, rows, batch_local),
-        batch_input=rows.batch_input,
-        batch_mixing=find_batch_mixing(graph, rows, every_loss),
         trains=trains,
+        **found,
     )
 
 
-def _train_groups(index: "_OpIndex", variables: list[VariableInfo], fetches: set[str] = frozenset()
+def _train_groups(index: GraphIndex, variables: list[VariableInfo], fetches: set[str] = frozenset()
                   ) -> tuple[list[list[str]], dict[str, list[int]]]:
     """(the variables of each train group, step op -> its groups), from data
     and control flow: one forward pass carries from every update op the bit
@@ -376,7 +398,7 @@ def _train_groups(index: "_OpIndex", variables: list[VariableInfo], fetches: set
     return groups, trains
 
 
-def _losses(index: "_OpIndex", variables: list[VariableInfo], groups: list[list[str]],
+def _losses(index: GraphIndex, variables: list[VariableInfo], groups: list[list[str]],
             seeds: list[tuple[str, str]], reached: dict[str, set[int]], inner: set[str],
             graph) -> list[str | None]:
     """The loss of each train group: of the tensors tf.gradients
@@ -402,7 +424,7 @@ def _losses(index: "_OpIndex", variables: list[VariableInfo], groups: list[list[
     return out
 
 
-def _inner_seeds(index: "_OpIndex", seeds: list[tuple[str, str]],
+def _inner_seeds(index: GraphIndex, seeds: list[tuple[str, str]],
                  reached: dict[str, set[int]]) -> set[str]:
     """The seeds (of `seeds`: (seed op, loss)) whose backward pass computes
     another seed's loss: a gradient penalty's tf.gradients or inner tape
@@ -413,7 +435,7 @@ def _inner_seeds(index: "_OpIndex", seeds: list[tuple[str, str]],
             if any(p in reached[seed] for other, p in losses.items() if other != seed)}
 
 
-def _trained_seeds(index: "_OpIndex", seeds: list[tuple[str, str]],
+def _trained_seeds(index: GraphIndex, seeds: list[tuple[str, str]],
                    reached: dict[str, set[int]], inner: set[str],
                    gradients: set[str]) -> list[tuple[str, str]]:
     """The (seed, loss) pairs of `seeds` that are not inner ones and whose
@@ -431,105 +453,7 @@ def _declared_losses(graph) -> list[str]:
             if t.dtype.is_floating and t.shape.rank == 0]
 
 
-def _loss_reduction_of_all(graph, losses: list[str | None],
-                           batch_ops: set[str]) -> tuple[str, str]:
-    """loss_reduction() of every distinct loss, when they agree (`batch_ops`:
-    batch_local_ops(graph, set()))."""
-    found = {loss: loss_reduction(graph, loss, batch_ops) for loss in dict.fromkeys(losses)}
-    if len(found) > 1:
-        # a loss no input reaches (a tape that differentiates a regularizer
-        # alone) says nothing of the batch
-        found = {loss: value for loss, value in found.items()
-                 if loss is None or graph.get_tensor_by_name(loss).op.name in batch_ops} or found
-    if not found:
-        return loss_reduction(graph, None)
-    kinds = {kind for kind, _ in found.values()}
-    if len(kinds) == 1:
-        return next(iter(found.values()))
-    if "neither" in kinds:
-        return next(value for value in found.values() if value[0] == "neither")
-    if {"mean", "sum"} <= kinds:
-        # one aggregation for every gradient: one loss's would be off by N
-        return "neither", ("the train ops' losses reduce differently over the batch (" + "; ".join(
-            f"'{loss}': {kind}" for loss, (kind, _) in found.items()) + "): one aggregation of "
-            "the workers' gradients matches one device for some of them only")
-    return "unknown", ("the train ops' losses reduce differently over the batch: " + "; ".join(
-        f"'{loss}': {kind}" for loss, (kind, _) in found.items()))
-
-
-class _OpIndex:
-    """The graph's op adjacency by op position, built in one pass: data edges
-    both ways and control edges forward. Positions follow
-    graph.get_operations(), i.e. creation order, which is a topological order
-    of the data edges except for a while loop's back edges."""
-
-    def __init__(self, graph: tf.Graph):
-        self.ops = graph.get_operations()
-        self.names = [op.name for op in self.ops]
-        self.position = {name: i for i, name in enumerate(self.names)}
-        n = len(self.ops)
-        self.preds: list[list[int]] = [[] for _ in range(n)]
-        self.succs: list[list[int]] = [[] for _ in range(n)]
-        self.control_succs: list[list[int]] = [[] for _ in range(n)]
-        position = self.position
-        for i, op in enumerate(self.ops):
-            for t in op.inputs:
-                p = position[t.op.name]
-                self.preds[i].append(p)
-                self.succs[p].append(i)
-            for c in op.control_inputs:
-                self.control_succs[position[c.name]].append(i)
-
-    def reachable(self, starts, edges=None, extra=None) -> set[int]:
-        """Positions reachable from `starts` (included) along `edges` (data
-        successors by default) and `extra` (more successor lists)."""
-        edges = edges or self.succs
-        seen = set(starts)
-        frontier = list(seen)
-        while frontier:
-            i = frontier.pop()
-            for j in edges[i]:
-                if j not in seen:
-                    seen.add(j)
-                    frontier.append(j)
-            if extra is not None:
-                for j in extra[i]:
-                    if j not in seen:
-                        seen.add(j)
-                        frontier.append(j)
-        return seen
-
-    def propagate(self, seeds: dict[int, int], forward: bool, control: bool = False) -> list[int]:
-        """reach[i]: OR of the seed bits of every op with a path of one or
-        more data edges (and forward control edges, with `control`) to i
-        (forward) or from i (backward). A worklist in (reverse) creation
-        order: each op is visited once on an acyclic graph; a loop's back
-        edge re-queues only what it changes."""
-        n = len(self.ops)
-        edges = self.succs if forward else self.preds
-        if control:
-            edges = [a + b for a, b in zip(edges, self.control_succs)]
-        reach = [0] * n
-        order = range(n) if forward else range(n - 1, -1, -1)
-        queue = collections.deque(i for i in order)
-        queued = [True] * n
-        while queue:
-            i = queue.popleft()
-            queued[i] = False
-            out = reach[i] | seeds.get(i, 0)
-            if not out:
-                continue
-            for j in edges[i]:
-                new = reach[j] | out
-                if new != reach[j]:
-                    reach[j] = new
-                    if not queued[j]:
-                        queued[j] = True
-                        queue.append(j)
-        return reach
-
-
-def _updates_from_data_flow(graph, index: "_OpIndex", trainable, named: dict[str, list[str]],
+def _updates_from_data_flow(graph, index: GraphIndex, trainable, named: dict[str, list[str]],
                             boundary: set[str], writers: dict[str, list[str]]
                             ) -> dict[str, list[str]]:
     """{trainable variable: its update ops} for the trainable variables no
@@ -557,8 +481,8 @@ def _updates_from_data_flow(graph, index: "_OpIndex", trainable, named: dict[str
     if not candidates:
         return {}
     reads_of: dict[str, list[int]] = collections.defaultdict(list)
-    for op in graph.get_operations():
-        if op.type in _READ_OP_TYPES and op.inputs and op.inputs[0].op.type in VARIABLE_OP_TYPES:
+    for op in index.of_types(_READ_OP_TYPES):
+        if op.inputs and op.inputs[0].op.type in VARIABLE_OP_TYPES:
             reads_of[op.inputs[0].op.name].append(index.position[op.name])
     writer_of = {w: var for var, ws in writers.items() for w in ws}
     fed = index.reachable({index.position[t.split(":")[0]] for t in boundary})
@@ -661,7 +585,7 @@ def _exclusive_ancestors(graph, region: set[str], backward: set[str] = frozenset
     return region
 
 
-def _reject_hand_written_updates(graph, index: _OpIndex, trainable, updates, boundary,
+def _reject_hand_written_updates(graph, index: GraphIndex, trainable, updates, boundary,
                                  writers) -> None:
     """A trainable variable written from a gradient outside any optimizer
     would be updated from this worker's gradient alone: replicas would drift
@@ -687,7 +611,7 @@ def _reject_hand_written_updates(graph, index: _OpIndex, trainable, updates, bou
                 "diverge. Apply that gradient with an optimizer's apply_gradients.")
 
 
-def _gradient_boundary(graph: tf.Graph) -> set[str]:
+def _gradient_boundary(index: GraphIndex) -> set[str]:
     """Names of tensors produced inside a gradients scope and consumed outside.
 
     A GradientTape adds up a tensor's gradients from several consumers with
@@ -700,10 +624,15 @@ def _gradient_boundary(graph: tf.Graph) -> set[str]:
     the averaging). A term may be an IndexedSlices gradient the tape made
     dense to add it to a dense one (an embedding with a regularizer)."""
     out = set()
-    for op in graph.get_operations():   # creation order: a sum after its terms
-        if in_gradient_scope(op.name):
+    in_gradient = index.in_gradient
+    for i, op in enumerate(index.ops):   # creation order: a sum after its terms
+        if in_gradient[i]:
             continue
-        out.update(t.name for t in op.inputs if in_gradient_scope(t.op.name))
+        preds = index.preds[i]
+        if any(in_gradient[p] for p in preds):
+            out.update(t.name for t, p in zip(op.inputs, preds) if in_gradient[p])
+        if index.types[i] not in _AGGREGATING:
+            continue
         terms = [t for t in _aggregated_terms(op) if not _zeros(t)]
         if terms and all(t.name in out or _densified(t, out) or _scaled_gradient(t.op, out)
                          for t in terms):
@@ -756,6 +685,9 @@ def _densified(t: tf.Tensor, boundary: set[str]) -> bool:
             and all(x.name in boundary for x in t.op.inputs[:2]))
 
 
+_AGGREGATING = frozenset({"AddN", "Add", "AddV2", "ConcatV2"})
+
+
 def _aggregated_terms(op) -> list:
     """The gradients a tape's aggregation op adds up: an AddN's inputs, or
     the pieces a ConcatV2 joins (an IndexedSlices gradient of a variable
@@ -770,7 +702,7 @@ def _aggregated_terms(op) -> list:
     return []
 
 
-def _inside_a_function(graph: tf.Graph, index: _OpIndex, boundary: set[str]) -> str:
+def _inside_a_function(graph: tf.Graph, index: GraphIndex, boundary: set[str]) -> str:
     """Why no update was found when the gradients flow into an op that runs
     a function body, else "". A traced tf.cond that writes variables (Keras's
     LossScaleOptimizer, gradient accumulation) was lowered when the step was
@@ -779,7 +711,7 @@ def _inside_a_function(graph: tf.Graph, index: _OpIndex, boundary: set[str]) -> 
     starts = [index.position[graph.get_tensor_by_name(t).op.name] for t in sorted(boundary)]
     for i in sorted(index.reachable(starts)):
         op = index.ops[i]
-        if op.type in _FUNCTION_OPS and not in_gradient_scope(op.name):
+        if op.type in FUNCTION_OPS and not in_gradient_scope(op.name):
             if op.type in ("If", "StatelessIf", "Case", "StatelessCase"):
                 return (f"The gradients reach '{op.name}' ({op.type}), which runs a function "
                         "body: updates applied inside a tf.cond of a tf.compat.v1 graph in "
@@ -808,7 +740,7 @@ def _trainable_variable_ops(graph: tf.Graph) -> list[tf.Operation]:
     return out
 
 
-def _update_ops_by_variable(graph: tf.Graph, var_ops: list[tf.Operation]) -> dict[str, list[str]]:
+def _update_ops_by_variable(index: GraphIndex, var_ops: list[tf.Operation]) -> dict[str, list[str]]:
     """Ops under "<opt>/update_<var>/", assigned to the longest matching var name
     (so "update_a/b/..." belongs to variable "a/b", not "a")."""
     # Rank of each name: longest first, then creation order (the order a
@@ -816,8 +748,8 @@ def _update_ops_by_variable(graph: tf.Graph, var_ops: list[tf.Operation]) -> dic
     names = sorted((v.name for v in var_ops), key=len, reverse=True)
     rank = {name: i for i, name in reversed(list(enumerate(names)))}
     out: dict[str, list[str]] = collections.defaultdict(list)
-    for op in graph.get_operations():
-        padded = "/" + op.name
+    for name in index.names:
+        padded = "/" + name
         start = padded.find("/update_")
         if start < 0:
             continue
@@ -834,11 +766,11 @@ def _update_ops_by_variable(graph: tf.Graph, var_ops: list[tf.Operation]) -> dic
                 end = padded.find("/", end + 1)
             start = padded.find("/update_", start + 1)
         if best is not None:
-            out[best].append(op.name)
+            out[best].append(name)
     return dict(out)
 
 
-def _variable_info(graph, var_op, update_ops, boundary, slot_users,
+def _variable_info(graph, var_op, update_ops, boundary, slots_of: dict[str, list[str]],
                    writers: list[str]) -> VariableInfo:
     """Everything about one variable but its path ops and own region, which
     analyze_graph finds for all variables together. `writers`: the ops
@@ -898,7 +830,7 @@ def _variable_info(graph, var_op, update_ops, boundary, slot_users,
                 "IndexedSlices gradient (values and indices) could not be traced to the backward pass")
         info.grad_values = _values_beside(graph, info.grad_values, info.grad_indices, boundary,
                                           shape)
-        info.dedup = _deduplicated(graph.get_tensor_by_name(info.grad_indices))
+        info.dedup = deduplicated(graph.get_tensor_by_name(info.grad_indices))
         rows = static_shape(graph.get_tensor_by_name(info.grad_values))
         if rows and rows[0] is not None and shape and shape[0]:
             # One row per looked-up id, repeats included: more than the
@@ -914,7 +846,7 @@ def _variable_info(graph, var_op, update_ops, boundary, slot_users,
                 "an optimizer or a write of the variable")
         _refuse_several_gradients(var_op, _elementwise_gradients(graph, update_set, boundary,
                                                                  shape), writes)
-    info.slots = sorted(name for name, users in slot_users.items() if users == {var_op.name})
+    info.slots = sorted(slots_of.get(var_op.name, []))
     info.boundary_ops = _boundary_ops(graph, var_op)
     return info
 
@@ -1089,7 +1021,7 @@ def _rows_of(t: tf.Tensor, var_shape) -> bool:
     return s is not None and len(s) == len(var_shape) and tuple(s[1:]) == tuple(var_shape[1:])
 
 
-def _path_ops(index: _OpIndex, variables: list[tuple[list[str], set[str]]]) -> list[list[str]]:
+def _path_ops(index: GraphIndex, variables: list[tuple[list[str], set[str]]]) -> list[list[str]]:
     """For each (gradient tensors, update ops) pair: the ops outside the
     gradients scope that lie on a data path from a gradient's op to an update
     op (a descendant of the one and an ancestor of the other), update ops
@@ -1126,159 +1058,7 @@ def _path_ops(index: _OpIndex, variables: list[tuple[list[str], set[str]]]) -> l
     return [sorted(names) for names in out]
 
 
-# Ops running a function body (functional control flow, calls).
-_FUNCTION_OPS = frozenset({"While", "StatelessWhile", "If", "StatelessIf", "Case",
-                           "StatelessCase", "PartitionedCall", "StatefulPartitionedCall"})
-
-
-def _read_in_a_function(graph, var: str) -> str:
-    """Why variable `var` cannot live on a server because a function body
-    reads it ("" when none does): its handle enters a While loop (a Keras
-    LSTM's), a cond or a call, whose body reads it across the network inside
-    the op, where the step's barrier (transforms.methods.ps.rewrite) cannot order
-    the read against a peer's end of step (seen: 'Aborted: Cleanup <step
-    id>' on the server). An initialization guard (graph_utils) is replaced
-    by the rewrite and does not count."""
-    frontier, seen = [graph.get_operation_by_name(var)], set()
-    while frontier:
-        op = frontier.pop()
-        for c in op.outputs[0].consumers() if op.outputs else []:
-            if c.name in seen:
-                continue
-            seen.add(c.name)
-            if c.type == "Identity":
-                frontier.append(c)
-            elif c.type in _FUNCTION_OPS and initialization_guard(c) is None:
-                return (f"read inside '{c.name}' ({c.type}): a function body's read of a server "
-                        "variable is not ordered by the step's end-of-step barrier")
-    return ""
-
-
-def _written_outside_update(graph, info: VariableInfo, writers: dict[str, list[str]]) -> str:
-    """Why variable `info` cannot live on a server because the program
-    writes it besides its update ("" when it does not): Keras's weight decay
-    (w -= w * wd * lr before the update), a constraint's projection after
-    it, a hand-written assign. Every worker runs such a write, so on a
-    server's single copy it would apply once per worker, where one device
-    applies it once; replicated, each worker applies it to its own copy."""
-    update = set(info.update_ops)
-    for name in writers.get(info.name, []):
-        if name not in update:
-            op = graph.get_operation_by_name(name)
-            return (f"'{name}' ({op.type}) writes it outside its update: every worker would "
-                    "apply that write to the server's one copy")
-    return ""
-
-
-def _conditional_ops(index: _OpIndex) -> dict[str, str]:
-    """{op: the Switch it runs under} for every op that runs only when a
-    Switch's output is live: reached from a Switch along data or control
-    edges without passing the Merge (or a loop's Exit) that ends its
-    conditional. A tf.cond in control flow v1, and a functional one lowered
-    to it (transforms.lower_cond)."""
-    out: dict[str, str] = {}
-    ends = ("Merge", "RefMerge", "Exit", "RefExit")
-    for i, op in enumerate(index.ops):
-        if op.type not in ("Switch", "RefSwitch"):
-            continue
-        frontier = [i]
-        while frontier:
-            j = frontier.pop()
-            for k in index.succs[j] + index.control_succs[j]:
-                name = index.names[k]
-                if name not in out and index.ops[k].type not in ends:
-                    out[name] = op.name
-                    frontier.append(k)
-    return out
-
-
-def _updated_conditionally(info: VariableInfo, conditional: dict[str, str]) -> str:
-    """Why variable `info` cannot live on a server because its update runs
-    under a condition ("" when it does not): Keras's LossScaleOptimizer
-    applies the update only when every gradient is finite. The servers'
-    protocol takes the aggregate and applies it every step."""
-    for name in info.update_ops:
-        if name in conditional:
-            return (f"its update '{name}' runs only when '{conditional[name]}' (Switch) lets it "
-                    "(a tf.cond around the update: a loss-scale optimizer skipping steps whose "
-                    "gradients are not finite, gradient accumulation): a server applies its "
-                    "update every step")
-    return ""
-
-
-# Ops after which rows of one id still add up as they would have before
-# them (linear in the rows, taking another operand only as a factor).
-_ROW_LINEAR = frozenset({"Identity", "Cast", "Reshape", "ExpandDims", "Squeeze", "Neg", "Mul",
-                         "RealDiv", "Div", "StopGradient", "Snapshot", "IdentityN"})
-# Ops that add the rows of one id (or write each row where its id says).
-_ROW_COMBINING = ("UnsortedSegmentSum", "SparseSegmentSum", "SegmentSum", "ScatterAdd",
-                  "ScatterSub", "ResourceScatter", "ResourceSparseApply", "SparseApply",
-                  "TensorScatterAdd", "Unique")
-
-
-def _nonlinear_in_rows(graph, info: VariableInfo) -> str:
-    """Why the servers cannot combine this sparse gradient's rows of one id
-    before its update ("" when they can). A server (and local aggregation)
-    adds up the rows of each id before the update sees them; one device's
-    update sees every looked-up row. That is the same only if the update
-    adds them first, or is linear in them until it does: tf.compat.v1
-    optimizers sum duplicate indices before anything else, while Keras's Adam
-    squares each row of an IndexedSlices gradient and only then adds them
-    (v += g_i^2 for every occurrence i). Walks forward from the gradient's
-    values through its path and update to the first op that combines rows."""
-    # (a global-norm L2Loss term is summed over workers' uncombined rows instead)
-    region = (set(info.update_ops) | set(info.own_path_ops) | set(info.path_ops)) - set(
-        info.norm_ops)
-    frontier = [graph.get_tensor_by_name(info.grad_values)]
-    seen = set()
-    while frontier:
-        t = frontier.pop()
-        for c in t.consumers():
-            if c.name in seen or c.name not in region:
-                continue
-            seen.add(c.name)
-            if c.type.startswith(_ROW_COMBINING):
-                continue
-            if c.type not in _ROW_LINEAR or (c.type in ("Mul", "RealDiv", "Div") and sum(
-                    1 for x in c.inputs if x.name == t.name or x.op.name in seen) > 1):
-                return (f"its update applies '{c.name}' ({c.type}) to each row of the gradient "
-                        "before rows of one id are added (servers add them first); all-gather "
-                        "keeps every row")
-            frontier.extend(c.outputs)
-    return ""
-
-
-# Ops a whole-variable value may pass through on its way into an update
-_SHAPE_PASSING = frozenset({"Identity", "StridedSlice", "Slice", "Cast", "Shape", "Pack",
-                            "ConcatV2", "Reshape", "ExpandDims", "Squeeze"})
-
-
-def _whole_values_in_update(graph, info: VariableInfo) -> str:
-    """Why the update cannot run once per row partition ("" when it can): it
-    takes, from outside the ops that write the variable, a value or the shape
-    of the whole variable or of a slot (Keras 3's SGD with momentum reads its
-    momentum before the write, and makes a sparse gradient dense to the
-    variable's shape). A partition's copy of the update would then combine
-    its own rows with every row."""
-    region = set(info.update_ops) | set(info.own_path_ops)
-    handles = {info.name, *info.slots}
-    for name in sorted(region):
-        stack, seen = [t.op for t in graph.get_operation_by_name(name).inputs], set()
-        while stack:
-            op = stack.pop()
-            if op.name in seen or op.name in region:
-                continue
-            seen.add(op.name)
-            if (op.type in ("ReadVariableOp", "VariableShape")
-                    and op.inputs[0].op.name in handles):
-                return (f"its update '{name}' uses '{op.name}' ({op.type}) of the whole "
-                        "variable or a slot, computed outside the ops that write it")
-            if op.type in _SHAPE_PASSING:
-                stack.extend(t.op for t in op.inputs)
-    return ""
-
-
-def _reached_from_other(index: _OpIndex, target: int, starts: set[int]) -> bool:
+def _reached_from_other(index: GraphIndex, target: int, starts: set[int]) -> bool:
     """Whether `target` is a descendant of a start other than itself (the
     forward pass also reports a start on a loop as its own descendant)."""
     others = [s for s in starts if s != target]
@@ -1404,334 +1184,15 @@ def _step_state(graph, trainable, slot_names, update_ops, local_ops: set[str],
     return state
 
 
-# Ops through which a training step's input batch enters the graph.
-# Ops that only reshape or retype an index tensor on its way to the gradient.
-_INDEX_PASS_THROUGH = frozenset({"Reshape", "Identity", "Cast", "Squeeze", "ExpandDims",
-                                 "StopGradient", "Snapshot"})
-# (op type, output index) producing a set of distinct ids.
-_DISTINCT_IDS = {("Unique", 0), ("UniqueV2", 0), ("UniqueWithCounts", 0),
-                 ("UniqueWithCountsV2", 0), ("SparseSegmentSumGradV2", 1),
-                 ("SparseSegmentMeanGradV2", 1), ("SparseSegmentSqrtNGradV2", 1)}
-
-
-def _rows_of_shared_ids(graph, rows: ExampleRows, info: VariableInfo) -> None:
-    """Rows of ids that no example owns. A gradient row of an id looked up
-    for an example belongs to that example: the workers' rows together are
-    one device's, whatever the update does with them. An id every worker
-    looks up alike (tf.range over positions, a constant, a sampler's
-    candidates) gets a row on every worker holding its share of the batch's
-    sum, where one device has one row of the whole sum: an update that
-    transforms each row before adding rows of one id (Keras's Adam squares
-    them) sees N rows where one device sees one. Such rows are combined by
-    id first (as deduplicated rows are: `dedup`) when the ids are distinct,
-    as one device's then are; otherwise they are refused unless the update
-    adds rows of one id before anything else."""
-    origin, ids = _row_origin(graph, rows, graph.get_tensor_by_name(info.grad_indices))
-    if origin == "example":
-        return
-    if origin == "distinct":
-        info.dedup = True
-        return
-    if isinstance(origin, int):
-        info.shared_rows = origin
-        return
-    nonlinear = _nonlinear_in_rows(graph, info)
-    if nonlinear or info.norm_ops:
-        what = (nonlinear.split(" (servers add")[0] if nonlinear else
-                f"the global norm reads its rows ('{info.norm_ops[0]}')")
-        raise UnsupportedGraphError(
-            f"variable '{info.name}': its gradient's rows are for ids '{ids.name}' that no "
-            "example of the batch owns (every worker looks them up alike, each row holding "
-            "its share of the batch's sum) and that may repeat, and " + what + ": one device "
-            "would see one row per id and use. Look the ids up once (tf.unique), or apply "
-            "the gradient with an optimizer that adds an id's rows first")
-
-
-def _row_origin(graph, rows: ExampleRows, indices: tf.Tensor) -> tuple[str, tf.Tensor]:
-    """Where a sparse gradient's ids come from: "example" (each one an
-    example's: rows of the batch's forms), "distinct" (ids no example owns
-    that cannot repeat: a tf.range, distinct constants), the number of ids
-    every worker looks up alike after its examples' (an int: a sampled
-    softmax's candidates after its labels) or "shared" (any other); and the
-    forward tensor of the ids. The backward pass reshapes and concatenates
-    the lookups' ids: followed back to them."""
-    forward, stack = [], [indices]
-    while stack:
-        t = stack.pop()
-        if not in_gradient_scope(t.op.name):
-            forward.append(t)
-        elif t.op.type in _INDEX_PASS_THROUGH and t.op.inputs:
-            stack.append(t.op.inputs[0])
-        elif t.op.type == "ConcatV2":
-            stack.extend(t.op.inputs[:-1])
-        else:
-            forward.append(t)
-    forms = [rows.form(t) for t in forward]
-    if len(forms) == 1 and forms[0][0] == "cat" and forms[0][2]:
-        return int(forms[0][2]), forward[0]
-    if all(f[0] in ("rows", "elems") or _looked_up_per_example(rows, t)
-           for t, f in zip(forward, forms)):
-        return "example", forward[0]
-    if len(forward) == 1 and _distinct_ids(forward[0]):
-        return "distinct", forward[0]
-    shared = next((t for t, f in zip(forward, forms) if f[0] not in ("rows", "elems")), forward[0])
-    return "shared", shared
-
-
-# Ops through which looked-up rows reach the examples they are combined with.
-_ROWS_PASS = frozenset({"Identity", "Cast", "Reshape", "Snapshot", "Mul", "Add", "AddV2",
-                        "Sub", "RealDiv", "Div", "Maximum", "Minimum", "SelectV2", "Select"})
-
-
-def _looked_up_per_example(rows: ExampleRows, ids: tf.Tensor) -> bool:
-    """Whether the rows looked up for `ids`, ids that no example's values
-    gave (a constant), are still each an example's: combined elementwise
-    with a tensor of the examples' rows of their own rank and first
-    dimension, not broadcast over it (zeros_like of the batch's ids, folded
-    into a constant for a batch of static size, as BERT's segment ids)."""
-    lookups = [c.outputs[0] for c in ids.consumers()
-               if c.type in ("GatherV2", "ResourceGather", "Gather") and c.inputs[1] is ids]
-    for looked_up in lookups:
-        seen, frontier = set(), [looked_up]
-        while frontier and len(seen) < 32:
-            t = frontier.pop()
-            for c in t.consumers():
-                if c.type not in _ROWS_PASS or c.name in seen or in_gradient_scope(c.name):
-                    continue
-                seen.add(c.name)
-                for x in c.inputs:
-                    form = rows.form(x)
-                    if (form[0] == "rows" and form[1] == 0 and x.shape.rank == t.shape.rank
-                            and x.shape.rank and x.shape[0] is not None
-                            and x.shape[0] == t.shape[0]):
-                        return True
-                frontier.extend(c.outputs)
-    return False
-
-
-def _distinct_ids(t: tf.Tensor) -> bool:
-    """Whether ids `t` cannot repeat: a tf.range, a tf.unique, distinct
-    constants, through reshapes and casts."""
-    for _ in range(64):
-        if (t.op.type, t.value_index) in _DISTINCT_IDS or t.op.type == "Range":
-            return True
-        value = tf.get_static_value(t)
-        if value is not None:
-            return len(np.unique(value)) == np.size(value)
-        wrapped = _negative_ids_wrapped(t)
-        if wrapped is not None:
-            t = wrapped
-            continue
-        if t.op.type not in _INDEX_PASS_THROUGH or not t.op.inputs:
-            return False
-        t = t.op.inputs[0]
-    return False
-
-
-def _negative_ids_wrapped(t: tf.Tensor) -> tf.Tensor | None:
-    """x of where(x < 0, x + n, x) (Keras's take of a table of n rows): one
-    id per distinct x in [-n, n), the only ids a lookup accepts; else None."""
-    op = t.op
-    if op.type not in ("Select", "SelectV2") or len(op.inputs) != 3:
-        return None
-    cond, wrapped, x = op.inputs
-    if (cond.op.type == "Less" and cond.op.inputs[0] is x
-            and tf.get_static_value(cond.op.inputs[1]) == 0
-            and wrapped.op.type in ("Add", "AddV2") and any(i is x for i in wrapped.op.inputs)):
-        return x
-    return None
-
-
-def _deduplicated(indices: tf.Tensor) -> bool:
-    """True when the IndexedSlices indices are distinct ids of the batch: the
-    gather's gradient reuses the gather's indices, so walking back through
-    reshapes/casts reaches a tf.unique output (embedding_lookup_sparse,
-    unique+gather lookups). A plain embedding_lookup reaches the raw ids.
-    Indices concatenated from several lookups are not one distinct set."""
-    t = indices
-    for _ in range(64):
-        if (t.op.type, t.value_index) in _DISTINCT_IDS:
-            return True
-        if t.op.type not in _INDEX_PASS_THROUGH or not t.op.inputs:
-            return False
-        t = t.op.inputs[0]
-    return False
-
-
-def loss_reduction(graph, loss: str | None, batch_ops: set[str] | None = None) -> tuple[str, str]:
-    """("mean" | "sum" | "neither" | "unknown", why) for how the loss reduces over the
-    batch: walks back from the loss through scaling, casts and added
-    batch-independent terms to the first reduction of a batch-dependent
-    tensor (reduce_mean / reduce_sum, and what tf.compat.v1.losses builds for
-    its reductions: SUM is a Sum; MEAN, SUM_BY_NONZERO_WEIGHTS and
-    SUM_OVER_BATCH_SIZE divide that Sum by a count of the batch). `batch_ops`:
-    batch_local_ops(graph, set()), when the caller has it."""
-    return _loss_reduction(graph, loss, batch_ops)[:2]
-
-
-def batch_reduced(graph, loss: str, batch_ops: set[str]) -> str | None:
-    """The tensor whose reduction over the batch makes `loss` a mean (its
-    leading dimension is the batch's: the per-example losses a reduce_mean
-    averages, the values a Keras loss sums before dividing by their count),
-    or None when the loss is no mean or shows none."""
-    kind, _, reduced = _loss_reduction(graph, loss, batch_ops)
-    return reduced.name if kind == "mean" and reduced is not None else None
-
-
-def _loss_reduction(graph, loss: str | None, batch_ops: set[str] | None):
-    """loss_reduction() and the tensor the reduction it found reduces."""
-    if loss is None:
-        return "unknown", "no loss tensor found", None
-    if batch_ops is None:
-        batch_ops = batch_local_ops(graph, set())
-    kind, why, reduced = _reduction_of(graph.get_tensor_by_name(loss), batch_ops, 0)
-    if kind == "const":
-        return ("unknown", f"the loss '{loss}' does not depend on any input placeholder or "
-                "iterator", None)
-    return kind, why, reduced
-
-
-def _reduction_of(t: tf.Tensor, batch_ops: set[str], depth: int) -> tuple[str, str, tf.Tensor | None]:
-    """(kind, why, the tensor the reduction found reduces over the batch)."""
-    op = t.op
-    if op.name not in batch_ops:
-        return "const", "", None
-    if depth > 50:
-        return "unknown", f"'{op.name}' is too far from a recognised batch reduction", None
-    if op.type in ("Identity", "Cast", "Reshape", "Squeeze", "ExpandDims", "Neg", "Snapshot",
-                   "CheckNumerics", "CheckNumericsV2", "EnsureShape", "Print"):
-        # ops that pass their first input's value on (tf.debugging.check_numerics,
-        # tf.ensure_shape, tf.compat.v1.Print)
-        return _reduction_of(op.inputs[0], batch_ops, depth + 1)
-    terms = stacked_terms(op)
-    if terms is not None:
-        return _reduction_of_terms(op, terms, batch_ops, depth)
-    if op.type == "L2Loss":   # tf.nn.l2_loss: half the sum of squares, the batch's too
-        return "sum", f"'{op.name}' (tf.nn.l2_loss) sums over the batch", op.inputs[0]
-    if op.type in ("Mean", "Sum"):
-        if not reduces_batch_axis(op):
-            return _reduction_of(op.inputs[0], batch_ops, depth + 1)
-        kind = "mean" if op.type == "Mean" else "sum"
-        # (a Sum of a scalar, as tf.compat.v1.losses builds, passes it through)
-        reduced = op.inputs[0] if op.inputs[0].shape.rank != 0 else _reduced_in(op.inputs[0])
-        return kind, f"'{op.name}' is a reduce_{kind} over the batch", reduced
-    if op.type in ("Mul",):
-        kinds = [_reduction_of(x, batch_ops, depth + 1) for x in op.inputs]
-        batch = [k for k in kinds if k[0] != "const"]
-        if len(batch) == 1:
-            return batch[0]
-        return "unknown", f"'{op.name}' multiplies two batch-dependent tensors", None
-    if op.type in ("RealDiv", "Div", "DivNoNan", "TrueDiv"):
-        num, why, reduced = _reduction_of(op.inputs[0], batch_ops, depth + 1)
-        den = op.inputs[1]
-        static = _constant_value(den, batch_ops)
-        if num != "sum":
-            if static is not None or den.op.name not in batch_ops:
-                return num, why, reduced
-            return "unknown", f"'{op.name}' divides a {num} by a batch-dependent tensor", None
-        if static is not None:
-            shape = _summed_shape(op.inputs[0])
-            if static.size != 1:
-                return "unknown", (f"'{op.name}' divides a sum over the batch by the constant "
-                                   f"{static!r}, not a number"), None
-            if shape is not None and shape.is_fully_defined() and float(static) in (
-                    float(shape.num_elements()), float(shape[0] if shape.rank else 1)):
-                # a static graph's own batch: the program averages over it
-                return "mean", (f"'{op.name}' divides the sum by {float(static):g}, the number "
-                                "of elements or examples summed (the per-worker batch)"), reduced
-            # One device runs the same program on the global batch and divides
-            # its sum by the same constant: the workers' losses add up to it.
-            return "sum", (f"'{op.name}' divides a sum over the batch by the constant "
-                           f"{float(static):g}, which is not the per-worker batch: a scaled sum "
-                           "(as tf.nn.compute_average_loss with a global_batch_size), which one "
-                           "device computes on the global batch as the workers' sum"), reduced
-        if den.op.name in batch_ops:
-            return "mean", (f"'{op.name}' divides a sum over the batch by the batch-derived "
-                            f"count '{den.name}'"), reduced
-        return "unknown", f"'{op.name}' divides a sum over the batch by '{den.name}'", None
-    if op.type in ("Add", "AddV2", "AddN", "Sub"):
-        return _reduction_of_terms(op, list(op.inputs), batch_ops, depth)
-    return "unknown", (f"'{op.name}' ({op.type}) does not show how the loss reduces over the "
-                       "batch"), None
-
-
-def _reduction_of_terms(op: tf.Operation, terms: list[tf.Tensor], batch_ops: set[str],
-                        depth: int) -> tuple[str, str, tf.Tensor | None]:
-    """How a loss that `op` adds up from `terms` reduces over the batch."""
-    # A constant term (Python's sum() of Keras's per-output losses starts
-    # at 0) has no gradient: only the terms a gradient flows through count.
-    kinds = [_reduction_of(x, batch_ops, depth + 1) for x in terms
-             if x.op.name in batch_ops or _constant_value(x, batch_ops) is None]
-    batch = [k for k in kinds if k[0] != "const"]
-    names = {k[0] for k in batch}
-    if names == {"mean"}:
-        return batch[0][0], batch[0][1] + " (other terms are averaged alike)", batch[0][2]
-    if names == {"sum"} and len(batch) == len(kinds):
-        return batch[0]
-    if names == {"sum"}:
-        return "neither", (f"'{op.name}' adds a batch-independent term (e.g. a regularizer) "
-                           "to a loss summed over the batch: neither summing nor averaging "
-                           "the workers' gradients gives one device's"), None
-    if names == {"mean", "sum"}:
-        return "neither", (f"'{op.name}' adds a loss averaged over the batch to one summed over "
-                           "it: summing the workers' gradients counts the mean N times, "
-                           "averaging them divides the sum by N"), None
-    return "unknown", f"'{op.name}' combines terms reduced differently over the batch", None
-
-
-def _reduced_in(t: tf.Tensor) -> tf.Tensor | None:
-    """What the reduction producing the scalar `t` reduces (through casts
-    and identities), or None."""
-    while t.op.type in ("Identity", "Cast"):
-        t = t.op.inputs[0]
-    if t.op.type in ("Sum", "Mean") and t.op.inputs[0].shape.rank != 0:
-        return t.op.inputs[0]
-    return None
-
-
-def _constant_value(t: tf.Tensor, batch_ops: set[str]):
-    """The value of `t` if it is computed from constants alone (a count taken
-    from static shapes: tf.shape of a fully defined shape, ones_like...), else
-    None. Beyond what tf.get_static_value folds, such a small stateless
-    subgraph is evaluated once in a throwaway session: it reads no variable,
-    input or state, so the value is the same in every run."""
-    value = tf.get_static_value(t)
-    if value is not None:
-        return value
-    frontier, seen = [t.op], {t.op.name}
-    while frontier:
-        op = frontier.pop()
-        if (op.name in batch_ops or op.type in VARIABLE_OP_TYPES or op.op_def.is_stateful
-                or in_gradient_scope(op.name) or len(seen) > 200):
-            return None
-        for x in [*op.inputs, *op.control_inputs]:
-            x_op = x if isinstance(x, tf.Operation) else x.op
-            if x_op.name not in seen:
-                seen.add(x_op.name)
-                frontier.append(x_op)
-    with tf1.Session(graph=t.graph) as session:
-        return session.run(t)
-
-
-def _summed_shape(t: tf.Tensor) -> tf.TensorShape | None:
-    """The shape of what the reduce_sum (or tf.nn.l2_loss) producing `t` adds."""
-    # (a Sum of a scalar, as tf.compat.v1.losses builds, passes it through)
-    while t.op.type in ("Identity", "Cast") or (t.op.type == "Sum" and t.op.inputs[0].shape.rank == 0):
-        t = t.op.inputs[0]
-    if t.op.type not in ("Sum", "L2Loss"):
-        return None
-    return t.op.inputs[0].shape
-
-
 def _optimizer_scopes(update_ops) -> set[str]:
     return {u.split("/")[0] for u in update_ops}
 
 
-def _writers_by_variable(graph) -> dict[str, list[str]]:
+def _writers_by_variable(index: GraphIndex) -> dict[str, list[str]]:
     """Ops writing a variable, excluding its initializer."""
     out = collections.defaultdict(list)
-    for op in graph.get_operations():
-        if (writes_variable(op.type) and op.inputs
+    for op in index.of_types(t for t in index.op_types() if writes_variable(t)):
+        if (op.inputs
                 and op.inputs[0].op.type in VARIABLE_OP_TYPES):
             var = op.inputs[0].op.name
             if "/Initializer/" in "/" + op.name + "/" or op.name in (f"{var}/Assign", f"{var}/Assign:0"):
@@ -1742,14 +1203,16 @@ def _writers_by_variable(graph) -> dict[str, list[str]]:
     return out
 
 
-def _loss_seeds(graph) -> list[tuple[str, str]]:
+def _loss_seeds(index: GraphIndex) -> list[tuple[str, str]]:
     """(seed op, loss tensor) of every tf.gradients call: the tensor it
     differentiated. The seed "<scope>/grad_ys_0" is consumed by
     "<scope>/<loss op>_grad/..." ops, which name the loss op."""
     out = []
-    for op in graph.get_operations():
-        if not (op.name.endswith("grad_ys_0") and in_gradient_scope(op.name)):
+    graph = index.graph
+    for i, name in enumerate(index.names):
+        if not (name.endswith("grad_ys_0") and index.in_gradient[i]):
             continue
+        op = index.ops[i]
         scope = op.name[: -len("grad_ys_0")]
         for consumer in op.outputs[0].consumers():
             rest = consumer.name[len(scope):]
@@ -1774,7 +1237,7 @@ def _named_alias(t: tf.Tensor) -> tf.Tensor:
         t = forward[0].outputs[0]
 
 
-def _step_ops(index: _OpIndex, update_ops: set[str]) -> frozenset[str]:
+def _step_ops(index: GraphIndex, update_ops: set[str]) -> frozenset[str]:
     """The update ops and everything after them along data and control edges."""
     reached = index.reachable((index.position[u] for u in update_ops),
                               extra=index.control_succs)

@@ -26,15 +26,38 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms.example_rows import ExampleRows
+from autopar.transforms.features.base import GraphFeature
 
 
-def find_batch_mixing(graph: tf.Graph, rows: ExampleRows,
-                      losses: list[str | None]) -> dict[str, str]:
+class BatchMixing(GraphFeature):
+    """Losses that mix the examples of a batch: refused on several workers
+    unless Config(batch_mixing="per_worker"), which the report notes."""
+    name = "batch_mixing"
+    fields = ("batch_mixing",)
+    after = ("example_rows",)
+
+    def find(self, facts):
+        return {"batch_mixing": find_batch_mixing(facts.graph, facts.shared["rows"],
+                                                  facts.every_loss, facts.index.position)}
+
+    def check(self, analysis, plan, config):
+        if analysis.batch_mixing and plan.num_workers > 1 and config.batch_mixing == "refuse":
+            raise UnsupportedGraphError(mixing_refusal(analysis.batch_mixing, plan.num_workers))
+
+    def notes(self, analysis, plan, num_workers):
+        return [mixing_note(analysis.batch_mixing, num_workers)] if (
+            analysis.batch_mixing and num_workers > 1) else []
+
+
+def find_batch_mixing(graph: tf.Graph, rows: ExampleRows, losses: list[str | None],
+                      order: dict[str, int] | None = None) -> dict[str, str]:
     """{op: what it does} for the ops at which the losses' values come to
     depend on several examples of the batch (module docstring), in graph
     order: walking back from each loss through the tensors whose forms say
-    so, to the op where each such form began."""
+    so, to the op where each such form began. `order`: op name -> its
+    position in the graph, when the caller has it."""
     found: dict[str, str] = {}
     seen: set[str] = set()
     stack = [graph.get_tensor_by_name(loss) for loss in dict.fromkeys(x for x in losses if x)]
@@ -47,7 +70,8 @@ def find_batch_mixing(graph: tf.Graph, rows: ExampleRows,
         if form[1] not in found:
             found[form[1]] = _what(graph.get_operation_by_name(form[1]), form[0])
         stack.extend(t.op.inputs)
-    order = {op.name: i for i, op in enumerate(graph.get_operations())}
+    if order is None:
+        order = {op.name: i for i, op in enumerate(graph.get_operations())}
     return dict(sorted(found.items(), key=lambda item: order.get(item[0], 0)))
 
 

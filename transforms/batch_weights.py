@@ -21,7 +21,7 @@ tape of a gradient penalty) is not weighed: it is part of the forward
 pass.
 
 b_w is the leading dimension of what the loss's mean reduces (its
-per-example losses: analysis.batch_reduced), not of the first input the
+per-example losses: loss_reduction.batch_reduced), not of the first input the
 loss reads, which may be a flat list of ids whose count differs between
 workers of equal batches. Only where batches can differ: that dimension
 must be unknown in the graph (a static one is the same on every worker).
@@ -37,24 +37,56 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from autopar.transforms.graph_utils import INPUT_OP_TYPES
+from autopar.transforms.features.base import GraphFeature, Rewiring
+from autopar.transforms.graph_utils import INPUT_OP_TYPES, node_input_name
+from autopar.transforms.keys import BATCH_WEIGHTS
+
+
+class BatchWeights(GraphFeature):
+    """Workers whose batches of a step may differ in size weigh their
+    gradients by N * b / B."""
+    name = "batch_weights"
+    fields = ("batch_weights",)
+    keys = (BATCH_WEIGHTS,)
+    after = ("loss_counts",)   # a loss divided by a count needs no weights
+
+    def find(self, facts):
+        return {"batch_weights": find_batch_weights(
+            facts.graph, facts.trained_seeds, facts.reduced_of, facts.input_ops,
+            facts.index.of_types(INPUT_OP_TYPES))}
+
+    def rewrite(self, ctx):
+        plan = ctx.plan
+        if not weighs_batches(ctx.analysis, plan.loss_reduction, plan.num_workers,
+                              ctx.micro_batches):
+            return None
+        rewire, built = rewrite_batch_weights(ctx.graph, ctx.analysis.batch_weights, ctx.backend,
+                                              BATCH_WEIGHTS, plan.num_workers)
+        return Rewiring({node_input_name(k): node_input_name(v) for k, v in rewire.items()},
+                        built)
+
+    def report_fields(self, analysis, plan):
+        return {"batch_tensors": sorted(set(analysis.batch_weights.values()))}
 
 
 def find_batch_weights(graph: tf.Graph, seeds: list[tuple[str, str]], reduced_of,
-                       batch_ops: set[str]) -> dict[str, str]:
+                       batch_ops: set[str], input_ops=None) -> dict[str, str]:
     """{seed: the tensor whose leading dimension is its loss's batch} for
     the gradient seeds to weigh (tensor names). `seeds`: (seed op, the loss
     it differentiates) of the seeds whose backward pass trains a variable
     and computes no other seed's loss (analysis._trained_seeds); weighed
     are those whose loss is a mean over a batch of a size the graph leaves
     unknown: `reduced_of(loss)` gives the tensor that mean reduces
-    (analysis.batch_reduced; its leading dimension is the examples the mean
+    (loss_reduction.batch_reduced; its leading dimension is the examples the mean
     divides by, which a flat list of ids read first would not be). A seed
     of a batch-dependent loss that shows no such mean leaves every gradient
     unweighed (equal weights, as before; the runner warns of unequal
-    batches); `batch_ops`: the ops that depend on the batch."""
+    batches); `batch_ops`: the ops that depend on the batch; `input_ops`:
+    the graph's ops of INPUT_OP_TYPES, when the caller's index has them."""
+    if input_ops is None:
+        input_ops = [op for op in graph.get_operations() if op.type in INPUT_OP_TYPES]
     if not any(t.shape.rank and t.shape[0] is None and t.dtype != tf.resource
-               for op in graph.get_operations() if op.type in INPUT_OP_TYPES for t in op.outputs):
+               for op in input_ops for t in op.outputs):
         return {}   # every batch's size is known in the graph
     out = {}
     for seed, loss in seeds:

@@ -34,8 +34,10 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
-from autopar.common.errors import UnsupportedGraphError
+from autopar.common.errors import AutoparError, UnsupportedGraphError
+from autopar.transforms.features.base import GraphFeature, Rewiring
 from autopar.transforms.graph_utils import in_gradient_scope, node_input_name
+from autopar.transforms.keys import BATCH_NORM, BATCH_NORM_GROUPS
 
 _FUSED_TYPES = frozenset({"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"})
 _FUSED_GRAD_TYPES = frozenset({"FusedBatchNormGrad", "FusedBatchNormGradV2",
@@ -59,13 +61,15 @@ class BatchNormInfo:
 
 
 def find_batch_norms(graph: tf.Graph, batch_local: set[str],
-                     writers: dict[str, list[str]]) -> list[BatchNormInfo]:
+                     writers: dict[str, list[str]], candidates=None) -> list[BatchNormInfo]:
     """Training-mode batch-norm layers whose input depends on the input batch
     (`batch_local`: ops fed by it), in graph order. `writers`: variable ->
-    the ops writing it (to name the moving statistics each layer updates)."""
+    the ops writing it (to name the moving statistics each layer updates).
+    `candidates`: the graph's Mean and fused batch-norm ops in graph order,
+    when the caller's index has them (else every op is looked at)."""
     written = {w: var for var, ws in writers.items() for w in ws}
     out = []
-    for op in graph.get_operations():
+    for op in graph.get_operations() if candidates is None else candidates:
         if in_gradient_scope(op.name) or op.name not in batch_local:
             continue
         info = None
@@ -136,6 +140,58 @@ def _moving_statistics(stats: list[tf.Tensor], written: dict[str, str]) -> list[
                                               "Add", "Cast", "Reshape"):
                     frontier.append((c, depth + 1))
     return sorted(found)
+
+
+class BatchNorm(GraphFeature):
+    """Config(batch_norm_group): training-mode batch-norm layers on the input
+    batch take their statistics over a group of workers."""
+    name = "batch_norm"
+    fields = ("batch_norms",)
+    keys = (BATCH_NORM, BATCH_NORM_GROUPS)
+
+    def find(self, facts):
+        return {"batch_norms": find_batch_norms(facts.graph, facts.batch_local, facts.writers,
+                                                facts.index.of_types(("Mean", *_FUSED_TYPES)))}
+
+    def plan_fields(self, analysis, options, topology, variables):
+        BATCH_NORM.check_end(BATCH_NORM.first + KEYS_PER_LAYER * len(analysis.batch_norms))
+        return {"batch_norm_group": batch_norm_group_size(options.batch_norm_group,
+                                                          topology.num_workers)}
+
+    def rewrite(self, ctx):
+        plan = ctx.plan
+        if not plan.batch_norm_group or not ctx.analysis.batch_norms:
+            return None
+        size, group_key = group_of(ctx.worker_index, plan.batch_norm_group, plan.num_workers,
+                                   plan.group_key, BATCH_NORM_GROUPS.first)
+        group = ctx.backend if size == plan.num_workers else ctx.backend.subgroup(size, group_key)
+        rewire, exempt = rewrite_batch_norms(ctx.graph, ctx.analysis.batch_norms, group,
+                                             plan.batch_norm_key, ctx.constants)
+        return Rewiring(rewire, exempt)
+
+    def notes(self, analysis, plan, num_workers):
+        if plan.batch_norm_group and not analysis.batch_norms:
+            return ["Config(batch_norm_group) is set but the graph has no training-mode "
+                    "batch-norm layer on the input batch: nothing to synchronise"]
+        return []
+
+    def report_fields(self, analysis, plan):
+        return {"batch_norms": [{"name": b.name, "kind": b.kind, "ops": b.ops,
+                                 "group": plan.batch_norm_group, "moving": b.moving}
+                                for b in analysis.batch_norms]}
+
+
+def batch_norm_group_size(option: str | int | None, num_workers: int) -> int:
+    """Workers per batch-norm group for Config(batch_norm_group=option); 0 =
+    off (None, or groups of one worker: each normalises by its own batch)."""
+    if option is None:
+        return 0
+    size = num_workers if option == "all" else option
+    if not isinstance(size, int) or size < 1 or num_workers % size:
+        raise AutoparError(
+            f"Config.batch_norm_group={option!r} does not split the job's {num_workers} workers "
+            "into equal groups: use 'all', None, or a group size dividing the worker count")
+    return 0 if size == 1 else size
 
 
 # ---------------------------------------------------------------------------
@@ -347,16 +403,3 @@ def _fused(graph, layer: BatchNormInfo, backend, key: int, rewire: dict) -> None
         rewire[grad.outputs[0].name] = tf.cast(dx, x.dtype).name
         rewire[grad.outputs[1].name] = d_scale.name
         rewire[grad.outputs[2].name] = d_offset.name
-
-
-def apply_rewire(graph_def, rewire: dict[str, str], exempt: set[str]) -> None:
-    """Point every data input naming a key of `rewire` at its value, in every
-    node but `exempt` (the ops that compute the replacements from the originals)."""
-    if not rewire:
-        return
-    for node in graph_def.node:
-        if node.name in exempt:
-            continue
-        for i, inp in enumerate(node.input):
-            if inp in rewire:
-                node.input[i] = rewire[inp]

@@ -14,7 +14,7 @@ from typing import Any
 from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms import serial
 from autopar.transforms.analysis import Analysis, analyze_graph
-from autopar.transforms.batch_mixing import mixing_refusal
+from autopar.transforms.features.registry import FEATURES
 from autopar.transforms.graph_utils import graph_of, transforming
 from autopar.transforms.input_shards import unsharded_inputs
 from autopar.transforms.placement import Move, place_ops
@@ -107,15 +107,8 @@ def compile_for_config(graph_or_meta, topology: Topology | int, config) -> Compi
     and the refusals that need the graph and the job's other fields."""
     compiled = compile_plan(graph_or_meta, topology, config)
     compiled.job_config = serial.encode(config)
-    mixing = compiled.analysis.batch_mixing
-    if mixing and compiled.plan.num_workers > 1 and config.batch_mixing == "refuse":
-        raise UnsupportedGraphError(mixing_refusal(mixing, compiled.plan.num_workers))
-    if config.micro_batches > 1 and compiled.analysis.batch_draws:
-        raise UnsupportedGraphError(
-            f"Config(micro_batches={config.micro_batches}) with random draws per example "
-            f"('{next(iter(compiled.analysis.batch_draws))}', a dropout mask): each micro-batch "
-            "would draw its own rows, where one device draws the whole batch's at once. Use "
-            "micro_batches=1 for this program")
+    for feature in FEATURES.values():
+        feature.check(compiled.analysis, compiled.plan, config)
     if not config.allow_unsharded_input:
         _refuse_unsharded_input(graph_of(graph_or_meta), compiled.analysis)
     groups = compiled.analysis.train_groups

@@ -9,7 +9,7 @@ propagation does for a batch axis), and read by the analyses that need it:
 which ops mix examples (transforms.batch_mixing), which rows of a random draw
 belong to which example (transforms.random_draws), and whether an embedding's
 gradient rows belong to examples or are shared by the batch
-(analysis._row_origin).
+(transforms.sparse_rows).
 
 A tensor's form is one of (tuples, compared by value):
 
@@ -57,6 +57,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from autopar.transforms.features.base import GraphFeature
 from autopar.transforms.graph_utils import INPUT_OP_TYPES, in_gradient_scope
 
 SHARED = ("shared",)
@@ -153,59 +154,91 @@ def mixing_op(form) -> str | None:
     return form[1] if form[0] in ("mixed", "unknown", "reduced") else None
 
 
+class ExampleRowsFeature(GraphFeature):
+    """Not a rewrite of its own: the forms of the graph's tensors, which the
+    features after it and the analysis of sparse gradients read
+    (facts.shared["rows"]), and the batch's input tensor."""
+    name = "example_rows"
+    fields = ("batch_input",)
+    # loss counts: the rewrite makes them the same on every worker;
+    # batch-norm statistics: the rewrite takes them over the group
+    after = ("batch_norm", "loss_counts")
+
+    def find(self, facts):
+        rows = ExampleRows(facts.graph, stops=facts.gradients,
+                           shared=set(facts.found["loss_counts"]),
+                           exempt={op for b in facts.found["batch_norms"] for op in b.ops},
+                           index=facts.index)
+        facts.shared["rows"] = rows
+        return {"batch_input": rows.batch_input}
+
+
 class ExampleRows:
     """Forms of a graph's tensors (module docstring). `stops`: tensors
     treated as SHARED (the averaged gradients, which every worker replaces
     by the same aggregate); `shared`: tensors also treated as SHARED (counts
     that the rewrite makes the same on every worker); `exempt`: ops whose
     outputs are taken as computed per example (batch-norm statistics, which
-    transforms.batchnorm handles)."""
+    transforms.batchnorm handles). `index`: the analysis' GraphIndex of
+    `graph` (transforms.graph_index), when it has one."""
 
     def __init__(self, graph: tf.Graph, stops=frozenset(), shared=frozenset(),
-                 exempt=frozenset()):
+                 exempt=frozenset(), index=None):
         self.graph = graph
         self.stops = set(stops) | set(shared)
         self.exempt = set(exempt)
         self.forms: dict[str, tuple] = {}
         self.assumed: dict[str, str] = {}   # op -> the assumption its rule made
-        self.static_batch = _static_batch(graph)
+        input_ops = ([op for op in graph.get_operations() if op.type in INPUT_OP_TYPES]
+                     if index is None else index.of_types(INPUT_OP_TYPES))
+        self.static_batch = _static_batch(input_ops)
         # No fed or dataset tensor has a length of its own beyond the
         # examples' (a padded sequence's): every dimension the graph leaves
         # unknown, but the batch's, is then the same on every worker as on
         # one device (an einsum's output whose shape TensorFlow did not infer)
-        self.fixed_lengths, self.batch_input = _inputs_of(graph, self.static_batch)
+        self.fixed_lengths, self.batch_input = _inputs_of(input_ops, self.static_batch)
         self._shape_sources: dict = {}
-        self._run(graph.get_operations(), self.forms, inputs=None)
+        if index is None:
+            self._run(graph.get_operations(), self.forms, inputs=None)
+        else:
+            self._run(index.ops, self.forms, inputs=None,
+                      known=(index.names, index.types, index.in_gradient))
 
     def form(self, t: tf.Tensor) -> tuple:
         return self.forms.get(t.name, SHARED)
 
     # ------------------------------------------------------------ the pass
-    def _run(self, ops, forms: dict, inputs: dict | None) -> None:
+    def _run(self, ops, forms: dict, inputs: dict | None, known=None) -> None:
         """Forms of `ops` (topological order) into `forms`. `inputs`: for a
-        function body, the forms of its Placeholder args by name."""
-        loops = [op for op in ops if op.type in ("NextIteration", "RefNextIteration")]
+        function body, the forms of its Placeholder args by name. `known`:
+        the ops' names, types and whether each is in a gradients scope,
+        when an index has them."""
+        if known is None:
+            names = [op.name for op in ops]
+            known = (names, [op.type for op in ops], [in_gradient_scope(n) for n in names])
+        names, types, in_gradient = known
+        loops = any(t in ("NextIteration", "RefNextIteration") for t in types)
         for _ in range(2 if loops else 1):   # V1 loops: their back edges, once more
-            for op in ops:
-                if in_gradient_scope(op.name):
+            for op, name, op_type, gradient in zip(ops, names, types, in_gradient):
+                if gradient:
                     continue
-                if inputs is not None and op.type == "Placeholder":
-                    forms[op.outputs[0].name] = inputs.get(op.name, SHARED)
+                if inputs is not None and op_type == "Placeholder":
+                    forms[op.outputs[0].name] = inputs.get(name, SHARED)
                     continue
-                if op.type in INPUT_OP_TYPES and inputs is None:
+                if op_type in INPUT_OP_TYPES and inputs is None:
                     for t in op.outputs:
                         forms[t.name] = self._input_form(t)
                     continue
                 ins = [SHARED if x.name in self.stops else forms.get(x.name, SHARED)
                        for x in op.inputs]
-                if all(f == SHARED for f in ins) and op.type not in ("Merge", "RefMerge"):
+                if all(f == SHARED for f in ins) and op_type not in ("Merge", "RefMerge"):
                     continue
-                if op.name in self.exempt:
+                if name in self.exempt:
                     # batch-norm statistics: made the same everywhere or kept
                     # per worker by transforms.batchnorm; a fused op's
                     # normalised output stays the rows it normalised
                     outs = [SHARED] * len(op.outputs)
-                    if op.type.startswith("FusedBatchNorm"):
+                    if op_type.startswith("FusedBatchNorm"):
                         outs[0] = ins[0]
                 else:
                     outs = self._rule(op, ins, forms)
@@ -1286,13 +1319,13 @@ def _product(dims) -> int | None:
     return out
 
 
-def _inputs_of(graph: tf.Graph, static_batch: int | None) -> tuple[bool, str | None]:
+def _inputs_of(input_ops: list[tf.Operation], static_batch: int | None
+               ) -> tuple[bool, str | None]:
     """(whether every fed or dataset tensor's dimensions but the first are
-    static, a tensor of the batch's rows among them (None if none))."""
+    static, a tensor of the batch's rows among them (None if none)).
+    `input_ops`: the graph's ops of INPUT_OP_TYPES, in graph order."""
     fixed, batch = True, None
-    for op in graph.get_operations():
-        if op.type not in INPUT_OP_TYPES:
-            continue
+    for op in input_ops:
         for t in op.outputs:
             if t.dtype == tf.resource or not t.shape.rank:
                 continue
@@ -1302,10 +1335,11 @@ def _inputs_of(graph: tf.Graph, static_batch: int | None) -> tuple[bool, str | N
     return fixed, batch
 
 
-def _static_batch(graph: tf.Graph) -> int | None:
+def _static_batch(input_ops: list[tf.Operation]) -> int | None:
     """The inputs' static first dimension when the graph fixes the batch's
-    size (the most common among fed and dataset tensors), else None."""
-    firsts = [t.shape[0] for op in graph.get_operations() if op.type in INPUT_OP_TYPES
+    size (the most common among fed and dataset tensors), else None.
+    `input_ops`: the graph's ops of INPUT_OP_TYPES."""
+    firsts = [t.shape[0] for op in input_ops
               for t in op.outputs if t.dtype != tf.resource and t.shape.rank]
     if not firsts or None in firsts:
         return None

@@ -41,7 +41,10 @@ from __future__ import annotations
 import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
-from autopar.transforms.graph_utils import VARIABLE_OP_TYPES, in_gradient_scope, reduces_batch_axis
+from autopar.transforms.features.base import GraphFeature, Rewiring
+from autopar.transforms.graph_utils import (INPUT_OP_TYPES, VARIABLE_OP_TYPES, in_gradient_scope,
+                                            node_input_name, reduces_batch_axis)
+from autopar.transforms.keys import LOSS_COUNTS
 from autopar.transforms.ops import copy_op
 
 _DIVISIONS = frozenset({"RealDiv", "Div", "DivNoNan", "TrueDiv"})
@@ -51,6 +54,43 @@ _WITH_A_CONSTANT = frozenset({"Maximum", "Add", "AddV2"})
 # Ops whose output depends on their input's shape only.
 _SHAPE_ONLY = frozenset({"Shape", "ShapeN", "Size", "Rank", "OnesLike", "ZerosLike",
                          "VariableShape"})
+
+
+class LossCounts(GraphFeature):
+    """A loss divided by a count of the batch's values: every worker's
+    backward pass divides by the count's sum over workers (over N when
+    gradients are averaged)."""
+    name = "loss_counts"
+    fields = ("loss_counts", "loss_count_reads")
+    keys = (LOSS_COUNTS,)
+
+    def find(self, facts):
+        counts, reads = find_loss_counts(facts.graph, facts.losses, INPUT_OP_TYPES,
+                                         facts.gradients)
+        return {"loss_counts": counts, "loss_count_reads": reads}
+
+    def rewrite(self, ctx):
+        analysis, plan = ctx.analysis, ctx.plan
+        if not analysis.loss_counts:
+            return None
+        if ctx.micro_batches > 1:
+            raise UnsupportedGraphError(
+                f"the loss divides by '{analysis.loss_counts[0]}', a count of the batch's values "
+                "(a mask's sum): with micro_batches > 1 each micro-batch would divide by its own "
+                "count, not the global batch's. Use micro_batches=1 for this program")
+        rewire, built = rewrite_loss_counts(ctx.graph, analysis.loss_counts, ctx.backend,
+                                            LOSS_COUNTS,
+                                            plan.num_workers if plan.averages("dense") else 1,
+                                            analysis.loss_count_reads)
+        return Rewiring({node_input_name(k): node_input_name(v) for k, v in rewire.items()},
+                        built)
+
+    def report_fields(self, analysis, plan):
+        return {"loss_counts": analysis.loss_counts}
+
+    def step_fetches(self, analysis):
+        # this worker's counts, fetched with every step (Runner.last_loss_counts)
+        return {"loss_counts": list(analysis.loss_counts)}
 
 
 def find_loss_counts(graph: tf.Graph, losses: list[str | None], input_types: frozenset[str],

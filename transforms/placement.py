@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING
 import tensorflow as tf
 
 from autopar.common.roles import SERVER_JOB
-from autopar.transforms.analysis import Analysis
 
-if TYPE_CHECKING:   # annotations only: the plan imports the methods, which place ops here
+if TYPE_CHECKING:   # annotations only: the plan imports the methods, which place ops here;
+    # the analysis imports the features, of which weight-update sharding the methods
+    from autopar.transforms.analysis import Analysis
     from autopar.transforms.plan import Plan
 
 _LIGHT = frozenset({"Slice", "StridedSlice", "Cast", "Gather", "GatherV2", "ResourceGather",

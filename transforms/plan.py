@@ -30,7 +30,7 @@ from autopar.common.errors import AutoparError, UnsupportedGraphError, shown
 from autopar.common.text import human_bytes
 from autopar.transforms import cost, keys, serial
 from autopar.transforms.analysis import Analysis
-from autopar.transforms.batchnorm import KEYS_PER_LAYER
+from autopar.transforms.features.registry import FEATURES
 from autopar.transforms.keys import GROUP_KEY
 from autopar.transforms.methods.base import VariablePlan
 from autopar.transforms.methods.herring.method import DEFAULT_LINK_GBPS
@@ -243,33 +243,18 @@ def make_plan(analysis: Analysis, topology: Topology | int,
     barriers = [StepBarrier(list(groups), key + i) for i, groups in enumerate(analysis.step_sets)]
     key += max(1, len(barriers))
     keys.PLAN.check_end(key + len(_dtypes(analysis)))   # the broadcast's, from key on
-    keys.BATCH_NORM.check_end(keys.BATCH_NORM.first + KEYS_PER_LAYER * len(analysis.batch_norms))
-    if options.shard_weight_update and len(analysis.train_groups) > 1:
-        raise AutoparError(
-            f"Config(shard_weight_update=True) with {len(analysis.train_groups)} train ops "
-            "updating different variables is not supported (the owners' new values are "
-            "gathered in one collective per dtype): turn weight-update sharding off")
-    if options.shard_weight_update:
-        on_servers = [vp.name for vp in plans if not vp.replicated]
-        if on_servers:
-            raise AutoparError(
-                f"Config(shard_weight_update=True) with variables on parameter servers "
-                f"({', '.join(on_servers[:3])}) is not supported: use run_option='allreduce' "
-                "(sparse variables then use all-gather) or turn weight-update sharding off")
-        assign_owners(analysis, plans, topology.num_workers)
+    feature_fields: dict = {}
+    for feature in FEATURES.values():
+        feature_fields.update(feature.plan_fields(analysis, options, topology, plans))
     return Plan(topology=topology, fusion_bytes=fusion_bytes,
                 communication_hint=options.communication_hint, variables=plans,
                 method_states=kept,
                 barriers=barriers, broadcast_key_base=key, run_option=options.run_option,
                 loss_reduction=reduction, loss_reduction_why=why,
-                sync_local_state=options.sync_local_state,
                 local_aggregation=options.local_aggregation,
                 aggregation_group=group, sparse_servers=sparse_servers,
                 structure_why=structure_why, opau=options.opau, opsw=options.opsw,
-                batch_norm_group=batch_norm_group_size(options.batch_norm_group,
-                                                       topology.num_workers),
-                shard_weight_update=options.shard_weight_update,
-                collective_timeout_s=options.collective_timeout_s)
+                collective_timeout_s=options.collective_timeout_s, **feature_fields)
 
 
 def _check_partition_names(analysis: Analysis, partitions) -> None:
@@ -330,20 +315,6 @@ def wants_servers(gradient: str, run_option: str) -> bool:
 def _dtypes(analysis: Analysis) -> set[str]:
     """Dtypes of the trainable variables: a lower bound of the broadcast's keys."""
     return {v.dtype for v in analysis.variables}
-
-
-def assign_owners(analysis: Analysis, plans: list[VariablePlan], num_workers: int) -> None:
-    """Weight-update sharding: each all-reduce variable gets one owner,
-    whole variables balanced by bytes (largest first to the least loaded
-    worker, ties to the lower index: the same on every process)."""
-    load = [0] * num_workers
-    sharded = [(analysis.variable(vp.name).bytes, i, vp) for i, vp in enumerate(plans)
-               if METHODS[vp.method].shards_weight_update]
-    for size, _, vp in sorted(sharded, key=lambda t: (-t[0], t[1])):
-        owner = min(range(num_workers), key=lambda w: (load[w], w))
-        vp.owner = owner
-        load[owner] += size
-        vp.placement = f"replicated; updated by worker {owner} (weight-update sharding)"
 
 
 def aggregation_group_size(options: PlanOptions, num_workers: int) -> int:
@@ -435,19 +406,6 @@ def aggregation_structure(analysis: Analysis, methods: dict[str, tuple[str, str]
             f"{inputs}: {' and '.join(what)}, predicted {1e3 * best.step_s:.1f} ms per step of "
             f"communication and CPU against {flat_ms:.1f} ms with the hosts and every server "
             f"({best.gain:.2f}x faster)")
-
-
-def batch_norm_group_size(option: str | int | None, num_workers: int) -> int:
-    """Workers per batch-norm group for Config(batch_norm_group=option); 0 =
-    off (None, or groups of one worker: each normalises by its own batch)."""
-    if option is None:
-        return 0
-    size = num_workers if option == "all" else option
-    if not isinstance(size, int) or size < 1 or num_workers % size:
-        raise AutoparError(
-            f"Config.batch_norm_group={option!r} does not split the job's {num_workers} workers "
-            "into equal groups: use 'all', None, or a group size dividing the worker count")
-    return 0 if size == 1 else size
 
 
 def resolve_loss_reduction(analysis: Analysis, option: str) -> tuple[str, str]:

@@ -44,8 +44,13 @@ from __future__ import annotations
 import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
-from autopar.transforms.example_rows import SHARED, ExampleRows
+from autopar.transforms.example_rows import BATCH, SHARED, ExampleRows
+from autopar.transforms.features.base import GraphFeature, Rewiring
+from autopar.transforms.graph_utils import node_input_name
+from autopar.transforms.keys import BATCH_DRAWS
 from autopar.transforms.ops import copy_op
+
+tf1 = tf.compat.v1
 
 # Random ops whose output's leading dimensions are a shape input: the input's index.
 SHAPED_DRAWS = {
@@ -74,6 +79,65 @@ OTHER_DRAWS = frozenset({"Multinomial", "StatelessMultinomial", "RandomShuffle",
 SKIP = "RngReadAndSkip"
 
 
+class RandomDraws(GraphFeature):
+    """Per-example random draws: each worker draws the global batch's rows
+    and keeps its examples'."""
+    name = "random_draws"
+    fields = ("batch_draws",)
+    keys = (BATCH_DRAWS,)
+    after = ("example_rows",)
+
+    def find(self, facts):
+        return {"batch_draws": find_batch_draws(
+            facts.graph, facts.shared["rows"], facts.batch_local,
+            facts.index.of_types({SKIP, *OTHER_DRAWS, *SHAPED_DRAWS}))}
+
+    def check(self, analysis, plan, config):
+        if config.micro_batches > 1 and analysis.batch_draws:
+            raise UnsupportedGraphError(
+                f"Config(micro_batches={config.micro_batches}) with random draws per example "
+                f"('{next(iter(analysis.batch_draws))}', a dropout mask): each micro-batch "
+                "would draw its own rows, where one device draws the whole batch's at once. Use "
+                "micro_batches=1 for this program")
+
+    def rewrite(self, ctx):
+        """(tensor -> replacement, ops exempt, and the in-step flag the
+        runner feeds True in a training step: WorkerGraph.in_step). B, the
+        step's examples: N * b where the graph fixes b; else, in a training
+        step, the workers' b added up (they may differ: a dataset's last
+        batch, 32 rows on 3 workers), and N * b in any other run, which then
+        waits for no other worker."""
+        analysis, plan, backend = ctx.analysis, ctx.plan, ctx.backend
+        if not analysis.batch_draws or plan.num_workers == 1:
+            return None
+        n = plan.num_workers
+        flag = tf1.placeholder_with_default(False, [], name="autopar/batch_draws/in_step")
+        totals: list[tf.Tensor] = []
+
+        def global_batch(b: tf.Tensor) -> tf.Tensor:
+            static = tf.get_static_value(b)
+            if static is not None:
+                return tf.constant(n * int(static), tf.int64)
+            if not totals:   # every draw's b counts the same examples
+                # the branches' ops run where the cond does (no device of their
+                # own: a function keeps it, and the worker's graph sets devices
+                # only on its own nodes)
+                with tf.control_dependencies(None), tf1.device(None):
+                    summed = tf.cond(flag, lambda: tf.cast(tf.reshape(backend.allreduce_sum(
+                        tf.reshape(tf.cast(b, tf.float64), [1]), BATCH_DRAWS.key(0)), []),
+                        tf.int64), lambda: b * n)
+                totals.append(summed)
+            return totals[0]
+        rewire, built = rewrite_batch_draws(ctx.graph, analysis.batch_draws, n, ctx.worker_index,
+                                            global_batch, analysis.batch_input)
+        built.add(flag.op.name)
+        return Rewiring({node_input_name(k): node_input_name(v) for k, v in rewire.items()},
+                        built, outputs={"in_step": flag.name})
+
+    def report_fields(self, analysis, plan):
+        return {"batch_draws": list(analysis.batch_draws)}
+
+
 def draws_randomly(op_type: str) -> bool:
     """Whether an op of this type draws random numbers."""
     return op_type in SHAPED_DRAWS or op_type in OTHER_DRAWS or op_type == SKIP
@@ -87,8 +151,8 @@ _ELEMENTWISE = frozenset({"Mul", "Add", "AddV2", "Sub", "RealDiv", "Div", "DivNo
                           "Sqrt", "Exp", "Log", "Snapshot"})
 
 
-def find_batch_draws(graph: tf.Graph, rows: ExampleRows,
-                     batch_ops: set[str]) -> dict[str, list[int]]:
+def find_batch_draws(graph: tf.Graph, rows: ExampleRows, batch_ops: set[str],
+                     candidates=None) -> dict[str, list[int]]:
     """{random op of `graph` that draws per example: [k, g], its k blocks of
     the examples' rows, g rows each (0: known when run)} (the module's
     docstring), and the
@@ -96,9 +160,11 @@ def find_batch_draws(graph: tf.Graph, rows: ExampleRows,
     g times the draw's other dimensions), in graph order. `rows`: the
     tensors' forms; `batch_ops`: the ops computed from the input batch other
     than through the averaged gradients (graph_utils.batch_local_ops).
-    Refuses a random op that depends on the batch otherwise."""
+    Refuses a random op that depends on the batch otherwise. `candidates`:
+    the graph's ops of those types in graph order, when the caller's index
+    has them (else every op is looked at)."""
     out: dict[str, list[int]] = {}
-    for op in graph.get_operations():
+    for op in graph.get_operations() if candidates is None else candidates:
         if op.type == SKIP and rows.form(op.inputs[2]) != SHARED:
             form = rows.form(op.inputs[2])
             if form[0] == "size" and form[2] is not None:
@@ -137,7 +203,7 @@ def _layout(op: tf.Operation, shape: tf.Tensor, rows: ExampleRows,
                                "which one device's batch would have otherwise")
         return [form[1], form[2] or 0]   # 0: each example's rows, known when run
     if form[0] == "shared":
-        return [1, 1] if _constant_batch_shape(op, shape, batch_ops) else None
+        return _constant_batch_layout(op, shape, batch_ops, rows)
     raise _refusal(op, f"its shape '{shape.name}' comes from the input batch, but its first "
                        "element is not the batch's size")
 
@@ -151,17 +217,24 @@ def _refusal(op: tf.Operation, why: str) -> UnsupportedGraphError:
         "shape starting with tf.shape(x)[0])")
 
 
-def _constant_batch_shape(op: tf.Operation, shape: tf.Tensor, batch_ops: set[str]) -> bool:
-    """A constant shape (tf.shape of a batch of static size, folded) whose
-    first element is not 1 and that the draw, through elementwise ops, is
-    combined with a batch tensor of its rank and first dimension."""
+def _constant_batch_layout(op: tf.Operation, shape: tf.Tensor, batch_ops: set[str],
+                           rows: ExampleRows) -> list[int] | None:
+    """[k, g] of a draw of a constant shape (tf.shape of a batch of static
+    size, folded) whose first element is not 1 and that the draw, through
+    elementwise ops, combines with a batch tensor of its rank and first
+    dimension: that tensor's blocks and rows per example where its form says
+    (BERT's [b * L, d] activations: L rows each; the backward pass, which
+    reads the mask too, has no forms), else one row each; None for any
+    other draw. Consumers are visited in name order: the same answer on
+    every process."""
     value = tf.get_static_value(shape)
     if value is None or value.ndim != 1 or len(value) == 0 or int(value[0]) == 1:
-        return False
+        return None
     rank, first = len(value), int(value[0])
-    mine, frontier = {op.name}, [op]
+    mine, frontier, combined = {op.name}, [op], False
     while frontier and len(mine) < 64:
-        for consumer in {c for t in frontier.pop().outputs for c in t.consumers()}:
+        consumers = {c.name: c for t in frontier.pop().outputs for c in t.consumers()}
+        for consumer in (consumers[name] for name in sorted(consumers)):
             if consumer.type not in _ELEMENTWISE or consumer.name in mine:
                 continue
             for t in consumer.inputs:
@@ -169,10 +242,14 @@ def _constant_batch_shape(op: tf.Operation, shape: tf.Tensor, batch_ops: set[str
                     continue
                 dims = t.shape
                 if dims.rank == rank and dims[0] is not None and int(dims[0]) == first:
-                    return True
+                    form = rows.form(t)
+                    if (form[0] == "rows" and form[1] == 0 and form[2] == BATCH
+                            and isinstance(form[4], int) and form[4] >= 1):
+                        return [form[3], form[4]]
+                    combined = True
             mine.add(consumer.name)
             frontier.append(consumer)
-    return False
+    return [1, 1] if combined else None
 
 
 def rewrite_batch_draws(graph: tf.Graph, draws: dict[str, list[int]], num_workers: int,

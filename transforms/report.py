@@ -14,11 +14,10 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from autopar.common.text import human_bytes, plural  # noqa: F401 - human_bytes: the report's
-from autopar.transforms.batch_mixing import mixing_note
 from autopar.transforms.analysis import Analysis
+from autopar.transforms.features.registry import FEATURES
 from autopar.transforms.methods.registry import METHODS, processes
 from autopar.transforms.plan import Plan, wants_servers
-from autopar.transforms.wus import slot_bytes_per_worker
 
 
 @dataclass
@@ -303,12 +302,8 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
                      "(a: those rows / the table's rows; at most the table's for a method moving "
                      "one row per distinct id), an upper bound where ids repeat; the chief logs "
                      "the rows its first steps measured (Config.measure_steps)")
-    if plan.batch_norm_group and not analysis.batch_norms:
-        notes.append("Config(batch_norm_group) is set but the graph has no training-mode "
-                     "batch-norm layer on the input batch: nothing to synchronise")
-    if plan.shard_weight_update and all(vp.owner is None for vp in plan.variables):
-        notes.append("Config(shard_weight_update=True) is set but no variable is all-reduced: "
-                     "nothing to shard")
+    for feature in FEATURES.values():
+        notes += feature.notes(analysis, plan, n)
     if len(analysis.train_groups) > 1:
         notes.append(f"{len(analysis.train_groups)} train ops update different variables; each "
                      "step aggregates, buckets and waits for exactly the variables its fetch "
@@ -316,8 +311,6 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
                          f"group {i}: {', '.join(g.variables[:3])}"
                          f"{f' (+{len(g.variables) - 3} more)' if len(g.variables) > 3 else ''}"
                          f" (loss {g.loss})" for i, g in enumerate(analysis.train_groups)))
-    if analysis.batch_mixing and n > 1:
-        notes.append(mixing_note(analysis.batch_mixing, n))
     servers_used = bool(processes(plan))   # parameter or summation servers
     if num_servers and not servers_used:
         notes.append(f"the spec's {plural(num_servers, 'server')} get nothing to do in this plan "
@@ -342,18 +335,18 @@ def build_report(analysis: Analysis, plan: Plan, num_workers: int | None = None,
                            for i, (s, r) in enumerate(server_bytes)], run_option=plan.run_option,
                   moved_ops=[m.as_dict() for m in moves or []],
                   loss_reduction=plan.loss_reduction, loss_reduction_why=plan.loss_reduction_why,
-                  sync_local_state=plan.sync_local_state, loss_counts=analysis.loss_counts,
-                  batch_draws=list(analysis.batch_draws),
-                  batch_tensors=sorted(set(analysis.batch_weights.values())),
-                  shard_weight_update=plan.shard_weight_update,
-                  slot_bytes=slot_bytes_per_worker(analysis, plan),
-                  slot_bytes_unsharded=slot_bytes_per_worker(analysis, _unsharded(plan)),
-                  batch_norms=[{"name": b.name, "kind": b.kind, "ops": b.ops,
-                                "group": plan.batch_norm_group, "moving": b.moving}
-                               for b in analysis.batch_norms],
                   state=[asdict(s) for s in analysis.state], untrained=analysis.untrained,
                   aggregation_group=plan.aggregation_group, sparse_servers=plan.sparse_servers,
-                  structure_why=plan.structure_why, notes=notes, **method_report_fields(plan))
+                  structure_why=plan.structure_why, notes=notes, **method_report_fields(plan),
+                  **feature_report_fields(analysis, plan))
+
+
+def feature_report_fields(analysis: Analysis, plan: Plan) -> dict:
+    """The report fields the graph features fill (transforms.features)."""
+    out: dict = {}
+    for feature in FEATURES.values():
+        out.update(feature.report_fields(analysis, plan))
+    return out
 
 
 def method_report_fields(plan: Plan) -> dict:
@@ -374,11 +367,6 @@ def _joined(a, b):
     if isinstance(a, str):
         return a or b
     return a + b
-
-
-def _unsharded(plan: Plan) -> Plan:
-    from dataclasses import replace
-    return replace(plan, variables=[replace(vp, owner=None) for vp in plan.variables])
 
 
 def _batch_norm_line(layer: dict, num_workers: int) -> str:

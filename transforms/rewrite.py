@@ -19,36 +19,28 @@ from dataclasses import dataclass, field
 import numpy as np
 import tensorflow as tf
 
-from autopar.common.errors import UnsupportedGraphError
 from autopar.common.roles import SERVER_JOB, WORKER_JOB
 from autopar.transforms.accelerator import Accelerator, accelerator_device, place_on_accelerator
-from autopar.transforms.accumulate import (build_accumulators, check_update_reads_no_input,
-                                           redirect_gradients)
 from autopar.transforms.analysis import Analysis
-from autopar.transforms.batch_weights import rewrite_batch_weights, weighs_batches
-from autopar.transforms.batchnorm import apply_rewire, group_of, rewrite_batch_norms
 from autopar.transforms.comm import CollectiveOpsBackend
 from autopar.transforms.graph_utils import (transforming, import_meta_graph, import_nodes,
                                              in_gradient_scope, initialization_guard,
                                              meta_graph_of, node_input_name)
 from autopar.transforms.partition import copy_region
 from autopar.transforms.placement import Move
-from autopar.transforms.keys import BATCH_DRAWS, BATCH_NORM_GROUPS, BATCH_WEIGHTS, LOSS_COUNTS
-from autopar.transforms.loss_counts import rewrite_loss_counts
-from autopar.transforms.random_draws import rewrite_batch_draws
+from autopar.transforms.features.base import FeatureContext, Rewiring
+from autopar.transforms.features.registry import FEATURES
 from autopar.transforms.barrier import cover_server_work
-from autopar.transforms.methods.base import Edits, RewriteContext
+from autopar.transforms.methods.base import Edits
 from autopar.transforms.methods.registry import METHODS
-from autopar.transforms.ops import ConstantPool, NodeWriter
+from autopar.transforms.ops import NodeWriter
 from autopar.transforms.plan import Plan
 from autopar.transforms.update_order import (reference_updates_after_the_gradients,
                                               updates_wait_for_gradients)
-from autopar.transforms.wus import shard_weight_updates
 
 tf1 = tf.compat.v1
 
 BROADCAST_OP = "autopar/broadcast_from_chief"
-SYNC_LOCAL_STATE_OP = "autopar/sync_local_state"
 
 
 @dataclass
@@ -120,41 +112,36 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
              moves: list[Move] | None, backend, micro_batches: int,
              accelerator: Accelerator | None = None) -> WorkerGraph:
     meta = _meta_graph(graph_or_meta)
-    # A fresh import: never mutate the user's graph. Only weight-update
-    # sharding and local-state averaging use the collections' Variables.
-    scratch = _scratch_copy(meta, collections=plan.shard_weight_update
-                            or plan.sync_local_state == "average",
+    # A fresh import: never mutate the user's graph. Only features (weight-
+    # update sharding, local-state averaging) use the collections' Variables.
+    scratch = _scratch_copy(meta, collections=any(f.reads_collections(plan)
+                                                  for f in FEATURES.values()),
                             devices=not isinstance(graph_or_meta, tf.Graph)
                             or any(op.device for op in graph_or_meta.get_operations()))
     n_original = len(scratch.get_operations())
     if backend is None:
         backend = CollectiveOpsBackend(plan.num_workers, plan.group_key, plan.communication_hint)
     device = worker_device(worker_index)
-    ctx = RewriteContext(scratch, analysis, plan, worker_index, backend, device, moves)
-    edits = Edits()   # all methods' edits
+    edits = Edits()   # all methods' and features' edits
+    ctx = FeatureContext(scratch, analysis, plan, worker_index, backend, device, moves,
+                         micro_batches=micro_batches, edits=edits, device_of=worker_device)
     with scratch.as_default(), tf.device(device):
-        accumulation = (build_accumulators(scratch, analysis, _micro_batch_weight(plan, micro_batches))
-                        if micro_batches > 1 else None)
         for method in METHODS.values():
             edits.merge(method.rewrite(ctx))
-        edits.merge(shard_weight_updates(ctx, worker_device, edits.replaced))
+        rewiring = Rewiring()   # all features'
+        built = []   # (feature, its rewiring)
+        for feature in FEATURES.values():
+            mine = feature.rewrite(ctx)
+            if mine is not None:
+                rewiring.merge(mine)
+                if mine.edits is not None:
+                    edits.merge(mine.edits)
+                built.append((feature, mine))
+        # (after weight-update sharding put the slots on their owners)
         edits.identities.update(_unguarded_initial_values(scratch, edits.server_variables))
-        rewire, rewire_exempt = _batch_norms(scratch, analysis, plan, backend, worker_index,
-                                             ctx.constants)
-        counts, counts_exempt = _loss_counts(scratch, analysis, plan, backend, micro_batches)
-        rewire.update(counts)
-        rewire_exempt |= counts_exempt
-        weights, weights_exempt = _batch_weights(scratch, analysis, plan, backend, micro_batches)
-        rewire.update(weights)
-        rewire_exempt |= weights_exempt
-        draws, draws_exempt, in_step = _batch_draws(scratch, analysis, plan, backend,
-                                                    worker_index)
-        rewire.update(draws)
-        rewire_exempt |= draws_exempt
         broadcast = _broadcast_state(_global_variables(meta, scratch), plan, backend, worker_index == 0,
                                      edits.server_variables)
         minus_one = ctx.constants.get([-1]).op.name if worker_index == 0 and broadcast else ""
-        after_step = _sync_local_state(scratch, analysis, plan, backend, ctx.constants)
     graph_def, new_nodes = _export(meta, scratch, n_original)
     new_nodes.update(ctx.nodes.flush(graph_def))
     by_name = {node.name: node for node in graph_def.node}
@@ -165,19 +152,17 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
               for node in copy_region(by_name, region, p, remap, device_of)]
     _set_devices(graph_def, new_nodes, edits, device)
     _edit_original_nodes(graph_def, new_nodes, edits)
-    if accumulation is None:
+    if micro_batches == 1:   # (accumulated gradients are applied in a run of their own)
         updates_wait_for_gradients(graph_def, analysis)
         reference_updates_after_the_gradients(graph_def, analysis, edits.server_variables)
-    # After the gradient renames: a renamed consumer reads the aggregate, an
-    # op reading a replaced batch-norm output (even a new one) the group's.
-    apply_rewire(graph_def, rewire, rewire_exempt)
+    # The features' rewirings, after the gradient renames: a renamed consumer
+    # reads the aggregate, an op reading a replaced tensor (a batch-norm
+    # statistic, even from a new op) the feature's replacement.
+    rewiring.apply(graph_def)
     graph_def.node.extend(copies)
     constant_copies = _constants_on_servers(graph_def)
-    if accumulation is not None:
-        # Before the barrier covers the step's server work: the step then no
-        # longer reaches the forward pass (see transforms.accumulate).
-        redirect_gradients(graph_def, accumulation)
-        check_update_reads_no_input(graph_def, accumulation, analysis.step_ops)
+    for feature, mine in built:
+        feature.edit_graph_def(graph_def, ctx, mine)
     for groups, barrier in edits.step_barriers:
         # What a step of exactly these groups may run: the step ops whose
         # groups are among them.
@@ -193,11 +178,9 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
     return WorkerGraph(meta_graph=out, broadcast_op=BROADCAST_OP, replaced=edits.replaced,
                        server_variables=edits.server_variables,
                        step_barriers=edits.step_barriers, step_targets=edits.step_targets,
-                       partitions=edits.partitions, after_step=after_step,
+                       partitions=edits.partitions,
                        lookup_barriers=edits.lookup_barriers,
-                       accumulate_first=accumulation and accumulation.first_op,
-                       accumulate=accumulation and accumulation.add_op, in_step=in_step,
-                       constant_copies=constant_copies)
+                       constant_copies=constant_copies, **rewiring.outputs)
 
 
 def _unguarded_initial_values(graph: tf.Graph, server_variables: set[str]) -> dict[str, str]:
@@ -221,13 +204,6 @@ def _unguarded_initial_values(graph: tf.Graph, server_variables: set[str]) -> di
                                     or guarded.type != "VarHandleOp"):
             out[op.name] = op.inputs[2].name
     return out
-
-
-def _micro_batch_weight(plan: Plan, micro_batches: int) -> float:
-    """Algorithm 1's g <- g + g_m / M for a mean loss (the worker's gradient is
-    then the mean over its M micro-batches, which the methods average over
-    workers); a summed loss adds micro-batches as it adds workers."""
-    return 1.0 / micro_batches if plan.averages("dense") else 1.0
 
 
 # The GraphDef passes, in the order rewrite_for_worker applies them. Each
@@ -506,132 +482,6 @@ def _make_noop(node) -> None:
     node.attr.clear()
 
 
-def _batch_norms(graph, analysis: Analysis, plan: Plan, backend, worker_index: int,
-                 constants: ConstantPool) -> tuple[dict[str, str], set[str]]:
-    """Config(batch_norm_group=...): the batch-norm layers' group statistics
-    (transforms.batchnorm), as (tensor -> replacement, ops exempt)."""
-    if not plan.batch_norm_group or not analysis.batch_norms:
-        return {}, set()
-    size, group_key = group_of(worker_index, plan.batch_norm_group, plan.num_workers,
-                               plan.group_key, BATCH_NORM_GROUPS.first)
-    group = backend if size == plan.num_workers else backend.subgroup(size, group_key)
-    return rewrite_batch_norms(graph, analysis.batch_norms, group, plan.batch_norm_key, constants)
-
-
-def _loss_counts(graph, analysis: Analysis, plan: Plan, backend,
-                 micro_batches: int) -> tuple[dict[str, str], set[str]]:
-    """A loss divided by a count of the batch's values (transforms.loss_counts):
-    every worker divides by the count's sum over workers (over N when
-    gradients are averaged), as (tensor -> replacement, ops exempt)."""
-    if not analysis.loss_counts:
-        return {}, set()
-    if micro_batches > 1:
-        raise UnsupportedGraphError(
-            f"the loss divides by '{analysis.loss_counts[0]}', a count of the batch's values "
-            "(a mask's sum): with micro_batches > 1 each micro-batch would divide by its own "
-            "count, not the global batch's. Use micro_batches=1 for this program")
-    rewire, built = rewrite_loss_counts(graph, analysis.loss_counts, backend, LOSS_COUNTS,
-                                        plan.num_workers if plan.averages("dense") else 1,
-                                        analysis.loss_count_reads)
-    return {node_input_name(k): node_input_name(v) for k, v in rewire.items()}, built
-
-
-def _batch_weights(graph, analysis: Analysis, plan: Plan, backend,
-                   micro_batches: int) -> tuple[dict[str, str], set[str]]:
-    """Workers whose batches of a step may differ in size weigh their
-    gradients by N * b / B (transforms.batch_weights), as (seed -> weighed
-    seed, ops exempt)."""
-    if not weighs_batches(analysis, plan.loss_reduction, plan.num_workers, micro_batches):
-        return {}, set()
-    rewire, built = rewrite_batch_weights(graph, analysis.batch_weights, backend, BATCH_WEIGHTS,
-                                          plan.num_workers)
-    return {node_input_name(k): node_input_name(v) for k, v in rewire.items()}, built
-
-
-def _batch_draws(graph, analysis: Analysis, plan: Plan, backend, worker_index: int
-                 ) -> tuple[dict[str, str], set[str], str | None]:
-    """Per-example random draws (transforms.random_draws): each draws the
-    global batch's rows and this worker reads its examples', as (tensor ->
-    replacement, ops exempt, the in-step flag the runner feeds True in a
-    training step, or None). B, the step's examples: N * b where the graph
-    fixes b; else, in a training step, the workers' b added up (they may
-    differ: a dataset's last batch, 32 rows on 3 workers), and N * b in any
-    other run, which then waits for no other worker."""
-    if not analysis.batch_draws or plan.num_workers == 1:
-        return {}, set(), None
-    n = plan.num_workers
-    flag = tf1.placeholder_with_default(False, [], name="autopar/batch_draws/in_step")
-    totals: list[tf.Tensor] = []
-
-    def global_batch(b: tf.Tensor) -> tf.Tensor:
-        static = tf.get_static_value(b)
-        if static is not None:
-            return tf.constant(n * int(static), tf.int64)
-        if not totals:   # every draw's b counts the same examples
-            # the branches' ops run where the cond does (no device of their
-            # own: a function keeps it, and the worker's graph sets devices
-            # only on its own nodes)
-            with tf.control_dependencies(None), tf1.device(None):
-                summed = tf.cond(flag, lambda: tf.cast(tf.reshape(backend.allreduce_sum(
-                    tf.reshape(tf.cast(b, tf.float64), [1]), BATCH_DRAWS.key(0)), []), tf.int64),
-                    lambda: b * n)
-            totals.append(summed)
-        return totals[0]
-    rewire, built = rewrite_batch_draws(graph, analysis.batch_draws, n, worker_index,
-                                        global_batch, analysis.batch_input)
-    built.add(flag.op.name)
-    return ({node_input_name(k): node_input_name(v) for k, v in rewire.items()}, built,
-            flag.name)
-
-
-def _sync_local_state(graph, analysis: Analysis, plan: Plan, backend,
-                      constants: ConstantPool) -> str | None:
-    """With sync_local_state="average": an op replacing every batch-local
-    state variable (kind "local", e.g. batch-norm moving statistics) by its
-    mean over workers, one all-reduce per dtype. It has no feed and does not
-    run the state's own updates: the runner runs it after each step, so every
-    replica then holds the same values (the mean of the workers' values, not
-    the statistics one device would compute on the global batch)."""
-    if plan.sync_local_state != "average":
-        return None
-    local = {s.name for s in analysis.state if s.kind == "local"}
-    groups = _variables_by_dtype(graph, lambda name: name in local)
-    if not groups:
-        return None
-    assigns, previous = [], []
-    with tf.name_scope("autopar/sync_local"):
-        for i, variables in enumerate(groups):
-            with tf.control_dependencies(previous):   # one launch order on every worker
-                mean = backend.allreduce_mean(_flatten(variables, constants),
-                                              plan.local_state_key + i)
-            previous = [mean]
-            assigns += _assign_pieces(variables, mean, constants)
-    return tf.group(*assigns, name=SYNC_LOCAL_STATE_OP).name
-
-
-def _variables_by_dtype(graph, keep) -> list[list]:
-    """The global variables whose op name ``keep`` accepts, one list per
-    dtype, in dtype-name order: one flat collective per list, keyed by its
-    position, identically on every worker."""
-    by_dtype: dict[str, list] = {}
-    for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES):
-        if keep(v.op.name):
-            by_dtype.setdefault(v.dtype.base_dtype.name, []).append(v)
-    return [by_dtype[dtype] for dtype in sorted(by_dtype)]
-
-
-def _flatten(variables, constants: ConstantPool):
-    """The variables' values as one flat tensor, in list order."""
-    return tf.concat([tf.reshape(v.value(), constants.get([-1])) for v in variables], axis=0)
-
-
-def _assign_pieces(variables, flat, shapes: ConstantPool) -> list:
-    """Assign ops giving each variable its piece of ``flat`` (as _flatten laid it out)."""
-    sizes = [int(v.shape.num_elements()) for v in variables]
-    return [v.assign(tf.reshape(piece, shapes.get(v.shape.as_list(), tf.int32))).op
-            for v, piece in zip(variables, tf.split(flat, sizes))]
-
-
 def _broadcast_state(variables: list[_Variable], plan: Plan, backend, is_chief: bool,
                      skip: set[str]) -> list["_BroadcastGroup"]:
     """The collectives of an op that overwrites every replicated global
@@ -645,7 +495,7 @@ def _broadcast_state(variables: list[_Variable], plan: Plan, backend, is_chief: 
     reshapes and assignments: a few per variable, thousands in a large model)
     are written as NodeDefs by _splice_broadcast: building them through
     TensorFlow's Python API cost ~1 ms each, a quarter of a rewrite."""
-    by_dtype: dict[str, list[_Variable]] = {}   # as _variables_by_dtype orders them
+    by_dtype: dict[str, list[_Variable]] = {}   # as local_state._variables_by_dtype orders them
     for v in variables:
         if v.name not in skip:
             by_dtype.setdefault(v.dtype.name, []).append(v)
@@ -678,8 +528,8 @@ def _splice_broadcast(graph_def, groups: list[_BroadcastGroup], is_chief: bool,
     """Write _broadcast_state's per-variable ops into `graph_def` and the
     BROADCAST_OP NoOp; return the new nodes' names. The chief concatenates its
     flattened values into each collective; a receiver splits what it receives
-    and assigns each variable its piece (as _flatten and _assign_pieces lay
-    them out). Nodes are the ones TensorFlow's API would build, minus the
+    and assigns each variable its piece (as transforms.local_state lays out
+    its flat tensors). Nodes are the ones TensorFlow's API would build, minus the
     value read back after each assignment, which nothing consumes. `by_name`:
     an index of graph_def's nodes, kept up to date."""
     nodes = NodeWriter(graph_def, device, "autopar/broadcast/", by_name=by_name)

@@ -17,15 +17,74 @@ moving averages) runs.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import tensorflow as tf
 
-from autopar.common.errors import UnsupportedGraphError
+from autopar.common.errors import AutoparError, UnsupportedGraphError
+from autopar.transforms.features.base import GraphFeature, Rewiring
 from autopar.transforms.graph_utils import in_gradient_scope
-from autopar.transforms.methods.base import Edits, RewriteContext
+from autopar.transforms.keys import WUS
+from autopar.transforms.methods.base import Edits, RewriteContext, VariablePlan
+from autopar.transforms.methods.registry import METHODS
 
 tf1 = tf.compat.v1
 
 DONE_OP = "autopar/wus/done"
+
+
+class WeightUpdateSharding(GraphFeature):
+    """Config(shard_weight_update=True)."""
+    name = "weight_update_sharding"
+    keys = (WUS,)
+
+    def plan_fields(self, analysis, options, topology, variables):
+        if options.shard_weight_update and len(analysis.train_groups) > 1:
+            raise AutoparError(
+                f"Config(shard_weight_update=True) with {len(analysis.train_groups)} train ops "
+                "updating different variables is not supported (the owners' new values are "
+                "gathered in one collective per dtype): turn weight-update sharding off")
+        if options.shard_weight_update:
+            on_servers = [vp.name for vp in variables if not vp.replicated]
+            if on_servers:
+                raise AutoparError(
+                    f"Config(shard_weight_update=True) with variables on parameter servers "
+                    f"({', '.join(on_servers[:3])}) is not supported: use run_option='allreduce' "
+                    "(sparse variables then use all-gather) or turn weight-update sharding off")
+            assign_owners(analysis, variables, topology.num_workers)
+        return {"shard_weight_update": options.shard_weight_update}
+
+    def reads_collections(self, plan):
+        return plan.shard_weight_update
+
+    def rewrite(self, ctx):
+        return Rewiring(edits=shard_weight_updates(ctx, ctx.device_of, ctx.edits.replaced))
+
+    def notes(self, analysis, plan, num_workers):
+        if plan.shard_weight_update and all(vp.owner is None for vp in plan.variables):
+            return ["Config(shard_weight_update=True) is set but no variable is all-reduced: "
+                    "nothing to shard"]
+        return []
+
+    def report_fields(self, analysis, plan):
+        unsharded = replace(plan, variables=[replace(vp, owner=None) for vp in plan.variables])
+        return {"shard_weight_update": plan.shard_weight_update,
+                "slot_bytes": slot_bytes_per_worker(analysis, plan),
+                "slot_bytes_unsharded": slot_bytes_per_worker(analysis, unsharded)}
+
+
+def assign_owners(analysis, plans: list[VariablePlan], num_workers: int) -> None:
+    """Weight-update sharding: each all-reduce variable gets one owner,
+    whole variables balanced by bytes (largest first to the least loaded
+    worker, ties to the lower index: the same on every process)."""
+    load = [0] * num_workers
+    sharded = [(analysis.variable(vp.name).bytes, i, vp) for i, vp in enumerate(plans)
+               if METHODS[vp.method].shards_weight_update]
+    for size, _, vp in sorted(sharded, key=lambda t: (-t[0], t[1])):
+        owner = min(range(num_workers), key=lambda w: (load[w], w))
+        vp.owner = owner
+        load[owner] += size
+        vp.placement = f"replicated; updated by worker {owner} (weight-update sharding)"
 
 
 def shard_weight_updates(ctx: RewriteContext, device_of, replaced: dict[str, str]) -> Edits:

@@ -20,6 +20,7 @@ from autopar.common.errors import AutoparError
 from autopar.runtime.step.graph_queries import (initializer_ops, trainable_writer_step_ops,
                                                   upstream)
 from autopar.transforms.analysis import Analysis
+from autopar.transforms.features.registry import feature_fetches
 
 
 class StepFetches:
@@ -43,8 +44,8 @@ class StepFetches:
                          for g in analysis.train_groups] if analysis is not None else [])
         # The losses' counts of the batch's values (transforms.loss_counts),
         # this worker's, fetched with every step: Runner.last_loss_counts.
-        self.loss_counts = ([graph.get_tensor_by_name(c) for c in analysis.loss_counts]
-                            if analysis is not None else [])
+        self.loss_counts = [graph.get_tensor_by_name(c)
+                            for c in feature_fetches(analysis).get("loss_counts", [])]
         self._batch_size = batch_size
         self._with_step = list(with_step)
         self.after_step = after_step

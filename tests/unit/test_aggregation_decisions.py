@@ -13,7 +13,8 @@ from autopar.transforms.analysis import analyze_graph
 from autopar.transforms.plan import PlanOptions, make_plan
 from autopar.transforms.topology import Topology
 from autopar.transforms.report import build_report
-from autopar.transforms.rewrite import SYNC_LOCAL_STATE_OP, rewrite_for_worker
+from autopar.transforms.local_state import SYNC_LOCAL_STATE_OP
+from autopar.transforms.rewrite import rewrite_for_worker
 
 tf1 = tf.compat.v1
 BATCH, IDS, VOCAB, DIM = 8, 3, 20, 4

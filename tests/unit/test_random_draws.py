@@ -96,6 +96,43 @@ def test_a_static_batch_size_folded_into_a_constant_shape():
             np.testing.assert_array_equal(got, expected[w::N])
 
 
+def _positions_graph(batch: int, length: int = 3):
+    """A static batch of `batch` examples of `length` positions, flattened
+    to one row per position before a dropout (BERT's layers: [b * L, d])."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(7)
+        x = tf1.placeholder(tf.float64, [batch, length, 5], name="x")
+        # (its scope after "gradients": the backward pass's reads of the
+        # mask, which have no forms, come first in name order)
+        with tf.name_scope("layer"):
+            dropped = tf1.nn.dropout(tf.reshape(x, [batch * length, 5]), rate=0.5)
+        h = tf.identity(dropped, name="drawn")
+        w = tf1.get_variable("w", [5, 1], tf.float64)
+        tf1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_mean(tf.matmul(h, w) ** 2))
+    return graph
+
+
+def test_a_static_batch_of_several_rows_per_example_draws_each_examples_rows():
+    """The mask's shape is the constant [b * L, 5]: each example owns L rows
+    of it, so each worker keeps L rows per example of one device's draw (the
+    end-to-end BERT graph of bench/transform_scale.py failed with 'indices[2]
+    = 4 is not in [0, 4)' when each example was taken to own one row)."""
+    length = 3
+    worker_graph = _positions_graph(B, length)
+    analysis = analyze_graph(worker_graph)
+    assert list(analysis.batch_draws.values()) == [[1, length]]
+    plan = make_plan(analysis, N, options=PlanOptions(run_option="allreduce"))
+    x = np.random.default_rng(2).normal(size=(2, N * B, length, 5)) + 3.0
+    one_device = _run(_positions_graph(N * B, length).as_graph_def(), x)
+    for w in range(N):
+        mine = _run(rewrite_for_worker(worker_graph, analysis, plan, w).meta_graph.graph_def,
+                    x[:, w::N])
+        for got, expected in zip(mine, one_device):
+            np.testing.assert_array_equal(got.reshape(B, length, 5),
+                                          expected.reshape(N * B, length, 5)[w::N])
+
+
 @pytest.mark.parametrize("draw", [
     # a mask shared by every example of the batch: one device draws it once
     lambda x: tf.nn.experimental.stateless_dropout(x, 0.5, seed=[1, 2], noise_shape=[1, 5]),

@@ -49,7 +49,6 @@ import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
 from autopar.common.roles import SERVER_JOB
-from autopar.transforms.analysis import Analysis, VariableInfo
 from autopar.transforms.graph_utils import in_gradient_scope, node_input_name
 from autopar.transforms.methods.allgather.method import combine_rows, split_shared_rows
 from autopar.transforms.methods.base import Edits, VariablePlan
@@ -57,7 +56,9 @@ from autopar.transforms.ops import ConstantPool, NodeWriter, new_op, rows_where
 from autopar.transforms.partition import Partitioner, PullGroup, copy_prefix, read_order
 from autopar.transforms.placement import Move, ps_devices, server_device
 
-if TYPE_CHECKING:   # annotations only: the plan imports the method registry
+if TYPE_CHECKING:   # annotations only: the plan imports the method registry, the
+    # analysis (through the graph features) too
+    from autopar.transforms.analysis import Analysis, VariableInfo
     from autopar.transforms.plan import Plan
 
 tf1 = tf.compat.v1

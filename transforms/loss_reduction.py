@@ -1,0 +1,207 @@
+"""How a loss reduces over the batch (mean, sum, neither), read from the
+graph: walks back from the loss through scaling, casts and added
+batch-independent terms to the first reduction of a batch-dependent tensor
+(reduce_mean / reduce_sum, and what tf.compat.v1.losses builds for its
+reductions). The analysis decides with it how workers' gradients combine
+(Analysis.loss_reduction), and batch weights (transforms.batch_weights)
+which tensor's leading dimension is a loss's batch (batch_reduced).
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from autopar.transforms.graph_utils import (VARIABLE_OP_TYPES, batch_local_ops, in_gradient_scope,
+                                            reduces_batch_axis, stacked_terms)
+
+tf1 = tf.compat.v1
+
+
+def loss_reduction_of_all(graph, losses: list[str | None],
+                          batch_ops: set[str]) -> tuple[str, str]:
+    """loss_reduction() of every distinct loss, when they agree (`batch_ops`:
+    batch_local_ops(graph, set()))."""
+    found = {loss: loss_reduction(graph, loss, batch_ops) for loss in dict.fromkeys(losses)}
+    if len(found) > 1:
+        # a loss no input reaches (a tape that differentiates a regularizer
+        # alone) says nothing of the batch
+        found = {loss: value for loss, value in found.items()
+                 if loss is None or graph.get_tensor_by_name(loss).op.name in batch_ops} or found
+    if not found:
+        return loss_reduction(graph, None)
+    kinds = {kind for kind, _ in found.values()}
+    if len(kinds) == 1:
+        return next(iter(found.values()))
+    if "neither" in kinds:
+        return next(value for value in found.values() if value[0] == "neither")
+    if {"mean", "sum"} <= kinds:
+        # one aggregation for every gradient: one loss's would be off by N
+        return "neither", ("the train ops' losses reduce differently over the batch (" + "; ".join(
+            f"'{loss}': {kind}" for loss, (kind, _) in found.items()) + "): one aggregation of "
+            "the workers' gradients matches one device for some of them only")
+    return "unknown", ("the train ops' losses reduce differently over the batch: " + "; ".join(
+        f"'{loss}': {kind}" for loss, (kind, _) in found.items()))
+
+
+def loss_reduction(graph, loss: str | None, batch_ops: set[str] | None = None) -> tuple[str, str]:
+    """("mean" | "sum" | "neither" | "unknown", why) for how the loss reduces over the
+    batch: walks back from the loss through scaling, casts and added
+    batch-independent terms to the first reduction of a batch-dependent
+    tensor (reduce_mean / reduce_sum, and what tf.compat.v1.losses builds for
+    its reductions: SUM is a Sum; MEAN, SUM_BY_NONZERO_WEIGHTS and
+    SUM_OVER_BATCH_SIZE divide that Sum by a count of the batch). `batch_ops`:
+    batch_local_ops(graph, set()), when the caller has it."""
+    return _loss_reduction(graph, loss, batch_ops)[:2]
+
+
+def batch_reduced(graph, loss: str, batch_ops: set[str]) -> str | None:
+    """The tensor whose reduction over the batch makes `loss` a mean (its
+    leading dimension is the batch's: the per-example losses a reduce_mean
+    averages, the values a Keras loss sums before dividing by their count),
+    or None when the loss is no mean or shows none."""
+    kind, _, reduced = _loss_reduction(graph, loss, batch_ops)
+    return reduced.name if kind == "mean" and reduced is not None else None
+
+
+def _loss_reduction(graph, loss: str | None, batch_ops: set[str] | None):
+    """loss_reduction() and the tensor the reduction it found reduces."""
+    if loss is None:
+        return "unknown", "no loss tensor found", None
+    if batch_ops is None:
+        batch_ops = batch_local_ops(graph, set())
+    kind, why, reduced = _reduction_of(graph.get_tensor_by_name(loss), batch_ops, 0)
+    if kind == "const":
+        return ("unknown", f"the loss '{loss}' does not depend on any input placeholder or "
+                "iterator", None)
+    return kind, why, reduced
+
+
+def _reduction_of(t: tf.Tensor, batch_ops: set[str], depth: int) -> tuple[str, str, tf.Tensor | None]:
+    """(kind, why, the tensor the reduction found reduces over the batch)."""
+    op = t.op
+    if op.name not in batch_ops:
+        return "const", "", None
+    if depth > 50:
+        return "unknown", f"'{op.name}' is too far from a recognised batch reduction", None
+    if op.type in ("Identity", "Cast", "Reshape", "Squeeze", "ExpandDims", "Neg", "Snapshot",
+                   "CheckNumerics", "CheckNumericsV2", "EnsureShape", "Print"):
+        # ops that pass their first input's value on (tf.debugging.check_numerics,
+        # tf.ensure_shape, tf.compat.v1.Print)
+        return _reduction_of(op.inputs[0], batch_ops, depth + 1)
+    terms = stacked_terms(op)
+    if terms is not None:
+        return _reduction_of_terms(op, terms, batch_ops, depth)
+    if op.type == "L2Loss":   # tf.nn.l2_loss: half the sum of squares, the batch's too
+        return "sum", f"'{op.name}' (tf.nn.l2_loss) sums over the batch", op.inputs[0]
+    if op.type in ("Mean", "Sum"):
+        if not reduces_batch_axis(op):
+            return _reduction_of(op.inputs[0], batch_ops, depth + 1)
+        kind = "mean" if op.type == "Mean" else "sum"
+        # (a Sum of a scalar, as tf.compat.v1.losses builds, passes it through)
+        reduced = op.inputs[0] if op.inputs[0].shape.rank != 0 else _reduced_in(op.inputs[0])
+        return kind, f"'{op.name}' is a reduce_{kind} over the batch", reduced
+    if op.type in ("Mul",):
+        kinds = [_reduction_of(x, batch_ops, depth + 1) for x in op.inputs]
+        batch = [k for k in kinds if k[0] != "const"]
+        if len(batch) == 1:
+            return batch[0]
+        return "unknown", f"'{op.name}' multiplies two batch-dependent tensors", None
+    if op.type in ("RealDiv", "Div", "DivNoNan", "TrueDiv"):
+        num, why, reduced = _reduction_of(op.inputs[0], batch_ops, depth + 1)
+        den = op.inputs[1]
+        static = _constant_value(den, batch_ops)
+        if num != "sum":
+            if static is not None or den.op.name not in batch_ops:
+                return num, why, reduced
+            return "unknown", f"'{op.name}' divides a {num} by a batch-dependent tensor", None
+        if static is not None:
+            shape = _summed_shape(op.inputs[0])
+            if static.size != 1:
+                return "unknown", (f"'{op.name}' divides a sum over the batch by the constant "
+                                   f"{static!r}, not a number"), None
+            if shape is not None and shape.is_fully_defined() and float(static) in (
+                    float(shape.num_elements()), float(shape[0] if shape.rank else 1)):
+                # a static graph's own batch: the program averages over it
+                return "mean", (f"'{op.name}' divides the sum by {float(static):g}, the number "
+                                "of elements or examples summed (the per-worker batch)"), reduced
+            # One device runs the same program on the global batch and divides
+            # its sum by the same constant: the workers' losses add up to it.
+            return "sum", (f"'{op.name}' divides a sum over the batch by the constant "
+                           f"{float(static):g}, which is not the per-worker batch: a scaled sum "
+                           "(as tf.nn.compute_average_loss with a global_batch_size), which one "
+                           "device computes on the global batch as the workers' sum"), reduced
+        if den.op.name in batch_ops:
+            return "mean", (f"'{op.name}' divides a sum over the batch by the batch-derived "
+                            f"count '{den.name}'"), reduced
+        return "unknown", f"'{op.name}' divides a sum over the batch by '{den.name}'", None
+    if op.type in ("Add", "AddV2", "AddN", "Sub"):
+        return _reduction_of_terms(op, list(op.inputs), batch_ops, depth)
+    return "unknown", (f"'{op.name}' ({op.type}) does not show how the loss reduces over the "
+                       "batch"), None
+
+
+def _reduction_of_terms(op: tf.Operation, terms: list[tf.Tensor], batch_ops: set[str],
+                        depth: int) -> tuple[str, str, tf.Tensor | None]:
+    """How a loss that `op` adds up from `terms` reduces over the batch."""
+    # A constant term (Python's sum() of Keras's per-output losses starts
+    # at 0) has no gradient: only the terms a gradient flows through count.
+    kinds = [_reduction_of(x, batch_ops, depth + 1) for x in terms
+             if x.op.name in batch_ops or _constant_value(x, batch_ops) is None]
+    batch = [k for k in kinds if k[0] != "const"]
+    names = {k[0] for k in batch}
+    if names == {"mean"}:
+        return batch[0][0], batch[0][1] + " (other terms are averaged alike)", batch[0][2]
+    if names == {"sum"} and len(batch) == len(kinds):
+        return batch[0]
+    if names == {"sum"}:
+        return "neither", (f"'{op.name}' adds a batch-independent term (e.g. a regularizer) "
+                           "to a loss summed over the batch: neither summing nor averaging "
+                           "the workers' gradients gives one device's"), None
+    if names == {"mean", "sum"}:
+        return "neither", (f"'{op.name}' adds a loss averaged over the batch to one summed over "
+                           "it: summing the workers' gradients counts the mean N times, "
+                           "averaging them divides the sum by N"), None
+    return "unknown", f"'{op.name}' combines terms reduced differently over the batch", None
+
+
+def _reduced_in(t: tf.Tensor) -> tf.Tensor | None:
+    """What the reduction producing the scalar `t` reduces (through casts
+    and identities), or None."""
+    while t.op.type in ("Identity", "Cast"):
+        t = t.op.inputs[0]
+    if t.op.type in ("Sum", "Mean") and t.op.inputs[0].shape.rank != 0:
+        return t.op.inputs[0]
+    return None
+
+
+def _constant_value(t: tf.Tensor, batch_ops: set[str]):
+    """The value of `t` if it is computed from constants alone (a count taken
+    from static shapes: tf.shape of a fully defined shape, ones_like...), else
+    None. Beyond what tf.get_static_value folds, such a small stateless
+    subgraph is evaluated once in a throwaway session: it reads no variable,
+    input or state, so the value is the same in every run."""
+    value = tf.get_static_value(t)
+    if value is not None:
+        return value
+    frontier, seen = [t.op], {t.op.name}
+    while frontier:
+        op = frontier.pop()
+        if (op.name in batch_ops or op.type in VARIABLE_OP_TYPES or op.op_def.is_stateful
+                or in_gradient_scope(op.name) or len(seen) > 200):
+            return None
+        for x in [*op.inputs, *op.control_inputs]:
+            x_op = x if isinstance(x, tf.Operation) else x.op
+            if x_op.name not in seen:
+                seen.add(x_op.name)
+                frontier.append(x_op)
+    with tf1.Session(graph=t.graph) as session:
+        return session.run(t)
+
+
+def _summed_shape(t: tf.Tensor) -> tf.TensorShape | None:
+    """The shape of what the reduce_sum (or tf.nn.l2_loss) producing `t` adds."""
+    # (a Sum of a scalar, as tf.compat.v1.losses builds, passes it through)
+    while t.op.type in ("Identity", "Cast") or (t.op.type == "Sum" and t.op.inputs[0].shape.rank == 0):
+        t = t.op.inputs[0]
+    if t.op.type not in ("Sum", "L2Loss"):
+        return None
+    return t.op.inputs[0].shape
