@@ -35,8 +35,7 @@ from autopar.transforms.methods.base import Edits
 from autopar.transforms.methods.registry import METHODS
 from autopar.transforms.ops import NodeWriter
 from autopar.transforms.plan import Plan
-from autopar.transforms.update_order import (reference_updates_after_the_gradients,
-                                              updates_wait_for_gradients)
+from autopar.transforms.update_order import order_updates
 
 tf1 = tf.compat.v1
 
@@ -153,8 +152,7 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
     _set_devices(graph_def, new_nodes, edits, device)
     _edit_original_nodes(graph_def, new_nodes, edits)
     if micro_batches == 1:   # (accumulated gradients are applied in a run of their own)
-        updates_wait_for_gradients(graph_def, analysis)
-        reference_updates_after_the_gradients(graph_def, analysis, edits.server_variables)
+        order_updates(graph_def, analysis, edits.server_variables)
     # The features' rewirings, after the gradient renames: a renamed consumer
     # reads the aggregate, an op reading a replaced tensor (a batch-norm
     # statistic, even from a new op) the feature's replacement.

@@ -4,11 +4,11 @@ Two orders are added to a worker's rewritten graph (not with micro-batches,
 where the run that updates computes no gradient):
 
 - Each update op waits for its own variable's gradient, this worker's
-  (`updates_wait_for_gradients`).
+  (`_updates_wait_for_gradients`).
 - Each update of a reference variable (tf.compat.v1 without resource
   variables: VariableV2, what every graph built after
   `tf.compat.v1.disable_v2_behavior()` holds) waits for every gradient of
-  its train group (`reference_updates_after_the_gradients`). A reference
+  its train group (`_reference_updates_after_the_gradients`). A reference
   variable's reads (`v/read`, an Identity) share the variable's buffer, and
   its update ops (ApplyMomentum, Assign...) write that buffer in place. The
   backward pass reads a layer's weights (the input gradient of a MatMul or
@@ -41,7 +41,14 @@ def _add_control_input(node, name: str) -> None:
         node.input.append("^" + name)
 
 
-def updates_wait_for_gradients(graph_def, analysis: Analysis) -> None:
+def order_updates(graph_def, analysis: Analysis, server_variables: set[str]) -> None:
+    """Both orders of the module docstring, in this worker's `graph_def`."""
+    by_name = {node.name: node for node in graph_def.node}
+    _updates_wait_for_gradients(by_name, analysis)
+    _reference_updates_after_the_gradients(graph_def, by_name, analysis, server_variables)
+
+
+def _updates_wait_for_gradients(by_name: dict, analysis: Analysis) -> None:
     """Each update op waits for its variable's gradient, this worker's. An
     update may write a slot from no gradient (tf.compat.v1's Adam decays m
     of a sparse gradient's variable, m *= beta1, then adds the rows): a run
@@ -50,7 +57,6 @@ def updates_wait_for_gradients(graph_def, analysis: Analysis) -> None:
     others, and replicas would differ from then on (a server's copy would
     have decayed or not, by chance). Waiting, the write runs in no such
     run; a step that runs an update computes this worker's gradient anyway."""
-    by_name = {node.name: node for node in graph_def.node}
     for v in analysis.variables:
         gradient = _gradient_node(v)
         if gradient not in by_name:
@@ -61,13 +67,12 @@ def updates_wait_for_gradients(graph_def, analysis: Analysis) -> None:
                 _add_control_input(node, gradient)
 
 
-def reference_updates_after_the_gradients(graph_def, analysis: Analysis,
-                                          server_variables: set[str]) -> None:
+def _reference_updates_after_the_gradients(graph_def, by_name: dict, analysis: Analysis,
+                                           server_variables: set[str]) -> None:
     """Each update op of a reference variable this worker updates (not one
     on a server: a server's variable reaches workers as a copy) waits for
     every gradient of its train group, except one computed after the update
     (a gradient under the update's control dependencies)."""
-    by_name = {node.name: node for node in graph_def.node}
     gradients_of_group: dict[int, list[str]] = defaultdict(list)
     for v in analysis.variables:
         if _gradient_node(v) in by_name:

@@ -101,8 +101,8 @@ def gradient_names(analysis) -> list:
 
 
 class Rewritten:
-    def __init__(self, name, num_workers=2, scenario=None):
-        kwargs, fusion = scenario or SCENARIOS[name]
+    def __init__(self, name, num_workers=2):
+        kwargs, fusion = SCENARIOS[name]
         self.case = build_case(**kwargs)
         self.graph = self.case.graph
         self.analysis = analyze_graph(self.graph)
