@@ -341,7 +341,7 @@ def structural_diff(original_def, before_def, after_def) -> list[str]:
 
 def compare(before: Path, after: Path, verbose: bool = False) -> int:
     from tensorflow.core.framework import graph_pb2
-    from autopar.transforms.comm import herring_ops
+    from autopar.transforms.methods.herring.transport import herring_ops
     herring_ops()   # its ops' attribute defaults
     failures = compared = missing = 0
     for path in sorted(before.glob("*.pkl")):
