@@ -1,4 +1,4 @@
-"""Microbenchmark of the Herring transport alone: comm.push_pull of one
+"""Microbenchmark of the Herring transport alone: transport.push_pull of one
 G-MiB float32 buffer across N worker processes and S summation servers on
 this machine (loopback; no root, no emulated links).
 
@@ -28,14 +28,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _worker(args: argparse.Namespace) -> None:
     import tensorflow as tf
-    from autopar.transforms import comm
+    from autopar.transforms.methods.herring import transport
     from autopar.transforms.methods.herring.bfb import FusionBuffer, shards
     tf1 = tf.compat.v1
     tf1.disable_eager_execution()
     size = args.mib * (1 << 20) // 4
     servers = len(os.environ["AUTOPAR_SUMSERVERS"].split(","))
     buffer = tf1.Variable(tf.fill([size], float(args.worker + 1)), name="buffer")
-    reduced = comm.push_pull(buffer.value(), FusionBuffer(0, size, [], shards(size, servers)),
+    reduced = transport.push_pull(buffer.value(), FusionBuffer(0, size, [], shards(size, servers)),
                              num_contributors=args.workers, contributor_index=args.worker,
                              wire_dtype=args.wire)
     # Fetch one element only: the benchmark times the transport, not a copy
@@ -72,7 +72,7 @@ def run(workers: int, servers: int, mib: int, iters: int, wire: str,
     from autopar.common.env import HERRING_WINDOW
     from autopar.runtime import native
     from autopar.runtime.commands import user_window
-    from autopar.transforms.methods.herring.window import job_window_setting
+    from autopar.runtime.flow_windows import job_window_setting
     binary = native.sumserver_path()
 
     def popen(host: int, argv, **kwargs):

@@ -9,7 +9,7 @@ graphs (not what they compute).
 Cases: every model of tests/models.py used by the tests x run option
 (allreduce, hybrid, ps, herring) x workers 0, 1, 2 of a 3-worker, 2-host,
 2-server topology, a few option variants (local-state averaging, batch-norm
-groups, weight-update sharding, micro-batches, no local aggregation), the
+groups, weight-update sharding, micro-batches, no local aggregation, wire dtypes), the
 3-layer BERT-style graph (hidden 64), and small graphs of the cross-cutting
 graph features the models lack (transforms/features: loss counts, batch
 weights, per-example random draws, batch mixing; TF1 graphs and lifted Keras
@@ -52,6 +52,15 @@ VARIANTS = (
     ("emb_adam_clip", "ps", {"partitions": {"embedding": 2}}, 1),
     ("mlp_adam_clip", "hybrid", {}, 2),
     ("emb_adam_clip", "ps", {}, 2),
+    # The wire dtype: the ring in float16 (float32 and float64 buckets, flat
+    # and 2-D), herring's buffers in float16 and bfloat16.
+    ("mlp_adam_clip", "allreduce", {"wire_dtype": "float16"}, 1),
+    ("mlp_adam_clip_ema", "allreduce", {"wire_dtype": "float16"}, 1),
+    ("mlp_adam_clip", "allreduce", {"wire_dtype": "float16", "hierarchical_allreduce": True}, 1),
+    ("emb_adam_clip", "hybrid", {"wire_dtype": "float16"}, 1),
+    ("mlp_adam_clip", "herring", {"wire_dtype": "float16"}, 1),
+    ("mlp_adam_clip", "herring", {"wire_dtype": "bfloat16"}, 1),
+    ("mlp_adam_clip", "allreduce", {"wire_dtype": "bfloat16"}, 1),
 )
 WORKERS = (0, 1, 2)
 
@@ -332,7 +341,7 @@ def structural_diff(original_def, before_def, after_def) -> list[str]:
 
 def compare(before: Path, after: Path, verbose: bool = False) -> int:
     from tensorflow.core.framework import graph_pb2
-    from autopar.transforms.comm import herring_ops
+    from autopar.transforms.methods.herring.transport import herring_ops
     herring_ops()   # its ops' attribute defaults
     failures = compared = missing = 0
     for path in sorted(before.glob("*.pkl")):

@@ -42,7 +42,7 @@ from autopar.common.procs import stop_processes
 from autopar.common.roles import SERVER_JOB, SERVER_ROLE, WORKER_JOB, WORKER_ROLE
 from autopar.runtime import forkserver
 from autopar.runtime.commands import bind_shim_path, tcp_window_env, user_window
-from autopar.transforms.methods.herring.window import job_window_setting
+from autopar.runtime.flow_windows import job_window_setting
 from bench import metrics, models
 from bench.cluster import DEFAULT_CONGESTION_CONTROL
 from bench.peers import common

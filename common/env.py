@@ -46,13 +46,13 @@ SHARED_CORES = "AUTOPAR_SHARED_CORES"
 HERRING_TIMEOUT = "AUTOPAR_HERRING_TIMEOUT_S"
 # Bytes each Herring flow may have in flight (its TCP receive window and a
 # worker's send buffer; cpp_ops/herring_wire.h): the launcher sets it from the
-# spec's link speed (transforms/methods/herring/window.py) unless the
+# spec's link speed (runtime/flow_windows.py) unless the
 # environment has it.
 HERRING_WINDOW = "AUTOPAR_HERRING_WINDOW_BYTES"
 # The receive window of each TensorFlow connection between a job's processes
 # (the bind shim, cpp_ops/bind_shim.c, sets it on connect() to an endpoint of
 # TCP_WINDOW_PEERS): the launcher sets it from the spec's link speed
-# (transforms/methods/herring/window.py, tcp_window_bytes) unless the
+# (runtime/flow_windows.py, tcp_window_bytes) unless the
 # environment has it; a spec without a link speed, a link fast enough that the
 # kernel's autotuning should decide, or AUTOPAR_TCP_WINDOW_BYTES=0 sets none.
 TCP_WINDOW = "AUTOPAR_TCP_WINDOW_BYTES"

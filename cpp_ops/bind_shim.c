@@ -30,7 +30,7 @@
  * (or N workers' pushes into one server) queue at most S (N) windows at its
  * link instead of what autotuned windows let in (megabytes each; at
  * 25 Mbit/s a 1000-frame queue is 0.5 s deep, past the retransmission
- * timer). The launcher chooses BYTES (transforms/methods/herring/window.py);
+ * timer). The launcher chooses BYTES (runtime/flow_windows.py);
  * unset, every connect() is passed through.
  */
 #define _GNU_SOURCE

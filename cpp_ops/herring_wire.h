@@ -247,7 +247,7 @@ inline bool send_frame(int fd, const FrameHeader& header, const void* payload, s
 // result's way delay the result stream by their depth (at 25 Mbit/s, eight
 // 128 KiB windows queue for 0.34 s per link). The launcher therefore sets
 // the window from the spec's link speed and the number of flows sharing a
-// link (transforms/methods/herring/window.py); without it (link speed
+// link (runtime/flow_windows.py); without it (link speed
 // unknown) each flow gets kFlowWindowBytes: 8 of them fit a 1000-frame
 // queue, and one covers a 1 Gbit/s link's bandwidth-delay product many times.
 constexpr int kFlowWindowBytes = 128 << 10;

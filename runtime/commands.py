@@ -24,14 +24,13 @@ from autopar.common.roles import (SERVER_JOB, SERVER_ROLE, SUMSERVER_ROLE, WORKE
                                   process_name)
 from autopar.runtime.coordinator import Coordinator
 from autopar.runtime.coordinator_client import DEFAULT_LINK_TIMEOUT_S, LINK_TIMEOUT
+from autopar.runtime.flow_windows import SETTABLE_BYTES, job_window_setting, tcp_window_bytes
 from autopar.common import quiet
 from autopar.runtime.gpus import launched_worker_env, spec_worker_gpus
 from autopar.runtime.native import PACKAGE_PARENT
 from autopar.runtime.ports import is_local_address
 from autopar.runtime.slurm import srun_command
 from autopar.runtime.spec import HostSpec, ResourceSpec
-from autopar.transforms.methods.herring.window import (SETTABLE_BYTES, job_window_setting,
-                                                       tcp_window_bytes)
 
 logger = logging.getLogger("autopar.launcher")
 
@@ -267,7 +266,7 @@ def tcp_window_env(role: str, cluster: Mapping[str, list[str]],
                    bandwidth_gbps: float | None) -> dict[str, str]:
     """AUTOPAR_TCP_WINDOW_{BYTES,PEERS} for a worker (its connections to the
     other workers and to the parameter servers) or a parameter server (to
-    the workers): the receive window of each (window.tcp_window_bytes);
+    the workers): the receive window of each (flow_windows.tcp_window_bytes);
     nothing when that leaves the kernel's autotuning (no link speed, a fast
     link) unless the environment gives the bytes, nor when it gives 0."""
     workers, servers = list(cluster.get(WORKER_JOB, [])), list(cluster.get(SERVER_JOB, []))
@@ -285,7 +284,7 @@ def tcp_window_env(role: str, cluster: Mapping[str, list[str]],
 def user_window(name: str, off_ok: bool = False) -> str | None:
     """The window the environment variable ``name`` gives (None: unset or
     empty), refused by name unless it is a whole number of bytes the
-    transports take (window.SETTABLE_BYTES; or "0", turning it off, when
+    transports take (flow_windows.SETTABLE_BYTES; or "0", turning it off, when
     ``off_ok``): they would ignore it silently."""
     value = os.environ.get(name, "").strip()
     if not value:

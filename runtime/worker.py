@@ -49,7 +49,6 @@ from autopar.transforms.graph_utils import import_meta_graph, staged_initializer
 from autopar.transforms.evaluate import totals_allreduce
 from autopar.transforms.keys import JOB_GROUP_STRIDE, PLAN_KEY, TIMELINE_KEY_PREFIX
 from autopar.transforms.accelerator import Accelerator
-from autopar.transforms.methods.ps.rewrite import COUNTERS_INIT
 from autopar.transforms.rewrite import rewrite_for_worker, worker_device
 
 tf1 = tf.compat.v1
@@ -121,8 +120,8 @@ def distributed_runner(graph, member: Membership, config, *, lifted=None) -> Run
         mine = [v for v in tf1.global_variables()
                 if is_chief or v.op.name not in rewritten.server_variables]
         extra = [tf1.local_variables_initializer(), tf1.tables_initializer()]
-        if is_chief and plan.server_variables:
-            extra.append(worker_graph.get_operation_by_name(COUNTERS_INIT))
+        if is_chief:   # what the methods' rewrites initialise once (Edits.chief_init)
+            extra += [worker_graph.get_operation_by_name(op) for op in rewritten.chief_init]
         init = staged_initializers(mine, extra)
         batch_size = _batch_size_tensor(worker_graph, analysis)
         checkpointer = (Checkpointer(worker_graph, config.checkpoint_dir, config.save_every_steps,

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 from autopar.common.checks import boolean, choice, count, is_int
 from autopar.common.errors import AutoparError, shown
-from autopar.transforms.methods.policy import RUN_OPTIONS, WIRE_DTYPES
+from autopar.transforms.methods.policy import RUN_OPTIONS
+from autopar.transforms.methods.wire import WIRE_DTYPES
 
 # Upper bound of a variable's partition count, far above what a job uses and
 # low enough that nothing sized by it runs out of memory (a variable's

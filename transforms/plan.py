@@ -33,13 +33,11 @@ from autopar.transforms.analysis import Analysis
 from autopar.transforms.features.registry import FEATURES
 from autopar.transforms.keys import GROUP_KEY
 from autopar.transforms.methods.base import VariablePlan
-from autopar.transforms.methods.herring.method import DEFAULT_LINK_GBPS
 from autopar.transforms.methods.policy import policy
-from autopar.transforms.methods.ps.method import partition_count
-from autopar.transforms.methods.ps.rewrite import pulls_per_group
-from autopar.transforms.methods.registry import METHODS, variants_of
+from autopar.transforms.methods.registry import METHODS
+from autopar.transforms.methods.wire import wire_fraction
 from autopar.transforms.options import PlanOptions
-from autopar.transforms.topology import Topology
+from autopar.transforms.topology import DEFAULT_LINK_GBPS, Topology
 
 
 @dataclass(frozen=True)
@@ -196,9 +194,9 @@ class Plan:
 
     def grouped_lookups(self) -> list[str]:
         """The variables whose lookups are collectives of an aggregation
-        group (their keys for it: methods.ps.method), which every member must
+        group (SyncMethod.grouped_lookup), which every member must
         run in the same steps."""
-        return [v.name for v in self.server_variables if pulls_per_group(v)]
+        return [v.name for v in self.server_variables if METHODS[v.method].grouped_lookup(v)]
 
     def to_json(self) -> str:
         return serial.dumps(self, indent=1)
@@ -274,8 +272,7 @@ def choose_methods(analysis: Analysis, topology: Topology, options: PlanOptions
     """({variable: (method, reason)}, {method the policy lists: why it serves
     the job or not}) by the run option's policy: a variable gets the first
     method of its list that serves the job and does not decline the variable
-    (the reason then says why an earlier one declined it), taken over by a
-    variant of it that wants the variable."""
+    (the reason then says why an earlier one declined it)."""
     rule = policy(options.run_option)
     verdicts = {name: METHODS[name].job_choice(topology, options, name == rule.required,
                                                analysis)
@@ -293,11 +290,6 @@ def choose_methods(analysis: Analysis, topology: Topology, options: PlanOptions
                 declined = declined_here
                 continue
             reason = method.reason(v, options) + (f" ({declined})" if declined else "")
-            for variant in variants_of(name):
-                taken = variant.takes_over(v, options)
-                if taken:
-                    name, reason = variant.name, f"{reason}; {taken}"
-                    break
             out[v.name] = (name, reason)
             break
         else:
@@ -357,19 +349,20 @@ def aggregation_structure(analysis: Analysis, methods: dict[str, tuple[str, str]
         return 0, 0, (f"dense variables live on the servers ({', '.join(dense_on_servers[:3])}), "
                       f"which the cost model of aggregation groups does not cover: {keep}")
     overrides = dict(options.partitions)
-    split = [v for v in on_servers if v.resource and not v.partition_blocker
-             and v.name not in overrides
-             and partition_count(v.bytes, v.shape[0] if v.shape else 1, topology.num_servers) > 1]
+    split = [v for v in on_servers if v.name not in overrides
+             and METHODS[methods[v.name][0]].default_partitions(v, topology) > 1]
     if not split:
         return 0, 0, ""
     rows = sum(v.shape[0] for v in split)
     draws = sum((v.alpha if v.alpha is not None else 1.0) * v.shape[0] for v in split)
-    # The ring's bytes (herring's summation servers have no fitted costs: the
-    # same for every choice, they are left out of the prediction)
-    ring = {"allreduce": 1.0, "allreduce_fp16": 0.5}
-    dense = sum(v.bytes * ring.get(methods[v.name][0], 0.0)
-                for v in analysis.variables if v.gradient == "dense")
-    herring = any(m == "herring" for m, _ in methods.values())
+    # The ring's bytes, in their wire dtype: the dense gradients not on servers
+    # (none is on parameter servers here). Herring's summation servers have no
+    # fitted costs: the same for every choice, they are left out of the prediction.
+    dense = sum(v.bytes * wire_fraction(v.dtype, METHODS[methods[v.name][0]].wire_dtype(
+                    v.dtype, options))
+                for v in analysis.variables
+                if v.gradient == "dense" and not METHODS[methods[v.name][0]].on_servers)
+    herring = any(METHODS[m].on_servers and METHODS[m].replicated for m, _ in methods.values())
     per_host = max(len(topology.workers_on(h)) for h in topology.hosts)
     # Groups: of workers on hosts of their own (the case the model and the
     # measurements cover), and only where a lookup can be a collective of

@@ -65,6 +65,8 @@ class WorkerGraph:
     # whose run ended first would clean that id up on a server under another
     # group's reads.
     lookup_barriers: dict[str, str] = field(default_factory=dict)
+    # Ops the chief runs once with the variables' initialisation (Edits.chief_init)
+    chief_init: list[str] = field(default_factory=list)
     # Run after every training step, in its own session.run, by every worker
     # (Config(sync_local_state="average")): batch-local state := its mean.
     after_step: str | None = None
@@ -177,7 +179,7 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
                        server_variables=edits.server_variables,
                        step_barriers=edits.step_barriers, step_targets=edits.step_targets,
                        partitions=edits.partitions,
-                       lookup_barriers=edits.lookup_barriers,
+                       lookup_barriers=edits.lookup_barriers, chief_init=edits.chief_init,
                        constant_copies=constant_copies, **rewiring.outputs)
 
 

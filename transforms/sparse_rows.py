@@ -4,7 +4,8 @@ ids every worker looks up alike (a sampled softmax's candidates after the
 labels), and whether its update transforms each row before rows of one id
 add up (Keras's Adam squares them). The analysis sets VariableInfo.dedup,
 shared_rows, row_wise and ps_blocker from them; the methods act on those
-(transforms.methods.allgather, ps).
+(transforms.methods.allgather, ps), splitting off the shared ids' rows and
+combining rows of one id with split_shared_rows and combine_rows here.
 """
 from __future__ import annotations
 
@@ -218,3 +219,22 @@ def deduplicated(indices: tf.Tensor) -> bool:
             return False
         t = t.op.inputs[0]
     return False
+
+
+# The rows as the methods move them (allgather, ps): shared ids split off,
+# rows of one id combined.
+
+def split_shared_rows(values: tf.Tensor, indices: tf.Tensor, shared: int):
+    """((values, indices) of the examples' rows, (values, indices) of the
+    last `shared` rows: ids every worker looks up alike, analysis
+    VariableInfo.shared_rows)."""
+    head = tf.shape(values, out_type=tf.int64)[0] - shared
+    return ((values[:head], tf.cast(indices[:head], tf.int64)),
+            (values[head:], tf.cast(indices[head:], tf.int64)))
+
+
+def combine_rows(values: tf.Tensor, indices: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """IndexedSlices rows with duplicate indices summed: one row per distinct
+    index (in order of first occurrence)."""
+    unique, position = tf.unique(indices)
+    return tf.math.unsorted_segment_sum(values, position, tf.shape(unique)[0]), unique

@@ -8,6 +8,10 @@ from dataclasses import dataclass
 from autopar.common.addresses import is_loopback_address
 from autopar.common.roles import SERVER_JOB, WORKER_JOB
 
+# The cost models' assumption where the spec gives no link speed
+# (Topology.link_gbps): a fast link, where herring's byte savings weigh least.
+DEFAULT_LINK_GBPS = 10.0
+
 
 @dataclass(frozen=True)
 class Topology:

@@ -1,6 +1,6 @@
 """The Herring transport with real processes on 127.0.0.1: summation servers
 (runtime/autopar_sumserver) and five worker processes running
-comm.push_pull (tests/integration/scripts/herring_worker.py).
+transport.push_pull (tests/integration/scripts/herring_worker.py).
 
 Sums are checked against numpy bit for bit (the servers add in contributor
 order whatever the arrival order, so the result is a fixed left fold), and
@@ -29,7 +29,7 @@ import pytest
 from autopar.common.env import HERRING_WINDOW
 from autopar.common.roles import SUMSERVER_ROLE
 from autopar.runtime import native
-from autopar.transforms.methods.herring import window
+from autopar.runtime import flow_windows as window
 from tests.integration.cluster import REPO, LineReader, child_env, survivors
 
 WORKER = REPO / "tests" / "integration" / "scripts" / "herring_worker.py"
@@ -345,25 +345,25 @@ def test_push_pull_arguments_are_checked_and_a_missing_library_says_what_to_do(m
                                                                                tmp_path):
     import tensorflow as tf
     from autopar.common.errors import AutoparError
-    from autopar.transforms import comm
+    from autopar.transforms.methods.herring import transport
     from autopar.transforms.methods.herring.bfb import FusionBuffer
     whole = FusionBuffer.of_shards(0, [(0, 0, 10)])
     with tf.Graph().as_default():
         x = tf.zeros([10])
         for bad in ([(0, 0, 4), (1, 5, 5)], [(0, 0, 4), (1, 4, 5)]):   # a gap; too short
             with pytest.raises(ValueError, match="shards"):
-                comm.push_pull(x, FusionBuffer.of_shards(0, bad), num_contributors=2,
+                transport.push_pull(x, FusionBuffer.of_shards(0, bad), num_contributors=2,
                                contributor_index=0)
         with pytest.raises(ValueError, match="wire_dtype"):
-            comm.push_pull(x, whole, num_contributors=2, contributor_index=0, wire_dtype="int8")
+            transport.push_pull(x, whole, num_contributors=2, contributor_index=0, wire_dtype="int8")
         # Not built for this TensorFlow yet, and no C++ compiler to build it.
-        monkeypatch.setattr(comm, "_herring_module", None)
+        monkeypatch.setattr(transport, "_herring_module", None)
         monkeypatch.setenv("AUTOPAR_BUILD_CACHE", str(tmp_path / "cache"))
         monkeypatch.delenv("CXX", raising=False)
         monkeypatch.setattr(native.shutil, "which", lambda name: None)
         with pytest.raises(AutoparError, match="Herring transport is unavailable: .*needs a "
                                                "C\\+\\+17 compiler.*apt-get install g\\+\\+"):
-            comm.push_pull(x, whole, num_contributors=2, contributor_index=0)
+            transport.push_pull(x, whole, num_contributors=2, contributor_index=0)
 
 
 def test_the_kernel_reads_its_shard_table_from_the_fusion_buffer_message():
@@ -372,7 +372,7 @@ def test_the_kernel_reads_its_shard_table_from_the_fusion_buffer_message():
     table whose shards do not cover its element count, naming the buffer
     (a well-formed one: every other test of this module)."""
     import tensorflow as tf
-    from autopar.transforms import comm
+    from autopar.transforms.methods.herring import transport
     from autopar.transforms.methods.herring.bfb import FusionBuffer, Segment, Shard
     tf1 = tf.compat.v1
     good = FusionBuffer(index=7, elements=10, segments=[Segment("dense/kernel", 0, 0, 10)],
@@ -383,7 +383,7 @@ def test_the_kernel_reads_its_shard_table_from_the_fusion_buffer_message():
              (short.SerializeToString(), "fusion buffer 7 has 10 elements but its shards cover 9")]
     for serialized, message in cases:
         with tf.Graph().as_default(), tf1.Session() as session:
-            y = comm.herring_ops().autopar_herring_push_pull(
+            y = transport.herring_ops().autopar_herring_push_pull(
                 buffer=tf.zeros([10]), fusion_buffer=serialized, num_contributors=1,
                 contributor_index=0)
             with pytest.raises(tf.errors.InvalidArgumentError, match=message):

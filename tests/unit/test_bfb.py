@@ -249,7 +249,7 @@ def test_hybrid_keeps_the_ring_when_every_host_is_loopback(hosts):
     assert {vp.method for vp in forced.variables} == {"herring"}
 
 
-@pytest.mark.parametrize("wire, method", [("bfloat16", "herring"), ("float16", "allreduce_fp16")])
+@pytest.mark.parametrize("wire, method", [("bfloat16", "herring"), ("float16", "allreduce")])
 def test_hybrid_with_half_precision_wire(wire, method):
     """2 workers, 2 hosts, 2 servers (on a 1 Mbit/s link, where the test
     model's bytes are worth herring's servers): a half-precision wire halves
@@ -259,6 +259,7 @@ def test_hybrid_with_half_precision_wire(wire, method):
     topology = Topology(("10.0.0.1", "10.0.0.2"), 2, link_gbps=0.001)
     _, _, plan = _plan(topology, run_option="hybrid", wire_dtype=wire)
     assert {vp.method for vp in plan.variables} == {method}
+    assert {vp.wire_dtype for vp in plan.variables} == {wire}
 
 
 def test_plan_json_round_trip():

@@ -1,4 +1,4 @@
-"""The Herring flow window (transforms/methods/herring/window.py): from the
+"""The Herring flow window (runtime/flow_windows.py): from the
 link speed and the flows that share a link, and handed by the launcher to
 every process of a job with summation servers; the same rule bounds the
 receive windows of the connections between workers and parameter servers
@@ -12,7 +12,7 @@ import pytest
 
 from autopar.common import env as envvars
 from autopar.common.roles import SERVER_ROLE, SUMSERVER_ROLE, WORKER_ROLE
-from autopar.transforms.methods.herring import window
+from autopar.runtime import flow_windows as window
 from tests.integration.cluster import REPO
 
 WIRE_H = (REPO / "cpp_ops" / "herring_wire.h").read_text()

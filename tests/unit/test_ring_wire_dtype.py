@@ -1,6 +1,7 @@
-"""Config.wire_dtype on the ring all-reduce (the allreduce_fp16 method,
-transforms/methods/allreduce_fp16): which variables and buckets travel
-narrower, and what the report and the byte model say of them."""
+"""Config.wire_dtype on the ring all-reduce (an axis of its own,
+transforms/methods/wire.py, that the allreduce method reads): which
+variables and buckets travel narrower, and what the report and the byte
+model say of them."""
 import pytest
 
 import autopar
@@ -17,15 +18,16 @@ def _compiled(model: str, wire: str, **options):
 @pytest.mark.parametrize("model, dtype", [("mlp_sgd", "float32"), ("mlp_adam_clip", "float64")])
 def test_float16_narrows_float_buckets_and_their_bytes(model, dtype):
     plain, narrow = _compiled(model, "float32"), _compiled(model, "float16")
-    ring, fp16 = METHODS["allreduce"], METHODS["allreduce_fp16"]
+    ring = METHODS["allreduce"]
     assert {b.wire_dtype for b in ring.state(plain.plan).buckets} == {""}
-    assert not fp16.state(plain.plan).buckets
     assert {vp.method for vp in plain.plan.variables} == {"allreduce"}
-    # every variable of these models is float32/float64: all taken over
-    assert not ring.state(narrow.plan).buckets
-    assert {(b.dtype, b.wire_dtype) for b in fp16.state(narrow.plan).buckets} == {(dtype, "float16")}
-    assert {vp.method for vp in narrow.plan.variables} == {"allreduce_fp16"}
+    assert {vp.wire_dtype for vp in plain.plan.variables} == {None}
+    # every variable of these models is float32/float64: every bucket narrowed
+    assert {(b.dtype, b.wire_dtype) for b in ring.state(narrow.plan).buckets} == {(dtype, "float16")}
+    assert {vp.method for vp in narrow.plan.variables} == {"allreduce"}
+    assert {vp.wire_dtype for vp in narrow.plan.variables} == {"float16"}
     assert all("sent as float16 on the ring" in vp.reason for vp in narrow.plan.variables)
+    assert not any("sent as" in vp.reason for vp in plain.plan.variables)
     ratio = 2 / {"float32": 4, "float64": 8}[dtype]
     sent = {r.name: r.sent_per_worker for r in plain.report().variables}
     for row in narrow.report().variables:

@@ -11,8 +11,8 @@ Hooks (all but variable_plan, wire_bytes and rewrite have working defaults):
                 cost model), and why
   declines      why the method cannot take one variable ("" if it can)
   reason        why a variable it takes uses it (the report's column)
-  refines       a method it replaces for the variables `takes_over` accepts
-                (a variant of it: the ring in a narrower wire dtype)
+  wire_dtype    the dtype a gradient travels in under Config.wire_dtype,
+                from the narrower dtypes it declares (`wire_dtypes`)
   prepare       plan-wide layout of its variables (fusion buckets, server
                 partitions) and the collective instance keys it owns
   plan_state    what of that layout the compiled plan keeps (a dataclass of
@@ -21,6 +21,9 @@ Hooks (all but variable_plan, wire_bytes and rewrite have working defaults):
   wire_bytes    bytes one worker sends/receives per step for one variable
   server_bytes  bytes each server sends/receives per step for one variable
   report_fields fields of the report its plan-wide state fills
+  default_partitions  into how many row partitions it splits a variable
+  grouped_lookup      whether a variable's lookups are its aggregation
+                group's collectives
   processes     the processes beyond the workers its plan needs
   rewrite       its ops in the worker's scratch graph, returned as Edits the
                 GraphDef pass applies to the original nodes
@@ -31,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from autopar.transforms import serial
+from autopar.transforms.methods import wire
 from autopar.transforms.ops import ConstantPool, NodeWriter
 
 if TYPE_CHECKING:   # annotations only
@@ -41,8 +45,6 @@ if TYPE_CHECKING:   # annotations only
     from autopar.transforms.plan import Plan, PlanOptions
     from autopar.transforms.topology import Topology
 
-# Bytes per element of each dtype a gradient may travel in (policy.WIRE_DTYPES).
-WIRE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 @dataclass
@@ -88,6 +90,9 @@ class Edits:
     # grouped lookup (an original gather op, Config.aggregation_group) -> the
     # barrier a run that is not a training step fetches with it
     lookup_barriers: dict[str, str] = field(default_factory=dict)
+    # ops the chief runs once, with the variables' initialisation (ps: its
+    # contribution counters, on the servers)
+    chief_init: list[str] = field(default_factory=list)
 
     def merge(self, other: "Edits") -> None:
         self.replaced.update(other.replaced)
@@ -104,6 +109,7 @@ class Edits:
         self.copies += other.copies
         self.partitions.update(other.partitions)
         self.lookup_barriers.update(other.lookup_barriers)
+        self.chief_init += other.chief_init
 
 
 @dataclass
@@ -123,8 +129,7 @@ class RewriteContext:
     # Per train group, the last collective launched of each kind (a
     # method's own name for the kind): a method launching collectives one
     # after another continues the chain of its kind, so every worker
-    # launches a group's collectives in one order, and a variant of a method
-    # (SyncMethod.refines) continues the chains of the method it refines.
+    # launches a group's collectives in one order.
     chains: dict[int, dict[str, list]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -139,8 +144,9 @@ class SyncMethod:
     replicated: ClassVar[bool] = True   # every worker holds the variable
     # The dataclass of the plan-wide state the compiled plan keeps (None: none).
     State: ClassVar[type | None] = None
-    # The method this one replaces for the variables takes_over accepts.
-    refines: ClassVar[str] = ""
+    # The narrower dtypes its transport carries a gradient in: {wire dtype:
+    # the gradient dtypes it narrows to it} (transforms.methods.wire).
+    wire_dtypes: ClassVar[dict[str, tuple[str, ...]]] = {}
     # Every worker ends a step with the variable's whole aggregated
     # gradient, so one owner can apply its update (transforms.wus).
     shards_weight_update: ClassVar[bool] = False
@@ -161,10 +167,10 @@ class SyncMethod:
         """Why `v`, which it takes, uses it (the report's column)."""
         return ""
 
-    def takes_over(self, v: "VariableInfo", options: "PlanOptions") -> str:
-        """For a method that `refines` another: why it takes `v` from that
-        one ("" to leave it)."""
-        return ""
+    def wire_dtype(self, dtype: str, options: "PlanOptions") -> str:
+        """The dtype a `dtype` gradient it carries travels in under
+        Config.wire_dtype ("": its own), from `wire_dtypes`."""
+        return wire.narrowed(dtype, options.wire_dtype, self.wire_dtypes)
 
     def prepare(self, analysis: "Analysis", names: set[str], topology: "Topology",
                 options: "PlanOptions", fusion_bytes: int, key: int,
@@ -249,6 +255,18 @@ class SyncMethod:
         """Fields of transforms.report.Report its plan-wide state fills
         (lists are joined, numbers added, over the methods that fill one)."""
         return {}
+
+    def default_partitions(self, v: "VariableInfo", topology: "Topology") -> int:
+        """Into how many row partitions on servers the method splits `v`
+        unless Config.partitions says otherwise (1: it keeps it whole; the
+        planner's cost model of aggregation groups counts the split ones)."""
+        return 1
+
+    def grouped_lookup(self, vp: VariablePlan) -> bool:
+        """Whether the lookups of the variable `vp` plans are collectives of
+        its aggregation group (Config.aggregation_group), which every member
+        must run in the same steps."""
+        return False
 
     def processes(self, plan: "Plan") -> set[str]:
         """The processes besides the workers `plan` needs for this method, by

@@ -1,9 +1,9 @@
 """Run options are policies: for each kind of gradient, the methods a
 variable may use, in order of preference. The planner gives a variable the
 first method of its list that serves the job (SyncMethod.job_choice) and
-does not decline it (SyncMethod.declines), then lets a registered variant
-of that method take it over (SyncMethod.refines). The last method of every
-list takes any variable of its kind.
+does not decline it (SyncMethod.declines). The last method of every list
+takes any variable of its kind. The dtype a gradient travels in is not a
+method but an axis of its own (transforms.methods.wire).
 
 This table and the method packages are the only places that name methods.
 """
@@ -37,10 +37,6 @@ POLICIES: dict[str, Policy] = {
                       required="herring"),
 }
 RUN_OPTIONS = tuple(POLICIES)
-
-# The dtypes a dense float gradient may travel in (Config.wire_dtype); a
-# method narrows what it can (the float16 ring, herring's transport).
-WIRE_DTYPES = ("float32", "float16", "bfloat16")
 
 
 def policy(run_option: str) -> Policy:

@@ -10,23 +10,16 @@ from __future__ import annotations
 
 from autopar.transforms.methods.allgather.method import AllGather
 from autopar.transforms.methods.allreduce.method import AllReduce
-from autopar.transforms.methods.allreduce_fp16.method import AllReduceFp16
 from autopar.transforms.methods.base import SyncMethod
 from autopar.transforms.methods.herring.method import Herring
 from autopar.transforms.methods.ps.method import ParameterServer
 
 METHODS: dict[str, SyncMethod] = {m.name: m for m in (
     AllReduce(),
-    AllReduceFp16(),
     AllGather(),
     ParameterServer(),
     Herring(),
 )}
-
-
-def variants_of(name: str) -> list[SyncMethod]:
-    """The registered methods that refine method `name`, in table order."""
-    return [m for m in METHODS.values() if m.refines == name]
 
 
 def processes(plan) -> set[str]:

@@ -1,4 +1,4 @@
-"""A worker process for the Herring transport tests: runs comm.push_pull in
+"""A worker process for the Herring transport tests: runs transport.push_pull in
 tf.compat.v1 graph mode on commands read from stdin, one JSON object a line,
 and answers each with one "RESULT <json>" line on stdout.
 
@@ -28,7 +28,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from autopar.transforms import comm
+from autopar.transforms.methods.herring import transport
 from autopar.transforms.methods.herring.bfb import FusionBuffer
 
 tf1 = tf.compat.v1
@@ -51,7 +51,7 @@ def reduce(session, command: dict) -> None:
             # This contributor pushes a second after the others.
             pushed = tf1.numpy_function(lambda v: (time.sleep(1.0), v)[1], [x], tf.float32)
             pushed.set_shape(x.shape)
-        y = comm.push_pull(pushed, FusionBuffer.of_shards(case["buffer_id"], case["shards"]),
+        y = transport.push_pull(pushed, FusionBuffer.of_shards(case["buffer_id"], case["shards"]),
                            num_contributors=case["n"], contributor_index=INDEX - case.get("first", 0),
                            wire_dtype=case["wire"], average=case["average"],
                            segment_elements=case["segment"])
@@ -83,10 +83,10 @@ def reduce(session, command: dict) -> None:
 def push(session, command: dict) -> None:
     x = tf.ones([command["size"]])
     if command.get("warm_buffer_id") is not None:
-        warm = comm.push_pull(x, FusionBuffer.of_shards(command["warm_buffer_id"], command["shards"]),
+        warm = transport.push_pull(x, FusionBuffer.of_shards(command["warm_buffer_id"], command["shards"]),
                               num_contributors=1, contributor_index=0)
         assert (session.run(warm) == 1).all()
-    y = comm.push_pull(x, FusionBuffer.of_shards(command["buffer_id"], command["shards"]),
+    y = transport.push_pull(x, FusionBuffer.of_shards(command["buffer_id"], command["shards"]),
                        num_contributors=command["n"], contributor_index=INDEX,
                        timeout_s=command["timeout_s"])
     # Ready (connected and warm): the test may stop a server now, then says go.

@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from autopar.transforms.comm import row_gather_keys
 from autopar.transforms.methods.base import Edits, RewriteContext, SyncMethod, VariablePlan
+from autopar.transforms.sparse_rows import combine_rows, split_shared_rows
 
 
 class AllGather(SyncMethod):
@@ -59,15 +60,6 @@ class AllGather(SyncMethod):
         return edits
 
 
-def split_shared_rows(values: tf.Tensor, indices: tf.Tensor, shared: int):
-    """((values, indices) of the examples' rows, (values, indices) of the
-    last `shared` rows: ids every worker looks up alike, analysis
-    VariableInfo.shared_rows)."""
-    head = tf.shape(values, out_type=tf.int64)[0] - shared
-    return ((values[:head], tf.cast(indices[:head], tf.int64)),
-            (values[head:], tf.cast(indices[head:], tf.int64)))
-
-
 def _gather_then_add_shared(backend, values, indices, shared: int, keys, add_key: int):
     """One device's rows: every worker's rows of its examples, gathered, then
     the shared ids' rows added over workers position by position (each a
@@ -76,10 +68,3 @@ def _gather_then_add_shared(backend, values, indices, shared: int, keys, add_key
     rows, ids = backend.allgather_rows(head, head_ids, keys)
     summed = backend.allreduce_sum(tail, add_key)
     return tf.concat([rows, summed], 0), tf.concat([tf.cast(ids, tf.int64), tail_ids], 0)
-
-
-def combine_rows(values: tf.Tensor, indices: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """IndexedSlices rows with duplicate indices summed: one row per distinct
-    index (in order of first occurrence)."""
-    unique, position = tf.unique(indices)
-    return tf.math.unsorted_segment_sum(values, position, tf.shape(unique)[0]), unique

@@ -29,8 +29,8 @@ import numpy as np
 import tensorflow as tf
 
 from autopar.transforms.keys import LEADERS_GROUP_KEY
-from autopar.transforms.methods.base import (WIRE_BYTES, Edits, RewriteContext, SyncMethod,
-                                             VariablePlan)
+from autopar.transforms.methods.base import Edits, RewriteContext, SyncMethod, VariablePlan
+from autopar.transforms.methods.wire import COLLECTIVES, wire_fraction
 from autopar.transforms.ops import reshape
 from autopar.transforms.topology import Topology
 
@@ -47,7 +47,7 @@ class Bucket:
     host_key: int = 0
     group: int = 0      # the train group of its variables (Analysis.train_groups)
     # The dtype it travels and is summed in when narrower than its own
-    # (AllReduce.bucket_wire_dtype); "" when it travels as it is.
+    # (Config.wire_dtype: SyncMethod.wire_dtype); "" when it travels as it is.
     wire_dtype: str = ""
 
     @property
@@ -69,22 +69,22 @@ class AllReduce(SyncMethod):
     # Every worker ends the step with the whole averaged gradient, so one
     # owner can apply the update (transforms.wus).
     shards_weight_update = True
+    # TensorFlow's collective ops: float16, no bfloat16 (Horovod's fp16
+    # compression: a float32 or float64 bucket cast to float16, summed in
+    # it and cast back, the mean taken in full precision).
+    wire_dtypes = COLLECTIVES
 
     def reason(self, v, options):
-        return "dense gradient: ring all-reduce moves 2(N-1)/N of its bytes per worker"
-
-    def bucket_wire_dtype(self, dtype: str, options) -> str:
-        """The dtype a bucket of `dtype` gradients travels and is summed in
-        when narrower than its own ("": its own). A variant sending gradients
-        compressed overrides this."""
-        return ""
+        why = "dense gradient: ring all-reduce moves 2(N-1)/N of its bytes per worker"
+        wire = self.wire_dtype(v.dtype, options)
+        return f"{why}; sent as {wire} on the ring (Config.wire_dtype)" if wire else why
 
     def prepare(self, analysis, names, topology, options, fusion_bytes, key, job_why=""):
         """Fusion buckets, one instance key each from `key` on (three with
         2-D summation: the leaders' all-reduce, the host sum, the broadcast)."""
         buckets = fusion_buckets(analysis, names, fusion_bytes)
         for b in buckets:
-            b.wire_dtype = self.bucket_wire_dtype(b.dtype, options)
+            b.wire_dtype = self.wire_dtype(b.dtype, options)
         two_d, why = (two_dimensional_choice(topology, options.hierarchical_allreduce)
                       if buckets else (False, ""))
         for b in buckets:
@@ -154,7 +154,7 @@ class AllReduce(SyncMethod):
                 with tf.control_dependencies(last):
                     flat = tf.concat([reshape(g, ctx.constants.get([-1])) for g in grads],
                                      axis=0)
-                    # A narrower wire dtype (bucket_wire_dtype): travels and is summed in it, cast back below.
+                    # A narrower wire dtype (Config.wire_dtype): travels and is summed in it, cast back below.
                     sent = tf.cast(flat, bucket.wire_dtype) if bucket.wire_dtype else flat
                     if bucket.hierarchical:
                         reduced = _two_dimensional_sum(ctx, sent, bucket, chain)
@@ -177,13 +177,6 @@ class AllReduce(SyncMethod):
                     target = ctx.constants.get(list(shape), tf.int32)
                     edits.replaced[g.name] = reshape(piece, target).name
         return edits
-
-
-def wire_fraction(dtype: str, wire_dtype: str | None) -> float:
-    """Bytes on the wire per byte of a ``dtype`` gradient sent as ``wire_dtype``."""
-    if not wire_dtype:
-        return 1.0
-    return WIRE_BYTES[wire_dtype] / np.dtype(dtype).itemsize
 
 
 def _two_dimensional_sum(ctx: RewriteContext, flat: tf.Tensor, bucket: Bucket,

@@ -14,7 +14,7 @@ each buffer among themselves first (a TensorFlow collective in the host
 group), the host's first worker alone pushes it to the servers (one
 contributor per host) and broadcasts the result back within the host.
 
-The transport is transforms.comm.push_pull (the native cpp_ops op); server
+The transport is transport.push_pull here (the native cpp_ops op); server
 addresses are not in the graph (the runtime gives them to the op).
 """
 from __future__ import annotations
@@ -25,13 +25,13 @@ import tensorflow as tf
 
 from autopar.common.text import human_bytes
 from autopar.common.errors import SpecError
-from autopar.transforms import comm
 from autopar.common.roles import SUMSERVER_ROLE
-from autopar.transforms.methods.base import (WIRE_BYTES, Edits, RewriteContext, SyncMethod,
-                                             VariablePlan)
-from autopar.transforms.methods.allreduce_fp16.method import ring_wire_dtype
+from autopar.transforms.methods.base import Edits, RewriteContext, SyncMethod, VariablePlan
+from autopar.transforms.methods.wire import COLLECTIVES, WIRE_BYTES, narrowed
+from autopar.transforms.methods.herring import transport
 from autopar.transforms.methods.herring.bfb import FusionLayout, plan_layout
 from autopar.transforms.ops import ConstantPool, reshape
+from autopar.transforms.topology import DEFAULT_LINK_GBPS
 
 # The dtype the summation servers add; other dense gradients stay on the ring.
 HERRING_DTYPE = "float32"
@@ -48,6 +48,9 @@ class HerringState:
 class Herring(SyncMethod):
     name = "herring"
     State = HerringState
+    # Its transport narrows the float32 gradients it carries to either (the
+    # servers add float32).
+    wire_dtypes = {"float16": (HERRING_DTYPE,), "bfloat16": (HERRING_DTYPE,)}
 
     def job_choice(self, topology, options, required, analysis):
         """Whether dense float32 gradients go through herring, and why."""
@@ -108,7 +111,8 @@ class Herring(SyncMethod):
         why the job uses herring or not (`job_why`)."""
         if not names:
             return HerringState(None, job_why), key
-        layout = plan_layout(analysis, names, topology.num_servers, options.wire_dtype,
+        layout = plan_layout(analysis, names, topology.num_servers,
+                             self.wire_dtype(HERRING_DTYPE, options) or HERRING_DTYPE,
                              options.herring_buffer_bytes)
         for b in layout.buffers:
             b.la_key = key
@@ -180,8 +184,8 @@ class Herring(SyncMethod):
         return {SUMSERVER_ROLE} if self.state(plan).layout is not None else set()
 
     def transport(self):
-        """The push/pull op builder (transforms.comm.push_pull)."""
-        return comm.push_pull
+        """The push/pull op builder (transport.push_pull)."""
+        return transport.push_pull
 
     def rewrite(self, ctx: RewriteContext) -> Edits:
         plan, layout = ctx.plan, self.state(ctx.plan).layout
@@ -282,9 +286,6 @@ def _wire_bytes_per_element(vp: VariablePlan) -> int:
     return WIRE_BYTES[vp.wire_dtype or HERRING_DTYPE]
 
 
-# The cost model's assumption where the spec gives no link speed: a fast
-# link, where herring's byte savings weigh least.
-DEFAULT_LINK_GBPS = 10.0
 # Herring is chosen when its busiest link saves at least this much time per
 # step at the link speed: it starts S more processes and packs the
 # gradients into buffers every step, which a model of a few kilobytes does
@@ -303,15 +304,15 @@ def predicted_faster(num_workers: int, num_hosts: int, num_servers: int,
     2(N-1)/N x M per worker link. Herring: M x w per contributor link (w =
     wire bytes / 4) and M x w x C / S per server link (C contributors: hosts
     with local aggregation, else workers; S servers). The ring sends float16
-    too when that is the wire dtype (x w; it has no bfloat16:
-    ring_wire_dtype). Servers sharing a host's link with its workers are not
+    too when that is the wire dtype (x w; TensorFlow's collectives carry no
+    bfloat16: wire.COLLECTIVES). Servers sharing a host's link with its workers are not
     modelled."""
     n, s = num_workers, num_servers
     if s == 0:
         return False, "the spec has no server processes"
     c = num_hosts if local_aggregation else n
     w = WIRE_BYTES[wire_dtype] / 4
-    w_ring = WIRE_BYTES[ring_wire_dtype("float32", wire_dtype) or "float32"] / 4
+    w_ring = WIRE_BYTES[narrowed("float32", wire_dtype, COLLECTIVES) or "float32"] / 4
     ring = 2 * (n - 1) / n * w_ring
     herring = max(w, w * c / s)
     gbps = link_gbps or DEFAULT_LINK_GBPS

@@ -59,6 +59,14 @@ class ParameterServer(SyncMethod):
     def processes(self, plan):
         return {SERVER_ROLE} if plan.server_variables else set()
 
+    def default_partitions(self, v, topology):
+        if not v.resource or v.partition_blocker:
+            return 1
+        return partition_count(v.bytes, _rows(v), topology.num_servers)
+
+    def grouped_lookup(self, vp):
+        return pulls_per_group(vp)
+
     def prepare(self, analysis, names, topology, options, fusion_bytes, key, job_why=""):
         overrides = dict(options.partitions)
         kept_whole = {v.name for v in analysis.variables

@@ -50,11 +50,11 @@ import tensorflow as tf
 from autopar.common.errors import UnsupportedGraphError
 from autopar.common.roles import SERVER_JOB
 from autopar.transforms.graph_utils import in_gradient_scope, node_input_name
-from autopar.transforms.methods.allgather.method import combine_rows, split_shared_rows
 from autopar.transforms.methods.base import Edits, VariablePlan
 from autopar.transforms.ops import ConstantPool, NodeWriter, new_op, rows_where
 from autopar.transforms.partition import Partitioner, PullGroup, copy_prefix, read_order
 from autopar.transforms.placement import Move, ps_devices, server_device
+from autopar.transforms.sparse_rows import combine_rows, split_shared_rows
 
 if TYPE_CHECKING:   # annotations only: the plan imports the method registry, the
     # analysis (through the graph features) too
@@ -286,6 +286,7 @@ class PsBuilder:
                                              dtype=tf.int64), device))
                 reads.append(self.nodes.add("ReadVariableOp", [counter], device, dtype=tf.int64))
         self.nodes.group(inits, name=COUNTERS_INIT)
+        self.edits.chief_init.append(COUNTERS_INIT)
         self.nodes.add("Pack", reads, name=CONTRIBUTIONS_OP, N=len(reads), T=tf.int64)
 
     def _barrier(self, barrier, done: dict[int, tf.Operation]) -> None:

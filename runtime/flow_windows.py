@@ -1,5 +1,7 @@
-"""How many bytes each Herring flow may have in flight (its TCP windows),
-from the link speed and the number of flows that share a link.
+"""How many bytes each flow of a job may have in flight (its TCP windows),
+from the link speed and the number of flows that share a link: Herring's
+flows to its summation servers, and TensorFlow's own connections (below).
+The launcher gives them to its children (runtime/commands.py).
 
 A summation server receives a flow from every worker and a worker one from
 every server, so max(workers, servers) flows share the busiest link. Bytes

@@ -1,1 +1,0 @@
-"""Ring all-reduce with float16 compression (method.py)."""
