@@ -30,12 +30,41 @@ _INSTALL_TESTS = os.path.join(_TESTS, "install")
 _SLOW_FOLDERS = ("integration", "cluster", "install")
 
 
+# `make test` runs the suite on two pytest-xdist workers (-n 2). A file's
+# tests stay together on one worker (its module fixtures, such as the
+# one-device reference runs, are made once). The files below share something
+# of the machine's beyond their own processes and loopback ports (network
+# namespaces named from the test process's pid with addresses derived from
+# it, one emulated cluster per prefix, a Slurm allocation, sshd, mpirun, tc
+# and nftables): they run one after another on one worker.
+_MACHINE_WIDE = frozenset({
+    "cluster/test_emulated_cluster.py", "integration/test_coordinator.py",
+    "integration/test_ipv6.py", "integration/test_job_isolation.py",
+    "integration/test_mpi.py", "integration/test_openssh.py",
+    "integration/test_remote_hosts.py", "integration/test_slurm.py",
+    "integration/test_tcp_windows.py", "unit/test_job_isolation.py", "unit/test_slurm.py"})
+
+
 def pytest_collection_modifyitems(config, items):
     slow = pytest.mark.slow
     for item in items:
         relative = os.path.relpath(str(item.path), _TESTS).split(os.sep)
         if relative[0] in _SLOW_FOLDERS:
             item.add_marker(slow)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scheduling by scope, a scope being a test's file or, for the
+    files above, the machine."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileOrMachine(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "machine" if path.removeprefix("tests/") in _MACHINE_WIDE else path
+
+    return FileOrMachine(config, log)
 
 
 def pytest_ignore_collect(collection_path, config):

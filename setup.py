@@ -103,7 +103,9 @@ setup(
         "tensorboard": ["tensorboard>=2.21,<3"],
         # examples/: scikit-learn's bundled data sets, docs/draw_timeline.py's plot.
         "examples": ["scikit-learn>=1.3", "matplotlib>=3.7", "tensorboard>=2.21,<3"],
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "scikit-learn>=1.3", "matplotlib>=3.7",
+        "test": ["pytest>=8", "pytest-timeout>=2.3",
+                 # `make test` runs on two workers (conftest.py groups the files)
+                 "pytest-xdist>=3.5", "scikit-learn>=1.3", "matplotlib>=3.7",
                  # tests read the chief's event files with TensorBoard's own reader
                  "tensorboard>=2.21,<3",
                  # `make native` regenerates the coordinator's modules

@@ -184,12 +184,19 @@ def _tests_fork_server() -> ForkServer:
     job's launcher process is forked from it instead of importing TensorFlow
     anew (several CPU-seconds per job), with a spare that becomes its job's
     fork server. Started with the bind shim loaded, as a job's own fork
-    server is (its spare is adoptable only then). It dies with the test
-    process."""
+    server is (its spare is adoptable only then). It also preloads the
+    libraries a job's fork server preloads when its script imported them
+    (Keras 3 with scikit-learn, ~3 CPU-seconds): a Keras job's launcher, its
+    spare and its one-device reference would each import them otherwise.
+    It dies with the test process."""
     global _fork_server
     if _fork_server is None or _fork_server.popen.poll() is not None:
+        from autopar.common import env as envvars
         from autopar.runtime.commands import preload_value
-        _fork_server = ForkServer({**child_env(), "LD_PRELOAD": preload_value()}, cwd=str(REPO))
+        from autopar.runtime.forkserver import PRELOAD_IF_IMPORTED
+        _fork_server = ForkServer({**child_env(), "LD_PRELOAD": preload_value(),
+                                   envvars.FORK_PRELOAD: ",".join(PRELOAD_IF_IMPORTED)},
+                                  cwd=str(REPO))
         atexit.register(_fork_server.stop)
     return _fork_server
 

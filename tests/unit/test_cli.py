@@ -1,6 +1,7 @@
 """`autopar launch` rejects a malformed spec before anything starts: the
 message names the problem and the training command never runs."""
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -183,7 +184,10 @@ def test_ctrl_c_before_the_job_starts_is_one_line_with_status_130():
                                "config = autopar.Config()\n"
                                "os.kill(os.getpid(), signal.SIGINT)\ntime.sleep(30)\n"],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
-        timeout=60)
+        timeout=60,
+        # SIGINT as a terminal gives it: a run started in the background of a
+        # non-interactive shell inherits it ignored, and Python keeps that.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert (done.returncode, done.stderr) == (130, "autopar: interrupted\n")
 
 
