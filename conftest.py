@@ -53,6 +53,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(slow)
 
 
+@pytest.fixture(autouse=True)
+def _autopar_logger_as_it_was():
+    """The "autopar" logger's handlers, level and propagation put back after
+    each test: get_runner gives it a stdout handler in its process, and a
+    test calling it in-process would otherwise change what later tests of
+    the same worker capture."""
+    import logging
+    logger = logging.getLogger("autopar")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """xdist's scheduling by scope, a scope being a test's file or, for the
@@ -60,9 +73,26 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class FileOrMachine(LoadScopeScheduling):
+        ordered = False
+
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
             return "machine" if path.removeprefix("tests/") in _MACHINE_WIDE else path
+
+        def _assign_work_unit(self, node) -> None:
+            # The files that start jobs first, the most tests first; the unit
+            # files' many short tests last, filling whichever worker is done
+            # first (in xdist's order, by count alone, a job file of a few
+            # minute-long tests could start last on one worker).
+            if not self.ordered:
+                def starts_jobs(scope: str) -> bool:
+                    return scope == "machine" or scope.split("/")[1] in _SLOW_FOLDERS
+                queue = sorted(self.workqueue.items(),
+                               key=lambda item: (not starts_jobs(item[0]), -len(item[1])))
+                self.workqueue.clear()
+                self.workqueue.update(queue)
+                self.ordered = True
+            super()._assign_work_unit(node)
 
     return FileOrMachine(config, log)
 

@@ -94,15 +94,22 @@ def run_training(model: str, out: Path, *extra: str, timeout: float = 240) -> st
     return run_script(train_command(model, out, *extra), timeout=timeout)
 
 
-def run_script(command: list[str], *, env: dict[str, str] | None = None,
-               timeout: float = 240, cwd: Path | None = None) -> str:
+def run_to_end(command: list[str], *, env: dict[str, str] | None = None,
+               timeout: float = 240, cwd: Path | None = None) -> tuple[int, str]:
     """``python script args`` (or ``-m module``) run to completion, forked from
-    the tests' fork server (in `cwd`, default the repository); its merged
-    stdout and stderr. Fails the test with the output's tail unless it
-    exited 0."""
+    the tests' fork server (in `cwd`, default the repository), as the same
+    command started anew would run: its exit status and its merged stdout
+    and stderr."""
     with LineReader(start_job(command, env, cwd)) as reader:
         output = reader.rest(timeout=timeout)
-    returncode = reader.proc.returncode
+    return reader.proc.returncode, output
+
+
+def run_script(command: list[str], *, env: dict[str, str] | None = None,
+               timeout: float = 240, cwd: Path | None = None) -> str:
+    """run_to_end's output; fails the test with the output's tail unless the
+    script exited 0."""
+    returncode, output = run_to_end(command, env=env, timeout=timeout, cwd=cwd)
     assert returncode == 0, f"{Path(command[1]).name} exited {returncode}:\n{output[-4000:]}"
     return output
 

@@ -10,14 +10,16 @@ from pathlib import Path
 import pytest
 
 from tests.integration.cluster import (REPO, assert_same_parameters, child_env, free_ports,
-                                       load_worker, run_single_device, train_command,
-                                       write_spec)
+                                       load_worker, run_single_device, run_to_end,
+                                       train_command, write_spec)
 
 
-def _autopar(*args, timeout=240):
-    return subprocess.run([sys.executable, "-m", "autopar.cli", *args], cwd=REPO, env=child_env(),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout)
+def _autopar(*args, timeout=240) -> subprocess.CompletedProcess:
+    """`python -m autopar.cli args` run to the end (forked: run_to_end);
+    stdout holds its stderr too."""
+    command = [sys.executable, "-m", "autopar.cli", *args]
+    returncode, output = run_to_end(command, timeout=timeout)
+    return subprocess.CompletedProcess(command, returncode, stdout=output)
 
 
 def test_report_prints_plan_and_trains_nothing(tmp_path):

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.integration.cluster import python_as
+from tests.integration.cluster import python_as, run_script
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 120
@@ -21,13 +20,11 @@ BEHAVIORS = ["v2", "v1"] if os.environ.get("AUTOPAR_TEST_MATRIX") == "full" else
 
 
 def _run_example(script: str, *args: str, behavior: str = "v2") -> str:
+    """examples/<script> run from the repository root as a user runs it
+    (forked: cluster.run_script); its output, stdout and stderr."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([*python_as(behavior), f"examples/{script}", *args], cwd=REPO_ROOT,
-                          env=env,
-                          capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert proc.returncode == 0, (f"{script} exited {proc.returncode}\n"
-                                  f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}")
-    return proc.stdout
+    return run_script([*python_as(behavior), f"examples/{script}", *args], env=env,
+                      timeout=TIMEOUT_S, cwd=REPO_ROOT)
 
 
 def test_digits_mlp_learns_single_device():

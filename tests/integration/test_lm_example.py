@@ -1,16 +1,18 @@
 """examples/lm.py runs as documented, with a tiny model: single-device (no
 --spec) and as a real 2-worker, 1-server job on loopback with the hybrid run
 option (LSTM weights all-reduced, embedding and softmax weights on the
-server). Each run is the script as a user runs it, in its own interpreter from
-the repository root. Throughput figures are printed, never asserted."""
+server). Each run is the script as a user runs it, in a process of its own
+(forked: cluster.run_script) from the repository root. Throughput figures
+are printed, never asserted."""
 from __future__ import annotations
 
 import math
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
+
+from tests.integration.cluster import run_script
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 120
@@ -19,12 +21,11 @@ TINY = ["--vocab", "300", "--dim", "16", "--hidden", "16", "--seq-len", "5", "--
 
 
 def _run_lm(*args: str) -> str:
+    """examples/lm.py run from the repository root as a user runs it
+    (forked: cluster.run_script); its output, stdout and stderr."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, "examples/lm.py", *TINY, *args], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert proc.returncode == 0, (f"lm.py exited {proc.returncode}\n"
-                                  f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}")
-    return proc.stdout
+    return run_script([sys.executable, "examples/lm.py", *TINY, *args], env=env,
+                      timeout=TIMEOUT_S, cwd=REPO_ROOT)
 
 
 def _words_per_s(out: str) -> float:
