@@ -117,7 +117,7 @@ stress: $(STAMP)
 # once): the Keras 3 custom step and fit() tests over the full matrix.
 .PHONY: test-matrix
 test-matrix: $(STAMP)
-	AUTOPAR_TEST_MATRIX=full $(PY) -m pytest -q tests/integration/test_keras_programs.py \
+	AUTOPAR_TEST_MATRIX=full $(PY) -m pytest -q -n 2 tests/integration/test_keras_programs.py \
 		tests/integration/test_user_programs.py tests/integration/test_cnn_benchmarks_resnet.py \
 		tests/integration/test_ported_programs.py tests/integration/test_keras_io_ports.py \
 		tests/integration/test_script_shapes.py tests/integration/test_examples.py

@@ -1,5 +1,6 @@
 """`autopar report` prints the plan without training; `autopar launch` trains;
 processes started by an external launcher (TF_CONFIG) join without spawning."""
+import contextlib
 import json
 import os
 import re
@@ -10,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.integration.cluster import (REPO, assert_same_parameters, child_env, free_ports,
-                                       load_worker, run_single_device, run_to_end,
-                                       train_command, write_spec)
+                                       LineReader, load_worker, run_single_device,
+                                       run_to_end, start_job, train_command, write_spec)
 
 
 def _autopar(*args, timeout=240) -> subprocess.CompletedProcess:
@@ -115,11 +116,13 @@ def test_an_unsharded_dataset_is_refused_before_training_unless_allowed(tmp_path
 
 def _run_tf_config_workers(command: list[str], workers: int = 2,
                            extra_env: dict[str, str] | None = None,
-                           drop: tuple[str, ...] = ()) -> list[str]:
+                           drop: tuple[str, ...] = (), fresh: bool = False) -> list[str]:
     """Start `command` once per worker with TF_CONFIG describing a loopback
     cluster (as an external launcher would), wait for all, and return their
     outputs; every one must exit 0. `drop`: variables left out of their
-    environment."""
+    environment. `fresh`: in new interpreters, which import TensorFlow
+    themselves (else forked, as the same command started anew would run:
+    cluster.start_job)."""
     ports = free_ports(workers)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     procs = []
@@ -129,8 +132,17 @@ def _run_tf_config_workers(command: list[str], workers: int = 2,
         for name in drop:
             env.pop(name, None)
         env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
-        procs.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
+        if fresh:
+            procs.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True))
+        else:
+            procs.append(LineReader(start_job(command, env)))
+    if not fresh:
+        with contextlib.ExitStack() as stack:
+            readers = [stack.enter_context(reader) for reader in procs]
+            logs = [reader.rest(timeout=180) for reader in readers]
+        assert [r.proc.returncode for r in readers] == [0] * workers, "\n".join(logs)[-3000:]
+        return logs
     try:
         logs = [p.communicate(timeout=180)[0] for p in procs]
     finally:
@@ -148,8 +160,9 @@ def test_tf_config_processes_join_without_spawning(tmp_path):
     common/quiet.py), and TensorFlow's deprecation warnings once, from the
     chief."""
     out = tmp_path / "dist"
+    # New interpreters: what is checked is what TensorFlow's own import prints.
     logs = _run_tf_config_workers(train_command("mlp_adam_clip_ema", out, "--steps", "4"),
-                                  drop=("TF_CPP_MIN_LOG_LEVEL", "AUTOPAR_VERBOSE"))
+                                  drop=("TF_CPP_MIN_LOG_LEVEL", "AUTOPAR_VERBOSE"), fresh=True)
     assert not any("started worker" in log for log in logs)   # nothing was spawned
     for log in logs:
         noise = [line for line in log.splitlines()
