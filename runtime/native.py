@@ -341,6 +341,20 @@ def herring_ops_path(tensorflow: TensorFlowBuild | None = None) -> Path:
                    {tensorflow.folder(): "<tensorflow>"}, f"tensorflow {tensorflow.version}")
 
 
+def program_path(name: str) -> Path:
+    """A native program a process kind runs, by its name (the
+    ``{native:NAME}`` of ProcessKind.command): built at install, else from
+    the build cache. KeyError for a name no build rule here makes."""
+    return {SUMSERVER_NAME: sumserver_path}[name]()
+
+
+def client_library_path(name: str, tensorflow: TensorFlowBuild | None = None) -> Path:
+    """The op library a process kind's clients load, by its name
+    (ProcessKind.client_library), built for ``tensorflow``. KeyError for a
+    name no build rule here makes."""
+    return {HERRING_OPS_NAME: herring_ops_path}[name](tensorflow)
+
+
 def herring_unavailable() -> str | None:
     """Why herring cannot run here (no summation server and no C++
     compiler to build one), or None."""

@@ -25,11 +25,11 @@ import tensorflow as tf
 
 from autopar.common.text import human_bytes
 from autopar.common.errors import SpecError
-from autopar.common.roles import SUMSERVER_ROLE
 from autopar.transforms.methods.base import Edits, RewriteContext, SyncMethod, VariablePlan
 from autopar.transforms.methods.wire import COLLECTIVES, WIRE_BYTES, narrowed
 from autopar.transforms.methods.herring import transport
 from autopar.transforms.methods.herring.bfb import FusionLayout, plan_layout
+from autopar.transforms.methods.herring.sumserver import SUMMATION_SERVER
 from autopar.transforms.ops import ConstantPool, reshape
 from autopar.transforms.topology import DEFAULT_LINK_GBPS
 
@@ -51,6 +51,8 @@ class Herring(SyncMethod):
     # Its transport narrows the float32 gradients it carries to either (the
     # servers add float32).
     wire_dtypes = {"float16": (HERRING_DTYPE,), "bfloat16": (HERRING_DTYPE,)}
+    # The summation servers its transport pushes to and pulls from.
+    process_kinds = (SUMMATION_SERVER,)
 
     def job_choice(self, topology, options, required, analysis):
         """Whether dense float32 gradients go through herring, and why."""
@@ -181,7 +183,7 @@ class Herring(SyncMethod):
         return {"herring_buffers": buffers, "herring_why": state.why}
 
     def processes(self, plan):
-        return {SUMSERVER_ROLE} if self.state(plan).layout is not None else set()
+        return {SUMMATION_SERVER.role} if self.state(plan).layout is not None else set()
 
     def transport(self):
         """The push/pull op builder (transport.push_pull)."""
