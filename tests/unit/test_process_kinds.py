@@ -117,3 +117,18 @@ def test_the_launcher_reads_the_kinds_without_importing_tensorflow():
     code = ("import sys, autopar.runtime.launcher, autopar.transforms.methods.process_registry; "
             "assert 'tensorflow' not in sys.modules, 'tensorflow imported'")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60)
+
+
+def test_the_planner_learns_which_kinds_a_job_cannot_have_from_their_declarations(monkeypatch):
+    """A launched job lacks a kind whose native program cannot be built here;
+    a job joined through TF_CONFIG lacks one whose variable names nothing,
+    and without server tasks has a server per process of the kinds it has."""
+    from autopar.runtime import membership, native
+    monkeypatch.setitem(PROCESS_KINDS, ECHO.role, ECHO)
+    monkeypatch.setattr(native, "program_unavailable",
+                        lambda name: "no compiler" if name == "autopar_sumserver" else None)
+    assert membership.spec_topology(SPEC).missing_processes == (("sumserver", "no compiler"),)
+    workers = {"worker": ["10.0.0.1:2222", "10.0.0.2:2222"]}
+    joined = membership.cluster_topology(workers, {"AUTOPAR_ECHO": "10.0.0.3:1,10.0.0.4:1"})
+    assert joined.missing("sumserver") == "" and joined.missing("echo") is None
+    assert joined.num_servers == 2

@@ -73,6 +73,12 @@ class ProcessKind:
             raise ValueError(f"process kind {self.role!r}: probe {self.probe!r} is not one the "
                              f"launcher knows ({PROBE_CONNECT!r})")
 
+    @property
+    def native_programs(self) -> list[str]:
+        """The names of the native programs its command runs."""
+        return [part[len(NATIVE):-1] for part in self.command
+                if part.startswith(NATIVE) and part.endswith("}")]
+
     def argv(self, host: str, port: str, native) -> list[str]:
         """The command of one process on ``host`` at ``port``; ``native``
         maps a native program's name to its path."""

@@ -56,15 +56,15 @@ class Herring(SyncMethod):
 
     def job_choice(self, topology, options, required, analysis):
         """Whether dense float32 gradients go through herring, and why."""
+        missing = topology.missing(SUMMATION_SERVER.role)
         if required:
             if topology.num_servers == 0:
                 raise SpecError("run_option='herring' sums gradients on server processes, but "
                                 "the resource spec has none: give some hosts `servers: 1` (one "
                                 "per host is a good start), or use run_option='allreduce'")
-            if not topology.summation_servers and topology.summation_servers_why:
-                raise SpecError(f"run_option='herring' needs summation servers: "
-                                f"{topology.summation_servers_why}")
-            if not topology.summation_servers:
+            if missing:
+                raise SpecError(f"run_option='herring' needs summation servers: {missing}")
+            if missing is not None:
                 raise SpecError("run_option='herring' needs summation servers, but this job was "
                                 "started without them: a job joined through TF_CONFIG starts one "
                                 "runtime/autopar_sumserver per server and names them in "
@@ -73,10 +73,10 @@ class Herring(SyncMethod):
             return True, "run_option='herring'"
         if topology.num_servers == 0:
             return False, ""
-        if not topology.summation_servers and topology.summation_servers_why:
-            return False, (f"no summation servers ({topology.summation_servers_why}), so dense "
+        if missing:
+            return False, (f"no summation servers ({missing}), so dense "
                            "gradients stay on ring all-reduce")
-        if not topology.summation_servers:
+        if missing is not None:
             return False, ("no summation servers in this job (joined through TF_CONFIG without "
                            "AUTOPAR_SUMSERVERS), so dense gradients stay on ring all-reduce")
         if topology.on_loopback:
