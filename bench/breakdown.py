@@ -83,7 +83,7 @@ def point_breakdown(run_dir: Path) -> dict | None:
     parts = {str(p): p.read_bytes() for p in sorted(run_dir.glob("timeline.json.worker-*.json"))}
     if not parts:
         return None
-    steps = step_phases(merge(parts, {}, 0, ""))
+    steps = step_phases(merge(parts, {}, {}, ""))
     return summarise(steps) if steps else None
 
 

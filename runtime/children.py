@@ -19,7 +19,7 @@ from autopar.runtime.console import write_line
 from autopar.common import env as envvars
 from autopar.common import procs
 from autopar.common.errors import LaunchError
-from autopar.common.roles import SUMSERVER_ROLE, WORKER_ROLE
+from autopar.common.roles import WORKER_ROLE
 from autopar.runtime.commands import SSH, TOKEN_PROMPT, ChildPlan
 from autopar.runtime.forkserver import ForkedProcess, ForkServer, ForkServerError, forkable
 from autopar.runtime.netns import PrivateNetwork
@@ -174,10 +174,10 @@ def start_child(plan: ChildPlan, log_tail_lines: int, fork_server: ForkServer | 
         popen = procs.start_process(plan.command, plan.env, cwd=plan.cwd,
                                     stdin_pipe=plan.stdin_secret is not None,
                                     enter=network.enter if network and local else None,
-                                    # the summation server sets no title of its own
+                                    # a native helper sets no title of its own
                                     argv0=(f"autopar[{plan.env.get(envvars.JOB_ID, '?')}] "
                                            f"{plan.name}"
-                                           if local and plan.role == SUMSERVER_ROLE else None))
+                                           if local and not plan.titled else None))
     except OSError as exc:
         what = plan.command[0]
         raise LaunchError(

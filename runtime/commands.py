@@ -1,8 +1,9 @@
 """What the launcher starts, before anything starts (pure: unit-testable):
-one ChildPlan per server, summation server and worker, with its command
-(ssh for a remote host, srun for a Slurm node), environment and working
+one ChildPlan per server, helper process (a method's process kind:
+transforms/methods/process_registry.py) and worker, with its command (ssh
+for a remote host, srun for a Slurm node), environment and working
 directory; the variables every child gets; the native binaries a child needs
-(the bind shim, the summation server), built on first use in a checkout
+(the bind shim, a helper kind's program), built on first use in a checkout
 without `make install`.
 """
 from __future__ import annotations
@@ -20,8 +21,7 @@ from autopar.common import env as envvars
 from autopar.common import procs
 from autopar.common.addresses import host_address
 from autopar.common.errors import LaunchError
-from autopar.common.roles import (SERVER_JOB, SERVER_ROLE, SUMSERVER_ROLE, WORKER_JOB, WORKER_ROLE,
-                                  process_name)
+from autopar.common.roles import SERVER_JOB, SERVER_ROLE, WORKER_JOB, WORKER_ROLE, process_name
 from autopar.runtime.coordinator import Coordinator
 from autopar.runtime.coordinator_client import DEFAULT_LINK_TIMEOUT_S, LINK_TIMEOUT
 from autopar.runtime.flow_windows import SETTABLE_BYTES, job_window_setting, tcp_window_bytes
@@ -31,6 +31,8 @@ from autopar.runtime.native import PACKAGE_PARENT
 from autopar.runtime.ports import is_local_address
 from autopar.runtime.slurm import srun_command
 from autopar.runtime.spec import HostSpec, ResourceSpec
+from autopar.transforms.methods.process_kind import ProcessKind
+from autopar.transforms.methods.process_registry import process_kinds
 
 logger = logging.getLogger("autopar.launcher")
 
@@ -46,7 +48,7 @@ LOCAL, SSH, SRUN = "local", "ssh", "srun"
 @dataclass(frozen=True)
 class ChildPlan:
     """Everything needed to start one server or worker process."""
-    role: str                 # WORKER_ROLE, SERVER_ROLE or SUMSERVER_ROLE
+    role: str                 # WORKER_ROLE, SERVER_ROLE or a helper kind's (ProcessKind.role)
     index: int                # task index within the role's job
     address: str              # "host:port" from the cluster
     host: HostSpec
@@ -57,6 +59,9 @@ class ChildPlan:
     # Written to a remote child's ssh stdin once it asks for it (see
     # build_ssh_command): the coordinator token. Never printed.
     stdin_secret: str | None = field(default=None, repr=False)
+    # Whether the process sets its own title (ProcessKind.sets_title); the
+    # launcher gives a local one that does not its name as argv[0].
+    titled: bool = True
 
     @property
     def name(self) -> str:
@@ -199,56 +204,75 @@ def build_ssh_command(host: HostSpec, command: Sequence[str], env: Mapping[str, 
 
 def plan_children(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: Sequence[str],
                   *, extra_env: Mapping[str, str] | None = None, tty: bool = False,
-                  cwd: str | None = None, sumservers: Sequence[str] = ()) -> list[ChildPlan]:
-    """One ChildPlan per server, then per summation server (``sumservers``,
-    one per server, or none), then per worker, in task-index order. With
-    summation servers every child gets AUTOPAR_SUMSERVERS."""
+                  cwd: str | None = None,
+                  helpers: Mapping[str, Sequence[str]] | None = None) -> list[ChildPlan]:
+    """One ChildPlan per server, then per helper process (``helpers``: the
+    "host:port" of each helper kind's processes, by role, one per server;
+    transforms/methods/process_registry.py), then per worker, in task-index
+    order. Every child gets each helper kind's addresses in the variable it
+    publishes (ProcessKind.publishes), and its flows' window
+    (ProcessKind.flow_window) when the link speed or the environment gives one."""
     cwd = cwd or os.getcwd()
+    helpers = {role: list(addresses) for role, addresses in (helpers or {}).items() if addresses}
+    kinds = process_kinds(helpers)
     server_cmd = [sys.executable, "-m", "autopar.runtime.server_main"]
-    jobs: list[tuple[str, list[str], list[HostSpec], list[str]]] = [
+    jobs: list[tuple[str, list[str], list[HostSpec], list[str], ProcessKind | None]] = [
         (SERVER_ROLE, list(cluster.get(SERVER_JOB, [])),
-         spec.server_hosts() if cluster.get(SERVER_JOB) else [], server_cmd),
-        (SUMSERVER_ROLE, list(sumservers), spec.server_hosts() if sumservers else [], []),
-        (WORKER_ROLE, list(cluster[WORKER_JOB]), spec.worker_hosts(), list(argv)),
+         spec.server_hosts() if cluster.get(SERVER_JOB) else [], server_cmd, None),
+        *[(kind.role, helpers[kind.role], spec.server_hosts(), [], kind) for kind in kinds],
+        (WORKER_ROLE, list(cluster[WORKER_JOB]), spec.worker_hosts(), list(argv), None),
     ]
-    if sumservers:
-        extra_env = {**(extra_env or {}), envvars.SUMSERVERS: ",".join(sumservers)}
-        # Given explicitly, so the user's own setting reaches remote children too.
-        window = job_window_setting(user_window(envvars.HERRING_WINDOW), spec.bandwidth_gbps,
-                                    len(cluster[WORKER_JOB]), len(sumservers))
-        if window is not None:
-            extra_env[envvars.HERRING_WINDOW] = window
+    if kinds:
+        extra_env = {**(extra_env or {}), **helper_env(kinds, helpers, spec,
+                                                       len(cluster[WORKER_JOB]))}
     plans: list[ChildPlan] = []
     worker_gpus = spec_worker_gpus(spec)
-    for role, addresses, hosts, command in jobs:
+    for role, addresses, hosts, command, kind in jobs:
         if len(addresses) != len(hosts):
             raise LaunchError(
                 f"the cluster has {len(addresses)} {role} addresses but the spec places "
                 f"{len(hosts)} {role}s; this is a bug in port allocation, please report it")
         for index, (address, host) in enumerate(zip(addresses, hosts)):
-            if role == SUMSERVER_ROLE:
-                # Bound to the spec's address, like the other servers (bind shim).
-                command = [sumserver_path(), "--host", host_address(host.address),
-                           "--port", address.rpartition(":")[2]]
+            if kind is not None:
+                command = kind.argv(host_address(host.address), address.rpartition(":")[2],
+                                    native_program)
             role_env = {**autopar_env(role, index, cluster, spec, tty=tty),
                         **tcp_window_env(role, cluster, spec.bandwidth_gbps)}
             if role == WORKER_ROLE:   # its GPUs, if the spec gives it some (docs/gpus.md)
                 role_env.update(launched_worker_env(worker_gpus[index]))
+            titled = kind is None or kind.sets_title
             if host.slurm_node is not None:
                 # srun exports this environment to the step (a shared file
                 # system gives the node the same paths).
                 plans.append(ChildPlan(role, index, address, host, SRUN,
                                        srun_command(host.slurm_node, command),
-                                       local_env(role_env, extra_env), cwd))
+                                       local_env(role_env, extra_env), cwd, titled=titled))
             elif is_local_address(host.address):
                 plans.append(ChildPlan(role, index, address, host, LOCAL, list(command),
-                                       local_env(role_env, extra_env), cwd))
+                                       local_env(role_env, extra_env), cwd, titled=titled))
             else:
                 ssh_cmd = build_ssh_command(host, command, remote_env(role_env, extra_env),
                                             default_workdir=cwd)
                 plans.append(ChildPlan(role, index, address, host, SSH, ssh_cmd,
-                                       dict(os.environ), cwd))
+                                       dict(os.environ), cwd, titled=titled))
     return plans
+
+def helper_env(kinds: Sequence[ProcessKind], helpers: Mapping[str, Sequence[str]],
+               spec: ResourceSpec, workers: int) -> dict[str, str]:
+    """What every child of a job with these helper processes gets: each
+    kind's addresses in the variable it publishes, and its flows' window
+    (the user's own setting, given explicitly so it reaches remote children
+    too, else one from the spec's link speed: runtime/flow_windows.py)."""
+    env = {}
+    for kind in kinds:
+        addresses = helpers[kind.role]
+        env[kind.publishes] = ",".join(addresses)
+        if kind.flow_window:
+            window = job_window_setting(user_window(kind.flow_window), spec.bandwidth_gbps,
+                                        workers, len(addresses))
+            if window is not None:
+                env[kind.flow_window] = window
+    return env
 
 def bind_env_value(cluster: Mapping[str, list[str]]) -> str:
     """AUTOPAR_BIND for the shim: "ADDR/PORT" for every endpoint of the job."""
@@ -304,6 +328,12 @@ def sumserver_path() -> str:
     """runtime/autopar_sumserver, built at install time (else on first use)."""
     from autopar.runtime import native
     return _built(native.sumserver_path)
+
+def native_program(name: str) -> str:
+    """A helper process's native program by its name (ProcessKind.command),
+    built at install time (else on first use)."""
+    from autopar.runtime import native
+    return _built(lambda: native.program_path(name))
 
 def _built(path_of) -> str:
     """The native part ``path_of`` finds or builds (runtime/native.py); a

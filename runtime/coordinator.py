@@ -34,14 +34,14 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent import futures
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 from autopar.common import env as envvars
-from autopar.common.roles import SERVER_ROLE, SUMSERVER_ROLE, WORKER_ROLE, process_name
+from autopar.common.roles import SERVER_ROLE, WORKER_ROLE, process_name
 from autopar.runtime.rpc import grpc
 
 logger = logging.getLogger("autopar.coordinator")
@@ -150,7 +150,10 @@ class Coordinator:
     """The coordinator service and the job state it holds. Thread-safe."""
 
     def __init__(self, host: str, num_workers: int, num_servers: int,
-                 token: str | None = None, num_sumservers: int = 0) -> None:
+                 token: str | None = None, helpers: Mapping[str, int] | None = None) -> None:
+        """``helpers``: how many processes of each helper kind the job runs,
+        by role (transforms/methods/process_registry.py), heard from through
+        the launcher's probe (``heard_from``)."""
         self.host = host
         self.num_workers = num_workers
         self.num_servers = num_servers
@@ -159,7 +162,7 @@ class Coordinator:
         now = time.monotonic()
         self._states: dict[str, ProcessState] = {}
         for role, count in ((WORKER_ROLE, num_workers), (SERVER_ROLE, num_servers),
-                            (SUMSERVER_ROLE, num_sumservers)):
+                            *(helpers or {}).items()):
             for i in range(count):
                 self._states[process_name(role, i)] = ProcessState(role, i, phase_since=now)
         self._exchanges: dict[str, dict[str, bytes]] = {}
@@ -249,7 +252,7 @@ class Coordinator:
 
     def heard_from(self, role: str, index: int, pid: int = 0, address: str = "") -> None:
         """A sign of life of a process that does not call the coordinator itself
-        (a summation server, probed by the launcher): it counts as registered."""
+        (a helper process, probed by the launcher): it counts as registered."""
         with self._lock:
             state = self._state(role, index)
             if not state.registered:

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping
 from autopar.common import env as envvars
 from autopar.common import procs
 from autopar.common.addresses import host_address
+from autopar.transforms.methods.process_registry import PROCESS_KINDS
 
 logger = logging.getLogger("autopar.firewall")
 
@@ -99,9 +100,12 @@ def ruleset(table: str, endpoints: Iterable[tuple[str, int]], local: Iterable[tu
 
 def job_endpoints(cluster: Mapping[str, list[str]], environ: Mapping[str, str]) -> list[str]:
     """Every "host:port" of the job a process may be driven through: its
-    TensorFlow servers, summation servers and coordinator (if on TCP)."""
+    TensorFlow servers, helper processes (the addresses each helper kind
+    publishes: transforms/methods/process_registry.py) and coordinator (if
+    on TCP)."""
     addresses = [a for job in cluster.values() for a in job]
-    addresses += [a for a in environ.get(envvars.SUMSERVERS, "").split(",") if a]
+    for kind in PROCESS_KINDS.values():
+        addresses += [a for a in environ.get(kind.publishes, "").split(",") if a]
     coordinator = environ.get(envvars.COORDINATOR, "")
     if coordinator and not coordinator.startswith("unix:"):
         addresses.append(coordinator)

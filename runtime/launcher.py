@@ -27,8 +27,7 @@ from autopar.common.timeouts import NO_TIMEOUT_S, peer_timeout_s
 from autopar.common.addresses import launcher_host
 from autopar.common.errors import LaunchError
 from autopar.common.text import plural
-from autopar.common.roles import (SERVER_JOB, SERVER_ROLE, SUMSERVER_ROLE, WORKER_JOB,
-                                  WORKER_ROLE)
+from autopar.common.roles import SERVER_JOB, SERVER_ROLE, WORKER_JOB, WORKER_ROLE
 from autopar.runtime.console import cause_in_output
 from autopar.runtime import firewall
 from autopar.runtime.gpus import report_lines
@@ -49,6 +48,8 @@ from autopar.runtime.spec import HostSpec, ResourceSpec, is_loopback_job
 from autopar.runtime.timeline import TimelineOptions, merge as merge_timeline
 from autopar.runtime.timeline import write as write_timeline
 from autopar.transforms.keys import PLAN_KEY, TIMELINE_KEY_PREFIX
+from autopar.transforms.methods.process_kind import PROBE_CONNECT, ProcessKind
+from autopar.transforms.methods.process_registry import PROCESS_KINDS, process_kinds
 
 logger = logging.getLogger("autopar.launcher")
 
@@ -430,9 +431,10 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
     server) and wait for the job to end. ``published``: values the job
     coordinator serves to every process (Coordinator.publish), e.g. the
     compiled plan. ``processes``: the roles the job needs besides the workers
-    (the plan's SyncMethod.processes); with SUMSERVER_ROLE also one summation
-    server (runtime/autopar_sumserver, the Herring transport) per server, on
-    that server's host, and AUTOPAR_SUMSERVERS for every process; like a
+    (the plan's SyncMethod.processes); for the role of a helper kind
+    (transforms/methods/process_registry.py: herring's summation servers)
+    also its processes, one per server on that server's host, and the
+    variable naming them for every process (ProcessKind.publishes); like a
     server, one that exits fails the job. The spec's servers start whatever
     it lists. ``fork_server``: the one to fork local
     Python processes from (``start_fork_server``; the caller stops it);
@@ -473,9 +475,8 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
     """
     if not argv:
         raise LaunchError("nothing to launch: the worker command is empty")
-    with_sumservers = SUMSERVER_ROLE in processes
-    if with_sumservers:
-        _prepare_herring_ops()
+    helpers = process_kinds(processes)
+    _prepare_client_libraries(helpers)
     # The spec's servers start only when the job's plan (when known) puts
     # variables on them: a process with nothing to do only costs.
     with_servers = SERVER_ROLE in processes or PLAN_KEY not in (published or {})
@@ -483,14 +484,15 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
         logger.info("the plan puts no variable on the spec's %s: %s not started",
                     plural(spec.num_servers, "server"),
                     "it is" if spec.num_servers == 1 else "they are")
-    if with_sumservers and envvars.HERRING_TIMEOUT not in os.environ:
-        # A push/pull waiting for a slow peer is the coordinator's stall to
-        # report (it names the worker); the transport's own timeout is the
-        # backstop behind it, for a stalled server: past the longest the
-        # coordinator lets workers wait (Config.peer_timeout_s; none: never).
-        peer = peer_timeout_s(stall_timeout_s, busy_timeout_s)
-        timeout = max(60.0, 2 * peer) if peer else NO_TIMEOUT_S
-        extra_env = {**(extra_env or {}), envvars.HERRING_TIMEOUT: f"{timeout:g}"}
+    for kind in helpers:
+        if kind.transport_timeout and kind.transport_timeout not in os.environ:
+            # A push/pull waiting for a slow peer is the coordinator's stall to
+            # report (it names the worker); the transport's own timeout is the
+            # backstop behind it, for a stalled server: past the longest the
+            # coordinator lets workers wait (Config.peer_timeout_s; none: never).
+            peer = peer_timeout_s(stall_timeout_s, busy_timeout_s)
+            timeout = max(60.0, 2 * peer) if peer else NO_TIMEOUT_S
+            extra_env = {**(extra_env or {}), kind.transport_timeout: f"{timeout:g}"}
     # The job's own handlers (_launch_plans) stay installed after it ends, so
     # a Ctrl-C during the teardown that follows (coordinator, ports, fork
     # server, namespace) is held, not a KeyboardInterrupt half-way through;
@@ -519,7 +521,7 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
                                 grace_seconds=grace_seconds, log_tail_lines=log_tail_lines,
                                 stall_timeout_s=stall_timeout_s,
                                 busy_timeout_s=busy_timeout_s, stop_timeout_s=stop_timeout_s,
-                                published=published, with_sumservers=with_sumservers,
+                                published=published, helpers=helpers,
                                 with_servers=with_servers,
                                 network=network, timeline=timeline)
     finally:
@@ -528,16 +530,19 @@ def launch(spec: ResourceSpec, argv: list[str], *, extra_env: dict[str, str] | N
             _restore_handlers(callers_handlers)
 
 
-def _prepare_herring_ops() -> None:
-    """Build the Herring op library now, once, when this is its first use
-    and this process has the workers' TensorFlow imported (the script run
-    directly), rather than have every worker wait on one build
+def _prepare_client_libraries(helpers: Sequence[ProcessKind]) -> None:
+    """Build the op library the helpers' clients load (the Herring op
+    library: ProcessKind.client_library) now, once, when this is its first
+    use and this process has the workers' TensorFlow imported (the script
+    run directly), rather than have every worker wait on one build
     (runtime/native.py). Under `autopar launch` the first worker builds it."""
-    if "tensorflow" not in sys.modules:
+    libraries = [kind.client_library for kind in helpers if kind.client_library]
+    if not libraries or "tensorflow" not in sys.modules:
         return
     from autopar.runtime import native
     try:
-        native.herring_ops_path(native.TensorFlowBuild.of_imported())
+        for library in libraries:
+            native.client_library_path(library, native.TensorFlowBuild.of_imported())
     except native.BuildError as exc:
         raise LaunchError(str(exc)) from exc
 
@@ -705,14 +710,15 @@ def _without(spec: ResourceSpec, unreachable: Sequence[HostSpec],
 
 def _launch_attempts(spec: ResourceSpec, argv: list[str], extra_env: dict[str, str] | None,
                      fork_server: ForkServer | None, signals: _SignalState, *,
-                     with_sumservers: bool, with_servers: bool = True, **options) -> _Ended:
+                     helpers: Sequence[ProcessKind], with_servers: bool = True,
+                     **options) -> _Ended:
     """``launch`` on fresh ports until no process finds its port taken."""
     taken: set[str] = set()   # endpoints that failed to bind, avoided from then on
     for attempt in range(1, PORT_ATTEMPTS + 1):
-        with reserve_cluster(spec, avoid=taken, sumservers=with_sumservers,
+        with reserve_cluster(spec, avoid=taken, helpers=helpers,
                              servers=with_servers) as reservation:
             ended = _launch_once(spec, reservation.cluster, argv, signals, extra_env=extra_env,
-                                 sumservers=reservation.sumservers,
+                                 helpers=reservation.helpers,
                                  fork_server=fork_server, **options)
         clash = ended.clash
         if not clash or signals.signum is not None:
@@ -732,16 +738,19 @@ def _launch_once(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: lis
                  log_tail_lines: int, stall_timeout_s: float, busy_timeout_s: float,
                  stop_timeout_s: float,
                  published: Mapping[str, bytes] | None = None,
-                 sumservers: Sequence[str] = (),
+                 helpers: Mapping[str, list[str]] | None = None,
                  fork_server: ForkServer | None = None,
                  network: PrivateNetwork | None = None,
                  timeline: TimelineOptions | None = None) -> _Ended:
-    """One start of the job on ``cluster``, with its own coordinator."""
-    coordinator = _start_coordinator(spec, cluster, len(sumservers), network)
+    """One start of the job on ``cluster``, with its own coordinator;
+    ``helpers``: the addresses of each helper kind's processes, by role."""
+    helpers = helpers or {}
+    counts = {role: len(addresses) for role, addresses in helpers.items()}
+    coordinator = _start_coordinator(spec, cluster, counts, network)
     for key, value in (published or {}).items():
         coordinator.publish(key, value)
     try:
-        plans = plan_children(spec, cluster, argv, tty=_stdout_is_tty(), sumservers=sumservers,
+        plans = plan_children(spec, cluster, argv, tty=_stdout_is_tty(), helpers=helpers,
                               extra_env={**(extra_env or {}), **job_env(coordinator, cluster)})
         plans = give_token(plans, coordinator)
         ended = _launch_plans(plans, signals, grace_seconds, log_tail_lines,
@@ -751,7 +760,7 @@ def _launch_once(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: lis
         ended.reached = max((s.global_step for s in coordinator.snapshot().values()
                              if s.role == WORKER_ROLE), default=-1)
         if timeline is not None:
-            _write_timeline(timeline, coordinator, cluster, len(sumservers),
+            _write_timeline(timeline, coordinator, cluster, counts,
                             (extra_env or {}).get(envvars.JOB_ID, ""))
         return ended
     finally:
@@ -759,7 +768,8 @@ def _launch_once(spec: ResourceSpec, cluster: Mapping[str, list[str]], argv: lis
 
 
 def _write_timeline(options: TimelineOptions, coordinator: Coordinator,
-                    cluster: Mapping[str, list[str]], num_sumservers: int, job: str) -> None:
+                    cluster: Mapping[str, list[str]], helpers: Mapping[str, int],
+                    job: str) -> None:
     """The job's merged timeline, from the parts its workers published."""
     parts = coordinator.published(TIMELINE_KEY_PREFIX)
     workers = coordinator.published(TIMELINE_KEY_PREFIX + WORKER_ROLE)
@@ -767,7 +777,7 @@ def _write_timeline(options: TimelineOptions, coordinator: Coordinator,
         logger.warning("timeline: no worker handed in its events (none closed its Runner); "
                        "%s not written", options.path)
         return
-    trace = merge_timeline(parts, cluster, num_sumservers, job)
+    trace = merge_timeline(parts, cluster, helpers, job)
     try:
         write_timeline(options.path, trace)
     except OSError as exc:
@@ -829,7 +839,7 @@ def _run_started(children: list[Child], state: _SignalState, stop_timeout_s: flo
         child.reader = threading.Thread(target=pump, args=(child, chief_stopped, quiet),
                                         name=f"autopar-log-{child.name}", daemon=True)
         child.reader.start()
-    probe = _SumserverProbe(children, monitor, network.answers if network else answers)
+    probe = _HelperProbe(children, monitor, network.answers if network else answers)
     try:
         return _supervise(children, state, stop_timeout_s, monitor, quiet)
     finally:
@@ -859,10 +869,11 @@ def _ended(children: list[Child], outcome: _Outcome, state: _SignalState,
                   unreachable=list(unreachable.values()), asked_to_stop=asked_to_stop)
 
 
-class _SumserverProbe:
-    """Checks every second that each summation server answers (it has no
-    coordinator client to send heartbeats): a connection it accepts and
-    closes when this side closes. A stopped or hung one still completes the
+class _HelperProbe:
+    """Checks every second that each helper process probed by connecting
+    (ProcessKind.probe PROBE_CONNECT: herring's summation servers) answers
+    (it has no coordinator client to send heartbeats): a connection it
+    accepts and closes when this side closes. A stopped or hung one still completes the
     connection in the kernel, but never closes it; the coordinator then
     stops hearing from it and the job monitor names it (diagnose)."""
 
@@ -872,7 +883,8 @@ class _SumserverProbe:
     def __init__(self, children: Sequence[Child], monitor: JobMonitor,
                  probe: Callable[[str, float], bool]) -> None:
         self._answers = probe
-        self._targets = [c for c in children if c.plan.role == SUMSERVER_ROLE]
+        self._targets = [c for c in children if c.plan.role in PROCESS_KINDS
+                         and PROCESS_KINDS[c.plan.role].probe == PROBE_CONNECT]
         self._coordinator = monitor.coordinator
         self._stop = threading.Event()
         self._thread = None
@@ -881,7 +893,7 @@ class _SumserverProbe:
             # probe is named too (it starts in milliseconds; workers take seconds).
             self._heard(child)
         if self._targets:
-            self._thread = threading.Thread(target=self._run, name="autopar-sumserver-probe",
+            self._thread = threading.Thread(target=self._run, name="autopar-helper-probe",
                                             daemon=True)
             self._thread.start()
 
@@ -896,7 +908,7 @@ class _SumserverProbe:
 
     def _heard(self, child: Child) -> None:
         pid = 0 if child.plan.remote else child.popen.pid
-        self._coordinator.heard_from(SUMSERVER_ROLE, child.plan.index, pid, child.plan.address)
+        self._coordinator.heard_from(child.plan.role, child.plan.index, pid, child.plan.address)
 
 
 # ---------------------------------------------------------------------------
@@ -939,14 +951,15 @@ def isolation_env(spec: ResourceSpec, network: PrivateNetwork | None) -> dict[st
 # ---------------------------------------------------------------------------
 
 def _start_coordinator(spec: ResourceSpec, cluster: Mapping[str, list[str]],
-                       num_sumservers: int = 0, network: PrivateNetwork | None = None) -> Coordinator:
+                       helpers: Mapping[str, int] | None = None,
+                       network: PrivateNetwork | None = None) -> Coordinator:
     """The job's coordinator, listening on this machine's address in the spec
     (loopback for a local job), or on a Unix socket for a job in a private
     network namespace (which no TCP port of this side reaches)."""
     host = (network.coordinator_address if network is not None
             else launcher_host([h.address for h in spec.hosts], is_local_address))
     coordinator = Coordinator(host, len(cluster[WORKER_JOB]),
-                              len(cluster.get(SERVER_JOB, [])), num_sumservers=num_sumservers)
+                              len(cluster.get(SERVER_JOB, [])), helpers=helpers)
     coordinator.start()
     return coordinator
 

@@ -37,6 +37,7 @@ from autopar.common.errors import SpecError
 from autopar.common.roles import SERVER_ROLE, WORKER_JOB, WORKER_ROLE
 from autopar.runtime import gpus, join, ports, slurm
 from autopar.runtime.spec import ResourceSpec, load_spec, spec_from_tf_config
+from autopar.transforms.methods.process_registry import PROCESS_KINDS
 from autopar.transforms.topology import Topology
 
 log = logging.getLogger("autopar")
@@ -192,31 +193,40 @@ def _launched_index(environ: Mapping[str, str]) -> int:
 # -- topologies ------------------------------------------------------------------
 
 def spec_topology(spec: ResourceSpec) -> Topology:
-    """The Topology the launcher plans a job of `spec` for. Summation servers:
-    the launcher starts them when the plan's methods need them
-    (registry.processes), so the planner may count on them, unless they
-    cannot be built here (no C++ compiler: runtime/native.py)."""
-    from autopar.runtime.native import herring_unavailable
-    missing = herring_unavailable()
+    """The Topology the launcher plans a job of `spec` for. Helper processes
+    (herring's summation servers): the launcher starts them when the plan's
+    methods need them (registry.processes), so the planner may count on
+    them, unless their native program cannot be built here (no C++
+    compiler: runtime/native.py)."""
+    from autopar.runtime.native import program_unavailable
+    missing = []
+    for kind in PROCESS_KINDS.values():
+        why = next(filter(None, map(program_unavailable, kind.native_programs)), None)
+        if why:
+            missing.append((kind.role, why))
     return Topology(tuple(h.address for h in spec.worker_hosts()), spec.num_servers,
-                    summation_servers=missing is None, summation_servers_why=missing or "",
+                    missing_processes=tuple(missing),
                     link_gbps=spec.bandwidth_gbps, shared_cores=spec.shared_cores)
 
 
 def cluster_topology(cluster: dict[str, list[str]],
                      environ: Mapping[str, str] = os.environ) -> Topology:
     """The Topology a plan for `cluster` is made for. A job with no server
-    tasks but summation servers (AUTOPAR_SUMSERVERS, set by whoever started
-    them: a TF_CONFIG job running herring on dense variables needs no
-    TensorFlow server process) has one server per summation server. Without
-    AUTOPAR_SUMSERVERS the job has no summation servers: hybrid keeps dense
-    gradients on the ring and run_option='herring' is refused. The link
-    speed and shared cores come from AUTOPAR_LINK_GBPS and
+    tasks but helper processes placed one per server (the variable each
+    kind publishes, set by whoever started them: AUTOPAR_SUMSERVERS, a
+    TF_CONFIG job running herring on dense variables needs no TensorFlow
+    server process) has one server per such process. Without that variable
+    the job has none of the kind: without summation servers hybrid keeps
+    dense gradients on the ring and run_option='herring' is refused. The
+    link speed and shared cores come from AUTOPAR_LINK_GBPS and
     AUTOPAR_SHARED_CORES (what a spec's network section tells the planner)."""
     topology = Topology.from_cluster(cluster)
-    sumservers = [a for a in environ.get(env.SUMSERVERS, "").split(",") if a.strip()]
-    servers = topology.num_servers or len(sumservers)
-    return Topology(topology.worker_hosts, servers, summation_servers=bool(sumservers),
+    published = {kind.role: [a for a in environ.get(kind.publishes, "").split(",") if a.strip()]
+                 for kind in PROCESS_KINDS.values()}     # each PER_SERVER
+    servers = topology.num_servers or max(map(len, published.values()), default=0)
+    return Topology(topology.worker_hosts, servers,
+                    missing_processes=tuple((role, "") for role, addresses in published.items()
+                                            if not addresses),
                     link_gbps=_positive(environ, env.LINK_GBPS),
                     shared_cores=_positive(environ, env.SHARED_CORES))
 

@@ -341,16 +341,37 @@ def herring_ops_path(tensorflow: TensorFlowBuild | None = None) -> Path:
                    {tensorflow.folder(): "<tensorflow>"}, f"tensorflow {tensorflow.version}")
 
 
-def herring_unavailable() -> str | None:
-    """Why herring cannot run here (no summation server and no C++
-    compiler to build one), or None."""
-    if (RUNTIME_DIR / SUMSERVER_NAME).is_file():
+def program_path(name: str) -> Path:
+    """A native program a process kind runs, by its name (the
+    ``{native:NAME}`` of ProcessKind.command): built at install, else from
+    the build cache. KeyError for a name no build rule here makes."""
+    return _PROGRAMS[name][0]()
+
+
+def program_unavailable(name: str) -> str | None:
+    """Why the native program ``name`` cannot run here (not built at install
+    and no compiler to build it), or None."""
+    if (RUNTIME_DIR / name).is_file():
         return None
     try:
-        cxx_compiler()
+        _PROGRAMS[name][1]()
     except BuildError as exc:
         return str(exc)
     return None
+
+
+def client_library_path(name: str, tensorflow: TensorFlowBuild | None = None) -> Path:
+    """The op library a process kind's clients load, by its name
+    (ProcessKind.client_library), built for ``tensorflow``. KeyError for a
+    name no build rule here makes."""
+    return {HERRING_OPS_NAME: herring_ops_path}[name](tensorflow)
+
+
+# The native programs of helper processes: how each is found or built, and
+# the compiler building it needs.
+_PROGRAMS: dict[str, tuple[Callable[[], Path], Callable[[], str]]] = {
+    SUMSERVER_NAME: (sumserver_path, cxx_compiler),
+}
 
 
 def main(argv: list[str] | None = None) -> int:

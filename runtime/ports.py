@@ -37,13 +37,15 @@ import re
 import socket
 import stat
 import tempfile
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from autopar.common.errors import LaunchError
 from autopar.common.roles import SERVER_JOB, WORKER_JOB
 from autopar.runtime.spec import HostSpec, ResourceSpec
 from autopar.transforms.keys import REMOTE_PORTS
+from autopar.transforms.methods.process_kind import ProcessKind
+from autopar.transforms.methods.process_registry import PROCESS_KINDS
 
 logger = logging.getLogger(__name__)
 
@@ -54,10 +56,12 @@ _MAX_OS_PORT_TRIES = 64
 _WILDCARDS = ("0.0.0.0", "::")
 
 # What TensorFlow's gRPC server prints when it cannot bind its port (C++ log
-# line from grpc's add_port.cc, then the UnknownError it raises).
-# autopar_sumserver (cpp_ops/sum_server.cc) says "cannot listen on ADDR: Address in use".
-_BIND_FAILURE = re.compile(r"Could not start gRPC server|Failed to add port to server"
-                           r"|autopar_sumserver: cannot listen on")
+# line from grpc's add_port.cc, then the UnknownError it raises), and what
+# each helper-process kind says (ProcessKind.bind_failure).
+_BIND_FAILURE = re.compile("|".join([r"Could not start gRPC server",
+                                     r"Failed to add port to server",
+                                     *(k.bind_failure for k in PROCESS_KINDS.values()
+                                       if k.bind_failure)]))
 
 
 def is_bind_failure(line: str) -> bool:
@@ -93,9 +97,10 @@ class PortReservation:
     machine off its ports until ``release`` (also on leaving a ``with``)."""
 
     cluster: dict[str, list[str]]
-    # "addr:port" of the summation servers (one per server, like cluster's
-    # SERVER_JOB): not TensorFlow tasks, so not in the cluster.
-    sumservers: list[str] = field(default_factory=list)
+    # "addr:port" of each helper-process kind's processes, by role (one per
+    # server, like cluster's SERVER_JOB: ProcessKind.placement): not
+    # TensorFlow tasks, so not in the cluster.
+    helpers: dict[str, list[str]] = field(default_factory=dict)
     _locks: list[tuple[int, str]] = field(default_factory=list, repr=False)
 
     def release(self) -> None:
@@ -111,13 +116,14 @@ class PortReservation:
 
 
 def reserve_cluster(spec: ResourceSpec, avoid: Collection[str] = (), *,
-                    sumservers: bool = False, servers: bool = True) -> PortReservation:
+                    helpers: Sequence[ProcessKind] = (), servers: bool = True) -> PortReservation:
     """{WORKER_JOB: [...num_workers], SERVER_JOB: [...num_servers]} as "addr:port"
     strings, numbered like spec.worker_hosts() / spec.server_hosts(), with
     every port reserved until the reservation is released. Ports chosen by
     autopar are never one of the ``avoid`` endpoints (that failed to bind
-    before: on a remote host nothing else would tell). With ``sumservers``,
-    also one port per server for a summation server (``.sumservers``).
+    before: on a remote host nothing else would tell). For each kind of
+    ``helpers``, also one port per server for each of its processes
+    (``.helpers[kind.role]``).
     Without ``servers``, no server job (a plan with nothing on servers)."""
     remove_stale_locks()
     alloc = _Allocator(spec, avoid)
@@ -129,15 +135,18 @@ def reserve_cluster(spec: ResourceSpec, avoid: Collection[str] = (), *,
             workers += alloc.endpoints(i, host, host.workers, host.worker_ports)
             if servers:
                 server_endpoints += alloc.endpoints(i, host, host.servers, host.server_ports)
-        for i, host in enumerate(spec.hosts if sumservers else ()):
-            alloc.reservation.sumservers += alloc.endpoints(i, host, host.servers, None)
+        for kind in helpers:    # ProcessKind.placement: PER_SERVER
+            endpoints = alloc.reservation.helpers.setdefault(kind.role, [])
+            for i, host in enumerate(spec.hosts):
+                endpoints += alloc.endpoints(i, host, host.servers, None)
     except BaseException:
         alloc.reservation.release()
         raise
     cluster = _cluster(workers, server_endpoints if servers else [])
     alloc.reservation.cluster = cluster
     logger.info("allocated ports for %s: %s%s", spec.source, cluster,
-                f", summation servers {alloc.reservation.sumservers}" if sumservers else "")
+                "".join(f", {kind.what} {alloc.reservation.helpers[kind.role]}"
+                        for kind in helpers))
     return alloc.reservation
 
 

@@ -51,8 +51,9 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from autopar.common.roles import (SERVER_JOB, SERVER_ROLE, SUMSERVER_ROLE, WORKER_JOB, WORKER_ROLE,
+from autopar.common.roles import (SERVER_JOB, SERVER_ROLE, WORKER_JOB, WORKER_ROLE,
                                   process_name)
+from autopar.transforms.methods.process_registry import process_kinds
 
 MERGE_GAP_US = 200
 MAX_BYTES = 32 << 20
@@ -219,16 +220,19 @@ def clock_part(lane: str, clock_offset_s: float, clock_rtt_s: float) -> bytes:
                        "clock_rtt_s": clock_rtt_s, "steps": []}).encode()
 
 
-def _lanes(cluster: Mapping[str, Sequence[str]], sumservers: int) -> list[str]:
+def _lanes(cluster: Mapping[str, Sequence[str]], helpers: Mapping[str, int]) -> list[str]:
     return ([process_name(WORKER_ROLE, i) for i in range(len(cluster.get(WORKER_JOB, [])))]
             + [process_name(SERVER_ROLE, i) for i in range(len(cluster.get(SERVER_JOB, [])))]
-            + [process_name(SUMSERVER_ROLE, i) for i in range(sumservers)])
+            + [process_name(kind.role, i) for kind in process_kinds(helpers)
+               if kind.timeline_lane for i in range(helpers[kind.role])])
 
 
-def merge(parts: Mapping[str, bytes], cluster: Mapping[str, Sequence[str]], sumservers: int,
-          job: str, max_bytes: int = MAX_BYTES) -> dict:
-    """The job's trace from every worker's published part (module docstring)."""
-    lanes = _lanes(cluster, sumservers)
+def merge(parts: Mapping[str, bytes], cluster: Mapping[str, Sequence[str]],
+          helpers: Mapping[str, int], job: str, max_bytes: int = MAX_BYTES) -> dict:
+    """The job's trace from every worker's published part (module docstring).
+    ``helpers``: how many processes of each helper kind the job ran, by role
+    (transforms/methods/process_registry.py; those with a timeline lane get one)."""
+    lanes = _lanes(cluster, helpers)
     pids = {lane: i + 1 for i, lane in enumerate(lanes)}
     decoded = [json.loads(raw) for raw in parts.values()]
     offsets = {part["lane"]: part["clock_offset_s"] for part in decoded}

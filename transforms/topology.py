@@ -1,5 +1,5 @@
-"""Where a job's processes are: the worker hosts, in task order, and how
-many servers and summation servers it has."""
+"""Where a job's processes are: the worker hosts, in task order, how many
+servers it has, and which helper processes it cannot have."""
 from __future__ import annotations
 
 import functools
@@ -17,13 +17,13 @@ DEFAULT_LINK_GBPS = 10.0
 class Topology:
     worker_hosts: tuple[str, ...]   # host address of worker i
     num_servers: int = 0
-    # Whether herring's summation servers can serve this job: the launcher
-    # starts them when the plan uses herring; a job joined through TF_CONFIG
-    # has them only if AUTOPAR_SUMSERVERS names them (runtime.membership.cluster_topology).
-    summation_servers: bool = True
-    # Why there are none when summation_servers is False and it is not
-    # that case (no compiler for the native transport: runtime/native.py).
-    summation_servers_why: str = ""
+    # The helper-process kinds (transforms/methods/process_registry.py:
+    # herring's summation servers) this job cannot have, as (role, why): the
+    # launcher starts every other kind a plan needs, but not one whose native
+    # program cannot be built here (why: runtime/native.py's error); a job
+    # joined through TF_CONFIG has a kind only if the variable it publishes
+    # names its processes (why: "", runtime.membership.cluster_topology).
+    missing_processes: tuple[tuple[str, str], ...] = ()
     # The speed of each host's network link (the spec's network.bandwidth_gbps),
     # None where the spec does not say: hybrid's cost model for herring.
     link_gbps: float | None = None
@@ -40,6 +40,11 @@ class Topology:
     def from_cluster(cls, cluster: dict[str, list[str]]) -> "Topology":
         """From {WORKER_JOB: ["host:port", ...], SERVER_JOB: [...]}."""
         return cls(tuple(a.rsplit(":", 1)[0] for a in cluster[WORKER_JOB]), len(cluster.get(SERVER_JOB, [])))
+
+    def missing(self, role: str) -> str | None:
+        """Why this job cannot have the helper processes of ``role`` ("": it
+        was started without them), or None when it can."""
+        return dict(self.missing_processes).get(role)
 
     @property
     def num_workers(self) -> int:

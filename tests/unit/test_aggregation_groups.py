@@ -149,7 +149,7 @@ def _embedding_graph():
 def _hosts(n, per_host=1, servers=None, **kw):
     return Topology(tuple(f"10.0.{i // per_host // 200}.{i // per_host % 200 + 1}"
                           for i in range(n)), n if servers is None else servers,
-                    summation_servers=False, **kw)
+                    missing_processes=(("sumserver", ""),), **kw)
 
 
 def _structure(topology, **options):
@@ -186,7 +186,7 @@ def test_a_hand_set_group_wins(group):
 
 @pytest.mark.parametrize("topology, options, why", [
     (_hosts(4, link_gbps=1.0), {}, "the hosts and every server ("),
-    (Topology(("127.0.0.1",) * 64, 64, summation_servers=False), {}, "loopback"),
+    (Topology(("127.0.0.1",) * 64, 64, missing_processes=(("sumserver", ""),)), {}, "loopback"),
     (_hosts(256, link_gbps=1.0), dict(local_aggregation=False), "local_aggregation=False"),
 ])
 def test_small_jobs_loopback_and_no_local_aggregation_keep_the_hosts(topology, options, why):

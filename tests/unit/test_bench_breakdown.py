@@ -28,7 +28,7 @@ def test_phases_are_placed_in_their_step_and_busy_time_is_the_union():
                    # another worker's events are not the chief's
                    _event("backward", "backward", "worker 1", t0, 99, step, by="worker 1")]
     part = {"lane": "worker 0", "clock_offset_s": None, "clock_rtt_s": None, "steps": events}
-    steps = breakdown.step_phases(merge({"w0": json.dumps(part).encode()}, {}, 0, ""))
+    steps = breakdown.step_phases(merge({"w0": json.dumps(part).encode()}, {}, {}, ""))
     assert sorted(steps) == [10, 20]
     row = breakdown.summarise(steps)
     assert row["traced_steps"] == [10, 20] and row["step_ms"] == 100

@@ -440,19 +440,17 @@ def test_missing_cxx_compiler_names_what_to_install(monkeypatch, tmp_path):
                                                     "apt-get install g\\+\\+"):
             build()
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
-    missing = native.herring_unavailable()
+    missing = native.program_unavailable("autopar_sumserver")
     assert "apt-get install g++" in missing and "every run option but herring works" in missing
     # 4 workers on 4 hosts and 4 servers: with summation servers hybrid picks herring.
     model = models.build("cnn_momentum")
     hosts = tuple(f"10.0.0.{i}" for i in range(1, 5))
-    c = compile_plan(model.graph, Topology(hosts, 4, summation_servers=False,
-                                           summation_servers_why=missing),
+    c = compile_plan(model.graph, Topology(hosts, 4, missing_processes=(("sumserver", missing),)),
                      PlanOptions(run_option="hybrid"))
     assert {v.method for v in c.plan.variables} == {"allreduce"}
     assert "apt-get install g++" in METHODS["herring"].state(c.plan).why
     with pytest.raises(SpecError, match="run_option='herring' needs summation servers: .*g\\+\\+"):
-        compile_plan(model.graph, Topology(hosts, 4, summation_servers=False,
-                                           summation_servers_why=missing),
+        compile_plan(model.graph, Topology(hosts, 4, missing_processes=(("sumserver", missing),)),
                      PlanOptions(run_option="herring"))
 
 

@@ -66,7 +66,7 @@ def _children(bandwidth_gbps):
                         bandwidth_gbps=bandwidth_gbps)
     cluster = {"worker": ["127.0.0.1:5000", "127.0.0.1:5001"], "ps": ["127.0.0.2:5002"]}
     return plan_children(spec, cluster, [sys.executable, "train.py"], cwd="/here",
-                         sumservers=["127.0.0.2:5003"])
+                         helpers={SUMSERVER_ROLE: ["127.0.0.2:5003"]})
 
 
 def test_launcher_gives_every_process_the_window_of_its_links(monkeypatch):

@@ -44,7 +44,7 @@ def test_tf_config_workers_compile_their_own_plan_and_servers_plan_nothing():
                                                                PlanSource.OWN)
     assert got.cluster["worker"] == ["127.0.0.1:5001", "127.0.0.1:5002"]
     # The ps task counts as the server, the summation servers make herring possible.
-    assert got.topology.num_servers == 1 and got.topology.summation_servers
+    assert got.topology.num_servers == 1 and got.topology.missing("sumserver") is None
     server = TF_CONFIG.replace('"type": "worker"', '"type": "ps"')
     got = membership.resolve(None, {"TF_CONFIG": server})
     assert (got.role, got.index, got.topology) == (SERVER_ROLE, 0, None)

@@ -1,7 +1,9 @@
 """Synchronisation methods are self-contained (docs/adding-a-sync-method.md):
 no method package (transforms/methods/<name>/) imports another, and no
-library module outside a method's package imports it, except the registry
-(transforms/methods/registry.py), which lists them. What several methods
+library module outside a method's package imports it, except the registries
+(transforms/methods/registry.py, which lists the methods, and
+transforms/methods/process_registry.py, which lists the helper-process kinds
+they declare). What several methods
 share lives in a module of their own beside base.py, policy.py and the
 registry. Every import counts: at the top, inside a function, or under
 TYPE_CHECKING. Tests and benchmarks may import a method's modules to test
@@ -14,6 +16,7 @@ METHODS = REPO / "transforms" / "methods"
 LIBRARY = ("autopar", "common", "transforms", "runtime")
 PREFIX = "autopar.transforms.methods"
 REGISTRY = METHODS / "registry.py"
+REGISTRIES = (REGISTRY, METHODS / "process_registry.py")
 
 
 def _method_packages() -> set[str]:
@@ -45,7 +48,7 @@ def violations() -> list[str]:
     found = []
     for folder in LIBRARY:
         for path in sorted((REPO / folder).rglob("*.py")):
-            if "_pb2" in path.name or path == REGISTRY:
+            if "_pb2" in path.name or path in REGISTRIES:
                 continue
             rel = path.relative_to(REPO)
             own = rel.parts[2] if rel.parts[:2] == ("transforms", "methods") and \

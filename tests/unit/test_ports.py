@@ -11,6 +11,7 @@ from autopar.common.errors import LaunchError
 from autopar.runtime.ports import (DEFAULT_REMOTE_RANGE, allocate_cluster, is_bind_failure, is_local_address,
                            lock_dir, port_is_free, reserve_cluster)
 from autopar.runtime.spec import HostSpec, ResourceSpec
+from autopar.transforms.methods.herring.sumserver import SUMMATION_SERVER
 
 REPO = Path(__file__).resolve().parents[2]
 REMOTE = "192.0.2.1"  # TEST-NET-1: documentation-only, never assigned to this machine
@@ -244,8 +245,8 @@ def test_summation_servers_get_their_own_reserved_ports_on_the_servers_hosts():
     start, end = free_range(20)
     hosts = (HostSpec("127.0.0.1", workers=1, servers=2, ports=(start, end)),
              HostSpec("192.0.2.10", workers=1, servers=1))   # TEST-NET-1: never local
-    with reserve_cluster(spec(*hosts), sumservers=True) as reservation:
-        sums = reservation.sumservers
+    with reserve_cluster(spec(*hosts), helpers=[SUMMATION_SERVER]) as reservation:
+        sums = reservation.helpers["sumserver"]
         assert [e.rpartition(":")[0] for e in sums] == ["127.0.0.1", "127.0.0.1", "192.0.2.10"]
         taken = reservation.cluster["worker"] + reservation.cluster["ps"]
         assert len(set(sums + taken)) == len(sums + taken)
@@ -255,7 +256,7 @@ def test_summation_servers_get_their_own_reserved_ports_on_the_servers_hosts():
         assert {port_of(e) for e in sums[:2]}.isdisjoint(
             port_of(e) for e in again["worker"] + again["ps"])
     with reserve_cluster(spec(*hosts)) as without:
-        assert without.sumservers == []
+        assert without.helpers == {}
     assert is_bind_failure("autopar_sumserver: cannot listen on 127.0.0.1:5000: Address in use")
 
 

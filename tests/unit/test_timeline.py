@@ -35,7 +35,7 @@ def _part(lane, offset_s, steps):
 def test_parts_merge_onto_one_clock_and_the_oldest_steps_go_first():
     cluster = {"worker": ["a:1", "a:2"], "ps": ["a:3"]}
     parts = {"w0": _part("worker 0", 0.5, [2, 4, 6]), "w1": _part("worker 1", -0.25, [2, 4, 6])}
-    trace = timeline.merge(parts, cluster, sumservers=1, job="abc")
+    trace = timeline.merge(parts, cluster, helpers={"sumserver": 1}, job="abc")
     lanes = {e["args"]["name"]: e["pid"] for e in trace["traceEvents"]
              if e["name"] == "process_name"}
     assert list(lanes) == ["worker 0", "worker 1", "server 0", "sumserver 0"]
@@ -43,7 +43,7 @@ def test_parts_merge_onto_one_clock_and_the_oldest_steps_go_first():
     assert [e["ts"] for e in w0] == [2000 + 5e5, 4000 + 5e5, 6000 + 5e5]
     assert trace["otherData"]["clock_offsets_s"] == {"worker 0": 0.5, "worker 1": -0.25}
     full = len(json.dumps(trace))
-    cut = timeline.merge(parts, cluster, sumservers=1, job="abc", max_bytes=full - 1)
+    cut = timeline.merge(parts, cluster, helpers={"sumserver": 1}, job="abc", max_bytes=full - 1)
     assert cut["otherData"]["steps"] == [4, 6]
     assert len(json.dumps(cut)) <= full - 1
 
@@ -54,13 +54,13 @@ def test_a_servers_events_in_a_workers_trace_move_by_the_servers_offset():
     worker["steps"].append({"name": "server update", "ph": "X", "ts": 3000.0, "dur": 5.0,
                             "pid": "server 0", "tid": "ops", "args": {"step": 2, "by": "worker 0"}})
     parts = {"w0": json.dumps(worker).encode(), "s0": timeline.clock_part("server 0", -2.0, 0.002)}
-    trace = timeline.merge(parts, cluster, sumservers=0, job="abc")
+    trace = timeline.merge(parts, cluster, helpers={}, job="abc")
     lanes = {e["args"]["name"]: e["pid"] for e in trace["traceEvents"]
              if e["name"] == "process_name"}
     moved = {e["pid"]: e["ts"] for e in trace["traceEvents"] if e["ph"] == "X"}
     assert moved == {lanes["worker 0"]: 2000 + 5e5, lanes["server 0"]: 3000 - 2e6}
     assert trace["otherData"]["clock_offsets_s"] == {"worker 0": 0.5, "server 0": -2.0}
     # Without a part of its own, a server's events move with the worker's.
-    alone = timeline.merge({"w0": parts["w0"]}, cluster, sumservers=0, job="abc")
+    alone = timeline.merge({"w0": parts["w0"]}, cluster, helpers={}, job="abc")
     assert sorted(e["ts"] for e in alone["traceEvents"] if e["ph"] == "X") == [2000 + 5e5,
                                                                              3000 + 5e5]

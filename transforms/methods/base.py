@@ -24,7 +24,8 @@ Hooks (all but variable_plan, wire_bytes and rewrite have working defaults):
   default_partitions  into how many row partitions it splits a variable
   grouped_lookup      whether a variable's lookups are its aggregation
                 group's collectives
-  processes     the processes beyond the workers its plan needs
+  processes     the processes beyond the workers its plan needs, by role:
+                parameter servers, or kinds it declares in `process_kinds`
   rewrite       its ops in the worker's scratch graph, returned as Edits the
                 GraphDef pass applies to the original nodes
 """
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from autopar.transforms import serial
 from autopar.transforms.methods import wire
+from autopar.transforms.methods.process_kind import ProcessKind
 from autopar.transforms.ops import ConstantPool, NodeWriter
 
 if TYPE_CHECKING:   # annotations only
@@ -150,6 +152,10 @@ class SyncMethod:
     # Every worker ends a step with the variable's whole aggregated
     # gradient, so one owner can apply its update (transforms.wus).
     shards_weight_update: ClassVar[bool] = False
+    # The helper processes it may need besides the workers (herring's
+    # summation servers), declared in its package and listed in
+    # transforms/methods/process_registry.py: `processes` names them by role.
+    process_kinds: ClassVar[tuple[ProcessKind, ...]] = ()
 
     def job_choice(self, topology: "Topology", options: "PlanOptions",
                    required: bool, analysis: "Analysis") -> tuple[bool, str]:
@@ -270,7 +276,8 @@ class SyncMethod:
 
     def processes(self, plan: "Plan") -> set[str]:
         """The processes besides the workers `plan` needs for this method, by
-        role (common.roles: SERVER_ROLE, SUMSERVER_ROLE)."""
+        role: SERVER_ROLE (common.roles: the spec's parameter servers) or the
+        role of one of its `process_kinds`."""
         return set()
 
     def ordered_collectives(self, plan: "Plan") -> set[int]:

@@ -25,11 +25,11 @@ import tensorflow as tf
 
 from autopar.common.text import human_bytes
 from autopar.common.errors import SpecError
-from autopar.common.roles import SUMSERVER_ROLE
 from autopar.transforms.methods.base import Edits, RewriteContext, SyncMethod, VariablePlan
 from autopar.transforms.methods.wire import COLLECTIVES, WIRE_BYTES, narrowed
 from autopar.transforms.methods.herring import transport
 from autopar.transforms.methods.herring.bfb import FusionLayout, plan_layout
+from autopar.transforms.methods.herring.sumserver import SUMMATION_SERVER
 from autopar.transforms.ops import ConstantPool, reshape
 from autopar.transforms.topology import DEFAULT_LINK_GBPS
 
@@ -51,18 +51,20 @@ class Herring(SyncMethod):
     # Its transport narrows the float32 gradients it carries to either (the
     # servers add float32).
     wire_dtypes = {"float16": (HERRING_DTYPE,), "bfloat16": (HERRING_DTYPE,)}
+    # The summation servers its transport pushes to and pulls from.
+    process_kinds = (SUMMATION_SERVER,)
 
     def job_choice(self, topology, options, required, analysis):
         """Whether dense float32 gradients go through herring, and why."""
+        missing = topology.missing(SUMMATION_SERVER.role)
         if required:
             if topology.num_servers == 0:
                 raise SpecError("run_option='herring' sums gradients on server processes, but "
                                 "the resource spec has none: give some hosts `servers: 1` (one "
                                 "per host is a good start), or use run_option='allreduce'")
-            if not topology.summation_servers and topology.summation_servers_why:
-                raise SpecError(f"run_option='herring' needs summation servers: "
-                                f"{topology.summation_servers_why}")
-            if not topology.summation_servers:
+            if missing:
+                raise SpecError(f"run_option='herring' needs summation servers: {missing}")
+            if missing is not None:
                 raise SpecError("run_option='herring' needs summation servers, but this job was "
                                 "started without them: a job joined through TF_CONFIG starts one "
                                 "runtime/autopar_sumserver per server and names them in "
@@ -71,10 +73,10 @@ class Herring(SyncMethod):
             return True, "run_option='herring'"
         if topology.num_servers == 0:
             return False, ""
-        if not topology.summation_servers and topology.summation_servers_why:
-            return False, (f"no summation servers ({topology.summation_servers_why}), so dense "
+        if missing:
+            return False, (f"no summation servers ({missing}), so dense "
                            "gradients stay on ring all-reduce")
-        if not topology.summation_servers:
+        if missing is not None:
             return False, ("no summation servers in this job (joined through TF_CONFIG without "
                            "AUTOPAR_SUMSERVERS), so dense gradients stay on ring all-reduce")
         if topology.on_loopback:
@@ -181,7 +183,7 @@ class Herring(SyncMethod):
         return {"herring_buffers": buffers, "herring_why": state.why}
 
     def processes(self, plan):
-        return {SUMSERVER_ROLE} if self.state(plan).layout is not None else set()
+        return {SUMMATION_SERVER.role} if self.state(plan).layout is not None else set()
 
     def transport(self):
         """The push/pull op builder (transport.push_pull)."""
