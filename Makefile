@@ -71,7 +71,7 @@ demo-keras: $(STAMP)
 	$(PY) examples/keras_fit.py --spec resource_specs/localhost_2workers.yaml
 
 # On two pytest-xdist workers: the jobs' processes often wait on each other
-# or on the network, and one lane left a third of the two cores idle.
+# or on the network, and one lane left about 40 % of the two cores idle.
 # conftest.py keeps each file's tests on one worker and the files that use
 # machine-wide resources on the same one.
 test: $(STAMP)

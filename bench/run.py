@@ -603,12 +603,13 @@ def _start_sumserver(cluster, host: int, index: int, address: str, run_dir: Path
     link address, with the job's environment `env` (its flow window). Like
     every process of a point it leads its own process group; it also exits
     with the harness (--parent-pid, PR_SET_PDEATHSIG)."""
-    from autopar.runtime.commands import sumserver_path
+    from autopar.runtime.commands import native_program
+    from autopar.runtime.native import SUMSERVER_NAME
     host_addr, _, port = address.rpartition(":")
     label = f"sumserver{index}"
     stdout = run_dir / f"{label}.log"
     with open(stdout, "w") as out, open(stdout.with_suffix(".err"), "w") as err:
-        popen = cluster.popen(host, [sumserver_path(), "--host", host_addr, "--port", port,
+        popen = cluster.popen(host, [native_program(SUMSERVER_NAME), "--host", host_addr, "--port", port,
                                      "--parent-pid", str(os.getpid())],
                               env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
     return Proc(label, popen.pid, popen.poll, stdout, events)

@@ -324,11 +324,6 @@ def bind_shim_path() -> str:
     from autopar.runtime import native
     return _built(native.shim_path)
 
-def sumserver_path() -> str:
-    """runtime/autopar_sumserver, built at install time (else on first use)."""
-    from autopar.runtime import native
-    return _built(native.sumserver_path)
-
 def native_program(name: str) -> str:
     """A helper process's native program by its name (ProcessKind.command),
     built at install time (else on first use)."""

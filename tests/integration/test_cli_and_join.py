@@ -132,23 +132,13 @@ def _run_tf_config_workers(command: list[str], workers: int = 2,
         for name in drop:
             env.pop(name, None)
         env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
-        if fresh:
-            procs.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, text=True))
-        else:
-            procs.append(LineReader(start_job(command, env)))
-    if not fresh:
-        with contextlib.ExitStack() as stack:
-            readers = [stack.enter_context(reader) for reader in procs]
-            logs = [reader.rest(timeout=180) for reader in readers]
-        assert [r.proc.returncode for r in readers] == [0] * workers, "\n".join(logs)[-3000:]
-        return logs
-    try:
-        logs = [p.communicate(timeout=180)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+        procs.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True,
+                                      start_new_session=True)
+                     if fresh else start_job(command, env))
+    with contextlib.ExitStack() as stack:
+        readers = [stack.enter_context(LineReader(proc)) for proc in procs]
+        logs = [reader.rest(timeout=180) for reader in readers]
     assert [p.returncode for p in procs] == [0] * workers, "\n".join(logs)[-3000:]
     return logs
 

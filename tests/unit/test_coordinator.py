@@ -567,9 +567,10 @@ def test_a_stopped_summation_server_does_not_answer_the_probe():
     """The launcher's liveness probe of a summation server (it sends no
     heartbeats): a running one closes the probe's connection, a SIGSTOPped
     one (its kernel still accepts connections) does not."""
-    from autopar.runtime.commands import sumserver_path
+    from autopar.runtime.commands import native_program
+    from autopar.runtime.native import SUMSERVER_NAME
     from autopar.runtime.netns import answers
-    server = subprocess.Popen([sumserver_path(), "--host", "127.0.0.1", "--port", "0"],
+    server = subprocess.Popen([native_program(SUMSERVER_NAME), "--host", "127.0.0.1", "--port", "0"],
                               stdout=subprocess.PIPE, text=True)
     try:
         address = server.stdout.readline().split()[-1]

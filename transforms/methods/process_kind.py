@@ -76,16 +76,15 @@ class ProcessKind:
     @property
     def native_programs(self) -> list[str]:
         """The names of the native programs its command runs."""
-        return [part[len(NATIVE):-1] for part in self.command
-                if part.startswith(NATIVE) and part.endswith("}")]
+        return [name for name in map(_native_program, self.command) if name]
 
     def argv(self, host: str, port: str, native) -> list[str]:
         """The command of one process on ``host`` at ``port``; ``native``
         maps a native program's name to its path."""
-        out = []
-        for part in self.command:
-            if part.startswith(NATIVE) and part.endswith("}"):
-                out.append(native(part[len(NATIVE):-1]))
-            else:
-                out.append(part.replace(HOST, host).replace(PORT, port))
-        return out
+        return [native(name) if (name := _native_program(part))
+                else part.replace(HOST, host).replace(PORT, port) for part in self.command]
+
+
+def _native_program(part: str) -> str:
+    """The native program a command part `{native:NAME}` names ("" for any other part)."""
+    return part[len(NATIVE):-1] if part.startswith(NATIVE) and part.endswith("}") else ""
