@@ -180,7 +180,10 @@ def dump(out: Path, only: str | None = None) -> None:
                 record["workers"][w] = {
                     "graph_def": wg.meta_graph.graph_def.SerializeToString(),
                     "replaced": dict(wg.replaced), "server_variables": set(wg.server_variables),
-                    "partitions": dict(wg.partitions), "broadcast_op": wg.broadcast_op,
+                    "partitions": {name: {"handles": list(v.handles),
+                                          "layout": [v.layout.rows, v.layout.n, v.layout.dealt]}
+                                   for name, v in wg.partitions.items()},
+                    "broadcast_op": wg.broadcast_op,
                     "step_barriers": list(wg.step_barriers),
                     "step_targets": list(wg.step_targets), "after_step": wg.after_step,
                     "in_step": wg.in_step, "accumulate_first": wg.accumulate_first,
@@ -339,6 +342,14 @@ def structural_diff(original_def, before_def, after_def) -> list[str]:
     return problems
 
 
+def _partition_record(v, hashes: dict) -> tuple:
+    """(the partitions' handles' hashes, their row layout or None for dealt)."""
+    if isinstance(v, list):
+        return [hashes.get(n) for n in v], None
+    layout = None if v["layout"][2] else tuple(v["layout"])
+    return [hashes.get(n) for n in v["handles"]], layout
+
+
 def compare(before: Path, after: Path, verbose: bool = False) -> int:
     from tensorflow.core.framework import graph_pb2
     from autopar.transforms.methods.herring.transport import herring_ops
@@ -378,12 +389,13 @@ def compare(before: Path, after: Path, verbose: bool = False) -> int:
             for key in ("server_variables", "collections"):
                 if wb[key] != wa[key]:
                     problems.append(f"{key} differ")
-            for key in ("partitions",):
-                # a partitioned variable's partitions' handles, in order
-                pb = {k: [hb.get(n) for n in v] for k, v in wb[key].items()}
-                pa = {k: [ha.get(n) for n in v] for k, v in wa[key].items()}
-                if pb != pa:
-                    problems.append(f"{key} differ")
+            # a partitioned variable's partitions' handles, in order, and which
+            # rows each holds (a snapshot taken before row layouts existed: a
+            # list of handles, rows dealt)
+            pb, pa = ({k: _partition_record(v, h) for k, v in w["partitions"].items()}
+                      for w, h in ((wb, hb), (wa, ha)))
+            if pb != pa:
+                problems.append("partitions differ")
             barriers_b, barriers_a = _step_barriers(wb), _step_barriers(wa)
             if [(g, hb.get(op)) for g, op in barriers_b] != [(g, ha.get(op)) for g, op in barriers_a]:
                 problems.append("step barriers differ")

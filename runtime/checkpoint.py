@@ -52,7 +52,7 @@ from google.protobuf import text_format
 from autopar.common.errors import AutoparError, shown
 from autopar.runtime.console import op_error_text
 from autopar.runtime.outputs import writable_directory
-from autopar.transforms.partition import dealt_rows, interleave_rows
+from autopar.transforms.partition import PartitionedVariable
 
 tf1 = tf.compat.v1
 log = logging.getLogger("autopar.checkpoint")
@@ -74,7 +74,7 @@ _DATA_SHARD = re.compile(r"\.data-\d{5}-of-\d{5}")
 
 class Checkpointer:
     def __init__(self, graph: tf.Graph, directory: str, every_steps: int,
-                 partitions: dict[str, list[str]] | None = None,
+                 partitions: dict[str, PartitionedVariable] | None = None,
                  keep: int = 5):
         self.directory = directory
         self._root = os.path.abspath(directory)
@@ -104,14 +104,14 @@ class Checkpointer:
                         restores.append(v.assign(tf.reshape(value, v.shape)).op)
                     continue
                 pieces = []
-                for p, part in enumerate(parts):
+                for p, part in enumerate(parts.handles):
                     handle = graph.get_operation_by_name(part).outputs[0]
                     with tf.device(handle.op.device):
                         pieces.append(tf.raw_ops.ReadVariableOp(resource=handle,
                                                                 dtype=v.dtype.base_dtype))
                         restores.append(tf.raw_ops.AssignVariableOp(
-                            resource=handle, value=dealt_rows(value, p, len(parts))))
-                values.append(interleave_rows(pieces, v.shape[0]))
+                            resource=handle, value=parts.layout.piece(value, p)))
+                values.append(parts.layout.whole(pieces))
             self._save = tf.raw_ops.SaveV2(prefix=self._path, tensor_names=names,
                                            shape_and_slices=[""] * len(names), tensors=values)
             self._restore = tf.group(*restores)

@@ -2,16 +2,22 @@
 placement is in plan.py).
 
 A variable of V rows becomes P variables, each on its server, and so do its
-optimizer slots. Rows are dealt round-robin (TensorFlow's
-partition_strategy="mod"): row r is row r // P of partition r % P. Contiguous
-ranges would put the most frequent ids of a vocabulary sorted by frequency
-(most are) on one server, whose link then carries most of every step's pulls
-and pushes: measured on the emulated cluster, 0.9 of 1 MB of a Zipf-skewed
-LM's rows came from the first of four range partitions. A plan's partition p
-still owns the range [start, end) of positions in the dealt order (the rows
-p, p + P, p + 2P, ... in turn); only its size end - start is used as such.
+optimizer slots. Which rows each partition holds is its RowLayout:
+- a variable with a sparse gradient deals its rows round-robin (TensorFlow's
+  partition_strategy="mod"): row r is row r // P of partition r % P.
+  Contiguous ranges would put the most frequent ids of a vocabulary sorted by
+  frequency (most are) on one server, whose link then carries most of every
+  step's pulls and pushes: measured on the emulated cluster, 0.9 of 1 MB of a
+  Zipf-skewed LM's rows came from the first of four range partitions.
+- a variable with a dense gradient moves whole every step, so any split is
+  even; it is cut into contiguous ranges, which makes its gradient's pieces
+  views of the gradient and its read one concatenation. Dealt, each was a
+  strided copy (element by element for a vector): on the 32 MiB averaging
+  benchmark (4 workers, 4 servers) those copies were half of a worker's CPU.
+Either way partition p holds dealt_sizes(V, P)[p] rows, and a plan's [start,
+end) of partition p counts them (for ranges, they are its rows).
 What used the whole variable keeps its name but now reads the partitions:
-  a read           -> Identity(the partitions' reads, interleaved back in row order)
+  a read           -> Identity(the partitions' reads, put back in row order)
   a row gather     -> Identity(the distinct ids' rows gathered on their partitions,
                       stitched back and expanded to every id: a worker pulls
                       each touched row once per step; with a PullGroup
@@ -26,6 +32,7 @@ made local to it. The user's graph, fetches and checkpoint names are unchanged.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
 
@@ -43,18 +50,72 @@ _GATHERS = {"ResourceGather"}
 
 
 def dealt_sizes(rows: int, n: int) -> list[int]:
-    """Rows of each of n partitions when V rows are dealt round-robin."""
+    """Rows of each of n partitions (when V rows are dealt round-robin; ranges
+    have the same sizes)."""
     return [len(range(p, rows, n)) for p in range(n)]
 
 
-def dealt_rows(value: tf.Tensor, p: int, n: int) -> tf.Tensor:
-    """Partition p's rows of a whole-variable value (rows p, p + n, ...)."""
-    return value[p::n]
+@dataclass(frozen=True)
+class RowLayout:
+    """Which rows of a `rows`-row variable each of its `n` partitions holds:
+    dealt round-robin (row r is row r // n of partition r % n) or, with
+    `dealt` False, contiguous ranges of dealt_sizes(rows, n) rows each."""
+    rows: int
+    n: int
+    dealt: bool = True
+
+    @staticmethod
+    def for_gradient(gradient: str, rows: int, n: int) -> "RowLayout":
+        """The layout of a variable whose gradient is `gradient` ("dense" or
+        "sparse"; the module's docstring says why)."""
+        return RowLayout(rows, n, dealt=gradient != "dense")
+
+    def starts(self) -> list[int]:
+        """For ranges: the first row of each partition, then `rows`."""
+        return list(itertools.accumulate(dealt_sizes(self.rows, self.n), initial=0))
+
+    def slice_of(self, p: int) -> tuple[int, int, int]:
+        """(begin, end, stride) of partition p's rows in the whole value."""
+        if self.dealt:
+            return p, self.rows, self.n
+        starts = self.starts()
+        return starts[p], starts[p + 1], 1
+
+    def rows_of(self, p: int) -> range:
+        return range(*self.slice_of(p))
+
+    def piece(self, value: tf.Tensor, p: int) -> tf.Tensor:
+        """Partition p's rows of a whole-variable value."""
+        begin, end, stride = self.slice_of(p)
+        return value[begin:end:stride]
+
+    def whole(self, pieces: list[tf.Tensor]) -> tf.Tensor:
+        """The whole value from the partitions' values (the inverse of piece)."""
+        if self.n == 1:
+            return pieces[0]
+        return interleave_rows(pieces, self.rows) if self.dealt else tf.concat(pieces, axis=0)
+
+    def locate(self, ids: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """(partition of each id as int32, its row there) for row ids."""
+        if self.dealt:
+            n = tf.constant(self.n, dtype=ids.dtype)
+            return tf.cast(tf.math.floormod(ids, n), tf.int32), tf.math.floordiv(ids, n)
+        starts = tf.constant(self.starts()[:-1], dtype=ids.dtype)
+        which = tf.searchsorted(starts, ids, side="right", out_type=tf.int32) - 1
+        return which, ids - tf.gather(starts, which)
+
+
+@dataclass(frozen=True)
+class PartitionedVariable:
+    """A variable split into partitions: their handles (node names), in
+    order, and which rows each holds."""
+    handles: list[str]
+    layout: RowLayout
 
 
 def interleave_rows(pieces: list[tf.Tensor], rows: int) -> tf.Tensor:
-    """The whole variable from its partitions' values (the inverse of
-    dealt_rows): pieces padded to the longest, stacked so row i of every
+    """The whole variable from its dealt partitions' values (the inverse of
+    RowLayout.piece): pieces padded to the longest, stacked so row i of every
     partition is adjacent, flattened in row order and cut to `rows`."""
     n = len(pieces)
     if n == 1:
@@ -130,8 +191,8 @@ class Partitioner:
         self.lookups: dict[str, tf.Tensor] = {}   # row gather op -> the rows it now reads
         self._whole_reads: dict[tuple, str] = {}   # (variable, control inputs) -> its value
 
-    def split(self, var: str, parts: list[list[int]], region: set[str]) -> list[str]:
-        """The partitions' handles (node names)."""
+    def split(self, var: str, layout: RowLayout, region: set[str]) -> list[str]:
+        """The partitions' handles (node names), holding `layout`'s rows."""
         op = self.g.get_operation_by_name(var)
         if op.type != "VarHandleOp":
             raise ValueError(f"only resource variables can be partitioned, '{var}' is {op.type}")
@@ -142,8 +203,8 @@ class Partitioner:
         # the handles it reads.
         in_graph = any(c.type in _GATHERS or _row_gathers_of(c) for c in consumers)
         handles = []
-        for p, (start, end) in enumerate(parts):
-            attrs = dict(dtype=dtype, shape=[end - start, *shape[1:]],
+        for p, size in enumerate(dealt_sizes(layout.rows, layout.n)):
+            attrs = dict(dtype=dtype, shape=[size, *shape[1:]],
                          shared_name=part_name(var, p))
             if in_graph:
                 with tf.device(self.devices_of(p)):
@@ -153,14 +214,15 @@ class Partitioner:
                                               name=self._handle_name(part_name(var, p)), **attrs))
         names = [h if isinstance(h, str) else h.op.name for h in handles]
         for c in consumers:
-            self._redirect(var, c, handles, names, parts, dtype, shape)
+            self._redirect(var, c, handles, names, layout, dtype, shape)
         return names
 
     def _handle_name(self, name: str) -> str:
         """The name a handle built in the current name scope would get."""
         return self.g.unique_name(name, mark_as_used=True)
 
-    def _redirect(self, var: str, c: tf.Operation, handles, names, parts, dtype, shape) -> None:
+    def _redirect(self, var: str, c: tf.Operation, handles, names, layout: RowLayout, dtype,
+                  shape) -> None:
         nodes = self.nodes
         if c.type in _READS:
             # A gather of the read's rows (Keras 3's Embedding: tf.gather of
@@ -169,7 +231,7 @@ class Partitioner:
             # becomes a NoOp after them instead of a read of every partition.
             gathers = _row_gathers_of(c)
             for g in gathers:
-                self._row_gather(g, c.control_inputs + g.control_inputs, handles, parts, dtype)
+                self._row_gather(g, c.control_inputs + g.control_inputs, handles, layout, dtype)
             if gathers and len(gathers) == len(c.outputs[0].consumers()):
                 self.edits.noop_deps[c.name] = [self.lookups[g.name].op.name for g in gathers]
                 return
@@ -184,10 +246,10 @@ class Partitioner:
                 reads = [nodes.add("ReadVariableOp", [h, *c.control_inputs], self.devices_of(p),
                                    dtype=dtype)
                          for p, h in enumerate(names)]
-                self._whole_reads[key] = self._interleave(reads, dtype, shape)
+                self._whole_reads[key] = self._whole(reads, layout, dtype, shape)
             self.edits.identities[c.name] = self._whole_reads[key]
         elif c.type in _GATHERS:
-            self._row_gather(c, c.control_inputs, handles, parts, dtype)
+            self._row_gather(c, c.control_inputs, handles, layout, dtype)
         elif c.type == "VarIsInitializedOp":
             flags = [nodes.add("VarIsInitializedOp", [h]) for h in names]
             stacked = nodes.add("Pack", flags, N=len(flags), T=tf.bool, axis=0)
@@ -203,8 +265,7 @@ class Partitioner:
             assigns = []
             for p, h in enumerate(names):
                 device = self.devices_of(p)
-                bounds = [self.constants.get([b], device=device)
-                          for b in (p, shape[0], len(parts))]   # dealt_rows
+                bounds = [self.constants.get([b], device=device) for b in layout.slice_of(p)]
                 piece = nodes.add("StridedSlice", [value, *bounds], device,
                                   T=value.dtype.base_dtype, Index=tf.int32)
                 assigns.append(nodes.add("AssignVariableOp", [h, piece], device, dtype=dtype))
@@ -215,17 +276,20 @@ class Partitioner:
                         "redirected to the partitions); Config(partitions={%r: 1}) keeps it whole",
                         var, c.type, c.name, var)
 
-    def _row_gather(self, gather: tf.Operation, controls, handles, parts, dtype) -> None:
+    def _row_gather(self, gather: tf.Operation, controls, handles, layout, dtype) -> None:
         """`gather` (ids its second input) becomes the rows _gather reads from
         the partitions, after `controls`."""
         with tf.control_dependencies(controls):
-            rows = self._gather(gather.inputs[1], handles, parts, dtype)
+            rows = self._gather(gather.inputs[1], handles, layout, dtype)
         self.edits.identities[gather.name] = rows.name
         self.lookups[gather.name] = rows
 
-    def _interleave(self, reads: list[str], dtype, shape) -> str:
-        """interleave_rows as NodeDefs: the whole value from the partitions' reads."""
+    def _whole(self, reads: list[str], layout: RowLayout, dtype, shape) -> str:
+        """RowLayout.whole as NodeDefs: the whole value from the partitions' reads."""
         nodes, n, rows = self.nodes, len(reads), shape[0]
+        if not layout.dealt:
+            return nodes.add("ConcatV2", [*reads, nodes.add_const(0, tf.int32)], N=n, T=dtype,
+                             Tidx=tf.int32)
         longest = -(-rows // n)
         rank = len(shape)
         pad = nodes.add_const([[0, 1]] + [[0, 0]] * (rank - 1), tf.int32)
@@ -239,20 +303,20 @@ class Partitioner:
         bounds = [self.constants.get([b]) for b in (0, rows, 1)]
         return nodes.add("StridedSlice", [whole, *bounds], T=dtype, Index=tf.int32)
 
-    def _gather(self, ids: tf.Tensor, handles, parts, dtype) -> tf.Tensor:
+    def _gather(self, ids: tf.Tensor, handles, layout, dtype) -> tf.Tensor:
         """Rows `ids` of the whole variable, each distinct id's row read once on
         its partition's server (a lookup repeats ids: a Zipf-skewed batch has
         about half as many distinct ones)."""
         flat = tf.reshape(ids, [-1])
         distinct, expand = tf.unique(flat, out_idx=tf.int32)
         if self.pull_group is None:
-            rows = self._pull(distinct, handles, parts, dtype)
+            rows = self._pull(distinct, handles, layout, dtype)
         else:
-            rows = self._group_pull(distinct, handles, parts, dtype)
+            rows = self._group_pull(distinct, handles, layout, dtype)
         stitched = tf.gather(rows, expand)
         return tf.reshape(stitched, tf.concat([tf.shape(ids), tf.shape(stitched)[1:]], axis=0))
 
-    def _group_pull(self, distinct: tf.Tensor, handles, parts, dtype) -> tf.Tensor:
+    def _group_pull(self, distinct: tf.Tensor, handles, layout, dtype) -> tf.Tensor:
         """The rows of this worker's `distinct` ids, pulled once for its group:
         every member's ids gathered (tagged with the member's rank), their
         union pulled by rank 0 and broadcast to the group, each member taking
@@ -268,7 +332,7 @@ class Partitioner:
         row = self._row_shape(handles[0])
         rows = None
         if group.rank == 0:
-            rows = self._pull(tf.cast(union, distinct.dtype), handles, parts, dtype)
+            rows = self._pull(tf.cast(union, distinct.dtype), handles, layout, dtype)
             rows.set_shape([None, *row])
         union_rows = group.backend.broadcast_rows(rows, tf.size(union), row, dtype, group.keys[1])
         mine = tf.equal(ranks[:, 0], group.rank)
@@ -279,13 +343,11 @@ class Partitioner:
         op = handle.op if hasattr(handle, "op") else self.g.get_operation_by_name(handle)
         return tf.TensorShape(op.get_attr("shape")).as_list()[1:]
 
-    def _pull(self, distinct: tf.Tensor, handles, parts, dtype) -> tf.Tensor:
+    def _pull(self, distinct: tf.Tensor, handles, layout: RowLayout, dtype) -> tf.Tensor:
         """The rows of `distinct` ids, each read on its partition's server."""
-        n = tf.constant(len(parts), dtype=distinct.dtype)
-        which = tf.cast(tf.math.floormod(distinct, n), tf.int32)
-        local = tf.math.floordiv(distinct, n)
-        positions = tf.dynamic_partition(tf.range(tf.size(distinct)), which, len(parts))
-        pieces = tf.dynamic_partition(local, which, len(parts))
+        which, local = layout.locate(distinct)
+        positions = tf.dynamic_partition(tf.range(tf.size(distinct)), which, layout.n)
+        pieces = tf.dynamic_partition(local, which, layout.n)
         rows = []
         for p, h in enumerate(handles):
             with tf.device(self.devices_of(p)):

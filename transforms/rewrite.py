@@ -54,9 +54,9 @@ class WorkerGraph:
     # (train groups, op on a server): fetched the same way, not waited for by
     # the barrier (Edits.step_targets)
     step_targets: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
-    # partitioned variable -> its partitions' handles, in order (rows dealt
-    # round-robin: transforms.partition)
-    partitions: dict[str, list] = field(default_factory=dict)
+    # partitioned variable -> its partitions' handles, in order, and which
+    # rows each holds (transforms.partition.PartitionedVariable)
+    partitions: dict[str, object] = field(default_factory=dict)
     # Config.aggregation_group: an original gather op whose lookup is a
     # collective of the group -> a barrier of every worker waiting for this
     # worker's part of it. A run that is not a training step (which ends with

@@ -88,7 +88,8 @@ class Edits:
     inputs: dict[str, dict[str, str]] = field(default_factory=dict)
     noop_deps: dict[str, list[str]] = field(default_factory=dict)  # node -> NoOp(^deps)
     copies: list[tuple] = field(default_factory=list)           # (region, p, remap, device_of)
-    partitions: dict[str, list[str]] = field(default_factory=dict)   # variable -> partition handles
+    # variable -> its partitions (transforms.partition.PartitionedVariable)
+    partitions: dict[str, object] = field(default_factory=dict)
     # grouped lookup (an original gather op, Config.aggregation_group) -> the
     # barrier a run that is not a training step fetches with it
     lookup_barriers: dict[str, str] = field(default_factory=dict)

@@ -52,7 +52,8 @@ from autopar.common.roles import SERVER_JOB
 from autopar.transforms.graph_utils import in_gradient_scope, node_input_name
 from autopar.transforms.methods.base import Edits, VariablePlan
 from autopar.transforms.ops import ConstantPool, NodeWriter, new_op, rows_where
-from autopar.transforms.partition import Partitioner, PullGroup, copy_prefix, read_order
+from autopar.transforms.partition import (PartitionedVariable, Partitioner, PullGroup, RowLayout,
+                                          copy_prefix, read_order)
 from autopar.transforms.placement import Move, ps_devices, server_device
 from autopar.transforms.sparse_rows import combine_rows, split_shared_rows
 
@@ -461,10 +462,12 @@ class PsBuilder:
         scale = self._scale(info)
         if info.gradient == "dense":
             # NodeDefs (one per variable: as Python ops they were most of a
-            # ps-mode rewrite); the node's name
+            # ps-mode rewrite); the node's name. Pushed unscaled: the chief
+            # scales the sum once on the server (_scaled_take), as
+            # TensorFlow's SyncReplicasOptimizer averages in its take,
+            # instead of every worker passing over its whole gradient.
             dtype = self.g.get_tensor_by_name(info.grad_tensor).dtype.base_dtype
-            grad = self.nodes.add("Mul", [node_input_name(info.grad_tensor),
-                                          self._const(scale, dtype)], T=dtype)
+            grad = node_input_name(info.grad_tensor)
             if la:
                 host = self.backend.subgroup(len(members), host_key)
                 grad = host.allreduce_sum_node(self.nodes, grad, dtype, vp.keys["la_values"])
@@ -489,7 +492,8 @@ class PsBuilder:
         i64 = tf.int64
         if info.gradient == "sparse" and len(vp.partitions) > 1:
             # Each row's partition (index mod n) and its row there (index div
-            # n), computed once for all partitions.
+            # n), computed once for all partitions: a sparse variable's rows
+            # are dealt (RowLayout.for_gradient).
             _, indices = contribution
             n = self._const(len(vp.partitions), i64)
             which = new_op("FloorMod", [indices, n], T=i64).outputs[0]
@@ -499,9 +503,8 @@ class PsBuilder:
             if info.gradient == "dense":
                 dtype = self.g.get_tensor_by_name(info.grad_tensor).dtype.base_dtype
                 piece = contribution
-                if len(vp.partitions) > 1:   # dealt_rows: rows p, p + n, ...
-                    bounds = [self.constants.get([b])
-                              for b in (p, info.shape[0], len(vp.partitions))]
+                if len(vp.partitions) > 1:   # its rows (a view of ranges, not a copy)
+                    bounds = [self.constants.get([b]) for b in _layout(vp, info).slice_of(p)]
                     piece = self.nodes.add("StridedSlice", [contribution, *bounds], T=dtype,
                                            Index=tf.int32)
                 push = self.nodes.add("AccumulatorApplyGradient", [
@@ -566,9 +569,10 @@ class PsBuilder:
                 vp.keys["pull_rows"]))
         partitioner = Partitioner(self.g, self.edits, lambda p: server_device(vp.servers[p]),
                                   self.constants, self.nodes, group)
+        layout = _layout(vp, info)
         for name in [info.name, *info.slots]:
-            self.part_handles[name] = partitioner.split(name, vp.partitions, region)
-            self.edits.partitions[name] = self.part_handles[name]
+            self.part_handles[name] = partitioner.split(name, layout, region)
+            self.edits.partitions[name] = PartitionedVariable(self.part_handles[name], layout)
         if pulls_per_group(vp):
             self._lookup_barriers(vp, info, partitioner.lookups)
 
@@ -599,10 +603,7 @@ class PsBuilder:
         required = self._const(need, tf.int32, device)
         if info.gradient == "dense":
             grad = self.g.get_tensor_by_name(info.grad_tensor)
-            dtype = grad.dtype.base_dtype
-            total = self.nodes.add("AccumulatorTakeGradient", [
-                accumulators[0], required, *self._own_pushes_on(device)], device, dtype=dtype)
-            self._read_as_gradient(grad, total, device)
+            self._read_as_gradient(grad, self._scaled_take(info, accumulators[0], device), device)
             return
         with tf.device(device):
             values = self.g.get_tensor_by_name(info.grad_values)
@@ -655,9 +656,7 @@ class PsBuilder:
             required = self._const(need, tf.int32, device)
             with tf.device(device):
                 if info.gradient == "dense":
-                    total = self.nodes.add("AccumulatorTakeGradient", [
-                        accumulators[p], required, *self._own_pushes_on(device)], device,
-                        dtype=tf.as_dtype(info.dtype))
+                    total = self._scaled_take(info, accumulators[p], device)
                     remap[node_input_name(info.grad_tensor)] = total
                     totals.append(total)
                 else:
@@ -684,17 +683,34 @@ class PsBuilder:
         """What reads a partitioned dense gradient outside its update regions
         (a global norm's term of it, which the other gradients' terms join)
         reads the aggregate, as it does for a variable kept whole: the
-        partitions' takes dealt back into place (partition p holds rows p,
-        p + n, ...) (before: the chief's own gradient, and the norm that
-        clips every variable was the chief's)."""
+        partitions' takes put back into place (RowLayout.rows_of) (before:
+        the chief's own gradient, and the norm that clips every variable was
+        the chief's)."""
         grad = self.g.get_tensor_by_name(info.grad_tensor)
         dtype = grad.dtype.base_dtype
         device = server_device(vp.servers[0])
         n = len(vp.servers)
-        rows = [self._const(list(range(p, info.shape[0], n)), tf.int32, device)
-                for p in range(n)]
-        whole = self.nodes.add("DynamicStitch", [*rows, *totals], device, N=n, T=dtype)
+        layout = _layout(vp, info)
+        if layout.dealt:
+            rows = [self._const(list(layout.rows_of(p)), tf.int32, device) for p in range(n)]
+            whole = self.nodes.add("DynamicStitch", [*rows, *totals], device, N=n, T=dtype)
+        else:
+            whole = self.nodes.add("ConcatV2", [*totals, self._const(0, tf.int32, device)],
+                                   device, N=n, T=dtype, Tidx=tf.int32)
         self._read_as_gradient(grad, whole, device)
+
+    def _scaled_take(self, info: VariableInfo, accumulator, device: str) -> str:
+        """The node taking a dense accumulator's sum of this step's
+        contributions (all of them in, the chief's own push included) on
+        `device`, times the gradient scale (Plan.gradient_scale)."""
+        dtype = tf.as_dtype(info.dtype)
+        need = self._const(self.plan.contributions_per_step(), tf.int32, device)
+        total = self.nodes.add("AccumulatorTakeGradient", [
+            accumulator, need, *self._own_pushes_on(device)], device, dtype=dtype)
+        scale = self._scale(info)
+        if scale == 1.0:
+            return total
+        return self.nodes.add("Mul", [total, self._const(scale, dtype, device)], device, T=dtype)
 
     def _read_as_gradient(self, grad: tf.Tensor, aggregate: str, device: str) -> None:
         """What reads the dense gradient `grad` outside the backward pass reads
@@ -751,3 +767,8 @@ class PsBuilder:
             info = self.analysis.variable(vp.name)
             out |= set(info.update_ops) | set(info.own_path_ops)
         return out
+
+
+def _layout(vp: VariablePlan, info: VariableInfo) -> RowLayout:
+    """Which rows each of a partitioned variable's partitions holds."""
+    return RowLayout.for_gradient(info.gradient, info.shape[0], len(vp.partitions))
