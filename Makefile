@@ -136,7 +136,7 @@ docs: $(STAMP)
 # bench-setup builds the Horovod peer's own virtualenv once (bench/.venv-horovod,
 # TensorFlow 2.12 + Horovod 0.28.1, a few minutes); the bench targets build it
 # too when it is missing. Results: bench/results/<quick|full>.{json,md,png}.
-.PHONY: bench-setup bench-quick bench bench-herring bench-messages bench-groups
+.PHONY: bench-setup bench-quick bench bench-herring bench-messages bench-ps-bytes bench-groups
 BENCH_ROOT_CHECK = $(PY) -c 'from bench.cluster import require_root; require_root()'
 
 bench-setup: $(STAMP)
@@ -179,6 +179,17 @@ bench-messages: $(STAMP)
 	$(PY) -m bench.run --name messages --link-mbit 1000 --hosts 2,4,8 --servers equal \
 		--workloads avg,sparse --avg-mib 1 --steps avg=3:30 \
 		--peers floor,tf_mwms,tf_ps,horovod,autopar-allreduce,autopar-ps,autopar-hybrid
+	$(MAKE) docs   # the benchmark page and README numbers from the new results
+
+# The parameter-server peers' CPU per byte (issue 61 item 2): the 100 MiB microbenchmark, the
+# dense CNN and the sparse LM at 1000 Mbit/s, 2, 4 and 8 hosts, S = N servers, the floor,
+# TF-PS and autopar-ps (~15 min). bench/simulate.py fits it with the runs above; autopar-ps's
+# points of older runs measured a server path since changed (SUPERSEDED_BEFORE).
+# Results: bench/results/ps_bytes.{json,md,png}.
+bench-ps-bytes: $(STAMP)
+	$(BENCH_ROOT_CHECK)
+	$(PY) -m bench.run --name ps_bytes --link-mbit 1000 --hosts 2,4,8 --servers equal \
+		--workloads avg,dense,sparse --peers floor,tf_ps,autopar-ps
 	$(MAKE) docs   # the benchmark page and README numbers from the new results
 
 # Config.aggregation_group on the emulated cluster: hybrid on the sparse LM, 8 hosts, S = 8

@@ -43,6 +43,12 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # The commit from which autopar's server paths move each distinct row once
 # (DISTINCT_ROW_PEERS); runs of older commits moved a row per looked-up id.
 DISTINCT_ROWS_SINCE = "2badec4"
+# Peers whose runs before a commit measured a server path that commit changed,
+# so the fit leaves those points out: from 70463f0 autopar-ps splits a dense
+# variable into ranges of rows and scales its gradient on the server (before:
+# strided copies on every worker, bench/README.md "CPU per byte of the server
+# paths"); make bench-messages and make bench-ps-bytes measure it anew.
+SUPERSEDED_BEFORE = {"autopar-ps": "70463f0"}
 # Peers whose all-gather between two ranks sometimes runs one direction after the
 # other instead of both at once: Horovod/Gloo at N = 2, traced (bench/README.md,
 # "Horovod at N = 2") at 1.0x or 2.0x the one-way transfer time from step to step,
@@ -231,7 +237,9 @@ def points_from_results(results: dict, source: str) -> list[Point]:
     too: their timing is valid; they are flagged)."""
     wls = {name: workload_from_results(spec) for name, spec in results["workloads"].items()}
     default_mbit = results["settings"].get("rate_mbit")   # runs before per-point link rates
-    distinct = _moves_distinct_rows(results.get("git", {}).get("commit"))
+    commit = results.get("git", {}).get("commit")
+    distinct = _includes(DISTINCT_ROWS_SINCE, commit)
+    superseded = {peer for peer, since in SUPERSEDED_BEFORE.items() if not _includes(since, commit)}
     cores = results.get("machine", {}).get("cpus") or 2
     # --autopar-config's Config.aggregation_group (0: the hosts)
     groups = int(results["settings"].get("autopar_config", {}).get("aggregation_group") or 0)
@@ -241,7 +249,7 @@ def points_from_results(results: dict, source: str) -> list[Point]:
             continue
         wl = wls[p["workload"]]
         method = PEER_METHODS[p["peer"]]
-        if method not in METHODS or p["peer"] in VARIANT_PEERS:
+        if method not in METHODS or p["peer"] in VARIANT_PEERS or p["peer"] in superseded:
             continue
         rate = (p.get("link_mbit") or default_mbit) / 1000.0
         # the structure the plan ran: the report's (runs since the planner
@@ -276,6 +284,10 @@ def points_from_results(results: dict, source: str) -> list[Point]:
     return out
 
 
+# The runs fitted by default (bench/results/<name>.json).
+DEFAULT_RUNS = ("full", "quick", "messages", "ps_bytes")
+
+
 # Config.aggregation_group measured on the emulated cluster (make bench-groups)
 GROUP_RUNS = tuple(RESULTS / f"groups_g{g}.json" for g in (1, 2, 4, 8))
 
@@ -302,13 +314,13 @@ def group_validation(k: Constants, paths=GROUP_RUNS) -> list[dict]:
     return rows
 
 
-def _moves_distinct_rows(commit: str | None) -> bool:
-    """Whether a run's commit includes DISTINCT_ROWS_SINCE (git decides;
-    without git or the commit, assume the run is of current code)."""
+def _includes(change: str, commit: str | None) -> bool:
+    """Whether a run's commit includes the commit `change` (git decides;
+    without git or the run's commit, assume the run is of current code)."""
     if not commit:
         return True
     try:
-        done = subprocess.run(["git", "merge-base", "--is-ancestor", DISTINCT_ROWS_SINCE, commit],
+        done = subprocess.run(["git", "merge-base", "--is-ancestor", change, commit],
                               cwd=Path(__file__).resolve().parent, capture_output=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return True
@@ -756,10 +768,11 @@ def build(sources: list[Path]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", nargs="*", type=Path,
-                    default=[RESULTS / "full.json", RESULTS / "quick.json", RESULTS / "messages.json"],
-                    help="bench results to fit (default: full.json, quick.json and messages.json: "
+                    default=[RESULTS / f"{name}.json" for name in DEFAULT_RUNS],
+                    help="bench results to fit (default: full.json, quick.json, messages.json: "
                          "the microbenchmark at 1 MiB, where a step is its messages, "
-                         "make bench-messages)")
+                         "make bench-messages, and ps_bytes.json: the parameter-server "
+                         "peers' bytes, make bench-ps-bytes)")
     ap.add_argument("--out", type=Path, default=RESULTS / "simulate",
                     help="output prefix (writes .json, .md, .png)")
     args = ap.parse_args(argv)

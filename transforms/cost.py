@@ -426,11 +426,11 @@ def step_time(method: str, wl: Workload, cl: Cluster, k: Constants, peer: str | 
 # that these are the committed fit).
 PLANNER_PEER = "autopar-hybrid"
 PLANNER_CONSTANTS = Constants(
-    gamma=4.75916407340119e-10,
-    peers={PLANNER_PEER: PeerConstants(kappa=5.431597401113293e-10,
-                                       message_s=0.00019971881690554065,
-                                       rpc_s=0.0011196328609665046,
-                                       wire_factor=1.1280758950007306)})
+    gamma=5.636345016315374e-10,
+    peers={PLANNER_PEER: PeerConstants(kappa=3.9180873837607265e-10,
+                                       message_s=0.00019666739587302488,
+                                       rpc_s=0.0010810766257740511,
+                                       wire_factor=1.1263374369126649)})
 
 # Workers per aggregation group the choice considers (1: no groups): the sizes
 # measured on the emulated cluster (make bench-groups, N = 8: g = 2, 4

@@ -325,7 +325,8 @@ def test_points_from_the_committed_full_run():
     res = json.loads(path.read_text())
     pts = sim.points_from_results(res, "full")
     timed = [p for p in res["points"] if p["status"] in ("ok", "wrong-loss")]
-    modelled = [p for p in timed if p["peer"] != "autopar-herring"]
+    # autopar-ps's points of this run measured a server path since changed
+    modelled = [p for p in timed if p["peer"] not in ("autopar-herring", "autopar-ps")]
     assert len(pts) == len(modelled)
     assert {p.cluster.workers for p in pts} == {2, 4, 8}
     assert all(p.cluster.server_imbalance >= 1.0 for p in pts)
@@ -339,11 +340,26 @@ def test_points_from_the_committed_full_run():
     assert floors and all(pt.step_s == rec["compute_floor_s"] for rec, pt in floors)
 
 
+def test_points_of_a_server_path_since_changed_are_left_out():
+    """A run of a commit before SUPERSEDED_BEFORE's for a peer measured what
+    that commit changed: the fit leaves the peer's points out, and only
+    those."""
+    res = json.loads((Path(sim.RESULTS) / "full.json").read_text())
+    since = sim.SUPERSEDED_BEFORE["autopar-ps"]
+    peers = {p["peer"] for p in res["points"] if p["status"] in ("ok", "wrong-loss")}
+    old = {p.peer for p in sim.points_from_results(res, "full")}
+    new = {p.peer for p in sim.points_from_results(
+        dict(res, git=dict(res["git"], commit=since)), "full")}
+    assert "autopar-ps" in peers and "autopar-ps" not in old
+    assert new - old == {"autopar-ps"}
+
+
 def test_unmodelled_peers_are_left_out_of_fits_and_projections():
     # Herring has no phases here: its points in a results file are skipped. The floor's
     # are fitted (they pin compute) but, aggregating nothing, it is not projected.
     res = json.loads((Path(sim.RESULTS) / "full.json").read_text())
-    timed = [p for p in res["points"] if p["status"] in ("ok", "wrong-loss") and p["peer"] != "autopar-herring"]
+    timed = [p for p in res["points"] if p["status"] in ("ok", "wrong-loss")
+             and p["peer"] not in ("autopar-herring", "autopar-ps")]   # autopar-ps: superseded
     # The timeline variant is autopar-hybrid measured with tracing on: not a system of its own.
     hybrid = next(p for p in timed if p["peer"] == "autopar-hybrid")
     extra = [dict(timed[0], peer="autopar-herring"), dict(hybrid, peer="autopar-hybrid-timeline")]

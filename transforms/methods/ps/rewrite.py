@@ -53,7 +53,7 @@ from autopar.transforms.graph_utils import in_gradient_scope, node_input_name
 from autopar.transforms.methods.base import Edits, VariablePlan
 from autopar.transforms.ops import ConstantPool, NodeWriter, new_op, rows_where
 from autopar.transforms.partition import (PartitionedVariable, Partitioner, PullGroup, RowLayout,
-                                          copy_prefix, read_order)
+                                          copy_prefix, dealt_sizes, read_order)
 from autopar.transforms.placement import Move, ps_devices, server_device
 from autopar.transforms.sparse_rows import combine_rows, split_shared_rows
 
@@ -770,5 +770,8 @@ class PsBuilder:
 
 
 def _layout(vp: VariablePlan, info: VariableInfo) -> RowLayout:
-    """Which rows each of a partitioned variable's partitions holds."""
-    return RowLayout.for_gradient(info.gradient, info.shape[0], len(vp.partitions))
+    """Which rows each of a partitioned variable's partitions holds (the
+    plan's partition sizes, which place_partitions made dealt_sizes)."""
+    layout = RowLayout.for_gradient(info.gradient, info.shape[0], len(vp.partitions))
+    assert [e - s for s, e in vp.partitions] == dealt_sizes(layout.rows, layout.n), vp
+    return layout
