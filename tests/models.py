@@ -165,7 +165,15 @@ def build(name: str) -> Model:
                     num_classes=VOCAB, seed=7))
                 train_op = _optimize(name, loss, gs)
                 return Model(graph, x, y, loss, train_op, gs, "tokens")
-            logits = _dense(hidden, VOCAB, "softmax")
+            if name.startswith("lmtied"):
+                # Tied weights: the embedding is also the softmax's, so its
+                # gradient is dense (the output layer's) though its rows are
+                # looked up (on servers: a row gather from contiguous ranges,
+                # transforms.partition.RowLayout).
+                proj = _dense(hidden, 6, "proj")
+                logits = tf.matmul(proj, emb, transpose_b=True)
+            else:
+                logits = _dense(hidden, VOCAB, "softmax")
             if name.startswith("lmmask"):
                 # Token 0 is padding: tf.compat.v1.losses' default reduction
                 # divides by the number of kept tokens, which differs from

@@ -25,10 +25,15 @@ BATCH = 12
 # draws alike, added over workers row by row for the global norm; and the
 # LSTM's dense kernel partitioned over both servers, its global-norm term
 # read from the partitions' aggregates (once the chief's own gradient: the
-# clip, which engages from step 2, scaled every variable by the chief's norm).
+# clip, which engages from step 2, scaled every variable by the chief's norm);
+# and an LM whose softmax is its embedding: a dense gradient (its rows are
+# split into ranges, not dealt) read through row lookups, each id's row
+# found in the range holding it.
 CASES = [
     ("lm_adam_clip", "hybrid", "embedding=3"),
     ("lmsampled_adagrad_clip", "ps", "embedding=3,softmax/w=2,lstm/kernel=2"),
+    # tied weights: a dense gradient whose rows are looked up, from ranges
+    ("lmtied_adam", "ps", "embedding=3"),
 ]
 
 
