@@ -267,6 +267,8 @@ def refuse_nondeterministic(dataset, what: str) -> None:
     without a seed, or an op told it need not keep its order."""
     import tensorflow as tf
     from tensorflow.core.framework import graph_pb2
+
+    from autopar.transforms.graph_utils import op_name_of
     serialized = dataset._as_serialized_graph(  # pylint: disable=protected-access
         external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE)
     graph = graph_pb2.GraphDef.FromString(serialized.numpy())
@@ -285,7 +287,7 @@ def refuse_nondeterministic(dataset, what: str) -> None:
                 "differently, and every worker must read the same batches; give it a seed "
                 "(tf.random.shuffle(t, seed=...)) or set one (keras.utils.set_random_seed)")
         if "Shuffle" in node.op and len(node.input) >= 4:
-            seeds = [nodes.get(i.split(":")[0]) for i in node.input[2:4]]
+            seeds = [nodes.get(op_name_of(i)) for i in node.input[2:4]]
             if all(s is not None and s.op == "Const"
                    and int(tf.make_ndarray(s.attr["value"].tensor)) == 0 for s in seeds):
                 raise AutoparError(

@@ -45,7 +45,7 @@ from autopar.transforms.analysis import Analysis, analyze_graph
 from autopar.transforms.methods.registry import processes
 from autopar.transforms.batch_mixing import mixing_note
 from autopar.transforms.compile import CompiledPlan, compile_for_config
-from autopar.transforms.graph_utils import import_meta_graph, staged_initializers
+from autopar.transforms.graph_utils import import_meta_graph, op_name_of, staged_initializers
 from autopar.transforms.evaluate import totals_allreduce
 from autopar.transforms.keys import JOB_GROUP_STRIDE, PLAN_KEY, TIMELINE_KEY_PREFIX
 from autopar.transforms.accelerator import Accelerator
@@ -244,7 +244,7 @@ def in_groups_above(graph_def, offset: int) -> None:
         if "group_key" not in names:
             continue
         index = names.index("group_key")
-        source = nodes.get(node.input[index].split(":")[0])
+        source = nodes.get(op_name_of(node.input[index]))
         if source is None or source.op != "Const":
             raise UnsupportedGraphError(f"collective '{node.name}' takes its group key from "
                                         f"'{node.input[index]}', no constant: a later job of the "

@@ -33,6 +33,7 @@ import tensorflow as tf
 
 from autopar.common.errors import AutoparError
 from autopar.common.roles import WORKER_JOB
+from autopar.transforms.graph_utils import op_name_of
 from autopar.transforms.keys import ACCELERATOR_GROUPS
 
 COLLECTIVES = {  # op type -> (input index of the group key, of the instance key)
@@ -95,7 +96,7 @@ def _twin(graph_def, twins: dict[int, str], group: int, device: str) -> str:
 def _const_int(by_name: dict, tensor: str, consumer, required: bool = True) -> int | None:
     """The integer a Const feeds `consumer` through `tensor` (None if it is
     no Const and not `required`)."""
-    node = by_name.get(tensor.split(":")[0].lstrip("^"))
+    node = by_name.get(op_name_of(tensor))
     if node is None or node.op != "Const":
         if not required:
             return None

@@ -33,7 +33,7 @@ import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms.features.base import GraphFeature, Rewiring
-from autopar.transforms.graph_utils import in_gradient_scope, node_input_name
+from autopar.transforms.graph_utils import in_gradient_scope, node_input_name, op_name_of
 
 if TYPE_CHECKING:   # annotations only: the analysis imports the features
     from autopar.transforms.analysis import Analysis
@@ -145,7 +145,7 @@ def check_update_reads_no_input(graph_def, acc: Accumulation, step_ops) -> None:
     whose train op waits on ops of the forward pass (batch-norm moving
     averages in UPDATE_OPS, a loss fetched through control dependencies) is
     refused with the op that links them."""
-    producers = {n.name: [i.lstrip("^").split(":")[0] for i in n.input] for n in graph_def.node}
+    producers = {n.name: [op_name_of(i) for i in n.input] for n in graph_def.node}
     types = {n.name: n.op for n in graph_def.node}
 
     def ancestors(roots) -> dict[str, str | None]:
@@ -160,7 +160,7 @@ def check_update_reads_no_input(graph_def, acc: Accumulation, step_ops) -> None:
             stack.extend((p, name) for p in producers[name] if p in producers)
         return seen
 
-    gradient_ops = {node_input_name(g).split(":")[0] for g in acc.reads}
+    gradient_ops = {op_name_of(g) for g in acc.reads}
     inputs = {n for n in ancestors(gradient_ops) if types[n] in _INPUT_OP_TYPES}
     step = ancestors(step_ops)
     reached = sorted(inputs & set(step))

@@ -29,7 +29,7 @@ from autopar.transforms.batchnorm import BatchNormInfo
 from autopar.transforms.features import registry as features
 from autopar.transforms.features.base import Facts
 from autopar.transforms.graph_index import GraphIndex
-from autopar.transforms.graph_utils import (INPUT_OP_TYPES, VARIABLE_OP_TYPES, transforming,
+from autopar.transforms.graph_utils import (INPUT_OP_TYPES, VARIABLE_OP_TYPES, op_name_of, transforming,
                                             graph_of, in_gradient_scope, is_restore_assignment,
                                             static_shape, writes_variable)
 from autopar.transforms.lift import FETCHES, tape_seed_pairs
@@ -322,7 +322,7 @@ def _analyze(graph: tf.Graph, clock: _Clock) -> Analysis:
         grads = [t for t in (info.grad_tensor, info.grad_values, info.grad_indices) if t]
         info.path_ops = path
         first = info.grad_tensor or info.grad_values
-        info.grad_position = index.position.get(first.split(":")[0], -1) if first else -1
+        info.grad_position = index.position.get(op_name_of(first), -1) if first else -1
         _own_region(graph, info, set(grads), set(info.update_ops))
         if info.gradient == "sparse" and not info.dedup:
             rows_of_shared_ids(graph, rows, info)
@@ -416,7 +416,7 @@ def _losses(index: GraphIndex, variables: list[VariableInfo], groups: list[list[
     by_name = {v.name: v for v in variables}
     for members in groups:
         v = by_name[members[0]]
-        first = (v.grad_tensor or v.grad_values or "").split(":")[0]
+        first = op_name_of(v.grad_tensor or v.grad_values or "")
         position = index.position.get(first, -1)
         found = [i for i, (seed, _) in enumerate(seeds) if position in reached[seed]]
         outer = [i for i in found if seeds[i][0] not in inner]
@@ -430,7 +430,7 @@ def _inner_seeds(index: GraphIndex, seeds: list[tuple[str, str]],
     another seed's loss: a gradient penalty's tf.gradients or inner tape
     inside the loss. Their gradients reach the variables' too, through the
     outer backward pass, but their targets are not what trains."""
-    losses = {seed: index.position.get(loss.split(":")[0], -1) for seed, loss in seeds}
+    losses = {seed: index.position.get(op_name_of(loss), -1) for seed, loss in seeds}
     return {seed for seed, _ in seeds
             if any(p in reached[seed] for other, p in losses.items() if other != seed)}
 
@@ -441,8 +441,8 @@ def _trained_seeds(index: GraphIndex, seeds: list[tuple[str, str]],
     """The (seed, loss) pairs of `seeds` that are not inner ones and whose
     backward pass reaches a gradient a variable is updated with
     (`gradients`: tensor names)."""
-    wanted = {index.position[t.split(":")[0]] for t in gradients
-              if t.split(":")[0] in index.position}
+    wanted = {index.position[op_name_of(t)] for t in gradients
+              if op_name_of(t) in index.position}
     return [(seed, loss) for seed, loss in seeds
             if seed not in inner and not reached[seed].isdisjoint(wanted)]
 
@@ -485,7 +485,7 @@ def _updates_from_data_flow(graph, index: GraphIndex, trainable, named: dict[str
         if op.inputs and op.inputs[0].op.type in VARIABLE_OP_TYPES:
             reads_of[op.inputs[0].op.name].append(index.position[op.name])
     writer_of = {w: var for var, ws in writers.items() for w in ws}
-    fed = index.reachable({index.position[t.split(":")[0]] for t in boundary})
+    fed = index.reachable({index.position[op_name_of(t)] for t in boundary})
     through = set()
     while True:
         states = {writer_of[index.names[i]] for i in fed if index.names[i] in writer_of
@@ -495,7 +495,7 @@ def _updates_from_data_flow(graph, index: GraphIndex, trainable, named: dict[str
         through |= states
         fed |= index.reachable([i for s in states for i in reads_of.get(s, [])])
     fed_writes = {var: [w for w in ws if index.position[w] in fed] for var, ws in writers.items()}
-    backward = {t.split(":")[0] for t in boundary}   # ops whose outputs are gradients
+    backward = {op_name_of(t) for t in boundary}   # ops whose outputs are gradients
 
     def fed_state_read_by(name: str) -> set[str]:
         """The non-trainable variables with writes fed by a gradient that
@@ -1033,7 +1033,7 @@ def _path_ops(index: GraphIndex, variables: list[tuple[list[str], set[str]]]) ->
     up_seeds: dict[int, int] = collections.defaultdict(int)
     starts_of = []
     for k, (grads, updates) in enumerate(variables):
-        starts = {position[g.split(":")[0]] for g in grads}
+        starts = {position[op_name_of(g)] for g in grads}
         starts_of.append(starts)
         for i in starts:
             down_seeds[i] |= 1 << k

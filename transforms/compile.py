@@ -15,7 +15,7 @@ from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms import serial
 from autopar.transforms.analysis import Analysis, analyze_graph
 from autopar.transforms.features.registry import FEATURES
-from autopar.transforms.graph_utils import graph_of, transforming
+from autopar.transforms.graph_utils import graph_of, op_name_of, transforming
 from autopar.transforms.input_shards import unsharded_inputs
 from autopar.transforms.placement import Move, place_ops
 from autopar.transforms.plan import Plan, PlanOptions, make_plan
@@ -52,7 +52,7 @@ class CompiledPlan:
             names += [s.name, *s.update_ops]
         names += sorted(a.step_ops) + [m.op for m in self.moves]
         ops = {op.name for op in graph_of(graph_or_meta).get_operations()}
-        missing = [n for n in dict.fromkeys(names) if n.split(":")[0] not in ops]
+        missing = [n for n in dict.fromkeys(names) if op_name_of(n) not in ops]
         if missing:
             raise UnsupportedGraphError(
                 f"this process built another graph than the one the job's plan was compiled "

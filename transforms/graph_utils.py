@@ -322,6 +322,22 @@ def static_shape(tensor: tf.Tensor) -> tuple[int | None, ...] | None:
     return tuple(shape.as_list())
 
 
+def op_name_of(name: str) -> str:
+    """The op a tensor name ("op:k") or a NodeDef input ("op", "op:k",
+    "^op") refers to."""
+    return name.lstrip("^").split(":")[0]
+
+
+def readers_of(graph_def) -> dict[str, list]:
+    """Op name -> the NodeDefs of `graph_def` reading it (data or control
+    input), in the GraphDef's order."""
+    readers: dict[str, list] = {}
+    for node in graph_def.node:
+        for inp in node.input:
+            readers.setdefault(op_name_of(inp), []).append(node)
+    return readers
+
+
 def node_input_name(tensor_name: str) -> str:
     """How a NodeDef input refers to a tensor: "op" for output 0, else "op:k"."""
     op, _, index = tensor_name.partition(":")

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
+from autopar.transforms.graph_utils import op_name_of
+
 # Iterator reads (tf.compat.v1 get_next, and the optional form).
 GET_NEXT_TYPES = frozenset({"IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional"})
 # Datasets that keep one worker's share of their input: Dataset.shard, and
@@ -85,7 +87,7 @@ def unsharded_inputs(graph: tf.Graph, roots: list[str]) -> list[UnshardedInput]:
 def _reads(graph: tf.Graph, roots: list[str]) -> list[tf.Operation]:
     """The iterator reads among `roots`' ancestors, in the graph's order."""
     seen: set[str] = set()
-    stack = [graph.get_operation_by_name(name.split(":")[0]) for name in roots]
+    stack = [graph.get_operation_by_name(op_name_of(name)) for name in roots]
     reads = []
     while stack:
         op = stack.pop()
@@ -142,10 +144,10 @@ def _function_sources(function) -> list[tuple[str, str]]:
     nodes = {n.name: n for n in function.node_def}
 
     def inputs(node) -> list:
-        return [nodes[name.split(":")[0]] for name in node.input
-                if not name.startswith("^") and name.split(":")[0] in nodes]
-    stack = [nodes[value.split(":")[0]] for value in function.ret.values()
-             if value.split(":")[0] in nodes]
+        return [nodes[op_name_of(name)] for name in node.input
+                if not name.startswith("^") and op_name_of(name) in nodes]
+    stack = [nodes[op_name_of(value)] for value in function.ret.values()
+             if op_name_of(value) in nodes]
     sources, seen = [], set()
     while stack:
         node = stack.pop()

@@ -32,7 +32,7 @@ from tensorflow.python.ops import handle_data_util   # the dtype and shape a han
 import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
-from autopar.transforms.graph_utils import in_gradient_scope, op_digraph
+from autopar.transforms.graph_utils import in_gradient_scope, op_digraph, op_name_of
 from autopar.transforms.lower_cond import lower_conds
 
 tf1 = tf.compat.v1
@@ -435,7 +435,7 @@ def _captured_variable(external, internal) -> CapturedVariable | None:
 def _lifted_variable(variable, taken: set[str], lifted: LiftedGraph):
     """A resource variable standing for the Python `variable` in the
     default graph, named like it unless the traced graph uses that name."""
-    name = variable.name.split(":")[0]
+    name = op_name_of(variable.name)
     while name in taken:
         name += "_var"
     shape, dtype = variable.shape, variable.dtype.base_dtype

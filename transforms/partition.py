@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from autopar.transforms.graph_utils import in_gradient_scope, initialization_guard
+from autopar.transforms.graph_utils import in_gradient_scope, initialization_guard, op_name_of
 from autopar.transforms.ops import new_op
 
 tf1 = tf.compat.v1
@@ -370,7 +370,7 @@ def copy_region(by_name: dict, region: set[str], p: int, remap: dict[str, str], 
         for i, inp in enumerate(node.input):
             control = inp.startswith("^")
             base = inp[1:] if control else inp
-            op = base.split(":")[0]
+            op = op_name_of(base)
             if op in region:
                 node.input[i] = ("^" if control else "") + prefix + base
             elif not control and base in remap:

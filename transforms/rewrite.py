@@ -25,7 +25,8 @@ from autopar.transforms.analysis import Analysis
 from autopar.transforms.comm import CollectiveOpsBackend
 from autopar.transforms.graph_utils import (transforming, import_meta_graph, import_nodes,
                                              in_gradient_scope, initialization_guard,
-                                             meta_graph_of, node_input_name)
+                                             meta_graph_of, node_input_name, op_name_of,
+                                             readers_of)
 from autopar.transforms.partition import copy_region
 from autopar.transforms.placement import Move
 from autopar.transforms.features.base import FeatureContext, Rewiring
@@ -328,17 +329,14 @@ def _silence_dead_readers(graph_def, noops: set[str]) -> None:
     a worker that does not run it) would not import; when nothing reads it
     in turn (the Identity of an unused output of Keras's Adagrad's cond, a
     server update of its embedding), it becomes a NoOp after that op too."""
-    readers: dict[str, list] = {}
-    for node in graph_def.node:
-        for inp in node.input:
-            readers.setdefault(inp.lstrip("^").split(":")[0], []).append(node)
+    readers = readers_of(graph_def)
     stack = sorted(noops)
     while stack:
         name = stack.pop()
         for node in readers.get(name, []):
             if node.name in noops or node.op == "NoOp" or readers.get(node.name):
                 continue
-            if any(not i.startswith("^") and i.split(":")[0] == name for i in node.input):
+            if any(not i.startswith("^") and op_name_of(i) == name for i in node.input):
                 _make_noop(node)
                 node.input.append("^" + name)
                 noops.add(node.name)
@@ -440,10 +438,10 @@ def _global_variables(meta: tf1.MetaGraphDef, graph: tf.Graph) -> list[_Variable
         return out   # (indexing the map would add an empty collection to `meta`)
     for raw in meta.collection_def[tf1.GraphKeys.GLOBAL_VARIABLES].bytes_list.value:
         proto = variable_pb2.VariableDef.FromString(raw)
-        op = graph.get_operation_by_name(proto.variable_name.split(":")[0])
+        op = graph.get_operation_by_name(op_name_of(proto.variable_name))
         out.append(_Variable(op.name, tf.as_dtype(op.get_attr("dtype")).base_dtype,
                              tf.TensorShape(op.get_attr("shape")).as_list(), proto.is_resource,
-                             proto.snapshot_name.split(":")[0]))
+                             op_name_of(proto.snapshot_name)))
     return out
 
 

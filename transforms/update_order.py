@@ -28,12 +28,13 @@ from __future__ import annotations
 from collections import defaultdict
 
 from autopar.transforms.analysis import Analysis
+from autopar.transforms.graph_utils import op_name_of, readers_of
 
 _REFERENCE_VARIABLE_TYPES = frozenset({"VariableV2", "Variable"})
 
 
 def _gradient_node(variable) -> str:
-    return (variable.grad_tensor or variable.grad_values or "").split(":")[0]
+    return op_name_of(variable.grad_tensor or variable.grad_values or "")
 
 
 def _add_control_input(node, name: str) -> None:
@@ -83,10 +84,7 @@ def _reference_updates_after_the_gradients(graph_def, by_name: dict, analysis: A
                for name in v.update_ops if name in by_name]
     if not updates:
         return
-    consumers: dict[str, list[str]] = defaultdict(list)
-    for node in graph_def.node:
-        for inp in node.input:
-            consumers[inp.lstrip("^").split(":")[0]].append(node.name)
+    consumers = {op: [node.name for node in nodes] for op, nodes in readers_of(graph_def).items()}
     for name, group in updates:
         after = _descendants(name, consumers)
         node = by_name[name]

@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from autopar.common.errors import AutoparError, UnsupportedGraphError
 from autopar.transforms.features.base import GraphFeature, Rewiring
-from autopar.transforms.graph_utils import in_gradient_scope
+from autopar.transforms.graph_utils import in_gradient_scope, op_name_of
 from autopar.transforms.keys import WUS
 from autopar.transforms.methods.base import Edits, RewriteContext, VariablePlan
 from autopar.transforms.methods.registry import METHODS
@@ -126,7 +126,7 @@ def shard_weight_updates(ctx: RewriteContext, device_of, replaced: dict[str, str
             # wait in it forever. Control inputs are not rewired to the
             # averaged tensors, so name those directly (`replaced`).
             op = graph.get_operation_by_name(name)
-            edits.noop_deps[name] = sorted({replaced.get(t.name, t.name).split(":")[0]
+            edits.noop_deps[name] = sorted({op_name_of(replaced.get(t.name, t.name))
                                             for t in op.inputs if t.dtype != tf.resource})
     variables = {v.op.name: v for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)}
     with tf.name_scope("autopar/wus/"):

@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from autopar.common.errors import AutoparError
+from autopar.transforms.graph_utils import op_name_of
 from autopar.runtime.step.graph_queries import graph_variables, initializer_ops
 
 log = logging.getLogger("autopar.runner")
@@ -134,7 +135,7 @@ class FetchMapper:
         static = getattr(tensor, "shape", None)
         if shape is None or static is None or static.is_compatible_with(tuple(shape)):
             return
-        name = tensor.name.split(":")[0]
+        name = op_name_of(tensor.name)
         hint = ""
         if static.rank and len(shape) == static.rank and static[0] is not None \
                 and static[0] != shape[0]:
