@@ -489,22 +489,18 @@ class PsBuilder:
         return combine_rows(values, indices)
 
     def _push(self, vp, info, accumulators, contribution) -> None:
-        i64 = tf.int64
-        if info.gradient == "sparse" and len(vp.partitions) > 1:
-            # Each row's partition (index mod n) and its row there (index div
-            # n), computed once for all partitions: a sparse variable's rows
-            # are dealt (RowLayout.for_gradient).
-            _, indices = contribution
-            n = self._const(len(vp.partitions), i64)
-            which = new_op("FloorMod", [indices, n], T=i64).outputs[0]
-            local = new_op("FloorDiv", [indices, n], T=i64).outputs[0]
+        layout = _layout(vp, info) if len(vp.partitions) > 1 else None
+        if info.gradient == "sparse" and layout is not None:
+            # Each row's partition and its row there, computed once for all
+            # partitions.
+            which, local = layout.locate(contribution[1])
         for p, ((start, end), server) in enumerate(zip(vp.partitions, vp.servers)):
             device = server_device(server)
             if info.gradient == "dense":
                 dtype = self.g.get_tensor_by_name(info.grad_tensor).dtype.base_dtype
                 piece = contribution
-                if len(vp.partitions) > 1:   # its rows (a view of ranges, not a copy)
-                    bounds = [self.constants.get([b]) for b in _layout(vp, info).slice_of(p)]
+                if layout is not None:   # its rows (a view of ranges, not a copy)
+                    bounds = [self.constants.get([b]) for b in layout.slice_of(p)]
                     piece = self.nodes.add("StridedSlice", [contribution, *bounds], T=dtype,
                                            Index=tf.int32)
                 push = self.nodes.add("AccumulatorApplyGradient", [
@@ -512,8 +508,9 @@ class PsBuilder:
                     device, dtype=dtype)
             else:
                 values, indices = contribution
-                if len(vp.partitions) > 1:   # this partition's rows, renumbered from 0
-                    mine = new_op("Equal", [which, self._const(p, i64)], T=i64).outputs[0]
+                if layout is not None:   # this partition's rows, renumbered from 0
+                    mine = new_op("Equal", [which, self._const(p, tf.int32)],
+                                  T=tf.int32).outputs[0]
                     values, indices = rows_where(mine, [values, local], self._const(0, tf.int32))
                 packed = pack_rows(values, indices, self.constants)
                 if info.row_wise:
@@ -529,10 +526,10 @@ class PsBuilder:
                     values, indices = unpack_rows(packed, list(values.shape[1:]),
                                                   values.dtype.base_dtype, self.constants, device)
                 # on the server: a constant on the worker is one more message per push
-                shape = self._const([end - start, *info.shape[1:]], i64, device)
+                shape = self._const([end - start, *info.shape[1:]], tf.int64, device)
                 with tf.device(device):
                     push = new_op("SparseAccumulatorApplyGradient", [
-                        accumulators[p], self._const(_ALWAYS_FRESH, i64, device), indices,
+                        accumulators[p], self._const(_ALWAYS_FRESH, tf.int64, device), indices,
                         values, shape], dtype=values.dtype.base_dtype,
                         has_known_shape=True).name
             self.pushes.setdefault(self.group, []).append((push, device))
@@ -598,9 +595,7 @@ class PsBuilder:
         if len(vp.partitions) > 1:
             self._take_partitioned(vp, info, accumulators)
             return
-        need = self.plan.contributions_per_step()
         device = server_device(vp.servers[0])
-        required = self._const(need, tf.int32, device)
         if info.gradient == "dense":
             grad = self.g.get_tensor_by_name(info.grad_tensor)
             self._read_as_gradient(grad, self._scaled_take(info, accumulators[0], device), device)
@@ -612,7 +607,8 @@ class PsBuilder:
                 vals, idx = self._take_rows(info, accumulators[0], device)
             else:
                 idx, vals, _ = tf.raw_ops.SparseAccumulatorTakeGradient(
-                    handle=accumulators[0], num_required=required, dtype=values.dtype)
+                    handle=accumulators[0], num_required=self._required(device),
+                    dtype=values.dtype)
                 self.nodes.patch(idx.op.name, self._own_pushes_on(device))
             self.edits.replaced[values.name] = vals.name
             self.edits.replaced[indices.name] = tf.cast(idx, indices.dtype).name
@@ -647,13 +643,11 @@ class PsBuilder:
     def _take_partitioned(self, vp, info, accumulators) -> None:
         """Each partition's aggregate feeds its own copy of the variable's update
         region; the original region becomes NoOps waiting for the copies."""
-        need = self.plan.contributions_per_step()
         region = set(info.update_ops) | set(info.own_path_ops)
         totals = []
         for p, server in enumerate(vp.servers):
             remap = {name: self.part_handles[name][p] for name in [info.name, *info.slots]}
             device = server_device(server)
-            required = self._const(need, tf.int32, device)
             with tf.device(device):
                 if info.gradient == "dense":
                     total = self._scaled_take(info, accumulators[p], device)
@@ -665,7 +659,8 @@ class PsBuilder:
                         vals, idx = self._take_rows(info, accumulators[p], device)
                     else:
                         idx, vals, _ = tf.raw_ops.SparseAccumulatorTakeGradient(
-                            handle=accumulators[p], num_required=required, dtype=info.dtype)
+                            handle=accumulators[p], num_required=self._required(device),
+                            dtype=info.dtype)
                         self.nodes.patch(idx.op.name, self._own_pushes_on(device))
                     remap[node_input_name(info.grad_values)] = node_input_name(vals.name)
                     local = tf.cast(idx, indices.dtype)
@@ -704,13 +699,17 @@ class PsBuilder:
         contributions (all of them in, the chief's own push included) on
         `device`, times the gradient scale (Plan.gradient_scale)."""
         dtype = tf.as_dtype(info.dtype)
-        need = self._const(self.plan.contributions_per_step(), tf.int32, device)
         total = self.nodes.add("AccumulatorTakeGradient", [
-            accumulator, need, *self._own_pushes_on(device)], device, dtype=dtype)
+            accumulator, self._required(device), *self._own_pushes_on(device)], device,
+            dtype=dtype)
         scale = self._scale(info)
         if scale == 1.0:
             return total
         return self.nodes.add("Mul", [total, self._const(scale, dtype, device)], device, T=dtype)
+
+    def _required(self, device: str) -> tf.Tensor:
+        """How many contributions a take on `device` waits for (a constant there)."""
+        return self._const(self.plan.contributions_per_step(), tf.int32, device)
 
     def _read_as_gradient(self, grad: tf.Tensor, aggregate: str, device: str) -> None:
         """What reads the dense gradient `grad` outside the backward pass reads
