@@ -27,7 +27,7 @@ from autopar.transforms.graph_utils import (transforming, import_meta_graph, imp
                                              in_gradient_scope, initialization_guard,
                                              meta_graph_of, node_input_name, op_name_of,
                                              readers_of)
-from autopar.transforms.partition import copy_region
+from autopar.transforms.partition import PartitionedVariable, copy_region
 from autopar.transforms.placement import Move
 from autopar.transforms.features.base import FeatureContext, Rewiring
 from autopar.transforms.features.registry import FEATURES
@@ -56,8 +56,8 @@ class WorkerGraph:
     # the barrier (Edits.step_targets)
     step_targets: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
     # partitioned variable -> its partitions' handles, in order, and which
-    # rows each holds (transforms.partition.PartitionedVariable)
-    partitions: dict[str, object] = field(default_factory=dict)
+    # rows each holds
+    partitions: dict[str, PartitionedVariable] = field(default_factory=dict)
     # Config.aggregation_group: an original gather op whose lookup is a
     # collective of the group -> a barrier of every worker waiting for this
     # worker's part of it. A run that is not a training step (which ends with

@@ -43,6 +43,7 @@ if TYPE_CHECKING:   # annotations only
     import tensorflow as tf
 
     from autopar.transforms.analysis import Analysis, VariableInfo
+    from autopar.transforms.partition import PartitionedVariable
     from autopar.transforms.placement import Move
     from autopar.transforms.plan import Plan, PlanOptions
     from autopar.transforms.topology import Topology
@@ -88,8 +89,8 @@ class Edits:
     inputs: dict[str, dict[str, str]] = field(default_factory=dict)
     noop_deps: dict[str, list[str]] = field(default_factory=dict)  # node -> NoOp(^deps)
     copies: list[tuple] = field(default_factory=list)           # (region, p, remap, device_of)
-    # variable -> its partitions (transforms.partition.PartitionedVariable)
-    partitions: dict[str, object] = field(default_factory=dict)
+    # variable -> its partitions' handles and which rows each holds
+    partitions: dict[str, PartitionedVariable] = field(default_factory=dict)
     # grouped lookup (an original gather op, Config.aggregation_group) -> the
     # barrier a run that is not a training step fetches with it
     lookup_barriers: dict[str, str] = field(default_factory=dict)
