@@ -678,20 +678,15 @@ class PsBuilder:
         """What reads a partitioned dense gradient outside its update regions
         (a global norm's term of it, which the other gradients' terms join)
         reads the aggregate, as it does for a variable kept whole: the
-        partitions' takes put back into place (RowLayout.rows_of) (before:
-        the chief's own gradient, and the norm that clips every variable was
-        the chief's)."""
+        partitions' takes concatenated, a dense gradient's partitions being
+        ranges of rows (RowLayout.for_gradient) (before: the chief's own
+        gradient, and the norm that clips every variable was the chief's)."""
         grad = self.g.get_tensor_by_name(info.grad_tensor)
         dtype = grad.dtype.base_dtype
         device = server_device(vp.servers[0])
-        n = len(vp.servers)
-        layout = _layout(vp, info)
-        if layout.dealt:
-            rows = [self._const(list(layout.rows_of(p)), tf.int32, device) for p in range(n)]
-            whole = self.nodes.add("DynamicStitch", [*rows, *totals], device, N=n, T=dtype)
-        else:
-            whole = self.nodes.add("ConcatV2", [*totals, self._const(0, tf.int32, device)],
-                                   device, N=n, T=dtype, Tidx=tf.int32)
+        assert not _layout(vp, info).dealt, vp
+        whole = self.nodes.add("ConcatV2", [*totals, self._const(0, tf.int32, device)],
+                               device, N=len(totals), T=dtype, Tidx=tf.int32)
         self._read_as_gradient(grad, whole, device)
 
     def _scaled_take(self, info: VariableInfo, accumulator, device: str) -> str:
