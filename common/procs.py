@@ -209,7 +209,9 @@ def stop_processes(procs: Sequence[Stoppable], grace_seconds: float,
 
     for proc in procs:
         if proc.poll() is None or group_exists(proc.pid):
-            if proc.poll() is None:
+            # (no grace: the caller meant to kill it, which is not news to
+            # the user; a warning there came before a refused job's reason)
+            if proc.poll() is None and grace_seconds > 0:
                 logger.warning("pid %d did not stop within %.1f s of SIGTERM; killing it",
                                proc.pid, grace_seconds)
             _signal_group(proc.pid, signal.SIGKILL)

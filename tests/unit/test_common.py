@@ -85,6 +85,25 @@ def test_stop_processes_kills_a_group_that_ignores_sigterm():
         popen.stdout.close()
 
 
+@pytest.mark.slow
+def test_stop_processes_without_grace_kills_without_a_warning(caplog):
+    # A job refused at its start stops its still-importing fork server this
+    # way: the kill is intended, and a warning about it came before the
+    # refusal's reason in the user's terminal.
+    popen = procs.start_process(["sh", "-c", "trap '' TERM; echo up; sleep 60"], os.environ)
+    try:
+        assert popen.stdout.readline().strip() == b"up"
+        with caplog.at_level("DEBUG", logger=procs.logger.name):
+            procs.stop_processes([_Polled(popen)], grace_seconds=0.0)
+        assert popen.poll() == -9
+        assert not [r for r in caplog.records if r.levelname == "WARNING"], caplog.text
+    finally:
+        if popen.poll() is None:
+            popen.kill()
+            popen.wait()
+        popen.stdout.close()
+
+
 @pytest.mark.parametrize("argv,expected", [
     (["python3", "train.py", "--spec", "s.yaml"], ["/start/train.py", "--spec", "s.yaml"]),
     (["python3", "-u", "-X", "dev", "sub/train.py", "-u"], ["-u", "-X", "dev",
