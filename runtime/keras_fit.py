@@ -657,6 +657,7 @@ class _Metrics:
         self.count = 0
         # with `counted`, per batch: (count x loss, count, rows x loss, rows, batch rows)
         self.counted: list[tuple[float, float, float, int, int]] | None = [] if counted else None
+        self._metric_of_logs: dict[str, str] | None = None   # _computed_from's
 
     def variables(self) -> list:
         return [v for m in self.model.metrics for v in m.variables]
@@ -713,9 +714,9 @@ class _Metrics:
         if not synced:
             runner.sync_python_variables(self.variables())
         with self._kept(keep):
-            return self._own_step_logs(runner, step_logs, rows)
+            return self._own_step_logs(runner, step_logs, rows, traced=not synced)
 
-    def _own_step_logs(self, runner, step_logs, rows: int) -> dict:
+    def _own_step_logs(self, runner, step_logs, rows: int, traced: bool) -> dict:
         mine = self.model.get_metrics_result()
         # Keras's fit logs its metrics' results when the step's logs have
         # their names (Trainer._get_metrics_result_or_logs), else the logs
@@ -723,8 +724,14 @@ class _Metrics:
         step_logs = _flat_logs(step_logs)
         names = [k for k, v in step_logs.items()
                  if np.ndim(v) == 0 and np.issubdtype(np.asarray(v).dtype, np.number)]
-        is_metric = [float(k in mine and np.ndim(mine[k]) == 0 and (every_metric or np.isclose(
-            float(mine[k]), float(step_logs[k]), rtol=1e-6, atol=1e-12))) for k in names]
+        # each log's metric: its namesake, or the metric whose state alone
+        # the traced step computes it from (a tracker's result() logged as "loss")
+        computed_from = self._computed_from(runner) if traced else {}
+        metric_of = {k: k if k in mine else computed_from.get(k) for k in names}
+        is_metric = [float(metric_of[k] is not None and np.ndim(mine[metric_of[k]]) == 0 and (
+            (every_metric and metric_of[k] == k) or np.isclose(
+                float(mine[metric_of[k]]), float(step_logs[k]), rtol=1e-6, atol=1e-12)))
+            for k in names]
         runner.combine_metrics(self.model.metrics)
         combined = self.model.get_metrics_result()
         total = runner.sum_over_workers(np.array(
@@ -732,7 +739,7 @@ class _Metrics:
         logs = {}
         for i, name in enumerate(names):
             if total[i] == runner.num_workers:
-                logs[name] = float(combined[name])
+                logs[name] = float(combined[metric_of[name]])
             else:
                 logs[name] = float(total[len(names) + i] / total[-1])
                 if runner.is_chief and name not in _MEANS_NOTED:
@@ -741,6 +748,21 @@ class _Metrics:
                              "it is the workers' mean of their last step's values, weighted "
                              "by their rows", name)
         return logs
+
+    def _computed_from(self, runner) -> dict[str, str]:
+        """{a log of the model's own step: the metric whose variables alone
+        it is computed from} (Runner.outputs_of_variables: data flow in the
+        traced step), for the logs computed from one metric's state."""
+        if self._metric_of_logs is None:
+            by_metric = {m.name: {runner.lifted_name(v) for v in m.variables} - {None}
+                         for m in self.model.metrics}
+            outputs = runner.outputs_of_variables()
+            self._metric_of_logs = {}
+            for name, read in _flat_logs(outputs).items():
+                owners = [m for m, own in by_metric.items() if read and own and read <= own]
+                if len(owners) == 1:
+                    self._metric_of_logs[name] = owners[0]
+        return self._metric_of_logs
 
     def _counted_loss(self, runner) -> float:
         """The epoch's loss from each batch's workers' losses weighted by

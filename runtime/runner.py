@@ -237,6 +237,14 @@ class Runner:
     def run_input_free_writes(self) -> None:
         self._python.run_input_free_writes()
 
+    @_doc_of(PythonVariables.outputs_of_variables)
+    def outputs_of_variables(self):
+        return self._python.outputs_of_variables()
+
+    @_doc_of(PythonVariables.lifted_name)
+    def lifted_name(self, variable) -> str | None:
+        return self._python.lifted_name(variable)
+
     @_doc_of(PythonVariables.loss_counts_of)
     def loss_counts_of(self, *inputs) -> list[float] | None:
         return self._python.loss_counts_of(*inputs)

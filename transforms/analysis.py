@@ -158,6 +158,11 @@ class Analysis:
     # whose batches of a step differ in size weigh their gradients by it
     # (transforms.batch_weights).
     batch_weights: dict[str, str] = field(default_factory=dict)
+    # {op adding a mean over a batch of unknown size to a variable (a Keras
+    # Mean metric fed the batch's loss): (the variable, the tensor added, the
+    # tensor whose leading dimension is that batch)}: weighed alike
+    # (transforms.batch_weights).
+    batch_mean_increments: dict[str, tuple[str, str, str]] = field(default_factory=dict)
     # {random op that draws per example (a dropout mask): [k, g], its k
     # blocks of the examples' rows, g rows each}: each worker draws the
     # global batch's and keeps its examples' rows (transforms.random_draws).

@@ -32,41 +32,65 @@ micro-batches (each is weighed 1/M: transforms.accumulate), nor with a
 loss divided by a count of the batch's values (transforms.loss_counts
 makes it exact already), nor with a summed loss (the workers' sums add up
 whatever their sizes).
+
+What a step adds to state of its own from a mean over its batch (a Keras
+`Mean` metric fed the batch's loss: its total grows by the loss, its count
+by 1) is weighed alike: summed over workers (runner.combine_metrics,
+autopar.fit's epoch logs), N equal shares give N times one device's
+increment, and unequal ones the workers' mean of their means, not the
+global batch's. Weighed by N * b / B, the workers' increments add up to N
+times one device's on any split, as their counts do (N per step), so the
+metric's result is one device's; a worker's own copy is its weighed
+share.
 """
 from __future__ import annotations
 
 import tensorflow as tf
 
 from autopar.transforms.features.base import GraphFeature, Rewiring
-from autopar.transforms.graph_utils import INPUT_OP_TYPES, node_input_name
+from autopar.transforms.graph_utils import INPUT_OP_TYPES, in_gradient_scope, node_input_name
 from autopar.transforms.keys import BATCH_WEIGHTS
+from autopar.transforms.lift import CALL_OP
+from autopar.transforms.loss_reduction import batch_reduced
+from autopar.transforms.methods.base import Edits
 
 
 class BatchWeights(GraphFeature):
     """Workers whose batches of a step may differ in size weigh their
     gradients by N * b / B."""
     name = "batch_weights"
-    fields = ("batch_weights",)
+    fields = ("batch_weights", "batch_mean_increments")
     keys = (BATCH_WEIGHTS,)
     after = ("loss_counts",)   # a loss divided by a count needs no weights
 
     def find(self, facts):
-        return {"batch_weights": find_batch_weights(
-            facts.graph, facts.trained_seeds, facts.reduced_of, facts.input_ops,
-            facts.index.of_types(INPUT_OP_TYPES))}
+        input_ops = facts.index.of_types(INPUT_OP_TYPES)
+        seeds = find_batch_weights(facts.graph, facts.trained_seeds, facts.reduced_of,
+                                   facts.input_ops, input_ops)
+        # (only additions that run in training steps alone: an evaluation's
+        # run would otherwise run the weight's all-reduce, which the
+        # workers' evaluations need not run alike)
+        in_step = ops_of_training_steps(facts.index, [seed for seed, _ in facts.trained_seeds])
+        return {"batch_weights": seeds,
+                "batch_mean_increments": find_batch_mean_increments(
+                    facts.graph, facts.writers, facts.batch_local, facts.input_ops,
+                    in_step) if seeds else {}}
 
     def rewrite(self, ctx):
         plan = ctx.plan
         if not weighs_batches(ctx.analysis, plan.loss_reduction, plan.num_workers,
                               ctx.micro_batches):
             return None
-        rewire, built = rewrite_batch_weights(ctx.graph, ctx.analysis.batch_weights, ctx.backend,
-                                              BATCH_WEIGHTS, plan.num_workers)
+        rewire, built, increments = rewrite_batch_weights(
+            ctx.graph, ctx.analysis.batch_weights, ctx.backend, BATCH_WEIGHTS, plan.num_workers,
+            ctx.analysis.batch_mean_increments)
         return Rewiring({node_input_name(k): node_input_name(v) for k, v in rewire.items()},
-                        built)
+                        built, edits=Edits(inputs=increments))
 
     def report_fields(self, analysis, plan):
-        return {"batch_tensors": sorted(set(analysis.batch_weights.values()))}
+        graph_writes = analysis.batch_mean_increments
+        return {"batch_tensors": sorted(set(analysis.batch_weights.values())),
+                "weighed_state": sorted({v for v, _, _ in graph_writes.values()})}
 
 
 def find_batch_weights(graph: tf.Graph, seeds: list[tuple[str, str]], reduced_of,
@@ -103,6 +127,87 @@ def find_batch_weights(graph: tf.Graph, seeds: list[tuple[str, str]], reduced_of
     return out
 
 
+def ops_of_training_steps(index, seeds: list[str]) -> set[str]:
+    """The ops that run in training steps alone: those after a backward
+    pass (its `seeds`) by data or control edges, and a lifted traced
+    function's every op (transforms.lift: its ops run only in a call of the
+    function, a step, and TensorFlow orders them per variable only, so a
+    metric's update is no successor of the optimizer's)."""
+    reach = index.reachable([index.position[seed] for seed in seeds if seed in index.position],
+                            extra=index.control_succs)
+    call = index.position.get(CALL_OP)
+    if call is not None:
+        # (backwards from the call, along data and control inputs)
+        inputs = [list(preds) for preds in index.preds]
+        for i, succs in enumerate(index.control_succs):
+            for j in succs:
+                inputs[j].append(i)
+        reach |= index.reachable([call], edges=inputs)
+    return {index.names[i] for i in reach}
+
+
+def find_batch_mean_increments(graph: tf.Graph, writers: dict[str, list[str]],
+                               batch_local: set[str], batch_ops: set[str],
+                               in_step: set[str] | None = None
+                               ) -> dict[str, tuple[str, str, str]]:
+    """{op that adds a mean over the batch to a variable: (the variable, the
+    added tensor, the tensor whose leading dimension is that batch)}: the
+    additions a step makes to state of its own (not a gradient's:
+    `batch_local`, the ops the batch feeds other than through the
+    gradients) that run in a training step alone (`in_step`: the ops after its
+    backward pass, when given) whose value is a mean over a batch of a size the graph leaves
+    unknown, as the loss's mean is (loss_reduction.batch_reduced: a
+    reduce_mean over the batch, a sum over it divided by its count, terms
+    averaged alike). An addition is an AssignAdd, or an assignment of the
+    variable's value plus the tensor (Keras 3's `v.assign(v + x)`: the op is
+    then the Add). A sum over the batch (an accuracy's matches) or a
+    constant (a count's 1) adds up over workers already: not among them."""
+    out = {}
+    for variable, ops in writers.items():
+        for name in ops:
+            op = graph.get_operation_by_name(name)
+            if (name not in batch_local or in_gradient_scope(name) or len(op.inputs) < 2
+                    or (in_step is not None and name not in in_step)):
+                continue
+            added = _added_to(op)
+            if added is None or added[1].op.name not in batch_local:
+                continue
+            reduced = batch_reduced(graph, added[1].name, batch_ops)
+            if reduced is None:
+                continue
+            shape = graph.get_tensor_by_name(reduced).shape
+            if shape.rank and shape[0] is None:
+                out[added[0].name] = (variable, added[1].name, reduced)
+    return out
+
+
+def _added_to(writer: tf.Operation) -> tuple[tf.Operation, tf.Tensor] | None:
+    """(the op that adds it, the tensor added) when `writer` adds a tensor
+    to its variable, else None."""
+    if writer.type in ("AssignAddVariableOp", "AssignAdd"):
+        return writer, writer.inputs[1]
+    if writer.type not in ("AssignVariableOp", "Assign"):
+        return None
+    add = writer.inputs[1].op
+    if add.type not in ("Add", "AddV2"):
+        return None
+    handle = writer.inputs[0].op
+    reads = [i for i, t in enumerate(add.inputs) if _reads(t, handle)]
+    if len(reads) != 1:
+        return None
+    return add, add.inputs[1 - reads[0]]
+
+
+def _reads(t: tf.Tensor, handle: tf.Operation) -> bool:
+    """Whether `t` is the value of the variable `handle` (a resource read,
+    or a reference variable itself, through identities)."""
+    while t.op.type in ("Identity", "ReadVariableOp") and t.op is not handle:
+        if t.op.type == "ReadVariableOp":
+            return t.op.inputs[0].op is handle
+        t = t.op.inputs[0]
+    return t.op is handle
+
+
 def weighs_batches(analysis, loss_reduction: str, num_workers: int, micro_batches: int) -> bool:
     """Whether the workers' gradients are weighed by their batches' sizes
     (the module docstring's conditions; `analysis`: transforms.analysis's,
@@ -112,25 +217,43 @@ def weighs_batches(analysis, loss_reduction: str, num_workers: int, micro_batche
 
 
 def rewrite_batch_weights(graph: tf.Graph, seeds: dict[str, str], backend, keys,
-                          num_workers: int) -> tuple[dict[str, str], set[str]]:
+                          num_workers: int,
+                          increments: dict[str, tuple[str, str, str]] | None = None
+                          ) -> tuple[dict[str, str], set[str], dict[str, dict[str, str]]]:
     """Build this worker's weight N * b / B for each batch tensor in `graph`
     (the worker's scratch copy; `seeds`: seed -> the tensor whose leading
-    dimension is its batch; `keys`: the instance-key range) and each seed
-    times its weight. Returns (seed ->
-    weighed seed, which the backward pass reads instead; the ops built
-    here, which keep reading the seeds)."""
+    dimension is its batch; `increments`: find_batch_mean_increments';
+    `keys`: the instance-key range), each seed times its weight and each
+    increment's value times its own. Returns (seed -> weighed seed, which
+    the backward pass reads instead; the ops built for the seeds, which keep
+    reading them; {adding op: {its value: the weighed value}}, for that op
+    alone: the value's other readers, the step's logs, keep it)."""
     before = {op.name for op in graph.get_operations()}
     rewire: dict[str, str] = {}
     weights: dict[str, tf.Tensor] = {}
+
+    def weight(batch_tensor: str) -> tf.Tensor:
+        if batch_tensor not in weights:
+            batch = graph.get_tensor_by_name(batch_tensor)
+            # float64: the sizes and N * b are exact, so equal sizes give 1.0
+            mine = tf.cast(tf.shape(batch, out_type=tf.int64)[0], tf.float64)
+            total = backend.allreduce_sum(tf.reshape(mine, [1]), keys.key(len(weights)))
+            weights[batch_tensor] = (tf.constant(float(num_workers), tf.float64) * mine
+                                     / tf.reshape(total, []))
+        return weights[batch_tensor]
     with tf.name_scope("autopar/batch_weight/"):
         for name, batch_tensor in seeds.items():
-            if batch_tensor not in weights:
-                batch = graph.get_tensor_by_name(batch_tensor)
-                # float64: the sizes and N * b are exact, so equal sizes give 1.0
-                mine = tf.cast(tf.shape(batch, out_type=tf.int64)[0], tf.float64)
-                total = backend.allreduce_sum(tf.reshape(mine, [1]), keys.key(len(weights)))
-                weights[batch_tensor] = (tf.constant(float(num_workers), tf.float64) * mine
-                                        / tf.reshape(total, []))
             seed = graph.get_tensor_by_name(name)
-            rewire[name] = (seed * tf.cast(weights[batch_tensor], seed.dtype)).name
-    return rewire, {op.name for op in graph.get_operations()} - before
+            rewire[name] = (seed * tf.cast(weight(batch_tensor), seed.dtype)).name
+        inputs: dict[str, dict[str, str]] = {}
+        weighed_values = set()
+        for name, (_, added, batch_tensor) in sorted((increments or {}).items()):
+            value = graph.get_tensor_by_name(added)
+            weighed = value * tf.cast(weight(batch_tensor), value.dtype)
+            weighed_values.add(weighed.op.name)
+            inputs[name] = {node_input_name(value.name): node_input_name(weighed.name)}
+    # Exempt from the features' replacements: what reads the seeds (the
+    # weighed seeds would read themselves) and the weights (which read
+    # nothing replaced); a weighed value reads what the step computes.
+    built = {op.name for op in graph.get_operations()} - before - weighed_values
+    return rewire, built, inputs

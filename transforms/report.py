@@ -67,6 +67,7 @@ class Report:
     batch_norms: list[dict] = field(default_factory=list)
     loss_counts: list[str] = field(default_factory=list)   # transforms.loss_counts
     batch_tensors: list[str] = field(default_factory=list)  # transforms.batch_weights
+    weighed_state: list[str] = field(default_factory=list)  # its batch means added to state
     batch_draws: list[str] = field(default_factory=list)   # transforms.random_draws: their ops
     # Weight-update sharding: optimizer-slot bytes each worker holds (with
     # and without sharding), per worker.
@@ -205,6 +206,12 @@ class Report:
                          "N * b / B, its batch size b over their sum B over the workers (one "
                          "scalar all-reduce per step), so the step is one device's mean (not "
                          "with micro_batches > 1)")
+            if self.weighed_state:
+                lines.append("batch sizes: what a step adds of a mean over its batch to "
+                             + ", ".join(repr(v) for v in self.weighed_state)
+                             + " (a Mean metric fed the batch's loss) is weighed by the same "
+                             "N * b / B: summed over workers (the metrics' logs) it is N times "
+                             "one device's, as their counts are")
         if self.batch_draws and self.num_workers > 1:
             draws = ", ".join(repr(d) for d in self.batch_draws)
             lines.append(f"random draws per example ({draws}): "

@@ -1,6 +1,7 @@
 """What the step loop asks of a graph: its variable initialisers, the
 tf.data iterator a fetch reads, the ops whose run writes a trainable
-variable, and a traced function's writes that wait for no input."""
+variable, a traced function's writes that wait for no input, and the
+variables alone a tensor is computed from."""
 from __future__ import annotations
 
 import networkx as nx
@@ -51,6 +52,43 @@ def upstream(ops):
         yield op
         stack.extend(t.op for t in op.inputs)
         stack.extend(op.control_inputs)
+
+
+# Reads of a variable's value: where variables_computed_from stops.
+_READS = frozenset({"ReadVariableOp"})
+# Ops computing from their inputs alone (no state, no draw): what may lie
+# between the reads and the tensor.
+_STATELESS_OK = frozenset({"Const", "Identity", "Cast", "DivNoNan", "RealDiv", "Div", "Mul",
+                           "Add", "AddV2", "Sub", "Neg", "Maximum", "Minimum", "Sqrt", "Square",
+                           "Reshape", "Squeeze", "ExpandDims", "Pack", "ConcatV2", "Sum",
+                           "Mean", "StridedSlice", "Shape", "Size", "Fill", "ZerosLike",
+                           "OnesLike", "Reciprocal", "Exp", "Log", "Abs", "Pow"})
+
+
+def variables_computed_from(tensor: tf.Tensor) -> set[str] | None:
+    """The variables (their handles' op names) whose values alone `tensor`
+    is computed from, following data edges from it through reads of them
+    and stateless arithmetic: a metric's result(), its total over its
+    count. None when it also depends on anything else (an input of the
+    step, a placeholder, a random draw, a table), or on no variable."""
+    read: set[str] = set()
+    seen: set[str] = set()
+    stack = [tensor.op]
+    while stack:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        if op.type in _READS:
+            handle = op.inputs[0].op
+            if handle.type != "VarHandleOp":
+                return None
+            read.add(handle.name)
+        elif op.type in _STATELESS_OK:
+            stack.extend(t.op for t in op.inputs)
+        else:
+            return None
+    return read or None
 
 
 def iterator_read_by(tensors) -> tf.Operation | None:

@@ -20,7 +20,7 @@ import tensorflow as tf
 from autopar.common.errors import AutoparError
 from autopar.common.roles import SERVER_JOB
 from autopar.runtime.step.executor import run_plain
-from autopar.runtime.step.graph_queries import input_free_writes
+from autopar.runtime.step.graph_queries import input_free_writes, variables_computed_from
 from autopar.runtime.step.hook import RunHook, StepRun
 from autopar.transforms.graph_utils import staged_initializers
 from autopar.transforms.lift import CALL_OP
@@ -325,6 +325,21 @@ class PythonVariables(RunHook):
             self._input_free = input_free_writes(self.graph, self.is_chief)
         if self._input_free:
             self.session.run(self._input_free)
+
+    def outputs_of_variables(self):
+        """The traced function's outputs as it returns them, each a tensor's
+        replaced by the lifted names of the variables alone it is computed
+        from (graph_queries.variables_computed_from: a metric's result(),
+        its total over its count), or by None when it depends on anything
+        else (the step's batch); None without a traced function."""
+        function = self.lifted.function if self.lifted is not None else None
+        if function is None:
+            return None
+        outputs = tf.nest.flatten(function.structured_outputs, expand_composites=True)
+        graph = self.lifted.graph
+        return tf.nest.pack_sequence_as(function.structured_outputs, [
+            variables_computed_from(graph.get_tensor_by_name(t.name))
+            if isinstance(t, tf.Tensor) else None for t in outputs], expand_composites=True)
 
     def loss_counts_of(self, *inputs) -> list[float] | None:
         """This worker's counts of the batch's values that the losses

@@ -5,17 +5,19 @@ server each: every variable and optimizer slot and the per-epoch logs
 equal. Each program runs in one run option in `make test`, in every one in
 `make test-matrix` (AUTOPAR_TEST_MATRIX=full)."""
 import os
+import sys
 
 import numpy as np
 import pytest
 
-from tests.integration.cluster import REPO
+from tests.integration.cluster import REPO, run_to_end, write_two_host_spec
 from tests.integration.test_keras_programs import _assert_workers_hold, _keras_then_autopar
 
 SCRIPTS = REPO / "tests" / "integration" / "scripts"
-CASES = [("transformer", "hybrid"), ("dcgan", "allreduce")]
+CASES = [("transformer", "hybrid"), ("dcgan", "allreduce"), ("vae", "ps")]
 if os.environ.get("AUTOPAR_TEST_MATRIX") == "full":
-    CASES = [(p, o) for p in ("transformer", "dcgan") for o in ("hybrid", "ps", "allreduce")]
+    CASES = [(p, o) for p in ("transformer", "dcgan", "vae")
+             for o in ("hybrid", "ps", "allreduce")]
 
 
 @pytest.mark.parametrize("program,run_option", CASES, ids=[f"{p}-{o}" for p, o in CASES])
@@ -31,7 +33,13 @@ def test_a_keras_io_program_fits_as_on_one_device(program, run_option, tmp_path)
     vectors (tf.random.normal, stateful) per example, and the labels' noise
     over its fake rows then its real ones; batches of 32 split 11/11/10, so
     each worker draws the global batch's rows and keeps its examples'
-    (before: 33/33/30 rows drawn, not one device's)."""
+    (before: 33/33/30 rows drawn, not one device's). vae (generative/vae.py):
+    its own train_step feeds three Mean trackers the batch's losses (means
+    over its rows) and logs their results, the total's as "loss"; batches
+    of 128 split 43/43/42, so each worker weighs what it adds to a tracker
+    by its rows, and "loss" is found to be the total tracker's result
+    (before: the trackers' logs were the workers' mean of their means, and
+    "loss" the workers' results weighted by their last rows)."""
     expected, got, log = _keras_then_autopar([str(SCRIPTS / f"keras_io_{program}.py")],
                                              tmp_path, (2, 1), "--run-option", run_option)
     assert sorted(got) == sorted(expected)
@@ -39,9 +47,33 @@ def test_a_keras_io_program_fits_as_on_one_device(program, run_option, tmp_path)
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-9, err_msg=name)
     # float64; Adam's 1/sqrt(v) of rows summed in another order
     _assert_workers_hold(tmp_path, 3, rtol=1e-7, atol=1e-10)
+    if program == "vae":
+        assert "what a step adds of a mean over its batch to 'kl_loss/total', " \
+            "'reconstruction_loss/total', 'total_loss/total'" in log
+        assert "is no metric's result" not in log
     if program == "transformer":
         assert "deduplicated lookup" in log
         # both tables on the servers: the tokens' rows pushed unsummed, the
         # positions' combined by id (before: the tokens' kept off, all-gathered)
         assert {"hybrid": "2 on servers", "ps": "22 on servers"}.get(
             run_option, "0 on servers") in log
+
+
+def test_a_keras_io_program_whose_predictions_mix_its_batch_is_refused(tmp_path):
+    """movielens (collaborative_filtering_movielens): its score is
+    tf.tensordot(user_vector, movie_vector, 2), one sum over every example
+    of the batch, so on 3 workers each example's prediction would see only
+    its worker's share. Refused before training, naming the op, with no
+    traceback and no other warning before the reason (before: a warning
+    that the job's fork server was killed came first)."""
+    spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
+    returncode, output = run_to_end(
+        [sys.executable, str(SCRIPTS / "keras_io_movielens.py"), "--spec", str(spec),
+         "--out", str(tmp_path / "dist{worker}.npz")])
+    assert returncode == 2, output[-4000:]
+    reason = next(line for line in output.splitlines() if line.startswith("autopar: "))
+    assert reason.startswith("autopar: the loss mixes the examples of a batch at "
+                             "'recommender_net_1/Tensordot/MatMul'"), output[-4000:]
+    assert "Traceback" not in output and "history" not in output
+    assert "did not stop" not in output, output[-4000:]
+    assert not list(tmp_path.glob("dist*.npz"))

@@ -117,3 +117,102 @@ def test_no_weights_where_the_combination_is_exact_already(reduce):
     analysis = analyze_graph(graph)
     assert analysis.loss_reduction == ("sum" if reduce == "sum" else "mean")
     assert not weighs_batches(analysis, analysis.loss_reduction, 3, 1)
+
+
+def _metric_updates(batch=None):
+    """A loss averaged over the batch and four additions to state of the
+    step's own, as Keras metrics make them: a Mean fed the loss (Keras 3's
+    `total.assign(total + x)`, and an AssignAdd), its count's 1, and an
+    accuracy-like sum over the batch."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [batch, 3], name="x")
+        w = tf1.get_variable("w", [3, 1], use_resource=True)
+        per_example = tf.square(tf.matmul(x, w), name="per_example")
+        loss = tf.reduce_mean(per_example)
+        train = tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
+
+        def state(name):
+            return tf1.get_variable(name, [], trainable=False, use_resource=True,
+                                    initializer=tf1.zeros_initializer())
+        total, added, count, matches = (state(n) for n in ("total", "added", "count", "matches"))
+        with tf.control_dependencies([train]):
+            updates = [total.assign(total + loss, name="total_update"),
+                       added.assign_add(2.0 * loss, name="added_update"),
+                       count.assign_add(1.0, name="count_update"),
+                       matches.assign(matches + tf.reduce_sum(per_example),
+                                      name="matches_update")]
+        tf1.add_to_collection("train", tf.group(train, *updates))
+    return graph
+
+
+def test_what_a_step_adds_of_its_batchs_mean_is_weighed():
+    graph = _metric_updates()
+    analysis = analyze_graph(graph)
+    increments = analysis.batch_mean_increments
+    # the Add of `total + loss` (the loss's other readers keep it unweighed), the
+    # AssignAdd; not the count's constant, not a sum over the batch (which
+    # adds up over workers already)
+    by_variable = {v: (op, added) for op, (v, added, _) in increments.items()}
+    assert sorted(by_variable) == ["added", "total"], increments
+    assert graph.get_operation_by_name(by_variable["total"][0]).type in ("Add", "AddV2")
+    assert graph.get_operation_by_name(by_variable["added"][0]).type == "AssignAddVariableOp"
+    assert {batch for _, _, batch in increments.values()} == {"per_example:0"}
+    assert graph.get_tensor_by_name(by_variable["total"][1]).op.type == "Mean"
+
+
+def test_nothing_is_weighed_where_the_batch_has_a_size_in_the_graph():
+    analysis = analyze_graph(_metric_updates(batch=4))
+    assert analysis.batch_mean_increments == {} and analysis.batch_weights == {}
+
+
+def test_a_tensor_computed_from_variables_alone():
+    """What autopar.fit needs to tell that a step's log is a metric's result
+    (runtime/step/graph_queries.py): the variables alone it is computed from."""
+    from autopar.runtime.step.graph_queries import variables_computed_from
+    graph = tf.Graph()
+    with graph.as_default():
+        total = tf1.get_variable("total", [], use_resource=True)
+        count = tf1.get_variable("count", [], use_resource=True)
+        x = tf1.placeholder(tf.float32, [None], name="x")
+        result = tf.math.divide_no_nan(total.read_value(), count.read_value())
+        assert variables_computed_from(result) == {"total", "count"}
+        assert variables_computed_from(result + tf.reduce_mean(x)) is None
+        assert variables_computed_from(result * tf.random.uniform([])) is None
+        assert variables_computed_from(tf.constant(1.0)) is None
+
+
+def test_an_addition_outside_the_training_step_is_not_weighed():
+    """An evaluation's Mean of the loss (its update run apart from the
+    training step, by workers that need not run as many): weighing it would
+    run the weight's all-reduce in each evaluation run."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 3], name="x")
+        w = tf1.get_variable("w", [3, 1], use_resource=True)
+        loss = tf.reduce_mean(tf.square(tf.matmul(x, w)))
+        tf1.add_to_collection("train", tf1.train.GradientDescentOptimizer(0.1).minimize(loss))
+        total = tf1.get_variable("eval_total", [], trainable=False, use_resource=True,
+                                 initializer=tf1.zeros_initializer())
+        total.assign_add(loss, name="eval_update")
+    analysis = analyze_graph(graph)
+    assert analysis.batch_weights and analysis.batch_mean_increments == {}
+
+
+def test_a_traced_steps_mean_of_its_loss_is_weighed_and_its_accuracy_is_not():
+    """TensorFlow's quickstart step (tests/programs/quickstart.py): a Mean
+    fed the loss, an accuracy and an AUC updated after the optimizer, which
+    TensorFlow orders per variable only (no successor of the backward pass):
+    a lifted function's ops run in its calls alone, training steps."""
+    from tests.programs import quickstart
+    with keras_step.keras_settings_kept():
+        train_step, metrics, _ = quickstart.build("float64")
+        concrete = train_step.get_concrete_function(
+            tf.TensorSpec([None, quickstart.FEATURES], tf.float64), tf.TensorSpec([None], tf.int64))
+        lifted = lift(concrete)
+        analysis = analyze_graph(lifted.graph)
+    weighed = {v for v, _, _ in analysis.batch_mean_increments.values()}
+    mean_total = lifted.graph.get_operation_by_name(
+        next(name for name, v in lifted.python_variables.items()
+             if v is metrics[0].variables[0] or v is getattr(metrics[0].variables[0], "value", None)))
+    assert weighed == {mean_total.name}, analysis.batch_mean_increments
