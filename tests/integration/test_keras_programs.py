@@ -388,7 +388,9 @@ def test_metrics_combined_over_workers_are_one_devices(tmp_path):
     after each of 2 epochs and never reset: each epoch's results are one
     device's over the same global batches, the second's counting on from
     the first's (the combined values are Python's view: each worker's
-    copies go on from their own), and they hold after the runner closes."""
+    copies go on from their own), and they hold after the runner closes.
+    Batches of 7 split 3/2/2: the Mean adds each worker's loss weighed by
+    its rows (before: the workers' mean of their means)."""
     def results(log: str) -> list:
         line = next(line for line in log.splitlines() if "results " in line and (
             "[worker" not in line or "[worker 0]" in line))

@@ -23,7 +23,7 @@ def main() -> None:
     p.add_argument("--spec")
     args = p.parse_args()
     step, metrics, _ = quickstart.build("float64")
-    batches = quickstart.batches(4, 6, "float64")
+    batches = quickstart.batches(4, 7, "float64")   # 3/2/2 rows a batch on 3 workers
     results = []
     if args.spec is None:
         for _ in range(2):
