@@ -728,6 +728,7 @@ class _Metrics:
         # the traced step computes it from (a tracker's result() logged as "loss")
         computed_from = self._computed_from(runner) if traced else {}
         metric_of = {k: k if k in mine else computed_from.get(k) for k in names}
+        metric_of = {k: m if m in mine else None for k, m in metric_of.items()}
         is_metric = [float(metric_of[k] is not None and np.ndim(mine[metric_of[k]]) == 0 and (
             (every_metric and metric_of[k] == k) or np.isclose(
                 float(mine[metric_of[k]]), float(step_logs[k]), rtol=1e-6, atol=1e-12)))

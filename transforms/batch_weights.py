@@ -67,14 +67,15 @@ class BatchWeights(GraphFeature):
         input_ops = facts.index.of_types(INPUT_OP_TYPES)
         seeds = find_batch_weights(facts.graph, facts.trained_seeds, facts.reduced_of,
                                    facts.input_ops, input_ops)
+        if not seeds:
+            return {"batch_weights": seeds, "batch_mean_increments": {}}
         # (only additions that run in training steps alone: an evaluation's
         # run would otherwise run the weight's all-reduce, which the
         # workers' evaluations need not run alike)
         in_step = ops_of_training_steps(facts.index, [seed for seed, _ in facts.trained_seeds])
         return {"batch_weights": seeds,
                 "batch_mean_increments": find_batch_mean_increments(
-                    facts.graph, facts.writers, facts.batch_local, facts.input_ops,
-                    in_step) if seeds else {}}
+                    facts.graph, facts.writers, facts.batch_local, facts.input_ops, in_step)}
 
     def rewrite(self, ctx):
         plan = ctx.plan
@@ -154,9 +155,9 @@ def find_batch_mean_increments(graph: tf.Graph, writers: dict[str, list[str]],
     added tensor, the tensor whose leading dimension is that batch)}: the
     additions a step makes to state of its own (not a gradient's:
     `batch_local`, the ops the batch feeds other than through the
-    gradients) that run in a training step alone (`in_step`: the ops after its
-    backward pass, when given) whose value is a mean over a batch of a size the graph leaves
-    unknown, as the loss's mean is (loss_reduction.batch_reduced: a
+    gradients) that run in training steps alone (`in_step`:
+    ops_of_training_steps', when given) whose value is a mean over a batch
+    of a size the graph leaves unknown, as the loss's mean is (loss_reduction.batch_reduced: a
     reduce_mean over the batch, a sum over it divided by its count, terms
     averaged alike). An addition is an AssignAdd, or an assignment of the
     variable's value plus the tensor (Keras 3's `v.assign(v + x)`: the op is
