@@ -8,9 +8,10 @@ The callbacks run on the chief alone, as on one device: what they write to
 files (ModelCheckpoint, CSVLogger, TensorBoard) is written once. Before a
 hook the chief's model and optimizer hold the trained values (a callback
 saves or reads them); what the hook changes in them (a learning rate, each
-batch's under a warm-up; restored weights) and model.stop_training go to
-every worker before the next step (Runner.take_chief_values), so every
-worker trains as the chief does. The logs are the global batches',
+batch's under a warm-up; restored weights), model.stop_training and the
+epoch to start at (BackupAndRestore's, restoring a backup) go to every
+worker before the next step (Runner.take_chief_values), so every worker
+trains as the chief does. The logs are the global batches',
 combined over workers (a batch hook's: the epoch's so far, as Keras's
 running metrics).
 
@@ -69,7 +70,7 @@ class FitCallbacks:
         training stops."""
         import keras
         changed: list[int] = []
-        header = np.zeros(3 + len(PER_BATCH))
+        header = np.zeros(4 + len(PER_BATCH))
         if self.list is not None:
             if not self._synced:
                 self.runner.sync_python_variables(self.variables)
@@ -78,17 +79,23 @@ class FitCallbacks:
             call(self.list)
             changed = [i for i, (b, v) in enumerate(zip(before, self.variables))
                        if not np.array_equal(b, v.numpy())]
-            header[:3] = (bool(getattr(self.model, "stop_training", False)),
-                          bool(getattr(self.model, "stop_evaluating", False)), len(changed))
+            # (the epoch Keras's fit starts at, when a callback set it:
+            # BackupAndRestore's on_train_begin, restoring a backup)
+            initial_epoch = getattr(self.model, "_initial_epoch", None)
+            header[:4] = (bool(getattr(self.model, "stop_training", False)),
+                          bool(getattr(self.model, "stop_evaluating", False)), len(changed),
+                          -1 if initial_epoch is None else initial_epoch)
             # (a callback's own method, or anything but Callback's: a wrapper)
-            header[3:] = [any(getattr(getattr(c, name), "__func__", None)
+            header[4:] = [any(getattr(getattr(c, name), "__func__", None)
                               is not getattr(keras.callbacks.Callback, name)
                               for c in self.list.callbacks for name in names)
                           for names in PER_BATCH.values()]
         header = chief_array(self.runner, header)
-        self.per_batch = {hook for hook, on in zip(PER_BATCH, header[3:]) if on}
+        self.per_batch = {hook for hook, on in zip(PER_BATCH, header[4:]) if on}
         self.model.stop_training = bool(header[0])
         self.stop_evaluating = self.model.stop_evaluating = bool(header[1])
+        if header[3] >= 0:
+            self.model._initial_epoch = int(header[3])
         if header[2]:
             indices = chief_array(self.runner, np.array(changed, np.float64)
                                   if self.list is not None else np.zeros(int(header[2])))

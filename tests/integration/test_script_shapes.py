@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.integration.cluster import (REPO, assert_same_parameters, run_beside, run_script,
-                                       write_spec, write_two_host_spec)
+                                       run_to_end, write_spec, write_two_host_spec)
 
 SCRIPTS = REPO / "tests" / "integration" / "scripts"
 # Each script says who runs it, changes directory, then trains.
@@ -81,5 +81,44 @@ def test_two_models_fit_one_after_the_other_in_one_script(run_option, tmp_path):
         weights = {k: data[k] for k in data.files}
     for i in range(3):
         with np.load(tmp_path / f"dist{i}.npz") as data:
+            assert_same_parameters(weights, {k: data[k] for k in data.files}, rtol=1e-9,
+                                   atol=1e-12, what=f"worker {i}")
+
+
+BACKUP = str(SCRIPTS / "keras_fit_backup.py")
+
+
+def test_a_fit_preempted_and_run_again_resumes_where_keras_resumes(tmp_path):
+    """keras.callbacks.BackupAndRestore: the first run raises after its 2nd
+    of 4 epochs, the second restores the backup (on the chief: the
+    callbacks run there) and trains the last 2 epochs, as Keras's fit does
+    from the epoch the callback restores (model._initial_epoch). 3 workers
+    on 2 uneven hosts end the second run with Keras's logs and variables
+    (before: every epoch again from the restored weights, 4 logged)."""
+    def history(log: str) -> dict:
+        line = next(line for line in log.splitlines() if "history " in line
+                    and ("[worker" not in line or "[worker 0]" in line))
+        return json.loads(line.split("history ", 1)[1])
+    spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(0, 0))
+    keras_dir, job_dir = tmp_path / "keras", tmp_path / "job"
+    keras_dir.mkdir()
+    job_dir.mkdir()
+    runs = {"keras": [sys.executable, BACKUP, "--keras", "--dir", str(keras_dir),
+                      "--out", str(keras_dir / "vars{worker}.npz")],
+            "job": [sys.executable, BACKUP, "--spec", str(spec), "--dir", str(job_dir),
+                    "--out", str(job_dir / "vars{worker}.npz")]}
+    logs = {}
+    for name, command in runs.items():
+        returncode, first = run_to_end(command)
+        assert returncode != 0 and "preempted after the 2nd epoch" in first, first[-3000:]
+        logs[name] = run_script(command)
+    expected, got = history(logs["keras"]), history(logs["job"])
+    assert len(expected["loss"]) == 2 and got.keys() == expected.keys()
+    for name in expected:
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-9, err_msg=name)
+    with np.load(keras_dir / "vars0.npz") as data:
+        weights = {k: data[k] for k in data.files}
+    for i in range(3):
+        with np.load(job_dir / f"vars{i}.npz") as data:
             assert_same_parameters(weights, {k: data[k] for k in data.files}, rtol=1e-9,
                                    atol=1e-12, what=f"worker {i}")
