@@ -147,9 +147,18 @@ def fit(model, x, y=None, resource_info=None, config: Config | None = None, **op
     sample_weight, class_weight, validation_split, validation_freq,
     validation_batch_size, initial_epoch, steps_per_epoch,
     validation_steps; another is refused naming it (docs/tf2-keras.md,
-    runtime/keras_fit.py). Launches and joins as get_runner does."""
+    runtime/keras_fit.py). Launches and joins as get_runner does.
+    Batch normalisation takes one device's statistics of the global batch
+    unless `config` sets batch_norm_group (Config.batch_norm_group "auto",
+    where get_runner's default is None)."""
     from autopar.runtime import keras_fit
     job = keras_fit.prepare(model, x, y, **options)
+    config = config or Config()
+    if config.batch_norm_group is None and config.compute_threshold is None:
+        # One device's batch statistics unless asked otherwise (a group size
+        # of 1: each worker's own): fit's evaluation and predictions run in
+        # Python, so no worker ever runs the step's forward pass alone
+        config = dataclasses.replace(config, batch_norm_group="auto")
     return keras_fit.train_on(job, get_runner(job.step(), resource_info, config))
 
 

@@ -155,8 +155,10 @@ class BatchNorm(GraphFeature):
 
     def plan_fields(self, analysis, options, topology, variables):
         BATCH_NORM.check_end(BATCH_NORM.first + KEYS_PER_LAYER * len(analysis.batch_norms))
-        return {"batch_norm_group": batch_norm_group_size(options.batch_norm_group,
-                                                          topology.num_workers)}
+        option = options.batch_norm_group
+        if option == "auto":
+            option = "all" if analysis.batch_norms else None
+        return {"batch_norm_group": batch_norm_group_size(option, topology.num_workers)}
 
     def rewrite(self, ctx):
         plan = ctx.plan

@@ -77,8 +77,12 @@ class PlanOptions:
     (tf.nn.moments / Keras BatchNormalization, FusedBatchNorm) take their
     batch statistics over a group of workers: ``"all"`` (one device's
     statistics of the global batch, moving statistics included), a group size
-    k >= 1 (workers [0,k), [k,2k)...; must divide the worker count), or
-    ``None`` (each worker normalises by its own batch)."""
+    k >= 1 (workers [0,k), [k,2k)...; must divide the worker count),
+    ``"auto"`` (``"all"`` where the graph has such a layer, nothing to say
+    where it has none: autopar.fit's default, whose evaluation and
+    predictions run in Python, never a worker's graph alone), or ``None``
+    (each worker normalises by its own batch: not one device's, the
+    default of get_runner, where a chief may run the forward pass alone)."""
     shard_weight_update: bool = False
     """Weight-update sharding (TPU-pod scaling paper §3): each all-reduce
     variable is updated by one owner worker, which alone holds its optimizer
@@ -156,10 +160,10 @@ class PlanOptions:
                                    f"to {MAX_PARTITIONS}, got {shown(n)}")
         choice("loss_reduction", self.loss_reduction, ("auto", "mean", "sum", "parallax"))
         choice("sync_local_state", self.sync_local_state, ("none", "average"))
-        if not (self.batch_norm_group is None or self.batch_norm_group == "all"
+        if not (self.batch_norm_group is None or self.batch_norm_group in ("all", "auto")
                 or (is_int(self.batch_norm_group) and self.batch_norm_group >= 1)):
-            raise AutoparError(f"Config.batch_norm_group must be 'all', a group size >= 1 or None, "
-                               f"got {shown(self.batch_norm_group)}")
+            raise AutoparError(f"Config.batch_norm_group must be 'all', 'auto', a group size >= 1 "
+                               f"or None, got {shown(self.batch_norm_group)}")
         if not (self.aggregation_group is None
                 or (is_int(self.aggregation_group) and self.aggregation_group >= 0)):
             raise AutoparError(f"Config.aggregation_group must be a group size >= 1, 0 (the "

@@ -266,12 +266,14 @@ CNN = [DIGITS, "--model", "cnn"]
 
 
 def test_a_convolutional_network_fit_as_keras_fits_it(tmp_path):
-    """A Keras 3 CNN (Conv2D, BatchNormalization over the global batch,
-    MaxPooling2D, Dropout, Dense) compiled with "adam" and fit on arrays
-    with Keras's default shuffle and a validation split: 3 workers on 2
-    uneven hosts, its variables on the servers (ps), end with Keras's own
-    model.fit's weights, slots and per-epoch logs (each epoch's last batch,
-    30 of 45, trained as Keras trains it)."""
+    """A Keras 3 CNN (Conv2D, BatchNormalization, MaxPooling2D, Dropout,
+    Dense) compiled with "adam" and fit on arrays with Keras's default
+    shuffle and a validation split, by autopar.fit's default Config: 3
+    workers on 2 uneven hosts, its variables on the servers (ps), end with
+    Keras's own model.fit's weights, slots and per-epoch logs (each epoch's
+    last batch, 30 of 45, trained as Keras trains it), the batch statistics
+    over the global batch without being asked (before: each worker's own
+    unless Config(batch_norm_group="all"), not one device's)."""
     expected, got, log = _keras_then_autopar(CNN, tmp_path, (2, 1), "--run-option", "ps")
     assert "statistics over all 3 workers" in log
     # fit splits each batch into equal shares: its last, smaller, one too

@@ -73,7 +73,8 @@ def test_both_forms_in_the_test_cnn():
     assert layers[1].moving == ["bn2/moving_mean", "bn2/moving_variance"]
 
 
-@pytest.mark.parametrize("option,workers,size", [("all", 3, 3), (2, 4, 2), (1, 4, 0), (None, 4, 0)])
+@pytest.mark.parametrize("option,workers,size", [("all", 3, 3), (2, 4, 2), (1, 4, 0), (None, 4, 0),
+                                                 ("auto", 3, 3)])
 def test_group_sizes(option, workers, size):
     analysis = analyze_graph(models.build("bncnn_momentum").graph)
     plan = make_plan(analysis, workers, options=PlanOptions(batch_norm_group=option))
@@ -144,6 +145,10 @@ def test_report_notes_a_group_without_batch_norm_layers():
     text = build_report(analysis, make_plan(analysis, 3, options=PlanOptions(
         batch_norm_group="all"))).table()
     assert "Config(batch_norm_group) is set but the graph has no training-mode batch-norm" in text
+    # "auto" (autopar.fit's default): nothing to synchronise, nothing to say
+    plan = make_plan(analysis, 3, options=PlanOptions(batch_norm_group="auto"))
+    assert plan.batch_norm_group == 0
+    assert "batch_norm_group" not in build_report(analysis, plan).table()
 
 
 def test_group_statistics_refuse_a_compute_threshold():
