@@ -65,6 +65,7 @@ def _get_runner(graph, resource_info, config: Config):
     from autopar.runtime import (launcher, membership, outputs, script_plan, server_main,
                                  spec as specs, worker)
     graph, lifted = _lifted(graph)
+    config = _traced_defaults(config, lifted)
     if lifted is not None and lifted.summaries and config.micro_batches > 1:
         raise UnsupportedGraphError(
             f"the traced step writes tf.summary records, which its runner writes after each "
@@ -128,6 +129,22 @@ def _plan_of(compiled: CompiledPlan) -> tuple[bytes, set[str], str]:
     return compiled.to_bytes(), processes(compiled.plan), compiled.report().table()
 
 
+def _traced_defaults(config: Config, lifted) -> Config:
+    """`config` for a traced step (`lifted`; a tf.compat.v1 graph's is
+    itself): batch statistics over the global batch unless the Config sets
+    batch_norm_group (Config.batch_norm_group "auto"), as one device
+    computes them. A traced step runs only as a step on every worker (a
+    Keras model evaluates and predicts in Python), never its forward pass on
+    one worker alone, which group statistics forbid; a TF1 chief may run
+    its graph's forward pass alone, and keeps None. Not with a
+    compute_threshold (a worker that drops micro-batches would leave its
+    group waiting)."""
+    if lifted is None or config.batch_norm_group is not None \
+            or config.compute_threshold is not None:
+        return config
+    return dataclasses.replace(config, batch_norm_group="auto")
+
+
 def _lifted(graph):
     """(a tf.Graph, the LiftedGraph it was lifted from or None)."""
     from autopar.transforms.lift import is_traced, lift
@@ -149,16 +166,10 @@ def fit(model, x, y=None, resource_info=None, config: Config | None = None, **op
     validation_steps; another is refused naming it (docs/tf2-keras.md,
     runtime/keras_fit.py). Launches and joins as get_runner does.
     Batch normalisation takes one device's statistics of the global batch
-    unless `config` sets batch_norm_group (Config.batch_norm_group "auto",
-    where get_runner's default is None)."""
+    unless `config` sets batch_norm_group (a traced step's default, "auto":
+    _traced_defaults)."""
     from autopar.runtime import keras_fit
     job = keras_fit.prepare(model, x, y, **options)
-    config = config or Config()
-    if config.batch_norm_group is None and config.compute_threshold is None:
-        # One device's batch statistics unless asked otherwise (a group size
-        # of 1: each worker's own): fit's evaluation and predictions run in
-        # Python, so no worker ever runs the step's forward pass alone
-        config = dataclasses.replace(config, batch_norm_group="auto")
     return keras_fit.train_on(job, get_runner(job.step(), resource_info, config))
 
 
@@ -189,8 +200,9 @@ def num_workers() -> int:
 def analyze(graph, resource_info, config: Config | None = None) -> Report:
     """The Report for training `graph` on `resource_info`, without running anything."""
     from autopar.runtime import spec as specs
-    graph, _ = _lifted(graph)
-    return _compile(graph, specs.load_spec(resource_info), config or Config()).report()
+    graph, lifted = _lifted(graph)
+    return _compile(graph, specs.load_spec(resource_info),
+                    _traced_defaults(config or Config(), lifted)).report()
 
 
 def _compile(graph, spec, config: Config) -> CompiledPlan:

@@ -79,10 +79,11 @@ class PlanOptions:
     statistics of the global batch, moving statistics included), a group size
     k >= 1 (workers [0,k), [k,2k)...; must divide the worker count),
     ``"auto"`` (``"all"`` where the graph has such a layer, nothing to say
-    where it has none: autopar.fit's default, whose evaluation and
-    predictions run in Python, never a worker's graph alone), or ``None``
-    (each worker normalises by its own batch: not one device's, the
-    default of get_runner, where a chief may run the forward pass alone)."""
+    where it has none: what None means for a traced TensorFlow 2 step and
+    autopar.fit, which run the step's forward pass only in steps of every
+    worker), or ``None`` (for a tf.compat.v1 graph, whose chief may run the
+    forward pass alone: each worker normalises by its own batch, not one
+    device's)."""
     shard_weight_update: bool = False
     """Weight-update sharding (TPU-pod scaling paper §3): each all-reduce
     variable is updated by one owner worker, which alone holds its optimizer

@@ -200,8 +200,10 @@ def test_custom_training_step_matches_one_device(model, optimizer, dtype, run_op
 
 
 def test_batch_norm_over_every_worker_matches_one_device(tmp_path, reference):
-    """Keras 3's BatchNormalization with Config(batch_norm_group="all") in a
-    tf.function step, whose backward pass GradientTape builds (its ops are
+    """Keras 3's BatchNormalization in a tf.function step under the default
+    Config (a traced step's batch_norm_group "auto": the global batch's
+    statistics; before: each worker's own unless "all" was set), whose
+    backward pass GradientTape builds (its ops are
     named after the forward op's scope, not <op>_grad), and a
     LayerNormalization: every weight, slot and moving statistic equal to one
     device on the global batch, the last step's too, split 3/2/2: the
@@ -214,7 +216,7 @@ def test_batch_norm_over_every_worker_matches_one_device(tmp_path, reference):
     spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
     log = run_script([sys.executable, str(SCRIPT), "--model", model, "--optimizer", optimizer,
                       "--dtype", dtype, "--steps", str(STEPS), "--batch", str(BATCH),
-                      "--spec", str(spec), "--run-option", "hybrid", "--batch-norm-group", "all",
+                      "--spec", str(spec), "--run-option", "hybrid",
                       "--uneven-last", "--out", str(tmp_path / "dist")])
     assert "statistics over all 3 workers" in log
     assert "each worker weighs its gradients by N * b / B" in log
