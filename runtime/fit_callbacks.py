@@ -54,6 +54,8 @@ class FitCallbacks:
         self.per_batch: set[str] = set()
         self._synced = False   # the chief's variables hold training's since the last step
         self.stop_evaluating = False
+        # the chief's model's epoch to start at, as a callback set it (run())
+        self.initial_epoch: int | None = None
 
     def wants(self, hook: str) -> bool:
         """Whether the per-batch hook `hook` (a key of PER_BATCH) runs."""
@@ -79,8 +81,9 @@ class FitCallbacks:
             call(self.list)
             changed = [i for i, (b, v) in enumerate(zip(before, self.variables))
                        if not np.array_equal(b, v.numpy())]
-            # (the epoch Keras's fit starts at, when a callback set it:
-            # BackupAndRestore's on_train_begin, restoring a backup)
+            # The epoch Keras's fit starts at when a callback set it
+            # (BackupAndRestore's on_train_begin, restoring a backup): a
+            # private attribute, the only place Keras keeps it; read here alone
             initial_epoch = getattr(self.model, "_initial_epoch", None)
             header[:4] = (bool(getattr(self.model, "stop_training", False)),
                           bool(getattr(self.model, "stop_evaluating", False)), len(changed),
@@ -94,8 +97,7 @@ class FitCallbacks:
         self.per_batch = {hook for hook, on in zip(PER_BATCH, header[4:]) if on}
         self.model.stop_training = bool(header[0])
         self.stop_evaluating = self.model.stop_evaluating = bool(header[1])
-        if header[3] >= 0:
-            self.model._initial_epoch = int(header[3])
+        self.initial_epoch = int(header[3]) if header[3] >= 0 else None
         if header[2]:
             indices = chief_array(self.runner, np.array(changed, np.float64)
                                   if self.list is not None else np.zeros(int(header[2])))

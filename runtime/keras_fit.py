@@ -262,9 +262,9 @@ def train_on(job: FitJob, runner) -> History:
     with runner:
         # (synced here: a restored checkpoint is not the Python values)
         callbacks.run(lambda c: c.on_train_begin())
-        # As Keras's fit: from the epoch a callback restored (BackupAndRestore
-        # sets model._initial_epoch on the chief; FitCallbacks gave it to all)
-        for epoch in range(getattr(model, "_initial_epoch", None) or job.initial_epoch, epochs):
+        # As Keras's fit: from the epoch a callback restored (BackupAndRestore,
+        # on the chief; FitCallbacks gives it to every worker)
+        for epoch in range(callbacks.initial_epoch or job.initial_epoch, epochs):
             # Keras's fit resets the metrics before on_epoch_begin
             metrics = _Metrics(model, sums, counted)
             if own_step:
