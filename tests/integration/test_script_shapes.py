@@ -12,8 +12,9 @@ import sys
 import numpy as np
 import pytest
 
-from tests.integration.cluster import (REPO, assert_same_parameters, run_beside, run_script,
-                                       run_to_end, write_spec, write_two_host_spec)
+from tests.integration.cluster import (REPO, run_beside, run_script, run_to_end, write_spec,
+                                       write_two_host_spec)
+from tests.integration.test_keras_programs import _assert_workers_hold
 
 SCRIPTS = REPO / "tests" / "integration" / "scripts"
 # Each script says who runs it, changes directory, then trains.
@@ -77,12 +78,7 @@ def test_two_models_fit_one_after_the_other_in_one_script(run_option, tmp_path):
         for name in expected_model:
             np.testing.assert_allclose(model[name], expected_model[name], rtol=1e-9,
                                        err_msg=name)
-    with np.load(tmp_path / "keras0.npz") as data:
-        weights = {k: data[k] for k in data.files}
-    for i in range(3):
-        with np.load(tmp_path / f"dist{i}.npz") as data:
-            assert_same_parameters(weights, {k: data[k] for k in data.files}, rtol=1e-9,
-                                   atol=1e-12, what=f"worker {i}")
+    _assert_workers_hold(tmp_path, 3, rtol=1e-9, atol=1e-12)
 
 
 BACKUP = str(SCRIPTS / "keras_fit_backup.py")
@@ -104,9 +100,9 @@ def test_a_fit_preempted_and_run_again_resumes_where_keras_resumes(tmp_path):
     keras_dir.mkdir()
     job_dir.mkdir()
     runs = {"keras": [sys.executable, BACKUP, "--keras", "--dir", str(keras_dir),
-                      "--out", str(keras_dir / "vars{worker}.npz")],
+                      "--out", str(tmp_path / "keras{worker}.npz")],
             "job": [sys.executable, BACKUP, "--spec", str(spec), "--dir", str(job_dir),
-                    "--out", str(job_dir / "vars{worker}.npz")]}
+                    "--out", str(tmp_path / "dist{worker}.npz")]}
     logs = {}
     for name, command in runs.items():
         returncode, first = run_to_end(command)
@@ -116,9 +112,4 @@ def test_a_fit_preempted_and_run_again_resumes_where_keras_resumes(tmp_path):
     assert len(expected["loss"]) == 2 and got.keys() == expected.keys()
     for name in expected:
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-9, err_msg=name)
-    with np.load(keras_dir / "vars0.npz") as data:
-        weights = {k: data[k] for k in data.files}
-    for i in range(3):
-        with np.load(job_dir / f"vars{i}.npz") as data:
-            assert_same_parameters(weights, {k: data[k] for k in data.files}, rtol=1e-9,
-                                   atol=1e-12, what=f"worker {i}")
+    _assert_workers_hold(tmp_path, 3, rtol=1e-9, atol=1e-12)

@@ -18,18 +18,19 @@ def write_pid() -> None:
         os.replace(path + ".tmp", path)  # atomic: the test never reads half a pid
 
 
-def fit_then_save(model, data, fit: dict, keras_own: bool, spec, out: str) -> None:
-    """Train `model` on `data` with `fit`'s arguments: by Keras's own
-    model.fit on one device (`keras_own`), else by autopar.fit on every worker
-    of `spec`. Prints the per-epoch logs ("history {...}") and saves the
-    model's and optimizer's variables to `out` ({worker} replaced)."""
+def fit_then_save(model, data, fit: dict, keras_own: bool, spec, out: str, y=None) -> None:
+    """Train `model` on `data` (and `y`, for arrays) with `fit`'s arguments:
+    by Keras's own model.fit on one device (`keras_own`), else by
+    autopar.fit on every worker of `spec`. Prints the per-epoch logs
+    ("history {...}") and saves the model's and optimizer's variables to
+    `out` ({worker} replaced)."""
     import numpy as np
 
     import autopar
     if keras_own:
-        history, worker = model.fit(data, **fit).history, 0
+        history, worker = model.fit(data, y, **fit).history, 0
     else:
-        result = autopar.fit(model, data, None, spec, autopar.Config(log_every_steps=0), **fit)
+        result = autopar.fit(model, data, y, spec, autopar.Config(log_every_steps=0), **fit)
         history, worker = result.history, result.worker_index
     print("history " + json.dumps(history, sort_keys=True), flush=True)
     np.savez(out.format(worker=worker),

@@ -7,7 +7,6 @@ one device; otherwise autopar.fit on every worker of --spec. Prints the
 run's per-epoch logs and saves every variable of the model and its
 optimizer."""
 import argparse
-import json
 import os
 import sys
 
@@ -17,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirna
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-import autopar  # noqa: E402
+from _common import fit_then_save  # noqa: E402
 
 
 class Preempted(keras.callbacks.Callback):
@@ -50,15 +49,8 @@ def main() -> None:
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     callbacks = [keras.callbacks.BackupAndRestore(os.path.join(args.dir, "backup")),
                  Preempted(os.path.join(args.dir, "preempted"))]
-    fit = dict(epochs=4, batch_size=12, verbose=0, callbacks=callbacks)
-    if args.keras:
-        history, worker = model.fit(x, y, **fit).history, 0
-    else:
-        result = autopar.fit(model, x, y, args.spec, autopar.Config(log_every_steps=0), **fit)
-        history, worker = result.history, result.worker_index
-    print("history " + json.dumps(history, sort_keys=True), flush=True)
-    np.savez(args.out.format(worker=worker),
-             **{v.path: v.numpy() for v in model.variables + model.optimizer.variables})
+    fit_then_save(model, x, dict(epochs=4, batch_size=12, verbose=0, callbacks=callbacks),
+                  args.keras, args.spec, args.out, y)
 
 
 if __name__ == "__main__":
