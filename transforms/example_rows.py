@@ -663,13 +663,12 @@ class ExampleRows:
                     axis in {int(a) % x.shape.rank for a in np.reshape(along, -1)}:
                 return [self._mixed(op, ins)]
             return [src]
-        if t in ("Tile", "Pad", "PadV2", "MirrorPad"):
+        if t == "Tile":
+            # tf.repeat (Keras's UpSampling2D) tiles an axis by a computed count
+            return [src if _static_element(op.inputs[1], axis) == 1 else ELEMS]
+        if t in ("Pad", "PadV2", "MirrorPad"):
             spec = tf.get_static_value(op.inputs[1])
-            if spec is None:
-                return [ELEMS]
-            spec = np.asarray(spec)
-            kept = spec[axis] == 1 if t == "Tile" else not np.any(spec[axis])
-            return [src if kept else ELEMS]
+            return [src if spec is not None and not np.any(np.asarray(spec)[axis]) else ELEMS]
         if t == "ReverseSequence":
             batch_dim = op.get_attr("batch_dim")
             return [src if batch_dim == axis and ins[1] == src else self._mixed(op, ins)]
@@ -690,7 +689,7 @@ class ExampleRows:
         target = self.forms.get(op.inputs[1].name, SHARED)
         if target[0] == "shape" and target[1] == src[3]:
             return ("rows", 0, src[2], src[3], target[2])   # [b * g', ...]
-        first = _first_element(op.inputs[1])
+        first = _static_element(op.inputs[1], 0)
         if first == -1:
             # [-1, ...]: TensorFlow's flattening of the outer axes (a loss
             # over every position); rows per example known when run
@@ -1288,18 +1287,26 @@ def _static_scalar(t: tf.Tensor) -> int | None:
     return None
 
 
-def _first_element(shape: tf.Tensor) -> int | None:
-    """Element 0 of a 1-D shape tensor when it is static (a Pack or a
-    ConcatV2 beginning with a constant), else None."""
-    value = tf.get_static_value(shape)
+def _static_element(vector: tf.Tensor, k: int) -> int | None:
+    """Element k of a 1-D integer tensor when it is static, though the rest
+    may not be: TensorFlow's value, or the input holding it of a Pack or a
+    ConcatV2 of pieces of static lengths (tf.repeat's Tile multiples, whose
+    repeated axis' element is computed, or a shape [-1, ...])."""
+    value = tf.get_static_value(vector)
     if value is not None:
-        return int(np.reshape(value, -1)[0]) if np.size(value) else None
-    op = shape.op
-    if op.type == "Pack" and op.inputs:
-        return _static_int(op.inputs[0])
-    if op.type == "ConcatV2" and len(op.inputs) > 1:
-        head = tf.get_static_value(op.inputs[0])
-        return int(np.reshape(head, -1)[0]) if head is not None and np.size(head) else None
+        value = np.reshape(value, -1)
+        return int(value[k]) if k < np.size(value) else None
+    op = vector.op
+    if op.type == "Pack" and op.get_attr("axis") == 0 and k < len(op.inputs):
+        return _static_int(op.inputs[k])
+    if op.type == "ConcatV2" and _static_int(op.inputs[-1]) == 0:
+        for piece in op.inputs[:-1]:
+            length = piece.shape[0] if piece.shape.rank == 1 else None
+            if length is None:
+                return None
+            if k < length:
+                return _static_element(piece, k)
+            k -= length
     return None
 
 

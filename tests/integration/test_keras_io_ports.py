@@ -14,10 +14,14 @@ from tests.integration.cluster import REPO, run_to_end, write_two_host_spec
 from tests.integration.test_keras_programs import _assert_workers_hold, _keras_then_autopar
 
 SCRIPTS = REPO / "tests" / "integration" / "scripts"
-CASES = [("transformer", "hybrid"), ("dcgan", "allreduce"), ("vae", "ps")]
+CASES = [("transformer", "hybrid"), ("dcgan", "allreduce"), ("vae", "ps"), ("wgan_gp", "ps")]
 if os.environ.get("AUTOPAR_TEST_MATRIX") == "full":
-    CASES = [(p, o) for p in ("transformer", "dcgan", "vae")
+    CASES = [(p, o) for p in ("transformer", "dcgan", "vae", "wgan_gp")
              for o in ("hybrid", "ps", "allreduce")]
+# The program's own arguments, on one device and on every worker alike:
+# WGAN-GP's discriminator trained once per step (its 3 times are refused,
+# test_a_keras_io_program_autopar_cannot_split_is_refused_naming_the_op)
+ARGUMENTS = {"wgan_gp": ["--d-steps", "1"]}
 
 
 @pytest.mark.parametrize("program,run_option", CASES, ids=[f"{p}-{o}" for p, o in CASES])
@@ -39,9 +43,15 @@ def test_a_keras_io_program_fits_as_on_one_device(program, run_option, tmp_path)
     of 128 split 43/43/42, so each worker weighs what it adds to a tracker
     by its rows, and "loss" is found to be the total tracker's result
     (before: the trackers' logs were the workers' mean of their means, and
-    "loss" the workers' results weighted by their last rows)."""
-    expected, got, log = _keras_then_autopar([str(SCRIPTS / f"keras_io_{program}.py")],
-                                             tmp_path, (2, 1), "--run-option", run_option)
+    "loss" the workers' results weighted by their last rows). wgan_gp
+    (generative/wgan_gp.py): a gradient penalty, the gradient of the
+    discriminator at images interpolated by per-example random weights,
+    differentiated again; dropout after the generator's UpSampling2D, whose
+    tf.repeat tiles by a count TensorFlow cannot fold (before: refused, the
+    mask's shape taken for one that is no example's)."""
+    script = [str(SCRIPTS / f"keras_io_{program}.py"), *ARGUMENTS.get(program, [])]
+    expected, got, log = _keras_then_autopar(script, tmp_path, (2, 1),
+                                             "--run-option", run_option)
     assert sorted(got) == sorted(expected)
     for name in got:
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-9, err_msg=name)
@@ -59,21 +69,32 @@ def test_a_keras_io_program_fits_as_on_one_device(program, run_option, tmp_path)
             run_option, "0 on servers") in log
 
 
-def test_a_keras_io_program_whose_predictions_mix_its_batch_is_refused(tmp_path):
-    """movielens (collaborative_filtering_movielens): its score is
-    tf.tensordot(user_vector, movie_vector, 2), one sum over every example
-    of the batch, so on 3 workers each example's prediction would see only
-    its worker's share. Refused before training, naming the op, with no
+REFUSED = {
+    # its score is tf.tensordot(user_vector, movie_vector, 2), one sum over
+    # every example of the batch: each example's prediction would see only
+    # its worker's share
+    "movielens": ("the loss mixes the examples of a batch at "
+                  "'recommender_net_1/Tensordot/MatMul'"),
+    # its discriminator is updated 3 times in one step, each update from a
+    # gradient taken after the last: autopar averages one per variable and step
+    "wgan_gp": ("variable 'conv2d/kernel' is updated 3 times in one step "
+                "('adam_1/AssignSubVariableOp', "),
+}
+
+
+@pytest.mark.parametrize("program", sorted(REFUSED))
+def test_a_keras_io_program_autopar_cannot_split_is_refused_naming_the_op(program, tmp_path):
+    """movielens (collaborative_filtering_movielens) and wgan_gp as the
+    programs have them: refused before training, naming the op, with no
     traceback and no other warning before the reason (before: a warning
     that the job's fork server was killed came first)."""
     spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
     returncode, output = run_to_end(
-        [sys.executable, str(SCRIPTS / "keras_io_movielens.py"), "--spec", str(spec),
-         "--out", str(tmp_path / "dist{worker}.npz")])
+        [sys.executable, str(SCRIPTS / f"keras_io_{program}.py"),
+         "--spec", str(spec), "--out", str(tmp_path / "dist{worker}.npz")])
     assert returncode == 2, output[-4000:]
     reason = next(line for line in output.splitlines() if line.startswith("autopar: "))
-    assert reason.startswith("autopar: the loss mixes the examples of a batch at "
-                             "'recommender_net_1/Tensordot/MatMul'"), output[-4000:]
+    assert reason.startswith("autopar: " + REFUSED[program]), output[-4000:]
     assert "Traceback" not in output and "history" not in output
     assert "did not stop" not in output, output[-4000:]
     assert not list(tmp_path.glob("dist*.npz"))

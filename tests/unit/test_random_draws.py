@@ -35,6 +35,9 @@ DRAWS = {
     "stateless_noise_shape": lambda x: tf.nn.experimental.stateless_dropout(
         x, 0.5, seed=[1, 2], noise_shape=tf.stack([tf.shape(x)[0], 1])),
     "gaussian_noise": lambda x: x + tf.random.normal(tf.shape(x), dtype=tf.float64),
+    # a mask of a tensor tf.repeat made (Keras's UpSampling2D, a GAN's
+    # generator): a Tile by a count TensorFlow cannot fold
+    "after_repeat": lambda x: tf1.nn.dropout(tf.repeat(x, 2, axis=1), rate=0.5)[:, ::2],
     # a tf.random.Generator's op, whose state advances by the draw's size
     "generator": lambda x: x * tf.random.Generator.from_seed(3).uniform(tf.shape(x),
                                                                          dtype=tf.float64),
