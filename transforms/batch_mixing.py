@@ -68,14 +68,27 @@ def find_batch_mixing(graph: tf.Graph, rows: ExampleRows, losses: list[str | Non
             continue
         seen.add(t.name)
         if form[1] not in found:
-            found[form[1]] = _what(graph.get_operation_by_name(form[1]), form[0])
+            found[form[1]] = _what(_op_named(graph, form[1]), form[0])
         stack.extend(t.op.inputs)
     if order is None:
         order = {op.name: i for i, op in enumerate(graph.get_operations())}
     return dict(sorted(found.items(), key=lambda item: order.get(item[0], 0)))
 
 
-def _what(op: tf.Operation, kind: str) -> str:
+def _op_named(graph: tf.Graph, name: str) -> tf.Operation | None:
+    """The op `name` of `graph`, or None for one of a function's body (a
+    loop's, a cond branch's), whose forms transforms.example_rows follows."""
+    try:
+        return graph.get_operation_by_name(name)
+    except KeyError:
+        return None
+
+
+def _what(op: tf.Operation | None, kind: str) -> str:
+    if op is None:
+        return ("an op of a function the step runs (a loop's body, a cond's branch) "
+                + ("for which autopar has no rule saying whether it keeps each example to "
+                   "itself" if kind == "unknown" else "combining the values of several examples"))
     a = f"{'an' if op.type[0] in 'AEIOU' else 'a'} {op.type}"
     if kind == "unknown":
         return (f"{a} op, for which autopar has no rule saying whether it keeps each "

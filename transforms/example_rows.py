@@ -320,6 +320,12 @@ class ExampleRows:
             return [self._batch_matmul(op, ins)]
         if t == "Einsum":
             return [self._einsum(op, ins)]
+        if t in ("ImageProjectiveTransformV2", "ImageProjectiveTransformV3") \
+                and is_rows(ins[0]) and ins[0][1] == 0 and ins[1] == ins[0]:
+            # (images, transforms, ...): each image by its own example's
+            # transform (Keras's RandomZoom, RandomTranslation, RandomRotation
+            # draw one per example)
+            return [self._row_wise(op, [ins[0], SHARED, *ins[2:]], ROW_WISE[t])]
         if t in ROW_WISE:
             return [self._row_wise(op, ins, ROW_WISE[t])] * n_out
         if t in ("Conv2DBackpropInput", "Conv3DBackpropInputV2"):
@@ -397,6 +403,8 @@ class ExampleRows:
                  "SparseFillEmptyRows"):
             return [ELEMS if all(per_example(f) or f == SHARED or f[0] in ("shape", "dim")
                                  for f in ins) else self._mixed(op, ins)] * n_out
+        if t in ("SpaceToBatchND", "BatchToSpaceND"):
+            return [self._space_batch(op, ins)]
         if t in WHILES:
             return self._while(op, ins)
         if t in IFS:
@@ -619,10 +627,14 @@ class ExampleRows:
         axis = src[1]
         x = op.inputs[0]
         if t == "Transpose":
-            perm = tf.get_static_value(op.inputs[1])
-            if perm is None:
-                return [ELEMS]
-            return [("rows", int(list(perm).index(axis)), *src[2:])]
+            # where the example axis goes: the one place of the permutation
+            # holding it, found though others may be computed (tf.nn.softmax
+            # over another axis swaps it last by a perm built from the rank)
+            perm = op.inputs[1]
+            places = perm.shape[0] if perm.shape.rank == 1 else None
+            moved = next((k for k in range(places or 0)
+                          if _static_element(perm, k) == axis), None)
+            return [ELEMS if moved is None else ("rows", moved, *src[2:])]
         if t == "ExpandDims":
             at = _static_int(op.inputs[1])
             if at is None:
@@ -673,6 +685,25 @@ class ExampleRows:
             batch_dim = op.get_attr("batch_dim")
             return [src if batch_dim == axis and ins[1] == src else self._mixed(op, ins)]
         return [src] * n_out
+
+    def _space_batch(self, op, ins) -> tuple:
+        """A dilated convolution's SpaceToBatchND makes the batch axis P =
+        prod(block_shape) consecutive copies of its rows' layout, each
+        holding one block offset's pixels of every row; BatchToSpaceND
+        takes P such blocks back into one. An example's rows stay its own:
+        the blocks multiply, or divide, by P."""
+        src = ins[0]
+        block = _static_vector(op.inputs[1])
+        if not (is_rows(src) and src[1] == 0) or block is None \
+                or any(f != SHARED for f in ins[1:]):
+            return ELEMS if per_example(src) and all(f == SHARED for f in ins[1:]) \
+                else ("unknown", op.name)
+        blocks = int(np.prod(block))
+        if op.type == "SpaceToBatchND":
+            return ("rows", 0, src[2], src[3] * blocks, src[4])
+        if src[3] % blocks:
+            return ELEMS
+        return ("rows", 0, src[2], src[3] // blocks, src[4])
 
     def _reshape(self, op, src) -> tuple:
         """Rows through a reshape: kept where each example's elements fill a
@@ -725,15 +756,16 @@ class ExampleRows:
                 return ("rows", produced + axis - consumed, *src[2:])
             if shrink & (1 << entry):
                 return ELEMS
-            begin, strides = tf.get_static_value(op.inputs[1]), tf.get_static_value(op.inputs[3])
-            whole = (begin is not None and strides is not None
-                     and ((op.get_attr("begin_mask") >> entry) & 1 or begin[entry] == 0)
-                     and (op.get_attr("end_mask") >> entry) & 1 and strides[entry] == 1)
+            # the example axis' own bounds, though others' may be computed
+            # (Keras's RandomCrop takes every row at a drawn offset)
+            whole = (((op.get_attr("begin_mask") >> entry) & 1
+                      or _static_element(op.inputs[1], entry) == 0)
+                     and (op.get_attr("end_mask") >> entry) & 1
+                     and _static_element(op.inputs[3], entry) == 1)
             if whole:
                 return ("rows", produced, *src[2:])
             return ("rows", produced, _selection_key(op, src, axis), 1, src[4])
-        begin, size = tf.get_static_value(op.inputs[1]), tf.get_static_value(op.inputs[2])
-        if begin is not None and size is not None and begin[axis] == 0 and size[axis] == -1:
+        if _static_element(op.inputs[1], axis) == 0 and _static_element(op.inputs[2], axis) == -1:
             return src
         return ("rows", axis, _selection_key(op, src, axis), 1, src[4])
 
@@ -973,11 +1005,11 @@ class ExampleRows:
             else self._mixed(op, ins)
 
     # ------------------------------------------------------------ functions
-    def _function_graph(self, name: str):
-        return function_graph(self.graph, name)
+    def _function_graph(self, name: str, input_shapes=None):
+        return function_graph(self.graph, name, input_shapes)
 
-    def _body_forms(self, name: str, arg_forms: list) -> list | None:
-        body = self._function_graph(name)
+    def _body_forms(self, name: str, arg_forms: list, input_shapes=None) -> list | None:
+        body = self._function_graph(name, input_shapes)
         if body is None:
             return None
         forms: dict[str, tuple] = {}
@@ -987,12 +1019,13 @@ class ExampleRows:
                 else args.get(t.op.name, SHARED) for t in body.outputs]
 
     def _call(self, op, ins, name: str) -> list:
-        outs = self._body_forms(name, ins)
+        outs = self._body_forms(name, ins, [t.shape for t in op.inputs])
         return outs if outs is not None else [("unknown", op.name)] * len(op.outputs)
 
     def _if(self, op, ins) -> list:
         branches = [op.get_attr("then_branch").name, op.get_attr("else_branch").name]
-        results = [self._body_forms(b, ins[1:]) for b in branches]
+        shapes = [t.shape for t in op.inputs[1:]]
+        results = [self._body_forms(b, ins[1:], shapes) for b in branches]
         if any(r is None for r in results):
             return [("unknown", op.name)] * len(op.outputs)
         if ins[0] not in (SHARED,) and ins[0][0] != "dim":
@@ -1001,9 +1034,12 @@ class ExampleRows:
 
     def _while(self, op, ins) -> list:
         body = op.get_attr("body").name
+        # the loop variables' shape invariants, which the body was traced with
+        shapes = [tf.TensorShape(s) for s in op.get_attr("output_shapes")] or \
+            [t.shape for t in op.inputs]
         state = list(ins)
         for _ in range(4):
-            outs = self._body_forms(body, state)
+            outs = self._body_forms(body, state, shapes)
             if outs is None:
                 return [("unknown", op.name)] * len(op.outputs)
             joined = [_join([a, b]) for a, b in zip(state, outs)]
@@ -1147,10 +1183,14 @@ def _join(forms: list) -> tuple:
     return next((f for f in known if f[0] in ("reduced", "distinct")), ("unknown", "join"))
 
 
-def function_graph(graph: tf.Graph, name: str):
+def function_graph(graph: tf.Graph, name: str, input_shapes=None):
     """The graph of the function `name` of `graph`'s library (a While's
     body, an If's branch), or None. Graph._get_function is the only way to
-    the functions a graph holds; every caller goes through here."""
+    the functions a graph holds; every caller goes through here.
+    `input_shapes`: its arguments' shapes at the call, for a function that
+    only a FunctionDef holds (a graph imported from a GraphDef, as a lifted
+    step is): without them every shape in its body is unknown, and a bias
+    added to rows of unknown rank could broadcast them anywhere."""
     try:
         fn = graph._get_function(name)  # pylint: disable=protected-access
     except Exception:   # noqa: BLE001 - a library without it
@@ -1160,8 +1200,29 @@ def function_graph(graph: tf.Graph, name: str):
     body = getattr(fn, "graph", None)
     if body is None:
         from tensorflow.python.framework import function_def_to_graph  # noqa: E501 pylint: disable=import-outside-toplevel
-        body = function_def_to_graph.function_def_to_graph(fn.definition)
+        definition = _function_def(fn)
+        if input_shapes is not None and len(input_shapes) != len(definition.signature.input_arg):
+            input_shapes = None
+        body = function_def_to_graph.function_def_to_graph(definition, input_shapes=input_shapes)
     return body
+
+
+def _function_def(fn):
+    """The FunctionDef of a function of a graph's library, read without
+    adding it to the eager context, which its `.definition` does: a lifted
+    step's functions keep the traced functions' names, with the shapes
+    tracing inferred added (transforms.lift), and the context refuses a
+    second definition of a name."""
+    c_func = getattr(fn, "_c_func", None)
+    if c_func is None:
+        return fn.definition
+    from tensorflow.core.framework import function_pb2  # noqa: E501 pylint: disable=import-outside-toplevel
+    from tensorflow.python.client import pywrap_tf_session as c_api  # noqa: E501 pylint: disable=import-outside-toplevel
+    from tensorflow.python.framework import c_api_util  # noqa: E501 pylint: disable=import-outside-toplevel
+    with c_api_util.tf_buffer() as buf:
+        with c_func.get() as func:
+            c_api.TF_FunctionToFunctionDef(func, buf)
+            return function_pb2.FunctionDef.FromString(c_api.TF_GetBuffer(buf))
 
 
 def _selection_key(op: tf.Operation, src: tuple, axis: int) -> str:

@@ -116,7 +116,7 @@ def lift(obj) -> LiftedGraph:
         raise TypeError(f"not a traced function: {obj!r}")
     _check_inputs(func_graph)
     by_handle = {id(v.handle): v for v in func_graph.variables}
-    graph_def = lower_conds(func_graph.as_graph_def())
+    graph_def = lower_conds(_with_function_shapes(func_graph))
     _outputs_after_nothing(graph_def, {t.op.name for t in func_graph.outputs})
     taken = _name_prefixes(graph_def)
     lifted = LiftedGraph(tf.Graph(), function=None if obj is func_graph else obj)
@@ -192,6 +192,22 @@ def lift(obj) -> LiftedGraph:
             raise UnsupportedGraphError(f"lifting the traced function renamed its input "
                                         f"'{op.name}': a variable's name collides with it")
     return lifted
+
+
+def _with_function_shapes(func_graph):
+    """The traced graph's GraphDef, whose library functions (a While's
+    body, a cond's branches: an RNN's step, a Keras layer's training
+    switch) keep the shapes tracing inferred, as "_input_shapes", their
+    resource arguments' handle data and each node's "_output_shapes": a
+    function read back from a FunctionDef without them has no shape but its
+    arguments' (every variable read unknown), which the analyses of data
+    flow cannot see through (transforms.example_rows: a bias of unknown rank
+    added to an example's rows). Top-level nodes get shapes again when
+    imported, so theirs are not kept."""
+    graph_def = func_graph.as_graph_def(add_shapes=True)
+    for node in graph_def.node:
+        node.attr.pop("_output_shapes", None)
+    return graph_def
 
 
 def _check_inputs(func_graph) -> None:

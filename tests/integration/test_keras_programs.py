@@ -30,6 +30,9 @@ CASES = [
     # an LSTM: a While loop (its weights stay off the servers in ps:
     # tests/unit/test_tf2_analysis.py, and the full matrix)
     ("lstm", "sgd", "float64", "allreduce"),
+    # a GRU under Adam: its bias, read inside the loop, adds to each
+    # example's row (before: refused with a KeyError, the loop's shapes lost)
+    ("gru", "adam_noclip", "float64", "ps"),
     # an embedding and a regularized Dense each used twice: the tape adds up
     # their gradients outside its scope (the embedding's rows on the servers)
     ("shared", "sgd", "float64", "ps"),
@@ -70,6 +73,7 @@ if os.environ.get("AUTOPAR_TEST_MATRIX") == "full":
              for model, optimizer, dtype in (("emb_mlp", "adam", "float64"),
                                              ("emb_mlp", "sgd", "float32"),
                                              ("lstm", "sgd", "float64"),
+                                             ("gru", "adam_noclip", "float64"),
                                              # no Keras layers: tf.Variables in a
                                              # tf.Module (its analysis:
                                              # tests/unit/test_tf2_analysis.py)
@@ -181,7 +185,7 @@ def test_custom_training_step_matches_one_device(model, optimizer, dtype, run_op
     if model == "wide_deep" and run_option != "allreduce":
         # the five tables on the servers (with the dense layers in ps)
         assert {"ps": "9 on servers"}.get(run_option, "5 on servers") in log
-    if model == "lstm" and run_option == "ps":
+    if model in ("lstm", "gru") and run_option == "ps":
         assert "kept off the servers: read inside" in log
     if decay:   # the reference's rate went 0.1, 0.05, ... 0.1 / STEPS
         (rate,) = [v for k, v in expected.items() if k.endswith("learning_rate")]
@@ -281,6 +285,22 @@ def test_a_convolutional_network_fit_as_keras_fits_it(tmp_path):
     # fit splits each batch into equal shares: its last, smaller, one too
     assert "examples where its first had" not in log
     assert sorted(got) == ["accuracy", "loss", "val_accuracy", "val_loss"]
+    for name in expected:
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-9, err_msg=name)
+    _assert_workers_hold(tmp_path, 3, rtol=1e-7, atol=1e-9)
+
+
+def test_image_augmentation_inside_the_model_fit_as_keras_fits_it(tmp_path):
+    """RandomFlip, RandomZoom and RandomTranslation inside the model (one
+    draw per image, each image moved by its own transform) and a dilated
+    convolution, fit on 3 workers over 2 uneven hosts: each worker's images
+    get one device's draws, and the weights, slots and logs are Keras's own
+    fit's (before: refused, the transformed images taken for a mixing of
+    the batch's examples and the dilated convolution's blocks for no
+    example's rows)."""
+    expected, got, log = _keras_then_autopar([DIGITS, "--model", "augmented"], tmp_path,
+                                             (2, 1), "--run-option", "allreduce")
+    assert "random draws per example" in log
     for name in expected:
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-9, err_msg=name)
     _assert_workers_hold(tmp_path, 3, rtol=1e-7, atol=1e-9)

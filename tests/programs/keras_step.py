@@ -22,7 +22,8 @@ gamma and beta, and batch statistics; an L2 penalty on the embedding),
 applied to two halves of the ids: the tape adds up every weight's gradients
 from its uses), "lstm"
 (Embedding -> LSTM, a While loop in the traced graph -> Dense over the
-vocabulary, cross-entropy: a next-token language model), "masked"
+vocabulary, cross-entropy: a next-token language model), "gru" (the same
+with a GRU, whose step adds a bias read inside the loop), "masked"
 (Embedding(mask_zero=True) over sequences padded with 0, Dense layers on
 each position, cross-entropy per position: Keras weighs each kept position
 by the batch's size / count of kept positions) and "module" (no
@@ -90,7 +91,7 @@ class KerasProgram:
 
     def batch(self, step: int, size: int):
         rng = np.random.default_rng(700 + step)
-        if self.kind == "lstm":
+        if self.kind in ("lstm", "gru"):
             tokens = rng.integers(0, VOCAB, size=(size, WINDOW + 1)).astype(np.int32)
             return tokens[:, :-1], tokens[:, -1]
         if self.kind == "masked":
@@ -159,7 +160,7 @@ def sequence_step(mask_zero: bool = False):
 
 def _ids(kind: str) -> int:
     """Ids per example (columns of x) of a model kind."""
-    return {"lstm": WINDOW, "shared": 2 * IDS}.get(kind, IDS)
+    return {"lstm": WINDOW, "gru": WINDOW, "shared": 2 * IDS}.get(kind, IDS)
 
 
 def build(kind: str = "emb_mlp", optimizer_name: str = "adam",
@@ -168,9 +169,10 @@ def build(kind: str = "emb_mlp", optimizer_name: str = "adam",
     import tensorflow as tf
     keras.config.set_floatx(dtype)
     keras.utils.set_random_seed(1)
-    if kind == "lstm":
+    if kind in ("lstm", "gru"):
+        recurrent = keras.layers.LSTM(6) if kind == "lstm" else keras.layers.GRU(6)
         model = keras.Sequential([keras.Input((WINDOW,), dtype="int32"),
-                                  keras.layers.Embedding(VOCAB, 6), keras.layers.LSTM(6),
+                                  keras.layers.Embedding(VOCAB, 6), recurrent,
                                   keras.layers.Dense(VOCAB)])
         loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         y_spec = tf.TensorSpec([None], tf.int32)

@@ -127,3 +127,52 @@ def test_a_mixing_loss_is_refused_on_several_workers_unless_per_worker_is_asked(
     compile_for_config(graph, 1, autopar.Config())   # one worker: one device's
     assert "mixes the examples" not in build_report(compiled.analysis,
                                                     make_plan(compiled.analysis, 1)).table()
+
+
+@pytest.mark.parametrize("recurrent", ["GRU", "SimpleRNN", "LSTM"])
+def test_a_keras_recurrent_layers_loop_keeps_each_example_to_itself(recurrent):
+    """Keras's RNNs step through time in a While loop whose body reads the
+    cell's weights: the lifted step keeps the shapes tracing inferred in its
+    functions, so the GRU's bias, read inside the loop, is known to add to
+    each example's row (before: of unknown rank there, the sum was taken
+    for a mixing of examples, and naming it raised a KeyError, the op being
+    the loop body's)."""
+    model = keras.Sequential([keras.Input((5, 3)), getattr(keras.layers, recurrent)(4),
+                              keras.layers.Dropout(0.2), keras.layers.Dense(1)])
+    optimizer = keras.optimizers.Adam()
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(x, training=True) - y) ** 2)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+    concrete = step.get_concrete_function(tf.TensorSpec([None, 5, 3], tf.float32),
+                                          tf.TensorSpec([None, 1], tf.float32))
+    analysis = analyze_graph(lift(concrete).graph)
+    assert analysis.batch_mixing == {}
+    assert len(analysis.batch_draws) == 1   # the dropout's mask, per example
+
+
+def test_a_mixing_inside_a_loop_body_is_named_as_the_bodys():
+    """A batch statistic fed back into each example inside a tf.while_loop:
+    refused naming the body's op, without a traceback."""
+    dense = keras.layers.Dense(1)
+    optimizer = keras.optimizers.SGD(0.1)
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            _, h = tf.while_loop(lambda i, h: i < 2,
+                                 lambda i, h: (i + 1, h - tf.reduce_mean(h, axis=0)), (0, x))
+            loss = tf.reduce_mean(dense(h) ** 2)
+        grads = tape.gradient(loss, dense.trainable_variables)
+        optimizer.apply_gradients(zip(grads, dense.trainable_variables))
+        return loss
+    concrete = step.get_concrete_function(tf.TensorSpec([None, F], tf.float32))
+    analysis = analyze_graph(lift(concrete).graph)
+    [(op, what)] = analysis.batch_mixing.items()
+    assert op == "while/Mean", op
+    assert what == "an op of a function the step runs (a loop's body, a cond's branch) " \
+        "combining the values of several examples"

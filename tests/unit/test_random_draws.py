@@ -38,6 +38,15 @@ DRAWS = {
     # a mask of a tensor tf.repeat made (Keras's UpSampling2D, a GAN's
     # generator): a Tile by a count TensorFlow cannot fold
     "after_repeat": lambda x: tf1.nn.dropout(tf.repeat(x, 2, axis=1), rate=0.5)[:, ::2],
+    # a mask of a dilated convolution's output (SpaceToBatchND, the
+    # convolution, BatchToSpaceND: the batch axis in blocks and back)
+    "after_dilated_conv": lambda x: tf1.nn.dropout(tf.nn.convolution(
+        x[:, :, None], tf.ones([2, 1, 1], tf.float64), padding="SAME", dilations=2)[:, :, 0],
+        rate=0.5),
+    # a mask of a softmax over another axis than the last (a transpose by a
+    # permutation built from the rank)
+    "after_softmax_over_axis_1": lambda x: tf1.nn.dropout(
+        tf.nn.softmax(tf.stack([x, 2 * x], -1), axis=1)[:, :, 0], rate=0.5),
     # a tf.random.Generator's op, whose state advances by the draw's size
     "generator": lambda x: x * tf.random.Generator.from_seed(3).uniform(tf.shape(x),
                                                                          dtype=tf.float64),
