@@ -75,7 +75,9 @@ CheckNumericsV2 LeakyRelu Gelu Real Imag Conj Invert PopulationCount EnsureShape
 DebugIdentity DebugIdentityV2 DebugIdentityV3 Ndtri Bucketize FakeQuantWithMinMaxArgs
 QuantizeAndDequantizeV2 Dawsn Expint FresnelCos FresnelSin Spence BesselI0e BesselI1e
 BesselI0 BesselI1 BesselJ0 BesselJ1 BesselK0 BesselK0e BesselK1 BesselK1e BesselY0 BesselY1
-Angle ComplexAbs Bitcast IdentityN""".split())
+Angle ComplexAbs Bitcast IdentityN AsString StringToHashBucketFast StringToHashBucketStrong
+StringToHashBucket StringLower StringUpper StringStrip StringLength StringToNumber
+StaticRegexReplace""".split())
 # Elementwise ops of two or more inputs, broadcast.
 NARY = frozenset("""Add AddV2 Sub Mul MulNoNan Div DivNoNan RealDiv FloorDiv FloorMod Mod
 TruncateDiv TruncateMod Maximum Minimum Pow SquaredDifference Atan2 Xdivy Xlogy Xlog1py Equal
@@ -604,11 +606,15 @@ class ExampleRows:
         if src[0] in ("reduced", "distinct", "size", "shape", "dim"):
             if src[0] == "shape" and t in ("StridedSlice", "Slice"):
                 return [self._shape_slice(op, src)]
+            if src[0] == "shape" and t == "SplitV":
+                return self._shape_split(op, src)
             if src[0] in ("shape", "size", "dim"):
                 return [DIM] * n_out
             return [src] * n_out
         if t in ("Split", "SplitV"):
             src, axis_input = (ins[1], op.inputs[0]) if t == "Split" else (ins[0], op.inputs[2])
+            if src[0] == "shape":
+                return self._shape_split(op, src)
             if not per_example(src):
                 return [src if src[0] in ("reduced", "distinct") else DIM] * n_out
             axis = _static_int(axis_input)
@@ -760,14 +766,24 @@ class ExampleRows:
             # (Keras's RandomCrop takes every row at a drawn offset)
             whole = (((op.get_attr("begin_mask") >> entry) & 1
                       or _static_element(op.inputs[1], entry) == 0)
-                     and (op.get_attr("end_mask") >> entry) & 1
+                     and ((op.get_attr("end_mask") >> entry) & 1
+                          or self._whole_count(op.inputs[2], entry, src))
                      and _static_element(op.inputs[3], entry) == 1)
             if whole:
                 return ("rows", produced, *src[2:])
             return ("rows", produced, _selection_key(op, src, axis), 1, src[4])
-        if _static_element(op.inputs[1], axis) == 0 and _static_element(op.inputs[2], axis) == -1:
+        # the example axis taken whole: from 0, all of it (-1, or the
+        # batch's own count: keras.ops.image.crop_images' tf.shape(x)[0])
+        if _static_element(op.inputs[1], axis) == 0 and (
+                _static_element(op.inputs[2], axis) == -1 or self._whole_count(op.inputs[2], axis, src)):
             return src
         return ("rows", axis, _selection_key(op, src, axis), 1, src[4])
+
+    def _whole_count(self, bounds: tf.Tensor, k: int, src) -> bool:
+        """Whether element k of a slice's end (or size) is the count of the
+        batch's rows `src` lays out: tf.shape(x)[0] (keras.ops.image's
+        crops, tf.signal.frame's outer dimensions)."""
+        return src[2] == BATCH and _element(bounds, k, self.forms) == ("size", src[3], src[4])
 
     def _shape_slice(self, op, src) -> tuple:
         """tf.shape(x)[0] is a size, tf.shape(x)[:k] a shape; other elements
@@ -790,6 +806,34 @@ class ExampleRows:
         if start == 0:
             return ("shape", src[1], src[2], src[3][:max(stop - 1, 0)])
         return SHARED if all(d != "d" for d in src[3][start - 1:stop - 1]) else DIM
+
+    def _shape_split(self, op, src) -> list:
+        """tf.split of tf.shape(x) (tf.signal.frame's outer, framed and inner
+        dimensions): the piece starting with the batch's size a shape, the
+        others SHARED, or DIM where they hold a per-worker length."""
+        whole = [None, *src[3]]
+        if op.type == "SplitV":
+            # one size left unknown (or -1) is what the others leave: the
+            # sizes add up to the length, or the op fails
+            sizes = [_static_element(op.inputs[1], k) for k in range(len(op.outputs))]
+            sizes = [-1 if n is None else n for n in sizes]
+            if sizes.count(-1) > 1:
+                return [DIM] * len(op.outputs)
+            if -1 in sizes:
+                sizes[sizes.index(-1)] = len(whole) - (sum(sizes) + 1)
+        else:
+            sizes = [len(whole) // len(op.outputs)] * len(op.outputs)
+        if sum(sizes) != len(whole) or min(sizes) < 0:
+            return [DIM] * len(op.outputs)
+        out, start = [], 0
+        for n in sizes:
+            piece = whole[start:start + n]
+            if start == 0 and n:
+                out.append(("shape", src[1], src[2], tuple(piece[1:])))
+            else:
+                out.append(SHARED if "d" not in piece else DIM)
+            start += n
+        return out
 
     def _concat(self, op, ins) -> tuple:
         values, axis_form = ins[:-1], ins[-1]
@@ -904,7 +948,7 @@ class ExampleRows:
         params, indices = ins[0], ins[1]
         t = op.type
         if t in ("GatherV2",):
-            axis = _static_int(op.inputs[2])
+            axis = _static_scalar(op.inputs[2])   # tf.signal.frame's: range(rank)[-1]
             batch_dims = op.get_attr("batch_dims")
         else:
             axis, batch_dims = 0, op.get_attr("batch_dims") if "batch_dims" in \
@@ -1293,7 +1337,8 @@ def _element(t: tf.Tensor, i: int, forms: dict):
     static value, or the form of the scalar packed there."""
     value = tf.get_static_value(t)
     if value is not None:
-        return int(np.reshape(value, -1)[i])
+        value = np.reshape(value, -1)
+        return int(value[i]) if i < np.size(value) else None
     whole = forms.get(t.name, SHARED)
     if whole[0] == "shape" and i == 0:
         return ("size", whole[1], whole[2])
@@ -1350,25 +1395,10 @@ def _static_scalar(t: tf.Tensor) -> int | None:
 
 def _static_element(vector: tf.Tensor, k: int) -> int | None:
     """Element k of a 1-D integer tensor when it is static, though the rest
-    may not be: TensorFlow's value, or the input holding it of a Pack or a
-    ConcatV2 of pieces of static lengths (tf.repeat's Tile multiples, whose
-    repeated axis' element is computed, or a shape [-1, ...])."""
-    value = tf.get_static_value(vector)
-    if value is not None:
-        value = np.reshape(value, -1)
-        return int(value[k]) if k < np.size(value) else None
-    op = vector.op
-    if op.type == "Pack" and op.get_attr("axis") == 0 and k < len(op.inputs):
-        return _static_int(op.inputs[k])
-    if op.type == "ConcatV2" and _static_int(op.inputs[-1]) == 0:
-        for piece in op.inputs[:-1]:
-            length = piece.shape[0] if piece.shape.rank == 1 else None
-            if length is None:
-                return None
-            if k < length:
-                return _static_element(piece, k)
-            k -= length
-    return None
+    may not be (_element: tf.repeat's Tile multiples, whose repeated axis'
+    element is computed, or a shape [-1, ...])."""
+    value = _element(vector, k, {})
+    return value if isinstance(value, int) else None
 
 
 def _static_int(t: tf.Tensor) -> int | None:

@@ -47,6 +47,17 @@ DRAWS = {
     # permutation built from the rank)
     "after_softmax_over_axis_1": lambda x: tf1.nn.dropout(
         tf.nn.softmax(tf.stack([x, 2 * x], -1), axis=1)[:, :, 0], rate=0.5),
+    # a mask of hashed features (Keras's Hashing: AsString, then a hash bucket)
+    "after_hashing": lambda x: tf1.nn.dropout(tf.cast(tf.strings.to_hash_bucket_fast(
+        tf.strings.as_string(x), 7), tf.float64), rate=0.5),
+    # a mask of a crop that keeps every row by the batch's own count
+    # (keras.ops.image.crop_images: tf.slice to tf.shape(x)[0] rows)
+    "after_crop": lambda x: tf1.nn.dropout(
+        tf.pad(tf.slice(x, [0, 1], tf.stack([tf.shape(x)[0], 3])), [[0, 0], [1, 1]]), rate=0.5),
+    # a mask of frames of each row (tf.signal.frame, as an STFT frames a
+    # signal: its shape split into outer, framed and inner dimensions)
+    "after_frames": lambda x: tf1.nn.dropout(
+        tf.reshape(tf.signal.frame(x, 2, 1), tf.stack([tf.shape(x)[0], 8]))[:, :5], rate=0.5),
     # a tf.random.Generator's op, whose state advances by the draw's size
     "generator": lambda x: x * tf.random.Generator.from_seed(3).uniform(tf.shape(x),
                                                                          dtype=tf.float64),
