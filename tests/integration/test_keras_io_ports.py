@@ -14,7 +14,7 @@ from tests.integration.cluster import REPO, run_to_end, write_two_host_spec
 from tests.integration.test_keras_programs import _assert_workers_hold, _keras_then_autopar
 
 SCRIPTS = REPO / "tests" / "integration" / "scripts"
-CASES = [("transformer", "hybrid"), ("dcgan", "allreduce"), ("vae", "ps"), ("wgan_gp", "ps")]
+CASES = [("transformer", "hybrid"), ("dcgan", "allreduce"), ("vae", "ps"), ("wgan_gp", "allreduce")]
 if os.environ.get("AUTOPAR_TEST_MATRIX") == "full":
     CASES = [(p, o) for p in ("transformer", "dcgan", "vae", "wgan_gp")
              for o in ("hybrid", "ps", "allreduce")]
