@@ -167,6 +167,10 @@ class Analysis:
     # blocks of the examples' rows, g rows each}: each worker draws the
     # global batch's and keeps its examples' rows (transforms.random_draws).
     batch_draws: dict[str, list[int]] = field(default_factory=dict)
+    # {fed or dataset tensor a training step reads: its axes past the first
+    # of a length the graph leaves unknown}: a training step checks that
+    # every worker padded them alike (transforms.padded_lengths).
+    padded_inputs: dict[str, list[int]] = field(default_factory=dict)
     # A fed or dataset tensor of the batch's rows (the draws' b where their
     # rows per example are known only when run).
     batch_input: str | None = None

@@ -24,6 +24,10 @@ Instance keys:
                one all-reduce per count
   batch_weights  the sum of the workers' batch sizes (transforms.batch_weights):
                one all-reduce per batch input
+  batch_draws  the sum of the workers' batch sizes for draws per example
+               (transforms.random_draws): one all-reduce
+  padded_lengths  the sum of the workers' lengths of an input padded per batch
+               (transforms.padded_lengths): one all-reduce per such input
 Group keys (each later job of a script: all of them JOB_GROUP_STRIDE higher):
   GROUP_KEY          all workers
   LEADERS_GROUP_KEY  the first worker of every host (2-D summation)
@@ -97,8 +101,9 @@ EVALUATION = KeyRange("evaluation totals", 4 << 20, (1 << 16) + 1)
 LOSS_COUNTS = KeyRange("loss counts", 5 << 20, 1 << 10)
 BATCH_WEIGHTS = KeyRange("batch weights", (5 << 20) + (1 << 10), 1 << 10)
 BATCH_DRAWS = KeyRange("batch draws", (5 << 20) + (2 << 10), 1)
+PADDED_LENGTHS = KeyRange("padded lengths", (5 << 20) + (3 << 10), 1 << 10)
 INSTANCE_RANGES = (PLAN, LOCAL_STATE, BATCH_NORM, WUS, EVALUATION, LOSS_COUNTS, BATCH_WEIGHTS,
-                   BATCH_DRAWS)
+                   BATCH_DRAWS, PADDED_LENGTHS)
 
 
 def check_disjoint(ranges) -> None:

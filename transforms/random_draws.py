@@ -45,7 +45,7 @@ import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms.example_rows import BATCH, SHARED, ExampleRows
-from autopar.transforms.features.base import GraphFeature, Rewiring
+from autopar.transforms.features.base import GraphFeature, Rewiring, in_step_flag
 from autopar.transforms.graph_utils import node_input_name
 from autopar.transforms.keys import BATCH_DRAWS
 from autopar.transforms.ops import copy_op
@@ -111,7 +111,7 @@ class RandomDraws(GraphFeature):
         if not analysis.batch_draws or plan.num_workers == 1:
             return None
         n = plan.num_workers
-        flag = tf1.placeholder_with_default(False, [], name="autopar/batch_draws/in_step")
+        flag = in_step_flag(ctx.graph)
         totals: list[tf.Tensor] = []
 
         def global_batch(b: tf.Tensor) -> tf.Tensor:

@@ -69,6 +69,8 @@ class Report:
     batch_tensors: list[str] = field(default_factory=list)  # transforms.batch_weights
     weighed_state: list[str] = field(default_factory=list)  # its batch means added to state
     batch_draws: list[str] = field(default_factory=list)   # transforms.random_draws: their ops
+    # transforms.padded_lengths: inputs of lengths the graph leaves unknown
+    padded_inputs: list[str] = field(default_factory=list)
     # Weight-update sharding: optimizer-slot bytes each worker holds (with
     # and without sharding), per worker.
     shard_weight_update: bool = False
@@ -218,6 +220,11 @@ class Report:
                          "each worker draws the global batch's and keeps the rows of examples "
                          "w, w+N, ...: one device's for its examples when it holds examples "
                          "w, w+N, ... (autopar.shard, autopar.fit), in equal shares or not")
+        if self.padded_inputs and self.num_workers > 1:
+            inputs = ", ".join(repr(t) for t in self.padded_inputs)
+            lines.append(f"inputs of unknown lengths ({inputs}): each training step checks "
+                         "that every worker padded its batch to the same length, one device's "
+                         "(one small all-reduce per input), and fails naming the input if not")
         for v in self.variables:
             if v.dedup:
                 lines.append(f"{v.name}: deduplicated lookup (one row per distinct id): rows of "

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from tests.integration.cluster import (REPO, assert_same_parameters, child_env, load_worker,
                                        run_beside, write_spec)
 
@@ -104,3 +106,30 @@ def test_closed_output_launcher(tmp_path):
     # Launcher and both workers wrote their pids; none is left running.
     assert len(list(tmp_path.glob("*.pid"))) == 3
     _assert_all_ended(tmp_path)
+
+
+def test_batches_padded_by_each_worker_to_its_own_length_fail_naming_the_input(tmp_path):
+    """Sequences batched by padded_batch after autopar.shard: each worker
+    pads its 4 to its own longest, one device its 12 to theirs, and a mean
+    over every position sees the padding (before: trained, 5 % off one
+    device, without a word). The first training step fails on every worker
+    naming the input, before any update; padded to one fixed length, the
+    same loop trains as one device."""
+    script = [sys.executable, str(SCRIPTS / "padded_batches.py")]
+    spec = str(write_spec(tmp_path, 3))
+    failed = _run(script + ["--spec", spec, "--out", str(tmp_path / "dist{worker}.npz")])
+    assert failed.returncode != 0
+    output = failed.stdout + failed.stderr
+    assert ("failed in training step 1: InvalidArgumentError: " in output
+            and "autopar: the workers padded the step's input 'x:0' to different lengths (axes "
+            "[1]), where one device pads the global batch to one" in output.replace("\\'", "'")
+            ), output[-3000:]
+    assert not list(tmp_path.glob("dist*.npz"))
+    _, log = run_beside(script + ["--fixed", "--out", str(tmp_path / "one{worker}.npz")],
+                        script + ["--fixed", "--spec", spec,
+                                  "--out", str(tmp_path / "fixed{worker}.npz")])
+    assert "inputs of unknown lengths ('x:0'): each training step checks" in log
+    expected = dict(np.load(tmp_path / "one0.npz"))
+    for worker in range(3):
+        assert_same_parameters(expected, dict(np.load(tmp_path / f"fixed{worker}.npz")),
+                               what=f"worker {worker}")

@@ -33,6 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
+import tensorflow as tf
+
 from autopar.transforms.methods.base import Edits, RewriteContext, VariablePlan
 
 if TYPE_CHECKING:   # annotations only
@@ -75,6 +77,23 @@ class FeatureContext(RewriteContext):
     edits: Edits | None = None
     # A worker's device by index (the rewrite's worker_device).
     device_of: Callable[[int], str] | None = None
+
+
+tf1 = tf.compat.v1
+IN_STEP = "autopar/in_step"
+
+
+def in_step_flag(graph: tf.Graph) -> tf.Tensor:
+    """The worker graph's flag the runner feeds True in a training step
+    alone (WorkerGraph.in_step), False by default: the one flag every
+    feature whose ops must run in training steps only (a collective the
+    workers' evaluations need not run alike) puts them under."""
+    try:
+        return graph.get_tensor_by_name(IN_STEP + ":0")
+    except KeyError:
+        with graph.as_default(), graph.name_scope(None), tf.control_dependencies(None), \
+                tf1.device(None):
+            return tf1.placeholder_with_default(False, [], name=IN_STEP)
 
 
 @dataclass

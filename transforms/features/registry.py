@@ -17,6 +17,7 @@ from autopar.transforms.example_rows import ExampleRowsFeature
 from autopar.transforms.features.base import Facts, GraphFeature
 from autopar.transforms.local_state import LocalStateAveraging
 from autopar.transforms.loss_counts import LossCounts
+from autopar.transforms.padded_lengths import PaddedLengths
 from autopar.transforms.random_draws import RandomDraws
 from autopar.transforms.wus import WeightUpdateSharding
 
@@ -59,6 +60,7 @@ FEATURES: dict[str, GraphFeature] = check_table((
     BatchWeights(),
     BatchMixing(),
     RandomDraws(),
+    PaddedLengths(),
     LocalStateAveraging(),
     MicroBatches(),
 ))

@@ -1,0 +1,114 @@
+"""Inputs padded to a length of each worker's own.
+
+A step that reads a batch of sequences of a length the graph leaves unknown
+(a TensorSpec of [None, None], a dataset's padded_batch) reads each batch
+padded to its longest example. One device pads the global batch to the
+longest of all its examples; a worker fed its share padded by itself (the
+dataset sharded before padded_batch) pads to the longest of its own, and a
+model whose examples see their padding (a mean over every position, an RNN
+stepping over the pad tokens, a loss averaged over padded positions) then
+computes another value for the same example, silently.
+
+Whether a program is blind to its padding (masks everywhere) is beyond what
+the analysis can prove, but whether the workers' lengths are one device's is
+known when the step runs: the global batch's length is the longest of the
+workers', so the workers pad alike exactly when they pad to one device's
+length. So a training step checks it: each such input's unknown lengths,
+summed over the workers (one small all-reduce per input), must be N times
+this worker's, or the step fails before the backward pass starts, naming
+the input, and nothing is updated. Padding every worker's batch to one
+length (a fixed padded length, or autopar.fit, which splits each global
+batch after it is padded) passes. The check runs in training steps alone
+(under the in-step flag the runner feeds): an evaluation on the chief alone
+waits for no other worker.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from autopar.transforms.features.base import GraphFeature, Rewiring, in_step_flag
+from autopar.transforms.graph_utils import INPUT_OP_TYPES, node_input_name
+from autopar.transforms.keys import PADDED_LENGTHS
+
+tf1 = tf.compat.v1
+
+
+class PaddedLengths(GraphFeature):
+    """A training step refuses inputs the workers padded to different lengths."""
+    name = "padded_lengths"
+    fields = ("padded_inputs",)
+    keys = (PADDED_LENGTHS,)
+
+    def find(self, facts):
+        return {"padded_inputs": find_padded_inputs(
+            facts.index, facts.index.of_types(INPUT_OP_TYPES),
+            [loss.split(":")[0] for _, loss in facts.trained_seeds if loss])}
+
+    def rewrite(self, ctx):
+        if not ctx.analysis.padded_inputs or ctx.plan.num_workers == 1:
+            return None
+        rewire, built = rewrite_length_checks(ctx.graph, ctx.analysis.padded_inputs,
+                                              ctx.backend, ctx.plan.num_workers)
+        flag = in_step_flag(ctx.graph)
+        return Rewiring(rewire, built | {flag.op.name}, outputs={"in_step": flag.name})
+
+    def report_fields(self, analysis, plan):
+        return {"padded_inputs": sorted(analysis.padded_inputs)}
+
+
+def find_padded_inputs(index, input_ops, losses: list[str]) -> dict[str, list[int]]:
+    """{fed or dataset tensor a training step reads: its axes past the first
+    whose length the graph leaves unknown}. Only tensors a trained loss (its
+    op in `losses`) is computed from: every training step reads them."""
+    starts = [index.position[op] for op in losses if op in index.position]
+    if not starts:
+        return {}
+    inputs = [list(preds) for preds in index.preds]
+    before = {index.names[i] for i in index.reachable(starts, edges=inputs)}
+    out = {}
+    for op in input_ops:
+        if op.name not in before:
+            continue
+        for t in op.outputs:
+            if t.dtype in (tf.resource, tf.variant) or t.shape.rank is None:
+                continue
+            unknown = [axis for axis in range(1, t.shape.rank) if t.shape[axis] is None]
+            if unknown:
+                out[t.name] = unknown
+    return out
+
+
+def rewrite_length_checks(graph: tf.Graph, padded: dict[str, list[int]], backend,
+                          num_workers: int) -> tuple[dict[str, str], set[str]]:
+    """In `graph` (the worker's scratch copy): each padded input read
+    through a check that its lengths are every worker's, run in training
+    steps. Returns (input -> its checked read, which every op but the
+    check's reads instead; the ops built)."""
+    before = {op.name for op in graph.get_operations()}
+    flag = in_step_flag(graph)
+    rewire = {}
+    with graph.as_default(), tf.name_scope("autopar/padded_lengths/"):
+        for k, (name, axes) in enumerate(sorted(padded.items())):
+            x = graph.get_tensor_by_name(name)
+            mine = tf.gather(tf.shape(x, out_type=tf.int64), axes)
+
+            def check(mine=mine, k=k, name=name, axes=axes):
+                total = backend.allreduce_sum(tf.cast(mine, tf.float64), PADDED_LENGTHS.key(k))
+                return tf.debugging.assert_equal(
+                    total, tf.cast(mine * num_workers, tf.float64), message=(
+                        f"autopar: the workers padded the step's input '{name}' to different "
+                        f"lengths (axes {axes}), where one device pads the global batch to one: "
+                        "pad every worker's batch to one fixed length (padded_batch's "
+                        "padded_shapes), or train with autopar.fit"))
+            # (the cond's ops run where it does: see transforms.random_draws)
+            with tf.control_dependencies(None), tf1.device(None):
+                checked = tf.cond(flag, lambda check=check, x=x: _after(check(), x),
+                                  lambda x=x: tf.identity(x))
+            rewire[node_input_name(name)] = node_input_name(checked.name)
+    built = {op.name for op in graph.get_operations()} - before
+    return rewire, built
+
+
+def _after(op, x: tf.Tensor) -> tf.Tensor:
+    with tf.control_dependencies([op]):
+        return tf.identity(x)
