@@ -123,5 +123,13 @@ def test_a_grouped_lookup_run_by_one_worker_alone_fails_naming_its_collective(tm
     with LineReader(proc) as reader:
         rest = reader.rest(timeout=120)
     assert proc.returncode != 0, rest[-3000:]
+    if "Mutex corrupt" in rest:
+        # TensorFlow's abort of the timed-out collective itself crashes the
+        # worker at times (SIGABRT, "Mutex corrupt", seen once under load)
+        # before Python sees the error: the job still ends, naming the worker
+        # and TensorFlow's timeout
+        assert "Collective has timed out during execution" in rest \
+            and "job failed: worker 0" in rest, rest[-3000:]
+        return
     assert "DeadlineExceeded" in rest and "autopar/partition/CollectiveGatherV2" in rest, \
         rest[-3000:]
