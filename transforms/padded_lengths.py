@@ -47,9 +47,9 @@ class PaddedLengths(GraphFeature):
     def rewrite(self, ctx):
         if not ctx.analysis.padded_inputs or ctx.plan.num_workers == 1:
             return None
-        rewire, built = rewrite_length_checks(ctx.graph, ctx.analysis.padded_inputs,
-                                              ctx.backend, ctx.plan.num_workers)
         flag = in_step_flag(ctx.graph)
+        rewire, built = rewrite_length_checks(ctx.graph, ctx.analysis.padded_inputs,
+                                              ctx.backend, ctx.plan.num_workers, flag)
         return Rewiring(rewire, built | {flag.op.name}, outputs={"in_step": flag.name})
 
     def report_fields(self, analysis, plan):
@@ -63,8 +63,7 @@ def find_padded_inputs(index, input_ops, losses: list[str]) -> dict[str, list[in
     starts = [index.position[op] for op in losses if op in index.position]
     if not starts:
         return {}
-    inputs = [list(preds) for preds in index.preds]
-    before = {index.names[i] for i in index.reachable(starts, edges=inputs)}
+    before = {index.names[i] for i in index.reachable(starts, edges=index.preds)}
     out = {}
     for op in input_ops:
         if op.name not in before:
@@ -79,13 +78,13 @@ def find_padded_inputs(index, input_ops, losses: list[str]) -> dict[str, list[in
 
 
 def rewrite_length_checks(graph: tf.Graph, padded: dict[str, list[int]], backend,
-                          num_workers: int) -> tuple[dict[str, str], set[str]]:
+                          num_workers: int, flag: tf.Tensor) -> tuple[dict[str, str], set[str]]:
     """In `graph` (the worker's scratch copy): each padded input read
     through a check that its lengths are every worker's, run in training
-    steps. Returns (input -> its checked read, which every op but the
-    check's reads instead; the ops built)."""
+    steps (when `flag`, the in-step flag, is fed True). Returns (input ->
+    its checked read, which every op but the check's reads instead; the ops
+    built)."""
     before = {op.name for op in graph.get_operations()}
-    flag = in_step_flag(graph)
     rewire = {}
     with graph.as_default(), tf.name_scope("autopar/padded_lengths/"):
         for k, (name, axes) in enumerate(sorted(padded.items())):
