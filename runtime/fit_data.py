@@ -75,24 +75,32 @@ class ArrayBatches:
         return out
 
     def check(self, parts: int, what: str, any_of: int | None = None) -> None:
-        """Refuse a batch size that does not split into `parts` equal shares
-        (`what` names them: the workers, and their micro-batches), and
-        examples too few for one batch that does; with `any_of`, when the
-        step trains shares of any size, one of fewer rows than `any_of`
-        workers (each needs one)."""
+        """Refuse, before any step, a batch that one device trains on and the
+        workers could not: with `any_of` (the step trains shares of any
+        size), a first or last batch of fewer rows than `any_of` workers
+        (each needs one: a worker without rows would add a mean over none);
+        else a batch that does not split into `parts` equal shares (`what`
+        names them: the workers, and their micro-batches)."""
+        n = size(self.x)
+        last = n % self.batch_size or min(self.batch_size, n)
         if any_of is not None:
-            if min(self.batch_size, size(self.x)) < any_of:
-                raise AutoparError(f"autopar.fit: batch_size={self.batch_size} is the global "
-                                   f"batch: each of the {any_of} workers needs a row of each "
-                                   f"batch, and {size(self.x)} examples make a first batch of "
-                                   f"{min(self.batch_size, size(self.x))}")
+            smallest = min(self.batch_size, last)
+            if smallest < any_of:
+                raise AutoparError(
+                    f"autopar.fit: batch_size={self.batch_size} is the global batch, and "
+                    f"{n} examples make a {'first' if n < self.batch_size else 'last'} batch "
+                    f"of {smallest}: each of the {any_of} workers needs a row of every batch "
+                    f"(one device trains on it). Choose a batch_size that leaves a last batch "
+                    f"of at least {any_of} examples (or none), or leave {smallest} examples "
+                    "out")
             return
         if self.batch_size % parts:
             raise AutoparError(f"autopar.fit: batch_size={self.batch_size} is the global batch "
                                f"and must divide by {what}")
-        if size(self.x) < self.batch_size and size(self.x) % parts:
-            raise AutoparError(f"autopar.fit: {size(self.x)} examples make no batch of "
-                               f"{self.batch_size}, and do not divide by {what}")
+        if last % parts:
+            raise AutoparError(f"autopar.fit: {n} examples make a last batch of {last}, which "
+                               f"does not divide by {what} (one device trains on it): choose "
+                               f"a batch_size that divides {n}, or leave {last} examples out")
 
     def num_batches(self) -> int:
         """The batches of an epoch (Keras's callbacks' params["steps"])."""
@@ -205,7 +213,7 @@ class DatasetBatches:
         return out
 
     def check(self, parts: int, what: str, any_of: int | None = None) -> None:
-        del parts, what, any_of   # batches that do not split are left out, one by one
+        del parts, what, any_of   # known when read: a batch that does not split fails then
 
     def read_past_end(self) -> bool:
         """Whether Keras's fit reads past an epoch's last batch: it calls its
@@ -369,7 +377,7 @@ class PyDatasetBatches:
         return out
 
     def check(self, parts: int, what: str, any_of: int | None = None) -> None:
-        del parts, what, any_of   # batches that do not split are left out, one by one
+        del parts, what, any_of   # known when read: a batch that does not split fails then
 
     def num_batches(self) -> int:
         return self.count

@@ -280,23 +280,25 @@ def train_on(job: FitJob, runner) -> History:
                 stopping = callbacks.wants("train_begin") and callbacks.run(
                     lambda c: c.on_train_batch_begin(step))
                 if size(xb) % parts and not (any_shares and size(xb) >= n):
-                    if runner.is_chief:
-                        log.warning("autopar.fit: epoch %d, batch %d has %d examples, which do "
-                                    "not split over %s: not trained on (Keras's fit "
-                                    "trains on it)%s", epoch + 1, step + 1, size(xb), shares,
-                                    "" if not any_shares else
-                                    ": fewer examples than workers")
+                    # (every worker reads this batch, so every worker stops here)
+                    raise AutoparError(
+                        f"autopar.fit: epoch {epoch + 1}, batch {step + 1} has {size(xb)} "
+                        f"examples, which do not split over {shares}"
+                        + (": each needs a row of every batch" if any_shares else "")
+                        + " (one device trains on it); batch the data so that no batch has "
+                        f"fewer than {n if any_shares else parts} examples"
+                        + ("" if any_shares else f" or a count that does not divide by {parts}")
+                        + " (drop_remainder=True drops a last, smaller one)")
+                mine = slice(me, None, n)
+                x_mine, y_mine = rows(xb, mine), rows(yb, mine)
+                weighted = () if wb is None else (wb[mine],)
+                last_rows = size(x_mine)
+                if own_step:
+                    step_logs = runner.call(*flat(x_mine), *flat(y_mine), *weighted)
                 else:
-                    mine = slice(me, None, n)
-                    x_mine, y_mine = rows(xb, mine), rows(yb, mine)
-                    weighted = () if wb is None else (wb[mine],)
-                    last_rows = size(x_mine)
-                    if own_step:
-                        step_logs = runner.call(*flat(x_mine), *flat(y_mine), *weighted)
-                    else:
-                        _train_batch(runner, model, metrics, x_mine, y_mine, weighted, size(xb),
-                                     ny, sums, counted)
-                    callbacks.stepped()
+                    _train_batch(runner, model, metrics, x_mine, y_mine, weighted, size(xb),
+                                 ny, sums, counted)
+                callbacks.stepped()
                 if callbacks.wants("train_end"):
                     batch_logs = (metrics.own_step_result(runner, step_logs, rows=last_rows,
                                                           keep=True) if own_step

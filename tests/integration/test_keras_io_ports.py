@@ -14,9 +14,10 @@ from tests.integration.cluster import REPO, run_to_end, write_two_host_spec
 from tests.integration.test_keras_programs import _assert_workers_hold, _keras_then_autopar
 
 SCRIPTS = REPO / "tests" / "integration" / "scripts"
-CASES = [("transformer", "hybrid"), ("dcgan", "allreduce"), ("vae", "ps"), ("wgan_gp", "allreduce")]
+CASES = [("transformer", "hybrid"), ("dcgan", "allreduce"), ("vae", "ps"), ("wgan_gp", "allreduce"),
+         ("bidirectional_lstm", "ps")]
 if os.environ.get("AUTOPAR_TEST_MATRIX") == "full":
-    CASES = [(p, o) for p in ("transformer", "dcgan", "vae", "wgan_gp")
+    CASES = [(p, o) for p in ("transformer", "dcgan", "vae", "wgan_gp", "bidirectional_lstm")
              for o in ("hybrid", "ps", "allreduce")]
 # The program's own arguments, on one device and on every worker alike:
 # WGAN-GP's discriminator trained once per step (its 3 times are refused,
@@ -48,7 +49,11 @@ def test_a_keras_io_program_fits_as_on_one_device(program, run_option, tmp_path)
     discriminator at images interpolated by per-example random weights,
     differentiated again; dropout after the generator's UpSampling2D, whose
     tf.repeat tiles by a count TensorFlow cannot fold (before: refused, the
-    mask's shape taken for one that is no example's)."""
+    mask's shape taken for one that is no example's). bidirectional_lstm
+    (nlp/bidirectional_lstm_imdb.py): two Bidirectional LSTMs (While loops
+    run forwards and backwards) over padded reviews, its embedding under
+    Keras's Adam on the servers; the epoch's last batch of 4 splits
+    2/1/1."""
     script = [str(SCRIPTS / f"keras_io_{program}.py"), *ARGUMENTS.get(program, [])]
     expected, got, log = _keras_then_autopar(script, tmp_path, (2, 1),
                                              "--run-option", run_option)
@@ -61,6 +66,9 @@ def test_a_keras_io_program_fits_as_on_one_device(program, run_option, tmp_path)
         assert "what a step adds of a mean over its batch to 'kl_loss/total', " \
             "'reconstruction_loss/total', 'total_loss/total'" in log
         assert "is no metric's result" not in log
+    if program == "bidirectional_lstm":
+        assert {"hybrid": "1 on servers", "ps": "3 on servers"}.get(
+            run_option, "0 on servers") in log
     if program == "transformer":
         assert "deduplicated lookup" in log
         # both tables on the servers: the tokens' rows pushed unsummed, the

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.integration.cluster import (REPO, LineReader, assert_same_parameters, load_worker,
-                                       run_beside, run_script, start_job, write_spec,
+                                       run_beside, run_script, run_to_end, start_job, write_spec,
                                        write_two_host_spec)
 
 SCRIPT = REPO / "tests" / "integration" / "scripts" / "keras_step.py"
@@ -335,6 +335,23 @@ def test_fit_computes_the_compiled_loss_as_keras_fit_does(tmp_path):
     for name in got:
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-12, err_msg=name)
     _assert_workers_hold(tmp_path, 4, rtol=1e-9, atol=1e-12)
+
+
+def test_a_dataset_batch_of_fewer_examples_than_workers_fails_the_job_before_its_step(
+        tmp_path):
+    """50 examples in batches of 16: the last batch of each epoch has 2
+    examples for 4 workers, which one device trains on and 2 workers would
+    have no row of. Every worker reads that batch and stops before its step,
+    naming it (before: left out with a warning, and the job ended off one
+    device's weights); nothing is saved."""
+    spec = write_two_host_spec(tmp_path, workers=(3, 1), servers=(1, 1))
+    code, log = run_to_end([sys.executable, *COMPILED, "--examples", "50", "--spec", str(spec),
+                            "--out", str(tmp_path / "dist{worker}.npz")])
+    assert code != 0
+    assert re.search(r"job failed: worker \d \(pid \d+\) failed", log), log[-2000:]
+    assert ("autopar.fit: epoch 1, batch 4 has 2 examples, which do not split over the 4 "
+            "workers: each needs a row of every batch (one device trains on it)") in log
+    assert not list(tmp_path.glob("dist*.npz"))
 
 
 OWN_STEP = str(REPO / "tests" / "integration" / "scripts" / "keras_fit_own_step.py")

@@ -113,6 +113,43 @@ def test_a_pydataset_it_cannot_read_as_fit_does_is_refused(x, y, message):
         autopar.fit(_model(), x(), y, epochs=1, verbose=0)
 
 
+@pytest.mark.parametrize("examples,batch_size,message", [
+    # 50 in batches of 8: a last batch of 2 on 3 workers (before: left out
+    # with a warning, and every variable ended off one device's)
+    (50, 8, "50 examples make a last batch of 2: each of the 3 workers needs a row of every "
+            "batch"),
+    (2, 8, "2 examples make a first batch of 2: each of the 3 workers"),
+])
+def test_a_batch_of_fewer_examples_than_workers_is_refused_before_any_step(
+        examples, batch_size, message):
+    from autopar.runtime.fit_data import ArrayBatches
+    batches = ArrayBatches(np.zeros((examples, 3)), np.zeros(examples), None, batch_size,
+                           False, None)
+    with pytest.raises(AutoparError, match=message):
+        batches.check(3, "the 3 workers", any_of=3)
+    # a last batch of 3, of 8 or of 5: a row for each worker
+    for fits in (51, 48, 5):
+        ArrayBatches(np.zeros((fits, 3)), np.zeros(fits), None, batch_size, False,
+                     None).check(3, "the 3 workers", any_of=3)
+
+
+def test_a_last_batch_that_does_not_split_into_equal_shares_is_refused_before_any_step():
+    """Where every share must be equal (micro-batches): a last batch of 3
+    on 2 workers (before: left out with a warning); one of 2 trains."""
+    from autopar.runtime.fit_data import ArrayBatches
+
+    def check(examples, batch_size):
+        ArrayBatches(np.zeros((examples, 3)), np.zeros(examples), None, batch_size, False,
+                     None).check(2, "the 2 workers")
+    with pytest.raises(AutoparError, match="51 examples make a last batch of 3, which does "
+                                           "not divide by the 2 workers"):
+        check(51, 8)
+    with pytest.raises(AutoparError, match="batch_size=9 is the global batch and must divide"):
+        check(54, 9)
+    check(50, 8)
+    check(6, 8)
+
+
 def test_a_model_that_is_not_keras_3s_is_refused():
     """A Keras 2 model (tf.keras under TF_USE_LEGACY_KERAS=1), or anything
     else that is not a keras.Model: refused, naming its class."""

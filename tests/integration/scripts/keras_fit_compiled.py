@@ -26,6 +26,7 @@ def main() -> None:
     p.add_argument("--keras", action="store_true", help="Keras's own model.fit")
     p.add_argument("--spec")
     p.add_argument("--out", required=True, help=".npz; {worker} is replaced")
+    p.add_argument("--examples", type=int, default=58, help="training examples, at most 64")
     args = p.parse_args()
     keras.config.set_floatx("float64")
     keras.utils.set_random_seed(0)
@@ -50,8 +51,9 @@ def main() -> None:
                                          restore_best_weights=True)
     # 58 examples in batches of 16: the last of 10, which 4 workers split
     # 3/3/2/2, each weighing its gradients by its rows
-    train = tf.data.Dataset.from_tensor_slices((x[:58], y[:58], weights[:58])).shuffle(
-        58, seed=1).batch(16)
+    n = args.examples
+    train = tf.data.Dataset.from_tensor_slices((x[:n], y[:n], weights[:n])).shuffle(
+        n, seed=1).batch(16)
     fit = dict(epochs=5, verbose=0, validation_data=(x[:20], y[:20], weights[:20]),
                callbacks=[schedule, stop])
     fit_then_save(model, train, fit, args.keras, args.spec, args.out)
