@@ -171,6 +171,9 @@ class Analysis:
     # of a length the graph leaves unknown}: a training step checks that
     # every worker padded them alike (transforms.padded_lengths).
     padded_inputs: dict[str, list[int]] = field(default_factory=dict)
+    # Local variables the input batch's ops add to (tf.compat.v1.metrics'
+    # totals): each worker's own batches' (transforms.worker_counters).
+    worker_counters: list[str] = field(default_factory=list)
     # A fed or dataset tensor of the batch's rows (the draws' b where their
     # rows per example are known only when run).
     batch_input: str | None = None

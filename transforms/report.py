@@ -71,6 +71,8 @@ class Report:
     batch_draws: list[str] = field(default_factory=list)   # transforms.random_draws: their ops
     # transforms.padded_lengths: inputs of lengths the graph leaves unknown
     padded_inputs: list[str] = field(default_factory=list)
+    # transforms.worker_counters: local variables each worker adds its own batches to
+    worker_counters: list[str] = field(default_factory=list)
     # Weight-update sharding: optimizer-slot bytes each worker holds (with
     # and without sharding), per worker.
     shard_weight_update: bool = False
@@ -225,6 +227,13 @@ class Report:
             lines.append(f"inputs of unknown lengths ({inputs}): each training step checks "
                          "that every worker padded its batch to the same length, one device's "
                          "(one small all-reduce per input), and fails naming the input if not")
+        if self.worker_counters and self.num_workers > 1:
+            counters = ", ".join(repr(c) for c in self.worker_counters)
+            lines.append(f"running totals in local variables ({counters}; tf.compat.v1.metrics' "
+                         "totals): each worker adds its own batches' figures, so a value read "
+                         "from them is that worker's share's, not the global batches'; "
+                         "runner.sum_over_workers sums them, runner.evaluate evaluates from "
+                         "(sum, count) pairs")
         for v in self.variables:
             if v.dedup:
                 lines.append(f"{v.name}: deduplicated lookup (one row per distinct id): rows of "

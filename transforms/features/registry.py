@@ -19,6 +19,7 @@ from autopar.transforms.local_state import LocalStateAveraging
 from autopar.transforms.loss_counts import LossCounts
 from autopar.transforms.padded_lengths import PaddedLengths
 from autopar.transforms.random_draws import RandomDraws
+from autopar.transforms.worker_counters import WorkerCounters
 from autopar.transforms.wus import WeightUpdateSharding
 
 
@@ -61,6 +62,7 @@ FEATURES: dict[str, GraphFeature] = check_table((
     BatchMixing(),
     RandomDraws(),
     PaddedLengths(),
+    WorkerCounters(),
     LocalStateAveraging(),
     MicroBatches(),
 ))
