@@ -259,6 +259,7 @@ def train_on(job: FitJob, runner) -> History:
     callbacks = FitCallbacks(runner, model, job.callbacks + [seen],
                              dict(verbose=verbose, epochs=epochs, steps=train.num_batches()))
     model.stop_training = False
+    training_logs = None   # (Keras's fit, trained for no epoch, gives on_train_end None)
     with runner:
         # (synced here: a restored checkpoint is not the Python values)
         callbacks.run(lambda c: c.on_train_begin())
@@ -331,14 +332,16 @@ def train_on(job: FitJob, runner) -> History:
             # A callback may stop training (EarlyStopping sets
             # model.stop_training): callbacks run on the chief, whose
             # decision every worker follows, so all run the same steps.
+            # (on_train_end gets the last epoch's logs as fit made them, not
+            # what callbacks add to them: Keras's callbacks get a copy)
+            training_logs = dict(logs)
             stopped = callbacks.run(lambda c: c.on_epoch_end(epoch, logs))
             # What the callbacks added to the logs (LearningRateScheduler's
             # learning_rate) is in Keras's History, which records them last.
             history.add(epoch, _chief_logs(runner, seen.logs or logs))
             if stopped:
                 break
-        callbacks.run(lambda c: c.on_train_end(
-            history.history and {k: v[-1] for k, v in history.history.items()}))
+        callbacks.run(lambda c: c.on_train_end(training_logs))
     model.history = history
     return history
 

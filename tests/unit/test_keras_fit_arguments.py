@@ -339,7 +339,10 @@ def _with_callbacks(fit):
                 self.model.stop_training = True
     history = fit(model, x[:40], y[:40], epochs=3, batch_size=6, shuffle=False, verbose=0,
                   validation_data=(x[40:], y[40:]), validation_batch_size=4,
-                  callbacks=[Record(), WarmUp(), StopInTheMiddle()])
+                  # (LearningRateScheduler, its rate unchanged, adds it to each
+                  # epoch's logs, which Keras's on_train_end does not see)
+                  callbacks=[Record(), WarmUp(), StopInTheMiddle(),
+                             keras.callbacks.LearningRateScheduler(lambda epoch, lr: lr)])
     return history.history, [v.numpy() for v in model.variables + model.optimizer.variables], calls
 
 
@@ -350,7 +353,9 @@ def test_callbacks_run_every_hook_keras_fit_runs():
     MNIST example ended at another rate, the weights 2,460 % off), no
     batch hook saw a log, nothing stopped training inside an epoch. Now
     each hook runs where Keras's fit runs it, with Keras's logs (a batch's:
-    the epoch's so far), and what it changes trains."""
+    the epoch's so far; on_train_end's: the last epoch's as fit made them,
+    without what callbacks added, a learning rate: before, the History's),
+    and what it changes trains."""
     expected, expected_values, expected_calls = _with_callbacks(
         lambda model, *a, **k: model.fit(*a, **k))
     got, values, calls = _with_callbacks(lambda model, *a, **k: autopar.fit(
