@@ -75,12 +75,17 @@ DEFAULT_BATCH_SIZE = 32
 
 
 class History:
-    """What fit returns: `history[name]` is the list of per-epoch values
-    (the same on every worker), and which worker of how many this is."""
+    """What fit returns: as Keras's History, `history[name]` is the list of
+    per-epoch values (the same on every worker), `epoch` the epochs
+    trained, `params` the callbacks' params and `model` the model; and
+    which worker of how many this is."""
 
-    def __init__(self, worker_index: int = 0, num_workers: int = 1) -> None:
+    def __init__(self, worker_index: int = 0, num_workers: int = 1, params: dict | None = None,
+                 model=None) -> None:
         self.history: dict[str, list[float]] = {}
         self.epoch: list[int] = []
+        self.params = params or {}
+        self.model = model
         self.worker_index = worker_index
         self.num_workers = num_workers
 
@@ -251,13 +256,13 @@ def train_on(job: FitJob, runner) -> History:
         # the chief draws the order, every worker takes it
         train.chief_order = lambda draw, n: chief_array(
             runner, draw() if runner.is_chief else np.zeros(n)).astype(np.int64)
-    history = History(me, n)
+    params = dict(verbose=verbose, epochs=epochs, steps=train.num_batches())
+    history = History(me, n, params, model)
     test_step = _own_test_step(model) if own_test_step else _test_step(model)
     # Last of the callbacks, as Keras's History: the epoch's logs with what
     # the others added (LearningRateScheduler's learning_rate).
     seen = _epoch_logs()
-    callbacks = FitCallbacks(runner, model, job.callbacks + [seen],
-                             dict(verbose=verbose, epochs=epochs, steps=train.num_batches()))
+    callbacks = FitCallbacks(runner, model, job.callbacks + [seen], params)
     model.stop_training = False
     training_logs = None   # (Keras's fit, trained for no epoch, gives on_train_end None)
     with runner:

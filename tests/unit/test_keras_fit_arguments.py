@@ -343,7 +343,11 @@ def _with_callbacks(fit):
                   # epoch's logs, which Keras's on_train_end does not see)
                   callbacks=[Record(), WarmUp(), StopInTheMiddle(),
                              keras.callbacks.LearningRateScheduler(lambda epoch, lr: lr)])
-    return history.history, [v.numpy() for v in model.variables + model.optimizer.variables], calls
+    # (Keras's History also holds the epochs trained, the callbacks' params
+    # and the model: before, autopar's had no params nor model)
+    assert history.model is model
+    return ((history.history, history.epoch, history.params),
+            [v.numpy() for v in model.variables + model.optimizer.variables], calls)
 
 
 @pytest.mark.slow
@@ -368,4 +372,5 @@ def test_callbacks_run_every_hook_keras_fit_runs():
         assert logs.keys() == expected_logs.keys(), name
         np.testing.assert_allclose(list(logs.values()), list(expected_logs.values()),
                                    rtol=1e-9, err_msg=f"{name} {args}")
-    _assert_same(got, values, expected, expected_values)
+    assert got[1:] == expected[1:] == ([0, 1], {"verbose": 0, "epochs": 3, "steps": 7})
+    _assert_same(got[0], values, expected[0], expected_values)
