@@ -163,6 +163,7 @@ def lift(obj) -> LiftedGraph:
                 continue
             input_map[internal.name] = _lifted_variable(variable, taken, lifted).handle
         tf1.import_graph_def(graph_def, input_map=input_map, name="")
+        _with_traced_shapes(lifted.graph, func_graph)
         taken_out = {op.name for op in summary_ops}
         ran = [lifted.graph.get_operation_by_name(op.name) for op in
                [t.op for t in func_graph.outputs] + list(func_graph.control_outputs)
@@ -208,6 +209,27 @@ def _with_function_shapes(func_graph):
     for node in graph_def.node:
         node.attr.pop("_output_shapes", None)
     return graph_def
+
+
+def _with_traced_shapes(graph: tf.Graph, func_graph) -> None:
+    """Give each imported tensor the static shape tracing inferred for it
+    where importing inferred less: an op whose shape function reads its
+    resource's handle data (a lookup in a table lifted as a new one, as
+    Keras's IntegerLookup and StringLookup read theirs) has an output of
+    unknown rank after the import, which the analyses of data flow cannot
+    see through (transforms.example_rows: the shape of a lookup's one-hot
+    encoding taken for no example's)."""
+    for op in func_graph.get_operations():
+        try:
+            lifted = graph.get_operation_by_name(op.name)
+        except KeyError:
+            continue   # taken out of the graph (a summary write)
+        if lifted.type != op.type or len(lifted.outputs) != len(op.outputs):
+            continue   # a captured placeholder, lifted as a variable or constant
+        for mine, traced in zip(lifted.outputs, op.outputs):
+            if mine.shape.is_fully_defined() or not mine.shape.is_compatible_with(traced.shape):
+                continue
+            mine.set_shape(mine.shape.merge_with(traced.shape))
 
 
 def _check_inputs(func_graph) -> None:

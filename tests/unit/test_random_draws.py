@@ -295,7 +295,9 @@ def test_ids_of_unknown_rank_keep_their_examples_through_keras_embedding():
     ids' one shape (a scalar beside them), so the looked-up rows stay each
     example's and a dropout after them is drawn per example (before: every
     elementwise op of unknown rank was 'elems', the concatenation after it
-    'mixed', and the dropout refused)."""
+    'mixed', and the dropout refused). The lift now gives those ops the
+    shape tracing inferred (transforms.lift._with_traced_shapes); the rule
+    for ops of unknown rank is test_only_what_provably_keeps_a_shape_shares_its_source's."""
     import keras
 
     from autopar.transforms.example_rows import ExampleRows, is_rows
@@ -311,7 +313,7 @@ def test_ids_of_unknown_rank_keep_their_examples_through_keras_embedding():
         [tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.float32)])).graph
     rows = ExampleRows(graph)
     (select,) = [op for op in graph.get_operations() if op.type == "SelectV2"]
-    assert select.outputs[0].shape.rank is None
+    assert select.outputs[0].shape.as_list() == [None]
     (matmul,) = [op for op in graph.get_operations() if op.type == "MatMul"]
     assert is_rows(rows.form(select.outputs[0])) and is_rows(rows.form(matmul.outputs[0]))
 

@@ -769,3 +769,39 @@ def test_an_iterator_passed_to_the_step_is_refused_by_name():
     with pytest.raises(UnsupportedGraphError, match="the traced function takes 'iterator' "
                                                     r"\(resource: an iterator"):
         lift(step.get_concrete_function(iter(dataset)))
+
+
+def test_a_dropout_after_a_vocabulary_lookups_one_hot_draws_per_example():
+    """Keras's IntegerLookup and StringLookup with output_mode="one_hot"
+    look their ids up in a table the lift makes anew, and the import gave
+    that lookup an output of unknown rank (its shape function reads the
+    table's handle data): the one-hot rows after it were taken for no
+    example's, and a Dropout after them refused. The lift now keeps the
+    shapes tracing inferred, so the mask is drawn per example."""
+    import keras
+    numbers = keras.layers.IntegerLookup(output_mode="one_hot")
+    numbers.adapt(np.array([[1], [3], [5]]))
+    words = keras.layers.StringLookup(output_mode="one_hot")
+    words.adapt(np.array([["a"], ["b"]]))
+    ids = keras.Input((1,), dtype="int64")
+    tokens = keras.Input((1,), dtype="string")
+    features = keras.layers.concatenate([keras.ops.cast(numbers(ids), "float32"),
+                                         keras.ops.cast(words(tokens), "float32")])
+    model = keras.Model([ids, tokens], keras.layers.Dense(1)(
+        keras.layers.Dropout(0.5)(keras.layers.Dense(4)(features))))
+    optimizer = keras.optimizers.SGD(0.1)
+
+    @tf.function
+    def step(x, s, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model([x, s], training=True) - y) ** 2)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+    lifted = lift(step.get_concrete_function(tf.TensorSpec([None, 1], tf.int64),
+                                             tf.TensorSpec([None, 1], tf.string),
+                                             tf.TensorSpec([None, 1], tf.float32)))
+    finds = [op for op in lifted.graph.get_operations() if op.type == "LookupTableFindV2"]
+    assert len(finds) == 2 and all(op.outputs[0].shape.as_list() == [None, 1] for op in finds)
+    draws = analyze_graph(lifted.graph).batch_draws
+    assert len(draws) == 1 and "dropout" in next(iter(draws))
