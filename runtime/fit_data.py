@@ -84,15 +84,14 @@ class ArrayBatches:
         n = size(self.x)
         last = n % self.batch_size or min(self.batch_size, n)
         if any_of is not None:
-            smallest = min(self.batch_size, last)
-            if smallest < any_of:
+            # (the last batch is the smallest; fewer examples than a batch: the first)
+            if last < any_of:
                 raise AutoparError(
                     f"autopar.fit: batch_size={self.batch_size} is the global batch, and "
                     f"{n} examples make a {'first' if n < self.batch_size else 'last'} batch "
-                    f"of {smallest}: each of the {any_of} workers needs a row of every batch "
+                    f"of {last}: each of the {any_of} workers needs a row of every batch "
                     f"(one device trains on it). Choose a batch_size that leaves a last batch "
-                    f"of at least {any_of} examples (or none), or leave {smallest} examples "
-                    "out")
+                    f"of at least {any_of} examples (or none), or leave {last} examples out")
             return
         if self.batch_size % parts:
             raise AutoparError(f"autopar.fit: batch_size={self.batch_size} is the global batch "

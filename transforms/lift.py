@@ -229,7 +229,7 @@ def _with_traced_shapes(graph: tf.Graph, func_graph) -> None:
         for mine, traced in zip(lifted.outputs, op.outputs):
             if mine.shape.is_fully_defined() or not mine.shape.is_compatible_with(traced.shape):
                 continue
-            mine.set_shape(mine.shape.merge_with(traced.shape))
+            mine.set_shape(traced.shape)   # (merged with what the import inferred)
 
 
 def _check_inputs(func_graph) -> None:

@@ -203,35 +203,34 @@ class Report:
                          + ", as one device divides by the global batch's")
         if self.batch_tensors and self.num_workers > 1 and self.loss_reduction == "mean" \
                 and not self.loss_counts:
-            averaged = ", ".join(repr(b) for b in self.batch_tensors)
-            lines.append(f"batch sizes: the loss averages {averaged} over the batch, whose size "
-                         "the graph leaves unknown, so the workers' batches of a step may differ "
-                         "in size (a dataset's last batch): each worker weighs its gradients by "
+            lines.append(f"batch sizes: the loss averages {_quoted(self.batch_tensors)} over "
+                         "the batch, whose size the graph leaves unknown, so the workers' "
+                         "batches of a step may differ in size (a dataset's last batch): each "
+                         "worker weighs its gradients by "
                          "N * b / B, its batch size b over their sum B over the workers (one "
                          "scalar all-reduce per step), so the step is one device's mean (not "
                          "with micro_batches > 1)")
             if self.weighed_state:
                 lines.append("batch sizes: what a step adds of a mean over its batch to "
-                             + ", ".join(repr(v) for v in self.weighed_state)
+                             + _quoted(self.weighed_state)
                              + " (a Mean metric fed the batch's loss) is weighed by the same "
                              "N * b / B: summed over workers (the metrics' logs) it is N times "
                              "one device's, as their counts are")
         if self.batch_draws and self.num_workers > 1:
-            draws = ", ".join(repr(d) for d in self.batch_draws)
-            lines.append(f"random draws per example ({draws}): "
+            lines.append(f"random draws per example ({_quoted(self.batch_draws)}): "
                          "each worker draws the global batch's and keeps the rows of examples "
                          "w, w+N, ...: one device's for its examples when it holds examples "
                          "w, w+N, ... (autopar.shard, autopar.fit), in equal shares or not")
         if self.padded_inputs and self.num_workers > 1:
-            inputs = ", ".join(repr(t) for t in self.padded_inputs)
-            lines.append(f"inputs of unknown lengths ({inputs}): each training step checks "
-                         "that every worker padded its batch to the same length, one device's "
-                         "(one small all-reduce per input), and fails naming the input if not")
+            lines.append(f"inputs of unknown lengths ({_quoted(self.padded_inputs)}): each "
+                         "training step checks that every worker padded its batch to the same "
+                         "length, one device's (one small all-reduce per input), and fails "
+                         "naming the input if not")
         if self.worker_counters and self.num_workers > 1:
-            counters = ", ".join(repr(c) for c in self.worker_counters)
-            lines.append(f"running totals in local variables ({counters}; tf.compat.v1.metrics' "
-                         "totals): each worker adds its own batches' figures, so a value read "
-                         "from them is that worker's share's, not the global batches'; "
+            lines.append(f"running totals in local variables ({_quoted(self.worker_counters)}; "
+                         "tf.compat.v1.metrics' totals): each worker adds its own batches' "
+                         "figures, so a value read from them is that worker's share's, not the "
+                         "global batches'; "
                          "runner.sum_over_workers sums them, runner.evaluate evaluates from "
                          "(sum, count) pairs")
         for v in self.variables:
@@ -390,6 +389,11 @@ def _joined(a, b):
     if isinstance(a, str):
         return a or b
     return a + b
+
+
+def _quoted(names) -> str:
+    """'a', 'b', 'c': names as the report lists them."""
+    return ", ".join(repr(name) for name in names)
 
 
 def _batch_norm_line(layer: dict, num_workers: int) -> str:
