@@ -16,6 +16,7 @@ builds the hooks from its plan (runtime/step/hooks.py). A traced TensorFlow
 from __future__ import annotations
 
 import contextlib
+import logging
 
 import tensorflow as tf
 
@@ -29,6 +30,8 @@ from autopar.runtime.step.stop import StopHook
 from autopar.runtime.step.training_step import StepFetches
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.batch_weights import weighs_batches
+
+log = logging.getLogger("autopar")
 
 tf1 = tf.compat.v1
 
@@ -94,6 +97,7 @@ class Runner:
         # (transforms.loss_counts), this worker's.
         self.last_loss_counts: list[float] = []
         self._closed = False
+        self._warned_draws: set[str] = set()   # (_warn_of_draws)
         for hook in self._hooks:
             hook.begin(self)
 
@@ -179,12 +183,30 @@ class Runner:
         else:
             # (a training step ends with its own barrier)
             feeds, _ = self._mapper.feeds(feed_dict or {})
-            barriers = self._training.lookup_barriers(
-                [x for x in tf.nest.flatten(mapped) if x is not None])
+            fetched = [x for x in tf.nest.flatten(mapped) if x is not None]
+            self._warn_of_draws(self._training.stateful_draws(fetched))
+            barriers = self._training.lookup_barriers(fetched)
             result = run_plain(self.session, mapped, feeds, options, run_metadata, barriers)
         for hook in reversed(self._hooks):
             hook.after_run(run)
         return result
+
+    def _warn_of_draws(self, draws: list[str]) -> None:
+        """Say, once for each, that a run which is no training step drew
+        per example from a generator this worker keeps: unless every worker
+        runs it alike, this worker's generator is ahead of the others' from
+        then on (one device's advanced once, for the whole batch)."""
+        new = [d for d in draws if d not in self._warned_draws]
+        if new:
+            self._warned_draws.update(new)
+            log.warning(
+                "autopar: worker %d drew per example outside a training step (a run of no "
+                "train op): its random ops per example ('%s') ran, so this worker's generators "
+                "moved on; "
+                "unless every worker makes the same run, the next training steps' draws per "
+                "example (dropout masks) are no longer one device's. Fetch what the run "
+                "computes with a training step, or make it on every worker",
+                self.worker_index, "', '".join(new))
 
     def combines_unequal_batches(self) -> bool:
         """Whether the workers' gradients combine as one device's when their

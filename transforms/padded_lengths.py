@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from autopar.transforms.features.base import GraphFeature, Rewiring, in_step_flag
+from autopar.transforms.features.base import GraphFeature, Rewiring, in_step_cond, in_step_flag
 from autopar.transforms.graph_utils import INPUT_OP_TYPES, node_input_name
 from autopar.transforms.keys import PADDED_LENGTHS
 
@@ -101,8 +101,8 @@ def rewrite_length_checks(graph: tf.Graph, padded: dict[str, list[int]], backend
                         "padded_shapes), or train with autopar.fit"))
             # (the cond's ops run where it does: see transforms.random_draws)
             with tf.control_dependencies(None), tf1.device(None):
-                checked = tf.cond(flag, lambda check=check, x=x: _after(check(), x),
-                                  lambda x=x: tf.identity(x))
+                checked = in_step_cond(flag, lambda check=check, x=x: _after(check(), x),
+                                       lambda x=x: tf.identity(x))
             rewire[node_input_name(name)] = node_input_name(checked.name)
     built = {op.name for op in graph.get_operations()} - before
     return rewire, built

@@ -33,20 +33,32 @@ all-reduce, which the runner asks for by feeding the rewrite's in-step
 flag); a run that is no training step (an evaluation on the chief alone)
 takes B = N * b, so it waits for no other worker.
 
+A draw over padded sequences ([b, L, d] where the graph leaves L unknown)
+is per example too when each of its shape's other elements is computed from
+the inputs' padded lengths and constants alone: a training step checks that
+every worker padded those inputs to one device's lengths
+(transforms.padded_lengths), so such an element is one device's. That is
+shown with TensorFlow's own shape inference (`PinnedLengths`): in copies of
+the graph whose checked inputs have one static length on each padded axis
+and several batch sizes, the element is known and the same; one computed
+from anything else (a maximum of the ids' lengths, a length of an input no
+trained loss reads, hence unchecked, the batch's size) is not.
+
 A random op that depends on the batch otherwise (a categorical draw from
 per-example logits, a shuffle of the batch, a shape whose first element is
-not a count of the examples, a per-example rate, a shape holding a padded
-length that one device's batch would have otherwise) is refused by name: no
-split of one device's draw gives each worker its share.
+not a count of the examples, a per-example rate, a shape holding a length
+that one device's batch would have otherwise) is refused by name: no split
+of one device's draw gives each worker its share.
 """
 from __future__ import annotations
 
 import tensorflow as tf
+from tensorflow.python.framework import tensor_util   # try_evaluate_constant
 
 from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms.example_rows import BATCH, SHARED, ExampleRows
-from autopar.transforms.features.base import GraphFeature, Rewiring, in_step_flag
-from autopar.transforms.graph_utils import node_input_name
+from autopar.transforms.features.base import GraphFeature, Rewiring, in_step_cond, in_step_flag
+from autopar.transforms.graph_utils import INPUT_OP_TYPES, node_input_name
 from autopar.transforms.keys import BATCH_DRAWS
 from autopar.transforms.ops import copy_op
 
@@ -77,6 +89,8 @@ OTHER_DRAWS = frozenset({"Multinomial", "StatelessMultinomial", "RandomShuffle",
 # tf.random.Generator's read of its state, advanced by `delta` (input 2): the
 # number of values of the draw that follows, the product of its shape.
 SKIP = "RngReadAndSkip"
+# Where a worker's graph draws the global batch's rows (rewrite_batch_draws).
+BATCH_DRAWS_SCOPE = "autopar/batch_draws/"
 
 
 class RandomDraws(GraphFeature):
@@ -85,12 +99,13 @@ class RandomDraws(GraphFeature):
     name = "random_draws"
     fields = ("batch_draws",)
     keys = (BATCH_DRAWS,)
-    after = ("example_rows",)
+    after = ("example_rows", "padded_lengths")
 
     def find(self, facts):
         return {"batch_draws": find_batch_draws(
             facts.graph, facts.shared["rows"], facts.batch_local,
-            facts.index.of_types({SKIP, *OTHER_DRAWS, *SHAPED_DRAWS}))}
+            facts.index.of_types({SKIP, *OTHER_DRAWS, *SHAPED_DRAWS}),
+            PinnedLengths(facts.graph, facts.found["padded_inputs"]))}
 
     def check(self, analysis, plan, config):
         if config.micro_batches > 1 and analysis.batch_draws:
@@ -123,7 +138,7 @@ class RandomDraws(GraphFeature):
                 # own: a function keeps it, and the worker's graph sets devices
                 # only on its own nodes)
                 with tf.control_dependencies(None), tf1.device(None):
-                    summed = tf.cond(flag, lambda: tf.cast(tf.reshape(backend.allreduce_sum(
+                    summed = in_step_cond(flag, lambda: tf.cast(tf.reshape(backend.allreduce_sum(
                         tf.reshape(tf.cast(b, tf.float64), [1]), BATCH_DRAWS.key(0)), []),
                         tf.int64), lambda: b * n)
                 totals.append(summed)
@@ -136,6 +151,13 @@ class RandomDraws(GraphFeature):
 
     def report_fields(self, analysis, plan):
         return {"batch_draws": list(analysis.batch_draws)}
+
+
+def stateful_draw(op_type: str) -> bool:
+    """Whether an op of this type draws from a generator state it keeps or
+    advances (a stateful random op's kernel, a tf.random.Generator's)."""
+    return op_type == SKIP or op_type.startswith("Stateful") or (
+        op_type in SHAPED_DRAWS and not op_type.startswith("Stateless"))
 
 
 def draws_randomly(op_type: str) -> bool:
@@ -152,7 +174,8 @@ _ELEMENTWISE = frozenset({"Mul", "Add", "AddV2", "Sub", "RealDiv", "Div", "DivNo
 
 
 def find_batch_draws(graph: tf.Graph, rows: ExampleRows, batch_ops: set[str],
-                     candidates=None) -> dict[str, list[int]]:
+                     candidates=None, pinned: "PinnedLengths | None" = None
+                     ) -> dict[str, list[int]]:
     """{random op of `graph` that draws per example: [k, g], its k blocks of
     the examples' rows, g rows each (0: known when run)} (the module's
     docstring), and the
@@ -162,7 +185,9 @@ def find_batch_draws(graph: tf.Graph, rows: ExampleRows, batch_ops: set[str],
     than through the averaged gradients (graph_utils.batch_local_ops).
     Refuses a random op that depends on the batch otherwise. `candidates`:
     the graph's ops of those types in graph order, when the caller's index
-    has them (else every op is looked at)."""
+    has them (else every op is looked at). `pinned`: the proof that a
+    shape's padded lengths are the checked inputs' (None: no input is
+    checked)."""
     out: dict[str, list[int]] = {}
     for op in graph.get_operations() if candidates is None else candidates:
         if op.type == SKIP and rows.form(op.inputs[2]) != SHARED:
@@ -180,7 +205,7 @@ def find_batch_draws(graph: tf.Graph, rows: ExampleRows, batch_ops: set[str],
         others = [t for i, t in enumerate(op.inputs) if i != index and rows.form(t) != SHARED]
         if others:
             raise _refusal(op, f"its input '{others[0].name}' comes from the input batch")
-        layout = _layout(op, shape, rows, batch_ops)
+        layout = _layout(op, shape, rows, batch_ops, pinned)
         if layout is None:
             continue
         if shape.shape.rank != 1 or shape.shape[0] is None:
@@ -192,20 +217,88 @@ def find_batch_draws(graph: tf.Graph, rows: ExampleRows, batch_ops: set[str],
 
 
 def _layout(op: tf.Operation, shape: tf.Tensor, rows: ExampleRows,
-            batch_ops: set[str]) -> list[int] | None:
+            batch_ops: set[str], pinned: "PinnedLengths | None" = None) -> list[int] | None:
     """[k, g] of a per-example draw of shape `shape`, None for a draw that is
     one device's as it is; refuses any other shape of the batch."""
     form = rows.form(shape)
     if form[0] == "shape":
-        if "d" in form[3] or (form[2] is None and not rows.fixed_lengths):
+        padded = "d" in form[3] and not (pinned and pinned.known_past_first(shape))
+        if padded or (form[2] is None and not rows.fixed_lengths):
             raise _refusal(op, f"its shape '{shape.name}' holds a length of the worker's "
-                               "batch other than its count of examples (a padded length), "
-                               "which one device's batch would have otherwise")
+                               "batch other than its count of examples, which one device's "
+                               "batch may have otherwise (not a constant nor computed from "
+                               "the inputs' padded lengths alone, which a training step "
+                               "checks are one device's)")
         return [form[1], form[2] or 0]   # 0: each example's rows, known when run
     if form[0] == "shared":
         return _constant_batch_layout(op, shape, batch_ops, rows)
     raise _refusal(op, f"its shape '{shape.name}' comes from the input batch, but its first "
                        "element is not the batch's size")
+
+
+class PinnedLengths:
+    """Copies of the graph in which every input has static dimensions: each
+    padded axis of the inputs a training step checks
+    (transforms.padded_lengths: {input tensor: its axes}) one length, each
+    input's first axis one of several batch sizes, every other unknown axis
+    left unknown. A shape element that TensorFlow's shape inference then
+    knows, the same for every batch size, is computed from the checked
+    lengths and constants alone (the module's docstring): one computed from
+    the ids' values or from an unchecked length stays unknown, one computed
+    from the batch's size differs. The batch sizes 1, 2 and 1031 tell apart
+    the arithmetic of a size (a product, a quotient, a remainder, a
+    comparison with a constant up to 1031). Copied when first asked."""
+    # Any positive length would do; one that many kernel sizes and strides
+    # divide keeps a convolution or a reshape along the lengths well-formed.
+    LENGTH = 720
+    BATCHES = (1, 2, 1031)
+
+    def __init__(self, graph: tf.Graph, padded: dict[str, list[int]]) -> None:
+        self.graph, self.padded = graph, padded
+        self._copies: list[tf.Graph] | None = None
+
+    def known_past_first(self, shape: tf.Tensor) -> bool:
+        """Whether every element of the 1-D `shape` but its first is known in
+        every copy, and the same in all."""
+        values = []
+        for copy in self._pinned():
+            # (TensorFlow's own evaluation of a tensor from static shapes and
+            # constants, as its shape inference evaluates a shape input)
+            value = tensor_util.try_evaluate_constant(copy.get_tensor_by_name(shape.name))
+            if value is None or value.ndim != 1 or len(value) < 2:
+                return False
+            values.append(tuple(int(v) for v in value[1:]))
+        return len(values) == len(self.BATCHES) and len(set(values)) == 1
+
+    def _pinned(self) -> list[tf.Graph]:
+        if self._copies is None:
+            self._copies = []
+            if self.padded:
+                graph_def = self.graph.as_graph_def()
+                inputs = [t for op in self.graph.get_operations() if op.type in INPUT_OP_TYPES
+                          for t in op.outputs if t.dtype != tf.resource and t.shape.rank]
+                for batch in self.BATCHES:
+                    copy = self._copy(graph_def, inputs, batch)
+                    if copy is None:
+                        self._copies = []
+                        break
+                    self._copies.append(copy)
+        return self._copies
+
+    def _copy(self, graph_def, inputs: list[tf.Tensor], batch: int) -> tf.Graph | None:
+        copy = tf.Graph()
+        with copy.as_default():
+            pinned = {}
+            for t in inputs:
+                axes = self.padded.get(t.name, ())
+                dims = [self.LENGTH if i in axes else batch if i == 0 and d is None else d
+                        for i, d in enumerate(t.shape)]
+                pinned[t.name] = tf1.placeholder(t.dtype, dims, name="autopar_pinned")
+            try:
+                tf1.import_graph_def(graph_def, input_map=pinned, name="")
+            except ValueError:   # a pinned size contradicts the graph: nothing proven
+                return None
+        return copy
 
 
 def _refusal(op: tf.Operation, why: str) -> UnsupportedGraphError:
@@ -267,7 +360,7 @@ def rewrite_batch_draws(graph: tf.Graph, draws: dict[str, list[int]], num_worker
     before = {op.name for op in graph.get_operations()}
     rewire: dict[str, str] = {}
     n, w = num_workers, worker_index
-    with tf.name_scope("autopar/batch_draws/"):
+    with tf.name_scope(BATCH_DRAWS_SCOPE):
         for name, (blocks, group) in _upstream_first(graph, draws):
             op = graph.get_operation_by_name(name)
             if op.type == SKIP:

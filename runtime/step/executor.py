@@ -38,6 +38,29 @@ def run_plain(session, mapped, feeds, options=None, run_metadata=None, barriers=
     return tf.nest.pack_sequence_as(mapped, [None if x is None else next(values) for x in flat])
 
 
+# The collective graph key every training step's run declares (any
+# nonzero value: one for all steps).
+STEP_COLLECTIVE_KEY = 0x61707374
+
+
+def step_run_options(options=None) -> tf1.RunOptions:
+    """`options` (a trace's, a program's, or none) for a training step's
+    session.run, declaring the steps' collective graph key. TensorFlow gives
+    a run step ids from a sequence the workers share when it finds
+    collectives in the run's graph; it does not look inside function calls,
+    where the collectives of the ops that run in training steps alone are
+    (transforms.features.base.in_step_cond), so that a run on one worker
+    alone (the chief's evaluation) does not advance its sequence. Every
+    worker runs every step, so declaring the key keeps their step ids
+    equal whatever the step's graph holds."""
+    out = tf1.RunOptions()
+    if options is not None:
+        out.CopyFrom(options)
+    if not out.experimental.collective_graph_key:
+        out.experimental.collective_graph_key = STEP_COLLECTIVE_KEY
+    return out
+
+
 def trace_options():
     """(RunOptions, RunMetadata) of a step traced for the timeline."""
     return tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE), tf1.RunMetadata()
@@ -65,6 +88,7 @@ class PlainStep:
             extra["with_step"] = with_step
         extra.update(run.fetches)
         options, run_metadata = trace_options() if run.trace else (run.options, run.run_metadata)
+        options = step_run_options(options)
         run.started = time.time()
         try:
             result, got = run_plain(self.session, (mapped, extra), feeds, options, run_metadata)
@@ -154,6 +178,7 @@ class AccumulatedStep(PlainStep):
         feeds, _ = self.mapper.feeds(common)
         step_fetches = [flat[i] for i in step_at] + self.training.with_step(run.groups)
         options, run_metadata = trace_options() if run.trace else (run.options, run.run_metadata)
+        options = step_run_options(options)
         t0 = time.perf_counter()
         applied = self.session.run(step_fetches, feed_dict=feeds or None, options=options,
                                    run_metadata=run_metadata)

@@ -21,6 +21,7 @@ from autopar.runtime.step.graph_queries import (initializer_ops, trainable_write
                                                   upstream)
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.features.registry import feature_fetches
+from autopar.transforms.random_draws import BATCH_DRAWS_SCOPE, stateful_draw
 
 
 class StepFetches:
@@ -53,6 +54,15 @@ class StepFetches:
         self._lookup_barriers = {name: graph.get_operation_by_name(barrier)
                                  for name, barrier in (lookup_barriers or {}).items()}
         self._barriers_of: dict[tuple[str, ...], list[tf.Operation]] = {}
+        # The per-example draws whose kernels keep a generator's state (the
+        # copies transforms.random_draws makes draw the global batch's rows)
+        self._stateful_draws = {
+            op.name for op in graph.get_operations()
+            if op.name.startswith(BATCH_DRAWS_SCOPE) and stateful_draw(op.type)
+        } if num_workers > 1 and analysis is not None else set()
+        self._types = {name: graph.get_operation_by_name(name).type
+                       for name in (analysis.batch_draws if self._stateful_draws else ())}
+        self._draws_of: dict[tuple[str, ...], list[str]] = {}
 
     def is_step(self, element) -> bool:
         op = element if isinstance(element, tf.Operation) else getattr(element, "op", None)
@@ -108,6 +118,21 @@ class StepFetches:
         """The ops a step updating `groups` fetches with it: every one of a
         set of groups among them."""
         return [op for op_groups, op in self._with_step if set(op_groups) <= groups]
+
+    def stateful_draws(self, fetches) -> list[str]:
+        """The program's per-example draws keeping a generator's state when
+        a run of `fetches` runs any (run on one worker outside a training
+        step, one moves that worker's generator ahead of the others')."""
+        if not self._stateful_draws:
+            return []
+        ops = [x if isinstance(x, tf.Operation) else getattr(x, "op", None) for x in fetches]
+        key = tuple(sorted(op.name for op in ops if op is not None))
+        if key not in self._draws_of:
+            seen = {op.name for op in upstream(op for op in ops if op is not None)}
+            self._draws_of[key] = sorted(
+                name for name in self.analysis.batch_draws
+                if stateful_draw(self._types.get(name, ""))) if self._stateful_draws & seen else []
+        return self._draws_of[key]
 
     def lookup_barriers(self, fetches) -> list[tf.Operation]:
         """The barriers of the grouped lookups (Config.aggregation_group)

@@ -133,3 +133,31 @@ def test_batches_padded_by_each_worker_to_its_own_length_fail_naming_the_input(t
     for worker in range(3):
         assert_same_parameters(expected, dict(np.load(tmp_path / f"fixed{worker}.npz")),
                                what=f"worker {worker}")
+
+
+def test_a_chief_evaluating_alone_between_steps_leaves_the_next_steps_as_they_were(tmp_path):
+    """A TF1 loop whose chief alone runs a prediction between steps, through
+    the padded lengths' check (a collective of training steps alone): the
+    workers' next step failed ("Collective ops is aborted by: Delete called
+    on non-empty BufRendezvous"), as the chief's run had moved its
+    collectives' step ids on; now every worker ends with one device's
+    variables. With a dropout (a draw per example), the job trains on and
+    the chief says its generator moved on alone."""
+    script = [sys.executable, str(SCRIPTS / "chief_evaluates_alone.py")]
+    spec = str(write_spec(tmp_path, 3))
+    expected_log, log = run_beside(script + ["--out", str(tmp_path / "one{worker}.npz")],
+                                   script + ["--spec", spec,
+                                             "--out", str(tmp_path / "dist{worker}.npz")])
+    assert "held-out prediction" in expected_log and "held-out prediction" in log
+    expected = dict(np.load(tmp_path / "one0.npz"))
+    for worker in range(3):
+        assert_same_parameters(expected, dict(np.load(tmp_path / f"dist{worker}.npz")),
+                               rtol=1e-12, atol=1e-12, what=f"worker {worker}")
+    dropped = _run(script + ["--dropout", "--spec", spec,
+                             "--out", str(tmp_path / "drop{worker}.npz")])
+    output = dropped.stdout + dropped.stderr
+    assert dropped.returncode == 0, output[-3000:]
+    assert ("autopar: worker 0 drew per example outside a training step (a run of no train "
+            "op): its random ops per example ('dropout/random_uniform/RandomUniform') ran"
+            in output), output[-3000:]
+    assert len(list(tmp_path.glob("drop*.npz"))) == 3

@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
+from autopar.runtime.step.executor import step_run_options
 from autopar.transforms.analysis import analyze_graph
 from autopar.transforms.lower_cond import lowered_graph
 from autopar.transforms.plan import PlanOptions, make_plan
@@ -225,7 +226,7 @@ def _run_together(graph_defs, xs, in_step: str, runs=2):
     """'drawn' of every worker's graph for each of `runs` runs on each
     step's shares `xs[step][w]`, the N graphs in one session, worker w on
     CPU:w (their collectives between local devices), each run a training
-    step (the in-step flag fed True)."""
+    step (the in-step flag fed True, the run options a step's)."""
     graph = tf.Graph()
     with graph.as_default():
         for w, graph_def in enumerate(graph_defs):
@@ -241,7 +242,8 @@ def _run_together(graph_defs, xs, in_step: str, runs=2):
                 for _ in range(runs):
                     feed = {f"w{w}/x:0": x for w, x in enumerate(shares)}
                     feed.update({f"w{w}/{in_step}": True for w in range(len(shares))})
-                    out.append(sess.run([f"w{w}/drawn:0" for w in range(len(shares))], feed))
+                    out.append(sess.run([f"w{w}/drawn:0" for w in range(len(shares))], feed,
+                                        options=step_run_options()))
             return out
 
 
@@ -268,6 +270,73 @@ def test_unequal_shares_draw_one_devices_values_for_each_workers_examples(name):
         for w in range(N):
             np.testing.assert_array_equal(got[w], expected[w::N], err_msg=f"worker {w}")
 
+
+
+def _padded_graph(draw):
+    """Sequences of 5 features padded to a length the graph leaves unknown
+    (a dataset's padded_batch) -> draw(x) -> a trained projection."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(7)
+        x = tf1.placeholder(tf.float64, [None, None, 5], name="x")
+        h = tf.identity(draw(x), name="drawn")
+        w = tf1.get_variable("w", [5, 1], tf.float64)
+        tf1.train.GradientDescentOptimizer(0.1).minimize(
+            tf.reduce_mean(tf.tensordot(h, w, 1) ** 2))
+    return graph
+
+
+PADDED_DRAWS = {
+    # Keras's Dropout after a Dense over each position: its shape is
+    # tf.shape of a tensordot's output, reshaped from [b * L, 5] by a shape
+    # gathered from tf.shape(x)
+    "dropout_after_tensordot": lambda x: tf1.nn.dropout(
+        tf.tensordot(x, tf.ones([5, 5], tf.float64), 1), rate=0.5),
+    # a mask per position, shared by its features (Dropout's
+    # noise_shape=(None, None, 1)): a noise shape of the batch's size, the
+    # padded length, 1
+    "per_position": lambda x: tf.nn.experimental.stateless_dropout(
+        x, 0.5, seed=[1, 2], noise_shape=tf.stack([tf.shape(x)[0], tf.shape(x)[1], 1])),
+    "gaussian_noise": lambda x: x + tf.random.normal(tf.shape(x), dtype=tf.float64),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PADDED_DRAWS))
+def test_a_draw_over_padded_sequences_draws_one_devices_values_for_each_workers_examples(name):
+    """A mask of [b, L, d] where L is the inputs' padded length: every
+    training step checks the workers padded to one device's L
+    (transforms.padded_lengths), so 7 sequences of length 4 on 3 workers
+    (3/2/2) each draw their rows of one device's mask (before: refused,
+    "a padded length")."""
+    graph = _padded_graph(PADDED_DRAWS[name])
+    analysis = analyze_graph(graph)
+    assert analysis.padded_inputs == {"x:0": [1]}
+    assert len(analysis.batch_draws) == 1
+    plan = make_plan(analysis, N, options=PlanOptions(run_option="allreduce"))
+    rewritten = [rewrite_for_worker(graph, analysis, plan, w) for w in range(N)]
+    x = np.random.default_rng(4).normal(size=(2, 7, 4, 5)) + 3.0
+    one_device = _run(graph.as_graph_def(), x)
+    together = _run_together([r.meta_graph.graph_def for r in rewritten],
+                             [[step[w::N] for w in range(N)] for step in x],
+                             rewritten[0].in_step)
+    for got, expected in zip(together, one_device):
+        for w in range(N):
+            np.testing.assert_array_equal(got[w], expected[w::N], err_msg=f"worker {w}")
+
+
+@pytest.mark.parametrize("draw", [
+    # a length computed from the ids' values: each worker's maximum, not
+    # one device's
+    lambda x: tf.pad(tf1.nn.dropout(x[:, :tf.cast(tf.reduce_max(x[:, 0, 0]), tf.int32)],
+                                    rate=0.5), [[0, 0], [0, 1], [0, 0]])[:, :tf.shape(x)[1]],
+    # a second dimension of the batch's size: each worker's b, not one device's B
+    lambda x: x * tf.random.uniform(tf.stack([tf.shape(x)[0], tf.shape(x)[0]]),
+                                    dtype=tf.float64)[:, :1, None],
+], ids=["length_of_the_values", "length_of_the_batch"])
+def test_a_draw_over_another_length_than_the_padded_inputs_is_refused(draw):
+    with pytest.raises(UnsupportedGraphError, match="holds a length of the worker's batch "
+                       "other than its count of examples, which one device's batch may have"):
+        analyze_graph(_padded_graph(draw))
 
 
 def test_a_string_lookup_keeps_each_example_to_itself():

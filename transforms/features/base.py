@@ -96,6 +96,27 @@ def in_step_flag(graph: tf.Graph) -> tf.Tensor:
             return tf1.placeholder_with_default(False, [], name=IN_STEP)
 
 
+def in_step_cond(flag: tf.Tensor, in_step, otherwise):
+    """tf.cond(flag, in_step, otherwise) for a feature's ops that run in
+    training steps only (`flag`: in_step_flag), built with the current
+    graph's name scope, device and control dependencies as they are. Its If
+    op stays a function call, not lowered into the graph's Switch and Merge
+    ops: TensorFlow gives a session run with collective ops in its graph a
+    step id from a sequence the workers share, and a run of the lowered
+    cond on one worker alone (the chief's evaluation, the untaken
+    collective inside) advanced that worker's sequence, so the workers'
+    next collective failed ("Delete called on non-empty BufRendezvous");
+    inside a function call the collective is not counted."""
+    graph = flag.graph
+    before = len(graph.get_operations())
+    out = tf.cond(flag, in_step, otherwise)
+    for op in graph.get_operations()[before:]:
+        if op.type in ("If", "StatelessIf"):
+            op._set_attr("_lower_using_switch_merge",   # pylint: disable=protected-access
+                         tf1.AttrValue(b=False))
+    return out
+
+
 @dataclass
 class Rewiring:
     """What a feature's rewrite asks of the GraphDef pass."""
