@@ -63,6 +63,7 @@ import numpy as np
 from autopar.runtime.fit_callbacks import FitCallbacks, chief_array
 from autopar.runtime.fit_data import (ArrayBatches, DatasetBatches, PyDatasetBatches, digest, flat,
                                       rows, size)
+from autopar.runtime.whole_batch_metrics import find_whole_batch_metrics, kept_state, whole_rows
 
 log = logging.getLogger("autopar.fit")
 # Batches read by every worker from the program's own dataset, each pass
@@ -265,6 +266,7 @@ def train_on(job: FitJob, runner) -> History:
     callbacks = FitCallbacks(runner, model, job.callbacks + [seen], params)
     model.stop_training = False
     training_logs = None   # (Keras's fit, trained for no epoch, gives on_train_end None)
+    whole = None   # the compiled metrics updated on whole batches, found at the first
     with runner:
         # (synced here: a restored checkpoint is not the Python values)
         callbacks.run(lambda c: c.on_train_begin())
@@ -272,7 +274,7 @@ def train_on(job: FitJob, runner) -> History:
         # on the chief; FitCallbacks gives it to every worker)
         for epoch in range(callbacks.initial_epoch or job.initial_epoch, epochs):
             # Keras's fit resets the metrics before on_epoch_begin
-            metrics = _Metrics(model, sums, counted)
+            metrics = _Metrics(model, sums, counted, whole)
             if own_step:
                 # the step's own metric updates run in the graph: each
                 # worker's copies start the epoch from Keras's reset too
@@ -303,7 +305,13 @@ def train_on(job: FitJob, runner) -> History:
                     step_logs = runner.call(*flat(x_mine), *flat(y_mine), *weighted)
                 else:
                     _train_batch(runner, model, metrics, x_mine, y_mine, weighted, size(xb),
-                                 ny, sums, counted)
+                                 ny, sums, counted, (yb, wb))
+                    if whole is None and metrics.whole and runner.is_chief:
+                        log.info("metrics of whole batches (%s: a batch's value is no sum of "
+                                 "its examples'): the chief computes them from each batch's "
+                                 "predictions, which the workers' rows make up",
+                                 ", ".join(metrics.whole.names()))
+                    whole = metrics.whole
                 callbacks.stepped()
                 if callbacks.wants("train_end"):
                     batch_logs = (metrics.own_step_result(runner, step_logs, rows=last_rows,
@@ -330,7 +338,7 @@ def train_on(job: FitJob, runner) -> History:
                                        job.validation_batch_size or job.batch_size
                                        or DEFAULT_BATCH_SIZE,
                                        runner, test_step, sums, own_test_step,
-                                       callbacks).items()})
+                                       callbacks, whole).items()})
             if runner.is_chief and verbose:
                 log.info("epoch %d/%d: %s", epoch + 1, epochs,
                          "  ".join(f"{k} {v:.4f}" for k, v in logs.items()))
@@ -352,11 +360,13 @@ def train_on(job: FitJob, runner) -> History:
 
 
 def _train_batch(runner, model, metrics, x, y, weighted: tuple, batch_rows: int, ny: int,
-                 sums: bool, counted: bool) -> None:
+                 sums: bool, counted: bool, batch: tuple) -> None:
     """One step of the compiled step on this worker's rows x, y (and
     weights) of a batch of `batch_rows`, its loss and predictions handed to
-    the epoch's metrics."""
+    the epoch's metrics; `batch`: the whole batch's targets and weights
+    (or None), for the metrics updated on whole batches."""
     loss, y_pred, masks = runner.call(*flat(x), *flat(y), *weighted)
+    raw = (y_pred, masks)
     y_pred = _with_masks(y_pred, masks)
     if ny > 1:
         # each output's loss tracker, which the compiled loss updates (the
@@ -368,6 +378,15 @@ def _train_batch(runner, model, metrics, x, y, weighted: tuple, batch_rows: int,
     metrics.update(y, y_pred, float(loss) * (runner.micro_batches if sums else 1),
                    size(x), batch_rows, *weighted,
                    loss_count=runner.last_loss_counts[0] if counted else 0.0)
+    if metrics.whole:
+        # the batch's predictions, each worker's rows in their places
+        import tensorflow as tf
+        parts = [a for a in tf.nest.flatten(raw) if a is not None]
+        wholes = iter(whole_rows(runner, parts, batch_rows))
+        y_pred, masks = tf.nest.map_structure(lambda a: None if a is None else next(wholes), raw)
+        if runner.is_chief:
+            metrics.whole.update(model._compile_metrics, batch[0], _with_masks(y_pred, masks),
+                                 batch[1])
 
 
 def _array_batches(x, y, batch_size, sample_weight, class_weight, validation_split: float,
@@ -572,7 +591,7 @@ def _compiled_step(model, batches):
         xb, yb, weights = unpack(arrays)
         weighted = () if weights is None else (weights,)
         with tf.GradientTape() as tape:
-            y_pred = model(xb, training=True)
+            y_pred = _called(model, xb, training=True)
             # Keras weighs each example's loss and divides by the batch's
             # size: a mean over the batch still, averaged over workers.
             loss = _compute_loss(model, xb, yb, y_pred, *weighted, training=True)
@@ -583,6 +602,16 @@ def _compiled_step(model, batches):
         model.optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss, y_pred, _masks_of(y_pred)
     return train_step
+
+
+def _called(model, x, training: bool):
+    """The model called on x as Keras's own train and test steps call it:
+    with `training` only when its call() takes that argument. Without it
+    Keras sets no training mode, so its layers run in inference mode (a
+    Dropout inside a subclassed model whose call() takes only its inputs
+    drops nothing in Keras's fit: nor here, or the two would train
+    differently)."""
+    return model(x, training=training) if model._call_has_training_arg else model(x)
 
 
 def _build_symbolically(model, batches) -> None:
@@ -661,9 +690,12 @@ class _Metrics:
     summed over workers: each batch's figures are kept and summed at the
     epoch's end."""
 
-    def __init__(self, model, sums: bool, counted: bool = False) -> None:
+    def __init__(self, model, sums: bool, counted: bool = False, whole=None) -> None:
         self.model = model
         self.sums = sums
+        # the compiled metrics updated on whole batches, by the chief alone
+        # (runtime/whole_batch_metrics.py): found at the first update
+        self.whole = whole
         model.reset_metrics()
         self.loss_sum = 0.0
         self.count = 0
@@ -682,7 +714,10 @@ class _Metrics:
             self.counted.append((loss_count * loss, loss_count, rows * loss, rows, batch_rows))
         self.loss_sum += loss * (batch_rows if self.sums else rows)
         self.count += rows
-        self.model.compute_metrics(None, y, y_pred, sample_weight=sample_weight)
+        if self.whole is None:
+            self.whole = find_whole_batch_metrics(self.model, y, y_pred)
+        with self.whole.untouched():
+            self.model.compute_metrics(None, y, y_pred, sample_weight=sample_weight)
 
     def no_rows(self, batch_rows: int) -> None:
         """A batch of `batch_rows` this worker has no rows of (the others'
@@ -800,7 +835,11 @@ class _Metrics:
             total = runner.sum_over_workers(np.array([self.loss_sum, self.count]))
             logs = {"loss": float(total[0] / max(total[1], 1))}
         with self._kept(keep):
-            runner.combine_metrics(self.model.metrics)
+            if self.whole:
+                runner.combine_metrics(self.whole.others(self.model))
+                runner.take_chief_values(self.whole.variables())
+            else:
+                runner.combine_metrics(self.model.metrics)
             for name, value in self.model.get_metrics_result().items():
                 if name != "loss":   # the loss tracker: the loss above is ours
                     logs[name] = float(value)
@@ -811,10 +850,8 @@ class _Metrics:
         """With `keep` (a batch's logs, the epoch going on), the metrics'
         own state comes back after combining it over workers: each worker
         goes on counting its rows."""
-        own = [v.numpy() for v in self.variables()] if keep else []
-        yield
-        for variable, value in zip(self.variables(), own):
-            variable.assign(value)
+        with kept_state(self.variables() if keep else []):
+            yield
 
 
 def _counts_loss(runner) -> bool:
@@ -832,7 +869,7 @@ def _test_step(model):
 
     @tf.function(jit_compile=False, reduce_retracing=True)
     def test_step(xb, yb, *weighted):
-        y_pred = model(xb, training=False)
+        y_pred = _called(model, xb, training=False)
         return (y_pred, _masks_of(y_pred),
                 _compute_loss(model, xb, yb, y_pred, *weighted, training=False))
     return test_step
@@ -852,17 +889,19 @@ def _tf_values(logs):
 
 
 def _evaluate(model, data, batch_size: int, runner, test_step, sums: bool,
-              own_step: bool, callbacks: FitCallbacks) -> dict:
+              own_step: bool, callbacks: FitCallbacks, whole=None) -> dict:
     """Loss and compiled metrics of the model (with this worker's current
     values) over the validation set `data`, (x, y) or (x, y, sample
     weights) in Keras's batches of `batch_size`, or a dataset's batches,
     each worker on its rows w, w+N, ... of each; combined over workers.
     With the model's own test step (`own_step`), the logs it gives and the
     metrics it updates. The callbacks' test hooks run as Keras's evaluate
-    runs them (a batch's logs: the validation's so far)."""
+    runs them (a batch's logs: the validation's so far). `whole`: the
+    compiled metrics updated on whole batches (training's), which the
+    chief updates from its own predictions of each whole batch."""
     model.stop_evaluating = False
     callbacks.run(lambda c: c.on_test_begin())
-    metrics = _Metrics(model, sums, _counts_loss(runner))
+    metrics = _Metrics(model, sums, _counts_loss(runner), whole)
     step_logs, last_rows = {}, 0
 
     def logs_so_far(keep: bool) -> dict:
@@ -870,7 +909,7 @@ def _evaluate(model, data, batch_size: int, runner, test_step, sums: bool,
             return metrics.own_step_result(runner, _tf_values(step_logs), synced=True,
                                            rows=last_rows, keep=keep)
         return metrics.result(runner, keep=keep)
-    for step, (xb, yb, wb, batch_rows) in enumerate(
+    for step, (xb, yb, wb, batch_rows, batch) in enumerate(
             _validation_batches(data, batch_size, runner)):
         if callbacks.wants("test_begin"):
             callbacks.run(lambda c: c.on_test_batch_begin(step))
@@ -889,6 +928,15 @@ def _evaluate(model, data, batch_size: int, runner, test_step, sums: bool,
                 if metrics.counted is not None else None
             metrics.update(yb, y_pred, float(loss), size(xb), batch_rows, *weighted,
                            loss_count=counts[0] if counts else 0.0)
+        if not own_step and metrics.whole and runner.is_chief:
+            # (inference draws nothing: the chief's predictions are one
+            # device's; the loss trackers the step updates keep the rows')
+            xg, yg, wg = batch
+            mine = {id(v) for v in metrics.whole.variables()}
+            with kept_state([v for v in metrics.variables() if id(v) not in mine]):
+                y_pred, masks, _ = test_step(xg, yg, *(() if wg is None else (wg,)))
+            metrics.whole.update(model._compile_metrics, yg,
+                                 _with_masks(_tf_values(y_pred), _tf_values(masks)), wg)
         if callbacks.wants("test_end"):
             batch_logs = logs_so_far(keep=True)
             callbacks.run(lambda c: c.on_test_batch_end(step, batch_logs))
@@ -901,17 +949,21 @@ def _evaluate(model, data, batch_size: int, runner, test_step, sums: bool,
 
 def _validation_batches(data, batch_size: int, runner):
     """This worker's rows of each batch of the validation set, as Keras's
-    fit batches it: (x, y, weights or None, the batch's size)."""
+    fit batches it: (x, y, weights or None, the batch's size, the whole
+    batch's (x, y, weights or None))."""
     me, n = runner.worker_index, runner.num_workers
     mine = slice(me, None, n)
     if isinstance(data, BATCHES):
         for xb, yb, wb in data.epoch(0):
-            yield rows(xb, mine), rows(yb, mine), None if wb is None else wb[mine], size(xb)
+            yield (rows(xb, mine), rows(yb, mine), None if wb is None else wb[mine], size(xb),
+                   (xb, yb, wb))
         return
     import tensorflow as tf
     x, y = (tf.nest.map_structure(np.asarray, a) for a in data[:2])
     weights = np.asarray(data[2]) if len(data) > 2 and data[2] is not None else None
     for start in range(0, size(x), batch_size):
-        batch = np.arange(start, min(start + batch_size, size(x)))[mine]
+        whole = np.arange(start, min(start + batch_size, size(x)))
+        batch = whole[mine]
         yield (rows(x, batch), rows(y, batch), None if weights is None else weights[batch],
-               min(batch_size, size(x) - start))
+               len(whole), (rows(x, whole), rows(y, whole),
+                            None if weights is None else weights[whole]))

@@ -5,9 +5,12 @@ Keras weighs each kept position by the batch's size / count of kept
 positions; fit on a tf.data.Dataset of batches (a last one of 10 rows) for
 3 epochs, with validation data, its accuracy a metric. With --weights-mean
 no mask: each position has a sample weight and the loss divides by their sum
-(reduction="mean_with_sample_weight"). --keras trains it with Keras's own
-model.fit on one device; otherwise with autopar.fit on every worker of
---spec. Saves the weights and prints the per-epoch losses."""
+(reduction="mean_with_sample_weight"). With --padded the training
+sequences keep their own lengths, each batch padded to its longest
+(padded_batch: an input of unknown length), and a Dropout masks the
+embeddings of every position. --keras trains it with Keras's own model.fit
+on one device; otherwise with autopar.fit on every worker of --spec. Saves
+the weights and prints the per-epoch losses."""
 import argparse
 import os
 import sys
@@ -30,6 +33,7 @@ def main() -> None:
     p.add_argument("--spec")
     p.add_argument("--out", required=True, help=".npz; {worker} is replaced")
     p.add_argument("--weights-mean", action="store_true")
+    p.add_argument("--padded", action="store_true")
     args = p.parse_args()
     keras.config.set_floatx("float64")
     keras.utils.set_random_seed(0)
@@ -39,8 +43,9 @@ def main() -> None:
     x[np.arange(LENGTH) >= rng.integers(1, LENGTH + 1, size=(58, 1))] = 0
     y = (x % 5).astype(np.int32)
     weights = (x > 0) * rng.uniform(0.5, 1.5, size=x.shape)
-    model = keras.Sequential([keras.Input((LENGTH,), dtype="int32"),
+    model = keras.Sequential([keras.Input((None if args.padded else LENGTH,), dtype="int32"),
                               keras.layers.Embedding(VOCAB, 8, mask_zero=not args.weights_mean),
+                              *([keras.layers.Dropout(0.3)] if args.padded else []),
                               keras.layers.Dense(8, activation="tanh"),
                               keras.layers.Dense(5)])
     model.compile(optimizer=keras.optimizers.Adam(0.01),
@@ -53,6 +58,13 @@ def main() -> None:
     # 3/3/2/2: their counts of kept positions differ in every batch
     data = (x[:58], y[:58]) + ((weights[:58],) if args.weights_mean else ())
     train = tf.data.Dataset.from_tensor_slices(data).batch(16)
+    if args.padded:
+        # each sequence without its padding, each batch padded to its longest
+        lengths = (x[:58] > 0).sum(axis=1)
+        spec = tf.TensorSpec([None], tf.int32)
+        train = tf.data.Dataset.from_generator(
+            lambda: ((x[i, :n], y[i, :n]) for i, n in enumerate(lengths)),
+            output_signature=(spec, spec)).padded_batch(16)
     # validation in batches of 32 and 2: two workers have no row of the last
     fit = dict(epochs=3, verbose=0, validation_data=(
         (x[:34], y[:34]) + ((weights[:34],) if args.weights_mean else ())))
