@@ -103,7 +103,8 @@ def find_whole_batch_metrics(model, y, y_pred) -> WholeBatchMetrics:
 
 
 def _compiled_metrics(compiled) -> list[tuple[int, bool, object]]:
-    """(output index, weighted, metric) of each compiled metric."""
+    """(output index, weighted, metric) of each compiled metric (Keras's
+    CompileMetrics keeps them per output; no public API lists them so)."""
     out = []
     for weighted, lists in ((False, compiled._flat_metrics),
                             (True, compiled._flat_weighted_metrics)):
@@ -119,6 +120,7 @@ def _adds_up(metric, y, y_pred) -> bool:
         return False   # the program's own Metric: nothing known of its update
     if not isinstance(metric, keras.metrics.MeanMetricWrapper):
         return True    # Keras's confusion-count metrics, its Mean, Sum...
+    # (the wrapped function: no public API)
     return _per_example(lambda a, b: metric._fn(a, b, **metric._fn_kwargs), y, y_pred)
 
 

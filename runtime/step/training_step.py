@@ -125,24 +125,25 @@ class StepFetches:
         step, one moves that worker's generator ahead of the others')."""
         if not self._stateful_draws:
             return []
-        ops = [x if isinstance(x, tf.Operation) else getattr(x, "op", None) for x in fetches]
-        key = tuple(sorted(op.name for op in ops if op is not None))
-        if key not in self._draws_of:
-            seen = {op.name for op in upstream(op for op in ops if op is not None)}
-            self._draws_of[key] = sorted(
-                name for name in self.analysis.batch_draws
-                if stateful_draw(self._types.get(name, ""))) if self._stateful_draws & seen else []
-        return self._draws_of[key]
+        return self._of_run(fetches, self._draws_of, lambda seen: sorted(
+            name for name in self.analysis.batch_draws
+            if stateful_draw(self._types.get(name, ""))) if self._stateful_draws & seen else [])
 
     def lookup_barriers(self, fetches) -> list[tf.Operation]:
         """The barriers of the grouped lookups (Config.aggregation_group)
         that `fetches` run."""
         if not self._lookup_barriers:
             return []
-        ops = [x if isinstance(x, tf.Operation) else getattr(x, "op", None) for x in fetches]
-        key = tuple(sorted(op.name for op in ops if op is not None))
-        if key not in self._barriers_of:
-            seen = {op.name for op in upstream(op for op in ops if op is not None)}
-            self._barriers_of[key] = [b for name, b in sorted(self._lookup_barriers.items())
-                                      if name in seen]
-        return self._barriers_of[key]
+        return self._of_run(fetches, self._barriers_of, lambda seen: [
+            b for name, b in sorted(self._lookup_barriers.items()) if name in seen])
+
+    @staticmethod
+    def _of_run(fetches, cache: dict, answer):
+        """answer(the names of the ops a run of `fetches` runs), kept in
+        `cache` by the fetches' names."""
+        ops = [op for op in (x if isinstance(x, tf.Operation) else getattr(x, "op", None)
+                             for x in fetches) if op is not None]
+        key = tuple(sorted(op.name for op in ops))
+        if key not in cache:
+            cache[key] = answer({op.name for op in upstream(ops)})
+        return cache[key]
