@@ -21,19 +21,23 @@ off) that autopar.get_runner lifts and distributes like any tf.function step
   265 on 3 workers; an epoch's last, smaller one, as in Keras's fit) trains
   in unequal shares (3/3/2/2 of 10 rows over 4 workers), each worker
   weighing its gradients by its rows (transforms.batch_weights), so the
-  step is one device's; it is left out with a warning when it has fewer
-  rows than workers. With micro-batches b must divide by N times their
-  number, and an epoch's last batch trains only when it splits into N
-  equal shares and each share into its micro-batches (their gradients are
+  step is one device's; a batch with fewer rows than workers is refused
+  (every worker needs a row of it). With micro-batches b must divide by N
+  times their number, and a batch that does not split into N equal shares
+  and each share into its micro-batches is refused (their gradients are
   averaged with equal weights).
 - x and y may be lists or dicts of arrays (several inputs or outputs), or
   x a tf.data.Dataset of batches (runtime/fit_data.py):
   every worker reads all of it, as Keras's fit does, and trains on its rows
-  of each batch; a batch that does not split over the workers is left out.
+  of each batch; a batch that does not split over the workers fails the
+  job before its step, on every worker, naming it.
 - Metrics and the loss are aggregated over all workers: each worker updates
   the compiled metrics on its rows, then their state variables (sums and
   counts for Mean-like and confusion-count metrics) are summed over workers,
-  so the logs are the whole epoch's, as one device reports them. Keras logs
+  so the logs are the whole epoch's, as one device reports them; a metric
+  whose state is no sum of its examples' (a ratio per batch) the chief
+  computes from whole batches (runtime/whole_batch_metrics.py). The model
+  is called as Keras's fit calls it (`_called`). Keras logs
   the mean of its batches' losses weighted by their sizes: a batch's loss is
   the workers' mean, or their sum when the loss sums over the batch.
 - `validation_data` is evaluated at each epoch's end in Keras's batches,
