@@ -30,8 +30,6 @@ from autopar.transforms.features.base import GraphFeature, Rewiring, in_step_con
 from autopar.transforms.graph_utils import INPUT_OP_TYPES, node_input_name
 from autopar.transforms.keys import PADDED_LENGTHS
 
-tf1 = tf.compat.v1
-
 
 class PaddedLengths(GraphFeature):
     """A training step refuses inputs the workers padded to different lengths."""
@@ -99,10 +97,8 @@ def rewrite_length_checks(graph: tf.Graph, padded: dict[str, list[int]], backend
                         f"lengths (axes {axes}), where one device pads the global batch to one: "
                         "pad every worker's batch to one fixed length (padded_batch's "
                         "padded_shapes), or train with autopar.fit"))
-            # (the cond's ops run where it does: see transforms.random_draws)
-            with tf.control_dependencies(None), tf1.device(None):
-                checked = in_step_cond(flag, lambda check=check, x=x: _after(check(), x),
-                                       lambda x=x: tf.identity(x))
+            checked = in_step_cond(flag, lambda check=check, x=x: _after(check(), x),
+                                   lambda x=x: tf.identity(x))
             rewire[node_input_name(name)] = node_input_name(checked.name)
     built = {op.name for op in graph.get_operations()} - before
     return rewire, built

@@ -105,7 +105,8 @@ class RandomDraws(GraphFeature):
         return {"batch_draws": find_batch_draws(
             facts.graph, facts.shared["rows"], facts.batch_local,
             facts.index.of_types({SKIP, *OTHER_DRAWS, *SHAPED_DRAWS}),
-            PinnedLengths(facts.graph, facts.found["padded_inputs"]))}
+            PinnedLengths(facts.graph, facts.found["padded_inputs"],
+                          facts.index.of_types(INPUT_OP_TYPES)))}
 
     def check(self, analysis, plan, config):
         if config.micro_batches > 1 and analysis.batch_draws:
@@ -134,14 +135,9 @@ class RandomDraws(GraphFeature):
             if static is not None:
                 return tf.constant(n * int(static), tf.int64)
             if not totals:   # every draw's b counts the same examples
-                # the branches' ops run where the cond does (no device of their
-                # own: a function keeps it, and the worker's graph sets devices
-                # only on its own nodes)
-                with tf.control_dependencies(None), tf1.device(None):
-                    summed = in_step_cond(flag, lambda: tf.cast(tf.reshape(backend.allreduce_sum(
-                        tf.reshape(tf.cast(b, tf.float64), [1]), BATCH_DRAWS.key(0)), []),
-                        tf.int64), lambda: b * n)
-                totals.append(summed)
+                totals.append(in_step_cond(flag, lambda: tf.cast(tf.reshape(
+                    backend.allreduce_sum(tf.reshape(tf.cast(b, tf.float64), [1]),
+                                          BATCH_DRAWS.key(0)), []), tf.int64), lambda: b * n))
             return totals[0]
         rewire, built = rewrite_batch_draws(ctx.graph, analysis.batch_draws, n, ctx.worker_index,
                                             global_batch, analysis.batch_input)
@@ -247,14 +243,15 @@ class PinnedLengths:
     the ids' values or from an unchecked length stays unknown, one computed
     from the batch's size differs. The batch sizes 1, 2 and 1031 tell apart
     the arithmetic of a size (a product, a quotient, a remainder, a
-    comparison with a constant up to 1031). Copied when first asked."""
+    comparison with a constant up to 1031). `input_ops`: the graph's ops of
+    INPUT_OP_TYPES. Copied when first asked."""
     # Any positive length would do; one that many kernel sizes and strides
     # divide keeps a convolution or a reshape along the lengths well-formed.
     LENGTH = 720
     BATCHES = (1, 2, 1031)
 
-    def __init__(self, graph: tf.Graph, padded: dict[str, list[int]]) -> None:
-        self.graph, self.padded = graph, padded
+    def __init__(self, graph: tf.Graph, padded: dict[str, list[int]], input_ops) -> None:
+        self.graph, self.padded, self.input_ops = graph, padded, input_ops
         self._copies: list[tf.Graph] | None = None
 
     def known_past_first(self, shape: tf.Tensor) -> bool:
@@ -275,7 +272,7 @@ class PinnedLengths:
             self._copies = []
             if self.padded:
                 graph_def = self.graph.as_graph_def()
-                inputs = [t for op in self.graph.get_operations() if op.type in INPUT_OP_TYPES
+                inputs = [t for op in self.input_ops
                           for t in op.outputs if t.dtype != tf.resource and t.shape.rank]
                 for batch in self.BATCHES:
                     copy = self._copy(graph_def, inputs, batch)

@@ -54,14 +54,17 @@ class StepFetches:
         self._lookup_barriers = {name: graph.get_operation_by_name(barrier)
                                  for name, barrier in (lookup_barriers or {}).items()}
         self._barriers_of: dict[tuple[str, ...], list[tf.Operation]] = {}
-        # The per-example draws whose kernels keep a generator's state (the
-        # copies transforms.random_draws makes draw the global batch's rows)
-        self._stateful_draws = {
+        # The program's per-example draws whose kernels keep a generator's
+        # state, and the copies of them transforms.random_draws makes draw
+        # the global batch's rows (what a run runs)
+        self._stateful_draws = sorted(
+            name for name in (analysis.batch_draws if analysis is not None and num_workers > 1
+                              else ())
+            if stateful_draw(graph.get_operation_by_name(name).type))
+        self._stateful_copies = {
             op.name for op in graph.get_operations()
             if op.name.startswith(BATCH_DRAWS_SCOPE) and stateful_draw(op.type)
-        } if num_workers > 1 and analysis is not None else set()
-        self._types = {name: graph.get_operation_by_name(name).type
-                       for name in (analysis.batch_draws if self._stateful_draws else ())}
+        } if self._stateful_draws else set()
         self._draws_of: dict[tuple[str, ...], list[str]] = {}
 
     def is_step(self, element) -> bool:
@@ -123,11 +126,10 @@ class StepFetches:
         """The program's per-example draws keeping a generator's state when
         a run of `fetches` runs any (run on one worker outside a training
         step, one moves that worker's generator ahead of the others')."""
-        if not self._stateful_draws:
+        if not self._stateful_copies:
             return []
-        return self._of_run(fetches, self._draws_of, lambda seen: sorted(
-            name for name in self.analysis.batch_draws
-            if stateful_draw(self._types.get(name, ""))) if self._stateful_draws & seen else [])
+        return self._of_run(fetches, self._draws_of, lambda seen: (
+            self._stateful_draws if self._stateful_copies & seen else []))
 
     def lookup_barriers(self, fetches) -> list[tf.Operation]:
         """The barriers of the grouped lookups (Config.aggregation_group)

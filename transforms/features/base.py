@@ -98,8 +98,10 @@ def in_step_flag(graph: tf.Graph) -> tf.Tensor:
 
 def in_step_cond(flag: tf.Tensor, in_step, otherwise):
     """tf.cond(flag, in_step, otherwise) for a feature's ops that run in
-    training steps only (`flag`: in_step_flag), built with the current
-    graph's name scope, device and control dependencies as they are. Its If
+    training steps only (`flag`: in_step_flag), in the current name scope,
+    with no control dependencies and no device: the branches' ops run where
+    the cond does (a function keeps no device of its own, and the worker's
+    graph sets devices only on its own nodes). Its If
     op stays a function call, not lowered into the graph's Switch and Merge
     ops: TensorFlow gives a session run with collective ops in its graph a
     step id from a sequence the workers share, and a run of the lowered
@@ -109,7 +111,8 @@ def in_step_cond(flag: tf.Tensor, in_step, otherwise):
     inside a function call the collective is not counted."""
     graph = flag.graph
     before = len(graph.get_operations())
-    out = tf.cond(flag, in_step, otherwise)
+    with tf.control_dependencies(None), tf1.device(None):
+        out = tf.cond(flag, in_step, otherwise)
     for op in graph.get_operations()[before:]:
         if op.type in ("If", "StatelessIf"):
             op._set_attr("_lower_using_switch_merge",   # pylint: disable=protected-access
