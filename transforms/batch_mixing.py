@@ -9,7 +9,10 @@ logits of every query against every key of the batch, `q @ k^T`, however
 written: MatMul, BatchMatMul, einsum), a statistic of the batch fed back into
 each example (centring by the batch's mean, `l2_normalize(x, axis=0)`, class
 weights counted over the batch), the batch's hardest examples (a top-k over
-them). The gradients are then those of N devices each training on its share,
+them), examples paired with others (a batch rolled along its examples), a
+loss that is no sum or mean of its examples' terms (the square root of a
+mean: one device takes it of the global batch's mean, each worker of its
+share's). The gradients are then those of N devices each training on its share,
 not one device's: such a loss is refused (the analysis cannot make it
 equal), unless the program asks for per-worker semantics
 (Config(batch_mixing="per_worker")). Batch normalisation is the case autopar
@@ -27,8 +30,30 @@ from __future__ import annotations
 import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
-from autopar.transforms.example_rows import ExampleRows
+from autopar.transforms.example_rows import SHARED, ExampleRows, per_example
 from autopar.transforms.features.base import GraphFeature
+
+# What a loss may do with reductions over the batch and stay a sum or mean of
+# its examples' terms, which the workers' gradients combine into one
+# device's: add them, cast, reshape, stack or reduce them again, scale them
+# by (or divide them by) a value that is no reduction over the batch. The
+# ops of a function (a cond's branch) are not looked into here.
+_LINEAR_OF_REDUCTIONS = frozenset("""
+Add AddV2 Sub AddN BiasAdd Neg Cast Identity IdentityN Snapshot StopGradient PreventGradient
+CheckNumerics CheckNumericsV2 EnsureShape Reshape Squeeze ExpandDims StridedSlice Slice Pack
+Unpack ConcatV2 Concat Transpose Sum Mean ZerosLike OnesLike PartitionedCall
+StatefulPartitionedCall If StatelessIf While StatelessWhile""".split())
+_SCALINGS = frozenset({"Mul", "MulNoNan"})
+_DIVISIONS = frozenset({"Div", "RealDiv", "DivNoNan"})
+_SELECTIONS = frozenset({"Select", "SelectV2"})
+# Ops whose value depends on their input's shape alone (a count of a loss's
+# elements: tf.compat.v1.losses' num_present, from ones_like(losses)).
+_OF_SHAPES_ALONE = frozenset({"Shape", "ShapeN", "Size", "Rank", "OnesLike", "ZerosLike"})
+# Reductions over the batch that are no sum of its examples' terms.
+_NONLINEAR_REDUCTIONS = frozenset({"Max", "Min", "Prod", "EuclideanNorm", "ArgMax", "ArgMin",
+                                   "All", "Any", "UnsortedSegmentMax", "UnsortedSegmentMin",
+                                   "UnsortedSegmentProd", "SegmentMax", "SegmentMin",
+                                   "SegmentProd"})
 
 
 class BatchMixing(GraphFeature):
@@ -64,15 +89,71 @@ def find_batch_mixing(graph: tf.Graph, rows: ExampleRows, losses: list[str | Non
     while stack:
         t = stack.pop()
         form = rows.form(t)
-        if t.name in seen or form[0] not in ("mixed", "unknown"):
+        if t.name in seen or t.name in rows.stops:   # (a count made one device's)
+            continue
+        if form[0] == "reduced":
+            seen.add(t.name)
+            why = _not_a_sum_of_examples(t.op, rows)
+            if why:
+                found.setdefault(t.op.name, why)
+            else:
+                stack.extend(t.op.inputs)
+            continue
+        if form[0] not in ("mixed", "unknown"):
             continue
         seen.add(t.name)
         if form[1] not in found:
             found[form[1]] = _what(_op_named(graph, form[1]), form[0])
-        stack.extend(t.op.inputs)
+        # (a reduction's value mixed back in is named where the mixing began)
+        stack.extend(x for x in t.op.inputs if rows.form(x)[0] != "reduced")
     if order is None:
         order = {op.name: i for i, op in enumerate(graph.get_operations())}
     return dict(sorted(found.items(), key=lambda item: order.get(item[0], 0)))
+
+
+def _not_a_sum_of_examples(op: tf.Operation, rows: ExampleRows) -> str | None:
+    """Why `op`, on the way from reductions over the batch to a loss, leaves
+    the loss no sum or mean of the examples' terms (None when it does not):
+    a reduction that is no sum (the batch's largest loss), or a nonlinear
+    function of a reduction (the square root of a mean: one device takes it
+    of the global batch's mean, each worker of its share's, and no
+    combination of the workers' gradients gives one device's)."""
+    ins = [rows.form(x) for x in op.inputs]
+    reduced = [i for i, f in enumerate(ins) if f[0] == "reduced"]
+    a = f"{'an' if op.type[0] in 'AEIOU' else 'a'} {op.type}"
+    if not reduced:
+        if op.type in _NONLINEAR_REDUCTIONS and any(per_example(f) for f in ins):
+            return (f"{a} over the batch's examples: the loss is no sum or mean of each "
+                    "example's terms")
+        return None
+    if op.type in _LINEAR_OF_REDUCTIONS or (op.type in _SCALINGS and len(reduced) == 1) \
+            or (op.type in _SELECTIONS and ins[0] == SHARED):
+        return None
+    if op.type in _DIVISIONS and 0 in reduced and (
+            ins[1][0] != "reduced" or not _reads_a_variable(op.inputs[1])):
+        # by a count of the batch, which no variable changes: read by
+        # transforms.loss_counts and the loss's reduction
+        return None
+    source = op.inputs[1 if op.type in _DIVISIONS and 1 in reduced else reduced[0]]
+    return (f"{a} of a reduction over the batch's examples ('{source.op.name}'): "
+            "the loss is no sum or mean of each example's terms (one device applies it to "
+            "the global batch's reduction, each worker would to its share's)")
+
+
+def _reads_a_variable(t: tf.Tensor) -> bool:
+    """Whether `t` is computed from a variable's value (a reduction of the
+    model's outputs, unlike a count of the batch's labels or weights)."""
+    seen, stack = set(), [t.op]
+    while stack:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        if op.type in ("ReadVariableOp", "VariableV2", "ResourceGather", "VarHandleOp"):
+            return True
+        if op.type not in _OF_SHAPES_ALONE:
+            stack.extend(x.op for x in op.inputs)
+    return False
 
 
 def _op_named(graph: tf.Graph, name: str) -> tf.Operation | None:

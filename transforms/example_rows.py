@@ -449,6 +449,12 @@ class ExampleRows:
         out = op.outputs[0]
         per = [(f, x) for f, x in zip(ins, op.inputs) if per_example(f)]
         if any(f == ELEMS for f, _ in per):
+            if len({x.name for _, x in per}) > 1:
+                # ELEMS says each element is one example's, not which: beside
+                # another tensor of the examples its elements may meet other
+                # examples' (a batch rotated by a concatenation, its first
+                # row broadcast to every row, rows reshaped in pairs)
+                return self._mixed(op, ins)
             return ELEMS if out.shape.rank == max(x.shape.rank or 0 for _, x in per) \
                 else self._mixed(op, ins)
         first, _ = per[0]
@@ -676,7 +682,8 @@ class ExampleRows:
                 return [self._mixed(op, ins)] * n_out
             return [src] * n_out
         if t in ("ReverseV2", "Roll"):
-            along = tf.get_static_value(op.inputs[1])
+            # ReverseV2(tensor, axis), Roll(input, shift, axis)
+            along = tf.get_static_value(op.inputs[1 if t == "ReverseV2" else 2])
             if along is None or x.shape.rank is None or \
                     axis in {int(a) % x.shape.rank for a in np.reshape(along, -1)}:
                 return [self._mixed(op, ins)]

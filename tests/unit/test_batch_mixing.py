@@ -4,6 +4,7 @@ several workers unless Config(batch_mixing="per_worker"), where a loss of
 each example alone, batch normalisation (recognised), a masked loss's count
 and the losses' own reductions are not."""
 import keras
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -53,6 +54,20 @@ def _dual_encoder(kind: str) -> tf.Graph:
             mask = tf.cast(tf.reduce_sum(x, axis=1) > 0, tf.float64)
             loss = (tf.reduce_mean(per)
                     + tf.reduce_sum(per * mask) / tf.maximum(tf.reduce_sum(mask), 1.0))
+        elif kind == "rolled_negatives":   # each query against its neighbour's key
+            loss = tf.reduce_mean(tf.nn.relu(
+                1.0 + tf.reduce_sum(q * tf.roll(k, shift=1, axis=0, name="neighbours"), 1)
+                - tf.reduce_sum(q * k, 1)))
+        elif kind == "rolled_features":    # a roll within each example's row
+            loss = tf.reduce_mean(tf.square(q - tf.roll(k, shift=1, axis=1)))
+        elif kind == "rotated_by_concat":  # the same rotation, written with a concat
+            loss = tf.reduce_mean(tf.square(tf.subtract(
+                q, tf.concat([k[1:], k[:1]], 0), name="pairs")))
+        elif kind == "first_example":      # the batch's first key, against every query
+            loss = tf.reduce_mean(tf.square(tf.subtract(q, k[0], name="pairs")))
+        elif kind == "rows_in_pairs":      # examples 2i and 2i+1 made one row
+            loss = tf.reduce_mean(tf.square(tf.subtract(
+                tf.reshape(q, [-1, 8])[:, :4], tf.reshape(k, [-1, 8])[:, 4:], name="pairs")))
         elif kind == "time_major":         # [time, batch, features]: axis 0 is time
             seq = tf1.placeholder(tf.float64, [None, None, F], name="seq")
             h = tf.reduce_mean(tf.tensordot(seq, tf1.get_variable("wt", [F, 4], tf.float64), 1),
@@ -70,6 +85,14 @@ def _dual_encoder(kind: str) -> tf.Graph:
     ("normalised_over_batch", ["l2_normalize/Sum"]),
     ("hardest_half", ["hardest"]),
     ("per_example", []),
+    # (before: tf.roll's shift was read for its axis, and a tensor whose
+    # elements are each one example's, laid out otherwise, taken as
+    # aligned with any other: accepted, each worker pairing its own share)
+    ("rolled_negatives", ["neighbours"]),
+    ("rolled_features", []),
+    ("rotated_by_concat", ["pairs"]),
+    ("first_example", ["pairs"]),
+    ("rows_in_pairs", ["pairs"]),
     # a fed tensor carries its examples along axis 0: a time-major one's mean
     # over axis 0 is taken for a mean over the examples (refused; feed
     # batch-major tensors, or ask for per-worker semantics)
@@ -176,3 +199,86 @@ def test_a_mixing_inside_a_loop_body_is_named_as_the_bodys():
     assert op == "while/Mean", op
     assert what == "an op of a function the step runs (a loop's body, a cond's branch) " \
         "combining the values of several examples"
+
+
+def _loss_of_reductions(kind: str) -> tf.Graph:
+    """A loss computed from means over the batch in the way `kind` names."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float64, [None, F], name="x")
+        y = tf1.placeholder(tf.float64, [None, 1], name="y")
+        w = tf1.placeholder(tf.float64, [None], name="w")
+        error = tf.matmul(x, tf1.get_variable("w", [F, 1], tf.float64)) - y
+        mse = tf.reduce_mean(tf.square(error))
+        loss = {
+            "rmse": lambda: tf.sqrt(mse, name="root"),
+            "mean_times_mean": lambda: tf.multiply(mse, tf.reduce_mean(tf.abs(error)),
+                                                   name="product"),
+            "mean_over_mean": lambda: tf.divide(mse, tf.reduce_mean(tf.abs(error)),
+                                                name="ratio"),
+            "largest": lambda: tf.reduce_max(tf.square(error), name="largest"),
+            "clipped": lambda: tf.minimum(mse, 1.0, name="clipped"),
+            "linear": lambda: 0.5 * mse + tf.reduce_mean(tf.abs(error)) / 3.0 - 1.0,
+            "sum_over_weights": lambda: tf.reduce_sum(tf.square(error)[:, 0] * w)
+            / tf.reduce_sum(w),
+            "tf1_mean": lambda: tf1.losses.mean_squared_error(
+                y, error + y, reduction=tf1.losses.Reduction.MEAN),
+        }[kind]()
+        tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    return graph
+
+
+@pytest.mark.parametrize("kind,found", [
+    ("rmse", ["root"]), ("mean_times_mean", ["product"]), ("mean_over_mean", ["ratio"]),
+    ("largest", ["largest"]), ("clipped", ["clipped"]),
+    # sums and means of the examples' terms: scaled, added, divided by a
+    # count of the batch no variable changes (the sample weights' sum,
+    # tf.compat.v1.losses' count of the loss's elements)
+    ("linear", []), ("sum_over_weights", []), ("tf1_mean", [])])
+def test_a_loss_that_is_no_sum_or_mean_of_its_examples_terms_is_found(kind, found):
+    """An RMSE loss: one device takes the root of the global batch's mean
+    squared error, each worker would take it of its share's, and no
+    combination of the workers' gradients is one device's (before:
+    accepted, "assuming a mean")."""
+    assert list(analyze_graph(_loss_of_reductions(kind)).batch_mixing) == found
+
+
+def test_a_keras_steps_root_mean_squared_error_is_refused_naming_the_root():
+    """The regression loss people write by hand, in a traced Keras step."""
+    model = keras.Sequential([keras.Input((F,)), keras.layers.Dense(1)])
+    optimizer = keras.optimizers.Adam()
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.sqrt(tf.reduce_mean(tf.square(y - model(x, training=True))))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+    concrete = step.get_concrete_function(tf.TensorSpec([None, F], tf.float32),
+                                          tf.TensorSpec([None, 1], tf.float32))
+    graph = lift(concrete).graph
+    with pytest.raises(UnsupportedGraphError) as refused:
+        compile_for_config(graph, 3, autopar.Config())
+    assert "the loss mixes the examples of a batch at 'Sqrt' (a Sqrt of a reduction over " \
+        "the batch's examples ('Mean'): the loss is no sum or mean of each example's terms" \
+        in str(refused.value)
+    compile_for_config(graph, 1, autopar.Config())   # one worker: one device's
+
+
+def test_autopar_fits_step_of_a_compiled_root_mean_squared_error_is_refused():
+    """A loss function compile() takes that returns the root of its batch's
+    mean: Keras's fit trains the root of the global batch's mean, so the
+    step autopar.fit traces is refused on several workers, naming the root
+    inside Keras's compiled loss (the job then ends before it starts)."""
+    from autopar.runtime import keras_fit
+
+    def rmse(y_true, y_pred):
+        return tf.sqrt(tf.reduce_mean(tf.square(y_true - y_pred)))
+    model = keras.Sequential([keras.Input((F,)), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss=rmse)
+    x, y = np.zeros((6, F), np.float32), np.zeros((6, 1), np.float32)
+    graph = lift(keras_fit.prepare(model, x, y, batch_size=6).step()).graph
+    with pytest.raises(UnsupportedGraphError) as refused:
+        compile_for_config(graph, 2, autopar.Config())
+    assert "at 'compile_loss/rmse/Sqrt' (a Sqrt of a reduction" in str(refused.value)
