@@ -17,6 +17,7 @@ from autopar.transforms.analysis import Analysis, analyze_graph
 from autopar.transforms.features.registry import FEATURES
 from autopar.transforms.graph_utils import graph_of, op_name_of, transforming
 from autopar.transforms.input_shards import unsharded_inputs
+from autopar.transforms.loss_reduction import unread
 from autopar.transforms.placement import Move, place_ops
 from autopar.transforms.plan import Plan, PlanOptions, make_plan
 from autopar.transforms.topology import Topology
@@ -111,6 +112,14 @@ def compile_for_config(graph_or_meta, topology: Topology | int, config) -> Compi
         feature.check(compiled.analysis, compiled.plan, config)
     if not config.allow_unsharded_input:
         _refuse_unsharded_input(graph_of(graph_or_meta), compiled.analysis)
+    analysis = compiled.analysis
+    if config.loss_reduction == "auto" and compiled.plan.num_workers > 1 \
+            and unread(analysis.loss_reduction, analysis.loss_reduction_why):
+        raise UnsupportedGraphError(
+            f"cannot tell how the loss reduces over the batch ({analysis.loss_reduction_why}), "
+            "so not how the workers' gradients combine into one device's: set "
+            "Config(loss_reduction='mean') if the loss is a mean of its examples' terms "
+            "(the gradients are averaged), 'sum' if it is their sum (added)")
     groups = compiled.analysis.train_groups
     if config.micro_batches > 1 and len(groups) > 1:
         raise UnsupportedGraphError(

@@ -62,16 +62,29 @@ def batch_reduced(graph, loss: str, batch_ops: set[str]) -> str | None:
     return reduced.name if kind == "mean" and reduced is not None else None
 
 
+# Why a loss's reduction is "unknown" when the loss itself shows none: no
+# loss was found, or it reads no input (every worker computes one device's
+# gradient of it, and averaging keeps it).
+_NO_LOSS = "no loss tensor found"
+_NO_INPUT = "does not depend on any input placeholder or iterator"
+
+
+def unread(kind: str, why: str) -> bool:
+    """Whether a loss_reduction() of `kind` and `why` is one the loss shows
+    but the analysis cannot read (an op between the loss and the batch's
+    reduction that it has no rule for): averaging would be a guess."""
+    return kind == "unknown" and why != _NO_LOSS and not why.endswith(_NO_INPUT)
+
+
 def _loss_reduction(graph, loss: str | None, batch_ops: set[str] | None):
     """loss_reduction() and the tensor the reduction it found reduces."""
     if loss is None:
-        return "unknown", "no loss tensor found", None
+        return "unknown", _NO_LOSS, None
     if batch_ops is None:
         batch_ops = batch_local_ops(graph, set())
     kind, why, reduced = _reduction_of(graph.get_tensor_by_name(loss), batch_ops, 0)
     if kind == "const":
-        return ("unknown", f"the loss '{loss}' does not depend on any input placeholder or "
-                "iterator", None)
+        return "unknown", f"the loss '{loss}' {_NO_INPUT}", None
     return kind, why, reduced
 
 
@@ -135,6 +148,15 @@ def _reduction_of(t: tf.Tensor, batch_ops: set[str], depth: int) -> tuple[str, s
         return "unknown", f"'{op.name}' divides a sum over the batch by '{den.name}'", None
     if op.type in ("Add", "AddV2", "AddN", "Sub"):
         return _reduction_of_terms(op, list(op.inputs), batch_ops, depth)
+    if op.type in ("Select", "SelectV2") and op.inputs[0].shape.rank == 0:
+        # tf.where(c, a, b) of one condition (a flag fed with the run; one
+        # computed from the batch is refused by transforms.batch_mixing): one
+        # loss or the other, each as it reduces (a constant has no gradient)
+        kinds = [_reduction_of(x, batch_ops, depth + 1) for x in op.inputs[1:]]
+        batch = [k for k in kinds if k[0] != "const"]
+        if len({k[0] for k in batch}) == 1:
+            return batch[0]
+        return "unknown", f"'{op.name}' selects losses reduced differently over the batch", None
     return "unknown", (f"'{op.name}' ({op.type}) does not show how the loss reduces over the "
                        "batch"), None
 

@@ -60,9 +60,10 @@ class PlanOptions:
     global batch), ``"sum"`` (the loss is summed over the batch), or
     ``"auto"``: what the analysis reads from the graph (reduce_mean /
     reduce_sum, the tf.compat.v1.losses reductions, a division by the batch
-    size), ``"mean"`` where the graph does not show it (the report says so; a
-    graph where neither can match one device, a summed loss plus a
-    batch-independent term, is refused). ``"parallax"``: Parallax's
+    size); a graph that does not show it (an op between the loss and the
+    batch's reduction the analysis has no rule for) is refused on several
+    workers, naming the op, as is one where neither can match one device (a
+    summed loss plus a batch-independent term). ``"parallax"``: Parallax's
     semantics, not one device's: dense gradients averaged, sparse
     (IndexedSlices) ones summed, as Parallax's average_sparse=False did
     (docs/parallax.md)."""

@@ -10,6 +10,7 @@ import tensorflow as tf
 from autopar.config import Config
 from autopar.common.errors import AutoparError, UnsupportedGraphError
 from autopar.transforms.analysis import analyze_graph
+from autopar.transforms.compile import compile_for_config
 from autopar.transforms.plan import PlanOptions, make_plan
 from autopar.transforms.topology import Topology
 from autopar.transforms.report import build_report
@@ -69,6 +70,13 @@ def _graph(lookup="plain", loss="mean", batch=BATCH, state=None, clip=False):
             "sum/24": lambda: tf.reduce_sum(per_example) / 24.0,
             "sum(logits^2)/8": lambda: tf.reduce_sum(tf.square(logits)) / 8.0,
             "sqrt(sum)": lambda: tf.sqrt(tf.reduce_sum(per_example)),
+            # a sum written as the mean times the batch's size
+            "mean*size": lambda: tf.reduce_mean(per_example) * tf.cast(tf.shape(per_example)[0],
+                                                                       tf.float32),
+            # either loss, as a flag fed with each run chooses
+            "where(flag,mean,mean/2)": lambda: tf.where(
+                tf1.placeholder_with_default(True, [], name="flag"),
+                tf.reduce_mean(per_example), tf.reduce_mean(per_example) / 2.0),
             "l2_loss": lambda: tf.nn.l2_loss(logits),
             "mean+sum": lambda: tf.reduce_mean(per_example) + tf.reduce_sum(per_example),
             "checked(mean(stack(sum,sum)))": lambda: tf.debugging.check_numerics(tf.reduce_mean(
@@ -165,6 +173,8 @@ def test_dedup_rows_are_combined_in_allgather_rewrite():
     ("sum/24", BATCH, "sum"),
     ("sum/8", None, "sum"),
     ("sqrt(sum)", BATCH, "unknown"),
+    ("mean*size", None, "unknown"),
+    ("where(flag,mean,mean/2)", None, "mean"),
     ("l2_loss", None, "sum"),       # half the sum of squares over the batch
     ("checked(mean(stack(sum,sum)))", None, "sum"),
     ("mean+sum", BATCH, "neither"),  # no aggregation matches one device
@@ -316,3 +326,21 @@ def test_local_state_report_and_sync_op(sync):
     assigns = [n for n in nodes.values() if n.name.startswith("autopar/sync_local")
                and n.op in ("AssignVariableOp", "Assign")]
     assert [n.input[0] for n in assigns] == ["bn/moving_mean"]
+
+
+def test_a_loss_whose_reduction_the_graph_does_not_show_is_refused_unless_chosen():
+    """A sum written as the mean times the batch's size: averaging the
+    workers' gradients would divide one device's by N. autopar does not
+    guess (before: it averaged, "assuming a mean"): the job is refused
+    before it starts, naming the op, until Config says how the gradients
+    combine; one worker alone is one device."""
+    graph = _graph(loss="mean*size", batch=None)
+    with pytest.raises(UnsupportedGraphError) as refused:
+        compile_for_config(graph, 4, Config())
+    assert str(refused.value).startswith(
+        "cannot tell how the loss reduces over the batch ('mul' multiplies two "
+        "batch-dependent tensors), so not how the workers' gradients combine")
+    assert "Config(loss_reduction='mean')" in str(refused.value)
+    assert compile_for_config(graph, 4, Config(loss_reduction="sum")).plan \
+        .loss_reduction == "sum"
+    compile_for_config(graph, 1, Config())
