@@ -690,7 +690,15 @@ class ExampleRows:
             return [src]
         if t == "Tile":
             # tf.repeat (Keras's UpSampling2D) tiles an axis by a computed count
-            return [src if _static_element(op.inputs[1], axis) == 1 else ELEMS]
+            times = _static_element(op.inputs[1], axis)
+            if times == 1:
+                return [src]
+            # copies of the examples' rows: each example as often as any other
+            # only when the whole batch is tiled a constant number of times
+            # (a selection's rows, tiled by the batch's size, are the first
+            # example's against every example)
+            return [ELEMS if isinstance(times, int) and src[2] == BATCH
+                    else self._mixed(op, ins)]
         if t in ("Pad", "PadV2", "MirrorPad"):
             spec = tf.get_static_value(op.inputs[1])
             return [src if spec is not None and not np.any(np.asarray(spec)[axis]) else ELEMS]

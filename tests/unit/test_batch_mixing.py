@@ -68,6 +68,9 @@ def _dual_encoder(kind: str) -> tf.Graph:
         elif kind == "rows_in_pairs":      # examples 2i and 2i+1 made one row
             loss = tf.reduce_mean(tf.square(tf.subtract(
                 tf.reshape(q, [-1, 8])[:, :4], tf.reshape(k, [-1, 8])[:, 4:], name="pairs")))
+        elif kind == "first_example_tiled":   # beside every query, in its row
+            rows = tf.concat([q, tf.tile(k[:1], [tf.shape(k)[0], 1], name="copies")], 1)
+            loss = tf.reduce_mean(tf.reduce_sum(tf.square(rows), 1))
         elif kind == "time_major":         # [time, batch, features]: axis 0 is time
             seq = tf1.placeholder(tf.float64, [None, None, F], name="seq")
             h = tf.reduce_mean(tf.tensordot(seq, tf1.get_variable("wt", [F, 4], tf.float64), 1),
@@ -93,6 +96,7 @@ def _dual_encoder(kind: str) -> tf.Graph:
     ("rotated_by_concat", ["pairs"]),
     ("first_example", ["pairs"]),
     ("rows_in_pairs", ["pairs"]),
+    ("first_example_tiled", ["copies"]),
     # a fed tensor carries its examples along axis 0: a time-major one's mean
     # over axis 0 is taken for a mean over the examples (refused; feed
     # batch-major tensors, or ask for per-worker semantics)
