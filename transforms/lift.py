@@ -368,11 +368,22 @@ def _tape_target(seed, position: dict, digraph, forward):
     rank = seed.outputs[0].shape.rank
     graph = seed.graph
     for name in sorted(nx.descendants(forward, latest) | {latest}, key=position.__getitem__):
-        alike = [t for t in graph.get_operation_by_name(name).outputs
-                 if t.dtype.is_floating and t.shape.rank == rank]
-        if alike and reads <= nx.ancestors(digraph, name) | {name}:
+        op = graph.get_operation_by_name(name)
+        alike = [t for t in op.outputs if t.dtype.is_floating and t.shape.rank == rank]
+        # A read output of an op whose gradient reads only its inputs is an
+        # input of an op differentiated after it: not the target (Keras's
+        # Tversky loss divides its intersection by a sum, whose gradient
+        # reads that sum, computed from every other read)
+        if alike and reads <= nx.ancestors(digraph, name) | {name} \
+                and not (name in reads and op.type in _GRADIENT_READS_INPUTS_ONLY):
             return _with_unread_terms(alike[0], reads, position[seed.name], digraph, forward)
     return None
+
+
+# Ops whose gradient reads their inputs (or nothing), never their output.
+_GRADIENT_READS_INPUTS_ONLY = frozenset("""Add AddV2 AddN Sub Neg Mul MulNoNan Div RealDiv
+DivNoNan Sum Mean MatMul BatchMatMulV2 BiasAdd Cast Identity Reshape Square SquaredDifference
+ConcatV2 Pack Maximum Minimum Abs Log Log1p Squeeze ExpandDims""".split())
 
 
 # Ops that add a loss's terms.

@@ -286,3 +286,28 @@ def test_autopar_fits_step_of_a_compiled_root_mean_squared_error_is_refused():
     with pytest.raises(UnsupportedGraphError) as refused:
         compile_for_config(graph, 2, autopar.Config())
     assert "at 'compile_loss/rmse/Sqrt' (a Sqrt of a reduction" in str(refused.value)
+
+
+@pytest.mark.parametrize("loss,refused_at", [
+    # Dice and Tversky over the whole batch (axis=None): a ratio of sums
+    # over every example (before: Tversky's loss was taken for the sum in
+    # its denominator, whose gradient the ratio's reads, and the workers'
+    # gradients were added)
+    (lambda: keras.losses.Dice(), "compile_loss/dice/truediv"),
+    (lambda: keras.losses.Tversky(), "compile_loss/tversky/truediv"),
+    # each example's Dice: a mean of per-example terms
+    (lambda: keras.losses.Dice(axis=(1,)), None)])
+def test_keras_losses_over_the_whole_batch_are_refused_and_per_example_ones_trained(
+        loss, refused_at):
+    from autopar.runtime import keras_fit
+    model = keras.Sequential([keras.Input((F,)), keras.layers.Dense(3, activation="sigmoid")])
+    model.compile(optimizer="adam", loss=loss())
+    x, y = np.zeros((6, F), np.float32), np.zeros((6, 3), np.float32)
+    graph = lift(keras_fit.prepare(model, x, y, batch_size=6).step()).graph
+    if refused_at is None:
+        compile_for_config(graph, 3, autopar.Config())
+        return
+    with pytest.raises(UnsupportedGraphError) as refused:
+        compile_for_config(graph, 3, autopar.Config())
+    assert f"the loss mixes the examples of a batch at '{refused_at}' (a RealDiv of a " \
+        "reduction over the batch's examples" in str(refused.value)
