@@ -30,8 +30,10 @@ from __future__ import annotations
 import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
-from autopar.transforms.example_rows import SHARED, ExampleRows, per_example
+from autopar.transforms.example_rows import (REDUCTIONS, SHAPE_OPS, SHARED, ExampleRows,
+                                              per_example)
 from autopar.transforms.features.base import GraphFeature
+from autopar.transforms.graph_utils import VARIABLE_OP_TYPES
 
 # What a loss may do with reductions over the batch and stay a sum or mean of
 # its examples' terms, which the workers' gradients combine into one
@@ -48,12 +50,14 @@ _DIVISIONS = frozenset({"Div", "RealDiv", "DivNoNan"})
 _SELECTIONS = frozenset({"Select", "SelectV2"})
 # Ops whose value depends on their input's shape alone (a count of a loss's
 # elements: tf.compat.v1.losses' num_present, from ones_like(losses)).
-_OF_SHAPES_ALONE = frozenset({"Shape", "ShapeN", "Size", "Rank", "OnesLike", "ZerosLike"})
+_OF_SHAPES_ALONE = SHAPE_OPS | {"OnesLike", "ZerosLike"}
 # Reductions over the batch that are no sum of its examples' terms.
-_NONLINEAR_REDUCTIONS = frozenset({"Max", "Min", "Prod", "EuclideanNorm", "ArgMax", "ArgMin",
-                                   "All", "Any", "UnsortedSegmentMax", "UnsortedSegmentMin",
-                                   "UnsortedSegmentProd", "SegmentMax", "SegmentMin",
-                                   "SegmentProd"})
+_NONLINEAR_REDUCTIONS = (REDUCTIONS - {"Sum", "Mean"}) | {
+    "UnsortedSegmentMax", "UnsortedSegmentMin", "UnsortedSegmentProd", "SegmentMax",
+    "SegmentMin", "SegmentProd"}
+# What reads a variable's value (a lifted step's captured handle is read by
+# ReadVariableOp).
+_VARIABLE_READS = VARIABLE_OP_TYPES | {"ReadVariableOp", "ResourceGather"}
 
 
 class BatchMixing(GraphFeature):
@@ -149,7 +153,7 @@ def _reads_a_variable(t: tf.Tensor) -> bool:
         if op.name in seen:
             continue
         seen.add(op.name)
-        if op.type in ("ReadVariableOp", "VariableV2", "ResourceGather", "VarHandleOp"):
+        if op.type in _VARIABLE_READS:
             return True
         if op.type not in _OF_SHAPES_ALONE:
             stack.extend(x.op for x in op.inputs)
