@@ -3,6 +3,12 @@ from data flow (transforms/example_rows.py) whatever the op, and refused on
 several workers unless Config(batch_mixing="per_worker"), where a loss of
 each example alone, batch normalisation (recognised), a masked loss's count
 and the losses' own reductions are not."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import keras
 import numpy as np
 import pytest
@@ -19,6 +25,7 @@ from tests import models
 
 tf1 = tf.compat.v1
 F = 5
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _dual_encoder(kind: str) -> tf.Graph:
@@ -311,3 +318,53 @@ def test_keras_losses_over_the_whole_batch_are_refused_and_per_example_ones_trai
         compile_for_config(graph, 3, autopar.Config())
     assert f"the loss mixes the examples of a batch at '{refused_at}' (a RealDiv of a " \
         "reduction over the batch's examples" in str(refused.value)
+
+
+# The refusals above, in a TF1-era script that calls disable_v2_behavior()
+# first (reference variables, V1 tensor shapes): the same ops are named.
+_V1_LOSSES = r'''
+import json, sys
+import tensorflow as tf
+tf1 = tf.compat.v1
+if sys.argv[1] == "v1":
+    tf1.disable_v2_behavior()
+import autopar
+from autopar.transforms.compile import compile_for_config
+out = {}
+for kind in ("rmse", "rolled", "mean_times_size", "mean"):
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 5])
+        y = tf1.placeholder(tf.float32, [None, 1])
+        err = tf.matmul(x, tf1.get_variable("w", [5, 1])) - y
+        loss = {"rmse": lambda: tf.sqrt(tf.reduce_mean(tf.square(err)), name="root"),
+                "rolled": lambda: tf.reduce_mean(err * tf.roll(err, 1, axis=0, name="next")),
+                "mean_times_size": lambda: tf.reduce_mean(tf.square(err)) * tf.cast(
+                    tf.shape(err)[0], tf.float32),
+                "mean": lambda: tf.reduce_mean(tf.square(err))}[kind]()
+        tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    try:
+        compile_for_config(graph, 3, autopar.Config())
+        out[kind] = "trained"
+    except autopar.UnsupportedGraphError as refused:
+        out[kind] = str(refused)[:90]
+print(json.dumps(out))
+'''
+
+
+@pytest.mark.slow
+def test_the_refusals_are_the_same_in_a_graph_built_under_v1_behaviour():
+    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3")
+    found = {}
+    for behaviour in ("v1", "v2"):
+        proc = subprocess.run([sys.executable, "-c", _V1_LOSSES, behaviour], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=240)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        found[behaviour] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found["v1"] == found["v2"]
+    assert found["v1"]["rmse"].startswith("the loss mixes the examples of a batch at 'root' "
+                                          "(a Sqrt of a reduction")
+    assert found["v1"]["rolled"].startswith("the loss mixes the examples of a batch at 'next'")
+    assert found["v1"]["mean_times_size"].startswith(
+        "cannot tell how the loss reduces over the batch")
+    assert found["v1"]["mean"] == "trained"
