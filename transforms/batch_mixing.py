@@ -9,9 +9,10 @@ logits of every query against every key of the batch, `q @ k^T`, however
 written: MatMul, BatchMatMul, einsum), a statistic of the batch fed back into
 each example (centring by the batch's mean, `l2_normalize(x, axis=0)`, class
 weights counted over the batch), the batch's hardest examples (a top-k over
-them), examples paired with others (a batch rolled along its examples), a
-loss that is no sum or mean of its examples' terms (the square root of a
-mean: one device takes it of the global batch's mean, each worker of its
+them), examples paired with others (a batch rolled along its examples),
+examples taken by their place in the batch (its first example, its first two
+rows), a loss that is no sum or mean of its examples' terms (the square root
+of a mean: one device takes it of the global batch's mean, each worker of its
 share's). The gradients are then those of N devices each training on its share,
 not one device's: such a loss is refused (the analysis cannot make it
 equal), unless the program asks for per-worker semantics
@@ -30,8 +31,8 @@ from __future__ import annotations
 import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
-from autopar.transforms.example_rows import (REDUCTIONS, SHAPE_OPS, SHARED, ExampleRows,
-                                              per_example)
+from autopar.transforms.example_rows import (OPAQUE, REDUCTIONS, SHAPE_OPS, SHARED,
+                                              ExampleRows, per_example)
 from autopar.transforms.features.base import GraphFeature
 from autopar.transforms.graph_utils import VARIABLE_OP_TYPES
 
@@ -103,7 +104,7 @@ def find_batch_mixing(graph: tf.Graph, rows: ExampleRows, losses: list[str | Non
             else:
                 stack.extend(t.op.inputs)
             continue
-        if form[0] not in ("mixed", "unknown"):
+        if form[0] not in OPAQUE:
             continue
         seen.add(t.name)
         if form[1] not in found:
@@ -172,9 +173,14 @@ def _op_named(graph: tf.Graph, name: str) -> tf.Operation | None:
 def _what(op: tf.Operation | None, kind: str) -> str:
     if op is None:
         return ("an op of a function the step runs (a loop's body, a cond's branch) "
-                + ("for which autopar has no rule saying whether it keeps each example to "
-                   "itself" if kind == "unknown" else "combining the values of several examples"))
+                + {"unknown": "for which autopar has no rule saying whether it keeps each "
+                              "example to itself",
+                   "picked": "taking examples by their place in the batch"}.get(
+                       kind, "combining the values of several examples"))
     a = f"{'an' if op.type[0] in 'AEIOU' else 'a'} {op.type}"
+    if kind == "picked":
+        return (f"{a} taking examples by their place in the batch (x[0], x[:2], fixed rows): "
+                "one device takes them from the global batch, each worker from its share")
     if kind == "unknown":
         return (f"{a} op, for which autopar has no rule saying whether it keeps each "
                 "example to itself")
@@ -182,9 +188,23 @@ def _what(op: tf.Operation | None, kind: str) -> str:
         return f"{a} over the batch's examples, fed back into each example"
     if op.type in ("TopKV2", "TopK"):
         return "a top-k over the batch's examples (the batch's hardest examples)"
+    if op.type in ("GatherV2", "Gather", "GatherNd") and _by_a_mask(op.inputs[1]):
+        return (f"{a} of the values a mask of the batch keeps (tf.boolean_mask, tf.where): "
+                "their count differs between the workers' shares, and a mean over them is "
+                "not one device's; a masked loss written sum(loss * mask) / sum(mask) trains "
+                "exactly")
     if op.type in ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum"):
         return f"{a} of examples with other examples (in-batch negatives, a Gram matrix)"
     return f"{a} combining the values of several examples"
+
+
+def _by_a_mask(indices: tf.Tensor) -> bool:
+    """Whether gather indices are the positions a mask keeps (tf.where of
+    it, squeezed or sliced, as tf.boolean_mask builds them)."""
+    op = indices.op
+    while op.type in ("Squeeze", "Reshape", "StridedSlice", "Cast", "Identity"):
+        op = op.inputs[0].op
+    return op.type == "Where"
 
 
 def mixing_refusal(ops: dict[str, str], num_workers: int) -> str:

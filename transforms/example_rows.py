@@ -47,6 +47,10 @@ A tensor's form is one of (tuples, compared by value):
 - ("list", form): a TensorList whose elements have `form` (a loop's
   per-time-step outputs).
 - ("mixed", op): depends on several examples' values otherwise, first at `op`.
+- ("picked", op): depends on examples chosen by their place in the batch, at
+  `op` (x[0], x[:2], a gather of fixed rows): one device picks them from the
+  global batch, each worker from its share. Selections whose bounds are
+  computed from the batch's size (its halves) keep a rowset of their own.
 - ("unknown", op): no rule for `op`, whose inputs depend on the batch.
 
 Functional ops (a While's body, an If's branches, a PartitionedCall) are
@@ -150,10 +154,14 @@ def per_example(form) -> bool:
     return form[0] in ("rows", "elems", "parts", "cat")
 
 
+# Forms no rule looks into: every op computed from one has it.
+OPAQUE = frozenset({"mixed", "picked", "unknown"})
+
+
 def mixing_op(form) -> str | None:
     """The op at which a form stopped being per example or shared (a
-    mixing, unknown or reducing op), else None."""
-    return form[1] if form[0] in ("mixed", "unknown", "reduced") else None
+    mixing, picking, unknown or reducing op), else None."""
+    return form[1] if form[0] in OPAQUE | {"reduced"} else None
 
 
 class ExampleRowsFeature(GraphFeature):
@@ -286,7 +294,7 @@ class ExampleRows:
             # alike on every worker, as one device draws them; the true
             # classes' expected counts each an example's
             return [SHARED, ins[0] if is_rows(ins[0]) else ELEMS, SHARED]
-        special = [f for f in ins if f[0] in ("mixed", "unknown")]
+        special = [f for f in ins if f[0] in OPAQUE]
         if special and t not in SHAPE_OPS:
             return [special[0]] * n_out
         if t in UNARY or t in V1_FLOW:
@@ -628,6 +636,8 @@ class ExampleRows:
                 rank = op.outputs[0].shape.rank or 1
                 if axis % rank != src[1]:
                     return [src] * n_out
+                if t == "SplitV" and _static_vector(op.inputs[1]) is not None:
+                    return [("picked", op.name)] * n_out   # pieces of fixed sizes
             return [ELEMS] * n_out
         if not per_example(src):
             return [DIM if src[0] != "list" else ("unknown", op.name)] * n_out
@@ -668,8 +678,8 @@ class ExampleRows:
             return [self._slice(op, src)]
         if t == "Unpack":
             along = op.get_attr("axis") % (x.shape.rank or 1)
-            if along == axis:
-                return [ELEMS] * n_out
+            if along == axis:   # each example by its place
+                return [("picked", op.name)] * n_out
             return [("rows", axis - (1 if along < axis else 0), *src[2:])] * n_out
         if t in ("Cumsum", "Cumprod", "CumulativeLogsumexp"):
             along = _static_int(op.inputs[1])
@@ -776,7 +786,7 @@ class ExampleRows:
             if entry is None:   # past the spec: taken whole
                 return ("rows", produced + axis - consumed, *src[2:])
             if shrink & (1 << entry):
-                return ELEMS
+                return ("picked", op.name)   # one example, by its place: x[0]
             # the example axis' own bounds, though others' may be computed
             # (Keras's RandomCrop takes every row at a drawn offset)
             whole = (((op.get_attr("begin_mask") >> entry) & 1
@@ -786,13 +796,34 @@ class ExampleRows:
                      and _static_element(op.inputs[3], entry) == 1)
             if whole:
                 return ("rows", produced, *src[2:])
+            masks = (op.get_attr("begin_mask"), op.get_attr("end_mask"))
+            bounds = [t for t, mask in zip(op.inputs[1:3], masks) if not (mask >> entry) & 1]
+            if self._by_place([*bounds, op.inputs[3]], entry):
+                return ("picked", op.name)
             return ("rows", produced, _selection_key(op, src, axis), 1, src[4])
         # the example axis taken whole: from 0, all of it (-1, or the
         # batch's own count: keras.ops.image.crop_images' tf.shape(x)[0])
         if _static_element(op.inputs[1], axis) == 0 and (
                 _static_element(op.inputs[2], axis) == -1 or self._whole_count(op.inputs[2], axis, src)):
             return src
+        if self._by_place(op.inputs[1:3], axis):
+            return ("picked", op.name)
         return ("rows", axis, _selection_key(op, src, axis), 1, src[4])
+
+    def _by_place(self, bounds, k: int) -> bool:
+        """Whether a selection along the example axis, element k of each of
+        `bounds` (its begin, end or size, stride), picks the examples by
+        their place in the batch: every bound a number, or a value no
+        example gives (x[:2], x[1:], x[::2], x[:n] of a fed n). Bounds
+        computed from the batch's size (its halves) are not: each worker's
+        are its share's, as one device's are the global batch's."""
+        for t in bounds:
+            e = _element(t, k, self.forms)
+            if e is None and self.forms.get(t.name, SHARED) == SHARED:
+                e = SHARED   # a vector computed from no input
+            if not (isinstance(e, int) or e == SHARED):
+                return False
+        return True
 
     def _whole_count(self, bounds: tf.Tensor, k: int, src) -> bool:
         """Whether element k of a slice's end (or size) is the count of the
@@ -982,6 +1013,8 @@ class ExampleRows:
             return DIM
         if params == SHARED and t in ("GatherNd", "ResourceGatherNd"):
             return ELEMS if per_example(indices) else indices
+        if is_rows(params) and indices == SHARED and self._gathers_examples(op, params[1], axis):
+            return ("picked", op.name)   # fixed rows of the batch: x[[0, 0, 1]]
         if params == SHARED:
             if is_rows(indices):
                 return indices    # an embedding lookup: each example's ids' rows
@@ -1001,6 +1034,18 @@ class ExampleRows:
         if params[0] in ("reduced", "distinct") and indices == SHARED:
             return params
         return self._mixed(op, ins)
+
+    @staticmethod
+    def _gathers_examples(op, example_axis: int, axis: int) -> bool:
+        """Whether a gather indexes the example axis of its params (a
+        GatherNd: when that axis is among those its index vectors address,
+        or their length is unknown)."""
+        if op.type in ("GatherNd", "ResourceGatherNd"):
+            indices = op.inputs[1].shape
+            depth = indices[-1] if indices.rank else None
+            return depth is None or example_axis < depth
+        rank = op.inputs[0].shape.rank
+        return rank is None or axis % rank == example_axis
 
     def _same_rows(self, op, ins, forms) -> tuple:
         per = [f for f in forms if f != SHARED]
@@ -1231,8 +1276,8 @@ def _join(forms: list) -> tuple:
     first = known[0]
     if all(f == first for f in known):
         return first
-    if any(f[0] in ("mixed", "unknown") for f in known):
-        return next(f for f in known if f[0] in ("mixed", "unknown"))
+    if any(f[0] in OPAQUE for f in known):
+        return next(f for f in known if f[0] in OPAQUE)
     if first[0] == "list" and all(f[0] == "list" for f in known):
         return ("list", _join([f[1] for f in known]))
     if all(per_example(f) for f in known):

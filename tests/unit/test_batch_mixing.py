@@ -78,6 +78,25 @@ def _dual_encoder(kind: str) -> tf.Graph:
         elif kind == "first_example_tiled":   # beside every query, in its row
             rows = tf.concat([q, tf.tile(k[:1], [tf.shape(k)[0], 1], name="copies")], 1)
             loss = tf.reduce_mean(tf.reduce_sum(tf.square(rows), 1))
+        elif kind.startswith("picked_"):   # the batch's keys taken by their place
+            with tf.name_scope("picked"):
+                picked = {"picked_first_two": lambda: k[:2],
+                          "picked_rest": lambda: tf.slice(k, [1, 0], [-1, -1]),
+                          "picked_every_other": lambda: k[::2],
+                          "picked_rows": lambda: tf.gather(k, [0, 0, 1]),
+                          "picked_first_broadcast": lambda: tf.broadcast_to(k[:1], tf.shape(k)),
+                          "picked_appended": lambda: tf.concat([k, k[:1]], 0),
+                          "picked_pieces": lambda: tf.split(k, [2, -1])[1],
+                          "picked_first_count": lambda: k[:tf1.placeholder_with_default(2, [])],
+                          }[kind]()
+            loss = tf.reduce_mean(tf.square(picked)) + tf.reduce_mean(tf.square(q - k))
+        elif kind == "mean_of_kept":       # the mean of the examples a mask keeps
+            per = tf.reduce_sum(tf.square(q - k), axis=1)
+            loss = tf.reduce_mean(tf.boolean_mask(per, tf.reduce_sum(x, axis=1) > 0))
+        elif kind == "halves":             # each half of the share, by the share's size
+            half = tf.shape(k)[0] // 2
+            loss = (tf.reduce_mean(tf.square(q[:half] - k[:half]))
+                    + tf.reduce_mean(tf.square(q[half:] - k[half:]))) / 2
         elif kind == "time_major":         # [time, batch, features]: axis 0 is time
             seq = tf1.placeholder(tf.float64, [None, None, F], name="seq")
             h = tf.reduce_mean(tf.tensordot(seq, tf1.get_variable("wt", [F, 4], tf.float64), 1),
@@ -100,10 +119,21 @@ def _dual_encoder(kind: str) -> tf.Graph:
     # aligned with any other: accepted, each worker pairing its own share)
     ("rolled_negatives", ["neighbours"]),
     ("rolled_features", []),
-    ("rotated_by_concat", ["pairs"]),
-    ("first_example", ["pairs"]),
+    # (the rows a concat rotates, and the first example, taken by their place)
+    ("rotated_by_concat", ["strided_slice", "strided_slice_1"]),
+    ("first_example", ["strided_slice"]),
     ("rows_in_pairs", ["pairs"]),
-    ("first_example_tiled", ["copies"]),
+    ("first_example_tiled", ["strided_slice"]),
+    # (before: a selection of the batch's rows by their place reaching the
+    # loss was accepted, one device taking the global batch's, each worker
+    # its share's)
+    ("picked_first_two", ["picked/strided_slice"]), ("picked_rest", ["picked/Slice"]),
+    ("picked_every_other", ["picked/strided_slice"]), ("picked_rows", ["picked/GatherV2"]),
+    ("picked_first_broadcast", ["picked/strided_slice"]),
+    ("picked_appended", ["picked/strided_slice"]), ("picked_pieces", ["picked/split"]),
+    ("picked_first_count", ["picked/strided_slice"]),
+    # halves of each share, by its size: kept (a step's micro-batches)
+    ("halves", []),
     # a fed tensor carries its examples along axis 0: a time-major one's mean
     # over axis 0 is taken for a mean over the examples (refused; feed
     # batch-major tensors, or ask for per-worker semantics)
@@ -121,6 +151,16 @@ def test_batch_norm_masked_means_and_lookups_mix_nothing(model):
     Config(batch_norm_group)); a masked mean's count, an LSTM over time and
     embedding lookups keep each example to itself."""
     assert analyze_graph(models.build(model).graph).batch_mixing == {}
+
+
+def test_a_mean_of_the_values_a_mask_keeps_is_refused_naming_the_exact_form():
+    """tf.boolean_mask keeps a count of values that differs between the
+    workers' shares: the refusal says how to write the masked loss that
+    trains exactly (transforms/loss_counts.py)."""
+    [(op, what)] = analyze_graph(_dual_encoder("mean_of_kept")).batch_mixing.items()
+    assert op == "boolean_mask/GatherV2"
+    assert "of the values a mask of the batch keeps" in what
+    assert "sum(loss * mask) / sum(mask) trains exactly" in what
 
 
 @pytest.mark.parametrize("how", ["matmul", "einsum"])
