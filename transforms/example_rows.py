@@ -1013,8 +1013,11 @@ class ExampleRows:
             return DIM
         if params == SHARED and t in ("GatherNd", "ResourceGatherNd"):
             return ELEMS if per_example(indices) else indices
-        if is_rows(params) and indices == SHARED and self._gathers_examples(op, params[1], axis):
-            return ("picked", op.name)   # fixed rows of the batch: x[[0, 0, 1]]
+        if is_rows(params) and indices[0] in ("shared", "dim") and \
+                self._gathers_examples(op, params[1], axis):
+            # rows of the batch by their place: x[[0, 0, 1]], its last one
+            # (keras.ops.take's indices, made positive by the batch's size)
+            return ("picked", op.name)
         if params == SHARED:
             if is_rows(indices):
                 return indices    # an embedding lookup: each example's ids' rows

@@ -153,6 +153,30 @@ def test_batch_norm_masked_means_and_lookups_mix_nothing(model):
     assert analyze_graph(models.build(model).graph).batch_mixing == {}
 
 
+@pytest.mark.parametrize("how", ["slice", "take"])
+def test_a_keras_step_whose_loss_takes_examples_by_their_place_is_refused(how):
+    """A traced Keras step whose loss weighs the batch's first examples
+    apart (keras.ops.take of fixed rows, or a slice): one device takes the
+    global batch's, each worker its share's (before: accepted)."""
+    dense = keras.layers.Dense(1)
+    optimizer = keras.optimizers.SGD(0.1)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            error = keras.ops.square(dense(x) - y)
+            first = (keras.ops.take(error, [0, 1], axis=0) if how == "take" else error[:2])
+            loss = keras.ops.mean(error) + keras.ops.mean(first)
+        grads = tape.gradient(loss, dense.trainable_variables)
+        optimizer.apply_gradients(zip(grads, dense.trainable_variables))
+        return loss
+    concrete = step.get_concrete_function(tf.TensorSpec([None, F], tf.float32),
+                                          tf.TensorSpec([None, 1], tf.float32))
+    [(op, what)] = analyze_graph(lift(concrete).graph).batch_mixing.items()
+    assert what.startswith(f"a {'GatherV2' if how == 'take' else 'StridedSlice'} taking "
+                           "examples by their place in the batch"), (op, what)
+
+
 def test_a_mean_of_the_values_a_mask_keeps_is_refused_naming_the_exact_form():
     """tf.boolean_mask keeps a count of values that differs between the
     workers' shares: the refusal says how to write the masked loss that
@@ -371,7 +395,7 @@ if sys.argv[1] == "v1":
 import autopar
 from autopar.transforms.compile import compile_for_config
 out = {}
-for kind in ("rmse", "rolled", "mean_times_size", "mean"):
+for kind in ("rmse", "rolled", "mean_times_size", "first_two", "mean"):
     graph = tf.Graph()
     with graph.as_default():
         x = tf1.placeholder(tf.float32, [None, 5])
@@ -381,6 +405,7 @@ for kind in ("rmse", "rolled", "mean_times_size", "mean"):
                 "rolled": lambda: tf.reduce_mean(err * tf.roll(err, 1, axis=0, name="next")),
                 "mean_times_size": lambda: tf.reduce_mean(tf.square(err)) * tf.cast(
                     tf.shape(err)[0], tf.float32),
+                "first_two": lambda: tf.reduce_mean(tf.square(err[:2])),
                 "mean": lambda: tf.reduce_mean(tf.square(err))}[kind]()
         tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
     try:
@@ -407,4 +432,6 @@ def test_the_refusals_are_the_same_in_a_graph_built_under_v1_behaviour():
     assert found["v1"]["rolled"].startswith("the loss mixes the examples of a batch at 'next'")
     assert found["v1"]["mean_times_size"].startswith(
         "cannot tell how the loss reduces over the batch")
+    assert found["v1"]["first_two"].startswith(
+        "the loss mixes the examples of a batch at 'strided_slice' (a StridedSlice taking")
     assert found["v1"]["mean"] == "trained"
