@@ -108,7 +108,7 @@ def find_batch_mixing(graph: tf.Graph, rows: ExampleRows, losses: list[str | Non
             continue
         seen.add(t.name)
         if form[1] not in found:
-            found[form[1]] = _what(_op_named(graph, form[1]), form[0])
+            found[form[1]] = _what(_op_named(graph, form[1]), form[0], rows)
         # (a reduction's value mixed back in is named where the mixing began)
         stack.extend(x for x in t.op.inputs if rows.form(x)[0] != "reduced")
     if order is None:
@@ -170,14 +170,18 @@ def _op_named(graph: tf.Graph, name: str) -> tf.Operation | None:
         return None
 
 
-def _what(op: tf.Operation | None, kind: str) -> str:
+def _what(op: tf.Operation | None, kind: str, rows: ExampleRows) -> str:
     if op is None:
         return ("an op of a function the step runs (a loop's body, a cond's branch) "
                 + {"unknown": "for which autopar has no rule saying whether it keeps each "
                               "example to itself",
-                   "picked": "taking examples by their place in the batch"}.get(
+                   "picked": "taking examples by their place in the batch",
+                   "kept": "averaging or counting the values a mask of the batch keeps"}.get(
                        kind, "combining the values of several examples"))
     a = f"{'an' if op.type[0] in 'AEIOU' else 'a'} {op.type}"
+    if kind == "kept":
+        return (f"{a} of the values '{rows.selected_by(op.inputs[0])}' keeps by the batch's "
+                f"values (tf.where of a mask, tf.dynamic_partition): {_MASK_COUNTS}")
     if kind == "picked":
         return (f"{a} taking examples by their place in the batch (x[0], x[:2], fixed rows): "
                 "one device takes them from the global batch, each worker from its share")
@@ -190,12 +194,15 @@ def _what(op: tf.Operation | None, kind: str) -> str:
         return "a top-k over the batch's examples (the batch's hardest examples)"
     if op.type in ("GatherV2", "Gather", "GatherNd") and _by_a_mask(op.inputs[1]):
         return (f"{a} of the values a mask of the batch keeps (tf.boolean_mask, tf.where): "
-                "their count differs between the workers' shares, and a mean over them is "
-                "not one device's; a masked loss written sum(loss * mask) / sum(mask) trains "
-                "exactly")
+                + _MASK_COUNTS)
     if op.type in ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum"):
         return f"{a} of examples with other examples (in-batch negatives, a Gram matrix)"
     return f"{a} combining the values of several examples"
+
+
+_MASK_COUNTS = ("their count differs between the workers' shares otherwise than by their "
+                "sizes, and a mean over them, or a division by their count, is not one "
+                "device's; a masked loss written sum(loss * mask) / sum(mask) trains exactly")
 
 
 def _by_a_mask(indices: tf.Tensor) -> bool:

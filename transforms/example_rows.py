@@ -51,6 +51,11 @@ A tensor's form is one of (tuples, compared by value):
   `op` (x[0], x[:2], a gather of fixed rows): one device picks them from the
   global batch, each worker from its share. Selections whose bounds are
   computed from the batch's size (its halves) keep a rowset of their own.
+- ("kept", op): a mean or a count of examples' values that the batch's own
+  values select (tf.where of a mask, tf.dynamic_partition), at `op`: each
+  worker divides by its share's count of them, one device by the global
+  batch's, and no weighing of the workers' gradients by their sizes makes
+  those alike.
 - ("unknown", op): no rule for `op`, whose inputs depend on the batch.
 
 Functional ops (a While's body, an If's branches, a PartitionedCall) are
@@ -155,7 +160,9 @@ def per_example(form) -> bool:
 
 
 # Forms no rule looks into: every op computed from one has it.
-OPAQUE = frozenset({"mixed", "picked", "unknown"})
+OPAQUE = frozenset({"mixed", "picked", "kept", "unknown"})
+# Ops that keep those of their input's elements the batch's values select.
+SELECTIONS_BY_VALUE = frozenset({"Where", "DynamicPartition"})
 
 
 def mixing_op(form) -> str | None:
@@ -321,9 +328,9 @@ class ExampleRows:
             if rank == 1 and per_example(ins[0]):
                 return [("reduced", op.name)]
         if t in SHAPE_OPS:
-            return self._shapes(op, ins)
+            return self._shapes(op, ins, forms)
         if t in REDUCTIONS:
-            return [self._reduction(op, ins)] * n_out
+            return [self._reduction(op, ins, forms)] * n_out
         if t == "MatMul":
             return [self._matmul(op, ins)]
         if t in ("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"):
@@ -499,7 +506,7 @@ class ExampleRows:
             return ins[0]
         return DIM
 
-    def _shapes(self, op, ins) -> list:
+    def _shapes(self, op, ins, forms) -> list:
         out = []
         for i, t in enumerate(op.outputs):
             src = ins[i] if op.type == "ShapeN" else ins[0]
@@ -507,6 +514,9 @@ class ExampleRows:
             if op.type == "Rank" or src == SHARED or not (per_example(src) or src[0] == "list"):
                 static = x.shape.is_fully_defined()
                 out.append(SHARED if static or src == SHARED else DIM)
+                continue
+            if not is_rows(src) and self.selected_by(x, forms):
+                out.append(("kept", op.name))   # a count of what a mask keeps
                 continue
             if op.type == "Size":
                 out.append(DIM)
@@ -521,7 +531,7 @@ class ExampleRows:
                 out.append(DIM)
         return out
 
-    def _reduction(self, op, ins) -> tuple:
+    def _reduction(self, op, ins, forms) -> tuple:
         src = ins[0]
         if src[0] in ("reduced", "distinct"):
             return src
@@ -547,7 +557,27 @@ class ExampleRows:
                 return ("rows", src[1] - shift, *src[2:])
         if op.outputs[0].dtype.is_integer and op.type in ("Max", "Min"):
             return DIM   # a length: shapes the batch, no example's value
+        if op.type == "Mean" and not is_rows(src) and self.selected_by(op.inputs[0], forms):
+            return ("kept", op.name)   # divides by how many values a mask kept
         return ("reduced", op.name)
+
+    def selected_by(self, t: tf.Tensor, forms: dict | None = None) -> str | None:
+        """The op that selected `t`'s elements, examples' values laid out
+        otherwise, by the batch's own values (SELECTIONS_BY_VALUE): followed
+        back through tensors of such elements. None when there is none:
+        their count is then the batch's layout's (a reshape, a concat)."""
+        stack, seen = [t], set()
+        while stack:
+            x = stack.pop()
+            if x.name in seen:
+                continue
+            seen.add(x.name)
+            if x.op.type in SELECTIONS_BY_VALUE:
+                return x.op.name
+            stack.extend(i for i in x.op.inputs
+                         if (self.forms if forms is None else forms).get(
+                             i.name, SHARED)[0] in ("elems", "parts"))
+        return None
 
     def _matmul(self, op, ins) -> tuple:
         a, b = ins

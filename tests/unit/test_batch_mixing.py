@@ -93,6 +93,16 @@ def _dual_encoder(kind: str) -> tf.Graph:
         elif kind == "mean_of_kept":       # the mean of the examples a mask keeps
             per = tf.reduce_sum(tf.square(q - k), axis=1)
             loss = tf.reduce_mean(tf.boolean_mask(per, tf.reduce_sum(x, axis=1) > 0))
+        elif kind.startswith("kept_"):     # the values a mask keeps, by tf.where's positions
+            per = tf.square(q - k)
+            mask = x[:, :4] > 0
+            kept = tf.gather_nd(per, tf.where(mask, name="kept"))
+            loss = {"kept_mean": lambda: tf.reduce_mean(kept, name="mean"),
+                    "kept_over_count": lambda: tf.reduce_sum(kept) / tf.cast(
+                        tf.size(kept, name="count"), tf.float64),
+                    "kept_partition_mean": lambda: tf.reduce_mean(tf.dynamic_partition(
+                        per, tf.cast(mask, tf.int32), 2, name="kept")[1], name="mean"),
+                    "kept_sum": lambda: tf.reduce_sum(kept)}[kind]()
         elif kind == "halves":             # each half of the share, by the share's size
             half = tf.shape(k)[0] // 2
             loss = (tf.reduce_mean(tf.square(q[:half] - k[:half]))
@@ -134,6 +144,11 @@ def _dual_encoder(kind: str) -> tf.Graph:
     ("picked_first_count", ["picked/strided_slice"]),
     # halves of each share, by its size: kept (a step's micro-batches)
     ("halves", []),
+    # a mean of the values a mask keeps, or their sum over their count:
+    # each worker would divide by its own count (before: accepted, as a mean
+    # over the batch); their sum is one device's
+    ("kept_mean", ["mean"]), ("kept_over_count", ["count"]),
+    ("kept_partition_mean", ["mean"]), ("kept_sum", []),
     # a fed tensor carries its examples along axis 0: a time-major one's mean
     # over axis 0 is taken for a mean over the examples (refused; feed
     # batch-major tensors, or ask for per-worker semantics)
@@ -184,6 +199,9 @@ def test_a_mean_of_the_values_a_mask_keeps_is_refused_naming_the_exact_form():
     [(op, what)] = analyze_graph(_dual_encoder("mean_of_kept")).batch_mixing.items()
     assert op == "boolean_mask/GatherV2"
     assert "of the values a mask of the batch keeps" in what
+    assert "sum(loss * mask) / sum(mask) trains exactly" in what
+    [(op, what)] = analyze_graph(_dual_encoder("kept_mean")).batch_mixing.items()
+    assert what.startswith("a Mean of the values 'kept' keeps by the batch's values"), what
     assert "sum(loss * mask) / sum(mask) trains exactly" in what
 
 
