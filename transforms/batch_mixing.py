@@ -13,7 +13,7 @@ them), examples paired with others (a batch rolled along its examples),
 examples taken by their place in the batch (its first example, its first two
 rows), a loss that is no sum or mean of its examples' terms (the square root
 of a mean: one device takes it of the global batch's mean, each worker of its
-share's). The gradients are then those of N devices each training on its share,
+share's; a sum divided by the batch's longest length). The gradients are then those of N devices each training on its share,
 not one device's: such a loss is refused (the analysis cannot make it
 equal), unless the program asks for per-worker semantics
 (Config(batch_mixing="per_worker")). Batch normalisation is the case autopar
@@ -34,13 +34,14 @@ from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms.example_rows import (OPAQUE, REDUCTIONS, SHAPE_OPS, SHARED,
                                               ExampleRows, per_example)
 from autopar.transforms.features.base import GraphFeature
-from autopar.transforms.graph_utils import VARIABLE_OP_TYPES
+from autopar.transforms.graph_utils import INPUT_OP_TYPES, VARIABLE_OP_TYPES
 
 # What a loss may do with reductions over the batch and stay a sum or mean of
 # its examples' terms, which the workers' gradients combine into one
-# device's: add them, cast, reshape, stack or reduce them again, scale them
-# by (or divide them by) a value that is no reduction over the batch. The
-# ops of a function (a cond's branch) are not looked into here.
+# device's: add them, cast, reshape, stack or reduce them again; scale them
+# by (or divide them by) a value no worker's values make its own
+# (_per_worker_factor). The ops of a function (a cond's branch) are not
+# looked into here.
 _LINEAR_OF_REDUCTIONS = frozenset("""
 Add AddV2 Sub AddN BiasAdd Neg Cast Identity IdentityN Snapshot StopGradient PreventGradient
 CheckNumerics CheckNumericsV2 EnsureShape Reshape Squeeze ExpandDims StridedSlice Slice Pack
@@ -131,18 +132,57 @@ def _not_a_sum_of_examples(op: tf.Operation, rows: ExampleRows) -> str | None:
             return (f"{a} over the batch's examples: the loss is no sum or mean of each "
                     "example's terms")
         return None
-    if op.type in _LINEAR_OF_REDUCTIONS or (op.type in _SCALINGS and len(reduced) == 1) \
-            or (op.type in _SELECTIONS and ins[0] == SHARED):
+    if op.type in _LINEAR_OF_REDUCTIONS or (op.type in _SELECTIONS and ins[0] == SHARED):
         return None
-    if op.type in _DIVISIONS and 0 in reduced and (
-            ins[1][0] != "reduced" or not _reads_a_variable(op.inputs[1])):
-        # by a count of the batch, which no variable changes: read by
-        # transforms.loss_counts and the loss's reduction
-        return None
+    if (op.type in _SCALINGS and len(reduced) == 1) or (
+            op.type in _DIVISIONS and reduced == [0]):
+        factor = op.inputs[1 - reduced[0]] if op.type in _SCALINGS else op.inputs[1]
+        return _per_worker_factor(factor, rows, "a division by" if op.type in _DIVISIONS
+                                  else "a product with")
+    if op.type in _DIVISIONS and reduced == [0, 1] and not _reads_a_variable(op.inputs[1]):
+        return _per_worker_factor(op.inputs[1], rows, "a division by")
     source = op.inputs[1 if op.type in _DIVISIONS and 1 in reduced else reduced[0]]
     return (f"{a} of a reduction over the batch's examples ('{source.op.name}'): "
             "the loss is no sum or mean of each example's terms (one device applies it to "
             "the global batch's reduction, each worker would to its share's)")
+
+
+def _per_worker_factor(t: tf.Tensor, rows: ExampleRows, how: str) -> str | None:
+    """Why scaling a reduction over the batch by `t` leaves the loss no
+    sum or mean of the examples' terms, or None: `t` the same on every
+    worker as on one device (a constant, a fed rate), computed from the
+    batch's shape alone (its count of examples, the loss's mean, which the
+    workers' weights make one device's; a padded length, which
+    transforms.padded_lengths checks is), or a count of the batch's values
+    that transforms.loss_counts makes the global batch's. A value read from
+    the batch's values otherwise (its longest sequence's length, a mean of
+    its labels) is its share's, where one device's is the global batch's."""
+    source = _batch_value_read(t, rows)
+    if source is None:
+        return None
+    return (f"{how} '{t.op.name}', a statistic of the worker's batch's values ('{source}'), "
+            "no count of its examples (the batch's longest length, a mean of its labels): "
+            "one device takes it of the global batch, each worker would of its share")
+
+
+def _batch_value_read(t: tf.Tensor, rows: ExampleRows) -> str | None:
+    """The first op through which `t` reads values of the batch (not its
+    shape alone, not a count transforms.loss_counts makes one device's),
+    or None."""
+    seen, stack = set(), [t]
+    while stack:
+        x = stack.pop()
+        if x.name in seen or x.name in rows.stops or rows.form(x) == SHARED \
+                or x.op.type in _OF_SHAPES_ALONE:
+            continue
+        seen.add(x.name)
+        if not x.op.inputs or x.op.type in INPUT_OP_TYPES:
+            return x.op.name
+        inner = [i for i in x.op.inputs if rows.form(i) != SHARED]
+        if not inner:
+            return x.op.name
+        stack.extend(inner)
+    return None
 
 
 def _reads_a_variable(t: tf.Tensor) -> bool:

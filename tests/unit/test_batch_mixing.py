@@ -301,6 +301,7 @@ def _loss_of_reductions(kind: str) -> tf.Graph:
         x = tf1.placeholder(tf.float64, [None, F], name="x")
         y = tf1.placeholder(tf.float64, [None, 1], name="y")
         w = tf1.placeholder(tf.float64, [None], name="w")
+        lengths = tf1.placeholder(tf.int32, [None], name="lengths")
         error = tf.matmul(x, tf1.get_variable("w", [F, 1], tf.float64)) - y
         mse = tf.reduce_mean(tf.square(error))
         loss = {
@@ -316,6 +317,16 @@ def _loss_of_reductions(kind: str) -> tf.Graph:
             / tf.reduce_sum(w),
             "tf1_mean": lambda: tf1.losses.mean_squared_error(
                 y, error + y, reduction=tf1.losses.Reduction.MEAN),
+            "over_longest": lambda: tf.divide(tf.reduce_sum(tf.square(error)), tf.cast(
+                tf.reduce_max(lengths), tf.float64), name="over_longest"),
+            "over_labels_mean": lambda: tf.divide(tf.reduce_sum(tf.square(error)),
+                                                  tf.reduce_mean(y), name="over_labels_mean"),
+            "times_labels_max": lambda: tf.multiply(mse, tf.reduce_max(y),
+                                                    name="times_labels_max"),
+            "over_size": lambda: tf.reduce_sum(tf.square(error)) / tf.cast(
+                tf.size(error), tf.float64),
+            "over_count": lambda: tf.reduce_sum(tf.square(error)) / tf.cast(
+                tf.math.count_nonzero(y), tf.float64),
         }[kind]()
         tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
     return graph
@@ -327,7 +338,12 @@ def _loss_of_reductions(kind: str) -> tf.Graph:
     # sums and means of the examples' terms: scaled, added, divided by a
     # count of the batch no variable changes (the sample weights' sum,
     # tf.compat.v1.losses' count of the loss's elements)
-    ("linear", []), ("sum_over_weights", []), ("tf1_mean", [])])
+    ("linear", []), ("sum_over_weights", []), ("tf1_mean", []),
+    # a division or product by a statistic of the batch's values that is no
+    # count autopar makes the global batch's (before: trained as a mean);
+    # by the batch's size, or a count of its nonzero labels: trained
+    ("over_longest", ["over_longest"]), ("over_labels_mean", ["over_labels_mean"]),
+    ("times_labels_max", ["times_labels_max"]), ("over_size", []), ("over_count", [])])
 def test_a_loss_that_is_no_sum_or_mean_of_its_examples_terms_is_found(kind, found):
     """An RMSE loss: one device takes the root of the global batch's mean
     squared error, each worker would take it of its share's, and no
