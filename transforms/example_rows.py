@@ -349,7 +349,7 @@ class ExampleRows:
             # (input_sizes, filter, out_backprop): a transposed convolution
             return [self._row_wise(op, [ins[2], ins[1], ins[0]], (1,), sizes=ins[0])]
         if t in FOLLOW_FIRST:
-            return self._follow_first(op, ins)
+            return self._follow_first(op, ins, forms)
         if t in ("ConcatV2", "Concat"):
             return [self._concat(op, ins)]
         if t == "Pack":
@@ -645,7 +645,7 @@ class ExampleRows:
             return src
         return ELEMS if src == ELEMS else self._mixed(op, ins)
 
-    def _follow_first(self, op, ins) -> list:
+    def _follow_first(self, op, ins, forms) -> list:
         src, t, n_out = ins[0], op.type, len(op.outputs)
         if src[0] in ("reduced", "distinct", "size", "shape", "dim"):
             if src[0] == "shape" and t in ("StridedSlice", "Slice"):
@@ -705,7 +705,7 @@ class ExampleRows:
         if t == "Reshape":
             return [self._reshape(op, src)]
         if t in ("StridedSlice", "Slice"):
-            return [self._slice(op, src)]
+            return [self._slice(op, src, forms)]
         if t == "Unpack":
             along = op.get_attr("axis") % (x.shape.rank or 1)
             if along == axis:   # each example by its place
@@ -790,7 +790,7 @@ class ExampleRows:
             return ("rows", 0, src[2], src[3], None)
         return ELEMS
 
-    def _slice(self, op, src) -> tuple:
+    def _slice(self, op, src, forms) -> tuple:
         """Rows through a slice: kept when the example axis is taken whole,
         else the kept rows are a rowset of their own (named by how they were
         taken, so that x[:h] and y[:h] are the same rows)."""
@@ -822,25 +822,26 @@ class ExampleRows:
             whole = (((op.get_attr("begin_mask") >> entry) & 1
                       or _static_element(op.inputs[1], entry) == 0)
                      and ((op.get_attr("end_mask") >> entry) & 1
-                          or self._whole_count(op.inputs[2], entry, src))
+                          or self._whole_count(op.inputs[2], entry, src, forms))
                      and _static_element(op.inputs[3], entry) == 1)
             if whole:
                 return ("rows", produced, *src[2:])
             masks = (op.get_attr("begin_mask"), op.get_attr("end_mask"))
             bounds = [t for t, mask in zip(op.inputs[1:3], masks) if not (mask >> entry) & 1]
-            if self._by_place([*bounds, op.inputs[3]], entry):
+            if self._by_place([*bounds, op.inputs[3]], entry, forms):
                 return ("picked", op.name)
             return ("rows", produced, _selection_key(op, src, axis), 1, src[4])
         # the example axis taken whole: from 0, all of it (-1, or the
         # batch's own count: keras.ops.image.crop_images' tf.shape(x)[0])
         if _static_element(op.inputs[1], axis) == 0 and (
-                _static_element(op.inputs[2], axis) == -1 or self._whole_count(op.inputs[2], axis, src)):
+                _static_element(op.inputs[2], axis) == -1
+                or self._whole_count(op.inputs[2], axis, src, forms)):
             return src
-        if self._by_place(op.inputs[1:3], axis):
+        if self._by_place(op.inputs[1:3], axis, forms):
             return ("picked", op.name)
         return ("rows", axis, _selection_key(op, src, axis), 1, src[4])
 
-    def _by_place(self, bounds, k: int) -> bool:
+    def _by_place(self, bounds, k: int, forms: dict) -> bool:
         """Whether a selection along the example axis, element k of each of
         `bounds` (its begin, end or size, stride), picks the examples by
         their place in the batch: every bound a number, or a value no
@@ -848,18 +849,18 @@ class ExampleRows:
         computed from the batch's size (its halves) are not: each worker's
         are its share's, as one device's are the global batch's."""
         for t in bounds:
-            e = _element(t, k, self.forms)
-            if e is None and self.forms.get(t.name, SHARED) == SHARED:
+            e = _element(t, k, forms)
+            if e is None and forms.get(t.name, SHARED) == SHARED:
                 e = SHARED   # a vector computed from no input
             if not (isinstance(e, int) or e == SHARED):
                 return False
         return True
 
-    def _whole_count(self, bounds: tf.Tensor, k: int, src) -> bool:
+    def _whole_count(self, bounds: tf.Tensor, k: int, src, forms: dict) -> bool:
         """Whether element k of a slice's end (or size) is the count of the
         batch's rows `src` lays out: tf.shape(x)[0] (keras.ops.image's
         crops, tf.signal.frame's outer dimensions)."""
-        return src[2] == BATCH and _element(bounds, k, self.forms) == ("size", src[3], src[4])
+        return src[2] == BATCH and _element(bounds, k, forms) == ("size", src[3], src[4])
 
     def _shape_slice(self, op, src) -> tuple:
         """tf.shape(x)[0] is a size, tf.shape(x)[:k] a shape; other elements

@@ -294,6 +294,38 @@ def test_a_mixing_inside_a_loop_body_is_named_as_the_bodys():
         "combining the values of several examples"
 
 
+@pytest.mark.parametrize("how", ["first_two", "halves"])
+def test_a_selection_by_place_inside_a_loop_body_is_found_and_halves_are_not(how):
+    """Inside a tf.while_loop's body the bounds of a selection are read from
+    the body's own forms: its first two examples are taken by their place,
+    its halves by the share's size (before: read from the step's forms by
+    name)."""
+    dense = keras.layers.Dense(1)
+    dense.build((None, F))
+    optimizer = keras.optimizers.SGD(0.1)
+
+    @tf.function
+    def step(x):
+        def body(i, total):
+            h = dense(x)
+            half = tf.shape(h)[0] // 2
+            first = h[:2] if how == "first_two" else h[:half]
+            return i + 1, total + tf.reduce_mean(first ** 2) + tf.reduce_mean(h[half:] ** 2)
+        with tf.GradientTape() as tape:
+            _, loss = tf.while_loop(lambda i, total: i < 2, body, (0, tf.constant(0.0)))
+        grads = tape.gradient(loss, dense.trainable_variables)
+        optimizer.apply_gradients(zip(grads, dense.trainable_variables))
+        return loss
+    concrete = step.get_concrete_function(tf.TensorSpec([None, F], tf.float32))
+    found = analyze_graph(lift(concrete).graph).batch_mixing
+    if how == "halves":
+        assert found == {}
+    else:
+        assert list(found.values()) == [
+            "an op of a function the step runs (a loop's body, a cond's branch) taking "
+            "examples by their place in the batch"], found
+
+
 def _loss_of_reductions(kind: str) -> tf.Graph:
     """A loss computed from means over the batch in the way `kind` names."""
     graph = tf.Graph()
