@@ -118,7 +118,7 @@ def lift(obj) -> LiftedGraph:
     by_handle = {id(v.handle): v for v in func_graph.variables}
     graph_def = lower_conds(_with_function_shapes(func_graph))
     _outputs_after_nothing(graph_def, {t.op.name for t in func_graph.outputs})
-    taken = _name_prefixes(graph_def)
+    taken = (_name_prefixes(graph_def), {node.name for node in graph_def.node})
     lifted = LiftedGraph(tf.Graph(), function=None if obj is func_graph else obj)
     input_map = {}
     writers = {internal.name: external for external, internal in func_graph.captures
@@ -481,12 +481,11 @@ def _captured_variable(external, internal) -> CapturedVariable | None:
                             tf.as_dtype(held.dtype), tf.TensorShape(held.shape))
 
 
-def _lifted_variable(variable, taken: set[str], lifted: LiftedGraph):
+def _lifted_variable(variable, taken: tuple[set[str], set[str]], lifted: LiftedGraph):
     """A resource variable standing for the Python `variable` in the
-    default graph, named like it unless the traced graph uses that name."""
-    name = op_name_of(variable.name)
-    while name in taken:
-        name += "_var"
+    default graph, named like it unless the traced graph uses that name.
+    `taken`: the traced graph's names and scopes, and its ops' names."""
+    name = _free_name(op_name_of(variable.name), *taken)
     shape, dtype = variable.shape, variable.dtype.base_dtype
     if not shape.is_fully_defined():
         raise UnsupportedGraphError(f"variable '{name}' has no fully defined shape ({shape}): "
@@ -504,6 +503,24 @@ def _lifted_variable(variable, taken: set[str], lifted: LiftedGraph):
     lifted.python_variables[lifted_var.op.name] = variable
     lifted.initial_values[made[0].name] = variable
     return lifted_var
+
+
+def _free_name(name: str, scopes: set[str], ops: set[str]) -> str:
+    """`name`, or it with "_var" added where it meets the traced graph's
+    names: no name or scope of the graph is `name`, and no op of it is
+    named like a scope `name` lies in (TensorFlow marks a new op's scopes as
+    used, and importing the graph would then rename that op: a variable a
+    Keras layer made inside a tf.while_loop is "while/dense/kernel", beside
+    the loop's op "while")."""
+    parts = name.split("/")
+    k = 0
+    while k < len(parts):
+        here = "/".join(parts[:k + 1])
+        if here in ops or (k == len(parts) - 1 and here in scopes):
+            parts[k] += "_var"
+        else:
+            k += 1
+    return "/".join(parts)
 
 
 # Ops that only read a lookup table.

@@ -202,3 +202,44 @@ def test_a_tf_compat_v1_optimizer_in_a_tf_function_keeps_its_slots():
         step(x, y)
     for name, variable in lifted.python_variables.items():
         np.testing.assert_allclose(got[name], variable.numpy(), rtol=1e-12, err_msg=name)
+
+
+def test_a_layer_first_called_inside_a_loop_of_the_step_is_lifted():
+    """A Keras layer built by its first call inside a tf.while_loop of the
+    traced step makes its variables there ("while/dense/kernel", beside
+    the loop's op "while"): lifted under another name, the loop keeps its
+    own (before: the import renamed the loop, and lifting failed with
+    KeyError "The name 'while' refers to an Operation not in the graph").
+    Three steps in a session equal three calls of the function."""
+    dense = layers.Dense(1, kernel_initializer="ones", dtype="float64")
+    optimizer = keras.optimizers.SGD(0.1)
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            _, loss = tf.while_loop(
+                lambda i, total: i < 2,
+                lambda i, total: (i + 1, total + tf.reduce_mean(dense(x) ** 2)),
+                (0, tf.constant(0.0, tf.float64)))
+        optimizer.apply_gradients(zip(tape.gradient(loss, dense.trainable_variables),
+                                      dense.trainable_variables))
+        return loss
+    cf = step.get_concrete_function(tf.TensorSpec([None, 3], tf.float64))
+    lifted = lift(cf)
+    assert lifted.graph.get_operation_by_name("while").type in ("While", "StatelessWhile")
+    in_loop = [name for name in lifted.python_variables if name.startswith("while")]
+    assert len(in_loop) == 2 and all(n.startswith("while_var/") for n in in_loop), in_loop
+    rng = np.random.default_rng(0)
+    batches = [rng.normal(size=(4, 3)) for _ in range(3)]
+    with lifted.graph.as_default():
+        init = tf1.global_variables_initializer()
+    session = tf1.Session(graph=lifted.graph)
+    session.run(init, lifted.initial_feed())
+    for x in batches:
+        session.run(CALL_OP, {cf.graph.inputs[0].name: x})
+    got = {name: session.run(name + "/Read/ReadVariableOp:0")
+           for name in lifted.python_variables}
+    for x in batches:
+        step(x)
+    for name, variable in lifted.python_variables.items():
+        np.testing.assert_allclose(got[name], variable.numpy(), rtol=1e-12, err_msg=name)
