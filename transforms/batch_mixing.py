@@ -13,10 +13,13 @@ them), examples paired with others (a batch rolled along its examples),
 examples taken by their place in the batch (its first example, its first two
 rows), a loss that is no sum or mean of its examples' terms (the square root
 of a mean: one device takes it of the global batch's mean, each worker of its
-share's; a sum divided by the batch's longest length). The gradients are then those of N devices each training on its share,
-not one device's: such a loss is refused (the analysis cannot make it
-equal), unless the program asks for per-worker semantics
-(Config(batch_mixing="per_worker")). Batch normalisation is the case autopar
+share's; a sum divided by the batch's longest length). The gradients are
+then those of N devices each training on its share, not one device's: such
+a loss is refused (the analysis cannot make it equal), unless the program
+asks for per-worker semantics (Config(batch_mixing="per_worker")). A mean of
+the values a mask of the batch keeps (tf.where, tf.dynamic_partition) is
+refused alike: each worker would divide by its own count of them. Batch
+normalisation is the case autopar
 recognises and can make exact (Config(batch_norm_group),
 transforms/batchnorm.py); a masked loss's count of kept positions is made
 one device's by transforms.loss_counts.
@@ -31,8 +34,8 @@ from __future__ import annotations
 import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
-from autopar.transforms.example_rows import (OPAQUE, REDUCTIONS, SHAPE_OPS, SHARED,
-                                              ExampleRows, per_example)
+from autopar.transforms.example_rows import (OPAQUE, REDUCTIONS, SELECTIONS_BY_VALUE,
+                                              SHAPE_OPS, SHARED, ExampleRows, per_example)
 from autopar.transforms.features.base import GraphFeature
 from autopar.transforms.graph_utils import INPUT_OP_TYPES, VARIABLE_OP_TYPES
 
@@ -251,7 +254,7 @@ def _by_a_mask(indices: tf.Tensor) -> bool:
     op = indices.op
     while op.type in ("Squeeze", "Reshape", "StridedSlice", "Cast", "Identity"):
         op = op.inputs[0].op
-    return op.type == "Where"
+    return op.type in SELECTIONS_BY_VALUE
 
 
 def mixing_refusal(ops: dict[str, str], num_workers: int) -> str:
