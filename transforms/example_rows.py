@@ -852,7 +852,7 @@ class ExampleRows:
             e = _element(t, k, forms)
             if e is None and forms.get(t.name, SHARED) == SHARED:
                 e = SHARED   # a vector computed from no input
-            if not (isinstance(e, int) or e == SHARED):
+            if not (isinstance(e, int) or e == SHARED or _offset_of_a_size(t, k, forms)):
                 return False
         return True
 
@@ -1450,6 +1450,21 @@ def _element(t: tf.Tensor, i: int, forms: dict):
                 return int(vector[i]) if vector is not None else _element(piece, i, forms)
             i -= length
     return None
+
+
+def _offset_of_a_size(vector: tf.Tensor, k: int, forms: dict) -> bool:
+    """Whether element k of a selection's bounds is the batch's size less
+    or more a fixed number (x[tf.shape(x)[0] - 2:]: the last two examples,
+    by their place), where a fraction of it (its half) is each share's own."""
+    if vector.op.type != "Pack" or len(vector.op.inputs) <= k:
+        return False
+    op = vector.op.inputs[k].op
+    while op.type in ("Cast", "Identity"):
+        op = op.inputs[0].op
+    if op.type not in ("Sub", "Add", "AddV2"):
+        return False
+    kinds = sorted(forms.get(x.name, SHARED)[0] for x in op.inputs)
+    return kinds == ["shared", "size"]
 
 
 def _static_vector(t: tf.Tensor):

@@ -88,6 +88,7 @@ def _dual_encoder(kind: str) -> tf.Graph:
                           "picked_appended": lambda: tf.concat([k, k[:1]], 0),
                           "picked_pieces": lambda: tf.split(k, [2, -1])[1],
                           "picked_first_count": lambda: k[:tf1.placeholder_with_default(2, [])],
+                          "picked_last_two": lambda: k[tf.shape(k)[0] - 2:],
                           }[kind]()
             loss = tf.reduce_mean(tf.square(picked)) + tf.reduce_mean(tf.square(q - k))
         elif kind == "mean_of_kept":       # the mean of the examples a mask keeps
@@ -142,6 +143,7 @@ def _dual_encoder(kind: str) -> tf.Graph:
     ("picked_first_broadcast", ["picked/strided_slice"]),
     ("picked_appended", ["picked/strided_slice"]), ("picked_pieces", ["picked/split"]),
     ("picked_first_count", ["picked/strided_slice"]),
+    ("picked_last_two", ["picked/strided_slice_1"]),   # (_0: tf.shape(k)[0])
     # halves of each share, by its size: kept (a step's micro-batches)
     ("halves", []),
     # a mean of the values a mask keeps, or their sum over their count:
