@@ -120,7 +120,7 @@ def compile_for_config(graph_or_meta, topology: Topology | int, config) -> Compi
             "so not how the workers' gradients combine into one device's: set "
             "Config(loss_reduction='mean') if the loss is a mean of its examples' terms "
             "(the gradients are averaged), 'sum' if it is their sum (added)")
-    groups = compiled.analysis.train_groups
+    groups = analysis.train_groups
     if config.micro_batches > 1 and len(groups) > 1:
         raise UnsupportedGraphError(
             f"Config(micro_batches={config.micro_batches}) accumulates every gradient of the "

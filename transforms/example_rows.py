@@ -566,6 +566,7 @@ class ExampleRows:
         otherwise, by the batch's own values (SELECTIONS_BY_VALUE): followed
         back through tensors of such elements. None when there is none:
         their count is then the batch's layout's (a reshape, a concat)."""
+        forms = self.forms if forms is None else forms
         stack, seen = [t], set()
         while stack:
             x = stack.pop()
@@ -575,8 +576,7 @@ class ExampleRows:
             if x.op.type in SELECTIONS_BY_VALUE:
                 return x.op.name
             stack.extend(i for i in x.op.inputs
-                         if (self.forms if forms is None else forms).get(
-                             i.name, SHARED)[0] in ("elems", "parts"))
+                         if forms.get(i.name, SHARED)[0] in ("elems", "parts"))
         return None
 
     def _matmul(self, op, ins) -> tuple:
