@@ -427,6 +427,37 @@ def test_autopar_fits_step_of_a_compiled_root_mean_squared_error_is_refused():
     assert "at 'compile_loss/rmse/Sqrt' (a Sqrt of a reduction" in str(refused.value)
 
 
+@pytest.mark.parametrize("how,refused", [
+    ("first_two", "(a StridedSlice taking examples by their place in the batch"),
+    ("kept_mean", "(a Mean of the values 'compile_loss/kept/Where' keeps"),
+    ("over_labels_mean", "(a division by 'compile_loss/kept/Mean', a statistic of the worker's "
+                         "batch's values"),
+    ("mean", None)])
+def test_autopar_fits_step_of_a_compiled_loss_picking_or_counting_by_the_batch(how, refused):
+    """Loss functions compile() takes, traced by autopar.fit: one weighing
+    the batch's first two examples apart, one averaging what a mask of the
+    labels keeps, one dividing by the labels' mean: refused on several
+    workers naming the op; a plain mean trains."""
+    from autopar.runtime import keras_fit
+
+    def kept(y_true, y_pred):
+        error = tf.square(y_true - y_pred)
+        return {"first_two": lambda: tf.reduce_mean(error) + tf.reduce_mean(error[:2]),
+                "kept_mean": lambda: tf.reduce_mean(tf.gather_nd(error, tf.where(y_true > 0))),
+                "over_labels_mean": lambda: tf.reduce_sum(error) / tf.reduce_mean(y_true),
+                "mean": lambda: tf.reduce_mean(error)}[how]()
+    model = keras.Sequential([keras.Input((F,)), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss=kept)
+    x, y = np.zeros((6, F), np.float32), np.ones((6, 1), np.float32)
+    graph = lift(keras_fit.prepare(model, x, y, batch_size=6).step()).graph
+    if refused is None:
+        compile_for_config(graph, 2, autopar.Config())
+        return
+    with pytest.raises(UnsupportedGraphError) as refusal:
+        compile_for_config(graph, 2, autopar.Config())
+    assert refused in str(refusal.value), str(refusal.value)
+
+
 @pytest.mark.parametrize("loss,refused_at", [
     # Dice and Tversky over the whole batch (axis=None): a ratio of sums
     # over every example (before: Tversky's loss was taken for the sum in
@@ -463,7 +494,8 @@ if sys.argv[1] == "v1":
 import autopar
 from autopar.transforms.compile import compile_for_config
 out = {}
-for kind in ("rmse", "rolled", "mean_times_size", "first_two", "mean"):
+for kind in ("rmse", "rolled", "mean_times_size", "first_two", "kept_mean", "over_y_mean",
+             "mean"):
     graph = tf.Graph()
     with graph.as_default():
         x = tf1.placeholder(tf.float32, [None, 5])
@@ -474,6 +506,10 @@ for kind in ("rmse", "rolled", "mean_times_size", "first_two", "mean"):
                 "mean_times_size": lambda: tf.reduce_mean(tf.square(err)) * tf.cast(
                     tf.shape(err)[0], tf.float32),
                 "first_two": lambda: tf.reduce_mean(tf.square(err[:2])),
+                "kept_mean": lambda: tf.reduce_mean(tf.gather_nd(err, tf.where(y > 0)),
+                                                    name="kept_mean"),
+                "over_y_mean": lambda: tf.divide(tf.reduce_sum(tf.square(err)),
+                                                 tf.reduce_mean(y), name="over_y_mean"),
                 "mean": lambda: tf.reduce_mean(tf.square(err))}[kind]()
         tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
     try:
@@ -502,4 +538,8 @@ def test_the_refusals_are_the_same_in_a_graph_built_under_v1_behaviour():
         "cannot tell how the loss reduces over the batch")
     assert found["v1"]["first_two"].startswith(
         "the loss mixes the examples of a batch at 'strided_slice' (a StridedSlice taking")
+    assert found["v1"]["kept_mean"].startswith(
+        "the loss mixes the examples of a batch at 'kept_mean' (a Mean of the values")
+    assert found["v1"]["over_y_mean"].startswith(
+        "the loss mixes the examples of a batch at 'over_y_mean' (a division by 'Mean'")
     assert found["v1"]["mean"] == "trained"
