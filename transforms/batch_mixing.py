@@ -11,7 +11,10 @@ each example (centring by the batch's mean, `l2_normalize(x, axis=0)`, class
 weights counted over the batch), the batch's hardest examples (a top-k over
 them), examples paired with others (a batch rolled along its examples),
 examples taken by their place in the batch (its first example, its first two
-rows), a loss that is no sum or mean of its examples' terms (the square root
+rows), pieces of the batch cut at a point computed from its size (its halves:
+one device cuts the global batch, each worker its share, and that trains
+alike only where every piece is treated alike and every share splits as
+the global batch does, which is not proven), a loss that is no sum or mean of its examples' terms (the square root
 of a mean: one device takes it of the global batch's mean, each worker of its
 share's; a sum divided by the batch's longest length). The gradients are
 then those of N devices each training on its share, not one device's: such
@@ -37,6 +40,7 @@ from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms.example_rows import (OPAQUE, REDUCTIONS, SELECTIONS_BY_VALUE,
                                               SHAPE_OPS, SHARED, ExampleRows, per_example)
 from autopar.transforms.features.base import GraphFeature
+from autopar.transforms.graph_index import GraphIndex
 from autopar.transforms.graph_utils import INPUT_OP_TYPES, VARIABLE_OP_TYPES
 
 # What a loss may do with reductions over the batch and stay a sum or mean of
@@ -74,7 +78,7 @@ class BatchMixing(GraphFeature):
 
     def find(self, facts):
         return {"batch_mixing": find_batch_mixing(facts.graph, facts.shared["rows"],
-                                                  facts.every_loss, facts.index.position)}
+                                                  facts.every_loss, facts.index)}
 
     def check(self, analysis, plan, config):
         if analysis.batch_mixing and plan.num_workers > 1 and config.batch_mixing == "refuse":
@@ -86,12 +90,13 @@ class BatchMixing(GraphFeature):
 
 
 def find_batch_mixing(graph: tf.Graph, rows: ExampleRows, losses: list[str | None],
-                      order: dict[str, int] | None = None) -> dict[str, str]:
+                      index: GraphIndex | None = None) -> dict[str, str]:
     """{op: what it does} for the ops at which the losses' values come to
     depend on several examples of the batch (module docstring), in graph
     order: walking back from each loss through the tensors whose forms say
-    so, to the op where each such form began. `order`: op name -> its
-    position in the graph, when the caller has it."""
+    so, to the op where each such form began; and the cuts of the share
+    (rows.cuts) the losses are computed from. `index`: the graph's
+    GraphIndex, when the caller has it."""
     found: dict[str, str] = {}
     seen: set[str] = set()
     stack = [graph.get_tensor_by_name(loss) for loss in dict.fromkeys(x for x in losses if x)]
@@ -115,9 +120,25 @@ def find_batch_mixing(graph: tf.Graph, rows: ExampleRows, losses: list[str | Non
             found[form[1]] = _what(_op_named(graph, form[1]), form[0], rows)
         # (a reduction's value mixed back in is named where the mixing began)
         stack.extend(x for x in t.op.inputs if rows.form(x)[0] != "reduced")
-    if order is None:
-        order = {op.name: i for i, op in enumerate(graph.get_operations())}
+    if rows.cuts:
+        index = index or GraphIndex(graph)
+        computed_from = index.reachable(
+            [index.position[name.rpartition(":")[0]] for name in dict.fromkeys(losses) if name],
+            edges=index.preds)
+        for step_op, (op, op_type) in rows.cuts.items():
+            if index.position[step_op] in computed_from:
+                found.setdefault(op, _cut(op_type))
+    order = index.position if index is not None else {
+        op.name: i for i, op in enumerate(graph.get_operations())}
     return dict(sorted(found.items(), key=lambda item: order.get(item[0], 0)))
+
+
+def _cut(op_type: str) -> str:
+    a = f"{'an' if op_type[0] in 'AEIOU' else 'a'} {op_type}"
+    return (f"{a} cutting each worker's share at a point computed from its size (its halves): "
+            "one device cuts the global batch, each worker its share, and autopar does not "
+            "prove that every piece is treated alike and every share splits as the global "
+            "batch does; Config(micro_batches=M) accumulates micro-batches exactly")
 
 
 def _not_a_sum_of_examples(op: tf.Operation, rows: ExampleRows) -> str | None:

@@ -50,7 +50,11 @@ A tensor's form is one of (tuples, compared by value):
 - ("picked", op): depends on examples chosen by their place in the batch, at
   `op` (x[0], x[:2], a gather of fixed rows): one device picks them from the
   global batch, each worker from its share. Selections whose bounds are
-  computed from the batch's size (its halves) keep a rowset of their own.
+  computed from the batch's size (its halves) keep a rowset of their own,
+  and are recorded as cuts of the share (`cuts`: each piece holds other
+  examples than one device's same piece; transforms.batch_mixing refuses
+  the cuts a loss is computed from). An ELEMS's first axis is read as
+  running over its examples: kept[:2] of the values a mask kept is a pick.
 - ("kept", op): a mean or a count of examples' values that the batch's own
   values select (tf.where of a mask, tf.dynamic_partition), at `op`: each
   worker divides by its share's count of them, one device by the global
@@ -206,6 +210,12 @@ class ExampleRows:
         self.exempt = set(exempt)
         self.forms: dict[str, tuple] = {}
         self.assumed: dict[str, str] = {}   # op -> the assumption its rule made
+        # {op of the step's graph: (name, type) of the first cut of the
+        # worker's share at a computed point (its halves) it makes, or its
+        # function body (a loop's) makes}: transforms.batch_mixing refuses
+        # the cuts a loss is computed from
+        self.cuts: dict[str, tuple[str, str]] = {}
+        self._step_op = ""   # the op of the step's graph whose rule runs
         input_ops = ([op for op in graph.get_operations() if op.type in INPUT_OP_TYPES]
                      if index is None else index.of_types(INPUT_OP_TYPES))
         self.static_batch = _static_batch(input_ops)
@@ -242,6 +252,8 @@ class ExampleRows:
                 if inputs is not None and op_type == "Placeholder":
                     forms[op.outputs[0].name] = inputs.get(name, SHARED)
                     continue
+                if inputs is None:
+                    self._step_op = name
                 if op_type in INPUT_OP_TYPES and inputs is None:
                     for t in op.outputs:
                         forms[t.name] = self._input_form(t)
@@ -357,7 +369,7 @@ class ExampleRows:
         if t in FILLS:
             return [self._fill(op, ins, FILLS[t])]
         if t in GATHERS or t == "GatherNd" or t == "ResourceGatherNd":
-            return [self._gather(op, ins)]
+            return [self._gather(op, ins, forms)]
         if t in SOFTMAX_XENT:
             return [self._same_rows(op, ins, ins)] * n_out
         if t in UNIQUE:
@@ -647,6 +659,7 @@ class ExampleRows:
 
     def _follow_first(self, op, ins, forms) -> list:
         src, t, n_out = ins[0], op.type, len(op.outputs)
+        x_rank = op.inputs[0].shape.rank
         if src[0] in ("reduced", "distinct", "size", "shape", "dim"):
             if src[0] == "shape" and t in ("StridedSlice", "Slice"):
                 return [self._shape_slice(op, src)]
@@ -662,12 +675,17 @@ class ExampleRows:
             if not per_example(src):
                 return [src if src[0] in ("reduced", "distinct") else DIM] * n_out
             axis = _static_int(axis_input)
-            if is_rows(src) and axis is not None:
+            if src[0] in ("rows", "elems") and axis is not None:
                 rank = op.outputs[0].shape.rank or 1
-                if axis % rank != src[1]:
+                if is_rows(src) and axis % rank != src[1]:
                     return [src] * n_out
-                if t == "SplitV" and _static_vector(op.inputs[1]) is not None:
-                    return [("picked", op.name)] * n_out   # pieces of fixed sizes
+                # pieces of fixed sizes along the example axis (an ELEMS's
+                # first: the values a mask kept)
+                if (is_rows(src) or axis % rank == 0) and t == "SplitV" \
+                        and _static_vector(op.inputs[1]) is not None:
+                    return [("picked", op.name)] * n_out
+                if is_rows(src):
+                    self._cut(op)   # tf.split(x, 2): pieces of the share's size
             return [ELEMS] * n_out
         if not per_example(src):
             return [DIM if src[0] != "list" else ("unknown", op.name)] * n_out
@@ -675,6 +693,14 @@ class ExampleRows:
             if t in ("Cumsum", "Cumprod", "CumulativeLogsumexp", "TopKV2", "TopK",
                      "ReverseSequence"):
                 return [self._mixed(op, ins)] * n_out
+            # values laid out otherwise (those a mask kept, nonzeros) run
+            # over their examples along their first axis: a selection of it
+            # by place takes the worker's first ones, one device's the
+            # global batch's (kept[:2], kept[0])
+            if t in ("StridedSlice", "Slice") and not self._first_axis_whole(op, forms):
+                return [("picked", op.name)]
+            if t == "Unpack" and op.get_attr("axis") % (x_rank or 1) == 0:
+                return [("picked", op.name)] * n_out
             return [ELEMS] * n_out
         axis = src[1]
         x = op.inputs[0]
@@ -705,7 +731,10 @@ class ExampleRows:
         if t == "Reshape":
             return [self._reshape(op, src)]
         if t in ("StridedSlice", "Slice"):
-            return [self._slice(op, src, forms)]
+            taken = self._slice(op, src, forms)
+            if is_rows(taken) and taken[2] != src[2]:
+                self._cut(op)
+            return [taken]
         if t == "Unpack":
             along = op.get_attr("axis") % (x.shape.rank or 1)
             if along == axis:   # each example by its place
@@ -840,6 +869,23 @@ class ExampleRows:
         if self._by_place(op.inputs[1:3], axis, forms):
             return ("picked", op.name)
         return ("rows", axis, _selection_key(op, src, axis), 1, src[4])
+
+    def _cut(self, op) -> None:
+        """A selection along the example axis at a point computed from the
+        share's size (x[:tf.shape(x)[0] // 2], tf.split(x, 2)): its examples
+        are a part of the worker's share where one device's are the same
+        part of the global batch."""
+        self.cuts.setdefault(self._step_op, (op.name, op.type))
+
+    def _first_axis_whole(self, op, forms: dict) -> bool:
+        """Whether a slice takes its input's first axis whole, read as the
+        example axis of rows of their own (its bounds 0, the end, stride 1;
+        x[..., k])."""
+        if op.type == "StridedSlice" and op.get_attr("ellipsis_mask") & 1:
+            return True
+        first = rows(0, ELEMS[0])
+        taken = self._slice(op, first, forms)
+        return is_rows(taken) and taken[2] == first[2]
 
     def _by_place(self, bounds, k: int, forms: dict) -> bool:
         """Whether a selection along the example axis, element k of each of
@@ -1021,7 +1067,7 @@ class ExampleRows:
             return ("rows", 0, BATCH, shape[1], shape[2]) if "d" not in shape[3] else DIM
         return DIM
 
-    def _gather(self, op, ins) -> tuple:
+    def _gather(self, op, ins, forms) -> tuple:
         params, indices = ins[0], ins[1]
         t = op.type
         if t in ("GatherV2",):
@@ -1059,15 +1105,35 @@ class ExampleRows:
             rank = op.inputs[0].shape.rank
             if is_rows(params) and rank is not None and axis % rank != params[1]:
                 return params
+            if params == ELEMS and self._gathers_examples(op, 0, axis):
+                return ("picked", op.name)   # tf.gather(kept, [0, 1]): as kept[:2]
             return ELEMS
         if is_rows(params) and is_rows(indices) and batch_dims >= 1 and params[1] == 0 \
                 and indices[1] == 0 and params[2:] == indices[2:]:
             return params    # gathered within each example
+        if t in ("GatherV2", "Gather") and batch_dims == 0 and axis == 0 and \
+                is_rows(params) and params[1] == 0 and \
+                self._kept_places(op.inputs[1], params, forms):
+            return ELEMS   # tf.boolean_mask: the rows a mask of the same rows keeps
         if per_example(params) and per_example(indices):
             return ELEMS if t in ("GatherNd", "ResourceGatherNd") else self._mixed(op, ins)
         if params[0] in ("reduced", "distinct") and indices == SHARED:
             return params
         return self._mixed(op, ins)
+
+    @staticmethod
+    def _kept_places(indices: tf.Tensor, params: tuple, forms: dict) -> bool:
+        """Whether gather indices are the places in the worker's rows
+        `params` that a mask of those same rows keeps (tf.where of a 1-D
+        mask, squeezed or reshaped, as tf.boolean_mask builds them): each
+        gathered row is then a kept example's own."""
+        op = indices.op
+        while op.type in ("Squeeze", "Reshape", "Cast", "Identity", "StridedSlice"):
+            op = op.inputs[0].op
+        if op.type != "Where":
+            return False
+        mask = op.inputs[0]
+        return mask.shape.rank == 1 and forms.get(mask.name) == params
 
     @staticmethod
     def _gathers_examples(op, example_axis: int, axis: int) -> bool:

@@ -40,7 +40,10 @@ CASES = [
     # micro-batches' tapes in one step, their gradients added with + (the
     # embedding's rows made dense); the sum travels, the ops after it run on
     # the servers (Keras's sparse rows on servers: "shared" above; the
-    # emb_mlp model in every run option: the full matrix)
+    # emb_mlp model in every run option: the full matrix). The step cuts
+    # each share in halves itself, which autopar refuses unless asked for per
+    # worker (the program's Config): one device's here, every piece treated
+    # alike and the shares even and equal
     ("micro", "sgd", "float32", "ps"),
     # gradient accumulation: two micro-batches' gradients, each divided by
     # 2, added into zeros; every variable on the servers
@@ -172,6 +175,10 @@ def test_custom_training_step_matches_one_device(model, optimizer, dtype, run_op
             assert (f"worker {i}: DropCompute computed {micro * STEPS} of {micro * STEPS} "
                     "micro-batches") in log
     assert "update recognised from writes of it and of its slots" in log
+    if model in ("micro", "accum"):   # its halves, trained per worker as asked: noted
+        assert re.search(r"the loss mixes the examples of a batch at '[^']*strided_slice[^']*'"
+                         r".*; with Config\(batch_mixing=\"per_worker\"\) each of the 3 "
+                         "workers", log), log[-3000:]
     if model in ("emb_mlp", "micro", "accum") and optimizer == "sgd":   # all 5 in ps
         # (hybrid: emb_mlp's sparse embedding on the servers, micro's
         # gradients all dense, all-reduced)

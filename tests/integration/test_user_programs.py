@@ -11,6 +11,8 @@ a variable_scope over a user-partitioned embedding (slots named
 embedding autopar partitions and over a reference-variable embedding it is
 asked to partition (kept whole).
 
+masked_sums: losses summed over what tf.boolean_mask keeps of the batch.
+
 loss_scaled: tf.compat.v1's MixedPrecisionLossScaleOptimizer in control
 flow v2, whose functional conds every process lowers into its graph; some
 steps skipped for gradients that overflow float32, a summed loss.
@@ -152,6 +154,26 @@ def test_a_gan_with_batch_norm_over_every_worker_matches_single_device(behavior,
     assert "batch norm discriminator_1/bn2 (moments): statistics over all 3 workers" in log
     for i in range(3):
         assert_same_parameters(expected, load_worker(out, i), what=f"gan worker {i}")
+
+
+@pytest.mark.parametrize("behavior", BEHAVIORS)
+def test_sums_of_what_a_mask_keeps_match_single_device(behavior, tmp_path, single_device):
+    """tests/programs/masked_sums.py: a tagger's loss summed over the
+    positions tf.boolean_mask keeps, and a penalty on the embedding rows of
+    the ids a mask keeps, in hybrid (the embedding on the servers, its rows
+    those of each worker's kept ids); the last step's 7 sequences split
+    3/2/2 (before: refused, "a GatherV2 combining the values of several
+    examples")."""
+    expected = single_device("masked_sums", "float64", uneven=True, behavior=behavior)
+    out = tmp_path / "dist"
+    spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
+    log = run_script([sys.executable, str(SCRIPT), "--program", "masked_sums", "--dtype",
+                      "float64", *_steps(True), "--batch", str(BATCH), "--out", str(out),
+                      "--spec", str(spec), "--run-option", "hybrid", *_behavior(behavior)])
+    # the embedding's kept rows travel to and from the servers
+    assert "ps (sparse): sent" in log and "emb: a = " in log, log[-3000:]
+    for i in range(3):
+        assert_same_parameters(expected, load_worker(out, i), what=f"masked_sums worker {i}")
 
 
 @pytest.mark.parametrize("run_option,behavior", DATASET_CASES,

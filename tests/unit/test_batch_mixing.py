@@ -103,11 +103,33 @@ def _dual_encoder(kind: str) -> tf.Graph:
                         tf.size(kept, name="count"), tf.float64),
                     "kept_partition_mean": lambda: tf.reduce_mean(tf.dynamic_partition(
                         per, tf.cast(mask, tf.int32), 2, name="kept")[1], name="mean"),
-                    "kept_sum": lambda: tf.reduce_sum(kept)}[kind]()
+                    "kept_sum": lambda: tf.reduce_sum(kept),
+                    "kept_masked_sum": lambda: tf.reduce_sum(tf.boolean_mask(
+                        tf.reduce_sum(per, 1), tf.reduce_sum(x, 1) > 0)),
+                    "kept_first_two": lambda: tf.reduce_sum(kept[:2]),
+                    "kept_first": lambda: tf.reduce_sum(kept) + kept[0],
+                    "kept_rows": lambda: tf.reduce_sum(tf.gather(kept, [0, 1])),
+                    "kept_piece": lambda: tf.reduce_sum(tf.split(kept, [1, -1])[0]),
+                    "kept_masked_first_two": lambda: tf.reduce_sum(tf.boolean_mask(
+                        per, tf.reduce_sum(x, 1) > 0)[:2]),
+                    "kept_places_column": lambda: tf.reduce_sum(
+                        tf.gather(per, tf.where(x[:, 0] > 0)[:, 0]))}[kind]()
         elif kind == "halves":             # each half of the share, by the share's size
             half = tf.shape(k)[0] // 2
             loss = (tf.reduce_mean(tf.square(q[:half] - k[:half]))
                     + tf.reduce_mean(tf.square(q[half:] - k[half:]))) / 2
+        elif kind.startswith("cut_"):      # pieces of each share, cut by its size
+            half = tf.shape(k)[0] // 2
+            with tf.name_scope("cut"):
+                loss = {"cut_first_half": lambda: tf.reduce_mean(tf.square(q[:half] - k[:half])),
+                        # a supervised first half, a second half of its own term
+                        "cut_halves_apart": lambda: tf.reduce_mean(tf.square(q[:half] - k[:half]))
+                        + 0.1 * tf.reduce_mean(tf.abs(q[half:])),
+                        "cut_split": lambda: tf.reduce_mean(tf.square(tf.split(q - k, 2)[0])),
+                        # a cut only a value beside the loss reads
+                        "cut_beside": lambda: [tf.identity(tf.reduce_mean(q[:half]),
+                                                           name="reported"),
+                                               tf.reduce_mean(tf.square(q - k))][1]}[kind]()
         elif kind == "time_major":         # [time, batch, features]: axis 0 is time
             seq = tf1.placeholder(tf.float64, [None, None, F], name="seq")
             h = tf.reduce_mean(tf.tensordot(seq, tf1.get_variable("wt", [F, 4], tf.float64), 1),
@@ -144,13 +166,34 @@ def _dual_encoder(kind: str) -> tf.Graph:
     ("picked_appended", ["picked/strided_slice"]), ("picked_pieces", ["picked/split"]),
     ("picked_first_count", ["picked/strided_slice"]),
     ("picked_last_two", ["picked/strided_slice_1"]),   # (_0: tf.shape(k)[0])
-    # halves of each share, by its size: kept (a step's micro-batches)
-    ("halves", []),
+    # halves of each share, cut by its size (a step's micro-batches): one
+    # device's only where both are treated alike and every share splits as
+    # the global batch does, which is not proven (before: accepted)
+    ("halves", ["strided_slice_1", "strided_slice_2", "strided_slice_3",
+                "strided_slice_4"]),
     # a mean of the values a mask keeps, or their sum over their count:
     # each worker would divide by its own count (before: accepted, as a mean
     # over the batch); their sum is one device's
     ("kept_mean", ["mean"]), ("kept_over_count", ["count"]),
     ("kept_partition_mean", ["mean"]), ("kept_sum", []),
+    # tf.boolean_mask's sum, and a gather at the places tf.where of a mask
+    # keeps, each gathered row a kept example's own (before: refused, "a
+    # GatherV2 combining the values of several examples")
+    ("kept_masked_sum", []), ("kept_places_column", []),
+    # the first values a mask keeps, by their place: one device's are the
+    # global batch's first kept, each worker's its share's (before: a
+    # sum of them accepted)
+    # (strided_slice: the mask's x[:, :4])
+    ("kept_first_two", ["strided_slice_1"]), ("kept_first", ["strided_slice_1"]),
+    ("kept_rows", ["GatherV2"]), ("kept_piece", ["split"]),
+    ("kept_masked_first_two", ["strided_slice_1"]),
+    # the first half of each share alone, its halves treated apart, and
+    # tf.split's pieces (before: accepted: one device trains the global
+    # batch's first half, each worker its share's)
+    ("cut_first_half", ["cut/strided_slice", "cut/strided_slice_1"]),
+    ("cut_halves_apart", ["cut/strided_slice", "cut/strided_slice_1", "cut/strided_slice_2"]),
+    ("cut_split", ["cut/split"]),
+    ("cut_beside", []),
     # a fed tensor carries its examples along axis 0: a time-major one's mean
     # over axis 0 is taken for a mean over the examples (refused; feed
     # batch-major tensors, or ask for per-worker semantics)
@@ -199,8 +242,8 @@ def test_a_mean_of_the_values_a_mask_keeps_is_refused_naming_the_exact_form():
     workers' shares: the refusal says how to write the masked loss that
     trains exactly (transforms/loss_counts.py)."""
     [(op, what)] = analyze_graph(_dual_encoder("mean_of_kept")).batch_mixing.items()
-    assert op == "boolean_mask/GatherV2"
-    assert "of the values a mask of the batch keeps" in what
+    assert (op, what[:60]) == ("Mean", "a Mean of the values 'boolean_mask/Where' keeps by "
+                                       "the batch"), what
     assert "sum(loss * mask) / sum(mask) trains exactly" in what
     [(op, what)] = analyze_graph(_dual_encoder("kept_mean")).batch_mixing.items()
     assert what.startswith("a Mean of the values 'kept' keeps by the batch's values"), what
@@ -245,6 +288,21 @@ def test_a_mixing_loss_is_refused_on_several_workers_unless_per_worker_is_asked(
     compile_for_config(graph, 1, autopar.Config())   # one worker: one device's
     assert "mixes the examples" not in build_report(compiled.analysis,
                                                     make_plan(compiled.analysis, 1)).table()
+
+
+def test_a_step_cutting_its_share_in_halves_is_refused_unless_per_worker_is_asked():
+    """A supervised first half and a second half of its own term: one device
+    trains the global batch's halves, each worker its share's. The refusal
+    names the cut and autopar's exact micro-batches; per-worker semantics,
+    asked for, trains each share's halves as written."""
+    graph = _dual_encoder("cut_halves_apart")
+    with pytest.raises(UnsupportedGraphError) as refused:
+        compile_for_config(graph, 2, autopar.Config())
+    assert ("the loss mixes the examples of a batch at 'cut/strided_slice' (a StridedSlice "
+            "cutting each worker's share at a point computed from its size (its halves)"
+            in str(refused.value)), str(refused.value)
+    assert "Config(micro_batches=M) accumulates micro-batches exactly" in str(refused.value)
+    compile_for_config(graph, 2, autopar.Config(batch_mixing="per_worker"))
 
 
 @pytest.mark.parametrize("recurrent", ["GRU", "SimpleRNN", "LSTM"])
@@ -297,11 +355,12 @@ def test_a_mixing_inside_a_loop_body_is_named_as_the_bodys():
 
 
 @pytest.mark.parametrize("how", ["first_two", "halves"])
-def test_a_selection_by_place_inside_a_loop_body_is_found_and_halves_are_not(how):
+def test_a_selection_by_place_or_a_cut_inside_a_loop_body_is_found(how):
     """Inside a tf.while_loop's body the bounds of a selection are read from
     the body's own forms: its first two examples are taken by their place,
-    its halves by the share's size (before: read from the step's forms by
-    name)."""
+    its halves cut by the share's size (before: read from the step's forms
+    by name; and halves were accepted, each worker training the halves of
+    its share where one device trains the global batch's)."""
     dense = keras.layers.Dense(1)
     dense.build((None, F))
     optimizer = keras.optimizers.SGD(0.1)
@@ -320,12 +379,11 @@ def test_a_selection_by_place_inside_a_loop_body_is_found_and_halves_are_not(how
         return loss
     concrete = step.get_concrete_function(tf.TensorSpec([None, F], tf.float32))
     found = analyze_graph(lift(concrete).graph).batch_mixing
-    if how == "halves":
-        assert found == {}
-    else:
-        assert list(found.values()) == [
-            "an op of a function the step runs (a loop's body, a cond's branch) taking "
-            "examples by their place in the batch"], found
+    cut = "a StridedSlice cutting each worker's share at a point computed from its size"
+    picked = ("an op of a function the step runs (a loop's body, a cond's branch) taking "
+              "examples by their place in the batch")
+    kinds = [cut if what.startswith(cut) else what for what in found.values()]
+    assert kinds == ([cut] if how == "halves" else [picked, cut]), found
 
 
 def _loss_of_reductions(kind: str) -> tf.Graph:

@@ -61,7 +61,8 @@ def main(argv=None) -> None:
                                                    partitions={k: int(n) for k, n in (
                                                        kv.split("=")
                                                        for kv in args.partitions.split(",")
-                                                       if kv)}))
+                                                       if kv)},
+                                                   **program.config))
         n, index = runner.num_workers, runner.worker_index
         for k in range(args.steps):
             decay(k)
