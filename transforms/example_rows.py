@@ -137,6 +137,10 @@ GATHERS = frozenset({"GatherV2", "Gather", "ResourceGather"})
 # Lookups of each key (input 1) in a table (a StringLookup's vocabulary): the
 # keys' form, the table and the default value SHARED.
 LOOKUPS = frozenset({"LookupTableFind", "LookupTableFindV2"})
+# Connectionist temporal classification's loss, of time-major logits and a
+# SparseTensor of labels (tf.compat.v1.nn.ctc_loss, tf.nn.ctc_loss of
+# sparse labels, tf_keras's ctc_batch_cost).
+CTC_LOSSES = frozenset({"CTCLoss", "CTCLossV2"})
 UNIQUE = frozenset({"Unique", "UniqueV2", "UniqueWithCounts", "UniqueWithCountsV2"})
 FUNCTION_CALLS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
 CANDIDATE_SAMPLERS = frozenset({"UniformCandidateSampler", "LogUniformCandidateSampler",
@@ -327,7 +331,7 @@ class ExampleRows:
         if t in ("Minimum", "Maximum") and _clamped_to_a_constant(op):
             return [SHARED]
         if t in NARY:
-            return [self._elementwise(op, ins)] * n_out
+            return [self._elementwise(op, ins, forms)] * n_out
         if t in LOOKUPS and ins[0] == SHARED and ins[2] == SHARED:
             return [ins[1]] * n_out
         if t == "DenseBincount" and ins[1] == SHARED and ins[2] in (SHARED, ins[0]):
@@ -407,6 +411,8 @@ class ExampleRows:
             return [self._stitch(op, ins)]
         if t == "Where":
             return [ELEMS if per_example(ins[0]) else self._mixed(op, ins)]
+        if t in CTC_LOSSES:
+            return self._ctc_loss(op, ins)
         if t == "ComputeAccidentalHits" and per_example(ins[0]) and ins[1] == SHARED:
             # each hit is a true class's, one example's (its indices are the
             # example's row, SparseToDense puts it back there)
@@ -463,7 +469,7 @@ class ExampleRows:
     def _mixed(self, op, ins) -> tuple:
         return ("mixed", op.name)
 
-    def _elementwise(self, op, ins) -> tuple:
+    def _elementwise(self, op, ins, forms) -> tuple:
         kinds = {f[0] for f in ins}
         if kinds <= {"shared", "size", "dim", "shape"}:
             return self._arithmetic(op, ins)
@@ -476,11 +482,12 @@ class ExampleRows:
         out = op.outputs[0]
         per = [(f, x) for f, x in zip(ins, op.inputs) if per_example(f)]
         if any(f == ELEMS for f, _ in per):
-            if len({x.name for _, x in per}) > 1:
+            if len({_elementwise_source(x, forms) for _, x in per}) > 1:
                 # ELEMS says each element is one example's, not which: beside
                 # another tensor of the examples its elements may meet other
                 # examples' (a batch rotated by a concatenation, its first
-                # row broadcast to every row, rows reshaped in pairs)
+                # row broadcast to every row, rows reshaped in pairs), unless
+                # both are computed element by element from one tensor
                 return self._mixed(op, ins)
             return ELEMS if out.shape.rank == max(x.shape.rank or 0 for _, x in per) \
                 else self._mixed(op, ins)
@@ -869,6 +876,20 @@ class ExampleRows:
         if self._by_place(op.inputs[1:3], axis, forms):
             return ("picked", op.name)
         return ("rows", axis, _selection_key(op, src, axis), 1, src[4])
+
+    def _ctc_loss(self, op, ins) -> list:
+        """CTCLoss(inputs [time, batch, classes], labels' indices and values
+        (a SparseTensor of each example's labels: its row, the example's
+        place in the worker's batch), sequence lengths [batch]): each
+        example's loss, and its gradient [time, batch, classes], from that
+        example's own logits, labels and length."""
+        logits, indices, values, lengths = ins
+        if is_rows(logits) and logits[1] == 1 and \
+                (lengths == SHARED or (is_rows(lengths) and lengths[1] == 0 and
+                                       aligned(lengths, rows(0, *logits[2:])))) and \
+                all(f[0] in ("rows", "elems") for f in (indices, values)):
+            return [rows(0, *logits[2:]), logits]
+        return [self._mixed(op, ins)] * len(op.outputs)
 
     def _cut(self, op) -> None:
         """A selection along the example axis at a point computed from the
@@ -1516,6 +1537,22 @@ def _element(t: tf.Tensor, i: int, forms: dict):
                 return int(vector[i]) if vector is not None else _element(piece, i, forms)
             i -= length
     return None
+
+
+def _elementwise_source(t: tf.Tensor, forms: dict, depth: int = 0) -> str:
+    """The tensor `t` is computed from element by element, with values the
+    same on every worker (its name): through elementwise ops of its rank
+    whose other inputs are SHARED, or whose inputs all have one such source
+    (tf.where(v < c, v, v - 1) of the values v a SparseTensor holds); else
+    `t` itself."""
+    op = t.op
+    if depth > 32 or (op.type not in UNARY and op.type not in NARY) or t.shape.rank is None:
+        return t.name
+    inner = [x for x in op.inputs if forms.get(x.name, SHARED) != SHARED]
+    if not inner or any(x.shape.rank != t.shape.rank for x in inner):
+        return t.name
+    sources = {_elementwise_source(x, forms, depth + 1) for x in inner}
+    return sources.pop() if len(sources) == 1 else t.name
 
 
 def _offset_of_a_size(vector: tf.Tensor, k: int, forms: dict) -> bool:

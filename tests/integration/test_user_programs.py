@@ -13,6 +13,8 @@ asked to partition (kept whole).
 
 masked_sums: losses summed over what tf.boolean_mask keeps of the batch.
 
+ctc_sequences: TensorFlow 1's and 2's CTC losses of sparse labels.
+
 loss_scaled: tf.compat.v1's MixedPrecisionLossScaleOptimizer in control
 flow v2, whose functional conds every process lowers into its graph; some
 steps skipped for gradients that overflow float32, a summed loss.
@@ -174,6 +176,24 @@ def test_sums_of_what_a_mask_keeps_match_single_device(behavior, tmp_path, singl
     assert "ps (sparse): sent" in log and "emb: a = " in log, log[-3000:]
     for i in range(3):
         assert_same_parameters(expected, load_worker(out, i), what=f"masked_sums worker {i}")
+
+
+@pytest.mark.parametrize("behavior", BEHAVIORS)
+def test_a_ctc_loss_matches_single_device(behavior, tmp_path, single_device):
+    """tests/programs/ctc_sequences.py: TensorFlow 1's and 2's CTC losses of
+    sparse labels, each sequence's own count of frames, in ps; the last
+    step's 7 sequences split 3/2/2 (before: refused, "a CTCLoss op, for
+    which autopar has no rule", and TensorFlow 2's shift of the labels'
+    values taken for a mixing of examples)."""
+    expected = single_device("ctc_sequences", "float32", uneven=True, behavior=behavior)
+    out = tmp_path / "dist"
+    spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
+    log = run_script([sys.executable, str(SCRIPT), "--program", "ctc_sequences", "--dtype",
+                      "float32", *_steps(True), "--batch", str(BATCH), "--out", str(out),
+                      "--spec", str(spec), "--run-option", "ps", *_behavior(behavior)])
+    assert "each worker weighs its gradients by N * b / B" in log, log[-3000:]
+    for i in range(3):
+        assert_same_parameters(expected, load_worker(out, i), what=f"ctc_sequences worker {i}")
 
 
 @pytest.mark.parametrize("run_option,behavior", DATASET_CASES,

@@ -112,6 +112,11 @@ def _dual_encoder(kind: str) -> tf.Graph:
                     "kept_piece": lambda: tf.reduce_sum(tf.split(kept, [1, -1])[0]),
                     "kept_masked_first_two": lambda: tf.reduce_sum(tf.boolean_mask(
                         per, tf.reduce_sum(x, 1) > 0)[:2]),
+                    # values computed element by element from the kept
+                    # ones, combined element by element again
+                    "kept_shifted": lambda: tf.reduce_sum(tf.where(kept > 1, kept, kept - 1)),
+                    "kept_against_other": lambda: tf.reduce_sum(tf.multiply(kept, tf.gather_nd(
+                        per, tf.where(x[:, 1:5] > 1)), name="against")),
                     "kept_places_column": lambda: tf.reduce_sum(
                         tf.gather(per, tf.where(x[:, 0] > 0)[:, 0]))}[kind]()
         elif kind == "halves":             # each half of the share, by the share's size
@@ -179,7 +184,9 @@ def _dual_encoder(kind: str) -> tf.Graph:
     # tf.boolean_mask's sum, and a gather at the places tf.where of a mask
     # keeps, each gathered row a kept example's own (before: refused, "a
     # GatherV2 combining the values of several examples")
-    ("kept_masked_sum", []), ("kept_places_column", []),
+    ("kept_masked_sum", []), ("kept_places_column", []), ("kept_shifted", []),
+    # the values another mask keeps: element i of each is another example's
+    ("kept_against_other", ["against"]),
     # the first values a mask keeps, by their place: one device's are the
     # global batch's first kept, each worker's its share's (before: a
     # sum of them accepted)
@@ -288,6 +295,38 @@ def test_a_mixing_loss_is_refused_on_several_workers_unless_per_worker_is_asked(
     compile_for_config(graph, 1, autopar.Config())   # one worker: one device's
     assert "mixes the examples" not in build_report(compiled.analysis,
                                                     make_plan(compiled.analysis, 1)).table()
+
+
+def _ctc(kind: str) -> tf.Graph:
+    """A CTC loss of frames [batch, 6, F] and labels of each example, in the
+    way `kind` names."""
+    graph = tf.Graph()
+    with graph.as_default():
+        frames = tf1.placeholder(tf.float32, [None, 6, F], name="frames")
+        labels = tf1.placeholder(tf.int32, [None, 3], name="labels")
+        logits = tf.tensordot(frames, tf1.get_variable("w", [F, 4]), 1)
+        lengths = tf.fill([tf.shape(frames)[0]], 6)
+        sparse = tf.sparse.from_dense(labels)
+        if kind == "fixed_labels":   # the same labels at the batch's first rows
+            sparse = tf.SparseTensor([[0, 0], [1, 0]], [1, 2], [2, 3])
+        if kind == "v2":
+            per = tf.nn.ctc_loss(sparse, logits, None, lengths, logits_time_major=False,
+                                 blank_index=0)
+        else:
+            per = tf1.nn.ctc_loss(sparse, tf.transpose(logits, [1, 0, 2]), lengths)
+        tf1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_mean(per))
+    return graph
+
+
+@pytest.mark.parametrize("kind,found", [
+    # (before: "a CTCLoss op, for which autopar has no rule"; and TensorFlow
+    # 2's tf.where over the labels' values, a shift of each value by the
+    # blank's place, taken for a mixing of examples)
+    ("v1", []), ("v2", []),
+    # labels of no example's, at the batch's first two rows
+    ("fixed_labels", ["CTCLoss"])])
+def test_a_ctc_loss_keeps_each_example_to_itself(kind, found):
+    assert list(analyze_graph(_ctc(kind)).batch_mixing) == found
 
 
 def test_a_step_cutting_its_share_in_halves_is_refused_unless_per_worker_is_asked():
