@@ -55,6 +55,10 @@ A tensor's form is one of (tuples, compared by value):
   examples than one device's same piece; transforms.batch_mixing refuses
   the cuts a loss is computed from). An ELEMS's first axis is read as
   running over its examples: kept[:2] of the values a mask kept is a pick.
+  So is an example's place in the worker's rows (tf.range of the batch's
+  size: a rows form marked PLACE) read as a value (a weight, a comparison),
+  where indices of the example's own rows are not (PLACES_KEPT,
+  PLACE_INDICES).
 - ("kept", op): a mean or a count of examples' values that the batch's own
   values select (tf.where of a mask, tf.dynamic_partition), at `op`: each
   worker divides by its share's count of them, one device by the global
@@ -137,6 +141,30 @@ GATHERS = frozenset({"GatherV2", "Gather", "ResourceGather"})
 # Lookups of each key (input 1) in a table (a StringLookup's vocabulary): the
 # keys' form, the table and the default value SHARED.
 LOOKUPS = frozenset({"LookupTableFind", "LookupTableFindV2"})
+# An example's place in the worker's rows (tf.range of the batch's size):
+# the mark a rows form carries (its last element) where its values are
+# places. A place locates the example's own values (gather and scatter
+# indices, a SparseTensor's rows) through the ops of PLACES_KEPT; read as a
+# value by any other op (a weight, a comparison: the first half of the
+# batch) it picks examples by their place, one device's in the global
+# batch, each worker's in its share.
+PLACE = "\x00place"   # (no op name holds a NUL: a forms tuple's last element)
+PLACES_KEPT = frozenset({"Cast", "Identity", "Snapshot", "StopGradient", "EnsureShape",
+                         "ExpandDims", "Squeeze", "Reshape", "Pack", "StridedSlice", "Slice"})
+# (op type) -> the inputs that may be places: indices of the rows of another
+# input, segment ids, a SparseTensor's indices.
+PLACE_INDICES = {
+    **dict.fromkeys(("GatherNd", "ResourceGatherNd", "GatherV2", "Gather", "ResourceGather",
+                     "TensorScatterUpdate", "TensorScatterAdd", "TensorScatterSub",
+                     "TensorScatterMax", "TensorScatterMin", "UnsortedSegmentSum",
+                     "UnsortedSegmentMean", "UnsortedSegmentMax", "UnsortedSegmentMin",
+                     "UnsortedSegmentProd", "CTCLoss", "CTCLossV2"), {1}),
+    **dict.fromkeys(("ScatterNd", "SparseToDense", "SparseTensorDenseMatMul",
+                     "SparseReduceSum", "SparseReduceMax", "SparseSoftmax"), {0}),
+    **dict.fromkeys(("SparseSegmentSum", "SparseSegmentMean", "SparseSegmentSqrtN",
+                     "SparseSegmentSumWithNumSegments", "SparseSegmentMeanWithNumSegments",
+                     "SparseSegmentSqrtNWithNumSegments"), {1, 2}),
+}
 # Connectionist temporal classification's loss, of time-major logits and a
 # SparseTensor of labels (tf.compat.v1.nn.ctc_loss, tf.nn.ctc_loss of
 # sparse labels, tf_keras's ctc_batch_cost).
@@ -274,7 +302,12 @@ class ExampleRows:
                     if op_type.startswith("FusedBatchNorm"):
                         outs[0] = ins[0]
                 else:
+                    marked = [i for i, f in enumerate(ins) if f[-1] == PLACE]
+                    if marked:
+                        ins = [f[:-1] if f[-1] == PLACE else f for f in ins]
                     outs = self._rule(op, ins, forms)
+                    if marked:
+                        outs = _after_places(op, marked, outs)
                 for t, f in zip(op.outputs, outs):
                     if f != SHARED:
                         forms[t.name] = f
@@ -390,9 +423,7 @@ class ExampleRows:
                     and _static_int(op.inputs[0]) == 0 and _static_int(op.inputs[2]) == 1:
                 # tf.range(batch size): each example's place in the worker's
                 # share (not one device's index: what it picks is per example)
-                self.assumed.setdefault(op.name, "tf.range of the batch's size, each "
-                                                 "example's place in the worker's rows")
-                return [rows()]
+                return [rows() + (PLACE,)]
             if all(f[0] in ("shared", "size", "dim") for f in ins):
                 return [DIM]
             return [self._mixed(op, ins)]
@@ -1537,6 +1568,19 @@ def _element(t: tf.Tensor, i: int, forms: dict):
                 return int(vector[i]) if vector is not None else _element(piece, i, forms)
             i -= length
     return None
+
+
+def _after_places(op: tf.Operation, marked: list[int], outs: list) -> list:
+    """The forms of `op`, whose inputs `marked` are examples' places (PLACE),
+    from those its rule gave the inputs unmarked: places kept (the mark on
+    rows outputs), used as indices (unmarked), or read as values (picked)."""
+    if op.type in SHAPE_OPS or (op.type in PLACE_INDICES and
+                                set(marked) <= PLACE_INDICES[op.type]) \
+            or any(f[0] in OPAQUE for f in outs):   # (the first cause named)
+        return outs
+    if op.type in PLACES_KEPT and all(is_rows(f) for f in outs):
+        return [f + (PLACE,) for f in outs]
+    return [("picked", op.name)] * len(outs)
 
 
 def _elementwise_source(t: tf.Tensor, forms: dict, depth: int = 0) -> str:

@@ -297,6 +297,48 @@ def test_a_mixing_loss_is_refused_on_several_workers_unless_per_worker_is_asked(
                                                     make_plan(compiled.analysis, 1)).table()
 
 
+def _by_places(kind: str) -> tf.Graph:
+    """A classifier's loss reading each example's place in the batch,
+    tf.range of its size, in the way `kind` names."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float64, [None, F], name="x")
+        y = tf1.placeholder(tf.int32, [None], name="y")
+        logits = tf.matmul(x, tf1.get_variable("w", [F, 3], tf.float64))
+        per = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)
+        size = tf.shape(x)[0]
+        place = tf.range(size)
+        loss = {
+            # the examples' places as indices of their own rows: each
+            # example's own label's log-probability
+            "own_label": lambda: -tf.reduce_mean(tf.gather_nd(
+                tf.nn.log_softmax(logits), tf.stack([place, y], 1))),
+            # read as values: weights by parity, the first half, one-hot
+            "parity": lambda: tf.reduce_mean(
+                per * tf.cast(tf.equal(tf.math.floormod(place, 2, name="parity"), 0),
+                              tf.float64)),
+            "first_half": lambda: tf.reduce_sum(tf.boolean_mask(
+                per, tf.less(place, size // 2, name="first_half"))),
+            "first_four": lambda: tf.reduce_mean(per * tf.reduce_sum(tf.one_hot(
+                place, 4, dtype=tf.float64, name="first_four"), 1)),
+        }[kind]()
+        tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    return graph
+
+
+@pytest.mark.parametrize("kind,found", [
+    ("own_label", []),
+    # (before: accepted, each worker weighing its share's examples by their
+    # places there, one device the global batch's)
+    ("parity", ["parity"]), ("first_half", ["first_half"]), ("first_four", ["first_four"])])
+def test_the_examples_places_are_indices_of_their_own_rows_or_picks(kind, found):
+    mixing = analyze_graph(_by_places(kind)).batch_mixing
+    assert list(mixing) == found
+    assert all(what.endswith("taking examples by their place in the batch (x[0], x[:2], "
+                             "fixed rows): one device takes them from the global batch, each "
+                             "worker from its share") for what in mixing.values()), mixing
+
+
 def _ctc(kind: str) -> tf.Graph:
     """A CTC loss of frames [batch, 6, F] and labels of each example, in the
     way `kind` names."""
