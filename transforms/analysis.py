@@ -171,6 +171,9 @@ class Analysis:
     # of a length the graph leaves unknown}: a training step checks that
     # every worker padded them alike (transforms.padded_lengths).
     padded_inputs: dict[str, list[int]] = field(default_factory=dict)
+    # {boolean of the whole batch (tf.reduce_all / tf.reduce_any) a cond
+    # decides by: the cond}: checked alike on every worker likewise.
+    checked_predicates: dict[str, str] = field(default_factory=dict)
     # Local variables the input batch's ops add to (tf.compat.v1.metrics'
     # totals): each worker's own batches' (transforms.worker_counters).
     worker_counters: list[str] = field(default_factory=list)

@@ -259,6 +259,12 @@ def _what(op: tf.Operation | None, kind: str, rows: ExampleRows) -> str:
     if op.type in ("GatherV2", "Gather", "GatherNd") and _by_a_mask(op.inputs[1]):
         return (f"{a} of the values a mask of the batch keeps (tf.boolean_mask, tf.where): "
                 + _MASK_COUNTS)
+    if op.type in ("Switch", "RefSwitch", "If", "StatelessIf"):
+        decided_by = op.inputs[1 if op.type.endswith("Switch") else 0].op.name
+        return (f"{a} deciding by a value of the whole batch ('{decided_by}'): one device "
+                "decides once for the global batch, each worker for its share (a decision by "
+                "whether every example, or any, passes a test is checked alike on every "
+                "worker instead: tf.reduce_all, tf.reduce_any)")
     if op.type in ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum"):
         return f"{a} of examples with other examples (in-batch negatives, a Gram matrix)"
     return f"{a} combining the values of several examples"

@@ -71,6 +71,8 @@ followed into their functions.
 """
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 import tensorflow as tf
 
@@ -247,6 +249,10 @@ class ExampleRows:
         # function body (a loop's) makes}: transforms.batch_mixing refuses
         # the cuts a loss is computed from
         self.cuts: dict[str, tuple[str, str]] = {}
+        # {boolean of the whole batch (tf.reduce_all, tf.reduce_any) a cond
+        # of the step's graph decides by: that cond}: transforms.padded_lengths
+        # checks in each training step that every worker holds it alike
+        self.alike: dict[str, str] = {}
         self._step_op = ""   # the op of the step's graph whose rule runs
         input_ops = ([op for op in graph.get_operations() if op.type in INPUT_OP_TYPES]
                      if index is None else index.of_types(INPUT_OP_TYPES))
@@ -277,8 +283,11 @@ class ExampleRows:
             known = (names, [op.type for op in ops], [in_gradient_scope(n) for n in names])
         names, types, in_gradient = known
         loops = any(t in ("NextIteration", "RefNextIteration") for t in types)
+        rows_of = list(zip(ops, names, types, in_gradient))
+        if any(t in ("Switch", "RefSwitch") for t in types):
+            rows_of = _data_order(rows_of)
         for _ in range(2 if loops else 1):   # V1 loops: their back edges, once more
-            for op, name, op_type, gradient in zip(ops, names, types, in_gradient):
+            for op, name, op_type, gradient in rows_of:
                 if gradient:
                     continue
                 if inputs is not None and op_type == "Placeholder":
@@ -356,7 +365,10 @@ class ExampleRows:
         if t in UNARY or t in V1_FLOW:
             if t in ("Merge", "RefMerge"):
                 return [_join([f for f in ins])] + [SHARED] * (n_out - 1)
-            if t in ("Switch", "RefSwitch"):
+            if t in ("Switch", "RefSwitch"):   # a V1 cond's, or loop's, predicate
+                if ins[1][0] not in ("shared", "dim", "size", "shape") and \
+                        not self._decided_alike(op, op.inputs[1], ins[1], forms):
+                    return [self._mixed(op, ins)] * n_out
                 return [ins[0]] * n_out
             if t == "IdentityN":
                 return ins
@@ -474,7 +486,7 @@ class ExampleRows:
         if t in WHILES:
             return self._while(op, ins)
         if t in IFS:
-            return self._if(op, ins)
+            return self._if(op, ins, forms)
         if t in FUNCTION_CALLS:
             return self._call(op, ins, op.get_attr("f").name)
         if t.startswith("TensorList"):
@@ -1278,15 +1290,37 @@ class ExampleRows:
         outs = self._body_forms(name, ins, [t.shape for t in op.inputs])
         return outs if outs is not None else [("unknown", op.name)] * len(op.outputs)
 
-    def _if(self, op, ins) -> list:
+    def _if(self, op, ins, forms) -> list:
         branches = [op.get_attr("then_branch").name, op.get_attr("else_branch").name]
         shapes = [t.shape for t in op.inputs[1:]]
         results = [self._body_forms(b, ins[1:], shapes) for b in branches]
         if any(r is None for r in results):
             return [("unknown", op.name)] * len(op.outputs)
-        if ins[0] not in (SHARED,) and ins[0][0] != "dim":
+        if ins[0] not in (SHARED,) and ins[0][0] != "dim" and \
+                not self._decided_alike(op, op.inputs[0], ins[0], forms):
             return [self._mixed(op, ins)] * len(op.outputs)
         return [_join(list(pair)) for pair in zip(*results)]
+
+    def _decided_alike(self, cond: tf.Operation, pred: tf.Tensor, form: tuple,
+                       forms: dict) -> bool:
+        """Whether a cond of the step's graph decides by whether every
+        example, or any, of the batch passes a test (Keras's Hinge: whether
+        all labels are 0 or 1): one device's decision for the global batch
+        is each worker's for its share wherever the workers decide alike,
+        which a training step then checks (transforms.padded_lengths). Any
+        other statistic of the batch (its mean over a threshold) may hold on
+        every share and not on the global batch, or the reverse."""
+        if form[0] != "reduced" or forms is not self.forms:
+            return False
+        t = pred
+        while t.op.type in ("Identity", "Snapshot", "LogicalNot"):
+            t = t.op.inputs[0]
+        if t.op.type not in ("All", "Any"):
+            return False
+        # (a V1 cond's Switch ops are named in its scope)
+        self.alike.setdefault(t.name, cond.name.rpartition("/")[0] or cond.name
+                              if cond.type in ("Switch", "RefSwitch") else cond.name)
+        return True
 
     def _while(self, op, ins) -> list:
         body = op.get_attr("body").name
@@ -1568,6 +1602,36 @@ def _element(t: tf.Tensor, i: int, forms: dict):
                 return int(vector[i]) if vector is not None else _element(piece, i, forms)
             i -= length
     return None
+
+
+def _data_order(rows_of: list) -> list:
+    """(op, name, type, in gradient scope) tuples in an order where every op
+    comes after the producers of its inputs, else in graph order: a V1
+    cond makes a branch's op before the Switch that feeds it its input
+    (tf.compat.v1's control flow, under disable_v2_behavior()). A V1 loop's
+    back edges (NextIteration's) are left to the pass's second round."""
+    position = {row[1]: i for i, row in enumerate(rows_of)}
+    waiting = [0] * len(rows_of)
+    readers: list[list[int]] = [[] for _ in rows_of]
+    for i, (op, _, _, _) in enumerate(rows_of):
+        for x in op.inputs:
+            j = position.get(x.op.name)
+            if j is not None and x.op.type not in ("NextIteration", "RefNextIteration"):
+                waiting[i] += 1
+                readers[j].append(i)
+    ready = [i for i, n in enumerate(waiting) if n == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(rows_of[i])
+        for j in readers[i]:
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                heapq.heappush(ready, j)
+    if len(order) < len(rows_of):   # (a cycle the back edges do not explain)
+        return rows_of
+    return order
 
 
 def _after_places(op: tf.Operation, marked: list[int], outs: list) -> list:

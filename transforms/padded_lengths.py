@@ -21,6 +21,13 @@ length (a fixed padded length, or autopar.fit, which splits each global
 batch after it is padded) passes. The check runs in training steps alone
 (under the in-step flag the runner feeds): an evaluation on the chief alone
 waits for no other worker.
+
+A cond deciding by whether every example of the batch, or any, passes a
+test (tf.reduce_all, tf.reduce_any: Keras's Hinge loss converts labels of 0
+and 1 to -1 and 1 when all of the batch's are 0 or 1) is checked the same
+way (transforms.example_rows' `alike`): one device decides for the global
+batch, each worker for its share, and the two agree exactly when every
+worker decides alike. The step fails naming the cond if they do not.
 """
 from __future__ import annotations
 
@@ -34,24 +41,29 @@ from autopar.transforms.keys import PADDED_LENGTHS
 class PaddedLengths(GraphFeature):
     """A training step refuses inputs the workers padded to different lengths."""
     name = "padded_lengths"
-    fields = ("padded_inputs",)
+    fields = ("padded_inputs", "checked_predicates")
     keys = (PADDED_LENGTHS,)
+    after = ("example_rows",)
 
     def find(self, facts):
         return {"padded_inputs": find_padded_inputs(
             facts.index, facts.index.of_types(INPUT_OP_TYPES),
-            [loss.split(":")[0] for _, loss in facts.trained_seeds if loss])}
+            [loss.split(":")[0] for _, loss in facts.trained_seeds if loss]),
+            "checked_predicates": dict(facts.shared["rows"].alike)}
 
     def rewrite(self, ctx):
-        if not ctx.analysis.padded_inputs or ctx.plan.num_workers == 1:
+        if not (ctx.analysis.padded_inputs or ctx.analysis.checked_predicates) \
+                or ctx.plan.num_workers == 1:
             return None
         flag = in_step_flag(ctx.graph)
         rewire, built = rewrite_length_checks(ctx.graph, ctx.analysis.padded_inputs,
-                                              ctx.backend, ctx.plan.num_workers, flag)
+                                              ctx.backend, ctx.plan.num_workers, flag,
+                                              ctx.analysis.checked_predicates)
         return Rewiring(rewire, built | {flag.op.name}, outputs={"in_step": flag.name})
 
     def report_fields(self, analysis, plan):
-        return {"padded_inputs": sorted(analysis.padded_inputs)}
+        return {"padded_inputs": sorted(analysis.padded_inputs),
+                "checked_predicates": sorted(analysis.checked_predicates.values())}
 
 
 def find_padded_inputs(index, input_ops, losses: list[str]) -> dict[str, list[int]]:
@@ -76,27 +88,34 @@ def find_padded_inputs(index, input_ops, losses: list[str]) -> dict[str, list[in
 
 
 def rewrite_length_checks(graph: tf.Graph, padded: dict[str, list[int]], backend,
-                          num_workers: int, flag: tf.Tensor) -> tuple[dict[str, str], set[str]]:
-    """In `graph` (the worker's scratch copy): each padded input read
-    through a check that its lengths are every worker's, run in training
-    steps (when `flag`, the in-step flag, is fed True). Returns (input ->
+                          num_workers: int, flag: tf.Tensor,
+                          predicates: dict[str, str] | None = None
+                          ) -> tuple[dict[str, str], set[str]]:
+    """In `graph` (the worker's scratch copy): each padded input, and each
+    boolean of the whole batch a cond decides by (`predicates`: it -> the
+    cond), read through a check that it is every worker's, run in training
+    steps (when `flag`, the in-step flag, is fed True). Returns (tensor ->
     its checked read, which every op but the check's reads instead; the ops
     built)."""
     before = {op.name for op in graph.get_operations()}
     rewire = {}
+    checks = [(name, lambda x, axes=axes: tf.gather(tf.shape(x, out_type=tf.int64), axes),
+               f"autopar: the workers padded the step's input '{name}' to different lengths "
+               f"(axes {axes}), where one device pads the global batch to one: pad every "
+               "worker's batch to one fixed length (padded_batch's padded_shapes), or train "
+               "with autopar.fit") for name, axes in sorted(padded.items())]
+    checks += [(name, lambda x: x,
+                f"autopar: the workers' shares of this step's batch decide '{cond}' apart "
+                f"('{name}' holds on some workers, not on others), where one device decides "
+                "it once for the global batch") for name, cond in sorted((predicates or {}).items())]
     with graph.as_default(), tf.name_scope("autopar/padded_lengths/"):
-        for k, (name, axes) in enumerate(sorted(padded.items())):
+        for k, (name, value_of, message) in enumerate(checks):
             x = graph.get_tensor_by_name(name)
-            mine = tf.gather(tf.shape(x, out_type=tf.int64), axes)
+            mine = tf.cast(value_of(x), tf.float64)
 
-            def check(mine=mine, k=k, name=name, axes=axes):
-                total = backend.allreduce_sum(tf.cast(mine, tf.float64), PADDED_LENGTHS.key(k))
-                return tf.debugging.assert_equal(
-                    total, tf.cast(mine * num_workers, tf.float64), message=(
-                        f"autopar: the workers padded the step's input '{name}' to different "
-                        f"lengths (axes {axes}), where one device pads the global batch to one: "
-                        "pad every worker's batch to one fixed length (padded_batch's "
-                        "padded_shapes), or train with autopar.fit"))
+            def check(mine=mine, k=k, message=message):
+                total = backend.allreduce_sum(mine, PADDED_LENGTHS.key(k))
+                return tf.debugging.assert_equal(total, mine * num_workers, message=message)
             checked = in_step_cond(flag, lambda check=check, x=x: _after(check(), x),
                                    lambda x=x: tf.identity(x))
             rewire[node_input_name(name)] = node_input_name(checked.name)

@@ -71,6 +71,8 @@ class Report:
     batch_draws: list[str] = field(default_factory=list)   # transforms.random_draws: their ops
     # transforms.padded_lengths: inputs of lengths the graph leaves unknown
     padded_inputs: list[str] = field(default_factory=list)
+    # and the conds deciding by a boolean of the whole batch it checks alike
+    checked_predicates: list[str] = field(default_factory=list)
     # transforms.worker_counters: local variables each worker adds its own batches to
     worker_counters: list[str] = field(default_factory=list)
     # Weight-update sharding: optimizer-slot bytes each worker holds (with
@@ -226,6 +228,12 @@ class Report:
                          "training step checks that every worker padded its batch to the same "
                          "length, one device's (one small all-reduce per input), and fails "
                          "naming the input if not")
+        if self.checked_predicates and self.num_workers > 1:
+            lines.append(f"conds deciding by whether every example, or any, of the batch "
+                         f"passes a test ({_quoted(self.checked_predicates)}): each training "
+                         "step checks that every worker's share decides alike, as one device "
+                         "decides for the global batch (one small all-reduce per cond), and "
+                         "fails naming the cond if not")
         if self.worker_counters and self.num_workers > 1:
             lines.append(f"running totals in local variables ({_quoted(self.worker_counters)}; "
                          "tf.compat.v1.metrics' totals): each worker adds its own batches' "

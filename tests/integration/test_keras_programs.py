@@ -316,7 +316,8 @@ def test_image_augmentation_inside_the_model_fit_as_keras_fits_it(tmp_path):
 COMPILED = [str(REPO / "tests" / "integration" / "scripts" / "keras_fit_compiled.py")]
 
 
-def test_fit_computes_the_compiled_loss_as_keras_fit_does(tmp_path):
+@pytest.mark.parametrize("loss", ["mse", "hinge"])
+def test_fit_computes_the_compiled_loss_as_keras_fit_does(tmp_path, loss):
     """A string loss ("mse": a per-example function), loss_weights, a
     regularizer, dropout and sample weights, trained from a tf.data.Dataset
     of batches that reshuffles each epoch (with a seed): autopar.fit's step
@@ -332,10 +333,20 @@ def test_fit_computes_the_compiled_loss_as_keras_fit_does(tmp_path):
     epoch it stops Keras's fit (4 of 5) and restores the best epoch's
     weights, a LearningRateScheduler halves the rate from the second epoch
     on: callbacks see the trained weights, and what they write is what
-    every worker trains with."""
-    expected, got, log = _keras_then_autopar(COMPILED, tmp_path, (3, 1))
+    every worker trains with. "hinge": Keras's Hinge loss, which converts
+    labels of 0 and 1 to -1 and 1 in a cond on whether all of the batch's
+    are 0 or 1; each training step checks every worker's share decides
+    alike (before: refused, "a StatelessIf combining the values of several
+    examples")."""
+    expected, got, log = _keras_then_autopar(
+        COMPILED + (["--hinge"] if loss == "hinge" else []), tmp_path, (3, 1))
     # with the learning rate LearningRateScheduler adds to the logs
-    assert sorted(got) == ["learning_rate", "loss", "val_loss"] and len(expected["loss"]) == 4
+    assert sorted(got) == ["learning_rate", "loss", "val_loss"]
+    if loss == "mse":
+        assert len(expected["loss"]) == 4
+    else:
+        assert "conds deciding by whether every example, or any, of the batch passes a test " \
+            "('compile_loss/hinge/cond')" in log, log[-3000:]
     # the last batch of each epoch (10 examples) trains in unequal shares
     assert "not trained on" not in log
     assert "each worker weighs its gradients by N * b / B" in log

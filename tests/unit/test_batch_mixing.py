@@ -660,6 +660,53 @@ print(json.dumps(out))
 '''
 
 
+# A cond deciding by a value of the whole batch, in a graph built with V1
+# control flow (Switch and Merge, whose branch ops precede their Switch in
+# the graph) and with V2's (If).
+_CONDS = r'''
+import json, sys
+import tensorflow as tf
+tf1 = tf.compat.v1
+if sys.argv[1] == "v1":
+    tf1.disable_v2_behavior()
+from autopar.transforms.analysis import analyze_graph
+out = {}
+for kind in ("mean", "all"):
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 5])
+        y = tf1.placeholder(tf.float32, [None, 1])
+        err = tf.matmul(x, tf1.get_variable("w", [5, 1])) - y
+        decides = tf.reduce_mean(y) > 0.5 if kind == "mean" else tf.reduce_all(y >= 0)
+        per = tf.cond(decides, lambda: tf.square(err), lambda: tf.abs(err))
+        tf1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_mean(per))
+    analysis = analyze_graph(graph)
+    out[kind] = [analysis.batch_mixing, analysis.checked_predicates]
+print(json.dumps(out))
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("behaviour", ["v1", "v2"])
+def test_a_cond_on_the_whole_batch_is_refused_or_checked_alike(behaviour):
+    """The mean of the labels over a threshold may hold on every share and
+    not on the global batch: refused, naming the cond (before, under V1
+    behaviour: accepted, the branches' ops read before their Switch and
+    taken for values of no example). Whether every label passes a test is
+    the global batch's exactly when every share's is: checked alike in each
+    training step."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run([sys.executable, "-c", _CONDS, behaviour], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    mixing, checked = found["mean"]
+    assert mixing and checked == {}, found
+    assert all(what.startswith(f"a {'Switch' if behaviour == 'v1' else 'StatelessIf'} deciding "
+                               "by a value of the whole batch") for what in mixing.values())
+    assert found["all"] == [{}, {"All:0": "cond"}], found
+
+
 @pytest.mark.slow
 def test_the_refusals_are_the_same_in_a_graph_built_under_v1_behaviour():
     env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3")

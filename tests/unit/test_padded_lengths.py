@@ -51,3 +51,33 @@ def test_the_check_runs_under_the_in_step_flag_on_several_workers_only():
     single = rewrite_for_worker(graph, analysis, make_plan(analysis, 1), 0)
     assert not any(n.name.startswith("autopar/padded_lengths/")
                    for n in single.meta_graph.graph_def.node)
+
+
+def test_a_cond_on_whether_every_label_passes_is_checked_alike():
+    """Keras's Hinge loss converts labels of 0 and 1 to -1 and 1 where all of
+    the batch's are: the cond's boolean is read through the check on
+    several workers, which names the cond."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 3], name="x")
+        y = tf1.placeholder(tf.float32, [None, 1], name="y")
+        binary = tf.reduce_all(tf.logical_or(tf.equal(y, 0.0), tf.equal(y, 1.0)), name="binary")
+        labels = tf.cond(binary, lambda: 2.0 * y - 1.0, lambda: y, name="converted")
+        out = tf.matmul(x, tf1.get_variable("w", [3, 1]))
+        tf1.train.GradientDescentOptimizer(0.1).minimize(
+            tf.reduce_mean(tf.nn.relu(1.0 - labels * out)))
+    analysis = analyze_graph(graph)
+    assert analysis.checked_predicates == {"binary:0": "converted"}
+    assert analysis.batch_mixing == {}
+    assert ("conds deciding by whether every example, or any, of the batch passes a test "
+            "('converted')" in build_report(analysis, make_plan(analysis, 2)).table())
+    rewritten = rewrite_for_worker(graph, analysis, make_plan(analysis, 2), 0)
+    nodes = rewritten.meta_graph.graph_def.node
+    assert not [n.name for n in nodes if "binary" in n.input
+                and not n.name.startswith("autopar/padded_lengths/")]
+    graph_def = rewritten.meta_graph.graph_def
+    consts = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
+    messages = [text.decode() for n in consts if n.op == "Const"
+                for text in n.attr["value"].tensor.string_val]
+    assert any("decide 'converted' apart ('binary:0' holds on some workers" in m
+               for m in messages), messages

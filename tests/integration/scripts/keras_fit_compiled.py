@@ -4,7 +4,8 @@ tf.data.Dataset of batches (shuffled with a seed, each epoch anew; sample
 weights in its elements; a last, smaller batch that does not split evenly
 over the workers) with sample weights (the
 validation data's too), an EarlyStopping callback that restores the best
-weights and a learning-rate schedule. --keras trains it with Keras's own model.fit on one device;
+weights and a learning-rate schedule; with --hinge, labels of 0 and 1 and
+Keras's Hinge loss. --keras trains it with Keras's own model.fit on one device;
 otherwise with autopar.fit (on every worker of --spec, or one device
 without). Saves the weights and prints the per-epoch losses."""
 import argparse
@@ -27,6 +28,9 @@ def main() -> None:
     p.add_argument("--spec")
     p.add_argument("--out", required=True, help=".npz; {worker} is replaced")
     p.add_argument("--examples", type=int, default=58, help="training examples, at most 64")
+    p.add_argument("--hinge", action="store_true",
+                   help="labels of 0 and 1 and Keras's Hinge loss, which makes them -1 and 1 "
+                        "where every label of the batch is 0 or 1 (a cond on the whole batch)")
     args = p.parse_args()
     keras.config.set_floatx("float64")
     keras.utils.set_random_seed(0)
@@ -40,8 +44,10 @@ def main() -> None:
     # its examples (transforms.random_draws)
     hidden = keras.layers.Dropout(0.25)(hidden)
     model = keras.Model(inp, keras.layers.Dense(1)(hidden))
-    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.5), loss="mse",
-                  loss_weights=3.0)
+    if args.hinge:
+        y = (y > 0).astype(np.float64)
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.5),
+                  loss=keras.losses.Hinge() if args.hinge else "mse", loss_weights=3.0)
     # Callbacks that read the trained weights and write the model's and the
     # optimizer's variables: the learning rate halved from the second epoch
     # on, and EarlyStopping ends Keras's fit after epoch 4 of 5, the first
