@@ -94,6 +94,17 @@ def _steps(uneven: bool) -> list[str]:
     return ["--steps", str(STEPS - 1), "--uneven-step"] if uneven else ["--steps", str(STEPS)]
 
 
+def _train_uneven(program: str, dtype: str, run_option: str, behavior: str, tmp_path):
+    """`program` run by 3 workers over 2 hosts, a server each, its last
+    step's global batch split 3/2/2: (the job's log, the workers' output)."""
+    out = tmp_path / "dist"
+    spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
+    log = run_script([sys.executable, str(SCRIPT), "--program", program, "--dtype", dtype,
+                      *_steps(True), "--batch", str(BATCH), "--out", str(out), "--spec",
+                      str(spec), "--run-option", run_option, *_behavior(behavior)])
+    return log, out
+
+
 @pytest.mark.parametrize("run_option,dtype,behavior", CASES, ids=[f"{c[0]}-{c[2]}" for c in CASES])
 def test_two_trainers_match_single_device(run_option, dtype, behavior, tmp_path, single_device):
     """The last step, both train ops together, has 7 examples split 3/2/2:
@@ -125,11 +136,7 @@ def test_two_trainers_match_single_device(run_option, dtype, behavior, tmp_path,
 def test_a_loss_scaled_program_matches_single_device(behavior, tmp_path, single_device):
     expected = single_device("loss_scaled", "float32", uneven=True, behavior=behavior)
     assert 0 < int(expected["global_step"]) < STEPS   # steps applied and skipped
-    out = tmp_path / "dist"
-    spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
-    log = run_script([sys.executable, str(SCRIPT), "--program", "loss_scaled", "--dtype",
-                      "float32", *_steps(True), "--batch", str(BATCH), "--out", str(out),
-                      "--spec", str(spec), "--run-option", "hybrid", *_behavior(behavior)])
+    log, out = _train_uneven("loss_scaled", "float32", "hybrid", behavior, tmp_path)
     # a loss summed over the batch: workers' sums add up whatever their sizes
     assert "examples where its first had" not in log
     # the embedding's sparse update would go to a server but for its condition
@@ -167,11 +174,7 @@ def test_sums_of_what_a_mask_keeps_match_single_device(behavior, tmp_path, singl
     3/2/2 (before: refused, "a GatherV2 combining the values of several
     examples")."""
     expected = single_device("masked_sums", "float64", uneven=True, behavior=behavior)
-    out = tmp_path / "dist"
-    spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
-    log = run_script([sys.executable, str(SCRIPT), "--program", "masked_sums", "--dtype",
-                      "float64", *_steps(True), "--batch", str(BATCH), "--out", str(out),
-                      "--spec", str(spec), "--run-option", "hybrid", *_behavior(behavior)])
+    log, out = _train_uneven("masked_sums", "float64", "hybrid", behavior, tmp_path)
     # the embedding's kept rows travel to and from the servers
     assert "ps (sparse): sent" in log and "emb: a = " in log, log[-3000:]
     for i in range(3):
@@ -186,11 +189,7 @@ def test_a_ctc_loss_matches_single_device(behavior, tmp_path, single_device):
     which autopar has no rule", and TensorFlow 2's shift of the labels'
     values taken for a mixing of examples)."""
     expected = single_device("ctc_sequences", "float32", uneven=True, behavior=behavior)
-    out = tmp_path / "dist"
-    spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
-    log = run_script([sys.executable, str(SCRIPT), "--program", "ctc_sequences", "--dtype",
-                      "float32", *_steps(True), "--batch", str(BATCH), "--out", str(out),
-                      "--spec", str(spec), "--run-option", "ps", *_behavior(behavior)])
+    log, out = _train_uneven("ctc_sequences", "float32", "ps", behavior, tmp_path)
     assert "each worker weighs its gradients by N * b / B" in log, log[-3000:]
     for i in range(3):
         assert_same_parameters(expected, load_worker(out, i), what=f"ctc_sequences worker {i}")

@@ -13,37 +13,28 @@ float32 summation differences at float32 tolerance.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import tensorflow as tf
+
+from tests.programs import FedProgram
 
 tf1 = tf.compat.v1
 
 FRAMES, FEATURES, CLASSES, LABELS = 7, 4, 5, 3
 
 
-@dataclass
-class Program:
-    graph: tf.Graph
-    train: tf.Operation
-    inputs: tuple
-    config: dict = field(default_factory=dict)
-
-    def step(self, k: int, rows, batch: int):
-        """(fetch, feed) of step k for the rows `rows` of its global batch:
-        frames, 1 to LABELS labels in [1, CLASSES - 2] padded with 0, and
-        each sequence's count of frames (at least twice its labels')."""
-        rng = np.random.default_rng(900 + k)
-        frames = rng.normal(size=(batch, FRAMES, FEATURES))
-        labels = rng.integers(1, CLASSES - 1, size=(batch, LABELS)).astype(np.int32)
-        labels[np.arange(LABELS) >= rng.integers(1, LABELS + 1, size=(batch, 1))] = 0
-        lengths = rng.integers(2 * LABELS, FRAMES + 1, size=batch).astype(np.int32)
-        values = (frames, labels, lengths)
-        return self.train, {t: v[rows] for t, v in zip(self.inputs, values)}
+def _batch(k: int, batch: int) -> tuple:
+    """Step k's `batch` sequences: frames, 1 to LABELS labels in
+    [1, CLASSES - 2] padded with 0, and each sequence's count of frames (at
+    least twice its labels')."""
+    rng = np.random.default_rng(900 + k)
+    frames = rng.normal(size=(batch, FRAMES, FEATURES)).astype(np.float32)
+    labels = rng.integers(1, CLASSES - 1, size=(batch, LABELS)).astype(np.int32)
+    labels[np.arange(LABELS) >= rng.integers(1, LABELS + 1, size=(batch, 1))] = 0
+    return frames, labels, rng.integers(2 * LABELS, FRAMES + 1, size=batch).astype(np.int32)
 
 
-def build(dtype: str = "float32") -> Program:
+def build(dtype: str = "float32") -> FedProgram:
     if dtype != "float32":
         raise ValueError("the CTC program is float32: TensorFlow's CTCLossV2 kernel is")
     graph = tf.Graph()
@@ -63,4 +54,4 @@ def build(dtype: str = "float32") -> Program:
                                      logits_time_major=False, blank_index=0)
         loss = tf.reduce_mean(blank_last) + tf.reduce_mean(blank_first)
         train = tf1.train.MomentumOptimizer(0.05, 0.9).minimize(loss, global_step=global_step)
-    return Program(graph, train, (frames, labels, lengths))
+    return FedProgram(graph, train, (frames, labels, lengths), _batch)

@@ -16,10 +16,10 @@ tolerance).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import tensorflow as tf
+
+from tests.programs import FedProgram
 
 tf1 = tf.compat.v1
 
@@ -27,23 +27,15 @@ VOCAB, DIM, CLASSES, FEATURES, IDS = 20, 4, 3, 5, 3
 INITIAL_SCALE, INCREMENT_PERIOD = 2.0 ** 125, 2
 
 
-@dataclass
-class Program:
-    graph: tf.Graph
-    train: tf.Operation
-    inputs: tuple
-    config: dict = field(default_factory=dict)
-
-    def step(self, k: int, rows: slice, batch: int):
-        """(fetch, feed) of step k for the rows `rows` of its global batch."""
-        rng = np.random.default_rng(300 + k)
-        values = (rng.integers(0, VOCAB, size=(batch, IDS)).astype(np.int64),
-                  3.0 * rng.normal(size=(batch, FEATURES)).astype(np.float32),
-                  rng.integers(0, CLASSES, size=batch).astype(np.int32))
-        return self.train, {t: v[rows] for t, v in zip(self.inputs, values)}
+def _batch(k: int, batch: int) -> tuple:
+    """Step k's ids, features and labels, `batch` examples."""
+    rng = np.random.default_rng(300 + k)
+    return (rng.integers(0, VOCAB, size=(batch, IDS)).astype(np.int64),
+            3.0 * rng.normal(size=(batch, FEATURES)).astype(np.float32),
+            rng.integers(0, CLASSES, size=batch).astype(np.int32))
 
 
-def build(dtype: str = "float32") -> Program:
+def build(dtype: str = "float32") -> FedProgram:
     if dtype != "float32":
         raise ValueError("the loss-scaled program is float32: its loss scale overflows float32")
     graph = tf.Graph()
@@ -63,4 +55,4 @@ def build(dtype: str = "float32") -> Program:
             tf1.train.MomentumOptimizer(0.05, 0.9),
             tf1.mixed_precision.DynamicLossScale(INITIAL_SCALE, increment_period=INCREMENT_PERIOD))
         train = optimizer.minimize(loss, global_step=global_step)
-    return Program(graph, train, (ids, x, y))
+    return FedProgram(graph, train, (ids, x, y), _batch)

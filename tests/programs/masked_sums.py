@@ -10,34 +10,26 @@ sqrt of its accumulator).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import tensorflow as tf
+
+from tests.programs import FedProgram
 
 tf1 = tf.compat.v1
 
 VOCAB, DIM, TAGS, LENGTH = 16, 4, 3, 5
 
 
-@dataclass
-class Program:
-    graph: tf.Graph
-    train: tf.Operation
-    inputs: tuple
-    config: dict = field(default_factory=dict)
-
-    def step(self, k: int, rows, batch: int):
-        """(fetch, feed) of step k for the rows `rows` of its global batch:
-        sequences of 1 to LENGTH ids padded with 0 at the end, a tag each."""
-        rng = np.random.default_rng(500 + k)
-        ids = rng.integers(1, VOCAB, size=(batch, LENGTH)).astype(np.int64)
-        ids[np.arange(LENGTH) >= rng.integers(1, LENGTH + 1, size=(batch, 1))] = 0
-        tags = rng.integers(0, TAGS, size=(batch, LENGTH)).astype(np.int32)
-        return self.train, {self.inputs[0]: ids[rows], self.inputs[1]: tags[rows]}
+def _batch(k: int, batch: int) -> tuple:
+    """Step k's `batch` sequences of 1 to LENGTH ids padded with 0 at the
+    end, and a tag each."""
+    rng = np.random.default_rng(500 + k)
+    ids = rng.integers(1, VOCAB, size=(batch, LENGTH)).astype(np.int64)
+    ids[np.arange(LENGTH) >= rng.integers(1, LENGTH + 1, size=(batch, 1))] = 0
+    return ids, rng.integers(0, TAGS, size=(batch, LENGTH)).astype(np.int32)
 
 
-def build(dtype: str = "float64") -> Program:
+def build(dtype: str = "float64") -> FedProgram:
     graph = tf.Graph()
     with graph.as_default():
         tf1.set_random_seed(6)
@@ -56,4 +48,4 @@ def build(dtype: str = "float64") -> Program:
         second_ids = tf.boolean_mask(ids[:, 1], not_padding[:, 1])
         loss += 0.05 * tf.reduce_sum(tf.square(tf.nn.embedding_lookup(emb, second_ids)))
         train = tf1.train.AdagradOptimizer(0.3).minimize(loss, global_step=global_step)
-    return Program(graph, train, (ids, tags))
+    return FedProgram(graph, train, (ids, tags), _batch)
