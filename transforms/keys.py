@@ -26,8 +26,9 @@ Instance keys:
                one all-reduce per batch input
   batch_draws  the sum of the workers' batch sizes for draws per example
                (transforms.random_draws): one all-reduce
-  padded_lengths  the sum of the workers' lengths of an input padded per batch
-               (transforms.padded_lengths): one all-reduce per such input
+  padded_lengths  the sum of the workers' lengths of an input padded per batch,
+               or of a boolean of the whole batch a cond decides by
+               (transforms.padded_lengths): one all-reduce per such input or cond
 Group keys (each later job of a script: all of them JOB_GROUP_STRIDE higher):
   GROUP_KEY          all workers
   LEADERS_GROUP_KEY  the first worker of every host (2-D summation)

@@ -39,7 +39,8 @@ from autopar.transforms.keys import PADDED_LENGTHS
 
 
 class PaddedLengths(GraphFeature):
-    """A training step refuses inputs the workers padded to different lengths."""
+    """A training step refuses inputs the workers padded to different lengths,
+    and conds their shares decide apart."""
     name = "padded_lengths"
     fields = ("padded_inputs", "checked_predicates")
     keys = (PADDED_LENGTHS,)
