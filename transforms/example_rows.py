@@ -525,7 +525,8 @@ class ExampleRows:
         out = op.outputs[0]
         per = [(f, x) for f, x in zip(ins, op.inputs) if per_example(f)]
         if any(f == ELEMS for f, _ in per):
-            if len({_elementwise_source(x, forms) for _, x in per}) > 1:
+            known: dict = {}
+            if len({_elementwise_source(x, forms, known=known) for _, x in per}) > 1:
                 # ELEMS says each element is one example's, not which: beside
                 # another tensor of the examples its elements may meet other
                 # examples' (a batch rotated by a concatenation, its first
@@ -1647,20 +1648,27 @@ def _after_places(op: tf.Operation, marked: list[int], outs: list) -> list:
     return [("picked", op.name)] * len(outs)
 
 
-def _elementwise_source(t: tf.Tensor, forms: dict, depth: int = 0) -> str:
+def _elementwise_source(t: tf.Tensor, forms: dict, depth: int = 0,
+                        known: dict | None = None) -> str:
     """The tensor `t` is computed from element by element, with values the
     same on every worker (its name): through elementwise ops of its rank
     whose other inputs are SHARED, or whose inputs all have one such source
     (tf.where(v < c, v, v - 1) of the values v a SparseTensor holds); else
-    `t` itself."""
+    `t` itself. `known`: the sources found so far (each tensor looked at
+    once, however many paths lead to it)."""
+    known = {} if known is None else known
+    if t.name in known:
+        return known[t.name]
     op = t.op
-    if depth > 32 or (op.type not in UNARY and op.type not in NARY) or t.shape.rank is None:
-        return t.name
-    inner = [x for x in op.inputs if forms.get(x.name, SHARED) != SHARED]
-    if not inner or any(x.shape.rank != t.shape.rank for x in inner):
-        return t.name
-    sources = {_elementwise_source(x, forms, depth + 1) for x in inner}
-    return sources.pop() if len(sources) == 1 else t.name
+    source = t.name
+    if depth <= 32 and (op.type in UNARY or op.type in NARY) and t.shape.rank is not None:
+        inner = [x for x in op.inputs if forms.get(x.name, SHARED) != SHARED]
+        if inner and all(x.shape.rank == t.shape.rank for x in inner):
+            sources = {_elementwise_source(x, forms, depth + 1, known) for x in inner}
+            if len(sources) == 1:
+                source = sources.pop()
+    known[t.name] = source
+    return source
 
 
 def _offset_of_a_size(vector: tf.Tensor, k: int, forms: dict) -> bool:
