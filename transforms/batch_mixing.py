@@ -133,9 +133,13 @@ def find_batch_mixing(graph: tf.Graph, rows: ExampleRows, losses: list[str | Non
     return dict(sorted(found.items(), key=lambda item: order.get(item[0], 0)))
 
 
+def _an(op_type: str) -> str:
+    """'a Mean', 'an Einsum': an op type as the refusals name it."""
+    return f"{'an' if op_type[0] in 'AEIOU' else 'a'} {op_type}"
+
+
 def _cut(op_type: str) -> str:
-    a = f"{'an' if op_type[0] in 'AEIOU' else 'a'} {op_type}"
-    return (f"{a} cutting each worker's share at a point computed from its size (its halves): "
+    return (f"{_an(op_type)} cutting each worker's share at a point computed from its size (its halves): "
             "one device cuts the global batch, each worker its share, and autopar does not "
             "prove that every piece is treated alike and every share splits as the global "
             "batch does; Config(micro_batches=M) accumulates micro-batches exactly")
@@ -150,7 +154,7 @@ def _not_a_sum_of_examples(op: tf.Operation, rows: ExampleRows) -> str | None:
     combination of the workers' gradients gives one device's)."""
     ins = [rows.form(x) for x in op.inputs]
     reduced = [i for i, f in enumerate(ins) if f[0] == "reduced"]
-    a = f"{'an' if op.type[0] in 'AEIOU' else 'a'} {op.type}"
+    a = _an(op.type)
     if not reduced:
         if op.type in _NONLINEAR_REDUCTIONS and any(per_example(f) for f in ins):
             return (f"{a} over the batch's examples: the loss is no sum or mean of each "
@@ -242,7 +246,7 @@ def _what(op: tf.Operation | None, kind: str, rows: ExampleRows) -> str:
                    "picked": "taking examples by their place in the batch",
                    "kept": "averaging or counting the values a mask of the batch keeps"}.get(
                        kind, "combining the values of several examples"))
-    a = f"{'an' if op.type[0] in 'AEIOU' else 'a'} {op.type}"
+    a = _an(op.type)
     if kind == "kept":
         return (f"{a} of the values '{rows.selected_by(op.inputs[0])}' keeps by the batch's "
                 f"values (tf.where of a mask, tf.dynamic_partition): {_MASK_COUNTS}")

@@ -434,7 +434,8 @@ class ExampleRows:
             if ins[1][0] == "size" and ins[1][1:] == (1, 1) and ins[0] == SHARED == ins[2] \
                     and _static_int(op.inputs[0]) == 0 and _static_int(op.inputs[2]) == 1:
                 # tf.range(batch size): each example's place in the worker's
-                # share (not one device's index: what it picks is per example)
+                # share, not in the global batch: marked PLACE (indices of
+                # the example's own rows, else a pick by place)
                 return [rows() + (PLACE,)]
             if all(f[0] in ("shared", "size", "dim") for f in ins):
                 return [DIM]
@@ -710,7 +711,6 @@ class ExampleRows:
 
     def _follow_first(self, op, ins, forms) -> list:
         src, t, n_out = ins[0], op.type, len(op.outputs)
-        x_rank = op.inputs[0].shape.rank
         if src[0] in ("reduced", "distinct", "size", "shape", "dim"):
             if src[0] == "shape" and t in ("StridedSlice", "Slice"):
                 return [self._shape_slice(op, src)]
@@ -750,7 +750,7 @@ class ExampleRows:
             # global batch's (kept[:2], kept[0])
             if t in ("StridedSlice", "Slice") and not self._first_axis_whole(op, forms):
                 return [("picked", op.name)]
-            if t == "Unpack" and op.get_attr("axis") % (x_rank or 1) == 0:
+            if t == "Unpack" and op.get_attr("axis") % (op.inputs[0].shape.rank or 1) == 0:
                 return [("picked", op.name)] * n_out
             return [ELEMS] * n_out
         axis = src[1]

@@ -566,6 +566,17 @@ def test_autopar_fits_step_of_a_compiled_root_mean_squared_error_is_refused():
     assert "at 'compile_loss/rmse/Sqrt' (a Sqrt of a reduction" in str(refused.value)
 
 
+def _fit_step_graph(loss, y: np.ndarray, activation=None) -> tf.Graph:
+    """The lifted step autopar.fit traces for a Dense layer over F features
+    compiled with `loss` (Adam), fit on 6 examples of labels `y`."""
+    from autopar.runtime import keras_fit
+    model = keras.Sequential([keras.Input((F,)),
+                              keras.layers.Dense(y.shape[1], activation=activation)])
+    model.compile(optimizer="adam", loss=loss)
+    x = np.zeros((len(y), F), np.float32)
+    return lift(keras_fit.prepare(model, x, y, batch_size=len(y)).step()).graph
+
+
 @pytest.mark.parametrize("how,refused", [
     ("first_two", "(a StridedSlice taking examples by their place in the batch"),
     ("kept_mean", "(a Mean of the values 'compile_loss/kept/Where' keeps"),
@@ -577,18 +588,13 @@ def test_autopar_fits_step_of_a_compiled_loss_picking_or_counting_by_the_batch(h
     the batch's first two examples apart, one averaging what a mask of the
     labels keeps, one dividing by the labels' mean: refused on several
     workers naming the op; a plain mean trains."""
-    from autopar.runtime import keras_fit
-
     def kept(y_true, y_pred):
         error = tf.square(y_true - y_pred)
         return {"first_two": lambda: tf.reduce_mean(error) + tf.reduce_mean(error[:2]),
                 "kept_mean": lambda: tf.reduce_mean(tf.gather_nd(error, tf.where(y_true > 0))),
                 "over_labels_mean": lambda: tf.reduce_sum(error) / tf.reduce_mean(y_true),
                 "mean": lambda: tf.reduce_mean(error)}[how]()
-    model = keras.Sequential([keras.Input((F,)), keras.layers.Dense(1)])
-    model.compile(optimizer="adam", loss=kept)
-    x, y = np.zeros((6, F), np.float32), np.ones((6, 1), np.float32)
-    graph = lift(keras_fit.prepare(model, x, y, batch_size=6).step()).graph
+    graph = _fit_step_graph(kept, np.ones((6, 1), np.float32))
     if refused is None:
         compile_for_config(graph, 2, autopar.Config())
         return
@@ -608,11 +614,7 @@ def test_autopar_fits_step_of_a_compiled_loss_picking_or_counting_by_the_batch(h
     (lambda: keras.losses.Dice(axis=(1,)), None)])
 def test_keras_losses_over_the_whole_batch_are_refused_and_per_example_ones_trained(
         loss, refused_at):
-    from autopar.runtime import keras_fit
-    model = keras.Sequential([keras.Input((F,)), keras.layers.Dense(3, activation="sigmoid")])
-    model.compile(optimizer="adam", loss=loss())
-    x, y = np.zeros((6, F), np.float32), np.zeros((6, 3), np.float32)
-    graph = lift(keras_fit.prepare(model, x, y, batch_size=6).step()).graph
+    graph = _fit_step_graph(loss(), np.zeros((6, 3), np.float32), activation="sigmoid")
     if refused_at is None:
         compile_for_config(graph, 3, autopar.Config())
         return
