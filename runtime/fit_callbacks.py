@@ -23,6 +23,8 @@ on_train_begin, for every worker.
 """
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 # The per-batch hooks, and the Callback methods whose override asks for each
@@ -33,6 +35,23 @@ PER_BATCH = {
     "test_begin": ("on_test_batch_begin",),
     "test_end": ("on_test_batch_end",),
 }
+
+
+def executions(batches, per_call: int):
+    """The batches of a pass as Keras's fit runs them: its train (test)
+    function takes `per_call` of them a call (the model's
+    steps_per_execution), and the per-batch hooks run once a call,
+    on_*_batch_begin(begin) before it and on_*_batch_end(begin + per_call
+    - 1) after it, the pass's last call too, though it may run fewer
+    (keras/src/trainers/epoch_iterator.py). Yields (begin, end, batches),
+    then (begin, end, []) past the last batch: where Keras's fit, reading
+    data of unknown length, calls once more and finds none."""
+    batches = iter(batches)
+    for begin in itertools.count(0, per_call):
+        taken = list(itertools.islice(batches, per_call))
+        yield begin, begin + per_call - 1, taken
+        if not taken:
+            return
 
 
 class FitCallbacks:

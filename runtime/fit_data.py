@@ -151,11 +151,13 @@ class DatasetBatches:
     input's rank, batch included, when known. `steps` (steps_per_epoch,
     validation_steps): batches per pass, of a dataset that repeats
     forever; `persistent`: each pass goes on where the last ended (fit's
-    training, where evaluation starts afresh)."""
+    training, where evaluation starts afresh); `per_call`: the batches a
+    call of Keras's train (test) function reads (compile()'s
+    steps_per_execution), so that a pass of `steps` reads whole calls."""
 
     def __init__(self, dataset, what: str, weigh=None, input_rank: int | None = None,
                  steps: int | None = None, persistent: bool = False,
-                 x_only: bool = False) -> None:
+                 x_only: bool = False, per_call: int = 1) -> None:
         import tensorflow as tf
         refuse_nondeterministic(dataset, what)
         spec = dataset.element_spec
@@ -185,6 +187,7 @@ class DatasetBatches:
         self.dataset, self.what, self.weigh = dataset, what, weigh
         self.element = spec
         self.steps, self.persistent, self._iterator = steps, persistent, None
+        self.per_call = per_call
         infinite = dataset.cardinality() == -1          # tf.data.INFINITE_CARDINALITY
         if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool)
                                   or steps < 1):
@@ -247,7 +250,10 @@ class DatasetBatches:
             # epoch iterator with steps_per_epoch / validation steps)
             if self._iterator is None or not self.persistent:
                 self._iterator = self.dataset.as_numpy_iterator()
-            elements = (next(self._iterator) for _ in range(self.steps))
+            # (a call of several steps runs them all: a pass of 10 steps,
+            # 4 a call, reads 12 batches, where the callbacks count 10)
+            read = -(-self.steps // self.per_call) * self.per_call
+            elements = (next(self._iterator) for _ in range(read))
         for element in elements:
             if self.x_only:
                 element = (element, ())

@@ -64,7 +64,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autopar.runtime.fit_callbacks import FitCallbacks, chief_array
+from autopar.runtime.fit_callbacks import FitCallbacks, chief_array, executions
 from autopar.runtime.fit_data import (ArrayBatches, DatasetBatches, PyDatasetBatches, digest, flat,
                                       rows, size)
 from autopar.runtime.whole_batch_metrics import find_whole_batch_metrics, kept_state, whole_rows
@@ -119,6 +119,7 @@ class FitJob:
     validation_freq: object
     validation_batch_size: int | None
     initial_epoch: int
+    steps_per_execution: int      # compile()'s: batches a call of Keras's train function runs
 
     def step(self):
         """The ConcreteFunction of one training step on one batch."""
@@ -164,6 +165,14 @@ def prepare(model, x, y=None, *, epochs: int = 1,
                            "validation_split, validation_freq, validation_batch_size, "
                            "initial_epoch, steps_per_epoch, validation_steps)")
     _should_validate(0, validation_freq)   # refused here, before any training, if malformed
+    # compile()'s steps_per_execution: how Keras's fit calls the callbacks'
+    # per-batch hooks and reads the data (runtime/fit_callbacks.executions)
+    per_call = getattr(model, "steps_per_execution", 1)
+    if per_call is None:
+        raise AutoparError("autopar.fit: compile()'s steps_per_execution is a positive int, "
+                           "got None")
+    _refuse_unless_positive_int("compile()'s steps_per_execution", per_call)
+    per_call = int(per_call)
     _refuse_unless_positive_int("validation_batch_size", validation_batch_size)
     floatx = keras.config.floatx()
     inputs = getattr(model, "inputs", None)
@@ -180,7 +189,7 @@ def prepare(model, x, y=None, *, epochs: int = 1,
         train = DatasetBatches(x, "the dataset x", None if class_weight is None else
                                lambda yb: _sample_weights(yb, None, class_weight, floatx),
                                input_rank, steps_per_epoch, persistent=True,
-                               x_only=own_step)
+                               x_only=own_step, per_call=per_call)
     elif isinstance(x, keras.utils.PyDataset):
         for name, value in (("y", y), ("batch_size", batch_size), ("sample_weight", sample_weight),
                             ("validation_split", validation_split or None),
@@ -203,7 +212,7 @@ def prepare(model, x, y=None, *, epochs: int = 1,
     if isinstance(validation_data, tf.data.Dataset):
         validation_data = DatasetBatches(validation_data, "validation_data",
                                          input_rank=input_rank, steps=validation_steps,
-                                         x_only=own_test_step)
+                                         x_only=own_test_step, per_call=per_call)
     elif isinstance(validation_data, keras.utils.PyDataset):
         validation_data = PyDatasetBatches(validation_data, "validation_data",
                                            x_only=own_test_step)
@@ -220,7 +229,7 @@ def prepare(model, x, y=None, *, epochs: int = 1,
     train_step = (_traced_own_step if own_step else _compiled_step)(model, train)
     return FitJob(model, train, validation_data, train_step, own_step, own_test_step, epochs,
                   batch_size, list(callbacks), verbose, validation_freq, validation_batch_size,
-                  initial_epoch)
+                  initial_epoch, per_call)
 
 
 def train_on(job: FitJob, runner) -> History:
@@ -284,54 +293,59 @@ def train_on(job: FitJob, runner) -> History:
                 # worker's copies start the epoch from Keras's reset too
                 runner.assign_python_values(metrics.variables())
             callbacks.run(lambda c: c.on_epoch_begin(epoch))
-            step_logs, last_rows = {}, 0
-            for step, (xb, yb, wb) in enumerate(train.epoch(epoch)):
-                if step == 0 and isinstance(train, PyDatasetBatches):
-                    _refuse_unless_read_alike(runner, (xb, yb, wb), epoch)
-                # (a callback stops training after the batch, as in Keras's fit)
+            step_logs, last_rows, stopping = {}, 0, False
+            for begin, end, batches in executions(train.epoch(epoch), job.steps_per_execution):
+                if not batches and not train.read_past_end():
+                    break
+                # (a callback stops training after the call, as in Keras's fit)
                 stopping = callbacks.wants("train_begin") and callbacks.run(
-                    lambda c: c.on_train_batch_begin(step))
-                if size(xb) % parts and not (any_shares and size(xb) >= n):
-                    # (every worker reads this batch, so every worker stops here)
-                    raise AutoparError(
-                        f"autopar.fit: epoch {epoch + 1}, batch {step + 1} has {size(xb)} "
-                        f"examples, which do not split over {shares}"
-                        + (": each needs a row of every batch" if any_shares else "")
-                        + " (one device trains on it); batch the data so that no batch has "
-                        f"fewer than {n if any_shares else parts} examples"
-                        + ("" if any_shares else f" or a count that does not divide by {parts}")
-                        + " (drop_remainder=True drops a last, smaller one)")
-                mine = slice(me, None, n)
-                x_mine, y_mine = rows(xb, mine), rows(yb, mine)
-                weighted = () if wb is None else (wb[mine],)
-                last_rows = size(x_mine)
-                if own_step:
-                    step_logs = runner.call(*flat(x_mine), *flat(y_mine), *weighted)
-                else:
-                    _train_batch(runner, model, metrics, x_mine, y_mine, weighted, size(xb),
-                                 ny, sums, counted, (yb, wb))
-                    if whole is None and metrics.whole and runner.is_chief:
-                        log.info("metrics of whole batches (%s: a batch's value is no sum of "
-                                 "its examples'): the chief computes them from each batch's "
-                                 "predictions, which the workers' rows make up",
-                                 ", ".join(metrics.whole.names()))
-                    whole = metrics.whole
-                callbacks.stepped()
+                    lambda c: c.on_train_batch_begin(begin))
+                if not batches:
+                    # Keras's fit calls its train function once more, past
+                    # the end of a dataset of unknown length: the call fails
+                    # for want of a batch, after the step's writes that wait
+                    # for none ran (its optimizer counts one more iteration,
+                    # each dropout draws from its next seed); a call of
+                    # several steps first asks for a batch, and runs none
+                    if job.steps_per_execution == 1:
+                        runner.run_input_free_writes()
+                    break
+                for step, (xb, yb, wb) in enumerate(batches, begin):
+                    if step == 0 and isinstance(train, PyDatasetBatches):
+                        _refuse_unless_read_alike(runner, (xb, yb, wb), epoch)
+                    if size(xb) % parts and not (any_shares and size(xb) >= n):
+                        # (every worker reads this batch, so every worker stops here)
+                        raise AutoparError(
+                            f"autopar.fit: epoch {epoch + 1}, batch {step + 1} has {size(xb)} "
+                            f"examples, which do not split over {shares}"
+                            + (": each needs a row of every batch" if any_shares else "")
+                            + " (one device trains on it); batch the data so that no batch has "
+                            f"fewer than {n if any_shares else parts} examples"
+                            + ("" if any_shares else f" or a count that does not divide by {parts}")
+                            + " (drop_remainder=True drops a last, smaller one)")
+                    mine = slice(me, None, n)
+                    x_mine, y_mine = rows(xb, mine), rows(yb, mine)
+                    weighted = () if wb is None else (wb[mine],)
+                    last_rows = size(x_mine)
+                    if own_step:
+                        step_logs = runner.call(*flat(x_mine), *flat(y_mine), *weighted)
+                    else:
+                        _train_batch(runner, model, metrics, x_mine, y_mine, weighted, size(xb),
+                                     ny, sums, counted, (yb, wb))
+                        if whole is None and metrics.whole and runner.is_chief:
+                            log.info("metrics of whole batches (%s: a batch's value is no sum "
+                                     "of its examples'): the chief computes them from each "
+                                     "batch's predictions, which the workers' rows make up",
+                                     ", ".join(metrics.whole.names()))
+                        whole = metrics.whole
+                    callbacks.stepped()
                 if callbacks.wants("train_end"):
                     batch_logs = (metrics.own_step_result(runner, step_logs, rows=last_rows,
                                                           keep=True) if own_step
                                   else metrics.result(runner, keep=True))
-                    stopping = callbacks.run(lambda c: c.on_train_batch_end(step, batch_logs))
+                    stopping = callbacks.run(lambda c: c.on_train_batch_end(end, batch_logs))
                 if stopping or model.stop_training:
                     break
-            else:
-                if train.read_past_end():
-                    # Keras's fit calls its step once more, past the end of a
-                    # dataset of unknown length: the call fails for want of a
-                    # batch, after the step's writes that wait for none ran
-                    # (its optimizer counts one more iteration, each dropout
-                    # draws from its next seed)
-                    runner.run_input_free_writes()
             logs = (metrics.own_step_result(runner, step_logs, rows=last_rows) if own_step
                     else metrics.result(runner))
             validating = validation_data is not None and _should_validate(epoch, job.validation_freq)
@@ -342,7 +356,7 @@ def train_on(job: FitJob, runner) -> History:
                                        job.validation_batch_size or job.batch_size
                                        or DEFAULT_BATCH_SIZE,
                                        runner, test_step, sums, own_test_step,
-                                       callbacks, whole).items()})
+                                       callbacks, whole, job.steps_per_execution).items()})
             if runner.is_chief and verbose:
                 log.info("epoch %d/%d: %s", epoch + 1, epochs,
                          "  ".join(f"{k} {v:.4f}" for k, v in logs.items()))
@@ -893,14 +907,15 @@ def _tf_values(logs):
 
 
 def _evaluate(model, data, batch_size: int, runner, test_step, sums: bool,
-              own_step: bool, callbacks: FitCallbacks, whole=None) -> dict:
+              own_step: bool, callbacks: FitCallbacks, whole=None, per_call: int = 1) -> dict:
     """Loss and compiled metrics of the model (with this worker's current
     values) over the validation set `data`, (x, y) or (x, y, sample
     weights) in Keras's batches of `batch_size`, or a dataset's batches,
     each worker on its rows w, w+N, ... of each; combined over workers.
     With the model's own test step (`own_step`), the logs it gives and the
     metrics it updates. The callbacks' test hooks run as Keras's evaluate
-    runs them (a batch's logs: the validation's so far). `whole`: the
+    runs them (a batch's logs: the validation's so far; once a call of
+    `per_call` batches, compile()'s steps_per_execution). `whole`: the
     compiled metrics updated on whole batches (training's), which the
     chief updates from its own predictions of each whole batch."""
     model.stop_evaluating = False
@@ -913,37 +928,43 @@ def _evaluate(model, data, batch_size: int, runner, test_step, sums: bool,
             return metrics.own_step_result(runner, _tf_values(step_logs), synced=True,
                                            rows=last_rows, keep=keep)
         return metrics.result(runner, keep=keep)
-    for step, (xb, yb, wb, batch_rows, batch) in enumerate(
-            _validation_batches(data, batch_size, runner)):
+    unknown_length = isinstance(data, BATCHES) and data.read_past_end()
+    for begin, end, batches in executions(_validation_batches(data, batch_size, runner),
+                                          per_call):
+        if not batches and not unknown_length:
+            break
         if callbacks.wants("test_begin"):
-            callbacks.run(lambda c: c.on_test_batch_begin(step))
-        last_rows = size(xb)   # (a worker with no rows of the last batch: none)
-        if size(xb) == 0:
-            metrics.no_rows(batch_rows)
-        elif own_step:
-            step_logs = test_step((data if isinstance(data, BATCHES)
-                                   else ArrayBatches).data(xb, yb, wb))
-        else:
-            weighted = () if wb is None else (wb,)
-            with metrics.output_losses(size(xb), batch_rows):
-                y_pred, masks, loss = test_step(xb, yb, *weighted)
-                y_pred = _with_masks(_tf_values(y_pred), _tf_values(masks))
-            counts = runner.loss_counts_of(*flat(xb), *flat(yb), *weighted) \
-                if metrics.counted is not None else None
-            metrics.update(yb, y_pred, float(loss), size(xb), batch_rows, *weighted,
-                           loss_count=counts[0] if counts else 0.0)
-        if not own_step and metrics.whole and runner.is_chief:
-            # (inference draws nothing: the chief's predictions are one
-            # device's; the loss trackers the step updates keep the rows')
-            xg, yg, wg = batch
-            mine = {id(v) for v in metrics.whole.variables()}
-            with kept_state([v for v in metrics.variables() if id(v) not in mine]):
-                y_pred, masks, _ = test_step(xg, yg, *(() if wg is None else (wg,)))
-            metrics.whole.update(model._compile_metrics, yg,
-                                 _with_masks(_tf_values(y_pred), _tf_values(masks)), wg)
+            callbacks.run(lambda c: c.on_test_batch_begin(begin))
+        if not batches:   # (Keras's evaluate calls once more, past the end of the data)
+            break
+        for xb, yb, wb, batch_rows, batch in batches:
+            last_rows = size(xb)   # (a worker with no rows of the last batch: none)
+            if size(xb) == 0:
+                metrics.no_rows(batch_rows)
+            elif own_step:
+                step_logs = test_step((data if isinstance(data, BATCHES)
+                                       else ArrayBatches).data(xb, yb, wb))
+            else:
+                weighted = () if wb is None else (wb,)
+                with metrics.output_losses(size(xb), batch_rows):
+                    y_pred, masks, loss = test_step(xb, yb, *weighted)
+                    y_pred = _with_masks(_tf_values(y_pred), _tf_values(masks))
+                counts = runner.loss_counts_of(*flat(xb), *flat(yb), *weighted) \
+                    if metrics.counted is not None else None
+                metrics.update(yb, y_pred, float(loss), size(xb), batch_rows, *weighted,
+                               loss_count=counts[0] if counts else 0.0)
+            if not own_step and metrics.whole and runner.is_chief:
+                # (inference draws nothing: the chief's predictions are one
+                # device's; the loss trackers the step updates keep the rows')
+                xg, yg, wg = batch
+                mine = {id(v) for v in metrics.whole.variables()}
+                with kept_state([v for v in metrics.variables() if id(v) not in mine]):
+                    y_pred, masks, _ = test_step(xg, yg, *(() if wg is None else (wg,)))
+                metrics.whole.update(model._compile_metrics, yg,
+                                     _with_masks(_tf_values(y_pred), _tf_values(masks)), wg)
         if callbacks.wants("test_end"):
             batch_logs = logs_so_far(keep=True)
-            callbacks.run(lambda c: c.on_test_batch_end(step, batch_logs))
+            callbacks.run(lambda c: c.on_test_batch_end(end, batch_logs))
         if callbacks.stop_evaluating:
             break
     logs = logs_so_far(keep=False)

@@ -294,13 +294,17 @@ def test_metrics_of_a_masked_sequence_see_the_mask(sample_weights):
     _assert_same(got, values, expected, expected_values)
 
 
-def _with_callbacks(fit):
+def _with_callbacks(fit, data: str = "arrays", per_call: int = 1):
     """Callbacks with every hook Keras's fit runs: one recording each call
     and its logs, a per-batch learning-rate warm-up (Horovod's
     LearningRateWarmupCallback's arithmetic: each batch's rate from the
     epoch's fraction done) and one that stops training in the middle of an
-    epoch (model.stop_training in on_train_batch_end), with validation."""
+    epoch (model.stop_training in on_train_batch_end), with validation.
+    `data`: arrays, datasets of unknown length (filtered) or datasets that
+    repeat, read 5 steps an epoch and 2 a validation; `per_call`: the
+    model's steps_per_execution."""
     import keras
+    import tensorflow as tf
     keras.config.set_floatx("float64")
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(5)
@@ -308,7 +312,20 @@ def _with_callbacks(fit):
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(6, activation="relu"),
                               keras.layers.Dense(3)])
     model.compile(optimizer=keras.optimizers.Adam(0.05), metrics=["accuracy"],
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  steps_per_execution=per_call)
+    if data == "arrays":
+        given = dict(x=x[:40], y=y[:40], batch_size=6, shuffle=False,
+                     validation_data=(x[40:], y[40:]), validation_batch_size=4)
+    else:
+        def batches(start, end, size):
+            examples = tf.data.Dataset.from_tensor_slices((x[start:end], y[start:end]))
+            if data == "repeating":
+                return examples.batch(size).repeat()
+            return examples.filter(lambda *_: True).batch(size)
+        given = dict(x=batches(0, 40, 6), validation_data=batches(40, 50, 4))
+        if data == "repeating":
+            given.update(steps_per_epoch=5, validation_steps=2)
     calls = []
 
     class Record(keras.callbacks.Callback):
@@ -330,15 +347,14 @@ def _with_callbacks(fit):
             self.epoch = epoch
 
         def on_train_batch_begin(self, batch, logs=None):
-            done = self.epoch + batch / self.params["steps"]
+            done = self.epoch + batch / (self.params["steps"] or 7)
             self.model.optimizer.learning_rate.assign(0.05 * min(1.0, (1 + done) / 2))
 
     class StopInTheMiddle(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
-            if len(calls) and self.model.optimizer.iterations.numpy() == 9:
+            if len(calls) and self.model.optimizer.iterations.numpy() >= 9:
                 self.model.stop_training = True
-    history = fit(model, x[:40], y[:40], epochs=3, batch_size=6, shuffle=False, verbose=0,
-                  validation_data=(x[40:], y[40:]), validation_batch_size=4,
+    history = fit(model, epochs=3, verbose=0, **given,
                   # (LearningRateScheduler, its rate unchanged, adds it to each
                   # epoch's logs, which Keras's on_train_end does not see)
                   callbacks=[Record(), WarmUp(), StopInTheMiddle(),
@@ -350,8 +366,21 @@ def _with_callbacks(fit):
             [v.numpy() for v in model.variables + model.optimizer.variables], calls)
 
 
+# data, steps_per_execution: Keras's own calls of on_train_batch_begin and
+# _end and on_test_batch_end, then its callbacks' params' steps. Training
+# stops after the call that reaches iteration 9: with 3 steps a call, the
+# 2nd epoch's 1st (epochs of 7 batches), or its 1st of 6 (3 a call of 5 steps)
+CALLS = {("arrays", 1): (9, 9, 6, 7), ("arrays", 3): (4, 4, 2, 7),
+         # one more on_*_batch_begin a pass, with no _end: Keras's fit calls
+         # its function again and finds no batch (a call of one step counts
+         # an iteration there: the 2nd epoch's 1st batch reaches 9)
+         ("unknown length", 1): (9, 8, 6, None), ("unknown length", 3): (5, 4, 2, None),
+         ("repeating", 3): (3, 3, 2, 5)}
+
+
 @pytest.mark.slow
-def test_callbacks_run_every_hook_keras_fit_runs():
+@pytest.mark.parametrize("data,per_call", list(CALLS), ids=[f"{d}-{k}" for d, k in CALLS])
+def test_callbacks_run_every_hook_keras_fit_runs(data, per_call):
     """Before: only on_train_begin, on_epoch_begin/_end and on_train_end
     ran; a per-batch warm-up never changed the learning rate (Horovod's
     MNIST example ended at another rate, the weights 2,460 % off), no
@@ -359,18 +388,25 @@ def test_callbacks_run_every_hook_keras_fit_runs():
     each hook runs where Keras's fit runs it, with Keras's logs (a batch's:
     the epoch's so far; on_train_end's: the last epoch's as fit made them,
     without what callbacks added, a learning rate: before, the History's),
-    and what it changes trains."""
+    and what it changes trains. With steps_per_execution, the per-batch
+    hooks run once a call of several batches, and a pass of repeating data
+    reads whole calls (before: once a batch, the warm-up's rate changed at
+    every batch; 5 batches an epoch, not Keras's 6); past the end of data
+    of unknown length, one more batch hook begins (before: none), and with
+    several steps a call the optimizer counts no step there (it did: Adam's
+    bias correction off from the 2nd epoch)."""
     expected, expected_values, expected_calls = _with_callbacks(
-        lambda model, *a, **k: model.fit(*a, **k))
-    got, values, calls = _with_callbacks(lambda model, *a, **k: autopar.fit(
-        model, *a, config=autopar.Config(log_every_steps=0), **k))
-    # stopped after the 9th batch: the 2nd epoch's 2nd, validated, then ended
-    assert [c[0] for c in expected_calls].count("on_train_batch_end") == 9
-    assert [c[0] for c in expected_calls].count("on_test_batch_end") == 6
+        lambda model, **k: model.fit(**k), data, per_call)
+    got, values, calls = _with_callbacks(lambda model, **k: autopar.fit(
+        model, config=autopar.Config(log_every_steps=0), **k), data, per_call)
+    names = [c[0] for c in expected_calls]
+    assert (names.count("on_train_batch_begin"), names.count("on_train_batch_end"),
+            names.count("on_test_batch_end")) == CALLS[data, per_call][:3]
     assert [c[:2] for c in calls] == [c[:2] for c in expected_calls]
     for (name, args, logs), (_, _, expected_logs) in zip(calls, expected_calls):
         assert logs.keys() == expected_logs.keys(), name
         np.testing.assert_allclose(list(logs.values()), list(expected_logs.values()),
                                    rtol=1e-9, err_msg=f"{name} {args}")
-    assert got[1:] == expected[1:] == ([0, 1], {"verbose": 0, "epochs": 3, "steps": 7})
+    assert got[1:] == expected[1:] == (
+        [0, 1], {"verbose": 0, "epochs": 3, "steps": CALLS[data, per_call][3]})
     _assert_same(got[0], values, expected[0], expected_values)
