@@ -90,7 +90,14 @@ REFUSED = {
 }
 
 
-@pytest.mark.parametrize("program", sorted(REFUSED))
+# wgan_gp's refusal is the analysis' (tests/unit/test_tf2_analysis.py: a
+# variable updated twice in one step) on a program whose step traces for
+# seconds: the full matrix alone
+REFUSED_PROGRAMS = (sorted(REFUSED) if os.environ.get("AUTOPAR_TEST_MATRIX") == "full"
+                    else ["movielens"])
+
+
+@pytest.mark.parametrize("program", REFUSED_PROGRAMS)
 def test_a_keras_io_program_autopar_cannot_split_is_refused_naming_the_op(program, tmp_path):
     """movielens (collaborative_filtering_movielens) and wgan_gp as the
     programs have them: refused before training, naming the op, with no
