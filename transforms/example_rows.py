@@ -876,15 +876,26 @@ class ExampleRows:
         taken, so that x[:h] and y[:h] are the same rows)."""
         axis = src[1]
         if op.type == "StridedSlice":
-            if op.get_attr("ellipsis_mask"):
-                return ELEMS
             spec_len = op.inputs[1].shape[0] if op.inputs[1].shape.rank == 1 else None
             if spec_len is None:
                 return ELEMS
             shrink, new_axis = op.get_attr("shrink_axis_mask"), op.get_attr("new_axis_mask")
+            ellipsis = op.get_attr("ellipsis_mask")
+            # an ellipsis (x[..., 0]) takes whole the axes the other entries
+            # leave, which the input's rank tells
+            rank = op.inputs[0].shape.rank
+            if ellipsis and rank is None:
+                return ELEMS
+            spanned = rank - sum(1 for i in range(spec_len) if not (new_axis | ellipsis) & (1 << i)
+                                 ) if ellipsis else 0
             # walk the spec: which entry takes the example axis, and where it lands
             consumed, produced, entry = 0, 0, None
             for i in range(spec_len):
+                if ellipsis & (1 << i):
+                    if consumed <= axis < consumed + spanned:
+                        return ("rows", produced + axis - consumed, *src[2:])
+                    consumed, produced = consumed + spanned, produced + spanned
+                    continue
                 if new_axis & (1 << i):
                     produced += 1
                     continue

@@ -172,7 +172,9 @@ def test_sums_of_what_a_mask_keeps_match_single_device(behavior, tmp_path, singl
     the ids a mask keeps, in hybrid (the embedding on the servers, its rows
     those of each worker's kept ids); the last step's 7 sequences split
     3/2/2 (before: refused, "a GatherV2 combining the values of several
-    examples")."""
+    examples"; then, for its penalty on logits[..., 0], "a Mul combining
+    the values of several examples": a slice with an ellipsis was read as
+    no example's rows)."""
     expected = single_device("masked_sums", "float64", uneven=True, behavior=behavior)
     log, out = _train_uneven("masked_sums", "float64", "hybrid", behavior, tmp_path)
     # the embedding's kept rows travel to and from the servers

@@ -4,7 +4,9 @@ cross-entropy at the positions that are no padding (a 2-D mask, which
 tf.boolean_mask flattens with the batch), and a penalty on the embedding
 rows of the ids a 1-D mask keeps (each sequence's second, where it has one) (tf.boolean_mask of the ids, then their
 lookup: the embedding's gradient rows are those of the kept ids alone, the
-same id in several examples). Each worker keeps its share's positions, and
+same id in several examples), and one on the first tag's logits at the
+positions that are no padding (logits[..., 0], an ellipsis slice). Each
+worker keeps its share's positions, and
 sums over them add up to one device's. Adagrad, float64 (it divides by
 sqrt of its accumulator).
 """
@@ -44,6 +46,8 @@ def build(dtype: str = "float64") -> FedProgram:
                                                                       logits=logits)
         not_padding = tf.not_equal(ids, 0)
         loss = tf.reduce_sum(tf.boolean_mask(per_position, not_padding))
+        # the first tag's logit at each position that is no padding, kept small
+        loss += 0.01 * tf.reduce_sum(tf.square(logits[..., 0]) * tf.cast(not_padding, dtype))
         # the embedding rows of each sequence's second id, where it has one
         second_ids = tf.boolean_mask(ids[:, 1], not_padding[:, 1])
         loss += 0.05 * tf.reduce_sum(tf.square(tf.nn.embedding_lookup(emb, second_ids)))

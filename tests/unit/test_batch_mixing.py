@@ -135,6 +135,10 @@ def _dual_encoder(kind: str) -> tf.Graph:
                         "cut_beside": lambda: [tf.identity(tf.reduce_mean(q[:half]),
                                                            name="reported"),
                                                tf.reduce_mean(tf.square(q - k))][1]}[kind]()
+        elif kind == "ellipsis_column":    # x[..., 0]: the example axis taken whole
+            loss = tf.reduce_mean(q[..., 0] * k[:, 0] + tf.reduce_sum(q[..., None] * k[:, None], 1))
+        elif kind == "ellipsis_first":     # x[0, ...]: the batch's first example
+            loss = tf.reduce_mean(tf.square(q - k)) + tf.reduce_mean(tf.square(q[0, ...]))
         elif kind == "time_major":         # [time, batch, features]: axis 0 is time
             seq = tf1.placeholder(tf.float64, [None, None, F], name="seq")
             h = tf.reduce_mean(tf.tensordot(seq, tf1.get_variable("wt", [F, 4], tf.float64), 1),
@@ -201,6 +205,11 @@ def _dual_encoder(kind: str) -> tf.Graph:
     ("cut_halves_apart", ["cut/strided_slice", "cut/strided_slice_1", "cut/strided_slice_2"]),
     ("cut_split", ["cut/split"]),
     ("cut_beside", []),
+    # slices with an ellipsis: the axes it spans are taken whole (before:
+    # every slice with one was read as elements laid out otherwise, so
+    # q[..., 0] * k[:, 0] was refused as a Mul mixing examples, and a
+    # penalty on the batch's first example, q[0, ...], accepted)
+    ("ellipsis_column", []), ("ellipsis_first", ["strided_slice"]),
     # a fed tensor carries its examples along axis 0: a time-major one's mean
     # over axis 0 is taken for a mean over the examples (refused; feed
     # batch-major tensors, or ask for per-worker semantics)
