@@ -37,11 +37,11 @@ from __future__ import annotations
 import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
-from autopar.transforms.example_rows import (OPAQUE, REDUCTIONS, SELECTIONS_BY_VALUE,
-                                              SHAPE_OPS, SHARED, ExampleRows, per_example)
+from autopar.transforms.example_rows import (OPAQUE, REDUCTIONS, SELECTIONS_BY_VALUE, SHARED,
+                                              ExampleRows, per_example)
 from autopar.transforms.features.base import GraphFeature
 from autopar.transforms.graph_index import GraphIndex
-from autopar.transforms.graph_utils import INPUT_OP_TYPES, VARIABLE_OP_TYPES
+from autopar.transforms.graph_utils import INPUT_OP_TYPES, OF_SHAPES_ALONE, reads_a_variable
 
 # What a loss may do with reductions over the batch and stay a sum or mean of
 # its examples' terms, which the workers' gradients combine into one
@@ -57,16 +57,10 @@ StatefulPartitionedCall If StatelessIf While StatelessWhile""".split())
 _SCALINGS = frozenset({"Mul", "MulNoNan"})
 _DIVISIONS = frozenset({"Div", "RealDiv", "DivNoNan"})
 _SELECTIONS = frozenset({"Select", "SelectV2"})
-# Ops whose value depends on their input's shape alone (a count of a loss's
-# elements: tf.compat.v1.losses' num_present, from ones_like(losses)).
-_OF_SHAPES_ALONE = SHAPE_OPS | {"OnesLike", "ZerosLike"}
 # Reductions over the batch that are no sum of its examples' terms.
 _NONLINEAR_REDUCTIONS = (REDUCTIONS - {"Sum", "Mean"}) | {
     "UnsortedSegmentMax", "UnsortedSegmentMin", "UnsortedSegmentProd", "SegmentMax",
     "SegmentMin", "SegmentProd"}
-# What reads a variable's value (a lifted step's captured handle is read by
-# ReadVariableOp).
-_VARIABLE_READS = VARIABLE_OP_TYPES | {"ReadVariableOp", "ResourceGather"}
 
 
 class BatchMixing(GraphFeature):
@@ -167,7 +161,7 @@ def _not_a_sum_of_examples(op: tf.Operation, rows: ExampleRows) -> str | None:
         factor = op.inputs[1 - reduced[0]] if op.type in _SCALINGS else op.inputs[1]
         return _per_worker_factor(factor, rows, "a division by" if op.type in _DIVISIONS
                                   else "a product with")
-    if op.type in _DIVISIONS and reduced == [0, 1] and not _reads_a_variable(op.inputs[1]):
+    if op.type in _DIVISIONS and reduced == [0, 1] and not reads_a_variable(op.inputs[1]):
         return _per_worker_factor(op.inputs[1], rows, "a division by")
     source = op.inputs[1 if op.type in _DIVISIONS and 1 in reduced else reduced[0]]
     return (f"{a} of a reduction over the batch's examples ('{source.op.name}'): "
@@ -201,7 +195,7 @@ def _batch_value_read(t: tf.Tensor, rows: ExampleRows) -> str | None:
     while stack:
         x = stack.pop()
         if x.name in seen or x.name in rows.stops or rows.form(x) == SHARED \
-                or x.op.type in _OF_SHAPES_ALONE:
+                or x.op.type in OF_SHAPES_ALONE:
             continue
         seen.add(x.name)
         if not x.op.inputs or x.op.type in INPUT_OP_TYPES:
@@ -211,22 +205,6 @@ def _batch_value_read(t: tf.Tensor, rows: ExampleRows) -> str | None:
             return x.op.name
         stack.extend(inner)
     return None
-
-
-def _reads_a_variable(t: tf.Tensor) -> bool:
-    """Whether `t` is computed from a variable's value (a reduction of the
-    model's outputs, unlike a count of the batch's labels or weights)."""
-    seen, stack = set(), [t.op]
-    while stack:
-        op = stack.pop()
-        if op.name in seen:
-            continue
-        seen.add(op.name)
-        if op.type in _VARIABLE_READS:
-            return True
-        if op.type not in _OF_SHAPES_ALONE:
-            stack.extend(x.op for x in op.inputs)
-    return False
 
 
 def _op_named(graph: tf.Graph, name: str) -> tf.Operation | None:
@@ -256,6 +234,12 @@ def _what(op: tf.Operation | None, kind: str, rows: ExampleRows) -> str:
     if kind == "unknown":
         return (f"{a} op, for which autopar has no rule saying whether it keeps each "
                 "example to itself")
+    if op.type in ("Mean", "Sum") and rows.form(op.inputs[0])[0] in ("parts", "cat"):
+        return (f"{a} over the batch's rows and rows of no example (a concat of the batch with "
+                "other rows, a pad of it): one device takes those rows once with the global "
+                "batch, each worker once with its share"
+                + (", and divides by the count of both" if op.type == "Mean" else
+                   ", so what they give a variable's gradient counts once on every worker"))
     if op.type in ("Mean", "Sum", "Max", "Min", "Prod", "EuclideanNorm", "All", "Any"):
         return f"{a} over the batch's examples, fed back into each example"
     if op.type in ("TopKV2", "TopK"):

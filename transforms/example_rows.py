@@ -26,7 +26,11 @@ A tensor's form is one of (tuples, compared by value):
 - ELEMS: every element depends on one example alone, laid out otherwise
   (rows holding parts of two examples, selected elements, nonzeros).
 - PARTS: every element depends on one example or on none (SHARED), laid
-  out otherwise: the ids of a sampled softmax's lookup, partitioned.
+  out otherwise: the ids of a sampled softmax's lookup, partitioned; the
+  batch's rows padded along the example axis. A mean over such rows (or a
+  cat's) divides by more than the examples' count, and a sum takes the
+  rows of no example once on every worker: both mix the batch, but a sum
+  whose rows of no example no variable's value reaches.
 - ("cat", head, count, rows): the examples' rows `head` (a rows form along
   axis 0; `rows` of them where static, else None), then SHARED rows, `count`
   of them (None: known when run), along axis 0: a sampled softmax's ids,
@@ -77,7 +81,8 @@ import numpy as np
 import tensorflow as tf
 
 from autopar.transforms.features.base import GraphFeature
-from autopar.transforms.graph_utils import INPUT_OP_TYPES, in_gradient_scope
+from autopar.transforms.graph_utils import (INPUT_OP_TYPES, SHAPE_OPS, in_gradient_scope,
+                                            reads_a_variable)
 
 SHARED = ("shared",)
 ELEMS = ("elems",)
@@ -129,7 +134,6 @@ FOLLOW_FIRST = frozenset({"Pad", "PadV2", "MirrorPad", "Tile", "Roll", "ReverseV
                           "TopKV2", "TopK", "InTopKV2", "Squeeze", "ExpandDims", "Transpose",
                           "Reshape", "StridedSlice", "Slice", "Split", "SplitV", "Unpack",
                           "MatrixSetDiagV3", "QuantizeV2"})
-SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 # Ops that make a tensor of a given shape from SHARED values.
 FILLS = {"Fill": 0, "Zeros": 0, "Ones": 0, "BroadcastTo": 1, "Empty": 0,
          "RandomUniform": 0, "RandomStandardNormal": 0, "TruncatedNormal": 0}
@@ -343,6 +347,9 @@ class ExampleRows:
                 and op.inputs[1].shape.rank == 1 and (t != "GatherV2" or
                                                       _static_int(op.inputs[2]) == 0)):
             return [ins[1]]   # the head's ids' rows, then the shared ids'
+        if t in ("Mean", "Sum") and ins[0][0] in ("parts", "cat") and \
+                self._over_rows_of_no_example(op, forms):
+            return [("mixed", op.name)]
         if any(f[0] in ("parts", "cat") for f in ins):
             # the rules read PARTS as ELEMS; rows of no example stay among
             # what they give
@@ -625,6 +632,41 @@ class ExampleRows:
             return ("kept", op.name)   # divides by how many values a mask kept
         return ("reduced", op.name)
 
+    def _over_rows_of_no_example(self, op, forms: dict) -> bool:
+        """Whether a Mean or Sum over a tensor holding the batch's rows among
+        rows of no example (a concat with other rows, a pad; a PARTS or cat
+        form) takes those rows as one device does not: over its first axis
+        (or an axis not known), a mean divides by the share's rows and
+        those where one device divides by the global batch's and those,
+        and a sum takes those rows once on every worker, which weighs what
+        they give the gradients of variables N times (nothing, when no
+        variable's value reaches them)."""
+        axes = tf.get_static_value(op.inputs[1])
+        rank = op.inputs[0].shape.rank
+        if axes is not None and rank and 0 not in {int(a) % rank for a in np.reshape(axes, -1)}:
+            return False
+        return op.type == "Mean" or self._shared_rows_read_a_variable(op.inputs[0], forms)
+
+    @staticmethod
+    def _shared_rows_read_a_variable(t: tf.Tensor, forms: dict) -> bool:
+        """Whether rows of no example among the examples' rows of `t` (a
+        PARTS or cat form), or what they meet on their way to it, are
+        computed from a variable's value: followed back through tensors of
+        those forms to the shared values that joined them."""
+        stack, seen = [t], set()
+        while stack:
+            x = stack.pop()
+            if x.name in seen:
+                continue
+            seen.add(x.name)
+            for i in x.op.inputs:
+                form = forms.get(i.name, SHARED)
+                if form == SHARED and reads_a_variable(i):
+                    return True
+                if form[0] in ("parts", "cat"):
+                    stack.append(i)
+        return False
+
     def selected_by(self, t: tf.Tensor, forms: dict | None = None) -> str | None:
         """The op that selected `t`'s elements, examples' values laid out
         otherwise, by the batch's own values (SELECTIONS_BY_VALUE): followed
@@ -820,8 +862,13 @@ class ExampleRows:
             return [ELEMS if isinstance(times, int) and src[2] == BATCH
                     else self._mixed(op, ins)]
         if t in ("Pad", "PadV2", "MirrorPad"):
-            spec = tf.get_static_value(op.inputs[1])
-            return [src if spec is not None and not np.any(np.asarray(spec)[axis]) else ELEMS]
+            spec = _padding_of(op.inputs[1], axis)
+            if spec is not None and not any(spec):
+                return [src]
+            # rows added along the example axis: a mirror copies the
+            # share's first and last examples' (one device's, the global
+            # batch's), a constant pad adds rows of no example's
+            return [("picked", op.name) if t == "MirrorPad" else PARTS]
         if t == "ReverseSequence":
             batch_dim = op.get_attr("batch_dim")
             return [src if batch_dim == axis and ins[1] == src else self._mixed(op, ins)]
@@ -1713,6 +1760,19 @@ def _static_vector(t: tf.Tensor):
             start = None if op.get_attr("begin_mask") & 1 else int(begin[0])
             stop = None if op.get_attr("end_mask") & 1 else int(end[0])
             return np.asarray(source)[start:stop:int(strides[0])]
+    return None
+
+
+def _padding_of(paddings: tf.Tensor, axis: int) -> list | None:
+    """A pad's [before, after] along `axis` when static, though other axes'
+    may be computed (tf.pad(x, [[0, 0], [0, n - length]])); None when not."""
+    spec = tf.get_static_value(paddings)
+    if spec is not None:
+        return [int(v) for v in np.asarray(spec)[axis]]
+    op = paddings.op
+    if op.type == "Pack" and op.get_attr("axis") == 0 and axis < len(op.inputs):
+        row = _static_vector(op.inputs[axis])
+        return None if row is None else [int(v) for v in row]
     return None
 
 

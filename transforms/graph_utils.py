@@ -25,6 +25,14 @@ tf1 = tf.compat.v1
 _GRAD_SCOPE = re.compile(r"^(gradients|gradient_tape)(_\d+)?$")
 
 VARIABLE_OP_TYPES = frozenset({"VarHandleOp", "VariableV2", "Variable"})
+# Ops whose value is a tensor's shape alone.
+SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
+# What reads a variable's value (a lifted step's captured handle is read by
+# ReadVariableOp).
+_VARIABLE_READS = VARIABLE_OP_TYPES | {"ReadVariableOp", "ResourceGather"}
+# Ops whose value depends on their input's shape alone (a count of a loss's
+# elements: tf.compat.v1.losses' num_present, from ones_like(losses)).
+OF_SHAPES_ALONE = SHAPE_OPS | {"OnesLike", "ZerosLike"}
 
 _WRITE_OPS = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
                         "Assign", "AssignAdd", "AssignSub", "ResourceScatterAdd", "ScatterAdd"})
@@ -342,3 +350,19 @@ def node_input_name(tensor_name: str) -> str:
     """How a NodeDef input refers to a tensor: "op" for output 0, else "op:k"."""
     op, _, index = tensor_name.partition(":")
     return op if index in ("", "0") else f"{op}:{index}"
+
+
+def reads_a_variable(t: tf.Tensor) -> bool:
+    """Whether `t` is computed from a variable's value (a reduction of the
+    model's outputs, unlike a count of the batch's labels or weights)."""
+    seen, stack = set(), [t.op]
+    while stack:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        if op.type in _VARIABLE_READS:
+            return True
+        if op.type not in OF_SHAPES_ALONE:
+            stack.extend(x.op for x in op.inputs)
+    return False

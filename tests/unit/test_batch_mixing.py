@@ -139,6 +139,17 @@ def _dual_encoder(kind: str) -> tf.Graph:
             loss = tf.reduce_mean(q[..., 0] * k[:, 0] + tf.reduce_sum(q[..., None] * k[:, None], 1))
         elif kind == "ellipsis_first":     # x[0, ...]: the batch's first example
             loss = tf.reduce_mean(tf.square(q - k)) + tf.reduce_mean(tf.square(q[0, ...]))
+        elif kind.startswith("padded"):    # the batch's rows and a row of no example
+            pad = {"padded_mean": ("CONSTANT", [[0, 1], [0, 0]], 0.0),
+                   "padded_sum": ("CONSTANT", [[0, 1], [0, 0]], 1.0),
+                   "padded_mirror": ("REFLECT", [[1, 0], [0, 0]], 0.0),
+                   "padded_features": ("CONSTANT", [[0, 0], [0, tf.shape(q)[1]]], 0.0)}[kind]
+            padded = tf.square(tf.pad(q - k, pad[1], mode=pad[0], constant_values=pad[2]))
+            loss = (tf.reduce_sum(padded, name="reduced") if kind == "padded_sum"
+                    else tf.reduce_mean(padded, name="reduced"))
+        elif kind == "concat_learned":     # a learned row beside the batch's, summed
+            loss = tf.reduce_sum(tf.square(tf.concat(
+                [q - k, tf1.get_variable("extra", [1, 4], tf.float64)], 0)), name="reduced")
         elif kind == "time_major":         # [time, batch, features]: axis 0 is time
             seq = tf1.placeholder(tf.float64, [None, None, F], name="seq")
             h = tf.reduce_mean(tf.tensordot(seq, tf1.get_variable("wt", [F, 4], tf.float64), 1),
@@ -210,6 +221,14 @@ def _dual_encoder(kind: str) -> tf.Graph:
     # q[..., 0] * k[:, 0] was refused as a Mul mixing examples, and a
     # penalty on the batch's first example, q[0, ...], accepted)
     ("ellipsis_column", []), ("ellipsis_first", ["strided_slice"]),
+    # a mean over the batch's rows and a row of no example (a pad, a concat
+    # with other rows) divides by the share's count and that row, one
+    # device's by the global batch's; a sum takes a learned row once on
+    # every worker; a reflection copies the share's first example (before:
+    # each trained, read as elements of examples laid out otherwise). A sum
+    # over rows padded by a constant, or a pad of another axis, trains
+    ("padded_mean", ["reduced"]), ("concat_learned", ["reduced"]),
+    ("padded_mirror", ["MirrorPad"]), ("padded_sum", []), ("padded_features", []),
     # a fed tensor carries its examples along axis 0: a time-major one's mean
     # over axis 0 is taken for a mean over the examples (refused; feed
     # batch-major tensors, or ask for per-worker semantics)
