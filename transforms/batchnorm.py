@@ -75,7 +75,7 @@ def find_batch_norms(graph: tf.Graph, batch_local: set[str],
         info = None
         if op.type == "Mean":
             variance = _moments_variance(op)
-            if variance is not None:
+            if variance is not None and _normalises_examples(variance, batch_local):
                 info = BatchNormInfo(_scope(op.name), "moments", [op.name, variance.name])
                 stats = [op.outputs[0], variance.outputs[0]]
         elif (op.type in _FUSED_TYPES and op.get_attr("is_training")
@@ -121,6 +121,41 @@ def _moments_variance(mean: tf.Operation) -> tf.Operation | None:
                         sorted(axes.reshape(-1).tolist()):
                     return var
     return None
+
+
+# What lies between a layer's variance and its examples' normalisation:
+# tf.nn.batch_normalization's rsqrt(variance + epsilon) * scale, reshaped or
+# cast for the layer's axis and dtype.
+_TOWARDS_NORMALISATION = frozenset({"AddV2", "Add", "Rsqrt", "Sqrt", "Mul", "RealDiv", "Div",
+                                    "Reciprocal", "Reshape", "Squeeze", "ExpandDims",
+                                    "Identity", "Cast"})
+_NORMALISATIONS = frozenset({"Mul", "RealDiv", "Div"})
+
+
+def _normalises_examples(variance: tf.Operation, batch_local: set[str],
+                         depth: int = 8) -> bool:
+    """Whether a batch variance normalises the batch's values, as a
+    batch-norm layer's does (x * rsqrt(variance + epsilon) * scale): a Mul
+    or division of what it gives by a value of the batch within `depth`
+    ops. tf.nn.moments of the batch read otherwise (the batch's variance in
+    a loss) is a statistic of the batch like any other, which
+    transforms.batch_mixing judges."""
+    frontier, seen = [variance.outputs[0]], {variance.name}
+    for _ in range(depth):
+        reached = []
+        for t in frontier:
+            for op in t.consumers():
+                if op.name in seen or in_gradient_scope(op.name) \
+                        or op.type not in _TOWARDS_NORMALISATION:
+                    continue
+                seen.add(op.name)
+                if op.type in _NORMALISATIONS and any(
+                        x is not t and x.op.name in batch_local and x.op.name not in seen
+                        for x in op.inputs):
+                    return True
+                reached.extend(op.outputs)
+        frontier = reached
+    return False
 
 
 def _moving_statistics(stats: list[tf.Tensor], written: dict[str, str]) -> list[str]:

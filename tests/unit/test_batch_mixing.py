@@ -147,6 +147,12 @@ def _dual_encoder(kind: str) -> tf.Graph:
             padded = tf.square(tf.pad(q - k, pad[1], mode=pad[0], constant_values=pad[2]))
             loss = (tf.reduce_sum(padded, name="reduced") if kind == "padded_sum"
                     else tf.reduce_mean(padded, name="reduced"))
+        elif kind == "batch_variance":     # the batch's variance, as a loss term
+            loss = tf.reduce_mean(tf.square(q - k)) + tf.reduce_mean(tf.nn.moments(q, [0])[1])
+        elif kind == "standardised":       # each query by the batch's moments: a batch norm
+            mean, variance = tf.nn.moments(q, [0])
+            loss = tf.reduce_mean(tf.square(tf.nn.batch_normalization(
+                q, mean, variance, None, None, 1e-3) - k))
         elif kind == "concat_learned":     # a learned row beside the batch's, summed
             loss = tf.reduce_sum(tf.square(tf.concat(
                 [q - k, tf1.get_variable("extra", [1, 4], tf.float64)], 0)), name="reduced")
@@ -229,6 +235,12 @@ def _dual_encoder(kind: str) -> tf.Graph:
     # over rows padded by a constant, or a pad of another axis, trains
     ("padded_mean", ["reduced"]), ("concat_learned", ["reduced"]),
     ("padded_mirror", ["MirrorPad"]), ("padded_sum", []), ("padded_features", []),
+    # tf.nn.moments of the batch is a batch norm's where its variance
+    # normalises the batch (transforms/batchnorm.py: statistics over the
+    # workers with Config(batch_norm_group)); read as a loss term, it is the
+    # batch's statistic (before: taken for a batch norm's, and trained per
+    # worker)
+    ("batch_variance", ["moments/mean"]), ("standardised", []),
     # a fed tensor carries its examples along axis 0: a time-major one's mean
     # over axis 0 is taken for a mean over the examples (refused; feed
     # batch-major tensors, or ask for per-worker semantics)
