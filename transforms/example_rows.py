@@ -653,37 +653,17 @@ class ExampleRows:
         PARTS or cat form), or what they meet on their way to it, are
         computed from a variable's value: followed back through tensors of
         those forms to the shared values that joined them."""
-        stack, seen = [t], set()
-        while stack:
-            x = stack.pop()
-            if x.name in seen:
-                continue
-            seen.add(x.name)
-            for i in x.op.inputs:
-                form = forms.get(i.name, SHARED)
-                if form == SHARED and reads_a_variable(i):
-                    return True
-                if form[0] in ("parts", "cat"):
-                    stack.append(i)
-        return False
+        return any(forms.get(i.name, SHARED) == SHARED and reads_a_variable(i)
+                   for x in _back_through(t, forms, ("parts", "cat")) for i in x.op.inputs)
 
     def selected_by(self, t: tf.Tensor, forms: dict | None = None) -> str | None:
         """The op that selected `t`'s elements, examples' values laid out
         otherwise, by the batch's own values (SELECTIONS_BY_VALUE): followed
         back through tensors of such elements. None when there is none:
         their count is then the batch's layout's (a reshape, a concat)."""
-        forms = self.forms if forms is None else forms
-        stack, seen = [t], set()
-        while stack:
-            x = stack.pop()
-            if x.name in seen:
-                continue
-            seen.add(x.name)
-            if x.op.type in SELECTIONS_BY_VALUE:
-                return x.op.name
-            stack.extend(i for i in x.op.inputs
-                         if forms.get(i.name, SHARED)[0] in ("elems", "parts"))
-        return None
+        return next((x.op.name for x in _back_through(t, self.forms if forms is None else forms,
+                                                      ("elems", "parts"))
+                     if x.op.type in SELECTIONS_BY_VALUE), None)
 
     def _matmul(self, op, ins) -> tuple:
         a, b = ins
@@ -1761,6 +1741,19 @@ def _static_vector(t: tf.Tensor):
             stop = None if op.get_attr("end_mask") & 1 else int(end[0])
             return np.asarray(source)[start:stop:int(strides[0])]
     return None
+
+
+def _back_through(t: tf.Tensor, forms: dict, kinds: tuple):
+    """`t`, then the tensors it is computed from through tensors whose forms
+    are of `kinds`, each once."""
+    stack, seen = [t], set()
+    while stack:
+        x = stack.pop()
+        if x.name in seen:
+            continue
+        seen.add(x.name)
+        yield x
+        stack.extend(i for i in x.op.inputs if forms.get(i.name, SHARED)[0] in kinds)
 
 
 def _padding_of(paddings: tf.Tensor, axis: int) -> list | None:
