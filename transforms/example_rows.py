@@ -82,7 +82,7 @@ import tensorflow as tf
 
 from autopar.transforms.features.base import GraphFeature
 from autopar.transforms.graph_utils import (INPUT_OP_TYPES, SHAPE_OPS, in_gradient_scope,
-                                            reads_a_variable)
+                                            reads_a_variable, reduces_batch_axis)
 
 SHARED = ("shared",)
 ELEMS = ("elems",)
@@ -641,9 +641,8 @@ class ExampleRows:
         and a sum takes those rows once on every worker, which weighs what
         they give the gradients of variables N times (nothing, when no
         variable's value reaches them)."""
-        axes = tf.get_static_value(op.inputs[1])
-        rank = op.inputs[0].shape.rank
-        if axes is not None and rank and 0 not in {int(a) % rank for a in np.reshape(axes, -1)}:
+        # (of an input of unknown rank, a negative axis may be its first)
+        if op.inputs[0].shape.rank and not reduces_batch_axis(op):
             return False
         return op.type == "Mean" or self._shared_rows_read_a_variable(op.inputs[0], forms)
 
