@@ -64,20 +64,15 @@ def _get_runner(graph, resource_info, config: Config):
     # runtime is heavy; import on use
     from autopar.runtime import (launcher, membership, outputs, script_plan, server_main,
                                  spec as specs, worker)
-    graph, lifted = _lifted(graph)
-    config = _traced_defaults(config, lifted)
-    if lifted is not None and lifted.summaries and config.micro_batches > 1:
-        raise UnsupportedGraphError(
-            f"the traced step writes tf.summary records, which its runner writes after each "
-            f"step from what the step computed; with Config(micro_batches="
-            f"{config.micro_batches}) a step is several runs, whose values are no step's: use "
-            "micro_batches=1, or write the summaries from Python with what the step returns")
+    from autopar.runtime.step_graph import StepGraph
+    step = StepGraph(graph, check=lambda lifted: _refuse_summaries(lifted, config))
+    config = _traced_defaults(config, step.traced)
     role = env.current_role()
     if role == REPORT_ROLE:
         spec = specs.ResourceSpec.from_dict(json.loads(os.environ[env.SPEC]))
         if os.environ.get(env.PLAN_OUT):      # `autopar launch`, before it starts anything
             outputs.check_job_outputs(config, spec)
-        compiled = _compile(graph, spec, config)
+        compiled = step.packed_into(_compile(step.graph(), spec, config))
         if os.environ.get(env.PLAN_OUT):      # for `autopar launch` (runtime/script_plan.py)
             plan, roles, table = _plan_of(compiled)
             with open(os.environ[env.PLAN_OUT], "w", encoding="utf-8") as f:
@@ -94,11 +89,13 @@ def _get_runner(graph, resource_info, config: Config):
     if member is not None:
         if member.how == membership.LaunchedResolver.name:   # (forked: its title is set)
             procs.set_title(procs.role_title(os.environ, sys.argv) or "worker")
-        return worker.distributed_runner(graph, member, config, lifted=lifted)
+        return worker.distributed_runner(step, member, config)
     if resource_info is None:
+        graph, lifted = step.made()
         return worker.single_device_runner(graph, config, lifted=lifted)
     # The launcher: compile once, print the report from it, serve it to
     # every process of the job from the coordinator.
+    step.made()    # (a step the launcher cannot lift is refused before the spec is read)
     spec = specs.load_spec(resource_info)
     outputs.check_job_outputs(config, spec)     # before anything starts
     # The script again as it was started, where it started (it may have
@@ -110,7 +107,8 @@ def _get_runner(graph, resource_info, config: Config):
     os.chdir(start_directory)
     try:
         code = launcher.run_job(spec, command,
-                                lambda s, _: (*_plan_of(_compile(graph, s, config)), launched))
+                                lambda s, _: (*_plan_of(step.packed_into(
+                                    _compile(step.graph(), s, config))), launched))
     except KeyboardInterrupt:
         # Ctrl-C before the job's own handling (launcher.run_job installs it
         # before anything starts): nothing started, nothing to save.
@@ -129,9 +127,18 @@ def _plan_of(compiled: CompiledPlan) -> tuple[bytes, set[str], str]:
     return compiled.to_bytes(), processes(compiled.plan), compiled.report().table()
 
 
-def _traced_defaults(config: Config, lifted) -> Config:
-    """`config` for a traced step (`lifted`; a tf.compat.v1 graph's is
-    itself): batch statistics over the global batch unless the Config sets
+def _refuse_summaries(lifted, config: Config) -> None:
+    if lifted is not None and lifted.summaries and config.micro_batches > 1:
+        raise UnsupportedGraphError(
+            f"the traced step writes tf.summary records, which its runner writes after each "
+            f"step from what the step computed; with Config(micro_batches="
+            f"{config.micro_batches}) a step is several runs, whose values are no step's: use "
+            "micro_batches=1, or write the summaries from Python with what the step returns")
+
+
+def _traced_defaults(config: Config, traced: bool) -> Config:
+    """`config` for a traced step (`traced`; a tf.compat.v1 graph keeps
+    its own): batch statistics over the global batch unless the Config sets
     batch_norm_group (Config.batch_norm_group "auto"), as one device
     computes them. A traced step runs only as a step on every worker (a
     Keras model evaluates and predicts in Python), never its forward pass on
@@ -139,20 +146,10 @@ def _traced_defaults(config: Config, lifted) -> Config:
     its graph's forward pass alone, and keeps None. Not with a
     compute_threshold (a worker that drops micro-batches would leave its
     group waiting)."""
-    if lifted is None or config.batch_norm_group is not None \
+    if not traced or config.batch_norm_group is not None \
             or config.compute_threshold is not None:
         return config
     return dataclasses.replace(config, batch_norm_group="auto")
-
-
-def _lifted(graph):
-    """(a tf.Graph, the LiftedGraph it was lifted from or None)."""
-    from autopar.transforms.lift import is_traced, lift
-    from autopar.transforms.lower_cond import lowered_graph
-    if is_traced(graph):
-        lifted = lift(graph)
-        return lifted.graph, lifted
-    return lowered_graph(graph), None
 
 
 def fit(model, x, y=None, resource_info=None, config: Config | None = None, **options):
@@ -170,7 +167,7 @@ def fit(model, x, y=None, resource_info=None, config: Config | None = None, **op
     _traced_defaults)."""
     from autopar.runtime import keras_fit
     job = keras_fit.prepare(model, x, y, **options)
-    return keras_fit.train_on(job, get_runner(job.step(), resource_info, config))
+    return keras_fit.train_on(job, get_runner(job.deferred_step(), resource_info, config))
 
 
 def shard(dataset: tf.data.Dataset) -> tf.data.Dataset:
@@ -200,9 +197,10 @@ def num_workers() -> int:
 def analyze(graph, resource_info, config: Config | None = None) -> Report:
     """The Report for training `graph` on `resource_info`, without running anything."""
     from autopar.runtime import spec as specs
-    graph, lifted = _lifted(graph)
-    return _compile(graph, specs.load_spec(resource_info),
-                    _traced_defaults(config or Config(), lifted)).report()
+    from autopar.runtime.step_graph import StepGraph
+    step = StepGraph(graph)
+    return _compile(step.graph(), specs.load_spec(resource_info),
+                    _traced_defaults(config or Config(), step.traced)).report()
 
 
 def _compile(graph, spec, config: Config) -> CompiledPlan:

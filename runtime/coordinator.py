@@ -74,6 +74,11 @@ def failed_phase(phase: str) -> str | None:
 # How clients report (runtime/coordinator_client.py); the health checks
 # (runtime/health.py) read a report's age against it.
 RPC_TIMEOUT_S = 5.0
+# Published values (a plan, which may carry a traced step's graph; a
+# timeline's part) of any size, both ways: gRPC refuses a received message
+# over 4 MiB by default.
+UNLIMITED_MESSAGES = [("grpc.max_receive_message_length", -1),
+                      ("grpc.max_send_message_length", -1)]
 # At most one progress report per this many seconds per process: states that
 # change faster are coalesced (the stall check works on a scale of seconds).
 REPORT_INTERVAL_S = 0.1
@@ -180,7 +185,8 @@ class Coordinator:
         threads = 2 * (self.num_workers + self.num_servers) + 4
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads,
                                                         thread_name_prefix="autopar-coord"),
-                             interceptors=[_TokenInterceptor(self.token)])
+                             interceptors=[_TokenInterceptor(self.token)],
+                             options=UNLIMITED_MESSAGES)
         pb2_grpc.add_CoordinatorServicer_to_server(_Servicer(self, pb2), server)
         try:
             self.port = server.add_insecure_port(self._listen_address(0))

@@ -17,7 +17,8 @@ from autopar.common import env as envvars
 from autopar.common.roles import WORKER_ROLE
 from autopar.runtime.coordinator import (PHASE_CLOSED, PHASE_FAILED, PHASE_INIT, PHASE_OTHER,
                                          PHASE_SCRIPT, PHASE_STEP, TOKEN_METADATA, _grpc_modules,
-                                         HEARTBEAT_S, REPORT_INTERVAL_S, RPC_TIMEOUT_S)
+                                         HEARTBEAT_S, REPORT_INTERVAL_S, RPC_TIMEOUT_S,
+                                         UNLIMITED_MESSAGES)
 from autopar.runtime.rpc import grpc
 
 logger = logging.getLogger("autopar.coordinator")
@@ -52,7 +53,7 @@ class CoordinatorClient:
         self._pb2, pb2_grpc = _grpc_modules()
         self.role, self.index = role, index
         self._metadata = ((TOKEN_METADATA, token),)
-        self._channel = grpc.insecure_channel(address)
+        self._channel = grpc.insecure_channel(address, options=UNLIMITED_MESSAGES)
         self._stub = pb2_grpc.CoordinatorStub(self._channel)
         self._process = self._pb2.ProcessId(role=role, index=index)
         self._cond = threading.Condition()

@@ -125,6 +125,13 @@ class FitJob:
         """The ConcreteFunction of one training step on one batch."""
         return self.train_step.get_concrete_function(*self.train.specs())
 
+    def deferred_step(self):
+        """`step`, for get_runner to trace only where its graph is needed
+        (runtime/step_graph.py), with the variables a trace may capture
+        as they are now, before any trace."""
+        from autopar.runtime.step_graph import DeferredStep
+        return DeferredStep(self.step, _state_variables(self.model))
+
 
 def prepare(model, x, y=None, *, epochs: int = 1,
             batch_size: int | None = None, validation_data=None, callbacks=(),
@@ -602,6 +609,7 @@ def _compiled_step(model, batches):
     # made up (a StringLookup without OOV indices rejects any string it
     # does not know)
     _build_symbolically(model, batches)
+    _build_optimizer(model)
     unpack = _unpacker(batches)
 
     @tf.function(jit_compile=False)
@@ -649,6 +657,42 @@ def _build_symbolically(model, batches) -> None:
     y_pred = compute_output_spec(model, x, training=False)
     compute_output_spec(lambda x, y, y_pred: _compute_loss(model, x, y, y_pred, training=False),
                         x, y, y_pred)
+
+
+def _build_optimizer(model) -> None:
+    """Build the compiled optimizer for the model's trainable variables
+    before the step is traced, as its first apply_gradients in the trace
+    would (Keras's Optimizer.apply: in its name scope, then marked built):
+    its slots exist before any trace, so a worker that takes the step's
+    graph from the plan has them (runtime/step_graph.py). Not an optimizer
+    whose scale_loss reads whether it is built (a LossScaleOptimizer scales
+    by its initial scale until then, as Keras's traced step does): the trace
+    builds that one."""
+    import keras
+    from keras.src import backend   # Optimizer.apply's name scope: no public API
+    optimizer = model.optimizer
+    if optimizer.built or type(optimizer).scale_loss is not keras.optimizers.Optimizer.scale_loss:
+        return
+    with backend.name_scope(optimizer.name, caller=optimizer):
+        optimizer.build(model.trainable_variables)
+    optimizer.built = True
+
+
+def _state_variables(model) -> list:
+    """The tf.Variables a traced step of `model` may capture, as they are
+    now: the model's (weights, seed generators), its metrics' and its
+    optimizer's, in the order every process running the script makes them
+    (a Keras 3 variable's tf.Variable, `.value`, is what a trace captures)."""
+    import keras
+    optimizer = getattr(model, "optimizer", None)
+    found, seen = [], set()
+    for v in [*model.variables, *model.metrics_variables,
+              *(optimizer.variables if optimizer is not None else ())]:
+        v = v.value if isinstance(v, keras.Variable) else v
+        if id(v) not in seen:
+            seen.add(id(v))
+            found.append(v)
+    return found
 
 
 def _masks_of(y_pred):

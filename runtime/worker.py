@@ -73,10 +73,11 @@ class _ThisProcess:
 _PROCESS = _ThisProcess()
 
 
-def distributed_runner(graph, member: Membership, config, *, lifted=None) -> Runner:
+def distributed_runner(step, member: Membership, config) -> Runner:
     """This process's Runner in the job `member` places it in
-    (runtime/membership.py): the plan comes from where the membership says
-    (module docstring), made for its topology; the chief logs the Report
+    (runtime/membership.py) for `step` (runtime/step_graph.StepGraph): the
+    plan comes from where the membership says (module docstring), made for
+    its topology, and may carry the step's graph; the chief logs the Report
     when no launcher printed it."""
     cluster, worker_index = member.cluster, member.index
     num_workers = member.num_workers
@@ -91,7 +92,8 @@ def distributed_runner(graph, member: Membership, config, *, lifted=None) -> Run
         if _PROCESS.hook is not None:
             _PROCESS.hook.began_job()
     client, hook = _PROCESS.client, _PROCESS.hook
-    compiled = _receive_plan(graph, member, config, client, job)
+    compiled = _receive_plan(step, member, config, client, job)
+    graph, lifted = step.made_from(compiled, f"worker {worker_index}")
     _check_same_config(compiled, config, worker_index)
     _check_fits(compiled.plan, member)
     compiled.check_graph(graph)
@@ -337,23 +339,24 @@ def _timeline(client: CoordinatorClient | None, worker_index: int,
     return recorder, lambda: write_part(config.timeline, recorder)
 
 
-def _receive_plan(graph, member: Membership, config, client: CoordinatorClient | None,
+def _receive_plan(step, member: Membership, config, client: CoordinatorClient | None,
                   job: int = 1) -> CompiledPlan:
     """The job's one compiled plan, from where `member` says (module
     docstring). The launcher compiled a script's first job only (it runs the
     script up to it): the chief compiles each later job's and publishes it
-    under a key of its own."""
+    under a key of its own, with the step's graph for the others to take
+    (runtime/step_graph.py)."""
     worker_index = member.index
     if client is None or member.plan_source is PlanSource.OWN:
         # No launcher compiled for everyone, so each process compiles the same
         # plan by the same deterministic function.
         log.info("worker %d: no job coordinator to receive the plan from; compiling it here",
                  worker_index)
-        return compile_for_config(graph, member.topology, config)
+        return compile_for_config(step.graph(), member.topology, config)
     source = member.plan_source if job == 1 else PlanSource.CHIEF
     published = PLAN_KEY if job == 1 else f"{PLAN_KEY}/job{job}"
     if source is PlanSource.CHIEF and worker_index == 0:
-        compiled = compile_for_config(graph, member.topology, config)
+        compiled = step.packed_into(compile_for_config(step.graph(), member.topology, config))
         _rpc(lambda: client.publish(published, compiled.to_bytes()), worker_index,
              "publish the plan to the job coordinator")
         log.debug("worker 0: compiled and published the plan of job %d", job)

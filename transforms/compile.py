@@ -26,9 +26,10 @@ from autopar.transforms.report import Report, build_report
 
 @dataclass
 class CompiledPlan:
-    """Everything a worker needs besides the graph itself: the Analysis (names
-    of gradients, update ops, step ops the rewrite and the Runner use), the
-    Plan and the placement moves the ps rewrite applies."""
+    """Everything a worker needs besides the graph itself (which a traced
+    step's plan may carry, `step`): the Analysis (names of gradients, update
+    ops, step ops the rewrite and the Runner use), the Plan and the placement
+    moves the ps rewrite applies."""
     analysis: Analysis
     plan: Plan
     moves: list[Move] = field(default_factory=list)
@@ -36,6 +37,10 @@ class CompiledPlan:
     # of the job must run with the same one (runtime/worker.py refuses one
     # whose own differs, naming the option).
     job_config: dict[str, Any] = field(default_factory=dict)
+    # A traced step's lifted graph, packed for the processes that receive
+    # the plan to take rather than trace it (transforms/portable_step.py),
+    # or None: each process makes its graph itself.
+    step: str | None = None
 
     def report(self) -> Report:
         return build_report(self.analysis, self.plan, moves=self.moves)

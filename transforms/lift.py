@@ -59,12 +59,19 @@ class LiftedGraph:
     python_variables: dict = field(default_factory=dict)
     # the placeholder of each lifted variable's initial value -> its Python variable
     initial_values: dict = field(default_factory=dict)
-    # the traced function's structured outputs and inputs, when lifted from
-    # a ConcreteFunction (for Runner.call)
-    function: object = None
+    # When lifted from a ConcreteFunction (for Runner.call): the names of
+    # the tensors its arguments feed, in order, and its outputs as it
+    # returns them (each tensor one of the lifted graph's, or the traced
+    # graph's of the same name); None from a FuncGraph alone.
+    inputs: list[str] | None = None
+    outputs: object = None
     # the function's writes to captured summary writers, taken out of the
     # graph: Runner.call fetches their inputs and the chief writes them
     summaries: list["SummaryWrite"] = field(default_factory=list)
+    # tensor name -> the static shape (a list; None for an unknown
+    # dimension) tracing inferred and importing did not (_with_traced_shapes):
+    # a graph imported elsewhere gets them again (transforms.portable_step)
+    traced_shapes: dict = field(default_factory=dict)
 
     def initial_feed(self) -> dict:
         """{initial-value placeholder name: the Python variable's value now}."""
@@ -119,7 +126,11 @@ def lift(obj) -> LiftedGraph:
     graph_def = lower_conds(_with_function_shapes(func_graph))
     _outputs_after_nothing(graph_def, {t.op.name for t in func_graph.outputs})
     taken = (_name_prefixes(graph_def), {node.name for node in graph_def.node})
-    lifted = LiftedGraph(tf.Graph(), function=None if obj is func_graph else obj)
+    lifted = LiftedGraph(tf.Graph())
+    if obj is not func_graph:
+        fed = len(func_graph.inputs) - len(func_graph.captures)
+        lifted.inputs = [t.name for t in func_graph.inputs[:fed]]
+        lifted.outputs = obj.structured_outputs
     input_map = {}
     writers = {internal.name: external for external, internal in func_graph.captures
                if id(external) not in by_handle and external.dtype == tf.resource
@@ -163,7 +174,7 @@ def lift(obj) -> LiftedGraph:
                 continue
             input_map[internal.name] = _lifted_variable(variable, taken, lifted).handle
         tf1.import_graph_def(graph_def, input_map=input_map, name="")
-        _with_traced_shapes(lifted.graph, func_graph)
+        lifted.traced_shapes = _with_traced_shapes(lifted.graph, func_graph)
         taken_out = {op.name for op in summary_ops}
         ran = [lifted.graph.get_operation_by_name(op.name) for op in
                [t.op for t in func_graph.outputs] + list(func_graph.control_outputs)
@@ -211,14 +222,15 @@ def _with_function_shapes(func_graph):
     return graph_def
 
 
-def _with_traced_shapes(graph: tf.Graph, func_graph) -> None:
+def _with_traced_shapes(graph: tf.Graph, func_graph) -> dict:
     """Give each imported tensor the static shape tracing inferred for it
     where importing inferred less: an op whose shape function reads its
     resource's handle data (a lookup in a table lifted as a new one, as
     Keras's IntegerLookup and StringLookup read theirs) has an output of
     unknown rank after the import, which the analyses of data flow cannot
     see through (transforms.example_rows: the shape of a lookup's one-hot
-    encoding taken for no example's)."""
+    encoding taken for no example's). Returns {tensor name: shape set}."""
+    given = {}
     for op in func_graph.get_operations():
         try:
             lifted = graph.get_operation_by_name(op.name)
@@ -230,6 +242,8 @@ def _with_traced_shapes(graph: tf.Graph, func_graph) -> None:
             if mine.shape.is_fully_defined() or not mine.shape.is_compatible_with(traced.shape):
                 continue
             mine.set_shape(traced.shape)   # (merged with what the import inferred)
+            given[mine.name] = mine.shape.as_list() if mine.shape.rank is not None else None
+    return given
 
 
 def _check_inputs(func_graph) -> None:

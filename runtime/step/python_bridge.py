@@ -284,29 +284,28 @@ class PythonVariables(RunHook):
         (get_runner(concrete_function, ...)): `inputs` fed to its inputs in
         order, its outputs returned as it returns them (numpy values). A
         training step like any other run that updates variables."""
-        function = self.lifted.function if self.lifted is not None else None
-        if function is None:
+        arguments = self.lifted.inputs if self.lifted is not None else None
+        if arguments is None:
             raise AutoparError("Runner.call runs a traced function: make the Runner with "
                                "autopar.get_runner(train_step.get_concrete_function(...), ...)")
         # (a tf.data dataset's batches are eager tensors: a session feeds arrays)
         inputs = [v.numpy() if isinstance(v, tf.Tensor) else v for v in inputs]
-        fed = function.graph.inputs[:len(inputs)]
-        if len(inputs) != len(function.graph.inputs) - len(function.graph.captures):
-            raise AutoparError(f"Runner.call: the function takes "
-                               f"{len(function.graph.inputs) - len(function.graph.captures)} "
+        if len(inputs) != len(arguments):
+            raise AutoparError(f"Runner.call: the function takes {len(arguments)} "
                                f"inputs, got {len(inputs)}")
-        outputs = tf.nest.flatten(function.structured_outputs, expand_composites=True)
+        structured = self.lifted.outputs
+        outputs = tf.nest.flatten(structured, expand_composites=True)
         tensors = [t for t in outputs if isinstance(t, tf.Tensor)]
         # the chief writes the function's summaries (Python's writers are
         # this process's; every worker's would write the same steps)
         summaries = self.lifted.summaries if self.is_chief else []
         written = [name for write in summaries for name in write.inputs]
         values = iter(self._run([t.name for t in tensors] + [CALL_OP] + written,
-                               {t.name: v for t, v in zip(fed, inputs)}))
+                               dict(zip(arguments, inputs))))
         if self._local_python and self.sync_state_each_call:
             self._read_into_python(self._local_python)
         result = tf.nest.pack_sequence_as(
-            function.structured_outputs,
+            structured,
             [next(values) if isinstance(t, tf.Tensor) else t for t in outputs],
             expand_composites=True)
         next(values)   # CALL_OP's
@@ -332,12 +331,12 @@ class PythonVariables(RunHook):
         from (graph_queries.variables_computed_from: a metric's result(),
         its total over its count), or by None when it depends on anything
         else (the step's batch); None without a traced function."""
-        function = self.lifted.function if self.lifted is not None else None
-        if function is None:
+        if self.lifted is None or self.lifted.inputs is None:
             return None
-        outputs = tf.nest.flatten(function.structured_outputs, expand_composites=True)
+        structured = self.lifted.outputs
+        outputs = tf.nest.flatten(structured, expand_composites=True)
         graph = self.lifted.graph
-        return tf.nest.pack_sequence_as(function.structured_outputs, [
+        return tf.nest.pack_sequence_as(structured, [
             variables_computed_from(graph.get_tensor_by_name(t.name))
             if isinstance(t, tf.Tensor) else None for t in outputs], expand_composites=True)
 
@@ -347,12 +346,10 @@ class PythonVariables(RunHook):
         `inputs` fed to the traced function's inputs as call() feeds them,
         without a step; None when there are none or `inputs` are not all of
         the function's inputs."""
-        function = self.lifted.function if self.lifted is not None else None
-        if not self._loss_counts or function is None or \
-                len(inputs) != len(function.graph.inputs) - len(function.graph.captures):
+        arguments = self.lifted.inputs if self.lifted is not None else None
+        if not self._loss_counts or arguments is None or len(inputs) != len(arguments):
             return None
-        fed = function.graph.inputs[:len(inputs)]
-        values = self._run(list(self._loss_counts), {t.name: v for t, v in zip(fed, inputs)})
+        values = self._run(list(self._loss_counts), dict(zip(arguments, inputs)))
         return [float(np.sum(v)) for v in values]
 
     def sync_python_variables(self, variables=None) -> None:

@@ -242,7 +242,8 @@ FIT = REPO / "examples" / "keras_fit.py"
 
 @pytest.mark.parametrize("run_option", FIT_OPTIONS)
 def test_fit_matches_one_device(run_option, tmp_path):
-    """autopar.fit on 2 workers: per-epoch loss and metrics (aggregated over
+    """autopar.fit on 2 workers, which take the step's graph from the plan:
+    per-epoch loss and metrics (aggregated over
     workers, training and validation) and the trained weights equal Keras's
     own model.fit on one device (the same shuffled order; each epoch's last,
     smaller batch trained), in float64 (float32 for herring, whose servers
@@ -265,6 +266,10 @@ def test_fit_matches_one_device(run_option, tmp_path):
     if dtype == "float64":   # the logs to their 6 printed digits
         assert history and f"[worker 0] {history[0]}" in log and f"[worker 1] {history[0]}" in log
     assert log.count("epoch 2/2:") == 1   # logged by the chief alone
+    # the step traced by the launcher alone, each worker taking its graph
+    # from the plan (runtime/step_graph.py)
+    for i in range(2):
+        assert f"[worker {i}] worker {i}: step graph taken from the plan" in log
     with np.load(tmp_path / "single0.npz") as data:
         expected = {k: data[k] for k in data.files}
     for i in range(2):

@@ -114,6 +114,23 @@ def test_publish_once_fetch_waits_for_it(coordinator):
             c.close()
 
 
+def test_a_plan_larger_than_grpcs_default_message_limit_travels_both_ways(coordinator):
+    """A plan (which may carry a traced step's graph: runtime/step_graph.py)
+    of more than gRPC's default 4 MiB per message, published by the
+    launcher or by the chief and fetched by the others."""
+    large = os.urandom(6 << 20)
+    coordinator.publish("plan", large)
+    clients = [CoordinatorClient(coordinator.address, coordinator.token, "worker", i)
+               for i in range(2)]
+    try:
+        assert clients[1].fetch("plan", timeout_s=10) == large
+        clients[0].publish("plan/job2", large[::-1])
+        assert clients[1].fetch("plan/job2", timeout_s=10) == large[::-1]
+    finally:
+        for c in clients:
+            c.close()
+
+
 def test_unknown_process_is_refused(coordinator):
     client = CoordinatorClient(coordinator.address, coordinator.token, "worker", 7)
     try:
