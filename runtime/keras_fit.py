@@ -128,9 +128,13 @@ class FitJob:
     def deferred_step(self):
         """`step`, for get_runner to trace only where its graph is needed
         (runtime/step_graph.py), with the variables a trace may capture
-        as they are now, before any trace."""
+        as they are now, before any trace, and the optimizers it may build
+        (runtime/fit_step_variables.py)."""
+        from autopar.runtime.fit_step_variables import StepVariables
         from autopar.runtime.step_graph import DeferredStep
-        return DeferredStep(self.step, _state_variables(self.model))
+        variables = StepVariables(self.model)
+        return DeferredStep(self.step, list(variables.variables), variables.made_by_trace,
+                            variables.remake)
 
 
 def prepare(model, x, y=None, *, epochs: int = 1,
@@ -609,7 +613,6 @@ def _compiled_step(model, batches):
     # made up (a StringLookup without OOV indices rejects any string it
     # does not know)
     _build_symbolically(model, batches)
-    _build_optimizer(model)
     unpack = _unpacker(batches)
 
     @tf.function(jit_compile=False)
@@ -657,42 +660,6 @@ def _build_symbolically(model, batches) -> None:
     y_pred = compute_output_spec(model, x, training=False)
     compute_output_spec(lambda x, y, y_pred: _compute_loss(model, x, y, y_pred, training=False),
                         x, y, y_pred)
-
-
-def _build_optimizer(model) -> None:
-    """Build the compiled optimizer for the model's trainable variables
-    before the step is traced, as its first apply_gradients in the trace
-    would (Keras's Optimizer.apply: in its name scope, then marked built):
-    its slots exist before any trace, so a worker that takes the step's
-    graph from the plan has them (runtime/step_graph.py). Not an optimizer
-    whose scale_loss reads whether it is built (a LossScaleOptimizer scales
-    by its initial scale until then, as Keras's traced step does): the trace
-    builds that one."""
-    import keras
-    from keras.src import backend   # Optimizer.apply's name scope: no public API
-    optimizer = model.optimizer
-    if optimizer.built or type(optimizer).scale_loss is not keras.optimizers.Optimizer.scale_loss:
-        return
-    with backend.name_scope(optimizer.name, caller=optimizer):
-        optimizer.build(model.trainable_variables)
-    optimizer.built = True
-
-
-def _state_variables(model) -> list:
-    """The tf.Variables a traced step of `model` may capture, as they are
-    now: the model's (weights, seed generators), its metrics' and its
-    optimizer's, in the order every process running the script makes them
-    (a Keras 3 variable's tf.Variable, `.value`, is what a trace captures)."""
-    import keras
-    optimizer = getattr(model, "optimizer", None)
-    found, seen = [], set()
-    for v in [*model.variables, *model.metrics_variables,
-              *(optimizer.variables if optimizer is not None else ())]:
-        v = v.value if isinstance(v, keras.Variable) else v
-        if id(v) not in seen:
-            seen.add(id(v))
-            found.append(v)
-    return found
 
 
 def _masks_of(y_pred):

@@ -20,9 +20,14 @@ log = logging.getLogger("autopar")
 class DeferredStep:
     """A training step to trace when its graph is needed: `trace` gives its
     ConcreteFunction; `variables` are the tf.Variables it may capture, made
-    (before any trace) in an order every process of the job makes alike."""
+    (before any trace) in an order every process of the job makes alike;
+    `made_by_trace` and `remake`, transforms.portable_step.pack's and
+    unpack's: what the trace built besides (an optimizer), rebuilt alike in
+    a process that takes the graph."""
     trace: Callable[[], object]
     variables: list
+    made_by_trace: Callable[[], tuple] | None = None
+    remake: Callable[[object], list] | None = None
 
 
 class StepGraph:
@@ -74,7 +79,7 @@ class StepGraph:
         if not isinstance(self._source, DeferredStep):
             return compiled
         try:
-            text = pack(self.lifted(), self._source.variables)
+            text = pack(self.lifted(), self._source.variables, self._source.made_by_trace)
         except NotPortable as e:
             log.debug("the traced step stays in this process, each worker traces its own: %s", e)
             return compiled
@@ -86,7 +91,7 @@ class StepGraph:
         process's variables."""
         if self._made is None and isinstance(self._source, DeferredStep) and compiled.step:
             try:
-                lifted = unpack(compiled.step, self._source.variables)
+                lifted = unpack(compiled.step, self._source.variables, self._source.remake)
             except NotPortable as e:
                 log.info("%s: tracing the step itself, the plan's does not fit: %s", who, e)
             else:

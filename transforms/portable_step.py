@@ -11,11 +11,13 @@ graph into it (`pack`), and a worker that receives the plan unpacks it
 A lifted variable stands for one of the process's Python variables: in
 another process, for the variable at the same place in a list that both
 processes make the same way before any trace (`variables`: autopar.fit's
-model, metrics and optimizer, runtime/keras_fit.py), checked by name, shape
-and dtype. A step is not packed (every process traces it, as before) when its
-trace made a variable (an optimizer first built inside the step), when it
-writes summaries (to this process's writers), or when it returns what the
-package cannot describe (a composite tensor, an object).
+model, metrics and optimizers, runtime/fit_step_variables.py), or among
+those the trace made and the other process makes alike without it (the
+slots of an optimizer the trace built), checked by name, shape and dtype. A
+step is not packed (every process traces it, as before) when its trace made
+another variable, when it writes summaries (to this process's writers), or
+when it returns what the package cannot describe (a composite tensor, an
+object).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import zlib
 
 import tensorflow as tf
 
+from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms.graph_utils import import_meta_graph
 from autopar.transforms.lift import LiftedGraph
 
@@ -35,22 +38,27 @@ class NotPortable(Exception):
     """Why a lifted step cannot be packed, or a package not taken here."""
 
 
-def pack(lifted: LiftedGraph, variables: list) -> str:
+def pack(lifted: LiftedGraph, variables: list, made_by_trace=None) -> str:
     """`lifted` as text for another process whose `variables` are made as
-    this one's (module docstring); raises NotPortable saying why not."""
+    this one's (module docstring); `made_by_trace()`, when given, says what
+    the trace built that the other process builds alike without it (a
+    JSON value) and the variables that made, which the lifted graph may
+    also stand for. Raises NotPortable saying why not."""
     if lifted.inputs is None:
         raise NotPortable("the step was not lifted from a ConcreteFunction")
     if lifted.summaries:
         raise NotPortable("the step writes summaries to this process's writers")
+    built, made = made_by_trace() if made_by_trace is not None else (None, [])
+    everything = [*variables, *made]
     place = {}
-    for index, variable in enumerate(variables):
+    for index, variable in enumerate(everything):
         place.setdefault(id(variable), index)
 
     def index_of(lifted_name: str, variable) -> int:
         index = place.get(id(variable))
         if index is None:
             raise NotPortable(f"its variable '{lifted_name}' was made by the trace, or is none "
-                              "of the model's, metrics' or optimizer's")
+                              "of the model's, metrics' or optimizers'")
         return index
 
     python = {name: index_of(name, v) for name, v in lifted.python_variables.items()}
@@ -62,26 +70,40 @@ def pack(lifted: LiftedGraph, variables: list) -> str:
     return json.dumps({
         # compressed before base64, which hides its repeats from the plan's zlib
         "meta_graph": base64.b64encode(zlib.compress(meta.SerializeToString())).decode("ascii"),
+        "built": built,
         "python_variables": python,
         "initial_values": initial,
-        "expected": {str(i): _described(variables[i]) for i in sorted(set(python.values()))},
+        "expected": {str(i): _described(everything[i]) for i in sorted(set(python.values()))},
         "inputs": lifted.inputs,
         "outputs": _encoded(lifted.outputs),
         "traced_shapes": lifted.traced_shapes,
     })
 
 
-def unpack(text: str, variables: list) -> LiftedGraph:
+def unpack(text: str, variables: list, remake=None) -> LiftedGraph:
     """The LiftedGraph `pack` made, in a new graph, standing for this
-    process's `variables`; raises NotPortable when they are not the ones
-    it names."""
+    process's `variables` and for those `remake(built)` makes as the trace
+    made them (`pack`'s made_by_trace). Raises NotPortable, before changing
+    anything, when `variables` are not the ones the package names."""
     data = json.loads(text)
-    for index, described in data["expected"].items():
-        index = int(index)
-        mine = _described(variables[index]) if index < len(variables) else None
-        if mine != described:
-            raise NotPortable(f"this process's variable {index} is {mine}, the package's "
-                              f"{described}")
+    expected = {int(i): described for i, described in data["expected"].items()}
+    _check(variables, {i: d for i, d in expected.items() if i < len(variables)}, NotPortable)
+    made = []
+    if data["built"]:
+        if remake is None:
+            raise NotPortable("the trace built what this process cannot build")
+        made = remake(data["built"])
+    everything = [*variables, *made]
+    # What remake built cannot be undone: a process that built it otherwise
+    # would trace another step than the plan's. Their names only by the
+    # last part: a trace names a variable in TensorFlow's name scopes, made
+    # unique within its graph (a second optimizer named "adam_1" builds
+    # "adam_1_1/..." after the first's second scope "adam_1"), where Keras's
+    # own path of it, and a build outside any trace, keep "adam_1/...".
+    _check(everything, {i: d for i, d in expected.items() if i >= len(variables)},
+           UnsupportedGraphError, leaf=True,
+           why="this process built its optimizers otherwise than the process that traced the "
+               "step (every process must build the same model and optimizers): ")
     graph = tf.Graph()
     meta = tf1.MetaGraphDef()
     meta.ParseFromString(zlib.decompress(base64.b64decode(data["meta_graph"])))
@@ -91,10 +113,20 @@ def unpack(text: str, variables: list) -> LiftedGraph:
         graph.get_tensor_by_name(name).set_shape(shape)
     return LiftedGraph(
         graph,
-        python_variables={n: variables[i] for n, i in data["python_variables"].items()},
-        initial_values={n: variables[i] for n, i in data["initial_values"].items()},
+        python_variables={n: everything[i] for n, i in data["python_variables"].items()},
+        initial_values={n: everything[i] for n, i in data["initial_values"].items()},
         inputs=data["inputs"],
         outputs=_decoded(data["outputs"], graph))
+
+
+def _check(variables: list, expected: dict, error, leaf: bool = False, why: str = "") -> None:
+    for index, described in sorted(expected.items()):
+        mine = _described(variables[index]) if index < len(variables) else None
+        if leaf and mine is not None:
+            mine, described = ([d[0].rsplit("/", 1)[-1], *d[1:]] for d in (mine, described))
+        if mine != described:
+            raise error(f"{why}this process's variable {index} is {mine}, the traced step's "
+                        f"{described}")
 
 
 def _described(variable) -> list:

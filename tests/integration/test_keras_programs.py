@@ -397,9 +397,18 @@ def test_a_models_own_train_step_fit_as_keras_fits_it(model, run_option, tmp_pat
     (one device's draws), on the servers. WGAN-GP: a gradient penalty
     differentiated inside the critic's tape, its interpolation weights
     drawn per example; its losses logged as computed (the workers' mean:
-    one device's for equal shares)."""
-    expected, got, _ = _keras_then_autopar([OWN_STEP, "--model", model], tmp_path, (2, 1),
-                                           "--run-option", run_option)
+    one device's for equal shares). The GANs' steps are traced by the
+    launcher alone, each worker building the two optimizers the trace built
+    and taking the step's graph from the plan; the compiled loss's metrics,
+    built by the trace, make each worker trace that step itself."""
+    expected, got, log = _keras_then_autopar([OWN_STEP, "--model", model], tmp_path, (2, 1),
+                                             "--run-option", run_option)
+    # The GANs' steps traced by the launcher alone: each worker built the
+    # two optimizers the trace built and took the graph from the plan. The
+    # compiled loss's metrics are built by the trace (their first
+    # update_state): each worker traces that step itself.
+    taken = [f"[worker {i}] worker {i}: step graph taken from the plan" in log for i in range(3)]
+    assert taken == [model != "compiled"] * 3
     assert sorted(got) == sorted(expected) and len(got[sorted(got)[0]]) == (
         3 if model == "gan" else 2)
     if model == "compiled":

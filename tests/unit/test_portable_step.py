@@ -104,28 +104,139 @@ def test_a_package_for_other_variables_is_not_taken_and_the_worker_traces():
         n for n, v in lifted.python_variables.items() if v is kernel))
 
 
+class _TwoOptimizers:
+    """A model training by its own train_step with two optimizers it holds,
+    each for half of its layers (a GAN's discriminator and generator)."""
+
+    @staticmethod
+    def model(second="sgd"):
+        import keras
+        import tensorflow as tf
+
+        class Pair(keras.Model):
+            def __init__(self):
+                super().__init__()
+                self.first, self.second = keras.layers.Dense(3), keras.layers.Dense(1)
+
+            def call(self, x):
+                return self.second(self.first(x))
+
+            def compile(self, first_optimizer, second_optimizer):
+                super().compile()
+                self.first_optimizer, self.second_optimizer = first_optimizer, second_optimizer
+
+            def train_step(self, data):
+                x, y = data
+                with tf.GradientTape(persistent=True) as tape:
+                    loss = tf.reduce_mean((self(x) - y) ** 2)
+                for optimizer, layer in ((self.first_optimizer, self.first),
+                                         (self.second_optimizer, self.second)):
+                    grads = tape.gradient(loss, layer.trainable_weights)
+                    optimizer.apply_gradients(zip(grads, layer.trainable_weights))
+                return {"loss": loss}
+
+        model = Pair()
+        model(np.zeros((1, 4), "float32"))
+        model.compile(keras.optimizers.Adam(0.01),
+                      keras.optimizers.Adam(0.02) if second == "adam"
+                      else keras.optimizers.SGD(0.1, momentum=0.9))
+        return model
+
+
+def _fit_job(model):
+    from autopar.runtime import keras_fit
+    rng = np.random.default_rng(0)
+    return keras_fit.prepare(model, rng.random((16, 4)).astype("float32"),
+                             rng.random((16, 1)).astype("float32"), batch_size=8, epochs=1,
+                             verbose=0)
+
+
+def _two_optimizers_job(second="sgd"):
+    import keras
+    keras.backend.clear_session()
+    return _fit_job(_TwoOptimizers.model(second))
+
+
 @pytest.mark.slow
-def test_a_step_whose_trace_builds_its_optimizer_stays_with_each_process():
-    """A LossScaleOptimizer scales the loss by its initial scale until it is
-    built, as Keras's traced step does: it is built by the trace, and its
-    variables made there are no other process's."""
-    job = _job(optimizer="loss_scale")
-    assert not job.model.optimizer.built
-    _, compiled = _packed(job)
+@pytest.mark.parametrize("make", [lambda: _job(), lambda: _job(optimizer="loss_scale"),
+                                  _two_optimizers_job, lambda: _two_optimizers_job("adam")],
+                         ids=["compiled adam", "compiled LossScaleOptimizer", "own step",
+                              "own step, two Adams"])
+def test_the_optimizers_the_trace_builds_are_built_alike_by_a_worker(make):
+    """Keras builds an optimizer in its first apply_gradients, inside the
+    traced step (a LossScaleOptimizer scales the loss by its initial scale
+    until then, in the trace): a worker taking the graph builds its own for
+    the variables at the same places, in the same name scope, so that each
+    holds the same variables by the same names (Keras's paths: a trace
+    makes TensorFlow's names of a second Adam's slots unique in its graph,
+    "adam_1_1/...", where a build outside it keeps "adam_1/...")."""
+    traced_job = make()
+    assert not any(o.built for o in _optimizers(traced_job.model))
+    traced, compiled = _packed(traced_job)
+    assert compiled.step
+    # packed alike again (a launcher compiles the plan again for a restart)
+    assert _contents(traced.packed_into(compiled).step) == _contents(compiled.step)
+    job = make()
+    graph, lifted = StepGraph(job.deferred_step()).made_from(compiled, "worker 1")
+    assert graph.as_graph_def() == traced.graph().as_graph_def()
+    # (an own step's model compiled without one has an RMSprop it never uses)
+    built = [o.built for o in _optimizers(traced_job.model)]
+    assert [o.built for o in _optimizers(job.model)] == built
+    assert built.count(True) == (2 if "Pair" in type(job.model).__name__ else 1)
+    for mine, theirs in zip(_optimizers(job.model), _optimizers(traced_job.model)):
+        assert [(v.path, v.name, v.shape) for v in mine.variables] == \
+            [(v.path, v.name, v.shape) for v in theirs.variables]
+        assert len(mine.variables) > 2 or not mine.built   # the slots, the iteration, the rate
+    slots = {v.value.name for o in _optimizers(job.model) for v in o.variables}
+    assert {v.name for v in lifted.python_variables.values()} >= \
+        {n for n in slots if "iteration" not in n and "learning_rate" not in n} - {""}
+    for name, variable in lifted.python_variables.items():
+        assert any(variable is v.value for o in _optimizers(job.model) for v in o.variables) \
+            or any(variable is v.value for v in job.model.variables + job.model.metrics_variables)
+
+
+def _contents(text: str) -> dict:
+    """A package's contents, its graph as the GraphDef (an export's
+    serialisation may order a map's entries otherwise)."""
+    import base64
+    import json
+    import zlib
+
+    import tensorflow as tf
+    data = json.loads(text)
+    meta = tf.compat.v1.MetaGraphDef()
+    meta.ParseFromString(zlib.decompress(base64.b64decode(data.pop("meta_graph"))))
+    return {**data, "graph": meta.graph_def}
+
+
+def _optimizers(model):
+    from autopar.runtime.fit_step_variables import StepVariables
+    return StepVariables(model).optimizers
+
+
+@pytest.mark.slow
+def test_a_step_whose_trace_makes_other_variables_is_traced_by_every_process():
+    """A variable the trace makes that no optimizer's build makes (a metric
+    the step creates on its first call) is no variable a worker could
+    stand it for: the plan carries no step."""
+    import keras
+    import tensorflow as tf
+    keras.backend.clear_session()
+
+    class Lazy(keras.Model):
+        def train_step(self, data):
+            x, y = data
+            if not hasattr(self, "seen"):
+                self.seen = tf.Variable(0.0, trainable=False, name="seen")
+            self.seen.assign_add(1.0)
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((self(x) - y) ** 2)
+            grads = tape.gradient(loss, self.trainable_weights)
+            self.optimizer.apply_gradients(zip(grads, self.trainable_weights))
+            return {"loss": loss}
+
+    inputs = keras.Input((4,))
+    model = Lazy(inputs, keras.layers.Dense(1)(inputs))
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    _, compiled = _packed(_fit_job(model))
     assert compiled.step is None
-    assert job.model.optimizer.built
-
-
-@pytest.mark.slow
-def test_the_optimizer_built_before_the_trace_has_keras_fits_variables():
-    """autopar.fit builds the optimizer before tracing (so that its slots
-    exist where no trace runs) as Keras's fit builds it inside its traced
-    step: the same variables, by the same names."""
-    job = _job()
-    prepared = [(v.path, v.name) for v in job.model.optimizer.variables]
-    model = _job().model
-    x = np.random.default_rng(0).random((16, 4)).astype("float32")
-    model.fit(x, np.zeros((16, 1), "float32"), batch_size=16, epochs=1, verbose=0,
-              shuffle=False)
-    assert [(v.path, v.name) for v in model.optimizer.variables] == prepared
-    assert len(prepared) > 2   # the iteration, the learning rate and the slots
