@@ -424,6 +424,10 @@ def _grouped_state_line(group: int, num_workers: int) -> str:
 
 
 def _state_line(state: dict, combine: str, sync: str) -> str:
+    if not state["update_ops"]:
+        # (a batch norm's moving statistics where the step runs it in
+        # inference mode, a learning rate the program sets from Python)
+        return "replicated, written by no training step (only by what the program runs besides)"
     if state["kind"] != "local":
         return f"replicated, updated once per step on every worker from the {combine} gradients"
     if sync == "average":

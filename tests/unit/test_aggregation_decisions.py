@@ -344,3 +344,25 @@ def test_a_loss_whose_reduction_the_graph_does_not_show_is_refused_unless_chosen
     assert compile_for_config(graph, 4, Config(loss_reduction="sum")).plan \
         .loss_reduction == "sum"
     compile_for_config(graph, 1, Config())
+
+
+def test_state_no_step_writes_is_reported_as_such():
+    """A learning rate the program sets between steps (and a batch norm's
+    moving statistics where the step runs it in inference mode) is state
+    the step only reads: the report says no step writes it, where the
+    global step is written by every worker's step."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 3], name="x")
+        w = tf1.get_variable("w", [3, 1])
+        rate = tf1.get_variable("rate", [], initializer=tf1.constant_initializer(0.1),
+                                trainable=False)
+        step = tf1.train.get_or_create_global_step()
+        loss = tf.reduce_mean(tf.square(tf.matmul(x, w)))
+        tf1.train.GradientDescentOptimizer(rate).minimize(loss, global_step=step)
+    analysis = analyze_graph(graph)
+    table = build_report(analysis, make_plan(analysis, 2)).table()
+    lines = {ln.split(":", 1)[0]: ln.split(":", 1)[1] for ln in table.splitlines()
+             if ln.startswith("state ")}
+    assert "written by no training step" in lines["state rate (other)"]
+    assert "updated once per step on every worker" in lines["state global_step (global_step)"]
