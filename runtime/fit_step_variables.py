@@ -40,18 +40,15 @@ class StepVariables:
                    *(v for o in found for v in o.variables)])
         self._before = len(self.variables)
 
-    def _add(self, variables) -> list:
-        """Add the ones not yet known; returns their tf.Variables."""
+    def _add(self, variables) -> None:
+        """Add the ones not yet known (a Keras variable's tf.Variable)."""
         known = {id(v) for v in self.variables}
-        added = []
         for v in variables:
             captured = v.value if isinstance(v, self._keras.Variable) else v
             if id(captured) not in known:
                 known.add(id(captured))
                 self._keras_variables.append(v)
                 self.variables.append(captured)
-                added.append(captured)
-        return added
 
     def made_by_trace(self) -> tuple[list, list]:
         """After the trace: ([optimizer place, places of the variables it
