@@ -22,6 +22,17 @@ def _keras_settings():
         yield
 
 
+def _fresh_keras() -> None:
+    """Keras's names and settings as a fresh process running the script
+    makes them: clear_session also forgets the dtype policy, which the next
+    layer built then takes from floatx, whatever an earlier test of this
+    process left."""
+    import keras
+    keras.backend.clear_session()
+    keras.config.set_floatx("float32")
+    keras.config.set_dtype_policy("float32")
+
+
 def _job(width=3, optimizer="adam", lookup=False):
     """A compiled Keras model's autopar.fit, prepared (nothing traced): a
     Dense network with dropout, or with `lookup` one reading words through a
@@ -29,7 +40,7 @@ def _job(width=3, optimizer="adam", lookup=False):
     knows (transforms/lift.py _with_traced_shapes)."""
     import keras
     from autopar.runtime import keras_fit
-    keras.backend.clear_session()   # Keras's names as a fresh process makes them
+    _fresh_keras()
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(0)
     if lookup:
@@ -67,7 +78,7 @@ def test_a_worker_takes_the_step_its_own_trace_would_make(lookup):
     graph, lifted = worker.made_from(compiled, "worker 1")
     assert worker._made is not None and lifted.graph is graph
     mine = traced.lifted()
-    assert graph.as_graph_def() == mine.graph.as_graph_def()
+    assert _contents_of(graph) == _contents_of(mine.graph)
     # every tensor's static shape, those only tracing inferred among them
     assert {t.name: t.shape.as_list() if t.shape.rank is not None else None
             for op in graph.get_operations() for t in op.outputs} == \
@@ -152,8 +163,7 @@ def _fit_job(model):
 
 
 def _two_optimizers_job(second="sgd"):
-    import keras
-    keras.backend.clear_session()
+    _fresh_keras()
     return _fit_job(_TwoOptimizers.model(second))
 
 
@@ -178,7 +188,7 @@ def test_the_optimizers_the_trace_builds_are_built_alike_by_a_worker(make):
     assert _contents(traced.packed_into(compiled).step) == _contents(compiled.step)
     job = make()
     graph, lifted = StepGraph(job.deferred_step()).made_from(compiled, "worker 1")
-    assert graph.as_graph_def() == traced.graph().as_graph_def()
+    assert _contents_of(graph) == _contents_of(traced.graph())
     # (an own step's model compiled without one has an RMSprop it never uses)
     built = [o.built for o in _optimizers(traced_job.model)]
     assert [o.built for o in _optimizers(job.model)] == built
@@ -195,6 +205,14 @@ def test_the_optimizers_the_trace_builds_are_built_alike_by_a_worker(make):
             or any(variable is v.value for v in job.model.variables + job.model.metrics_variables)
 
 
+def _contents_of(graph) -> tuple:
+    """A graph's nodes, in order, and its library's functions by name
+    (TensorFlow lists a GraphDef's functions in its own hash order)."""
+    graph_def = graph.as_graph_def()
+    return (list(graph_def.node), {f.signature.name: f for f in graph_def.library.function},
+            list(graph_def.library.gradient))
+
+
 def _contents(text: str) -> dict:
     """A package's contents, its graph as the GraphDef (an export's
     serialisation may order a map's entries otherwise)."""
@@ -206,7 +224,9 @@ def _contents(text: str) -> dict:
     data = json.loads(text)
     meta = tf.compat.v1.MetaGraphDef()
     meta.ParseFromString(zlib.decompress(base64.b64decode(data.pop("meta_graph"))))
-    return {**data, "graph": meta.graph_def}
+    graph = meta.graph_def
+    return {**data, "graph": (list(graph.node), {f.signature.name: f for f in
+                                                 graph.library.function})}
 
 
 def _optimizers(model):
@@ -221,7 +241,7 @@ def test_a_step_whose_trace_makes_other_variables_is_traced_by_every_process():
     stand it for: the plan carries no step."""
     import keras
     import tensorflow as tf
-    keras.backend.clear_session()
+    _fresh_keras()
 
     class Lazy(keras.Model):
         def train_step(self, data):
