@@ -133,7 +133,7 @@ class FitJob:
         from autopar.runtime.fit_step_variables import StepVariables
         from autopar.runtime.step_graph import DeferredStep
         variables = StepVariables(self.model)
-        return DeferredStep(self.step, list(variables.variables), variables.made_by_trace,
+        return DeferredStep(self.step, variables.variables, variables.made_by_trace,
                             variables.remake)
 
 

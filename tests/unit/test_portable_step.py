@@ -206,16 +206,18 @@ def test_the_optimizers_the_trace_builds_are_built_alike_by_a_worker(make):
 
 
 def _contents_of(graph) -> tuple:
-    """A graph's nodes, in order, and its library's functions by name
+    return _graph_contents(graph.as_graph_def())
+
+
+def _graph_contents(graph_def) -> tuple:
+    """A GraphDef's nodes, in order, and its library's functions by name
     (TensorFlow lists a GraphDef's functions in its own hash order)."""
-    graph_def = graph.as_graph_def()
     return (list(graph_def.node), {f.signature.name: f for f in graph_def.library.function},
             list(graph_def.library.gradient))
 
 
 def _contents(text: str) -> dict:
-    """A package's contents, its graph as the GraphDef (an export's
-    serialisation may order a map's entries otherwise)."""
+    """A package's contents, its graph as _graph_contents."""
     import base64
     import json
     import zlib
@@ -224,9 +226,7 @@ def _contents(text: str) -> dict:
     data = json.loads(text)
     meta = tf.compat.v1.MetaGraphDef()
     meta.ParseFromString(zlib.decompress(base64.b64decode(data.pop("meta_graph"))))
-    graph = meta.graph_def
-    return {**data, "graph": (list(graph.node), {f.signature.name: f for f in
-                                                 graph.library.function})}
+    return {**data, "graph": _graph_contents(meta.graph_def)}
 
 
 def _optimizers(model):
