@@ -66,7 +66,6 @@ def _get_runner(graph, resource_info, config: Config):
                                  spec as specs, worker)
     from autopar.runtime.step_graph import StepGraph
     step = StepGraph(graph, check=lambda lifted: _refuse_summaries(lifted, config))
-    config = _traced_defaults(config, step.traced)
     role = env.current_role()
     if role == REPORT_ROLE:
         spec = specs.ResourceSpec.from_dict(json.loads(os.environ[env.SPEC]))
@@ -136,22 +135,6 @@ def _refuse_summaries(lifted, config: Config) -> None:
             "micro_batches=1, or write the summaries from Python with what the step returns")
 
 
-def _traced_defaults(config: Config, traced: bool) -> Config:
-    """`config` for a traced step (`traced`; a tf.compat.v1 graph keeps
-    its own): batch statistics over the global batch unless the Config sets
-    batch_norm_group (Config.batch_norm_group "auto"), as one device
-    computes them. A traced step runs only as a step on every worker (a
-    Keras model evaluates and predicts in Python), never its forward pass on
-    one worker alone, which group statistics forbid; a TF1 chief may run
-    its graph's forward pass alone, and keeps None. Not with a
-    compute_threshold (a worker that drops micro-batches would leave its
-    group waiting)."""
-    if not traced or config.batch_norm_group is not None \
-            or config.compute_threshold is not None:
-        return config
-    return dataclasses.replace(config, batch_norm_group="auto")
-
-
 def fit(model, x, y=None, resource_info=None, config: Config | None = None, **options):
     """Train a compiled Keras 3 model as ``model.fit(x, y, **options)`` trains
     it, on the cluster `resource_info` describes, with one device's result;
@@ -163,8 +146,7 @@ def fit(model, x, y=None, resource_info=None, config: Config | None = None, **op
     validation_steps; another is refused naming it (docs/tf2-keras.md,
     runtime/keras_fit.py). Launches and joins as get_runner does.
     Batch normalisation takes one device's statistics of the global batch
-    unless `config` sets batch_norm_group (a traced step's default, "auto":
-    _traced_defaults)."""
+    unless `config` sets batch_norm_group otherwise (its default "auto")."""
     from autopar.runtime import keras_fit
     job = keras_fit.prepare(model, x, y, **options)
     return keras_fit.train_on(job, get_runner(job.deferred_step(), resource_info, config))
@@ -200,7 +182,7 @@ def analyze(graph, resource_info, config: Config | None = None) -> Report:
     from autopar.runtime.step_graph import StepGraph
     step = StepGraph(graph)
     return _compile(step.graph(), specs.load_spec(resource_info),
-                    _traced_defaults(config or Config(), step.traced)).report()
+                    config or Config()).report()
 
 
 def _compile(graph, spec, config: Config) -> CompiledPlan:

@@ -276,6 +276,10 @@ class Config(PlanOptions):
             raise AutoparError("Config.aggregation_group is not supported with "
                                "Config.micro_batches > 1 (a micro-batch's grouped lookups would "
                                "need a barrier of their own): use one of them")
+        if tau is not None and self.batch_norm_group == "auto":
+            # A worker that drops micro-batches computes fewer forward passes
+            # than its group: statistics stay each worker's (reported).
+            object.__setattr__(self, "batch_norm_group", None)
         if tau is not None and self.batch_norm_group not in (None, 1):
             # Group statistics are all-reduced in the forward pass: a worker
             # that drops micro-batches would leave its peers waiting there.

@@ -45,7 +45,8 @@ from autopar.transforms.analysis import Analysis, analyze_graph
 from autopar.transforms.methods.registry import processes
 from autopar.transforms.batch_mixing import mixing_note
 from autopar.transforms.compile import CompiledPlan, compile_for_config
-from autopar.transforms.graph_utils import import_meta_graph, op_name_of, staged_initializers
+from autopar.transforms.graph_utils import (function_calls, import_meta_graph, op_name_of,
+                                            staged_initializers)
 from autopar.transforms.evaluate import totals_allreduce
 from autopar.transforms.keys import JOB_GROUP_STRIDE, PLAN_KEY, TIMELINE_KEY_PREFIX
 from autopar.transforms.accelerator import Accelerator
@@ -232,34 +233,58 @@ def in_container(graph_def, container: str) -> None:
 def in_groups_above(graph_def, offset: int) -> None:
     """Give every collective of the graph a group key `offset` higher: a
     new constant for each key (the graph shares one constant per value
-    among sizes, keys and instance keys)."""
+    among sizes, keys and instance keys). So too in the graph's functions
+    (a feature's collectives run in training steps alone: the calls of a
+    cond's branch), each of which changes its name with its body: a process
+    keeps a function it ran by its name."""
+    _moved_groups(graph_def.node, graph_def.node.add, offset, in_function=False)
+    renamed = {}
+    for f in graph_def.library.function:
+        if _moved_groups(f.node_def, f.node_def.add, offset, in_function=True):
+            renamed[f.signature.name] = f"{f.signature.name}_groups{offset}"
+            f.signature.name = renamed[f.signature.name]
+    if renamed:
+        for nodes in [graph_def.node, *(f.node_def for f in graph_def.library.function)]:
+            for func in function_calls(nodes):
+                func.name = renamed.get(func.name, func.name)
+
+
+def _moved_groups(nodes, add, offset: int, in_function: bool) -> bool:
+    """in_groups_above on `nodes` (a GraphDef's, or a function's, whose
+    nodes name a node's output "name:output:0"; `add` makes a node there);
+    whether any collective was moved."""
     from tensorflow.python.framework import op_def_registry   # no public OpDef lookup
-    nodes = {node.name: node for node in graph_def.node}
+    by_name = {node.name: node for node in nodes}
     made: dict[tuple[int, str], str] = {}
-    for node in list(graph_def.node):
+    moved = False
+    for node in list(nodes):
         if not node.op.startswith("Collective"):
             continue
         if "group_key" in node.attr:   # (the first collective ops: attributes)
             node.attr["group_key"].i += offset
+            moved = True
             continue
         names = [a.name for a in op_def_registry.get(node.op).input_arg]
         if "group_key" not in names:
             continue
         index = names.index("group_key")
-        source = nodes.get(op_name_of(node.input[index]))
+        source = by_name.get(op_name_of(node.input[index]))
         if source is None or source.op != "Const":
             raise UnsupportedGraphError(f"collective '{node.name}' takes its group key from "
                                         f"'{node.input[index]}', no constant: a later job of the "
                                         "script cannot move it to groups of its own")
         key = int(tf.make_ndarray(source.attr["value"].tensor))
         if (key, source.device) not in made:
-            name = f"autopar/later_job/group_key_{key}_{len(made)}"
-            const = graph_def.node.add()
+            name = ("autopar_later_job_" if in_function else "autopar/later_job/") \
+                + f"group_key_{key}_{len(made)}"
+            const = add()
             const.CopyFrom(source)
             const.name = name
             const.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(key + offset, tf.int32))
             made[(key, source.device)] = name
-        node.input[index] = made[(key, source.device)]
+        node.input[index] = made[(key, source.device)] + (":output:0" if in_function else "")
+        moved = True
+    return moved
 
 
 def _accelerator(worker_index: int, gpus: tuple[int, ...]

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 import tensorflow as tf
 
 from autopar.common.errors import AutoparError, UnsupportedGraphError
-from autopar.transforms.features.base import GraphFeature, Rewiring
+from autopar.transforms.features.base import (GraphFeature, Rewiring, in_step_cond,
+                                               in_step_flag)
 from autopar.transforms.graph_utils import in_gradient_scope, node_input_name
 from autopar.transforms.keys import BATCH_NORM, BATCH_NORM_GROUPS
 
@@ -195,6 +196,16 @@ class BatchNorm(GraphFeature):
             option = "all" if analysis.batch_norms else None
         return {"batch_norm_group": batch_norm_group_size(option, topology.num_workers)}
 
+    def check(self, analysis, plan, config):
+        if plan.batch_norm_group and analysis.batch_norms and config.micro_batches > 1:
+            raise UnsupportedGraphError(
+                f"batch norm '{analysis.batch_norms[0].name}': with Config(micro_batches="
+                f"{config.micro_batches}) each worker computes a step in micro-batches, whose "
+                "batch statistics are neither the global batch's nor taken over the workers "
+                "(a micro-batch's run is no training step of every worker); use "
+                "micro_batches=1, or Config(batch_norm_group=None) for each micro-batch's own "
+                "statistics")
+
     def rewrite(self, ctx):
         plan = ctx.plan
         if not plan.batch_norm_group or not ctx.analysis.batch_norms:
@@ -202,9 +213,11 @@ class BatchNorm(GraphFeature):
         size, group_key = group_of(ctx.worker_index, plan.batch_norm_group, plan.num_workers,
                                    plan.group_key, BATCH_NORM_GROUPS.first)
         group = ctx.backend if size == plan.num_workers else ctx.backend.subgroup(size, group_key)
-        rewire, exempt = rewrite_batch_norms(ctx.graph, ctx.analysis.batch_norms, group,
-                                             plan.batch_norm_key, ctx.constants)
-        return Rewiring(rewire, exempt)
+        flag = in_step_flag(ctx.graph)
+        rewire, exempt = rewrite_batch_norms(ctx.graph, ctx.analysis.batch_norms,
+                                             InTrainingSteps(group, flag), plan.batch_norm_key,
+                                             ctx.constants)
+        return Rewiring(rewire, exempt | {flag.op.name}, outputs={"in_step": flag.name})
 
     def notes(self, analysis, plan, num_workers):
         if plan.batch_norm_group and not analysis.batch_norms:
@@ -216,6 +229,22 @@ class BatchNorm(GraphFeature):
         return {"batch_norms": [{"name": b.name, "kind": b.kind, "ops": b.ops,
                                  "group": plan.batch_norm_group, "moving": b.moving}
                                 for b in analysis.batch_norms]}
+
+
+class InTrainingSteps:
+    """A group's sum over its workers in a training step (which every worker
+    runs), and the worker's own value (a group of one) in any other run: a
+    forward pass the chief runs alone (an evaluation, a prediction) then
+    normalises by the batch it was given, as one device does, instead of
+    waiting for workers that never join."""
+
+    def __init__(self, group, flag: tf.Tensor):
+        self._group = group
+        self._flag = flag
+
+    def allreduce_sum(self, x: tf.Tensor, key: int) -> tf.Tensor:
+        return in_step_cond(self._flag, lambda: self._group.allreduce_sum(x, key),
+                            lambda: tf.identity(x))
 
 
 def batch_norm_group_size(option: str | int | None, num_workers: int) -> int:

@@ -336,6 +336,15 @@ def op_name_of(name: str) -> str:
     return name.lstrip("^").split(":")[0]
 
 
+def function_calls(nodes):
+    """The function references (NameAttrList messages, renamable in place)
+    of `nodes`' function-valued attributes: a cond's branches, a loop's
+    body, a call's function."""
+    for node in nodes:
+        for value in node.attr.values():
+            yield from ([value.func] if value.HasField("func") else value.list.func)
+
+
 def readers_of(graph_def) -> dict[str, list]:
     """Op name -> the NodeDefs of `graph_def` reading it (data or control
     input), in the GraphDef's order."""

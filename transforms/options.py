@@ -73,18 +73,20 @@ class PlanOptions:
     ``"average"`` replaces them by their mean over workers after every step
     (identical replicas; not equal to one device's statistics of the global
     batch)."""
-    batch_norm_group: str | int | None = None
+    batch_norm_group: str | int | None = "auto"
     """Distributed batch normalisation: training-mode batch-norm layers
     (tf.nn.moments / Keras BatchNormalization, FusedBatchNorm) take their
-    batch statistics over a group of workers: ``"all"`` (one device's
-    statistics of the global batch, moving statistics included), a group size
-    k >= 1 (workers [0,k), [k,2k)...; must divide the worker count),
-    ``"auto"`` (``"all"`` where the graph has such a layer, nothing to say
-    where it has none: what None means for a traced TensorFlow 2 step and
-    autopar.fit, which run the step's forward pass only in steps of every
-    worker), or ``None`` (for a tf.compat.v1 graph, whose chief may run the
-    forward pass alone: each worker normalises by its own batch, not one
-    device's)."""
+    batch statistics over a group of workers in every training step:
+    ``"all"`` (one device's statistics of the global batch, moving
+    statistics included), a group size k >= 1 (workers [0,k), [k,2k)...;
+    must divide the worker count), ``"auto"`` (the default: ``"all"`` where
+    the graph has such a layer, nothing to say where it has none; per worker
+    with a Config.compute_threshold, whose workers may compute different
+    numbers of micro-batches), or ``None`` (each worker normalises by its
+    own batch, not one device's; the report says so). A run that is not a
+    training step (the chief's forward pass alone, an evaluation)
+    normalises by the batch it is given, as one device does. A group with
+    Config.micro_batches > 1 is refused (a micro-batch's run is no step)."""
     shard_weight_update: bool = False
     """Weight-update sharding (TPU-pod scaling paper §3): each all-reduce
     variable is updated by one owner worker, which alone holds its optimizer

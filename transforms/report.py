@@ -406,11 +406,13 @@ def _quoted(names) -> str:
 
 def _batch_norm_line(layer: dict, num_workers: int) -> str:
     if not layer["group"]:
-        return ("statistics of each worker's own batch (Config(batch_norm_group='all') takes "
-                "them over the global batch)")
+        return ("statistics of each worker's own batch, not one device's (Config("
+                "batch_norm_group='all') takes them over the global batch)")
     if layer["group"] == num_workers:
         return (f"statistics over all {num_workers} workers (sums, squared deviations and "
-                "counts all-reduced, forward and backward): one device's on the global batch")
+                "counts all-reduced, forward and backward) in training steps: one device's on "
+                "the global batch; a run that is not a step (the chief's forward pass alone) "
+                "normalises by the batch it is given")
     return (f"statistics over groups of {layer['group']} workers (sums, squared deviations and "
             "counts all-reduced within the group, forward and backward)")
 

@@ -13,6 +13,7 @@ public API (no in-place mutation of tf.Operation inputs).
 """
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 
@@ -23,10 +24,10 @@ from autopar.common.roles import SERVER_JOB, WORKER_JOB
 from autopar.transforms.accelerator import Accelerator, accelerator_device, place_on_accelerator
 from autopar.transforms.analysis import Analysis
 from autopar.transforms.comm import CollectiveOpsBackend
-from autopar.transforms.graph_utils import (transforming, import_meta_graph, import_nodes,
-                                             in_gradient_scope, initialization_guard,
-                                             meta_graph_of, node_input_name, op_name_of,
-                                             readers_of)
+from autopar.transforms.graph_utils import (function_calls, import_meta_graph, import_nodes,
+                                            in_gradient_scope, initialization_guard,
+                                            meta_graph_of, node_input_name, op_name_of,
+                                            readers_of, transforming)
 from autopar.transforms.partition import PartitionedVariable, copy_region
 from autopar.transforms.placement import Move
 from autopar.transforms.features.base import FeatureContext, Rewiring
@@ -145,6 +146,7 @@ def _rewrite(graph_or_meta, analysis: Analysis, plan: Plan, worker_index: int,
                                      edits.server_variables)
         minus_one = ctx.constants.get([-1]).op.name if worker_index == 0 and broadcast else ""
     graph_def, new_nodes = _export(meta, scratch, n_original)
+    _stable_function_names(graph_def, {f.signature.name for f in meta.graph_def.library.function})
     new_nodes.update(ctx.nodes.flush(graph_def))
     by_name = {node.name: node for node in graph_def.node}
     new_nodes.update(_splice_broadcast(graph_def, broadcast, worker_index == 0, minus_one, device,
@@ -382,6 +384,51 @@ def _export(meta: tf1.MetaGraphDef, scratch: tf.Graph, n_original: int):
     graph_def.CopyFrom(original)
     graph_def.node.extend(op.node_def for op in new)
     return graph_def, {op.name for op in new}
+
+
+_NUMBERED = re.compile(r"_\d+$")
+
+
+def _stable_function_names(graph_def, original: set[str]) -> None:
+    """The functions the rewrite built (a feature's conds: TensorFlow ends
+    their names with a count of the process's ops so far) named alike in
+    every rewrite of one plan, whatever ran before it in the process: each
+    its name without that count, then a digest of its body (functions the
+    body calls renamed first). A name is the function, in every graph of a
+    process: a later job's cond of another body gets another name (TensorFlow
+    keeps a function it ran by its name, and ran the first job's body for
+    the second's). The library sorted by name, which TensorFlow lists in its
+    hash map's order."""
+    library = graph_def.library.function
+    built = {f.signature.name: f for f in library if f.signature.name not in original}
+    if not built:
+        return
+    renamed: dict[str, str] = {}
+
+    def rename(name: str, seen: frozenset) -> str:
+        if name not in renamed:
+            f = built[name]
+            for func in function_calls(f.node_def):
+                if func.name in built and func.name not in seen:
+                    func.name = rename(func.name, seen | {name})
+            body = type(f)()
+            body.CopyFrom(f)
+            body.signature.name = ""
+            digest = hashlib.sha1(body.SerializeToString(deterministic=True)).hexdigest()[:16]
+            renamed[name] = f"{_NUMBERED.sub('', name)}_{digest}"
+        return renamed[name]
+
+    for name in sorted(built):
+        rename(name, frozenset())
+    for func in function_calls(graph_def.node):
+        func.name = renamed.get(func.name, func.name)
+    for f in library:
+        f.signature.name = renamed.get(f.signature.name, f.signature.name)
+    # (two conds' branches of one body are one function)
+    ordered = list({f.signature.name: f for f in sorted(
+        library, key=lambda f: f.signature.name)}.values())
+    del library[:]
+    library.extend(ordered)
 
 
 def _scratch_copy(meta: tf1.MetaGraphDef, collections: bool = True,

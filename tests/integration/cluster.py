@@ -155,15 +155,16 @@ def run_in_process(main: Callable[[list[str]], None], argv: list[str]) -> str:
 def single_device_runs(tmp_path_factory, *extra: str) -> Callable[[str], dict[str, np.ndarray]]:
     """model -> its parameters after a single-device run with ``extra``
     arguments; each model runs once per fixture (a module-scoped one shares
-    the reference run among a module's cases)."""
+    the reference run among a module's cases); its output in `.logs[model]`."""
     cache: dict[str, dict[str, np.ndarray]] = {}
 
     def get(model: str) -> dict[str, np.ndarray]:
         if model not in cache:
             out = tmp_path_factory.mktemp(f"single_{model}")
-            run_single_device(model, out, *extra)
+            get.logs[model] = run_single_device(model, out, *extra)
             cache[model] = load_worker(out, 0)
         return cache[model]
+    get.logs = {}
     return get
 
 

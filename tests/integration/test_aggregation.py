@@ -12,12 +12,16 @@
   weights): one device divides by the global batch's count of kept tokens,
   each worker holds a different share of them; every worker divides by the
   count summed over workers (transforms.loss_counts).
-- Batch-norm moving statistics are computed by each worker from its own
-  batch; with sync_local_state="average" they are averaged after every step.
+- Batch norm takes one device's statistics of the global batch in training
+  steps by default; with Config(batch_norm_group=None) each worker computes
+  them, and its moving statistics, from its own batch, and with
+  sync_local_state="average" those are averaged after every step.
 
 Each run option, 3 workers on 2 hosts with 2 servers; every variable and
 optimizer slot compared with a single-device run of the same global batch.
 """
+import re
+
 import numpy as np
 import pytest
 
@@ -69,7 +73,7 @@ def test_batch_norm_state_averaged(tmp_path):
     out = tmp_path / "dist"
     log = run_training("bn_sgd", out, "--steps", str(steps), "--batch", str(BATCH),
                        "--spec", str(write_spec(tmp_path, 3)), "--run-option", "allreduce",
-                       "--sync-local-state", "average")
+                       "--sync-local-state", "average", "--batch-norm-group", "none")
     assert "state bn/moving_mean (local): per worker (from the local batch), then averaged" in log
     assert "state bn/moving_variance (local): per worker (from the local batch)" in log
     workers = [load_worker(out, i) for i in range(3)]
@@ -81,22 +85,31 @@ def test_batch_norm_state_averaged(tmp_path):
     assert np.abs(workers[0]["bn/moving_variance"]).min() > 0
 
 
-def test_batch_norm_group_all_matches_single_device(tmp_path, single_device):
-    """Config(batch_norm_group="all"), 3 workers on 2 hosts: a residual CNN
-    with a tf.nn.moments batch norm and a FusedBatchNormV3 (its own moving
-    averages) equals one device on the global batch: weights, batch-norm
-    scales and offsets, momentum slots and moving statistics."""
+@pytest.mark.parametrize("group", ["default", "all"])
+def test_batch_norm_group_all_matches_single_device(group, tmp_path, single_device):
+    """Config's default (batch_norm_group "auto") and "all", 3 workers on 2
+    hosts: a residual CNN with a tf.nn.moments batch norm and a
+    FusedBatchNormV3 (its own moving averages) equals one device on the
+    global batch: weights, batch-norm scales and offsets, momentum slots and
+    moving statistics. After training the chief runs the forward pass alone
+    on a batch (not a training step: the others do not join it): it
+    normalises by that batch, as one device, whose loss it prints."""
     model = "bncnn_momentum"
     expected = single_device(model)
     out = tmp_path / "dist"
     log = run_training(model, out, "--steps", str(STEPS), "--batch", str(BATCH),
                        "--spec", str(write_two_host_spec(tmp_path, servers=(0, 0))),
-                       "--run-option", "allreduce", "--batch-norm-group", "all")
+                       "--run-option", "allreduce",
+                       *(["--batch-norm-group", group] if group != "default" else []))
     assert "batch norm bn1 (moments): statistics over all 3 workers" in log
     assert "batch norm bn2 (fused): statistics over all 3 workers" in log
     for i in range(3):
         actual = load_worker(out, i)
         assert_same_parameters(expected, actual, what=f"{model} worker {i}")
+    alone = re.findall(r"^\[worker 0\] eval loss: (\S+)$", log, re.M)
+    one_device = re.findall(r"^eval loss: (\S+)$", single_device.logs[model], re.M)
+    assert len(alone) == 1 and len(one_device) == 1, log[-3000:]
+    np.testing.assert_allclose(float(alone[0]), float(one_device[0]), rtol=1e-5)
 
 
 def test_batch_norm_group_with_distributed_evaluation(tmp_path):

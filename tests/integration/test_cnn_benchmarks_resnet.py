@@ -1,7 +1,7 @@
 """ResNet-20 of tf_cnn_benchmarks (ported under tests/programs/tf_cnn_benchmarks,
 driven by scripts/cnn_benchmarks_resnet.py: Nesterov momentum, L2 weight
 decay, 19 training-mode batch-norm layers, moving statistics, global step)
-with Config(batch_norm_group="all") on 3 workers equals one device on the
+with Config's defaults (batch_norm_group "auto") on 3 workers equals one device on the
 global batch, in float64 (where every layer is of the tf.nn.moments form:
 TensorFlow has no float64 FusedBatchNorm kernel, so the port builds what
 tf.layers builds for such a dtype).
@@ -35,12 +35,12 @@ ARGS = ["--dtype", "float64", "--image-size", "8", "--batch", "6", "--steps", st
 LAYERS = 19   # batch-norm layers of ResNet-20
 
 
-# AUTOPAR_TEST_MATRIX=full (`make test-matrix`): with the variables on
-# servers too (herring keeps float64 gradients on the ring: allreduce's
-# case), and each as a TF1-era script runs, after
-# tf.compat.v1.disable_v2_behavior() (reference variables, V1 control flow).
+# As a TF1-era script runs, after tf.compat.v1.disable_v2_behavior()
+# (reference variables, V1 control flow); AUTOPAR_TEST_MATRIX=full (`make
+# test-matrix`): with the variables on servers too (herring keeps float64
+# gradients on the ring: allreduce's case), and in TensorFlow 2's behaviour.
 CASES = ([(o, b) for o in ("allreduce", "ps") for b in ("v2", "v1")]
-         if os.environ.get("AUTOPAR_TEST_MATRIX") == "full" else [("allreduce", "v2")])
+         if os.environ.get("AUTOPAR_TEST_MATRIX") == "full" else [("allreduce", "v1")])
 
 
 @pytest.mark.parametrize("run_option,behavior", CASES, ids=[f"{o}-{b}" for o, b in CASES])
@@ -52,7 +52,7 @@ def test_resnet20_through_tf_compat_v1_layers_legacy_keras(run_option, behavior,
     dependency on the full tensorflow package) and TF_USE_LEGACY_KERAS=1.
     Fresh interpreters (not the tests' fork server, which imported
     TensorFlow without tf-keras on its path) on 3 workers, batch-norm
-    statistics over all of them, equal one device. Behaviour "v1": both
+    statistics over all of them by default, equal one device. Behaviour "v1": both
     runs through a wrapper that disables V2 behaviour first and runs the
     script with runpy (the launcher re-runs the wrapper)."""
     legacy = REPO / ".venv" / "legacy-keras"
@@ -79,7 +79,7 @@ def test_resnet20_through_tf_compat_v1_layers_legacy_keras(run_option, behavior,
     try:
         log = output(start(tmp_path / "dist", "--spec", str(write_spec(
             tmp_path, 3, servers=2 if run_option == "ps" else 0)),
-            "--batch-norm-group", "all", "--run-option", run_option))
+            "--run-option", run_option))
         output(single)
     finally:
         if single.poll() is None:

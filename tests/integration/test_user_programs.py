@@ -15,6 +15,9 @@ masked_sums: losses summed over what tf.boolean_mask keeps of the batch.
 
 ctc_sequences: TensorFlow 1's and 2's CTC losses of sparse labels.
 
+bn_classifier: batch norm under tf.compat.v1.cond(is_training, ...), its
+moving statistics in UPDATE_OPS, Config at its defaults.
+
 loss_scaled: tf.compat.v1's MixedPrecisionLossScaleOptimizer in control
 flow v2, whose functional conds every process lowers into its graph; some
 steps skipped for gradients that overflow float32, a summed loss.
@@ -28,10 +31,12 @@ import os
 import re
 import sys
 
+import numpy as np
 import pytest
 
 from tests.integration.cluster import (REPO, assert_same_parameters, load_worker,
-                                       run_in_process, run_script, write_two_host_spec)
+                                       run_in_process, run_script, run_to_end,
+                                       write_two_host_spec)
 
 SCRIPT = REPO / "tests" / "integration" / "scripts" / "user_program.py"
 STEPS, BATCH = 6, 6
@@ -163,6 +168,38 @@ def test_a_gan_with_batch_norm_over_every_worker_matches_single_device(behavior,
     assert "batch norm discriminator_1/bn2 (moments): statistics over all 3 workers" in log
     for i in range(3):
         assert_same_parameters(expected, load_worker(out, i), what=f"gan worker {i}")
+
+
+def test_a_tf1_batch_norm_under_is_training_matches_single_device(tmp_path, single_device):
+    """tests/programs/bn_classifier.py after disable_v2_behavior(), Config
+    at its defaults, in hybrid: its two batch-norm layers (fused and
+    moments), each under tf.compat.v1.cond(is_training, ...) with its moving
+    statistics in UPDATE_OPS, take one device's statistics of the global
+    batch in training steps (before: each worker's own, by default), while
+    every worker's evaluation of its own rows between steps (no step: the
+    flag False) runs alone; the last step's 7 examples split 3/2/2."""
+    expected = single_device("bn_classifier", "float64", uneven=True, behavior="v1")
+    log, out = _train_uneven("bn_classifier", "float64", "hybrid", "v1", tmp_path)
+    for layer in ("bn1/cond (fused)", "bn2/cond (moments)"):
+        assert f"batch norm model/{layer}: statistics over all 3 workers" in log, log[-3000:]
+    assert not np.allclose(expected["model/bn2/moving_variance"], 1.0)
+    for i in range(3):
+        assert_same_parameters(expected, load_worker(out, i), what=f"bn_classifier worker {i}")
+
+
+def test_a_batch_norm_in_a_functional_cond_is_refused_naming_it(tmp_path):
+    """The same program in control flow v2 (TensorFlow 2's default, no
+    disable_v2_behavior()): its cond is an If whose branch function takes
+    the batch's statistics, which the analysis cannot take over the
+    workers; refused at start, naming the op, with no traceback."""
+    spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
+    code, log = run_to_end([sys.executable, str(SCRIPT), "--program", "bn_classifier",
+                            "--steps", "1", "--batch", str(BATCH), "--out",
+                            str(tmp_path / "dist"), "--spec", str(spec)])
+    assert code == 2, log[-3000:]
+    assert "autopar: the loss mixes the examples of a batch at 'FusedBatchNormV3' (an op " \
+           "of a function the step runs" in log, log[-3000:]
+    assert "Traceback" not in log
 
 
 @pytest.mark.parametrize("behavior", BEHAVIORS)

@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="this worker sleeps --delay s after each micro-batch (-1: every worker)")
     p.add_argument("--delay", type=float, default=0.0)
     p.add_argument("--dropcompute-log")
-    p.add_argument("--batch-norm-group", default="none", help="'all', a group size or 'none'")
+    p.add_argument("--batch-norm-group", default="auto",
+                   help="'auto' (Config's default), 'all', a group size or 'none'")
     p.add_argument("--shard-weight-update", action="store_true")
     p.add_argument("--hierarchical", choices=("auto", "on", "off"), default="auto",
                    help="Config.hierarchical_allreduce: None, True or False")
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
                                                     "off": False}[args.hierarchical],
                             batch_norm_group=(None if args.batch_norm_group == "none" else
                                               args.batch_norm_group
-                                              if args.batch_norm_group == "all"
+                                              if args.batch_norm_group in ("all", "auto")
                                               else int(args.batch_norm_group)),
                             partitions={k: int(n) for k, n in
                                         (kv.split("=") for kv in args.partitions.split(",") if kv)})
@@ -189,10 +190,11 @@ def main(argv: list[str] | None = None) -> None:
         with model.graph.as_default():
             variables = tf1.global_variables()
         values = runner.run({v.op.name: v for v in variables})
-        if runner.is_chief and args.batch_norm_group == "none" and args.aggregation_group is None:
+        if runner.is_chief and args.aggregation_group is None:
             # Predictions of the trained model on a fixed batch, for comparisons.
-            # (With distributed batch norm or aggregation groups the forward
-            # pass has collectives: the chief cannot run it alone.)
+            # (With aggregation groups the forward pass has collectives: the
+            # chief cannot run it alone. Batch norm's run in training steps
+            # only: alone, the chief normalises by the batch it is given.)
             x, y = models.global_batch(args.model, 99, args.batch)
             print(f"eval loss: {float(runner.run(model.loss, models.feed(model, x, y))):.9g}",
                   flush=True)

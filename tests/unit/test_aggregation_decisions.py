@@ -307,7 +307,8 @@ def test_state_kind(state, name, kind):
 def test_local_state_report_and_sync_op(sync):
     graph = _graph(state="batch_norm")
     analysis = analyze_graph(graph)
-    plan = make_plan(analysis, 2, options=PlanOptions(run_option="allreduce", sync_local_state=sync))
+    plan = make_plan(analysis, 2, options=PlanOptions(run_option="allreduce", sync_local_state=sync,
+                                                      batch_norm_group=None))
     table = build_report(analysis, plan).table()
     line = [ln for ln in table.splitlines() if ln.startswith("state bn/moving_mean (local)")]
     assert line and "per worker (from the local batch)" in line[0]

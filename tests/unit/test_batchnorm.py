@@ -4,10 +4,11 @@ against one device: tests/integration/test_aggregation.py)."""
 import re
 
 import keras
+import numpy as np
 import pytest
 import tensorflow as tf
 
-from autopar.common.errors import AutoparError
+from autopar.common.errors import AutoparError, UnsupportedGraphError
 from autopar.config import Config
 from autopar.transforms.analysis import analyze_graph
 from autopar.transforms.keys import BATCH_NORM_GROUPS, GROUP_KEY
@@ -15,6 +16,7 @@ from autopar.transforms.plan import PlanOptions, make_plan
 from autopar.transforms.report import build_report
 from autopar.transforms.rewrite import rewrite_for_worker
 from tests import models
+from tests.unit.local_run import run_locally
 
 tf1 = tf.compat.v1
 
@@ -91,11 +93,20 @@ def test_invalid_groups_raise():
 
 
 def _collective_groups(graph_def) -> set[tuple[int, int]]:
-    """(group size, group key) of the batch-norm collectives in a worker graph."""
-    consts = {n.name: n.attr["value"].tensor.int_val[0] for n in graph_def.node
-              if n.op == "Const" and n.attr["value"].tensor.int_val}
-    return {(consts[n.input[1]], consts[n.input[2]]) for n in graph_def.node
-            if n.op == "CollectiveReduceV2" and n.name.startswith("autopar/batch_norm/")}
+    """(group size, group key) of the batch-norm collectives in a worker
+    graph: inside the functions of the conds that run them in training steps
+    alone (their constants made there too)."""
+    found = set()
+    for f in graph_def.library.function:
+        if not f.signature.name.startswith("autopar_batch_norm_"):
+            continue
+        consts = {n.name: n.attr["value"].tensor.int_val[0] for n in f.node_def
+                  if n.op == "Const" and n.attr["value"].tensor.int_val}
+        found |= {(consts[n.input[1].split(":")[0]], consts[n.input[2].split(":")[0]])
+                  for n in f.node_def if n.op == "CollectiveReduceV2"}
+    assert not [n.name for n in graph_def.node if n.op == "CollectiveReduceV2"
+                and n.name.startswith("autopar/batch_norm/")]
+    return found
 
 
 def test_rewrite_reads_group_statistics_forward_and_backward():
@@ -135,7 +146,9 @@ def test_report_lists_layers_and_their_moving_statistics():
     assert "batch norm bn2 (fused): statistics over all 3 workers" in text
     assert ("state bn1/moving_variance (local): batch-norm moving statistic from the statistics "
             "of all workers") in text
-    off = build_report(analysis, make_plan(analysis, 3)).table()
+    assert build_report(analysis, make_plan(analysis, 3)).table() == text   # the default
+    off = build_report(analysis, make_plan(analysis, 3, options=PlanOptions(
+        batch_norm_group=None))).table()
     assert "batch norm bn1 (moments): statistics of each worker's own batch" in off
     assert "state bn1/moving_mean (local): per worker (from the local batch)" in off
 
@@ -157,6 +170,18 @@ def test_group_statistics_refuse_a_compute_threshold():
     with pytest.raises(AutoparError, match="cannot be combined with Config.compute_threshold"):
         Config(batch_norm_group="all", micro_batches=4, compute_threshold=0.5)
     assert Config(batch_norm_group="all", micro_batches=4).micro_batches == 4
+
+
+def test_group_statistics_refuse_micro_batches():
+    """A micro-batch's run is no training step (the workers' group statistics
+    are taken in steps only): with micro_batches > 1 a graph with batch norm
+    is refused, naming the layer, unless its statistics are each worker's."""
+    from autopar.transforms.compile import compile_for_config
+    graph = models.build("bncnn_momentum").graph
+    with pytest.raises(UnsupportedGraphError, match=r"batch norm 'bn1': with Config\(micro_"):
+        compile_for_config(graph, 2, Config(micro_batches=2))
+    assert compile_for_config(graph, 2, Config(micro_batches=2, batch_norm_group=None)) \
+        .plan.batch_norm_group == 0
 
 
 def _keras_step_rewrite(batch):
@@ -237,10 +262,47 @@ def test_each_backward_pass_takes_its_own_group_gradient():
     reduced = {i for n in needed if n.name.startswith("gradients_1/discriminator_1/")
                for i in n.input if i.startswith("autopar/batch_norm/")}
     assert reduced, "the generator's pass reads no all-reduced statistics gradient"
-    collectives = [n.name for n in needed if n.op == "CollectiveReduceV2"
+    # (each collective the call of a cond that runs it in training steps only)
+    collectives = [n.name for n in needed if n.op in ("If", "StatelessIf")
                    and n.name.startswith("autopar/batch_norm/")]
     # forward: 2 for each of the 3 layers (the generator's, the second
     # call's two); backward: the generator's layer (one pass: 1), the second
     # call's fused layer (one per pass: 1), its moments (one per upstream
     # gradient, mean and variance: 2)
     assert len(collectives) == 6 + 1 + 1 + 2, collectives
+
+
+def _loss_on(graph_def, model, x, y) -> float:
+    """The model's loss on (x, y) from `graph_def` run in a plain session of
+    this process alone, its variables initialised."""
+    feeds = {t.name: v for t, v in models.feed(model, x, y).items()}
+    return float(run_locally(graph_def, lambda session: session.run(model.loss.name, feeds)))
+
+
+def test_a_run_outside_a_training_step_normalises_by_its_own_batch():
+    """A forward pass the chief runs alone (an evaluation, no other worker
+    running it): a worker's graph with statistics over all 3 workers, run
+    in a session of this process alone without the in-step flag, gives the
+    loss one device gives on that batch, instead of waiting for the others.
+    Its collectives are calls of functional conds even where tf.cond builds
+    Switch and Merge (V1 control flow: a program that called
+    disable_v2_behavior()), whose run on one worker would have moved that
+    worker's collective step ids apart from the others'."""
+    tf1.disable_control_flow_v2()
+    try:
+        m = models.build("bncnn_momentum")
+        analysis = analyze_graph(m.graph)
+        plan = make_plan(analysis, 3, options=PlanOptions(run_option="allreduce"))
+        assert plan.batch_norm_group == 3   # the default, "auto"
+        rewritten = rewrite_for_worker(m.graph, analysis, plan, 0)
+    finally:
+        tf1.enable_control_flow_v2()
+    graph_def = rewritten.meta_graph.graph_def
+    assert rewritten.in_step == "autopar/in_step:0"
+    assert _collective_groups(graph_def) == {(3, GROUP_KEY)}
+    assert not [n.name for n in graph_def.node if n.op in ("Switch", "Merge")
+                and n.name.startswith("autopar/")]
+    x, y = models.global_batch("bncnn_momentum", 0, 5)
+    one_device = _loss_on(m.graph.as_graph_def(), m, x, y)
+    assert np.isfinite(one_device)
+    np.testing.assert_allclose(_loss_on(graph_def, m, x, y), one_device, rtol=1e-5)

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from autopar.runtime.worker import in_container, in_groups_above
 from autopar.transforms.comm import CollectiveOpsBackend
+from autopar.transforms.features.base import in_step_cond, in_step_flag
 
 tf1 = tf.compat.v1
 
@@ -46,3 +47,36 @@ def test_a_later_jobs_resources_are_in_a_container_of_their_own():
         with tf1.Session(graph=graph) as session:
             session.run(graph.get_operation_by_name("w/Initializer/random_uniform").outputs[0])
             session.run("w/Assign")
+
+
+def test_a_later_jobs_collectives_in_functions_are_in_groups_of_their_own():
+    """A collective run in training steps alone (the call of a cond's branch,
+    transforms.features.base.in_step_cond) moves too, inside its function,
+    which takes a name of its own (before: it kept the first job's group,
+    whose instance of another shape the second job's met)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        flag = in_step_flag(graph)
+        x = tf.constant([1.0, 2.0])
+        out = in_step_cond(flag, lambda: CollectiveOpsBackend(1, 7).allreduce_sum(x, 3),
+                           lambda: tf.identity(x))
+    graph_def = graph.as_graph_def()
+    branches = {f.signature.name for f in graph_def.library.function}
+    in_groups_above(graph_def, 100_000)
+
+    def group_keys(f):
+        consts = {n.name: int(tf.make_ndarray(n.attr["value"].tensor)) for n in f.node_def
+                  if n.op == "Const"}
+        return [consts[n.input[2].split(":")[0]] for n in f.node_def
+                if n.op == "CollectiveReduceV2"]
+    functions = {f.signature.name: f for f in graph_def.library.function}
+    moved = [name for name, f in functions.items() if group_keys(f)]
+    assert len(moved) == 1 and group_keys(functions[moved[0]]) == [100_007]
+    assert moved[0] not in branches
+    (cond,) = [n for n in graph_def.node if n.op in ("If", "StatelessIf")]
+    assert cond.attr["then_branch"].func.name == moved[0]
+    assert cond.attr["else_branch"].func.name in branches   # no collective: kept
+    with tf.Graph().as_default() as imported:   # a graph TensorFlow takes
+        tf.graph_util.import_graph_def(graph_def, name="")
+        with tf1.Session(graph=imported) as session:
+            assert list(session.run(out.name)) == [1.0, 2.0]   # (not in a step)

@@ -12,6 +12,7 @@ from autopar.transforms.lower_cond import lowered_graph
 from autopar.transforms.plan import PlanOptions, make_plan
 from autopar.transforms.report import build_report
 from autopar.transforms.rewrite import rewrite_for_worker
+from tests.unit.local_run import run_locally
 
 tf1 = tf.compat.v1
 N, B = 3, 4          # workers, examples per worker
@@ -72,15 +73,8 @@ def _draw_ops(graph, analysis):
 def _run(graph_def, xs, runs=2):
     """'drawn' for each of `runs` runs on each batch of `xs`, in one session
     on this process (devices cleared), the variables initialised."""
-    graph_def = type(graph_def).FromString(graph_def.SerializeToString())
-    for node in graph_def.node:
-        node.device = ""
-    graph = tf.Graph()
-    with graph.as_default():
-        tf1.import_graph_def(graph_def, name="")
-        with tf1.Session(graph=graph) as sess:
-            sess.run([op for op in graph.get_operations() if op.name.endswith("/Assign")])
-            return [sess.run("drawn:0", {"x:0": x}) for x in xs for _ in range(runs)]
+    return run_locally(graph_def, lambda session: [session.run("drawn:0", {"x:0": x})
+                                                   for x in xs for _ in range(runs)])
 
 
 @pytest.mark.parametrize("name", sorted(DRAWS))

@@ -108,11 +108,15 @@ def in_step_cond(flag: tf.Tensor, in_step, otherwise):
     cond on one worker alone (the chief's evaluation, the untaken
     collective inside) advanced that worker's sequence, so the workers'
     next collective failed ("Delete called on non-empty BufRendezvous");
-    inside a function call the collective is not counted."""
+    inside a function call the collective is not counted. Built by
+    cond_v2 itself, TensorFlow's functional cond, because tf.cond builds
+    Switch and Merge in a program that called disable_v2_behavior()
+    (TensorFlow exports no public way to ask for the functional form)."""
+    from tensorflow.python.ops import cond_v2  # pylint: disable=import-outside-toplevel
     graph = flag.graph
     before = len(graph.get_operations())
     with tf.control_dependencies(None), tf1.device(None):
-        out = tf.cond(flag, in_step, otherwise)
+        out = cond_v2.cond_v2(flag, in_step, otherwise)
     for op in graph.get_operations()[before:]:
         if op.type in ("If", "StatelessIf"):
             op._set_attr("_lower_using_switch_merge",   # pylint: disable=protected-access

@@ -104,7 +104,8 @@ def main(argv=None) -> None:
     p.add_argument("--batch", type=int, default=6, help="global batch")
     p.add_argument("--image-size", type=int, default=32)
     p.add_argument("--weight-decay", type=float, default=1e-4)
-    p.add_argument("--batch-norm-group", default="all", help="'all', a group size or 'none'")
+    p.add_argument("--batch-norm-group", default="auto",
+                   help="'auto' (Config's default), 'all', a group size or 'none'")
     p.add_argument("--activation", default="relu", help="diagnostic: e.g. softplus")
     p.add_argument("--dump-relu", action="store_true")
     p.add_argument("--use-tf-layers", action="store_true",
@@ -133,7 +134,7 @@ def main(argv=None) -> None:
     group = args.batch_norm_group
     config = autopar.Config(run_option=args.run_option, log_every_steps=0,
                             batch_norm_group=None if group == "none"
-                            else group if group == "all" else int(group))
+                            else group if group in ("all", "auto") else int(group))
     with autopar.get_runner(graph, args.spec, config) as runner:
         n, i = runner.num_workers, runner.worker_index
         per = args.batch // n

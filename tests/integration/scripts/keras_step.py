@@ -30,7 +30,8 @@ def main(argv=None) -> None:
     p.add_argument("--spec")
     p.add_argument("--run-option", default="hybrid")
     p.add_argument("--reference", action="store_true")
-    p.add_argument("--batch-norm-group", help="Config.batch_norm_group ('all' or a size)")
+    p.add_argument("--batch-norm-group", default="auto",
+                   help="Config.batch_norm_group ('auto', 'all' or a size)")
     p.add_argument("--micro-batches", type=int, default=1, help="Config.micro_batches")
     p.add_argument("--aggregation-group", type=int, help="Config.aggregation_group")
     p.add_argument("--partitions", default="", help="Config.partitions: NAME=N,...")

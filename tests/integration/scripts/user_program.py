@@ -45,9 +45,12 @@ def main(argv=None) -> None:
     with autopar.get_runner(program.graph, args.spec, config) as runner:
         n, i = runner.num_workers, runner.worker_index
         per = args.batch // n
+        between = getattr(program, "between_steps", None)   # what runs after each step
         for k in range(args.steps):
             fetch, feed = program.step(k, slice(i * per, (i + 1) * per), args.batch)
             runner.run(fetch, feed)
+            if between is not None:
+                runner.run(*between(k, slice(i * per, (i + 1) * per), args.batch))
         if args.uneven_step:
             rows = np.array_split(np.arange(args.batch + 1), n)[i]
             runner.run(*program.step(args.steps, rows, args.batch + 1))
