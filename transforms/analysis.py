@@ -1203,13 +1203,33 @@ def _optimizer_scopes(update_ops) -> set[str]:
     return {u.split("/")[0] for u in update_ops}
 
 
+# What passes a variable (its handle, or a reference) on unchanged to a
+# write: V1 control flow's switch into a cond's branch (a TF1 batch norm's
+# moving statistics updated under tf.cond(training, ...)), an identity.
+_PASSING_A_VARIABLE = frozenset({"Switch", "RefSwitch", "Identity", "RefIdentity"})
+
+
+def _written_variable(op: tf.Operation) -> tf.Operation | None:
+    """The variable op a write's first input is, through _PASSING_A_VARIABLE."""
+    if not op.inputs:
+        return None
+    source = op.inputs[0].op
+    for _ in range(8):
+        if source.type in VARIABLE_OP_TYPES:
+            return source
+        if source.type not in _PASSING_A_VARIABLE or not source.inputs:
+            return None
+        source = source.inputs[0].op
+    return None
+
+
 def _writers_by_variable(index: GraphIndex) -> dict[str, list[str]]:
     """Ops writing a variable, excluding its initializer."""
     out = collections.defaultdict(list)
     for op in index.of_types(t for t in index.op_types() if writes_variable(t)):
-        if (op.inputs
-                and op.inputs[0].op.type in VARIABLE_OP_TYPES):
-            var = op.inputs[0].op.name
+        written = _written_variable(op)
+        if written is not None:
+            var = written.name
             if "/Initializer/" in "/" + op.name + "/" or op.name in (f"{var}/Assign", f"{var}/Assign:0"):
                 continue
             if is_restore_assignment(op):

@@ -124,12 +124,17 @@ def _moments_variance(mean: tf.Operation) -> tf.Operation | None:
     return None
 
 
+# V1 control flow a statistic passes unchanged: a TF1 layer's choice between
+# the batch's statistics and the moving ones, tf.cond(training, ...) after
+# disable_v2_behavior() (tf.compat.v1.layers.batch_normalization with a
+# `training` tensor takes the moments outside it, then picks).
+_V1_CHOICE = frozenset({"Switch", "RefSwitch", "Merge", "RefMerge"})
 # What lies between a layer's variance and its examples' normalisation:
 # tf.nn.batch_normalization's rsqrt(variance + epsilon) * scale, reshaped or
 # cast for the layer's axis and dtype.
 _TOWARDS_NORMALISATION = frozenset({"AddV2", "Add", "Rsqrt", "Sqrt", "Mul", "RealDiv", "Div",
                                     "Reciprocal", "Reshape", "Squeeze", "ExpandDims",
-                                    "Identity", "Cast"})
+                                    "Identity", "Cast"}) | _V1_CHOICE
 _NORMALISATIONS = frozenset({"Mul", "RealDiv", "Div"})
 
 
@@ -161,7 +166,8 @@ def _normalises_examples(variance: tf.Operation, batch_local: set[str],
 
 def _moving_statistics(stats: list[tf.Tensor], written: dict[str, str]) -> list[str]:
     """Variables written from the statistics within a few elementwise ops
-    (moving = moving * m + stat * (1 - m), or the fused op's own average)."""
+    (moving = moving * m + stat * (1 - m), or the fused op's own average),
+    through V1 control flow and identities."""
     found, frontier, seen = set(), [(t.op, 0) for t in stats], set()
     while frontier:
         op, depth = frontier.pop()
@@ -172,8 +178,10 @@ def _moving_statistics(stats: list[tf.Tensor], written: dict[str, str]) -> list[
                 seen.add(c.name)
                 if c.name in written:
                     found.add(written[c.name])
-                elif depth < 4 and c.type in ("Squeeze", "Identity", "Mul", "Sub", "AddV2",
-                                              "Add", "Cast", "Reshape"):
+                elif c.type in _V1_CHOICE or c.type == "Identity":   # (not counted)
+                    frontier.append((c, depth))
+                elif depth < 4 and c.type in ("Squeeze", "Mul", "Sub", "AddV2", "Add", "Cast",
+                                              "Reshape"):
                     frontier.append((c, depth + 1))
     return sorted(found)
 

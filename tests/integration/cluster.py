@@ -39,6 +39,38 @@ def python_as(behavior: str) -> list[str]:
     return [sys.executable, *flags]
 
 
+def legacy_keras_env() -> dict[str, str]:
+    """The environment of a fresh interpreter whose tf.compat.v1.layers work
+    under TensorFlow 2.21: the tf-keras package (installed by `make` next to
+    the virtualenv, .venv/legacy-keras, without its dependency on the full
+    tensorflow package) and TF_USE_LEGACY_KERAS=1. (Not the tests' fork
+    server, which imported TensorFlow without tf-keras on its path.)"""
+    legacy = REPO / ".venv" / "legacy-keras"
+    assert (legacy / "tf_keras").is_dir(), f"{legacy} is missing: run `make install`"
+    return dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2",
+                PYTHONPATH=os.pathsep.join([str(REPO), str(legacy)]))
+
+
+def run_fresh_beside(reference: list[str], job: list[str], env: dict[str, str]
+                     ) -> tuple[str, str]:
+    """run_beside in fresh interpreters with `env` (legacy_keras_env: not
+    forked from the tests' fork server)."""
+    procs = [subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for command in (reference, job)]
+    try:
+        outputs = []
+        for proc in reversed(procs):   # the job first: the reference is done by then
+            out, _ = proc.communicate(timeout=240)
+            assert proc.returncode == 0, out[-6000:]
+            outputs.append(out)
+        return outputs[1], outputs[0]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 def reference_of(behavior: str) -> str:
     """The behaviour of a program's one-device reference run."""
     return "v1-resource" if behavior == "v1" else behavior

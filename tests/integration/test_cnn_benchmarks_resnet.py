@@ -21,13 +21,13 @@ in float64).
 (2 rows a worker) keep both runs to a few seconds each.
 """
 import os
-import subprocess
 
 import numpy as np
 import pytest
 
-from tests.integration.cluster import (REPO, assert_same_parameters, load_worker, python_as,
-                                       reference_of, write_spec)
+from tests.integration.cluster import (REPO, assert_same_parameters, legacy_keras_env,
+                                       load_worker, python_as, reference_of, run_fresh_beside,
+                                       write_spec)
 
 SCRIPT = REPO / "tests" / "integration" / "scripts" / "cnn_benchmarks_resnet.py"
 STEPS = 3
@@ -55,36 +55,14 @@ def test_resnet20_through_tf_compat_v1_layers_legacy_keras(run_option, behavior,
     statistics over all of them by default, equal one device. Behaviour "v1": both
     runs through a wrapper that disables V2 behaviour first and runs the
     script with runpy (the launcher re-runs the wrapper)."""
-    legacy = REPO / ".venv" / "legacy-keras"
-    assert (legacy / "tf_keras").is_dir(), f"{legacy} is missing: run `make install`"
-    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONPATH=os.pathsep.join([str(REPO), str(legacy)]))
-
-    def start(out, *extra, behavior=behavior):
-        return subprocess.Popen([*python_as(behavior), str(SCRIPT), *ARGS, "--use-tf-layers", "--out",
-                                 str(out), *extra], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
-
-    def output(proc):
-        try:
-            out, _ = proc.communicate(timeout=240)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        assert proc.returncode == 0, out[-6000:]
-        return out
-    # one device beside the job: the job's processes mostly wait on each other
-    single = start(tmp_path / "single", behavior=reference_of(behavior))
-    try:
-        log = output(start(tmp_path / "dist", "--spec", str(write_spec(
-            tmp_path, 3, servers=2 if run_option == "ps" else 0)),
-            "--run-option", run_option))
-        output(single)
-    finally:
-        if single.poll() is None:
-            single.kill()
-            single.wait()
+    def command(out, *extra, behavior=behavior):
+        return [*python_as(behavior), str(SCRIPT), *ARGS, "--use-tf-layers", "--out", str(out),
+                *extra]
+    _, log = run_fresh_beside(
+        command(tmp_path / "single", behavior=reference_of(behavior)),
+        command(tmp_path / "dist", "--spec", str(write_spec(
+            tmp_path, 3, servers=2 if run_option == "ps" else 0)), "--run-option", run_option),
+        legacy_keras_env())
     expected = load_worker(tmp_path / "single", 0)
     assert log.count("(moments): statistics over all 3 workers") == LAYERS, log[-3000:]
     assert int(expected["global_step"]) == STEPS

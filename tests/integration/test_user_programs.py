@@ -16,7 +16,8 @@ masked_sums: losses summed over what tf.boolean_mask keeps of the batch.
 ctc_sequences: TensorFlow 1's and 2's CTC losses of sparse labels.
 
 bn_classifier: batch norm under tf.compat.v1.cond(is_training, ...), its
-moving statistics in UPDATE_OPS, Config at its defaults.
+moving statistics in UPDATE_OPS, Config at its defaults; tf_layers_bn: the
+same with tf.compat.v1.layers.batch_normalization(training=is_training).
 
 loss_scaled: tf.compat.v1's MixedPrecisionLossScaleOptimizer in control
 flow v2, whose functional conds every process lowers into its graph; some
@@ -34,7 +35,8 @@ import sys
 import numpy as np
 import pytest
 
-from tests.integration.cluster import (REPO, assert_same_parameters, load_worker,
+from tests.integration.cluster import (REPO, assert_same_parameters, legacy_keras_env,
+                                       load_worker, run_fresh_beside,
                                        run_in_process, run_script, run_to_end,
                                        write_two_host_spec)
 
@@ -180,11 +182,43 @@ def test_a_tf1_batch_norm_under_is_training_matches_single_device(tmp_path, sing
     flag False) runs alone; the last step's 7 examples split 3/2/2."""
     expected = single_device("bn_classifier", "float64", uneven=True, behavior="v1")
     log, out = _train_uneven("bn_classifier", "float64", "hybrid", "v1", tmp_path)
-    for layer in ("bn1/cond (fused)", "bn2/cond (moments)"):
-        assert f"batch norm model/{layer}: statistics over all 3 workers" in log, log[-3000:]
+    for layer, kind in (("bn1", "fused"), ("bn2", "moments")):
+        assert f"batch norm model/{layer} ({kind}): statistics over all 3 workers" in log, \
+            log[-3000:]
+        # its moving statistics updated in the cond's branch (before: "written by no
+        # training step", their writes taking the variable through the cond's Switch)
+        assert (f"state model/{layer}/moving_mean (local): batch-norm moving statistic from "
+                "the statistics of all workers") in log
     assert not np.allclose(expected["model/bn2/moving_variance"], 1.0)
     for i in range(3):
         assert_same_parameters(expected, load_worker(out, i), what=f"bn_classifier worker {i}")
+
+
+def test_tf_compat_v1_layers_batch_norm_with_a_training_tensor_matches_single_device(tmp_path):
+    """tests/programs/tf_layers_bn.py (legacy Keras, fresh interpreters)
+    after disable_v2_behavior(), Config at its defaults, in hybrid: each
+    tf.compat.v1.layers.batch_normalization(training=is_training) takes its
+    moments outside a cond and picks them or the moving statistics through
+    it, which is found as the layer's (before: refused, "a Mean over the
+    batch's examples, fed back into each example"), its moving statistics'
+    updates under another cond as the layer's (before: reported "written by
+    no training step"); the last step's 7 examples split 3/2/2."""
+    spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
+    command = [sys.executable, str(SCRIPT), "--program", "tf_layers_bn", *_steps(True),
+               "--batch", str(BATCH)]
+    _, log = run_fresh_beside(
+        [*command, *_reference_behavior("v1"), "--out", str(tmp_path / "single")],
+        [*command, *_behavior("v1"), "--out", str(tmp_path / "dist"), "--spec", str(spec)],
+        legacy_keras_env())
+    expected = load_worker(tmp_path / "single", 0)
+    for layer in ("batch_normalization", "batch_normalization_1"):
+        assert f"batch norm {layer} (moments): statistics over all 3 workers" in log, log[-3000:]
+        assert (f"state {layer}/moving_variance (local): batch-norm moving statistic from the "
+                "statistics of all workers") in log
+    assert not np.allclose(expected["batch_normalization_1/moving_variance"], 1.0)
+    for i in range(3):
+        assert_same_parameters(expected, load_worker(tmp_path / "dist", i),
+                               what=f"tf_layers_bn worker {i}")
 
 
 def test_a_batch_norm_in_a_functional_cond_is_refused_naming_it(tmp_path):

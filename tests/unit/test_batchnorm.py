@@ -306,3 +306,44 @@ def test_a_run_outside_a_training_step_normalises_by_its_own_batch():
     one_device = _loss_on(m.graph.as_graph_def(), m, x, y)
     assert np.isfinite(one_device)
     np.testing.assert_allclose(_loss_on(graph_def, m, x, y), one_device, rtol=1e-5)
+
+
+def test_moments_picked_through_a_v1_cond_are_a_layer_with_its_moving_statistics():
+    """tf.compat.v1.layers.batch_normalization's form for a `training`
+    tensor, in V1 control flow (disable_v2_behavior()): the batch's moments
+    taken outside any cond, then tf.cond(training, batch's, moving ones)
+    (Switch and Merge) before they normalise; the moving statistics updated
+    under another cond, whose writes take the variable through a Switch.
+    Found as a layer (before: its Mean a mixing of the batch), its moving
+    statistics written by the step (before: by none)."""
+    tf1.disable_control_flow_v2()
+    try:
+        graph = tf.Graph()
+        with graph.as_default():
+            x = tf1.placeholder(tf.float32, [None, 4], name="x")
+            training = tf1.placeholder_with_default(False, [], name="training")
+            moving = {n: tf1.get_variable(f"bn/moving_{n}", [4], initializer=init,
+                                          trainable=False)
+                      for n, init in (("mean", tf1.zeros_initializer()),
+                                      ("variance", tf1.ones_initializer()))}
+            mean, variance = tf.nn.moments(x, [0])
+            mean = tf1.cond(training, lambda: mean, lambda: tf.identity(moving["mean"]))
+            variance = tf1.cond(training, lambda: variance,
+                                lambda: tf.identity(moving["variance"]))
+            for name, value in (("mean", mean), ("variance", variance)):
+                tf1.add_to_collection(tf1.GraphKeys.UPDATE_OPS, tf1.cond(
+                    training, lambda v=moving[name], value=value: tf1.assign_sub(
+                        v, (v - value) * 0.1).op, lambda: tf.no_op()))
+            h = tf.nn.batch_normalization(x, mean, variance, None, None, 1e-3)
+            loss = tf.reduce_mean(tf.square(tf.matmul(h, tf1.get_variable("w", [4, 1]))))
+            with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
+                tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
+        assert {op.type for op in graph.get_operations()} >= {"Switch", "Merge"}
+        analysis = analyze_graph(graph)
+    finally:
+        tf1.enable_control_flow_v2()
+    assert [(b.kind, b.moving) for b in analysis.batch_norms] == [
+        ("moments", ["bn/moving_mean", "bn/moving_variance"])]
+    assert analysis.batch_mixing == {}
+    state = {s.name: s for s in analysis.state}
+    assert all(state[f"bn/moving_{n}"].update_ops for n in ("mean", "variance"))
