@@ -37,6 +37,7 @@ import tensorflow as tf
 from autopar.common.errors import AutoparError, UnsupportedGraphError
 from autopar.transforms.features.base import (GraphFeature, Rewiring, in_step_cond,
                                                in_step_flag)
+from autopar.transforms.example_rows import function_graph
 from autopar.transforms.graph_utils import in_gradient_scope, node_input_name
 from autopar.transforms.keys import BATCH_NORM, BATCH_NORM_GROUPS
 
@@ -138,6 +139,28 @@ _TOWARDS_NORMALISATION = frozenset({"AddV2", "Add", "Rsqrt", "Sqrt", "Mul", "Rea
 _NORMALISATIONS = frozenset({"Mul", "RealDiv", "Div"})
 
 
+_IFS = frozenset({"If", "StatelessIf"})
+
+
+def _passed_through(cond: tf.Operation, t: tf.Tensor) -> list[tf.Tensor]:
+    """The outputs of a functional cond that are its input `t` unchanged when
+    the cond is true (TensorFlow 2's tf.cond(training, the batch's statistic,
+    the moving one): tf.compat.v1.layers.batch_normalization with a
+    `training` tensor in control flow v2); [] when none is."""
+    body = function_graph(cond.graph, cond.get_attr("then_branch").name,
+                          [x.shape for x in cond.inputs[1:]])
+    if body is None or len(body.inputs) < len(cond.inputs) - 1:
+        return []
+    args = {body.inputs[i - 1].name for i, x in enumerate(cond.inputs) if i and x is t}
+    out = []
+    for j, result in enumerate(body.outputs):
+        while result.op.type == "Identity":
+            result = result.op.inputs[0]
+        if result.name in args and j < len(cond.outputs):
+            out.append(cond.outputs[j])
+    return out
+
+
 def _normalises_examples(variance: tf.Operation, batch_local: set[str],
                          depth: int = 8) -> bool:
     """Whether a batch variance normalises the batch's values, as a
@@ -151,6 +174,9 @@ def _normalises_examples(variance: tf.Operation, batch_local: set[str],
         reached = []
         for t in frontier:
             for op in t.consumers():
+                if op.type in _IFS and not in_gradient_scope(op.name):
+                    reached.extend(_passed_through(op, t))
+                    continue
                 if op.name in seen or in_gradient_scope(op.name) \
                         or op.type not in _TOWARDS_NORMALISATION:
                     continue
@@ -180,6 +206,8 @@ def _moving_statistics(stats: list[tf.Tensor], written: dict[str, str]) -> list[
                     found.add(written[c.name])
                 elif c.type in _V1_CHOICE or c.type == "Identity":   # (not counted)
                     frontier.append((c, depth))
+                elif c.type in _IFS:
+                    frontier.extend((out.op, depth) for out in _passed_through(c, t))
                 elif depth < 4 and c.type in ("Squeeze", "Mul", "Sub", "AddV2", "Add", "Cast",
                                               "Reshape"):
                     frontier.append((c, depth + 1))

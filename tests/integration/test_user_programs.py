@@ -194,21 +194,25 @@ def test_a_tf1_batch_norm_under_is_training_matches_single_device(tmp_path, sing
         assert_same_parameters(expected, load_worker(out, i), what=f"bn_classifier worker {i}")
 
 
-def test_tf_compat_v1_layers_batch_norm_with_a_training_tensor_matches_single_device(tmp_path):
+@pytest.mark.parametrize("behavior", ["v1", "v2"])
+def test_tf_compat_v1_layers_batch_norm_with_a_training_tensor_matches_single_device(
+        behavior, tmp_path):
     """tests/programs/tf_layers_bn.py (legacy Keras, fresh interpreters)
-    after disable_v2_behavior(), Config at its defaults, in hybrid: each
+    after disable_v2_behavior() ("v1") and in TensorFlow 2's control flow
+    ("v2"), Config at its defaults, in hybrid: each
     tf.compat.v1.layers.batch_normalization(training=is_training) takes its
     moments outside a cond and picks them or the moving statistics through
-    it, which is found as the layer's (before: refused, "a Mean over the
-    batch's examples, fed back into each example"), its moving statistics'
-    updates under another cond as the layer's (before: reported "written by
-    no training step"); the last step's 7 examples split 3/2/2."""
+    it (Switch and Merge; an If), which is found as the layer's (before:
+    refused, "a Mean over the batch's examples, fed back into each
+    example"), its moving statistics' updates under another cond as the
+    layer's (before, in V1 control flow: reported "written by no training
+    step"); the last step's 7 examples split 3/2/2."""
     spec = write_two_host_spec(tmp_path, workers=(2, 1), servers=(1, 1))
     command = [sys.executable, str(SCRIPT), "--program", "tf_layers_bn", *_steps(True),
                "--batch", str(BATCH)]
     _, log = run_fresh_beside(
-        [*command, *_reference_behavior("v1"), "--out", str(tmp_path / "single")],
-        [*command, *_behavior("v1"), "--out", str(tmp_path / "dist"), "--spec", str(spec)],
+        [*command, *_reference_behavior(behavior), "--out", str(tmp_path / "single")],
+        [*command, *_behavior(behavior), "--out", str(tmp_path / "dist"), "--spec", str(spec)],
         legacy_keras_env())
     expected = load_worker(tmp_path / "single", 0)
     for layer in ("batch_normalization", "batch_normalization_1"):

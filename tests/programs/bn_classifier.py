@@ -85,7 +85,9 @@ def batch_norm(x: tf.Tensor, is_training: tf.Tensor, name: str, fused: bool) -> 
         return y
 
 
-def build(dtype: str = "float64") -> Program:
+def program_of(dtype: str, loss_of) -> Program:
+    """The classifier whose loss `loss_of(x, labels, is_training, dtype)`
+    builds, trained by Momentum with UPDATE_OPS run with the train op."""
     dtype = tf.as_dtype(dtype)
     graph = tf.Graph()
     with graph.as_default():
@@ -93,16 +95,23 @@ def build(dtype: str = "float64") -> Program:
         x = tf1.placeholder(dtype, [None, FEATURES], name="x")
         labels = tf1.placeholder(tf.int64, [None], name="labels")
         is_training = tf1.placeholder_with_default(False, [], name="is_training")
-        init = tf1.glorot_uniform_initializer(seed=9)
-        with tf1.variable_scope("model", initializer=init):
-            h = tf.matmul(x, tf1.get_variable("w1", [FEATURES, HIDDEN], dtype))
-            h = tf.nn.relu(batch_norm(h, is_training, "bn1", fused=True))
-            h = tf.matmul(h, tf1.get_variable("w2", [HIDDEN, HIDDEN], dtype))
-            h = tf.nn.relu(batch_norm(h, is_training, "bn2", fused=False))
-            logits = tf.matmul(h, tf1.get_variable("w3", [HIDDEN, CLASSES], dtype))
-        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-            labels=labels, logits=logits))
+        loss = loss_of(x, labels, is_training, dtype)
         update_ops = tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)
         with tf.control_dependencies(update_ops):
             train = tf1.train.MomentumOptimizer(0.1, 0.9).minimize(loss, global_step=global_step)
     return Program(graph, {"train": train, "loss": loss}, (x, labels, is_training))
+
+
+def _loss(x, labels, is_training, dtype) -> tf.Tensor:
+    with tf1.variable_scope("model", initializer=tf1.glorot_uniform_initializer(seed=9)):
+        h = tf.matmul(x, tf1.get_variable("w1", [FEATURES, HIDDEN], dtype))
+        h = tf.nn.relu(batch_norm(h, is_training, "bn1", fused=True))
+        h = tf.matmul(h, tf1.get_variable("w2", [HIDDEN, HIDDEN], dtype))
+        h = tf.nn.relu(batch_norm(h, is_training, "bn2", fused=False))
+        logits = tf.matmul(h, tf1.get_variable("w3", [HIDDEN, CLASSES], dtype))
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=labels, logits=logits))
+
+
+def build(dtype: str = "float64") -> Program:
+    return program_of(dtype, _loss)

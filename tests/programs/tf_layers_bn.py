@@ -14,55 +14,23 @@ its own rows in inference mode (not a training step).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-import numpy as np
 import tensorflow as tf
+
+# The same data, steps, evaluations between them and optimizer as bn_classifier's
+from tests.programs.bn_classifier import CLASSES, HIDDEN, Program, program_of
 
 tf1 = tf.compat.v1
 
-FEATURES, HIDDEN, CLASSES = 5, 8, 3
 
-
-@dataclass
-class Program:
-    graph: tf.Graph
-    fetches: dict
-    inputs: tuple
-    config: dict = field(default_factory=dict)
-
-    def step(self, k: int, rows, global_batch: int):
-        """(fetch, feed) of step k for the rows `rows` of its global batch."""
-        rng = np.random.default_rng(900 + k)
-        x = rng.normal(size=(global_batch, FEATURES)) * 2.0 + 1.0
-        y = rng.integers(0, CLASSES, size=global_batch)
-        return self.fetches["train"], {self.inputs[0]: x[rows], self.inputs[1]: y[rows],
-                                       self.inputs[2]: True}
-
-    def between_steps(self, k: int, rows, global_batch: int):
-        """(fetch, feed) of what the program runs after step k: the loss of
-        its rows of step k's batch in inference mode."""
-        _, feed = self.step(k, rows, global_batch)
-        feed[self.inputs[2]] = False
-        return self.fetches["loss"], feed
+def _loss(x, labels, is_training, dtype) -> tf.Tensor:
+    init = tf1.glorot_uniform_initializer(seed=9)
+    h = tf1.layers.dense(x, HIDDEN, kernel_initializer=init)
+    h = tf.nn.relu(tf1.layers.batch_normalization(h, training=is_training))
+    h = tf1.layers.dense(h, HIDDEN, kernel_initializer=init)
+    h = tf.nn.relu(tf1.layers.batch_normalization(h, training=is_training))
+    logits = tf1.layers.dense(h, CLASSES, kernel_initializer=init)
+    return tf1.losses.sparse_softmax_cross_entropy(labels, logits)
 
 
 def build(dtype: str = "float64") -> Program:
-    dtype = tf.as_dtype(dtype)
-    graph = tf.Graph()
-    with graph.as_default():
-        global_step = tf1.train.get_or_create_global_step()
-        x = tf1.placeholder(dtype, [None, FEATURES], name="x")
-        labels = tf1.placeholder(tf.int64, [None], name="labels")
-        is_training = tf1.placeholder_with_default(False, [], name="is_training")
-        init = tf1.glorot_uniform_initializer(seed=9)
-        h = tf1.layers.dense(x, HIDDEN, kernel_initializer=init)
-        h = tf.nn.relu(tf1.layers.batch_normalization(h, training=is_training))
-        h = tf1.layers.dense(h, HIDDEN, kernel_initializer=init)
-        h = tf.nn.relu(tf1.layers.batch_normalization(h, training=is_training))
-        logits = tf1.layers.dense(h, CLASSES, kernel_initializer=init)
-        loss = tf1.losses.sparse_softmax_cross_entropy(labels, logits)
-        update_ops = tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)
-        with tf.control_dependencies(update_ops):
-            train = tf1.train.MomentumOptimizer(0.1, 0.9).minimize(loss, global_step=global_step)
-    return Program(graph, {"train": train, "loss": loss}, (x, labels, is_training))
+    return program_of(dtype, _loss)

@@ -12,6 +12,7 @@ from autopar.common.errors import AutoparError, UnsupportedGraphError
 from autopar.config import Config
 from autopar.transforms.analysis import analyze_graph
 from autopar.transforms.keys import BATCH_NORM_GROUPS, GROUP_KEY
+from autopar.transforms.lower_cond import lowered_graph
 from autopar.transforms.plan import PlanOptions, make_plan
 from autopar.transforms.report import build_report
 from autopar.transforms.rewrite import rewrite_for_worker
@@ -308,15 +309,20 @@ def test_a_run_outside_a_training_step_normalises_by_its_own_batch():
     np.testing.assert_allclose(_loss_on(graph_def, m, x, y), one_device, rtol=1e-5)
 
 
-def test_moments_picked_through_a_v1_cond_are_a_layer_with_its_moving_statistics():
+@pytest.mark.parametrize("control_flow", ["v1", "v2"])
+def test_moments_picked_through_a_cond_are_a_layer_with_its_moving_statistics(control_flow):
     """tf.compat.v1.layers.batch_normalization's form for a `training`
-    tensor, in V1 control flow (disable_v2_behavior()): the batch's moments
-    taken outside any cond, then tf.cond(training, batch's, moving ones)
-    (Switch and Merge) before they normalise; the moving statistics updated
-    under another cond, whose writes take the variable through a Switch.
-    Found as a layer (before: its Mean a mixing of the batch), its moving
-    statistics written by the step (before: by none)."""
-    tf1.disable_control_flow_v2()
+    tensor: the batch's moments taken outside any cond, then
+    tf.cond(training, batch's, moving ones) before they normalise; the
+    moving statistics updated under another cond. In V1 control flow
+    (disable_v2_behavior()) the conds are Switch and Merge, the updates'
+    writes take the variable through a Switch; in control flow v2 the pick
+    is an If whose true branch returns its input (the update's If, which
+    writes, is lowered: transforms.lower_cond). Found as a layer (before:
+    its Mean a mixing of the batch), its moving statistics written by the
+    step (before: by none, in V1 control flow)."""
+    if control_flow == "v1":
+        tf1.disable_control_flow_v2()
     try:
         graph = tf.Graph()
         with graph.as_default():
@@ -338,8 +344,9 @@ def test_moments_picked_through_a_v1_cond_are_a_layer_with_its_moving_statistics
             loss = tf.reduce_mean(tf.square(tf.matmul(h, tf1.get_variable("w", [4, 1]))))
             with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
                 tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
-        assert {op.type for op in graph.get_operations()} >= {"Switch", "Merge"}
-        analysis = analyze_graph(graph)
+        types = {op.type for op in graph.get_operations()}
+        assert types >= ({"Switch", "Merge"} if control_flow == "v1" else {"If"})
+        analysis = analyze_graph(lowered_graph(graph))
     finally:
         tf1.enable_control_flow_v2()
     assert [(b.kind, b.moving) for b in analysis.batch_norms] == [
