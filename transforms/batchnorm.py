@@ -193,24 +193,26 @@ def _normalises_examples(variance: tf.Operation, batch_local: set[str],
 def _moving_statistics(stats: list[tf.Tensor], written: dict[str, str]) -> list[str]:
     """Variables written from the statistics within a few elementwise ops
     (moving = moving * m + stat * (1 - m), or the fused op's own average),
-    through V1 control flow and identities."""
-    found, frontier, seen = set(), [(t.op, 0) for t in stats], set()
+    through conds that pass them on unchanged and identities."""
+    found, frontier, seen = set(), [(t, 0) for t in stats], set()
     while frontier:
-        op, depth = frontier.pop()
-        for t in op.outputs:
-            for c in t.consumers():
-                if c.name in seen or in_gradient_scope(c.name):
-                    continue
-                seen.add(c.name)
-                if c.name in written:
-                    found.add(written[c.name])
-                elif c.type in _V1_CHOICE or c.type == "Identity":   # (not counted)
-                    frontier.append((c, depth))
-                elif c.type in _IFS:
-                    frontier.extend((out.op, depth) for out in _passed_through(c, t))
-                elif depth < 4 and c.type in ("Squeeze", "Mul", "Sub", "AddV2", "Add", "Cast",
-                                              "Reshape"):
-                    frontier.append((c, depth + 1))
+        t, depth = frontier.pop()
+        for c in t.consumers():
+            if in_gradient_scope(c.name):
+                continue
+            if c.type in _IFS:   # (only the outputs that are t)
+                frontier.extend((out, depth) for out in _passed_through(c, t))
+                continue
+            if c.name in seen:
+                continue
+            seen.add(c.name)
+            if c.name in written:
+                found.add(written[c.name])
+            elif c.type in _V1_CHOICE or c.type == "Identity":   # (not counted)
+                frontier.extend((out, depth) for out in c.outputs)
+            elif depth < 4 and c.type in ("Squeeze", "Mul", "Sub", "AddV2", "Add", "Cast",
+                                          "Reshape"):
+                frontier.extend((out, depth + 1) for out in c.outputs)
     return sorted(found)
 
 
