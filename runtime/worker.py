@@ -235,8 +235,9 @@ def in_groups_above(graph_def, offset: int) -> None:
     new constant for each key (the graph shares one constant per value
     among sizes, keys and instance keys). So too in the graph's functions
     (a feature's collectives run in training steps alone: the calls of a
-    cond's branch), each of which changes its name with its body: a process
-    keeps a function it ran by its name."""
+    cond's branch), each of which changes its name with its body, so that
+    one name never means two bodies in the process
+    (rewrite._stable_function_names)."""
     _moved_groups(graph_def.node, graph_def.node.add, offset, in_function=False)
     renamed = {}
     for f in graph_def.library.function:

@@ -37,7 +37,7 @@ import tensorflow as tf
 from autopar.common.errors import AutoparError, UnsupportedGraphError
 from autopar.transforms.features.base import (GraphFeature, Rewiring, in_step_cond,
                                                in_step_flag)
-from autopar.transforms.example_rows import function_graph
+from autopar.transforms.example_rows import IFS, function_graph
 from autopar.transforms.graph_utils import in_gradient_scope, node_input_name
 from autopar.transforms.keys import BATCH_NORM, BATCH_NORM_GROUPS
 
@@ -139,9 +139,6 @@ _TOWARDS_NORMALISATION = frozenset({"AddV2", "Add", "Rsqrt", "Sqrt", "Mul", "Rea
 _NORMALISATIONS = frozenset({"Mul", "RealDiv", "Div"})
 
 
-_IFS = frozenset({"If", "StatelessIf"})
-
-
 def _passed_through(cond: tf.Operation, t: tf.Tensor) -> list[tf.Tensor]:
     """The outputs of a functional cond that are its input `t` unchanged when
     the cond is true (TensorFlow 2's tf.cond(training, the batch's statistic,
@@ -174,7 +171,7 @@ def _normalises_examples(variance: tf.Operation, batch_local: set[str],
         reached = []
         for t in frontier:
             for op in t.consumers():
-                if op.type in _IFS and not in_gradient_scope(op.name):
+                if op.type in IFS and not in_gradient_scope(op.name):
                     reached.extend(_passed_through(op, t))
                     continue
                 if op.name in seen or in_gradient_scope(op.name) \
@@ -200,7 +197,7 @@ def _moving_statistics(stats: list[tf.Tensor], written: dict[str, str]) -> list[
         for c in t.consumers():
             if in_gradient_scope(c.name):
                 continue
-            if c.type in _IFS:   # (only the outputs that are t)
+            if c.type in IFS:   # (only the outputs that are t)
                 frontier.extend((out, depth) for out in _passed_through(c, t))
                 continue
             if c.name in seen:

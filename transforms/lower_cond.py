@@ -49,7 +49,7 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2, types_pb2
 from tensorflow.python.framework.function_def_to_graph import function_def_to_graph_def
 
 from autopar.common.errors import UnsupportedGraphError
-from autopar.transforms.graph_utils import import_meta_graph, writes_variable
+from autopar.transforms.graph_utils import function_calls, import_meta_graph, writes_variable
 from autopar.transforms.ops import attr_value
 from autopar.transforms.random_draws import draws_randomly
 
@@ -118,21 +118,10 @@ def _lowerable(node, stateful: set[str]) -> bool:
                       node.attr["else_branch"].func.name} & stateful))
 
 
-def _called(node) -> list[str]:
-    """The functions a node runs (its function-valued attributes)."""
-    out = []
-    for value in node.attr.values():
-        if value.HasField("func"):
-            out.append(value.func.name)
-        elif value.HasField("list"):
-            out.extend(f.name for f in value.list.func)
-    return out
-
-
 def _functions_with_state(functions: dict) -> set[str]:
     """Names of the library functions whose bodies write a variable or draw
     random numbers, directly or through a function they run."""
-    calls = {name: {c for n in f.node_def for c in _called(n) if c in functions}
+    calls = {name: {c.name for c in function_calls(f.node_def) if c.name in functions}
              for name, f in functions.items()}
     stateful = {name for name, f in functions.items()
                 if any(writes_variable(n.op) or draws_randomly(n.op) for n in f.node_def)}

@@ -394,11 +394,12 @@ def _stable_function_names(graph_def, original: set[str]) -> None:
     their names with a count of the process's ops so far) named alike in
     every rewrite of one plan, whatever ran before it in the process: each
     its name without that count, then a digest of its body (functions the
-    body calls renamed first). A name is the function, in every graph of a
-    process: a later job's cond of another body gets another name (TensorFlow
-    keeps a function it ran by its name, and ran the first job's body for
-    the second's). The library sorted by name, which TensorFlow lists in its
-    hash map's order."""
+    body calls renamed first), so that no two graphs of a process give one
+    name to two bodies (a first version numbered them, and a script's two
+    jobs then did; whether TensorFlow would run the first body for the
+    second was not settled: unique names leave nothing to settle). The
+    library sorted by name, which TensorFlow lists in its hash map's
+    order."""
     library = graph_def.library.function
     built = {f.signature.name: f for f in library if f.signature.name not in original}
     if not built:

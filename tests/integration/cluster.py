@@ -57,13 +57,14 @@ def run_fresh_beside(reference: list[str], job: list[str], env: dict[str, str]
     forked from the tests' fork server)."""
     procs = [subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for command in (reference, job)]
+
+    def output(proc) -> str:
+        out, _ = proc.communicate(timeout=240)
+        assert proc.returncode == 0, out[-6000:]
+        return out
     try:
-        outputs = []
-        for proc in reversed(procs):   # the job first: the reference is done by then
-            out, _ = proc.communicate(timeout=240)
-            assert proc.returncode == 0, out[-6000:]
-            outputs.append(out)
-        return outputs[1], outputs[0]
+        log = output(procs[1])   # the job first: the reference is done by then
+        return output(procs[0]), log
     finally:
         for proc in procs:
             if proc.poll() is None:
