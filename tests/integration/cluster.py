@@ -336,6 +336,16 @@ class LineReader:
         return self.lines
 
 
+PORT_RESTART = "restarting every process on fresh ports"
+
+
+def latest_attempt(text: str) -> str:
+    """A launcher's output since it last started every process anew (a port
+    it allocated was taken by another program before its process bound it),
+    so the processes and addresses read from it are those now running."""
+    return text.rpartition(PORT_RESTART)[2]
+
+
 def job_processes(launcher: int) -> set[int]:
     """The launcher and every process under it now (namespace anchor, fork
     server, workers, servers), from /proc."""

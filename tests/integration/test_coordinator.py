@@ -19,8 +19,9 @@ import pytest
 
 from autopar.runtime.coordinator import _grpc_modules
 from tests.integration.cluster import (REPO, LineReader, assert_same_parameters, child_env,
-                                       load_worker, run_single_device, run_training, start_job,
-                                       survivors, train_command, write_spec)
+                                       latest_attempt, load_worker, run_single_device,
+                                       run_training, start_job, survivors, train_command,
+                                       write_spec)
 
 _CONNECT = ("import socket, sys\n"
             "for port in sys.argv[2:]:\n"
@@ -95,8 +96,12 @@ def _listening(pids: set[int]) -> dict[int, str]:
     return found
 
 
-def _job_pids(text: str, launcher: int) -> set[int]:
-    return {launcher} | {int(p) for p in re.findall(r"started \w+ \d+ at \S+, pid (\d+)", text)}
+def _job_pids(text: str, launcher: int, every_attempt: bool = False) -> set[int]:
+    """The launcher and the processes it started: those of its latest attempt,
+    or of every attempt (for checking that none outlives the job)."""
+    started = text if every_attempt else latest_attempt(text)
+    return {launcher} | {int(p) for p in
+                         re.findall(r"started \w+ \d+ at \S+, pid (\d+)", started)}
 
 
 def _stop(proc: subprocess.Popen, pids: set[int]) -> None:
@@ -181,7 +186,7 @@ def test_loopback_job_unreachable_from_outside_and_coordinator_needs_token(tmp_p
             assert token not in Path(f"/proc/{pid}/cmdline").read_text()
         assert token not in reader.text
     finally:
-        _stop(proc, pids)
+        _stop(proc, pids | _job_pids(reader.text, proc.pid, every_attempt=True))
 
 
 def _run_until_end(tmp_path, *extra: str, ready: str,
@@ -197,7 +202,8 @@ def _run_until_end(tmp_path, *extra: str, ready: str,
         listening = _listening(pids)
         rest = reader.rest(timeout=60)
         elapsed = time.monotonic() - seen
-    assert not survivors(pids), reader.text[-3000:]
+    assert not survivors(_job_pids(reader.text, proc.pid, every_attempt=True)), \
+        reader.text[-3000:]
     return proc, reader, rest, elapsed, pids, listening
 
 
@@ -300,10 +306,12 @@ def test_a_stopped_server_ends_the_job_naming_it(tmp_path):
             reader.wait_for(r"\] step 3 ", 180)
             if role == "sumserver":
                 _assert_every_process_titled(reader.text, proc.pid)
-            found = re.search(rf"started {role} 0 at (\S+), pid (\d+)", reader.text)
+            found = re.search(rf"started {role} 0 at (\S+), pid (\d+)",
+                              latest_attempt(reader.text))
             address, pid = found.group(1), int(found.group(2))
             os.kill(pid, signal.SIGSTOP)
-            stopped[role] = (address, pid, _job_pids(reader.text, proc.pid), time.monotonic())
+            stopped[role] = (address, pid, _job_pids(reader.text, proc.pid, every_attempt=True),
+                             time.monotonic())
         for role, proc, reader in jobs:
             reader.rest(timeout=120)
             address, pid, pids, at = stopped[role]

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.cluster import (LineReader, child_env, start_job, train_command,
-                                       write_spec)
+from tests.integration.cluster import (LineReader, child_env, latest_attempt, start_job,
+                                       train_command, write_spec)
 from tests.integration.test_coordinator import _job_pids, _OutsideNetwork, _stop
 
 pytestmark = pytest.mark.skipif(
@@ -54,7 +54,7 @@ def connect_as(uid: int, host: str, port: int) -> str:
 
 def _ports(text: str) -> list[tuple[str, int]]:
     return [(host.strip("[]"), int(port)) for host, port in
-            re.findall(r"started \w+ \d+ at (\S+):(\d+), pid", text)]
+            re.findall(r"started \w+ \d+ at (\S+):(\d+), pid", latest_attempt(text))]
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -106,7 +106,7 @@ def test_a_loopback_job_lives_in_a_private_network_namespace(tmp_path):
         assert directory.stat().st_mode & 0o777 == 0o700
         assert directory.stat().st_uid == os.getuid()
     finally:
-        _stop(proc, pids)
+        _stop(proc, pids | _job_pids(reader.text, proc.pid, every_attempt=True))
     assert not directory.exists(), "the job's private directory outlived it"
 
 
@@ -138,6 +138,6 @@ def test_a_job_on_another_address_admits_only_its_hosts_and_its_user(tmp_path, f
                 assert connect_as(OTHER_UID, address, port) == "refused", port
                 assert connect_as(os.getuid(), address, port) == "open", port
         finally:
-            _stop(proc, pids)
+            _stop(proc, pids | _job_pids(reader.text, proc.pid, every_attempt=True))
         tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
         assert not any(f"autopar_{pid}" in tables for pid in pids), tables

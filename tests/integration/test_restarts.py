@@ -10,8 +10,8 @@ import os
 import re
 import signal
 
-from tests.integration.cluster import (LineReader, assert_same_parameters, load_worker,
-                                       run_single_device, run_training, start_job,
+from tests.integration.cluster import (LineReader, assert_same_parameters, latest_attempt,
+                                       load_worker, run_single_device, run_training, start_job,
                                        train_command, write_spec)
 
 MODEL, STEPS = "mlp_adam_clip_ema", 20
@@ -65,7 +65,8 @@ def test_a_killed_server_is_restarted_from_the_last_checkpoint(tmp_path):
                                    "--save-every", "5", "--pause-at", "7", "--max-restarts", "1"))
     with LineReader(proc) as reader:
         reader.wait_for(r"worker 0 pausing at step 7", 180)
-        server = int(re.search(r"started server 0 at \S+, pid (\d+)", reader.text).group(1))
+        server = int(re.search(r"started server 0 at \S+, pid (\d+)",
+                               latest_attempt(reader.text)).group(1))
         os.kill(server, signal.SIGKILL)
         log = reader.rest(timeout=240)
     assert proc.returncode == 0, log[-3000:]
