@@ -53,7 +53,9 @@ off) that autopar.get_runner lifts and distributes like any tf.function step
   Keras's fit traces it (_traced_own_step); the metrics it updates in the
   graph are reset on every worker at each epoch's start and combined over
   workers at its end (_Metrics.own_step_result). An overridden test_step
-  validates, each worker on its rows, combined the same way.
+  validates, each worker on its rows, combined the same way, a Mean it
+  feeds one value per batch weighed by the worker's share
+  (runtime/batch_value_metrics.py).
 """
 from __future__ import annotations
 
@@ -64,6 +66,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autopar.runtime.batch_value_metrics import OwnTestStep
 from autopar.runtime.fit_callbacks import FitCallbacks, chief_array, executions
 from autopar.runtime.fit_data import (ArrayBatches, DatasetBatches, PyDatasetBatches, digest, flat,
                                       rows, size)
@@ -283,7 +286,7 @@ def train_on(job: FitJob, runner) -> History:
             runner, draw() if runner.is_chief else np.zeros(n)).astype(np.int64)
     params = dict(verbose=verbose, epochs=epochs, steps=train.num_batches())
     history = History(me, n, params, model)
-    test_step = _own_test_step(model) if own_test_step else _test_step(model)
+    test_step = OwnTestStep(model) if own_test_step else _test_step(model)
     # Last of the callbacks, as Keras's History: the epoch's logs with what
     # the others added (LearningRateScheduler's learning_rate).
     seen = _epoch_logs()
@@ -904,13 +907,6 @@ def _test_step(model):
     return test_step
 
 
-def _own_test_step(model):
-    """The model's own test_step, traced as Keras's evaluate traces it, on
-    what Keras hands it (`_traced_own_step`'s data)."""
-    import tensorflow as tf
-    return tf.function(model.test_step, jit_compile=False, reduce_retracing=True)
-
-
 def _tf_values(logs):
     """A step's logs of tensors as NumPy values."""
     import tensorflow as tf
@@ -954,7 +950,7 @@ def _evaluate(model, data, batch_size: int, runner, test_step, sums: bool,
                 metrics.no_rows(batch_rows)
             elif own_step:
                 step_logs = test_step((data if isinstance(data, BATCHES)
-                                       else ArrayBatches).data(xb, yb, wb))
+                                       else ArrayBatches).data(xb, yb, wb), size(xb), batch_rows)
             else:
                 weighted = () if wb is None else (wb,)
                 with metrics.output_losses(size(xb), batch_rows):

@@ -163,6 +163,11 @@ class Analysis:
     # tensor whose leading dimension is that batch)}: weighed alike
     # (transforms.batch_weights).
     batch_mean_increments: dict[str, tuple[str, str, str]] = field(default_factory=dict)
+    # {op adding a sum over the batch, fed as one value, to a mean's total (a
+    # Keras Mean fed a loss summed over the batch): (the variable, the tensor
+    # added)}: weighed by N, as the mean's count grows N per step
+    # (transforms.batch_weights).
+    batch_sum_increments: dict[str, tuple[str, str]] = field(default_factory=dict)
     # {random op that draws per example (a dropout mask): [k, g], its k
     # blocks of the examples' rows, g rows each}: each worker draws the
     # global batch's and keeps its examples' rows (transforms.random_draws).
@@ -284,7 +289,7 @@ def _analyze(graph: tf.Graph, clock: _Clock) -> Analysis:
     recognised = {name: "its tf.compat.v1 optimizer's update (the ops under "
                         f"'{ops[0].rsplit('/update_', 1)[0]}/update_{name}')"
                   for name, ops in updates.items()}
-    writers = _writers_by_variable(index)
+    writers = writers_by_variable(index)
     from_data_flow = _updates_from_data_flow(graph, index, trainable, updates, boundary, writers)
     for name, ops in from_data_flow.items():
         updates[name] = ops
@@ -789,7 +794,7 @@ def _variable_info(graph, var_op, update_ops, boundary, slots_of: dict[str, list
                    writers: list[str]) -> VariableInfo:
     """Everything about one variable but its path ops and own region, which
     analyze_graph finds for all variables together. `writers`: the ops
-    that write it (_writers_by_variable)."""
+    that write it (writers_by_variable)."""
     var_tensor = var_op.outputs[0]
     if var_op.type == "VarHandleOp":
         shape = tuple(tf.TensorShape(var_op.get_attr("shape")).as_list())
@@ -1223,7 +1228,7 @@ def _written_variable(op: tf.Operation) -> tf.Operation | None:
     return None
 
 
-def _writers_by_variable(index: GraphIndex) -> dict[str, list[str]]:
+def writers_by_variable(index: GraphIndex) -> dict[str, list[str]]:
     """Ops writing a variable, excluding its initializer."""
     out = collections.defaultdict(list)
     for op in index.of_types(t for t in index.op_types() if writes_variable(t)):

@@ -41,7 +41,11 @@ increment, and unequal ones the workers' mean of their means, not the
 global batch's. Weighed by N * b / B, the workers' increments add up to N
 times one device's on any split, as their counts do (N per step), so the
 metric's result is one device's; a worker's own copy is its weighed
-share.
+share. A Mean fed one value per step that is a sum over the batch (a
+tracker of a loss summed over the batch) adds up over workers already, but
+its count does not: N per step, one device's 1, so its result would be
+1/N of one device's. Its additions are weighed by N (a constant: no
+all-reduce), whatever the loss's reduction (find_batch_sum_increments).
 """
 from __future__ import annotations
 
@@ -51,7 +55,7 @@ from autopar.transforms.features.base import GraphFeature, Rewiring
 from autopar.transforms.graph_utils import INPUT_OP_TYPES, in_gradient_scope, node_input_name
 from autopar.transforms.keys import BATCH_WEIGHTS
 from autopar.transforms.lift import CALL_OP
-from autopar.transforms.loss_reduction import batch_reduced
+from autopar.transforms.loss_reduction import batch_reduced, loss_reduction
 from autopar.transforms.methods.base import Edits
 
 
@@ -59,7 +63,7 @@ class BatchWeights(GraphFeature):
     """Workers whose batches of a step may differ in size weigh their
     gradients by N * b / B."""
     name = "batch_weights"
-    fields = ("batch_weights", "batch_mean_increments")
+    fields = ("batch_weights", "batch_mean_increments", "batch_sum_increments")
     keys = (BATCH_WEIGHTS,)
     after = ("loss_counts",)   # a loss divided by a count needs no weights
 
@@ -67,31 +71,37 @@ class BatchWeights(GraphFeature):
         input_ops = facts.index.of_types(INPUT_OP_TYPES)
         seeds = find_batch_weights(facts.graph, facts.trained_seeds, facts.reduced_of,
                                    facts.input_ops, input_ops)
-        if not seeds:
-            return {"batch_weights": seeds, "batch_mean_increments": {}}
+        if not facts.trained_seeds:
+            return {"batch_weights": seeds, "batch_mean_increments": {},
+                    "batch_sum_increments": {}}
         # (only additions that run in training steps alone: an evaluation's
         # run would otherwise run the weight's all-reduce, which the
         # workers' evaluations need not run alike)
         in_step = ops_of_training_steps(facts.index, [seed for seed, _ in facts.trained_seeds])
+        found = (facts.graph, facts.writers, facts.batch_local, facts.input_ops, in_step)
         return {"batch_weights": seeds,
-                "batch_mean_increments": find_batch_mean_increments(
-                    facts.graph, facts.writers, facts.batch_local, facts.input_ops, in_step)}
+                "batch_mean_increments": find_batch_mean_increments(*found) if seeds else {},
+                "batch_sum_increments": find_batch_sum_increments(*found)}
 
     def rewrite(self, ctx):
         plan = ctx.plan
-        if not weighs_batches(ctx.analysis, plan.loss_reduction, plan.num_workers,
-                              ctx.micro_batches):
+        sums = (ctx.analysis.batch_sum_increments
+                if plan.num_workers > 1 and ctx.micro_batches == 1 else {})
+        weighs = weighs_batches(ctx.analysis, plan.loss_reduction, plan.num_workers,
+                                ctx.micro_batches)
+        if not weighs and not sums:
             return None
         rewire, built, increments = rewrite_batch_weights(
-            ctx.graph, ctx.analysis.batch_weights, ctx.backend, BATCH_WEIGHTS, plan.num_workers,
-            ctx.analysis.batch_mean_increments)
+            ctx.graph, ctx.analysis.batch_weights if weighs else {}, ctx.backend, BATCH_WEIGHTS,
+            plan.num_workers, ctx.analysis.batch_mean_increments if weighs else {}, sums)
         return Rewiring({node_input_name(k): node_input_name(v) for k, v in rewire.items()},
                         built, edits=Edits(inputs=increments))
 
     def report_fields(self, analysis, plan):
         graph_writes = analysis.batch_mean_increments
         return {"batch_tensors": sorted(set(analysis.batch_weights.values())),
-                "weighed_state": sorted({v for v, _, _ in graph_writes.values()})}
+                "weighed_state": sorted({v for v, _, _ in graph_writes.values()}),
+                "summed_state": sorted({v for v, _ in analysis.batch_sum_increments.values()})}
 
 
 def find_batch_weights(graph: tf.Graph, seeds: list[tuple[str, str]], reduced_of,
@@ -182,6 +192,83 @@ def find_batch_mean_increments(graph: tf.Graph, writers: dict[str, list[str]],
     return out
 
 
+def find_batch_sum_increments(graph: tf.Graph, writers: dict[str, list[str]],
+                              batch_local: set[str], batch_ops: set[str],
+                              in_step: set[str] | None = None) -> dict[str, tuple[str, str]]:
+    """{op that adds a sum over the batch, fed as one value, to a mean's
+    total: (the variable, the tensor added)}, for the additions a step makes
+    to state of its own that run in training steps alone (`in_step`, as
+    find_batch_mean_increments'). Found from data flow, as Keras's `Mean`
+    builds it: the value added is a reduction of a scalar (the Mean's own
+    sum of what it is fed, which a scalar leaves as it is) whose value is a
+    sum over the batch (loss_reduction: a reduce_sum of the examples'
+    terms); the variable's value is divided by another variable's (the
+    mean's result), and everything added to that one (its count) is
+    independent of the batch. A tensor of the batch's examples fed to a
+    Mean adds their number to its count, which adds up over workers: not
+    among them; nor a total with no count (Keras's `Sum`), which adds up
+    too."""
+    out = {}
+    for variable, ops in writers.items():
+        counted = None   # (whether the variable is a mean's total, once asked)
+        for name in ops:
+            op = graph.get_operation_by_name(name)
+            if (name not in batch_local or in_gradient_scope(name) or len(op.inputs) < 2
+                    or (in_step is not None and name not in in_step)):
+                continue
+            added = _added_to(op)
+            if added is None or added[1].op.name not in batch_local:
+                continue
+            fed = _scalar_reduced(added[1])
+            if fed is None or loss_reduction(graph, fed.name, batch_ops)[0] != "sum":
+                continue
+            if counted is None:
+                count = _divided_by(graph, variable)
+                counted = count is not None and _counts_steps(graph, writers.get(count, []),
+                                                              batch_local)
+            if counted:
+                out[added[0].name] = (variable, added[1].name)
+    return out
+
+
+def _scalar_reduced(t: tf.Tensor) -> tf.Tensor | None:
+    """The scalar `t` reduces (a Sum or Mean of a rank-0 tensor, through
+    casts and identities), else None."""
+    t = _uncast(t)
+    if t.op.type not in ("Sum", "Mean") or t.op.inputs[0].shape.rank != 0:
+        return None
+    return t.op.inputs[0]
+
+
+def _divided_by(graph: tf.Graph, variable: str) -> str | None:
+    """The variable whose value the value of `variable` is divided by (a
+    mean's total by its count: DivNoNan, RealDiv, Div), through casts and
+    identities; None if none, or several."""
+    handle = graph.get_operation_by_name(variable)
+    found = set()
+    for op in graph.get_operations():
+        if op.type in ("DivNoNan", "RealDiv", "Div") and _reads(_uncast(op.inputs[0]), handle):
+            divisor = _uncast(op.inputs[1])
+            if divisor.op.type == "ReadVariableOp":
+                found.add(divisor.op.inputs[0].op.name)
+            elif divisor.op.type in ("VariableV2", "Variable"):
+                found.add(divisor.op.name)
+    return next(iter(found)) if len(found) == 1 and variable not in found else None
+
+
+def _uncast(t: tf.Tensor) -> tf.Tensor:
+    while t.op.type in ("Identity", "Cast"):
+        t = t.op.inputs[0]
+    return t
+
+
+def _counts_steps(graph: tf.Graph, writers: list[str], batch_local: set[str]) -> bool:
+    """Whether every write of a variable adds a value independent of the
+    batch to it (a count of updates, not of examples)."""
+    added = [_added_to(graph.get_operation_by_name(name)) for name in writers]
+    return bool(added) and all(a is not None and a[1].op.name not in batch_local for a in added)
+
+
 def _added_to(writer: tf.Operation) -> tuple[tf.Operation, tf.Tensor] | None:
     """(the op that adds it, the tensor added) when `writer` adds a tensor
     to its variable, else None."""
@@ -219,16 +306,19 @@ def weighs_batches(analysis, loss_reduction: str, num_workers: int, micro_batche
 
 def rewrite_batch_weights(graph: tf.Graph, seeds: dict[str, str], backend, keys,
                           num_workers: int,
-                          increments: dict[str, tuple[str, str, str]] | None = None
+                          increments: dict[str, tuple[str, str, str]] | None = None,
+                          sums: dict[str, tuple[str, str]] | None = None
                           ) -> tuple[dict[str, str], set[str], dict[str, dict[str, str]]]:
     """Build this worker's weight N * b / B for each batch tensor in `graph`
     (the worker's scratch copy; `seeds`: seed -> the tensor whose leading
     dimension is its batch; `increments`: find_batch_mean_increments';
     `keys`: the instance-key range), each seed times its weight and each
-    increment's value times its own. Returns (seed -> weighed seed, which
-    the backward pass reads instead; the ops built for the seeds, which keep
-    reading them; {adding op: {its value: the weighed value}}, for that op
-    alone: the value's other readers, the step's logs, keep it)."""
+    increment's value times its own; each of `sums`'
+    (find_batch_sum_increments') values times N. Returns (seed -> weighed
+    seed, which the backward pass reads instead; the ops built for the
+    seeds, which keep reading them; {adding op: {its value: the weighed
+    value}}, for that op alone: the value's other readers, the step's logs,
+    keep it)."""
     before = {op.name for op in graph.get_operations()}
     rewire: dict[str, str] = {}
     weights: dict[str, tf.Tensor] = {}
@@ -251,6 +341,11 @@ def rewrite_batch_weights(graph: tf.Graph, seeds: dict[str, str], backend, keys,
         for name, (_, added, batch_tensor) in sorted((increments or {}).items()):
             value = graph.get_tensor_by_name(added)
             weighed = value * tf.cast(weight(batch_tensor), value.dtype)
+            weighed_values.add(weighed.op.name)
+            inputs[name] = {node_input_name(value.name): node_input_name(weighed.name)}
+        for name, (_, added) in sorted((sums or {}).items()):
+            value = graph.get_tensor_by_name(added)
+            weighed = value * tf.constant(num_workers, value.dtype)
             weighed_values.add(weighed.op.name)
             inputs[name] = {node_input_name(value.name): node_input_name(weighed.name)}
     # Exempt from the features' replacements: what reads the seeds (the

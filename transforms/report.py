@@ -68,6 +68,7 @@ class Report:
     loss_counts: list[str] = field(default_factory=list)   # transforms.loss_counts
     batch_tensors: list[str] = field(default_factory=list)  # transforms.batch_weights
     weighed_state: list[str] = field(default_factory=list)  # its batch means added to state
+    summed_state: list[str] = field(default_factory=list)  # batch sums added to means' totals
     batch_draws: list[str] = field(default_factory=list)   # transforms.random_draws: their ops
     # transforms.padded_lengths: inputs of lengths the graph leaves unknown
     padded_inputs: list[str] = field(default_factory=list)
@@ -218,6 +219,12 @@ class Report:
                              + " (a Mean metric fed the batch's loss) is weighed by the same "
                              "N * b / B: summed over workers (the metrics' logs) it is N times "
                              "one device's, as their counts are")
+        if self.summed_state and self.num_workers > 1:
+            lines.append("metrics: what a step adds of a sum over its batch to "
+                         + _quoted(self.summed_state) + " (a Mean metric fed a loss summed "
+                         "over the batch, its count growing by one per step) is weighed by N: "
+                         "summed over workers (the metrics' logs) it is N times one device's, "
+                         "as their counts are")
         if self.batch_draws and self.num_workers > 1:
             lines.append(f"random draws per example ({_quoted(self.batch_draws)}): "
                          "each worker draws the global batch's and keeps the rows of examples "

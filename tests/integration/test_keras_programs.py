@@ -380,8 +380,8 @@ def test_a_dataset_batch_of_fewer_examples_than_workers_fails_the_job_before_its
 OWN_STEP = str(REPO / "tests" / "integration" / "scripts" / "keras_fit_own_step.py")
 
 
-@pytest.mark.parametrize("model,run_option", [("compiled", "hybrid"), ("gan", "ps"),
-                                              ("wgan", "hybrid")])
+@pytest.mark.parametrize("model,run_option", [("compiled", "hybrid"), ("summed", "allreduce"),
+                                              ("gan", "ps"), ("wgan", "hybrid")])
 def test_a_models_own_train_step_fit_as_keras_fits_it(model, run_option, tmp_path):
     """A model class that overrides train_step, as Keras's guide to
     customizing fit() writes one (before: refused): autopar.fit traces the
@@ -391,8 +391,14 @@ def test_a_models_own_train_step_fit_as_keras_fits_it(model, run_option, tmp_pat
     logs: the metrics the step updates in the graph, each worker's on its
     rows, are reset at each epoch's start and their state summed over
     workers at its end (R2Score's arrays too); validation runs the model's
-    own test step, combined the same way; EarlyStopping, watching a metric of the step, stops every worker
-    after epoch 2 of 4. The GAN: two models, an optimizer each, the latent
+    own test step, combined the same way, a Mean fed the batch's loss by
+    Keras's guide's test_step weighing each worker's value by its share of
+    a batch that splits unevenly (the last, 1/1/0; before: the workers'
+    means weighed alike); EarlyStopping, watching a metric of the step, stops every worker
+    after epoch 2 of 4. The summed loss's Mean trackers (one value per step,
+    a sum over the batch): in training weighed by N, in validation counted
+    by each worker's share (before: their count N per step, one device's 1,
+    the logged loss 1/N of one device's). The GAN: two models, an optimizer each, the latent
     vectors and the labels' noise drawn from a SeedGenerator per example
     (one device's draws), on the servers. WGAN-GP: a gradient penalty
     differentiated inside the critic's tape, its interpolation weights
@@ -413,6 +419,9 @@ def test_a_models_own_train_step_fit_as_keras_fits_it(model, run_option, tmp_pat
         3 if model == "gan" else 2)
     if model == "compiled":
         assert sorted(got) == ["loss", "mae", "r2_score", "val_loss", "val_mae", "val_r2_score"]
+    if model == "summed":
+        assert sorted(got) == ["examples", "loss", "val_examples", "val_loss"]
+        assert "what a step adds of a sum over its batch to 'loss/total'" in log
     for name in got:
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-12, err_msg=name)
     _assert_workers_hold(tmp_path, 3, rtol=1e-9, atol=1e-12)

@@ -216,3 +216,70 @@ def test_a_traced_steps_mean_of_its_loss_is_weighed_and_its_accuracy_is_not():
         next(name for name, v in lifted.python_variables.items()
              if v is metrics[0].variables[0] or v is getattr(metrics[0].variables[0], "value", None)))
     assert weighed == {mean_total.name}, analysis.batch_mean_increments
+
+
+def _traced_trackers(reduce):
+    """A traced Keras 3 step trained on a loss reduced over the batch by
+    `reduce`, feeding Keras metrics: the loss (one value), the examples'
+    losses (a value per example), the loss into a Sum metric (no count), a
+    constant; (its lifted graph, {metric name: the lifted name of its
+    total})."""
+    import keras
+    with keras_step.keras_settings_kept():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        optimizer = keras.optimizers.SGD(0.1)
+        metrics = {"loss": keras.metrics.Mean(name="loss"),
+                   "examples": keras.metrics.Mean(name="examples"),
+                   "summed": keras.metrics.Sum(name="summed"),
+                   "constant": keras.metrics.Mean(name="constant")}
+
+        @tf.function
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                per_example = tf.square(y - model(x))[:, 0]
+                loss = reduce(per_example)
+            optimizer.apply(tape.gradient(loss, model.trainable_variables),
+                            model.trainable_variables)
+            metrics["loss"].update_state(loss)
+            metrics["examples"].update_state(per_example)
+            metrics["summed"].update_state(loss)
+            metrics["constant"].update_state(2.0)
+            return {name: m.result() for name, m in metrics.items()}
+        lifted = lift(step.get_concrete_function(tf.TensorSpec([None, 3], tf.float32),
+                                                 tf.TensorSpec([None, 1], tf.float32)))
+    totals = {}
+    for name, metric in metrics.items():
+        held = {id(metric.total), id(getattr(metric.total, "value", None))}
+        totals[name] = next(n for n, v in lifted.python_variables.items() if id(v) in held)
+    return lifted, totals
+
+
+def test_a_mean_fed_a_sum_over_the_batch_is_weighed_by_the_workers_count():
+    """Its total adds up over workers, its count (1 per step each) does not:
+    the total weighed by N. Not a Mean fed the examples' values (its count
+    grows by their number, which adds up), not a Sum metric (no count), not
+    a constant."""
+    lifted, totals = _traced_trackers(tf.reduce_sum)
+    analysis = analyze_graph(lifted.graph)
+    assert {v for v, _ in analysis.batch_sum_increments.values()} == {totals["loss"]}, \
+        (analysis.batch_sum_increments, totals)
+    assert analysis.batch_weights == {} and analysis.batch_mean_increments == {}
+    # weighed by N in the rewritten graph, with no all-reduce
+    from autopar.transforms.batch_weights import rewrite_batch_weights
+    graph = lifted.graph
+    with graph.as_default():
+        rewire, _, inputs = rewrite_batch_weights(graph, {}, None, None, 3, {},
+                                                  analysis.batch_sum_increments)
+    assert rewire == {} and len(inputs) == 1
+    (replaced,) = inputs.values()
+    (weighed,) = replaced.values()
+    weighed = graph.get_tensor_by_name(weighed if ":" in weighed else weighed + ":0")
+    assert weighed.op.type == "Mul" and tf.get_static_value(weighed.op.inputs[1]) == 3.0
+
+
+def test_a_mean_fed_the_batchs_mean_is_no_sum():
+    lifted, totals = _traced_trackers(tf.reduce_mean)
+    analysis = analyze_graph(lifted.graph)
+    assert analysis.batch_sum_increments == {}
+    weighed = {v for v, _, _ in analysis.batch_mean_increments.values()}
+    assert totals["loss"] in weighed and totals["examples"] not in weighed

@@ -6,9 +6,14 @@ or autopar.fit (on every worker of --spec):
   compiled loss (model.compute_loss, with sample weights) and updates every
   metric of model.metrics itself (the loss tracker, the compiled metrics:
   MeanAbsoluteError and R2Score, whose state is arrays), returning their
-  results, and whose test_step does the same without training; fit on
-  arrays with sample weights, validation data and an EarlyStopping callback
+  results, and whose test_step does the same without training (Keras's
+  guide's); fit on arrays with sample weights, validation data whose last
+  batch has fewer examples than workers and an EarlyStopping callback
   watching a metric of the step.
+- "summed": a functional model whose train_step and test_step take a loss
+  summed over the batch and feed it to a Mean tracker (one value per step,
+  a sum over the batch), beside a Mean of the examples' losses; fit on
+  arrays with validation data.
 - "gan": a model of two models with a compile() of its own (an optimizer
   for each, a loss function), whose train_step takes the batch of real
   examples alone, draws the latent vectors and the labels' noise from a
@@ -61,6 +66,37 @@ class CompiledLossModel(keras.Model):
                 metric.update_state(loss)
             else:
                 metric.update_state(y, y_pred)
+        return {m.name: m.result() for m in self.metrics}
+
+
+class SummedLossModel(keras.Model):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.trackers = [keras.metrics.Mean(name="loss"), keras.metrics.Mean(name="examples")]
+
+    @property
+    def metrics(self):
+        return self.trackers
+
+    def _loss_of(self, x, y, training):
+        per_example = tf.square(y - self(x, training=training))[:, 0]
+        return tf.reduce_sum(per_example), per_example
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss, per_example = self._loss_of(x, y, training=True)
+        self.optimizer.apply(tape.gradient(loss, self.trainable_variables),
+                             self.trainable_variables)
+        return self._logged(loss, per_example)
+
+    def test_step(self, data):
+        x, y = data
+        return self._logged(*self._loss_of(x, y, training=False))
+
+    def _logged(self, loss, per_example):
+        self.trackers[0].update_state(loss)
+        self.trackers[1].update_state(per_example)
         return {m.name: m.result() for m in self.metrics}
 
 
@@ -138,7 +174,7 @@ class WGAN(GAN):
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--keras", action="store_true", help="Keras's own model.fit")
-    p.add_argument("--model", choices=["compiled", "gan", "wgan"], required=True)
+    p.add_argument("--model", choices=["compiled", "summed", "gan", "wgan"], required=True)
     p.add_argument("--spec")
     p.add_argument("--run-option", default="hybrid")
     p.add_argument("--out", required=True, help=".npz; {worker} is replaced")
@@ -164,6 +200,15 @@ def main() -> None:
         if args.model == "wgan":
             data, fit = [x], dict(epochs=2, batch_size=12)
         optimizers = [model.d_optimizer, model.g_optimizer]
+    elif args.model == "summed":
+        inputs = keras.Input((6,))
+        hidden = keras.layers.Dense(5, activation="tanh")(inputs)
+        model = SummedLossModel(inputs, keras.layers.Dense(1)(hidden))
+        model.compile(optimizer=keras.optimizers.SGD(1e-3))
+        data = [x, y]
+        # validation batches of 12, 12 and 2: on 3 workers 4/4/4, 4/4/4, 1/1/0
+        fit = dict(epochs=2, batch_size=12, validation_data=(x[:26], y[:26]))
+        optimizers = [model.optimizer]
     else:
         inputs = keras.Input((6,))
         hidden = keras.layers.Dense(5, activation="tanh")(inputs)
@@ -174,7 +219,7 @@ def main() -> None:
         # EarlyStopping ends fit after epoch 2 of 4: the R2 score of epoch 2
         # does not improve on epoch 1's by 0.5
         fit = dict(epochs=4, batch_size=12, sample_weight=rng.uniform(0.5, 1.5, size=48),
-                   validation_data=(x[:24], y[:24]),
+                   validation_data=(x[:26], y[:26]),
                    callbacks=[keras.callbacks.EarlyStopping(monitor="r2_score", mode="max",
                                                             patience=0, min_delta=0.5)])
         optimizers = [model.optimizer]
