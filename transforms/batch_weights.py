@@ -174,21 +174,13 @@ def find_batch_mean_increments(graph: tf.Graph, writers: dict[str, list[str]],
     then the Add). A sum over the batch (an accuracy's matches) or a
     constant (a count's 1) adds up over workers already: not among them."""
     out = {}
-    for variable, ops in writers.items():
-        for name in ops:
-            op = graph.get_operation_by_name(name)
-            if (name not in batch_local or in_gradient_scope(name) or len(op.inputs) < 2
-                    or (in_step is not None and name not in in_step)):
-                continue
-            added = _added_to(op)
-            if added is None or added[1].op.name not in batch_local:
-                continue
-            reduced = batch_reduced(graph, added[1].name, batch_ops)
-            if reduced is None:
-                continue
-            shape = graph.get_tensor_by_name(reduced).shape
-            if shape.rank and shape[0] is None:
-                out[added[0].name] = (variable, added[1].name, reduced)
+    for variable, adding, added in _batch_additions(graph, writers, batch_local, in_step):
+        reduced = batch_reduced(graph, added.name, batch_ops)
+        if reduced is None:
+            continue
+        shape = graph.get_tensor_by_name(reduced).shape
+        if shape.rank and shape[0] is None:
+            out[adding.name] = (variable, added.name, reduced)
     return out
 
 
@@ -209,26 +201,36 @@ def find_batch_sum_increments(graph: tf.Graph, writers: dict[str, list[str]],
     among them; nor a total with no count (Keras's `Sum`), which adds up
     too."""
     out = {}
+    counted: dict[str, bool] = {}   # variable -> whether it is a mean's total
+    for variable, adding, added in _batch_additions(graph, writers, batch_local, in_step):
+        fed = _scalar_reduced(added)
+        if fed is None or loss_reduction(graph, fed.name, batch_ops)[0] != "sum":
+            continue
+        if variable not in counted:
+            count = _divided_by(graph, variable)
+            counted[variable] = count is not None and _counts_steps(
+                graph, writers.get(count, []), batch_local)
+        if counted[variable]:
+            out[adding.name] = (variable, added.name)
+    return out
+
+
+def _batch_additions(graph: tf.Graph, writers: dict[str, list[str]], batch_local: set[str],
+                     in_step: set[str] | None):
+    """(variable, the op adding to it, the tensor added) for each addition
+    of a value of the batch a step makes to state of its own (not a
+    gradient's: `batch_local`, the ops the batch feeds other than through
+    the gradients) that runs in training steps alone (`in_step`, when
+    given)."""
     for variable, ops in writers.items():
-        counted = None   # (whether the variable is a mean's total, once asked)
         for name in ops:
             op = graph.get_operation_by_name(name)
             if (name not in batch_local or in_gradient_scope(name) or len(op.inputs) < 2
                     or (in_step is not None and name not in in_step)):
                 continue
             added = _added_to(op)
-            if added is None or added[1].op.name not in batch_local:
-                continue
-            fed = _scalar_reduced(added[1])
-            if fed is None or loss_reduction(graph, fed.name, batch_ops)[0] != "sum":
-                continue
-            if counted is None:
-                count = _divided_by(graph, variable)
-                counted = count is not None and _counts_steps(graph, writers.get(count, []),
-                                                              batch_local)
-            if counted:
-                out[added[0].name] = (variable, added[1].name)
-    return out
+            if added is not None and added[1].op.name in batch_local:
+                yield variable, added[0], added[1]
 
 
 def _scalar_reduced(t: tf.Tensor) -> tf.Tensor | None:

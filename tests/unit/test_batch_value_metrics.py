@@ -2,7 +2,7 @@
 batch, its metrics' state summed over the workers, gives one device's
 results (runtime/batch_value_metrics.py): a Mean fed the batch's loss (the
 test_step of Keras's guide to customizing fit()), a Mean fed a loss summed
-over the batch, beside metrics fed a value per example and a constant.
+over the batch, beside metrics fed a value per example.
 The workers are simulated in this process, one after another on the same
 weights, on batches that split unevenly (3 workers: 4/4/4 and 1/1/0); the
 same through autopar.fit on 3 processes: tests/integration/
@@ -18,40 +18,14 @@ WORKERS, BATCH = 3, 12
 
 
 def _models():
+    """Keras's guide's test_step (a Mean fed the batch's loss) and a summed
+    loss's (a Mean fed the sum, one fed the examples' losses), as
+    autopar.fit's test of them on 3 processes builds them."""
     import keras
 
-    class GuideModel(keras.Model):
-        def test_step(self, data):
-            x, y = data
-            y_pred = self(x, training=False)
-            loss = self.compute_loss(y=y, y_pred=y_pred)
-            for metric in self.metrics:
-                if metric.name == "loss":
-                    metric.update_state(loss)
-                else:
-                    metric.update_state(y, y_pred)
-            return {m.name: m.result() for m in self.metrics}
-
-    class SummedModel(keras.Model):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.trackers = [keras.metrics.Mean(name="loss"), keras.metrics.Mean(name="examples"),
-                             keras.metrics.Mean(name="constant")]
-
-        @property
-        def metrics(self):
-            return self.trackers
-
-        def test_step(self, data):
-            x, y = data
-            per_example = tf.square(y - self(x))[:, 0]
-            self.trackers[0].update_state(tf.reduce_sum(per_example))
-            self.trackers[1].update_state(per_example)
-            self.trackers[2].update_state(tf.constant(2.0, tf.float64))
-            return {m.name: m.result() for m in self.metrics}
-
+    from tests.integration.scripts.keras_fit_own_step import CompiledLossModel, SummedLossModel
     built = {}
-    for name, cls in (("guide", GuideModel), ("summed", SummedModel)):
+    for name, cls in (("guide", CompiledLossModel), ("summed", SummedLossModel)):
         inputs = keras.Input((4,))
         model = cls(inputs, keras.layers.Dense(1)(inputs))
         model.compile(loss="mse", metrics=["mae"] if name == "guide" else None)
