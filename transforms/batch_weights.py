@@ -41,7 +41,8 @@ increment, and unequal ones the workers' mean of their means, not the
 global batch's. Weighed by N * b / B, the workers' increments add up to N
 times one device's on any split, as their counts do (N per step), so the
 metric's result is one device's; a worker's own copy is its weighed
-share. A Mean fed one value per step that is a sum over the batch (a
+share. That holds whatever the gradients' combination (a summed loss
+too), but for a loss divided by a count, and not with micro-batches. A Mean fed one value per step that is a sum over the batch (a
 tracker of a loss summed over the batch) adds up over workers already, but
 its count does not: N per step, one device's 1, so its result would be
 1/N of one device's. Its additions are weighed by N (a constant: no
@@ -80,20 +81,24 @@ class BatchWeights(GraphFeature):
         in_step = ops_of_training_steps(facts.index, [seed for seed, _ in facts.trained_seeds])
         found = (facts.graph, facts.writers, facts.batch_local, facts.input_ops, in_step)
         return {"batch_weights": seeds,
-                "batch_mean_increments": find_batch_mean_increments(*found) if seeds else {},
+                "batch_mean_increments": find_batch_mean_increments(*found),
                 "batch_sum_increments": find_batch_sum_increments(*found)}
 
     def rewrite(self, ctx):
-        plan = ctx.plan
-        sums = (ctx.analysis.batch_sum_increments
-                if plan.num_workers > 1 and ctx.micro_batches == 1 else {})
-        weighs = weighs_batches(ctx.analysis, plan.loss_reduction, plan.num_workers,
+        plan, analysis = ctx.plan, ctx.analysis
+        # (a metric's additions, whatever the gradients' combination; a
+        # mean's not beside a loss divided by a count, which a worker's rows
+        # do not weigh)
+        metrics = plan.num_workers > 1 and ctx.micro_batches == 1
+        means = analysis.batch_mean_increments if metrics and not analysis.loss_counts else {}
+        sums = analysis.batch_sum_increments if metrics else {}
+        weighs = weighs_batches(analysis, plan.loss_reduction, plan.num_workers,
                                 ctx.micro_batches)
-        if not weighs and not sums:
+        if not (weighs or means or sums):
             return None
         rewire, built, increments = rewrite_batch_weights(
-            ctx.graph, ctx.analysis.batch_weights if weighs else {}, ctx.backend, BATCH_WEIGHTS,
-            plan.num_workers, ctx.analysis.batch_mean_increments if weighs else {}, sums)
+            ctx.graph, analysis.batch_weights if weighs else {}, ctx.backend, BATCH_WEIGHTS,
+            plan.num_workers, means, sums)
         return Rewiring({node_input_name(k): node_input_name(v) for k, v in rewire.items()},
                         built, edits=Edits(inputs=increments))
 

@@ -213,18 +213,19 @@ class Report:
                          "N * b / B, its batch size b over their sum B over the workers (one "
                          "scalar all-reduce per step), so the step is one device's mean (not "
                          "with micro_batches > 1)")
-            if self.weighed_state:
-                lines.append("batch sizes: what a step adds of a mean over its batch to "
-                             + _quoted(self.weighed_state)
-                             + " (a Mean metric fed the batch's loss) is weighed by the same "
-                             "N * b / B: summed over workers (the metrics' logs) it is N times "
-                             "one device's, as their counts are")
+        if self.weighed_state and self.num_workers > 1 and not self.loss_counts:
+            lines.append("batch sizes: what a step adds of a mean over its batch to "
+                         + _quoted(self.weighed_state)
+                         + " (a Mean metric fed the batch's loss) is weighed by N * b / B, "
+                         "its batch size b over their sum B over the workers: summed over "
+                         "workers (the metrics' logs) it is N times one device's, as their "
+                         "counts are (not with micro_batches > 1)")
         if self.summed_state and self.num_workers > 1:
             lines.append("metrics: what a step adds of a sum over its batch to "
                          + _quoted(self.summed_state) + " (a Mean metric fed a loss summed "
                          "over the batch, its count growing by one per step) is weighed by N: "
                          "summed over workers (the metrics' logs) it is N times one device's, "
-                         "as their counts are")
+                         "as their counts are (not with micro_batches > 1)")
         if self.batch_draws and self.num_workers > 1:
             lines.append(f"random draws per example ({_quoted(self.batch_draws)}): "
                          "each worker draws the global batch's and keeps the rows of examples "

@@ -395,10 +395,12 @@ def test_a_models_own_train_step_fit_as_keras_fits_it(model, run_option, tmp_pat
     Keras's guide's test_step weighing each worker's value by its share of
     a batch that splits unevenly (the last, 1/1/0; before: the workers'
     means weighed alike); EarlyStopping, watching a metric of the step, stops every worker
-    after epoch 2 of 4. The summed loss's Mean trackers (one value per step,
+    after epoch 2 of 4. The summed loss's Mean tracker (one value per step,
     a sum over the batch): in training weighed by N, in validation counted
     by each worker's share (before: their count N per step, one device's 1,
-    the logged loss 1/N of one device's). The GAN: two models, an optimizer each, the latent
+    the logged loss 1/N of one device's); a tracker of the batch's mean
+    beside it weighed by the worker's rows, N * b / B, in batches that split
+    unevenly (before: only beside a loss averaged over the batch). The GAN: two models, an optimizer each, the latent
     vectors and the labels' noise drawn from a SeedGenerator per example
     (one device's draws), on the servers. WGAN-GP: a gradient penalty
     differentiated inside the critic's tape, its interpolation weights
@@ -420,8 +422,10 @@ def test_a_models_own_train_step_fit_as_keras_fits_it(model, run_option, tmp_pat
     if model == "compiled":
         assert sorted(got) == ["loss", "mae", "r2_score", "val_loss", "val_mae", "val_r2_score"]
     if model == "summed":
-        assert sorted(got) == ["examples", "loss", "val_examples", "val_loss"]
+        assert sorted(got) == ["examples", "loss", "mean", "val_examples", "val_loss",
+                               "val_mean"]
         assert "what a step adds of a sum over its batch to 'loss/total'" in log
+        assert "what a step adds of a mean over its batch to 'mean/total'" in log
     for name in got:
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-12, err_msg=name)
     _assert_workers_hold(tmp_path, 3, rtol=1e-9, atol=1e-12)

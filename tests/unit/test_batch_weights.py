@@ -222,8 +222,8 @@ def _traced_trackers(reduce):
     """A traced Keras 3 step trained on a loss reduced over the batch by
     `reduce`, feeding Keras metrics: the loss (one value), the examples'
     losses (a value per example), the loss into a Sum metric (no count), a
-    constant; (its lifted graph, {metric name: the lifted name of its
-    total})."""
+    constant, the examples' mean; (its lifted graph, {metric name: the
+    lifted name of its total})."""
     import keras
     with keras_step.keras_settings_kept():
         model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
@@ -231,7 +231,8 @@ def _traced_trackers(reduce):
         metrics = {"loss": keras.metrics.Mean(name="loss"),
                    "examples": keras.metrics.Mean(name="examples"),
                    "summed": keras.metrics.Sum(name="summed"),
-                   "constant": keras.metrics.Mean(name="constant")}
+                   "constant": keras.metrics.Mean(name="constant"),
+                   "mean": keras.metrics.Mean(name="mean")}
 
         @tf.function
         def step(x, y):
@@ -244,6 +245,7 @@ def _traced_trackers(reduce):
             metrics["examples"].update_state(per_example)
             metrics["summed"].update_state(loss)
             metrics["constant"].update_state(2.0)
+            metrics["mean"].update_state(tf.reduce_mean(per_example))
             return {name: m.result() for name, m in metrics.items()}
         lifted = lift(step.get_concrete_function(tf.TensorSpec([None, 3], tf.float32),
                                                  tf.TensorSpec([None, 1], tf.float32)))
@@ -263,7 +265,9 @@ def test_a_mean_fed_a_sum_over_the_batch_is_weighed_by_the_workers_count():
     analysis = analyze_graph(lifted.graph)
     assert {v for v, _ in analysis.batch_sum_increments.values()} == {totals["loss"]}, \
         (analysis.batch_sum_increments, totals)
-    assert analysis.batch_weights == {} and analysis.batch_mean_increments == {}
+    # a mean over the batch is weighed by N * b / B whatever the loss
+    assert analysis.batch_weights == {}
+    assert {v for v, _, _ in analysis.batch_mean_increments.values()} == {totals["mean"]}
     # weighed by N in the rewritten graph, with no all-reduce
     from autopar.transforms.batch_weights import rewrite_batch_weights
     graph = lifted.graph
@@ -282,4 +286,4 @@ def test_a_mean_fed_the_batchs_mean_is_no_sum():
     analysis = analyze_graph(lifted.graph)
     assert analysis.batch_sum_increments == {}
     weighed = {v for v, _, _ in analysis.batch_mean_increments.values()}
-    assert totals["loss"] in weighed and totals["examples"] not in weighed
+    assert {totals["loss"], totals["mean"]} <= weighed and totals["examples"] not in weighed

@@ -12,8 +12,9 @@ or autopar.fit (on every worker of --spec):
   watching a metric of the step.
 - "summed": a functional model whose train_step and test_step take a loss
   summed over the batch and feed it to a Mean tracker (one value per step,
-  a sum over the batch), beside a Mean of the examples' losses; fit on
-  arrays with validation data.
+  a sum over the batch), beside a Mean of the examples' losses and one of
+  the batch's mean loss; fit on arrays with validation data, in batches
+  that split unevenly.
 - "gan": a model of two models with a compile() of its own (an optimizer
   for each, a loss function), whose train_step takes the batch of real
   examples alone, draws the latent vectors and the labels' noise from a
@@ -72,7 +73,8 @@ class CompiledLossModel(keras.Model):
 class SummedLossModel(keras.Model):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.trackers = [keras.metrics.Mean(name="loss"), keras.metrics.Mean(name="examples")]
+        self.trackers = [keras.metrics.Mean(name="loss"), keras.metrics.Mean(name="examples"),
+                         keras.metrics.Mean(name="mean")]
 
     @property
     def metrics(self):
@@ -97,6 +99,7 @@ class SummedLossModel(keras.Model):
     def _logged(self, loss, per_example):
         self.trackers[0].update_state(loss)
         self.trackers[1].update_state(per_example)
+        self.trackers[2].update_state(tf.reduce_mean(per_example))
         return {m.name: m.result() for m in self.metrics}
 
 
@@ -206,8 +209,9 @@ def main() -> None:
         model = SummedLossModel(inputs, keras.layers.Dense(1)(hidden))
         model.compile(optimizer=keras.optimizers.SGD(1e-3))
         data = [x, y]
-        # validation batches of 12, 12 and 2: on 3 workers 4/4/4, 4/4/4, 1/1/0
-        fit = dict(epochs=2, batch_size=12, validation_data=(x[:26], y[:26]))
+        # batches of 10 and a last of 8 (4/3/3, 3/3/2 on 3 workers); of the
+        # validation's, 10, 10 and 6
+        fit = dict(epochs=2, batch_size=10, validation_data=(x[:26], y[:26]))
         optimizers = [model.optimizer]
     else:
         inputs = keras.Input((6,))
