@@ -31,7 +31,7 @@ from autopar.transforms.features.base import Facts
 from autopar.transforms.graph_index import GraphIndex
 from autopar.transforms.graph_utils import (INPUT_OP_TYPES, VARIABLE_OP_TYPES, op_name_of, transforming,
                                             graph_of, in_gradient_scope, is_restore_assignment,
-                                            static_shape, writes_variable)
+                                            static_shape, uncast, writes_variable)
 from autopar.transforms.lift import FETCHES, tape_seed_pairs
 from autopar.transforms.loss_reduction import batch_reduced, loss_reduction_of_all
 from autopar.transforms.server_blockers import (FUNCTION_OPS, conditional_ops, read_in_a_function,
@@ -680,8 +680,7 @@ def _scaled_gradient(op, boundary: set[str]) -> bool:
 
 
 def _scalar_constant(t: tf.Tensor) -> bool:
-    while t.op.type in ("Cast", "Identity"):
-        t = t.op.inputs[0]
+    t = uncast(t)
     return t.op.type == "Const" and t.shape.num_elements() == 1
 
 
@@ -1028,8 +1027,7 @@ def _is_dense_shape(t: tf.Tensor, var_shape) -> bool:
     folded into a constant (a ResourceGather's gradient on a variable of
     static shape). It is as near to a densifying update as the indices (its
     first element is the segment sum's num_segments)."""
-    while t.op.type in ("Identity", "Cast"):
-        t = t.op.inputs[0]
+    t = uncast(t)
     if t.op.type in ("Shape", "VariableShape"):
         return True
     value = tf.get_static_value(t)

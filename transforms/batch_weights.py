@@ -42,10 +42,11 @@ global batch's. Weighed by N * b / B, the workers' increments add up to N
 times one device's on any split, as their counts do (N per step), so the
 metric's result is one device's; a worker's own copy is its weighed
 share. That holds whatever the gradients' combination (a summed loss
-too), but for a loss divided by a count, and not with micro-batches. A Mean fed one value per step that is a sum over the batch (a
-tracker of a loss summed over the batch) adds up over workers already, but
-its count does not: N per step, one device's 1, so its result would be
-1/N of one device's. Its additions are weighed by N (a constant: no
+too), but for a loss divided by a count, and not with micro-batches. A
+Mean fed one value per step that is a sum over the batch (a tracker of a
+loss summed over the batch) adds up over workers already, but its count
+does not: N per step, one device's 1, so its result would be 1/N of one
+device's. Its additions are weighed by N (a constant: no
 all-reduce), whatever the loss's reduction (find_batch_sum_increments).
 """
 from __future__ import annotations
@@ -53,7 +54,8 @@ from __future__ import annotations
 import tensorflow as tf
 
 from autopar.transforms.features.base import GraphFeature, Rewiring
-from autopar.transforms.graph_utils import INPUT_OP_TYPES, in_gradient_scope, node_input_name
+from autopar.transforms.graph_utils import (INPUT_OP_TYPES, in_gradient_scope, node_input_name,
+                                            uncast)
 from autopar.transforms.keys import BATCH_WEIGHTS
 from autopar.transforms.lift import CALL_OP
 from autopar.transforms.loss_reduction import batch_reduced, loss_reduction
@@ -241,7 +243,7 @@ def _batch_additions(graph: tf.Graph, writers: dict[str, list[str]], batch_local
 def _scalar_reduced(t: tf.Tensor) -> tf.Tensor | None:
     """The scalar `t` reduces (a Sum or Mean of a rank-0 tensor, through
     casts and identities), else None."""
-    t = _uncast(t)
+    t = uncast(t)
     if t.op.type not in ("Sum", "Mean") or t.op.inputs[0].shape.rank != 0:
         return None
     return t.op.inputs[0]
@@ -254,19 +256,13 @@ def _divided_by(graph: tf.Graph, variable: str) -> str | None:
     handle = graph.get_operation_by_name(variable)
     found = set()
     for op in graph.get_operations():
-        if op.type in ("DivNoNan", "RealDiv", "Div") and _reads(_uncast(op.inputs[0]), handle):
-            divisor = _uncast(op.inputs[1])
+        if op.type in ("DivNoNan", "RealDiv", "Div") and _reads(uncast(op.inputs[0]), handle):
+            divisor = uncast(op.inputs[1])
             if divisor.op.type == "ReadVariableOp":
                 found.add(divisor.op.inputs[0].op.name)
             elif divisor.op.type in ("VariableV2", "Variable"):
                 found.add(divisor.op.name)
     return next(iter(found)) if len(found) == 1 and variable not in found else None
-
-
-def _uncast(t: tf.Tensor) -> tf.Tensor:
-    while t.op.type in ("Identity", "Cast"):
-        t = t.op.inputs[0]
-    return t
 
 
 def _counts_steps(graph: tf.Graph, writers: list[str], batch_local: set[str]) -> bool:

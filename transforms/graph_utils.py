@@ -323,6 +323,13 @@ def stacked_terms(op: tf.Operation) -> list[tf.Tensor] | None:
     return terms if all(t.shape.rank == 0 for t in terms) else None
 
 
+def uncast(t: tf.Tensor) -> tf.Tensor:
+    """The tensor `t` is, through casts and identities."""
+    while t.op.type in ("Identity", "Cast"):
+        t = t.op.inputs[0]
+    return t
+
+
 def static_shape(tensor: tf.Tensor) -> tuple[int | None, ...] | None:
     shape = tensor.shape
     if shape.rank is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from autopar.transforms.graph_utils import (VARIABLE_OP_TYPES, batch_local_ops, in_gradient_scope,
-                                            reduces_batch_axis, stacked_terms)
+                                            reduces_batch_axis, stacked_terms, uncast)
 
 tf1 = tf.compat.v1
 
@@ -188,8 +188,7 @@ def _reduction_of_terms(op: tf.Operation, terms: list[tf.Tensor], batch_ops: set
 def _reduced_in(t: tf.Tensor) -> tf.Tensor | None:
     """What the reduction producing the scalar `t` reduces (through casts
     and identities), or None."""
-    while t.op.type in ("Identity", "Cast"):
-        t = t.op.inputs[0]
+    t = uncast(t)
     if t.op.type in ("Sum", "Mean") and t.op.inputs[0].shape.rank != 0:
         return t.op.inputs[0]
     return None
