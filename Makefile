@@ -136,7 +136,8 @@ docs: $(STAMP)
 # bench-setup builds the Horovod peer's own virtualenv once (bench/.venv-horovod,
 # TensorFlow 2.12 + Horovod 0.28.1, a few minutes); the bench targets build it
 # too when it is missing. Results: bench/results/<quick|full>.{json,md,png}.
-.PHONY: bench-setup bench-quick bench bench-herring bench-messages bench-ps-bytes bench-groups
+.PHONY: bench-setup bench-quick bench bench-herring bench-messages bench-ps-bytes bench-groups \
+	bench-allreduce-groups
 BENCH_ROOT_CHECK = $(PY) -c 'from bench.cluster import require_root; require_root()'
 
 bench-setup: $(STAMP)
@@ -203,6 +204,20 @@ bench-groups: $(STAMP)
 			--servers equal --steps sparse=3:20 --peers autopar-hybrid \
 			--autopar-config "{\"aggregation_group\": $$g}" || exit 1; \
 	done
+
+# Config.allreduce_group (2-D summation of the dense all-reduce over groups): the
+# flat ring, groups of 2 and 4, twice each, then the planner's default; hybrid,
+# sparse LM, 8 hosts at 1000 Mbit/s (~4 min). bench/simulate.py takes the CPU
+# of the groups' extra collectives from these runs.
+bench-allreduce-groups: $(STAMP)
+	$(BENCH_ROOT_CHECK)
+	for rep in 1 2; do for d in 0 2 4; do \
+		$(PY) -m bench.run --name allreduce_groups_d$${d}_r$$rep --hosts 8 --workloads sparse \
+			--link-mbit 1000 --servers equal --steps sparse=3:20 --peers autopar-hybrid \
+			--autopar-config "{\"allreduce_group\": $$d}" || exit 1; \
+	done; done
+	$(PY) -m bench.run --name allreduce_groups_auto --hosts 8 --workloads sparse --link-mbit 1000 \
+		--servers equal --steps sparse=3:20 --peers autopar-hybrid
 
 # Analysis and rewrite time vs graph size: a BERT-style encoder at 3, 6, 12
 # and 24 layers (no root needed; minutes, most of it the rewrite). Results:

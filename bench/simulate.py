@@ -35,7 +35,8 @@ from pathlib import Path
 import numpy as np
 
 from autopar.transforms.cost import (GROUP_SIZES, METHODS, MIN_GAIN, PLANNER_PEER, RTO_MIN_S,
-                                     Cluster, Constants, PeerConstants, Workload, best_structure,
+                                     Cluster, Constants, PeerConstants, Workload, best_allreduce_group,
+                                     best_structure,
                                      expected_distinct, step_time, terms)
 from bench.metrics import DISTINCT_ROW_PEERS, PEER_METHODS
 
@@ -241,8 +242,11 @@ def points_from_results(results: dict, source: str) -> list[Point]:
     distinct = _includes(DISTINCT_ROWS_SINCE, commit)
     superseded = {peer for peer, since in SUPERSEDED_BEFORE.items() if not _includes(since, commit)}
     cores = results.get("machine", {}).get("cpus") or 2
-    # --autopar-config's Config.aggregation_group (0: the hosts)
-    groups = int(results["settings"].get("autopar_config", {}).get("aggregation_group") or 0)
+    # --autopar-config's Config.aggregation_group (0: the hosts) and allreduce_group
+    # (0: the flat ring)
+    given = results["settings"].get("autopar_config", {})
+    groups = int(given.get("aggregation_group") or 0)
+    ring_groups = int(given.get("allreduce_group") or 0)
     out = []
     for p in results["points"]:
         if p.get("status") not in ("ok", "wrong-loss") or not p.get("step_s"):
@@ -257,8 +261,10 @@ def points_from_results(results: dict, source: str) -> list[Point]:
         plan = p.get("autopar_report") or {}
         group = (plan.get("aggregation_group") or 0) if "aggregation_group" in plan else groups
         servers = plan.get("sparse_servers") or p["num_servers"]
+        ring = (plan.get("allreduce_group") or 0) if "allreduce_group" in plan else ring_groups
         cl = Cluster(p["num_workers"], 1, servers, False, rate, cores,
-                     aggregation_group=group if p["peer"].startswith("autopar-") else 0)
+                     aggregation_group=group if p["peer"].startswith("autopar-") else 0,
+                     allreduce_group=ring if p["peer"].startswith("autopar-") else 0)
         if method in ("ps", "hybrid") and p["num_servers"]:
             srv = p["bytes_per_step"]["server"]
             # the mean over the servers the rows use (the others hold nothing)
@@ -312,6 +318,51 @@ def group_validation(k: Constants, paths=GROUP_RUNS) -> list[dict]:
                      "measured_ratio": p.step_s / base.step_s,
                      "predicted_ratio": predicted[0] / predicted[1]})
     return rows
+
+
+# Config.allreduce_group measured on the emulated cluster (hybrid on the sparse
+# LM, N = 8, 1000 Mbit/s; bench/README.md "2-D summation over groups")
+ALLREDUCE_GROUP_RUNS = tuple(sorted(RESULTS.glob("allreduce_groups_*.json")))
+# autopar's peers whose dense all-reduce is TensorFlow's collectives (the launches' cost)
+COLLECTIVE_PEERS = ("autopar-allreduce", "autopar-hybrid")
+
+
+def allreduce_group_launches(k: Constants, paths=ALLREDUCE_GROUP_RUNS) -> tuple[float, list[dict]]:
+    """The CPU seconds per worker of each collective 2-D summation over groups
+    launches beyond the flat ring's one (PeerConstants.launch_s), from the
+    runs of Config.allreduce_group (the flat ring and groups on the same
+    cluster): the value that makes the model's ratio of each group size's
+    mean step to the flat ring's the measured one, averaged over the group
+    sizes (ratios, so the runs' CPU speed cancels; the fitted constants
+    otherwise). Measured, not fitted; 0 without such runs. With the rows:
+    each group size's measured and predicted ratio."""
+    points = [p for path in paths if Path(path).exists()
+              for p in points_from_results(json.loads(Path(path).read_text()), Path(path).stem)]
+    by_group: dict[int, list] = {}
+    for p in points:
+        by_group.setdefault(p.cluster.allreduce_group, []).append(p)
+    flat = by_group.pop(0, [])
+    if not flat or not by_group:
+        return 0.0, []
+
+    def predicted(p, launch_s: float) -> float:
+        kl = replace(k, peers={**k.peers, p.peer: replace(k.peer(p.peer), launch_s=launch_s)})
+        return step_time(p.method, p.workload, p.cluster, kl, p.peer)["step_s"]
+    base, flat_s = flat[0], float(np.mean([p.step_s for p in flat]))
+    estimates, rows = [], []
+    for d, pts in sorted(by_group.items()):
+        measured = float(np.mean([p.step_s for p in pts])) / flat_s
+        p = pts[0]
+        without, slope = predicted(p, 0.0), predicted(p, 1.0) - predicted(p, 0.0)
+        estimates.append(max(0.0, (measured * predicted(base, 0.0) - without) / slope))
+        rows.append({"group": d, "N": p.cluster.workers, "link_mbit": 1000 * p.cluster.link_gbit,
+                     "runs": len(pts), "measured_s": float(np.mean([q.step_s for q in pts])),
+                     "flat_measured_s": flat_s, "measured_ratio": measured,
+                     "predicted_ratio_without_launches": without / predicted(base, 0.0)})
+    launch_s = float(np.mean(estimates))
+    for row, (d, pts) in zip(rows, sorted(by_group.items())):
+        row["predicted_ratio"] = predicted(pts[0], launch_s) / predicted(base, launch_s)
+    return launch_s, rows
 
 
 def _includes(change: str, commit: str | None) -> bool:
@@ -393,6 +444,12 @@ def project_bench(wls: dict[str, Workload], k: Constants, link_gbit: float,
                     cl = replace(cl, servers=chosen.servers, aggregation_group=chosen.group)
                     extra = {"aggregation_group": chosen.group, "servers": chosen.servers,
                              "predicted_gain": chosen.gain}
+                if peer.startswith("autopar-") and method in ("allreduce", "hybrid"):
+                    # the planner's 2-D summation of the dense all-reduce
+                    # (transforms.plan.allreduce_structure)
+                    ring = best_allreduce_group(method, wl, cl, k, peer)
+                    cl = replace(cl, allreduce_group=ring.group if ring.group > 1 else 0)
+                    extra["allreduce_group"] = ring.group
                 r = step_time(method, wl, cl, k, peer)
                 out.append({"workload": wl.name, "N": n, "peer": peer, "method": method,
                             "step_s": r["step_s"], "throughput": r["throughput"],
@@ -627,7 +684,17 @@ def markdown(out: dict) -> str:
                   f"server unless predicted {MIN_GAIN:g}x faster): " + ", ".join(
                       f"N = {n}: g = {r['aggregation_group']}, S = {r['servers']} "
                       f"({r['predicted_gain']:.2f}x)" for n, r in sorted(chosen.items())),
-                  "", f"{FLAT_LABEL}: the same with Config(aggregation_group=0) and every server."]
+                  "", "autopar's dense all-reduce (autopar-allreduce, autopar-hybrid): the 2-D "
+                  "summation over groups of d workers its planner chooses (transforms/cost.py, "
+                  "best_allreduce_group: Config(allreduce_group=d), d a power of 2 making 2 groups "
+                  f"or more; the flat ring unless the step is predicted {MIN_GAIN:g}x faster), "
+                  "d by workload and N (1: the flat ring): " + "; ".join(
+                      f"{w} " + ", ".join(f"{n}: {r['allreduce_group']}" for n, r in sorted(
+                          (r["N"], r) for r in proj if r["workload"] == w
+                          and r["peer"] == PLANNER_PEER and "allreduce_group" in r))
+                      for w in sorted({r["workload"] for r in proj})),
+                  "", f"{FLAT_LABEL}: the same with Config(aggregation_group=0) and every server, "
+                  "and the flat ring (Config(allreduce_group=0))."]
     measured = out.get("aggregation_groups_measured") or []
     if measured:
         lines += ["", "Aggregation groups measured on the emulated cluster (hybrid, sparse LM, "
@@ -637,6 +704,21 @@ def markdown(out: dict) -> str:
                   "|---|---|---|---|---|"]
         lines += [f"| {r['link_mbit']:.0f} Mbit/s | {r['group']} | {1e3 * r['measured_s']:.0f} | "
                   f"{r['measured_ratio']:.2f} | {r['predicted_ratio']:.2f} |" for r in measured]
+    ring = out.get("allreduce_groups_measured") or []
+    if ring:
+        launch = out["constants"]["peers"][PLANNER_PEER].get("launch_s", 0.0)
+        lines += ["", "2-D summation of the dense all-reduce over groups of d workers "
+                  f"(Config.allreduce_group) measured on the emulated cluster (hybrid, sparse LM, "
+                  f"N = {ring[0]['N']}, {ring[0]['link_mbit']:.0f} Mbit/s; "
+                  f"{ring[0]['flat_measured_s'] * 1e3:.0f} ms with the flat ring): the CPU of each "
+                  f"collective it launches beyond the flat ring's one, taken from these runs "
+                  f"(not fitted), {launch * 1e3:.2f} ms per worker (autopar-allreduce and "
+                  "autopar-hybrid's launch_s)", "",
+                  "| d | runs | measured ms | measured / flat ring | predicted without the "
+                  "launches' CPU | predicted |", "|---|---|---|---|---|---|"]
+        lines += [f"| {r['group']} | {r['runs']} | {1e3 * r['measured_s']:.0f} | "
+                  f"{r['measured_ratio']:.2f} | {r['predicted_ratio_without_launches']:.2f} | "
+                  f"{r['predicted_ratio']:.2f} |" for r in ring]
     lines += ["", "## Parallax's setting (6 GPUs per machine, 100 Gbit/s, Table 1 sizes), "
               "48 GPUs", ""]
     for name, var in out["parallax"].items():
@@ -736,6 +818,9 @@ def build(sources: list[Path]) -> dict:
             if not wl.name.startswith("avg"):
                 workloads[wl.name] = wl
     k = fit(points)
+    launch_s, ring_groups = allreduce_group_launches(k)
+    k.peers.update({p: replace(k.peers[p], launch_s=launch_s) for p in COLLECTIVE_PEERS
+                    if p in k.peers})
     rows = errors(points, k)
     train = [p for p in points if p.cluster.workers < 8]
     test = [p for p in points if p.cluster.workers >= 8]
@@ -753,6 +838,7 @@ def build(sources: list[Path]) -> dict:
            "validation_fit_n2_n4_predict_n8": val, "run_to_run": run_to_run(points),
            "bench_projection_link_gbit": link,
            "examples_per_worker_step": {name: wl.examples for name, wl in workloads.items()},
+           "allreduce_groups_measured": ring_groups,
            "bench_projection": project_bench(workloads, k, link),
            "aggregation_groups_measured": group_validation(k),
            "parallax": {}}

@@ -485,8 +485,10 @@ def _simulate(v: dict) -> None:
                   and r["N"] == max(n for n in (r["N"] for r in sparse) if n < far))
     v["sim.groups"] = (
         f"at N = {far} (1 Gbit/s) hybrid, as its planner chooses (groups of "
-        f"{hybrid['aggregation_group']}, {hybrid['servers']} of the {far} servers; predicted "
-        f"{hybrid['predicted_gain']:.2f}× the flat structure), "
+        f"{hybrid['aggregation_group']} meeting {hybrid['servers']} of the {far} servers"
+        + (f", the dense all-reduce summed over groups of {hybrid['allreduce_group']}"
+           if hybrid.get("allreduce_group", 1) > 1 else "")
+        + f"; {hybrid['throughput'] / flat['throughput']:.2f}× the flat structure), "
         f"{hybrid['throughput'] / 1e3:.1f} k words/s, "
         f"{hybrid['throughput'] / at['horovod']['throughput']:.1f}× Horovod's "
         f"{at['horovod']['throughput'] / 1e3:.1f} k and {hybrid['throughput'] / before['throughput']:.2f}× "

@@ -37,7 +37,7 @@ from autopar.transforms.graph_utils import op_name_of
 from autopar.transforms.keys import ACCELERATOR_GROUPS
 
 COLLECTIVES = {  # op type -> (input index of the group key, of the instance key)
-    "CollectiveReduceV2": (2, 3), "CollectiveGatherV2": (2, 3),
+    "CollectiveReduceV2": (2, 3), "CollectiveGatherV2": (2, 3), "CollectiveAllToAllV2": (2, 3),
     "CollectiveBcastSendV2": (2, 3), "CollectiveBcastRecvV2": (1, 2)}
 # What NCCL sums (and TensorFlow's GPU collectives keep in device memory).
 GPU_DTYPES = {tf.float16.as_datatype_enum, tf.float32.as_datatype_enum,

@@ -12,6 +12,15 @@ from autopar.transforms.ops import constant, new_op, rows_where
 MAX_GATHERED_ROWS = 1 << 40
 
 
+def collective_rank(worker: int, members) -> int:
+    """`worker`'s rank in a collective group of the workers `members`, the
+    order of a gather's blocks and an all-to-all's rows: the place of its
+    device's name among theirs in lexicographic order, as TensorFlow ranks
+    a group's members across processes (CollectiveParamResolverLocal's
+    SortDevicesAndTasks), so task 10 ranks before task 2."""
+    return sorted(members, key=lambda m: f"/job:worker/replica:0/task:{m}/").index(worker)
+
+
 def _row_ladder(limit: int = MAX_GATHERED_ROWS) -> tuple[int, ...]:
     """Padded row counts a variable-size gather may use: 1, 2, ..., 8, 10, 12,
     15, 18, 22, ... (each rung the previous plus a quarter, at least 1) up to
@@ -112,10 +121,18 @@ class CollectiveOpsBackend:
                          timeout_seconds=float(self.timeout_s), Nordering_token=0)
 
     def allgather(self, tensor: tf.Tensor, instance_key: int | tf.Tensor) -> tf.Tensor:
-        """Concatenate along dim 0; every worker must pass the same shape."""
+        """Concatenate along dim 0 in the members' ranks (collective_rank, not
+        worker order); every worker must pass the same shape."""
         return tf.raw_ops.CollectiveGatherV2(
             input=tensor, **self._group(),
             instance_key=instance_key, ordering_token=[], communication_hint=self.hint)
+
+    def alltoall(self, tensor: tf.Tensor, instance_key: int) -> tf.Tensor:
+        """Row i of `tensor` (dim 0: the group's size) to member i; row i of
+        the result is what member i sent this member."""
+        return tf.raw_ops.CollectiveAllToAllV2(
+            input=tensor, **self._group(), instance_key=self._int(instance_key),
+            ordering_token=[], communication_hint=self.hint, timeout_seconds=self.timeout_s)
 
     def broadcast(self, tensor: tf.Tensor, instance_key: int, is_source: bool) -> tf.Tensor:
         """The source's value of `tensor` on every worker."""
@@ -131,7 +148,8 @@ class CollectiveOpsBackend:
 
     def allgather_rows(self, values: tf.Tensor, indices: tf.Tensor,
                        keys: tuple[int, int, int]) -> tuple[tf.Tensor, tf.Tensor]:
-        """Every member's IndexedSlices rows, concatenated in member order.
+        """Every member's IndexedSlices rows, concatenated in the members' ranks
+        (collective_rank).
 
         Members may hold different numbers of rows, and a different number at
         every step, down to none. CollectiveGather needs equal shapes on all

@@ -110,6 +110,7 @@ class Cluster:
     cpu_speed: float = 1.0             # CPU seconds relative to the reference run's cores (> 1: slower)
     timeouts_per_step: float = 0.0     # measured: the emulated links' TCP retransmission timeouts per step
     aggregation_group: int = 0         # Config.aggregation_group: workers per group (0: the hosts)
+    allreduce_group: int = 0           # Config.allreduce_group: 2-D summation's group (0: flat ring)
 
     @property
     def hosts(self) -> int:
@@ -131,6 +132,10 @@ class PeerConstants:
     kappa: float = 0.0                 # CPU s per byte a process sends/receives
     message_s: float = 0.0             # CPU s per ring step (a collective's message), both ends
     rpc_s: float = 0.0                 # CPU s per parameter-server RPC (a push or a pull), both ends
+    # CPU s per worker for each collective an all-reduce launches beyond the
+    # flat ring's one (2-D summation over groups: three in a row); measured on
+    # the emulated cluster, not fitted (bench/simulate.py, allreduce_group_launches)
+    launch_s: float = 0.0
     wire_factor: float = 1.0           # multiplies beta (1 / fraction of the link rate reached)
     pair_serialised: float = 0.0       # expected share of a 2-rank all-gather's link time paid twice
 
@@ -170,6 +175,9 @@ class Phase:
     proc_msgs: float = 0.0   # messages the busiest process sends or serves
     total_msgs: float = 0.0  # messages sent by all processes (each also handled by its receiver)
     rpc: bool = False        # its messages are parameter-server RPCs, not ring steps
+    # collectives each worker launches in this phase beyond the one a flat
+    # ring launches per all-reduce (whose cost the fitted overheads hold)
+    launches: int = 0
 
 
 def _method(name: str):
@@ -186,6 +194,48 @@ def ring_allreduce(m: float, n: int, hosts: int) -> Phase:
     # each worker sums (N-1)/N of the bytes in the reduce-scatter and applies all M to its replica
     return Phase("allreduce", per if hosts > 1 else 0.0, hops, per, n * per,
                  (n - 1) / n * m + m, (n - 1) * m + n * m, hops, n * hops)
+
+
+def grouped_allreduce(m: float, n: int, d: int, hosts: int) -> list[Phase]:
+    """2-D summation of an all-reduce of m bytes over groups of d workers
+    (Config.allreduce_group; transforms/methods/allreduce): within each group
+    an all-to-all of the d pieces of the sum (one step: each worker sends
+    d - 1 pieces of m/d at once), a ring all-reduce of each piece among the
+    n/d workers holding it, and a ring all-gather of the pieces within the
+    group. The flat ring's bytes, 2(n-1)/n m, in 2(n/d - 1) + d steps."""
+    d = min(d, n)
+    if d <= 1 or m <= 0:
+        return [ring_allreduce(m, n, hosts)]
+    groups, piece = n // d, m / d
+    remote = 1.0 if hosts > 1 else 0.0
+    exchange = (d - 1) * piece
+    out = [Phase("group-exchange", remote * exchange, 1, exchange, n * exchange, exchange,
+                 n * exchange, d - 1, n * (d - 1))]
+    if groups > 1:
+        across = ring_allreduce(piece, groups, hosts)
+        across.name = "across-groups"
+        across.launches = 1
+        across.total_bytes *= d
+        across.total_reduce *= d
+        across.total_msgs *= d
+        out.append(across)
+    gather = ring_allgather(piece, d, hosts)
+    gather.name = "group-gather"
+    # concatenated, not summed; each worker applies the whole sum to its replica
+    gather.proc_reduce, gather.total_reduce = m, n * m
+    gather.total_bytes *= groups
+    gather.total_msgs *= groups
+    gather.launches = 1
+    out.append(gather)
+    return out
+
+
+def dense_allreduce(m: float, cl: Cluster) -> list[Phase]:
+    """The dense gradients' all-reduce: the flat ring, or 2-D summation over
+    groups (Cluster.allreduce_group)."""
+    phases_ = (grouped_allreduce(m, cl.workers, cl.allreduce_group, cl.hosts)
+               if cl.allreduce_group > 1 else [ring_allreduce(m, cl.workers, cl.hosts)])
+    return [p for p in phases_ if p.hops]
 
 
 def ring_allgather(m: float, n: int, hosts: int) -> Phase:
@@ -290,7 +340,7 @@ def phases(method: str, wl: Workload, cl: Cluster) -> list[Phase]:
     if n <= 1 or method == "none":
         return []
     if method == "allreduce":
-        return [p for p in (ring_allreduce(b, n, hosts), ring_allgather(ab, n, hosts)) if p.hops]
+        return dense_allreduce(b, cl) + [p for p in (ring_allgather(ab, n, hosts),) if p.hops]
     if method in ("ps", "ps_la"):
         # dense and sparse variables travel in the same push and pull; they are kept as
         # separate phases (same link time: bytes add) so that a transport can treat rows apart
@@ -304,7 +354,7 @@ def phases(method: str, wl: Workload, cl: Cluster) -> list[Phase]:
                 p.proc_msgs = p.total_msgs = 0.0
         return out
     if method in ("hybrid", "hybrid_nola"):
-        out = [p for p in (ring_allreduce(b, n, hosts),) if p.hops]
+        out = dense_allreduce(b, cl)
         if ab and method == "hybrid" and cl.aggregation_group > 1:
             return out + aggregation_groups(wl, cl)
         if ab:
@@ -388,6 +438,7 @@ def terms(method: str, wl: Workload, cl: Cluster) -> dict:
                      sum(p.proc_msgs for p in ph if p.rpc == rpc))
            for term, rpc in (("mu", False), ("mu_rpc", True))},
         "overhead": cpu(n, 1.0),
+        "launch": cpu(n * sum(p.launches for p in ph), sum(p.launches for p in ph)),
         "compute": cpu(n * wl.examples, wl.examples),
         "phases": [asdict(p) for p in ph],
     }
@@ -406,6 +457,7 @@ def step_time(method: str, wl: Workload, cl: Cluster, k: Constants, peer: str | 
         "overhead": t["overhead"] * pc.overhead_s,
         "cpu_bytes": t["kappa"] * pc.kappa,
         "messages": t["mu"] * pc.message_s + t["mu_rpc"] * pc.rpc_s,
+        "launches": t["launch"] * pc.launch_s,
         "reduce": t["gamma"] * k.gamma,
         "wire": sum(w * k.phase_wire_factor.get(name, 1.0) for name, w in t["wire_by_phase"].items())
         * k.wire_factor * pc.wire_factor,
@@ -430,6 +482,7 @@ PLANNER_CONSTANTS = Constants(
     peers={PLANNER_PEER: PeerConstants(kappa=3.9180873837607265e-10,
                                        message_s=0.00019666739587302488,
                                        rpc_s=0.0010810766257740511,
+                                       launch_s=0.002455648867898801,
                                        wire_factor=1.1263374369126649)})
 
 # Workers per aggregation group the choice considers (1: no groups): the sizes
@@ -462,6 +515,29 @@ class Structure:
     @property
     def flat(self) -> bool:
         return self.group <= 1 and self.step_s == self.flat_step_s
+
+
+def allreduce_group_sizes(workers: int) -> list[int]:
+    """The 2-D summation groups the choice considers: powers of 2 that divide
+    the workers into at least two groups."""
+    return [2 ** i for i in range(1, workers.bit_length())
+            if workers % 2 ** i == 0 and 2 ** i < workers]
+
+
+def best_allreduce_group(method: str, wl: Workload, cl: Cluster,
+                         k: Constants = PLANNER_CONSTANTS, peer: str = PLANNER_PEER) -> Structure:
+    """The fastest way for `method`'s step (its servers and aggregation
+    groups as `cl` has them) to all-reduce its dense gradients: the flat ring
+    or 2-D summation over groups of d workers (Structure.group = d, 1 for the
+    flat ring), kept flat unless a group makes the step's communication
+    predicted MIN_GAIN x faster."""
+    flat = sync_seconds(method, wl, replace(cl, allreduce_group=0), k, peer)
+    best = Structure(1, cl.num_servers, flat, flat)
+    for d in allreduce_group_sizes(cl.workers):
+        t = sync_seconds(method, wl, replace(cl, allreduce_group=d), k, peer)
+        if t < best.step_s:
+            best = Structure(d, cl.num_servers, t, flat)
+    return best if best.gain >= MIN_GAIN else Structure(1, cl.num_servers, flat, flat)
 
 
 def server_counts(num_servers: int) -> list[int]:

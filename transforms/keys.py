@@ -36,6 +36,9 @@ Group keys (each later job of a script: all of them JOB_GROUP_STRIDE higher):
   batch_norm_groups  batch-norm group g smaller than the job: first + g
   aggregation_groups Config(aggregation_group): the workers of group g, which
                      meet the parameter servers together: first + g
+  allreduce_groups   Config(allreduce_group=d), 2-D summation over groups of
+                     workers: the d workers of group g: first + g
+  allreduce_columns  ... and the workers at place j of every group: first + j
   accelerator_groups on workers with GPUs, the GPU twin of every group above
                      (first + its key): TensorFlow wants one device type per
                      group, and a GPU worker's collectives of other dtypes
@@ -89,9 +92,13 @@ LEADERS_GROUP_KEY = 2
 HOST_GROUPS = KeyRange("host groups", 1000, 1000)
 BATCH_NORM_GROUPS = KeyRange("batch-norm groups", 2000, 1000)
 AGGREGATION_GROUPS = KeyRange("aggregation groups", 3000, 1000)
-ACCELERATOR_GROUPS = KeyRange("accelerator groups", 10000, 4000)
+ALLREDUCE_GROUPS = KeyRange("all-reduce groups", 4000, 1000)
+ALLREDUCE_COLUMNS = KeyRange("all-reduce columns", 5000, 1000)
+# A GPU twin's key is this range's first + the key it twins: every key above.
+ACCELERATOR_GROUPS = KeyRange("accelerator groups", 10000, 6000)
 GROUP_RANGES = (KeyRange("all workers", GROUP_KEY, 1), KeyRange("leaders", LEADERS_GROUP_KEY, 1),
-                HOST_GROUPS, BATCH_NORM_GROUPS, AGGREGATION_GROUPS, ACCELERATOR_GROUPS)
+                HOST_GROUPS, BATCH_NORM_GROUPS, AGGREGATION_GROUPS, ALLREDUCE_GROUPS,
+                ALLREDUCE_COLUMNS, ACCELERATOR_GROUPS)
 
 # Instance keys (keys below 100 are left free).
 PLAN = KeyRange("plan", 100, (1 << 20) - 100)

@@ -97,6 +97,21 @@ class PlanOptions:
     the host. ``True`` forces it, ``False`` keeps the flat ring, ``None``
     (default) chooses it when some host has several workers and it moves
     fewer bytes over host links (transforms.methods.allreduce.method.two_dimensional_choice)."""
+    allreduce_group: int | None = None
+    """2-D summation of the all-reduce buckets over groups of workers, for
+    clusters so large that a flat ring's 2(N-1) steps bind: with d, workers
+    [0,d), [d,2d), ... each exchange the d pieces of their sum within their
+    group (an all-to-all), the workers at place j of every group all-reduce
+    piece j (a ring of N/d), and each group gathers its pieces: the flat
+    ring's bytes, 2(N-1)/N of the gradients (plus a bucket's padding to d
+    pieces), in 1 + 2(N/d - 1) + (d - 1) steps instead of 2(N - 1). d must
+    divide the number of workers. ``0``: the flat ring (or the hosts' 2-D summation,
+    Config.hierarchical_allreduce). ``None`` (default): unless
+    Config.hierarchical_allreduce is set, the planner's cost model chooses,
+    for a job on a network (not loopback) with one worker per host, a group
+    size of a power of 2 that divides N, and keeps the flat ring unless one
+    is predicted 1.1x faster; the report says what it chose and why
+    (transforms.plan.allreduce_structure)."""
     local_aggregation: bool = True
     """LA: workers of a host send one contribution (Parallax §7.4; can be
     turned off for ablation)."""
@@ -175,6 +190,13 @@ class PlanOptions:
         for name in ("shard_weight_update", "local_aggregation", "opau", "opsw"):
             boolean(name, getattr(self, name))
         boolean("hierarchical_allreduce", self.hierarchical_allreduce, "automatic")
+        if not (self.allreduce_group is None
+                or (is_int(self.allreduce_group) and self.allreduce_group >= 0)):
+            raise AutoparError(f"Config.allreduce_group must be a group size >= 1, 0 (the flat "
+                               f"ring) or None (chosen), got {shown(self.allreduce_group)}")
+        if self.allreduce_group and self.allreduce_group > 1 and self.hierarchical_allreduce:
+            raise AutoparError("Config.allreduce_group and Config.hierarchical_allreduce=True are "
+                               "two kinds of 2-D summation: set one of them")
         if self.aggregation_group and not self.local_aggregation:
             raise AutoparError("Config.aggregation_group sets the groups of local aggregation: it "
                                "needs Config.local_aggregation=True")

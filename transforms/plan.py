@@ -23,7 +23,7 @@ The blocks cover every row count up to comm.MAX_GATHERED_ROWS (2^40).
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from autopar.common.errors import AutoparError, UnsupportedGraphError, shown
@@ -46,17 +46,23 @@ class ResolvedOptions(PlanOptions):
     reads): the aggregation structure resolved (aggregation_group 0 for the
     hosts or a group size; sparse_servers: the servers holding the
     partitions of the sparse variables split one per server, 0 for every
-    server), and a Config's micro-batches and collective bound carried over."""
+    server; allreduce_group: workers per group of the dense all-reduce's 2-D
+    summation, 0 for the flat ring), and a Config's micro-batches and
+    collective bound carried over."""
     sparse_servers: int = 0
     micro_batches: int = 1
     collective_timeout_s: float = 0.0
+    # why allreduce_group (resolved: 0 for the flat ring) is what it is
+    allreduce_why: str = ""
 
     @classmethod
-    def of(cls, options: PlanOptions, group: int, sparse_servers: int) -> "ResolvedOptions":
+    def of(cls, options: PlanOptions, group: int, sparse_servers: int,
+           allreduce_group: int = 0, allreduce_why: str = "") -> "ResolvedOptions":
         given = {f.name: getattr(options, f.name) for f in fields(PlanOptions)}
-        return cls(**{**given, "aggregation_group": group}, sparse_servers=sparse_servers,
-                   micro_batches=options.micro_batches,
-                   collective_timeout_s=options.collective_timeout_s)
+        return cls(**{**given, "aggregation_group": group, "allreduce_group": allreduce_group},
+                   sparse_servers=sparse_servers, micro_batches=options.micro_batches,
+                   collective_timeout_s=options.collective_timeout_s,
+                   allreduce_why=allreduce_why)
 
 
 @dataclass
@@ -220,7 +226,9 @@ def make_plan(analysis: Analysis, topology: Topology | int,
     methods, job_whys = choose_methods(analysis, topology, options)
     group, sparse_servers, structure_why = aggregation_structure(analysis, methods, topology,
                                                                  options)
-    options = ResolvedOptions.of(options, group, sparse_servers)
+    ring_group, ring_why = allreduce_structure(analysis, methods, topology, options, group,
+                                               sparse_servers)
+    options = ResolvedOptions.of(options, group, sparse_servers, ring_group, ring_why)
     reduction, why = resolve_loss_reduction(analysis, options.loss_reduction)
     # Each method lays out its variables and takes its instance keys, in table order.
     key = keys.PLAN.first
@@ -348,44 +356,25 @@ def aggregation_structure(analysis: Analysis, methods: dict[str, tuple[str, str]
     if dense_on_servers:
         return 0, 0, (f"dense variables live on the servers ({', '.join(dense_on_servers[:3])}), "
                       f"which the cost model of aggregation groups does not cover: {keep}")
-    overrides = dict(options.partitions)
-    split = [v for v in on_servers if v.name not in overrides
-             and METHODS[methods[v.name][0]].default_partitions(v, topology) > 1]
+    split = _split_sparse_server_variables(analysis, methods, topology, options)
     if not split:
         return 0, 0, ""
-    rows = sum(v.shape[0] for v in split)
-    draws = sum((v.alpha if v.alpha is not None else 1.0) * v.shape[0] for v in split)
-    # The ring's bytes, in their wire dtype: the dense gradients not on servers
-    # (none is on parameter servers here). Herring's summation servers have no
-    # fitted costs: the same for every choice, they are left out of the prediction.
-    dense = sum(v.bytes * wire_fraction(v.dtype, METHODS[methods[v.name][0]].wire_dtype(
-                    v.dtype, options))
-                for v in analysis.variables
-                if v.gradient == "dense" and not METHODS[methods[v.name][0]].on_servers)
+    # Herring's summation servers have no fitted costs: the same for every
+    # choice, they are left out of the prediction.
     herring = any(METHODS[m].on_servers and METHODS[m].replicated for m, _ in methods.values())
     per_host = max(len(topology.workers_on(h)) for h in topology.hosts)
     # Groups: of workers on hosts of their own (the case the model and the
     # measurements cover), and only where a lookup can be a collective of
     # its group (not in every micro-batch)
     groups = cost.GROUP_SIZES if per_host == 1 and options.micro_batches == 1 else (1,)
-    wl = cost.Workload("job", dense, rows, sum(v.bytes for v in split) / rows,
-                       cost.expected_distinct(rows, draws, None), compute_s=0.0)
-    link = topology.link_gbps or DEFAULT_LINK_GBPS
-    cl = cost.Cluster(topology.num_workers, per_host, topology.num_servers, False, link,
-                      topology.shared_cores)
+    wl = _planner_workload(analysis, methods, options, split)
+    cl = _planner_cluster(topology)
     best = cost.best_structure(wl, cl, groups=groups)
-    cores = (f"every process on {topology.shared_cores:g} shared cores" if topology.shared_cores
-             else "every process on cores of its own")
-    assumed = [] if topology.link_gbps else ["the link speed (the spec gives none)"]
-    if any(v.alpha is None for v in split):
-        assumed.append("every row touched (rows per step unknown)")
-    assumed = f" (assumed: {'; '.join(assumed)})" if assumed else ""
-    inputs = (f"cost model for {topology.num_workers} workers on {len(topology.hosts)} hosts, "
-              f"{topology.num_servers} servers, {link:g} Gbit/s per link, {cores}{assumed}; "
+    inputs = (_cost_model_inputs(topology, split)
               + ("dense gradients through herring (not predicted: the same for every "
-                 "choice), " if herring else f"{human_bytes(dense)} of dense gradients, ")
+                 "choice), " if herring else f"{human_bytes(wl.dense_bytes)} of dense gradients, ")
               + f"{wl.touched_rows:.0f} distinct rows "
-              f"of {rows} per worker and step ({', '.join(v.name for v in split[:3])})")
+              f"of {wl.sparse_rows} per worker and step ({', '.join(v.name for v in split[:3])})")
     flat_ms = 1e3 * best.flat_step_s
     if best.flat:
         return 0, 0, (f"{inputs}: the hosts and every server ({flat_ms:.1f} ms per step of "
@@ -399,6 +388,118 @@ def aggregation_structure(analysis: Analysis, methods: dict[str, tuple[str, str]
             f"{inputs}: {' and '.join(what)}, predicted {1e3 * best.step_s:.1f} ms per step of "
             f"communication and CPU against {flat_ms:.1f} ms with the hosts and every server "
             f"({best.gain:.2f}x faster)")
+
+
+def _split_sparse_server_variables(analysis: Analysis, methods: dict[str, tuple[str, str]],
+                                   topology: Topology, options: PlanOptions) -> list:
+    """The sparse variables on servers whose rows are split over every server
+    (what aggregation_structure chooses a structure for)."""
+    overrides = dict(options.partitions)
+    return [v for v in analysis.variables
+            if not METHODS[methods[v.name][0]].replicated and v.gradient != "dense"
+            and v.name not in overrides
+            and METHODS[methods[v.name][0]].default_partitions(v, topology) > 1]
+
+
+def _planner_workload(analysis: Analysis, methods: dict[str, tuple[str, str]],
+                      options: PlanOptions, split: list) -> "cost.Workload":
+    """One worker's step for the cost model: the ring's bytes (the dense
+    gradients not on servers, in their wire dtype) and the rows of the split
+    sparse server variables `split` (ids taken as uniform)."""
+    dense = sum(v.bytes * wire_fraction(v.dtype, METHODS[methods[v.name][0]].wire_dtype(
+                    v.dtype, options))
+                for v in analysis.variables
+                if v.gradient == "dense" and not METHODS[methods[v.name][0]].on_servers)
+    rows = sum(v.shape[0] for v in split)
+    if not rows:
+        return cost.Workload("job", dense, compute_s=0.0)
+    draws = sum((v.alpha if v.alpha is not None else 1.0) * v.shape[0] for v in split)
+    return cost.Workload("job", dense, rows, sum(v.bytes for v in split) / rows,
+                         cost.expected_distinct(rows, draws, None), compute_s=0.0)
+
+
+def _planner_cluster(topology: Topology) -> "cost.Cluster":
+    return cost.Cluster(topology.num_workers, max(len(topology.workers_on(h))
+                                                  for h in topology.hosts),
+                        topology.num_servers, False, topology.link_gbps or DEFAULT_LINK_GBPS,
+                        topology.shared_cores)
+
+
+def _cost_model_inputs(topology: Topology, split: list) -> str:
+    """What the cost model was given, for a choice's why."""
+    link = topology.link_gbps or DEFAULT_LINK_GBPS
+    cores = (f"every process on {topology.shared_cores:g} shared cores" if topology.shared_cores
+             else "every process on cores of its own")
+    assumed = [] if topology.link_gbps else ["the link speed (the spec gives none)"]
+    if any(v.alpha is None for v in split):
+        assumed.append("every row touched (rows per step unknown)")
+    assumed = f" (assumed: {'; '.join(assumed)})" if assumed else ""
+    return (f"cost model for {topology.num_workers} workers on {len(topology.hosts)} hosts, "
+            f"{topology.num_servers} servers, {link:g} Gbit/s per link, {cores}{assumed}; ")
+
+
+def allreduce_group_size(options: PlanOptions, num_workers: int) -> int:
+    """Workers per 2-D summation group of a hand-set Config.allreduce_group,
+    0 for the flat ring."""
+    d = options.allreduce_group
+    if d is None or d <= 1:
+        return 0
+    if d > num_workers or num_workers % d:
+        raise AutoparError(f"Config.allreduce_group={d!r} must divide the job's {num_workers} "
+                           f"workers into groups of equal size (or be 0: the flat ring)")
+    _check_group_keys(num_workers, d)
+    return d
+
+
+def _check_group_keys(num_workers: int, d: int) -> None:
+    """Refuse groups of d workers whose group or column keys would run past
+    their ranges (keys.ALLREDUCE_GROUPS, keys.ALLREDUCE_COLUMNS)."""
+    keys.ALLREDUCE_GROUPS.key(num_workers // d - 1)
+    keys.ALLREDUCE_COLUMNS.key(d - 1)
+
+
+def allreduce_structure(analysis: Analysis, methods: dict[str, tuple[str, str]],
+                        topology: Topology, options: PlanOptions, group: int,
+                        sparse_servers: int) -> tuple[int, str]:
+    """(workers per group of the dense all-reduce's 2-D summation, 0 for the
+    flat ring; why). A hand-set Config.allreduce_group wins; else the cost
+    model (transforms.cost.best_allreduce_group) chooses for a job whose
+    hosts each hold one worker, on a network, comparing the step's
+    communication with the aggregation structure already chosen (`group`,
+    `sparse_servers`)."""
+    if options.allreduce_group is not None:
+        d = allreduce_group_size(options, topology.num_workers)
+        return d, f"Config(allreduce_group={options.allreduce_group})"
+    if not any(methods[v.name][0] == "allreduce" for v in analysis.variables) \
+            or options.hierarchical_allreduce is not None:
+        return 0, ""   # Config.hierarchical_allreduce: the hosts' 2-D summation, or the flat ring
+    keep = "the flat ring is kept"
+    if topology.on_loopback:
+        return 0, (f"every worker host is a loopback address (one machine, no network link for "
+                   f"the cost model): {keep}")
+    if max(len(topology.workers_on(h)) for h in topology.hosts) > 1:
+        return 0, (f"hosts of several workers (Config.hierarchical_allreduce sums within each "
+                   f"host): {keep}")
+    if not cost.allreduce_group_sizes(topology.num_workers):
+        return 0, f"no group of a power of 2 divides the {topology.num_workers} workers: {keep}"
+    split = _split_sparse_server_variables(analysis, methods, topology, options)
+    wl = _planner_workload(analysis, methods, options, split)
+    cl = replace(_planner_cluster(topology), aggregation_group=group,
+                 servers=sparse_servers or topology.num_servers)
+    method = "hybrid" if split else "allreduce"
+    best = cost.best_allreduce_group(method, wl, cl)
+    inputs = (_cost_model_inputs(topology, split) + f"{human_bytes(wl.dense_bytes)} of dense "
+              f"gradients" + (f", {wl.touched_rows:.0f} distinct rows of {wl.sparse_rows} per "
+                              f"worker and step" if split else ""))
+    flat_ms = 1e3 * best.flat_step_s
+    if best.group > 1:
+        _check_group_keys(topology.num_workers, best.group)
+    else:
+        return 0, (f"{inputs}: the flat ring ({flat_ms:.1f} ms per step of communication and "
+                   f"CPU; no 2-D summation predicted {cost.MIN_GAIN:g}x faster)")
+    return best.group, (f"{inputs}: groups of {best.group} workers, predicted "
+                        f"{1e3 * best.step_s:.1f} ms per step of communication and CPU against "
+                        f"{flat_ms:.1f} ms with the flat ring ({best.gain:.2f}x faster)")
 
 
 def resolve_loss_reduction(analysis: Analysis, option: str) -> tuple[str, str]:

@@ -86,6 +86,7 @@ class Report:
     # figure for comparison; transforms.methods.allreduce.method.host_link_bytes).
     host_link_bytes: dict = field(default_factory=dict)
     hierarchical_why: str = ""   # why the buckets use 2-D summation or the flat ring
+    allreduce_group: int = 0     # 2-D summation over groups of this many workers (0: by hosts)
     # herring: its balanced fusion buffers (variables, offsets, shards per
     # server) and why hybrid chose it or not
     herring_buffers: list[dict] = field(default_factory=list)
@@ -166,7 +167,14 @@ class Report:
                          + (f", sent and summed as {b['wire_dtype']}" if b.get("wire_dtype")
                             else ""))
         two_d_buckets = [b["index"] for b in self.buckets if b.get("host_key")]
-        if two_d_buckets:
+        if two_d_buckets and self.allreduce_group:
+            d = self.allreduce_group
+            lines.append(f"2-D summation over groups of {d} workers (each group exchanges the "
+                         f"{d} pieces of its sums, the workers at one place of every group "
+                         f"all-reduce that piece across the {self.num_workers // d} groups, "
+                         f"each group gathers its pieces) for bucket(s) "
+                         f"{', '.join(f'#{i}' for i in two_d_buckets)}: {self.hierarchical_why}")
+        elif two_d_buckets:
             lines.append(f"2-D summation (sum within each host, all-reduce among one worker per "
                          f"host, broadcast within the host) for bucket(s) "
                          f"{', '.join(f'#{i}' for i in two_d_buckets)}: {self.hierarchical_why}")

@@ -22,6 +22,7 @@ from dataclasses import replace
 import tensorflow as tf
 
 from autopar.common.errors import AutoparError, UnsupportedGraphError
+from autopar.transforms.comm import collective_rank
 from autopar.transforms.features.base import GraphFeature, Rewiring
 from autopar.transforms.graph_utils import in_gradient_scope, op_name_of
 from autopar.transforms.keys import WUS
@@ -146,7 +147,8 @@ def shard_weight_updates(ctx: RewriteContext, device_of, replaced: dict[str, str
             for owner, names in enumerate(by_owner):
                 if owner == ctx.worker_index:
                     continue
-                offset = owner * width
+                # the blocks come in the workers' ranks, not their indices
+                offset = collective_rank(owner, range(plan.num_workers)) * width
                 for n in names:
                     v = variables[n]
                     size = int(v.shape.num_elements())

@@ -76,6 +76,12 @@ def run(job: common.Job) -> None:
                   "aggregation_group": report.get("aggregation_group", 0),
                   "sparse_servers": report.get("sparse_servers", 0),
                   "structure_why": report.get("structure_why", ""),
+                  # the dense all-reduce: 2-D summation over groups (0: by hosts or the
+                  # flat ring) and why; the buckets using 2-D summation
+                  "allreduce_group": report.get("allreduce_group", 0),
+                  "hierarchical_why": report.get("hierarchical_why", ""),
+                  "two_dimensional_buckets": sum(1 for b in report.get("buckets", [])
+                                                 if b.get("host_key")),
                   "variables": [{k: v.get(k) for k in ("name", "kind", "bytes", "method", "alpha",
                                                        "sent_per_worker", "received_per_worker")}
                                 for v in report.get("variables", [])]}

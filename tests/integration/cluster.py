@@ -90,8 +90,9 @@ def write_spec(directory: Path, workers: int, servers: int = 0,
 
 
 def write_two_host_spec(directory: Path, workers=(2, 1), servers=(1, 1)) -> Path:
-    """Two hosts on this machine: 127.0.0.1 and 127.0.0.2 count as different
-    addresses, so local aggregation groups workers by them."""
+    """Hosts on this machine, one per entry of `workers` and `servers` (two by
+    default): 127.0.0.1, 127.0.0.2, ... count as different addresses, so
+    local aggregation groups workers by them."""
     path = directory / "spec_two_hosts.yaml"
     path.write_text("hosts:\n" + "".join(
         f"  - address: 127.0.0.{i + 1}\n    workers: {w}\n    servers: {s}\n"

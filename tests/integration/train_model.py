@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--shard-weight-update", action="store_true")
     p.add_argument("--hierarchical", choices=("auto", "on", "off"), default="auto",
                    help="Config.hierarchical_allreduce: None, True or False")
+    p.add_argument("--allreduce-group", type=int, default=None, help="Config.allreduce_group")
     p.add_argument("--resident", action="store_true",
                    help="print the bytes of the variables allocated on this worker's device")
     p.add_argument("--eval-size", type=int, default=0,
@@ -132,6 +133,7 @@ def main(argv: list[str] | None = None) -> None:
                             shard_weight_update=args.shard_weight_update,
                             hierarchical_allreduce={"auto": None, "on": True,
                                                     "off": False}[args.hierarchical],
+                            allreduce_group=args.allreduce_group,
                             batch_norm_group=(None if args.batch_norm_group == "none" else
                                               args.batch_norm_group
                                               if args.batch_norm_group in ("all", "auto")

@@ -1,13 +1,18 @@
-"""2-D summation of the all-reduce buckets: when it is chosen
-(transforms.methods.allreduce.method.two_dimensional_choice), the plan's keys and the
-report, and the collectives each worker's rewritten graph holds."""
+"""2-D summation of the all-reduce buckets, by hosts and over groups of
+workers: when it is chosen (transforms.methods.allreduce.method.two_dimensional_choice,
+transforms.plan.allreduce_structure), the plan's keys and the report, and
+the collectives each worker's rewritten graph holds."""
 import pytest
 from tensorflow.core.framework import graph_pb2
 
+from autopar.common.errors import AutoparError
 from autopar.config import Config
+from autopar.transforms.accelerator import Accelerator
+from autopar.transforms.comm import collective_rank
 from autopar.transforms.methods.allreduce.method import two_dimensional_choice
 from autopar.transforms.analysis import analyze_graph
-from autopar.transforms.keys import GROUP_KEY, LEADERS_GROUP_KEY
+from autopar.transforms.keys import (ACCELERATOR_GROUPS, ALLREDUCE_COLUMNS, ALLREDUCE_GROUPS,
+                                     GROUP_KEY, LEADERS_GROUP_KEY)
 from autopar.transforms.plan import PlanOptions, make_plan
 from autopar.transforms.topology import Topology
 from autopar.transforms.report import build_report
@@ -125,3 +130,112 @@ def test_each_worker_builds_its_host_and_leader_steps(worker):
         chain.sort(key=lambda t: t[0])
         for (_, before, _), (_, after, constant) in zip(chain, chain[1:]):
             assert "^" + before.name in [*after.input, *constant.input], (before.name, after.name)
+
+
+# --- 2-D summation over groups of workers (Config.allreduce_group)
+
+FOUR_HOSTS = Topology(tuple(f"10.0.0.{i + 1}" for i in range(4)), link_gbps=1.0)
+
+
+@pytest.mark.parametrize("worker", [0, 1, 2, 3])
+def test_each_worker_exchanges_in_its_group_and_reduces_in_its_column(worker):
+    case, analysis, plan = _plan(FOUR_HOSTS, Config, allreduce_group=2, stall_timeout_s=7.0,
+                                 busy_timeout_s=7.0)
+    buckets = METHODS["allreduce"].state(plan).buckets
+    assert len(buckets) > 1 and all(b.hierarchical for b in buckets)
+    graph_def = rewrite_for_worker(case.graph, analysis, plan, worker).meta_graph.graph_def
+    steps = [(op, key, size) for _, op, key, size in _collectives(graph_def) if key != GROUP_KEY]
+    # groups [0, 1] and [2, 3]; columns [0, 2] and [1, 3]
+    row, column = ALLREDUCE_GROUPS.key(worker // 2), ALLREDUCE_COLUMNS.key(worker % 2)
+    assert sorted(steps) == sorted([("CollectiveAllToAllV2", row, 2),
+                                    ("CollectiveReduceV2", column, 2),
+                                    ("CollectiveGatherV2", row, 2)] * len(buckets))
+    for node, op, key, _ in _collectives(graph_def):
+        if key != GROUP_KEY:
+            assert node.attr["timeout_seconds"].f == 7.0 or op == "CollectiveGatherV2"
+    keys = all_keys(plan) + [b.key for b in plan.barriers] + [plan.broadcast_key_base]
+    assert len(keys) == len(set(keys))
+
+
+def test_a_gpu_worker_exchanges_on_its_gpu_in_its_groups_twin():
+    case, analysis, plan = _plan(FOUR_HOSTS, allreduce_group=2)
+    graph_def = rewrite_for_worker(case.graph, analysis, plan, 1,
+                                   accelerator=Accelerator()).meta_graph.graph_def
+    exchanges = [(node, key) for node, op, key, _ in _collectives(graph_def)
+                 if op == "CollectiveAllToAllV2"]
+    assert exchanges
+    for node, key in exchanges:   # float64 buckets: NCCL's, in the group's GPU twin
+        assert node.device.endswith("device:GPU:0")
+        assert key == ACCELERATOR_GROUPS.first + ALLREDUCE_GROUPS.key(0)
+        assert node.attr["communication_hint"].s == b"nccl"
+
+
+def test_a_hand_set_group_is_reported_and_must_divide_the_workers():
+    _, analysis, plan = _plan(FOUR_HOSTS, allreduce_group=2)
+    table = build_report(analysis, plan).table()
+    indices = ", ".join(f"#{b.index}" for b in METHODS["allreduce"].state(plan).buckets)
+    assert ("2-D summation over groups of 2 workers (each group exchanges the 2 pieces of its "
+            "sums, the workers at one place of every group all-reduce that piece across the 2 "
+            f"groups, each group gathers its pieces) for bucket(s) {indices}: "
+            "Config(allreduce_group=2)") in table
+    with pytest.raises(AutoparError, match=r"Config.allreduce_group=3 must divide the job's 4"):
+        _plan(FOUR_HOSTS, allreduce_group=3)
+    with pytest.raises(AutoparError, match="Config.allreduce_group and Config.hierarchical_"):
+        Config(allreduce_group=2, hierarchical_allreduce=True)
+    with pytest.raises(AutoparError, match="Config.allreduce_group must be a group size"):
+        Config(allreduce_group=-1)
+
+
+def _hosts(n):
+    return Topology(tuple(f"10.0.{i // 200}.{i % 200 + 1}" for i in range(n)), link_gbps=1.0)
+
+
+@pytest.mark.parametrize("topology, chosen, why", [
+    (_hosts(256), True, "x faster)"),           # 2(N - 1) ring steps bind
+    (_hosts(3), False, "no group of a power of 2 divides the 3 workers"),
+    (Topology(("127.0.0.1",) * 256), False, "loopback"),
+])
+def test_the_planner_chooses_groups_where_the_rings_steps_bind(topology, chosen, why):
+    _, analysis, plan = _plan(topology)
+    state = METHODS["allreduce"].state(plan)
+    assert (state.group > 1) is chosen and why in state.hierarchical_why
+    if chosen:
+        assert topology.num_workers % state.group == 0 and all(b.hierarchical for b in state.buckets)
+        assert "groups of " in state.hierarchical_why
+        assert f"2-D summation over groups of {state.group} workers" in \
+            build_report(analysis, plan).table()
+    else:
+        assert not any(b.hierarchical for b in state.buckets)
+
+
+def test_hosts_of_several_workers_keep_the_hosts_2d_summation():
+    _, _, plan = _plan(Topology(tuple(f"10.0.0.{i // 2 + 1}" for i in range(256)),
+                                link_gbps=1.0))
+    state = METHODS["allreduce"].state(plan)
+    assert state.group == 0 and all(b.hierarchical for b in state.buckets)
+    assert "(128 hosts, up to 2 workers each): 2-D summation sends fewer" in state.hierarchical_why
+
+
+def test_hierarchical_allreduce_set_either_way_leaves_the_groups_unchosen():
+    for option in (True, False):
+        _, _, plan = _plan(_hosts(256), hierarchical_allreduce=option)
+        state = METHODS["allreduce"].state(plan)
+        assert state.group == 0 and all(b.hierarchical is option for b in state.buckets)
+        assert state.hierarchical_why == f"Config(hierarchical_allreduce={option})"
+
+
+def test_a_workers_rank_in_a_group_is_its_device_names_lexicographic_place():
+    # TensorFlow ranks a collective group's members by their device names
+    assert [collective_rank(w, range(4)) for w in range(4)] == [0, 1, 2, 3]
+    assert [collective_rank(w, range(8, 12)) for w in range(8, 12)] == [2, 3, 0, 1]
+    assert collective_rank(10, range(12)) == 2 and collective_rank(2, range(12)) == 4
+    assert collective_rank(1, [1, 10, 100]) == 0
+
+
+def test_in_a_group_of_tasks_past_9_the_column_follows_the_rank():
+    topology = Topology(tuple(f"10.0.0.{i + 1}" for i in range(12)), link_gbps=1.0)
+    case, analysis, plan = _plan(topology, allreduce_group=4)
+    graph_def = rewrite_for_worker(case.graph, analysis, plan, 8).meta_graph.graph_def
+    columns = {key for _, op, key, _ in _collectives(graph_def) if op == "CollectiveReduceV2"
+               and key != GROUP_KEY}
+    assert columns == {ALLREDUCE_COLUMNS.key(2)}   # task 8 ranks third in [8, 9, 10, 11]

@@ -7,8 +7,8 @@ ring crosses each host link once per direction, each crossing carrying
 2(N-1)b/N of a b-byte all-reduce; with interleaved placement every ring edge
 crosses a link.
 
-2-D summation (TPU-pod scaling paper §2; Plan.hierarchical_why, a bucket's
-host_key): each bucket is summed within each host (the host's group), the
+2-D summation by hosts (TPU-pod scaling paper §2; Plan.hierarchical_why, a
+bucket's host_key): each bucket is summed within each host (the host's group), the
 host sums are all-reduced among the first worker of every host (the
 leaders' group, LEADERS_GROUP_KEY), and each leader broadcasts the result
 within its host; a host with one worker skips the host steps. Only the
@@ -19,6 +19,20 @@ broadcasts chained), every instance key is used by one op only, and a broadcast
 receiver holds a control edge on its own host sum: it reads only that sum's
 static shape, and without the edge the sum (a collective the leader waits
 in) is pruned from the receiver's step and the leader waits forever.
+
+2-D summation over groups of d workers (Config.allreduce_group; RingState.group),
+for clusters of one worker per host whose flat ring's 2(N-1) steps bind:
+workers [0,d), [d,2d), ... each cut a bucket into d pieces and exchange them
+within their group (an all-to-all: CPU collectives have no reduce-scatter),
+each sums the d copies of its piece it holds, the workers at place j of
+every group all-reduce piece j (a ring of N/d: the group's "column"), and
+the group gathers its pieces in place order. A place is a rank in the
+group's collectives, which TensorFlow gives by the members' device names in
+lexicographic order (task 10 before task 2: comm.collective_rank), not by
+worker index. Every worker sends the flat
+ring's bytes, 2(N-1)/N of the bucket (2(d-1)/d + 2(N/d-1)/N, plus the
+padding of a bucket d does not divide), in 1 + 2(N/d - 1) + (d - 1) steps
+instead of 2(N - 1).
 """
 from __future__ import annotations
 
@@ -28,7 +42,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import tensorflow as tf
 
-from autopar.transforms.keys import LEADERS_GROUP_KEY
+from autopar.transforms.comm import collective_rank
+from autopar.transforms.keys import ALLREDUCE_COLUMNS, ALLREDUCE_GROUPS, LEADERS_GROUP_KEY
 from autopar.transforms.methods.base import Edits, RewriteContext, SyncMethod, VariablePlan
 from autopar.transforms.methods.wire import COLLECTIVES, wire_fraction
 from autopar.transforms.ops import reshape
@@ -61,6 +76,9 @@ class RingState:
     summation or the flat ring."""
     buckets: list[Bucket] = field(default_factory=list)
     hierarchical_why: str = ""
+    # workers per group of the 2-D summation over groups (0: by hosts, when
+    # the buckets' host_key is set, or the flat ring)
+    group: int = 0
 
 
 class AllReduce(SyncMethod):
@@ -85,15 +103,21 @@ class AllReduce(SyncMethod):
         buckets = fusion_buckets(analysis, names, fusion_bytes)
         for b in buckets:
             b.wire_dtype = self.wire_dtype(b.dtype, options)
-        two_d, why = (two_dimensional_choice(topology, options.hierarchical_allreduce)
-                      if buckets else (False, ""))
+        group = getattr(options, "allreduce_group", None) or 0
+        if group > 1:
+            two_d, why = True, getattr(options, "allreduce_why", "")
+        else:
+            two_d, why = (two_dimensional_choice(topology, options.hierarchical_allreduce)
+                          if buckets else (False, ""))
+            ring_why = getattr(options, "allreduce_why", "")
+            why = f"{why}; {ring_why}" if ring_why and not two_d else why
         for b in buckets:
             b.instance_key = key
             key += 1
             if two_d:
                 b.host_key = key
                 key += 2
-        return RingState(buckets, why), key
+        return RingState(buckets, why, group if group > 1 else 0), key
 
     def variable_plan(self, v, reason, state, key):
         bucket = next(b for b in state.buckets if v.name in b.variables)
@@ -115,10 +139,12 @@ class AllReduce(SyncMethod):
     def report_fields(self, plan):
         buckets = self.state(plan).buckets
         nbytes = sum(b.bytes * wire_fraction(b.dtype, b.wire_dtype) for b in buckets)
-        links = ({kind: host_link_bytes(plan.worker_hosts, nbytes, kind == "2d")
+        group = self.state(plan).group
+        links = ({kind: host_link_bytes(plan.worker_hosts, nbytes, kind == "2d", group)
                   for kind in ("ring", "2d")} if plan.worker_hosts else {})
         return {"buckets": [{**asdict(b), "method": self.name} for b in buckets],
-                "host_link_bytes": links, "hierarchical_why": self.state(plan).hierarchical_why}
+                "host_link_bytes": links, "hierarchical_why": self.state(plan).hierarchical_why,
+                "allreduce_group": group}
 
     def ordered_collectives(self, plan):
         # Each bucket's all-reduce continues its train group's chain, and
@@ -156,7 +182,9 @@ class AllReduce(SyncMethod):
                                      axis=0)
                     # A narrower wire dtype (Config.wire_dtype): travels and is summed in it, cast back below.
                     sent = tf.cast(flat, bucket.wire_dtype) if bucket.wire_dtype else flat
-                    if bucket.hierarchical:
+                    if bucket.hierarchical and self.state(plan).group:
+                        reduced = _grouped_sum(ctx, sent, bucket, chain, self.state(plan).group)
+                    elif bucket.hierarchical:
                         reduced = _two_dimensional_sum(ctx, sent, bucket, chain)
                     elif mean_in_collective:
                         reduced = backend.allreduce_mean(sent, bucket.instance_key)
@@ -214,6 +242,43 @@ def _two_dimensional_sum(ctx: RewriteContext, flat: tf.Tensor, bucket: Bucket,
     return result
 
 
+def _grouped_sum(ctx: RewriteContext, flat: tf.Tensor, bucket: Bucket,
+                 chains: dict[str, list], d: int) -> tf.Tensor:
+    """The sum of the 1-D `flat` over all workers by 2-D summation over
+    groups of d workers: an all-to-all of its d pieces within the group
+    (bucket.host_key), each worker's piece summed and all-reduced across the
+    groups (instance_key), the pieces gathered within the group
+    (host_key + 1). Each kind is chained after the previous bucket's (as
+    _two_dimensional_sum's), so every member of a group launches that
+    group's collectives in one order."""
+    plan, backend, w = ctx.plan, ctx.backend, ctx.worker_index
+    timeout = plan.collective_timeout_s
+    groups = plan.num_workers // d
+    row = backend.subgroup(d, ALLREDUCE_GROUPS.key(w // d), timeout)
+    # The all-to-all hands this worker the piece at its rank in the group,
+    # which the column must share
+    column_key = ALLREDUCE_COLUMNS.key(collective_rank(w, range(w - w % d, w - w % d + d)))
+    # its length from the variables: the gradients' static shapes may be
+    # unknown in the imported graph
+    size = sum(int(np.prod(ctx.analysis.variable(n).shape, dtype=np.int64))
+               for n in bucket.variables)
+    piece = -(-size // d)
+    padded = tf.pad(flat, ctx.constants.get([[0, piece * d - size]])) if piece * d > size else flat
+    with tf.control_dependencies(chains.get("exchange", [])):
+        exchanged = row.alltoall(reshape(padded, ctx.constants.get([d, piece])), bucket.host_key)
+    chains["exchange"] = [exchanged]
+    mine = tf.reduce_sum(exchanged, axis=0)
+    if groups > 1:
+        column = backend.subgroup(groups, column_key, timeout)
+        with tf.control_dependencies(chains.get("across", [])):
+            mine = column.allreduce_sum(mine, bucket.instance_key)
+        chains["across"] = [mine]
+    with tf.control_dependencies(chains.get("gather", [])):
+        gathered = row.allgather(mine, bucket.host_key + 1)
+    chains["gather"] = [gathered]
+    return ctx.constants.rows(gathered, 0, size) if piece * d > size else gathered
+
+
 def two_dimensional_choice(topology: Topology, option: bool | None) -> tuple[bool, str]:
     """Whether the all-reduce buckets use 2-D summation, and why: forced by
     Config(hierarchical_allreduce=True/False), else chosen when some host has
@@ -236,12 +301,24 @@ def two_dimensional_choice(topology: Topology, option: bool | None) -> tuple[boo
 
 
 def host_link_bytes(worker_hosts: Sequence[str], nbytes: float,
-                    two_dimensional: bool = False) -> dict[str, float]:
+                    two_dimensional: bool = False, group: int = 0) -> dict[str, float]:
     """Bytes each host sends over its link (and, by symmetry, receives) for
     one all-reduce of `nbytes`: a ring over the workers in task order (each
-    edge to a worker on another host carries 2(N-1)b/N), or 2-D summation
-    (only the ring of one worker per host crosses links: 2(H-1)b/H each)."""
+    edge to a worker on another host carries 2(N-1)b/N), 2-D summation by
+    hosts (only the ring of one worker per host crosses links: 2(H-1)b/H
+    each), or 2-D summation over groups of `group` workers (at most, every
+    peer taken on another host: each worker sends its d - 1 pieces of b/d,
+    2(G-1)/G of its piece in the ring of its G = N/d groups, and its piece
+    to each of the d - 1 others of its group)."""
     hosts = list(dict.fromkeys(worker_hosts))
+    if two_dimensional and group > 1:
+        n = len(worker_hosts)
+        piece, count = nbytes / group, n // group
+        per_worker = 2 * (group - 1) * piece + (2 * (count - 1) * piece / count if count else 0.0)
+        out = {h: 0.0 for h in hosts}
+        for h in worker_hosts:
+            out[h] += per_worker
+        return out
     if two_dimensional:
         count = len(hosts)
         return {h: 2 * (count - 1) * nbytes / count if count > 1 else 0.0 for h in hosts}
