@@ -5,8 +5,9 @@ second host has no host steps), Adam with clipping by global norm
 leaders' all-reduces and the broadcasts of consecutive buckets follow one
 another; and over groups of workers (Config(allreduce_group=d)): 12
 workers on hosts of their own in groups of 4 (ranks in a group that are not
-the workers' order, buckets whose length 4 does not divide), and a hybrid
-job's 4 workers in groups of 2 with its embedding on the servers.
+the workers' order, buckets whose length 4 does not divide) with
+weight-update sharding (its gather in those ranks), and a hybrid job's 4
+workers in groups of 2 with its embedding on the servers.
 Parameters and slots after 4 steps equal a single-device run of the same
 global batches on every worker."""
 import re
@@ -47,17 +48,19 @@ def test_two_dimensional_summation_matches_single_device(tmp_path):
         used=r"2-D summation .* for bucket\(s\) ([#\d, ]+):")
 
 
-@pytest.mark.parametrize("model, run_option, workers, group, servers", [
-    # 3 groups of 4: tasks 10 and 11 rank before 8 and 9 in theirs
-    ("mlp_adam_clip", "allreduce", 12, 4, 0),
-    ("lm_adam_clip", "hybrid", 4, 2, 2)])
+@pytest.mark.parametrize("model, run_option, workers, group, servers, extra", [
+    # 3 groups of 4: tasks 10 and 11 rank before 8 and 9 in theirs; with
+    # weight-update sharding, whose all-gather of the owners' new values
+    # comes in those ranks too (task 2's block third)
+    ("mlp_adam_clip", "allreduce", 12, 4, 0, ("--shard-weight-update",)),
+    ("lm_adam_clip", "hybrid", 4, 2, 2, ())])
 def test_two_dimensional_summation_over_groups_matches_single_device(
-        model, run_option, workers, group, servers, tmp_path):
+        model, run_option, workers, group, servers, extra, tmp_path):
     # loopback addresses of one worker each: hosts of their own to the plan
     spec = write_two_host_spec(tmp_path, workers=(1,) * workers,
                                servers=(1,) * servers + (0,) * (workers - servers))
     _trains_as_one_device(
-        tmp_path, model, workers, "--run-option", run_option,
+        tmp_path, model, workers, "--run-option", run_option, *extra,
         "--allreduce-group", str(group), "--spec", str(spec),
         used=rf"2-D summation over groups of {group} workers .* for bucket\(s\) ([#\d, ]+): "
              rf"Config\(allreduce_group={group}\)")
