@@ -105,7 +105,9 @@ class PlanOptions:
     piece j (a ring of N/d), and each group gathers its pieces: the flat
     ring's bytes, 2(N-1)/N of the gradients (plus a bucket's padding to d
     pieces), in 1 + 2(N/d - 1) + (d - 1) steps instead of 2(N - 1). d must
-    divide the number of workers. ``0``: the flat ring (or the hosts' 2-D summation,
+    divide the number of workers (a job going on with fewer workers,
+    Config.min_workers, is refused at its restart where d no longer divides
+    them; None chooses again). ``0``: the flat ring (or the hosts' 2-D summation,
     Config.hierarchical_allreduce). ``None`` (default): unless
     Config.hierarchical_allreduce is set, the planner's cost model chooses,
     for a job on a network (not loopback) with one worker per host, a group
