@@ -12,13 +12,18 @@ from autopar.transforms.ops import constant, new_op, rows_where
 MAX_GATHERED_ROWS = 1 << 40
 
 
+def rank_order(members) -> list[int]:
+    """The workers `members` in the order TensorFlow ranks them in a
+    collective group, the order of a gather's blocks, an all-to-all's rows
+    and a ring's visits: their device names in lexicographic order
+    (CollectiveParamResolverLocal's SortDevicesAndTasks, across processes),
+    so task 10 comes before task 2."""
+    return sorted(members, key=lambda m: f"/job:worker/replica:0/task:{m}/")
+
+
 def collective_rank(worker: int, members) -> int:
-    """`worker`'s rank in a collective group of the workers `members`, the
-    order of a gather's blocks and an all-to-all's rows: the place of its
-    device's name among theirs in lexicographic order, as TensorFlow ranks
-    a group's members across processes (CollectiveParamResolverLocal's
-    SortDevicesAndTasks), so task 10 ranks before task 2."""
-    return sorted(members, key=lambda m: f"/job:worker/replica:0/task:{m}/").index(worker)
+    """`worker`'s rank in a collective group of the workers `members` (rank_order)."""
+    return rank_order(members).index(worker)
 
 
 def _row_ladder(limit: int = MAX_GATHERED_ROWS) -> tuple[int, ...]:

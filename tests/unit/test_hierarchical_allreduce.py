@@ -9,6 +9,7 @@ from autopar.common.errors import AutoparError
 from autopar.config import Config
 from autopar.transforms.accelerator import Accelerator
 from autopar.transforms.comm import collective_rank
+from autopar.transforms.methods.allreduce.method import host_link_bytes
 from autopar.transforms.methods.allreduce.method import two_dimensional_choice
 from autopar.transforms.analysis import analyze_graph
 from autopar.transforms.keys import (ACCELERATOR_GROUPS, ALLREDUCE_COLUMNS, ALLREDUCE_GROUPS,
@@ -239,3 +240,12 @@ def test_in_a_group_of_tasks_past_9_the_column_follows_the_rank():
     columns = {key for _, op, key, _ in _collectives(graph_def) if op == "CollectiveReduceV2"
                and key != GROUP_KEY}
     assert columns == {ALLREDUCE_COLUMNS.key(2)}   # task 8 ranks third in [8, 9, 10, 11]
+
+
+def test_the_flat_rings_host_links_follow_the_ranks_order():
+    # 6 + 6 workers listed host by host: the ring goes 0, 1, 10, 11, 2, ..., 9
+    # (device names as text), so it leaves each host twice, not once
+    hosts = ("a",) * 6 + ("b",) * 6
+    per_edge = 2 * 11 / 12
+    assert host_link_bytes(hosts, 1.0) == pytest.approx({"a": 2 * per_edge, "b": 2 * per_edge})
+    assert host_link_bytes(("a",) * 2 + ("b",) * 2, 1.0) == pytest.approx({"a": 1.5, "b": 1.5})

@@ -2,7 +2,8 @@
 is replicated on every worker (Parallax §3.1).
 
 Bytes over host links (`host_link_bytes`): TensorFlow's ring visits the
-group's workers in task order, so with workers placed host by host a flat
+group's workers in their ranks' order (comm.rank_order: task 10 before task
+2), so with workers placed host by host (and fewer than 11) a flat
 ring crosses each host link once per direction, each crossing carrying
 2(N-1)b/N of a b-byte all-reduce; with interleaved placement every ring edge
 crosses a link.
@@ -42,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import tensorflow as tf
 
-from autopar.transforms.comm import collective_rank
+from autopar.transforms.comm import collective_rank, rank_order
 from autopar.transforms.keys import ALLREDUCE_COLUMNS, ALLREDUCE_GROUPS, LEADERS_GROUP_KEY
 from autopar.transforms.methods.base import Edits, RewriteContext, SyncMethod, VariablePlan
 from autopar.transforms.methods.wire import COLLECTIVES, wire_fraction
@@ -303,8 +304,9 @@ def two_dimensional_choice(topology: Topology, option: bool | None) -> tuple[boo
 def host_link_bytes(worker_hosts: Sequence[str], nbytes: float,
                     two_dimensional: bool = False, group: int = 0) -> dict[str, float]:
     """Bytes each host sends over its link (and, by symmetry, receives) for
-    one all-reduce of `nbytes`: a ring over the workers in task order (each
-    edge to a worker on another host carries 2(N-1)b/N), 2-D summation by
+    one all-reduce of `nbytes`: a ring over the workers in their ranks'
+    order (comm.rank_order; each edge to a worker on another host carries
+    2(N-1)b/N), 2-D summation by
     hosts (only the ring of one worker per host crosses links: 2(H-1)b/H
     each), or 2-D summation over groups of `group` workers (at most, every
     peer taken on another host: each worker sends its d - 1 pieces of b/d,
@@ -324,8 +326,9 @@ def host_link_bytes(worker_hosts: Sequence[str], nbytes: float,
         return {h: 2 * (count - 1) * nbytes / count if count > 1 else 0.0 for h in hosts}
     out = {h: 0.0 for h in hosts}
     n = len(worker_hosts)
-    for i, h in enumerate(worker_hosts):
-        if worker_hosts[(i + 1) % n] != h:
+    ring = [worker_hosts[w] for w in rank_order(range(n))]
+    for i, h in enumerate(ring):
+        if ring[(i + 1) % n] != h:
             out[h] += 2 * (n - 1) * nbytes / n
     return out
 
