@@ -298,13 +298,18 @@ DEFAULT_RUNS = ("full", "quick", "messages", "ps_bytes")
 GROUP_RUNS = tuple(RESULTS / f"groups_g{g}.json" for g in (1, 2, 4, 8))
 
 
+def _measured_points(paths) -> list[Point]:
+    """The points of the committed runs at `paths` that exist, each run its own source."""
+    return [p for path in paths if Path(path).exists()
+            for p in points_from_results(json.loads(Path(path).read_text()), Path(path).stem)]
+
+
 def group_validation(k: Constants, paths=GROUP_RUNS) -> list[dict]:
     """Config.aggregation_group measured (hybrid on the sparse LM, N = 8, one
     run per group size) against the model fitted without those runs: each
     step over the same link's step with groups of one, measured and
     predicted (so the runs' CPU speeds cancel)."""
-    points = [p for path in paths if Path(path).exists()
-              for p in points_from_results(json.loads(Path(path).read_text()), Path(path).stem)]
+    points = _measured_points(paths)
     alone = {p.cluster.link_gbit: p for p in points if p.cluster.aggregation_group <= 1}
     rows = []
     for p in sorted(points, key=lambda p: (-p.cluster.link_gbit, p.cluster.aggregation_group)):
@@ -336,8 +341,7 @@ def allreduce_group_launches(k: Constants, paths=ALLREDUCE_GROUP_RUNS) -> tuple[
     sizes (ratios, so the runs' CPU speed cancels; the fitted constants
     otherwise). Measured, not fitted; 0 without such runs. With the rows:
     each group size's measured and predicted ratio."""
-    points = [p for path in paths if Path(path).exists()
-              for p in points_from_results(json.loads(Path(path).read_text()), Path(path).stem)]
+    points = _measured_points(paths)
     by_group: dict[int, list] = {}
     for p in points:
         by_group.setdefault(p.cluster.allreduce_group, []).append(p)

@@ -317,6 +317,10 @@ def _dtypes(analysis: Analysis) -> set[str]:
     return {v.dtype for v in analysis.variables}
 
 
+# Why the cost model chooses nothing for a job on one machine
+ON_LOOPBACK = "every worker host is a loopback address (one machine, no network link for the cost model)"
+
+
 def aggregation_group_size(options: PlanOptions, num_workers: int) -> int:
     """Workers per aggregation group of a hand-set Config.aggregation_group,
     0 for the hosts."""
@@ -350,8 +354,7 @@ def aggregation_structure(analysis: Analysis, methods: dict[str, tuple[str, str]
     if not options.local_aggregation:
         return 0, 0, f"Config(local_aggregation=False): every worker meets the servers; {keep}"
     if topology.on_loopback:
-        return 0, 0, (f"every worker host is a loopback address (one machine, no network link "
-                      f"for the cost model): {keep}")
+        return 0, 0, f"{ON_LOOPBACK}: {keep}"
     dense_on_servers = [v.name for v in on_servers if v.gradient == "dense"]
     if dense_on_servers:
         return 0, 0, (f"dense variables live on the servers ({', '.join(dense_on_servers[:3])}), "
@@ -475,8 +478,7 @@ def allreduce_structure(analysis: Analysis, methods: dict[str, tuple[str, str]],
         return 0, ""   # Config.hierarchical_allreduce: the hosts' 2-D summation, or the flat ring
     keep = "the flat ring is kept"
     if topology.on_loopback:
-        return 0, (f"every worker host is a loopback address (one machine, no network link for "
-                   f"the cost model): {keep}")
+        return 0, f"{ON_LOOPBACK}: {keep}"
     if max(len(topology.workers_on(h)) for h in topology.hosts) > 1:
         return 0, (f"hosts of several workers (Config.hierarchical_allreduce sums within each "
                    f"host): {keep}")

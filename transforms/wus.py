@@ -22,7 +22,7 @@ from dataclasses import replace
 import tensorflow as tf
 
 from autopar.common.errors import AutoparError, UnsupportedGraphError
-from autopar.transforms.comm import collective_rank
+from autopar.transforms.comm import rank_order
 from autopar.transforms.features.base import GraphFeature, Rewiring
 from autopar.transforms.graph_utils import in_gradient_scope, op_name_of
 from autopar.transforms.keys import WUS
@@ -130,6 +130,8 @@ def shard_weight_updates(ctx: RewriteContext, device_of, replaced: dict[str, str
             edits.noop_deps[name] = sorted({op_name_of(replaced.get(t.name, t.name))
                                             for t in op.inputs if t.dtype != tf.resource})
     variables = {v.op.name: v for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)}
+    # the gathered blocks come in the workers' ranks, not their indices
+    rank = {w: i for i, w in enumerate(rank_order(range(plan.num_workers)))}
     with tf.name_scope("autopar/wus/"):
         assigns, previous = [], []
         for i, (dtype, by_owner) in enumerate(_by_dtype(owned, variables, plan.num_workers)):
@@ -147,8 +149,7 @@ def shard_weight_updates(ctx: RewriteContext, device_of, replaced: dict[str, str
             for owner, names in enumerate(by_owner):
                 if owner == ctx.worker_index:
                     continue
-                # the blocks come in the workers' ranks, not their indices
-                offset = collective_rank(owner, range(plan.num_workers)) * width
+                offset = rank[owner] * width
                 for n in names:
                     v = variables[n]
                     size = int(v.shape.num_elements())

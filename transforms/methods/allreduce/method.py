@@ -159,8 +159,9 @@ class AllReduce(SyncMethod):
         consumer outside the backward pass reads the reduced piece."""
         graph, analysis, plan, backend = ctx.graph, ctx.analysis, ctx.plan, ctx.backend
         edits = Edits()
+        state = self.state(plan)
         with tf.name_scope("autopar/average/"):
-            for bucket in self.state(plan).buckets:
+            for bucket in state.buckets:
                 # The train group's chains (RewriteContext.chains): "ring",
                 # the flat ring's last reduction; 2-D summation's kinds.
                 chain = ctx.chains.setdefault(bucket.group, {})
@@ -183,8 +184,8 @@ class AllReduce(SyncMethod):
                                      axis=0)
                     # A narrower wire dtype (Config.wire_dtype): travels and is summed in it, cast back below.
                     sent = tf.cast(flat, bucket.wire_dtype) if bucket.wire_dtype else flat
-                    if bucket.hierarchical and self.state(plan).group:
-                        reduced = _grouped_sum(ctx, sent, bucket, chain, self.state(plan).group)
+                    if bucket.hierarchical and state.group:
+                        reduced = _grouped_sum(ctx, sent, bucket, chain, state.group)
                     elif bucket.hierarchical:
                         reduced = _two_dimensional_sum(ctx, sent, bucket, chain)
                     elif mean_in_collective:
