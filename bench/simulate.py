@@ -108,11 +108,11 @@ class Point:
 
 def design(points: list[Point], workloads: list[str], peers: list[str]) -> tuple[np.ndarray, list[str]]:
     """Columns: gamma, compute[w]..., then per aggregating peer p
-    overhead[p], kappa[p], wire[p], message[p] and rpc[p] (each transport reaches its own
-    fraction of the link rate and pays its own CPU per ring step and per
-    parameter-server RPC: TF's gRPC collectives, Gloo and the parameter
+    overhead[p], kappa[p], kappa_rpc[p], wire[p], message[p] and rpc[p] (each transport
+    reaches its own fraction of the link rate and pays its own CPU per byte and per
+    ring step or parameter-server RPC: TF's gRPC collectives, Gloo and the parameter
     servers' RPCs differ by up to 2x in the measured "of limit", and a
-    hybrid step has both kinds; a peer with one kind has an all-zero column
+    hybrid step has both kinds; a peer with one kind has all-zero columns
     for the other, which the fit leaves at 0). The floor's points have only compute: they
     pin compute per example, so the peers' overheads are what they add to it.
     No alpha column: on shared cores a hop's wait (hops x processes / cores)
@@ -121,6 +121,7 @@ def design(points: list[Point], workloads: list[str], peers: list[str]) -> tuple
     what differs between transports) and alpha is 0 in fitted constants."""
     names = ["gamma", "timeouts"] + [f"compute[{w}]" for w in workloads] + \
             [f"overhead[{p}]" for p in peers] + [f"kappa[{p}]" for p in peers] + \
+            [f"kappa_rpc[{p}]" for p in peers] + \
             [f"wire[{p}]" for p in peers] + [f"message[{p}]" for p in peers] + \
             [f"rpc[{p}]" for p in peers] + \
             [f"serialised[{p}]" for p in peers if p in PAIR_SERIALISED_PEERS]
@@ -137,6 +138,7 @@ def design(points: list[Point], workloads: list[str], peers: list[str]) -> tuple
             continue
         r[col[f"overhead[{pt.peer}]"]] = t["overhead"]
         r[col[f"kappa[{pt.peer}]"]] = t["kappa"]
+        r[col[f"kappa_rpc[{pt.peer}]"]] = t["kappa_rpc"]
         r[col[f"wire[{pt.peer}]"]] = t["wire"]
         r[col[f"message[{pt.peer}]"]] = t["mu"]
         r[col[f"rpc[{pt.peer}]"]] = t["mu_rpc"]
@@ -211,6 +213,7 @@ def _fit_constants(points: list[Point]) -> Constants:
     return Constants(alpha=0.0, gamma=val["gamma"], wire_factor=1.0, timeout_share=val["timeouts"],
                      compute_per_example={w: val[f"compute[{w}]"] for w in workloads},
                      peers={p: PeerConstants(overhead_s=val[f"overhead[{p}]"], kappa=val[f"kappa[{p}]"],
+                                             rpc_kappa=val[f"kappa_rpc[{p}]"],
                                              wire_factor=val[f"wire[{p}]"], message_s=val[f"message[{p}]"],
                                              rpc_s=val[f"rpc[{p}]"],
                                              pair_serialised=(val.get(f"serialised[{p}]", 0.0) / val[f"wire[{p}]"]
@@ -634,11 +637,13 @@ def markdown(out: dict) -> str:
               "- CPU speed of each run (CPU seconds relative to the first, fitted; the links are "
               "shaped, so only CPU terms scale): " + ", ".join(f"{r} {v:.3f}" for r, v in
                                                                k.get("run_cpu_speed", {}).items()), "",
-              "| peer | overhead ms / worker step | kappa ns / byte | ms / ring step | ms / PS RPC | "
+              "| peer | overhead ms / worker step | kappa ns / byte of ring steps | "
+              "kappa ns / byte of PS RPCs | ms / ring step | ms / PS RPC | "
               "wire factor (1 = TCP at the link rate) | 2-rank all-gather paid twice |",
-              "|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|"]
     for p, c in k["peers"].items():
         lines.append(f"| {p} | {1e3 * c['overhead_s']:.2f} | {1e9 * c['kappa']:.3f} | "
+                     f"{1e9 * c.get('rpc_kappa', 0.0):.3f} | "
                      f"{1e3 * c['message_s']:.3f} | {1e3 * c.get('rpc_s', 0.0):.3f} | "
                      f"{c['wire_factor']:.3f} | "
                      + (f"{c.get('pair_serialised', 0.0):.2f} |" if p in PAIR_SERIALISED_PEERS else "– |"))

@@ -15,7 +15,9 @@ Costs (per step):
   (1 / the fraction of the link rate its transport reaches);
 - gamma: seconds per byte summed or applied (aggregation and update);
 - kappa: CPU seconds per byte a process sends or receives (serialisation,
-  copies, the kernel's TCP stack), per implementation;
+  copies, the kernel's TCP stack), per implementation, one for the bytes of
+  ring steps and one for those of parameter-server RPCs: a hybrid step has
+  both, over two transports (TensorFlow's collectives and its RPCs);
 - message: CPU seconds per message (an RPC, a ring step), handled by its
   sender and its receiver, per implementation: a PS step with S servers is
   2 N S RPCs (N^2 with S = N) where a ring all-reduce is 2 N (N - 1) ring
@@ -129,7 +131,8 @@ class Cluster:
 @dataclass
 class PeerConstants:
     overhead_s: float = 0.0            # CPU s per worker step, independent of bytes
-    kappa: float = 0.0                 # CPU s per byte a process sends/receives
+    kappa: float = 0.0                 # CPU s per byte a process sends/receives in ring steps
+    rpc_kappa: float = 0.0             # CPU s per byte a process sends/receives in PS RPCs
     message_s: float = 0.0             # CPU s per ring step (a collective's message), both ends
     rpc_s: float = 0.0                 # CPU s per parameter-server RPC (a push or a pull), both ends
     # CPU s per worker for each collective an all-reduce launches beyond the
@@ -432,7 +435,9 @@ def terms(method: str, wl: Workload, cl: Cluster) -> dict:
         "alpha": float(sum(p.hops for p in ph)) * (max(1.0, (n + _servers_used(method, wl, cl)) / c)
                                                   if shared else 1.0),
         "gamma": cpu(sum(p.total_reduce for p in ph), sum(p.proc_reduce for p in ph)),
-        "kappa": cpu(sum(p.total_bytes for p in ph), sum(p.proc_bytes for p in ph)),
+        **{term: cpu(sum(p.total_bytes for p in ph if p.rpc == rpc),
+                     sum(p.proc_bytes for p in ph if p.rpc == rpc))
+           for term, rpc in (("kappa", False), ("kappa_rpc", True))},
         # ring steps and parameter-server RPCs
         **{term: cpu(sum(p.total_msgs for p in ph if p.rpc == rpc),
                      sum(p.proc_msgs for p in ph if p.rpc == rpc))
@@ -455,7 +460,7 @@ def step_time(method: str, wl: Workload, cl: Cluster, k: Constants, peer: str | 
     parts = {
         "compute": compute,
         "overhead": t["overhead"] * pc.overhead_s,
-        "cpu_bytes": t["kappa"] * pc.kappa,
+        "cpu_bytes": t["kappa"] * pc.kappa + t["kappa_rpc"] * pc.rpc_kappa,
         "messages": t["mu"] * pc.message_s + t["mu_rpc"] * pc.rpc_s,
         "launches": t["launch"] * pc.launch_s,
         "reduce": t["gamma"] * k.gamma,
@@ -478,12 +483,13 @@ def step_time(method: str, wl: Workload, cl: Cluster, k: Constants, peer: str | 
 # that these are the committed fit).
 PLANNER_PEER = "autopar-hybrid"
 PLANNER_CONSTANTS = Constants(
-    gamma=5.636345016315374e-10,
-    peers={PLANNER_PEER: PeerConstants(kappa=3.9180873837607265e-10,
-                                       message_s=0.00019666739587302488,
-                                       rpc_s=0.0010810766257740511,
-                                       launch_s=0.002455648867898801,
-                                       wire_factor=1.1263374369126649)})
+    gamma=5.408825610208983e-10,
+    peers={PLANNER_PEER: PeerConstants(kappa=4.6368730915138537e-10,
+                                       rpc_kappa=0.0,
+                                       message_s=0.00018923918713846624,
+                                       rpc_s=0.0011271360102118513,
+                                       launch_s=0.0024340029481370786,
+                                       wire_factor=1.1233712648200702)})
 
 # Workers per aggregation group the choice considers (1: no groups): the sizes
 # measured on the emulated cluster (make bench-groups, N = 8: g = 2, 4

@@ -69,7 +69,7 @@ def test_the_planners_constants_are_the_committed_fit():
     mine = cost.PLANNER_CONSTANTS
     assert mine.gamma == pytest.approx(fitted["gamma"], rel=1e-9)
     peer = fitted["peers"][cost.PLANNER_PEER]
-    for name in ("kappa", "message_s", "rpc_s", "wire_factor", "overhead_s", "launch_s"):
+    for name in ("kappa", "rpc_kappa", "message_s", "rpc_s", "wire_factor", "overhead_s", "launch_s"):
         assert getattr(mine.peer(cost.PLANNER_PEER), name) == pytest.approx(peer[name], rel=1e-9,
                                                                             abs=1e-15), name
 

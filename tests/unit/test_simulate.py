@@ -137,16 +137,17 @@ def _synthetic_points(truth: sim.Constants, methods: dict) -> list:
 
 def test_fit_recovers_known_constants_from_synthetic_points():
     # each transport reaches its own fraction of the link rate (per-peer wire factor) and
-    # pays its own CPU per message; the floor's points pin compute, so every peer's
+    # pays its own CPU per message and per byte (a hybrid step's ring and RPCs each
+    # their own); the floor's points pin compute, so every peer's
     # overhead is recovered, not just the differences between them
     truth = sim.Constants(gamma=1.5e-9, wire_factor=1.0,
                           compute_per_example={"sparse": 6e-5, "dense": 6e-4},
                           peers={"a": sim.PeerConstants(overhead_s=2e-3, kappa=1.7e-9, wire_factor=1.2,
                                                         message_s=0.7e-3),
-                                 "b": sim.PeerConstants(overhead_s=1e-3, kappa=0.3e-9, wire_factor=1.9,
+                                 "b": sim.PeerConstants(overhead_s=1e-3, rpc_kappa=0.3e-9, wire_factor=1.9,
                                                         rpc_s=1.3e-3),
-                                 "c": sim.PeerConstants(overhead_s=5e-3, kappa=0.8e-9, wire_factor=1.05,
-                                                        message_s=0.2e-3, rpc_s=0.9e-3)})
+                                 "c": sim.PeerConstants(overhead_s=5e-3, kappa=0.8e-9, rpc_kappa=0.2e-9,
+                                                        wire_factor=1.05, message_s=0.2e-3, rpc_s=0.9e-3)})
     points = _synthetic_points(truth, {"a": "allreduce", "b": "ps", "c": "hybrid", "floor": "none"})
     got = sim.fit(points)
     assert got.alpha == 0.0
@@ -157,7 +158,8 @@ def test_fit_recovers_known_constants_from_synthetic_points():
     assert "floor" not in got.peers
     for p, c in truth.peers.items():
         assert got.peers[p].overhead_s == pytest.approx(c.overhead_s, rel=1e-6)
-        assert got.peers[p].kappa == pytest.approx(c.kappa, rel=1e-6)
+        assert got.peers[p].kappa == pytest.approx(c.kappa, rel=1e-6, abs=1e-18)
+        assert got.peers[p].rpc_kappa == pytest.approx(c.rpc_kappa, rel=1e-6, abs=1e-18)
         assert got.peers[p].wire_factor == pytest.approx(c.wire_factor, rel=1e-6)
         assert got.peers[p].message_s == pytest.approx(c.message_s, rel=1e-6)
         assert got.peers[p].rpc_s == pytest.approx(c.rpc_s, rel=1e-6)
