@@ -447,7 +447,10 @@ def project_bench(wls: dict[str, Workload], k: Constants, link_gbit: float,
                     out.append({"workload": wl.name, "N": n, "peer": FLAT_LABEL, "method": method,
                                 "step_s": r["step_s"], "throughput": r["throughput"],
                                 "parts_s": r["parts"]})
-                    chosen = best_structure(wl, cl, k, peer)
+                    # chosen as the planner chooses: ids taken as uniform
+                    # (transforms.plan.aggregation_structure), the step then
+                    # predicted for the workload's own ids
+                    chosen = best_structure(replace(wl, zipf_s=None), cl, k, peer)
                     cl = replace(cl, servers=chosen.servers, aggregation_group=chosen.group)
                     extra = {"aggregation_group": chosen.group, "servers": chosen.servers,
                              "predicted_gain": chosen.gain}

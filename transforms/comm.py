@@ -223,44 +223,45 @@ class CollectiveOpsBackend:
                         SrcT=i64, DstT=i32, Truncate=False).outputs[0]
         return rung, padded
 
-    def broadcast_rows(self, rows: tf.Tensor | None, count: tf.Tensor, row_shape: list[int],
-                       dtype: tf.DType, first_key: int) -> tf.Tensor:
-        """The source's `count` rows on every member: `rows` on the source,
-        None elsewhere; every member passes the same `count` (an int32
-        scalar) and row shape. As allgather_rows, the rows travel padded to
-        the ladder rung at or above `count`, with that rung's instance key
+    def scatter_rows(self, rows: tf.Tensor | None, counts: tf.Tensor, rank: int, source: int,
+                     row_shape: list[int], dtype: tf.DType, first_key: int) -> tf.Tensor:
+        """Each member's own rows, sent by the member of rank `source`: there
+        `rows` holds every member's rows one member after the other in the
+        members' ranks (collective_rank), counts[r] of them for rank r; None
+        elsewhere. Every member passes the same `counts` (int32, one per
+        member) and gets its counts[`rank`] rows.
+
+        One all-to-all (TensorFlow's collectives have no scatter): the
+        source's block r goes to rank r, every block padded to the ladder rung
+        at or above the largest count, and with that rung's instance key
         (first_key + rung: the keys [first_key, first_key + len(ROW_LADDER))
-        belong to this broadcast), so each key only ever sees one shape."""
-        i32, c = tf.int32, self._const
-        rung, padded = self._rung(new_op("Reshape", [count, c((1,), i32)], T=i32,
-                                         Tshape=i32).outputs[0])
-        key = new_op("AddV2", [c(first_key, i32), rung], T=i32).outputs[0]
-        group = self._group()
+        belong to this scatter), so each key only ever sees one shape, as in
+        allgather_rows. The other members send blocks of zeros (an
+        all-to-all's members pass equal shapes), so each link carries g - 1
+        blocks of one member's rows each way, where a broadcast of the
+        union carries the union up to fan-out x depth times on one link."""
+        i32 = tf.int32
+        g = self.group_size
+        rung, padded = self._rung(tf.reshape(tf.reduce_max(counts), [1]))
+        shape = tf.concat([tf.stack([g, padded]), self._const(tuple(row_shape), i32)], 0)
         if rows is not None:
-            pad = new_op("Sub", [padded, count], T=i32).outputs[0]
-            rank = 1 + len(row_shape)
-            block = new_op("Pad", [rows, _padding(pad, rank, c)], T=dtype,
-                           Tpaddings=i32).outputs[0]
-            out = new_op("CollectiveBcastSendV2", [block, group["group_size"],
-                                                   group["group_key"], key],
-                         T=dtype, communication_hint=self.hint,
-                         timeout_seconds=float(self.timeout_s)).outputs[0]
+            # row i of member r (its j-th) to slot r * padded + j of the blocks
+            owner = tf.repeat(tf.range(g, dtype=i32), counts)
+            starts = tf.cumsum(counts, exclusive=True)
+            slots = owner * padded + tf.range(tf.size(owner), dtype=i32) - tf.gather(starts, owner)
+            flat = tf.scatter_nd(tf.expand_dims(slots, 1), rows,
+                                 tf.concat([tf.reshape(g * padded, [1]),
+                                            self._const(tuple(row_shape), i32)], 0))
+            blocks = tf.reshape(flat, shape)
         else:
-            shape = new_op("ConcatV2", [new_op("Reshape", [padded, c((1,), i32)], T=i32,
-                                               Tshape=i32).outputs[0],
-                                        c(tuple(row_shape), i32), c(0, i32)],
-                           N=2, T=i32, Tidx=i32).outputs[0]
-            out = new_op("CollectiveBcastRecvV2", [group["group_size"], group["group_key"],
-                                                   key, shape],
-                         T=dtype, Tshape=i32, communication_hint=self.hint,
-                         timeout_seconds=float(self.timeout_s)).outputs[0]
-        out.set_shape([None, *row_shape])
-        return new_op("Slice", [out, c((0,) * (1 + len(row_shape)), i32),
-                                new_op("ConcatV2", [new_op("Reshape", [count, c((1,), i32)],
-                                                           T=i32, Tshape=i32).outputs[0],
-                                                    c((-1,) * len(row_shape), i32), c(0, i32)],
-                                       N=2, T=i32, Tidx=i32).outputs[0]],
-                      T=dtype, Index=i32).outputs[0]
+            blocks = tf.zeros(shape, dtype)
+        group = self._group()
+        received = tf.raw_ops.CollectiveAllToAllV2(
+            input=blocks, group_size=group["group_size"], group_key=group["group_key"],
+            instance_key=self._const(first_key, i32) + rung, ordering_token=[],
+            communication_hint=self.hint, timeout_seconds=float(self.timeout_s))
+        received.set_shape([g, None, *row_shape])
+        return received[source][:counts[rank]]
 
     def _gather(self, tensor: tf.Tensor, instance_key: tf.Tensor) -> tf.Tensor:
         """allgather with the instance key a tensor (as new_op builds it)."""

@@ -73,6 +73,9 @@ from autopar.transforms.methods.registry import METHODS as SYNC_METHODS
 
 # Linux's minimum retransmission timeout (TCP_RTO_MIN): what one timeout stalls a connection for
 RTO_MIN_S = 0.2
+# Rows sent in blocks of a size every member derives alike are padded to the
+# next rung of comm.ROW_LADDER, the rungs a quarter apart: about an eighth on average
+LADDER_PADDING = 1.125
 # "none": the compute-only floor (no aggregation), fitted so that it pins compute per example
 METHODS = ("allreduce", "ps", "ps_la", "hybrid", "hybrid_nola", "none")
 
@@ -371,15 +374,15 @@ def aggregation_groups(wl: Workload, cl: Cluster) -> list[Phase]:
     """The sparse rows' phases with Config.aggregation_group = g on hosts of
     one worker each: the g workers of a group gather their distinct ids
     (an id and a rank tag, 16 bytes each), the first pulls the union's rows
-    from the servers and broadcasts them, each member's rows are gathered to
-    the first, which pushes their sum (local aggregation over the group).
-    The servers see N/g senders (parameter_server with a group as its
-    "host"); the exchanges within a group cross links over g hosts: a
-    variable-size gather is three ring all-gathers (the counts first, then
-    values and indices together: 2 (g - 1) hops, 3 (g - 1) ring steps); the
-    broadcast is TensorFlow's tree (each member forwards the whole union to
-    at most two others, a level after the other: the last member has it
-    after fan-out x depth unions' link time)."""
+    from the servers and sends each member its own rows, each member's rows
+    are gathered to the first, which pushes their sum (local aggregation
+    over the group). The servers see N/g senders (parameter_server with a
+    group as its "host"); the exchanges within a group cross links over g
+    hosts: a variable-size gather is three ring all-gathers (the counts
+    first, then values and indices together: 2 (g - 1) hops, 3 (g - 1) ring
+    steps); the scatter is one all-to-all (comm.scatter_rows) of g - 1
+    blocks each way on every member's link (the first's blocks the members'
+    rows, the others' zeros), each a member's rows padded to the ladder."""
     n, g = cl.workers, min(cl.aggregation_group, cl.workers)
     groups = math.ceil(n / g)
     union = union_rows(wl.sparse_rows, wl.touched_rows, g, wl.zipf_s) * wl.row_bytes
@@ -398,10 +401,9 @@ def aggregation_groups(wl: Workload, cl: Cluster) -> list[Phase]:
         ring.total_msgs *= 3 * groups
         out.append(ring)
     if g > 1:
-        fanout, depth = min(2, g - 1), math.ceil(math.log2(g))
-        out.append(Phase("group-rows", fanout * depth * union, depth,
-                         (fanout + 1) * union / 2, groups * (g - 1) * union, 0.0, 0.0,
-                         fanout + 1, groups * (g - 1)))
+        blocks = (g - 1) * wl.touched_bytes * LADDER_PADDING
+        out.append(Phase("group-rows", blocks, 1, blocks, groups * g * blocks, 0.0, 0.0,
+                         g - 1, groups * g * (g - 1)))
     return out
 
 

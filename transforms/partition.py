@@ -147,12 +147,14 @@ def copy_prefix(p: int) -> str:
 @dataclass(frozen=True)
 class PullGroup:
     """Workers that pull a sparse variable's rows together: the collective
-    backend of their group, this worker's rank in it (rank 0 pulls), and one
-    variable's instance keys: (count, values, indices) of the ids' gather
-    (comm.allgather_rows), the first of the rows' broadcast
-    (comm.broadcast_rows)."""
+    backend of their group, this worker's rank in it and the rank of the
+    member that pulls (ranks as TensorFlow orders the group:
+    comm.collective_rank), and one variable's instance keys: (count, values,
+    indices) of the ids' gather (comm.allgather_rows), the first of the
+    rows' scatter (comm.scatter_rows)."""
     backend: object
     rank: int
+    source: int = 0
     keys: tuple = ((), 0)
 
 
@@ -318,25 +320,29 @@ class Partitioner:
 
     def _group_pull(self, distinct: tf.Tensor, handles, layout, dtype) -> tf.Tensor:
         """The rows of this worker's `distinct` ids, pulled once for its group:
-        every member's ids gathered (tagged with the member's rank), their
-        union pulled by rank 0 and broadcast to the group, each member taking
-        its own ids' rows. Every member computes the same union in the same
-        order (tf.unique of the same gathered ids), so positions in it agree.
-        (A broadcast, not a gather of rank 0's rows: a gather pads every
-        member's block to the largest, so each link carried g - 1 unions.)"""
+        every member's ids gathered (in the members' ranks, each tagged with
+        its member's rank), their union pulled by the source member, which
+        sends each member its own ids' rows (comm.scatter_rows). Every member
+        computes the same union in the same order (tf.unique of the same
+        gathered ids), so positions in it agree. (Neither a gather of the
+        source's rows, which pads every member's block to the largest, nor a
+        broadcast of the union, which TensorFlow sends down a tree, each
+        member forwarding the whole union to up to two others: both put
+        several unions on one link.)"""
         group = self.pull_group
         ids = tf.cast(distinct, tf.int64)
         rank = tf.fill(tf.stack([tf.size(ids), 1]), tf.constant(group.rank, tf.int64))
         ranks, all_ids = group.backend.allgather_rows(rank, ids, group.keys[0])
         union, position = tf.unique(all_ids, out_idx=tf.int32)
+        counts = tf.math.unsorted_segment_sum(tf.ones_like(position), tf.cast(ranks[:, 0], tf.int32),
+                                              group.backend.group_size)
         row = self._row_shape(handles[0])
         rows = None
-        if group.rank == 0:
-            rows = self._pull(tf.cast(union, distinct.dtype), handles, layout, dtype)
-            rows.set_shape([None, *row])
-        union_rows = group.backend.broadcast_rows(rows, tf.size(union), row, dtype, group.keys[1])
-        mine = tf.equal(ranks[:, 0], group.rank)
-        return tf.gather(union_rows, tf.boolean_mask(position, mine))
+        if group.rank == group.source:
+            union_rows = self._pull(tf.cast(union, distinct.dtype), handles, layout, dtype)
+            rows = tf.gather(union_rows, position)     # every member's, in the ranks' order
+        return group.backend.scatter_rows(rows, counts, group.rank, group.source, row, dtype,
+                                          group.keys[1])
 
     def _row_shape(self, handle) -> list[int]:
         """The static shape of one row of the partition behind `handle`."""

@@ -6,8 +6,9 @@ leaders' all-reduces and the broadcasts of consecutive buckets follow one
 another; and over groups of workers (Config(allreduce_group=d)): 12
 workers on hosts of their own in groups of 4 (ranks in a group that are not
 the workers' order, buckets whose length 4 does not divide) with
-weight-update sharding (its gather in those ranks), and a hybrid job's 4
-workers in groups of 2 with its embedding on the servers.
+weight-update sharding (its gather in those ranks), and a hybrid job's 12
+workers in groups of 4 with its embedding in 2 partitions on the servers,
+pulled and pushed by aggregation groups of the same 4 workers.
 Parameters and slots after 4 steps equal a single-device run of the same
 global batches on every worker."""
 import re
@@ -53,7 +54,10 @@ def test_two_dimensional_summation_matches_single_device(tmp_path):
     # weight-update sharding, whose all-gather of the owners' new values
     # comes in those ranks too (task 2's block third)
     ("mlp_adam_clip", "allreduce", 12, 4, 0, ("--shard-weight-update",)),
-    ("lm_adam_clip", "hybrid", 4, 2, 2, ())])
+    # the same ranks in the aggregation groups' lookups (the ids' gather,
+    # the first worker's scatter of each member's rows)
+    ("lm_adam_clip", "hybrid", 12, 4, 2, ("--aggregation-group", "4",
+                                          "--partitions", "embedding=2"))])
 def test_two_dimensional_summation_over_groups_matches_single_device(
         model, run_option, workers, group, servers, extra, tmp_path):
     # loopback addresses of one worker each: hosts of their own to the plan

@@ -5,7 +5,7 @@ tests/integration/test_hybrid.py):
 
 - the groups, their collective keys and the contributions a server expects;
 - a partitioned sparse variable's lookup is pulled from the servers by the
-  group's first worker only, the others reading the group's gathered rows;
+  group's first worker only, which sends each member its rows;
 - what cannot work is refused, naming the setting.
 """
 import numpy as np
@@ -78,12 +78,12 @@ def test_a_group_reads_the_rows_from_the_servers_once():
         assert len(gathers) == (0 if worker == 4 else 6), worker
         groups = {i.split(":")[0] for n in gathers for i in n.input[2:3]}
         assert len(groups) == (1 if gathers else 0)
-        # the union's rows: sent by the group's first worker, received by the others
-        sends = [n for n in nodes if n.op == "CollectiveBcastSendV2"
-                 and n.name.startswith("autopar/partition/")]
-        receives = [n for n in nodes if n.op == "CollectiveBcastRecvV2"
+        # each member's rows: scattered by the group's first worker (its blocks
+        # from the union's rows), one all-to-all on every member of a group
+        scatters = [n for n in nodes if n.op == "CollectiveAllToAllV2"
                     and n.name.startswith("autopar/partition/")]
-        assert (len(sends), len(receives)) == {0: (1, 0), 2: (1, 0), 4: (0, 0)}.get(worker, (0, 1))
+        filled = [n for n in nodes if n.op == "ScatterNd" and n.name.startswith("autopar/partition/")]
+        assert (len(scatters), len(filled)) == {0: (1, 1), 2: (1, 1), 4: (0, 0)}.get(worker, (1, 0))
 
 
 def test_without_groups_every_worker_reads_its_rows():

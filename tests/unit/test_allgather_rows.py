@@ -1,8 +1,9 @@
-"""CollectiveOpsBackend.allgather_rows, run for real: three members on three
-CPU devices of one session (collectives between local devices need no
-cluster). Every member must get every member's rows in member order, for
-row counts that differ by member and by step, down to none, across several
-rungs of the padding ladder, with the static shape of the rows kept."""
+"""CollectiveOpsBackend.allgather_rows and scatter_rows, run for real: three
+members on three CPU devices of one session (collectives between local
+devices need no cluster). Every member must get every member's rows in
+member order (a scatter: its own rows from the source), for row counts that
+differ by member and by step, down to none, across several rungs of the
+padding ladder, with the static shape of the rows kept."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -61,3 +62,44 @@ def test_every_member_gets_all_rows_in_member_order(gather):
         for m, (rows, ids) in enumerate(results):
             np.testing.assert_array_equal(rows, want_rows, err_msg=f"step {step} member {m}")
             np.testing.assert_array_equal(ids, want_ids, err_msg=f"step {step} member {m}")
+
+
+# scatter_rows: the member of rank 1 sends; rows of two dimensions each
+SOURCE = 1
+ROW = [2, 3]
+
+
+@pytest.fixture(scope="module")
+def scatter():
+    graph = tf.Graph()
+    members = []
+    with graph.as_default():
+        for m in range(MEMBERS):
+            with tf.device(f"/device:CPU:{m}"):
+                backend = CollectiveOpsBackend(MEMBERS, group_key=8)
+                # the counts gathered, as a grouped lookup has them (a session
+                # sets up collectives for a step only for the ops it knows as
+                # such, and an all-to-all is not one of them)
+                count = tf1.placeholder(tf.int32, [1])
+                counts = backend.allgather(count, 299)
+                rows = tf1.placeholder(tf.float32, [None, *ROW]) if m == SOURCE else None
+                mine = backend.scatter_rows(rows, counts, m, SOURCE, ROW, tf.float32, 300)
+                members.append((count, rows, mine))
+    session = tf1.Session(graph=graph,
+                          config=tf1.ConfigProto(device_count={"CPU": MEMBERS}))
+    yield members, session
+    session.close()
+
+
+def test_each_member_gets_its_own_rows_from_the_source(scatter):
+    members, session = scatter
+    rng = np.random.default_rng(1)
+    for _, _, mine in members:
+        assert mine.shape.as_list() == [None, *ROW]
+    for step, counts in enumerate(COUNTS):
+        blocks = [rng.standard_normal((n, *ROW)).astype(np.float32) for n in counts]
+        feed = {c: [n] for (c, _, _), n in zip(members, counts)}
+        feed[members[SOURCE][1]] = np.concatenate(blocks)
+        results = session.run([mine for _, _, mine in members], feed)
+        for m, got in enumerate(results):
+            np.testing.assert_array_equal(got, blocks[m], err_msg=f"step {step} member {m}")

@@ -277,9 +277,11 @@ def test_messages_per_step_a_ring_step_or_an_rpc_each():
 def test_aggregation_groups_cut_the_servers_rpcs_and_pay_the_groups_gathers():
     """Config(aggregation_group=g): a server serves a push and a pull of each
     of N/g groups; the first worker of a group pulls and pushes the union of
-    its rows (a server per partition: it sends to S servers) and broadcasts
-    the union's rows down a binary tree; every member takes part in two
-    variable-size gathers (three ring all-gathers of g - 1 steps) over links."""
+    its rows (a server per partition: it sends to S servers) and sends each
+    member its own rows in one all-to-all (g - 1 blocks of a member's rows,
+    padded to the ladder, each way on every member's link); every member
+    takes part in two variable-size gathers (three ring all-gathers of g - 1
+    steps) over links."""
     rows, width, touched = 1_000_000, 1024.0, 1000.0    # the union is ~g times the rows
     wl = sparse_only(rows, width, touched)
     n, g, s = 16, 4, 2
@@ -294,9 +296,12 @@ def test_aggregation_groups_cut_the_servers_rpcs_and_pay_the_groups_gathers():
     # the group's first worker's link carries its union each way; each server
     # receives (n / g) unions / s
     assert ph["ps-sparse-push"]["link_bytes"] == pytest.approx((n // g) * union / s)
-    # a binary tree of 4: the union crosses the root's link twice, then a level more
-    assert ph["group-rows"]["link_bytes"] == pytest.approx(2 * 2 * union)
-    assert (ph["group-rows"]["hops"], ph["group-rows"]["total_msgs"]) == (2, (n // g) * (g - 1))
+    # the scatter: g - 1 blocks of one member's rows, not the union, on each link
+    blocks = (g - 1) * touched * width * cost.LADDER_PADDING
+    assert ph["group-rows"]["link_bytes"] == pytest.approx(blocks) and blocks < union
+    assert (ph["group-rows"]["hops"], ph["group-rows"]["proc_msgs"],
+            ph["group-rows"]["total_msgs"]) == (1, g - 1, n * (g - 1))
+    assert ph["group-rows"]["total_bytes"] == pytest.approx(n * blocks)
     assert ph["group-push"]["link_bytes"] == pytest.approx((g - 1) * touched * width)
     assert ph["group-ids"]["link_bytes"] == pytest.approx((g - 1) * 16 * touched)
     for name in ("group-ids", "group-push"):    # the counts' gather, then values and indices

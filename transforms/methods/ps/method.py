@@ -104,8 +104,8 @@ class ParameterServer(SyncMethod):
             keys["norm_shared"], key = key, key + 1
         if grouped_pulls and v.gradient == "sparse" and len(parts) > 1:
             # Config.aggregation_group: a group's lookups gather its ids, then
-            # broadcast the rows its first worker pulled, a key per ladder rung
-            # (transforms.partition, comm.broadcast_rows)
+            # the first worker scatters the rows it pulled, a key per ladder rung
+            # (transforms.partition, comm.scatter_rows)
             pull_keys, key = row_gather_keys(key, "pull_ids_")
             keys.update(pull_keys)
             keys["pull_rows"] = key

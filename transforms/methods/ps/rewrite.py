@@ -49,6 +49,7 @@ import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
 from autopar.common.roles import SERVER_JOB
+from autopar.transforms.comm import collective_rank
 from autopar.transforms.graph_utils import in_gradient_scope, node_input_name
 from autopar.transforms.methods.base import Edits, VariablePlan
 from autopar.transforms.ops import ConstantPool, NodeWriter, new_op, rows_where
@@ -170,7 +171,8 @@ class PsBuilder:
         # fetch of the loss by the chief only, fails naming its collective)
         self.pull_group = (PullGroup(self.backend.subgroup(len(members), host_key,
                                                            self.plan.collective_timeout_s),
-                                     members.index(self.index))
+                                     collective_rank(self.index, members),
+                                     collective_rank(members[0], members))
                            if self.plan.grouped_pulls and len(members) > 1 else None)
         accumulators = {}
         self.part_handles: dict[str, list[str]] = {}
