@@ -23,7 +23,7 @@ What used the whole variable keeps its name but now reads the partitions:
                       each touched row once per step; with a PullGroup
                       (Config.aggregation_group) the group's workers gather
                       their distinct ids, the first pulls the union's rows
-                      and broadcasts them, each worker taking its own)
+                      and sends each worker its own)
   its initializer  -> NoOp depending on each partition's rows of the initial value
   "is initialized" -> all partitions initialized
 Its update (and the ops only it uses between gradient and update) is copied

@@ -19,22 +19,30 @@ WIDTH = 4
 COUNTS = [(3, 0, 7), (12, 1, 0), (0, 0, 0), (9, 9, 16), (1, 2, 3), (40, 0, 11)]
 
 
-@pytest.fixture(scope="module")
-def gather():
+def _on_members(group_key, build):
+    """A session of MEMBERS CPU devices, build(m, backend) run for member m
+    on device m: the members' results and the session."""
     graph = tf.Graph()
-    members = []
     with graph.as_default():
-        keys, _ = row_gather_keys(100, "")
+        members = []
         for m in range(MEMBERS):
             with tf.device(f"/device:CPU:{m}"):
-                backend = CollectiveOpsBackend(MEMBERS, group_key=7)
-                values = tf1.placeholder(tf.float32, [None, WIDTH])
-                indices = tf1.placeholder(tf.int64, [None])
-                rows, ids = backend.allgather_rows(
-                    values, indices, (keys["count"], keys["values"], keys["indices"]))
-                members.append((values, indices, rows, ids))
-    session = tf1.Session(graph=graph,
-                          config=tf1.ConfigProto(device_count={"CPU": MEMBERS}))
+                members.append(build(m, CollectiveOpsBackend(MEMBERS, group_key=group_key)))
+    return members, tf1.Session(graph=graph,
+                                config=tf1.ConfigProto(device_count={"CPU": MEMBERS}))
+
+
+@pytest.fixture(scope="module")
+def gather():
+    keys, _ = row_gather_keys(100, "")
+
+    def member(m, backend):
+        values = tf1.placeholder(tf.float32, [None, WIDTH])
+        indices = tf1.placeholder(tf.int64, [None])
+        rows, ids = backend.allgather_rows(
+            values, indices, (keys["count"], keys["values"], keys["indices"]))
+        return values, indices, rows, ids
+    members, session = _on_members(7, member)
     yield members, session
     session.close()
 
@@ -71,22 +79,15 @@ ROW = [2, 3]
 
 @pytest.fixture(scope="module")
 def scatter():
-    graph = tf.Graph()
-    members = []
-    with graph.as_default():
-        for m in range(MEMBERS):
-            with tf.device(f"/device:CPU:{m}"):
-                backend = CollectiveOpsBackend(MEMBERS, group_key=8)
-                # the counts gathered, as a grouped lookup has them (a session
-                # sets up collectives for a step only for the ops it knows as
-                # such, and an all-to-all is not one of them)
-                count = tf1.placeholder(tf.int32, [1])
-                counts = backend.allgather(count, 299)
-                rows = tf1.placeholder(tf.float32, [None, *ROW]) if m == SOURCE else None
-                mine = backend.scatter_rows(rows, counts, m, SOURCE, ROW, tf.float32, 300)
-                members.append((count, rows, mine))
-    session = tf1.Session(graph=graph,
-                          config=tf1.ConfigProto(device_count={"CPU": MEMBERS}))
+    def member(m, backend):
+        # the counts gathered, as a grouped lookup has them (a session sets up
+        # collectives for a step only for the ops it knows as such, and an
+        # all-to-all is not one of them)
+        count = tf1.placeholder(tf.int32, [1])
+        counts = backend.allgather(count, 299)
+        rows = tf1.placeholder(tf.float32, [None, *ROW]) if m == SOURCE else None
+        return count, rows, backend.scatter_rows(rows, counts, m, SOURCE, ROW, tf.float32, 300)
+    members, session = _on_members(8, member)
     yield members, session
     session.close()
 
