@@ -96,6 +96,11 @@ if os.environ.get("AUTOPAR_TEST_MATRIX") == "full":
 # come from the micro-batch runs (before: every traced step was refused, its
 # loss output waiting for the updates, so the update's run read the input).
 MICRO_BATCHES = {("emb_mlp", "amsgrad_wd", "float64", "ps"): 2}
+# Cases whose tables are split over both servers and looked up by aggregation
+# groups of 2 (workers [0, 1] across the hosts, [2] alone): the group's first
+# worker pulls the union of its ids' rows and sends each its own
+GROUPED = {("wide_deep", "adagrad", "float64", "ps"): [
+    "--aggregation-group", "2", "--partitions", "deep_0/embeddings=2,wide_1/embeddings=2"]}
 # Cases whose script assigns the learning rate from Python before each step,
 # as custom loops decay it (before: the lifted graph kept the first rate).
 DECAYED_LR = {("shared", "sgd", "float64", "ps")}
@@ -163,7 +168,11 @@ def test_custom_training_step_matches_one_device(model, optimizer, dtype, run_op
                       "--spec", str(spec), "--run-option", run_option,
                       "--micro-batches", str(micro), "--out", str(tmp_path / "dist")]
                      + (["--decay-lr"] if decay else [])
-                     + (["--uneven-last"] if uneven else []))
+                     + (["--uneven-last"] if uneven else [])
+                     + GROUPED.get((model, optimizer, dtype, run_option), []))
+    if (model, optimizer, dtype, run_option) in GROUPED:
+        assert ("lookups of deep_0/embeddings, wide_1/embeddings are pulled once per group of 2"
+                in log), log[-3000:]
     if model == "masked":   # the count's weights rebuilt: exact for any split
         assert "loss count 'sparse_categorical_crossentropy/Sum:0'" in log
         assert "examples where its first had" not in log
