@@ -442,22 +442,23 @@ def project_bench(wls: dict[str, Workload], k: Constants, link_gbit: float,
                 method = PEER_METHODS[peer]
                 cl = Cluster(n, 1, n, False, link_gbit, None)
                 extra = {}
+                # the planner's choices take ids as uniform (transforms.plan:
+                # aggregation_structure, allreduce_structure); the step is
+                # then predicted for the workload's own ids
+                planned = replace(wl, zipf_s=None)
                 if peer == PLANNER_PEER and wl.touched_bytes:
                     r = step_time(method, wl, cl, k, peer)
                     out.append({"workload": wl.name, "N": n, "peer": FLAT_LABEL, "method": method,
                                 "step_s": r["step_s"], "throughput": r["throughput"],
                                 "parts_s": r["parts"]})
-                    # chosen as the planner chooses: ids taken as uniform
-                    # (transforms.plan.aggregation_structure), the step then
-                    # predicted for the workload's own ids
-                    chosen = best_structure(replace(wl, zipf_s=None), cl, k, peer)
+                    chosen = best_structure(planned, cl, k, peer)
                     cl = replace(cl, servers=chosen.servers, aggregation_group=chosen.group)
                     extra = {"aggregation_group": chosen.group, "servers": chosen.servers,
                              "predicted_gain": chosen.gain}
                 if peer.startswith("autopar-") and method in ("allreduce", "hybrid"):
                     # the planner's 2-D summation of the dense all-reduce
                     # (transforms.plan.allreduce_structure)
-                    ring = best_allreduce_group(method, wl, cl, k, peer)
+                    ring = best_allreduce_group(method, planned, cl, k, peer)
                     cl = replace(cl, allreduce_group=ring.group if ring.group > 1 else 0)
                     extra["allreduce_group"] = ring.group
                 r = step_time(method, wl, cl, k, peer)

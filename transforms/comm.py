@@ -132,11 +132,13 @@ class CollectiveOpsBackend:
             input=tensor, **self._group(),
             instance_key=instance_key, ordering_token=[], communication_hint=self.hint)
 
-    def alltoall(self, tensor: tf.Tensor, instance_key: int) -> tf.Tensor:
+    def alltoall(self, tensor: tf.Tensor, instance_key: int | tf.Tensor) -> tf.Tensor:
         """Row i of `tensor` (dim 0: the group's size) to member i; row i of
         the result is what member i sent this member."""
+        if isinstance(instance_key, int):
+            instance_key = self._int(instance_key)
         return tf.raw_ops.CollectiveAllToAllV2(
-            input=tensor, **self._group(), instance_key=self._int(instance_key),
+            input=tensor, **self._group(), instance_key=instance_key,
             ordering_token=[], communication_hint=self.hint, timeout_seconds=self.timeout_s)
 
     def broadcast(self, tensor: tf.Tensor, instance_key: int, is_source: bool) -> tf.Tensor:
@@ -245,21 +247,14 @@ class CollectiveOpsBackend:
         rung, padded = self._rung(tf.reshape(tf.reduce_max(counts), [1]))
         shape = tf.concat([tf.stack([g, padded]), self._const(tuple(row_shape), i32)], 0)
         if rows is not None:
-            # row i of member r (its j-th) to slot r * padded + j of the blocks
+            # the j-th row of member r to block r, place j
             owner = tf.repeat(tf.range(g, dtype=i32), counts)
-            starts = tf.cumsum(counts, exclusive=True)
-            slots = owner * padded + tf.range(tf.size(owner), dtype=i32) - tf.gather(starts, owner)
-            flat = tf.scatter_nd(tf.expand_dims(slots, 1), rows,
-                                 tf.concat([tf.reshape(g * padded, [1]),
-                                            self._const(tuple(row_shape), i32)], 0))
-            blocks = tf.reshape(flat, shape)
+            place = tf.range(tf.size(owner), dtype=i32) - tf.gather(tf.cumsum(counts, exclusive=True),
+                                                                    owner)
+            blocks = tf.scatter_nd(tf.stack([owner, place], 1), rows, shape)
         else:
             blocks = tf.zeros(shape, dtype)
-        group = self._group()
-        received = tf.raw_ops.CollectiveAllToAllV2(
-            input=blocks, group_size=group["group_size"], group_key=group["group_key"],
-            instance_key=self._const(first_key, i32) + rung, ordering_token=[],
-            communication_hint=self.hint, timeout_seconds=float(self.timeout_s))
+        received = self.alltoall(blocks, self._const(first_key, i32) + rung)
         received.set_shape([g, None, *row_shape])
         return received[source][:counts[rank]]
 
