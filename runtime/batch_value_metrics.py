@@ -20,8 +20,10 @@ batch, fed as one value, to a total divided by a count. After each batch,
 this worker's additions to such a metric are weighed by its share of the
 batch's rows, s = b / B: a mean's total and count both (the workers' shares
 add up to one device's mean, counted once), a sum's count alone (its
-totals add up already). A worker with no rows of a batch runs no step; the
-others' shares add up to 1.
+totals add up already), and the total of a metric with no count (Keras's
+`Sum`) fed a mean over the batch (one device adds the global batch's mean
+once; before, each worker added its own). A worker with no rows of a batch
+runs no step; the others' shares add up to 1.
 """
 from __future__ import annotations
 
@@ -49,7 +51,7 @@ class BatchValueMetrics:
                         "workers' state summed, one device's only when every validation batch "
                         "splits evenly over the workers", e)
             return
-        for metric in _means(model):
+        for metric in _totals(model):
             # (the lift holds a Keras variable's TensorFlow variable, its .value)
             kind = found.get(id(metric.total), found.get(id(getattr(metric.total, "value", None))))
             if kind is not None:
@@ -60,8 +62,7 @@ class BatchValueMetrics:
         `batch_rows`) with each weighed metric's addition weighed by the
         worker's share; its logs, a weighed metric's named for it (and equal
         to its result) replaced by its result after the weighing."""
-        before = [(m, float(m.total.numpy()), float(m.count.numpy()), mean)
-                  for m, mean in self.weighed]
+        before = [(m, float(m.total.numpy()), _count(m), mean) for m, mean in self.weighed]
         logs = run()
         if not before:
             return logs
@@ -71,7 +72,8 @@ class BatchValueMetrics:
             was = float(np.asarray(m.result()))
             added = float(m.total.numpy()) - total
             m.total.assign(total + added * (share if mean else 1.0))
-            m.count.assign(count + (float(m.count.numpy()) - count) * share)
+            if count is not None:
+                m.count.assign(count + (_count(m) - count) * share)
             results[m.name] = (was, m.result())
         if isinstance(logs, dict):
             logs = dict(logs)
@@ -83,10 +85,16 @@ class BatchValueMetrics:
         return logs
 
 
-def _means(model) -> list:
-    """The model's metrics that are Keras Means (a total and a count)."""
-    return [m for m in model.metrics if hasattr(m, "total") and hasattr(m, "count")
-            and np.ndim(m.total.numpy()) == 0]
+def _totals(model) -> list:
+    """The model's metrics that keep one total (Keras's Mean, with a count,
+    and Sum, without)."""
+    return [m for m in model.metrics if hasattr(m, "total") and np.ndim(m.total.numpy()) == 0]
+
+
+def _count(metric) -> float | None:
+    """A metric's count of additions (a Mean's), None for one without (a Sum)."""
+    count = getattr(metric, "count", None)
+    return None if count is None else float(count.numpy())
 
 
 def _found(test_step, data) -> dict[int, str]:

@@ -168,6 +168,10 @@ class Analysis:
     # added)}: weighed by N, as the mean's count grows N per step
     # (transforms.batch_weights).
     batch_sum_increments: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # The ops of batch_mean_increments adding to a total no count divides (a
+    # Keras Sum fed a mean over the batch): weighed by the worker's share
+    # b / B, not N * b / B (transforms.batch_weights).
+    batch_mean_totals: list[str] = field(default_factory=list)
     # {random op that draws per example (a dropout mask): [k, g], its k
     # blocks of the examples' rows, g rows each}: each worker draws the
     # global batch's and keeps its examples' rows (transforms.random_draws).

@@ -48,6 +48,10 @@ loss summed over the batch) adds up over workers already, but its count
 does not: N per step, one device's 1, so its result would be 1/N of one
 device's. Its additions are weighed by N (a constant: no
 all-reduce), whatever the loss's reduction (find_batch_sum_increments).
+A total no count divides (a Keras `Sum`) fed a mean over the batch has no
+count to grow N per step: its additions are weighed by b / B, the worker's
+share, so they add up over workers to one device's (find_batch_mean_totals;
+before, N times it).
 """
 from __future__ import annotations
 
@@ -66,7 +70,8 @@ class BatchWeights(GraphFeature):
     """Workers whose batches of a step may differ in size weigh their
     gradients by N * b / B."""
     name = "batch_weights"
-    fields = ("batch_weights", "batch_mean_increments", "batch_sum_increments")
+    fields = ("batch_weights", "batch_mean_increments", "batch_sum_increments",
+              "batch_mean_totals")
     keys = (BATCH_WEIGHTS,)
     after = ("loss_counts",)   # a loss divided by a count needs no weights
 
@@ -76,15 +81,17 @@ class BatchWeights(GraphFeature):
                                    facts.input_ops, input_ops)
         if not facts.trained_seeds:
             return {"batch_weights": seeds, "batch_mean_increments": {},
-                    "batch_sum_increments": {}}
+                    "batch_sum_increments": {}, "batch_mean_totals": []}
         # (only additions that run in training steps alone: an evaluation's
         # run would otherwise run the weight's all-reduce, which the
         # workers' evaluations need not run alike)
         in_step = ops_of_training_steps(facts.index, [seed for seed, _ in facts.trained_seeds])
         found = (facts.graph, facts.writers, facts.batch_local, facts.input_ops, in_step)
+        means = find_batch_mean_increments(*found)
         return {"batch_weights": seeds,
-                "batch_mean_increments": find_batch_mean_increments(*found),
-                "batch_sum_increments": find_batch_sum_increments(*found)}
+                "batch_mean_increments": means,
+                "batch_sum_increments": find_batch_sum_increments(*found),
+                "batch_mean_totals": find_batch_mean_totals(facts.graph, means)}
 
     def rewrite(self, ctx):
         plan, analysis = ctx.plan, ctx.analysis
@@ -100,14 +107,17 @@ class BatchWeights(GraphFeature):
             return None
         rewire, built, increments = rewrite_batch_weights(
             ctx.graph, analysis.batch_weights if weighs else {}, ctx.backend, BATCH_WEIGHTS,
-            plan.num_workers, means, sums)
+            plan.num_workers, means, sums, set(analysis.batch_mean_totals))
         return Rewiring({node_input_name(k): node_input_name(v) for k, v in rewire.items()},
                         built, edits=Edits(inputs=increments))
 
     def report_fields(self, analysis, plan):
         graph_writes = analysis.batch_mean_increments
         return {"batch_tensors": sorted(set(analysis.batch_weights.values())),
-                "weighed_state": sorted({v for v, _, _ in graph_writes.values()}),
+                "weighed_state": sorted({v for op, (v, _, _) in graph_writes.items()
+                                         if op not in analysis.batch_mean_totals}),
+                "weighed_totals": sorted({graph_writes[op][0]
+                                          for op in analysis.batch_mean_totals}),
                 "summed_state": sorted({v for v, _ in analysis.batch_sum_increments.values()})}
 
 
@@ -189,6 +199,15 @@ def find_batch_mean_increments(graph: tf.Graph, writers: dict[str, list[str]],
         if shape.rank and shape[0] is None:
             out[adding.name] = (variable, added.name, reduced)
     return out
+
+
+def find_batch_mean_totals(graph: tf.Graph, increments: dict[str, tuple[str, str, str]]
+                           ) -> list[str]:
+    """The ops of `increments` (find_batch_mean_increments') that add to a
+    total no other variable divides (Keras's `Sum`, which has no count),
+    sorted: weighed by the worker's share b / B instead of N * b / B."""
+    return sorted(op for op, (variable, _, _) in increments.items()
+                  if _divided_by(graph, variable) is None)
 
 
 def find_batch_sum_increments(graph: tf.Graph, writers: dict[str, list[str]],
@@ -310,13 +329,15 @@ def weighs_batches(analysis, loss_reduction: str, num_workers: int, micro_batche
 def rewrite_batch_weights(graph: tf.Graph, seeds: dict[str, str], backend, keys,
                           num_workers: int,
                           increments: dict[str, tuple[str, str, str]] | None = None,
-                          sums: dict[str, tuple[str, str]] | None = None
+                          sums: dict[str, tuple[str, str]] | None = None,
+                          totals: set[str] = frozenset()
                           ) -> tuple[dict[str, str], set[str], dict[str, dict[str, str]]]:
     """Build this worker's weight N * b / B for each batch tensor in `graph`
     (the worker's scratch copy; `seeds`: seed -> the tensor whose leading
     dimension is its batch; `increments`: find_batch_mean_increments';
     `keys`: the instance-key range), each seed times its weight and each
-    increment's value times its own; each of `sums`'
+    increment's value times its own (divided by N for those in `totals`,
+    find_batch_mean_totals': a total with no count); each of `sums`'
     (find_batch_sum_increments') values times N. Returns (seed -> weighed
     seed, which the backward pass reads instead; the ops built for the
     seeds, which keep reading them; {adding op: {its value: the weighed
@@ -343,7 +364,10 @@ def rewrite_batch_weights(graph: tf.Graph, seeds: dict[str, str], backend, keys,
         weighed_values = set()
         for name, (_, added, batch_tensor) in sorted((increments or {}).items()):
             value = graph.get_tensor_by_name(added)
-            weighed = value * tf.cast(weight(batch_tensor), value.dtype)
+            share = weight(batch_tensor)
+            if name in totals:   # b / B: no count grows N per step beside it
+                share = share / tf.constant(float(num_workers), tf.float64)
+            weighed = value * tf.cast(share, value.dtype)
             weighed_values.add(weighed.op.name)
             inputs[name] = {node_input_name(value.name): node_input_name(weighed.name)}
         for name, (_, added) in sorted((sums or {}).items()):

@@ -68,6 +68,7 @@ class Report:
     loss_counts: list[str] = field(default_factory=list)   # transforms.loss_counts
     batch_tensors: list[str] = field(default_factory=list)  # transforms.batch_weights
     weighed_state: list[str] = field(default_factory=list)  # its batch means added to state
+    weighed_totals: list[str] = field(default_factory=list)  # ... to a total with no count
     summed_state: list[str] = field(default_factory=list)  # batch sums added to means' totals
     batch_draws: list[str] = field(default_factory=list)   # transforms.random_draws: their ops
     # transforms.padded_lengths: inputs of lengths the graph leaves unknown
@@ -228,6 +229,13 @@ class Report:
                          "its batch size b over their sum B over the workers: summed over "
                          "workers (the metrics' logs) it is N times one device's, as their "
                          "counts are (not with micro_batches > 1)")
+        if self.weighed_totals and self.num_workers > 1 and not self.loss_counts:
+            lines.append("batch sizes: what a step adds of a mean over its batch to "
+                         + _quoted(self.weighed_totals)
+                         + " (a total no count divides, a Sum metric fed the batch's loss) is "
+                         "weighed by b / B, its batch size b over their sum B over the workers: "
+                         "summed over workers (the metrics' logs) it is one device's (not with "
+                         "micro_batches > 1)")
         if self.summed_state and self.num_workers > 1:
             lines.append("metrics: what a step adds of a sum over its batch to "
                          + _quoted(self.summed_state) + " (a Mean metric fed a loss summed "

@@ -409,7 +409,10 @@ def test_a_models_own_train_step_fit_as_keras_fits_it(model, run_option, tmp_pat
     by each worker's share (before: their count N per step, one device's 1,
     the logged loss 1/N of one device's); a tracker of the batch's mean
     beside it weighed by the worker's rows, N * b / B, in batches that split
-    unevenly (before: only beside a loss averaged over the batch). The GAN: two models, an optimizer each, the latent
+    unevenly (before: only beside a loss averaged over the batch); a Sum of
+    the batch's mean, in training and validation, weighed by the worker's
+    share b / B (before: the workers' means added up, N times one
+    device's), and a Sum of the summed loss, which adds up as it is. The GAN: two models, an optimizer each, the latent
     vectors and the labels' noise drawn from a SeedGenerator per example
     (one device's draws), on the servers. WGAN-GP: a gradient penalty
     differentiated inside the critic's tape, its interpolation weights
@@ -431,10 +434,13 @@ def test_a_models_own_train_step_fit_as_keras_fits_it(model, run_option, tmp_pat
     if model == "compiled":
         assert sorted(got) == ["loss", "mae", "r2_score", "val_loss", "val_mae", "val_r2_score"]
     if model == "summed":
-        assert sorted(got) == ["examples", "loss", "mean", "val_examples", "val_loss",
-                               "val_mean"]
+        assert sorted(got) == ["examples", "loss", "mean", "sumloss", "summean", "val_examples",
+                               "val_loss", "val_mean", "val_sumloss", "val_summean"]
         assert "what a step adds of a sum over its batch to 'loss/total'" in log
-        assert "what a step adds of a mean over its batch to 'mean/total'" in log
+        assert "what a step adds of a mean over its batch to 'mean/total' (" in log
+        # the Sum of the batch's mean: each worker's addition weighed by its share
+        assert ("what a step adds of a mean over its batch to 'summean/total' (a total no "
+                "count divides") in log
     for name in got:
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-12, err_msg=name)
     _assert_workers_hold(tmp_path, 3, rtol=1e-9, atol=1e-12)

@@ -3,7 +3,7 @@ batch, its metrics' state summed over the workers, gives one device's
 results (runtime/batch_value_metrics.py): a Mean fed the batch's loss (the
 test_step of Keras's guide to customizing fit()), a Mean fed a loss summed
 over the batch and one fed the batch's mean, beside one fed a value per
-example.
+example, and a Sum (no count) fed the batch's mean.
 The workers are simulated in this process, one after another on the same
 weights, on batches that split unevenly (3 workers: 4/4/4 and 1/1/0); the
 same through autopar.fit on 3 processes: tests/integration/
@@ -82,7 +82,9 @@ def test_summed_over_workers_a_validations_metrics_are_one_devices(name):
         got = _summed_over_workers(model, workers(own))
         # Control: the plain step's state summed is not one device's
         unweighed = _summed_over_workers(model, workers(lambda data, *_: plain(data)))
-    weighed = {"guide": {"loss"}, "summed": {"loss", "mean"}}[name]
+    # (the summed loss's model: its Sum of the batch's mean too, not its Sum
+    # of the summed loss, which adds up as it is)
+    weighed = {"guide": {"loss"}, "summed": {"loss", "mean", "summean"}}[name]
     assert {m.name for m, _ in own.metrics.weighed} == weighed
     assert sorted(got) == sorted(expected)
     for key in expected:

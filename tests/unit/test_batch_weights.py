@@ -287,3 +287,7 @@ def test_a_mean_fed_the_batchs_mean_is_no_sum():
     assert analysis.batch_sum_increments == {}
     weighed = {v for v, _, _ in analysis.batch_mean_increments.values()}
     assert {totals["loss"], totals["mean"]} <= weighed and totals["examples"] not in weighed
+    # the Sum fed the batch's mean: a total no count divides, weighed by b / B
+    # (the others by N * b / B, as their counts grow N per step)
+    assert {analysis.batch_mean_increments[op][0] for op in analysis.batch_mean_totals} == \
+        {totals["summed"]}

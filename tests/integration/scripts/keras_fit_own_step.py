@@ -13,8 +13,9 @@ or autopar.fit (on every worker of --spec):
 - "summed": a functional model whose train_step and test_step take a loss
   summed over the batch and feed it to a Mean tracker (one value per step,
   a sum over the batch), beside a Mean of the examples' losses and one of
-  the batch's mean loss; fit on arrays with validation data, in batches
-  that split unevenly.
+  the batch's mean loss, and two Sum metrics, of the batch's mean loss and
+  of the summed loss; fit on arrays with validation data, in batches that
+  split unevenly.
 - "gan": a model of two models with a compile() of its own (an optimizer
   for each, a loss function), whose train_step takes the batch of real
   examples alone, draws the latent vectors and the labels' noise from a
@@ -74,7 +75,8 @@ class SummedLossModel(keras.Model):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.trackers = [keras.metrics.Mean(name="loss"), keras.metrics.Mean(name="examples"),
-                         keras.metrics.Mean(name="mean")]
+                         keras.metrics.Mean(name="mean"), keras.metrics.Sum(name="summean"),
+                         keras.metrics.Sum(name="sumloss")]
 
     @property
     def metrics(self):
@@ -100,6 +102,8 @@ class SummedLossModel(keras.Model):
         self.trackers[0].update_state(loss)
         self.trackers[1].update_state(per_example)
         self.trackers[2].update_state(tf.reduce_mean(per_example))
+        self.trackers[3].update_state(tf.reduce_mean(per_example))
+        self.trackers[4].update_state(loss)
         return {m.name: m.result() for m in self.metrics}
 
 
