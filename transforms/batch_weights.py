@@ -204,10 +204,10 @@ def find_batch_mean_increments(graph: tf.Graph, writers: dict[str, list[str]],
 def find_batch_mean_totals(graph: tf.Graph, increments: dict[str, tuple[str, str, str]]
                            ) -> list[str]:
     """The ops of `increments` (find_batch_mean_increments') that add to a
-    total no other variable divides (Keras's `Sum`, which has no count),
-    sorted: weighed by the worker's share b / B instead of N * b / B."""
+    total no variable divides (Keras's `Sum`, which has no count), sorted:
+    weighed by the worker's share b / B instead of N * b / B."""
     return sorted(op for op, (variable, _, _) in increments.items()
-                  if _divided_by(graph, variable) is None)
+                  if not _divisors(graph, variable))
 
 
 def find_batch_sum_increments(graph: tf.Graph, writers: dict[str, list[str]],
@@ -272,6 +272,12 @@ def _divided_by(graph: tf.Graph, variable: str) -> str | None:
     """The variable whose value the value of `variable` is divided by (a
     mean's total by its count: DivNoNan, RealDiv, Div), through casts and
     identities; None if none, or several."""
+    found = _divisors(graph, variable)
+    return next(iter(found)) if len(found) == 1 and variable not in found else None
+
+
+def _divisors(graph: tf.Graph, variable: str) -> set[str]:
+    """The variables the value of `variable` is divided by (_divided_by)."""
     handle = graph.get_operation_by_name(variable)
     found = set()
     for op in graph.get_operations():
@@ -281,7 +287,7 @@ def _divided_by(graph: tf.Graph, variable: str) -> str | None:
                 found.add(divisor.op.inputs[0].op.name)
             elif divisor.op.type in ("VariableV2", "Variable"):
                 found.add(divisor.op.name)
-    return next(iter(found)) if len(found) == 1 and variable not in found else None
+    return found
 
 
 def _counts_steps(graph: tf.Graph, writers: list[str], batch_local: set[str]) -> bool:
