@@ -206,8 +206,8 @@ def find_batch_mean_totals(graph: tf.Graph, increments: dict[str, tuple[str, str
     """The ops of `increments` (find_batch_mean_increments') that add to a
     total no variable divides (Keras's `Sum`, which has no count), sorted:
     weighed by the worker's share b / B instead of N * b / B."""
-    return sorted(op for op, (variable, _, _) in increments.items()
-                  if not _divisors(graph, variable))
+    divisors = _divisors(graph, {variable for variable, _, _ in increments.values()})
+    return sorted(op for op, (variable, _, _) in increments.items() if not divisors[variable])
 
 
 def find_batch_sum_increments(graph: tf.Graph, writers: dict[str, list[str]],
@@ -270,23 +270,27 @@ def _scalar_reduced(t: tf.Tensor) -> tf.Tensor | None:
 
 def _divided_by(graph: tf.Graph, variable: str) -> str | None:
     """The variable whose value the value of `variable` is divided by (a
-    mean's total by its count: DivNoNan, RealDiv, Div), through casts and
-    identities; None if none, or several."""
-    found = _divisors(graph, variable)
+    mean's total by its count), through casts and identities; None if none,
+    or several."""
+    found = _divisors(graph, {variable})[variable]
     return next(iter(found)) if len(found) == 1 and variable not in found else None
 
 
-def _divisors(graph: tf.Graph, variable: str) -> set[str]:
-    """The variables the value of `variable` is divided by (_divided_by)."""
-    handle = graph.get_operation_by_name(variable)
-    found = set()
+def _divisors(graph: tf.Graph, variables: set[str]) -> dict[str, set[str]]:
+    """{each of `variables`: the variables its value is divided by
+    (DivNoNan, RealDiv, Div), through casts and identities}, in one pass
+    over the graph."""
+    found: dict[str, set[str]] = {v: set() for v in variables}
     for op in graph.get_operations():
-        if op.type in ("DivNoNan", "RealDiv", "Div") and _reads(uncast(op.inputs[0]), handle):
+        if op.type in ("DivNoNan", "RealDiv", "Div"):
+            divided = found.get(_read_of(uncast(op.inputs[0])))
+            if divided is None:
+                continue
             divisor = uncast(op.inputs[1])
             if divisor.op.type == "ReadVariableOp":
-                found.add(divisor.op.inputs[0].op.name)
+                divided.add(divisor.op.inputs[0].op.name)
             elif divisor.op.type in ("VariableV2", "Variable"):
-                found.add(divisor.op.name)
+                divided.add(divisor.op.name)
     return found
 
 
@@ -317,11 +321,15 @@ def _added_to(writer: tf.Operation) -> tuple[tf.Operation, tf.Tensor] | None:
 def _reads(t: tf.Tensor, handle: tf.Operation) -> bool:
     """Whether `t` is the value of the variable `handle` (a resource read,
     or a reference variable itself, through identities)."""
-    while t.op.type in ("Identity", "ReadVariableOp") and t.op is not handle:
-        if t.op.type == "ReadVariableOp":
-            return t.op.inputs[0].op is handle
+    return _read_of(t) == handle.name
+
+
+def _read_of(t: tf.Tensor) -> str:
+    """The op `t` is the value of, through identities: a resource read's
+    handle, else the op itself (a reference variable's)."""
+    while t.op.type == "Identity":
         t = t.op.inputs[0]
-    return t.op is handle
+    return t.op.inputs[0].op.name if t.op.type == "ReadVariableOp" else t.op.name
 
 
 def weighs_batches(analysis, loss_reduction: str, num_workers: int, micro_batches: int) -> bool:
@@ -370,10 +378,10 @@ def rewrite_batch_weights(graph: tf.Graph, seeds: dict[str, str], backend, keys,
         weighed_values = set()
         for name, (_, added, batch_tensor) in sorted((increments or {}).items()):
             value = graph.get_tensor_by_name(added)
-            share = weight(batch_tensor)
+            factor = weight(batch_tensor)
             if name in totals:   # b / B: no count grows N per step beside it
-                share = share / tf.constant(float(num_workers), tf.float64)
-            weighed = value * tf.cast(share, value.dtype)
+                factor = factor / tf.constant(float(num_workers), tf.float64)
+            weighed = value * tf.cast(factor, value.dtype)
             weighed_values.add(weighed.op.name)
             inputs[name] = {node_input_name(value.name): node_input_name(weighed.name)}
         for name, (_, added) in sorted((sums or {}).items()):
