@@ -160,9 +160,15 @@ def build(name: str) -> Model:
                                      initializer=tf1.glorot_uniform_initializer(seed=6))
                 b = tf1.get_variable("softmax/b", [VOCAB], dtype=dtype,
                                      initializer=tf1.zeros_initializer())
+                # ("unseeded": the sampler seeded by nothing, as in TensorFlow's
+                # word2vec tutorial, which sets no graph seed: each process
+                # would draw its own candidates)
+                unseeded = "unseeded" in name
+                graph.seed = None if unseeded else graph.seed
                 loss = tf.reduce_mean(tf.nn.sampled_softmax_loss(
                     w, b, tf.cast(targets[:, None], tf.int64), hidden, num_sampled=LM_SAMPLED,
-                    num_classes=VOCAB, seed=7))
+                    num_classes=VOCAB, seed=None if unseeded else 7))
+                tf1.set_random_seed(1)
                 train_op = _optimize(name, loss, gs)
                 return Model(graph, x, y, loss, train_op, gs, "tokens")
             if name.startswith("lmtied"):

@@ -176,6 +176,11 @@ class Analysis:
     # blocks of the examples' rows, g rows each}: each worker draws the
     # global batch's and keeps its examples' rows (transforms.random_draws).
     batch_draws: dict[str, list[int]] = field(default_factory=dict)
+    # {random op a training step's writes depend on that is not per example
+    # (a sampled softmax's candidates, noise on a weight): [seed, seed2]},
+    # given it on every worker, so every worker draws alike
+    # (transforms.random_draws.find_shared_draws).
+    shared_draws: dict[str, list[int]] = field(default_factory=dict)
     # {fed or dataset tensor a training step reads: its axes past the first
     # of a length the graph leaves unknown}: a training step checks that
     # every worker padded them alike (transforms.padded_lengths).

@@ -44,6 +44,18 @@ and several batch sizes, the element is known and the same; one computed
 from anything else (a maximum of the ids' lengths, a length of an input no
 trained loss reads, hence unchecked, the batch's size) is not.
 
+Every draw a training step makes that is not per example (a sampled
+softmax's candidates, noise on a weight, one coin for the whole batch) is
+one device's only if every worker draws it alike: the worker's graph gives
+each such op the seeds it has in the process that compiled the plan (a
+process whose script made other random ops before it, on the chief alone,
+has other seeds from the graph seed), and an op with none (no
+graph seed nor op seed: each process would draw its own, and rows of
+candidates added over workers position by position would be other ids')
+gets TensorFlow's default graph seed and a number from its name. Only
+draws a training step's writes depend on: an initializer's draw runs on
+the chief alone and is broadcast, and stays unseeded.
+
 A random op that depends on the batch otherwise (a categorical draw from
 per-example logits, a shuffle of the batch, a shape whose first element is
 not a count of the examples, a per-example rate, a shape holding a length
@@ -52,13 +64,16 @@ of one device's draw gives each worker its share.
 """
 from __future__ import annotations
 
+import zlib
+
 import tensorflow as tf
+from tensorflow.python.framework import op_def_registry   # an op type's OpDef
 from tensorflow.python.framework import tensor_util   # try_evaluate_constant
 
 from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms.example_rows import BATCH, SHARED, ExampleRows
 from autopar.transforms.features.base import GraphFeature, Rewiring, in_step_cond, in_step_flag
-from autopar.transforms.graph_utils import INPUT_OP_TYPES, node_input_name
+from autopar.transforms.graph_utils import INPUT_OP_TYPES, function_calls, node_input_name
 from autopar.transforms.keys import BATCH_DRAWS
 from autopar.transforms.ops import copy_op
 
@@ -91,22 +106,32 @@ OTHER_DRAWS = frozenset({"Multinomial", "StatelessMultinomial", "RandomShuffle",
 SKIP = "RngReadAndSkip"
 # Where a worker's graph draws the global batch's rows (rewrite_batch_draws).
 BATCH_DRAWS_SCOPE = "autopar/batch_draws/"
+# The first seed of a shared draw that has none: TensorFlow's own for an op
+# given a seed in a graph without one (random_seed.DEFAULT_GRAPH_SEED).
+UNSEEDED_GRAPH_SEED = 87654321
 
 
 class RandomDraws(GraphFeature):
     """Per-example random draws: each worker draws the global batch's rows
     and keeps its examples'."""
     name = "random_draws"
-    fields = ("batch_draws",)
+    fields = ("batch_draws", "shared_draws")
     keys = (BATCH_DRAWS,)
     after = ("example_rows", "padded_lengths")
 
     def find(self, facts):
-        return {"batch_draws": find_batch_draws(
+        batch_draws = find_batch_draws(
             facts.graph, facts.shared["rows"], facts.batch_local,
             facts.index.of_types({SKIP, *OTHER_DRAWS, *SHAPED_DRAWS}),
             PinnedLengths(facts.graph, facts.found["padded_inputs"],
-                          facts.index.of_types(INPUT_OP_TYPES)))}
+                          facts.index.of_types(INPUT_OP_TYPES)))
+        index = facts.index
+        # what a training step's writes depend on
+        written = index.reachable([index.position[w] for ws in facts.writers.values()
+                                   for w in ws if w in index.position], edges=index.preds)
+        refuse_draws_in_functions(facts.graph, index, written)
+        return {"batch_draws": batch_draws,
+                "shared_draws": find_shared_draws(index, written, batch_draws)}
 
     def check(self, analysis, plan, config):
         if config.micro_batches > 1 and analysis.batch_draws:
@@ -124,8 +149,10 @@ class RandomDraws(GraphFeature):
         batch, 32 rows on 3 workers), and N * b in any other run, which then
         waits for no other worker."""
         analysis, plan, backend = ctx.analysis, ctx.plan, ctx.backend
-        if not analysis.batch_draws or plan.num_workers == 1:
+        if plan.num_workers == 1 or not (analysis.batch_draws or analysis.shared_draws):
             return None
+        if not analysis.batch_draws:
+            return Rewiring(state=analysis.shared_draws)
         n = plan.num_workers
         flag = in_step_flag(ctx.graph)
         totals: list[tf.Tensor] = []
@@ -143,10 +170,90 @@ class RandomDraws(GraphFeature):
                                             global_batch, analysis.batch_input)
         built.add(flag.op.name)
         return Rewiring({node_input_name(k): node_input_name(v) for k, v in rewire.items()},
-                        built, outputs={"in_step": flag.name})
+                        built, outputs={"in_step": flag.name}, state=analysis.shared_draws)
+
+    def edit_graph_def(self, graph_def, ctx, rewiring):
+        """Every shared draw's seeds: the plan's (find_shared_draws)."""
+        seeds = rewiring.state
+        for node in graph_def.node:
+            if node.name in seeds:
+                node.attr["seed"].i, node.attr["seed2"].i = seeds[node.name]
 
     def report_fields(self, analysis, plan):
-        return {"batch_draws": list(analysis.batch_draws)}
+        return {"batch_draws": list(analysis.batch_draws),
+                "shared_draws": dict(analysis.shared_draws)}
+
+
+def find_shared_draws(index, written: set[int],
+                      batch_draws: dict[str, list[int]]) -> dict[str, list[int]]:
+    """{random op seeded by attributes whose draw a training step's writes
+    depend on (`written`: the positions of what they depend on) and that is
+    not per example (not in `batch_draws`): [seed, seed2]}, the ones it has
+    here, or UNSEEDED_GRAPH_SEED and a number from its name for an op with
+    none (the module's docstring). A queue or a reader that takes seeds (its
+    output a handle) draws nothing a step computes with."""
+    types = [t for t in index.op_types() if _seeded_by_attributes(t)]
+    ops = [op for op in index.of_types(types) if op.name not in batch_draws
+           and not any(t.dtype in (tf.resource, tf.variant, tf.string) or t.dtype._is_ref_dtype
+                       for t in op.outputs)]
+    out = {}
+    for op in ops:
+        if index.position[op.name] not in written:
+            continue
+        seed, seed2 = op.get_attr("seed"), op.get_attr("seed2")
+        if seed == 0 and seed2 == 0:   # TensorFlow's kernels then seed themselves
+            seed, seed2 = UNSEEDED_GRAPH_SEED, zlib.crc32(op.name.encode()) % (2 ** 31 - 1) + 1
+        out[op.name] = [seed, seed2]
+    return out
+
+
+# Ops that run functions of the graph's library (a loop's body, a cond's
+# branches, a call); an op whose type is a library function's name runs it too.
+FUNCTION_CALLERS = frozenset({"While", "StatelessWhile", "If", "StatelessIf", "Case",
+                              "StatelessCase", "PartitionedCall", "StatefulPartitionedCall"})
+
+
+def refuse_draws_in_functions(graph: tf.Graph, index, written: set[int]) -> None:
+    """Refuse a random draw inside a function that a training step runs (a
+    `tf.while_loop` body of TensorFlow 2's control flow: a dropout per time
+    step): the rewrite makes a worker draw its examples' rows of one
+    device's draw, or draw alike, only for ops of the graph itself; inside
+    a body every worker would draw the rows of the first examples, the same
+    on every worker, or draws of its own. `written`: the positions of what
+    the step's writes depend on. A cond whose branches draw is lowered into
+    the graph before (transforms.lower_cond); a tf.data function is run by
+    the input pipeline, not by a step's ops."""
+    callers = [op for op in index.of_types(
+        [t for t in index.op_types() if t in FUNCTION_CALLERS or op_def_registry.get(t) is None])
+        if index.position[op.name] in written]
+    if not callers:
+        return
+    library = {f.signature.name: f for f in graph.as_graph_def().library.function}
+    for caller in callers:
+        stack, seen = [f.name for f in function_calls([caller.node_def])], set()
+        while stack:
+            name = stack.pop()
+            if name in seen or name not in library:
+                continue
+            seen.add(name)
+            for node in library[name].node_def:
+                if draws_randomly(node.op) or _seeded_by_attributes(node.op):
+                    raise UnsupportedGraphError(
+                        f"the random op '{node.name}' ({node.op}) draws inside the function "
+                        f"'{name}', which '{caller.name}' ({caller.type}) runs in a training "
+                        "step: autopar gives each worker its examples' rows of one device's "
+                        "draw, or the draw every worker shares, only for a draw of the graph "
+                        "itself, not inside a loop's body. Draw it before the loop (one mask "
+                        "for every time step, as Keras's LSTM(dropout=...) does)")
+            stack.extend(f.name for f in function_calls(library[name].node_def))
+
+
+def _seeded_by_attributes(op_type: str) -> bool:
+    """Whether ops of this type draw from a kernel seeded by their seed and
+    seed2 attributes (a stateful random op, a candidate sampler)."""
+    op_def = op_def_registry.get(op_type)
+    return (op_def is not None and op_def.is_stateful
+            and {"seed", "seed2"} <= {a.name for a in op_def.attr})
 
 
 def stateful_draw(op_type: str) -> bool:

@@ -18,6 +18,7 @@ from autopar.transforms.analysis import Analysis
 from autopar.transforms.features.registry import FEATURES
 from autopar.transforms.methods.registry import METHODS, processes
 from autopar.transforms.plan import Plan, wants_servers
+from autopar.transforms.random_draws import UNSEEDED_GRAPH_SEED
 
 
 @dataclass
@@ -71,6 +72,8 @@ class Report:
     weighed_totals: list[str] = field(default_factory=list)  # ... to a total with no count
     summed_state: list[str] = field(default_factory=list)  # batch sums added to means' totals
     batch_draws: list[str] = field(default_factory=list)   # transforms.random_draws: their ops
+    # and the draws every worker makes alike: {op: [seed, seed2]}
+    shared_draws: dict[str, list[int]] = field(default_factory=dict)
     # transforms.padded_lengths: inputs of lengths the graph leaves unknown
     padded_inputs: list[str] = field(default_factory=list)
     # and the conds deciding by a boolean of the whole batch it checks alike
@@ -247,6 +250,14 @@ class Report:
                          "each worker draws the global batch's and keeps the rows of examples "
                          "w, w+N, ...: one device's for its examples when it holds examples "
                          "w, w+N, ... (autopar.shard, autopar.fit), in equal shares or not")
+        if self.shared_draws and self.num_workers > 1:
+            seeded = ", ".join(f"'{op}' (seeds {seed}, {seed2})"
+                               for op, (seed, seed2) in self.shared_draws.items())
+            lines.append(f"random draws every worker makes alike ({seeded}): draws of the step "
+                         "that are not per example (a sampled softmax's candidates, noise on "
+                         "a weight) are one device's drawn with these seeds on every worker "
+                         "(an op given no seed, which would draw differently in each process, "
+                         f"gets {UNSEEDED_GRAPH_SEED} and a number from its name)")
         if self.padded_inputs and self.num_workers > 1:
             lines.append(f"inputs of unknown lengths ({_quoted(self.padded_inputs)}): each "
                          "training step checks that every worker padded its batch to the same "

@@ -18,11 +18,15 @@ tf1 = tf.compat.v1
 N, B = 3, 4          # workers, examples per worker
 
 
-def _graph(draw, batch=None, width=5):
-    """x -> draw(x) -> a trained Dense; the draw's result is 'drawn'."""
+def _graph(draw, batch=None, width=5, graph_seed=7, before=None):
+    """x -> draw(x) -> a trained Dense; the draw's result is 'drawn'.
+    `before`: ops built first (as a chief's summaries would be)."""
     graph = tf.Graph()
     with graph.as_default():
-        tf1.set_random_seed(7)
+        if graph_seed is not None:
+            tf1.set_random_seed(graph_seed)
+        if before is not None:
+            before()
         x = tf1.placeholder(tf.float64, [batch, width], name="x")
         h = tf.identity(draw(x), name="drawn")
         w = tf1.get_variable("w", [5, 1], tf.float64)
@@ -165,6 +169,55 @@ def test_a_static_batch_of_several_rows_per_example_draws_each_examples_rows():
 def test_draws_that_are_not_per_example_are_left_as_they_are(draw):
     graph = _graph(draw, batch=4)
     assert analyze_graph(graph).batch_draws == {}
+
+
+@pytest.mark.parametrize("graph_seed,before", [
+    (None, None),
+    # the worker's script made an op first: its draw's seed2 (the graph's
+    # count of ops) is not the compiling process's
+    (7, lambda: tf.random.uniform([1], name="chief_only")),
+], ids=["unseeded", "other_op_ids"])
+@pytest.mark.parametrize("draw", [
+    lambda x: tf.matmul(x, tf.ones([5, 5], tf.float64)
+                        + tf.random.normal([5, 5], dtype=tf.float64)),
+    lambda x: tf.matmul(tf.random.uniform([4, 4], dtype=tf.float64), x),
+    lambda x: x * tf.random.uniform([tf.shape(x)[1]], dtype=tf.float64),
+], ids=["weight_noise", "not_combined_with_the_batch", "per_feature"])
+def test_draws_shared_over_the_batch_are_one_devices_on_every_worker(draw, graph_seed, before):
+    """Such a draw is one device's only if every worker draws it alike: each
+    worker's graph draws with the seeds of the process that compiled the
+    plan, TensorFlow's default graph seed and a number from the name for an
+    op given none."""
+    graph = _graph(draw, batch=4, graph_seed=graph_seed)
+    analysis = analyze_graph(graph)
+    [(op, seeds)] = analysis.shared_draws.items()
+    node = graph.get_operation_by_name(op)
+    assert node.type in ("RandomStandardNormal", "RandomUniform")
+    assert seeds == ([node.get_attr("seed"), node.get_attr("seed2")] if graph_seed else
+                     [87654321, seeds[1]])
+    assert graph_seed or seeds[1]   # (0, 0): the kernel would seed itself
+    plan = make_plan(analysis, N, options=PlanOptions(run_option="allreduce"))
+    assert f"random draws every worker makes alike ('{op}' (seeds {seeds[0]}, {seeds[1]})" in (
+        build_report(analysis, plan).table())
+    one_device = graph.as_graph_def()
+    for n in one_device.node:
+        if n.name == op:
+            n.attr["seed"].i, n.attr["seed2"].i = seeds
+    x = np.random.default_rng(0).normal(size=(2, 4, 5))
+    expected = _run(one_device, x)
+    for w in range(N):
+        # (each worker's script built its graph itself)
+        mine = _graph(draw, batch=4, graph_seed=graph_seed, before=before)
+        got = _run(rewrite_for_worker(mine, analysis, plan, w).meta_graph.graph_def, x)
+        for g, e in zip(got, expected):
+            np.testing.assert_array_equal(g, e)
+
+
+def test_an_initializers_draw_stays_unseeded():
+    """It runs on the chief alone (then broadcast): nothing to make alike."""
+    graph = _graph(lambda x: x + tf1.get_variable("noise", [5], tf.float64), graph_seed=None)
+    assert graph.get_operation_by_name("noise/Initializer/random_uniform/RandomUniform")
+    assert analyze_graph(graph).shared_draws == {}
 
 
 @pytest.mark.parametrize("draw,op,why", [
@@ -429,3 +482,29 @@ def test_a_string_lookups_multi_hot_rows_are_each_examples():
     assert rows.form(counts)[0] == "reduced"
     # min(5, max(3, largest + 1)) depends on the batch's largest id
     assert rows.form(uneven.op.inputs[1]) != ("shared",)
+
+
+def test_a_draw_inside_a_loops_body_is_refused_by_name():
+    """TensorFlow 2's tf.while_loop keeps its body in a function (a TF1
+    program's dynamic_rnn with a DropoutWrapper): every worker would draw
+    the mask rows of the first examples, the same on every worker."""
+    def loop(x):
+        return tf.while_loop(lambda i, h: i < 2,
+                             lambda i, h: (i + 1, tf1.nn.dropout(h, rate=0.5)), [0, x])[1]
+    with pytest.raises(UnsupportedGraphError,
+                       match="random op 'dropout/random_uniform/RandomUniform' \\(RandomUniform\\) "
+                             "draws inside the function 'while_body.*', which 'while' \\(While\\)"):
+        analyze_graph(_graph(loop))
+
+
+def test_an_input_pipelines_draws_are_not_the_steps():
+    """A tf.data map's draw (an augmentation) runs in the input pipeline, a
+    function no op of the step runs: neither refused nor seeded."""
+    graph = tf.Graph()
+    with graph.as_default():
+        data = tf.data.Dataset.from_tensor_slices(np.ones((8, 5))).map(
+            lambda v: v + tf.random.uniform([5], dtype=tf.float64)).batch(4)
+        x = tf1.data.make_one_shot_iterator(data).get_next()
+        w = tf1.get_variable("w", [5, 1], tf.float64)
+        tf1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_mean(tf.matmul(x, w) ** 2))
+    assert analyze_graph(graph).shared_draws == {}

@@ -22,8 +22,13 @@ N, STEPS, BATCH = 3, 4, 6
 MODEL = "lmsampled_adagrad_clip"
 
 
-def _one_device() -> dict:
-    model = models.build(MODEL)
+def _one_device(name: str = MODEL, seeds: dict | None = None) -> dict:
+    """One device's variables after STEPS steps; `seeds`: {op: [seed,
+    seed2]} given to those random ops first."""
+    model = models.build(name)
+    for op, (seed, seed2) in (seeds or {}).items():
+        model.graph.get_operation_by_name(op)._set_attr("seed", tf1.AttrValue(i=seed))
+        model.graph.get_operation_by_name(op)._set_attr("seed2", tf1.AttrValue(i=seed2))
     with model.graph.as_default():
         init, variables = tf1.global_variables_initializer(), tf1.global_variables()
     with tf1.Session(graph=model.graph) as session:
@@ -34,8 +39,8 @@ def _one_device() -> dict:
         return session.run({v.op.name: v for v in variables})
 
 
-def _workers_together(run_option: str) -> tuple[list[dict], object]:
-    model = models.build(MODEL)
+def _workers_together(run_option: str, name: str = MODEL) -> tuple[list[dict], object]:
+    model = models.build(name)
     analysis = analyze_graph(model.graph)
     plan = make_plan(analysis, N, options=PlanOptions(run_option=run_option))
     rewritten = [rewrite_for_worker(model.graph, analysis, plan, w) for w in range(N)]
@@ -65,13 +70,13 @@ def _workers_together(run_option: str) -> tuple[list[dict], object]:
             session.run([f"w{w}/{model.train_op.name}" for w in range(N)], feeds)
         values = session.run([{n: f"w{w}/{n}/Read/ReadVariableOp:0" for n in names}
                               for w in range(N)])
-    return values, build_report(analysis, plan)
+    return values, build_report(analysis, plan), analysis
 
 
 @pytest.mark.slow
 def test_a_sampled_softmax_trains_as_one_device_under_a_global_norm():
     expected = _one_device()
-    got, report = _workers_together("allreduce")
+    got, report, _ = _workers_together("allreduce")
     assert [(v.name, v.shared_rows) for v in report.variables if v.kind == "sparse"] == [
         ("embedding", 0), ("softmax/w", models.LM_SAMPLED), ("softmax/b", models.LM_SAMPLED)]
     assert (f"softmax/w: its gradient's last {models.LM_SAMPLED} rows are for ids every worker "
@@ -80,3 +85,25 @@ def test_a_sampled_softmax_trains_as_one_device_under_a_global_norm():
         for name, value in expected.items():
             np.testing.assert_allclose(values[name], value, rtol=1e-5, atol=1e-6,
                                        err_msg=f"worker {w}: {name}")
+
+
+@pytest.mark.slow
+def test_a_sampler_without_a_seed_draws_alike_on_every_worker():
+    """TensorFlow's word2vec tutorial's nce_loss gives its sampler no seed:
+    each process would draw its own candidates, and the rows added over
+    workers position by position would be other ids' (each worker's share
+    of a candidate's sum landing on another worker's candidate). Every
+    worker draws with the seeds the plan gives the sampler, as one device
+    given them."""
+    name = "lmsampledunseeded_adagrad_clip"
+    got, report, analysis = _workers_together("allreduce", name)
+    [(sampler, seeds)] = analysis.shared_draws.items()
+    assert models.build(name).graph.get_operation_by_name(sampler).type == (
+        "LogUniformCandidateSampler")
+    assert seeds[0] and seeds[1]
+    assert f"random draws every worker makes alike ('{sampler}'" in report.table()
+    expected = _one_device(name, analysis.shared_draws)
+    for w, values in enumerate(got):
+        for var, value in expected.items():
+            np.testing.assert_allclose(values[var], value, rtol=1e-5, atol=1e-6,
+                                       err_msg=f"worker {w}: {var}")
