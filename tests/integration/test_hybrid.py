@@ -20,9 +20,9 @@ BATCH = 12
 # test_sparse_varlen.py, test_correctness.py, test_compile_once.py); here the
 # LM shapes: Adam with sparse rows partitioned over both servers and dense
 # all-reduce, and Adagrad's server-side update of sparse variables
-# partitioned over both servers, with a sampled softmax (examples/lm.py's):
-# its weights' last rows are the sampler's candidates, which every worker
-# draws alike, added over workers row by row for the global norm; and the
+# partitioned over both servers, with a sampled softmax (examples/lm.py's,
+# its sampler given no seed): its weights' last rows are the sampler's
+# candidates, which every worker draws alike, added over workers row by row for the global norm; and the
 # LSTM's dense kernel partitioned over both servers, its global-norm term
 # read from the partitions' aggregates (once the chief's own gradient: the
 # clip, which engages from step 2, scaled every variable by the chief's norm);
@@ -31,7 +31,9 @@ BATCH = 12
 # found in the range holding it.
 CASES = [
     ("lm_adam_clip", "hybrid", "embedding=3"),
-    ("lmsampled_adagrad_clip", "ps", "embedding=3,softmax/w=2,lstm/kernel=2"),
+    # (its sampler given no seed: every worker draws with the seeds autopar
+    # gives it, and so does the one-device reference, train_model.py)
+    ("lmsampledunseeded_adagrad_clip", "ps", "embedding=3,softmax/w=2,lstm/kernel=2"),
     # tied weights: a dense gradient whose rows are looked up, from ranges
     ("lmtied_adam", "ps", "embedding=3"),
 ]

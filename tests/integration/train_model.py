@@ -107,6 +107,13 @@ def main(argv: list[str] | None = None) -> None:
     # tf.Graph context, as many graph-mode scripts do.
 
     model = models.build(args.model)
+    if "unseeded" in args.model and not args.spec:
+        # one device given the seeds autopar gives the workers' draws that
+        # have none (transforms.random_draws): the job is compared with it
+        from autopar.transforms.analysis import analyze_graph
+        for name, seeds in analyze_graph(model.graph).shared_draws.items():
+            for attr, value in zip(("seed", "seed2"), seeds):
+                model.graph.get_operation_by_name(name)._set_attr(attr, tf1.AttrValue(i=value))
     evaluation = (_eval_metrics(model, args.eval_size, args.eval_metrics.split(","))
                   if args.eval_size else None)
     config = autopar.Config(checkpoint_dir=args.checkpoint_dir, save_every_steps=args.save_every,
