@@ -57,6 +57,7 @@ class CompiledPlan:
         for s in a.state:
             names += [s.name, *s.update_ops]
         names += sorted(a.step_ops) + [m.op for m in self.moves]
+        names += [*a.batch_draws, *a.shared_draws]   # (given their rows or seeds by name)
         ops = {op.name for op in graph_of(graph_or_meta).get_operations()}
         missing = [n for n in dict.fromkeys(names) if op_name_of(n) not in ops]
         if missing:

@@ -146,3 +146,23 @@ def test_a_graph_other_than_the_compiled_one_is_refused():
     other = models.build_case("mlp", "sgd", minimize=True)
     with pytest.raises(UnsupportedGraphError, match="another graph.*update_"):
         c.check_graph(other.graph)
+
+
+def test_a_graph_without_a_draw_the_plan_seeds_is_refused():
+    """The plan gives a shared draw its seeds by name: a process whose graph
+    draws under another name (its own scope) would draw its own."""
+    from autopar.common.errors import UnsupportedGraphError
+    c = compile_plan(models.build("lmsampledunseeded_adagrad_clip").graph, 2)
+    [sampler] = c.analysis.shared_draws
+    c.check_graph(models.build("lmsampledunseeded_adagrad_clip").graph)
+    other = models.build("lmsampledunseeded_adagrad_clip").graph
+    graph_def = other.as_graph_def()
+    for node in graph_def.node:
+        if node.name == sampler:
+            node.name = sampler + "_elsewhere"
+        node.input[:] = [i.replace(sampler, sampler + "_elsewhere") for i in node.input]
+    renamed = tf.Graph()
+    with renamed.as_default():
+        tf.compat.v1.import_graph_def(graph_def, name="")
+    with pytest.raises(UnsupportedGraphError, match=f"another graph.*'{sampler}'"):
+        c.check_graph(renamed)
