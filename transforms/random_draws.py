@@ -73,7 +73,8 @@ from tensorflow.python.framework import tensor_util   # try_evaluate_constant
 from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms.example_rows import BATCH, SHARED, ExampleRows
 from autopar.transforms.features.base import GraphFeature, Rewiring, in_step_cond, in_step_flag
-from autopar.transforms.graph_utils import INPUT_OP_TYPES, function_calls, node_input_name
+from autopar.transforms.graph_utils import (INPUT_OP_TYPES, function_calls, node_input_name,
+                                            op_name_of)
 from autopar.transforms.keys import BATCH_DRAWS
 from autopar.transforms.ops import copy_op
 
@@ -120,8 +121,11 @@ class RandomDraws(GraphFeature):
     after = ("example_rows", "padded_lengths")
 
     def find(self, facts):
+        # (a variable's gradient is a sum over the batch, whatever its shape:
+        # a draw of its shape, noise added to it, is not per example)
+        gradients = {op_name_of(t) for t in facts.gradients}
         batch_draws = find_batch_draws(
-            facts.graph, facts.shared["rows"], facts.batch_local,
+            facts.graph, facts.shared["rows"], facts.batch_local - gradients,
             facts.index.of_types({SKIP, *OTHER_DRAWS, *SHAPED_DRAWS}),
             PinnedLengths(facts.graph, facts.found["padded_inputs"],
                           facts.index.of_types(INPUT_OP_TYPES)))

@@ -16,3 +16,26 @@ def run_locally(graph_def, runs):
         with tf1.Session(graph=graph) as session:
             session.run([op for op in graph.get_operations() if op.name.endswith("/Assign")])
             return runs(session)
+
+
+def run_workers_together(rewritten, runs):
+    """runs(session) on the N workers' rewritten graphs (rewrite_for_worker's
+    WorkerGraphs) imported into one session of this process, worker w's
+    under the scope "w{w}/" on a CPU device of its own (their collectives
+    between local devices), its variables initialised and the chief's
+    broadcast."""
+    n = len(rewritten)
+    graph = tf.Graph()
+    with graph.as_default():
+        for w, r in enumerate(rewritten):
+            graph_def = r.meta_graph.graph_def
+            for node in graph_def.node:
+                node.device = f"/device:CPU:{w}"
+            tf1.import_graph_def(graph_def, name=f"w{w}")
+    config = tf1.ConfigProto(device_count={"CPU": n})
+    with tf1.Session(graph=graph, config=config) as session:
+        session.run([op for op in graph.get_operations()
+                     if op.type in ("AssignVariableOp", "Assign") and "/Initializer/" in op.name
+                     or op.name.endswith("/Assign")])
+        session.run([f"w{w}/{r.broadcast_op}" for w, r in enumerate(rewritten)])
+        return runs(session)

@@ -12,7 +12,7 @@ from autopar.transforms.lower_cond import lowered_graph
 from autopar.transforms.plan import PlanOptions, make_plan
 from autopar.transforms.report import build_report
 from autopar.transforms.rewrite import rewrite_for_worker
-from tests.unit.local_run import run_locally
+from tests.unit.local_run import run_locally, run_workers_together
 
 tf1 = tf.compat.v1
 N, B = 3, 4          # workers, examples per worker
@@ -508,3 +508,49 @@ def test_an_input_pipelines_draws_are_not_the_steps():
         w = tf1.get_variable("w", [5, 1], tf.float64)
         tf1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_mean(tf.matmul(x, w) ** 2))
     assert analyze_graph(graph).shared_draws == {}
+
+
+@pytest.mark.slow
+def test_noise_added_to_the_gradients_is_drawn_once_alike():
+    """Noise of a gradient's shape added to it before the update (as
+    differentially private SGD adds it to the summed gradient), with no
+    seed: a sum over the batch, not per example, though its first dimension
+    is a constant the backward pass combines it with. Drawn per example,
+    each worker kept other rows of it and the workers' parameters parted;
+    every worker draws it with the seeds the plan gives it, as one device
+    given them."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float64, [None, 5], name="x")
+        w = tf1.get_variable("w", [5, 3], tf.float64,
+                             initializer=tf1.glorot_uniform_initializer(seed=1))
+        loss = tf.reduce_mean(tf.square(tf.matmul(x, w)))
+        opt = tf1.train.GradientDescentOptimizer(0.1)
+        train = opt.apply_gradients(
+            [(g + tf.random.normal(tf.shape(g), stddev=0.1, dtype=g.dtype), v)
+             for g, v in opt.compute_gradients(loss)])
+    analysis = analyze_graph(graph)
+    assert analysis.batch_draws == {}
+    [(noise, seeds)] = analysis.shared_draws.items()
+    plan = make_plan(analysis, N, options=PlanOptions(run_option="allreduce"))
+    rewritten = [rewrite_for_worker(graph, analysis, plan, i) for i in range(N)]
+    xs = np.random.default_rng(0).normal(size=(3, N * B, 5))
+
+    def train_together(session):
+        for batch in xs:
+            session.run([f"w{i}/{train.name}" for i in range(N)],
+                        {f"w{i}/x:0": batch[i::N] for i in range(N)})
+        return session.run([f"w{i}/w/Read/ReadVariableOp:0" for i in range(N)])
+    got = run_workers_together(rewritten, train_together)
+    one_device = graph.as_graph_def()
+    for node in one_device.node:
+        if node.name == noise:
+            node.attr["seed"].i, node.attr["seed2"].i = seeds
+
+    def train_alone(session):
+        for batch in xs:
+            session.run(train.name, {"x:0": batch})
+        return session.run("w/Read/ReadVariableOp:0")
+    expected = run_locally(one_device, train_alone)
+    for i, value in enumerate(got):
+        np.testing.assert_allclose(value, expected, rtol=1e-12, err_msg=f"worker {i}")

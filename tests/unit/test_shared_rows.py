@@ -16,6 +16,7 @@ from autopar.transforms.plan import PlanOptions, make_plan
 from autopar.transforms.report import build_report
 from autopar.transforms.rewrite import rewrite_for_worker
 from tests import models
+from tests.unit.local_run import run_workers_together
 
 tf1 = tf.compat.v1
 N, STEPS, BATCH = 3, 4, 6
@@ -34,7 +35,7 @@ def _one_device(name: str = MODEL, seeds: dict | None = None) -> dict:
     with tf1.Session(graph=model.graph) as session:
         session.run(init)
         for step in range(STEPS):
-            x, y = models.global_batch(MODEL, step, BATCH)
+            x, y = models.global_batch(name, step, BATCH)
             session.run(model.train_op, models.feed(model, x, y))
         return session.run({v.op.name: v for v in variables})
 
@@ -44,33 +45,22 @@ def _workers_together(run_option: str, name: str = MODEL) -> tuple[list[dict], o
     analysis = analyze_graph(model.graph)
     plan = make_plan(analysis, N, options=PlanOptions(run_option=run_option))
     rewritten = [rewrite_for_worker(model.graph, analysis, plan, w) for w in range(N)]
-    graph = tf.Graph()
-    with graph.as_default():
-        for w, r in enumerate(rewritten):
-            graph_def = r.meta_graph.graph_def
-            for node in graph_def.node:
-                node.device = f"/device:CPU:{w}"
-            tf1.import_graph_def(graph_def, name=f"w{w}")
     with model.graph.as_default():
         names = [v.op.name for v in tf1.global_variables()]
-    config = tf1.ConfigProto(device_count={"CPU": N})
-    with tf1.Session(graph=graph, config=config) as session:
-        session.run([op for op in graph.get_operations()
-                     if op.type in ("AssignVariableOp", "Assign") and "/Initializer/" in op.name
-                     or op.name.endswith("/Assign")])
-        session.run([f"w{w}/{r.broadcast_op}" for w, r in enumerate(rewritten)])
+
+    def train(session):
         per = BATCH // N
         for step in range(STEPS):
-            x, y = models.global_batch(MODEL, step, BATCH)
+            x, y = models.global_batch(name, step, BATCH)
             feeds = {}
             for w in range(N):
                 rows = slice(w * per, (w + 1) * per)
                 feeds.update({f"w{w}/{t.name}": value for t, value in
                               models.feed(model, x[rows], y[rows]).items()})
             session.run([f"w{w}/{model.train_op.name}" for w in range(N)], feeds)
-        values = session.run([{n: f"w{w}/{n}/Read/ReadVariableOp:0" for n in names}
-                              for w in range(N)])
-    return values, build_report(analysis, plan), analysis
+        return session.run([{n: f"w{w}/{n}/Read/ReadVariableOp:0" for n in names}
+                            for w in range(N)])
+    return run_workers_together(rewritten, train), build_report(analysis, plan), analysis
 
 
 @pytest.mark.slow
