@@ -106,7 +106,7 @@ def _reduction_of(t: tf.Tensor, batch_ops: set[str], depth: int) -> tuple[str, s
     if op.type == "L2Loss":   # tf.nn.l2_loss: half the sum of squares, the batch's too
         return "sum", f"'{op.name}' (tf.nn.l2_loss) sums over the batch", op.inputs[0]
     if op.type in ("Mean", "Sum"):
-        if not reduces_batch_axis(op):
+        if not reduces_batch_axis(op) or _batch_axis_gone(op.inputs[0]):
             return _reduction_of(op.inputs[0], batch_ops, depth + 1)
         kind = "mean" if op.type == "Mean" else "sum"
         # (a Sum of a scalar, as tf.compat.v1.losses builds, passes it through)
@@ -159,6 +159,37 @@ def _reduction_of(t: tf.Tensor, batch_ops: set[str], depth: int) -> tuple[str, s
         return "unknown", f"'{op.name}' selects losses reduced differently over the batch", None
     return "unknown", (f"'{op.name}' ({op.type}) does not show how the loss reduces over the "
                        "batch"), None
+
+
+# Ops whose output keeps its inputs' axes (elementwise), through which an
+# axis 0 stays what it was.
+_AXES_KEPT = frozenset("""
+Identity Cast Neg Abs Square Sqrt Rsqrt Exp Log Log1p Sigmoid Tanh Relu Softplus Pow
+Add AddV2 Sub Mul MulNoNan RealDiv Div DivNoNan Maximum Minimum SquaredDifference
+StopGradient""".split())
+
+
+def _batch_axis_gone(t: tf.Tensor) -> bool:
+    """Whether axis 0 of `t` is no longer the batch's: `t` is computed,
+    through elementwise ops on tensors of its rank, from a reduction over
+    axis 0 that dropped it (tf.reduce_sum(tf.reduce_mean(x, axis=0)): the
+    per-class means over the batch, summed over the classes)."""
+    rank = t.shape.rank
+    if rank is None:
+        return False
+    stack, seen = [t], set()
+    while stack:
+        x = stack.pop()
+        if x.name in seen or x.shape.rank != rank:
+            continue
+        seen.add(x.name)
+        op = x.op
+        if (op.type in ("Mean", "Sum") and op.inputs[0].shape.rank == rank + 1
+                and reduces_batch_axis(op)):
+            return True
+        if op.type in _AXES_KEPT:
+            stack.extend(op.inputs)
+    return False
 
 
 def _reduction_of_terms(op: tf.Operation, terms: list[tf.Tensor], batch_ops: set[str],

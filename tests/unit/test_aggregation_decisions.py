@@ -70,6 +70,13 @@ def _graph(lookup="plain", loss="mean", batch=BATCH, state=None, clip=False):
             "sum/24": lambda: tf.reduce_sum(per_example) / 24.0,
             "sum(logits^2)/8": lambda: tf.reduce_sum(tf.square(logits)) / 8.0,
             "sqrt(sum)": lambda: tf.sqrt(tf.reduce_sum(per_example)),
+            # the classes' means over the batch, squared errors, summed over
+            # the classes: the batch is averaged first
+            "sum(mean0)": lambda: tf.reduce_sum(tf.reduce_mean(
+                tf.square(tf.nn.softmax(logits) - tf.one_hot(y, 3)), axis=0)),
+            "sum(w*mean0)": lambda: tf.reduce_sum(tf.constant([1.0, 2.0, 3.0]) * tf.reduce_mean(
+                tf.square(logits), axis=0)),
+            "sum(sum0)": lambda: tf.reduce_sum(tf.reduce_sum(tf.square(logits), axis=0)),
             # a sum written as the mean times the batch's size
             "mean*size": lambda: tf.reduce_mean(per_example) * tf.cast(tf.shape(per_example)[0],
                                                                        tf.float32),
@@ -173,6 +180,10 @@ def test_dedup_rows_are_combined_in_allgather_rewrite():
     ("sum/24", BATCH, "sum"),
     ("sum/8", None, "sum"),
     ("sqrt(sum)", BATCH, "unknown"),
+    ("sum(mean0)", None, "mean"),
+    ("sum(mean0)", BATCH, "mean"),
+    ("sum(w*mean0)", None, "mean"),
+    ("sum(sum0)", None, "sum"),
     ("mean*size", None, "unknown"),
     ("where(flag,mean,mean/2)", None, "mean"),
     ("l2_loss", None, "sum"),       # half the sum of squares over the batch
