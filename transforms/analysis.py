@@ -340,6 +340,7 @@ def _analyze(graph: tf.Graph, clock: _Clock) -> Analysis:
     facts = Facts(graph, index, writers, losses, every_loss, frozenset(averaged), input_ops,
                   batch_local, trained_seeds=_trained_seeds(index, every_seed, reached, inner,
                                                             averaged),
+                  inner_seeds=[(seed, loss) for seed, loss in every_seed if seed in inner],
                   reduced_of=lambda loss: batch_reduced(graph, loss, input_ops))
     clock("train groups, losses, batch")
     found = features.find(facts, clock)

@@ -42,6 +42,7 @@ from autopar.transforms.example_rows import (OPAQUE, REDUCTIONS, SELECTIONS_BY_V
 from autopar.transforms.features.base import GraphFeature
 from autopar.transforms.graph_index import GraphIndex
 from autopar.transforms.graph_utils import INPUT_OP_TYPES, OF_SHAPES_ALONE, reads_a_variable
+from autopar.transforms.loss_reduction import loss_reduction
 
 # What a loss may do with reductions over the batch and stay a sum or mean of
 # its examples' terms, which the workers' gradients combine into one
@@ -71,8 +72,11 @@ class BatchMixing(GraphFeature):
     after = ("example_rows",)
 
     def find(self, facts):
-        return {"batch_mixing": find_batch_mixing(facts.graph, facts.shared["rows"],
-                                                  facts.every_loss, facts.index)}
+        found = find_batch_mixing(facts.graph, facts.shared["rows"], facts.every_loss,
+                                  facts.index)
+        for op, why in inner_gradients_of_the_batch(facts).items():
+            found.setdefault(op, why)
+        return {"batch_mixing": found}
 
     def check(self, analysis, plan, config):
         if analysis.batch_mixing and plan.num_workers > 1 and config.batch_mixing == "refuse":
@@ -125,6 +129,79 @@ def find_batch_mixing(graph: tf.Graph, rows: ExampleRows, losses: list[str | Non
     order = index.position if index is not None else {
         op.name: i for i, op in enumerate(graph.get_operations())}
     return dict(sorted(found.items(), key=lambda item: order.get(item[0], 0)))
+
+
+def inner_gradients_of_the_batch(facts) -> dict[str, str]:
+    """{op: why} for the gradients of a loss of the batch that the trained
+    losses are computed from (`facts.inner_seeds`: a tf.gradients or an
+    inner tape inside the loss), where one device's differs from what each
+    worker computes on its share. With respect to a variable (a step of
+    MAML's inner loop) such a gradient sums over the batch's examples, each
+    worker's over its own; with respect to the batch's own values (an
+    adversarial example's step, an input-gradient penalty) it is each
+    example's, scaled by 1 / b when the loss is a mean over the batch: the
+    worker's b, not one device's. Exact, so left alone: the gradient of a
+    loss of one value per example (a critic's outputs: WGAN-GP's penalty)
+    or of a sum over the batch, with respect to the batch's values, and one
+    read only through its sign (the fast gradient sign method). Which
+    values a gradient is taken with respect to is read from its shape: one
+    of a trainable variable's (fully known) is a variable's."""
+    graph, index = facts.graph, facts.index
+    if not facts.inner_seeds:
+        return {}
+    variable_shapes = {tuple(v.shape.as_list()) for v in graph.get_collection(
+        tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES) if v.shape.is_fully_defined()}
+    # (the backward passes that train, which differentiate through the inner ones)
+    outer = index.reachable([index.position[seed] for seed, _ in facts.trained_seeds])
+    found: dict[str, str] = {}
+    for seed, loss in facts.inner_seeds:
+        loss_t = graph.get_tensor_by_name(loss)
+        if loss_t.op.name not in facts.input_ops:
+            continue   # (a regularizer's gradient: no example in it)
+        if loss_t.shape.rank == 0:
+            kind = loss_reduction(graph, loss, facts.input_ops)[0]
+        else:
+            kind = "each example's"   # tf.gradients adds the examples' values up
+        for i in index.reachable([index.position[seed]]):
+            if not index.in_gradient[i] or i in outer:
+                continue
+            for k, readers in index.consumers[i].items():
+                if all(index.in_gradient[r] for r in readers):
+                    continue
+                t = index.ops[i].outputs[k]
+                if t.shape.is_fully_defined() and tuple(t.shape.as_list()) in variable_shapes:
+                    found.setdefault(t.op.name, (
+                        f"a gradient of the batch's loss '{loss}' with respect to a variable, "
+                        "taken inside the loss (tf.gradients or an inner tape: a step of an "
+                        "inner loop): a sum over the batch's examples"))
+                elif kind not in ("sum", "each example's") and not _signs_only(t):
+                    found.setdefault(t.op.name, (
+                        f"a gradient of '{loss}', a loss {_reduced(kind)}, with respect to the "
+                        "batch's own values, taken inside the loss (an adversarial example's "
+                        "step, an input-gradient penalty): it is scaled by 1 / the batch's "
+                        "size, each worker's share's, not one device's; take it of the "
+                        "examples' sum (tf.reduce_sum) or of each example's loss"))
+    return found
+
+
+def _signs_only(t: tf.Tensor) -> bool:
+    """Whether `t` is read only through its sign (tf.sign, through
+    identities: the fast gradient sign method's step), which no positive
+    scale changes."""
+    readers = [c for c in t.consumers()]
+    while readers:
+        c = readers.pop()
+        if c.type in ("Identity", "StopGradient"):
+            readers.extend(c.outputs[0].consumers())
+        elif c.type != "Sign":
+            return False
+    return True
+
+
+def _reduced(kind: str) -> str:
+    return {"mean": "averaged over the batch", "neither": "reduced over the batch in no "
+            "single way", "unknown": "whose reduction over the batch the graph does not show"
+            }.get(kind, kind)
 
 
 def _an(op_type: str) -> str:

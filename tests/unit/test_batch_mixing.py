@@ -771,3 +771,63 @@ def test_the_refusals_are_the_same_in_a_graph_built_under_v1_behaviour():
     assert found["v1"]["over_y_mean"].startswith(
         "the loss mixes the examples of a batch at 'over_y_mean' (a division by 'Mean'")
     assert found["v1"]["mean"] == "trained"
+
+
+def _inner_gradient(kind: str) -> tf.Graph:
+    """A loss computed from a gradient of the batch's loss taken inside it
+    (tf.gradients in the forward pass), of `kind`."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float64, [None, F], name="x")
+        y = tf1.placeholder(tf.int64, [None], name="y")
+        w = tf1.get_variable("w", [F, 3], tf.float64)
+
+        def loss_of(inputs, weights, reduce=tf.reduce_mean):
+            return reduce(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=y, logits=tf.matmul(inputs, weights)))
+        loss = loss_of(x, w)
+        if kind == "inner_step":            # MAML's inner loop: w moved by the batch's gradient
+            (g,) = tf.gradients(loss, [w])
+            total = loss_of(x, w - 0.5 * g)
+        elif kind == "adversarial_step":    # x moved along the gradient of the batch's mean
+            (g,) = tf.gradients(loss, [x])
+            total = loss + loss_of(tf.stop_gradient(x + 10.0 * g), w)
+        elif kind == "input_gradient_penalty":
+            (g,) = tf.gradients(loss, [x])
+            total = loss + tf.reduce_mean(tf.reduce_sum(tf.square(g), 1))
+        elif kind == "adversarial_sign":    # the fast gradient sign method: its sign only
+            (g,) = tf.gradients(loss, [x])
+            total = loss + loss_of(tf.stop_gradient(x + 0.1 * tf.sign(g)), w)
+        elif kind == "adversarial_step_of_the_sum":   # each example's own gradient
+            (g,) = tf.gradients(loss_of(x, w, tf.reduce_sum), [x])
+            total = loss + loss_of(tf.stop_gradient(x + 0.1 * g), w)
+        tf1.train.GradientDescentOptimizer(0.1).minimize(total)
+    return graph
+
+
+@pytest.mark.parametrize("kind,op,what", [
+    ("inner_step", "gradients/MatMul_grad/MatMul_1", "with respect to a variable"),
+    ("adversarial_step", "gradients/MatMul_grad/MatMul", "a loss averaged over the batch, "
+                                                         "with respect to the batch's own values"),
+    ("input_gradient_penalty", "gradients/MatMul_grad/MatMul", "a loss averaged over the batch"),
+])
+def test_a_gradient_of_the_batchs_loss_inside_the_loss_is_refused(kind, op, what):
+    """One device's is a sum over the global batch (with respect to a
+    variable) or each example's gradient scaled by 1 / B (with respect to
+    the batch's values, of a mean); each worker's would be over its share,
+    or scaled by 1 / b (3 workers: parameters off by up to 0.1 after 4
+    steps, before)."""
+    graph = _inner_gradient(kind)
+    assert op in analyze_graph(graph).batch_mixing
+    assert what in analyze_graph(graph).batch_mixing[op]
+    with pytest.raises(UnsupportedGraphError, match=f"mixes the examples of a batch at '{op}'"):
+        compile_for_config(graph, 3, autopar.Config())
+    compile_for_config(graph, 3, autopar.Config(batch_mixing="per_worker"))
+    compile_for_config(graph, 1, autopar.Config())
+
+
+@pytest.mark.parametrize("kind", ["adversarial_sign", "adversarial_step_of_the_sum"])
+def test_an_inner_gradient_each_example_gets_alike_is_not_refused(kind):
+    """Its sign, or the gradient of the examples' sum: each example's own,
+    whatever the batch's size."""
+    assert analyze_graph(_inner_gradient(kind)).batch_mixing == {}

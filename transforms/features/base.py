@@ -61,6 +61,9 @@ class Facts:
     batch_local: set[str]          # ops fed by it other than through the gradients
     # (seed op, loss) of the backward passes that train a variable
     trained_seeds: list[tuple[str, str]] = field(default_factory=list)
+    # (seed op, loss) of the backward passes the losses are computed from
+    # (a gradient penalty's tf.gradients, an inner tape)
+    inner_seeds: list[tuple[str, str]] = field(default_factory=list)
     # loss -> the tensor whose reduction over the batch makes it a mean (or None)
     reduced_of: Callable[[str], str | None] | None = None
     # The Analysis fields the features before this one found.
