@@ -127,6 +127,10 @@ class StateInfo:
     # averaged gradients, so each replica computes its own value.
     kind: str
     update_ops: list[str] = field(default_factory=list)
+    # Whether a trained loss reads it (a memory bank of the batch's
+    # embeddings, a running mean the inputs are normalised by): for "local"
+    # state, each worker's loss then reads values of its own share's.
+    read_by_loss: bool = False
 
 
 @dataclass
@@ -376,6 +380,11 @@ def _analyze(graph: tf.Graph, clock: _Clock) -> Analysis:
     slot_names = {s for v in variables for s in v.slots}
     all_update_ops = {u for v in variables for u in v.update_ops}
     state = _step_state(graph, trainable, slot_names, all_update_ops, batch_local, writers)
+    # (a recognised batch norm's moving statistics: a fused op in training
+    # mode takes them as inputs for their own update only)
+    moving = {m for b in found.get("batch_norms", []) for m in b.moving}
+    _mark_read_by_loss(index, [s for s in state if s.kind == "local" and s.name not in moving],
+                       losses)
     step_ops = _step_ops(index, all_update_ops)
     clock("state and step ops")
     return Analysis(
@@ -1210,6 +1219,20 @@ def _step_state(graph, trainable, slot_names, update_ops, local_ops: set[str],
             kind = "other"
         state.append(StateInfo(name=name, kind=kind, update_ops=sorted(writers.get(name, []))))
     return state
+
+
+def _mark_read_by_loss(index: GraphIndex, state: list[StateInfo],
+                       losses: list[str | None]) -> None:
+    """Sets read_by_loss on the `state` variables whose values a loss is
+    computed from (data edges from the variable op: its reads; its writes
+    produce no value a loss reads)."""
+    if not state:
+        return
+    computed_from = index.reachable(
+        [index.position[op_name_of(loss)] for loss in dict.fromkeys(losses) if loss
+         and op_name_of(loss) in index.position], edges=index.preds)
+    for s in state:
+        s.read_by_loss = index.position.get(s.name, -1) in computed_from
 
 
 def _optimizer_scopes(update_ops) -> set[str]:

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from typing import TYPE_CHECKING
 
+from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms.features.base import GraphFeature, Rewiring
 from autopar.transforms.keys import LOCAL_STATE
 from autopar.transforms.ops import ConstantPool
@@ -36,6 +37,20 @@ class LocalStateAveraging(GraphFeature):
     def rewrite(self, ctx):
         op = sync_local_state(ctx.graph, ctx.analysis, ctx.plan, ctx.backend, ctx.constants)
         return Rewiring(outputs={"after_step": op}) if op else None
+
+    def check(self, analysis, plan, config):
+        read = [s for s in analysis.state if s.kind == "local" and s.read_by_loss]
+        if read and plan.num_workers > 1 and plan.sync_local_state == "none":
+            s = read[0]
+            raise UnsupportedGraphError(
+                f"the loss reads '{s.name}', state each worker writes from its own batch "
+                f"('{s.update_ops[0]}'): on {plan.num_workers} workers each replica would hold "
+                "values of its own share, not one device's of the global batch, and train on "
+                "them (a memory bank of the batch's embeddings, a running mean the inputs "
+                "are normalised by). Compute it from the batch inside the step, or set "
+                "Config(sync_local_state=\"average\") to replace it by its mean over the "
+                "workers after every step (one device's only where the state is linear in "
+                "the batch's mean and read after the step)")
 
     def report_fields(self, analysis, plan):
         return {"sync_local_state": plan.sync_local_state}

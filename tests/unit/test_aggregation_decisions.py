@@ -378,3 +378,39 @@ def test_state_no_step_writes_is_reported_as_such():
              if ln.startswith("state ")}
     assert "written by no training step" in lines["state rate (other)"]
     assert "updated once per step on every worker" in lines["state global_step (global_step)"]
+
+
+@pytest.mark.parametrize("kind", ["memory_bank", "running_mean", "moving_statistics"])
+def test_a_loss_reading_state_each_worker_writes_from_its_batch_is_refused(kind):
+    """A memory bank of the batch's embeddings, a running mean the inputs
+    are normalised by: each worker's loss would read its own share's values
+    (3 workers: parameters off by up to 0.15 after 4 steps, before). Batch
+    norm's moving statistics, which the training loss does not read, are
+    per-worker state that trains as one device."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 3], name="x")
+        w = tf1.get_variable("w", [3, 2])
+        state = tf1.get_variable("state", [3], initializer=tf1.zeros_initializer(),
+                                 trainable=False)
+        update = tf1.assign(state, 0.9 * state + 0.1 * tf.reduce_mean(x, 0))
+        if kind == "memory_bank":
+            loss = tf.reduce_mean(tf.square(tf.matmul(x * state, w)))
+        elif kind == "running_mean":
+            with tf.control_dependencies([update]):
+                loss = tf.reduce_mean(tf.square(tf.matmul(x - state, w)))
+        else:   # written from the batch, read by no loss
+            loss = tf.reduce_mean(tf.square(tf.matmul(x, w)))
+        train = tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
+        tf.group(train, update, name="step")
+    analysis = analyze_graph(graph)
+    [local] = [s for s in analysis.state if s.kind == "local"]
+    assert local.read_by_loss is (kind != "moving_statistics")
+    if kind == "moving_statistics":
+        compile_for_config(graph, 3, Config())
+        return
+    with pytest.raises(UnsupportedGraphError,
+                       match="the loss reads 'state', state each worker writes from its own batch"):
+        compile_for_config(graph, 3, Config())
+    compile_for_config(graph, 3, Config(sync_local_state="average"))
+    compile_for_config(graph, 1, Config())
