@@ -348,6 +348,8 @@ def _analyze(graph: tf.Graph, clock: _Clock) -> Analysis:
                   reduced_of=lambda loss: batch_reduced(graph, loss, input_ops))
     clock("train groups, losses, batch")
     found = features.find(facts, clock)
+    # (again, now that the examples' forms say which axis runs over them)
+    reduction, why = loss_reduction_of_all(graph, every_loss, input_ops, facts.shared.get("rows"))
     rows = facts.shared["rows"]
     conditional = conditional_ops(index)
     paths = _path_ops(index, [([t for t in (v.grad_tensor, v.grad_values, v.grad_indices) if t],

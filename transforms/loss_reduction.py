@@ -17,10 +17,10 @@ tf1 = tf.compat.v1
 
 
 def loss_reduction_of_all(graph, losses: list[str | None],
-                          batch_ops: set[str]) -> tuple[str, str]:
+                          batch_ops: set[str], rows=None) -> tuple[str, str]:
     """loss_reduction() of every distinct loss, when they agree (`batch_ops`:
     batch_local_ops(graph, set()))."""
-    found = {loss: loss_reduction(graph, loss, batch_ops) for loss in dict.fromkeys(losses)}
+    found = {loss: loss_reduction(graph, loss, batch_ops, rows) for loss in dict.fromkeys(losses)}
     if len(found) > 1:
         # a loss no input reaches (a tape that differentiates a regularizer
         # alone) says nothing of the batch
@@ -42,7 +42,8 @@ def loss_reduction_of_all(graph, losses: list[str | None],
         f"'{loss}': {kind}" for loss, (kind, _) in found.items()))
 
 
-def loss_reduction(graph, loss: str | None, batch_ops: set[str] | None = None) -> tuple[str, str]:
+def loss_reduction(graph, loss: str | None, batch_ops: set[str] | None = None,
+                   rows=None) -> tuple[str, str]:
     """("mean" | "sum" | "neither" | "unknown", why) for how the loss reduces over the
     batch: walks back from the loss through scaling, casts and added
     batch-independent terms to the first reduction of a batch-dependent
@@ -50,7 +51,7 @@ def loss_reduction(graph, loss: str | None, batch_ops: set[str] | None = None) -
     its reductions: SUM is a Sum; MEAN, SUM_BY_NONZERO_WEIGHTS and
     SUM_OVER_BATCH_SIZE divide that Sum by a count of the batch). `batch_ops`:
     batch_local_ops(graph, set()), when the caller has it."""
-    return _loss_reduction(graph, loss, batch_ops)[:2]
+    return _loss_reduction(graph, loss, batch_ops, rows)[:2]
 
 
 def batch_reduced(graph, loss: str, batch_ops: set[str]) -> str | None:
@@ -76,19 +77,20 @@ def unread(kind: str, why: str) -> bool:
     return kind == "unknown" and why != _NO_LOSS and not why.endswith(_NO_INPUT)
 
 
-def _loss_reduction(graph, loss: str | None, batch_ops: set[str] | None):
+def _loss_reduction(graph, loss: str | None, batch_ops: set[str] | None, rows=None):
     """loss_reduction() and the tensor the reduction it found reduces."""
     if loss is None:
         return "unknown", _NO_LOSS, None
     if batch_ops is None:
         batch_ops = batch_local_ops(graph, set())
-    kind, why, reduced = _reduction_of(graph.get_tensor_by_name(loss), batch_ops, 0)
+    kind, why, reduced = _reduction_of(graph.get_tensor_by_name(loss), batch_ops, 0, rows)
     if kind == "const":
         return "unknown", f"the loss '{loss}' {_NO_INPUT}", None
     return kind, why, reduced
 
 
-def _reduction_of(t: tf.Tensor, batch_ops: set[str], depth: int) -> tuple[str, str, tf.Tensor | None]:
+def _reduction_of(t: tf.Tensor, batch_ops: set[str], depth: int,
+                  rows=None) -> tuple[str, str, tf.Tensor | None]:
     """(kind, why, the tensor the reduction found reduces over the batch)."""
     op = t.op
     if op.name not in batch_ops:
@@ -99,27 +101,27 @@ def _reduction_of(t: tf.Tensor, batch_ops: set[str], depth: int) -> tuple[str, s
                    "CheckNumerics", "CheckNumericsV2", "EnsureShape", "Print"):
         # ops that pass their first input's value on (tf.debugging.check_numerics,
         # tf.ensure_shape, tf.compat.v1.Print)
-        return _reduction_of(op.inputs[0], batch_ops, depth + 1)
+        return _reduction_of(op.inputs[0], batch_ops, depth + 1, rows)
     terms = stacked_terms(op)
     if terms is not None:
-        return _reduction_of_terms(op, terms, batch_ops, depth)
+        return _reduction_of_terms(op, terms, batch_ops, depth, rows)
     if op.type == "L2Loss":   # tf.nn.l2_loss: half the sum of squares, the batch's too
         return "sum", f"'{op.name}' (tf.nn.l2_loss) sums over the batch", op.inputs[0]
     if op.type in ("Mean", "Sum"):
-        if not reduces_batch_axis(op) or _batch_axis_gone(op.inputs[0]):
-            return _reduction_of(op.inputs[0], batch_ops, depth + 1)
+        if not _reduces_the_batch(op, rows):
+            return _reduction_of(op.inputs[0], batch_ops, depth + 1, rows)
         kind = "mean" if op.type == "Mean" else "sum"
         # (a Sum of a scalar, as tf.compat.v1.losses builds, passes it through)
         reduced = op.inputs[0] if op.inputs[0].shape.rank != 0 else _reduced_in(op.inputs[0])
         return kind, f"'{op.name}' is a reduce_{kind} over the batch", reduced
     if op.type in ("Mul",):
-        kinds = [_reduction_of(x, batch_ops, depth + 1) for x in op.inputs]
+        kinds = [_reduction_of(x, batch_ops, depth + 1, rows) for x in op.inputs]
         batch = [k for k in kinds if k[0] != "const"]
         if len(batch) == 1:
             return batch[0]
         return "unknown", f"'{op.name}' multiplies two batch-dependent tensors", None
     if op.type in ("RealDiv", "Div", "DivNoNan", "TrueDiv"):
-        num, why, reduced = _reduction_of(op.inputs[0], batch_ops, depth + 1)
+        num, why, reduced = _reduction_of(op.inputs[0], batch_ops, depth + 1, rows)
         den = op.inputs[1]
         static = _constant_value(den, batch_ops)
         if num != "sum":
@@ -147,12 +149,12 @@ def _reduction_of(t: tf.Tensor, batch_ops: set[str], depth: int) -> tuple[str, s
                             f"count '{den.name}'"), reduced
         return "unknown", f"'{op.name}' divides a sum over the batch by '{den.name}'", None
     if op.type in ("Add", "AddV2", "AddN", "Sub"):
-        return _reduction_of_terms(op, list(op.inputs), batch_ops, depth)
+        return _reduction_of_terms(op, list(op.inputs), batch_ops, depth, rows)
     if op.type in ("Select", "SelectV2") and op.inputs[0].shape.rank == 0:
         # tf.where(c, a, b) of one condition (a flag fed with the run; one
         # computed from the batch is refused by transforms.batch_mixing): one
         # loss or the other, each as it reduces (a constant has no gradient)
-        kinds = [_reduction_of(x, batch_ops, depth + 1) for x in op.inputs[1:]]
+        kinds = [_reduction_of(x, batch_ops, depth + 1, rows) for x in op.inputs[1:]]
         batch = [k for k in kinds if k[0] != "const"]
         if len({k[0] for k in batch}) == 1:
             return batch[0]
@@ -167,6 +169,22 @@ _AXES_KEPT = frozenset("""
 Identity Cast Neg Abs Square Sqrt Rsqrt Exp Log Log1p Sigmoid Tanh Relu Softplus Pow
 Add AddV2 Sub Mul MulNoNan RealDiv Div DivNoNan Maximum Minimum SquaredDifference
 StopGradient""".split())
+
+
+def _reduces_the_batch(op: tf.Operation, rows) -> bool:
+    """Whether the reduction `op` (a Sum or Mean) reduces the batch's axis:
+    where the examples' forms say which axis of its input runs over them
+    (`rows`: transforms.example_rows, once the analysis has them), that
+    one, and none of an input that is already a reduction over them; else
+    axis 0, unless an earlier reduction took it away."""
+    form = rows.form(op.inputs[0]) if rows is not None else ("",)
+    if form[0] == "reduced":
+        return False
+    axes = tf.get_static_value(op.inputs[1])
+    rank = op.inputs[0].shape.rank
+    if form[0] == "rows" and axes is not None and rank is not None:
+        return form[1] in {int(a) % rank for a in axes.reshape(-1)}
+    return reduces_batch_axis(op) and not _batch_axis_gone(op.inputs[0])
 
 
 def _batch_axis_gone(t: tf.Tensor) -> bool:
@@ -193,11 +211,11 @@ def _batch_axis_gone(t: tf.Tensor) -> bool:
 
 
 def _reduction_of_terms(op: tf.Operation, terms: list[tf.Tensor], batch_ops: set[str],
-                        depth: int) -> tuple[str, str, tf.Tensor | None]:
+                        depth: int, rows=None) -> tuple[str, str, tf.Tensor | None]:
     """How a loss that `op` adds up from `terms` reduces over the batch."""
     # A constant term (Python's sum() of Keras's per-output losses starts
     # at 0) has no gradient: only the terms a gradient flows through count.
-    kinds = [_reduction_of(x, batch_ops, depth + 1) for x in terms
+    kinds = [_reduction_of(x, batch_ops, depth + 1, rows) for x in terms
              if x.op.name in batch_ops or _constant_value(x, batch_ops) is None]
     batch = [k for k in kinds if k[0] != "const"]
     names = {k[0] for k in batch}

@@ -77,6 +77,9 @@ def _graph(lookup="plain", loss="mean", batch=BATCH, state=None, clip=False):
             "sum(w*mean0)": lambda: tf.reduce_sum(tf.constant([1.0, 2.0, 3.0]) * tf.reduce_mean(
                 tf.square(logits), axis=0)),
             "sum(sum0)": lambda: tf.reduce_sum(tf.reduce_sum(tf.square(logits), axis=0)),
+            # the batch moved to axis 1 and averaged there, then the classes summed
+            "sum(mean1(transposed))": lambda: tf.reduce_sum(tf.reduce_mean(
+                tf.transpose(tf.square(logits)), axis=1)),
             # a sum written as the mean times the batch's size
             "mean*size": lambda: tf.reduce_mean(per_example) * tf.cast(tf.shape(per_example)[0],
                                                                        tf.float32),
@@ -184,6 +187,8 @@ def test_dedup_rows_are_combined_in_allgather_rewrite():
     ("sum(mean0)", BATCH, "mean"),
     ("sum(w*mean0)", None, "mean"),
     ("sum(sum0)", None, "sum"),
+    ("sum(mean1(transposed))", None, "mean"),
+    ("sum(mean1(transposed))", BATCH, "mean"),
     ("mean*size", None, "unknown"),
     ("where(flag,mean,mean/2)", None, "mean"),
     ("l2_loss", None, "sum"),       # half the sum of squares over the batch
