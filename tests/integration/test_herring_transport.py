@@ -278,10 +278,26 @@ def test_killed_server_fails_the_op_naming_it(cluster):
     assert result["wall"] < FAILURE_BOUND_S, result
 
 
+def _stop(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
+    """SIGSTOP `proc`, returning once the kernel shows every one of its
+    threads stopped: the signal only marks them, and a thread that is
+    running finishes what it is doing first (once, a push arriving then
+    was summed and answered)."""
+    proc.send_signal(signal.SIGSTOP)
+    deadline = time.monotonic() + timeout_s
+    tasks = Path(f"/proc/{proc.pid}/task")
+    while time.monotonic() < deadline:
+        states = [(t / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                  for t in tasks.iterdir()]
+        if all(state in ("T", "t") for state in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"the server {proc.pid} did not stop in {timeout_s} s")
+
+
 def test_stalled_server_fails_the_op_after_its_timeout(cluster):
     server = cluster.servers[STALLED]
-    result = _fail_push(cluster, STALLED, n=1, timeout_s=3,
-                        before_push=lambda: server.send_signal(signal.SIGSTOP))
+    result = _fail_push(cluster, STALLED, n=1, timeout_s=3, before_push=lambda: _stop(server))
     server.send_signal(signal.SIGCONT)
     assert result["error"] == "DeadlineExceededError", result
     assert cluster.addresses[STALLED] in result["message"], result
