@@ -338,7 +338,6 @@ def _analyze(graph: tf.Graph, clock: _Clock) -> Analysis:
     # A traced function's losses (several tapes: a GAN's two) all decide.
     every_loss = losses + ([] if seeds else _declared_losses(graph))
     input_ops = index.batch_local(set())
-    reduction, why = loss_reduction_of_all(graph, every_loss, input_ops)
     averaged = {t for v in variables for t in (v.grad_tensor, v.grad_values, v.grad_indices) if t}
     batch_local = index.batch_local(averaged)
     facts = Facts(graph, index, writers, losses, every_loss, frozenset(averaged), input_ops,
@@ -348,7 +347,7 @@ def _analyze(graph: tf.Graph, clock: _Clock) -> Analysis:
                   reduced_of=lambda loss: batch_reduced(graph, loss, input_ops))
     clock("train groups, losses, batch")
     found = features.find(facts, clock)
-    # (again, now that the examples' forms say which axis runs over them)
+    # (once the examples' forms say which axis runs over them)
     reduction, why = loss_reduction_of_all(graph, every_loss, input_ops, facts.shared.get("rows"))
     rows = facts.shared["rows"]
     conditional = conditional_ops(index)
