@@ -144,6 +144,11 @@ SPARSE_SEGMENTS = frozenset({"SparseSegmentSum", "SparseSegmentMean", "SparseSeg
                              "SparseSegmentMeanWithNumSegments",
                              "SparseSegmentSqrtNWithNumSegments"})
 GATHERS = frozenset({"GatherV2", "Gather", "ResourceGather"})
+# Crosses of features, row by row (tf.sparse.cross, tf.sparse.cross_hashed,
+# Keras's HashedCrossing): inputs N SparseTensors' indices, values and
+# shapes, then dense tensors, then SHARED scalars (a separator, buckets,
+# salt); outputs a SparseTensor whose row i crosses row i of every input.
+SPARSE_CROSSES = frozenset({"SparseCross", "SparseCrossHashed", "SparseCrossV2"})
 # Lookups of each key (input 1) in a table (a StringLookup's vocabulary): the
 # keys' form, the table and the default value SHARED.
 LOOKUPS = frozenset({"LookupTableFind", "LookupTableFindV2"})
@@ -433,6 +438,8 @@ class ExampleRows:
             return [form, ELEMS if per_example(ins[0]) else form] + [form] * (n_out - 2)
         if t in SPARSE_SEGMENTS:
             return [self._sparse_segments(op, ins)]
+        if t in SPARSE_CROSSES:
+            return self._sparse_cross(op, ins)
         if t in ("UnsortedSegmentSum", "UnsortedSegmentMean", "UnsortedSegmentMax",
                  "UnsortedSegmentMin", "UnsortedSegmentProd", "SegmentSum", "SegmentMean",
                  "SegmentMax", "SegmentMin", "SegmentProd", "SegmentSumV2"):
@@ -1255,6 +1262,35 @@ class ExampleRows:
                 and per[0][1] == 0:
             return _known_group(per)
         return self._mixed(op, ins)
+
+    def _sparse_cross(self, op, ins) -> list:
+        """A cross of features row by row (SPARSE_CROSSES): its indices and
+        values each an example's when every input's are, the dense inputs
+        the batch's rows. Its dense shape: the examples' count in the dense
+        inputs' layout, then the crosses per row, static (their product)
+        for dense inputs of static width alone, else the largest count of a
+        row's crosses in the worker's rows ("d": a SparseToDense of it is
+        padded to each worker's own width); DIM without a dense input (a
+        SparseTensor's shape is no form of the examples' count)."""
+        n = op.get_attr("N")
+        dense = len(op.get_attr("dense_types"))
+        sparse_parts, shapes = ins[:2 * n], ins[2 * n:3 * n]
+        dense_forms, scalars = ins[3 * n:3 * n + dense], ins[3 * n + dense:]
+        layouts = {(f[3], f[4]) if is_rows(f) and f[1] == 0 and f[2] == BATCH else None
+                   for f in dense_forms}
+        layouts |= {(f[1], f[2]) for f in shapes if f[0] == "shape"}
+        if None in layouts or len(layouts) > 1 or any(f != SHARED for f in scalars) \
+                or not all(per_example(f) for f in sparse_parts) \
+                or not all(f == SHARED or f[0] in ("shape", "dim") for f in shapes):
+            return [self._mixed(op, ins)] * 3
+        self.assumed[op.name] = "its output's row i crosses row i of every input"
+        if not layouts:
+            return [ELEMS, ELEMS, DIM]
+        (blocks, group), = layouts
+        widths = [x.shape[1] if x.shape.rank == 2 else None
+                  for x in op.inputs[3 * n:3 * n + dense]]
+        crosses = "d" if n or None in widths else int(np.prod(widths, dtype=np.int64))
+        return [ELEMS, ELEMS, ("shape", blocks, group, (crosses,))]
 
     def _sparse_segments(self, op, ins) -> tuple:
         # (data, indices, segment_ids[, num_segments]): embedding_lookup_sparse

@@ -18,12 +18,13 @@ def run_locally(graph_def, runs):
             return runs(session)
 
 
-def run_workers_together(rewritten, runs):
+def run_workers_together(rewritten, runs, init_feed=None):
     """runs(session) on the N workers' rewritten graphs (rewrite_for_worker's
     WorkerGraphs) imported into one session of this process, worker w's
     under the scope "w{w}/" on a CPU device of its own (their collectives
     between local devices), its variables initialised and the chief's
-    broadcast."""
+    broadcast. `init_feed`: {tensor name: value} fed to every worker's
+    initialisation (a lifted step's initial values, LiftedGraph.initial_feed)."""
     n = len(rewritten)
     graph = tf.Graph()
     with graph.as_default():
@@ -36,6 +37,8 @@ def run_workers_together(rewritten, runs):
     with tf1.Session(graph=graph, config=config) as session:
         session.run([op for op in graph.get_operations()
                      if op.type in ("AssignVariableOp", "Assign") and "/Initializer/" in op.name
-                     or op.name.endswith("/Assign")])
+                     or op.name.endswith("/Assign")],
+                    {f"w{w}/{name}": value for w in range(n)
+                     for name, value in (init_feed or {}).items()})
         session.run([f"w{w}/{r.broadcast_op}" for w, r in enumerate(rewritten)])
         return runs(session)

@@ -243,3 +243,95 @@ def test_a_layer_first_called_inside_a_loop_of_the_step_is_lifted():
         step(x)
     for name, variable in lifted.python_variables.items():
         np.testing.assert_allclose(got[name], variable.numpy(), rtol=1e-12, err_msg=name)
+
+
+def _crossed_step(optimizer):
+    """keras-io's structured-data programs' feature cross (Keras's
+    HashedCrossing, as FeatureSpace.cross makes it: tf.sparse.cross_hashed
+    of each example's features) looked up in an embedding."""
+    embedding = layers.Embedding(8, 3, dtype="float64")
+    cross = layers.HashedCrossing(num_bins=8)
+    dense = layers.Dense(1, dtype="float64")
+    loss_fn = keras.losses.MeanSquaredError()
+
+    @tf.function
+    def step(x, y):
+        a, b = tf.cast(x[:, 0] > 0, tf.int64), tf.cast(x[:, 1] > 0.5, tf.int64)
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, dense(embedding(cross((a, b)))))
+        weights = embedding.trainable_weights + dense.trainable_weights
+        optimizer.apply(tape.gradient(loss, weights), weights)
+        return loss
+    cf = step.get_concrete_function(tf.TensorSpec([None, 2], tf.float64),
+                                    tf.TensorSpec([None, 1], tf.float64))
+    return cf, (embedding, cross, dense, step)
+
+
+@pytest.mark.slow
+def test_crossed_features_are_each_examples_ids():
+    """Row i of a cross is example i's id: under Keras's Adam, which squares
+    each row of the embedding's gradient before an id's rows add up, 3
+    workers in one session (hybrid) end with one device's every variable
+    and slot after 4 steps of a 12-example global batch (before: refused,
+    the crossed ids taken for ids no example owns)."""
+    import autopar
+    from autopar.transforms.compile import compile_for_config
+    from autopar.transforms.rewrite import rewrite_for_worker
+    from tests.unit.local_run import run_workers_together
+    keras.utils.set_random_seed(0)
+    cf, _kept = _crossed_step(keras.optimizers.Adam(0.05))
+    lifted = lift(cf)
+    initial = lifted.initial_feed()
+    names = sorted(lifted.python_variables)
+    n, rng = 3, np.random.default_rng(0)
+    batches = [(rng.normal(size=(12, 2)), rng.normal(size=(12, 1))) for _ in range(4)]
+    compiled = compile_for_config(lifted.graph, n, autopar.Config(run_option="hybrid"))
+    rewritten = [rewrite_for_worker(lifted.graph, compiled.analysis, compiled.plan, w)
+                 for w in range(n)]
+
+    def train_together(session):
+        for x, y in batches:
+            session.run([f"w{w}/{CALL_OP}" for w in range(n)],
+                        {f"w{w}/{name}": value[w::n] for w in range(n)
+                         for name, value in zip(lifted.inputs, (x, y))})
+        return [session.run({v: f"w{w}/{v}/Read/ReadVariableOp:0" for v in names})
+                for w in range(n)]
+    got = run_workers_together(rewritten, train_together, init_feed=initial)
+    with lifted.graph.as_default():
+        init = tf1.global_variables_initializer()
+    with tf1.Session(graph=lifted.graph) as session:
+        session.run(init, initial)
+        for x, y in batches:
+            session.run(CALL_OP, dict(zip(lifted.inputs, (x, y))))
+        expected = session.run({v: f"{v}/Read/ReadVariableOp:0" for v in names})
+    assert any("embeddings" in v for v in names) and any("momentum" in v for v in names)
+    for w, values in enumerate(got):
+        for v in names:
+            # (Adam's m / sqrt(v) turns the last bits of rows added in
+            # another order into differences of about 1e-9 of its lr 0.05)
+            np.testing.assert_allclose(values[v], expected[v], rtol=1e-7, atol=1e-8,
+                                       err_msg=f"worker {w} {v}")
+
+
+def test_a_cross_of_sparse_features_is_padded_to_each_workers_width():
+    """tf.sparse.cross of a SparseTensor of each example's features: the
+    crosses per row are the worker's largest count (a per-worker width), its
+    indices and values each an example's; a cross of dense features of
+    static width has that width."""
+    from autopar.transforms.example_rows import ExampleRows
+    graph = tf.Graph()
+    with graph.as_default():
+        tags = tf1.sparse_placeholder(tf.int64, [None, None], name="tags")
+        x = tf1.placeholder(tf.int64, [None, 2], name="x")
+        sparse = tf.sparse.cross_hashed([tags, x], num_buckets=5)
+        dense = tf.sparse.cross_hashed([x, x[:, :1]], num_buckets=5)
+        alone = tf.sparse.cross_hashed([tags, tags], num_buckets=5)
+        fixed = tf.sparse.cross_hashed([x, tf.ones([3, 2], tf.int64)], num_buckets=5)
+    forms = ExampleRows(graph).forms
+    for cross in (sparse, dense, alone):
+        assert forms[cross.indices.name] == ("elems",) == forms[cross.values.name]
+    assert forms[sparse.dense_shape.name] == ("shape", 1, 1, ("d",))
+    assert forms[dense.dense_shape.name] == ("shape", 1, 1, (2,))
+    assert forms[alone.dense_shape.name] == ("dim",)
+    # crossed with rows of no example: each row would cross another's
+    assert forms[fixed.values.name][0] == "mixed"
