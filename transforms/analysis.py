@@ -30,7 +30,8 @@ from autopar.transforms.features import registry as features
 from autopar.transforms.features.base import Facts
 from autopar.transforms.graph_index import GraphIndex
 from autopar.transforms.graph_utils import (INPUT_OP_TYPES, VARIABLE_OP_TYPES, op_name_of, transforming,
-                                            graph_of, in_gradient_scope, is_restore_assignment,
+                                            functions_run_by, graph_of, in_gradient_scope,
+                                            is_restore_assignment, library_functions,
                                             static_shape, uncast, writes_variable)
 from autopar.transforms.lift import FETCHES, tape_seed_pairs
 from autopar.transforms.loss_reduction import batch_reduced, loss_reduction_of_all
@@ -893,22 +894,12 @@ def _variable_info(graph, var_op, update_ops, boundary, slots_of: dict[str, list
 def _loop_computing_gradients(graph: tf.Graph) -> tf.Operation | None:
     """A functional loop op of the graph whose body (or a function it
     calls) computes gradients, or None."""
-    library = {f.signature.name: f for f in graph.as_graph_def().library.function}
-
-    def computes_gradients(name: str, seen: set[str]) -> bool:
-        if name in seen or name not in library:
-            return False
-        seen.add(name)
-        for node in library[name].node_def:
-            if in_gradient_scope(node.name + "/x"):
-                return True
-            if any(computes_gradients(value.func.name, seen) for value in node.attr.values()
-                   if value.HasField("func")):
-                return True
-        return False
-    for op in graph.get_operations():
-        if op.type in ("While", "StatelessWhile") and computes_gradients(
-                op.get_attr("body").name, set()):
+    loops = [op for op in graph.get_operations() if op.type in ("While", "StatelessWhile")]
+    library = library_functions(graph) if loops else {}
+    for op in loops:
+        if any(in_gradient_scope(node.name + "/x")
+               for _, body in functions_run_by(library, [op.get_attr("body").name])
+               for node in body.node_def):
             return op
     return None
 

@@ -343,6 +343,29 @@ def op_name_of(name: str) -> str:
     return name.lstrip("^").split(":")[0]
 
 
+def library_functions(graph_or_def) -> dict:
+    """{name: FunctionDef} of the function library of a tf.Graph or a GraphDef."""
+    graph_def = graph_or_def.as_graph_def() if isinstance(graph_or_def, tf.Graph) else graph_or_def
+    return {f.signature.name: f for f in graph_def.library.function}
+
+
+def functions_run_by(library: dict, names):
+    """(name, FunctionDef) of each function of `library` (library_functions)
+    that `names` name or that one of them runs, however deep, once each: the
+    functions its ops' function-valued attributes name (a loop's body, a
+    cond's branches, a call) and those run as an op type of their own."""
+    stack, seen = list(names), set()
+    while stack:
+        name = stack.pop()
+        if name in seen or name not in library:
+            continue
+        seen.add(name)
+        fdef = library[name]
+        yield name, fdef
+        stack.extend(f.name for f in function_calls(fdef.node_def))
+        stack.extend(node.op for node in fdef.node_def if node.op in library)
+
+
 def function_calls(nodes):
     """The function references (NameAttrList messages, renamable in place)
     of `nodes`' function-valued attributes: a cond's branches, a loop's

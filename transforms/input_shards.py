@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from autopar.transforms.graph_utils import op_name_of
+from autopar.transforms.graph_utils import library_functions, op_name_of
 
 # Iterator reads (tf.compat.v1 get_next, and the optional form).
 GET_NEXT_TYPES = frozenset({"IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional"})
@@ -55,7 +55,7 @@ def unsharded_inputs(graph: tf.Graph, roots: list[str]) -> list[UnshardedInput]:
         iterator = _through_identities(get_next.inputs[0].op)
         if iterator.type == "OneShotIterator":
             if library is None:
-                library = {f.signature.name: f for f in graph.as_graph_def().library.function}
+                library = library_functions(graph)
             sinks = [("function", (iterator.name, iterator.get_attr("dataset_factory").name))]
         elif iterator.type in _MADE_ITERATOR_TYPES:
             sinks = [("graph", op.inputs[0].op) for op in _makers(graph, iterator)]
@@ -66,7 +66,7 @@ def unsharded_inputs(graph: tf.Graph, roots: list[str]) -> list[UnshardedInput]:
             sinks += [("function", (op.name, op.get_attr("dataset_factory").name))
                       for op in graph.get_operations() if op.type == "OneShotIterator"]
             if any(kind == "function" for kind, _ in sinks) and library is None:
-                library = {f.signature.name: f for f in graph.as_graph_def().library.function}
+                library = library_functions(graph)
         else:
             sinks = []
         if not sinks:

@@ -49,7 +49,8 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2, types_pb2
 from tensorflow.python.framework.function_def_to_graph import function_def_to_graph_def
 
 from autopar.common.errors import UnsupportedGraphError
-from autopar.transforms.graph_utils import function_calls, import_meta_graph, writes_variable
+from autopar.transforms.graph_utils import (function_calls, import_meta_graph, library_functions,
+                                            writes_variable)
 from autopar.transforms.ops import attr_value
 from autopar.transforms.random_draws import draws_randomly
 
@@ -64,7 +65,7 @@ def lower_conds(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
     """`graph_def` with every If whose branches write a variable or draw
     random numbers lowered (module docstring); `graph_def` itself when there
     is none."""
-    functions = {f.signature.name: f for f in graph_def.library.function}
+    functions = library_functions(graph_def)
     stateful = _functions_with_state(functions)
     out = graph_def
     for _ in range(_MAX_NESTING):

@@ -73,8 +73,8 @@ from tensorflow.python.framework import tensor_util   # try_evaluate_constant
 from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms.example_rows import BATCH, SHARED, ExampleRows
 from autopar.transforms.features.base import GraphFeature, Rewiring, in_step_cond, in_step_flag
-from autopar.transforms.graph_utils import (INPUT_OP_TYPES, function_calls, node_input_name,
-                                            op_name_of)
+from autopar.transforms.graph_utils import (INPUT_OP_TYPES, function_calls, functions_run_by,
+                                            library_functions, node_input_name, op_name_of)
 from autopar.transforms.keys import BATCH_DRAWS
 from autopar.transforms.ops import copy_op
 
@@ -232,15 +232,11 @@ def refuse_draws_in_functions(graph: tf.Graph, index, written: set[int]) -> None
         if index.position[op.name] in written]
     if not callers:
         return
-    library = {f.signature.name: f for f in graph.as_graph_def().library.function}
+    library = library_functions(graph)
     for caller in callers:
-        stack, seen = [f.name for f in function_calls([caller.node_def])], set()
-        while stack:
-            name = stack.pop()
-            if name in seen or name not in library:
-                continue
-            seen.add(name)
-            for node in library[name].node_def:
+        run = [f.name for f in function_calls([caller.node_def])] + [caller.type]
+        for name, body in functions_run_by(library, run):
+            for node in body.node_def:
                 if draws_randomly(node.op) or _seeded_by_attributes(node.op):
                     raise UnsupportedGraphError(
                         f"the random op '{node.name}' ({node.op}) draws inside the function "
@@ -249,7 +245,6 @@ def refuse_draws_in_functions(graph: tf.Graph, index, written: set[int]) -> None
                         "draw, or the draw every worker shares, only for a draw of the graph "
                         "itself, not inside a loop's body. Draw it before the loop (one mask "
                         "for every time step, as Keras's LSTM(dropout=...) does)")
-            stack.extend(f.name for f in function_calls(library[name].node_def))
 
 
 def _seeded_by_attributes(op_type: str) -> bool:

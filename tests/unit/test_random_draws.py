@@ -497,6 +497,22 @@ def test_a_draw_inside_a_loops_body_is_refused_by_name():
         analyze_graph(_graph(loop))
 
 
+def test_a_draw_inside_a_function_run_as_an_op_of_its_type_is_refused_by_name():
+    """A function called as an op whose type is its name (a Defun of a TF1
+    program) is walked as a loop's body is: a dropout inside it is refused
+    (before: only functions named by an op's attributes were walked, and
+    every worker drew the rows of the first examples)."""
+    from tensorflow.python.framework import function
+
+    @function.Defun(tf.float64)
+    def noisy(h):
+        return tf1.nn.dropout(h, rate=0.5)
+    with pytest.raises(UnsupportedGraphError,
+                       match="random op 'dropout/random_uniform/RandomUniform' \\(RandomUniform\\) "
+                             "draws inside the function 'noisy_[^']*', which 'noisy_[^']*'"):
+        analyze_graph(_graph(noisy))
+
+
 def test_an_input_pipelines_draws_are_not_the_steps():
     """A tf.data map's draw (an augmentation) runs in the input pipeline, a
     function no op of the step runs: neither refused nor seeded."""
