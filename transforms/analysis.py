@@ -345,7 +345,8 @@ def _analyze(graph: tf.Graph, clock: _Clock) -> Analysis:
                   batch_local, trained_seeds=_trained_seeds(index, every_seed, reached, inner,
                                                             averaged),
                   inner_seeds=[(seed, loss) for seed, loss in every_seed if seed in inner],
-                  reduced_of=lambda loss: batch_reduced(graph, loss, input_ops))
+                  reduced_of=lambda loss: batch_reduced(graph, loss, input_ops,
+                                                        facts.shared.get("rows")))
     clock("train groups, losses, batch")
     found = features.find(facts, clock)
     # (once the examples' forms say which axis runs over them)

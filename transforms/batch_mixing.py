@@ -159,7 +159,7 @@ def inner_gradients_of_the_batch(facts) -> dict[str, str]:
         if loss_t.op.name not in facts.input_ops:
             continue   # (a regularizer's gradient: no example in it)
         if loss_t.shape.rank == 0:
-            kind = loss_reduction(graph, loss, facts.input_ops)[0]
+            kind = loss_reduction(graph, loss, facts.input_ops, facts.shared["rows"])[0]
         else:
             kind = "each example's"   # tf.gradients adds the examples' values up
         for i in index.reachable([index.position[seed]]):

@@ -73,7 +73,9 @@ class BatchWeights(GraphFeature):
     fields = ("batch_weights", "batch_mean_increments", "batch_sum_increments",
               "batch_mean_totals")
     keys = (BATCH_WEIGHTS,)
-    after = ("loss_counts",)   # a loss divided by a count needs no weights
+    # a loss divided by a count needs no weights; the examples' forms say
+    # which axis of a mean runs over them
+    after = ("loss_counts", "example_rows")
 
     def find(self, facts):
         input_ops = facts.index.of_types(INPUT_OP_TYPES)
@@ -86,7 +88,8 @@ class BatchWeights(GraphFeature):
         # run would otherwise run the weight's all-reduce, which the
         # workers' evaluations need not run alike)
         in_step = ops_of_training_steps(facts.index, [seed for seed, _ in facts.trained_seeds])
-        found = (facts.graph, facts.writers, facts.batch_local, facts.input_ops, in_step)
+        found = (facts.graph, facts.writers, facts.batch_local, facts.input_ops, in_step,
+                 facts.shared["rows"])
         means = find_batch_mean_increments(*found)
         return {"batch_weights": seeds,
                 "batch_mean_increments": means,
@@ -176,7 +179,7 @@ def ops_of_training_steps(index, seeds: list[str]) -> set[str]:
 
 def find_batch_mean_increments(graph: tf.Graph, writers: dict[str, list[str]],
                                batch_local: set[str], batch_ops: set[str],
-                               in_step: set[str] | None = None
+                               in_step: set[str] | None = None, rows=None
                                ) -> dict[str, tuple[str, str, str]]:
     """{op that adds a mean over the batch to a variable: (the variable, the
     added tensor, the tensor whose leading dimension is that batch)}: the
@@ -189,10 +192,11 @@ def find_batch_mean_increments(graph: tf.Graph, writers: dict[str, list[str]],
     averaged alike). An addition is an AssignAdd, or an assignment of the
     variable's value plus the tensor (Keras 3's `v.assign(v + x)`: the op is
     then the Add). A sum over the batch (an accuracy's matches) or a
-    constant (a count's 1) adds up over workers already: not among them."""
+    constant (a count's 1) adds up over workers already: not among them.
+    `rows`: the examples' forms (transforms.example_rows), when known."""
     out = {}
     for variable, adding, added in _batch_additions(graph, writers, batch_local, in_step):
-        reduced = batch_reduced(graph, added.name, batch_ops)
+        reduced = batch_reduced(graph, added.name, batch_ops, rows)
         if reduced is None:
             continue
         shape = graph.get_tensor_by_name(reduced).shape
@@ -212,7 +216,8 @@ def find_batch_mean_totals(graph: tf.Graph, increments: dict[str, tuple[str, str
 
 def find_batch_sum_increments(graph: tf.Graph, writers: dict[str, list[str]],
                               batch_local: set[str], batch_ops: set[str],
-                              in_step: set[str] | None = None) -> dict[str, tuple[str, str]]:
+                              in_step: set[str] | None = None, rows=None
+                              ) -> dict[str, tuple[str, str]]:
     """{op that adds a sum over the batch, fed as one value, to a mean's
     total: (the variable, the tensor added)}, for the additions a step makes
     to state of its own that run in training steps alone (`in_step`, as
@@ -225,12 +230,12 @@ def find_batch_sum_increments(graph: tf.Graph, writers: dict[str, list[str]],
     independent of the batch. A tensor of the batch's examples fed to a
     Mean adds their number to its count, which adds up over workers: not
     among them; nor a total with no count (Keras's `Sum`), which adds up
-    too."""
+    too. `rows`: as find_batch_mean_increments'."""
     out = {}
     counted: dict[str, bool] = {}   # variable -> whether it is a mean's total
     for variable, adding, added in _batch_additions(graph, writers, batch_local, in_step):
         fed = _scalar_reduced(added)
-        if fed is None or loss_reduction(graph, fed.name, batch_ops)[0] != "sum":
+        if fed is None or loss_reduction(graph, fed.name, batch_ops, rows)[0] != "sum":
             continue
         if variable not in counted:
             count = _divided_by(graph, variable)

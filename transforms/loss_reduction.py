@@ -54,13 +54,22 @@ def loss_reduction(graph, loss: str | None, batch_ops: set[str] | None = None,
     return _loss_reduction(graph, loss, batch_ops, rows)[:2]
 
 
-def batch_reduced(graph, loss: str, batch_ops: set[str]) -> str | None:
-    """The tensor whose reduction over the batch makes `loss` a mean (its
-    leading dimension is the batch's: the per-example losses a reduce_mean
-    averages, the values a Keras loss sums before dividing by their count),
-    or None when the loss is no mean or shows none."""
-    kind, _, reduced = _loss_reduction(graph, loss, batch_ops)
-    return reduced.name if kind == "mean" and reduced is not None else None
+def batch_reduced(graph, loss: str, batch_ops: set[str], rows=None) -> str | None:
+    """A tensor whose leading dimension counts the examples over which
+    `loss` is a mean (in proportion: transforms.batch_weights weighs by its
+    share of the workers' sum): the tensor that reduction reduces (the
+    per-example losses a reduce_mean averages, the values a Keras loss sums
+    before dividing by their count), or, where the examples' forms (`rows`)
+    show it reduces them along another axis (a mean over axis 1 of
+    transposed errors), the batch's input tensor; None when the loss is no
+    mean or shows none."""
+    kind, _, reduced = _loss_reduction(graph, loss, batch_ops, rows)
+    if kind != "mean" or reduced is None:
+        return None
+    form = rows.form(reduced) if rows is not None else ("",)
+    if form[0] == "rows" and form[1] != 0:
+        return rows.batch_input
+    return reduced.name
 
 
 # Why a loss's reduction is "unknown" when the loss itself shows none: no

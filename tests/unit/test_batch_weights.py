@@ -291,3 +291,62 @@ def test_a_mean_fed_the_batchs_mean_is_no_sum():
     # (the others by N * b / B, as their counts grow N per step)
     assert {analysis.batch_mean_increments[op][0] for op in analysis.batch_mean_totals} == \
         {totals["summed"]}
+
+
+def _transposed_mean(reduce):
+    """A loss averaging over the batch along axis 1 of the transposed
+    squared errors [classes, b], as `reduce` writes it."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float64, [None, 5], name="x")
+        y = tf1.placeholder(tf.int64, [None], name="y")
+        w = tf1.get_variable("w", [5, 4], tf.float64,
+                             initializer=tf1.glorot_uniform_initializer(seed=1))
+        errors = tf.transpose(tf.square(tf.nn.softmax(tf.matmul(x, w))
+                                        - tf.one_hot(y, 4, dtype=tf.float64)))
+        train = tf1.train.GradientDescentOptimizer(0.5).minimize(reduce(errors))
+    return graph, train
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reduce,batch_tensor", [
+    # the per-class means over the batch, summed over the classes: the
+    # batch along axis 1 of what the mean reduces, so counted in the input's
+    (lambda errors: tf.reduce_sum(tf.reduce_mean(errors, axis=1)), "x:0"),
+    # each example's errors summed over the classes, averaged over the batch
+    (lambda errors: tf.reduce_mean(tf.reduce_sum(errors, axis=0)), "Sum:0"),
+], ids=["sum of batch means", "mean of class sums"])
+def test_a_mean_along_another_axis_is_weighed_by_the_batch(reduce, batch_tensor):
+    """The examples' forms say which axis a mean over the batch runs along:
+    the workers weigh their gradients by their shares of an 11-example
+    global batch (4/4/3 on 3 workers) and end with one device's variable
+    after 4 steps (before: the first read as no mean, the second as a mean
+    of the classes, and neither weighed: parameters off by up to 0.02)."""
+    import numpy as np
+
+    from autopar.transforms.plan import PlanOptions, make_plan
+    from autopar.transforms.rewrite import rewrite_for_worker
+    from tests.unit.local_run import run_locally, run_workers_together
+    graph, train = _transposed_mean(reduce)
+    analysis = analyze_graph(graph)
+    assert analysis.loss_reduction == "mean"
+    assert list(analysis.batch_weights.values()) == [batch_tensor]
+    n, rng = 3, np.random.default_rng(0)
+    batches = [(rng.normal(size=(11, 5)), rng.integers(0, 4, size=11)) for _ in range(4)]
+    plan = make_plan(analysis, n, options=PlanOptions(run_option="allreduce"))
+    rewritten = [rewrite_for_worker(graph, analysis, plan, w) for w in range(n)]
+
+    def train_together(session):
+        for x, y in batches:
+            session.run([f"w{w}/{train.name}" for w in range(n)],
+                        {**{f"w{w}/x:0": x[w::n] for w in range(n)},
+                         **{f"w{w}/y:0": y[w::n] for w in range(n)}})
+        return session.run([f"w{w}/w/Read/ReadVariableOp:0" for w in range(n)])
+
+    def train_alone(session):
+        for x, y in batches:
+            session.run(train.name, {"x:0": x, "y:0": y})
+        return session.run("w/Read/ReadVariableOp:0")
+    expected = run_locally(graph.as_graph_def(), train_alone)
+    for w, value in enumerate(run_workers_together(rewritten, train_together)):
+        np.testing.assert_allclose(value, expected, rtol=1e-12, err_msg=f"worker {w}")
