@@ -742,6 +742,16 @@ class ExampleRows:
         if src[0] in ("reduced", "distinct", "size", "shape", "dim"):
             if src[0] == "shape" and t in ("StridedSlice", "Slice"):
                 return [self._shape_slice(op, src)]
+            if src == DIM and t == "StridedSlice":
+                element = self._element_of_a_shape(op, forms)
+                if element is not None:
+                    return [element]
+            if src[0] == "size" and t in ("ExpandDims", "Reshape") \
+                    and op.outputs[0].shape.as_list() == [1]:
+                # [tf.shape(x)[0]]: the shape of a tensor of the examples'
+                # rows, whose other dimensions a concatenation adds
+                # (an RNN cell's zero_state(batch_size))
+                return [("shape", src[1], src[2], ())]
             if src[0] == "shape" and t == "SplitV":
                 return self._shape_split(op, src)
             if src[0] in ("shape", "size", "dim"):
@@ -1038,6 +1048,29 @@ class ExampleRows:
         if start == 0:
             return ("shape", src[1], src[2], src[3][:max(stop - 1, 0)])
         return SHARED if all(d != "d" for d in src[3][start - 1:stop - 1]) else DIM
+
+    def _element_of_a_shape(self, op, forms) -> tuple | None:
+        """tf.shape(x)[k] of a tensor x whose examples run along an axis
+        other than its first (a time-major sequence [T, b, d], which
+        dynamic_rnn makes and reads its batch's size from as
+        tf.shape(x)[1]): the batch's size where k is that axis; SHARED where
+        the dimension is static or of a fixed length, DIM otherwise. None
+        for any other slice (a "shape" form holds the size at element 0
+        only)."""
+        shape = op.inputs[0].op
+        if shape.type != "Shape" or not op.get_attr("shrink_axis_mask") & 1:
+            return None
+        src = forms.get(shape.inputs[0].name, SHARED)
+        rank = shape.inputs[0].shape.rank
+        begin = tf.get_static_value(op.inputs[1])
+        if not is_rows(src) or src[2] != BATCH or rank is None or begin is None \
+                or np.size(begin) != 1:
+            return None
+        k = int(np.reshape(begin, -1)[0]) % rank
+        if k == src[1]:
+            return ("size", src[3], src[4])
+        known = shape.inputs[0].shape[k] is not None or self.fixed_lengths
+        return SHARED if known else DIM
 
     def _shape_split(self, op, src) -> list:
         """tf.split of tf.shape(x) (tf.signal.frame's outer, framed and inner
