@@ -37,11 +37,11 @@ from __future__ import annotations
 import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
-from autopar.transforms.example_rows import (OPAQUE, REDUCTIONS, SELECTIONS_BY_VALUE, SHARED,
-                                              ExampleRows, per_example)
+from autopar.transforms.example_rows import (DIM, OPAQUE, REDUCTIONS, SELECTIONS_BY_VALUE,
+                                              SHARED, ExampleRows, per_example)
 from autopar.transforms.features.base import GraphFeature
 from autopar.transforms.graph_index import GraphIndex
-from autopar.transforms.graph_utils import INPUT_OP_TYPES, OF_SHAPES_ALONE, reads_a_variable
+from autopar.transforms.graph_utils import reads_a_variable
 from autopar.transforms.loss_reduction import loss_reduction
 
 # What a loss may do with reductions over the batch and stay a sum or mean of
@@ -256,32 +256,12 @@ def _per_worker_factor(t: tf.Tensor, rows: ExampleRows, how: str) -> str | None:
     that transforms.loss_counts makes the global batch's. A value read from
     the batch's values otherwise (its longest sequence's length, a mean of
     its labels) is its share's, where one device's is the global batch's."""
-    source = _batch_value_read(t, rows)
+    source = rows.batch_values_read(t)
     if source is None:
         return None
     return (f"{how} '{t.op.name}', a statistic of the worker's batch's values ('{source}'), "
             "no count of its examples (the batch's longest length, a mean of its labels): "
             "one device takes it of the global batch, each worker would of its share")
-
-
-def _batch_value_read(t: tf.Tensor, rows: ExampleRows) -> str | None:
-    """The first op through which `t` reads values of the batch (not its
-    shape alone, not a count transforms.loss_counts makes one device's),
-    or None."""
-    seen, stack = set(), [t]
-    while stack:
-        x = stack.pop()
-        if x.name in seen or x.name in rows.stops or rows.form(x) == SHARED \
-                or x.op.type in OF_SHAPES_ALONE:
-            continue
-        seen.add(x.name)
-        if not x.op.inputs or x.op.type in INPUT_OP_TYPES:
-            return x.op.name
-        inner = [i for i in x.op.inputs if rows.form(i) != SHARED]
-        if not inner:
-            return x.op.name
-        stack.extend(inner)
-    return None
 
 
 def _op_named(graph: tf.Graph, name: str) -> tf.Operation | None:
@@ -324,6 +304,14 @@ def _what(op: tf.Operation | None, kind: str, rows: ExampleRows) -> str:
     if op.type in ("GatherV2", "Gather", "GatherNd") and _by_a_mask(op.inputs[1]):
         return (f"{a} of the values a mask of the batch keeps (tf.boolean_mask, tf.where): "
                 + _MASK_COUNTS)
+    if op.type in ("While", "StatelessWhile"):
+        bound = next((x.op.name for x in op.inputs
+                      if rows.form(x) == DIM and rows.batch_values_read(x)), op.name)
+        return (f"{a} running as many times as '{bound}', a statistic of the worker's batch's "
+                "values, says (a loop to the batch's longest sequence, as dynamic_rnn runs "
+                "with a sequence_length): one device runs it for the global batch, each worker "
+                "for its share. Loop over a length of the batch's shape (a padded length) or a "
+                "fixed one, and mask the ended sequences")
     if op.type in ("Switch", "RefSwitch", "If", "StatelessIf"):
         decided_by = op.inputs[1 if op.type.endswith("Switch") else 0].op.name
         return (f"{a} deciding by a value of the whole batch ('{decided_by}'): one device "

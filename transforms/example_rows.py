@@ -81,8 +81,9 @@ import numpy as np
 import tensorflow as tf
 
 from autopar.transforms.features.base import GraphFeature
-from autopar.transforms.graph_utils import (INPUT_OP_TYPES, SHAPE_OPS, in_gradient_scope,
-                                            reads_a_variable, reduces_batch_axis)
+from autopar.transforms.graph_utils import (INPUT_OP_TYPES, OF_SHAPES_ALONE, SHAPE_OPS,
+                                            in_gradient_scope, reads_a_variable,
+                                            reduces_batch_axis)
 
 SHARED = ("shared",)
 ELEMS = ("elems",)
@@ -379,7 +380,8 @@ class ExampleRows:
                 return [_join([f for f in ins])] + [SHARED] * (n_out - 1)
             if t in ("Switch", "RefSwitch"):   # a V1 cond's, or loop's, predicate
                 if ins[1][0] not in ("shared", "dim", "size", "shape") and \
-                        not self._decided_alike(op, op.inputs[1], ins[1], forms):
+                        not self._decided_alike(op, op.inputs[1], ins[1], forms) \
+                        or self._decides_by_values(op.inputs[1], forms):
                     return [self._mixed(op, ins)] * n_out
                 return [ins[0]] * n_out
             if t == "IdentityN":
@@ -499,7 +501,7 @@ class ExampleRows:
         if t in ("SpaceToBatchND", "BatchToSpaceND"):
             return [self._space_batch(op, ins)]
         if t in WHILES:
-            return self._while(op, ins)
+            return self._while(op, ins, forms)
         if t in IFS:
             return self._if(op, ins, forms)
         if t in FUNCTION_CALLS:
@@ -531,6 +533,9 @@ class ExampleRows:
         kinds = {f[0] for f in ins}
         if kinds <= {"shared", "size", "dim", "shape"}:
             return self._arithmetic(op, ins)
+        if op.type == "Select" and op.inputs[0].shape.rank == 1 \
+                and (op.inputs[1].shape.rank or 0) > 1:
+            return self._select_rows(op, ins)
         if kinds & {"reduced", "distinct"}:
             if kinds & {"rows", "elems"}:
                 # a statistic of the batch meets an example's values
@@ -567,6 +572,15 @@ class ExampleRows:
                 return first
             return ELEMS
         return first
+
+    def _select_rows(self, op, ins) -> tuple:
+        """tf.compat.v1.where(c, a, b) of a vector c (TF1's Select): c[i]
+        picks row i of a or of b whole (dynamic_rnn copies each example's
+        state through once its sequence has ended). The rows of a and b
+        when c, a and b each hold the examples' rows along axis 0, aligned."""
+        if all(is_rows(f) and f[1] == 0 for f in ins) and all(aligned(f, ins[0]) for f in ins):
+            return _known_group(ins)
+        return self._mixed(op, ins)
 
     def _arithmetic(self, op, ins) -> tuple:
         """Integer arithmetic on sizes and shapes."""
@@ -1404,7 +1418,8 @@ class ExampleRows:
         if any(r is None for r in results):
             return [("unknown", op.name)] * len(op.outputs)
         if ins[0] not in (SHARED,) and ins[0][0] != "dim" and \
-                not self._decided_alike(op, op.inputs[0], ins[0], forms):
+                not self._decided_alike(op, op.inputs[0], ins[0], forms) \
+                or self._decides_by_values(op.inputs[0], forms):
             return [self._mixed(op, ins)] * len(op.outputs)
         return [_join(list(pair)) for pair in zip(*results)]
 
@@ -1429,7 +1444,10 @@ class ExampleRows:
                               if cond.type in ("Switch", "RefSwitch") else cond.name)
         return True
 
-    def _while(self, op, ins) -> list:
+    def _while(self, op, ins, forms) -> list:
+        if any(self._decides_by_values(x, forms) for x in op.inputs):
+            # (its condition may read any of them: how many times it runs)
+            return [self._mixed(op, ins)] * len(op.outputs)
         body = op.get_attr("body").name
         # the loop variables' shape invariants, which the body was traced with
         shapes = [tf.TensorShape(s) for s in op.get_attr("output_shapes")] or \
@@ -1444,6 +1462,45 @@ class ExampleRows:
                 break
             state = joined
         return state
+
+    def _decides_by_values(self, t: tf.Tensor, forms: dict) -> bool:
+        """Whether `t`, of a per-worker length's form (DIM: no example's
+        value, one of the worker's batch), is a statistic of the batch's
+        values (its longest sequence, tf.reduce_max of lengths the program
+        computes), which one device takes of the global batch and each
+        worker of its share: a cond deciding by it, or a loop running as
+        many times, is each worker's own. A length of the batch's shape
+        (a padded length) is not: transforms.padded_lengths checks in
+        every training step that the workers' are one device's."""
+        return forms.get(t.name, SHARED) == DIM and self.batch_values_read(t, forms) is not None
+
+    def batch_values_read(self, t: tf.Tensor, forms: dict | None = None) -> str | None:
+        """The first op through which `t` reads values of the batch (not
+        its shape alone, nor a count transforms.loss_counts makes one
+        device's: `stops`), or None. In a function's body (`forms` its
+        own), an argument of a per-worker length, a size or a shape was
+        checked where the function runs; one of another form reads the
+        examples' values."""
+        forms = self.forms if forms is None else forms
+        seen, stack = set(), [t]
+        while stack:
+            x = stack.pop()
+            form = SHARED if x.name in self.stops else forms.get(x.name, SHARED)
+            if x.name in seen or form == SHARED or x.op.type in OF_SHAPES_ALONE:
+                continue
+            seen.add(x.name)
+            if x.op.type == "Placeholder" and forms is not self.forms:
+                if form[0] in ("dim", "size", "shape"):
+                    continue
+                return x.op.name
+            if not x.op.inputs or x.op.type in INPUT_OP_TYPES:
+                return x.op.name
+            inner = [i for i in x.op.inputs if i.name not in self.stops
+                     and forms.get(i.name, SHARED) != SHARED]
+            if not inner:
+                return x.op.name
+            stack.extend(inner)
+        return None
 
     def _tensor_list(self, op, ins) -> list:
         t = op.type

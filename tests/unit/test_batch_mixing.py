@@ -156,6 +156,20 @@ def _dual_encoder(kind: str) -> tf.Graph:
         elif kind == "concat_learned":     # a learned row beside the batch's, summed
             loss = tf.reduce_sum(tf.square(tf.concat(
                 [q - k, tf1.get_variable("extra", [1, 4], tf.float64)], 0)), name="reduced")
+        elif kind.startswith("loop_to"):   # a recurrence over padded steps of 1 feature
+            steps = tf1.placeholder(tf.float64, [None, None], name="steps")
+            bound = (tf.reduce_max(tf.cast(tf.abs(x[:, 0]) * 2, tf.int32) % F + 1)
+                     if kind == "loop_to_longest" else tf.shape(steps)[1])
+
+            def step(t, h):
+                return t + 1, tf.tanh(h + q * steps[:, t:t + 1])
+            _, h = tf.while_loop(lambda t, h: t < bound, step, [0, tf.zeros_like(q)])
+            loss = tf.reduce_mean(tf.square(h - k))
+        elif kind == "cond_on_longest":    # a branch chosen by the batch's longest
+            longest = tf.reduce_max(tf.cast(tf.abs(x[:, 0]) * 2, tf.int32))
+            loss = tf.reduce_mean(tf.square(tf.cond(longest > 2, lambda: q, lambda: 2 * q) - k))
+        elif kind == "rows_selected":      # TF1's where of a vector: row i of q or of k
+            loss = tf.reduce_mean(tf.square(tf1.where(x[:, 0] > 0, q, k) - k))
         elif kind == "time_major":         # [time, batch, features]: axis 0 is time
             seq = tf1.placeholder(tf.float64, [None, None, F], name="seq")
             h = tf.reduce_mean(tf.tensordot(seq, tf1.get_variable("wt", [F, 4], tf.float64), 1),
@@ -245,6 +259,16 @@ def _dual_encoder(kind: str) -> tf.Graph:
     # over axis 0 is taken for a mean over the examples (refused; feed
     # batch-major tensors, or ask for per-worker semantics)
     ("time_major", ["Mean"]),
+    # a loop run as many times as a statistic of the batch's values says
+    # (the longest of lengths the program computes), a cond deciding by one:
+    # each worker's own (before: accepted, trained off one device by up to
+    # 0.03); a loop to a length of the batch's shape trains (the workers'
+    # padded lengths are checked alike)
+    ("loop_to_longest", ["while"]), ("cond_on_longest", ["cond"]),
+    ("loop_to_padded_length", []),
+    # (before: TF1's Select of a vector picked whole rows, read as elements
+    # laid out otherwise, and the square of its difference with k refused)
+    ("rows_selected", []),
 ])
 def test_ops_mixing_the_examples_of_a_batch_are_found(kind, found):
     assert list(analyze_graph(_dual_encoder(kind)).batch_mixing) == found

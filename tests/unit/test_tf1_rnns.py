@@ -11,6 +11,7 @@ import tensorflow as tf
 from tensorflow.python.ops import rnn_cell_impl   # the zero state TensorFlow's cells make
 
 import autopar
+from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms.compile import compile_for_config
 from autopar.transforms.example_rows import ExampleRows
 from autopar.transforms.rewrite import rewrite_for_worker
@@ -47,8 +48,9 @@ class _ElmanCell:
         return out, out
 
 
-def _rnn_classifier(time_major):
-    """x [b, 6] read as 3 steps of 2 features, the last output classified."""
+def _rnn_classifier(time_major, lengths=False):
+    """x [b, 6] read as 3 steps of 2 features, the last output classified;
+    `lengths`: each example's sequence 1-3 steps long, computed from x."""
     graph = tf.Graph()
     with graph.as_default():
         x = tf1.placeholder(tf.float64, [None, 6], name="x")
@@ -56,8 +58,9 @@ def _rnn_classifier(time_major):
         steps = tf.reshape(x, [-1, 3, 2])
         if time_major:
             steps = tf.transpose(steps, [1, 0, 2])
+        length = tf.cast(tf.abs(x[:, 0]) * 2, tf.int32) % 3 + 1 if lengths else None
         outputs, _ = tf1.nn.dynamic_rnn(_ElmanCell(5), steps, dtype=tf.float64,
-                                        time_major=time_major)
+                                        time_major=time_major, sequence_length=length)
         last = outputs[-1] if time_major else outputs[:, -1]
         w = tf1.get_variable("head", [5, 4], tf.float64, tf1.glorot_uniform_initializer(seed=2))
         loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
@@ -116,3 +119,15 @@ def test_dynamic_rnn_trains_as_one_device(time_major):
             # another order into differences far below its lr 0.01)
             np.testing.assert_allclose(values[v], expected[v], rtol=1e-7, atol=1e-9,
                                        err_msg=f"worker {w} {v}")
+
+
+def test_a_sequence_length_loops_to_each_workers_longest_and_is_refused():
+    """With sequence_length, dynamic_rnn runs its loop to the batch's longest
+    sequence, a statistic of the batch's values: each worker would run to
+    its share's. The loop is named (before: refused as the cell's MatMul
+    mixing the batch)."""
+    graph, _ = _rnn_classifier(False, lengths=True)
+    with pytest.raises(UnsupportedGraphError,
+                       match="at 'rnn/while' \\(a StatelessWhile running as many times as "
+                             "'rnn/Minimum', a statistic of the worker's batch's values"):
+        compile_for_config(graph, 3, autopar.Config(run_option="allreduce"))
