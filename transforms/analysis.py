@@ -193,6 +193,12 @@ class Analysis:
     # {boolean of the whole batch (tf.reduce_all / tf.reduce_any) a cond
     # decides by: the cond}: checked alike on every worker likewise.
     checked_predicates: dict[str, str] = field(default_factory=dict)
+    # {the largest or smallest integer of the batch's values a trained loss
+    # is computed from (its longest sequence's length, a loop's bound):
+    # "Max" or "Min"}: each training step takes the global batch's
+    # (transforms.padded_lengths), and the analysis reads it as the same on
+    # every worker (transforms.example_rows).
+    batch_statistics: dict[str, str] = field(default_factory=dict)
     # Local variables the input batch's ops add to (tf.compat.v1.metrics'
     # totals): each worker's own batches' (transforms.worker_counters).
     worker_counters: list[str] = field(default_factory=list)
@@ -1221,9 +1227,7 @@ def _mark_read_by_loss(index: GraphIndex, state: list[StateInfo],
     produce no value a loss reads)."""
     if not state:
         return
-    computed_from = index.reachable(
-        [index.position[op_name_of(loss)] for loss in dict.fromkeys(losses) if loss
-         and op_name_of(loss) in index.position], edges=index.preds)
+    computed_from = index.computing(losses)
     for s in state:
         s.read_by_loss = index.position.get(s.name, -1) in computed_from
 

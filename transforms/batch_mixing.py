@@ -120,9 +120,7 @@ def find_batch_mixing(graph: tf.Graph, rows: ExampleRows, losses: list[str | Non
         stack.extend(x for x in t.op.inputs if rows.form(x)[0] != "reduced")
     if rows.cuts:
         index = index or GraphIndex(graph)
-        computed_from = index.reachable(
-            [index.position[name.rpartition(":")[0]] for name in dict.fromkeys(losses) if name],
-            edges=index.preds)
+        computed_from = index.computing(losses)
         for step_op, (op, op_type) in rows.cuts.items():
             if index.position[step_op] in computed_from:
                 found.setdefault(op, _cut(op_type))

@@ -224,18 +224,59 @@ class ExampleRowsFeature(GraphFeature):
     features after it and the analysis of sparse gradients read
     (facts.shared["rows"]), and the batch's input tensor."""
     name = "example_rows"
-    fields = ("batch_input",)
+    fields = ("batch_input", "batch_statistics")
     # loss counts: the rewrite makes them the same on every worker;
     # batch-norm statistics: the rewrite takes them over the group
     after = ("batch_norm", "loss_counts")
 
     def find(self, facts):
-        rows = ExampleRows(facts.graph, stops=facts.gradients,
-                           shared=set(facts.found["loss_counts"]),
-                           exempt={op for b in facts.found["batch_norms"] for op in b.ops},
-                           index=facts.index)
+        def forms(shared=frozenset()):
+            return ExampleRows(facts.graph, stops=facts.gradients,
+                               shared=set(facts.found["loss_counts"]) | set(shared),
+                               exempt={op for b in facts.found["batch_norms"] for op in b.ops},
+                               index=facts.index)
+        rows = forms()
+        computed = facts.index.computing([loss for _, loss in facts.trained_seeds])
+        # the batch's statistics a trained loss is computed from: each
+        # training step takes the global batch's (transforms.padded_lengths),
+        # the same on every worker
+        statistics = {t: kind for t, kind in rows.statistics.items()
+                      if facts.index.position[t.rpartition(":")[0]] in computed
+                      and _decides_control_only(facts.graph.get_tensor_by_name(t), rows)}
+        if statistics:
+            rows = forms(statistics)
         facts.shared["rows"] = rows
-        return {"batch_input": rows.batch_input}
+        return {"batch_input": rows.batch_input, "batch_statistics": statistics}
+
+
+# Where a statistic of the batch decides how the step runs: a loop's
+# inputs (its bound), a cond's predicate (input 0 of an If, 1 of a Switch).
+_CONTROL_INPUTS = {"While": None, "StatelessWhile": None, "If": 0, "StatelessIf": 0,
+                   "Switch": 1, "RefSwitch": 1}
+
+
+def _decides_control_only(statistic: tf.Tensor, rows: "ExampleRows") -> bool:
+    """Whether every use of `statistic`, through integer and boolean
+    arithmetic of per-worker lengths (DIM: comparisons, min(steps, it)),
+    is a loop's bound or a cond's predicate, where the global batch's
+    value makes the step run as one device's. A value read otherwise (a
+    loss divided by the batch's longest length) stays the worker's, and
+    the rules for it decide (a loss's reduction would read a global
+    statistic as the batch's count)."""
+    seen, stack = set(), [statistic]
+    while stack:
+        t = stack.pop()
+        if t.name in seen:
+            continue
+        seen.add(t.name)
+        for reader in t.consumers():
+            position = _CONTROL_INPUTS.get(reader.type, -1)
+            if position is None or (position >= 0 and reader.inputs[position] is t):
+                continue
+            if position >= 0 or any(rows.form(out) != DIM for out in reader.outputs):
+                return False
+            stack.extend(reader.outputs)
+    return True
 
 
 class ExampleRows:
@@ -273,6 +314,9 @@ class ExampleRows:
         # one device (an einsum's output whose shape TensorFlow did not infer)
         self.fixed_lengths, self.batch_input = _inputs_of(input_ops, self.static_batch)
         self._shape_sources: dict = {}
+        # {the largest or smallest integer of the batch's values (its longest
+        # sequence's length) in the step's graph: "Max" or "Min"}
+        self.statistics: dict[str, str] = {}
         if index is None:
             self._run(graph.get_operations(), self.forms, inputs=None)
         else:
@@ -648,6 +692,8 @@ class ExampleRows:
                 shift = 0 if keep else sum(1 for a in axes if a < src[1])
                 return ("rows", src[1] - shift, *src[2:])
         if op.outputs[0].dtype.is_integer and op.type in ("Max", "Min"):
+            if forms is self.forms:
+                self.statistics[op.outputs[0].name] = op.type
             return DIM   # a length: shapes the batch, no example's value
         if op.type == "Mean" and not is_rows(src) and self.selected_by(op.inputs[0], forms):
             return ("kept", op.name)   # divides by how many values a mask kept

@@ -110,6 +110,14 @@ class GraphIndex:
                         frontier.append(j)
         return seen
 
+    def computing(self, names) -> set[int]:
+        """Positions of the ops that the ops or tensors `names` ("op" or
+        "op:0"; None and names of no op here are skipped) are computed from
+        along data edges, theirs included: what a loss reads."""
+        starts = {self.position.get(name.rpartition(":")[0] if ":" in name else name)
+                  for name in names if name}
+        return self.reachable([i for i in starts if i is not None], edges=self.preds)
+
     def propagate(self, seeds: dict[int, int], forward: bool, control: bool = False) -> list[int]:
         """reach[i]: OR of the seed bits of every op with a path of one or
         more data edges (and forward control edges, with `control`) to i

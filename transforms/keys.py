@@ -110,8 +110,9 @@ LOSS_COUNTS = KeyRange("loss counts", 5 << 20, 1 << 10)
 BATCH_WEIGHTS = KeyRange("batch weights", (5 << 20) + (1 << 10), 1 << 10)
 BATCH_DRAWS = KeyRange("batch draws", (5 << 20) + (2 << 10), 1)
 PADDED_LENGTHS = KeyRange("padded lengths", (5 << 20) + (3 << 10), 1 << 10)
+BATCH_STATISTICS = KeyRange("batch statistics", (5 << 20) + (4 << 10), 1 << 10)
 INSTANCE_RANGES = (PLAN, LOCAL_STATE, BATCH_NORM, WUS, EVALUATION, LOSS_COUNTS, BATCH_WEIGHTS,
-                   BATCH_DRAWS, PADDED_LENGTHS)
+                   BATCH_DRAWS, PADDED_LENGTHS, BATCH_STATISTICS)
 
 
 def check_disjoint(ranges) -> None:

@@ -22,6 +22,16 @@ batch after it is padded) passes. The check runs in training steps alone
 (under the in-step flag the runner feeds): an evaluation on the chief alone
 waits for no other worker.
 
+The largest or smallest integer of the batch's values that a trained loss
+is computed from (transforms.example_rows' statistics: the batch's longest
+sequence, which tf.compat.v1.nn.dynamic_rnn runs its loop to when given a
+sequence_length, and a program's tf.reduce_max of the lengths it computes)
+is likewise each worker's own, of its share, where one device's is the
+global batch's: a training step replaces it by the largest (smallest) of
+the workers' (one small all-gather each), so a loop runs, and a cond
+decides, as on one device. Not with micro-batches (each would take its
+own).
+
 A cond deciding by whether every example of the batch, or any, passes a
 test (tf.reduce_all, tf.reduce_any: Keras's Hinge loss converts labels of 0
 and 1 to -1 and 1 when all of the batch's are 0 or 1) is checked the same
@@ -33,17 +43,19 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms.features.base import GraphFeature, Rewiring, in_step_cond, in_step_flag
 from autopar.transforms.graph_utils import INPUT_OP_TYPES, node_input_name
-from autopar.transforms.keys import PADDED_LENGTHS
+from autopar.transforms.keys import BATCH_STATISTICS, PADDED_LENGTHS
 
 
 class PaddedLengths(GraphFeature):
     """A training step refuses inputs the workers padded to different lengths,
-    and conds their shares decide apart."""
+    and conds their shares decide apart, and takes the global batch's
+    statistics."""
     name = "padded_lengths"
     fields = ("padded_inputs", "checked_predicates")
-    keys = (PADDED_LENGTHS,)
+    keys = (PADDED_LENGTHS, BATCH_STATISTICS)
     after = ("example_rows",)
 
     def find(self, facts):
@@ -52,29 +64,41 @@ class PaddedLengths(GraphFeature):
             [loss.split(":")[0] for _, loss in facts.trained_seeds if loss]),
             "checked_predicates": dict(facts.shared["rows"].alike)}
 
+    def check(self, analysis, plan, config):
+        if analysis.batch_statistics and config.micro_batches > 1 and plan.num_workers > 1:
+            raise UnsupportedGraphError(
+                f"Config(micro_batches={config.micro_batches}) with statistics of the batch's "
+                f"values ({', '.join(repr(t) for t in sorted(analysis.batch_statistics))}: "
+                "the largest or smallest of its examples' integers): each micro-batch would "
+                "take its own, where one device takes the global batch's; use micro_batches=1")
+
     def rewrite(self, ctx):
-        if not (ctx.analysis.padded_inputs or ctx.analysis.checked_predicates) \
-                or ctx.plan.num_workers == 1:
+        analysis = ctx.analysis
+        if not (analysis.padded_inputs or analysis.checked_predicates
+                or analysis.batch_statistics) or ctx.plan.num_workers == 1:
             return None
         flag = in_step_flag(ctx.graph)
-        rewire, built = rewrite_length_checks(ctx.graph, ctx.analysis.padded_inputs,
+        rewire, built = rewrite_length_checks(ctx.graph, analysis.padded_inputs,
                                               ctx.backend, ctx.plan.num_workers, flag,
-                                              ctx.analysis.checked_predicates)
-        return Rewiring(rewire, built | {flag.op.name}, outputs={"in_step": flag.name})
+                                              analysis.checked_predicates)
+        made, more = rewrite_global_statistics(ctx.graph, analysis.batch_statistics,
+                                               ctx.backend, flag)
+        return Rewiring({**rewire, **made}, built | more | {flag.op.name},
+                        outputs={"in_step": flag.name})
 
     def report_fields(self, analysis, plan):
         return {"padded_inputs": sorted(analysis.padded_inputs),
-                "checked_predicates": sorted(analysis.checked_predicates.values())}
+                "checked_predicates": sorted(analysis.checked_predicates.values()),
+                "batch_statistics": sorted(analysis.batch_statistics)}
 
 
 def find_padded_inputs(index, input_ops, losses: list[str]) -> dict[str, list[int]]:
     """{fed or dataset tensor a training step reads: its axes past the first
     whose length the graph leaves unknown}. Only tensors a trained loss (its
     op in `losses`) is computed from: every training step reads them."""
-    starts = [index.position[op] for op in losses if op in index.position]
-    if not starts:
+    before = {index.names[i] for i in index.computing(losses)}
+    if not before:
         return {}
-    before = {index.names[i] for i in index.reachable(starts, edges=index.preds)}
     out = {}
     for op in input_ops:
         if op.name not in before:
@@ -122,6 +146,29 @@ def rewrite_length_checks(graph: tf.Graph, padded: dict[str, list[int]], backend
             rewire[node_input_name(name)] = node_input_name(checked.name)
     built = {op.name for op in graph.get_operations()} - before
     return rewire, built
+
+
+def rewrite_global_statistics(graph: tf.Graph, statistics: dict[str, str], backend,
+                              flag: tf.Tensor) -> tuple[dict[str, str], set[str]]:
+    """In `graph` (the worker's scratch copy): each statistic ({tensor:
+    "Max" or "Min"}) read as the largest (smallest) of every worker's, in
+    training steps (`flag`), gathered over the workers (float64: exact for
+    the integers of lengths). Returns (tensor -> its global read; the ops
+    built)."""
+    before = {op.name for op in graph.get_operations()}
+    rewire = {}
+    with graph.as_default(), tf.name_scope("autopar/batch_statistics/"):
+        for k, (name, kind) in enumerate(sorted(statistics.items())):
+            x = graph.get_tensor_by_name(name)
+            extreme = tf.reduce_max if kind == "Max" else tf.reduce_min
+
+            def global_value(x=x, extreme=extreme, k=k):
+                every = backend.allgather(tf.cast(x, tf.float64)[None],
+                                          BATCH_STATISTICS.key(k))
+                return tf.cast(extreme(every, axis=0), x.dtype)
+            made = in_step_cond(flag, global_value, lambda x=x: tf.identity(x))
+            rewire[node_input_name(name)] = node_input_name(made.name)
+    return rewire, {op.name for op in graph.get_operations()} - before
 
 
 def _after(op, x: tf.Tensor) -> tf.Tensor:

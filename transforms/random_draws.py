@@ -131,8 +131,7 @@ class RandomDraws(GraphFeature):
                           facts.index.of_types(INPUT_OP_TYPES)))
         index = facts.index
         # what a training step's writes depend on
-        written = index.reachable([index.position[w] for ws in facts.writers.values()
-                                   for w in ws if w in index.position], edges=index.preds)
+        written = index.computing([w for ws in facts.writers.values() for w in ws])
         refuse_draws_in_functions(facts.graph, index, written)
         return {"batch_draws": batch_draws,
                 "shared_draws": find_shared_draws(index, written, batch_draws)}

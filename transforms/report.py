@@ -78,6 +78,8 @@ class Report:
     padded_inputs: list[str] = field(default_factory=list)
     # and the conds deciding by a boolean of the whole batch it checks alike
     checked_predicates: list[str] = field(default_factory=list)
+    # and the statistics of the batch's values it makes the global batch's
+    batch_statistics: list[str] = field(default_factory=list)
     # transforms.worker_counters: local variables each worker adds its own batches to
     worker_counters: list[str] = field(default_factory=list)
     # Weight-update sharding: optimizer-slot bytes each worker holds (with
@@ -269,6 +271,12 @@ class Report:
                          "step checks that every worker's share decides alike, as one device "
                          "decides for the global batch (one small all-reduce per cond), and "
                          "fails naming the cond if not")
+        if self.batch_statistics and self.num_workers > 1:
+            lines.append(f"statistics of the batch's values ({_quoted(self.batch_statistics)}: "
+                         "the largest or smallest of its examples' integers, a longest "
+                         "sequence's length, a loop's bound): each training step takes the "
+                         "global batch's, as one device does (the extreme over every worker's, "
+                         "one small all-gather each)")
         if self.worker_counters and self.num_workers > 1:
             lines.append(f"running totals in local variables ({_quoted(self.worker_counters)}; "
                          "tf.compat.v1.metrics' totals): each worker adds its own batches' "

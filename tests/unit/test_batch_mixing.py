@@ -168,6 +168,12 @@ def _dual_encoder(kind: str) -> tf.Graph:
         elif kind == "cond_on_longest":    # a branch chosen by the batch's longest
             longest = tf.reduce_max(tf.cast(tf.abs(x[:, 0]) * 2, tf.int32))
             loss = tf.reduce_mean(tf.square(tf.cond(longest > 2, lambda: q, lambda: 2 * q) - k))
+        elif kind == "cond_on_longest_in_loop":   # the same, inside a loop's body
+            def twice(t, h):
+                longest = tf.reduce_max(tf.cast(tf.abs(h) * 10, tf.int32))
+                return t + 1, tf.cond(longest > 2, lambda: h, lambda: 2 * h)
+            _, h = tf.while_loop(lambda t, h: t < 2, twice, [0, q])
+            loss = tf.reduce_mean(tf.square(h - k))
         elif kind == "rows_selected":      # TF1's where of a vector: row i of q or of k
             loss = tf.reduce_mean(tf.square(tf1.where(x[:, 0] > 0, q, k) - k))
         elif kind == "time_major":         # [time, batch, features]: axis 0 is time
@@ -261,11 +267,14 @@ def _dual_encoder(kind: str) -> tf.Graph:
     ("time_major", ["Mean"]),
     # a loop run as many times as a statistic of the batch's values says
     # (the longest of lengths the program computes), a cond deciding by one:
-    # each worker's own (before: accepted, trained off one device by up to
-    # 0.03); a loop to a length of the batch's shape trains (the workers'
-    # padded lengths are checked alike)
-    ("loop_to_longest", ["while"]), ("cond_on_longest", ["cond"]),
-    ("loop_to_padded_length", []),
+    # each training step takes the global batch's statistic
+    # (transforms.padded_lengths; before: each worker's own, accepted, and
+    # trained off one device by up to 0.03); a loop to a length of the
+    # batch's shape trains (the workers' padded lengths are checked alike).
+    # A statistic computed inside a loop's body is each worker's: a cond
+    # there deciding by it is refused
+    ("loop_to_longest", []), ("cond_on_longest", []), ("loop_to_padded_length", []),
+    ("cond_on_longest_in_loop", ["cond"]),
     # (before: TF1's Select of a vector picked whole rows, read as elements
     # laid out otherwise, and the square of its difference with k refused)
     ("rows_selected", []),

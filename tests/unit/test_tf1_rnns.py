@@ -14,6 +14,7 @@ import autopar
 from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms.compile import compile_for_config
 from autopar.transforms.example_rows import ExampleRows
+from autopar.transforms.report import build_report
 from autopar.transforms.rewrite import rewrite_for_worker
 from tests.unit.local_run import run_locally, run_workers_together
 
@@ -84,27 +85,33 @@ def test_the_batch_size_read_from_a_time_major_shape_counts_the_examples():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("time_major", [False, True], ids=["batch-major", "time-major"])
-def test_dynamic_rnn_trains_as_one_device(time_major):
+@pytest.mark.parametrize("time_major,lengths", [(False, False), (True, False), (False, True)],
+                         ids=["batch-major", "time-major", "sequence lengths"])
+def test_dynamic_rnn_trains_as_one_device(time_major, lengths):
     """3 workers in one session, 4 steps of an 11-example global batch
     (4/4/3), every variable and slot equal to one device's (the LSTM, GRU
-    and stacked cells of legacy Keras, probed the same way, too)."""
-    graph, train = _rnn_classifier(time_major)
+    and stacked cells of legacy Keras, probed the same way, too). With
+    sequence lengths, the loop runs to the batch's longest, which each
+    training step takes of the global batch (before: each worker's own;
+    the program was refused)."""
+    graph, train = _rnn_classifier(time_major, lengths)
     n, rng = 3, np.random.default_rng(0)
     batches = [(rng.normal(size=(11, 6)), rng.integers(0, 4, size=11)) for _ in range(4)]
     # (the refusals of a job: the batch's mixing among them)
     compiled = compile_for_config(graph, n, autopar.Config(run_option="allreduce"))
+    # (the loop's bound: min(steps, max(1, the batch's longest)))
+    assert list(compiled.analysis.batch_statistics.values()) == (["Max"] if lengths else [])
     rewritten = [rewrite_for_worker(graph, compiled.analysis, compiled.plan, w)
                  for w in range(n)]
     with graph.as_default():
         names = [v.op.name for v in tf1.global_variables()]
     assert any("Adam" in name for name in names)
 
-    def train_together(session):
+    def train_together(session, in_step):
         for x, y in batches:
             session.run([f"w{w}/{train.name}" for w in range(n)],
                         {**{f"w{w}/x:0": x[w::n] for w in range(n)},
-                         **{f"w{w}/y:0": y[w::n] for w in range(n)}})
+                         **{f"w{w}/y:0": y[w::n] for w in range(n)}, **in_step})
         return [session.run({v: f"w{w}/{v}/Read/ReadVariableOp:0" for v in names})
                 for w in range(n)]
 
@@ -113,6 +120,9 @@ def test_dynamic_rnn_trains_as_one_device(time_major):
             session.run(train.name, {"x:0": x, "y:0": y})
         return session.run({v: f"{v}/Read/ReadVariableOp:0" for v in names})
     expected = run_locally(graph.as_graph_def(), train_alone)
+    def train_together(session, train_together=train_together):
+        in_step = {f"w{w}/{r.in_step}": True for w, r in enumerate(rewritten) if r.in_step}
+        return train_together(session, in_step)
     for w, values in enumerate(run_workers_together(rewritten, train_together)):
         for v in names:
             # (Adam's m / sqrt(v) turns the last bits of gradients added in
@@ -121,13 +131,10 @@ def test_dynamic_rnn_trains_as_one_device(time_major):
                                        err_msg=f"worker {w} {v}")
 
 
-def test_a_sequence_length_loops_to_each_workers_longest_and_is_refused():
-    """With sequence_length, dynamic_rnn runs its loop to the batch's longest
-    sequence, a statistic of the batch's values: each worker would run to
-    its share's. The loop is named (before: refused as the cell's MatMul
-    mixing the batch)."""
+def test_the_batchs_longest_is_reported_and_not_split_in_micro_batches():
     graph, _ = _rnn_classifier(False, lengths=True)
-    with pytest.raises(UnsupportedGraphError,
-                       match="at 'rnn/while' \\(a StatelessWhile running as many times as "
-                             "'rnn/Minimum', a statistic of the worker's batch's values"):
-        compile_for_config(graph, 3, autopar.Config(run_option="allreduce"))
+    compiled = compile_for_config(graph, 3, autopar.Config(run_option="allreduce"))
+    report = build_report(compiled.analysis, compiled.plan).table()
+    assert "statistics of the batch's values ('rnn/Max:0'" in report, report
+    with pytest.raises(UnsupportedGraphError, match="micro_batches=2.*'rnn/Max:0'"):
+        compile_for_config(graph, 3, autopar.Config(run_option="allreduce", micro_batches=2))
