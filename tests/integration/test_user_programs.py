@@ -15,6 +15,9 @@ masked_sums: losses summed over what tf.boolean_mask keeps of the batch.
 
 ctc_sequences: TensorFlow 1's and 2's CTC losses of sparse labels.
 
+rnn_lengths: tf.compat.v1.nn.dynamic_rnn over sequences of each example's own
+length (sequence_length), the loop run to the global batch's longest.
+
 bn_classifier: batch norm under tf.compat.v1.cond(is_training, ...), its
 moving statistics in UPDATE_OPS, Config at its defaults; tf_layers_bn: the
 same with tf.compat.v1.layers.batch_normalization(training=is_training).
@@ -270,6 +273,19 @@ def test_a_ctc_loss_matches_single_device(behavior, tmp_path, single_device):
     assert "each worker weighs its gradients by N * b / B" in log, log[-3000:]
     for i in range(3):
         assert_same_parameters(expected, load_worker(out, i), what=f"ctc_sequences worker {i}")
+
+
+def test_a_recurrence_over_each_examples_length_matches_single_device(tmp_path, single_device):
+    """tests/programs/rnn_lengths.py: dynamic_rnn runs its loop to the
+    batch's longest sequence, which each training step takes of the global
+    batch (one all-gather over the workers' processes), in hybrid (the
+    embedding's rows all-gathered); the last step's 7 sequences split 3/2/2
+    (before: refused as mixing the batch's examples in the cell)."""
+    expected = single_device("rnn_lengths", "float64", uneven=True)
+    log, out = _train_uneven("rnn_lengths", "float64", "hybrid", "v2", tmp_path)
+    assert "statistics of the batch's values ('rnn/Max:0'" in log, log[-3000:]
+    for i in range(3):
+        assert_same_parameters(expected, load_worker(out, i), what=f"rnn_lengths worker {i}")
 
 
 @pytest.mark.parametrize("run_option,behavior", DATASET_CASES,
