@@ -258,7 +258,8 @@ _CONTROL_INPUTS = {"While": None, "StatelessWhile": None, "If": 0, "StatelessIf"
 def _decides_control_only(statistic: tf.Tensor, rows: "ExampleRows") -> bool:
     """Whether every use of `statistic`, through integer and boolean
     arithmetic of per-worker lengths (DIM: comparisons, min(steps, it)),
-    is a loop's bound or a cond's predicate, where the global batch's
+    is a loop's bound (and what the loop returns of it is used so too) or a
+    cond's predicate, where the global batch's
     value makes the step run as one device's. A value read otherwise (a
     loss divided by the batch's longest length) stays the worker's, and
     the rules for it decide (a loss's reduction would read a global
@@ -271,9 +272,15 @@ def _decides_control_only(statistic: tf.Tensor, rows: "ExampleRows") -> bool:
         seen.add(t.name)
         for reader in t.consumers():
             position = _CONTROL_INPUTS.get(reader.type, -1)
-            if position is None or (position >= 0 and reader.inputs[position] is t):
+            if position is None:
+                # a loop's input, and its value after the loop (each input a
+                # loop variable or a capture, which the loop returns too)
+                stack.extend(out for x, out in zip(reader.inputs, reader.outputs) if x is t)
                 continue
-            if position >= 0 or any(rows.form(out) != DIM for out in reader.outputs):
+            if position >= 0 and reader.inputs[position] is t:
+                continue
+            if position >= 0 or any(rows.form(out) != DIM and out.consumers()
+                                    for out in reader.outputs):
                 return False
             stack.extend(reader.outputs)
     return True

@@ -41,7 +41,8 @@ class ElmanCell:
     def __call__(self, x, h, scope=None):
         with tf1.variable_scope("cell", reuse=tf1.AUTO_REUSE):
             init = tf1.glorot_uniform_initializer(seed=4)
-            w = tf1.get_variable("kernel", [DIM + self.units, self.units], self.dtype, init)
+            w = tf1.get_variable("kernel", [int(x.shape[1]) + self.units, self.units],
+                                 self.dtype, init)
             b = tf1.get_variable("bias", [self.units], self.dtype, tf1.zeros_initializer())
         out = tf.tanh(tf.matmul(tf.concat([x, h], 1), w) + b)
         return out, out

@@ -165,6 +165,12 @@ def _dual_encoder(kind: str) -> tf.Graph:
                 return t + 1, tf.tanh(h + q * steps[:, t:t + 1])
             _, h = tf.while_loop(lambda t, h: t < bound, step, [0, tf.zeros_like(q)])
             loss = tf.reduce_mean(tf.square(h - k))
+        elif kind == "returned_longest_bound":   # its bound also a value after it
+            longest = tf.reduce_max(tf.cast(tf.abs(x[:, 0]) * 2, tf.int32) % F + 1)
+            _, h, bound = tf.while_loop(lambda t, h, b: t < b,
+                                        lambda t, h, b: (t + 1, tf.tanh(h + q), b),
+                                        [0, tf.zeros_like(q), longest])
+            loss = tf.reduce_sum(tf.square(h - k)) / tf.cast(bound, tf.float64)
         elif kind == "cond_on_longest":    # a branch chosen by the batch's longest
             longest = tf.reduce_max(tf.cast(tf.abs(x[:, 0]) * 2, tf.int32))
             loss = tf.reduce_mean(tf.square(tf.cond(longest > 2, lambda: q, lambda: 2 * q) - k))
@@ -275,6 +281,10 @@ def _dual_encoder(kind: str) -> tf.Graph:
     # there deciding by it is refused
     ("loop_to_longest", []), ("cond_on_longest", []), ("loop_to_padded_length", []),
     ("cond_on_longest_in_loop", ["cond"]),
+    # the bound, returned by the loop, also divides the loss: left the
+    # worker's, and the loop refused (before: made the global batch's, and
+    # the loss read as a mean over it, parameters off by up to 0.5)
+    ("returned_longest_bound", ["while"]),
     # (before: TF1's Select of a vector picked whole rows, read as elements
     # laid out otherwise, and the square of its difference with k refused)
     ("rows_selected", []),

@@ -8,7 +8,6 @@ program was refused as mixing the batch at the cell's concat."""
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.python.ops import rnn_cell_impl   # the zero state TensorFlow's cells make
 
 import autopar
 from autopar.common.errors import UnsupportedGraphError
@@ -16,37 +15,10 @@ from autopar.transforms.compile import compile_for_config
 from autopar.transforms.example_rows import ExampleRows
 from autopar.transforms.report import build_report
 from autopar.transforms.rewrite import rewrite_for_worker
+from tests.programs.rnn_lengths import ElmanCell   # BasicRNNCell's step, no legacy Keras
 from tests.unit.local_run import run_locally, run_workers_together
 
 tf1 = tf.compat.v1
-
-
-class _ElmanCell:
-    """tf.compat.v1.nn.rnn_cell.BasicRNNCell's step, tanh([x, h] W + b),
-    and its zero state as TensorFlow's cells make it (those cells come
-    from legacy Keras, which this process does not load)."""
-
-    def __init__(self, units):
-        self.units = units
-
-    @property
-    def state_size(self):
-        return self.units
-
-    @property
-    def output_size(self):
-        return self.units
-
-    def zero_state(self, batch_size, dtype):
-        return rnn_cell_impl._zero_state_tensors(self.units, batch_size, dtype)
-
-    def __call__(self, x, h, scope=None):
-        with tf1.variable_scope("elman_cell", reuse=tf1.AUTO_REUSE):
-            w = tf1.get_variable("kernel", [int(x.shape[1]) + self.units, self.units],
-                                 tf.float64, tf1.glorot_uniform_initializer(seed=1))
-            b = tf1.get_variable("bias", [self.units], tf.float64, tf1.zeros_initializer())
-        out = tf.tanh(tf.matmul(tf.concat([x, h], 1), w) + b)
-        return out, out
 
 
 def _rnn_classifier(time_major, lengths=False):
@@ -60,7 +32,7 @@ def _rnn_classifier(time_major, lengths=False):
         if time_major:
             steps = tf.transpose(steps, [1, 0, 2])
         length = tf.cast(tf.abs(x[:, 0]) * 2, tf.int32) % 3 + 1 if lengths else None
-        outputs, _ = tf1.nn.dynamic_rnn(_ElmanCell(5), steps, dtype=tf.float64,
+        outputs, _ = tf1.nn.dynamic_rnn(ElmanCell(5, tf.float64), steps, dtype=tf.float64,
                                         time_major=time_major, sequence_length=length)
         last = outputs[-1] if time_major else outputs[:, -1]
         w = tf1.get_variable("head", [5, 4], tf.float64, tf1.glorot_uniform_initializer(seed=2))
