@@ -82,7 +82,7 @@ import tensorflow as tf
 
 from autopar.transforms.features.base import GraphFeature
 from autopar.transforms.graph_utils import (INPUT_OP_TYPES, OF_SHAPES_ALONE, SHAPE_OPS,
-                                            in_gradient_scope, reads_a_variable,
+                                            in_gradient_scope, op_name_of, reads_a_variable,
                                             reduces_batch_axis)
 
 SHARED = ("shared",)
@@ -241,7 +241,7 @@ class ExampleRowsFeature(GraphFeature):
         # training step takes the global batch's (transforms.padded_lengths),
         # the same on every worker
         statistics = {t: kind for t, kind in rows.statistics.items()
-                      if facts.index.position[t.rpartition(":")[0]] in computed
+                      if facts.index.position[op_name_of(t)] in computed
                       and _decides_control_only(facts.graph.get_tensor_by_name(t), rows)}
         if statistics:
             rows = forms(statistics)
@@ -259,11 +259,10 @@ def _decides_control_only(statistic: tf.Tensor, rows: "ExampleRows") -> bool:
     """Whether every use of `statistic`, through integer and boolean
     arithmetic of per-worker lengths (DIM: comparisons, min(steps, it)),
     is a loop's bound (and what the loop returns of it is used so too) or a
-    cond's predicate, where the global batch's
-    value makes the step run as one device's. A value read otherwise (a
-    loss divided by the batch's longest length) stays the worker's, and
-    the rules for it decide (a loss's reduction would read a global
-    statistic as the batch's count)."""
+    cond's predicate, where the global batch's value makes the step run as
+    one device's. A value read otherwise (a loss divided by the batch's
+    longest length) stays the worker's, and the rules for it decide (a
+    loss's reduction would read a global statistic as the batch's count)."""
     seen, stack = set(), [statistic]
     while stack:
         t = stack.pop()

@@ -15,7 +15,7 @@ import collections
 
 import tensorflow as tf
 
-from autopar.transforms.graph_utils import INPUT_OP_TYPES, in_gradient_scope
+from autopar.transforms.graph_utils import INPUT_OP_TYPES, in_gradient_scope, op_name_of
 
 
 class GraphIndex:
@@ -114,8 +114,7 @@ class GraphIndex:
         """Positions of the ops that the ops or tensors `names` ("op" or
         "op:0"; None and names of no op here are skipped) are computed from
         along data edges, theirs included: what a loss reads."""
-        starts = {self.position.get(name.rpartition(":")[0] if ":" in name else name)
-                  for name in names if name}
+        starts = {self.position.get(op_name_of(name)) for name in names if name}
         return self.reachable([i for i in starts if i is not None], edges=self.preds)
 
     def propagate(self, seeds: dict[int, int], forward: bool, control: bool = False) -> list[int]:

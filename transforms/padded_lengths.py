@@ -61,7 +61,7 @@ class PaddedLengths(GraphFeature):
     def find(self, facts):
         return {"padded_inputs": find_padded_inputs(
             facts.index, facts.index.of_types(INPUT_OP_TYPES),
-            [loss.split(":")[0] for _, loss in facts.trained_seeds if loss]),
+            [loss for _, loss in facts.trained_seeds]),
             "checked_predicates": dict(facts.shared["rows"].alike)}
 
     def check(self, analysis, plan, config):
@@ -94,8 +94,8 @@ class PaddedLengths(GraphFeature):
 
 def find_padded_inputs(index, input_ops, losses: list[str]) -> dict[str, list[int]]:
     """{fed or dataset tensor a training step reads: its axes past the first
-    whose length the graph leaves unknown}. Only tensors a trained loss (its
-    op in `losses`) is computed from: every training step reads them."""
+    whose length the graph leaves unknown}. Only tensors a trained loss (in
+    `losses`, tensor names) is computed from: every training step reads them."""
     before = {index.names[i] for i in index.computing(losses)}
     if not before:
         return {}
