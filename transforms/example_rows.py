@@ -812,6 +812,9 @@ class ExampleRows:
                 element = self._element_of_a_shape(op, forms)
                 if element is not None:
                     return [element]
+            if src[0] == "size" and t in ("Reshape", "Squeeze") \
+                    and op.outputs[0].shape.rank == 0:
+                return [src]   # tf.repeat's count, reshaped to a scalar
             if src[0] == "size" and t in ("ExpandDims", "Reshape") \
                     and op.outputs[0].shape.as_list() == [1]:
                 # [tf.shape(x)[0]]: the shape of a tensor of the examples'
@@ -842,6 +845,8 @@ class ExampleRows:
                 if is_rows(src):
                     self._cut(op)   # tf.split(x, 2): pieces of the share's size
             return [ELEMS] * n_out
+        if t == "Tile" and src == SHARED:
+            return [self._tiled_over_the_batch(op, forms)]
         if not per_example(src):
             return [DIM if src[0] != "list" else ("unknown", op.name)] * n_out
         if src == ELEMS:
@@ -936,6 +941,25 @@ class ExampleRows:
             return [src if batch_dim == axis and ins[1] == src else self._mixed(op, ins)]
         return [src] * n_out
 
+    def _tiled_over_the_batch(self, op, forms) -> tuple:
+        """A value every worker holds alike (a ViT's class token, a position
+        embedding), tiled by the batch's size along an axis where it has
+        one row: tf.tile(cls, [tf.shape(x)[0], 1, 1]), or tf.repeat's
+        Tile of multiples [1, size, 1, ...]. Every example gets the same
+        copy, so the copies are rows of the examples: each worker's share
+        of one device's."""
+        x, multiples = op.inputs
+        rank = x.shape.rank
+        if rank is None:
+            return DIM
+        elements = [_element(multiples, k, forms) for k in range(rank)]
+        sizes = [k for k, e in enumerate(elements) if isinstance(e, tuple) and e[0] == "size"]
+        if len(sizes) != 1 or x.shape[sizes[0]] != 1 \
+                or not all(isinstance(e, int) for k, e in enumerate(elements) if k != sizes[0]):
+            return DIM
+        size = elements[sizes[0]]
+        return ("rows", sizes[0], BATCH, size[1], size[2])
+
     def _space_batch(self, op, ins) -> tuple:
         """A dilated convolution's SpaceToBatchND makes the batch axis P =
         prod(block_shape) consecutive copies of its rows' layout, each
@@ -959,9 +983,13 @@ class ExampleRows:
         """Rows through a reshape: kept where each example's elements fill a
         whole number of the new rows, else ELEMS."""
         x, out = op.inputs[0], op.outputs[0]
-        if src[1] != 0 or x.shape.rank is None or out.shape.rank is None or out.shape.rank == 0:
+        if x.shape.rank is None or out.shape.rank is None or out.shape.rank == 0:
             return ELEMS
-        old_rest, new_rest = _product(x.shape[1:]), _product(out.shape[1:])
+        # axes of one element before the examples' (tf.repeat's [1, b, ...]
+        # merged to [b, ...]) leave them leading
+        if src[1] != 0 and any(d != 1 for d in x.shape[:src[1]]):
+            return ELEMS
+        old_rest, new_rest = _product(x.shape[src[1] + 1:]), _product(out.shape[1:])
         if src[4] is not None and old_rest is not None and new_rest is not None:
             elements = src[4] * old_rest   # one example's elements in one block
             if elements % new_rest:

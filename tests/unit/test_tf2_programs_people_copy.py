@@ -267,33 +267,30 @@ def _crossed_step(optimizer):
     return cf, (embedding, cross, dense, step)
 
 
-@pytest.mark.slow
-def test_crossed_features_are_each_examples_ids():
-    """Row i of a cross is example i's id: under Keras's Adam, which squares
-    each row of the embedding's gradient before an id's rows add up, 3
-    workers in one session (hybrid) end with one device's every variable
-    and slot after 4 steps of a 12-example global batch (before: refused,
-    the crossed ids taken for ids no example owns)."""
+def _three_workers_and_one_device(cf, batches, run_option):
+    """(what each of 3 workers in one session holds of every variable and
+    slot, what one device holds) after training the lifted step `cf` on
+    `batches` of (x, y), worker w given examples w, w+3, ... of each."""
     import autopar
     from autopar.transforms.compile import compile_for_config
     from autopar.transforms.rewrite import rewrite_for_worker
     from tests.unit.local_run import run_workers_together
-    keras.utils.set_random_seed(0)
-    cf, _kept = _crossed_step(keras.optimizers.Adam(0.05))
     lifted = lift(cf)
     initial = lifted.initial_feed()
     names = sorted(lifted.python_variables)
-    n, rng = 3, np.random.default_rng(0)
-    batches = [(rng.normal(size=(12, 2)), rng.normal(size=(12, 1))) for _ in range(4)]
-    compiled = compile_for_config(lifted.graph, n, autopar.Config(run_option="hybrid"))
+    n = 3
+    compiled = compile_for_config(lifted.graph, n, autopar.Config(run_option=run_option))
     rewritten = [rewrite_for_worker(lifted.graph, compiled.analysis, compiled.plan, w)
                  for w in range(n)]
 
     def train_together(session):
         for x, y in batches:
-            session.run([f"w{w}/{CALL_OP}" for w in range(n)],
-                        {f"w{w}/{name}": value[w::n] for w in range(n)
-                         for name, value in zip(lifted.inputs, (x, y))})
+            feed = {f"w{w}/{name}": value[w::n] for w in range(n)
+                    for name, value in zip(lifted.inputs, (x, y))}
+            # a training step: draws per example know the global batch's size
+            feed.update({f"w{w}/{r.in_step}": True for w, r in enumerate(rewritten)
+                         if r.in_step})
+            session.run([f"w{w}/{CALL_OP}" for w in range(n)], feed)
         return [session.run({v: f"w{w}/{v}/Read/ReadVariableOp:0" for v in names})
                 for w in range(n)]
     got = run_workers_together(rewritten, train_together, init_feed=initial)
@@ -304,13 +301,105 @@ def test_crossed_features_are_each_examples_ids():
         for x, y in batches:
             session.run(CALL_OP, dict(zip(lifted.inputs, (x, y))))
         expected = session.run({v: f"{v}/Read/ReadVariableOp:0" for v in names})
-    assert any("embeddings" in v for v in names) and any("momentum" in v for v in names)
+    return got, expected
+
+
+@pytest.mark.slow
+def test_crossed_features_are_each_examples_ids():
+    """Row i of a cross is example i's id: under Keras's Adam, which squares
+    each row of the embedding's gradient before an id's rows add up, 3
+    workers in one session (hybrid) end with one device's every variable
+    and slot after 4 steps of a 12-example global batch (before: refused,
+    the crossed ids taken for ids no example owns)."""
+    keras.utils.set_random_seed(0)
+    cf, _kept = _crossed_step(keras.optimizers.Adam(0.05))
+    rng = np.random.default_rng(0)
+    batches = [(rng.normal(size=(12, 2)), rng.normal(size=(12, 1))) for _ in range(4)]
+    got, expected = _three_workers_and_one_device(cf, batches, "hybrid")
+    assert any("embeddings" in v for v in expected) and any("momentum" in v for v in expected)
     for w, values in enumerate(got):
-        for v in names:
+        for v in expected:
             # (Adam's m / sqrt(v) turns the last bits of rows added in
             # another order into differences of about 1e-9 of its lr 0.05)
             np.testing.assert_allclose(values[v], expected[v], rtol=1e-7, atol=1e-8,
                                        err_msg=f"worker {w} {v}")
+
+
+class ClassToken(layers.Layer):
+    """A Vision Transformer's class token and position embedding, copied
+    over the batch as ViT programs copy them: tf.tile(token, [batch, 1,
+    1]) or tf.repeat(token, batch, axis=0) (keras-io's masked autoencoder)."""
+
+    def __init__(self, copy):
+        super().__init__(dtype="float64")
+        self.copy = copy
+
+    def build(self, input_shape):
+        self.token = self.add_weight(shape=(1, 1, input_shape[-1]), name="token")
+        self.positions = layers.Embedding(input_shape[1] + 1, input_shape[-1], dtype="float64")
+
+    def call(self, x):
+        batch = tf.shape(x)[0]
+        positions = self.positions(tf.range(tf.shape(x)[1] + 1))[tf.newaxis]
+        if self.copy == "tile":
+            return tf.concat([tf.tile(self.token, [batch, 1, 1]), x], 1) + \
+                tf.tile(positions, [batch, 1, 1])
+        return tf.concat([tf.repeat(self.token, repeats=batch, axis=0), x], 1) + \
+            ops.repeat(positions, batch, axis=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("copy", ["tile", "repeat"])
+def test_a_class_token_copied_over_the_batch_trains_as_one_device(copy):
+    """A value every worker holds alike, tiled (or repeated) by the batch's
+    size where it has one row, is one copy per example: each worker's
+    copies are its share of one device's, and the token's gradient their
+    sum. 3 workers, 11 examples a step (4/4/3), Keras's Adam: every
+    variable and slot equal to one device's after 3 steps (before:
+    refused, the copies taken for rows of no example at the
+    concatenation)."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4, 3), dtype="float64"), ClassToken(copy),
+                              layers.Dense(5, activation="tanh", dtype="float64"),
+                              layers.GlobalAveragePooling1D(dtype="float64"),
+                              layers.Dense(1, dtype="float64")])
+    optimizer = keras.optimizers.Adam(0.05)
+    cf, _ = _analysed(model, optimizer, keras.losses.MeanSquaredError(dtype="float64"),
+                      tf.TensorSpec([None, 4, 3], tf.float64), tf.TensorSpec([None, 1], tf.float64))
+    rng = np.random.default_rng(1)
+    batches = [(rng.normal(size=(11, 4, 3)), rng.normal(size=(11, 1))) for _ in range(3)]
+    got, expected = _three_workers_and_one_device(cf, batches, "allreduce")
+    assert any("token" in v for v in expected) and any("velocity" in v for v in expected)
+    for w, values in enumerate(got):
+        for v in expected:
+            np.testing.assert_allclose(values[v], expected[v], rtol=1e-9, atol=1e-12,
+                                       err_msg=f"worker {w} {v}")
+
+
+def test_copies_over_the_batch_are_rows_only_of_a_value_with_one_row_there():
+    """tf.tile / tf.repeat of a shared value by the batch's size: one copy
+    per example where the value has one row along the tiled axis (along
+    axis 1 too); a value of 2 rows repeated is every example's 2 rows,
+    copies of the first row first, no example's rows in order; tiled by a
+    worker's padded length, no example's."""
+    from autopar.transforms.example_rows import ExampleRows
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float64, [None, 3], name="x")
+        one, two = tf.ones([1, 3], tf.float64), tf.ones([2, 3], tf.float64)
+        batch = tf.shape(x)[0]
+        tiled = tf.tile(one, [batch, 1])
+        repeated = tf.repeat(one, batch, axis=0)
+        along_1 = tf.tile(one[:, tf.newaxis], [1, batch, 1])
+        two_repeated = tf.repeat(two, batch, axis=0)
+        two_tiled = tf.tile(two, [batch, 1])
+        ids = tf1.placeholder(tf.int64, [None, None], name="ids")   # padded per worker
+        by_other = tf.tile(one, [tf.shape(ids)[1], 1])
+    rows = ExampleRows(graph)
+    assert rows.form(tiled) == ("rows", 0, "batch", 1, 1) == rows.form(repeated)
+    assert rows.form(along_1) == ("rows", 1, "batch", 1, 1)
+    for t in (two_repeated, two_tiled, by_other):
+        assert rows.form(t)[0] not in ("rows", "shared"), (t.name, rows.form(t))
 
 
 def test_a_cross_of_sparse_features_is_padded_to_each_workers_width():
