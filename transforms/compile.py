@@ -17,7 +17,7 @@ from autopar.transforms.analysis import Analysis, analyze_graph
 from autopar.transforms.features.registry import FEATURES
 from autopar.transforms.graph_utils import graph_of, op_name_of, transforming
 from autopar.transforms.input_shards import unsharded_inputs
-from autopar.transforms.loss_reduction import unread
+from autopar.transforms.loss_reduction import no_loss_found, unread
 from autopar.transforms.placement import Move, place_ops
 from autopar.transforms.plan import Plan, PlanOptions, make_plan
 from autopar.transforms.topology import Topology
@@ -119,6 +119,19 @@ def compile_for_config(graph_or_meta, topology: Topology | int, config) -> Compi
     if not config.allow_unsharded_input:
         _refuse_unsharded_input(graph_of(graph_or_meta), compiled.analysis)
     analysis = compiled.analysis
+    if compiled.plan.num_workers > 1 and analysis.variables \
+            and no_loss_found(analysis.loss_reduction_why):
+        # without the loss, neither how it reduces over the batch nor
+        # whether it keeps each example's terms apart can be read
+        first = analysis.variables[0]
+        raise UnsupportedGraphError(
+            "found no loss the gradients are taken of (the tensor a GradientTape "
+            "differentiates, or tf.gradients' ys), so cannot check that the loss keeps each "
+            "example's terms to itself, nor how the workers' gradients combine into one "
+            f"device's (the gradient of '{first.name}' is "
+            f"'{first.grad_tensor or first.grad_values}'). Differentiate the loss itself: "
+            "tape.gradient(loss, variables); a gradient given output_gradients=w is "
+            "tape.gradient(tf.reduce_sum(target * tf.stop_gradient(w)), variables)")
     if config.loss_reduction == "auto" and compiled.plan.num_workers > 1 \
             and unread(analysis.loss_reduction, analysis.loss_reduction_why):
         raise UnsupportedGraphError(

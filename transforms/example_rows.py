@@ -80,6 +80,7 @@ import heapq
 import numpy as np
 import tensorflow as tf
 
+from autopar.transforms.example_maps import mapped_outputs
 from autopar.transforms.features.base import GraphFeature
 from autopar.transforms.graph_utils import (INPUT_OP_TYPES, OF_SHAPES_ALONE, SHAPE_OPS,
                                             in_gradient_scope, op_name_of, reads_a_variable,
@@ -1541,6 +1542,13 @@ class ExampleRows:
             if joined == state:
                 break
             state = joined
+        if ("list", ELEMS) in ins:
+            # a map over the examples (tf.map_fn): each output list's
+            # element i example i's alone (transforms/example_maps.py)
+            cond = op.get_attr("cond").name
+            for k in mapped_outputs(op, forms, self._function_graph(body, shapes),
+                                    self._function_graph(cond, shapes), rows(), ("size", 1, 1)):
+                state[k] = ("list", ("example", BATCH))
         return state
 
     def _decides_by_values(self, t: tf.Tensor, forms: dict) -> bool:
@@ -1598,8 +1606,19 @@ class ExampleRows:
                 [("list", SHARED)]
         lst = ins[0]
         elem = lst[1] if lst[0] == "list" else (SHARED if lst == SHARED else ELEMS)
+        if elem[0] == "example":
+            # element i example i's (a map's output): stacked, the
+            # examples' rows; an element taken or changed by its place, a pick
+            if t == "TensorListStack":
+                return [("rows", 0, elem[1], 1, 1)]
+            if t in ("TensorListLength", "TensorListElementShape"):
+                return [SHARED] * n_out
+            return [("picked", op.name)] * n_out
         if t == "TensorListGetItem":
-            return [elem]
+            # an element of a list of the examples' rows is an example
+            # taken by its place (a scan's first, a loop's i-th; a map's
+            # are the examples' own, found at its loop)
+            return [("picked", op.name) if elem == ELEMS else elem]
         if t == "TensorListSetItem":
             return [("list", _join([elem, ins[2]]))]
         if t == "TensorListPushBack":
@@ -1611,7 +1630,7 @@ class ExampleRows:
         if t in ("TensorListLength", "TensorListElementShape"):
             return [SHARED] * n_out
         if t == "TensorListPopBack":
-            return [lst, elem]
+            return [lst, ("picked", op.name) if elem == ELEMS else elem]
         return [("unknown", op.name)] * n_out
 
 

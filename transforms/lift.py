@@ -376,6 +376,10 @@ def _tape_target(seed, position: dict, digraph, forward):
             # or output of an op the target is computed from
             reads |= {_shaped(x).op.name for x in op.inputs if not in_gradient_scope(x.op.name)
                       and x.op is not seed}
+    # made after gradient() began, outside its scope, so of no target: the
+    # zeros a While's gradient makes for an output of static shape the
+    # loss does not use (a tf.scan's last carry)
+    reads = {name for name in reads if position[name] < position[seed.name]}
     if not reads:
         return None
     latest = max(reads, key=position.__getitem__)

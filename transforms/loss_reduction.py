@@ -79,6 +79,11 @@ _NO_LOSS = "no loss tensor found"
 _NO_INPUT = "does not depend on any input placeholder or iterator"
 
 
+def no_loss_found(why: str) -> bool:
+    """Whether a loss_reduction()'s `why` says no loss tensor was found."""
+    return why == _NO_LOSS
+
+
 def unread(kind: str, why: str) -> bool:
     """Whether a loss_reduction() of `kind` and `why` is one the loss shows
     but the analysis cannot read (an op between the loss and the batch's
