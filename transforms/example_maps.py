@@ -25,8 +25,13 @@ are not looked at):
   shape of alone: never a carried value read otherwise (a scan's running
   sum), an index, or any other output; no item written is computed from
   the counter's value (the example's place in the worker's share);
-- no other loop variable depends on the batch's values, and the body runs
-  no stateful op but variable reads (a random draw per iteration would be
+- the output lists are not read back (an earlier example's item), every
+  other loop variable is passed on unchanged (one not of the batch's
+  values: a bound, a variable) or is such a carry, and every term of the
+  condition bounds a counter (a variable stepping otherwise could end the
+  loop before the batch's end; a value changed every iteration, a power
+  of 2, is the place again);
+- the body runs no stateful op but variable reads (a random draw per iteration would be
   the i-th draw of the worker's loop, not of one device's) nor a
   functional op (If, While, a call) the reads reach.
 
@@ -79,15 +84,13 @@ def mapped_outputs(op: tf.Operation, forms: dict, body, cond,
     counter_args = {args[k].name for k in counters}
     example_lists = {k for k in range(len(args))
                      if _lists_the_examples(op.inputs[k], forms, batch_rows)}
-    if not example_lists:
-        return []
     # the lists are read at the counter only; reads' items are the seeds
     reads = []
     for k in example_lists:
-        for consumer in args[k].consumers():
+        for consumer in _uses(args[k]):
             if consumer.type in _LIST_READS and _through(consumer.inputs[1]).name in counter_args:
                 reads.append(consumer.outputs[0])
-            elif consumer.type not in _LIST_SHAPES | set(_PASS):
+            elif consumer.type not in _LIST_SHAPES:
                 return []
     if not reads:
         return []
@@ -98,6 +101,8 @@ def mapped_outputs(op: tf.Operation, forms: dict, body, cond,
     written = {}
     for k, out in enumerate(body.outputs):
         source = _through(out)
+        if k in counters:
+            continue
         if source.op.type in _LIST_WRITES and source.op.inputs[0] is args[k]:
             item = source.op.inputs[2 if source.op.type == "TensorListSetItem" else 1]
             index_ok = source.op.type == "TensorListPushBack" or \
@@ -105,22 +110,27 @@ def mapped_outputs(op: tf.Operation, forms: dict, body, cond,
             # (the tape's accumulators keep their generic forms: they push
             # the counter too, the indices its backward loop reads at)
             if not index_ok or any(t.name in reached for t in source.op.inputs if t is not item) \
-                    or source.op.type == "TensorListSetItem" and item.name in by_place:
+                    or source.op.type == "TensorListSetItem" and item.name in by_place \
+                    or any(use is not source.op and use.type not in _LIST_SHAPES
+                           for use in _uses(args[k])):   # an earlier item read back
                 return []
             if outer_forms[k] not in (("shared",), ("list", ("shared",))):
                 return []
             written[k] = source.op.type
-        elif k in example_lists:
-            if source is not args[k]:
-                return []
-        elif source.name in reached:
+        elif source is args[k]:
+            # passed on unchanged: a bound, a variable, the examples' list
+            if k not in example_lists and outer_forms[k][0] not in ("shared", "size", "shape"):
+                return []   # another value of the batch's, read whole
+        elif source.name in reached and _shape_alone_read(args[k]):
             # a carry the next iteration reads the shape of alone (a scan
             # whose step reads its carry's shape): its value, the last
             # example's, is left to the generic rule
-            if not _shape_alone_read(args[k]):
-                return []
-        elif outer_forms[k][0] not in ("shared", "size", "shape"):
-            return []   # another value of the batch's, carried along
+            continue
+        else:
+            # a value changed from iteration to iteration otherwise (a scan's
+            # running sum, a power of 2 per step): what depends on it depends
+            # on the examples before, or on the place
+            return []
     for body_op in body.get_operations():
         if body_op.type in _FUNCTIONAL and any(t.name in reached for t in body_op.inputs):
             return []
@@ -130,16 +140,21 @@ def mapped_outputs(op: tf.Operation, forms: dict, body, cond,
     return [k for k, kind in written.items() if kind == "TensorListSetItem"]
 
 
-def _shape_alone_read(arg: tf.Tensor) -> bool:
-    """Whether the body reads `arg` only through its shape."""
-    stack = [arg]
+def _uses(t: tf.Tensor) -> list:
+    """The ops of a function's graph reading `t`, through identities."""
+    uses, stack = [], [t]
     while stack:
         for consumer in stack.pop().consumers():
             if consumer.type in _PASS:
                 stack.extend(consumer.outputs)
-            elif consumer.type not in OF_SHAPES_ALONE:
-                return False
-    return True
+            else:
+                uses.append(consumer)
+    return uses
+
+
+def _shape_alone_read(arg: tf.Tensor) -> bool:
+    """Whether the body reads `arg` only through its shape."""
+    return all(use.type in OF_SHAPES_ALONE for use in _uses(arg))
 
 
 def _adds_one(t: tf.Tensor, arg: tf.Tensor) -> bool:
@@ -164,12 +179,9 @@ def _bounded_by_the_batch(cond, counters: set, outer_forms: list, size_form: tup
             return False
     if not terms:
         return False
-    for left, right in terms:
-        if args.get(left.name) is None or args.get(right.name) is None:
-            return False
-        if outer_forms[args[right.name]] != size_form:
-            return False
-    return any(args[left.name] in counters for left, _ in terms)
+    # (every term's: a variable stepping otherwise could end the loop early)
+    return all(args.get(left.name) in counters and args.get(right.name) is not None
+               and outer_forms[args[right.name]] == size_form for left, right in terms)
 
 
 def _lists_the_examples(t: tf.Tensor, forms: dict, batch_rows: tuple) -> bool:

@@ -376,15 +376,16 @@ def _tape_target(seed, position: dict, digraph, forward):
             # or output of an op the target is computed from
             reads |= {_shaped(x).op.name for x in op.inputs if not in_gradient_scope(x.op.name)
                       and x.op is not seed}
-    # made after gradient() began, outside its scope, so of no target: the
-    # zeros a While's gradient makes for an output of static shape the
-    # loss does not use (a tf.scan's last carry)
-    reads = {name for name in reads if position[name] < position[seed.name]}
+    # a constant made after gradient() began, outside its scope, is of no
+    # target: the zeros a While's gradient makes for an output of static
+    # shape the loss does not use (a tf.scan's last carry)
+    graph = seed.graph
+    reads = {name for name in reads if position[name] < position[seed.name]
+             or graph.get_operation_by_name(name).type != "Const"}
     if not reads:
         return None
     latest = max(reads, key=position.__getitem__)
     rank = seed.outputs[0].shape.rank
-    graph = seed.graph
     for name in sorted(nx.descendants(forward, latest) | {latest}, key=position.__getitem__):
         op = graph.get_operation_by_name(name)
         alike = [t for t in op.outputs if t.dtype.is_floating and t.shape.rank == rank]

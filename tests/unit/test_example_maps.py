@@ -53,6 +53,22 @@ def _array_loop(h, item=lambda row, i: tf.tanh(row), bound=lambda n: n, read=0):
     return out.stack()
 
 
+def _carried_scale(h, bound_too=False):
+    """A loop carrying a scale doubled every iteration: the item written
+    at i is scaled by 2**i, the example's place again (and a condition
+    bounding the scale too, which could end the loop early)."""
+    n = tf.shape(h)[0]
+    source = tf.TensorArray(tf.float64, size=n).unstack(h)
+    out = tf.TensorArray(tf.float64, size=n)
+
+    def body(i, scale, out):
+        return i + 1, scale * 2.0, out.write(i, source.read(i) * (1.0 if bound_too else scale))
+    _, _, out = tf.while_loop(
+        (lambda i, scale, out: tf.logical_and(i < n, scale < 64.0)) if bound_too
+        else (lambda i, scale, out: i < n), body, (0, tf.constant(1.0, tf.float64), out))
+    return out.stack()
+
+
 def _running_sum(h):
     return tf.scan(lambda total, row: total + row, h)
 
@@ -115,6 +131,8 @@ def test_a_loop_mapping_each_example_trains_as_one_device(loop):
     (lambda h: _array_loop(h, read=1), "strided_slice"),
     # a loop over half of the examples: one device's first half is not a worker's
     (lambda h: _array_loop(h, bound=lambda n: n // 2)[:1], "TensorListGetItem"),
+    (_carried_scale, "TensorListGetItem"),
+    (lambda h: _carried_scale(h, bound_too=True), "TensorListGetItem"),
 ])
 def test_a_loop_over_the_examples_that_is_no_map_is_refused(loop, op):
     """A loop over the examples' rows whose iteration reads more than its
