@@ -136,6 +136,31 @@ FOLLOW_FIRST = frozenset({"Pad", "PadV2", "MirrorPad", "Tile", "Roll", "ReverseV
                           "TopKV2", "TopK", "InTopKV2", "Squeeze", "ExpandDims", "Transpose",
                           "Reshape", "StridedSlice", "Slice", "Split", "SplitV", "Unpack",
                           "MatrixSetDiagV3", "QuantizeV2"})
+# TensorFlow 1's TensorArrays (a V1 loop's, dynamic_rnn's under
+# disable_v2_behavior()) read as the TensorList op each acts as, the list's
+# form carried by the flow tensor every one of them takes and gives.
+TENSOR_ARRAYS_AS_LISTS = {"TensorArrayV3": "TensorListReserve",
+                          "TensorArrayScatterV3": "TensorListFromTensor",
+                          "TensorArrayReadV3": "TensorListGetItem",
+                          "TensorArrayWriteV3": "TensorListSetItem",
+                          "TensorArrayGatherV3": "TensorListStack",
+                          "TensorArraySizeV3": "TensorListLength"}
+
+
+def _as_list_op_inputs(t: str, ins: list) -> list:
+    """A TensorArray op's input forms in its TensorList op's order: (flow,
+    index, value) for (handle, index, value, flow)."""
+    if t == "TensorArrayScatterV3":   # (handle, indices, value, flow)
+        return [ins[2], ins[3]]
+    if t == "TensorArrayWriteV3":     # (handle, index, value, flow)
+        return [ins[3], ins[1], ins[2]]
+    if t in ("TensorArrayReadV3", "TensorArrayGatherV3"):   # (handle, index, flow)
+        return [ins[2], ins[1]]
+    if t == "TensorArraySizeV3":      # (handle, flow)
+        return [ins[1]]
+    return []
+
+
 # Ops that make a tensor of a given shape from SHARED values.
 FILLS = {"Fill": 0, "Zeros": 0, "Ones": 0, "BroadcastTo": 1, "Empty": 0,
          "RandomUniform": 0, "RandomStandardNormal": 0, "TruncatedNormal": 0}
@@ -279,11 +304,26 @@ def _decides_control_only(statistic: tf.Tensor, rows: "ExampleRows") -> bool:
                 continue
             if position >= 0 and reader.inputs[position] is t:
                 continue
-            if position >= 0 or any(rows.form(out) != DIM and out.consumers()
-                                    for out in reader.outputs):
+            if position >= 0 or any(not _decided_by_a_length(rows.form(out), rows.graph)
+                                    and out.consumers() for out in reader.outputs):
                 return False
             stack.extend(reader.outputs)
     return True
+
+
+def _decided_by_a_length(form: tuple, graph: tf.Graph) -> bool:
+    """A per-worker length (DIM), or a value that a V1 loop's Switch mixes
+    as deciding by one (its counter, compared with the statistic, after
+    the Switch that statistic decides: what the statistic made global
+    leaves as a length; the forms then computed decide)."""
+    if form == DIM:
+        return True
+    if form[0] != "mixed":
+        return False
+    try:
+        return graph.get_operation_by_name(form[1]).type in ("Switch", "RefSwitch")
+    except KeyError:   # an op of a function's body
+        return False
 
 
 class ExampleRows:
@@ -559,6 +599,9 @@ class ExampleRows:
             return self._call(op, ins, op.get_attr("f").name)
         if t.startswith("TensorList"):
             return self._tensor_list(op, ins)
+        if t in TENSOR_ARRAYS_AS_LISTS:
+            return self._tensor_list(op, _as_list_op_inputs(t, ins),
+                                     TENSOR_ARRAYS_AS_LISTS[t])
         if t == "RngReadAndSkip":
             # a generator's state, advanced by a draw's size: one device's
             # once transforms.random_draws skips as far as it
@@ -1590,17 +1633,18 @@ class ExampleRows:
             stack.extend(inner)
         return None
 
-    def _tensor_list(self, op, ins) -> list:
-        t = op.type
+    def _tensor_list(self, op, ins, as_type: str | None = None) -> list:
+        """TensorList ops; a V1 TensorArray's (`as_type`: the TensorList op
+        it acts as, its inputs reordered so, the list's form carried by its
+        flow tensor)."""
+        t = as_type or op.type
         n_out = len(op.outputs)
         if t == "TensorListFromTensor":
-            src = ins[0]
-            if is_rows(src):
-                if src[1] == 0:
-                    return [("list", ELEMS)]
-                return [("list", ("rows", src[1] - 1, *src[2:]))]
-            return [("list", src)] if src == SHARED else [("list", ELEMS if per_example(src)
-                                                           else src)]
+            unstacked = ("list", _list_of(ins[0]))
+            # (a TensorArray's scatter: into the list its flow carries)
+            return [unstacked if as_type is None else _join([ins[1], unstacked])]
+        if as_type == "TensorListReserve":
+            return [SHARED, ("list", SHARED)]   # (handle, flow)
         if t in ("TensorListReserve", "EmptyTensorList"):
             return [("list", SHARED)] if all(f == SHARED for f in ins) else \
                 [("list", SHARED)]
@@ -1632,6 +1676,14 @@ class ExampleRows:
         if t == "TensorListPopBack":
             return [lst, ("picked", op.name) if elem == ELEMS else elem]
         return [("unknown", op.name)] * n_out
+
+
+def _list_of(src: tuple) -> tuple:
+    """The form of the elements of a list unstacked from a tensor of form
+    `src` along its axis 0."""
+    if is_rows(src):
+        return ELEMS if src[1] == 0 else ("rows", src[1] - 1, *src[2:])
+    return src if src == SHARED or not per_example(src) else ELEMS
 
 
 def aligned(a: tuple, b: tuple) -> bool:

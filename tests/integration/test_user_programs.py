@@ -280,9 +280,12 @@ def test_a_recurrence_over_each_examples_length_matches_single_device(tmp_path, 
     batch's longest sequence, which each training step takes of the global
     batch (one all-gather over the workers' processes), in hybrid (the
     embedding's rows all-gathered); the last step's 7 sequences split 3/2/2
-    (before: refused as mixing the batch's examples in the cell)."""
+    (before: refused as mixing the batch's examples in the cell). As a
+    TF1-era script runs it, after disable_v2_behavior(): a V1 loop keeping
+    its steps in TensorArrayV3s (before: refused, naming
+    TensorArrayScatterV3)."""
     expected = single_device("rnn_lengths", "float64", uneven=True)
-    log, out = _train_uneven("rnn_lengths", "float64", "hybrid", "v2", tmp_path)
+    log, out = _train_uneven("rnn_lengths", "float64", "hybrid", "v1", tmp_path)
     assert "statistics of the batch's values ('rnn/Max:0'" in log, log[-3000:]
     for i in range(3):
         assert_same_parameters(expected, load_worker(out, i), what=f"rnn_lengths worker {i}")

@@ -14,8 +14,15 @@ def run_locally(graph_def, runs):
     with graph.as_default():
         tf1.import_graph_def(graph_def, name="")
         with tf1.Session(graph=graph) as session:
-            session.run([op for op in graph.get_operations() if op.name.endswith("/Assign")])
+            session.run([op for op in graph.get_operations() if _initializes(op)])
             return runs(session)
+
+
+def _initializes(op) -> bool:
+    """Whether `op` is a variable's initializer, `v/Assign` of `v` (an
+    update such as a V1 Adam's `Adam/Assign` of beta1_power is not)."""
+    return op.type in ("AssignVariableOp", "Assign") and bool(op.inputs) \
+        and op.name == f"{op.inputs[0].op.name}/Assign"
 
 
 def run_workers_together(rewritten, runs, init_feed=None):
@@ -32,12 +39,16 @@ def run_workers_together(rewritten, runs, init_feed=None):
             graph_def = r.meta_graph.graph_def
             for node in graph_def.node:
                 node.device = f"/device:CPU:{w}"
+                if node.op in ("Enter", "RefEnter"):
+                    # a V1 loop's frame is named by its Enter ops alone:
+                    # each worker's its own (one frame per name in a session)
+                    node.attr["frame_name"].s = f"w{w}/".encode() + node.attr["frame_name"].s
             tf1.import_graph_def(graph_def, name=f"w{w}")
     config = tf1.ConfigProto(device_count={"CPU": n})
     with tf1.Session(graph=graph, config=config) as session:
         session.run([op for op in graph.get_operations()
                      if op.type in ("AssignVariableOp", "Assign") and "/Initializer/" in op.name
-                     or op.name.endswith("/Assign")],
+                     or _initializes(op)],
                     {f"w{w}/{name}": value for w in range(n)
                      for name, value in (init_feed or {}).items()})
         session.run([f"w{w}/{r.broadcast_op}" for w, r in enumerate(rewritten)])

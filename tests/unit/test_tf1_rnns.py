@@ -110,3 +110,72 @@ def test_the_batchs_longest_is_reported_and_not_split_in_micro_batches():
     assert "statistics of the batch's values ('rnn/Max:0'" in report, report
     with pytest.raises(UnsupportedGraphError, match="micro_batches=2.*'rnn/Max:0'"):
         compile_for_config(graph, 3, autopar.Config(run_option="allreduce", micro_batches=2))
+
+
+# The same programs in a TF1-era script that calls disable_v2_behavior()
+# first: dynamic_rnn's loop is a V1 while loop (Enter, Merge, Switch,
+# LoopCond) keeping its steps in TensorArrayV3s, its variables reference
+# variables.
+_V1_RNN = r"""
+import json, sys
+import numpy as np
+import tensorflow as tf
+tf1 = tf.compat.v1
+tf1.disable_v2_behavior()
+import autopar
+from autopar.transforms.compile import compile_for_config
+from autopar.transforms.rewrite import rewrite_for_worker
+from tests.unit.local_run import run_locally, run_workers_together
+from tests.unit.test_tf1_rnns import _rnn_classifier
+time_major, lengths = sys.argv[1] == "time-major", sys.argv[2] == "lengths"
+graph, train = _rnn_classifier(time_major, lengths)
+n, rng = 3, np.random.default_rng(0)
+batches = [(rng.normal(size=(11, 6)), rng.integers(0, 4, size=11)) for _ in range(4)]
+compiled = compile_for_config(graph, n, autopar.Config(run_option="allreduce"))
+rewritten = [rewrite_for_worker(graph, compiled.analysis, compiled.plan, w) for w in range(n)]
+with graph.as_default():
+    names = [v.op.name for v in tf1.global_variables()]
+def train_alone(session):
+    for x, y in batches:
+        session.run(train.name, {"x:0": x, "y:0": y})
+    return session.run({v: v + ":0" for v in names})
+def train_together(session):
+    in_step = {f"w{w}/{r.in_step}": True for w, r in enumerate(rewritten) if r.in_step}
+    for x, y in batches:
+        session.run([f"w{w}/{train.name}" for w in range(n)],
+                    {**{f"w{w}/x:0": x[w::n] for w in range(n)},
+                     **{f"w{w}/y:0": y[w::n] for w in range(n)}, **in_step})
+    return [session.run({v: f"w{w}/{v}:0" for v in names}) for w in range(n)]
+expected = run_locally(graph.as_graph_def(), train_alone)
+got = run_workers_together(rewritten, train_together)
+print(json.dumps({"variables": names, "refs": [graph.get_operation_by_name(v).type for v in names],
+                  "statistics": list(compiled.analysis.batch_statistics.values()),
+                  "worst": max(float(np.max(np.abs(values[v] - expected[v]) /
+                                             (np.abs(expected[v]) + 1e-3)))
+                               for values in got for v in names)}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("time_major,lengths", [("time-major", "-"), ("batch-major", "lengths")])
+def test_dynamic_rnn_under_v1_behaviour_trains_as_one_device(time_major, lengths):
+    """Under disable_v2_behavior(), a TensorArray's ops are read as the
+    TensorList ops each acts as (its flow tensor carrying the list), and a
+    V1 loop bounded by the batch's longest sequence takes the global
+    batch's (before: refused, naming TensorArrayScatterV3, and with lengths
+    the loop's Switch). 3 workers with 4/4/3 shares, every variable and
+    slot (reference variables) equal to one device's after 4 steps."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", _V1_RNN, time_major, lengths], cwd=root,
+                          capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "VariableV2" in result["refs"] and any("Adam" in v for v in result["variables"])
+    assert result["statistics"] == (["Max"] if lengths == "lengths" else [])
+    # (Adam's m / sqrt(v) of gradients added in another order, float64)
+    assert result["worst"] < 1e-7, result
