@@ -1,7 +1,7 @@
 """When a worker's update ops run relative to the step's gradients.
 
-Two orders are added to a worker's rewritten graph (not with micro-batches,
-where the run that updates computes no gradient):
+Three orders are added to a worker's rewritten graph (not with
+micro-batches, where the run that updates computes no gradient):
 
 - Each update op waits for its own variable's gradient, this worker's
   (`_updates_wait_for_gradients`).
@@ -22,6 +22,10 @@ where the run that updates computes no gradient):
   when no update overtakes a read. Every op reading a variable in the step
   leads to one of its train group's gradients, so once all of them exist no
   read is left for an update to overtake.
+- A reference variable's other reads in the step (another train group's
+  backward pass through the layer, two train ops run together) read a copy
+  taken before the update, which the update waits for
+  (`_reference_reads_before_the_updates`).
 """
 from __future__ import annotations
 
@@ -43,10 +47,11 @@ def _add_control_input(node, name: str) -> None:
 
 
 def order_updates(graph_def, analysis: Analysis, server_variables: set[str]) -> None:
-    """Both orders of the module docstring, in this worker's `graph_def`."""
+    """The orders of the module docstring, in this worker's `graph_def`."""
     by_name = {node.name: node for node in graph_def.node}
     _updates_wait_for_gradients(by_name, analysis)
     _reference_updates_after_the_gradients(graph_def, by_name, analysis, server_variables)
+    _reference_reads_before_the_updates(graph_def, by_name, analysis, server_variables)
 
 
 def _updates_wait_for_gradients(by_name: dict, analysis: Analysis) -> None:
@@ -100,4 +105,66 @@ def _descendants(name: str, consumers: dict[str, list[str]]) -> set[str]:
             if c not in seen:
                 seen.add(c)
                 stack.append(c)
+    return seen
+
+
+def _reference_reads_before_the_updates(graph_def, by_name: dict, analysis: Analysis,
+                                        server_variables: set[str]) -> None:
+    """A reference variable's reads that its update need not wait for (no
+    gradient of its train group is computed from them: another train
+    group's backward pass through the layer, when a step runs two train
+    ops, `tf.group(train_head, train_encoder)`) read a copy of the
+    variable taken before the update instead of its buffer, and the update
+    waits for the copy. Otherwise such a read sees the step's weights or the
+    updated ones as thread timing decides, on one device too; what the
+    step means is its weights'. Reads under the update's control
+    dependencies (after it) keep the buffer."""
+    gradients_of_group: dict[int, list[str]] = defaultdict(list)
+    for v in analysis.variables:
+        if _gradient_node(v) in by_name:
+            gradients_of_group[v.group].append(_gradient_node(v))
+    consumers = None
+    covered_by_group: dict[int, set[str]] = {}
+    for v in analysis.variables:
+        read = by_name.get(f"{v.name}/read")
+        updates = [name for name in v.update_ops if name in by_name]
+        if v.name in server_variables or read is None or not updates \
+                or by_name[v.name].op not in _REFERENCE_VARIABLE_TYPES:
+            continue
+        if consumers is None:
+            consumers = {op: [node.name for node in nodes]
+                         for op, nodes in readers_of(graph_def).items()}
+        if v.group not in covered_by_group:
+            covered_by_group[v.group] = _ancestors(gradients_of_group[v.group], by_name)
+        after = set().union(*(_descendants(name, consumers) for name in updates))
+        uncovered = [name for name in consumers.get(read.name, ())
+                     if name not in covered_by_group[v.group] and name not in after
+                     and name not in updates]
+        if not uncovered:
+            continue
+        copy = graph_def.node.add()
+        copy.name = f"{v.name}/autopar_read_before_update"
+        copy.op = "Snapshot"
+        copy.input.append(read.name)
+        copy.attr["T"].CopyFrom(read.attr["T"])
+        copy.device = read.device
+        for name in uncovered:
+            node = by_name[name]
+            for i, inp in enumerate(node.input):
+                if inp in (read.name, f"{read.name}:0"):
+                    node.input[i] = copy.name
+        for name in updates:
+            _add_control_input(by_name[name], copy.name)
+        by_name[copy.name] = copy
+
+
+def _ancestors(names: list[str], by_name: dict) -> set[str]:
+    """The ops `names` are computed from (data or control inputs), and them."""
+    seen, stack = set(), list(names)
+    while stack:
+        name = stack.pop()
+        if name in seen or name not in by_name:
+            continue
+        seen.add(name)
+        stack.extend(op_name_of(inp.lstrip("^")) for inp in by_name[name].input)
     return seen

@@ -380,14 +380,40 @@ def _ungated_reference_mlp() -> tuple[tf.Graph, tf.Operation]:
     return graph, train
 
 
-def test_no_read_of_a_reference_variable_is_left_for_its_update_to_overtake():
+def _two_train_ops_sharing_a_layer():
+    """An encoder trained on loss + aux by Adam and a head trained on loss
+    by SGD, both in one step (tf.group), reference variables: the
+    encoder's gradient is taken through the head's weights, which the
+    head's train group does not need."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 4], name="x")
+        y = tf1.placeholder(tf.float32, [None, 1], name="y")
+        enc = tf1.get_variable("enc", [4, 3], use_resource=False)
+        head = tf1.get_variable("head", [3, 1], use_resource=False)
+        h = tf.tanh(tf.matmul(x, enc))
+        loss = tf.reduce_mean(tf.square(tf.matmul(h, head) - y))
+        train_head = tf1.train.GradientDescentOptimizer(0.1).minimize(loss, var_list=[head])
+        train_enc = tf1.train.AdamOptimizer(0.01).minimize(
+            loss + 0.1 * tf.reduce_mean(tf.square(h)), var_list=[enc])
+        train = tf.group(train_head, train_enc)
+    return graph, train
+
+
+@pytest.mark.parametrize("program", ["one train op", "two train ops"])
+def test_no_read_of_a_reference_variable_is_left_for_its_update_to_overtake(program):
     """A reference variable's reads share its buffer, which its update
     writes in place (transforms.update_order): every op of the step that
     reads the variable (its read Identity and what consumes that) runs
     before any update of it, in each worker's graph. In the user's graph
     the upper layer's update waits only for its own gradient, while the
-    lower layer's gradient still reads the upper layer's weights."""
-    graph, train = _ungated_reference_mlp()
+    lower layer's gradient still reads the upper layer's weights. With two
+    train ops in one step, the head's update need not wait for the
+    encoder's gradient, which reads the head's weights: that gradient
+    reads a copy taken before the update (before: either, as timing
+    decided)."""
+    graph, train = (_ungated_reference_mlp() if program == "one train op"
+                    else _two_train_ops_sharing_a_layer())
     analysis = analyze_graph(graph)
     plan = make_plan(analysis, 2, PlanOptions(fusion_bytes=1))   # a bucket each
     for i in range(2):
