@@ -12,7 +12,8 @@ from keras import layers
 
 from autopar.common.errors import UnsupportedGraphError
 from tests.programs import keras_step
-from tests.unit.test_tf2_programs_people_copy import _three_workers_and_one_device
+from tests.unit.test_tf2_programs_people_copy import (_three_workers_and_one_device,
+                                                      each_worker_holds)
 
 
 @pytest.fixture(autouse=True)
@@ -114,10 +115,7 @@ def test_a_loop_mapping_each_example_trains_as_one_device(loop):
     batches = [(rng.normal(size=(11, 3)), rng.normal(size=(11, 1))) for _ in range(3)]
     got, expected = _three_workers_and_one_device(cf, batches, "allreduce")
     assert any("velocity" in v for v in expected)
-    for w, values in enumerate(got):
-        for v in expected:
-            np.testing.assert_allclose(values[v], expected[v], rtol=1e-9, atol=1e-12,
-                                       err_msg=f"worker {w} {v}")
+    each_worker_holds(got, expected, rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.slow

@@ -304,6 +304,14 @@ def _three_workers_and_one_device(cf, batches, run_option):
     return got, expected
 
 
+def each_worker_holds(got: list, expected: dict, rtol: float, atol: float) -> None:
+    """Every worker's value of every variable and slot is one device's."""
+    for w, values in enumerate(got):
+        for v in expected:
+            np.testing.assert_allclose(values[v], expected[v], rtol=rtol, atol=atol,
+                                       err_msg=f"worker {w} {v}")
+
+
 @pytest.mark.slow
 def test_crossed_features_are_each_examples_ids():
     """Row i of a cross is example i's id: under Keras's Adam, which squares
@@ -317,12 +325,9 @@ def test_crossed_features_are_each_examples_ids():
     batches = [(rng.normal(size=(12, 2)), rng.normal(size=(12, 1))) for _ in range(4)]
     got, expected = _three_workers_and_one_device(cf, batches, "hybrid")
     assert any("embeddings" in v for v in expected) and any("momentum" in v for v in expected)
-    for w, values in enumerate(got):
-        for v in expected:
-            # (Adam's m / sqrt(v) turns the last bits of rows added in
-            # another order into differences of about 1e-9 of its lr 0.05)
-            np.testing.assert_allclose(values[v], expected[v], rtol=1e-7, atol=1e-8,
-                                       err_msg=f"worker {w} {v}")
+    # (Adam's m / sqrt(v) turns the last bits of rows added in another
+    # order into differences of about 1e-9 of its lr 0.05)
+    each_worker_holds(got, expected, rtol=1e-7, atol=1e-8)
 
 
 class ClassToken(layers.Layer):
@@ -370,10 +375,7 @@ def test_a_class_token_copied_over_the_batch_trains_as_one_device(copy):
     batches = [(rng.normal(size=(11, 4, 3)), rng.normal(size=(11, 1))) for _ in range(3)]
     got, expected = _three_workers_and_one_device(cf, batches, "allreduce")
     assert any("token" in v for v in expected) and any("velocity" in v for v in expected)
-    for w, values in enumerate(got):
-        for v in expected:
-            np.testing.assert_allclose(values[v], expected[v], rtol=1e-9, atol=1e-12,
-                                       err_msg=f"worker {w} {v}")
+    each_worker_holds(got, expected, rtol=1e-9, atol=1e-12)
 
 
 def test_copies_over_the_batch_are_rows_only_of_a_value_with_one_row_there():
