@@ -417,7 +417,7 @@ class ExampleRows:
                         ins = [f[:-1] if f[-1] == PLACE else f for f in ins]
                     outs = self._rule(op, ins, forms)
                     if marked:
-                        outs = _after_places(op, marked, outs)
+                        outs = _after_places(op, marked, outs, forms)
                 for t, f in zip(op.outputs, outs):
                     if f != SHARED:
                         forms[t.name] = f
@@ -726,11 +726,13 @@ class ExampleRows:
             if len(static) == len(src[3]) and src[2] is not None:
                 return ("size", src[1], src[2] * int(np.prod(static, dtype=np.int64)))
             return ("size", src[1], None)   # each example's rows: a count known when run
+        if src[0] == "shape" and src[3] == () and op.type in ("Max", "Min"):
+            return ("size", src[1], src[2])   # of [tf.shape(x)[0]]: tf.vectorized_map's count
         if src[0] in ("size", "dim", "shape"):
             return DIM
         if not per_example(src):
             return self._mixed(op, ins)
-        axes = tf.get_static_value(op.inputs[1])
+        axes = _folded(op.inputs[1])
         rank = op.inputs[0].shape.rank
         if src == ELEMS or axes is None or rank is None:
             over = True
@@ -1949,10 +1951,16 @@ def _data_order(rows_of: list) -> list:
     return order
 
 
-def _after_places(op: tf.Operation, marked: list[int], outs: list) -> list:
+def _after_places(op: tf.Operation, marked: list[int], outs: list, forms: dict) -> list:
     """The forms of `op`, whose inputs `marked` are examples' places (PLACE),
     from those its rule gave the inputs unmarked: places kept (the mark on
     rows outputs), used as indices (unmarked), or read as values (picked)."""
+    if marked == [1] and _place_unless_one_example(op, forms):
+        return [rows() + (PLACE,)]
+    if marked == [1] and op.type == "GatherV2" and _static_int(op.inputs[2]) == 0 \
+            and op.get_attr("batch_dims") == 0 \
+            and forms.get(op.inputs[0].name) == rows() and op.inputs[1].shape.rank == 1:
+        return [rows()]   # x's rows by the examples' places: x (tf.vectorized_map's gather)
     if op.type in SHAPE_OPS or (op.type in PLACE_INDICES and
                                 set(marked) <= PLACE_INDICES[op.type]) \
             or any(f[0] in OPAQUE for f in outs):   # (the first cause named)
@@ -1960,6 +1968,18 @@ def _after_places(op: tf.Operation, marked: list[int], outs: list) -> list:
     if op.type in PLACES_KEPT and all(is_rows(f) for f in outs):
         return [f + (PLACE,) for f in outs]
     return [("picked", op.name)] * len(outs)
+
+
+def _place_unless_one_example(op: tf.Operation, forms: dict) -> bool:
+    """tf.where(tf.shape(x)[0] > 1, place, 0) (tf.vectorized_map's gather
+    of each example, broadcasting a batch of one): the place itself, since
+    a batch of one example has no other place than 0."""
+    if op.type not in ("SelectV2", "Select") or len(op.inputs) != 3:
+        return False
+    test = op.inputs[0]
+    return test.op.type == "Greater" and _static_int(test.op.inputs[1]) == 1 \
+        and forms.get(test.op.inputs[0].name) == ("size", 1, 1) \
+        and _static_int(op.inputs[2]) == 0
 
 
 def _elementwise_source(t: tf.Tensor, forms: dict, depth: int = 0,
@@ -1998,6 +2018,31 @@ def _offset_of_a_size(vector: tf.Tensor, k: int, forms: dict) -> bool:
         return False
     kinds = sorted(forms.get(x.name, SHARED)[0] for x in op.inputs)
     return kinds == ["shared", "size"]
+
+
+# Elementwise ops _folded computes from constants TensorFlow does not fold.
+_FOLDABLE = {"AddV2": np.add, "Add": np.add, "Sub": np.subtract, "Mul": np.multiply,
+             "Maximum": np.maximum, "Minimum": np.minimum, "FloorMod": np.mod,
+             "GreaterEqual": np.greater_equal, "Greater": np.greater, "Less": np.less,
+             "LessEqual": np.less_equal, "Equal": np.equal}
+
+
+def _folded(t: tf.Tensor, depth: int = 0):
+    """`t`'s value when TensorFlow's static value gives it or it is
+    elementwise arithmetic of such values (tf.vectorized_map's reduction
+    axes, `[0] + cast([0] >= 0)`), else None."""
+    value = tf.get_static_value(t)
+    if value is not None or depth > 8:
+        return value
+    op = t.op
+    if op.type in ("Cast", "Identity") and op.inputs:
+        inner = _folded(op.inputs[0], depth + 1)
+        return None if inner is None else np.asarray(inner).astype(t.dtype.as_numpy_dtype)
+    if op.type in _FOLDABLE and len(op.inputs) == 2:
+        a, b = (_folded(x, depth + 1) for x in op.inputs)
+        if a is not None and b is not None:
+            return np.asarray(_FOLDABLE[op.type](a, b)).astype(t.dtype.as_numpy_dtype)
+    return None
 
 
 def _static_vector(t: tf.Tensor):

@@ -133,6 +133,10 @@ class RandomDraws(GraphFeature):
         # what a training step's writes depend on
         written = index.computing([w for ws in facts.writers.values() for w in ws])
         refuse_draws_in_functions(facts.graph, index, written)
+        # (a draw no write depends on runs in no training step: tf.vectorized_map
+        # leaves its function's own ops beside their vectorized copies)
+        batch_draws = {name: shape for name, shape in batch_draws.items()
+                       if index.position[name] in written}
         return {"batch_draws": batch_draws,
                 "shared_draws": find_shared_draws(index, written, batch_draws)}
 

@@ -70,6 +70,22 @@ def _carried_scale(h, bound_too=False):
     return out.stack()
 
 
+def _vectorized(h):
+    """tf.vectorized_map of the same function: vectorised by pfor, each
+    example gathered by its place (keras.ops.vectorized_map is it too)."""
+    return tf.vectorized_map(lambda row: tf.sin(row) * tf.reduce_sum(row), h)
+
+
+def _vectorized_with_a_draw(h):
+    """A draw inside the mapped function: pfor draws one row per example."""
+    return tf.vectorized_map(lambda row: row * tf.random.uniform([3], dtype=tf.float64), h)
+
+
+def _vectorized_with_the_batchs_mean(h):
+    """The mapped function reads a mean over the whole batch."""
+    return tf.vectorized_map(lambda row: row * tf.reduce_mean(h), h)
+
+
 def _running_sum(h):
     return tf.scan(lambda total, row: total + row, h)
 
@@ -98,18 +114,26 @@ def _step(loop, with_labels=False):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("loop", ["map_fn", "map_fn_of_pairs", "scan_of_the_shape", "array_loop"])
+@pytest.mark.parametrize("loop", ["map_fn", "map_fn_of_pairs", "scan_of_the_shape", "array_loop",
+                                  "vectorized_map", "vectorized_map_with_a_draw"])
 def test_a_loop_mapping_each_example_trains_as_one_device(loop):
     """Each example's row of the loop's output is its own (before: refused,
     the loop's output taken for values of no known example; the scan was
     accepted and trained differently with 4/4/3 shares: no loss was found
     behind its backward loop, and a mean was assumed without weighing the
-    shares)."""
+    shares). tf.vectorized_map: its count, reduce_max([tf.shape(x)[0]]), is
+    the batch's size, its gather of each example by its place the rows
+    themselves (before: refused, taken for picks by place); a draw inside
+    it, drawn by pfor for every example, is one device's (the function's
+    own draw, which pfor leaves beside and no step runs, is not rewritten:
+    before, taken for a draw of 3 examples, it made the step's B 9)."""
     keras.utils.set_random_seed(0)
     function, with_labels = {"map_fn": (_over_the_batch, False),
                              "map_fn_of_pairs": (_pairs_of_the_batch, True),
                              "scan_of_the_shape": (_scan_of_the_shape, False),
-                             "array_loop": (_array_loop, False)}[loop]
+                             "array_loop": (_array_loop, False),
+                             "vectorized_map": (_vectorized, False),
+                             "vectorized_map_with_a_draw": (_vectorized_with_a_draw, False)}[loop]
     cf, _kept = _step(function, with_labels)
     rng = np.random.default_rng(2)
     batches = [(rng.normal(size=(11, 3)), rng.normal(size=(11, 1))) for _ in range(3)]
@@ -131,6 +155,7 @@ def test_a_loop_mapping_each_example_trains_as_one_device(loop):
     (lambda h: _array_loop(h, bound=lambda n: n // 2)[:1], "TensorListGetItem"),
     (_carried_scale, "TensorListGetItem"),
     (lambda h: _carried_scale(h, bound_too=True), "TensorListGetItem"),
+    (_vectorized_with_the_batchs_mean, "Mean"),
 ])
 def test_a_loop_over_the_examples_that_is_no_map_is_refused(loop, op):
     """A loop over the examples' rows whose iteration reads more than its
