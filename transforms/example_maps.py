@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from autopar.transforms.graph_utils import OF_SHAPES_ALONE
+from autopar.transforms.graph_utils import OF_SHAPES_ALONE, static_int
 
 _PASS = ("Identity", "Snapshot")
 _LIST_READS = frozenset({"TensorListGetItem"})
@@ -59,11 +59,6 @@ def _through(t: tf.Tensor) -> tf.Tensor:
     return t
 
 
-def _static(t: tf.Tensor):
-    value = tf.get_static_value(t)
-    return None if value is None or getattr(value, "ndim", 0) != 0 else int(value)
-
-
 def mapped_outputs(op: tf.Operation, forms: dict, body, cond,
                    batch_rows: tuple, size_form: tuple) -> list[int]:
     """The indices of `op`'s outputs (a functional While) that are lists
@@ -78,7 +73,7 @@ def mapped_outputs(op: tf.Operation, forms: dict, body, cond,
         return []
     args = list(body.inputs)
     counters = {k for k, arg in enumerate(args)
-                if _static(op.inputs[k]) == 0 and _adds_one(_through(body.outputs[k]), arg)}
+                if static_int(op.inputs[k]) == 0 and _adds_one(_through(body.outputs[k]), arg)}
     if not counters or not _bounded_by_the_batch(cond, counters, outer_forms, size_form):
         return []
     counter_args = {args[k].name for k in counters}
@@ -161,7 +156,7 @@ def _adds_one(t: tf.Tensor, arg: tf.Tensor) -> bool:
     if t.op.type not in ("AddV2", "Add"):
         return False
     a, b = (_through(x) for x in t.op.inputs)
-    return (a is arg and _static(b) == 1) or (b is arg and _static(a) == 1)
+    return (a is arg and static_int(b) == 1) or (b is arg and static_int(a) == 1)
 
 
 def _bounded_by_the_batch(cond, counters: set, outer_forms: list, size_form: tuple) -> bool:

@@ -84,7 +84,7 @@ from autopar.transforms.example_maps import mapped_outputs
 from autopar.transforms.features.base import GraphFeature
 from autopar.transforms.graph_utils import (INPUT_OP_TYPES, OF_SHAPES_ALONE, SHAPE_OPS,
                                             in_gradient_scope, op_name_of, reads_a_variable,
-                                            reduces_batch_axis)
+                                            reduces_batch_axis, static_int)
 
 SHARED = ("shared",)
 ELEMS = ("elems",)
@@ -361,6 +361,7 @@ class ExampleRows:
         # one device (an einsum's output whose shape TensorFlow did not infer)
         self.fixed_lengths, self.batch_input = _inputs_of(input_ops, self.static_batch)
         self._shape_sources: dict = {}
+        self._function_graphs: dict = {}   # _function_graph's
         # {the largest or smallest integer of the batch's values (its longest
         # sequence's length) in the step's graph: "Max" or "Min"}
         self.statistics: dict[str, str] = {}
@@ -442,7 +443,7 @@ class ExampleRows:
                 return kept
         if (t in GATHERS and len(ins) > 1 and ins[1][0] == "cat" and ins[0] == SHARED
                 and op.inputs[1].shape.rank == 1 and (t != "GatherV2" or
-                                                      _static_int(op.inputs[2]) == 0)):
+                                                      static_int(op.inputs[2]) == 0)):
             return [ins[1]]   # the head's ids' rows, then the shared ids'
         if t in ("Mean", "Sum") and ins[0][0] in ("parts", "cat") and \
                 self._over_rows_of_no_example(op, forms):
@@ -539,7 +540,7 @@ class ExampleRows:
             return [self._segments(op, ins)]
         if t == "Range":
             if ins[1][0] == "size" and ins[1][1:] == (1, 1) and ins[0] == SHARED == ins[2] \
-                    and _static_int(op.inputs[0]) == 0 and _static_int(op.inputs[2]) == 1:
+                    and static_int(op.inputs[0]) == 0 and static_int(op.inputs[2]) == 1:
                 # tf.range(batch size): each example's place in the worker's
                 # share, not in the global batch: marked PLACE (indices of
                 # the example's own rows, else a pick by place)
@@ -683,7 +684,7 @@ class ExampleRows:
             return DIM
         sizes = [f for f in ins if f[0] == "size"]
         if op.type == "Mul" and len(sizes) == 1:
-            factor = _static_int(op.inputs[1 - ins.index(sizes[0])])
+            factor = static_int(op.inputs[1 - ins.index(sizes[0])])
             if factor is not None and factor > 0:
                 return ("size", sizes[0][1] * factor, sizes[0][2])
         if op.type in ("Add", "AddV2") and len(sizes) == 2 and sizes[0][2] == sizes[1][2]:
@@ -878,7 +879,7 @@ class ExampleRows:
                 return self._shape_split(op, src)
             if not per_example(src):
                 return [src if src[0] in ("reduced", "distinct") else DIM] * n_out
-            axis = _static_int(axis_input)
+            axis = static_int(axis_input)
             if src[0] in ("rows", "elems") and axis is not None:
                 rank = op.outputs[0].shape.rank or 1
                 if is_rows(src) and axis % rank != src[1]:
@@ -920,7 +921,7 @@ class ExampleRows:
                           if _static_element(perm, k) == axis), None)
             return [ELEMS if moved is None else ("rows", moved, *src[2:])]
         if t == "ExpandDims":
-            at = _static_int(op.inputs[1])
+            at = static_int(op.inputs[1])
             if at is None:
                 return [ELEMS]
             rank = (x.shape.rank or 0) + 1
@@ -947,7 +948,7 @@ class ExampleRows:
                 return [("picked", op.name)] * n_out
             return [("rows", axis - (1 if along < axis else 0), *src[2:])] * n_out
         if t in ("Cumsum", "Cumprod", "CumulativeLogsumexp"):
-            along = _static_int(op.inputs[1])
+            along = static_int(op.inputs[1])
             if along is None or x.shape.rank is None or along % x.shape.rank == axis:
                 return [self._mixed(op, ins)]
             return [src]
@@ -1242,7 +1243,7 @@ class ExampleRows:
 
     def _concat(self, op, ins) -> tuple:
         values, axis_form = ins[:-1], ins[-1]
-        axis = _static_int(op.inputs[-1])
+        axis = static_int(op.inputs[-1])
         if axis_form != SHARED or axis is None:
             return self._mixed(op, ins)
         out = op.outputs[0]
@@ -1521,7 +1522,13 @@ class ExampleRows:
 
     # ------------------------------------------------------------ functions
     def _function_graph(self, name: str, input_shapes=None):
-        return function_graph(self.graph, name, input_shapes)
+        """function_graph, once per function and argument shapes: a loop's
+        body is read again for each round of its fixpoint and by the map
+        rule, a function's graph is only read."""
+        key = (name, None if input_shapes is None else tuple(str(s) for s in input_shapes))
+        if key not in self._function_graphs:
+            self._function_graphs[key] = function_graph(self.graph, name, input_shapes)
+        return self._function_graphs[key]
 
     def _body_forms(self, name: str, arg_forms: list, input_shapes=None) -> list | None:
         body = self._function_graph(name, input_shapes)
@@ -1648,8 +1655,7 @@ class ExampleRows:
         if as_type == "TensorListReserve":
             return [SHARED, ("list", SHARED)]   # (handle, flow)
         if t in ("TensorListReserve", "EmptyTensorList"):
-            return [("list", SHARED)] if all(f == SHARED for f in ins) else \
-                [("list", SHARED)]
+            return [("list", SHARED)]
         lst = ins[0]
         elem = lst[1] if lst[0] == "list" else (SHARED if lst == SHARED else ELEMS)
         if elem[0] == "example":
@@ -1957,7 +1963,7 @@ def _after_places(op: tf.Operation, marked: list[int], outs: list, forms: dict) 
     rows outputs), used as indices (unmarked), or read as values (picked)."""
     if marked == [1] and _place_unless_one_example(op, forms):
         return [rows() + (PLACE,)]
-    if marked == [1] and op.type == "GatherV2" and _static_int(op.inputs[2]) == 0 \
+    if marked == [1] and op.type == "GatherV2" and static_int(op.inputs[2]) == 0 \
             and op.get_attr("batch_dims") == 0 \
             and forms.get(op.inputs[0].name) == rows() and op.inputs[1].shape.rank == 1:
         return [rows()]   # x's rows by the examples' places: x (tf.vectorized_map's gather)
@@ -1977,9 +1983,9 @@ def _place_unless_one_example(op: tf.Operation, forms: dict) -> bool:
     if op.type not in ("SelectV2", "Select") or len(op.inputs) != 3:
         return False
     test = op.inputs[0]
-    return test.op.type == "Greater" and _static_int(test.op.inputs[1]) == 1 \
+    return test.op.type == "Greater" and static_int(test.op.inputs[1]) == 1 \
         and forms.get(test.op.inputs[0].name) == ("size", 1, 1) \
-        and _static_int(op.inputs[2]) == 0
+        and static_int(op.inputs[2]) == 0
 
 
 def _elementwise_source(t: tf.Tensor, forms: dict, depth: int = 0,
@@ -2112,13 +2118,6 @@ def _static_element(vector: tf.Tensor, k: int) -> int | None:
     element is computed, or a shape [-1, ...])."""
     value = _element(vector, k, {})
     return value if isinstance(value, int) else None
-
-
-def _static_int(t: tf.Tensor) -> int | None:
-    value = tf.get_static_value(t)
-    if value is None or np.ndim(value) != 0:
-        return None
-    return int(value)
 
 
 def _product(dims) -> int | None:

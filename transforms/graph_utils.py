@@ -10,6 +10,7 @@ import gc
 import re
 
 import networkx as nx
+import numpy as np
 import tensorflow as tf
 
 tf1 = tf.compat.v1
@@ -328,6 +329,14 @@ def uncast(t: tf.Tensor) -> tf.Tensor:
     while t.op.type in ("Identity", "Cast"):
         t = t.op.inputs[0]
     return t
+
+
+def static_int(t: tf.Tensor) -> int | None:
+    """A scalar's value when TensorFlow's static value gives it, else None."""
+    value = tf.get_static_value(t)
+    if value is None or np.ndim(value) != 0:
+        return None
+    return int(value)
 
 
 def static_shape(tensor: tf.Tensor) -> tuple[int | None, ...] | None:

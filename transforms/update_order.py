@@ -79,14 +79,10 @@ def _reference_updates_after_the_gradients(graph_def, by_name: dict, analysis: A
     on a server: a server's variable reaches workers as a copy) waits for
     every gradient of its train group, except one computed after the update
     (a gradient under the update's control dependencies)."""
-    gradients_of_group: dict[int, list[str]] = defaultdict(list)
-    for v in analysis.variables:
-        if _gradient_node(v) in by_name:
-            gradients_of_group[v.group].append(_gradient_node(v))
-    updates = [(name, v.group) for v in analysis.variables
-               if v.name not in server_variables and v.name in by_name
-               and by_name[v.name].op in _REFERENCE_VARIABLE_TYPES
-               for name in v.update_ops if name in by_name]
+    gradients_of_group = _gradients_of_groups(analysis, by_name)
+    updates = [(name, v.group) for v, names in _own_reference_updates(analysis, by_name,
+                                                                      server_variables)
+               for name in names]
     if not updates:
         return
     consumers = {op: [node.name for node in nodes] for op, nodes in readers_of(graph_def).items()}
@@ -96,6 +92,29 @@ def _reference_updates_after_the_gradients(graph_def, by_name: dict, analysis: A
         for gradient in gradients_of_group[group]:
             if gradient not in after:
                 _add_control_input(node, gradient)
+
+
+def _gradients_of_groups(analysis: Analysis, by_name: dict) -> dict[int, list[str]]:
+    """{train group: the ops of its variables' gradients in this graph}."""
+    gradients_of_group: dict[int, list[str]] = defaultdict(list)
+    for v in analysis.variables:
+        if _gradient_node(v) in by_name:
+            gradients_of_group[v.group].append(_gradient_node(v))
+    return gradients_of_group
+
+
+def _own_reference_updates(analysis: Analysis, by_name: dict, server_variables: set[str]
+                           ) -> list:
+    """(variable, its update ops in this graph) for each reference variable
+    this worker updates (not one on a server: a server's variable reaches
+    workers as a copy) that has update ops here."""
+    out = []
+    for v in analysis.variables:
+        updates = [name for name in v.update_ops if name in by_name]
+        if updates and v.name not in server_variables and v.name in by_name \
+                and by_name[v.name].op in _REFERENCE_VARIABLE_TYPES:
+            out.append((v, updates))
+    return out
 
 
 def _descendants(name: str, consumers: dict[str, list[str]]) -> set[str]:
@@ -119,18 +138,14 @@ def _reference_reads_before_the_updates(graph_def, by_name: dict, analysis: Anal
     updated ones as thread timing decides, on one device too; what the
     step means is its weights'. Reads under the update's control
     dependencies (after it) keep the buffer."""
-    gradients_of_group: dict[int, list[str]] = defaultdict(list)
-    for v in analysis.variables:
-        if _gradient_node(v) in by_name:
-            gradients_of_group[v.group].append(_gradient_node(v))
+    gradients_of_group = _gradients_of_groups(analysis, by_name)
     consumers = None
     covered_by_group: dict[int, set[str]] = {}
-    for v in analysis.variables:
+    for v, updates in _own_reference_updates(analysis, by_name, server_variables):
         read = by_name.get(f"{v.name}/read")
-        updates = [name for name in v.update_ops if name in by_name]
-        if v.name in server_variables or read is None or not updates \
-                or by_name[v.name].op not in _REFERENCE_VARIABLE_TYPES:
+        if read is None:
             continue
+        # (the graph as the orders before left it)
         if consumers is None:
             consumers = {op: [node.name for node in nodes]
                          for op, nodes in readers_of(graph_def).items()}
