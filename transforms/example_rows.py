@@ -1171,6 +1171,19 @@ class ExampleRows:
     def _shape_slice(self, op, src) -> tuple:
         """tf.shape(x)[0] is a size, tf.shape(x)[:k] a shape; other elements
         SHARED or DIM."""
+        rank = len(src[3]) + 1
+        if op.type == "Slice":
+            # tf.slice(tf.shape(x), [0], [rank - 1]): the shape of x but its
+            # last axis, which tf.nn.softmax_cross_entropy_with_logits
+            # reshapes its per-position losses to
+            begin, size = _folded(op.inputs[1]), _folded(op.inputs[2])
+            if begin is None or size is None or np.size(begin) != 1 or np.size(size) != 1:
+                return DIM
+            start, size = int(np.reshape(begin, -1)[0]), int(np.reshape(size, -1)[0])
+            stop = rank if size == -1 else min(start + size, rank)
+            if start == 0:
+                return ("shape", src[1], src[2], src[3][:max(stop - 1, 0)])
+            return SHARED if all(d != "d" for d in src[3][start - 1:stop - 1]) else DIM
         if op.type != "StridedSlice":
             return DIM
         begin = tf.get_static_value(op.inputs[1])
@@ -1178,7 +1191,6 @@ class ExampleRows:
         strides = tf.get_static_value(op.inputs[3])
         if begin is None or strides is None or len(begin) != 1 or strides[0] != 1:
             return DIM
-        rank = len(src[3]) + 1
         start = 0 if op.get_attr("begin_mask") & 1 else int(begin[0]) % rank
         if op.get_attr("shrink_axis_mask") & 1:
             if start == 0:
@@ -2044,6 +2056,12 @@ def _folded(t: tf.Tensor, depth: int = 0):
     if op.type in ("Cast", "Identity") and op.inputs:
         inner = _folded(op.inputs[0], depth + 1)
         return None if inner is None else np.asarray(inner).astype(t.dtype.as_numpy_dtype)
+    if op.type == "Pack" and op.inputs:
+        # tf.nn.softmax_cross_entropy_with_logits' slice size [rank - 1]
+        parts = [_folded(x, depth + 1) for x in op.inputs]
+        if all(part is not None for part in parts):
+            return np.stack(parts, axis=op.get_attr("axis")).astype(t.dtype.as_numpy_dtype)
+        return None
     if op.type in _FOLDABLE and len(op.inputs) == 2:
         a, b = (_folded(x, depth + 1) for x in op.inputs)
         if a is not None and b is not None:

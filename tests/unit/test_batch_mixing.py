@@ -719,7 +719,7 @@ import autopar
 from autopar.transforms.compile import compile_for_config
 out = {}
 for kind in ("rmse", "rolled", "mean_times_size", "first_two", "kept_mean", "over_y_mean",
-             "mean"):
+             "mean", "weighted_one_hot"):
     graph = tf.Graph()
     with graph.as_default():
         x = tf1.placeholder(tf.float32, [None, 5])
@@ -734,7 +734,12 @@ for kind in ("rmse", "rolled", "mean_times_size", "first_two", "kept_mean", "ove
                                                     name="kept_mean"),
                 "over_y_mean": lambda: tf.divide(tf.reduce_sum(tf.square(err)),
                                                  tf.reduce_mean(y), name="over_y_mean"),
-                "mean": lambda: tf.reduce_mean(tf.square(err))}[kind]()
+                "mean": lambda: tf.reduce_mean(tf.square(err)),
+                # each example's softmax loss over one-hot labels, weighted
+                "weighted_one_hot": lambda: tf1.losses.softmax_cross_entropy(
+                    tf.one_hot(tf.cast(y[:, 0], tf.int32), 3),
+                    tf.matmul(x, tf1.get_variable("w3", [5, 3])), weights=tf.abs(y[:, 0]))
+                }[kind]()
         tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
     try:
         compile_for_config(graph, 3, autopar.Config())
@@ -814,6 +819,11 @@ def test_the_refusals_are_the_same_in_a_graph_built_under_v1_behaviour():
     assert found["v1"]["over_y_mean"].startswith(
         "the loss mixes the examples of a batch at 'over_y_mean' (a division by 'Mean'")
     assert found["v1"]["mean"] == "trained"
+    # the losses softmax_cross_entropy_with_logits reshapes back to
+    # tf.slice(tf.shape(logits), [0], [rank - 1]) are each example's (before:
+    # refused, "the loss mixes the examples of a batch at
+    # 'softmax_cross_entropy_loss/Mul'")
+    assert found["v1"]["weighted_one_hot"] == "trained"
 
 
 def _inner_gradient(kind: str) -> tf.Graph:

@@ -270,7 +270,8 @@ def _crossed_step(optimizer):
 def _three_workers_and_one_device(cf, batches, run_option):
     """(what each of 3 workers in one session holds of every variable and
     slot, what one device holds) after training the lifted step `cf` on
-    `batches` of (x, y), worker w given examples w, w+3, ... of each."""
+    `batches` of its inputs' arrays ((x, y), (x, y, weights)), worker w
+    given examples w, w+3, ... of each."""
     import autopar
     from autopar.transforms.compile import compile_for_config
     from autopar.transforms.rewrite import rewrite_for_worker
@@ -284,9 +285,9 @@ def _three_workers_and_one_device(cf, batches, run_option):
                  for w in range(n)]
 
     def train_together(session):
-        for x, y in batches:
+        for batch in batches:
             feed = {f"w{w}/{name}": value[w::n] for w in range(n)
-                    for name, value in zip(lifted.inputs, (x, y))}
+                    for name, value in zip(lifted.inputs, batch)}
             # a training step: draws per example know the global batch's size
             feed.update({f"w{w}/{r.in_step}": True for w, r in enumerate(rewritten)
                          if r.in_step})
@@ -298,8 +299,8 @@ def _three_workers_and_one_device(cf, batches, run_option):
         init = tf1.global_variables_initializer()
     with tf1.Session(graph=lifted.graph) as session:
         session.run(init, initial)
-        for x, y in batches:
-            session.run(CALL_OP, dict(zip(lifted.inputs, (x, y))))
+        for batch in batches:
+            session.run(CALL_OP, dict(zip(lifted.inputs, batch)))
         expected = session.run({v: f"{v}/Read/ReadVariableOp:0" for v in names})
     return got, expected
 
@@ -426,3 +427,48 @@ def test_a_cross_of_sparse_features_is_padded_to_each_workers_width():
     assert forms[alone.dense_shape.name] == ("dim",)
     # crossed with rows of no example: each row would cross another's
     assert forms[fixed.values.name][0] == "mixed"
+
+
+def _weighted_dense_labels_step(sequence: bool):
+    """keras-io's functional API guide's department head: a softmax over
+    one-hot labels (CategoricalCrossentropy(from_logits=True), TensorFlow's
+    softmax_cross_entropy_with_logits, which flattens the logits to [-1, C]
+    and reshapes the losses back to tf.slice(tf.shape(logits), [0],
+    [rank - 1])), each example's loss weighted by its sample weight, as
+    fit(sample_weight=...) weighs it; `sequence`: one label per time step."""
+    keras.utils.set_random_seed(0)
+    shape = (3, 5) if sequence else (5,)
+    model = keras.Sequential([keras.Input(shape), layers.Dense(4, dtype="float64")])
+    loss_fn = keras.losses.CategoricalCrossentropy(from_logits=True, dtype="float64")
+    optimizer = keras.optimizers.Adam(0.05)
+
+    @tf.function
+    def step(x, y, weights):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True), sample_weight=weights)
+        optimizer.apply(tape.gradient(loss, model.trainable_weights), model.trainable_weights)
+        return loss
+    cf = step.get_concrete_function(tf.TensorSpec([None, *shape], tf.float64),
+                                    tf.TensorSpec([None, *shape[:-1], 4], tf.float64),
+                                    tf.TensorSpec([None, *shape[:-1]], tf.float64))
+    return cf, (model, optimizer, step)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sequence", [False, True], ids=["per_example", "per_time_step"])
+def test_weighted_losses_of_one_hot_labels_train_as_one_device(sequence):
+    """Each example's loss of a softmax over one-hot labels, weighted: the
+    losses reshaped back to the logits' shape but the last axis are each
+    example's rows (before: refused, `the loss mixes the examples of a batch
+    at 'categorical_crossentropy/mul'`, the reshape's target taken for a
+    shape of no example). 3 workers with 4/4/3 shares end with one device's
+    every variable and slot under Adam."""
+    cf, alive = _weighted_dense_labels_step(sequence)
+    rng = np.random.default_rng(3)
+    shape = (3, 5) if sequence else (5,)
+    batches = [(rng.normal(size=(11, *shape)),
+                np.eye(4)[rng.integers(0, 4, size=(11, *shape[:-1]))],
+                rng.random((11, *shape[:-1]))) for _ in range(3)]
+    got, expected = _three_workers_and_one_device(cf, batches, "hybrid")
+    # float64; Adam's 1 / sqrt(v) of gradients summed in another order
+    each_worker_holds(got, expected, rtol=1e-9, atol=1e-12)
