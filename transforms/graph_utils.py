@@ -352,6 +352,57 @@ def op_name_of(name: str) -> str:
     return name.lstrip("^").split(":")[0]
 
 
+_ENTERS = frozenset({"Enter", "RefEnter"})
+_EXITS = frozenset({"Exit", "RefExit"})
+_MERGES = frozenset({"Merge", "RefMerge"})
+_NEXT_ITERATIONS = frozenset({"NextIteration", "RefNextIteration"})
+
+
+def v1_loop_frames(graph: tf.Graph) -> dict[str, str]:
+    """{op name: the frame of the innermost TensorFlow 1 while loop it runs
+    in} for every op inside one (a `tf.compat.v1.while_loop` body under
+    `disable_v2_behavior()`: dynamic_rnn's), found as TensorFlow's executor
+    finds frames: an Enter starts its frame_name's frame, an Exit leaves it,
+    a Merge is in the frame of its input from outside the iteration, any
+    other op in the frame of its first input (data, else control; a
+    constant of the body has the loop's pivot as its control input)."""
+    if not any(op.type in _ENTERS for op in graph.get_operations()):
+        return {}
+    frames: dict[str, tuple[str, ...]] = {}
+
+    def frame_of(op: tf.Operation) -> tuple[str, ...]:
+        stack, order = [op], []
+        while stack:   # inputs first, without recursion (graphs run deep)
+            top = stack.pop()
+            if top.name in frames:
+                continue
+            source = _frame_source(top)
+            if source is not None and source.name not in frames:
+                stack += [top, source]
+                continue
+            outer = frames.get(source.name, ()) if source is not None else ()
+            if top.type in _ENTERS:
+                frames[top.name] = outer + (top.get_attr("frame_name").decode(),)
+            elif top.type in _EXITS:
+                frames[top.name] = outer[:-1]
+            else:
+                frames[top.name] = outer
+            order.append(top)
+        return frames[op.name]
+
+    return {op.name: frame[-1] for op in graph.get_operations()
+            if (frame := frame_of(op))}
+
+
+def _frame_source(op: tf.Operation) -> tf.Operation | None:
+    """The op whose frame `op`'s frame is decided from (v1_loop_frames)."""
+    inputs = [t.op for t in op.inputs]
+    if op.type in _MERGES:
+        inputs = [i for i in inputs if i.type not in _NEXT_ITERATIONS]
+    inputs = inputs or list(op.control_inputs)
+    return inputs[0] if inputs else None
+
+
 def library_functions(graph_or_def) -> dict:
     """{name: FunctionDef} of the function library of a tf.Graph or a GraphDef."""
     graph_def = graph_or_def.as_graph_def() if isinstance(graph_or_def, tf.Graph) else graph_or_def

@@ -74,7 +74,8 @@ from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms.example_rows import BATCH, SHARED, ExampleRows
 from autopar.transforms.features.base import GraphFeature, Rewiring, in_step_cond, in_step_flag
 from autopar.transforms.graph_utils import (INPUT_OP_TYPES, function_calls, functions_run_by,
-                                            library_functions, node_input_name, op_name_of)
+                                            library_functions, node_input_name, op_name_of,
+                                            v1_loop_frames)
 from autopar.transforms.keys import BATCH_DRAWS
 from autopar.transforms.ops import copy_op
 
@@ -230,6 +231,7 @@ def refuse_draws_in_functions(graph: tf.Graph, index, written: set[int]) -> None
     the step's writes depend on. A cond whose branches draw is lowered into
     the graph before (transforms.lower_cond); a tf.data function is run by
     the input pipeline, not by a step's ops."""
+    _refuse_draws_in_v1_loops(graph, index, written)
     callers = [op for op in index.of_types(
         [t for t in index.op_types() if t in FUNCTION_CALLERS or op_def_registry.get(t) is None])
         if index.position[op.name] in written]
@@ -248,6 +250,27 @@ def refuse_draws_in_functions(graph: tf.Graph, index, written: set[int]) -> None
                         "draw, or the draw every worker shares, only for a draw of the graph "
                         "itself, not inside a loop's body. Draw it before the loop (one mask "
                         "for every time step, as Keras's LSTM(dropout=...) does)")
+
+
+def _refuse_draws_in_v1_loops(graph: tf.Graph, index, written: set[int]) -> None:
+    """The same refusal for a draw inside a TensorFlow 1 while loop's body
+    (a DropoutWrapper in dynamic_rnn under disable_v2_behavior()): its ops
+    are the graph's own, but the rewrite's would be made outside the loop's
+    frame, and TensorFlow refuses an op with inputs from two frames when the
+    step runs."""
+    frames = v1_loop_frames(graph)
+    if not frames:
+        return
+    for op in index.of_types([t for t in index.op_types()
+                              if draws_randomly(t) or _seeded_by_attributes(t)]):
+        if op.name in frames and index.position[op.name] in written:
+            raise UnsupportedGraphError(
+                f"the random op '{op.name}' ({op.type}) draws inside the while loop "
+                f"'{frames[op.name]}' (TensorFlow 1 control flow), which runs in a training "
+                "step: autopar gives each worker its examples' rows of one device's draw, or "
+                "the draw every worker shares, only for a draw outside a loop's body. Draw it "
+                "before the loop (one mask for every time step, as "
+                "DropoutWrapper(variational_recurrent=True) does)")
 
 
 def _seeded_by_attributes(op_type: str) -> bool:

@@ -497,6 +497,101 @@ def test_a_draw_inside_a_loops_body_is_refused_by_name():
         analyze_graph(_graph(loop))
 
 
+class _DroppedOutputs:
+    """A cell's outputs dropped out, as DropoutWrapper(output_keep_prob)
+    drops them: a mask drawn in each step of the loop, or `mask`, drawn once
+    before it for every step (variational_recurrent)."""
+
+    def __init__(self, cell, mask=None):
+        self.cell, self.mask = cell, mask
+        self.state_size = self.output_size = cell.output_size
+
+    def zero_state(self, batch_size, dtype):
+        return self.cell.zero_state(batch_size, dtype)
+
+    def __call__(self, x, h, scope=None):
+        out, state = self.cell(x, h)
+        if self.mask is None:
+            return tf1.nn.dropout(out, rate=0.3, seed=3), state
+        return out * self.mask, state
+
+
+def _v1_rnn(dropout: str) -> tuple:
+    """dynamic_rnn in TensorFlow 1's control flow (Enter, Merge, Switch: a
+    program that called disable_v2_behavior()) with its outputs dropped out
+    in the loop or by a mask drawn before it."""
+    from tests.programs.rnn_lengths import ElmanCell   # BasicRNNCell's step, no legacy Keras
+    graph = tf.Graph()
+    tf1.disable_control_flow_v2()
+    try:
+        with graph.as_default():
+            tf1.set_random_seed(1)
+            x = tf1.placeholder(tf.float64, [None, 4, 3], name="x")
+            y = tf1.placeholder(tf.int32, [None], name="y")
+            mask = None if dropout == "in_the_loop" else tf1.nn.dropout(
+                tf.ones(tf.stack([tf.shape(x)[0], 4]), tf.float64), rate=0.3, seed=3)
+            outputs, _ = tf1.nn.dynamic_rnn(_DroppedOutputs(ElmanCell(4, tf.float64), mask), x,
+                                            dtype=tf.float64)
+            head = tf1.get_variable("head", [4, 3], tf.float64,
+                                    tf1.glorot_uniform_initializer(seed=2))
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=y, logits=tf.matmul(outputs[:, -1], head)))
+            train = tf1.train.AdamOptimizer(0.05).minimize(loss)
+    finally:
+        tf1.enable_control_flow_v2()
+    return graph, train
+
+
+def test_a_draw_inside_a_v1_loops_body_is_refused_by_name():
+    """The same refusal for a mask drawn in each step of a TensorFlow 1
+    while loop (before: not refused, and the step failed when it ran, the
+    rewrite's ops being outside the loop's frame: "has inputs from different
+    frames")."""
+    graph, _ = _v1_rnn("in_the_loop")
+    with pytest.raises(UnsupportedGraphError,
+                       match="random op 'rnn/while/dropout/random_uniform/RandomUniform' "
+                             "\\(RandomUniform\\) draws inside the while loop "
+                             "'rnn/while/while_context' \\(TensorFlow 1 control flow\\)"):
+        analyze_graph(graph)
+
+
+@pytest.mark.slow
+def test_a_mask_drawn_before_a_v1_loop_draws_one_devices_values_for_each_workers_examples():
+    """A mask drawn once before the loop for every step is a draw per
+    example of the graph: 3 workers with 4/4/3 shares end with one device's
+    every variable and slot."""
+    from autopar.transforms.compile import compile_for_config
+    import autopar
+    graph, train = _v1_rnn("before_the_loop")
+    rng = np.random.default_rng(0)
+    batches = [(rng.normal(size=(11, 4, 3)), rng.integers(0, 3, 11)) for _ in range(3)]
+    compiled = compile_for_config(graph, N, autopar.Config(run_option="allreduce"))
+    assert compiled.analysis.batch_draws
+    rewritten = [rewrite_for_worker(graph, compiled.analysis, compiled.plan, w) for w in range(N)]
+    with graph.as_default():
+        names = [v.op.name for v in tf1.global_variables()]
+
+    def train_alone(session):
+        for x, y in batches:
+            session.run(train.name, {"x:0": x, "y:0": y})
+        return session.run({v: f"{v}/Read/ReadVariableOp:0" for v in names})
+
+    def train_together(session):
+        in_step = {f"w{w}/{r.in_step}": True for w, r in enumerate(rewritten)}
+        for x, y in batches:
+            session.run([f"w{w}/{train.name}" for w in range(N)],
+                        {**{f"w{w}/x:0": x[w::N] for w in range(N)},
+                         **{f"w{w}/y:0": y[w::N] for w in range(N)}, **in_step})
+        return [session.run({v: f"w{w}/{v}/Read/ReadVariableOp:0" for v in names})
+                for w in range(N)]
+    expected = run_locally(graph.as_graph_def(), train_alone)
+    for w, values in enumerate(run_workers_together(rewritten, train_together)):
+        for v in names:
+            # float64; Adam's 1 / sqrt(v) of gradients summed in another order
+            np.testing.assert_allclose(values[v], expected[v], rtol=1e-9, atol=1e-12,
+                                       err_msg=f"worker {w} {v}")
+
+
 def test_a_draw_inside_a_function_run_as_an_op_of_its_type_is_refused_by_name():
     """A function called as an op whose type is its name (a Defun of a TF1
     program) is walked as a loop's body is: a dropout inside it is refused
