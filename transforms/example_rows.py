@@ -599,6 +599,7 @@ class ExampleRows:
             # (indices, values, dense_shape, default): the entries, one more
             # in each row that had none; which rows had none, one flag per
             # row of the dense shape, whose rows are the examples'
+            self.assumed[op.name] = "its indices' first column is each entry's example row"
             return [ELEMS, ELEMS, rows(0, BATCH, ins[2][1], ins[2][2]), ELEMS]
         if t in ("SparseReshape", "SparseTensorDenseMatMul", "SparseToDense",
                  "SparseFillEmptyRows"):
