@@ -53,3 +53,38 @@ def run_workers_together(rewritten, runs, init_feed=None):
                      for name, value in (init_feed or {}).items()})
         session.run([f"w{w}/{r.broadcast_op}" for w, r in enumerate(rewritten)])
         return runs(session)
+
+
+def trained_alone_and_together(graph, rewritten, train: str, batches, feeds, reads: dict):
+    """(what each worker reads, what one device reads) after running the
+    op `train` on every batch of `batches` (tuples of arrays, fed to the
+    tensor names `feeds`): one device on `graph` alone, each of the N
+    workers' `rewritten` graphs in one session on its examples w, w+N, ...
+    of each (a training step, its in-step flag fed). `reads`: {key: tensor
+    name of `graph`} read after the last batch."""
+    n = len(rewritten)
+
+    def train_alone(session):
+        for batch in batches:
+            session.run(train, dict(zip(feeds, batch)))
+        return session.run(reads)
+
+    def train_together(session):
+        in_step = {f"w{w}/{r.in_step}": True for w, r in enumerate(rewritten) if r.in_step}
+        for batch in batches:
+            session.run([f"w{w}/{train}" for w in range(n)],
+                        {**{f"w{w}/{name}": value[w::n] for w in range(n)
+                            for name, value in zip(feeds, batch)}, **in_step})
+        return [session.run({key: f"w{w}/{t}" for key, t in reads.items()}) for w in range(n)]
+    expected = run_locally(graph.as_graph_def(), train_alone)
+    return run_workers_together(rewritten, train_together), expected
+
+
+def variable_reads(graph) -> dict:
+    """{variable name: the tensor that reads its value} of every global
+    variable of `graph`: a resource variable's read made with it (reading
+    anew would add an op the workers' rewritten graphs lack), a reference
+    variable's snapshot."""
+    with graph.as_default():
+        return {v.op.name: f"{v.op.name}/Read/ReadVariableOp:0" if v.op.type == "VarHandleOp"
+                else v.value().name for v in tf1.global_variables()}

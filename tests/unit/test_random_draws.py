@@ -12,7 +12,8 @@ from autopar.transforms.lower_cond import lowered_graph
 from autopar.transforms.plan import PlanOptions, make_plan
 from autopar.transforms.report import build_report
 from autopar.transforms.rewrite import rewrite_for_worker
-from tests.unit.local_run import run_locally, run_workers_together
+from tests.unit.local_run import (run_locally, run_workers_together,
+                                  trained_alone_and_together, variable_reads)
 
 tf1 = tf.compat.v1
 N, B = 3, 4          # workers, examples per worker
@@ -568,25 +569,10 @@ def test_a_mask_drawn_before_a_v1_loop_draws_one_devices_values_for_each_workers
     compiled = compile_for_config(graph, N, autopar.Config(run_option="allreduce"))
     assert compiled.analysis.batch_draws
     rewritten = [rewrite_for_worker(graph, compiled.analysis, compiled.plan, w) for w in range(N)]
-    with graph.as_default():
-        names = [v.op.name for v in tf1.global_variables()]
-
-    def train_alone(session):
-        for x, y in batches:
-            session.run(train.name, {"x:0": x, "y:0": y})
-        return session.run({v: f"{v}/Read/ReadVariableOp:0" for v in names})
-
-    def train_together(session):
-        in_step = {f"w{w}/{r.in_step}": True for w, r in enumerate(rewritten)}
-        for x, y in batches:
-            session.run([f"w{w}/{train.name}" for w in range(N)],
-                        {**{f"w{w}/x:0": x[w::N] for w in range(N)},
-                         **{f"w{w}/y:0": y[w::N] for w in range(N)}, **in_step})
-        return [session.run({v: f"w{w}/{v}/Read/ReadVariableOp:0" for v in names})
-                for w in range(N)]
-    expected = run_locally(graph.as_graph_def(), train_alone)
-    for w, values in enumerate(run_workers_together(rewritten, train_together)):
-        for v in names:
+    got, expected = trained_alone_and_together(graph, rewritten, train.name, batches,
+                                               ("x:0", "y:0"), variable_reads(graph))
+    for w, values in enumerate(got):
+        for v in expected:
             # float64; Adam's 1 / sqrt(v) of gradients summed in another order
             np.testing.assert_allclose(values[v], expected[v], rtol=1e-9, atol=1e-12,
                                        err_msg=f"worker {w} {v}")

@@ -19,7 +19,7 @@ import tensorflow as tf
 import autopar
 from autopar.transforms.compile import compile_for_config
 from autopar.transforms.rewrite import rewrite_for_worker
-from tests.unit.local_run import run_locally, run_workers_together
+from tests.unit.local_run import trained_alone_and_together, variable_reads
 
 tf1 = tf.compat.v1
 N = 3
@@ -57,8 +57,7 @@ def _classifier(lookup: str) -> tuple:
         loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
             labels=y, logits=logits))
         train = optimizer.minimize(loss)
-        reads = {v.op.name: v.value().name for v in tf1.global_variables()}
-    return graph, train, reads
+    return graph, train, variable_reads(graph)
 
 
 def _batches() -> list:
@@ -76,23 +75,10 @@ def _batches() -> list:
 def _trained(lookup: str) -> tuple:
     """(each worker's variables after training with 3 workers, one device's)."""
     graph, train, reads = _classifier(lookup)
-    batches, feeds = _batches(), ("x:0", "ids:0", "y:0")
     compiled = compile_for_config(graph, N, autopar.Config(run_option="allreduce"))
     rewritten = [rewrite_for_worker(graph, compiled.analysis, compiled.plan, w) for w in range(N)]
-
-    def train_alone(session):
-        for batch in batches:
-            session.run(train.name, dict(zip(feeds, batch)))
-        return session.run(reads)
-
-    def train_together(session):
-        for batch in batches:
-            session.run([f"w{w}/{train.name}" for w in range(N)],
-                        {f"w{w}/{name}": value[w::N] for w in range(N)
-                         for name, value in zip(feeds, batch)})
-        return [session.run({v: f"w{w}/{t}" for v, t in reads.items()}) for w in range(N)]
-    return run_workers_together(rewritten, train_together), run_locally(
-        graph.as_graph_def(), train_alone)
+    return trained_alone_and_together(graph, rewritten, train.name, _batches(),
+                                      ("x:0", "ids:0", "y:0"), reads)
 
 
 @pytest.mark.parametrize("lookup", ["sqrtn", "mean"])

@@ -16,7 +16,7 @@ from autopar.transforms.example_rows import ExampleRows
 from autopar.transforms.report import build_report
 from autopar.transforms.rewrite import rewrite_for_worker
 from tests.programs.rnn_lengths import ElmanCell   # BasicRNNCell's step, no legacy Keras
-from tests.unit.local_run import run_locally, run_workers_together
+from tests.unit.local_run import trained_alone_and_together, variable_reads
 
 tf1 = tf.compat.v1
 
@@ -75,28 +75,12 @@ def test_dynamic_rnn_trains_as_one_device(time_major, lengths):
     assert list(compiled.analysis.batch_statistics.values()) == (["Max"] if lengths else [])
     rewritten = [rewrite_for_worker(graph, compiled.analysis, compiled.plan, w)
                  for w in range(n)]
-    with graph.as_default():
-        names = [v.op.name for v in tf1.global_variables()]
-    assert any("Adam" in name for name in names)
-
-    def train_together(session, in_step):
-        for x, y in batches:
-            session.run([f"w{w}/{train.name}" for w in range(n)],
-                        {**{f"w{w}/x:0": x[w::n] for w in range(n)},
-                         **{f"w{w}/y:0": y[w::n] for w in range(n)}, **in_step})
-        return [session.run({v: f"w{w}/{v}/Read/ReadVariableOp:0" for v in names})
-                for w in range(n)]
-
-    def train_alone(session):
-        for x, y in batches:
-            session.run(train.name, {"x:0": x, "y:0": y})
-        return session.run({v: f"{v}/Read/ReadVariableOp:0" for v in names})
-    expected = run_locally(graph.as_graph_def(), train_alone)
-    def train_together(session, train_together=train_together):
-        in_step = {f"w{w}/{r.in_step}": True for w, r in enumerate(rewritten) if r.in_step}
-        return train_together(session, in_step)
-    for w, values in enumerate(run_workers_together(rewritten, train_together)):
-        for v in names:
+    reads = variable_reads(graph)
+    assert any("Adam" in name for name in reads)
+    got, expected = trained_alone_and_together(graph, rewritten, train.name, batches,
+                                               ("x:0", "y:0"), reads)
+    for w, values in enumerate(got):
+        for v in reads:
             # (Adam's m / sqrt(v) turns the last bits of gradients added in
             # another order into differences far below its lr 0.01)
             np.testing.assert_allclose(values[v], expected[v], rtol=1e-7, atol=1e-9,
@@ -125,7 +109,7 @@ tf1.disable_v2_behavior()
 import autopar
 from autopar.transforms.compile import compile_for_config
 from autopar.transforms.rewrite import rewrite_for_worker
-from tests.unit.local_run import run_locally, run_workers_together
+from tests.unit.local_run import trained_alone_and_together, variable_reads
 from tests.unit.test_tf1_rnns import _rnn_classifier
 time_major, lengths = sys.argv[1] == "time-major", sys.argv[2] == "lengths"
 graph, train = _rnn_classifier(time_major, lengths)
@@ -133,21 +117,10 @@ n, rng = 3, np.random.default_rng(0)
 batches = [(rng.normal(size=(11, 6)), rng.integers(0, 4, size=11)) for _ in range(4)]
 compiled = compile_for_config(graph, n, autopar.Config(run_option="allreduce"))
 rewritten = [rewrite_for_worker(graph, compiled.analysis, compiled.plan, w) for w in range(n)]
-with graph.as_default():
-    names = [v.op.name for v in tf1.global_variables()]
-def train_alone(session):
-    for x, y in batches:
-        session.run(train.name, {"x:0": x, "y:0": y})
-    return session.run({v: v + ":0" for v in names})
-def train_together(session):
-    in_step = {f"w{w}/{r.in_step}": True for w, r in enumerate(rewritten) if r.in_step}
-    for x, y in batches:
-        session.run([f"w{w}/{train.name}" for w in range(n)],
-                    {**{f"w{w}/x:0": x[w::n] for w in range(n)},
-                     **{f"w{w}/y:0": y[w::n] for w in range(n)}, **in_step})
-    return [session.run({v: f"w{w}/{v}:0" for v in names}) for w in range(n)]
-expected = run_locally(graph.as_graph_def(), train_alone)
-got = run_workers_together(rewritten, train_together)
+reads = variable_reads(graph)
+names = sorted(reads)
+got, expected = trained_alone_and_together(graph, rewritten, train.name, batches, ("x:0", "y:0"),
+                                           reads)
 print(json.dumps({"variables": names, "refs": [graph.get_operation_by_name(v).type for v in names],
                   "statistics": list(compiled.analysis.batch_statistics.values()),
                   "worst": max(float(np.max(np.abs(values[v] - expected[v]) /
