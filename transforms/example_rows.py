@@ -554,9 +554,14 @@ class ExampleRows:
                 return [ins[0]] + [SHARED] * (n_out - 1)
             return [("mixed", op.name)] * n_out
         if t == "DynamicPartition":
+            if ins[0][0] == "distinct" and ins[1] in (ins[0], SHARED):
+                # a partitioned variable's lookup of the batch's distinct ids
+                # (embedding_lookup_sparse): each partition's share of them
+                return [ins[0]] * n_out
             if per_example(ins[0]):
                 return [ELEMS] * n_out
-            if ins[0][0] in ("shared", "dim", "size") and per_example(ins[1]):
+            if ins[0][0] in ("shared", "dim", "size") and (per_example(ins[1])
+                                                         or ins[1][0] == "distinct"):
                 return [DIM] * n_out   # positions of the worker's elements
             return [self._mixed(op, ins)] * n_out
         if t in ("DynamicStitch", "ParallelDynamicStitch"):

@@ -5,7 +5,9 @@ the batch's dense ids. The lookup keeps the entries whose id is valid
 (tf.sparse.retain: a gather at the places tf.where finds in a mask of the
 same entries) and fills the rows left empty (SparseFillEmptyRows, one flag
 per example); before, both were taken for values a mask of the batch keeps,
-and every such program was refused as mixing the batch."""
+and every such program was refused as mixing the batch. Over a partitioned
+table the lookup splits the batch's distinct ids over the partitions
+(tf.dynamic_partition), which was refused too."""
 import json
 import os
 import subprocess
@@ -46,10 +48,19 @@ def _classifier(lookup: str) -> tuple:
                 {"ids": ids, "words": tf.strings.as_string(ids)}, columns), tf.float64)
             optimizer = tf1.train.GradientDescentOptimizer(0.5)
         else:
-            table = tf1.get_variable("table", [30, 4], tf.float64,
-                                     tf1.random_uniform_initializer(-0.5, 0.5, seed=3))
-            h = tf1.nn.safe_embedding_lookup_sparse(table, tf.sparse.from_dense(ids),
-                                                    combiner=lookup)
+            # "sqrtn", "mean"; "partitioned": a table of 3 partitions, its
+            # lookup partitioning the batch's distinct ids by
+            # tf.dynamic_partition; "unsafe": embedding_lookup_sparse alone
+            table = tf1.get_variable(
+                "table", [30, 4], tf.float64, tf1.random_uniform_initializer(-0.5, 0.5, seed=3),
+                partitioner=tf1.fixed_size_partitioner(3) if lookup != "sqrtn" else None)
+            sparse = tf.sparse.from_dense(ids)
+            if lookup == "unsafe":   # every example has an id
+                sparse = tf.sparse.from_dense(tf.maximum(ids, 1))
+                h = tf1.nn.embedding_lookup_sparse(table, sparse, None, combiner="sqrtn")
+            else:
+                h = tf1.nn.safe_embedding_lookup_sparse(
+                    table, sparse, combiner="mean" if lookup == "mean" else "sqrtn")
             optimizer = tf1.train.AdamOptimizer(0.05)
         head = tf1.get_variable("head", [int(h.shape[1]) + 2, 3], tf.float64,
                                 tf1.glorot_uniform_initializer(seed=2))
@@ -81,8 +92,10 @@ def _trained(lookup: str) -> tuple:
                                       ("x:0", "ids:0", "y:0"), reads)
 
 
-@pytest.mark.parametrize("lookup", ["sqrtn", "mean"])
+@pytest.mark.parametrize("lookup", ["sqrtn", "mean", "partitioned", "unsafe"])
 def test_a_safe_sparse_lookup_of_dense_ids_trains_as_one_device(lookup):
+    """(partitioned, unsafe: before, refused as mixing the batch at the
+    lookup's DynamicPartition of the distinct ids)"""
     got, expected = _trained(lookup)
     for w, values in enumerate(got):
         for v in expected:
@@ -119,7 +132,7 @@ print(json.dumps({"variables": sorted(expected),
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("lookup,tolerance", [("sqrtn", 1e-9), ("feature_columns", 2e-5)])
+@pytest.mark.parametrize("lookup,tolerance", [("partitioned", 1e-9), ("feature_columns", 2e-5)])
 def test_under_v1_behaviour_they_train_as_one_device(lookup, tolerance):
     env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3")
     proc = subprocess.run([sys.executable, "-c", _V1, lookup], cwd=REPO, env=env,
@@ -127,4 +140,5 @@ def test_under_v1_behaviour_they_train_as_one_device(lookup, tolerance):
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "head" in found["variables"], found
+    assert any(v.startswith(("table", "input_layer/")) for v in found["variables"]), found
     assert found["worst"] < tolerance, found
