@@ -194,8 +194,12 @@ def build(name: str) -> Model:
             # embedding_lookup_sparse applies tf.unique: one gradient row per
             # distinct id of the batch (a deduplicated sparse gradient).
             x = tf1.placeholder(tf.int32, [None, 3], name="x")
+            # "embsparsepart": the table in 2 partitions, the batch's
+            # distinct ids split over them by tf.dynamic_partition
             emb = tf1.get_variable("embedding", [VOCAB, 6], dtype=dtype,
-                                   initializer=tf1.random_uniform_initializer(-0.5, 0.5, seed=3))
+                                   initializer=tf1.random_uniform_initializer(-0.5, 0.5, seed=3),
+                                   partitioner=tf1.fixed_size_partitioner(2)
+                                   if name.startswith("embsparsepart") else None)
             ids = tf.SparseTensor(tf.where(tf.ones_like(x, dtype=tf.bool)), tf.reshape(x, [-1]),
                                   tf.shape(x, out_type=tf.int64))
             h = tf.nn.embedding_lookup_sparse(emb, ids, None, combiner="mean")

@@ -83,8 +83,8 @@ import tensorflow as tf
 from autopar.transforms.example_maps import mapped_outputs
 from autopar.transforms.features.base import GraphFeature
 from autopar.transforms.graph_utils import (INPUT_OP_TYPES, OF_SHAPES_ALONE, SHAPE_OPS,
-                                            in_gradient_scope, op_name_of, reads_a_variable,
-                                            reduces_batch_axis, static_int)
+                                            folded_value, in_gradient_scope, op_name_of,
+                                            reads_a_variable, reduces_batch_axis, static_int)
 
 SHARED = ("shared",)
 ELEMS = ("elems",)
@@ -753,7 +753,7 @@ class ExampleRows:
             return DIM
         if not per_example(src):
             return self._mixed(op, ins)
-        axes = _folded(op.inputs[1])
+        axes = folded_value(op.inputs[1])
         rank = op.inputs[0].shape.rank
         if src == ELEMS or axes is None or rank is None:
             over = True
@@ -1196,7 +1196,7 @@ class ExampleRows:
             # tf.slice(tf.shape(x), [0], [rank - 1]): the shape of x but its
             # last axis, which tf.nn.softmax_cross_entropy_with_logits
             # reshapes its per-position losses to
-            begin, size = _folded(op.inputs[1]), _folded(op.inputs[2])
+            begin, size = folded_value(op.inputs[1]), folded_value(op.inputs[2])
             if begin is None or size is None or np.size(begin) != 1 or np.size(size) != 1:
                 return DIM
             start, size = int(np.reshape(begin, -1)[0]), int(np.reshape(size, -1)[0])
@@ -2059,37 +2059,6 @@ def _offset_of_a_size(vector: tf.Tensor, k: int, forms: dict) -> bool:
         return False
     kinds = sorted(forms.get(x.name, SHARED)[0] for x in op.inputs)
     return kinds == ["shared", "size"]
-
-
-# Elementwise ops _folded computes from constants TensorFlow does not fold.
-_FOLDABLE = {"AddV2": np.add, "Add": np.add, "Sub": np.subtract, "Mul": np.multiply,
-             "Maximum": np.maximum, "Minimum": np.minimum, "FloorMod": np.mod,
-             "GreaterEqual": np.greater_equal, "Greater": np.greater, "Less": np.less,
-             "LessEqual": np.less_equal, "Equal": np.equal}
-
-
-def _folded(t: tf.Tensor, depth: int = 0):
-    """`t`'s value when TensorFlow's static value gives it or it is
-    elementwise arithmetic of such values (tf.vectorized_map's reduction
-    axes, `[0] + cast([0] >= 0)`), else None."""
-    value = tf.get_static_value(t)
-    if value is not None or depth > 8:
-        return value
-    op = t.op
-    if op.type in ("Cast", "Identity") and op.inputs:
-        inner = _folded(op.inputs[0], depth + 1)
-        return None if inner is None else np.asarray(inner).astype(t.dtype.as_numpy_dtype)
-    if op.type == "Pack" and op.inputs:
-        # tf.nn.softmax_cross_entropy_with_logits' slice size [rank - 1]
-        parts = [_folded(x, depth + 1) for x in op.inputs]
-        if all(part is not None for part in parts):
-            return np.stack(parts, axis=op.get_attr("axis")).astype(t.dtype.as_numpy_dtype)
-        return None
-    if op.type in _FOLDABLE and len(op.inputs) == 2:
-        a, b = (_folded(x, depth + 1) for x in op.inputs)
-        if a is not None and b is not None:
-            return np.asarray(_FOLDABLE[op.type](a, b)).astype(t.dtype.as_numpy_dtype)
-    return None
 
 
 # Ops through which a tensor of a SparseTensor's entries keeps them in order.

@@ -339,6 +339,46 @@ def static_int(t: tf.Tensor) -> int | None:
     return int(value)
 
 
+# Elementwise ops folded_value computes from values TensorFlow does not fold.
+_FOLDABLE = {"AddV2": np.add, "Add": np.add, "Sub": np.subtract, "Mul": np.multiply,
+             "Maximum": np.maximum, "Minimum": np.minimum, "FloorMod": np.mod,
+             "FloorDiv": np.floor_divide, "GreaterEqual": np.greater_equal,
+             "Greater": np.greater, "Less": np.less, "LessEqual": np.less_equal,
+             "Equal": np.equal}
+
+
+def folded_value(t: tf.Tensor, given: dict | None = None, depth: int = 0):
+    """`t`'s value when TensorFlow's static value gives it or it is
+    elementwise arithmetic of such values (tf.vectorized_map's reduction
+    axes, `[0] + cast([0] >= 0)`) and of the values `given` ({tensor name:
+    array}: a function of a tensor evaluated at chosen points), else None."""
+    if given and t.name in given:
+        return given[t.name]
+    value = tf.get_static_value(t)
+    if value is not None or depth > 16:
+        return value
+    op = t.op
+    if op.type in ("Cast", "Identity") and op.inputs:
+        inner = folded_value(op.inputs[0], given, depth + 1)
+        return None if inner is None else np.asarray(inner).astype(t.dtype.as_numpy_dtype)
+    if op.type == "Pack" and op.inputs:
+        # tf.nn.softmax_cross_entropy_with_logits' slice size [rank - 1]
+        parts = [folded_value(x, given, depth + 1) for x in op.inputs]
+        if all(part is not None for part in parts):
+            return np.stack(parts, axis=op.get_attr("axis")).astype(t.dtype.as_numpy_dtype)
+        return None
+    if op.type in ("Select", "SelectV2") and len(op.inputs) == 3:
+        parts = [folded_value(x, given, depth + 1) for x in op.inputs]
+        if all(part is not None for part in parts):
+            return np.where(*parts).astype(t.dtype.as_numpy_dtype)
+        return None
+    if op.type in _FOLDABLE and len(op.inputs) == 2:
+        a, b = (folded_value(x, given, depth + 1) for x in op.inputs)
+        if a is not None and b is not None:
+            return np.asarray(_FOLDABLE[op.type](a, b)).astype(t.dtype.as_numpy_dtype)
+    return None
+
+
 def static_shape(tensor: tf.Tensor) -> tuple[int | None, ...] | None:
     shape = tensor.shape
     if shape.rank is None:

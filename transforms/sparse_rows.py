@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from autopar.common.errors import UnsupportedGraphError
 from autopar.transforms.example_rows import ExampleRows
-from autopar.transforms.graph_utils import in_gradient_scope
+from autopar.transforms.graph_utils import folded_value, in_gradient_scope
 
 if TYPE_CHECKING:   # annotations only: the analysis imports this module
     from autopar.transforms.analysis import VariableInfo
@@ -182,6 +182,8 @@ def _distinct_ids(t: tf.Tensor) -> bool:
         if value is not None:
             return len(np.unique(value)) == np.size(value)
         wrapped = _negative_ids_wrapped(t)
+        if wrapped is None:
+            wrapped = _partitioned_ids_source(t)
         if wrapped is not None:
             t = wrapped
             continue
@@ -215,10 +217,85 @@ def deduplicated(indices: tf.Tensor) -> bool:
     for _ in range(64):
         if (t.op.type, t.value_index) in _DISTINCT_IDS:
             return True
+        within = _partitioned_ids_source(t)
+        if within is not None:
+            t = within
+            continue
         if t.op.type not in _INDEX_PASS_THROUGH or not t.op.inputs:
             return False
         t = t.op.inputs[0]
     return False
+
+
+def _partitioned_ids_source(t: tf.Tensor) -> tf.Tensor | None:
+    """For one partition's ids of a partitioned table's lookup
+    (tf.dynamic_partition of a function of the ids by another, as
+    embedding_lookup's "mod" and "div" strategies split them): the ids they
+    were computed from, when every id of the table maps to a row of one
+    partition of its own (so that ids distinct there are distinct in each
+    partition), which the functions evaluated at every id show; else None."""
+    op = t.op
+    if op.type != "DynamicPartition":
+        return None
+    data, partitions = op.inputs
+    ids, by = _elementwise_source(data), _elementwise_source(partitions)
+    if ids is None or by is None or by.name != ids.name:
+        return None
+    if _through_casts(data).name == ids.name:
+        return ids   # the ids themselves, dealt out
+    rows = [_rows_gathered(out) for out in op.outputs]
+    if None in rows or not ids.dtype.is_integer:
+        return None
+    every_id = {ids.name: np.arange(sum(rows), dtype=ids.dtype.as_numpy_dtype)}
+    row, part = folded_value(data, every_id), folded_value(partitions, every_id)
+    if row is None or part is None or not np.shape(row) == np.shape(part) == (sum(rows),):
+        return None
+    if not ((0 <= part) & (part < len(rows))).all() or \
+            not ((0 <= row) & (row < np.asarray(rows)[np.clip(part, 0, len(rows) - 1)])).all():
+        return None
+    return ids if len(set(zip(part.tolist(), row.tolist()))) == sum(rows) else None
+
+
+# Elementwise integer ops a partition strategy computes rows and partitions with.
+_ELEMENTWISE_IDS = frozenset({"Cast", "Identity", "AddV2", "Add", "Sub", "Mul", "FloorDiv",
+                              "FloorMod", "Maximum", "Minimum", "Less", "LessEqual", "Greater",
+                              "GreaterEqual", "Equal", "Select", "SelectV2"})
+
+
+def _elementwise_source(t: tf.Tensor, depth: int = 0) -> tf.Tensor | None:
+    """The one tensor `t` is computed from elementwise with constants (the
+    ids a partition strategy maps), or None if several are."""
+    if depth > 32:
+        return None
+    op = t.op
+    if op.type not in _ELEMENTWISE_IDS or folded_value(t) is not None:
+        return t
+    sources = {s.name if s is not None else None: s for x in op.inputs
+               if folded_value(x) is None for s in [_elementwise_source(x, depth + 1)]}
+    if len(sources) != 1 or None in sources:
+        return None
+    return next(iter(sources.values()))
+
+
+def _rows_gathered(ids: tf.Tensor) -> int | None:
+    """The static row count of the table partition a lookup gathers at
+    `ids` (a partition's ids), or None."""
+    for consumer in ids.consumers():
+        if consumer.type in ("GatherV2", "Gather", "ResourceGather") \
+                and consumer.inputs[1] is ids:
+            table = _through_casts(consumer.inputs[0])
+            shape = (table.op.get_attr("shape") if table.op.type == "VarHandleOp"
+                     else table.shape)
+            first = tf.TensorShape(shape)[0] if tf.TensorShape(shape).rank else None
+            if first is not None:
+                return int(first)
+    return None
+
+
+def _through_casts(t: tf.Tensor) -> tf.Tensor:
+    while t.op.type in _INDEX_PASS_THROUGH and t.op.inputs:
+        t = t.op.inputs[0]
+    return t
 
 
 # The rows as the methods move them (allgather, ps): shared ids split off,

@@ -141,6 +141,43 @@ def test_sparse_gradient_kind(lookup, dedup):
     assert analysis.variable("w").dedup is False
 
 
+def _partitioned_lookup(split: str) -> tf.Graph:
+    """The batch's distinct ids looked up in a table of 2 partitions of 10
+    rows, split by embedding_lookup's `split` strategy ("mod", "div"), or
+    "colliding": partition id % 2, row id // 4, where ids 0 and 2 both
+    land on row 0 of partition 0."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.int32, [BATCH, IDS], name="x")
+        y = tf1.placeholder(tf.int32, [BATCH], name="y")
+        parts = [tf1.get_variable(f"embedding/part_{k}", [VOCAB // 2, DIM]) for k in range(2)]
+        distinct, position = tf.unique(tf.reshape(x, [-1]))
+        if split == "colliding":
+            part, row = distinct % 2, distinct // 4
+            where = tf.dynamic_partition(tf.range(tf.size(distinct)), part, 2)
+            pieces = tf.dynamic_partition(row, part, 2)
+            rows = tf.dynamic_stitch(where, [tf.gather(parts[k], pieces[k]) for k in range(2)])
+        else:
+            rows = tf1.nn.embedding_lookup(parts, distinct, partition_strategy=split)
+        h = tf.reduce_mean(tf.reshape(tf.gather(rows, position), [-1, IDS, DIM]), 1)
+        logits = tf.matmul(h, tf1.get_variable("w", [DIM, 3]))
+        tf1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)))
+    return graph
+
+
+@pytest.mark.parametrize("split,dedup", [("mod", True), ("div", True), ("colliding", False)])
+def test_a_partitioned_tables_rows_of_distinct_ids_are_distinct_where_each_id_has_its_row(
+        split, dedup):
+    """Each partition's ids of a lookup of distinct ids are distinct when
+    every id of the table has a row of its own (both of TensorFlow's
+    strategies, checked by evaluating the split at every id), so rows of
+    one id from several workers are combined by id (before: taken for ids
+    no example owns, and refused under a global norm)."""
+    analysis = analyze_graph(_partitioned_lookup(split))
+    assert [analysis.variable(f"embedding/part_{k}").dedup for k in range(2)] == [dedup] * 2
+
+
 def test_dedup_ps_norm_gets_a_row_gather():
     """With a global-norm consumer, a deduplicated PS variable's norm term needs
     every worker's rows (its own gather keys); a plain one a scalar all-reduce."""
