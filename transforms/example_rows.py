@@ -599,8 +599,8 @@ class ExampleRows:
             # shape[-1]] of a [b, k] SparseTensor)
             return [ELEMS, ins[2]]
         if t == "SparseFillEmptyRows" and ins[0] == ELEMS == ins[1] and ins[3] == SHARED \
-                and ins[2][0] == "shape" and _entries_of(op.inputs[0]) is not None \
-                and _entries_of(op.inputs[0]) == _entries_of(op.inputs[1]):
+                and ins[2][0] == "shape" and _entries_of(op.inputs[0], forms) is not None \
+                and _entries_of(op.inputs[0], forms) == _entries_of(op.inputs[1], forms):
             # (indices, values, dense_shape, default): the entries, one more
             # in each row that had none; which rows had none, one flag per
             # row of the dense shape, whose rows are the examples'
@@ -1431,7 +1431,7 @@ class ExampleRows:
                 self._kept_places(op.inputs[1], params, forms):
             return ELEMS   # tf.boolean_mask: the rows a mask of the same rows keeps
         if t in ("GatherV2", "Gather") and batch_dims == 0 and axis == 0 and \
-                params == ELEMS and indices == ELEMS and _retained_elements(op) is not None:
+                params == ELEMS and indices == ELEMS and _retained_elements(op, forms) is not None:
             return ELEMS   # tf.sparse.retain: the entries a mask of the same entries keeps
         if per_example(params) and per_example(indices):
             return ELEMS if t in ("GatherNd", "ResourceGatherNd") else self._mixed(op, ins)
@@ -2061,19 +2061,16 @@ def _offset_of_a_size(vector: tf.Tensor, k: int, forms: dict) -> bool:
     return kinds == ["shared", "size"]
 
 
-# Ops through which a tensor of a SparseTensor's entries keeps them in order.
-_ENTRIES_KEPT = frozenset({"Identity", "Cast", "Snapshot", "StopGradient", "EnsureShape"})
-
-
-def _entries_of(t: tf.Tensor, depth: int = 0) -> str | None:
+def _entries_of(t: tf.Tensor, forms: dict, depth: int = 0) -> str | None:
     """The op whose entries `t` holds one element (or index row) per entry
     of, in their order, when data flow shows it: the positions tf.where
     finds (a SparseTensor made from a dense tensor: its indices, and its
     values gathered there by GatherNd), carried through a SparseReshape's
-    indices, casts and elementwise arithmetic with constants (a mask of the
-    values), a tf.sparse.retain of them (_retained_elements) and
-    SparseFillEmptyRows. None otherwise: two tensors of entries are known to
-    be aligned, entry by entry, only when this names the same op for both."""
+    indices, elementwise ops with values the same on every worker (a mask
+    of the values, _elementwise_source), a tf.sparse.retain of them
+    (_retained_elements) and SparseFillEmptyRows. None otherwise: two
+    tensors of entries are known to be aligned, entry by entry, only when
+    this names the same op for both."""
     op = t.op
     if depth > 32:
         return None
@@ -2082,24 +2079,20 @@ def _entries_of(t: tf.Tensor, depth: int = 0) -> str | None:
     if op.type in ("GatherNd", "ResourceGatherNd") and op.inputs[1].shape.rank == 2 \
             and op.inputs[1].shape[1] is not None \
             and op.inputs[1].shape[1] == op.inputs[0].shape.rank:
-        return _entries_of(op.inputs[1], depth + 1)   # the values at those positions
+        return _entries_of(op.inputs[1], forms, depth + 1)   # the values at those positions
     if op.type == "SparseReshape" and t is op.outputs[0]:
-        return _entries_of(op.inputs[0], depth + 1)
+        return _entries_of(op.inputs[0], forms, depth + 1)
     if op.type == "SparseFillEmptyRows" and t in (op.outputs[0], op.outputs[1]):
         return op.name
-    if op.type in _ENTRIES_KEPT or op.type in UNARY:
-        return _entries_of(op.inputs[0], depth + 1)
-    if op.type in NARY:
-        varying = [x for x in op.inputs if tf.get_static_value(x) is None]
-        if len(varying) == 1 and all(x.shape.rank == 0 for x in op.inputs
-                                     if x is not varying[0]):
-            return _entries_of(varying[0], depth + 1)
     if op.type in ("GatherV2", "Gather"):
-        return _retained_elements(op, depth + 1)
+        return _retained_elements(op, forms, depth + 1)
+    source = _elementwise_source(t, forms)
+    if source != t.name:
+        return _entries_of(t.graph.get_tensor_by_name(source), forms, depth + 1)
     return None
 
 
-def _retained_elements(op: tf.Operation, depth: int = 0) -> str | None:
+def _retained_elements(op: tf.Operation, forms: dict, depth: int = 0) -> str | None:
     """For a gather of a SparseTensor's entries (its indices or values) at
     the places a 1-D mask of the same entries keeps, as tf.sparse.retain
     builds it (gather(x, reshape(where(mask), [-1]))): the Where, which
@@ -2112,8 +2105,8 @@ def _retained_elements(op: tf.Operation, depth: int = 0) -> str | None:
         places = places.inputs[0].op
     if places.type != "Where" or places.inputs[0].shape.rank != 1:
         return None
-    kept_from = _entries_of(places.inputs[0], depth + 1)
-    if kept_from is None or kept_from != _entries_of(op.inputs[0], depth + 1):
+    kept_from = _entries_of(places.inputs[0], forms, depth + 1)
+    if kept_from is None or kept_from != _entries_of(op.inputs[0], forms, depth + 1):
         return None
     return places.name
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from autopar.transforms.graph_utils import (VARIABLE_OP_TYPES, batch_local_ops, in_gradient_scope,
-                                            reduces_batch_axis, stacked_terms, uncast)
+from autopar.transforms.graph_utils import (VARIABLE_OP_TYPES, batch_local_ops, folded_value,
+                                            in_gradient_scope, reduces_batch_axis, stacked_terms,
+                                            uncast)
 
 tf1 = tf.compat.v1
 
@@ -260,10 +261,10 @@ def _reduced_in(t: tf.Tensor) -> tf.Tensor | None:
 def _constant_value(t: tf.Tensor, batch_ops: set[str]):
     """The value of `t` if it is computed from constants alone (a count taken
     from static shapes: tf.shape of a fully defined shape, ones_like...), else
-    None. Beyond what tf.get_static_value folds, such a small stateless
+    None. Beyond what graph_utils.folded_value folds, such a small stateless
     subgraph is evaluated once in a throwaway session: it reads no variable,
     input or state, so the value is the same in every run."""
-    value = tf.get_static_value(t)
+    value = folded_value(t)
     if value is not None:
         return value
     frontier, seen = [t.op], {t.op.name}

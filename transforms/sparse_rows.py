@@ -238,7 +238,7 @@ def _partitioned_ids_source(t: tf.Tensor) -> tf.Tensor | None:
     if op.type != "DynamicPartition":
         return None
     data, partitions = op.inputs
-    ids, by = _elementwise_source(data), _elementwise_source(partitions)
+    ids, by = _computed_from(data), _computed_from(partitions)
     if ids is None or by is None or by.name != ids.name:
         return None
     if _through_casts(data).name == ids.name:
@@ -262,16 +262,17 @@ _ELEMENTWISE_IDS = frozenset({"Cast", "Identity", "AddV2", "Add", "Sub", "Mul", 
                               "GreaterEqual", "Equal", "Select", "SelectV2"})
 
 
-def _elementwise_source(t: tf.Tensor, depth: int = 0) -> tf.Tensor | None:
-    """The one tensor `t` is computed from elementwise with constants (the
-    ids a partition strategy maps), or None if several are."""
+def _computed_from(t: tf.Tensor, depth: int = 0) -> tf.Tensor | None:
+    """The one tensor `t` is computed from elementwise with values that fold
+    to constants (the ids a partition strategy maps: its arithmetic is then
+    evaluated at every id), or None if several are."""
     if depth > 32:
         return None
     op = t.op
     if op.type not in _ELEMENTWISE_IDS or folded_value(t) is not None:
         return t
     sources = {s.name if s is not None else None: s for x in op.inputs
-               if folded_value(x) is None for s in [_elementwise_source(x, depth + 1)]}
+               if folded_value(x) is None for s in [_computed_from(x, depth + 1)]}
     if len(sources) != 1 or None in sources:
         return None
     return next(iter(sources.values()))
