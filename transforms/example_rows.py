@@ -521,6 +521,21 @@ class ExampleRows:
             return [self._concat(op, ins)]
         if t == "Pack":
             return [self._pack(op, ins)]
+        if t == "BroadcastArgs":
+            # the shape two shapes broadcast to: a shape of the examples'
+            # rows where the other is one, or one it broadcasts into
+            # (tf.random.stateless_gamma's of its alpha's and its beta's, [])
+            shapes = [(f, x) for f, x in zip(ins, op.inputs) if f[0] == "shape"]
+            if len(shapes) == 2 and ins[0] == ins[1]:
+                return [ins[0]]
+            if len(shapes) == 1 and all(f == SHARED for f in ins if f[0] != "shape"):
+                form = shapes[0][0]
+                other = tf.get_static_value(op.inputs[1 - ins.index(form)])
+                dims = (1, *form[3])   # the size: broadcast into by 1 alone
+                if other is not None and len(other) <= len(dims) and all(
+                        int(v) == 1 or v == d for v, d in zip(reversed(other), reversed(dims))):
+                    return [form]
+            return [SHARED if all(f == SHARED for f in ins) else DIM]
         if t in FILLS:
             return [self._fill(op, ins, FILLS[t])]
         if t in GATHERS or t == "GatherNd" or t == "ResourceGatherNd":

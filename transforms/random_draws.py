@@ -330,7 +330,8 @@ def find_batch_draws(graph: tf.Graph, rows: ExampleRows, batch_ops: set[str],
             continue
         index = SHAPED_DRAWS[op.type]
         shape = op.inputs[index]
-        others = [t for i, t in enumerate(op.inputs) if i != index and rows.form(t) != SHARED]
+        others = [t for i, t in enumerate(op.inputs) if i != index and rows.form(t) != SHARED
+                  and broadcast_parameter(op, t, rows) is None]
         if others:
             raise _refusal(op, f"its input '{others[0].name}' comes from the input batch")
         layout = _layout(op, shape, rows, batch_ops, pinned)
@@ -342,6 +343,29 @@ def find_batch_draws(graph: tf.Graph, rows: ExampleRows, batch_ops: set[str],
                 f"'{shape.name}' has no static length")
         out[op.name] = layout
     return out
+
+
+# Draws whose parameters (a gamma's alpha, a truncated normal's bounds)
+# broadcast to the draw's shape, their output that shape.
+_BROADCAST_PARAMETERS = frozenset({"StatelessRandomGammaV2", "StatelessRandomGammaV3",
+                                   "StatelessRandomPoisson", "StatelessRandomBinomial",
+                                   "StatelessParameterizedTruncatedNormal"})
+
+
+def broadcast_parameter(op: tf.Operation, t: tf.Tensor, rows: ExampleRows) -> tf.Tensor | None:
+    """For a draw's parameter `t` that is a value the same on every worker
+    broadcast to the draw's shape (Keras's random.beta: tf.broadcast_to(alpha,
+    shape) before a gamma of that shape), that value, which the draw
+    broadcasts alike to one device's shape; else None."""
+    shape = rows.form(op.inputs[SHAPED_DRAWS[op.type]])
+    if op.type not in _BROADCAST_PARAMETERS or t.op.type != "BroadcastTo" \
+            or shape[0] != "shape" or not all(isinstance(d, int) for d in shape[3]):
+        return None
+    while t.op.type == "BroadcastTo":   # (stateless_gamma broadcasts alpha again)
+        if rows.form(t.op.inputs[1]) != shape:
+            return None
+        t = t.op.inputs[0]
+    return t if rows.form(t) == SHARED else None
 
 
 def _layout(op: tf.Operation, shape: tf.Tensor, rows: ExampleRows,
@@ -515,7 +539,8 @@ def rewrite_batch_draws(graph: tf.Graph, draws: dict[str, list[int]], num_worker
             # the global batch's draw, with the op's own seeds and state
             whole = tf.concat([tf.cast(tf.reshape(total * blocks * rows, [1]), dtype),
                                shape[1:]], 0)
-            drawn = copy_op(op, [whole if i == index else t for i, t in enumerate(op.inputs)])
+            drawn = copy_op(op, [whole if i == index else _unbroadcast(op, t)
+                                 for i, t in enumerate(op.inputs)])
             # [k, B, g, ...]: element (j, e) holds block j's rows of example e
             blocked = tf.concat([tf.cast(tf.stack([tf.constant(blocks, tf.int64), total, rows]),
                                          dtype), shape[1:]], 0)
@@ -523,6 +548,16 @@ def rewrite_batch_draws(graph: tf.Graph, draws: dict[str, list[int]], num_worker
                              tf.range(w, w + n * b, n, dtype=tf.int64), axis=1)
             rewire[op.outputs[0].name] = tf.reshape(mine, shape).name
     return rewire, {o.name for o in graph.get_operations()} - before
+
+
+def _unbroadcast(op: tf.Operation, t: tf.Tensor) -> tf.Tensor:
+    """A parameter of the global batch's draw: a value broadcast to the
+    worker's shape (broadcast_parameter) is given as it was before, which the
+    draw broadcasts to the global batch's shape; one already of a shape the
+    draw broadcasts alike is too."""
+    while op.type in _BROADCAST_PARAMETERS and t.op.type == "BroadcastTo":
+        t = t.op.inputs[0]
+    return t
 
 
 def _upstream_first(graph: tf.Graph, draws: dict[str, list[int]]) -> list:

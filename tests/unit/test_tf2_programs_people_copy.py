@@ -472,3 +472,36 @@ def test_weighted_losses_of_one_hot_labels_train_as_one_device(sequence):
     got, expected = _three_workers_and_one_device(cf, batches, "hybrid")
     # float64; Adam's 1 / sqrt(v) of gradients summed in another order
     each_worker_holds(got, expected, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.slow
+def test_mix_up_weights_drawn_per_example_from_keras_beta_train_as_one_device():
+    """keras-io's mix-up, in the step: each example of one batch mixed with
+    its pair of another by a weight drawn from keras.random.beta per
+    example, which broadcasts its alpha and beta to the draw's shape twice
+    (Keras, then tf.random.stateless_gamma: BroadcastTo(BroadcastTo(0.2,
+    [b]), BroadcastArgs(shape, []))); each worker draws the global batch's
+    weights from the unbroadcast values and keeps its examples' (before:
+    refused, the gamma's alpha taken for a value of the batch). 3 workers
+    with 4/4/3 shares end with one device's every variable and slot."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((5,)), layers.Dense(3, dtype="float64")])
+    optimizer = keras.optimizers.Adam(0.05)
+    seed = keras.random.SeedGenerator(3)
+
+    @tf.function
+    def step(one, two, y):
+        weight = keras.random.beta((tf.shape(one)[0],), 0.2, 0.2, seed=seed, dtype="float64")
+        mixed = one * weight[:, None] + two * (1 - weight[:, None])
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(mixed, training=True) - y))
+        optimizer.apply(tape.gradient(loss, model.trainable_weights), model.trainable_weights)
+        return loss
+    spec = tf.TensorSpec([None, 5], tf.float64)
+    cf = step.get_concrete_function(spec, spec, tf.TensorSpec([None, 3], tf.float64))
+    rng = np.random.default_rng(4)
+    batches = [(rng.normal(size=(11, 5)), rng.normal(size=(11, 5)), rng.normal(size=(11, 3)))
+               for _ in range(3)]
+    got, expected = _three_workers_and_one_device(cf, batches, "hybrid")
+    # float64; Adam's 1 / sqrt(v) of gradients summed in another order
+    each_worker_holds(got, expected, rtol=1e-9, atol=1e-12)
