@@ -241,7 +241,9 @@ def _reduction_of_terms(op: tf.Operation, terms: list[tf.Tensor], batch_ops: set
     if names == {"sum"}:
         return "neither", (f"'{op.name}' adds a batch-independent term (e.g. a regularizer) "
                            "to a loss summed over the batch: neither summing nor averaging "
-                           "the workers' gradients gives one device's"), None
+                           "the workers' gradients gives one device's (summing them does "
+                           "where the term is divided by autopar.num_workers(), which is 1 "
+                           "outside a job: Config(loss_reduction='sum'))"), None
     if names == {"mean", "sum"}:
         return "neither", (f"'{op.name}' adds a loss averaged over the batch to one summed over "
                            "it: summing the workers' gradients counts the mean N times, "

@@ -515,10 +515,9 @@ def resolve_loss_reduction(analysis: Analysis, option: str) -> tuple[str, str]:
                         "gradients summed, as Parallax's average_sparse=False")
     if option == "auto" and analysis.loss_reduction == "neither":
         raise UnsupportedGraphError(
-            f"{analysis.loss_reduction_why}. Choose how workers' gradients combine, knowing "
-            "the result will differ from one device: Config(loss_reduction='sum') adds them, "
-            "'mean' averages them; or make every loss a mean over the batch (and add a "
-            "batch-independent term once per example)")
+            f"{analysis.loss_reduction_why}. Choose how workers' gradients combine: "
+            "Config(loss_reduction='sum') adds them, 'mean' averages them (for the graph as it "
+            "is, either differs from one device); or make every loss a mean over the batch")
     if option in ("mean", "sum"):
         note = (f" (the graph shows {analysis.loss_reduction}: {analysis.loss_reduction_why})"
                 if analysis.loss_reduction not in ("unknown", option) else "")

@@ -295,6 +295,48 @@ def test_summed_loss_with_a_batch_independent_term_is_refused_unless_chosen():
         build_report(analysis, plan).table()
 
 
+def _summed_plus_term(term_scale: float) -> tuple:
+    """A loss summed over the batch plus `term_scale` times an L2 term."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(1)
+        x = tf1.placeholder(tf.float64, [None, 5], name="x")
+        y = tf1.placeholder(tf.int32, [None], name="y")
+        w = tf1.get_variable("w", [5, 3], tf.float64)
+        per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=x @ w)
+        loss = tf.reduce_sum(per_example) + term_scale * 0.5 * tf.nn.l2_loss(w)
+        train = tf1.train.AdamOptimizer(0.05).minimize(loss)
+    return graph, train
+
+
+@pytest.mark.slow
+def test_the_refusals_way_to_one_device_for_a_summed_loss_with_a_term_trains_as_one_device():
+    """What the refusal says gives one device's training: the term divided
+    by the number of workers, the workers' gradients summed (Σ_w of each
+    share's sum's gradient plus the term's / N is one device's). 3 workers
+    with 4/4/3 shares against one device's program with the whole term."""
+    import numpy as np
+    from tests.unit.local_run import trained_alone_and_together, variable_reads
+    one_device, train = _summed_plus_term(1.0)
+    with pytest.raises(UnsupportedGraphError, match="summing them does where the term is "
+                                                    r"divided by autopar.num_workers\(\)"):
+        compile_for_config(one_device, 3, Config(run_option="allreduce"))
+    divided, _ = _summed_plus_term(1.0 / 3)
+    compiled = compile_for_config(divided, 3, Config(run_option="allreduce",
+                                                     loss_reduction="sum"))
+    rewritten = [rewrite_for_worker(divided, compiled.analysis, compiled.plan, w)
+                 for w in range(3)]
+    rng = np.random.default_rng(0)
+    batches = [(rng.normal(size=(11, 5)), rng.integers(0, 3, 11)) for _ in range(3)]
+    got, expected = trained_alone_and_together(one_device, rewritten, train.name, batches,
+                                               ("x:0", "y:0"), variable_reads(one_device))
+    for w, values in enumerate(got):
+        for v in expected:
+            # float64; Adam's 1 / sqrt(v) of gradients summed in another order
+            np.testing.assert_allclose(values[v], expected[v], rtol=1e-9, atol=1e-12,
+                                       err_msg=f"worker {w} {v}")
+
+
 @pytest.mark.parametrize("run_option", ["allreduce", "hybrid", "ps"])
 def test_parallax_semantics_average_dense_and_sum_sparse(run_option):
     """loss_reduction="parallax" (Parallax's average_sparse=False): the dense
