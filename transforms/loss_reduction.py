@@ -241,9 +241,11 @@ def _reduction_of_terms(op: tf.Operation, terms: list[tf.Tensor], batch_ops: set
     if names == {"sum"}:
         return "neither", (f"'{op.name}' adds a batch-independent term (e.g. a regularizer) "
                            "to a loss summed over the batch: neither summing nor averaging "
-                           "the workers' gradients gives one device's (summing them does "
-                           "where the term is divided by autopar.num_workers(), which is 1 "
-                           "outside a job: Config(loss_reduction='sum'))"), None
+                           "the workers' gradients gives one device's (summing them does, "
+                           "Config(loss_reduction='sum'), where the graph each worker builds "
+                           "divides the term by autopar.num_workers(), 1 outside a job: a "
+                           "TF1 graph or a step the script traces, not an autopar.fit "
+                           "train_step, which the launcher traces once)"), None
     if names == {"mean", "sum"}:
         return "neither", (f"'{op.name}' adds a loss averaged over the batch to one summed over "
                            "it: summing the workers' gradients counts the mean N times, "
