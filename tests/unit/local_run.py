@@ -1,4 +1,5 @@
 """A worker's rewritten graph run in a session of the test's own process."""
+import numpy as np
 import tensorflow as tf
 
 tf1 = tf.compat.v1
@@ -88,3 +89,12 @@ def variable_reads(graph) -> dict:
     with graph.as_default():
         return {v.op.name: f"{v.op.name}/Read/ReadVariableOp:0" if v.op.type == "VarHandleOp"
                 else v.value().name for v in tf1.global_variables()}
+
+
+def each_worker_holds(got: list, expected: dict, rtol: float, atol: float) -> None:
+    """Every worker's value of every variable and slot (`got`, one dict a
+    worker) is one device's (`expected`)."""
+    for w, values in enumerate(got):
+        for v in expected:
+            np.testing.assert_allclose(values[v], expected[v], rtol=rtol, atol=atol,
+                                       err_msg=f"worker {w} {v}")

@@ -316,7 +316,8 @@ def test_the_refusals_way_to_one_device_for_a_summed_loss_with_a_term_trains_as_
     share's sum's gradient plus the term's / N is one device's). 3 workers
     with 4/4/3 shares against one device's program with the whole term."""
     import numpy as np
-    from tests.unit.local_run import trained_alone_and_together, variable_reads
+    from tests.unit.local_run import (each_worker_holds, trained_alone_and_together,
+                                      variable_reads)
     one_device, train = _summed_plus_term(1.0)
     with pytest.raises(UnsupportedGraphError, match="summing them does, Config.*divides the "
                                                     r"term by autopar.num_workers\(\)"):
@@ -330,11 +331,8 @@ def test_the_refusals_way_to_one_device_for_a_summed_loss_with_a_term_trains_as_
     batches = [(rng.normal(size=(11, 5)), rng.integers(0, 3, 11)) for _ in range(3)]
     got, expected = trained_alone_and_together(one_device, rewritten, train.name, batches,
                                                ("x:0", "y:0"), variable_reads(one_device))
-    for w, values in enumerate(got):
-        for v in expected:
-            # float64; Adam's 1 / sqrt(v) of gradients summed in another order
-            np.testing.assert_allclose(values[v], expected[v], rtol=1e-9, atol=1e-12,
-                                       err_msg=f"worker {w} {v}")
+    # float64; Adam's 1 / sqrt(v) of gradients summed in another order
+    each_worker_holds(got, expected, rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.parametrize("run_option", ["allreduce", "hybrid", "ps"])

@@ -12,7 +12,7 @@ from autopar.transforms.lower_cond import lowered_graph
 from autopar.transforms.plan import PlanOptions, make_plan
 from autopar.transforms.report import build_report
 from autopar.transforms.rewrite import rewrite_for_worker
-from tests.unit.local_run import (run_locally, run_workers_together,
+from tests.unit.local_run import (each_worker_holds, run_locally, run_workers_together,
                                   trained_alone_and_together, variable_reads)
 
 tf1 = tf.compat.v1
@@ -571,11 +571,8 @@ def test_a_mask_drawn_before_a_v1_loop_draws_one_devices_values_for_each_workers
     rewritten = [rewrite_for_worker(graph, compiled.analysis, compiled.plan, w) for w in range(N)]
     got, expected = trained_alone_and_together(graph, rewritten, train.name, batches,
                                                ("x:0", "y:0"), variable_reads(graph))
-    for w, values in enumerate(got):
-        for v in expected:
-            # float64; Adam's 1 / sqrt(v) of gradients summed in another order
-            np.testing.assert_allclose(values[v], expected[v], rtol=1e-9, atol=1e-12,
-                                       err_msg=f"worker {w} {v}")
+    # float64; Adam's 1 / sqrt(v) of gradients summed in another order
+    each_worker_holds(got, expected, rtol=1e-9, atol=1e-12)
 
 
 def test_a_draw_inside_a_function_run_as_an_op_of_its_type_is_refused_by_name():

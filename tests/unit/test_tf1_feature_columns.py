@@ -21,7 +21,8 @@ import tensorflow as tf
 import autopar
 from autopar.transforms.compile import compile_for_config
 from autopar.transforms.rewrite import rewrite_for_worker
-from tests.unit.local_run import trained_alone_and_together, variable_reads
+from tests.unit.local_run import (each_worker_holds, trained_alone_and_together,
+                                  variable_reads)
 
 tf1 = tf.compat.v1
 N = 3
@@ -97,22 +98,16 @@ def test_a_safe_sparse_lookup_of_dense_ids_trains_as_one_device(lookup):
     """(partitioned, unsafe: before, refused as mixing the batch at the
     lookup's DynamicPartition of the distinct ids)"""
     got, expected = _trained(lookup)
-    for w, values in enumerate(got):
-        for v in expected:
-            # float64; Adam's 1 / sqrt(v) of gradients summed in another order
-            np.testing.assert_allclose(values[v], expected[v], rtol=1e-9, atol=1e-12,
-                                       err_msg=f"worker {w} {v}")
+    # float64; Adam's 1 / sqrt(v) of gradients summed in another order
+    each_worker_holds(got, expected, rtol=1e-9, atol=1e-12)
 
 
 def test_feature_columns_train_as_one_device():
     got, expected = _trained("feature_columns")
-    for w, values in enumerate(got):
-        for v in expected:
-            # the columns' table and lookups are float32: a sum over 11
-            # examples in another order differs by a few units of its last
-            # place (1.2e-7 each), carried through 3 plain SGD steps
-            np.testing.assert_allclose(values[v], expected[v], rtol=2e-5, atol=1e-6,
-                                       err_msg=f"worker {w} {v}")
+    # the columns' table and lookups are float32: a sum over 11
+    # examples in another order differs by a few units of its last
+    # place (1.2e-7 each), carried through 3 plain SGD steps
+    each_worker_holds(got, expected, rtol=2e-5, atol=1e-6)
 
 
 # The same programs in a TF1-era script that calls disable_v2_behavior()

@@ -16,7 +16,8 @@ from autopar.transforms.example_rows import ExampleRows
 from autopar.transforms.report import build_report
 from autopar.transforms.rewrite import rewrite_for_worker
 from tests.programs.rnn_lengths import ElmanCell   # BasicRNNCell's step, no legacy Keras
-from tests.unit.local_run import trained_alone_and_together, variable_reads
+from tests.unit.local_run import (each_worker_holds, trained_alone_and_together,
+                                  variable_reads)
 
 tf1 = tf.compat.v1
 
@@ -79,12 +80,9 @@ def test_dynamic_rnn_trains_as_one_device(time_major, lengths):
     assert any("Adam" in name for name in reads)
     got, expected = trained_alone_and_together(graph, rewritten, train.name, batches,
                                                ("x:0", "y:0"), reads)
-    for w, values in enumerate(got):
-        for v in reads:
-            # (Adam's m / sqrt(v) turns the last bits of gradients added in
-            # another order into differences far below its lr 0.01)
-            np.testing.assert_allclose(values[v], expected[v], rtol=1e-7, atol=1e-9,
-                                       err_msg=f"worker {w} {v}")
+    # (Adam's m / sqrt(v) turns the last bits of gradients added in
+    # another order into differences far below its lr 0.01)
+    each_worker_holds(got, expected, rtol=1e-7, atol=1e-9)
 
 
 def test_the_batchs_longest_is_reported_and_not_split_in_micro_batches():

@@ -17,6 +17,7 @@ from autopar.transforms.lift import CALL_OP, lift
 from autopar.transforms.plan import PlanOptions, make_plan
 from autopar.transforms.topology import Topology
 from tests.programs import keras_step
+from tests.unit.local_run import each_worker_holds
 
 tf1 = tf.compat.v1
 TOPOLOGY = Topology(("127.0.0.1", "127.0.0.1", "127.0.0.2"), 2)
@@ -303,14 +304,6 @@ def _three_workers_and_one_device(cf, batches, run_option):
             session.run(CALL_OP, dict(zip(lifted.inputs, batch)))
         expected = session.run({v: f"{v}/Read/ReadVariableOp:0" for v in names})
     return got, expected
-
-
-def each_worker_holds(got: list, expected: dict, rtol: float, atol: float) -> None:
-    """Every worker's value of every variable and slot is one device's."""
-    for w, values in enumerate(got):
-        for v in expected:
-            np.testing.assert_allclose(values[v], expected[v], rtol=rtol, atol=atol,
-                                       err_msg=f"worker {w} {v}")
 
 
 @pytest.mark.slow
