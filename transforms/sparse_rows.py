@@ -9,6 +9,7 @@ combining rows of one id with split_shared_rows and combine_rows here.
 """
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -237,6 +238,19 @@ def _partitioned_ids_source(t: tf.Tensor) -> tf.Tensor | None:
     op = t.op
     if op.type != "DynamicPartition":
         return None
+    known = _PARTITIONED_IDS.setdefault(op.graph, {})
+    if op.name not in known:   # (each partition's variable asks, several times)
+        ids = _ids_partitioned_by(op)
+        known[op.name] = None if ids is None else ids.name
+    return None if known[op.name] is None else op.graph.get_tensor_by_name(known[op.name])
+
+
+# {graph: {DynamicPartition op: the name of _ids_partitioned_by's answer}}
+# (names: a tensor would keep its graph, the key, alive)
+_PARTITIONED_IDS: "weakref.WeakKeyDictionary[tf.Graph, dict]" = weakref.WeakKeyDictionary()
+
+
+def _ids_partitioned_by(op: tf.Operation) -> tf.Tensor | None:
     data, partitions = op.inputs
     ids, by = _computed_from(data), _computed_from(partitions)
     if ids is None or by is None or by.name != ids.name:
@@ -246,14 +260,29 @@ def _partitioned_ids_source(t: tf.Tensor) -> tf.Tensor | None:
     rows = [_rows_gathered(out) for out in op.outputs]
     if None in rows or not ids.dtype.is_integer:
         return None
-    every_id = {ids.name: np.arange(sum(rows), dtype=ids.dtype.as_numpy_dtype)}
-    row, part = folded_value(data, every_id), folded_value(partitions, every_id)
-    if row is None or part is None or not np.shape(row) == np.shape(part) == (sum(rows),):
-        return None
-    if not ((0 <= part) & (part < len(rows))).all() or \
-            not ((0 <= row) & (row < np.asarray(rows)[np.clip(part, 0, len(rows) - 1)])).all():
-        return None
-    return ids if len(set(zip(part.tolist(), row.tolist()))) == sum(rows) else None
+    # every id's row, in chunks (a table may have hundreds of millions):
+    # each row of each partition taken once is a map of one row per id
+    sizes, total = np.asarray(rows), sum(rows)
+    first = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    taken = np.zeros(total, bool)
+    for start in range(0, total, _IDS_A_CHUNK):
+        chunk = {ids.name: np.arange(start, min(start + _IDS_A_CHUNK, total),
+                                     dtype=ids.dtype.as_numpy_dtype)}
+        row, part = folded_value(data, chunk), folded_value(partitions, chunk)
+        if row is None or part is None or \
+                not np.shape(row) == np.shape(part) == np.shape(chunk[ids.name]):
+            return None
+        if not ((0 <= part) & (part < len(rows))).all():
+            return None
+        part = part.astype(np.int64)
+        if not ((0 <= row) & (row < sizes[part])).all():
+            return None
+        taken[first[part] + row.astype(np.int64)] = True
+    # (as many ids as rows: every row taken is every id on a row of its own)
+    return ids if taken.all() else None
+
+
+_IDS_A_CHUNK = 1 << 20
 
 
 # Elementwise integer ops a partition strategy computes rows and partitions with.
