@@ -411,7 +411,7 @@ def v1_loop_frames(graph: tf.Graph) -> dict[str, str]:
     frames: dict[str, tuple[str, ...]] = {}
 
     def frame_of(op: tf.Operation) -> tuple[str, ...]:
-        stack, order = [op], []
+        stack = [op]
         while stack:   # inputs first, without recursion (graphs run deep)
             top = stack.pop()
             if top.name in frames:
@@ -427,7 +427,6 @@ def v1_loop_frames(graph: tf.Graph) -> dict[str, str]:
                 frames[top.name] = outer[:-1]
             else:
                 frames[top.name] = outer
-            order.append(top)
         return frames[op.name]
 
     return {op.name: frame[-1] for op in graph.get_operations()
