@@ -405,9 +405,8 @@ def _train_batch(runner, model, metrics, x, y, weighted: tuple, batch_rows: int,
         # traced step's updates are the graph's)
         with metrics.output_losses(size(x), batch_rows):
             _compute_loss(model, x, y, y_pred, *weighted, training=True)
-    # runner.call's loss is its micro-batches' mean: their sum is this
-    # worker's when the loss sums over the batch
-    metrics.update(y, y_pred, float(loss) * (runner.micro_batches if sums else 1),
+    metrics.update(y, y_pred, _tracked_loss(loss, size(x), batch_rows, sums,
+                                            runner.micro_batches),
                    size(x), batch_rows, *weighted,
                    loss_count=runner.last_loss_counts[0] if counted else 0.0)
     if metrics.whole:
@@ -420,6 +419,23 @@ def _train_batch(runner, model, metrics, x, y, weighted: tuple, batch_rows: int,
             metrics.whole.update(model._compile_metrics, batch[0], _with_masks(y_pred, masks),
                                  batch[1])
 
+
+
+def _tracked_loss(loss, rows: int, batch_rows: int, sums: bool, micro_batches: int = 1) -> float:
+    """The figure _Metrics.update takes for this worker's `loss` of its
+    `rows` of a batch of `batch_rows`. A scalar as it is: runner.call's
+    loss is its micro-batches' mean, their sum this worker's when the loss
+    sums over the batch. A loss of one value per example (a compiled loss
+    of `reduction=None`, whose sum Keras differentiates): Keras's loss
+    tracker adds each example's value, averaged over any further axes, and
+    counts the batch's rows; the figure is what adds this worker's
+    examples' values to the total (a micro-batch's values are their mean
+    over the micro-batches, position by position)."""
+    value = np.asarray(loss, dtype=np.float64)
+    if value.ndim == 0:
+        return float(value) * (micro_batches if sums else 1)
+    total = float(np.sum(value.reshape(len(value), -1).mean(axis=1))) if value.size else 0.0
+    return total * micro_batches / (batch_rows if sums else rows)
 
 def _array_batches(x, y, batch_size, sample_weight, class_weight, validation_split: float,
                    shuffle, seed: int | None, floatx: str,
@@ -958,7 +974,8 @@ def _evaluate(model, data, batch_size: int, runner, test_step, sums: bool,
                     y_pred = _with_masks(_tf_values(y_pred), _tf_values(masks))
                 counts = runner.loss_counts_of(*flat(xb), *flat(yb), *weighted) \
                     if metrics.counted is not None else None
-                metrics.update(yb, y_pred, float(loss), size(xb), batch_rows, *weighted,
+                metrics.update(yb, y_pred, _tracked_loss(loss, size(xb), batch_rows, sums),
+                               size(xb), batch_rows, *weighted,
                                loss_count=counts[0] if counts else 0.0)
             if not own_step and metrics.whole and runner.is_chief:
                 # (inference draws nothing: the chief's predictions are one

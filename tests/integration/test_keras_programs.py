@@ -330,7 +330,7 @@ def test_image_augmentation_inside_the_model_fit_as_keras_fits_it(tmp_path):
 COMPILED = [str(REPO / "tests" / "integration" / "scripts" / "keras_fit_compiled.py")]
 
 
-@pytest.mark.parametrize("loss", ["mse", "hinge"])
+@pytest.mark.parametrize("loss", ["mse", "hinge", "unreduced"])
 def test_fit_computes_the_compiled_loss_as_keras_fit_does(tmp_path, loss):
     """A string loss ("mse": a per-example function), loss_weights, a
     regularizer, dropout and sample weights, trained from a tf.data.Dataset
@@ -351,19 +351,27 @@ def test_fit_computes_the_compiled_loss_as_keras_fit_does(tmp_path, loss):
     labels of 0 and 1 to -1 and 1 in a cond on whether all of the batch's
     are 0 or 1; each training step checks every worker's share decides
     alike (before: refused, "a StatelessIf combining the values of several
-    examples")."""
+    examples"). "unreduced": MeanSquaredError(reduction=None), a loss of one
+    value per example, which Keras's step differentiates as their sum and
+    its loss tracker logs as their mean over the epoch (before: the job
+    failed after its first step, converting the vector to a number)."""
     expected, got, log = _keras_then_autopar(
-        COMPILED + (["--hinge"] if loss == "hinge" else []), tmp_path, (3, 1))
+        COMPILED + {"hinge": ["--hinge"], "unreduced": ["--unreduced"]}.get(loss, []),
+        tmp_path, (3, 1))
     # with the learning rate LearningRateScheduler adds to the logs
     assert sorted(got) == ["learning_rate", "loss", "val_loss"]
     if loss == "mse":
         assert len(expected["loss"]) == 4
-    else:
+    elif loss == "hinge":
         assert "conds deciding by whether every example, or any, of the batch passes a test " \
             "('compile_loss/hinge/cond')" in log, log[-3000:]
     # the last batch of each epoch (10 examples) trains in unequal shares
     assert "not trained on" not in log
-    assert "each worker weighs its gradients by N * b / B" in log
+    if loss == "unreduced":
+        # (a sum over the batch: the workers' gradients add up, whatever their shares)
+        assert "gradients: summed over workers" in log, log[-3000:]
+    else:
+        assert "each worker weighs its gradients by N * b / B" in log
     for name in got:
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-12, err_msg=name)
     _assert_workers_hold(tmp_path, 4, rtol=1e-9, atol=1e-12)
